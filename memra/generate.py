@@ -1,0 +1,133 @@
+"""The generation loop: prefill the prompt, then decode one token at a time.
+
+Works with any engine that speaks the prefill/decode protocol of `memra.reference`:
+`model.new_cache(n_ctx)` and `model.forward(tokens, cache) -> last-position logits`.
+Text is released as it becomes final: UTF-8 split across tokens is held by the tokenizer's
+stream decoder, and text that could still grow into a stop string is held here, so a
+consumer printing events never prints a stop string or half of one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .errors import ContextOverflowError, MemraError
+from .sampling import Sampler, SamplingParams
+
+
+@dataclass
+class Timings:
+    n_prompt: int = 0
+    n_gen: int = 0
+    prefill_s: float = 0.0  # the prompt's forward pass and the first sample
+    decode_s: float = 0.0  # every later token: forward pass and sample
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        return self.n_prompt / self.prefill_s if self.prefill_s > 0 else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        # the first token comes out of the prefill; decode speed counts the tokens after it
+        n = self.n_gen - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else None
+
+
+@dataclass
+class GenEvent:
+    """One generated token (`token`, and `text` newly released, possibly "") or, last of all,
+    the end: token None, any remaining text, `finish_reason` and `timings`."""
+
+    token: int | None
+    text: str
+    finish_reason: str | None = None  # "eos" | "stop" | "length"
+    timings: Timings | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest end of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, *,
+             n_ctx: int | None = None, ignore_eos: bool = False,
+             sampler: Sampler | None = None) -> Iterator[GenEvent]:
+    """Yield a GenEvent per generated token, then a final event (finish_reason, timings).
+
+    Stops at an end-of-generation token (unless ignore_eos; the token is still reported),
+    at a stop string (text up to it, not beyond), after params.max_tokens tokens, or when
+    the context of n_ctx positions (default: prompt + max_tokens) is full.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise MemraError("the prompt is empty: nothing to continue from")
+    n_vocab = tokenizer.n_vocab
+    bad = [t for t in prompt if not 0 <= t < n_vocab]
+    if bad:
+        raise MemraError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    max_tokens = params.max_tokens
+    if n_ctx is None:
+        if max_tokens < 0:
+            raise MemraError("give n_ctx or max_tokens: an unbounded generation needs a context size")
+        n_ctx = len(prompt) + max_tokens
+    if len(prompt) >= n_ctx and not (len(prompt) == n_ctx and max_tokens == 0):
+        raise ContextOverflowError(f"the prompt has {len(prompt)} tokens; the context holds {n_ctx} "
+                                   f"and needs room for at least one more")
+    sampler = sampler or Sampler(params, n_vocab)
+    stop_ids = frozenset(params.stop_ids) | (frozenset() if ignore_eos else frozenset(tokenizer.eog_ids))
+    stops = list(params.stop)
+    timings = Timings(n_prompt=len(prompt))
+    if max_tokens == 0:
+        yield GenEvent(None, "", "length", timings)
+        return
+
+    decoder = tokenizer.stream()
+    history = list(prompt)
+    out = ""  # decoded text so far
+    sent = 0  # out[:sent] has been released
+    cache = model.new_cache(n_ctx)
+
+    # time only the engine and the sampler, not the consumer of the events
+    t0 = time.perf_counter()
+    token = sampler.sample(model.forward(prompt, cache), history)
+    timings.prefill_s = time.perf_counter() - t0
+    while True:
+        timings.n_gen += 1
+        history.append(token)
+        finish = None
+        if token in stop_ids:
+            finish = "eos"  # the token is reported; its text (a control token) is not
+        else:
+            out += decoder.push(token)
+            if timings.n_gen == max_tokens or len(history) >= n_ctx:
+                finish = "length"
+        if finish is not None:
+            out += decoder.flush()
+        if stops:
+            hit = min((i for i in (out.find(s, sent) for s in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                yield GenEvent(token, out[sent:hit])
+                yield GenEvent(None, "", "stop", timings)
+                return
+        if finish is not None:
+            yield GenEvent(token, out[sent:])
+            yield GenEvent(None, "", finish, timings)
+            return
+        end = len(out) - (_held_back(out[sent:], stops) if stops else 0)
+        text, sent = out[sent:end], end
+        yield GenEvent(token, text)
+        t0 = time.perf_counter()
+        token = sampler.sample(model.forward([token], cache), history)
+        timings.decode_s += time.perf_counter() - t0
