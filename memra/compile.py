@@ -1,0 +1,187 @@
+"""NVRTC: kernels/*.cu straight to CUBIN, with an on-disk cache.
+
+The cache key is a hash of the kernel source, every header it includes (followed
+recursively through `#include "..."`), the full NVRTC option list (defines included), the
+target arch and the NVRTC version, so any change to what the compiler sees recompiles.
+Entries are written to a temporary file and `os.replace`d into place: concurrent
+processes never read a half-written cubin. NVRTC runs without a GPU, so every kernel can be
+compiled on a CPU-only machine (CI does that through `memra kernel-check --compile-only`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+from memra.errors import CompileError, MemraError
+
+log = logging.getLogger("memra.compile")
+
+# The archs memra builds for: Hopper (H100/H200), Blackwell consumer (RTX 50), Ada.
+ARCHS = ("sm_90a", "sm_120a", "sm_89")
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def kernel_dir() -> Path:
+    """The folder holding *.cu / *.cuh: package data `memra.kernels` when installed, else
+    the repository's top-level kernels/ (a checkout used without `pip install -e .`)."""
+    try:
+        from importlib.resources import files
+
+        d = Path(str(files("memra.kernels")))
+        if d.is_dir() and any(d.glob("*.cu*")):
+            return d
+    except (ModuleNotFoundError, TypeError):
+        pass
+    d = Path(__file__).resolve().parent.parent / "kernels"
+    if not d.is_dir():
+        raise MemraError(f"kernel sources not found (looked for package memra.kernels and {d})")
+    return d
+
+
+def cache_dir() -> Path:
+    home = os.environ.get("MEMRA_HOME")
+    base = Path(home) if home else Path.home() / ".cache" / "memra"
+    return base / "cubin"
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+def _check(err, what: str) -> None:
+    from cuda.bindings import nvrtc
+
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise MemraError(f"{what} failed: {err!r}")
+
+
+def _sources(kernel_file: str) -> list[tuple[str, bytes]]:
+    """The .cu file and every header it includes (transitively), as (name, bytes), in a
+    stable order. Only quoted includes that resolve inside kernel_dir() are followed."""
+    root = kernel_dir()
+    seen: dict[str, bytes] = {}
+    todo = [kernel_file]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = root / name
+        if not path.is_file():
+            if name == kernel_file:
+                raise MemraError(f"kernel source {name!r} not found in {root}")
+            raise CompileError(kernel_file, [], f"included header {name!r} not found in {root}")
+        data = path.read_bytes()
+        seen[name] = data
+        for inc in _INCLUDE_RE.findall(data.decode("utf-8", "replace")):
+            todo.append(inc)
+    return sorted(seen.items())
+
+
+def options_for(arch: str, defines: Mapping[str, object] | None = None,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """The full NVRTC option list. No --use_fast_math: kernels must match their CPU
+    references exactly where the family's tolerance says so. -lineinfo costs nothing at
+    run time and makes compute-sanitizer and ncu reports readable."""
+    if not re.fullmatch(r"sm_\d+[a-z]?", arch):
+        raise MemraError(f"bad GPU arch {arch!r} (expected e.g. sm_90a)")
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "-lineinfo",
+            f"-I{kernel_dir()}"]
+    for k, v in sorted((defines or {}).items()):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise MemraError(f"bad define name {k!r}")
+        opts.append(f"-D{k}" if v is None or v is True else f"-D{k}={v}")
+    opts.extend(extra)
+    return opts
+
+
+def cache_key(kernel_file: str, arch: str, options: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(repr(nvrtc_version()).encode())
+    h.update(arch.encode())
+    # the -I path differs between machines but not what it points at: hash contents instead
+    for o in options:
+        if not o.startswith("-I"):
+            h.update(b"\0opt\0" + o.encode())
+    for name, data in _sources(kernel_file):
+        h.update(b"\0src\0" + name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()[:32]
+
+
+def source_hash(kernel_file: str) -> str:
+    """Hash of a kernel file and its headers alone (for tuning receipts and tables)."""
+    h = hashlib.sha256()
+    for name, data in _sources(kernel_file):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()[:16]
+
+
+def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | None = None,
+                  extra: tuple[str, ...] = (), use_cache: bool = True) -> bytes:
+    """Compile kernels/<kernel_file> for `arch` with `defines`; returns the CUBIN bytes.
+
+    Raises CompileError (carrying the NVRTC log) when NVRTC rejects the source."""
+    options = options_for(arch, defines, extra)
+    key = cache_key(kernel_file, arch, options)
+    stem = Path(kernel_file).stem
+    path = cache_dir() / f"{stem}-{arch}-{key}.cubin"
+    if use_cache and path.is_file():
+        log.debug("cubin cache hit: %s %s %s", kernel_file, arch, path.name)
+        return path.read_bytes()
+    t0 = time.perf_counter()
+    cubin, nv_log = _nvrtc(kernel_file, options)
+    log.debug("compiled %s for %s in %.0f ms (%s)%s", kernel_file, arch,
+              1e3 * (time.perf_counter() - t0), " ".join(o for o in options if o.startswith("-D")),
+              ("\n" + nv_log) if nv_log.strip() else "")
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    return cubin
+
+
+def _nvrtc(kernel_file: str, options: list[str]) -> tuple[bytes, str]:
+    from cuda.bindings import nvrtc
+
+    src = (kernel_dir() / kernel_file).read_bytes()
+    err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        text = buf.rstrip(b"\0 ").decode("utf-8", "replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(kernel_file, options, text or repr(err))
+        e2, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(e2, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (e3,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(e3, "nvrtcGetCUBIN")
+        return bytes(cubin), text
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
