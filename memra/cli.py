@@ -409,3 +409,7 @@ def synth(
     types = " ".join(f"{k}x{v}" for k, v in doc["tensor_types"].items())
     print(f"{doc['path']}  {doc['arch']} {doc['shape']} {doc['quant']} · {_human(doc['bytes'])} · "
           f"{doc['seconds']:.1f} s · {types}")
+
+
+from .cli_tune import research_app, tune_app  # noqa: E402  (memra tune …, memra research …)
+app.add_typer(tune_app, name="tune"), app.add_typer(research_app, name="research")
