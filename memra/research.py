@@ -87,7 +87,7 @@ def compare(a, b, on: Sequence[str] = COMPARE_ON):
                                               n=("median_us", "size"))
 
     ga, gb = agg(da), agg(db)
-    m = ga.join(gb, how="inner", lsuffix="_a", rsuffix="_b").reset_index()
+    m = ga.merge(gb, left_index=True, right_index=True, suffixes=("_a", "_b")).reset_index()
     m["speedup"] = m["us_a"] / m["us_b"]
     out = m[on + ["us_a", "us_b", "speedup", "gbps_a", "gbps_b", "n_a", "n_b"]]
     out.attrs["only_a"] = int(len(ga.index.difference(gb.index)))
