@@ -26,6 +26,12 @@ import numpy as np
 
 FAMILIES: dict[str, str] = {
     "matvec": "memra.ops.matvec",
+    "embed": "memra.ops.embed",
+    "norm": "memra.ops.norm",
+    "rope": "memra.ops.rope",
+    "attention": "memra.ops.attention",
+    "act": "memra.ops.act",
+    "sample": "memra.ops.sample",
 }
 
 

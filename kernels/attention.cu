@@ -1,0 +1,255 @@
+// attention.cu — decode attention over an f16 KV cache: split-KV flash-decoding with GQA
+// and sliding windows, plus the combine kernel that merges the splits.
+//
+// attn_split: for token t (position p = pos[t], sequence s = seq ? seq[t] : 0), KV head
+//   kvh and split j, over the keys [k0, k1) of its share of the window
+//   lo = window > 0 ? max(0, p + 1 - window) : 0, hi = p + 1, n = hi - lo,
+//   chunk = roundup(ceil(n / S), ATT_TILE), k0 = lo + j * chunk, k1 = min(hi, k0 + chunk):
+//     score_k = scale * q·K[k]   (then softcap * tanh(score / softcap) when softcap > 0)
+//     m = max_k score_k, l = sum_k exp(score_k - m), o = sum_k exp(score_k - m) V[k]
+//   for each of the N_GQA query heads h = kvh * N_GQA + g that share the KV head (K and V
+//   are read once for all of them). The split layout is a function of n and S only, so a
+//   token's result does not depend on the batch it runs in, nor on prefill vs decode.
+//   Empty splits write m = -inf, l = 0, o = 0.
+// attn_combine: out[t, h] = sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j, M = max_j m_j.
+//
+// Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
+//   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64);
+//   MEMRA_CANARY: a wrong variant (a token does not attend to itself) kernel-check must catch.
+// Launch contract:
+//   attn_split:   grid (n_kv, S, n_tokens), block (32 * ATT_WARPS), static shared memory.
+//     q: [n_tokens][n_kv * N_GQA * HEAD_DIM] f32 (roped); kcache, vcache:
+//     [n_seq][n_ctx][n_kv * HEAD_DIM] f16; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
+//     part_ml: [n_tokens][n_head][S][2] f32 (m, l).
+//   attn_combine: grid (n_head, n_tokens), block (min(HEAD_DIM, 256)); out:
+//     [n_tokens][n_head * HEAD_DIM] f32.
+
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef N_GQA
+#error "N_GQA must be defined"
+#endif
+#ifndef ATT_WARPS
+#define ATT_WARPS 4
+#endif
+#ifndef ATT_TILE
+#define ATT_TILE 64
+#endif
+
+#define NEG_INF __int_as_float(0xff800000)
+
+constexpr int D = HEAD_DIM;
+constexpr int G = N_GQA;
+constexpr int NT = ATT_WARPS * 32;
+constexpr int NCH = D / 8;  // 16-byte chunks (8 halves) per K/V row
+__host__ __device__ constexpr int pow2ceil(int x) { return x <= 1 ? 1 : 2 * pow2ceil((x + 1) / 2); }
+constexpr int LPK = NCH >= 32 ? 32 : pow2ceil(NCH);  // lanes per key in the score phase
+constexpr int CPL = (NCH + LPK - 1) / LPK;             // chunks per lane
+constexpr int KPW = 32 / LPK;                          // keys per warp per step
+constexpr int KG = NT / NCH;                           // key groups in the V phase
+static_assert(D % 8 == 0, "HEAD_DIM must be a multiple of 8");
+static_assert(NCH <= NT, "HEAD_DIM too large for ATT_WARPS");
+
+static __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
+    uint4 u = *(const uint4*)p;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = f16_to_f32((uint16_t)(w[i] & 0xffffu));
+        f[2 * i + 1] = f16_to_f32((uint16_t)(w[i] >> 16));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
+               const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+               float* __restrict__ part_ml, const int* __restrict__ pos,
+               const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
+               float softcap) {
+    __shared__ float sc[G][ATT_TILE];
+    __shared__ float m_s[G], l_s[G], alpha_s[G];
+    __shared__ __align__(16) float red[G][D];
+
+    const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const int n_head = n_kv * G;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int p = pos[t];
+    const int s = seq ? seq[t] : 0;
+#ifdef MEMRA_CANARY
+    const int hi = p;  // kernel-check canary: the token does not see itself
+#else
+    const int hi = p + 1;
+#endif
+    const int lo = window > 0 ? max(0, hi - window) : 0;
+    const int n = hi - lo;
+    int chunk = (n + S - 1) / S;
+    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int k0 = lo + split * chunk;
+    const int k1 = min(hi, k0 + chunk);
+    const size_t part0 = ((size_t)t * n_head + (size_t)kvh * G) * S + split;  // head g: + g * S
+
+    if (k0 >= k1) {
+        for (int i = tid; i < G * D; i += NT) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = 0.f;
+        if (tid < G) {
+            part_ml[(part0 + (size_t)tid * S) * 2] = NEG_INF;
+            part_ml[(part0 + (size_t)tid * S) * 2 + 1] = 0.f;
+        }
+        return;
+    }
+
+    const size_t row_stride = (size_t)n_kv * D;
+    const uint16_t* kbase = kcache + (size_t)s * n_ctx * row_stride + (size_t)kvh * D;
+    const uint16_t* vbase = vcache + (size_t)s * n_ctx * row_stride + (size_t)kvh * D;
+
+    // this lane's 16-byte chunks of every query head
+    const int sl = lane % LPK, ks = lane / LPK;
+    float qr[G][CPL][8];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            int ch = c * LPK + sl;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                qr[g][c][e] = ch < NCH ? q[(size_t)t * n_head * D + (size_t)(kvh * G + g) * D + ch * 8 + e] : 0.f;
+        }
+
+    if (tid < G) {
+        m_s[tid] = NEG_INF;
+        l_s[tid] = 0.f;
+    }
+    // V phase roles: chunk vc of the row, key group kg
+    const int vc = tid % NCH, kg = tid / NCH;
+    const bool v_active = kg < KG;
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+    __syncthreads();
+
+    for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
+        const int nt = min(ATT_TILE, k1 - tile0);
+        // scores: LPK lanes per key, KPW keys per warp step
+        for (int base = warp * KPW; base < nt; base += ATT_WARPS * KPW) {
+            const int key = base + ks;
+            const bool valid = key < nt;
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) dot[g] = 0.f;
+            if (valid) {
+                const uint16_t* kr = kbase + (size_t)(tile0 + key) * row_stride;
+#pragma unroll
+                for (int c = 0; c < CPL; c++) {
+                    int ch = c * LPK + sl;
+                    if (ch < NCH) {
+                        float kf[8];
+                        load8(kr + ch * 8, kf);
+#pragma unroll
+                        for (int g = 0; g < G; g++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) dot[g] = fmaf(qr[g][c][e], kf[e], dot[g]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+            }
+            if (valid && sl == 0) {
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float v = dot[g] * scale;
+                    if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                    sc[g][key] = v;
+                }
+            }
+        }
+        __syncthreads();
+        // online softmax, one warp per head
+        for (int g = warp; g < G; g += ATT_WARPS) {
+            float mx = NEG_INF;
+            for (int k = lane; k < nt; k += 32) mx = fmaxf(mx, sc[g][k]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = m_s[g];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int k = lane; k < nt; k += 32) {
+                float e = expf(sc[g][k] - m_new);
+                sc[g][k] = e;
+                sum += e;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp();
+            if (lane == 0) {
+                float alpha = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+                alpha_s[g] = alpha;
+                l_s[g] = l_s[g] * alpha + sum;
+                m_s[g] = m_new;
+            }
+        }
+        __syncthreads();
+        if (v_active) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float a = alpha_s[g];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] *= a;
+            }
+            for (int k = kg; k < nt; k += KG) {
+                float vf[8];
+                load8(vbase + (size_t)(tile0 + k) * row_stride + vc * 8, vf);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float pk = sc[g][k];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pk, vf[e], acc[g][e]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // sum the key groups in a fixed order
+    for (int r = 0; r < KG; r++) {
+        if (v_active && kg == r) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    red[g][vc * 8 + e] = (r == 0 ? 0.f : red[g][vc * 8 + e]) + acc[g][e];
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < G * D; i += NT) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = red[i / D][i % D];
+    if (tid < G) {
+        part_ml[(part0 + (size_t)tid * S) * 2] = m_s[tid];
+        part_ml[(part0 + (size_t)tid * S) * 2 + 1] = l_s[tid];
+    }
+}
+
+extern "C" __global__ void attn_combine(const float* __restrict__ part_o,
+                                        const float* __restrict__ part_ml,
+                                        float* __restrict__ out, int n_splits) {
+    const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
+    const size_t base = ((size_t)t * n_head + h) * n_splits;
+    float M = NEG_INF;
+    for (int j = 0; j < n_splits; j++) M = fmaxf(M, part_ml[(base + j) * 2]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float num = 0.f, den = 0.f;
+        for (int j = 0; j < n_splits; j++) {
+            float m = part_ml[(base + j) * 2];
+            if (m == NEG_INF) continue;  // empty split (its o may be anything)
+            float w = expf(m - M);
+            den += w * part_ml[(base + j) * 2 + 1];
+            num += w * part_o[(base + j) * D + d];
+        }
+        out[((size_t)t * n_head + h) * D + d] = num / den;
+    }
+}

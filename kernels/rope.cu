@@ -1,0 +1,120 @@
+// rope.cu — per-head Q/K RMSNorm (qwen3, gemma3), rotary position embedding (normal and
+// NeoX pairing, per-dimension frequency factors folded into inv_freq), and the KV-cache
+// append (float32 -> f16), in one launch.
+//
+// For token t at position p = pos[t] of sequence s = seq ? seq[t] : 0:
+//   head h < n_head:            q_out[t, h]  = rope(norm(q[t, h], q_norm_w))
+//   n_head <= h < +n_kv:        kcache[s, p, h'] = f16(rope(norm(k[t, h'], k_norm_w)))
+//   n_head+n_kv <= h < +2 n_kv: vcache[s, p, h'] = f16(v[t, h'])
+//   norm(x, w) = x * (1/sqrtf(mean(x^2) + eps)) * w when w is non-null, else x.
+//   rope: pair (a, b) = (2i, 2i+1) (normal) or (i, i + rope_dim/2) (NeoX), i < rope_dim/2,
+//   theta = p * inv_freq[i] evaluated in double precision (inv_freq already holds
+//   freq_scale / (base^(2i/rope_dim) * freq_factor[i])), then
+//   a' = a cos - b sin, b' = a sin + b cos. Dimensions >= rope_dim pass through.
+//
+// Compile-time: HEAD_DIM (required, even), ROPE_WARPS (heads per block, default 4);
+//   MEMRA_CANARY: a wrong variant (rotation sign flipped) that kernel-check must catch.
+// Launch contract: grid (ceil((n_head + 2 n_kv) / ROPE_WARPS), n_tokens), block
+//   (32 * ROPE_WARPS), no dynamic shared memory. q, k, v rows of token t start at
+//   t * q_stride / k_stride / v_stride floats (so one fused QKV buffer serves); q_out is
+//   [n_tokens][n_head * HEAD_DIM] and must not overlap q. kcache/vcache:
+//   [n_seq][n_ctx][n_kv * HEAD_DIM] half. Positions outside [0, n_ctx) are not written.
+
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef ROPE_WARPS
+#define ROPE_WARPS 4
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
+    rope_norm_kv(const float* __restrict__ q, const float* __restrict__ k,
+                 const float* __restrict__ v, int q_stride, int k_stride, int v_stride,
+                 float* __restrict__ q_out, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache,
+                 const int* __restrict__ pos, const int* __restrict__ seq,
+                 const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w,
+                 const double* __restrict__ inv_freq, int n_head, int n_kv, int n_ctx,
+                 int rope_dim, int neox, float eps) {
+    __shared__ float buf[ROPE_WARPS][HEAD_DIM];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.x * ROPE_WARPS + warp;
+    const int t = blockIdx.y;
+    if (h >= n_head + 2 * n_kv) return;  // whole warp leaves together
+    const int p = pos[t];
+    const int s = seq ? seq[t] : 0;
+    const size_t kv_row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * HEAD_DIM);
+    const bool in_ctx = p >= 0 && p < n_ctx;
+
+    if (h >= n_head + n_kv) {  // V: convert and append
+        const int hv = h - n_head - n_kv;
+        const float* src = v + (size_t)t * v_stride + hv * HEAD_DIM;
+        if (in_ctx)
+            for (int d = lane; d < HEAD_DIM; d += 32)
+                vcache[kv_row + hv * HEAD_DIM + d] = f32_to_f16(src[d]);
+        return;
+    }
+    const bool is_q = h < n_head;
+    const int hh = is_q ? h : h - n_head;
+    const float* src = is_q ? q + (size_t)t * q_stride + hh * HEAD_DIM
+                            : k + (size_t)t * k_stride + hh * HEAD_DIM;
+    const float* nw = is_q ? q_norm_w : k_norm_w;
+    float* b = buf[warp];
+
+    float ss = 0.f;
+    for (int d = lane; d < HEAD_DIM; d += 32) {
+        float x = src[d];
+        b[d] = x;
+        ss += x * x;
+    }
+    if (nw) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        float sc = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, (float)HEAD_DIM), eps));
+        for (int d = lane; d < HEAD_DIM; d += 32) b[d] = __fmul_rn(__fmul_rn(b[d], sc), nw[d]);
+    }
+    __syncwarp();
+
+    float out[(HEAD_DIM + 31) / 32];
+#pragma unroll
+    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
+        int d = lane + 32 * j;
+        if (d >= HEAD_DIM) break;
+        float r = b[d];
+        if (d < rope_dim) {
+            int half_dim = rope_dim / 2;
+            int i, other;
+            bool first;
+            if (neox) {
+                first = d < half_dim;
+                i = first ? d : d - half_dim;
+                other = first ? d + half_dim : d - half_dim;
+            } else {
+                first = (d % 2) == 0;
+                i = d / 2;
+                other = first ? d + 1 : d - 1;
+            }
+            double sn, cs;
+            sincos((double)p * inv_freq[i], &sn, &cs);
+            float c = (float)cs, sv = (float)sn;
+#ifdef MEMRA_CANARY
+            sv = -sv;  // kernel-check canary: rotates the wrong way
+#endif
+            float a = first ? r : b[other];
+            float bb = first ? b[other] : r;
+            r = first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sv))
+                      : __fadd_rn(__fmul_rn(a, sv), __fmul_rn(bb, c));
+        }
+        out[j] = r;
+    }
+#pragma unroll
+    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
+        int d = lane + 32 * j;
+        if (d >= HEAD_DIM) break;
+        if (is_q)
+            q_out[(size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM + d] = out[j];
+        else if (in_ctx)
+            kcache[kv_row + hh * HEAD_DIM + d] = f32_to_f16(out[j]);
+    }
+}

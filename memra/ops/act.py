@@ -1,0 +1,98 @@
+"""Gated activations (SiLU, GELU-tanh) and the logit soft-cap (kernels/act.cu).
+
+    act_mul(g, gate, up, out, n, rows, act, gate_stride=n, up_stride=n, out_stride=n)
+    softcap(g, x, n, cap)
+
+References: memra.reference.silu / gelu_tanh. Tolerance 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "act.cu"
+THREADS = 256
+TOL = 1e-5
+ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+def _module(g, canary=False):
+    d = {"ACT_THREADS": THREADS}
+    if canary:
+        d["MEMRA_CANARY"] = 1
+    return g.module(KERNEL_FILE, d)
+
+
+def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | None = None,
+            up_stride: int | None = None, out_stride: int | None = None, canary: bool = False) -> None:
+    if act not in ACTS:
+        raise MemraError(f"unknown activation {act!r} (known: {', '.join(ACTS)})")
+    for a in (gate, up, out):
+        if a.dtype != np.float32:
+            raise MemraError("act_mul takes float32 arrays")
+    k = _module(g, canary).kernel("act_mul")
+    g.launch(k, ((n + THREADS - 1) // THREADS, rows), (THREADS,),
+             (gate, up, out, np.int32(n), np.int32(gate_stride or n), np.int32(up_stride or n),
+              np.int32(out_stride or n), np.int32(ACTS[act])))
+
+
+def softcap(g, x, n: int, cap: float, rows: int = 1) -> None:
+    k = _module(g).kernel("softcap")
+    g.launch(k, ((n * rows + THREADS - 1) // THREADS,), (THREADS,), (x, np.int32(n * rows), np.float32(cap)))
+
+
+def reference(gate, up, act: str) -> np.ndarray:
+    from memra.reference import gelu_tanh, silu
+
+    gate = np.asarray(gate, np.float32)
+    return (gelu_tanh(gate) if act == "gelu_tanh" else silu(gate)) * np.asarray(up, np.float32)
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+def compile_variants():
+    return [(KERNEL_FILE, {"ACT_THREADS": THREADS}), (KERNEL_FILE, {"ACT_THREADS": THREADS, "MEMRA_CANARY": 1})]
+
+
+def _check(g, rng, act, rows, n, fused: bool, canary=False):
+    from memra.kernelcheck import compare
+
+    # fused: gate and up are the two halves of one [rows, 2n] buffer (a fused gate+up matvec)
+    gu = (rng.standard_normal((rows, 2 * n)) * 3).astype(np.float32)
+    d_gu = g.to_device(gu)
+    out = g.empty((rows, n), np.float32)
+    out.poison()
+    if fused:
+        act_mul(g, d_gu, d_gu.view(offset=4 * n), out, n, rows, act, 2 * n, 2 * n, n, canary=canary)
+        ref = reference(gu[:, :n], gu[:, n:], act)
+    else:
+        d_up = g.to_device(np.ascontiguousarray(gu[:, n:]))
+        d_gate = g.to_device(np.ascontiguousarray(gu[:, :n]))
+        act_mul(g, d_gate, d_up, out, n, rows, act, canary=canary)
+        ref = reference(gu[:, :n], gu[:, n:], act)
+    return compare(f"act_mul {act} rows={rows} n={n}{' fused' if fused else ''}", out.numpy(), ref, TOL)
+
+
+def _check_softcap(g, rng):
+    from memra.kernelcheck import compare
+
+    x = (rng.standard_normal(5000) * 40).astype(np.float32)
+    d = g.to_device(x)
+    softcap(g, d, x.size, 30.0)
+    ref = np.tanh(x / np.float32(30)) * np.float32(30)
+    return compare("softcap n=5000 cap=30", d.numpy(), ref, TOL)
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for act in ACTS:
+        yield _check(g, rng, act, 1, 1536, fused=False)
+        yield _check(g, rng, act, 3, 2048, fused=True)
+    yield _check_softcap(g, rng)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, "gelu_tanh", 2, 1000, fused=True, canary=True)

@@ -1,0 +1,142 @@
+"""Decode attention over the f16 KV cache: split-KV flash-decoding + combine (kernels/attention.cu).
+
+    attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, n_tokens=..., n_kv=...,
+              n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...)
+
+Each token t attends to the keys [max(0, pos[t] + 1 - window), pos[t]] (window 0: all) of
+its sequence seq[t] (None: 0), so prefill runs the same kernel with one query per prompt
+token and gets the same bits as decode. `n_splits` is fixed per engine (the split layout
+depends only on the number of keys), `part_o`/`part_ml` are scratch of
+`scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
+Tolerance: 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "attention.cu"
+WARPS = 4
+TILE = 64
+TOL = 1e-5
+
+_NULL = np.uint64(0)
+
+
+def module(g, head_dim: int, n_gqa: int, canary: bool = False):
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_WARPS": WARPS, "ATT_TILE": TILE}
+    if canary:
+        d["MEMRA_CANARY"] = 1
+    return g.module(KERNEL_FILE, d)
+
+
+def default_splits(n_kv: int, sm_count: int) -> int:
+    """Splits per (token, KV head): about two blocks per SM at long contexts."""
+    return int(min(256, max(8, math.ceil(2 * sm_count / n_kv))))
+
+
+def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
+    return (n_tokens, n_head, n_splits, head_dim), (n_tokens, n_head, n_splits, 2)
+
+
+def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
+              n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
+              softcap: float = 0.0, canary: bool = False) -> None:
+    n_head = n_kv * n_gqa
+    if head_dim % 8 or head_dim > 8 * 32 * WARPS:
+        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * WARPS}")
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
+        raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
+    if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
+        raise MemraError("attention: scratch buffers too small for this many tokens / splits")
+    if out.size < n_tokens * n_head * head_dim or q.size < n_tokens * n_head * head_dim:
+        raise MemraError("attention: q or out too small")
+    m = module(g, head_dim, n_gqa, canary)
+    g.launch(m.kernel("attn_split"), (n_kv, n_splits, n_tokens), (32 * WARPS,),
+             (q, kcache, vcache, part_o, part_ml, pos, seq if seq is not None else _NULL,
+              np.int32(n_kv), np.int32(n_ctx), np.int32(window), np.float32(scale), np.float32(softcap)))
+    g.launch(m.kernel("attn_combine"), (n_head, n_tokens), (min(head_dim, 256),),
+             (part_o, part_ml, out, np.int32(n_splits)))
+
+
+def reference(q, kcache, vcache, pos, seq, n_kv: int, window: int, scale: float, softcap: float = 0.0):
+    """q [T, n_head, D]; caches [n_seq, n_ctx, n_kv, D] (float values of the f16 cache);
+    returns [T, n_head * D] float64."""
+    q = np.asarray(q, np.float64)
+    T, n_head, D = q.shape
+    G = n_head // n_kv
+    out = np.empty((T, n_head, D))
+    for t in range(T):
+        p = int(pos[t])
+        s = int(seq[t]) if seq is not None else 0
+        lo = max(0, p + 1 - window) if window else 0
+        K = np.asarray(kcache[s, lo:p + 1], np.float64)  # [n, n_kv, D]
+        V = np.asarray(vcache[s, lo:p + 1], np.float64)
+        for h in range(n_head):
+            sc = K[:, h // G] @ q[t, h] * scale
+            if softcap:
+                sc = softcap * np.tanh(sc / softcap)
+            w = np.exp(sc - sc.max())
+            out[t, h] = (w @ V[:, h // G]) / w.sum()
+    return out.reshape(T, n_head * D)
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T)
+    (64, 3, 3, 0, 0.0, 88, 4),      # smollm2
+    (256, 4, 1, 0, 0.0, 256, 3),    # gemma3 global layers
+    (256, 4, 1, 37, 0.0, 256, 3),   # gemma3 sliding window
+    (128, 4, 2, 0, 0.0, 8, 3),      # qwen3 / llama3 head size, few splits (long chunks)
+    (128, 4, 2, 0, 30.0, 33, 2),    # soft-capped scores
+    (32, 2, 2, 16, 0.0, 64, 4),     # qwen2 tiny, small window
+    (64, 1, 4, 0, 0.0, 1, 2),       # no GQA, one split
+    (64, 8, 1, 0, 0.0, 16, 2),      # wide GQA group
+)
+
+
+def compile_variants():
+    vs = sorted({(c[0], c[1]) for c in CASES})
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": WARPS, "ATT_TILE": TILE}) for d, gq in vs]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "N_GQA": 3, "ATT_WARPS": WARPS, "ATT_TILE": TILE, "MEMRA_CANARY": 1}))
+    return out
+
+
+def _check(g, rng, case, canary=False):
+    from memra.kernelcheck import compare
+
+    D, G, nkv, window, cap, S, T = case
+    n_ctx, n_seq = 1100, 2
+    nh = nkv * G
+    kc = (rng.standard_normal((n_seq, n_ctx, nkv, D)) * 0.7).astype(np.float16)
+    vc = rng.standard_normal((n_seq, n_ctx, nkv, D)).astype(np.float16)
+    q = rng.standard_normal((T, nh, D)).astype(np.float32)
+    # short and long contexts, the first position, the last
+    pos = np.concatenate([[0, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 2))])[:T].astype(np.int32)
+    seq = rng.integers(0, n_seq, T).astype(np.int32)
+    scale = 1.0 / math.sqrt(D)
+    po_shape, pml_shape = scratch_shapes(T, nh, S, D)
+    part_o, part_ml = g.empty(po_shape, np.float32), g.empty(pml_shape, np.float32)
+    out = g.empty((T, nh * D), np.float32)
+    for a in (part_o, part_ml, out):
+        a.poison()
+    attention(g, g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out,
+              part_o, part_ml, g.to_device(pos), g.to_device(seq), n_tokens=T, n_kv=nkv, n_gqa=G,
+              head_dim=D, n_ctx=n_ctx, window=window, scale=scale, n_splits=S, softcap=cap, canary=canary)
+    ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
+    name = f"attention D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} splits={S} T={T}"
+    return compare(name, out.numpy(), ref, TOL)
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for case in CASES:
+        yield _check(g, rng, case)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, CASES[0], canary=True)

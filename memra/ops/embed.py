@@ -1,0 +1,113 @@
+"""Token embedding rows gathered from a quantized table (kernels/embed.cu).
+
+`embed(g, table, ggml_type, tok, out, scale)` writes out[t] = dequant(table[tok[t]]) * scale.
+The reference is memra.quants.dequantize_rows (itself checked against gguf.quants), and the
+kernel evaluates ggml's float expressions without FMA contraction, so the check is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra import quants as Q
+from memra.errors import MemraError, UnsupportedModelError
+from memra.gguf_file import block_info, type_name
+
+KERNEL_FILE = "embed.cu"
+THREADS = 256
+
+KERNELS = {
+    Q.F32: "embed_f32", Q.F16: "embed_f16", Q.BF16: "embed_bf16",
+    Q.Q4_0: "embed_q4_0", Q.Q4_1: "embed_q4_1", Q.Q5_0: "embed_q5_0", Q.Q5_1: "embed_q5_1",
+    Q.Q8_0: "embed_q8_0", Q.Q4_K: "embed_q4_k", Q.Q5_K: "embed_q5_k", Q.Q6_K: "embed_q6_k",
+    Q.IQ4_XS: "embed_iq4_xs",
+}
+
+
+def kernel_name(ggml_type: int) -> str:
+    try:
+        return KERNELS[ggml_type]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"token embeddings of type {type_name(ggml_type)} are not supported on the GPU "
+            f"(supported: {', '.join(type_name(t) for t in KERNELS)})") from None
+
+
+def row_bytes(ggml_type: int, n_embd: int) -> int:
+    bs, ts = block_info(ggml_type)
+    if n_embd % bs:
+        raise MemraError(f"{type_name(ggml_type)} row of {n_embd} is not a multiple of the block size {bs}")
+    return n_embd // bs * ts
+
+
+def embed(g, table, ggml_type: int, n_vocab: int, n_embd: int, tok, out, scale: float = 1.0,
+          n_tokens: int | None = None, canary: bool = False) -> None:
+    """out[t, :] = dequant(table row tok[t]) * scale for t < n_tokens (default: len(tok))."""
+    n = tok.size if n_tokens is None else n_tokens
+    if tok.dtype != np.int32 or out.dtype != np.float32 or table.dtype != np.uint8:
+        raise MemraError("embed: tok must be int32, out float32, table uint8")
+    if out.size < n * n_embd or table.nbytes < n_vocab * row_bytes(ggml_type, n_embd):
+        raise MemraError("embed: output or table too small")
+    defines = {"EMBED_THREADS": THREADS}
+    if canary:
+        defines["MEMRA_CANARY"] = 1
+    k = g.module(KERNEL_FILE, defines).kernel(kernel_name(ggml_type))
+    g.launch(k, (n,), (THREADS,), (table, tok, out, np.int32(n_vocab), np.int32(n_embd),
+                                   np.int64(row_bytes(ggml_type, n_embd)), np.float32(scale)))
+
+
+def reference(table: np.ndarray, ggml_type: int, n_embd: int, tok: np.ndarray, scale: float) -> np.ndarray:
+    rb = row_bytes(ggml_type, n_embd)
+    rows = table.reshape(-1, rb)[np.asarray(tok, np.int64)]
+    x = Q.dequantize(rows, ggml_type, (len(tok), n_embd))
+    return x * np.float32(scale) if scale != 1.0 else x
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+def random_table(rng: np.random.Generator, ggml_type: int, n_rows: int, n_embd: int) -> np.ndarray:
+    """Random but valid rows: quantized values random, scales finite and moderate."""
+    from memra.synth import random_blocks
+
+    try:
+        from gguf.constants import GGMLQuantizationType as T
+
+        return random_blocks(T(ggml_type), n_rows * n_embd, 0.5, int(rng.integers(1 << 31)))
+    except KeyError:  # a type synth does not make (IQ4_XS): random bytes, then fix the f16 d
+        bs, ts = block_info(ggml_type)
+        raw = rng.integers(0, 256, n_rows * n_embd // bs * ts, dtype=np.uint8).reshape(-1, ts)
+        d = (rng.uniform(0.002, 0.02, raw.shape[0])).astype("<f2").view(np.uint8).reshape(-1, 2)
+        raw[:, 0:2] = d
+        return raw.reshape(-1)
+
+
+def compile_variants():
+    return [(KERNEL_FILE, {"EMBED_THREADS": THREADS}),
+            (KERNEL_FILE, {"EMBED_THREADS": THREADS, "MEMRA_CANARY": 1})]
+
+
+def _check(g, rng, ggml_type: int, canary: bool = False):
+    from memra.kernelcheck import compare
+
+    n_vocab, n_embd, n_tok = 300, 512, 7
+    table = random_table(rng, ggml_type, n_vocab, n_embd)
+    tok = rng.integers(0, n_vocab, n_tok).astype(np.int32)
+    scale = float(rng.uniform(1.0, 30.0))
+    d_table, d_tok = g.to_device(table), g.to_device(tok)
+    out = g.empty((n_tok, n_embd), np.float32)
+    out.poison()
+    embed(g, d_table, ggml_type, n_vocab, n_embd, d_tok, out, scale, canary=canary)
+    ref = reference(table, ggml_type, n_embd, tok, scale)
+    return compare(f"embed {type_name(ggml_type)} n_embd={n_embd} scale={scale:.2f}", out.numpy(), ref, 0,
+                   kind="exact")
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for t in KERNELS:
+        yield _check(g, rng, t)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, Q.Q4_K, canary=True)

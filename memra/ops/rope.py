@@ -1,0 +1,153 @@
+"""Per-head Q/K RMSNorm + RoPE + KV-cache append in one launch (kernels/rope.cu).
+
+    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, n_tokens, ...)
+
+inv_freq: float64 device array [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i),
+as memra.reference.rope_inv_freq computes it. The reference is memra.reference's rms_norm and
+rope; the caches hold f16. Tolerances: q 1e-5 relative; cached K/V within one f16 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "rope.cu"
+WARPS = 4
+TOL = 1e-5
+
+_NULL = np.uint64(0)
+
+
+def module(g, head_dim: int, canary: bool = False):
+    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": WARPS}
+    if canary:
+        d["MEMRA_CANARY"] = 1
+    return g.module(KERNEL_FILE, d)
+
+
+def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tokens: int,
+                 n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
+                 q_stride: int, k_stride: int, v_stride: int, q_norm=None, k_norm=None,
+                 eps: float = 1e-6, canary: bool = False) -> None:
+    """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
+    fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
+    kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
+    (seq may be None: sequence 0)."""
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
+        raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
+    if pos.dtype != np.int32 or inv_freq.dtype != np.float64 or q_out.dtype != np.float32:
+        raise MemraError("rope_norm_kv: pos int32, inv_freq float64, q_out float32")
+    if rope_dim > head_dim or rope_dim % 2 or inv_freq.size < rope_dim // 2:
+        raise MemraError(f"rope_norm_kv: rope_dim {rope_dim} vs head_dim {head_dim}")
+    kern = module(g, head_dim, canary).kernel("rope_norm_kv")
+    n_units = n_head + 2 * n_kv
+    g.launch(kern, ((n_units + WARPS - 1) // WARPS, n_tokens), (32 * WARPS,),
+             (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
+              pos, seq if seq is not None else _NULL,
+              q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
+              inv_freq, np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
+              np.int32(1 if neox else 0), np.float32(eps)))
+
+
+def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6):
+    """q [T, n_head, D], k/v [T, n_kv, D] float32 -> (q_out, k_out, v) as memra.reference
+    computes them (k and v before their f16 rounding)."""
+    from memra.reference import rms_norm, rope
+
+    q = np.asarray(q, np.float32)
+    k = np.asarray(k, np.float32)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm(k, k_norm, eps)
+    pos = np.asarray(pos)
+    return rope(q, pos, inv_freq, neox), rope(k, pos, inv_freq, neox), np.asarray(v, np.float32)
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors)
+    (64, 9, 3, 64, False, False, False),   # smollm2 / llama
+    (64, 4, 2, 64, False, False, True),    # llama with rope_freqs
+    (256, 4, 1, 256, True, True, False),   # gemma3
+    (128, 8, 2, 128, True, True, False),   # qwen3
+    (32, 4, 2, 32, True, False, False),    # qwen2 tiny
+    (128, 4, 2, 64, False, False, False),  # partial rotary
+)
+
+
+def compile_variants():
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS}) for d in sorted({c[0] for c in CASES})]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "MEMRA_CANARY": 1}))
+    return out
+
+
+def _check(g, rng, case, canary=False):
+    from memra.kernelcheck import Outcome, compare
+    from memra.reference import rope_inv_freq
+
+    D, nh, nkv, rd, neox, qkn, ff = case
+    T, n_ctx, n_seq = 5, 300, 2
+    qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
+    stride = qkv.shape[1]
+    pos = rng.choice(n_ctx, T, replace=False).astype(np.int32)
+    pos[-1] = int(rng.integers(n_ctx // 2, n_ctx))  # a large angle
+    seq = rng.integers(0, n_seq, T).astype(np.int32)
+    base = float(rng.choice([1e4, 1e5, 1e6]))
+    factors = rng.uniform(1, 4, rd // 2).astype(np.float32) if ff else None
+    inv = rope_inv_freq(rd, base, float(rng.choice([1.0, 0.25])), factors)
+    qn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
+    kn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
+    eps = 1e-6
+
+    d_qkv = g.to_device(qkv)
+    q_out = g.empty((T, nh * D), np.float32)
+    q_out.poison()
+    kc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
+    vc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
+    kc.poison()
+    vc.poison()
+    fb = 4
+    rope_norm_kv(g, d_qkv.view(shape=(T * stride,)), d_qkv.view(offset=nh * D * fb), d_qkv.view(offset=(nh + nkv) * D * fb),
+                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(inv), n_tokens=T,
+                 n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
+                 q_stride=stride, k_stride=stride, v_stride=stride,
+                 q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
+                 eps=eps, canary=canary)
+    q = qkv[:, :nh * D].reshape(T, nh, D)
+    k = qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D)
+    v = qkv[:, (nh + nkv) * D:].reshape(T, nkv, D)
+    rq, rk, rv = reference(q, k, v, pos, inv, neox, qn, kn, eps)
+    name = f"rope D={D} heads={nh}/{nkv} rope_dim={rd} {'neox' if neox else 'normal'}" + \
+           (" qk_norm" if qkn else "") + (" factors" if ff else "")
+    oq = compare(name + " q", q_out.numpy().reshape(T, nh, D), rq, TOL)
+    kh = kc.numpy().view(np.float16)
+    vh = vc.numpy().view(np.float16)
+    gk = np.stack([kh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
+    gv = np.stack([vh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
+    # one f16 rounding of values that agree to ~1e-6: 2^-10 relative per element at most
+    ok_k = compare(name + " kcache", gk, rk.astype(np.float16).astype(np.float32), 1e-3, kind="max")
+    ok_v = compare(name + " vcache", gv, rv.astype(np.float16).astype(np.float32), 0, kind="exact")
+    # untouched cache rows must keep their poison (no stray writes)
+    mask = np.ones((n_seq, n_ctx), bool)
+    mask[seq, pos] = False
+    stray = int(np.count_nonzero(kc.numpy()[mask] != 0xFFFF) + np.count_nonzero(vc.numpy()[mask] != 0xFFFF))
+    for o in (oq, ok_k, ok_v):
+        if not o.ok:
+            return o
+    if stray:
+        return Outcome(name, False, f"{stray} cache elements written outside the appended rows")
+    return Outcome(name, True, f"{oq.detail}; k {ok_k.detail}")
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for case in CASES:
+        yield _check(g, rng, case)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, CASES[0], canary=True)
