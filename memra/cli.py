@@ -183,7 +183,6 @@ def run(
     from .config import read_config
     from .generate import generate
     from .sampling import Sampler, SamplingParams
-    from .tokenizer import Tokenizer
 
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -197,6 +196,8 @@ def run(
 
     name, path, g = _open(model)
     cfg = read_config(g)
+    from .tokenizer import Tokenizer
+
     tok = Tokenizer.from_gguf(g)
     chat = chat or system is not None
     rendered = None
