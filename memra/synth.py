@@ -365,24 +365,45 @@ _FILL = {
 }
 SYNTH_TYPES = frozenset(_FILL) | frozenset(_FLOAT_TYPES)
 
+# Byte ranges of each block type's scale fields (everything else is quantized values).
+_HEADER = {
+    T.Q4_0: ((0, 2),), T.Q5_0: ((0, 2),), T.Q8_0: ((0, 2),), T.Q4_1: ((0, 4),), T.Q5_1: ((0, 4),),
+    T.Q2_K: ((0, 16), (80, 84)), T.Q3_K: ((96, 110),), T.Q4_K: ((0, 16),), T.Q5_K: ((0, 16),),
+    T.Q6_K: ((192, 210),),
+}
+_TABLE = 4096  # distinct scale headers (or float values) per chunk
+
 
 def random_blocks(ggml_type: T, n_elements: int, sigma: float, seed) -> np.ndarray:
-    """`n_elements` random values of `ggml_type` as raw bytes, dequantizing to std ~ sigma."""
+    """`n_elements` random values of `ggml_type` as raw bytes, dequantizing to std ~ sigma.
+
+    Speed: the quantized values are the bit generator's raw output; the scale fields come
+    from a small table of valid headers (made by the _FILL rules), one picked at random
+    per block, so the per-block work is one gather and one strided copy.
+    """
     bs, ts = GGML_QUANT_SIZES[ggml_type]
     bitgen = np.random.PCG64(seed)
     rng = np.random.Generator(bitgen)
     if ggml_type in _FLOAT_TYPES:
-        x = rng.standard_normal(n_elements, dtype=np.float32) * np.float32(sigma)
-        if ggml_type == T.F32:
-            return x.view(np.uint8)
+        # iid draws from a table of 65536 normal values, indexed by random 16-bit numbers
+        table = rng.standard_normal(1 << 16, dtype=np.float32) * np.float32(sigma)
         if ggml_type == T.F16:
-            return x.astype("<f2").view(np.uint8)
-        return (x.view(np.uint32) >> 16).astype("<u2").view(np.uint8)  # BF16 (truncated)
+            table = table.astype("<f2")
+        elif ggml_type == T.BF16:
+            table = (table.view(np.uint32) >> 16).astype("<u2")  # truncated to bfloat16
+        idx = bitgen.random_raw((n_elements + 3) // 4).view(np.uint16)[:n_elements]
+        return table[idx].view(np.uint8)
     n_blocks = n_elements // bs
     n_bytes = n_blocks * ts
     raw = bitgen.random_raw((n_bytes + 7) // 8).view(np.uint8)[:n_bytes]
-    blk = raw.reshape(n_blocks, ts)
-    _FILL[ggml_type](blk, sigma, rng)
+    headers = np.zeros((_TABLE, ts), np.uint8)
+    _FILL[ggml_type](headers, sigma, rng)
+    pick = rng.integers(0, _TABLE, n_blocks, dtype=np.uint16)
+    for a, b in _HEADER[ggml_type]:
+        # each field as one item of a strided structured view: a fast gather-and-copy
+        fmt = {2: "<u2", 4: "<u4"}.get(b - a, f"V{b - a}")
+        field = np.dtype({"names": ["h"], "formats": [fmt], "offsets": [a], "itemsize": ts})
+        raw.view(field)["h"][:] = np.ascontiguousarray(headers[:, a:b]).view(fmt).ravel()[pick]
     return raw
 
 
@@ -531,7 +552,7 @@ def synth(out_path, arch: str | None, shape: str, quant: str, seed: int = 0,
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        _write_data(w, tensors, s, seed, threads or os.cpu_count() or 1)
+        _write_data(w, tensors, s, seed, threads or len(os.sched_getaffinity(0)))
     except BaseException:
         w.close()
         out_path.unlink(missing_ok=True)
