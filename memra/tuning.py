@@ -302,6 +302,25 @@ def load_table(device_name: str, cc, *, sms: int | None = None,
     return table, source
 
 
+def resolve_table(which: str | None, device_name: str, cc, *, sms: int | None = None,
+                  directory: str | os.PathLike | None = None,
+                  current_hash: Callable[[str], str | None] = _current_hash) -> tuple[dict, str]:
+    """The table a run asked for: None or 'auto' (load_table: exact → cc → builtin),
+    'builtin' (no table: the A arm of a tuned-vs-defaults benchmark), or a table file."""
+    if which in (None, "auto"):
+        return load_table(device_name, cc, sms=sms, directory=directory, current_hash=current_hash)
+    if which == "builtin":
+        log.info("tuning: built-in launcher defaults (asked for)")
+        return builtin_table(), "builtin"
+    table = read_table(which)
+    table["stale"] = stale_entries(table, current_hash)
+    log.info("tuning: table %s (frozen on %s), as asked", table["path"], table["device"])
+    if table["stale"]:
+        log.warning("tuning: %d entries of %s were measured on kernel source that has changed since",
+                    len(table["stale"]), table["path"])
+    return table, "file"
+
+
 def lookup(table: Mapping, kernel: str, shape: Mapping | str, batch: int = 1) -> Choice | None:
     """The frozen choice for a kernel at a shape and batch, or None (launcher default).
 

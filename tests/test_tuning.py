@@ -260,6 +260,20 @@ def test_changing_an_entry_changes_the_lookup(tmp_path):
     assert T.lookup(t, "matvec", SHAPE, 1).config == {"NWARPS": 2}
 
 
+def test_resolve_table_for_ab_runs(tmp_path):
+    d = tmp_path / "defaults"
+    _save(d, _table())
+    t, src = T.resolve_table(None, "NVIDIA H200", "9.0", directory=d, current_hash=_hash_ok)
+    assert src == "exact" and T.lookup(t, "matvec", SHAPE, 1) is not None
+    t, src = T.resolve_table("builtin", "NVIDIA H200", "9.0", directory=d, current_hash=_hash_ok)
+    assert src == "builtin" and T.lookup(t, "matvec", SHAPE, 1) is None
+    # an explicit file is used whatever the device (e.g. an H100 table tried on the H200)
+    t, src = T.resolve_table(str(d / "nvidia-h200.json"), "NVIDIA L4", "8.9", current_hash=lambda s: "x")
+    assert src == "file" and T.lookup(t, "matvec", SHAPE, 8).variant == "fma" and len(t["stale"]) == 2
+    with pytest.raises(T.TableError, match="cannot read"):
+        T.resolve_table(str(d / "missing.json"), "NVIDIA H200", "9.0")
+
+
 def test_staleness_detected_and_warned(tmp_path, caplog):
     d = tmp_path / "defaults"
     entries = {
