@@ -93,7 +93,8 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
         yield GenEvent(None, "", "length", timings)
         return
 
-    decoder = tokenizer.stream()
+    # control tokens put no text into the output (llama.cpp's rendering without special=true)
+    decoder = tokenizer.stream(skip_special=True)
     history = list(prompt)
     out = ""  # decoded text so far
     sent = 0  # out[:sent] has been released

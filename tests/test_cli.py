@@ -124,3 +124,127 @@ def test_pull_prints_the_cached_path(smol_path):
     assert Path(r.stdout.strip()) == smol_path
     r = memra("pull")
     assert r.returncode == 0 and "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout
+
+
+# -- tokenize, run and chat against llama.cpp -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_peer(smol_path):
+    from peer import LlamaCppPeer
+
+    with LlamaCppPeer(smol_path) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def gemma_peer(gemma_path):
+    from peer import LlamaCppPeer
+
+    with LlamaCppPeer(gemma_path) as p:
+        yield p
+
+
+def peer_pieces(peer, text):
+    r = peer._http.post("/tokenize", json={"content": text, "add_special": True, "parse_special": True,
+                                           "with_pieces": True})
+    r.raise_for_status()
+    return [t["piece"] for t in r.json()["tokens"]]
+
+
+def apply_template(peer, messages):
+    r = peer._http.post("/apply-template", json={"messages": messages})
+    r.raise_for_status()
+    return r.json()["prompt"]
+
+
+def assert_greedy_matches(ours, theirs):
+    """Identical, or the first divergence falls where llama.cpp's own top-2 margin is a near-tie."""
+    ids = theirs["ids"][:len(ours)]
+    for i, (a, b) in enumerate(zip(ours, ids)):
+        if a != b:
+            top = theirs["top"][i]
+            margin = top[0][1] - top[1][1]
+            assert margin < NEAR_TIE, f"diverged at {i}: ours {a}, llama.cpp {b} (margin {margin:.3f})"
+            return
+    assert ours == ids
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("text", ["Héllo 🤖 <start_of_turn>", "  two  spaces\n\nand <end_of_turn> 123"])
+def test_tokenize_gemma_equals_llama_cpp(gemma_peer, text):
+    r = memra("tokenize", "gemma3-270m", "--text", text, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ids"] == gemma_peer.tokenize(text)
+    assert doc["pieces"] == peer_pieces(gemma_peer, text)
+
+
+@pytest.mark.parity
+def test_tokenize_smollm2_equals_llama_cpp_and_reads_stdin(smol_peer):
+    text = "def f(x):\n    return x ** 2  # ünïcode <|im_start|>"
+    r = memra("tokenize", "smollm2-135m", "--text", "-", "--json", stdin=text)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ids"] == smol_peer.tokenize(text)
+    assert doc["pieces"] == peer_pieces(smol_peer, text)
+
+
+@pytest.mark.parity
+def test_run_greedy_equals_llama_cpp(smol_peer):
+    prompt = "The capital of France is"
+    r = memra("run", "smollm2-135m", "--prompt", prompt, "-n", "16", "--temp", "0", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["prompt_ids"] == smol_peer.tokenize(prompt)
+    theirs = smol_peer.complete(prompt, 16)
+    assert len(doc["tokens"]) == 16 and doc["finish_reason"] == "length"
+    assert_greedy_matches(doc["tokens"], theirs)
+    assert doc["device"] == "cpu" and doc["model"] == "smollm2-135m"
+    assert doc["prefill_tok_s"] > 0 and doc["decode_tok_s"] > 0
+    if doc["tokens"] == theirs["ids"]:
+        assert doc["text"] == theirs["text"]
+
+
+@pytest.mark.parity
+def test_run_chat_prompt_equals_llama_cpp_template(smol_peer):
+    r = memra("run", "smollm2-135m", "--system", "Answer in one word.", "-p", "Capital of France?",
+              "-n", "1", "--temp", "0", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    expected = apply_template(smol_peer, [{"role": "system", "content": "Answer in one word."},
+                                          {"role": "user", "content": "Capital of France?"}])
+    assert doc["chat"] is True and doc["prompt"] == expected
+    assert doc["prompt_ids"] == smol_peer.tokenize(expected)
+    assert_greedy_matches(doc["tokens"], smol_peer.complete(expected, 1))
+
+
+@pytest.mark.parity
+def test_run_chat_gemma_turns_with_one_bos(gemma_peer):
+    r = memra("run", "gemma3-270m", "--chat", "-p", "Say hi.", "-n", "1", "--temp", "0",
+              "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["prompt"] == "<start_of_turn>user\nSay hi.<end_of_turn>\n<start_of_turn>model\n"
+    assert doc["prompt_ids"] == gemma_peer.tokenize(doc["prompt"])
+    assert doc["prompt_ids"].count(2) == 1 and doc["prompt_ids"][0] == 2  # <bos>
+
+
+def test_run_seeded_sampling_is_reproducible():
+    args = ["run", "smollm2-135m", "-p", "Once upon a time", "-n", "6", "--temp", "1.0", "--device", "cpu", "--json"]
+    a, b, c = (memra(*args, "--seed", s) for s in ("42", "42", "7"))
+    for r in (a, b, c):
+        assert r.returncode == 0, r.stderr
+    ta, tb, tc = (json.loads(r.stdout)["tokens"] for r in (a, b, c))
+    assert ta == tb and len(ta) == 6
+    assert json.loads(a.stdout)["sampling"]["seed"] == 42
+    assert ta != tc
+
+
+@pytest.mark.parity
+def test_run_streams_text_and_stops_at_a_stop_string(smol_peer):
+    prompt = "The capital of France is"
+    assert smol_peer.complete(prompt, 4)["text"].startswith(" Paris.")  # llama.cpp's greedy text
+    r = memra("run", "smollm2-135m", "-p", prompt, "-n", "8", "--temp", "0", "--device", "cpu", "--stop", ".")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == " Paris\n"
+    assert "stop" in r.stderr

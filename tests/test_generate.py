@@ -21,7 +21,7 @@ class FakeTokenizer:
         self.n_vocab = len(pieces)
         self.eog_ids = frozenset({EOS})
 
-    def stream(self):
+    def stream(self, skip_special=False):
         tok = self
 
         class Stream:
