@@ -108,8 +108,11 @@ def utc_now() -> str:
 
 
 def git_sha(repo: Path | None = None) -> str:
-    """HEAD of the checkout memra runs from, '+dirty' when tracked files are modified,
-    'unknown' outside a git checkout (an installed wheel)."""
+    """HEAD of the checkout memra runs from, '+dirty' when tracked files are modified;
+    $MEMRA_GIT_SHA where the tree is a copy without git history (a GPU machine given a
+    copy of the checkout); else 'unknown' (an installed wheel)."""
+    if os.environ.get("MEMRA_GIT_SHA"):
+        return os.environ["MEMRA_GIT_SHA"]
     repo = repo or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
