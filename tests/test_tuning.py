@@ -540,3 +540,12 @@ def test_resume_skips_same_device_and_source(tmp_path):
     C.run_campaign(jobs, m, out, context=H200, src_hash=lambda s: "h1")
     assert len(m.calls) == 4
     assert len(read_receipts(out)) == 2 + 2 + 0 + 4 + 4 + 4
+
+
+def test_campaign_refused_when_a_family_has_no_tune_hook():
+    from memra.errors import MemraError
+    from memra.tune_gpu import require_hooks
+
+    jobs = [C.Job("k", "v", {}, {"n": 1, "batch": 1}, "nosuch.cu")]
+    with pytest.raises(MemraError, match=r"nosuch\.cu \(no module memra\.ops\.nosuch\)"):
+        require_hooks(jobs)
