@@ -65,6 +65,9 @@ def test_missing_file_unknown_alias_and_bad_flag_values(tmp_path):
     not_gguf.write_bytes(b"hello world, not a model at all")
     assert_one_error_line(memra("info", str(not_gguf)), "not a GGUF file")
     assert_one_error_line(memra("run", str(not_gguf), "-p", "x"), "not a GGUF file")
+    assert_one_error_line(memra("run", "-p", "x", "--device", "tpu"), "--device", "tpu")
+    assert_one_error_line(memra("run", "-p", "x", "--device", "cpu", "--top-p", "-1"), "top_p")
+    assert_one_error_line(memra("run", "-p", "one two three four", "--device", "cpu", "--ctx", "2"), "context")
 
 
 def test_debug_log_shows_the_traceback(tmp_path):
@@ -230,13 +233,15 @@ def test_run_chat_gemma_turns_with_one_bos(gemma_peer):
 
 
 def test_run_seeded_sampling_is_reproducible():
-    args = ["run", "smollm2-135m", "-p", "Once upon a time", "-n", "6", "--temp", "1.0", "--device", "cpu", "--json"]
+    # no MODEL: the default, smollm2-135m
+    args = ["run", "-p", "Once upon a time", "-n", "6", "--temp", "1.0", "--device", "cpu", "--json"]
     a, b, c = (memra(*args, "--seed", s) for s in ("42", "42", "7"))
     for r in (a, b, c):
         assert r.returncode == 0, r.stderr
     ta, tb, tc = (json.loads(r.stdout)["tokens"] for r in (a, b, c))
     assert ta == tb and len(ta) == 6
     assert json.loads(a.stdout)["sampling"]["seed"] == 42
+    assert json.loads(a.stdout)["model"] == "smollm2-135m"
     assert ta != tc
 
 
