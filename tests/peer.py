@@ -48,18 +48,31 @@ class LlamaCppPeer:
         return r.json()["content"]
 
     def complete(self, prompt: str | list[int], n_predict: int, n_probs: int = 2) -> dict:
-        """Greedy continuation. Returns {'ids': [...], 'top': [[(id, logprob), ...] per position]}."""
-        r = self._server.handle_completions({
+        """Greedy continuation. Returns {'ids': [...], 'top': [[(id, logprob), ...] per position]}.
+
+        llama.cpp reports no probabilities for a token whose text is an incomplete UTF-8
+        sequence (a byte token, say): it folds the text into the next token's entry and
+        drops the rest. So `ids` comes from the server's token list (every generated id),
+        and `top[i]` is None at the positions llama.cpp gave no probabilities for.
+        """
+        r = self._http.post("/completion", json={
             "prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1,
             "n_probs": n_probs, "cache_prompt": False, "ignore_eos": True,
-            "samplers": ["top_k"],
+            "samplers": ["top_k"], "return_tokens": True,
         })
-        if "error" in r:
-            raise RuntimeError(r["error"])
-        content = r["choices"][0]["logprobs"]["content"]
-        ids = [c["id"] for c in content]
-        top = [[(t["id"], t["logprob"]) for t in c["top_logprobs"]] for c in content]
-        return {"ids": ids, "top": top, "text": r["choices"][0]["text"]}
+        r.raise_for_status()
+        r = r.json()
+        ids = list(r["tokens"])
+        entries = r.get("completion_probabilities", [])
+        top: list = [None] * len(ids)
+        j = 0
+        for i, tok in enumerate(ids):  # each entry belongs to the last token of its group
+            if j < len(entries) and entries[j]["id"] == tok:
+                top[i] = [(t["id"], t["logprob"]) for t in entries[j]["top_logprobs"]]
+                j += 1
+        if j != len(entries):
+            raise RuntimeError(f"llama.cpp's probabilities do not align with its tokens {ids}")
+        return {"ids": ids, "top": top, "text": r["content"]}
 
     def close(self) -> None:
         self._http.close()
