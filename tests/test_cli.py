@@ -166,6 +166,7 @@ def assert_greedy_matches(ours, theirs):
     for i, (a, b) in enumerate(zip(ours, ids)):
         if a != b:
             top = theirs["top"][i]
+            assert top is not None, f"diverged at {i} where llama.cpp reports no probabilities: ours {a}, theirs {b}"
             margin = top[0][1] - top[1][1]
             assert margin < NEAR_TIE, f"diverged at {i}: ours {a}, llama.cpp {b} (margin {margin:.3f})"
             return
