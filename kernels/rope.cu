@@ -2,7 +2,8 @@
 // NeoX pairing, per-dimension frequency factors folded into inv_freq), and the KV-cache
 // append (float32 -> f16), in one launch.
 //
-// For token t at position p = pos[t] of sequence s = seq ? seq[t] : 0:
+// For token t at position p = pos[t] of sequence s = seq ? seq[t] : 0, with the QKV bias
+// (qwen2; null elsewhere: [q_dim + 2 kv_dim] floats, q then k then v) added first:
 //   head h < n_head:            q_out[t, h]  = rope(norm(q[t, h], q_norm_w))
 //   n_head <= h < +n_kv:        kcache[s, p, h'] = f16(rope(norm(k[t, h'], k_norm_w)))
 //   n_head+n_kv <= h < +2 n_kv: vcache[s, p, h'] = f16(v[t, h'])
@@ -34,7 +35,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                  const float* __restrict__ v, int q_stride, int k_stride, int v_stride,
                  float* __restrict__ q_out, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache,
                  const int* __restrict__ pos, const int* __restrict__ seq,
-                 const float* __restrict__ q_norm_w, const float* __restrict__ k_norm_w,
+                 const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+                 const float* __restrict__ k_norm_w,
                  const double* __restrict__ inv_freq, int n_head, int n_kv, int n_ctx,
                  int rope_dim, int neox, float eps) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
@@ -50,9 +52,10 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     if (h >= n_head + n_kv) {  // V: convert and append
         const int hv = h - n_head - n_kv;
         const float* src = v + (size_t)t * v_stride + hv * HEAD_DIM;
+        const float* bv = bias ? bias + (n_head + n_kv + hv) * HEAD_DIM : nullptr;
         if (in_ctx)
             for (int d = lane; d < HEAD_DIM; d += 32)
-                vcache[kv_row + hv * HEAD_DIM + d] = f32_to_f16(src[d]);
+                vcache[kv_row + hv * HEAD_DIM + d] = f32_to_f16(bv ? __fadd_rn(src[d], bv[d]) : src[d]);
         return;
     }
     const bool is_q = h < n_head;
@@ -60,11 +63,12 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     const float* src = is_q ? q + (size_t)t * q_stride + hh * HEAD_DIM
                             : k + (size_t)t * k_stride + hh * HEAD_DIM;
     const float* nw = is_q ? q_norm_w : k_norm_w;
+    const float* bh = bias ? bias + h * HEAD_DIM : nullptr;  // q heads then k heads then v
     float* b = buf[warp];
 
     float ss = 0.f;
     for (int d = lane; d < HEAD_DIM; d += 32) {
-        float x = src[d];
+        float x = bh ? __fadd_rn(src[d], bh[d]) : src[d];
         b[d] = x;
         ss += x * x;
     }

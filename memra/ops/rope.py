@@ -31,12 +31,13 @@ def module(g, head_dim: int, canary: bool = False):
 
 def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tokens: int,
                  n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
-                 q_stride: int, k_stride: int, v_stride: int, q_norm=None, k_norm=None,
+                 q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
                  eps: float = 1e-6, canary: bool = False) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
     kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
-    (seq may be None: sequence 0)."""
+    (seq may be None: sequence 0); bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
+    biases concatenated) or None."""
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
         raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
     if pos.dtype != np.int32 or inv_freq.dtype != np.float64 or q_out.dtype != np.float32:
@@ -47,36 +48,42 @@ def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tok
     n_units = n_head + 2 * n_kv
     g.launch(kern, ((n_units + WARPS - 1) // WARPS, n_tokens), (32 * WARPS,),
              (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
-              pos, seq if seq is not None else _NULL,
+              pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
               inv_freq, np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
               np.int32(1 if neox else 0), np.float32(eps)))
 
 
-def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6):
+def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6, bias=None):
     """q [T, n_head, D], k/v [T, n_kv, D] float32 -> (q_out, k_out, v) as memra.reference
     computes them (k and v before their f16 rounding)."""
     from memra.reference import rms_norm, rope
 
     q = np.asarray(q, np.float32)
     k = np.asarray(k, np.float32)
+    v = np.asarray(v, np.float32)
+    if bias is not None:  # [q heads, k heads, v heads] * D
+        T, nh, D = q.shape
+        nkv = k.shape[1]
+        b = np.asarray(bias, np.float32).reshape(-1, D)
+        q, k, v = q + b[:nh], k + b[nh:nh + nkv], v + b[nh + nkv:]
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
     if k_norm is not None:
         k = rms_norm(k, k_norm, eps)
     pos = np.asarray(pos)
-    return rope(q, pos, inv_freq, neox), rope(k, pos, inv_freq, neox), np.asarray(v, np.float32)
+    return rope(q, pos, inv_freq, neox), rope(k, pos, inv_freq, neox), v
 
 
 # -- kernel-check ------------------------------------------------------------------------
 
-CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors)
-    (64, 9, 3, 64, False, False, False),   # smollm2 / llama
-    (64, 4, 2, 64, False, False, True),    # llama with rope_freqs
-    (256, 4, 1, 256, True, True, False),   # gemma3
-    (128, 8, 2, 128, True, True, False),   # qwen3
-    (32, 4, 2, 32, True, False, False),    # qwen2 tiny
-    (128, 4, 2, 64, False, False, False),  # partial rotary
+CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors, qkv bias)
+    (64, 9, 3, 64, False, False, False, False),   # smollm2 / llama
+    (64, 4, 2, 64, False, False, True, False),    # llama with rope_freqs
+    (256, 4, 1, 256, True, True, False, False),   # gemma3
+    (128, 8, 2, 128, True, True, False, False),   # qwen3
+    (32, 4, 2, 32, True, False, False, True),     # qwen2 (QKV bias)
+    (128, 4, 2, 64, False, False, False, False),  # partial rotary
 )
 
 
@@ -90,7 +97,7 @@ def _check(g, rng, case, canary=False):
     from memra.kernelcheck import Outcome, compare
     from memra.reference import rope_inv_freq
 
-    D, nh, nkv, rd, neox, qkn, ff = case
+    D, nh, nkv, rd, neox, qkn, ff, has_bias = case
     T, n_ctx, n_seq = 5, 300, 2
     qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
     stride = qkv.shape[1]
@@ -103,6 +110,7 @@ def _check(g, rng, case, canary=False):
     qn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
     kn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
     eps = 1e-6
+    bias = rng.standard_normal((nh + 2 * nkv) * D).astype(np.float32) if has_bias else None
 
     d_qkv = g.to_device(qkv)
     q_out = g.empty((T, nh * D), np.float32)
@@ -116,14 +124,14 @@ def _check(g, rng, case, canary=False):
                  q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(inv), n_tokens=T,
                  n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
                  q_stride=stride, k_stride=stride, v_stride=stride,
-                 q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
+                 bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
                  eps=eps, canary=canary)
     q = qkv[:, :nh * D].reshape(T, nh, D)
     k = qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D)
     v = qkv[:, (nh + nkv) * D:].reshape(T, nkv, D)
-    rq, rk, rv = reference(q, k, v, pos, inv, neox, qn, kn, eps)
+    rq, rk, rv = reference(q, k, v, pos, inv, neox, qn, kn, eps, bias)
     name = f"rope D={D} heads={nh}/{nkv} rope_dim={rd} {'neox' if neox else 'normal'}" + \
-           (" qk_norm" if qkn else "") + (" factors" if ff else "")
+           (" qk_norm" if qkn else "") + (" factors" if ff else "") + (" bias" if has_bias else "")
     oq = compare(name + " q", q_out.numpy().reshape(T, nh, D), rq, TOL)
     kh = kc.numpy().view(np.float16)
     vh = vc.numpy().view(np.float16)

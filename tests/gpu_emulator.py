@@ -1,0 +1,414 @@
+"""A CPU stand-in for memra.cuda.Gpu that runs each kernel launch through numpy.
+
+It checks the GPU engine's orchestration on a machine without a GPU: which kernels run
+in which order, on which buffers, views, offsets, strides and device-side state (token,
+position, step), and that a captured graph replays the same launches. Device memory is
+one host heap addressed by integer pointers, so views and NULL pointers behave as on the
+device. The kernel semantics come from the launch contracts in kernels/*.cu (each written
+independently of the engine; the kernels themselves are checked on the GPU by
+`memra kernel-check`). Attention follows the kernel's split layout exactly, so a wrong
+split or combine index in the engine shows up here too.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from memra.errors import CudaError
+
+
+class FakeArray:
+    __slots__ = ("gpu", "shape", "dtype", "ptr", "nbytes")
+
+    def __init__(self, gpu, ptr, shape, dtype):
+        self.gpu, self.ptr = gpu, int(ptr)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def view(self, dtype=None, shape=None, offset=0):
+        dtype = np.dtype(dtype or self.dtype)
+        if shape is None:
+            shape = ((self.nbytes - offset) // dtype.itemsize,)
+        v = FakeArray(self.gpu, self.ptr + offset, shape, dtype)
+        if offset < 0 or offset + v.nbytes > self.nbytes:
+            raise CudaError(f"view [{offset}, {offset + v.nbytes}) outside {self.nbytes} bytes")
+        return v
+
+    def _host(self):
+        return self.gpu.mem(self.ptr, self.dtype, self.size).reshape(self.shape)
+
+    def upload(self, host):
+        host = np.ascontiguousarray(host)
+        if host.nbytes != self.nbytes:
+            raise CudaError(f"upload of {host.nbytes} bytes into a {self.nbytes}-byte array")
+        if self.gpu.capturing:
+            raise CudaError("host-to-device copies cannot be captured in a graph")
+        self.gpu.mem(self.ptr, np.uint8, self.nbytes)[:] = host.view(np.uint8).reshape(-1)
+
+    def numpy(self):
+        if self.gpu.capturing:
+            raise CudaError("device-to-host copies cannot be captured in a graph")
+        return self._host().copy()
+
+    def fill_bytes(self, b):
+        self.gpu.record(lambda: self.gpu.mem(self.ptr, np.uint8, self.nbytes).fill(b & 0xFF))
+
+    def poison(self):
+        self.fill_bytes(0xFF)
+
+    def zero(self):
+        self.fill_bytes(0)
+
+
+@dataclass
+class FakeKernel:
+    name: str
+    defines: dict
+
+
+class FakeModule:
+    def __init__(self, kernel_file, defines):
+        self.kernel_file, self.defines = kernel_file, defines
+
+    def kernel(self, name):
+        return FakeKernel(name, dict(self.defines))
+
+    __getitem__ = kernel
+
+
+class FakeGraph:
+    def __init__(self, gpu):
+        self.gpu, self.ops = gpu, []
+
+    def upload(self):
+        pass
+
+    def launch(self):
+        for op in self.ops:
+            op()
+
+    def close(self):
+        self.ops = []
+
+
+@dataclass
+class FakeInfo:
+    name: str = "emulated"
+    arch: str = "sm_90a"
+    sm_count: int = 132
+
+
+class FakeGpu:
+    def __init__(self, heap_bytes=1 << 30):
+        self.heap = np.zeros(heap_bytes, np.uint8)
+        self.top = 256  # pointer 0 stays NULL
+        self.info = FakeInfo()
+        self.capturing = None
+        self.launches = 0
+
+    # memory
+    def mem(self, ptr, dtype, count):
+        dtype = np.dtype(dtype)
+        return self.heap[ptr:ptr + count * dtype.itemsize].view(dtype)
+
+    def empty(self, shape, dtype=np.uint8):
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        ptr = self.top
+        self.top = (self.top + max(n, 1) + 255) // 256 * 256
+        if self.top > self.heap.size:
+            raise CudaError("emulated device out of memory")
+        a = FakeArray(self, ptr, shape, dtype)
+        self.mem(ptr, np.uint8, n)[:] = 0xA5  # garbage, like fresh device memory
+        return a
+
+    def to_device(self, host):
+        host = np.ascontiguousarray(host)
+        a = self.empty(host.shape, host.dtype)
+        a.upload(host)
+        return a
+
+    def module(self, kernel_file, defines=None):
+        return FakeModule(kernel_file, dict(defines or {}))
+
+    def sync(self):
+        pass
+
+    def record(self, op):
+        if self.capturing is not None:
+            self.capturing.ops.append(op)
+        else:
+            op()
+
+    @contextmanager
+    def capture(self):
+        gr = FakeGraph(self)
+        self.capturing = gr
+        try:
+            yield gr
+        finally:
+            self.capturing = None
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        vals = []
+        for a in args:
+            if isinstance(a, FakeArray):
+                vals.append(a.ptr)
+            elif isinstance(a, np.generic):
+                vals.append(a.item())
+            else:
+                raise TypeError(f"kernel {kernel.name}: argument {a!r} must be a device array or numpy scalar")
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        fn = _mv if kernel.name.startswith("mv_") else _KERNELS.get(kernel.name)
+        if fn is None:
+            raise CudaError(f"emulator: no model of kernel {kernel.name}")
+        self.launches += 1
+        self.record(lambda: fn(self, kernel, grid, vals))
+
+
+# -- kernel models ------------------------------------------------------------------------
+
+def _f32(g, p, n):
+    return g.mem(p, np.float32, n)
+
+
+def _embed(g, k, grid, v):
+    from memra import quants as Q
+    from memra.ops.embed import KERNELS
+
+    table, tok, out, n_vocab, n_embd, row_bytes, scale = v
+    t_of = {name: t for t, name in KERNELS.items()}[k.name]
+    T = grid[0]
+    ids = g.mem(tok, np.int32, T)
+    o = _f32(g, out, T * n_embd).reshape(T, n_embd)
+    for t in range(T):
+        raw = g.mem(table + int(ids[t]) * row_bytes, np.uint8, row_bytes)
+        o[t] = Q.dequantize(raw.copy(), t_of, (1, n_embd))[0] * np.float32(scale)
+
+
+def _rmsnorm(g, k, grid, v):
+    from memra.reference import rms_norm
+
+    x, w, out, n, eps = v
+    R = grid[0]
+    _f32(g, out, R * n)[:] = rms_norm(_f32(g, x, R * n).reshape(R, n), _f32(g, w, n), eps).reshape(-1)
+
+
+def _add_rmsnorm(g, k, grid, v):
+    from memra.reference import rms_norm
+
+    x, delta, w_post, w, out, n, eps_post, eps = v
+    R = grid[0]
+    xs = _f32(g, x, R * n).reshape(R, n)
+    d = _f32(g, delta, R * n).reshape(R, n).copy()
+    if w_post:
+        d = rms_norm(d, _f32(g, w_post, n), eps_post)
+    xs += d
+    _f32(g, out, R * n)[:] = rms_norm(xs, _f32(g, w, n), eps).reshape(-1)
+
+
+def _rope(g, k, grid, v):
+    from memra.reference import rms_norm, rope
+
+    (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, inv, n_head, n_kv, n_ctx,
+     rope_dim, neox, eps) = v
+    D = int(k.defines["HEAD_DIM"])
+    T = grid[1]
+    P = g.mem(pos, np.int32, T)
+    S = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
+    invf = g.mem(inv, np.float64, rope_dim // 2)
+    b = _f32(g, bias, (n_head + 2 * n_kv) * D).reshape(-1, D) if bias else None
+    kcache = g.mem(kc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    vcache = g.mem(vc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    for t in range(T):
+        qh = _f32(g, q + 4 * t * qs, n_head * D).reshape(n_head, D).copy()
+        kh = _f32(g, kk + 4 * t * ks, n_kv * D).reshape(n_kv, D).copy()
+        vh = _f32(g, vv + 4 * t * vs, n_kv * D).reshape(n_kv, D).copy()
+        if b is not None:
+            qh, kh, vh = qh + b[:n_head], kh + b[n_head:n_head + n_kv], vh + b[n_head + n_kv:]
+        if qn:
+            qh = rms_norm(qh, _f32(g, qn, D), eps)
+        if kn:
+            kh = rms_norm(kh, _f32(g, kn, D), eps)
+        p = np.array([P[t]])
+        qh = rope(qh[None], p, invf, bool(neox))[0]
+        kh = rope(kh[None], p, invf, bool(neox))[0]
+        _f32(g, q_out + 4 * t * n_head * D, n_head * D)[:] = qh.reshape(-1)
+        if 0 <= P[t] < n_ctx:
+            kcache[S[t], P[t]] = kh.astype(np.float16)
+            vcache[S[t], P[t]] = vh.astype(np.float16)
+
+
+def _attn_split(g, k, grid, v):
+    q, kc, vc, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap = v
+    D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])
+    TILE = int(k.defines.get("ATT_TILE", 64))
+    _, S, T = grid
+    nh = n_kv * G
+    P = g.mem(pos, np.int32, T)
+    SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
+    kcache = g.mem(kc, np.uint16, int(SQ.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    vcache = g.mem(vc, np.uint16, int(SQ.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    po = _f32(g, part_o, T * nh * S * D).reshape(T, nh, S, D)
+    pml = _f32(g, part_ml, T * nh * S * 2).reshape(T, nh, S, 2)
+    for t in range(T):
+        hi = int(P[t]) + 1
+        lo = max(0, hi - window) if window > 0 else 0
+        n = hi - lo
+        chunk = -(-(-(-n // S)) // TILE) * TILE
+        qt = _f32(g, q + 4 * t * nh * D, nh * D).reshape(n_kv, G, D).astype(np.float64)
+        for s in range(S):
+            k0, k1 = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
+            if k0 >= k1:
+                po[t, :, s] = 0
+                pml[t, :, s, 0], pml[t, :, s, 1] = -np.inf, 0
+                continue
+            K = kcache[SQ[t], k0:k1].astype(np.float64)  # [n, n_kv, D]
+            V = vcache[SQ[t], k0:k1].astype(np.float64)
+            sc = np.einsum("hgd,nhd->hgn", qt, K) * scale
+            if softcap > 0:
+                sc = softcap * np.tanh(sc / softcap)
+            m = sc.max(-1, keepdims=True)
+            e = np.exp(sc - m)
+            po[t, :, s] = np.einsum("hgn,nhd->hgd", e, V).reshape(nh, D)
+            pml[t, :, s, 0] = m.reshape(nh)
+            pml[t, :, s, 1] = e.sum(-1).reshape(nh)
+
+
+def _attn_combine(g, k, grid, v):
+    part_o, part_ml, out, S = v
+    D = int(k.defines["HEAD_DIM"])
+    nh, T = grid
+    po = _f32(g, part_o, T * nh * S * D).reshape(T, nh, S, D).astype(np.float64)
+    pml = _f32(g, part_ml, T * nh * S * 2).reshape(T, nh, S, 2).astype(np.float64)
+    m = pml[..., 0]
+    M = m.max(-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        w = np.where(np.isneginf(m), 0.0, np.exp(m - M))
+    num = np.einsum("ths,thsd->thd", w, np.where(np.isneginf(m)[..., None], 0.0, po))
+    den = (w * pml[..., 1]).sum(-1)
+    _f32(g, out, T * nh * D)[:] = (num / den[..., None]).reshape(-1)
+
+
+def _act_mul(g, k, grid, v):
+    from memra.ops.act import reference
+
+    gate, up, out, n, gs, us, os_, act = v
+    for r in range(grid[1]):
+        _f32(g, out + 4 * r * os_, n)[:] = reference(_f32(g, gate + 4 * r * gs, n), _f32(g, up + 4 * r * us, n),
+                                                     "gelu_tanh" if act else "silu")
+
+
+def _softcap(g, k, grid, v):
+    x, n, cap = v
+    a = _f32(g, x, n)
+    a[:] = np.tanh(a / np.float32(cap)) * np.float32(cap)
+
+
+def _commit(g, b, idx, tok, pos, step, hist, hist_len):
+    g.mem(tok, np.int32, b + 1)[b] = idx
+    st = g.mem(step, np.int32, b + 1)
+    if hist and 0 <= st[b] < hist_len:
+        g.mem(hist, np.int32, (b + 1) * hist_len)[b * hist_len + st[b]] = idx
+    st[b] += 1
+    if pos:
+        g.mem(pos, np.int32, b + 1)[b] += 1
+
+
+def _argmax_partial(g, k, grid, v):
+    logits, n, pv, pi = v
+    nb, rows = grid[0], grid[1]
+    seg = -(-n // nb)
+    for b in range(rows):
+        l = _f32(g, logits + 4 * b * n, n)
+        for j in range(nb):
+            s = l[j * seg:min(n, (j + 1) * seg)]
+            _f32(g, pv, rows * nb)[b * nb + j] = s.max() if s.size else -np.inf
+            g.mem(pi, np.int32, rows * nb)[b * nb + j] = j * seg + int(np.argmax(s)) if s.size else 0x7FFFFFFF
+
+
+def _argmax_final(g, k, grid, v):
+    pv, pi, nb, tok, pos, step, hist, hist_len = v
+    for b in range(grid[0]):
+        vals = _f32(g, pv, (b + 1) * nb)[b * nb:]
+        idxs = g.mem(pi, np.int32, (b + 1) * nb)[b * nb:]
+        best = max(range(nb), key=lambda j: (vals[j], -idxs[j]))
+        _commit(g, b, int(idxs[best]), tok, pos, step, hist, hist_len)
+
+
+def _sample(g, k, grid, v):
+    from memra.ops.sample import reference_sample
+
+    logits, n, fp, topk, seeds, tok, pos, step, hist, hist_len = v
+    for b in range(grid[0]):
+        temp, top_p, min_p = _f32(g, fp, 3 * (b + 1))[3 * b:3 * b + 3]
+        idx = reference_sample(_f32(g, logits + 4 * b * n, n), temp, int(g.mem(topk, np.int32, b + 1)[b]),
+                               top_p, min_p, int(g.mem(seeds, np.uint64, b + 1)[b]),
+                               int(g.mem(step, np.int32, b + 1)[b]))
+        _commit(g, b, idx, tok, pos, step, hist, hist_len)
+
+
+_WCACHE: dict = {}
+
+
+def _mv(g, k, grid, v):
+    from memra.ops import matvec as MV
+
+    t = int(k.defines["MV_TYPE"])
+    glu = k.name.endswith("_glu")
+    if k.name.startswith("mv_q8"):
+        bulk, meta, xq, xs, y, res, N, K, nb, act = v
+        q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
+        d = g.mem(xs, MV.Q8_SCALE, nb * K // 32)["d"].reshape(nb, K // 32, 1)
+        x = (q * d).reshape(nb, K)
+    else:
+        bulk, meta, x, y, res, N, K, nb, act = v
+        x = _f32(g, x, nb * K).reshape(nb, K).astype(np.float64)
+    rows = 2 * N if glu else N
+    name, blk, bb, bo, bl = MV.TYPES[t]
+    key = (bulk, meta, t, rows, K)
+    wf = _WCACHE.get(key)
+    if wf is None:
+        nblk = K // blk
+        bp = g.mem(bulk, np.uint8, rows * nblk * (bl if t not in MV.FLOAT_TYPES else bb)).reshape(rows, -1)
+        mp = g.mem(meta, np.uint8, rows * nblk * (bb - bl)).reshape(rows, -1) if t not in MV.FLOAT_TYPES else None
+        raw = MV.unpack_planes(bp, mp, t) if mp is not None else bp.copy()
+        wf = _WCACHE[key] = MV.dequant_rows(raw, t).astype(np.float64)
+    yy = x @ wf.T
+    if glu:
+        gte, up = yy[:, :N], yy[:, N:]
+        a = gte / (1 + np.exp(-gte)) if act == 1 else 0.5 * gte * (1 + np.tanh(0.7978845608028654 * (gte + 0.044715 * gte ** 3)))
+        yy = a * up
+    if res:
+        yy = yy + _f32(g, res, nb * N).reshape(nb, N)
+    _f32(g, y, nb * N)[:] = yy.reshape(-1)
+
+
+def _quantize_q8(g, k, grid, v):
+    from memra.ops import matvec as MV
+
+    x, xq, xs, nblocks = v
+    xv = _f32(g, x, nblocks * 32).reshape(nblocks, 32)
+    q, s = MV.quantize_q8_ref(xv.reshape(1, -1))
+    g.mem(xq, np.int8, nblocks * 32)[:] = q.reshape(-1)
+    g.mem(xs, MV.Q8_SCALE, nblocks)[:] = s.reshape(-1)
+
+
+_KERNELS = {
+    "rmsnorm": _rmsnorm, "add_rmsnorm": _add_rmsnorm, "rope_norm_kv": _rope,
+    "attn_split": _attn_split, "attn_combine": _attn_combine, "act_mul": _act_mul,
+    "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
+    "sample": _sample, "quantize_q8": _quantize_q8,
+}
+_KERNELS.update({name: _embed for name in
+                 ("embed_f32", "embed_f16", "embed_bf16", "embed_q4_0", "embed_q4_1", "embed_q5_0",
+                  "embed_q5_1", "embed_q8_0", "embed_q4_k", "embed_q5_k", "embed_q6_k", "embed_iq4_xs")})
