@@ -114,6 +114,7 @@ class FakeGpu:
         self.info = FakeInfo()
         self.capturing = None
         self.launches = 0
+        self.wcache = {}  # dequantized matvec weights by (bulk, meta, type, rows, K)
 
     # memory
     def mem(self, ptr, dtype, count):
@@ -357,9 +358,6 @@ def _sample(g, k, grid, v):
         _commit(g, b, idx, tok, pos, step, hist, hist_len)
 
 
-_WCACHE: dict = {}
-
-
 def _mv(g, k, grid, v):
     from memra.ops import matvec as MV
 
@@ -376,13 +374,13 @@ def _mv(g, k, grid, v):
     rows = 2 * N if glu else N
     name, blk, bb, bo, bl = MV.TYPES[t]
     key = (bulk, meta, t, rows, K)
-    wf = _WCACHE.get(key)
+    wf = g.wcache.get(key)  # weights are uploaded once and never written
     if wf is None:
         nblk = K // blk
         bp = g.mem(bulk, np.uint8, rows * nblk * (bl if t not in MV.FLOAT_TYPES else bb)).reshape(rows, -1)
         mp = g.mem(meta, np.uint8, rows * nblk * (bb - bl)).reshape(rows, -1) if t not in MV.FLOAT_TYPES else None
         raw = MV.unpack_planes(bp, mp, t) if mp is not None else bp.copy()
-        wf = _WCACHE[key] = MV.dequant_rows(raw, t).astype(np.float64)
+        wf = g.wcache[key] = MV.dequant_rows(raw, t).astype(np.float64)
     yy = x @ wf.T
     if glu:
         gte, up = yy[:, :N], yy[:, N:]
