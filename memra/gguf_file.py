@@ -9,6 +9,7 @@ Hyper-parameters per architecture live in `memra.config`.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -23,6 +24,7 @@ from .errors import GGUFError
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
+MAX_ARRAY_DEPTH = 16  # nested metadata arrays (llama.cpp reads none)
 
 # metadata value types (GGUF spec)
 _SCALARS = {
@@ -110,7 +112,7 @@ class _Cursor:
             # token texts may hold arbitrary bytes; keep them losslessly
             return raw.decode("utf-8", errors="surrogateescape")
 
-    def value(self, vtype: int, key: str):
+    def value(self, vtype: int, key: str, depth: int = 0):
         if vtype in _SCALARS:
             v = self.scalar(vtype, f"value of {key}")
             return bool(v) if vtype == 7 else v
@@ -131,8 +133,12 @@ class _Cursor:
                 self.need(count * 8, f"array {key} ({count} strings)")
                 return [self.string(f"{key}[{i}]") for i in range(count)]
             if etype == _ARRAY:
+                # bounded nesting: a corrupt file must not exhaust Python's recursion limit
+                if depth >= MAX_ARRAY_DEPTH:
+                    raise GGUFError(self.path, f"metadata {key!r}: arrays nested deeper than "
+                                               f"{MAX_ARRAY_DEPTH} at offset {self.pos - 12}")
                 self.need(count * 12, f"array {key} ({count} arrays)")
-                return [self.value(_ARRAY, f"{key}[{i}]") for i in range(count)]
+                return [self.value(_ARRAY, f"{key}[{i}]", depth + 1) for i in range(count)]
             raise GGUFError(self.path, f"metadata {key!r}: unknown array element type {etype} "
                                        f"at offset {self.pos - 12}")
         raise GGUFError(self.path, f"metadata {key!r}: unknown value type {vtype} at offset {self.pos - 4}")
@@ -210,7 +216,7 @@ class GGUFFile:
             if ne[0] % bs:
                 raise GGUFError(self.path, f"tensor {name!r} ({type_name(gtype)}): row length {ne[0]} "
                                            f"is not a multiple of the block size {bs}")
-            n_el = int(np.prod(ne, dtype=np.int64))
+            n_el = math.prod(ne)  # Python ints: corrupt dimensions must not wrap around
             n_bytes = n_el // bs * ts
             if rel % align:
                 raise GGUFError(self.path, f"tensor {name!r}: data offset {rel} is not aligned to {align}")

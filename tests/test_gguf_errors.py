@@ -1,0 +1,365 @@
+"""GGUF error paths: a damaged file gives a MemraError naming the file, never another
+exception, never a hang.
+
+The file under test is small and written here with the `gguf` package's own writer (the
+oracle for what a valid file is): a one-layer llama with a little tokenizer, metadata of
+every value type (nested arrays too) and tensors of several types. Then: every cut point of
+its header, metadata and tensor-info region; a sample of cut points in the data region (an
+error exactly when a tensor's bytes are cut); a few hundred seeded random corruptions;
+and one test per named defect.
+"""
+
+import contextlib
+import signal
+import struct
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from memra.config import read_config
+from memra.errors import GGUFError, MemraError, UnsupportedModelError
+from memra.gguf_file import open_gguf
+from memra.synth import random_blocks
+
+# name, numpy shape (rows, cols), type
+TENSORS = [
+    ("token_embd.weight", (16, 32), T.Q8_0),
+    ("blk.0.attn_norm.weight", (32,), T.F32),
+    ("blk.0.attn_q.weight", (32, 32), T.F16),
+    ("blk.0.attn_k.weight", (16, 32), T.Q4_0),
+    ("blk.0.attn_v.weight", (16, 32), T.Q4_1),
+    ("blk.0.attn_output.weight", (32, 32), T.Q5_0),
+    ("blk.0.ffn_norm.weight", (32,), T.F32),
+    ("blk.0.ffn_gate.weight", (256, 32), T.Q5_1),
+    ("blk.0.ffn_up.weight", (256, 32), T.BF16),
+    ("blk.0.ffn_down.weight", (32, 256), T.Q4_K),
+    ("output_norm.weight", (32,), T.F32),
+    ("output.weight", (16, 32), T.Q8_0),
+]
+
+
+def n_bytes(shape, t):
+    bs, ts = GGML_QUANT_SIZES[t]
+    return int(np.prod(shape)) // bs * ts
+
+
+def write_small(path, arch="llama", tensors=TENSORS):
+    w = GGUFWriter(path, arch)
+    w.add_name("memra error-path test")
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_block_count(1)
+    w.add_feed_forward_length(256)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(7)
+    tokens = ["<unk>", "<s>", "</s>"] + [chr(ord("a") + i) for i in range(13)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([float(-i) for i in range(16)])
+    w.add_token_types([2, 3, 3] + [1] * 13)
+    w.add_bos_token_id(1)
+    w.add_add_bos_token(True)
+    for i, vt in enumerate([GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16,
+                            GGUFValueType.INT16, GGUFValueType.INT64, GGUFValueType.UINT64,
+                            GGUFValueType.FLOAT64, GGUFValueType.BOOL]):
+        w.add_key_value(f"test.scalar{i}", 1, vt)
+    w.add_key_value("test.nested", [[1, 2], [3]], GGUFValueType.ARRAY)
+    w.add_key_value("test.strings", ["x", "yy", ""], GGUFValueType.ARRAY, GGUFValueType.STRING)
+    rng = np.random.default_rng(0)
+    for name, shape, t in tensors:
+        if t == T.F32:
+            data = rng.uniform(0.5, 1.5, shape).astype(np.float32).view(np.uint8)
+        else:
+            data = random_blocks(t, int(np.prod(shape)), 0.1, seed=len(name))
+        w.add_tensor(name, data.reshape(*shape[:-1], -1), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = write_small(tmp_path_factory.mktemp("gguf") / "small.gguf")
+    g = open_gguf(path)  # the intact file loads and reads as written
+    try:
+        read_config(g)
+        layout = {n: (t.offset, t.n_bytes) for n, t in g.tensors.items()}
+        data_offset = g.data_offset
+        assert [(n, t.shape, t.ggml_type) for n, t in g.tensors.items()] == \
+            [(n, s, t) for n, s, t in TENSORS]
+        assert g.metadata["test.nested"][1].tolist() == [3]
+    finally:
+        g.close()
+    return path, path.read_bytes(), data_offset, layout
+
+
+@contextlib.contextmanager
+def deadline(seconds):
+    """Fail (instead of hanging the suite) if the block takes longer than `seconds`."""
+    def fire(*_):
+        raise TimeoutError(f"took longer than {seconds} s: a hang?")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def load(path):
+    """Everything a user's `memra info` touches: parse, config, every tensor's bytes."""
+    g = open_gguf(path)
+    try:
+        read_config(g)
+        for t in g.tensors.values():
+            int(np.asarray(t.data, dtype=np.uint64).sum())
+        return g.metadata
+    finally:
+        g.close()
+
+
+def test_every_cut_point_of_the_header_metadata_and_tensor_infos(small, tmp_path):
+    _, blob, data_offset, _ = small
+    cut = tmp_path / "cut.gguf"
+    with deadline(60):
+        for n in range(data_offset + 1):
+            cut.write_bytes(blob[:n])
+            with pytest.raises(GGUFError) as e:
+                open_gguf(cut)
+            assert str(cut) in str(e.value)
+
+
+def test_cut_points_in_the_data_region(small, tmp_path):
+    _, blob, data_offset, layout = small
+    end = max(off + nb for off, nb in layout.values())  # after it: only the writer's padding
+    rng = np.random.default_rng(1)
+    points = {data_offset + 1, end - 1, end, len(blob) - 1}
+    for off, nb in layout.values():
+        points |= {off, off + 1, off + nb - 1, off + nb}
+    points |= set(rng.integers(data_offset, len(blob), 100).tolist())
+    cut = tmp_path / "cut.gguf"
+    with deadline(60):
+        for n in sorted(p for p in points if data_offset <= p < len(blob)):
+            cut.write_bytes(blob[:n])
+            if n < end:
+                with pytest.raises(GGUFError, match="truncated: tensor") as e:
+                    open_gguf(cut)
+                assert str(cut) in str(e.value)
+            else:
+                load(cut)
+
+
+def test_random_corruptions_load_or_raise_memra_errors(small, tmp_path):
+    _, blob, data_offset, _ = small
+    bad = tmp_path / "bad.gguf"
+    outcomes = {"loaded": 0, "error": 0}
+    with deadline(120):
+        for seed in range(400):
+            rng = np.random.default_rng(seed)
+            b = bytearray(blob)
+            for _ in range(rng.integers(1, 5)):
+                # mostly the structured part, where corruption changes how the file parses
+                hi = data_offset if rng.random() < 0.85 else len(b)
+                pos = int(rng.integers(0, hi))
+                b[pos] = b[pos] ^ (1 << int(rng.integers(0, 8))) if rng.random() < 0.5 else int(rng.integers(0, 256))
+            bad.write_bytes(bytes(b))
+            try:
+                load(bad)
+                outcomes["loaded"] += 1
+            except MemraError as e:
+                assert str(e), seed
+                outcomes["error"] += 1
+            except Exception as e:  # noqa: BLE001 - the point of the test
+                pytest.fail(f"seed {seed}: {type(e).__name__}: {e}")
+    assert outcomes["loaded"] > 20 and outcomes["error"] > 100, outcomes  # both paths exercised
+
+
+# -- named defects ----------------------------------------------------------------------------
+
+def patched(blob, tmp_path, pos, data: bytes):
+    b = bytearray(blob)
+    b[pos:pos + len(data)] = data
+    p = tmp_path / "patched.gguf"
+    p.write_bytes(bytes(b))
+    return p
+
+
+def tensor_info_pos(blob, name):
+    """Offset of a tensor's info record (its name's length field) in the file."""
+    raw = name.encode()
+    pos = blob.index(struct.pack("<Q", len(raw)) + raw)
+    return pos, pos + 8 + len(raw)  # record start, n_dims field
+
+
+def test_unknown_tensor_type_names_the_tensor(small, tmp_path):
+    _, blob, _, _ = small
+    _, nd = tensor_info_pos(blob, "blk.0.attn_k.weight")
+    n_dims = struct.unpack_from("<I", blob, nd)[0]
+    p = patched(blob, tmp_path, nd + 4 + 8 * n_dims, struct.pack("<I", 250))
+    with pytest.raises(GGUFError, match=r"'blk.0.attn_k.weight'.*unknown tensor type 250"):
+        open_gguf(p)
+
+
+@pytest.mark.parametrize("magic", [b"GGUX", b"\0\0\0\0", b"FUGG"])
+def test_bad_magic(small, tmp_path, magic):
+    p = patched(small[1], tmp_path, 0, magic)
+    with pytest.raises(GGUFError, match="not a GGUF file") as e:
+        open_gguf(p)
+    assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("version", [0, 1, 4, 0xFFFFFFFF])
+def test_unsupported_version(small, tmp_path, version):
+    p = patched(small[1], tmp_path, 4, struct.pack("<I", version))
+    with pytest.raises(GGUFError, match=f"unsupported GGUF version {version}"):
+        open_gguf(p)
+
+
+def test_unknown_architecture(tmp_path):
+    path = write_small(tmp_path / "arch.gguf", arch="mamba9")
+    g = open_gguf(path)
+    try:
+        with pytest.raises(UnsupportedModelError, match="mamba9") as e:
+            read_config(g)
+        assert str(path) in str(e.value)
+    finally:
+        g.close()
+
+
+def test_missing_architecture(small, tmp_path):
+    _, blob, _, _ = small
+    key = b"general.architecture"
+    p = patched(blob, tmp_path, blob.index(key), b"general.architecturX")
+    g = open_gguf(p)
+    try:
+        with pytest.raises(GGUFError, match="general.architecture is missing"):
+            read_config(g)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("field", [8, 16])  # tensor count, metadata count
+@pytest.mark.parametrize("value,message", [(1 << 62, "corrupt header"), ((1 << 64) - 1, "corrupt header"),
+                                           (10_000, "corrupt header|truncated")])
+def test_absurd_counts_fail_fast(small, tmp_path, field, value, message):
+    p = patched(small[1], tmp_path, field, struct.pack("<Q", value))
+    with deadline(5), pytest.raises(GGUFError, match=message):
+        open_gguf(p)
+
+
+def test_absurd_string_and_array_lengths_fail_fast(small, tmp_path):
+    _, blob, _, _ = small
+    # the first key's length, then the token list's element count
+    p = patched(blob, tmp_path, 24, struct.pack("<Q", 1 << 60))
+    with deadline(5), pytest.raises(GGUFError, match="truncated"):
+        open_gguf(p)
+    key = b"tokenizer.ggml.tokens"
+    count_pos = blob.index(key) + len(key) + 4 + 4  # value type, element type, count
+    assert struct.unpack_from("<Q", blob, count_pos)[0] == 16
+    for count in (1 << 40, (1 << 64) - 1):
+        p = patched(blob, tmp_path, count_pos, struct.pack("<Q", count))
+        with deadline(5), pytest.raises(GGUFError, match="tokenizer.ggml.tokens"):
+            open_gguf(p)
+
+
+def test_unknown_metadata_value_type(small, tmp_path):
+    _, blob, _, _ = small
+    key = b"general.name"
+    p = patched(blob, tmp_path, blob.index(key) + len(key), struct.pack("<I", 77))
+    with pytest.raises(GGUFError, match="'general.name': unknown value type 77"):
+        open_gguf(p)
+
+
+@pytest.mark.parametrize("n_dims", [0, 5, 1 << 31])
+def test_bad_dimension_count(small, tmp_path, n_dims):
+    _, blob, _, _ = small
+    _, nd = tensor_info_pos(blob, "output.weight")
+    p = patched(blob, tmp_path, nd, struct.pack("<I", n_dims))
+    with pytest.raises(GGUFError, match=r"'output.weight'.*dimensions|truncated"):
+        open_gguf(p)
+
+
+@pytest.mark.parametrize("dims,message", [
+    ((0, 16), "bad shape"),
+    ((33, 16), "not a multiple of the block size 32"),
+    ((32, 1 << 40), "truncated: tensor 'output.weight'"),
+    ((1 << 62, 1 << 62), "output.weight"),  # element count overflows 64 bits
+    ((32, (1 << 64) - 1), "output.weight"),
+])
+def test_bad_tensor_dimensions(small, tmp_path, dims, message):
+    _, blob, _, _ = small
+    _, nd = tensor_info_pos(blob, "output.weight")
+    p = patched(blob, tmp_path, nd + 4, struct.pack("<QQ", *dims))
+    with pytest.raises(GGUFError, match=message):
+        open_gguf(p)
+
+
+def test_data_offset_out_of_range_or_misaligned(small, tmp_path):
+    _, blob, _, _ = small
+    _, nd = tensor_info_pos(blob, "output.weight")
+    off_pos = nd + 4 + 16 + 4
+    for off, message in [(1 << 60, "truncated: tensor 'output.weight'"), (3, "not aligned"),
+                         ((1 << 64) - 32, "output.weight")]:
+        p = patched(blob, tmp_path, off_pos, struct.pack("<Q", off))
+        with pytest.raises(GGUFError, match=message):
+            open_gguf(p)
+
+
+def test_duplicate_tensor_name(tmp_path):
+    tensors = TENSORS[:2] + [("blk.0.attn_norm.weight", (32,), T.F32)]
+    path = tmp_path / "dup.gguf"
+    # gguf's writer refuses duplicates, so write a distinct name and rename it in place
+    tensors[2] = ("blk.0.attn_norm.weighX", (32,), T.F32)
+    write_small(path, tensors=tensors)
+    blob = path.read_bytes()
+    p = patched(blob, tmp_path, blob.index(b"blk.0.attn_norm.weighX"), b"blk.0.attn_norm.weight")
+    with pytest.raises(GGUFError, match="appears twice"):
+        open_gguf(p)
+
+
+def test_bad_alignment(tmp_path):
+    path = tmp_path / "align.gguf"
+    w = GGUFWriter(path, "llama")
+    w.add_uint32("general.alignment", 24)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="not a power of two"):
+        open_gguf(path)
+
+
+def test_deeply_nested_arrays_fail_cleanly(tmp_path):
+    # an array of arrays of arrays ... 5000 deep: a clear error, not a RecursionError
+    depth = 5000
+    body = b""
+    for _ in range(depth):
+        body = struct.pack("<IQ", GGUFValueType.ARRAY, 1) + body
+    body += struct.pack("<IQ", GGUFValueType.UINT8, 0)
+    key = b"test.deep"
+    blob = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<I", GGUFValueType.ARRAY) + body)
+    p = tmp_path / "deep.gguf"
+    p.write_bytes(blob)
+    with pytest.raises(GGUFError, match="test.deep"):
+        open_gguf(p)
+
+
+def test_not_a_file(tmp_path):
+    with pytest.raises(GGUFError, match="cannot open"):
+        open_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(GGUFError, match="cannot open"):
+        open_gguf(tmp_path)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(GGUFError, match="truncated"):
+        open_gguf(empty)
