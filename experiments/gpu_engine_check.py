@@ -89,7 +89,8 @@ def prepare(args) -> None:
         g = open_gguf(p)
         ids = Tokenizer.from_gguf(g).encode(PROMPT, add_special=True, parse_special=True)
         ref = _reference_tokens(p, ids, N_TOKENS)
-        fixtures[name] = {"file": p.name if name.startswith("tiny") else None, "prompt_ids": ids, **ref}
+        fixtures[name] = {"file": p.name if name.startswith("tiny") else None, "prompt_ids": ids,
+                          "sha256": _sha(p) if name.startswith("tiny") else None, **ref}
         print(f"{name}: {len(ids)} prompt ids, reference in {time.time() - t0:.1f} s, "
               f"min margin {min(ref['margins']):.3f}", flush=True)
         fx_path.write_text(json.dumps(fixtures))  # after each model: a slow one may be cut off
@@ -171,8 +172,8 @@ def bench_decode(e, ids, n=128, reps=5) -> dict:
         e.d_pos.upload(np.asarray(e.pos, np.int32))
         e.d_step.upload(np.zeros(e.batch, np.int32))
         e._ensure_hist(n + 1)
-        gr = e._graph("greedy")
         e._first_token("greedy")
+        gr = e._graph("greedy")
         g.sync()
         t0 = time.perf_counter()
         for _ in range(n):
@@ -187,32 +188,166 @@ def bench_decode(e, ids, n=128, reps=5) -> dict:
             "copy_bw_gb_s": round(bw / 1e9, 1)}
 
 
-def run(args) -> None:
+def _synth(name: str, arch: str | None, shape: str, quant: str, seed: int = 1) -> Path:
+    from memra.synth import synth
+
+    d = Path(os.environ.get("MEMRA_SYNTH_DIR", "/tmp/memra-synth"))
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / name
+    if not p.exists():
+        synth(p, arch, shape, quant, seed=seed, tokenizer_from=str(ROOT / ".synthtok" / "smollm2-tokenizer.gguf"))
+    return p
+
+
+def _sha(p: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 24), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def step_tiny(args) -> None:
+    """Tiny synthetic models (regenerated here, byte-identical to the prepared ones: the
+    sha256 is compared) against the CPU reference's tokens in fixtures.json."""
+    fixtures = json.loads((FIX / "fixtures.json").read_text())
+    for arch, quant in TINY:
+        name = f"tiny-{arch}"
+        fx = fixtures.get(name)
+        if fx is None:
+            continue
+        p = _synth(f"tiny-{arch}-{quant}.gguf", arch, "tiny", quant)
+        if fx.get("sha256") and _sha(p) != fx["sha256"]:
+            emit({"kind": "engine", "model": name, "error": "synthetic file differs from the prepared one"})
+            continue
+        check_model(name, str(p), fx, bench=False)
+    for name in ("smollm2", "gemma3"):
+        if name in fixtures and Path(REAL[name]).exists():
+            check_model(name, REAL[name], fixtures[name], bench=True)
+
+
+BENCH = (  # (file, arch, shape, mix)
+    ("smollm2-shape-Q4_1.gguf", "llama", "smollm2-135m", "Q4_1"),
+    ("gemma3-270m-shape-Q4_K_M.gguf", "gemma3", "gemma3-270m", "Q4_K_M"),
+    ("llama-1b-Q4_0.gguf", "llama", "llama-1b", "Q4_0"),
+    ("llama3-8b-Q4_K_M.gguf", "llama", "llama3-8b", "Q4_K_M"),
+)
+
+
+def step_bench(args) -> None:
+    """tg128 on synthetic models at real shapes, both matvec paths (speed does not depend
+    on the weights' values)."""
+    from memra.engine import GPUEngine
+
+    t_start = time.perf_counter()
+    for fname, arch, shape, quant in BENCH:
+        if args.only_bench and shape not in args.only_bench.split(","):
+            continue
+        if time.perf_counter() - t_start > args.bench_budget:
+            emit({"kind": "bench", "shape": shape, "skipped": "time budget"})
+            continue
+        try:
+            t0 = time.perf_counter()
+            p = _synth(fname, arch, shape, quant)
+            synth_s = time.perf_counter() - t0
+            for path in ("f32", "q8"):
+                t0 = time.perf_counter()
+                e = GPUEngine(str(p), n_ctx=1024, matvec_path=path)
+                load_s = time.perf_counter() - t0
+                ids = [1, 450, 7483, 310, 3444, 338, 3681, 29889, 450, 7483, 310, 9556]
+                ids = [i % e.cfg.n_vocab for i in ids]
+                rec = {"kind": "bench", "shape": shape, "quant": quant, "path": path,
+                       "synth_s": round(synth_s, 1), "load_s": round(load_s, 1),
+                       "weight_mb": round(e.weight_bytes / 1e6, 1)}
+                rec.update(bench_decode(e, ids))
+                t0 = time.perf_counter()
+                e.reset()
+                long_prompt = [(7 * i + 3) % e.cfg.n_vocab for i in range(512)]
+                e.prefill(long_prompt)
+                e.g.sync()
+                rec["pp512_tok_s"] = round(512 / (time.perf_counter() - t0), 1)
+                emit(rec)
+                del e
+        except Exception as ex:
+            emit({"kind": "bench", "shape": shape, "error": f"{type(ex).__name__}: {ex}",
+                  "trace": traceback.format_exc()[-2000:]})
+
+
+def step_kernels(args) -> None:
     from memra.cuda import gpu
 
     g = gpu()
     emit({"kind": "device", "name": g.info.name, "arch": g.info.arch, "sms": g.info.sm_count})
-    if args.kernels:
-        run_kernel_check(args.kernels)
-    fixtures = json.loads((FIX / "fixtures.json").read_text())
-    names = args.models.split(",") if args.models else list(fixtures)
-    for name in names:
-        fx = fixtures[name]
-        path = str(FIX / fx["file"]) if fx.get("file") else REAL.get(name)
-        if not path or not Path(path).exists():
-            emit({"kind": "engine", "model": name, "skipped": f"{path} not present"})
-            continue
-        check_model(name, path, fx, bench=args.bench)
+    run_kernel_check(args.kernels)
+
+
+STEPS = {"kernels": step_kernels, "tiny": step_tiny, "bench": step_bench}
+
+
+def run(args) -> None:
+    """Each step in its own process (a kernel fault poisons only that step's context),
+    each with a wall-clock limit; the JSON lines land in $OUT as they are made."""
+    import subprocess
+
+    limits = dict(kv.split("=") for kv in args.limits.split(",")) if args.limits else {}
+    for step in args.steps.split(","):
+        t0 = time.perf_counter()
+        cmd = [sys.executable, __file__, "step", "--step", step, "--kernels", args.kernels,
+               "--bench-budget", str(args.bench_budget), "--only-bench", args.only_bench]
+        try:
+            r = subprocess.run(cmd, timeout=float(limits.get(step, 120)))
+            rc = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        emit({"kind": "step", "step": step, "rc": rc, "s": round(time.perf_counter() - t0, 1)})
+    table()
+
+
+def table() -> None:
+    path = _out() / "gpu_engine_check.jsonl"
+    if not path.exists():
+        return
+    print("\n== summary")
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        k = r.get("kind")
+        if k == "kernel-check":
+            print(f"kernel-check {r['families']}: {r['last']}")
+            for f in r["failures"][:20]:
+                print("   ", f[:200])
+        elif k == "engine":
+            print(f"engine {r['model']}: tokens_equal={r.get('tokens_equal')} div={r.get('first_divergence')} "
+                  f"graph==eager={r.get('graph_vs_eager_identical')} sample_repro={r.get('sample_reproducible')} "
+                  f"{r.get('gate', '')} {r.get('error', '')} tg={r.get('tg_tok_s', '')}")
+        elif k == "bench":
+            print(f"bench {r.get('shape')} {r.get('quant', '')} {r.get('path', '')}: tg {r.get('tg_tok_s')} tok/s "
+                  f"{r.get('gb_s')} GB/s ({r.get('pct_bw')} %) pp512 {r.get('pp512_tok_s')} "
+                  f"load {r.get('load_s')} s {r.get('error', '')} {r.get('skipped', '')}")
+        elif k == "step":
+            print(f"step {r['step']}: rc={r['rc']} in {r['s']} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["prepare", "run"])
+    ap.add_argument("mode", choices=["prepare", "run", "step", "table"])
     ap.add_argument("--models", default="")
+    ap.add_argument("--step", default="")
+    ap.add_argument("--steps", default="kernels,tiny,bench")
+    ap.add_argument("--limits", default="kernels=90,tiny=90,bench=110")
     ap.add_argument("--kernels", default="embed,norm,rope,attention,act,sample")
-    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--bench-budget", type=float, default=80.0)
+    ap.add_argument("--only-bench", default="")
     args = ap.parse_args()
-    (prepare if args.mode == "prepare" else run)(args)
+    if args.mode == "prepare":
+        prepare(args)
+    elif args.mode == "run":
+        run(args)
+    elif args.mode == "table":
+        table()
+    else:
+        STEPS[args.step](args)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ class GPUCache:
 
 class GPUEngine:
     def __init__(self, model, cfg: ModelConfig | None = None, n_ctx: int | None = None,
-                 batch: int = 1, gpu=None):
+                 batch: int = 1, gpu=None, matvec_path: str | None = None):
         from memra.cuda import gpu as get_gpu
 
         self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
@@ -102,6 +102,11 @@ class GPUEngine:
         self._validate()
         self.g = gpu or get_gpu()
         self.batch = int(batch)
+        # "f32": activations stay float32, weights dequantized in registers; "q8": activations
+        # quantized to int8 per 32 (dp4a). Float weight types always take the f32 path.
+        self.path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "f32")
+        if self.path not in ("f32", "q8"):
+            raise MemraError(f"matvec path must be f32 or q8, got {self.path!r}")
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
             raise MemraError(f"batch must be in 1..{MV.BUCKETS[-1]}, got {batch}")
         self.n_splits = ATT.default_splits(c.n_head_kv, self.g.info.sm_count)
@@ -203,6 +208,11 @@ class GPUEngine:
         self.ao = g.empty((R, c.q_dim), f)
         self.ff = g.empty((R, c.n_ff), f)
         self.ff2 = g.empty((R, c.n_ff), f)
+        # int8 twin of whichever activation feeds the next matvec(s) (q8 path): each is
+        # consumed before the next one is quantized, so one buffer serves all of them
+        kmax = max(c.n_embd, c.q_dim, c.n_ff)
+        self.xq = g.empty(R * kmax, np.int8)
+        self.xs = g.empty(R * kmax // 32, MV.Q8_SCALE)
         po, pml = ATT.scratch_shapes(R, c.n_head, self.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.logits = g.empty((self.batch, c.n_vocab), f)
@@ -247,8 +257,22 @@ class GPUEngine:
         self._graphs = {}
 
     # -- the forward pass -------------------------------------------------------------------
-    def _matvec(self, lin: _Lin, x, y, rows: int, res=None) -> None:
-        MV.matvec(self.g, lin.w, y, x=x, nb=rows, residual=res, glu=lin.glu)
+    def _q8(self, x, rows: int):
+        """Quantize `rows` rows of x (q8 path) for the matvecs that read it next; None on
+        the f32 path."""
+        if self.path != "q8":
+            return None
+        K = x.shape[-1] if len(x.shape) > 1 else x.size // rows
+        xq = self.xq.view(shape=(rows, K))
+        xs = self.xs.view(shape=(rows, K // 32))
+        MV.quantize_q8(self.g, x.view(shape=(rows, K)), xq, xs, rows)
+        return xq, xs
+
+    def _matvec(self, lin: _Lin, x, y, rows: int, res=None, q=None) -> None:
+        if q is not None and lin.w.ggml_type not in MV.FLOAT_TYPES:
+            MV.matvec(self.g, lin.w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu)
+        else:
+            MV.matvec(self.g, lin.w, y, x=x, nb=rows, residual=res, glu=lin.glu)
 
     def _layers(self, rows: int, tok, pos, seq) -> None:
         """Embed `rows` tokens and run every layer; leaves rmsnorm(x) * output_norm in h."""
@@ -257,7 +281,7 @@ class GPUEngine:
         EMB.embed(g, self.embd_table, self.embd_type, c.n_vocab, E, tok, self.x, c.embd_scale, n_tokens=rows)
         NORM.rmsnorm(g, self.x, self.layers[0].attn_norm, self.h, E, c.norm_eps, rows)
         for il, L in enumerate(self.layers):
-            q, k, v, qs, ks, vs = self._qkv_views(L, rows)
+            q, k, v, qs, ks, vs = self._qkv_views(L, rows, self._q8(self.h, rows))
             ROPE.rope_norm_kv(
                 g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, L.inv_freq, n_tokens=rows,
                 n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
@@ -266,34 +290,37 @@ class GPUEngine:
             ATT.attention(g, self.qr, self.kcache[il], self.vcache[il], self.ao, self.part_o, self.part_ml,
                           pos, seq, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa, head_dim=c.head_dim,
                           n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits)
+            qa = self._q8(self.ao, rows)
             if c.post_norms:
-                self._matvec(L.wo, self.ao, self.t1, rows)
+                self._matvec(L.wo, self.ao, self.t1, rows, q=qa)
                 NORM.add_rmsnorm(g, self.x, self.t1, L.ffn_norm, self.h, E, c.norm_eps, rows, w_post=L.post_attn)
             else:
-                self._matvec(L.wo, self.ao, self.x, rows, res=self.x)
+                self._matvec(L.wo, self.ao, self.x, rows, res=self.x, q=qa)
                 NORM.rmsnorm(g, self.x, L.ffn_norm, self.h, E, c.norm_eps, rows)
+            qh = self._q8(self.h, rows)
             if L.ffn is not None:
-                self._matvec(L.ffn, self.h, self.ff, rows)
+                self._matvec(L.ffn, self.h, self.ff, rows, q=qh)
             else:
-                self._matvec(L.gate, self.h, self.ff, rows)
-                self._matvec(L.up, self.h, self.ff2, rows)
+                self._matvec(L.gate, self.h, self.ff, rows, q=qh)
+                self._matvec(L.up, self.h, self.ff2, rows, q=qh)
                 ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act)
+            qf = self._q8(self.ff, rows)
             nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else self.output_norm
             if c.post_norms:
-                self._matvec(L.down, self.ff, self.t1, rows)
+                self._matvec(L.down, self.ff, self.t1, rows, q=qf)
                 NORM.add_rmsnorm(g, self.x, self.t1, nxt, self.h, E, c.norm_eps, rows, w_post=L.post_ffw)
             else:
-                self._matvec(L.down, self.ff, self.x, rows, res=self.x)
+                self._matvec(L.down, self.ff, self.x, rows, res=self.x, q=qf)
                 NORM.rmsnorm(g, self.x, nxt, self.h, E, c.norm_eps, rows)
 
-    def _qkv_views(self, L: _Layer, rows: int):
+    def _qkv_views(self, L: _Layer, rows: int, qh=None):
         """Run the layer's QKV matvec(s) on h; returns the q, k, v views and their row strides.
         Each matvec writes rows of its own width, packed one after another in self.qkv."""
         c = self.cfg
         outs, off = [], 0
         for lin in L.qkv:
             y = self.qkv.view(offset=off, shape=(rows, lin.n_rows))
-            self._matvec(lin, self.h, y, rows)
+            self._matvec(lin, self.h, y, rows, q=qh)
             outs.append((y, lin.n_rows))
             off += rows * lin.n_rows * 4
         if len(outs) == 1:
@@ -306,7 +333,7 @@ class GPUEngine:
         return yq, yk, yv, wq, wk, wv
 
     def _output(self, h_rows, out, rows: int) -> None:
-        self._matvec(self.output, h_rows, out, rows)
+        self._matvec(self.output, h_rows, out, rows, q=self._q8(h_rows, rows))
         if self.cfg.final_logit_softcap:
             ACT.softcap(self.g, out, self.cfg.n_vocab, self.cfg.final_logit_softcap, rows)
 
@@ -323,8 +350,13 @@ class GPUEngine:
         # "none": logits only (pos is advanced by the host)
 
     def _graph(self, sampler: str):
+        """The captured decode step. Before the first capture the step runs once eagerly
+        without a sampler, so every module is compiled and loaded outside the capture; it
+        computes exactly what the first replay recomputes (the KV row at d_pos for d_tok),
+        so callers capture only once d_tok/d_pos hold the next step's input."""
         gr = self._graphs.get(sampler)
         if gr is None:
+            self._decode_step("none")
             with self.g.capture() as gr:
                 self._decode_step(sampler)
             gr.upload()
@@ -429,8 +461,8 @@ class GPUEngine:
             self.prefill(p, seq=b)
         self.d_pos.upload(np.asarray(self.pos, np.int32))
         self.d_step.upload(np.zeros(self.batch, np.int32))
-        gr = self._graph(sampler)
         self._first_token(sampler)
+        gr = self._graph(sampler)
         for _ in range(n - 1):  # each replay: forward the last token, choose the next
             gr.launch()
         hist = self.d_hist.numpy()  # the only read-back: n ids per sequence

@@ -101,8 +101,9 @@ def _check(g, rng, case, canary=False):
     T, n_ctx, n_seq = 5, 300, 2
     qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
     stride = qkv.shape[1]
-    pos = rng.choice(n_ctx, T, replace=False).astype(np.int32)
-    pos[-1] = int(rng.integers(n_ctx // 2, n_ctx))  # a large angle
+    # distinct positions (two tokens appending one cache row would race), one of them large
+    pos = np.concatenate([rng.choice(n_ctx // 2, T - 1, replace=False),
+                          rng.integers(n_ctx // 2, n_ctx, 1)]).astype(np.int32)
     seq = rng.integers(0, n_seq, T).astype(np.int32)
     base = float(rng.choice([1e4, 1e5, 1e6]))
     factors = rng.uniform(1, 4, rd // 2).astype(np.float32) if ff else None
