@@ -129,7 +129,7 @@ def _default_device() -> str:
     return "gpu" if _gpu_engine_available() else "cpu"
 
 
-def _load_model(device: str, g, cfg):
+def _load_model(device: str, g, cfg, n_ctx: int):
     if device == "cpu":
         from .reference import ReferenceModel
 
@@ -142,7 +142,7 @@ def _load_model(device: str, g, cfg):
         raise CudaError("--device gpu: no NVIDIA GPU (or driver) found on this machine; use --device cpu")
     from .engine import Engine
 
-    return Engine(g, cfg)
+    return Engine(g, cfg, n_ctx=n_ctx)
 
 
 # -- run --------------------------------------------------------------------------------------
@@ -224,8 +224,15 @@ def run(
 
     t0 = time.perf_counter()
     with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext():
-        engine = _load_model(device, g, cfg)
+        engine = _load_model(device, g, cfg, n_ctx)
     log.info("loaded in %.2f s", time.perf_counter() - t0)
+    gate = None
+    if device == "gpu":
+        # the exactness gate comes before any figure: batched prefill vs token-by-token decode
+        from .engine import argmax_gate
+
+        gate = argmax_gate(engine, prompt_ids)
+        print(gate.line(), file=sys.stderr, flush=True)
 
     tokens: list[int] = []
     pieces: list[str] = []
@@ -249,6 +256,7 @@ def run(
             "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_ctx": n_ctx,
             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
             "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
+            "gate": asdict(gate) if gate is not None else None,
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
         }
         print(json.dumps(doc, ensure_ascii=False))
