@@ -185,3 +185,28 @@ def _nvrtc(kernel_file: str, options: list[str]) -> tuple[bytes, str]:
         return bytes(cubin), text
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile_job(job):
+    kernel_file, arch, defines = job
+    t0 = time.perf_counter()
+    try:
+        compile_cubin(kernel_file, arch, defines)
+        return None, time.perf_counter() - t0
+    except CompileError as e:
+        return e.log, time.perf_counter() - t0
+
+
+def compile_many(jobs: list[tuple[str, str, dict]], workers: int | None = None):
+    """Compile (kernel_file, arch, defines) jobs in parallel processes (into the cache).
+    Yields (job, nvrtc_log_or_None, seconds) in the jobs' order."""
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(jobs) <= 1:
+        for j in jobs:
+            yield (j, *_compile_job(j))
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+        for j, r in zip(jobs, ex.map(_compile_job, jobs)):
+            yield (j, *r)

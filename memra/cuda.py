@@ -131,10 +131,7 @@ class DeviceArray:
 
     def fill_bytes(self, byte: int) -> None:
         """memset every byte (stream-ordered; captured when inside g.capture())."""
-        from cuda.bindings import driver
-
-        _drv(driver.cuMemsetD8Async(self.ptr, byte & 0xFF, self.nbytes, self.gpu._cu_stream()),
-             "cuMemsetD8Async")
+        self.gpu._memset(self.ptr, byte, self.nbytes)
 
     def poison(self) -> None:
         """Fill with 0xFF bytes: NaN for f32/f16/bf16, -1 for ints. Checks poison outputs
@@ -263,6 +260,11 @@ class Gpu:
     def _cu_stream(self):
         s = self._target.stream if self._target is not self.stream else self.stream
         return s.handle
+
+    def _memset(self, ptr: int, byte: int, nbytes: int) -> None:
+        from cuda.bindings import driver
+
+        _drv(driver.cuMemsetD8Async(ptr, byte & 0xFF, nbytes, self._cu_stream()), "cuMemsetD8Async")
 
     def _htod(self, dst: int, host: np.ndarray) -> None:
         from cuda.bindings import driver
