@@ -38,6 +38,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 ROOF = 4.3e12
 LAUNCHES, REPS = 20, 25
 CHECK_ROWS = 256
+OUT_ROWS = 128256
 SWEEP = os.environ.get("SWEEP", "full")
 
 # (label, rows, cols, glu): llama3-8b and llama-1b decode matrices (QKV stacked, gate+up stacked)
@@ -51,10 +52,14 @@ OTHER_TYPES = ["Q4_1", "Q5_0", "Q5_1", "Q5_K", "IQ4_XS", "F16", "BF16", "F32"]
 
 
 def configs(level: str):
-    """full: 36 configs; mid: 10; min: 4 (the default first)."""
+    """full: 36 configs + 8 load flavours; mid: 10 + 4; min: 4 (the default first)."""
     d = dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=1, MV_UNROLL=1)
+    if level == "full" or level == "mid":
+        extra = [dict(c, MV_WLOAD=wl) for wl in (1, 2) for c in (
+            d, dict(MV_NWARPS=8, MV_ROWS=2, MV_KSPLIT=1, MV_UNROLL=1),
+            dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=2, MV_UNROLL=2), dict(MV_NWARPS=8, MV_ROWS=2, MV_KSPLIT=2, MV_UNROLL=2))]
     if level == "full":
-        out = [d]
+        out = [d] + extra
         for nw, r, ks, u in itertools.product((4, 8), (1, 2, 4), (1, 2, 4), (1, 2)):
             c = dict(MV_NWARPS=nw, MV_ROWS=r, MV_KSPLIT=ks, MV_UNROLL=u)
             if c != d:
@@ -63,7 +68,7 @@ def configs(level: str):
     if level == "mid":
         return [d] + [dict(MV_NWARPS=nw, MV_ROWS=r, MV_KSPLIT=ks, MV_UNROLL=1)
                       for nw, r, ks in itertools.product((4, 8), (1, 2), (1, 2)) if (nw, r, ks) != (4, 1, 1)] + \
-            [dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=1, MV_UNROLL=2), dict(MV_NWARPS=8, MV_ROWS=2, MV_KSPLIT=2, MV_UNROLL=2)]
+            [dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=1, MV_UNROLL=2), dict(MV_NWARPS=8, MV_ROWS=2, MV_KSPLIT=2, MV_UNROLL=2)] + extra[:4]
     return [d, dict(MV_NWARPS=8, MV_ROWS=2, MV_KSPLIT=1, MV_UNROLL=1),
             dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=2, MV_UNROLL=1), dict(MV_NWARPS=4, MV_ROWS=2, MV_KSPLIT=1, MV_UNROLL=2)]
 
@@ -98,6 +103,10 @@ def main():
                     level = "min"
                 for cfg in configs(level):
                     plan.append((tn, label, rows, cols, glu, path, 1, cfg))
+    # llama3-8b output projection (Q6_K in Q4_K_M), 128256 x 4096
+    for path in ("q8", "f32"):
+        for cfg in configs("mid" if not quick else "min"):
+            plan.append(("Q6_K", "8b.out", OUT_ROWS, 4096, False, path, 1, cfg))
     for tn in ("Q4_K", "Q4_0", "Q8_0"):
         for (label, rows, cols, glu) in SHAPES_8B:
             for nb in (4, 8):

@@ -30,8 +30,9 @@
 //
 // Tunables (-D): MV_TYPE (ggml type id, required), MV_B (1), MV_NWARPS warps per block (4),
 // MV_ROWS rows per warp (1), MV_KSPLIT warps sharing one row (1; divides MV_NWARPS),
-// MV_UNROLL unroll of the unit loop (1), MEMRA_CANARY=1 drops unit 1 of every row (a
-// deliberately wrong variant that kernel-check must catch).
+// MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
+// MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
+// must catch).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
 // no dynamic shared memory. K must be a multiple of 64 (and of the type's block size).
 #include "common.cuh"
@@ -61,7 +62,23 @@
 #endif
 
 
-MEMRA_DEVICE uint4 ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+#ifndef MV_WLOAD
+#define MV_WLOAD 0
+#endif
+// 16-byte weight loads. MV_WLOAD 0: ld.global.nc; 1: ...L1::no_allocate (weights stream
+// past L1, leaving it to the activations); 2: ld.global.cs (evict-first).
+MEMRA_DEVICE uint4 ld16(const uint8_t* p) {
+#if MV_WLOAD == 1
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#elif MV_WLOAD == 2
+    return __ldcs(reinterpret_cast<const uint4*>(p));
+#else
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
 MEMRA_DEVICE uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 MEMRA_DEVICE uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 MEMRA_DEVICE uint32_t ld4u16(const uint8_t* p) {   // 4 bytes at a 2-byte aligned address
