@@ -141,7 +141,7 @@ def main():
 
     # --- sweep --------------------------------------------------------------------------
     rng = np.random.default_rng(0)
-    rotate = 2 * info.l2_bytes
+    rotate = 3 * info.l2_bytes
     rows_out = []
     fout = open(OUT / "matvec_sweep.jsonl", "w")
     cur_key, weights, ref = None, None, None
@@ -159,7 +159,7 @@ def main():
             weights = None
             raw = M.random_weight(t, rows, cols, rng)
             w0 = M.upload_weight(g, raw, t)
-            sets = min(32, max(1, -(-rotate // w0.nbytes)))
+            sets = min(32, max(2, -(-rotate // w0.nbytes)))
             weights = [w0] + [M.upload_weight(g, M.random_weight(t, rows, cols, rng), t) for _ in range(sets - 1)]
             # the check compares the first CHECK_ROWS outputs (rows are independent)
             n_out = rows // 2 if glu else rows

@@ -205,8 +205,11 @@ def compile_many(jobs: list[tuple[str, str, dict]], workers: int | None = None):
         for j in jobs:
             yield (j, *_compile_job(j))
         return
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+    # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
         for j, r in zip(jobs, ex.map(_compile_job, jobs)):
             yield (j, *r)
