@@ -236,12 +236,60 @@ BENCH = (  # (file, arch, shape, mix)
 )
 
 
+def breakdown(e, reps_per_graph: int = 20) -> list[dict]:
+    """Where one decode step's time goes: every launch of an eager step is recorded, then
+    each distinct launch (kernel, grid, scalar arguments) is timed as a graph of
+    `reps_per_graph` copies of itself (so node overheads count as in the real graph)."""
+    g = e.g
+    rec = []
+    orig = g.launch
+
+    def spy(kernel, grid, block, args, shmem=0, pdl=False):
+        rec.append((kernel, grid, block, tuple(args), shmem, pdl))
+        orig(kernel, grid, block, args, shmem, pdl)
+
+    g.launch = spy
+    try:
+        e._decode_step("none")
+    finally:
+        del g.launch
+    g.sync()
+    groups: dict = {}
+    for k, grid, block, args, shmem, pdl in rec:
+        scalars = tuple(a.item() for a in args if isinstance(a, np.generic) and not isinstance(a, np.uint64))
+        key = (k.module.kernel_file, tuple(sorted(k.module.defines.items())), k.name, str(grid), str(block), scalars)
+        groups.setdefault(key, [k, grid, block, args, shmem, pdl, 0])[-1] += 1
+    out = []
+    for key, (k, grid, block, args, shmem, pdl, count) in groups.items():
+        with g.capture() as gr:
+            for _ in range(reps_per_graph):
+                orig(k, grid, block, args, shmem, pdl)
+        gr.upload()
+        ms = g.time_ms(gr.launch, reps=8, warmup=2)
+        us = float(np.median(ms)) * 1e3 / reps_per_graph
+        gr.close()
+        row = {"file": key[0], "kernel": k.name, "defines": dict(key[1]), "grid": key[3], "count": count,
+               "us": round(us, 2), "total_us": round(us * count, 1)}
+        if k.name.startswith("mv_"):
+            from memra.ops.matvec import TYPES
+
+            t = int(k.module.defines["MV_TYPE"])
+            N, K = key[5][0], key[5][1]
+            rows = 2 * N if k.name.endswith("_glu") else N
+            nbytes = rows * K // TYPES[t][1] * TYPES[t][2]
+            row.update({"type": TYPES[t][0], "N": N, "K": K, "gb_s": round(nbytes / (us * 1e-6) / 1e9, 1)})
+        out.append(row)
+    out.sort(key=lambda r: -r["total_us"])
+    return out
+
+
 def step_bench(args) -> None:
-    """tg128 on synthetic models at real shapes, both matvec paths (speed does not depend
-    on the weights' values)."""
+    """tg128 on synthetic models at real shapes (speed does not depend on the weights'
+    values), for matvec path x PDL, plus a per-kernel breakdown of one decode step."""
     from memra.engine import GPUEngine
 
     t_start = time.perf_counter()
+    configs = [tuple(c.split(":")) for c in args.configs.split(",")]  # path:pdl
     for fname, arch, shape, quant in BENCH:
         if args.only_bench and shape not in args.only_bench.split(","):
             continue
@@ -252,13 +300,13 @@ def step_bench(args) -> None:
             t0 = time.perf_counter()
             p = _synth(fname, arch, shape, quant)
             synth_s = time.perf_counter() - t0
-            for path in ("f32", "q8"):
+            for path, pdl in configs:
                 t0 = time.perf_counter()
-                e = GPUEngine(str(p), n_ctx=1024, matvec_path=path)
+                e = GPUEngine(str(p), n_ctx=1024, matvec_path=path, pdl=pdl == "pdl")
                 load_s = time.perf_counter() - t0
                 ids = [1, 450, 7483, 310, 3444, 338, 3681, 29889, 450, 7483, 310, 9556]
                 ids = [i % e.cfg.n_vocab for i in ids]
-                rec = {"kind": "bench", "shape": shape, "quant": quant, "path": path,
+                rec = {"kind": "bench", "shape": shape, "quant": quant, "path": path, "pdl": pdl == "pdl",
                        "synth_s": round(synth_s, 1), "load_s": round(load_s, 1),
                        "weight_mb": round(e.weight_bytes / 1e6, 1)}
                 rec.update(bench_decode(e, ids))
@@ -268,6 +316,13 @@ def step_bench(args) -> None:
                 e.prefill(long_prompt)
                 e.g.sync()
                 rec["pp512_tok_s"] = round(512 / (time.perf_counter() - t0), 1)
+                if args.breakdown and (path, pdl) == configs[0]:
+                    e.reset()
+                    e.prefill(ids)
+                    e.d_tok.upload(np.array([ids[-1]] * e.batch, np.int32))
+                    e.d_pos.upload(np.asarray(e.pos, np.int32))
+                    rec["breakdown"] = breakdown(e)
+                    rec["breakdown_sum_us"] = round(sum(r["total_us"] for r in rec["breakdown"]), 1)
                 emit(rec)
                 del e
         except Exception as ex:
@@ -295,7 +350,8 @@ def run(args) -> None:
     for step in args.steps.split(","):
         t0 = time.perf_counter()
         cmd = [sys.executable, __file__, "step", "--step", step, "--kernels", args.kernels,
-               "--bench-budget", str(args.bench_budget), "--only-bench", args.only_bench]
+               "--bench-budget", str(args.bench_budget), "--only-bench", args.only_bench,
+               "--configs", args.configs] + (["--breakdown"] if args.breakdown else [])
         try:
             r = subprocess.run(cmd, timeout=float(limits.get(step, 120)))
             rc = r.returncode
@@ -322,9 +378,14 @@ def table() -> None:
                   f"graph==eager={r.get('graph_vs_eager_identical')} sample_repro={r.get('sample_reproducible')} "
                   f"{r.get('gate', '')} {r.get('error', '')} tg={r.get('tg_tok_s', '')}")
         elif k == "bench":
-            print(f"bench {r.get('shape')} {r.get('quant', '')} {r.get('path', '')}: tg {r.get('tg_tok_s')} tok/s "
-                  f"{r.get('gb_s')} GB/s ({r.get('pct_bw')} %) pp512 {r.get('pp512_tok_s')} "
+            print(f"bench {r.get('shape')} {r.get('quant', '')} {r.get('path', '')} pdl={r.get('pdl')}: tg "
+                  f"{r.get('tg_tok_s')} tok/s {r.get('gb_s')} GB/s ({r.get('pct_bw')} %) pp512 {r.get('pp512_tok_s')} "
                   f"load {r.get('load_s')} s {r.get('error', '')} {r.get('skipped', '')}")
+            if r.get("breakdown"):
+                print(f"   breakdown: sum {r['breakdown_sum_us']} us/step vs {1e6 / r['tg_tok_s']:.0f} measured")
+                for b in r["breakdown"][:12]:
+                    print(f"   {b['kernel']:<22} x{b['count']:<4} {b['us']:>8.2f} us {b['total_us']:>9.1f} us "
+                          f"{b.get('type', '')} {b.get('N', '')}x{b.get('K', '')} {b.get('gb_s', '')}")
         elif k == "step":
             print(f"step {r['step']}: rc={r['rc']} in {r['s']} s")
 
@@ -339,6 +400,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="embed,norm,rope,attention,act,sample")
     ap.add_argument("--bench-budget", type=float, default=80.0)
     ap.add_argument("--only-bench", default="")
+    ap.add_argument("--configs", default="q8:pdl,q8:nopdl,f32:pdl")
+    ap.add_argument("--breakdown", action="store_true")
     args = ap.parse_args()
     if args.mode == "prepare":
         prepare(args)

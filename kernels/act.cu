@@ -13,6 +13,9 @@
 //     be the two halves of one fused gate+up output).
 //   softcap: grid (ceil(n / ACT_THREADS)), block (ACT_THREADS).
 
+// PDL: each kernel waits for the previous one before touching memory, then lets the
+// next one launch (both no-ops when launched without programmatic dependent launch).
+
 #include "common.cuh"
 
 #ifndef ACT_THREADS
@@ -22,6 +25,8 @@
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
     act_mul(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out,
             int n, int gate_stride, int up_stride, int out_stride, int act) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     int i = blockIdx.x * ACT_THREADS + threadIdx.x;
     int r = blockIdx.y;
     if (i >= n) return;
@@ -36,6 +41,8 @@ extern "C" __global__ void __launch_bounds__(ACT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(ACT_THREADS)
     softcap(float* __restrict__ x, int n, float cap) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     int i = blockIdx.x * ACT_THREADS + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }

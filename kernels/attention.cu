@@ -12,6 +12,8 @@
 //   token's result does not depend on the batch it runs in, nor on prefill vs decode.
 //   Empty splits write m = -inf, l = 0, o = 0.
 // attn_combine: out[t, h] = sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j, M = max_j m_j.
+// attn_decode: both in one launch (the last split block of a KV head merges), with an
+//   optional q8 twin of the output for the dp4a matvecs (see the kernel).
 //
 // Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64);
@@ -23,8 +25,13 @@
 //     part_ml: [n_tokens][n_head][S][2] f32 (m, l).
 //   attn_combine: grid (n_head, n_tokens), block (min(HEAD_DIM, 256)); out:
 //     [n_tokens][n_head * HEAD_DIM] f32.
+//   attn_decode: as attn_split, S <= MAX_SPLITS (default 256); counters [n_tokens][n_kv]
+//     int zeroed once; out as attn_combine; xq [n_tokens][n_head * HEAD_DIM] int8 and xs
+//     [n_tokens][n_head * HEAD_DIM / 32] Q8Scale, or null.
+// PDL: every kernel waits for the previous one before touching memory.
 
 #include "common.cuh"
+#include "q8.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -37,6 +44,10 @@
 #endif
 #ifndef ATT_TILE
 #define ATT_TILE 64
+#endif
+
+#ifndef MAX_SPLITS
+#define MAX_SPLITS 256
 #endif
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -63,12 +74,12 @@ static __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
-               const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
-               float* __restrict__ part_ml, const int* __restrict__ pos,
-               const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
-               float softcap) {
+// One block's split: writes its partial (o, m, l) for the G heads of its KV head.
+static __device__ __forceinline__ void split_body(
+    const float* __restrict__ q, const uint16_t* __restrict__ kcache,
+    const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+    const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int n_ctx, int window,
+    float scale, float softcap) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     __shared__ __align__(16) float red[G][D];
@@ -97,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(NT)
             part_ml[(part0 + (size_t)tid * S) * 2] = NEG_INF;
             part_ml[(part0 + (size_t)tid * S) * 2 + 1] = 0.f;
         }
-        return;
+        return;  // (attn_decode still counts this block: the return leaves split_body only)
     }
 
     const size_t row_stride = (size_t)n_kv * D;
@@ -234,9 +245,89 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
 }
 
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
+               const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+               float* __restrict__ part_ml, const int* __restrict__ pos,
+               const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
+               float softcap) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
+}
+
+// attn_decode: attn_split, then the last block of each (token, KV head) to finish merges
+// the S partials of its G heads (the order of the merge is fixed: it does not depend on
+// which block came last) and writes out, plus its q8 twin when xq is non-null
+// (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch; the last
+// block puts its counter back to zero, so the buffer stays ready for the next launch and
+// graph replay.
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
+                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+                float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
+                int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
+                const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
+                float softcap) {
+    __shared__ float w_s[G][MAX_SPLITS];
+    __shared__ float inv_den[G];
+    __shared__ int s_last;
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
+
+    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    __threadfence();  // this block's partial, visible device-wide before it is counted
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == S - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+
+    const int n_head = n_kv * G;
+    const size_t base = ((size_t)t * n_head + (size_t)kvh * G) * S;  // head g: + g * S
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        const float* ml = part_ml + (base + (size_t)g * S) * 2;
+        float M = NEG_INF;
+        for (int j = lane; j < S; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
+        M = warp_max(M);
+        float den = 0.f;
+        for (int j = lane; j < S; j += 32) {
+            float m = __ldcg(ml + 2 * j);
+            float w = m == NEG_INF ? 0.f : expf(m - M);  // empty splits weigh nothing
+            w_s[g][j] = w;
+            den += w * __ldcg(ml + 2 * j + 1);
+        }
+        den = warp_sum(den);
+        if (lane == 0) inv_den[g] = 1.0f / den;
+    }
+    __syncthreads();
+    float* orow = out + (size_t)t * n_head * D + (size_t)kvh * G * D;
+    for (int i = tid; i < G * D; i += NT) {
+        const int g = i / D, d = i % D;
+        const float* po = part_o + (base + (size_t)g * S) * D + d;
+        float num = 0.f;
+        for (int j = 0; j < S; j++) {
+            const float w = w_s[g][j];
+            if (w != 0.f) num += w * __ldcg(po + (size_t)j * D);
+        }
+        orow[i] = num * inv_den[g];
+    }
+    if (xq) {
+        __syncthreads();
+        for (int b = warp; b < G * D / 32; b += ATT_WARPS)
+            q8_quantize_warp(orow[b * 32 + lane], xq + (size_t)t * n_head * D + (size_t)kvh * G * D + b * 32,
+                             xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32 + b);
+    }
+    if (tid == 0) counters[t * n_kv + kvh] = 0;
+}
+
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o,
                                         const float* __restrict__ part_ml,
                                         float* __restrict__ out, int n_splits) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
     const size_t base = ((size_t)t * n_head + h) * n_splits;
     float M = NEG_INF;

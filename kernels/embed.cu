@@ -17,6 +17,9 @@
 //   out[t * n_embd + j]. Tokens outside [0, n_vocab) write a row of NaN rather than read
 //   out of bounds.
 
+// PDL: each kernel waits for the previous one before touching memory, then lets the
+// next one launch (both no-ops when launched without programmatic dependent launch).
+
 #include "common.cuh"
 
 #ifndef EMBED_THREADS
@@ -157,6 +160,8 @@ static __device__ float deq_iq4_xs(const uint8_t* row, int j) {  // {d, scales_h
         NAME(const uint8_t* __restrict__ table, const int* __restrict__ tok,                   \
              float* __restrict__ out, int n_vocab, int n_embd, long long row_bytes,           \
              float scale) {                                                                    \
+        MEMRA_PDL_WAIT();                                                                     \
+        MEMRA_PDL_LAUNCH();                                                                   \
         int t = blockIdx.x;                                                                   \
         int id = tok[t];                                                                      \
         float* o = out + (size_t)t * n_embd;                                                  \

@@ -21,6 +21,9 @@
 //   [n_tokens][n_head * HEAD_DIM] and must not overlap q. kcache/vcache:
 //   [n_seq][n_ctx][n_kv * HEAD_DIM] half. Positions outside [0, n_ctx) are not written.
 
+// PDL: each kernel waits for the previous one before touching memory, then lets the
+// next one launch (both no-ops when launched without programmatic dependent launch).
+
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -40,6 +43,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                  const double* __restrict__ inv_freq, int n_head, int n_kv, int n_ctx,
                  int rope_dim, int neox, float eps) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.x * ROPE_WARPS + warp;
     const int t = blockIdx.y;

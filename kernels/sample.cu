@@ -31,6 +31,9 @@
 //   sample:         grid (B), block (SAMPLE_THREADS); logits [B][n]; fparams [B][3]
 //     (temp, top_p, min_p); top_k [B]; seed [B].
 
+// PDL: each kernel waits for the previous one before touching memory, then lets the
+// next one launch (both no-ops when launched without programmatic dependent launch).
+
 #include "common.cuh"
 
 #ifndef SAMPLE_THREADS
@@ -91,6 +94,8 @@ static __device__ __forceinline__ void commit(int b, int id, int* tok, int* pos,
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_partial(const float* __restrict__ logits, int n, float* __restrict__ part_val,
                    int* __restrict__ part_idx) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     const int b = blockIdx.y, nb = gridDim.x;
     const float* l = logits + (size_t)b * n;
     int seg = (n + nb - 1) / nb;
@@ -109,6 +114,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_final(const float* __restrict__ part_val, const int* __restrict__ part_idx, int nb,
                  int* tok, int* pos, int* step, int* hist, int hist_len) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     const int b = blockIdx.x;
     float v = NEG_INF;
     int idx = 0x7fffffff;
@@ -179,6 +186,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
            int* step, int* hist, int hist_len) {
     __shared__ u64 scan[SW];
     __shared__ int s_choice;
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
     const int b = blockIdx.x;
     const float* l = logits + (size_t)b * n;
     const float temp = fparams[b * 3], top_p = fparams[b * 3 + 1], min_p = fparams[b * 3 + 2];

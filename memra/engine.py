@@ -94,7 +94,7 @@ class GPUCache:
 
 class GPUEngine:
     def __init__(self, model, cfg: ModelConfig | None = None, n_ctx: int | None = None,
-                 batch: int = 1, gpu=None, matvec_path: str | None = None):
+                 batch: int = 1, gpu=None, matvec_path: str | None = None, pdl: bool | None = None):
         from memra.cuda import gpu as get_gpu
 
         self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
@@ -107,6 +107,8 @@ class GPUEngine:
         self.path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "f32")
         if self.path not in ("f32", "q8"):
             raise MemraError(f"matvec path must be f32 or q8, got {self.path!r}")
+        # programmatic dependent launch: each kernel's launch overlaps the previous one's tail
+        self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
             raise MemraError(f"batch must be in 1..{MV.BUCKETS[-1]}, got {batch}")
         self.n_splits = ATT.default_splits(c.n_head_kv, self.g.info.sm_count)
@@ -215,6 +217,7 @@ class GPUEngine:
         self.xs = g.empty(R * kmax // 32, MV.Q8_SCALE)
         po, pml = ATT.scratch_shapes(R, c.n_head, self.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
+        self.att_cnt = g.to_device(np.zeros(R * c.n_head_kv, np.int32))  # zero between launches
         self.logits = g.empty((self.batch, c.n_vocab), f)
         self.logits_all = None  # [PREFILL_CHUNK, n_vocab], made on the first all_logits request
         i32 = np.int32
@@ -257,61 +260,83 @@ class GPUEngine:
         self._graphs = {}
 
     # -- the forward pass -------------------------------------------------------------------
+    def _twin(self, rows: int, K: int):
+        """The int8 twin buffer viewed as [rows, K] (+ scales); None on the f32 path."""
+        if self.path != "q8":
+            return None
+        return self.xq.view(shape=(rows, K)), self.xs.view(shape=(rows, K // 32))
+
     def _q8(self, x, rows: int):
         """Quantize `rows` rows of x (q8 path) for the matvecs that read it next; None on
         the f32 path."""
-        if self.path != "q8":
-            return None
         K = x.shape[-1] if len(x.shape) > 1 else x.size // rows
-        xq = self.xq.view(shape=(rows, K))
-        xs = self.xs.view(shape=(rows, K // 32))
-        MV.quantize_q8(self.g, x.view(shape=(rows, K)), xq, xs, rows)
-        return xq, xs
+        tw = self._twin(rows, K)
+        if tw is not None:
+            MV.quantize_q8(self.g, x.view(shape=(rows, K)), tw[0], tw[1], rows)
+        return tw
 
     def _matvec(self, lin: _Lin, x, y, rows: int, res=None, q=None) -> None:
         if q is not None and lin.w.ggml_type not in MV.FLOAT_TYPES:
-            MV.matvec(self.g, lin.w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu)
+            MV.matvec(self.g, lin.w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu, pdl=self.pdl)
         else:
-            MV.matvec(self.g, lin.w, y, x=x, nb=rows, residual=res, glu=lin.glu)
+            MV.matvec(self.g, lin.w, y, x=x, nb=rows, residual=res, glu=lin.glu, pdl=self.pdl)
+
+    def _norm(self, w, rows: int, delta=None, w_post=None):
+        """h = rmsnorm(x) * w, after x += delta (post-normed when w_post): one launch that
+        also writes h's q8 twin on the q8 path. Returns that twin (or None)."""
+        c, E = self.cfg, self.cfg.n_embd
+        tw = self._twin(rows, E)
+        xq, xs = tw if tw is not None else (None, None)
+        if delta is None:
+            NORM.rmsnorm(self.g, self.x, w, self.h, E, c.norm_eps, rows, xq=xq, xs=xs, pdl=self.pdl)
+        else:
+            NORM.add_rmsnorm(self.g, self.x, delta, w, self.h, E, c.norm_eps, rows, w_post=w_post,
+                             xq=xq, xs=xs, pdl=self.pdl)
+        return tw
 
     def _layers(self, rows: int, tok, pos, seq) -> None:
-        """Embed `rows` tokens and run every layer; leaves rmsnorm(x) * output_norm in h."""
-        c, g = self.cfg, self.g
+        """Embed `rows` tokens and run every layer; leaves rmsnorm(x) * output_norm in h
+        (and, on the q8 path, its twin in xq/xs). Returns that twin."""
+        c, g, pdl = self.cfg, self.g, self.pdl
         E = c.n_embd
-        EMB.embed(g, self.embd_table, self.embd_type, c.n_vocab, E, tok, self.x, c.embd_scale, n_tokens=rows)
-        NORM.rmsnorm(g, self.x, self.layers[0].attn_norm, self.h, E, c.norm_eps, rows)
+        EMB.embed(g, self.embd_table, self.embd_type, c.n_vocab, E, tok, self.x, c.embd_scale, n_tokens=rows,
+                  pdl=pdl)
+        qh = self._norm(self.layers[0].attn_norm, rows)
+        att_q8 = self.path == "q8" and c.head_dim % 32 == 0
         for il, L in enumerate(self.layers):
-            q, k, v, qs, ks, vs = self._qkv_views(L, rows, self._q8(self.h, rows))
+            q, k, v, qs, ks, vs = self._qkv_views(L, rows, qh)
             ROPE.rope_norm_kv(
                 g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, L.inv_freq, n_tokens=rows,
                 n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
                 rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks, v_stride=vs,
-                bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps)
+                bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl)
+            tw = self._twin(rows, c.q_dim) if att_q8 else None
             ATT.attention(g, self.qr, self.kcache[il], self.vcache[il], self.ao, self.part_o, self.part_ml,
                           pos, seq, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa, head_dim=c.head_dim,
-                          n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits)
-            qa = self._q8(self.ao, rows)
+                          n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits,
+                          counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl)
+            qa = tw if att_q8 else self._q8(self.ao, rows)
             if c.post_norms:
                 self._matvec(L.wo, self.ao, self.t1, rows, q=qa)
-                NORM.add_rmsnorm(g, self.x, self.t1, L.ffn_norm, self.h, E, c.norm_eps, rows, w_post=L.post_attn)
+                qh = self._norm(L.ffn_norm, rows, delta=self.t1, w_post=L.post_attn)
             else:
                 self._matvec(L.wo, self.ao, self.x, rows, res=self.x, q=qa)
-                NORM.rmsnorm(g, self.x, L.ffn_norm, self.h, E, c.norm_eps, rows)
-            qh = self._q8(self.h, rows)
+                qh = self._norm(L.ffn_norm, rows)
             if L.ffn is not None:
                 self._matvec(L.ffn, self.h, self.ff, rows, q=qh)
             else:
                 self._matvec(L.gate, self.h, self.ff, rows, q=qh)
                 self._matvec(L.up, self.h, self.ff2, rows, q=qh)
-                ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act)
+                ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act, pdl=pdl)
             qf = self._q8(self.ff, rows)
             nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else self.output_norm
             if c.post_norms:
                 self._matvec(L.down, self.ff, self.t1, rows, q=qf)
-                NORM.add_rmsnorm(g, self.x, self.t1, nxt, self.h, E, c.norm_eps, rows, w_post=L.post_ffw)
+                qh = self._norm(nxt, rows, delta=self.t1, w_post=L.post_ffw)
             else:
                 self._matvec(L.down, self.ff, self.x, rows, res=self.x, q=qf)
-                NORM.rmsnorm(g, self.x, nxt, self.h, E, c.norm_eps, rows)
+                qh = self._norm(nxt, rows)
+        return qh
 
     def _qkv_views(self, L: _Layer, rows: int, qh=None):
         """Run the layer's QKV matvec(s) on h; returns the q, k, v views and their row strides.
@@ -332,21 +357,23 @@ class GPUEngine:
         (yq, wq), (yk, wk), (yv, wv) = outs
         return yq, yk, yv, wq, wk, wv
 
-    def _output(self, h_rows, out, rows: int) -> None:
-        self._matvec(self.output, h_rows, out, rows, q=self._q8(h_rows, rows))
+    def _output(self, h_rows, out, rows: int, qh=None) -> None:
+        """Logits of `rows` rows of h; qh: their q8 twin when already made (else made here)."""
+        self._matvec(self.output, h_rows, out, rows, q=qh if qh is not None else self._q8(h_rows, rows))
         if self.cfg.final_logit_softcap:
-            ACT.softcap(self.g, out, self.cfg.n_vocab, self.cfg.final_logit_softcap, rows)
+            ACT.softcap(self.g, out, self.cfg.n_vocab, self.cfg.final_logit_softcap, rows, pdl=self.pdl)
 
     def _decode_step(self, sampler: str) -> None:
         """All launches of one decode step for the `batch` sequences (captured as a graph)."""
         B = self.batch
-        self._layers(B, self.d_tok, self.d_pos, self.d_seq)
-        self._output(self.h, self.logits, B)
+        qh = self._layers(B, self.d_tok, self.d_pos, self.d_seq)
+        self._output(self.h, self.logits, B, qh)
         st = SMP.SeqState(tok=self.d_tok, step=self.d_step, pos=self.d_pos, hist=self.d_hist)
         if sampler == "greedy":
-            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, B, st, self.am_val, self.am_idx)
+            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, B, st, self.am_val, self.am_idx, pdl=self.pdl)
         elif sampler == "sample":
-            SMP.sample(self.g, self.logits, self.cfg.n_vocab, B, self.s_fparams, self.s_topk, self.s_seed, st)
+            SMP.sample(self.g, self.logits, self.cfg.n_vocab, B, self.s_fparams, self.s_topk, self.s_seed, st,
+                       pdl=self.pdl)
         # "none": logits only (pos is advanced by the host)
 
     def _graph(self, sampler: str):
@@ -398,11 +425,11 @@ class GPUEngine:
             self.p_tok.view(shape=(T,)).upload(chunk)
             self.p_pos.view(shape=(T,)).upload(np.arange(p0 + s, p0 + s + T, dtype=np.int32))
             self.p_seq.view(shape=(T,)).upload(np.full(T, seq, np.int32))
-            self._layers(T, self.p_tok, self.p_pos, self.p_seq)
+            qh = self._layers(T, self.p_tok, self.p_pos, self.p_seq)
             if all_logits:
                 if self.logits_all is None:
                     self.logits_all = self.g.empty((PREFILL_CHUNK, self.cfg.n_vocab), np.float32)
-                self._output(self.h, self.logits_all, T)
+                self._output(self.h, self.logits_all, T, qh)
                 out.append(self.logits_all.view(shape=(T, self.cfg.n_vocab)).numpy())
             elif s + T == toks.size:
                 last = self.h.view(offset=(T - 1) * self.cfg.n_embd * 4, shape=(self.cfg.n_embd,))

@@ -73,6 +73,7 @@ class FakeArray:
 class FakeKernel:
     name: str
     defines: dict
+    module: object = None
 
 
 class FakeModule:
@@ -80,7 +81,7 @@ class FakeModule:
         self.kernel_file, self.defines = kernel_file, defines
 
     def kernel(self, name):
-        return FakeKernel(name, dict(self.defines))
+        return FakeKernel(name, dict(self.defines), self)
 
     __getitem__ = kernel
 
@@ -196,25 +197,39 @@ def _embed(g, k, grid, v):
         o[t] = Q.dequantize(raw.copy(), t_of, (1, n_embd))[0] * np.float32(scale)
 
 
+def _q8_twin(g, src, n_values, xq, xs):
+    """The q8 twin some kernels write next to their f32 output (q8.cuh's rule)."""
+    if not xq:
+        return
+    from memra.ops import matvec as MV
+
+    q, sc = MV.quantize_q8_ref(_f32(g, src, n_values).reshape(1, -1))
+    g.mem(xq, np.int8, n_values)[:] = q.reshape(-1)
+    g.mem(xs, MV.Q8_SCALE, n_values // 32)[:] = sc.reshape(-1)
+
+
 def _rmsnorm(g, k, grid, v):
     from memra.reference import rms_norm
 
-    x, w, out, n, eps = v
+    x, w, out, n, eps, xq, xs = v
     R = grid[0]
     _f32(g, out, R * n)[:] = rms_norm(_f32(g, x, R * n).reshape(R, n), _f32(g, w, n), eps).reshape(-1)
+    _q8_twin(g, out, R * n, xq, xs)
 
 
 def _add_rmsnorm(g, k, grid, v):
     from memra.reference import rms_norm
 
-    x, delta, w_post, w, out, n, eps_post, eps = v
+    x, delta, w_post, w, out, n, eps_post, eps, xq, xs = v
     R = grid[0]
+    xq_, xs_ = xq, xs
     xs = _f32(g, x, R * n).reshape(R, n)
     d = _f32(g, delta, R * n).reshape(R, n).copy()
     if w_post:
         d = rms_norm(d, _f32(g, w_post, n), eps_post)
     xs += d
     _f32(g, out, R * n)[:] = rms_norm(xs, _f32(g, w, n), eps).reshape(-1)
+    _q8_twin(g, out, R * n, xq_, xs_)
 
 
 def _rope(g, k, grid, v):
@@ -283,6 +298,18 @@ def _attn_split(g, k, grid, v):
             po[t, :, s] = np.einsum("hgn,nhd->hgd", e, V).reshape(nh, D)
             pml[t, :, s, 0] = m.reshape(nh)
             pml[t, :, s, 1] = e.sum(-1).reshape(nh)
+
+
+def _attn_decode(g, k, grid, v):
+    """attn_split + the merge of the last block, as attention.cu's attn_decode."""
+    q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, n_ctx, window, scale, softcap = v
+    _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap))
+    G, D = int(k.defines["N_GQA"]), int(k.defines["HEAD_DIM"])
+    T = grid[2]
+    if g.mem(counters, np.int32, T * n_kv).any():
+        raise CudaError("attn_decode: counters not zero at launch")
+    _attn_combine(g, k, (n_kv * G, T), (part_o, part_ml, out, grid[1]))
+    _q8_twin(g, out, T * n_kv * G * D, xq, xs)
 
 
 def _attn_combine(g, k, grid, v):
@@ -403,7 +430,7 @@ def _quantize_q8(g, k, grid, v):
 
 _KERNELS = {
     "rmsnorm": _rmsnorm, "add_rmsnorm": _add_rmsnorm, "rope_norm_kv": _rope,
-    "attn_split": _attn_split, "attn_combine": _attn_combine, "act_mul": _act_mul,
+    "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode, "act_mul": _act_mul,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8,
 }

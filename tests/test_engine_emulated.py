@@ -133,3 +133,22 @@ def test_bad_input(tiny_models):
         eng.prefill(list(range(1, 18)))
     with pytest.raises(ContextOverflowError):
         eng.generate_greedy(PROMPT, 10)
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M")])
+def test_q8_path(tiny_models, arch, quant):
+    """int8 activations (fused into the norms and the attention merge): logits near the
+    float reference, prefill = decode, graph = eager."""
+    path = tiny_models(arch, quant)
+    first, toks, _ = _reference(path, PROMPT, 4)
+    eng = GPUEngine(path, n_ctx=48, gpu=FakeGpu(1 << 28), matvec_path="q8")
+    got = eng.prefill(PROMPT)
+    err = np.max(np.abs(got - first)) / np.max(np.abs(first))
+    assert err < 0.05, f"{arch}: q8 prefill logits off by {err:.2e}"
+    assert argmax_gate(eng, PROMPT).verdict == "MATCH"
+    eng.reset()
+    eng.prefill(PROMPT)
+    eager = [eng.decode(t, graph=False) for t in toks]
+    eng.reset()
+    eng.prefill(PROMPT)
+    assert all(np.array_equal(eng.decode(t), e) for t, e in zip(toks, eager))

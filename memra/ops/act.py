@@ -28,7 +28,8 @@ def _module(g, canary=False):
 
 
 def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | None = None,
-            up_stride: int | None = None, out_stride: int | None = None, canary: bool = False) -> None:
+            up_stride: int | None = None, out_stride: int | None = None, pdl: bool = False,
+            canary: bool = False) -> None:
     if act not in ACTS:
         raise MemraError(f"unknown activation {act!r} (known: {', '.join(ACTS)})")
     for a in (gate, up, out):
@@ -37,12 +38,13 @@ def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | No
     k = _module(g, canary).kernel("act_mul")
     g.launch(k, ((n + THREADS - 1) // THREADS, rows), (THREADS,),
              (gate, up, out, np.int32(n), np.int32(gate_stride or n), np.int32(up_stride or n),
-              np.int32(out_stride or n), np.int32(ACTS[act])))
+              np.int32(out_stride or n), np.int32(ACTS[act])), pdl=pdl)
 
 
-def softcap(g, x, n: int, cap: float, rows: int = 1) -> None:
+def softcap(g, x, n: int, cap: float, rows: int = 1, pdl: bool = False) -> None:
     k = _module(g).kernel("softcap")
-    g.launch(k, ((n * rows + THREADS - 1) // THREADS,), (THREADS,), (x, np.int32(n * rows), np.float32(cap)))
+    g.launch(k, ((n * rows + THREADS - 1) // THREADS,), (THREADS,), (x, np.int32(n * rows), np.float32(cap)),
+             pdl=pdl)
 
 
 def reference(gate, up, act: str) -> np.ndarray:

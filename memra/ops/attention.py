@@ -1,7 +1,13 @@
 """Decode attention over the f16 KV cache: split-KV flash-decoding + combine (kernels/attention.cu).
 
     attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, n_tokens=..., n_kv=...,
-              n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...)
+              n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...,
+              counters=None, xq=None, xs=None)
+
+With `counters` (int32 [n_tokens * n_kv], zeroed once, left zeroed) it is one launch
+(attn_decode: the last split block of each KV head merges), else two (attn_split +
+attn_combine). xq/xs (fused variant, head_dim % 32 == 0): the output's q8 twin, bit-identical
+to memra.ops.matvec.quantize_q8 of the output.
 
 Each token t attends to the keys [max(0, pos[t] + 1 - window), pos[t]] (window 0: all) of
 its sequence seq[t] (None: 0), so prefill runs the same kernel with one query per prompt
@@ -35,9 +41,12 @@ def module(g, head_dim: int, n_gqa: int, canary: bool = False):
     return g.module(KERNEL_FILE, d)
 
 
+MAX_SPLITS = 256  # the fused kernel's merge table (MAX_SPLITS in attention.cu)
+
+
 def default_splits(n_kv: int, sm_count: int) -> int:
     """Splits per (token, KV head): about two blocks per SM at long contexts."""
-    return int(min(256, max(8, math.ceil(2 * sm_count / n_kv))))
+    return int(min(MAX_SPLITS, max(8, math.ceil(2 * sm_count / n_kv))))
 
 
 def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
@@ -46,7 +55,8 @@ def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
 
 def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
               n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
-              softcap: float = 0.0, canary: bool = False) -> None:
+              softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
+              canary: bool = False) -> None:
     n_head = n_kv * n_gqa
     if head_dim % 8 or head_dim > 8 * 32 * WARPS:
         raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * WARPS}")
@@ -57,11 +67,22 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
     if out.size < n_tokens * n_head * head_dim or q.size < n_tokens * n_head * head_dim:
         raise MemraError("attention: q or out too small")
     m = module(g, head_dim, n_gqa, canary)
+    tail = (pos, seq if seq is not None else _NULL, np.int32(n_kv), np.int32(n_ctx), np.int32(window),
+            np.float32(scale), np.float32(softcap))
+    if counters is not None:
+        if n_splits > MAX_SPLITS or counters.dtype != np.int32 or counters.size < n_tokens * n_kv:
+            raise MemraError(f"attention: fused variant needs n_splits <= {MAX_SPLITS} and int32 counters "
+                             f"[n_tokens * n_kv]")
+        if xq is not None and (head_dim % 32 or xq.dtype != np.int8 or xq.size < n_tokens * n_head * head_dim):
+            raise MemraError("attention: q8 output needs head_dim % 32 == 0 and int8 xq [n_tokens, n_head * head_dim]")
+        g.launch(m.kernel("attn_decode"), (n_kv, n_splits, n_tokens), (32 * WARPS,),
+                 (q, kcache, vcache, part_o, part_ml, counters, out, xq if xq is not None else _NULL,
+                  xs if xs is not None else _NULL, *tail), pdl=pdl)
+        return
     g.launch(m.kernel("attn_split"), (n_kv, n_splits, n_tokens), (32 * WARPS,),
-             (q, kcache, vcache, part_o, part_ml, pos, seq if seq is not None else _NULL,
-              np.int32(n_kv), np.int32(n_ctx), np.int32(window), np.float32(scale), np.float32(softcap)))
+             (q, kcache, vcache, part_o, part_ml, *tail), pdl=pdl)
     g.launch(m.kernel("attn_combine"), (n_head, n_tokens), (min(head_dim, 256),),
-             (part_o, part_ml, out, np.int32(n_splits)))
+             (part_o, part_ml, out, np.int32(n_splits)), pdl=pdl)
 
 
 def reference(q, kcache, vcache, pos, seq, n_kv: int, window: int, scale: float, softcap: float = 0.0):
@@ -103,12 +124,14 @@ CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T)
 def compile_variants():
     vs = sorted({(c[0], c[1]) for c in CASES})
     out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": WARPS, "ATT_TILE": TILE}) for d, gq in vs]
-    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "N_GQA": 3, "ATT_WARPS": WARPS, "ATT_TILE": TILE, "MEMRA_CANARY": 1}))
+    for d, gq in ((64, 3), (256, 4)):
+        out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": WARPS, "ATT_TILE": TILE, "MEMRA_CANARY": 1}))
     return out
 
 
-def _check(g, rng, case, canary=False):
-    from memra.kernelcheck import compare
+def _check(g, rng, case, canary=False, fused=False):
+    from memra.kernelcheck import Outcome, compare
+    from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
 
     D, G, nkv, window, cap, S, T = case
     n_ctx, n_seq = 1100, 2
@@ -125,18 +148,44 @@ def _check(g, rng, case, canary=False):
     out = g.empty((T, nh * D), np.float32)
     for a in (part_o, part_ml, out):
         a.poison()
-    attention(g, g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out,
-              part_o, part_ml, g.to_device(pos), g.to_device(seq), n_tokens=T, n_kv=nkv, n_gqa=G,
-              head_dim=D, n_ctx=n_ctx, window=window, scale=scale, n_splits=S, softcap=cap, canary=canary)
+    counters = g.to_device(np.zeros(T * nkv, np.int32)) if fused else None
+    q8 = fused and D % 32 == 0
+    xq = g.empty((T, nh * D), np.int8) if q8 else None
+    xs = g.empty((T, nh * D // 32), Q8_SCALE) if q8 else None
+    args = (g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out,
+            part_o, part_ml, g.to_device(pos), g.to_device(seq))
+    kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=scale,
+              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary)
+    attention(g, *args, **kw)
     ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
-    name = f"attention D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} splits={S} T={T}"
-    return compare(name, out.numpy(), ref, TOL)
+    name = f"attention{' fused' if fused else ''} D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} " \
+           f"splits={S} T={T}"
+    first = out.numpy()
+    o = compare(name, first, ref, TOL)
+    if not fused or not o.ok:
+        return o
+    # the counters were put back to zero: a second launch merges again, to the same bits
+    out.poison()
+    attention(g, *args, **kw)
+    if not np.array_equal(out.numpy(), first, equal_nan=True):
+        return Outcome(name, False, "a second launch (counters reused) gives different output")
+    if int(np.count_nonzero(counters.numpy())):
+        return Outcome(name, False, "counters not reset to zero")
+    if q8:
+        qr, sr = quantize_q8_ref(first)
+        got = xs.numpy()
+        if not (np.array_equal(xq.numpy(), qr) and np.array_equal(got["d"].view(np.uint32), sr["d"].view(np.uint32))
+                and np.array_equal(got["s"], sr["s"])):
+            return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
+    return Outcome(name, True, o.detail + ("; relaunch identical" + ("; q8 twin bit-exact" if q8 else "")))
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
     for case in CASES:
         yield _check(g, rng, case)
+        yield _check(g, rng, case, fused=True)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
+    yield _check(g, rng, CASES[1], canary=True, fused=True)

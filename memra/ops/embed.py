@@ -43,7 +43,7 @@ def row_bytes(ggml_type: int, n_embd: int) -> int:
 
 
 def embed(g, table, ggml_type: int, n_vocab: int, n_embd: int, tok, out, scale: float = 1.0,
-          n_tokens: int | None = None, canary: bool = False) -> None:
+          n_tokens: int | None = None, pdl: bool = False, canary: bool = False) -> None:
     """out[t, :] = dequant(table row tok[t]) * scale for t < n_tokens (default: len(tok))."""
     n = tok.size if n_tokens is None else n_tokens
     if tok.dtype != np.int32 or out.dtype != np.float32 or table.dtype != np.uint8:
@@ -55,7 +55,7 @@ def embed(g, table, ggml_type: int, n_vocab: int, n_embd: int, tok, out, scale: 
         defines["MEMRA_CANARY"] = 1
     k = g.module(KERNEL_FILE, defines).kernel(kernel_name(ggml_type))
     g.launch(k, (n,), (THREADS,), (table, tok, out, np.int32(n_vocab), np.int32(n_embd),
-                                   np.int64(row_bytes(ggml_type, n_embd)), np.float32(scale)))
+                                   np.int64(row_bytes(ggml_type, n_embd)), np.float32(scale)), pdl=pdl)
 
 
 def reference(table: np.ndarray, ggml_type: int, n_embd: int, tok: np.ndarray, scale: float) -> np.ndarray:

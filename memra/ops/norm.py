@@ -1,8 +1,10 @@
 """RMSNorm, alone and fused with the residual add (kernels/norm.cu).
 
-    rmsnorm(g, x, w, out, n, eps, rows)
-    add_rmsnorm(g, x, delta, w, out, n, eps, rows, w_post=None, eps_post=eps)
+    rmsnorm(g, x, w, out, n, eps, rows, xq=None, xs=None)
+    add_rmsnorm(g, x, delta, w, out, n, eps, rows, w_post=None, eps_post=eps, xq=None, xs=None)
         x += (rmsnorm(delta) * w_post if w_post else delta); out = rmsnorm(x) * w
+    xq/xs (int8 [rows, n] / memra.ops.matvec.Q8_SCALE [rows, n/32]): also write out's q8
+    twin for the dp4a matvecs, bit-identical to memra.ops.matvec.quantize_q8 of out.
 
 References: `reference_rmsnorm`, `reference_add_rmsnorm` (float32 numpy, the formula of
 memra.reference.rms_norm). Tolerance 1e-5 relative (the reductions are ordered differently).
@@ -36,23 +38,35 @@ def _check_f32(*arrays) -> None:
             raise MemraError(f"norm kernels take float32 arrays, got {a.dtype}")
 
 
-def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, canary: bool = False) -> None:
+def _q8_args(xq, xs, n: int, rows: int):
+    if xq is None:
+        return _NULL, _NULL
+    if n % 32 or xq.dtype != np.int8 or xq.size < rows * n or xs.size < rows * n // 32:
+        raise MemraError(f"norm q8 output: n % 32 == 0 and int8 xq [rows, n], xs [rows, n/32] (n={n})")
+    return xq, xs
+
+
+def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, pdl: bool = False,
+            canary: bool = False) -> None:
     _check_f32(x, w, out)
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
     k = _module(g, canary).kernel("rmsnorm")
-    g.launch(k, (rows,), (THREADS,), (x, w, out, np.int32(n), np.float32(eps)))
+    g.launch(k, (rows,), (THREADS,), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
+             pdl=pdl)
 
 
 def add_rmsnorm(g, x, delta, w, out, n: int, eps: float, rows: int = 1, w_post=None,
-                eps_post: float | None = None, canary: bool = False) -> None:
+                eps_post: float | None = None, xq=None, xs=None, pdl: bool = False,
+                canary: bool = False) -> None:
     _check_f32(x, delta, w, out, w_post)
     if n % 4 or min(x.size, delta.size, out.size) < rows * n or w.size != n:
         raise MemraError(f"add_rmsnorm: bad sizes (n={n}, rows={rows})")
     k = _module(g, canary).kernel("add_rmsnorm")
     g.launch(k, (rows,), (THREADS,),
              (x, delta, w_post if w_post is not None else _NULL, w, out, np.int32(n),
-              np.float32(eps if eps_post is None else eps_post), np.float32(eps)))
+              np.float32(eps if eps_post is None else eps_post), np.float32(eps), *_q8_args(xq, xs, n, rows)),
+             pdl=pdl)
 
 
 def reference_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -116,9 +130,41 @@ def _check_add(g, rng, rows, n, post: bool):
     return o1 if not o1.ok else o2 if not o2.ok else type(o1)(name, True, f"{o1.detail}; {o2.detail}")
 
 
+def _check_q8(g, rng, rows, n, add: bool):
+    """The fused q8 twin equals quantize_q8 (the shared rule) of the kernel's own output."""
+    from memra.kernelcheck import Outcome, compare
+    from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+
+    x, w = _inputs(rng, rows, n)
+    dx, dw = g.to_device(x), g.to_device(w)
+    out = g.empty((rows, n), np.float32)
+    xq, xs = g.empty((rows, n), np.int8), g.empty((rows, n // 32), Q8_SCALE)
+    for a in (out, xq, xs):
+        a.poison()
+    if add:
+        delta = rng.standard_normal((rows, n)).astype(np.float32)
+        add_rmsnorm(g, dx, g.to_device(delta), dw, out, n, 1e-6, rows, xq=xq, xs=xs)
+        ref = reference_add_rmsnorm(x, delta, w, 1e-6)[1]
+    else:
+        rmsnorm(g, dx, dw, out, n, 1e-6, rows, xq=xq, xs=xs)
+        ref = reference_rmsnorm(x, w, 1e-6)
+    o = out.numpy()
+    name = f"{'add_' if add else ''}rmsnorm+q8 rows={rows} n={n}"
+    c1 = compare(name + " out", o, ref, TOL)
+    q, s = quantize_q8_ref(o)
+    got = xs.numpy()
+    ok = (np.array_equal(xq.numpy(), q) and np.array_equal(got["d"].view(np.uint32), s["d"].view(np.uint32))
+          and np.array_equal(got["s"], s["s"]))
+    if not c1.ok:
+        return c1
+    return Outcome(name, ok, f"{c1.detail}; q8 twin {'bit-exact' if ok else 'DIFFERS from quantize_q8'}")
+
+
 def checks(g, rng: np.random.Generator) -> Iterator:
     for rows, n in ((1, 576), (3, 640), (2, 4096), (1, 128)):
         yield _check_rmsnorm(g, rng, rows, n)
+    yield _check_q8(g, rng, 2, 576, add=False)
+    yield _check_q8(g, rng, 3, 2048, add=True)
     for rows, n in ((1, 576), (4, 2048)):
         yield _check_add(g, rng, rows, n, post=False)
         yield _check_add(g, rng, rows, n, post=True)

@@ -32,7 +32,7 @@ def module(g, head_dim: int, canary: bool = False):
 def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tokens: int,
                  n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
-                 eps: float = 1e-6, canary: bool = False) -> None:
+                 eps: float = 1e-6, pdl: bool = False, canary: bool = False) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
     kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
@@ -51,7 +51,7 @@ def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tok
               pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
               inv_freq, np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
-              np.int32(1 if neox else 0), np.float32(eps)))
+              np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
 
 
 def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6, bias=None):

@@ -57,24 +57,24 @@ def _module(g, canary=False):
 
 
 def argmax(g, logits, n_vocab: int, rows: int, state: SeqState, part_val, part_idx,
-           canary: bool = False) -> None:
+           pdl: bool = False, canary: bool = False) -> None:
     if logits.dtype != np.float32 or part_val.size < rows * ARGMAX_BLOCKS or part_idx.size < rows * ARGMAX_BLOCKS:
         raise MemraError("argmax: float32 logits and scratch of rows * ARGMAX_BLOCKS")
     m = _module(g, canary)
     g.launch(m.kernel("argmax_partial"), (ARGMAX_BLOCKS, rows), (THREADS,),
-             (logits, np.int32(n_vocab), part_val, part_idx))
+             (logits, np.int32(n_vocab), part_val, part_idx), pdl=pdl)
     g.launch(m.kernel("argmax_final"), (rows,), (THREADS,),
-             (part_val, part_idx, np.int32(ARGMAX_BLOCKS), *state.args()))
+             (part_val, part_idx, np.int32(ARGMAX_BLOCKS), *state.args()), pdl=pdl)
 
 
 def sample(g, logits, n_vocab: int, rows: int, fparams, top_k, seeds, state: SeqState,
-           canary: bool = False) -> None:
+           pdl: bool = False, canary: bool = False) -> None:
     """fparams: float32 [rows, 3] (temperature, top_p, min_p); top_k: int32 [rows];
     seeds: uint64 [rows]."""
     if fparams.dtype != np.float32 or top_k.dtype != np.int32 or seeds.dtype != np.uint64:
         raise MemraError("sample: fparams float32 [rows, 3], top_k int32, seeds uint64")
     k = _module(g, canary).kernel("sample")
-    g.launch(k, (rows,), (THREADS,), (logits, np.int32(n_vocab), fparams, top_k, seeds, *state.args()))
+    g.launch(k, (rows,), (THREADS,), (logits, np.int32(n_vocab), fparams, top_k, seeds, *state.args()), pdl=pdl)
 
 
 # -- references ----------------------------------------------------------------------------
