@@ -141,8 +141,9 @@ _COLLAPSE = _Collapse()
 _WIDE = _WideSpace()
 
 # what each \p{..} becomes in a collapsed expression: its stand-in byte and its ASCII members
+# (llama.cpp lists "~" among the symbols since late 2025; the xllamacpp build has it)
 _UCAT = {"N": "\xd10-9", "L": "\xd2A-Za-z", "P": "\xd3!-#%-*,-/:-;?-@\\[-\\]_\\{\\}", "M": "\xd4",
-         "S": "\xd5\\$\\+<->\\^`\\|"}
+         "S": "\xd5\\$\\+<->\\^`\\|~"}
 _UCAT_NAMES = {"N": "N", "L": "L", "P": "P", "M": "M", "S": "S", "Lu": "L", "Ll": "L", "Lt": "L", "Lm": "L", "Lo": "L"}
 _C_SPACE = "\\t\\n\\x0b\\x0c\\r "  # ECMAScript \s in the C locale
 

@@ -9,6 +9,7 @@ space prefix on a copy of Gemma-3's GGUF with add_space_prefix switched on.
 
 from __future__ import annotations
 
+import random
 import runpy
 import struct
 from pathlib import Path
@@ -86,6 +87,32 @@ def test_special_text_is_parsed_only_when_asked(pair):
     assert tok.is_special(special)
     plain = tok.encode(text, add_special=False, parse_special=False)
     assert plain == peer.tokenize(text, add_special=False, parse_special=False)
+
+
+# pieces random strings are drawn from: whitespace kinds, contractions, digits, symbols, accents,
+# combining marks, zero-width and exotic spaces, CJK, emoji sequences, special-token text and
+# fragments of it, and the vocabularies' own markers (U+2581, the GPT-2 byte letters, <0xNN>)
+_POOL = (list(" \t\n\r") * 6 + list("abcXYZ'sStTdDmMlLrReEvV0123456789.,;:!?-_()[]{}<>|/\\\"$%^&*+=`~@#")
+         + list("éÉüßñçøÆœ") + ["e\u0301", "\u200d", "\u200b", "\u00a0", "\u3000", "\u2028", "\x85", "\x0b", "\x0c",
+                                  "\x1c", "\x00"]
+         + list("日本語中文한국어ひらがなカタカナ") + ["🤖", "👍🏽", "👩\u200d💻", "🦩", "❤️", "🇫🇷", "𝕳", "ꙮ", "½", "²", "٣", "Ⅻ"]
+         + ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<|endoftext|>",
+            "<unused12>", "  ", "\n\n", "\u2581", "Ġ", "<0x41>", "<table>", "</td>", "'ll", "'RE", "<|im_", "_of_turn>"])
+
+
+@pytest.mark.parity
+def test_random_strings_vs_llama_cpp(pair):
+    tok, peer = pair
+    rng = random.Random(20260)
+    flags = [(True, True), (False, False), (True, False), (False, True)]
+    bad = []
+    for k in range(400):
+        s = "".join(rng.choice(_POOL) for _ in range(rng.randint(1, 40)))
+        a, p = flags[k % 4]
+        mine, theirs = tok.encode(s, a, p), peer.tokenize(s, a, p)
+        if mine != theirs:
+            bad.append((s, a, p, mine, theirs))
+    assert bad == []
 
 
 # -- decoding -------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ CORPUS = [
     "∀x∈ℝ: x²≥0 → ∑ᵢ aᵢ ≤ ∞",
     "!!!???... — … «quotes» “curly” ‘single’",
     "$100 + 50% = <>^~|` \\ @#&*",
+    "a ~b ~~ ~ x~y ^_^ `tick` |pipe|",
     # unusual characters
     "zero\u200bwidth\u200cjoiner\u200d",
     "no\u00a0break\u3000ideographic\u2028line\u2029para",
