@@ -26,6 +26,7 @@ import codecs
 import heapq
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -228,6 +229,7 @@ class Tokenizer:
 
         self._bytes_cache: dict[int, bytes] = {}
         self._encoder_ready = False  # the encoder's tables are built on first use
+        self._init_lock = threading.Lock()
 
     def _init_encoder(self) -> None:
         self._init_special_matcher()
@@ -304,7 +306,9 @@ class Tokenizer:
         except UnicodeEncodeError:  # lone surrogates: invalid UTF-8, which llama.cpp reads as U+FFFD
             text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
         if not self._encoder_ready:
-            self._init_encoder()
+            with self._init_lock:
+                if not self._encoder_ready:
+                    self._init_encoder()
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
