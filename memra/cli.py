@@ -25,9 +25,9 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from . import __version__
-from .errors import CudaError, MemraError
+from .errors import ContextOverflowError, CudaError, MemraError
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("memra")
 
@@ -213,6 +213,10 @@ def run(
         raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
     # the KV cache is sized to the request: prompt + n, or 4096 for an open-ended one
     n_ctx = ctx or min(cfg.n_ctx_train, len(prompt_ids) + n if n >= 0 else max(4096, len(prompt_ids) + 1))
+
+    if len(prompt_ids) >= n_ctx and n != 0:  # refuse before loading any weights
+        raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} "
+                                   f"and needs room for at least one more (raise --ctx)")
 
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                             repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
