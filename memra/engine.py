@@ -397,6 +397,23 @@ class GPUEngine:
             self._alloc_cache(n_ctx)
         self.pos = [0] * self.batch
 
+    def bytes_per_token(self, depth: int = 0) -> int:
+        """Device bytes one decode step reads with `depth` tokens already in the KV cache:
+        every weight matrix and norm/bias vector on the device (the output projection too,
+        even when it is the tied embedding table), one row of the input embedding table, and
+        the f16 K and V rows attention reads (depth + 1 keys; at most the window on
+        sliding-window layers). Activations, the rope tables and the KV row written are left
+        out. tok/s x this = the achieved bandwidth of the decode roofline (memra bench)."""
+        c = self.cfg
+        mats, vecs = [self.output], [self.output_norm]
+        for L in self.layers:
+            mats += [*L.qkv, L.wo, L.ffn, L.gate, L.up, L.down]
+            vecs += [L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.post_attn, L.post_ffw, L.bias]
+        n = sum(m.w.nbytes for m in mats if m is not None) + sum(v.nbytes for v in vecs if v is not None)
+        n += self.embd_table.nbytes // c.n_vocab
+        keys = sum(min(depth + 1, L.window) if L.window else depth + 1 for L in self.layers)
+        return n + keys * 2 * c.kv_dim * 2
+
     def _need_cache(self) -> None:
         if not self.n_ctx:
             self._alloc_cache(min(4096, self.cfg.n_ctx_train))
