@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -82,11 +82,11 @@ def _family_modules(only: str | None):
 
 
 def run_kernel_check(only: str | None = None, compile_only: bool = False,
-                     seed: int | None = None) -> Iterator[str]:
+                     seed: int | None = None, archs: Sequence[str] | None = None) -> Iterator[str]:
     """Yield one line per check; the last line is 'ALL GREEN ...' or 'FAILED ...'.
 
-    compile_only: compile every variant of every family for each arch in
-    memra.compile.ARCHS with NVRTC (no GPU needed)."""
+    compile_only: compile every variant of every family for each arch in `archs` (default
+    memra.compile.ARCHS) with NVRTC (no GPU needed)."""
     from memra.compile import ARCHS, compile_many
 
     failures = 0
@@ -117,7 +117,7 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False,
             yield f"FAIL  {fam}: cannot import {modname}: {e}"
             continue
         if compile_only:
-            jobs = [(f, arch, d) for f, d in mod.compile_variants() for arch in ARCHS]
+            jobs = [(f, arch, d) for f, d in mod.compile_variants() for arch in (archs or ARCHS)]
             for (kernel_file, arch, defines), log, secs in compile_many(jobs):
                 dtext = " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
                 if log is None:
