@@ -74,6 +74,24 @@ static __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
     }
 }
 
+// The keys of token t: [lo, lo + n); the splits: `chunk` keys each, `n_active` non-empty.
+struct KeyRange { int lo, n, chunk, n_active; };
+
+static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
+    KeyRange r;
+#ifdef MEMRA_CANARY
+    const int hi = p;  // kernel-check canary: the token does not see itself
+#else
+    const int hi = p + 1;
+#endif
+    r.lo = window > 0 ? max(0, hi - window) : 0;
+    r.n = hi - r.lo;
+    int chunk = (r.n + S - 1) / S;
+    r.chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    r.n_active = r.chunk > 0 ? (r.n + r.chunk - 1) / r.chunk : 0;
+    return r;
+}
+
 // One block's split: writes its partial (o, m, l) for the G heads of its KV head.
 static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
@@ -89,17 +107,9 @@ static __device__ __forceinline__ void split_body(
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int p = pos[t];
     const int s = seq ? seq[t] : 0;
-#ifdef MEMRA_CANARY
-    const int hi = p;  // kernel-check canary: the token does not see itself
-#else
-    const int hi = p + 1;
-#endif
-    const int lo = window > 0 ? max(0, hi - window) : 0;
-    const int n = hi - lo;
-    int chunk = (n + S - 1) / S;
-    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    const int k0 = lo + split * chunk;
-    const int k1 = min(hi, k0 + chunk);
+    const KeyRange kr = key_range(p, window, S);
+    const int k0 = kr.lo + split * kr.chunk;
+    const int k1 = min(kr.lo + kr.n, k0 + kr.chunk);
     const size_t part0 = ((size_t)t * n_head + (size_t)kvh * G) * S + split;  // head g: + g * S
 
     if (k0 >= k1) {
@@ -108,7 +118,7 @@ static __device__ __forceinline__ void split_body(
             part_ml[(part0 + (size_t)tid * S) * 2] = NEG_INF;
             part_ml[(part0 + (size_t)tid * S) * 2 + 1] = 0.f;
         }
-        return;  // (attn_decode still counts this block: the return leaves split_body only)
+        return;
     }
 
     const size_t row_stride = (size_t)n_kv * D;
@@ -256,12 +266,13 @@ extern "C" __global__ void __launch_bounds__(NT)
     split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
 }
 
-// attn_decode: attn_split, then the last block of each (token, KV head) to finish merges
-// the S partials of its G heads (the order of the merge is fixed: it does not depend on
-// which block came last) and writes out, plus its q8 twin when xq is non-null
-// (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch; the last
-// block puts its counter back to zero, so the buffer stays ready for the next launch and
-// graph replay.
+// attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
+// short context nearly all are empty), then the last of the n_active blocks of each
+// (token, KV head) to finish merges their partials for its G heads, in split order (it
+// does not depend on which block came last), and writes out, plus its q8 twin when xq is
+// non-null (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch;
+// the last block puts its counter back to zero, so the buffer stays ready for the next
+// launch and graph replay.
 extern "C" __global__ void __launch_bounds__(NT)
     attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
                 const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
@@ -274,13 +285,15 @@ extern "C" __global__ void __launch_bounds__(NT)
     __shared__ int s_last;
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
+    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
+    const int n_act = key_range(pos[t], window, S).n_active;
+    if ((int)blockIdx.y >= n_act) return;  // an empty split: nothing to add, nothing to count
     split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
 
-    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     __threadfence();  // this block's partial, visible device-wide before it is counted
     __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == S - 1;
+    if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == n_act - 1;
     __syncthreads();
     if (!s_last) return;
     __threadfence();
@@ -290,12 +303,11 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int g = warp; g < G; g += ATT_WARPS) {
         const float* ml = part_ml + (base + (size_t)g * S) * 2;
         float M = NEG_INF;
-        for (int j = lane; j < S; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
+        for (int j = lane; j < n_act; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
         M = warp_max(M);
         float den = 0.f;
-        for (int j = lane; j < S; j += 32) {
-            float m = __ldcg(ml + 2 * j);
-            float w = m == NEG_INF ? 0.f : expf(m - M);  // empty splits weigh nothing
+        for (int j = lane; j < n_act; j += 32) {
+            float w = expf(__ldcg(ml + 2 * j) - M);
             w_s[g][j] = w;
             den += w * __ldcg(ml + 2 * j + 1);
         }
@@ -308,10 +320,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         const int g = i / D, d = i % D;
         const float* po = part_o + (base + (size_t)g * S) * D + d;
         float num = 0.f;
-        for (int j = 0; j < S; j++) {
-            const float w = w_s[g][j];
-            if (w != 0.f) num += w * __ldcg(po + (size_t)j * D);
-        }
+        for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
         orow[i] = num * inv_den[g];
     }
     if (xq) {

@@ -85,45 +85,35 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     }
     __syncwarp();
 
-    float out[(HEAD_DIM + 31) / 32];
-#pragma unroll
-    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
-        int d = lane + 32 * j;
-        if (d >= HEAD_DIM) break;
-        float r = b[d];
-        if (d < rope_dim) {
-            int half_dim = rope_dim / 2;
-            int i, other;
-            bool first;
-            if (neox) {
-                first = d < half_dim;
-                i = first ? d : d - half_dim;
-                other = first ? d + half_dim : d - half_dim;
-            } else {
-                first = (d % 2) == 0;
-                i = d / 2;
-                other = first ? d + 1 : d - 1;
-            }
-            double sn, cs;
-            sincos((double)p * inv_freq[i], &sn, &cs);
-            float c = (float)cs, sv = (float)sn;
+    // one angle per rotated pair (pair i: dims a, b), then the dims past rope_dim as they are
+    float* qo = q_out + (size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM;
+    uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
+    const bool store = is_q || in_ctx;
+    const int half_dim = rope_dim / 2;
+    for (int i = lane; i < half_dim; i += 32) {
+        const int ia = neox ? i : 2 * i, ib = neox ? i + half_dim : 2 * i + 1;
+        double sn, cs;
+        sincos((double)p * inv_freq[i], &sn, &cs);
+        const float c = (float)cs;
+        float sv = (float)sn;
 #ifdef MEMRA_CANARY
-            sv = -sv;  // kernel-check canary: rotates the wrong way
+        sv = -sv;  // kernel-check canary: rotates the wrong way
 #endif
-            float a = first ? r : b[other];
-            float bb = first ? b[other] : r;
-            r = first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sv))
-                      : __fadd_rn(__fmul_rn(a, sv), __fmul_rn(bb, c));
+        const float a = b[ia], bb = b[ib];
+        const float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sv));
+        const float rb = __fadd_rn(__fmul_rn(a, sv), __fmul_rn(bb, c));
+        if (is_q) {
+            qo[ia] = ra;
+            qo[ib] = rb;
+        } else if (store) {
+            ko[ia] = f32_to_f16(ra);
+            ko[ib] = f32_to_f16(rb);
         }
-        out[j] = r;
     }
-#pragma unroll
-    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
-        int d = lane + 32 * j;
-        if (d >= HEAD_DIM) break;
+    for (int d = rope_dim + lane; d < HEAD_DIM; d += 32) {
         if (is_q)
-            q_out[(size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM + d] = out[j];
-        else if (in_ctx)
-            kcache[kv_row + hh * HEAD_DIM + d] = f32_to_f16(out[j]);
+            qo[d] = b[d];
+        else if (store)
+            ko[d] = f32_to_f16(b[d]);
     }
 }

@@ -19,14 +19,20 @@ import numpy as np
 from memra.errors import MemraError
 
 KERNEL_FILE = "norm.cu"
-THREADS = 256
 TOL = 1e-5
 
 _NULL = np.uint64(0)
 
 
-def _module(g, canary: bool = False):
-    d = {"NORM_THREADS": THREADS}
+def threads_for(n: int) -> int:
+    """Block size for rows of n: one float4 per thread (the kernel is latency-bound: one
+    block per row), between 64 and 1024 threads. A row's reduction order depends on this
+    and n only, so it is the same at any batch."""
+    return int(min(1024, max(64, -(-(n // 4) // 32) * 32)))
+
+
+def _module(g, n: int, canary: bool = False):
+    d = {"NORM_THREADS": threads_for(n)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -51,8 +57,8 @@ def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, p
     _check_f32(x, w, out)
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
-    k = _module(g, canary).kernel("rmsnorm")
-    g.launch(k, (rows,), (THREADS,), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
+    k = _module(g, n, canary).kernel("rmsnorm")
+    g.launch(k, (rows,), (threads_for(n),), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
 
 
@@ -62,8 +68,8 @@ def add_rmsnorm(g, x, delta, w, out, n: int, eps: float, rows: int = 1, w_post=N
     _check_f32(x, delta, w, out, w_post)
     if n % 4 or min(x.size, delta.size, out.size) < rows * n or w.size != n:
         raise MemraError(f"add_rmsnorm: bad sizes (n={n}, rows={rows})")
-    k = _module(g, canary).kernel("add_rmsnorm")
-    g.launch(k, (rows,), (THREADS,),
+    k = _module(g, n, canary).kernel("add_rmsnorm")
+    g.launch(k, (rows,), (threads_for(n),),
              (x, delta, w_post if w_post is not None else _NULL, w, out, np.int32(n),
               np.float32(eps if eps_post is None else eps_post), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
@@ -88,9 +94,12 @@ def reference_add_rmsnorm(x, delta, w, eps, w_post=None, eps_post=None):
 
 # -- kernel-check ------------------------------------------------------------------------
 
+_CHECK_N = (128, 576, 640, 2048, 4096)
+
+
 def compile_variants():
-    return [(KERNEL_FILE, {"NORM_THREADS": THREADS}),
-            (KERNEL_FILE, {"NORM_THREADS": THREADS, "MEMRA_CANARY": 1})]
+    return [(KERNEL_FILE, {"NORM_THREADS": t}) for t in sorted({threads_for(n) for n in _CHECK_N})] + \
+           [(KERNEL_FILE, {"NORM_THREADS": threads_for(640), "MEMRA_CANARY": 1})]
 
 
 def _inputs(rng, rows, n):
