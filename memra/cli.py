@@ -426,3 +426,4 @@ def synth(
 
 from .cli_tune import research_app, tune_app  # noqa: E402  (memra tune …, memra research …)
 app.add_typer(tune_app, name="tune"), app.add_typer(research_app, name="research")
+from . import cli_bench  # noqa: E402,F401  (memra bench, memra kernel-check)
