@@ -73,6 +73,45 @@ def configs(level: str):
             dict(MV_NWARPS=4, MV_ROWS=1, MV_KSPLIT=2, MV_UNROLL=1), dict(MV_NWARPS=4, MV_ROWS=2, MV_KSPLIT=1, MV_UNROLL=2)]
 
 
+def grid2(small: bool):
+    """Second sweep: prefetch on/off over warps x rows x k-split (unroll 1)."""
+    out = []
+    for pf, nw, r, ks in itertools.product((1, 0), (4, 8), (1, 2, 4), (1, 2)):
+        if small and (r == 4 or nw == 8 and ks == 2):
+            continue
+        out.append(dict(MV_NWARPS=nw, MV_ROWS=r, MV_KSPLIT=ks, MV_UNROLL=1, MV_PREFETCH=pf))
+    return out
+
+
+def plan2():
+    plan = []
+    for tn in MAIN_TYPES:
+        for (label, rows, cols, glu) in SHAPES_8B + SHAPES_1B + SHAPES_SMALL:
+            if M.TYPES[M.type_id(tn)][1] == 256 and cols % 256:
+                continue
+            for cfg in grid2(not label.startswith("8b")):
+                plan.append((tn, label, rows, cols, glu, "q8", 1, cfg))
+    for path in ("q8",):
+        for cfg in grid2(True)[:6]:
+            plan.append(("Q6_K", "8b.out", OUT_ROWS, 4096, False, path, 1, cfg))
+    for tn in ("F16", "BF16", "F32"):
+        for (label, rows, cols, glu) in SHAPES_8B:
+            for pf, nw, r, ks in itertools.product((1, 0), (4, 8), (1, 2), (1,)):
+                plan.append((tn, label, rows, cols, glu, "f32", 1,
+                             dict(MV_NWARPS=nw, MV_ROWS=r, MV_KSPLIT=ks, MV_UNROLL=1, MV_PREFETCH=pf)))
+    for (label, rows, cols, glu) in SHAPES_8B:
+        for pf, r in itertools.product((1, 0), (1, 2)):
+            plan.append(("Q4_K", label, rows, cols, glu, "f32", 1,
+                         dict(MV_NWARPS=4, MV_ROWS=r, MV_KSPLIT=1, MV_UNROLL=1, MV_PREFETCH=pf)))
+    for tn in ("Q4_K", "Q4_0", "Q8_0"):
+        for (label, rows, cols, glu) in SHAPES_8B:
+            for nb in (4, 8):
+                for r in (2, 4, 8):
+                    plan.append((tn, label, rows, cols, glu, "q8", nb,
+                                 dict(MV_NWARPS=4, MV_ROWS=r, MV_KSPLIT=1, MV_UNROLL=1, MV_PREFETCH=1)))
+    return plan
+
+
 def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
@@ -118,6 +157,8 @@ def main():
             for path in (("f32",) if M.type_id(tn) in M.FLOAT_TYPES else ("q8", "f32")):
                 for cfg in configs("min")[:2]:
                     plan.append((tn, label, rows, cols, glu, path, 1, cfg))
+    if os.environ.get("PLAN", "2") == "2":
+        plan = plan2()
     # --- compile everything first, in parallel ------------------------------------------
     jobs = {(M.KERNEL_FILE, info.arch, tuple(sorted({"MV_TYPE": M.type_id(p[0]), "MV_B": M.bucket(p[6]), **p[7]}.items())))
             for p in plan}
@@ -232,15 +273,15 @@ def main():
         rows_out.append(rec)
     fout.close()
 
-    # --- PDL on a chain of 8b layer matvecs (Q4_K q8, default config) --------------------
+    # --- PDL on a chain of 8b layer matvecs (best configs of this sweep) -------------------
     try:
-        pdl_rows = pdl_experiment(g, rng)
+        pdl_rows = pdl_experiment(g, rng, rows_out)
         with open(OUT / "matvec_sweep.jsonl", "a") as f:
             for r in pdl_rows:
                 r.update(device=info.name, git_sha=sha)
                 f.write(json.dumps(r) + "\n")
     except Exception as e:
-        log("pdl experiment failed:", e)
+        log("pdl experiment failed:", repr(e))
 
     # --- summary ------------------------------------------------------------------------
     best = {}
@@ -264,26 +305,45 @@ def main():
     log("done")
 
 
-def pdl_experiment(g, rng):
-    """Time 8 x (qkv, o, gateup, down) of llama3-8b Q4_K (q8 path, quantize before each) in
-    one graph, with and without programmatic dependent launch."""
-    t = 12
+LAYER_8B = [("Q4_K", "8b.qkv"), ("Q4_K", "8b.o"), ("Q4_K", "8b.gateup"), ("Q6_K", "8b.down")]
+
+
+def pdl_experiment(g, rng, rows_out):
+    """8 llama3-8b layers' matvecs (qkv, o, gate+up Q4_K; down Q6_K), each after its
+    activation quantization, in one graph: PDL off/on x trigger early/at exit, ABAB."""
+    best = {}
+    for r in rows_out:
+        if r.get("ok") and "median_us" in r and r["batch"] == 1 and r["path"] == "q8":
+            k = (r["type"], r["shape"])
+            if k not in best or r["median_us"] < best[k]["median_us"]:
+                best[k] = r
+    shapes = {lab: (r, c, glu) for (lab, r, c, glu) in SHAPES_8B}
     layers = []
     for _ in range(8):
-        layers.append([M.upload_weight(g, M.random_weight(t, r, c, rng), t) for (_, r, c, _) in SHAPES_8B])
+        layers.append([(tn, lab, M.upload_weight(g, M.random_weight(M.type_id(tn), shapes[lab][0], shapes[lab][1], rng),
+                                                  M.type_id(tn))) for tn, lab in LAYER_8B])
     x = g.to_device(rng.standard_normal((1, 14336)).astype(np.float32))
     xq, xs = g.empty((1, 14336), np.int8), g.empty((1, 14336 // 32), M.Q8_SCALE)
     ys = {lab: g.empty((1, r // 2 if glu else r), np.float32) for (lab, r, c, glu) in SHAPES_8B}
+    total = sum(w.nbytes for ws in layers for _, _, w in ws)
+    jobs = [(M.KERNEL_FILE, g.info.arch, {"MV_TYPE": M.type_id(tn), "MV_B": 1, **best[(tn, lab)]["config"],
+                                          "MV_PDL_TRIGGER": trig})
+            for tn, lab in LAYER_8B if (tn, lab) in best for trig in (0, 1)]
+    list(compile_many(jobs))
     out = []
-    total = sum(w.nbytes for ws in layers for w in ws)
-    for pdl in (False, True, False, True):
+    variants = [(False, 1), (True, 1), (True, 0), (False, 1), (True, 1), (True, 0)]
+    for pdl, trig in variants:
         def step():
             for ws in layers:
-                for w, (lab, r, c, glu) in zip(ws, SHAPES_8B):
+                for tn, lab, w in ws:
+                    r, c, glu = shapes[lab]
+                    cfg = dict(best[(tn, lab)]["config"]) if (tn, lab) in best else None
+                    if cfg is not None:
+                        cfg["MV_PDL_TRIGGER"] = trig
                     xv = x.view(np.float32, (c,), 0)
                     M.quantize_q8(g, xv, xq, xs, 1)
                     M.matvec(g, w, ys[lab], xq=xq.view(np.int8, (c,), 0), xs=xs.view(M.Q8_SCALE, (c // 32,), 0),
-                             nb=1, glu="silu" if glu else None, pdl=pdl)
+                             nb=1, glu="silu" if glu else None, pdl=pdl, config=cfg)
         step()
         g.sync()
         with g.capture() as graph:
@@ -292,9 +352,12 @@ def pdl_experiment(g, rng):
         ms = g.time_ms(graph.launch, reps=30, warmup=3)
         graph.close()
         med = float(np.median(ms))
-        out.append({"schema": "memra.matvec.pdl.v1", "pdl": pdl, "layers": 8, "median_ms": med,
-                    "bytes": int(total), "gbps": total / med / 1e6})
-        log(f"pdl={pdl}: 8 layers {med * 1e3:.1f} us, {total / med / 1e6:.0f} GB/s")
+        out.append({"schema": "memra.matvec.pdl.v1", "pdl": pdl, "trigger": trig, "layers": 8,
+                    "median_ms": med, "p20_ms": float(np.percentile(ms, 20)), "p80_ms": float(np.percentile(ms, 80)),
+                    "bytes": int(total), "gbps": total / med / 1e6,
+                    "configs": {f"{tn} {lab}": best.get((tn, lab), {}).get("config") for tn, lab in LAYER_8B}})
+        log(f"pdl={pdl} trigger={trig}: 8 layers {med * 1e3:.1f} us, {total / med / 1e6:.0f} GB/s "
+            f"({100 * total / med / 1e9 / ROOF * 1e3:.1f}% of 4.3 TB/s)")
     return out
 
 

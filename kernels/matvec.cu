@@ -10,7 +10,7 @@
 // 16-byte aligned, so the quants stream in with 16-byte loads.
 //
 // A lane's unit of work is 64 consecutive-in-storage weights of one row, seen as 4 groups
-// of 16 elements (group g starts at element T::goff(u, g) of the row). Lanes of a warp take
+// of 16 elements (group g starts at element T::goff(u, g, nu) of the row). Lanes of a warp take
 // units lane, lane+32, ... of the row(s) the warp owns; the warp sum gives the row.
 //
 // Two families, same weights:
@@ -31,6 +31,9 @@
 // Tunables (-D): MV_TYPE (ggml type id, required), MV_B (1), MV_NWARPS warps per block (4),
 // MV_ROWS rows per warp (1), MV_KSPLIT warps sharing one row (1; divides MV_NWARPS),
 // MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
+// MV_PREFETCH (1) loads the next unit's weights before using the current ones,
+// MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
+// (the first weights are loaded before MEMRA_PDL_WAIT: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
@@ -52,6 +55,12 @@
 #endif
 #ifndef MV_UNROLL
 #define MV_UNROLL 1
+#endif
+#ifndef MV_PREFETCH
+#define MV_PREFETCH 1
+#endif
+#ifndef MV_PDL_TRIGGER
+#define MV_PDL_TRIGGER 1
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -116,8 +125,8 @@ MEMRA_DEVICE void i8x16(const int* q, float* w, float scale, float mn) {
 struct TQ4_0 {
     static constexpr int BLK = 32, BULK = 16, META = 2;
     struct U { uint4 q[2]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         w.d = ld4(meta + 4 * u);
     }
@@ -149,8 +158,8 @@ struct TQ4_0 {
 struct TQ4_1 {
     static constexpr int BLK = 32, BULK = 16, META = 4;
     struct U { uint4 q[2]; uint4 dm; };   // dm: d0 m0 d1 m1 as two words
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         w.dm.x = ld4(meta + 8 * u); w.dm.y = ld4(meta + 8 * u + 4);
     }
@@ -185,8 +194,8 @@ struct TQ4_1 {
 struct TQ5_0 {
     static constexpr int BLK = 32, BULK = 16, META = 6;
     struct U { uint4 q[2]; uint32_t h[2]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         const uint8_t* m = meta + 12 * u;
         w.d = (uint32_t)ld2(m) | ((uint32_t)ld2(m + 6) << 16);
@@ -224,8 +233,8 @@ struct TQ5_0 {
 struct TQ5_1 {
     static constexpr int BLK = 32, BULK = 16, META = 8;
     struct U { uint4 q[2]; uint4 mh; };   // d0m0, qh0, d1m1, qh1
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         w.mh = ld16(meta + 16 * u);
     }
@@ -263,8 +272,8 @@ struct TQ5_1 {
 struct TQ8_0 {
     static constexpr int BLK = 32, BULK = 32, META = 2;
     struct U { uint4 q[4]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) w.q[i] = ld16(bulk + 64 * u + 16 * i);
         w.d = ld4(meta + 4 * u);
@@ -310,8 +319,8 @@ MEMRA_DEVICE void scale_min_k4(const uint4& meta, int j, int& sc, int& mn) {
 struct TQ4_K {
     static constexpr int BLK = 256, BULK = 128, META = 16;
     struct U { uint4 q[2]; uint4 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         w.m = ld16(meta + 16 * (u >> 2));
         w.j = u & 3;
@@ -350,8 +359,8 @@ struct TQ4_K {
 struct TQ5_K {
     static constexpr int BLK = 256, BULK = 160, META = 16;
     struct U { uint4 q[2]; uint4 h[2]; uint4 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         const uint8_t* blk = bulk + 160 * (u >> 2);
         w.j = u & 3;
         w.q[0] = ld16(blk + 32 + 32 * w.j); w.q[1] = ld16(blk + 48 + 32 * w.j);
@@ -397,11 +406,11 @@ struct TQ5_K {
 struct TQ6_K {
     static constexpr int BLK = 256, BULK = 192, META = 18;
     struct U { uint4 a, b, h; int sc; float d; };
-    static MEMRA_DEVICE int goff(int u, int g) {
+    static MEMRA_DEVICE int goff(int u, int g, int) {
         const int j = u & 3;
         return 256 * (u >> 2) + 128 * (j >> 1) + 32 * g + 16 * (j & 1);
     }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         const int j = u & 3, n = j >> 1, l0 = 16 * (j & 1);
         const uint8_t* blk = bulk + 192 * (u >> 2);
         w.a = ld16(blk + 64 * n + l0);
@@ -442,8 +451,8 @@ struct TQ6_K {
 struct TIQ4_XS {
     static constexpr int BLK = 256, BULK = 128, META = 8;
     struct U { uint4 q[2]; uint2 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
         w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
         w.m = __ldg(reinterpret_cast<const uint2*>(meta + 8 * (u >> 2)));
         w.j = u & 3;
@@ -483,14 +492,26 @@ struct TIQ4_XS {
     }
 };
 
-// F32 (0), F16 (1), BF16 (30): plain row-major rows; float family only.
+// F32 (0), F16 (1), BF16 (30): plain row-major rows; float family only. Units are
+// interleaved across the warp by groups so that one 16-byte load instruction of the warp
+// covers a contiguous span: tile t = u / 32 holds 32 units (W = 32, fewer in a last partial
+// tile) of 64 elements, group-major: group g of unit u starts at element
+// 2048 t + (g W + u % 32) 16.
+MEMRA_DEVICE int goff_tiled(int u, int g, int nu) {
+    const int t = u >> 5;
+    const int W = min(32, nu - 32 * t);
+    return 2048 * t + (g * W + (u & 31)) * 16;
+}
+
 struct TF32 {
     static constexpr int BLK = 1, BULK = 4, META = 0;
     struct U { uint4 q[16]; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t*, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int nu) { return goff_tiled(u, g, nu); }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t*, int u, int nu) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) w.q[i] = ld16(bulk + 256 * u + 16 * i);
+        for (int g = 0; g < 4; ++g)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w.q[4 * g + i] = ld16(bulk + 4 * goff(u, g, nu) + 16 * i);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
 #pragma unroll
@@ -506,10 +527,13 @@ template <bool BF>
 struct THalf {
     static constexpr int BLK = 1, BULK = 2, META = 0;
     struct U { uint4 q[8]; };
-    static MEMRA_DEVICE int goff(int u, int g) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t*, int u) {
+    static MEMRA_DEVICE int goff(int u, int g, int nu) { return goff_tiled(u, g, nu); }
+    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t*, int u, int nu) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) w.q[i] = ld16(bulk + 128 * u + 16 * i);
+        for (int g = 0; g < 4; ++g) {
+            w.q[2 * g] = ld16(bulk + 2 * goff(u, g, nu));
+            w.q[2 * g + 1] = ld16(bulk + 2 * goff(u, g, nu) + 16);
+        }
     }
     static MEMRA_DEVICE float cvt(uint32_t h) { return BF ? bf16_to_f32((uint16_t)h) : f16_to_f32((uint16_t)h); }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
@@ -643,16 +667,28 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     for (int r = 0; r < NR; ++r)
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
-    MEMRA_PDL_WAIT();
-    const int nu = K / 64;
-#pragma unroll MV_UNROLL
-    for (int u = (warp % MV_KSPLIT) * 32 + lane; u < nu; u += 32 * MV_KSPLIT) {
-#if MEMRA_CANARY == 1
-        if (u == 1) continue;
-#endif
-        typename T::U w[NR];
+    const int nu = K / 64, ustep = 32 * MV_KSPLIT;
+    int u = (warp % MV_KSPLIT) * 32 + lane;
+    typename T::U w[NR];
+    // the first weights are loaded before the PDL wait: no kernel writes weights
+    if (u < nu) {
 #pragma unroll
-        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u);
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
+    }
+    MEMRA_PDL_WAIT();
+#if MV_PDL_TRIGGER
+    MEMRA_PDL_LAUNCH();
+#endif
+#pragma unroll MV_UNROLL
+    for (; u < nu; u += ustep) {
+#if MV_PREFETCH
+        typename T::U wn[NR];
+        if (u + ustep < nu) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
+        }
+#endif
+        if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
             if (b < nb) {
@@ -660,7 +696,7 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                 Q8Scale sv[4];
 #pragma unroll
                 for (int g = 0; g < 4; ++g) {
-                    const int e = T::goff(u, g);
+                    const int e = T::goff(u, g, nu);
                     xv[g] = __ldg(reinterpret_cast<const int4*>(xq + (size_t)b * K + e));
                     const int2 t = __ldg(reinterpret_cast<const int2*>(xs + (size_t)b * (K / 32) + e / 32));
                     sv[g].d = __int_as_float(t.x); sv[g].s = t.y;
@@ -669,6 +705,16 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                 for (int r = 0; r < NR; ++r) acc[r][b] += T::dot_q8(w[r], xv, sv);
             }
         }
+        }
+#if MV_PREFETCH
+#pragma unroll
+        for (int r = 0; r < NR; ++r) w[r] = wn[r];
+#else
+        if (u + ustep < nu) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u + ustep, nu);
+        }
+#endif
     }
     finish<B, GLU>(acc, y, res, row0, N, nb, act);
 }
@@ -696,19 +742,30 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     for (int r = 0; r < NR; ++r)
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
-    MEMRA_PDL_WAIT();
-    const int nu = K / 64;
-#pragma unroll MV_UNROLL
-    for (int u = (warp % MV_KSPLIT) * 32 + lane; u < nu; u += 32 * MV_KSPLIT) {
-#if MEMRA_CANARY == 1
-        if (u == 1) continue;
-#endif
-        typename T::U w[NR];
+    const int nu = K / 64, ustep = 32 * MV_KSPLIT;
+    int u = (warp % MV_KSPLIT) * 32 + lane;
+    typename T::U w[NR];
+    if (u < nu) {   // before the PDL wait: no kernel writes weights
 #pragma unroll
-        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u);
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
+    }
+    MEMRA_PDL_WAIT();
+#if MV_PDL_TRIGGER
+    MEMRA_PDL_LAUNCH();
+#endif
+#pragma unroll MV_UNROLL
+    for (; u < nu; u += ustep) {
+#if MV_PREFETCH
+        typename T::U wn[NR];
+        if (u + ustep < nu) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
+        }
+#endif
+        if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
-            const int e = T::goff(u, g);
+            const int e = T::goff(u, g, nu);
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
                 float wf[16];
@@ -731,6 +788,16 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
                 }
             }
         }
+        }
+#if MV_PREFETCH
+#pragma unroll
+        for (int r = 0; r < NR; ++r) w[r] = wn[r];
+#else
+        if (u + ustep < nu) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u + ustep, nu);
+        }
+#endif
     }
     finish<B, GLU>(acc, y, res, row0, N, nb, act);
 }

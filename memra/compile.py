@@ -209,7 +209,14 @@ def compile_many(jobs: list[tuple[str, str, dict]], workers: int | None = None):
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
+    from concurrent.futures.process import BrokenProcessPool
+
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
-        for j, r in zip(jobs, ex.map(_compile_job, jobs)):
-            yield (j, *r)
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
+            results = list(ex.map(_compile_job, jobs))
+    except BrokenProcessPool:  # e.g. a __main__ that spawned workers cannot re-import
+        log.warning("parallel compile unavailable here; compiling %d kernels one by one", len(jobs))
+        results = [_compile_job(j) for j in jobs]
+    for j, r in zip(jobs, results):
+        yield (j, *r)

@@ -160,14 +160,21 @@ def upload_weight(g, data, ggml_type) -> Weight:
 # ---------------------------------------------------------------------------------------
 # launchers
 
-def default_config(ggml_type: int, path: str, N: int, K: int, nb: int) -> dict:
-    """Built-in tunables (the tuning table overrides them). Chosen from (type, path, N, K,
-    batch bucket); MV_KSPLIT from (N, K) only, so a row sums in the same order at any batch."""
+def default_config(ggml_type: int, path: str, N: int, K: int, nb: int, glu: bool = False) -> dict:
+    """Built-in tunables (a tuning table overrides them), from the H200 sweep in
+    research/matvec-h200-*.jsonl. MV_KSPLIT depends on (type, K) only, so a row sums in
+    the same order at every batch size (batch invariance)."""
     b = bucket(nb)
-    cfg = {"MV_NWARPS": 4, "MV_ROWS": 1, "MV_KSPLIT": 1, "MV_UNROLL": 1}
-    if N <= 2048 and K >= 4096:
-        cfg["MV_KSPLIT"] = 2
-    return cfg
+    ks = 2 if K >= 8192 and ggml_type != 8 else 1
+    if path == "f32" or ggml_type in FLOAT_TYPES:
+        return {"MV_NWARPS": 4, "MV_ROWS": 1, "MV_KSPLIT": ks, "MV_UNROLL": 1}
+    if b > 1:
+        return {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": ks, "MV_UNROLL": 1}
+    if K <= 1024:
+        return {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": ks, "MV_UNROLL": 1}
+    if glu or ggml_type == 8:
+        return {"MV_NWARPS": 4, "MV_ROWS": 1, "MV_KSPLIT": ks, "MV_UNROLL": 1}
+    return {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": ks, "MV_UNROLL": 1}
 
 
 def _module(g, ggml_type: int, b: int, config: dict, canary: int = 0):
@@ -228,7 +235,7 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
     for b0 in range(0, nb, chunk):
         n = min(chunk, nb - b0)
         b = bucket(n)
-        cfg = config or default_config(w.ggml_type, "q8" if q8 else "f32", N, K, n)
+        cfg = config or default_config(w.ggml_type, "q8" if q8 else "f32", N, K, n, bool(glu))
         name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
         k = _module(g, w.ggml_type, b, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
@@ -312,15 +319,36 @@ def random_weight(ggml_type: int, rows: int, K: int, rng: np.random.Generator) -
 _CHECK_N, _CHECK_K = 203, 768
 
 
+# shapes (N, K) whose default configs the checks run: the small check shape, and two that
+# reach the large-K (split-K) and mid-K (8 warps, 2 rows) defaults
+_CHECK_SHAPES = ((_CHECK_N, _CHECK_K), (96, 8192), (96, 2048))
+_WIDE_TYPES = (12, 2, 8, 14, 1)
+
+
+def _check_configs():
+    """(type, bucket, config) of every default the checks launch."""
+    seen = []
+    for t in TYPES:
+        shapes = _CHECK_SHAPES if t in _WIDE_TYPES else _CHECK_SHAPES[:1]
+        for (n, k) in shapes:
+            for b in BUCKETS:
+                for path in (("f32",) if t in FLOAT_TYPES else ("q8", "f32") if b == 1 else ("q8",)):
+                    for glu in (False, True):
+                        item = (t, b, default_config(t, path, n, k, b, glu))
+                        if item not in seen:
+                            seen.append(item)
+    return seen
+
+
 def compile_variants() -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = [(Q8_FILE, {"Q8_WARPS": Q8_WARPS}),
                                    (Q8_FILE, {"Q8_WARPS": Q8_WARPS, "MEMRA_CANARY": 2})]
-    for t in TYPES:
-        for b in BUCKETS:
-            out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b,
-                                      **default_config(t, "q8", _CHECK_N, _CHECK_K, b)}))
+    for t, b, cfg in _check_configs():
+        out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 4, **_ALT}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **_ALT}))
+    out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", 96, 2048, 1),
+                              "MV_PREFETCH": 0, "MV_PDL_TRIGGER": 0}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", _CHECK_N, _CHECK_K, 1),
                               "MEMRA_CANARY": 1}))
     out.append((KERNEL_FILE, {"MV_TYPE": 14, "MV_B": 1, **default_config(14, "f32", _CHECK_N, _CHECK_K, 1),
@@ -409,6 +437,17 @@ def checks(g, rng) -> Iterator:
     yield alt.run(f"Q4_K q8 B4 nb=4 77x2048 {_ALT}", "q8", 4, residual=True, config=_ALT)
     alt = _Case(g, 12, 77, 2048, rng, nb=1)
     yield alt.run(f"Q4_K f32 B1 nb=1 77x2048 {_ALT}", "f32", 1, residual=True, config=_ALT)
+    # the large-K and mid-K default configurations (and prefetch off, PDL trigger off)
+    for t in _WIDE_TYPES:
+        tname = TYPES[t][0]
+        for (n, k) in _CHECK_SHAPES[1:]:
+            for nb in (1, 5):
+                c = _Case(g, t, n, k, rng, nb=nb)
+                for path in (("f32",) if t in FLOAT_TYPES else ("q8", "f32") if nb == 1 else ("q8",)):
+                    yield c.run(f"{tname} {path} nb={nb} {n}x{k}", path, nb)
+    c = _Case(g, 12, 96, 2048, rng, nb=1)
+    cfg = dict(default_config(12, "q8", 96, 2048, 1), MV_PREFETCH=0, MV_PDL_TRIGGER=0)
+    yield c.run(f"Q4_K q8 B1 96x2048 {cfg}", "q8", 1, config=cfg)
     # f32 path on quantized weights at batch > 1 (one B=1 launch per row)
     c = _Case(g, 6, 64, 512, rng, nb=3)
     yield c.run("Q5_0 f32 nb=3 (row by row) 64x512", "f32", 1)
@@ -447,7 +486,7 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
 
 class _TuneCase:
     def __init__(self, g, glu, variant, t, rows, K, nb, config, rng, rotate_bytes):
-        cfg = default_config(t, variant, rows // 2 if glu else rows, K, nb)
+        cfg = default_config(t, variant, rows // 2 if glu else rows, K, nb, glu)
         cfg.update({k: int(v) for k, v in (config or {}).items() if k.startswith("MV_")})
         self.g, self.glu, self.variant, self.t, self.nb, self.cfg = g, glu, variant, t, nb, cfg
         self.N = rows // 2 if glu else rows
