@@ -198,12 +198,16 @@ def test_tiny_model_runs_in_llama_cpp(arch, tiny_models, peer_cls):
 
 
 @pytest.mark.parity
-def test_copied_tokenizer_tokenizes_like_its_source(tiny_models, peer_cls):
-    text = "Héllo 🤖 wörld <|im_start|>user\n  def f(x):\treturn x**2  # 12345"
-    with peer_cls(aliases.resolve("smollm2-135m"), n_ctx=256) as p:
+@pytest.mark.parametrize("source,arch,special", [("smollm2-135m", "qwen3", "<|im_start|>"),
+                                                 ("gemma3-270m", "gemma3", "<start_of_turn>")])
+def test_copied_tokenizer_tokenizes_like_its_source(tiny_models, peer_cls, source, arch, special):
+    text = f"Héllo 🤖 wörld {special}user\n  def f(x):\treturn x**2  # 12345"
+    with peer_cls(aliases.resolve(source), n_ctx=256) as p:
         want = p.tokenize(text)
-    with peer_cls(tiny_models("qwen3"), n_ctx=256) as p:
+    with peer_cls(tiny_models(arch, tokenizer_from=source), n_ctx=256) as p:
         assert p.tokenize(text) == want
+        r = p.complete(want, 4, n_probs=2)
+    assert len(r["ids"]) == 4 and all(math.isfinite(lp) for top in r["top"] if top for _, lp in top)
 
 
 @pytest.mark.parity
