@@ -38,7 +38,7 @@ import os
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -69,7 +69,7 @@ class Shape:
     norm_eps: float = 1e-5
     sliding_window: int = 0  # gemma3: window of the local layers
     tied: bool = False  # no output.weight: the head reuses token_embd
-    rope_freqs: str | None = None  # "llama3": Llama-3.1 factors; "random": factors in [1, 4]
+    rope_freqs: bool = False  # a rope_freqs.weight tensor (per-frequency divisors, random in [1, 4])
 
     @property
     def head_size(self) -> int:
@@ -96,7 +96,7 @@ SHAPES: dict[str, Shape] = {
     # exercising its architecture's special paths (rope factors, QKV bias, head_dim !=
     # n_embd/n_head, Q/K norms, a sliding window crossed within a few dozen tokens and a
     # global layer after five local ones, K-quant rows, fallback rows)
-    "tiny-llama": Shape("llama", 256, 4, 4, 2, 512, rope_freqs="random"),
+    "tiny-llama": Shape("llama", 256, 4, 4, 2, 512, rope_freqs=True),
     "tiny-qwen2": Shape("qwen2", 128, 3, 4, 2, 384, rope_base=1e6, norm_eps=1e-6, tied=True),
     "tiny-qwen3": Shape("qwen3", 256, 4, 4, 2, 768, head_dim=128, rope_base=1e6, norm_eps=1e-6),
     "tiny-gemma3": Shape("gemma3", 128, 7, 4, 1, 512, head_dim=64, rope_base=1e6, norm_eps=1e-6,
@@ -407,24 +407,12 @@ def random_blocks(ggml_type: T, n_elements: int, sigma: float, seed) -> np.ndarr
     return raw
 
 
-def _vector(tp: TensorPlan, seed, shape: Shape) -> np.ndarray:
+def _vector(tp: TensorPlan, seed) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = tp.shape[0]
-    if tp.kind == "rope_freqs" and shape.rope_freqs == "llama3":
-        return _llama3_rope_factors(n * 2, shape.rope_base)
-    if tp.kind == "rope_freqs":  # random factors: every frequency is rescaled, so a forward
+    if tp.kind == "rope_freqs":  # random divisors: every frequency is rescaled, so a forward
         return rng.uniform(1.0, 4.0, n).astype(np.float32)  # pass that ignores them diverges
     return (tp.center + tp.sigma * (2 * rng.random(n, dtype=np.float32) - 1)).astype(np.float32)
-
-
-def _llama3_rope_factors(head_dim: int, base: float, factor=8.0, low=1.0, high=4.0, orig_ctx=8192):
-    """Llama-3.1's per-frequency divisors (as its converter writes rope_freqs.weight)."""
-    freqs = base ** -(np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / freqs
-    smooth = (orig_ctx / wavelen - low) / (high - low)
-    f = np.where(wavelen < orig_ctx / high, 1.0,
-                 np.where(wavelen > orig_ctx / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
-    return f.astype(np.float32)
 
 
 # -- tokenizer ------------------------------------------------------------------------------
@@ -552,7 +540,7 @@ def synth(out_path, arch: str | None, shape: str, quant: str, seed: int = 0,
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        _write_data(w, tensors, s, seed, threads or len(os.sched_getaffinity(0)))
+        _write_data(w, tensors, seed, threads or len(os.sched_getaffinity(0)))
     except BaseException:
         w.close()
         out_path.unlink(missing_ok=True)
@@ -563,11 +551,11 @@ def synth(out_path, arch: str | None, shape: str, quant: str, seed: int = 0,
     return out_path
 
 
-def _write_data(w: GGUFWriter, tensors: list[TensorPlan], shape: Shape, seed: int, threads: int) -> None:
+def _write_data(w: GGUFWriter, tensors: list[TensorPlan], seed: int, threads: int) -> None:
     def make(ti: int, tp: TensorPlan):
         """Allocate the tensor and submit its chunks; returns (buffer, futures)."""
         if len(tp.shape) == 1:
-            return _vector(tp, (seed, ti), shape).view(np.uint8), []
+            return _vector(tp, (seed, ti)).view(np.uint8), []
         buf = np.empty(tp.n_bytes, np.uint8)
         row_bytes = tp.n_bytes // tp.shape[0]
         futs = []
