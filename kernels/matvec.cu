@@ -31,9 +31,11 @@
 // Tunables (-D): MV_TYPE (ggml type id, required), MV_B (1), MV_NWARPS warps per block (4),
 // MV_ROWS rows per warp (1), MV_KSPLIT warps sharing one row (1; divides MV_NWARPS),
 // MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
-// MV_PREFETCH (1) loads the next unit's weights before using the current ones,
+// MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
+// registers; MV_UNROLL 2 lets the compiler hoist the same loads),
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
-// (the first weights are loaded before MEMRA_PDL_WAIT: weights are never written by kernels),
+// (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
+// prefetched into L2: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
@@ -57,7 +59,7 @@
 #define MV_UNROLL 1
 #endif
 #ifndef MV_PREFETCH
-#define MV_PREFETCH 1
+#define MV_PREFETCH 0
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -88,6 +90,7 @@ MEMRA_DEVICE uint4 ld16(const uint8_t* p) {
     return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
 }
+MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 MEMRA_DEVICE uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 MEMRA_DEVICE uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
 MEMRA_DEVICE uint32_t ld4u16(const uint8_t* p) {   // 4 bytes at a 2-byte aligned address
@@ -669,12 +672,23 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
     const int nu = K / 64, ustep = 32 * MV_KSPLIT;
     int u = (warp % MV_KSPLIT) * 32 + lane;
+    // Weights are never written by kernels, so they may be touched before the PDL wait:
+    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
+#if MV_PREFETCH
     typename T::U w[NR];
-    // the first weights are loaded before the PDL wait: no kernel writes weights
     if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
+#else
+    if (u < nu) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            prefetch_l2(wb[r] + (size_t)u * 64 * T::BULK / T::BLK);
+            if (T::META) prefetch_l2(wm[r] + (size_t)u * 64 * T::META / T::BLK);
+        }
+    }
+#endif
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
@@ -687,6 +701,10 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #pragma unroll
             for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
         }
+#else
+        typename T::U w[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
 #endif
         if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
@@ -709,11 +727,6 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #if MV_PREFETCH
 #pragma unroll
         for (int r = 0; r < NR; ++r) w[r] = wn[r];
-#else
-        if (u + ustep < nu) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u + ustep, nu);
-        }
 #endif
     }
     finish<B, GLU>(acc, y, res, row0, N, nb, act);
@@ -744,11 +757,23 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         for (int b = 0; b < B; ++b) acc[r][b] = 0.f;
     const int nu = K / 64, ustep = 32 * MV_KSPLIT;
     int u = (warp % MV_KSPLIT) * 32 + lane;
+    // Weights are never written by kernels, so they may be touched before the PDL wait:
+    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
+#if MV_PREFETCH
     typename T::U w[NR];
-    if (u < nu) {   // before the PDL wait: no kernel writes weights
+    if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
+#else
+    if (u < nu) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            prefetch_l2(wb[r] + (size_t)u * 64 * T::BULK / T::BLK);
+            if (T::META) prefetch_l2(wm[r] + (size_t)u * 64 * T::META / T::BLK);
+        }
+    }
+#endif
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
@@ -761,6 +786,10 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
 #pragma unroll
             for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
         }
+#else
+        typename T::U w[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
 #endif
         if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
@@ -792,11 +821,6 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
 #if MV_PREFETCH
 #pragma unroll
         for (int r = 0; r < NR; ++r) w[r] = wn[r];
-#else
-        if (u + ustep < nu) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u + ustep, nu);
-        }
 #endif
     }
     finish<B, GLU>(acc, y, res, row0, N, nb, act);
