@@ -541,9 +541,11 @@ def synth(out_path, arch: str | None, shape: str, quant: str, seed: int = 0,
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         _write_data(w, tensors, seed, threads or len(os.sched_getaffinity(0)))
-    except BaseException:
+    except BaseException as e:
         w.close()
         out_path.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise SynthError(f"{out_path}: cannot write: {e.strerror or e}") from None
         raise
     w.close()
     log.info("synth: wrote %s (%s %s %s, %d tensors, %.2f GB) in %.1f s", out_path, arch, shape, quant,

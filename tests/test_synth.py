@@ -77,6 +77,8 @@ def test_bad_arguments_raise_memra_errors(tmp_path):
         with pytest.raises(MemraError):
             synth.synth(tmp_path / "x.gguf", *args)
         assert not (tmp_path / "x.gguf").exists()
+    with pytest.raises(MemraError, match="cannot write"):
+        synth.synth(tmp_path / "no-such-dir" / "x.gguf", "llama", "tiny", "Q4_0")
 
 
 # -- tensor types: llama.cpp's quantizer ------------------------------------------------------
