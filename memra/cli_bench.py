@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from .cli import _fail, app, command, err, log
@@ -82,18 +83,21 @@ def _ratio_key(r: dict) -> tuple:
 
 
 def _print_table(rows: list[dict]) -> None:
-    t = Table(header_style="bold", box=None, pad_edge=False)
-    for c in ("engine", "model", "size", "test", "t/s (median ± sd)", "mean t/s", "GB/s", "% bw", "× llama.cpp"):
-        t.add_column(c, justify="left" if c in ("engine", "model", "test") else "right")
     llama = {_ratio_key(r): r for r in rows if r["engine"] == "llama.cpp"}
+    cols = ["engine", "model", "test", "t/s median", "± sd", "mean", "GB/s", "% bw"] + (["× llama.cpp"] if llama else [])
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("engine", "model", "test") else "right", no_wrap=True)
     for r in rows:
         other = llama.get(_ratio_key(r)) if r["engine"] == "memra" else None
-        t.add_row(r["engine"], r["model"], f"{r['model_size'] / 2**30:.2f} GiB", r["test"],
-                  f"{r['median_ts']:.2f} ± {r['stddev_ts']:.2f}", f"{r['avg_ts']:.2f}",
-                  "-" if r["gbps"] is None else f"{r['gbps']:.0f}",
-                  "-" if r["pct_bw"] is None else f"{r['pct_bw']:.1f}",
-                  f"{r['median_ts'] / other['median_ts']:.2f}" if other else "")
-    err.print(t)
+        cells = [r["engine"], r["model"], r["test"], f"{r['median_ts']:.2f}", f"{r['stddev_ts']:.2f}",
+                 f"{r['avg_ts']:.2f}", "-" if r["gbps"] is None else f"{r['gbps']:.0f}",
+                 "-" if r["pct_bw"] is None else f"{r['pct_bw']:.1f}"]
+        if llama:
+            cells.append(f"{r['median_ts'] / other['median_ts']:.2f}" if other else "")
+        t.add_row(*cells)
+    # captured output (a device run's log) is not cut at rich's 80-column default
+    (err if err.is_terminal else Console(stderr=True, highlight=False, width=200)).print(t)
 
 
 @app.command()
@@ -165,8 +169,8 @@ def bench(
     rows = B.run(engine, common=common, cells=cells, reps=reps, bw_bytes_s=bw, gate=gate.verdict, out=out,
                  gguf=path, llama_bench=str(llama_bench) if vs else None, seed=seed, on_receipt=emit)
     _print_table(rows)
-    err.print(f"[dim]{len(rows)} receipts appended to {out} · {common['device']} · copy bandwidth "
-              f"{bw / 1e9:.0f} GB/s · table {label} · git {common['git_sha']}[/dim]")
+    print(f"{len(rows)} receipts appended to {out} · {common['device']} · copy bandwidth {bw / 1e9:.0f} GB/s "
+          f"· matvec {common['matvec_path']} · table {label} · git {common['git_sha']}", file=sys.stderr, flush=True)
     if gate.verdict == "MISMATCH":
         _fail("argmax gate MISMATCH: prefill and decode disagree, the figures above are void "
               "(their receipts say gate MISMATCH)")
