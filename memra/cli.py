@@ -252,6 +252,12 @@ def run(
             sys.stdout.write(ev.text)
             sys.stdout.flush()
     t = final.timings
+    gbs = pct = None
+    if device == "gpu" and t.decode_tok_s:
+        # decode is memory-bound: bytes one step reads (at the mean depth) x steps per second
+        depth = t.n_prompt + t.n_gen // 2
+        gbs = engine.bytes_per_token(depth) * t.decode_tok_s / 1e9
+        pct = 100.0 * gbs * 1e9 / engine.g.copy_bandwidth()
     if as_json:
         doc = {
             "model": name, "path": str(path), "device": device, "chat": chat,
@@ -260,6 +266,7 @@ def run(
             "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_ctx": n_ctx,
             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
             "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
+            "decode_gb_s": gbs, "bandwidth_pct": pct,
             "gate": asdict(gate) if gate is not None else None,
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
         }
@@ -269,7 +276,8 @@ def run(
     sys.stdout.flush()
     pf = f"{t.prefill_tok_s:.1f} tok/s" if t.prefill_tok_s else "-"
     dc = f"{t.decode_tok_s:.1f} tok/s" if t.decode_tok_s else "-"
-    err.print(f"[dim]{device}: prefill {t.n_prompt} tok {pf} · decode {t.n_gen} tok {dc} · "
+    bw = f" · {gbs:.0f} GB/s ({pct:.0f}% of copy bandwidth)" if gbs else ""
+    err.print(f"[dim]{device}: prefill {t.n_prompt} tok {pf} · decode {t.n_gen} tok {dc}{bw} · "
               f"{final.finish_reason} · seed {sampler.seed}[/dim]")
 
 
