@@ -10,7 +10,9 @@ Timing: a CUDA graph of LAUNCHES launches cycling through enough weight copies t
 2x L2 (capped), CUDA events around each replay, median over REPS replays, per-launch time
 = replay time / LAUNCHES. Every config is checked against the reference before it is timed.
 
-Options (env): SWEEP=quick|full (full: all configs on the 4 main types), DEADLINE_S (250).
+Options (env): PLAN=1|2|3 (which sweep: 1 = first config grid, 2 = prefetch/PDL grid,
+3 = shared-memory activations vs defaults, the default), SWEEP=quick|full (plan 1),
+DEADLINE_S (250).
 """
 
 from __future__ import annotations
@@ -112,6 +114,29 @@ def plan2():
     return plan
 
 
+def plan3():
+    """Third sweep: activations staged in shared memory (MV_XSMEM) against the built-in
+    defaults, batch 1 and batched."""
+    plan = []
+    xs = [dict(MV_NWARPS=nw, MV_ROWS=r, MV_KSPLIT=1, MV_UNROLL=1, MV_XSMEM=1)
+          for nw, r in ((4, 2), (8, 2), (8, 4), (16, 2), (16, 4))]
+    for tn in MAIN_TYPES:
+        t = M.type_id(tn)
+        for (label, rows, cols, glu) in SHAPES_8B + SHAPES_1B + SHAPES_SMALL:
+            if M.TYPES[t][1] == 256 and cols % 256:
+                continue
+            n = rows // 2 if glu else rows
+            for nb in (1, 4, 8):
+                if nb > 1 and not label.startswith("8b"):
+                    continue
+                base = M.default_config(t, "q8", n, cols, nb, glu)
+                for cfg in [base, dict(base, MV_UNROLL=2)] + xs:
+                    plan.append((tn, label, rows, cols, glu, "q8", nb, cfg))
+    for cfg in xs[:3]:
+        plan.append(("Q6_K", "8b.out", OUT_ROWS, 4096, False, "q8", 1, cfg))
+    return plan
+
+
 def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
@@ -157,8 +182,11 @@ def main():
             for path in (("f32",) if M.type_id(tn) in M.FLOAT_TYPES else ("q8", "f32")):
                 for cfg in configs("min")[:2]:
                     plan.append((tn, label, rows, cols, glu, path, 1, cfg))
-    if os.environ.get("PLAN", "2") == "2":
+    which = os.environ.get("PLAN", "3")
+    if which == "2":
         plan = plan2()
+    elif which == "3":
+        plan = plan3()
     # --- compile everything first, in parallel ------------------------------------------
     jobs = {(M.KERNEL_FILE, info.arch, tuple(sorted({"MV_TYPE": M.type_id(p[0]), "MV_B": M.bucket(p[6]), **p[7]}.items())))
             for p in plan}

@@ -38,8 +38,11 @@
 // prefetched into L2: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
+// MV_XSMEM (0; q8 family) stages the block's activations in shared memory, tile-interleaved
+// (the strided activation loads, not DRAM, bound the plain q8 kernel: see research/matvec.md).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
-// no dynamic shared memory. K must be a multiple of 64 (and of the type's block size).
+// dynamic shared memory 0, or with MV_XSMEM nb * ceil(K / 2048) * 3072 bytes.
+// K must be a multiple of 64 (and of the type's block size).
 #include "common.cuh"
 #include "q8.cuh"
 
@@ -60,6 +63,9 @@
 #endif
 #ifndef MV_PREFETCH
 #define MV_PREFETCH 0
+#endif
+#ifndef MV_XSMEM
+#define MV_XSMEM 0
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -693,6 +699,24 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
 #endif
+#if MV_XSMEM
+    // Stage x in shared memory, tile-interleaved: the 16 values of unit u, group g sit at
+    // chunk (u / 32) * 128 + g * 32 + u % 32, so a warp's read of one group is 512
+    // contiguous bytes (no bank conflicts, 4 wavefronts) instead of 16 strided lines.
+    extern __shared__ __align__(16) uint8_t mv_smem[];
+    const int ntile = (nu + 31) >> 5;
+    int8_t* sxq = reinterpret_cast<int8_t*>(mv_smem);                      // nb x ntile x 2048 B
+    int2* sxs = reinterpret_cast<int2*>(mv_smem + (size_t)nb * ntile * 2048); // nb x ntile x 128 x 8 B
+    for (int i = threadIdx.x; i < nb * nu * 4; i += blockDim.x) {
+        const int b = i / (nu * 4), ug = i - b * nu * 4, uu = ug >> 2, g = ug & 3;
+        const int e = T::goff(uu, g, nu);
+        const int c = (uu >> 5) * 128 + g * 32 + (uu & 31);
+        reinterpret_cast<int4*>(sxq)[(size_t)b * ntile * 128 + c] =
+            __ldg(reinterpret_cast<const int4*>(xq + (size_t)b * K + e));
+        sxs[(size_t)b * ntile * 128 + c] = __ldg(reinterpret_cast<const int2*>(xs + (size_t)b * (K / 32) + e / 32));
+    }
+    __syncthreads();
+#endif
 #pragma unroll MV_UNROLL
     for (; u < nu; u += ustep) {
 #if MV_PREFETCH
@@ -714,9 +738,15 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                 Q8Scale sv[4];
 #pragma unroll
                 for (int g = 0; g < 4; ++g) {
+#if MV_XSMEM
+                    const size_t c = (size_t)b * ntile * 128 + (u >> 5) * 128 + g * 32 + (u & 31);
+                    xv[g] = reinterpret_cast<const int4*>(sxq)[c];
+                    const int2 t = sxs[c];
+#else
                     const int e = T::goff(u, g, nu);
                     xv[g] = __ldg(reinterpret_cast<const int4*>(xq + (size_t)b * K + e));
                     const int2 t = __ldg(reinterpret_cast<const int2*>(xs + (size_t)b * (K / 32) + e / 32));
+#endif
                     sv[g].d = __int_as_float(t.x); sv[g].s = t.y;
                 }
 #pragma unroll

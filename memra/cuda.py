@@ -167,7 +167,12 @@ class Kernel:
         if nbytes <= self._smem_limit:
             return
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        _drv(driver.cuFuncSetAttribute(self._k.handle, attr, int(nbytes)), "cuFuncSetAttribute")
+        # cuda.core loads modules as libraries: the handle is a CUkernel, set per device
+        h = self._k.handle
+        if not isinstance(h, driver.CUkernel):
+            h = driver.CUkernel(int(h))
+        dev = driver.CUdevice(self.module.gpu.info.index)
+        _drv(driver.cuKernelSetAttribute(attr, int(nbytes), h, dev), "cuKernelSetAttribute")
         self._smem_limit = nbytes
 
     def __repr__(self) -> str:

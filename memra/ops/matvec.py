@@ -180,6 +180,12 @@ def _module(g, ggml_type: int, b: int, config: dict, canary: int = 0):
     return g.module(KERNEL_FILE, d)
 
 
+def xsmem_bytes(nb: int, K: int) -> int:
+    """Dynamic shared memory of an MV_XSMEM launch: nb rows of tile-interleaved int8
+    activations (2048 B per 32 units) and their scales (1024 B per 32 units)."""
+    return nb * -(-K // 2048) * 3072
+
+
 def rows_per_block(config: dict) -> int:
     return config["MV_ROWS"] * config["MV_NWARPS"] // config["MV_KSPLIT"]
 
@@ -241,9 +247,10 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         else:
             act_args = (x.view(np.float32, (n * K,), 4 * b0 * K),)
         grid = (N + rows_per_block(cfg) - 1) // rows_per_block(cfg)
+        shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
         g.launch(k, (grid,), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
-                  np.int32(ACTS[glu])), pdl=pdl)
+                  np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------
@@ -342,6 +349,8 @@ def compile_variants() -> list[tuple[str, dict]]:
     for t, b, cfg in _check_configs():
         out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 4, **_ALT}))
+    for t, b, cfg in _XS_RUNS:
+        out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **_ALT}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", 96, 2048, 1),
                               "MV_PREFETCH": 0, "MV_PDL_TRIGGER": 0}))
@@ -354,6 +363,11 @@ def compile_variants() -> list[tuple[str, dict]]:
 
 # a second configuration exercised by the checks (split-K, 2 rows per warp, unroll 2)
 _ALT = {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": 2, "MV_UNROLL": 2}
+# activations staged in shared memory (q8 family); with and without split-K
+_XS = {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_XSMEM": 1}
+_XS_KS = {"MV_NWARPS": 8, "MV_ROWS": 1, "MV_KSPLIT": 2, "MV_UNROLL": 1, "MV_XSMEM": 1}
+# (type, bucket, config) the XSMEM checks launch
+_XS_RUNS = ((12, 1, _XS), (12, 4, _XS), (14, 1, _XS), (2, 8, _XS), (8, 1, _XS_KS))
 
 
 class _Case:
@@ -444,6 +458,15 @@ def checks(g, rng) -> Iterator:
     c = _Case(g, 12, 96, 2048, rng, nb=1)
     cfg = dict(default_config(12, "q8", 96, 2048, 1), MV_PREFETCH=0, MV_PDL_TRIGGER=0)
     yield c.run(f"Q4_K q8 B1 96x2048 {cfg}", "q8", 1, config=cfg)
+    # activations staged in shared memory: partial last tile (K=768), several tiles, glu,
+    # batch, split-K
+    xs_cases = {(12, 1): (_CHECK_N, _CHECK_K, False, 1), (12, 4): (_CHECK_N, _CHECK_K, False, 3),
+                (14, 1): (96, 8192, False, 1), (2, 8): (_CHECK_N, _CHECK_K, True, 8), (8, 1): (96, 2048, False, 1)}
+    for t, b, cfg in _XS_RUNS:
+        n, k, glu, nb = xs_cases[(t, b)]
+        c = _Case(g, t, n, k, rng, glu=glu, nb=nb)
+        yield c.run(f"{TYPES[t][0]} q8 B{b} nb={nb}{' glu-silu' if glu else ''} {n}x{k} {cfg}", "q8", b,
+                    act="silu" if glu else None, residual=not glu, config=cfg)
     # f32 path on quantized weights at batch > 1 (one B=1 launch per row)
     c = _Case(g, 6, 64, 512, rng, nb=3)
     yield c.run("Q5_0 f32 nb=3 (row by row) 64x512", "f32", 1)
