@@ -1,0 +1,319 @@
+"""The CPU reference forward pass: float32 numpy, the oracle for every GPU result.
+
+One decoder for llama / qwen2 / qwen3 / gemma3, steered by `ModelConfig` switches, with
+llama.cpp's math (tensor names as in llama.cpp's GGUF files):
+
+    x = embed(tokens) * embd_scale
+    per layer:  h = rmsnorm(x) * attn_norm
+                q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)
+                q, k = rmsnorm_per_head(q) * q_norm, ... (qk_norm)
+                q, k = rope(q, k)                       (normal = adjacent pairs, neox = halves)
+                a = softmax(scale * q k^T + causal/sliding mask) v       (GQA: head h -> kv h // n_gqa)
+                a = a Wo;  a = rmsnorm(a) * post_attention_norm        (post_norms)
+                x = x + a
+                h = rmsnorm(x) * ffn_norm
+                f = (act(h Wgate) * h Wup) Wdown;  f = rmsnorm(f) * post_ffw_norm  (post_norms)
+                x = x + f
+    logits = (rmsnorm(x) * output_norm) Wout     (Wout = token_embd when tied); softcap
+
+Everything is float32 (weights dequantized once, on first use, per tensor). llama.cpp's CPU
+build differs from this by design in two places, both small: it quantizes activations to
+8 bits for its quantized dot products and keeps the KV cache in f16.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .config import ModelConfig, read_config
+from .errors import ContextOverflowError, GGUFError, MemraError
+from .gguf_file import GGUFFile
+from .quants import dequantize_rows, dequantize_tensor
+
+log = logging.getLogger("memra.reference")
+
+# queries per attention block during prefill: bounds the score matrix at
+# n_head * _Q_CHUNK * n_keys floats
+_Q_CHUNK = 256
+
+_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_GELU_COEF_A = np.float32(0.044715)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (ggml_rms_norm then ggml_mul)."""
+    ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32)
+    y = x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
+    return y * w if w is not None else y
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (ggml_gelu's formula)."""
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x)))
+
+
+def rope_inv_freq(rope_dim: int, base: float, freq_scale: float = 1.0,
+                  freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """theta_i / pos = base^(-2i/rope_dim) * freq_scale / freq_factor_i, i < rope_dim/2 (float64)."""
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    f = base ** (-2.0 * i / rope_dim) * freq_scale
+    if freq_factors is not None:
+        f = f / freq_factors.astype(np.float64)
+    return f
+
+
+def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
+    """Rotate the first 2*len(inv_freq) dims of x [T, heads, head_dim] at positions pos [T].
+
+    Normal (llama): pairs (2i, 2i+1) rotate by theta_i. NeoX: pairs (i, i + rope_dim/2)."""
+    n = inv_freq.shape[0]
+    theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos = np.cos(theta).astype(np.float32)[:, None, :]
+    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    out = x.copy()
+    if neox:
+        x0, x1 = x[..., :n], x[..., n:2 * n]
+        out[..., :n] = x0 * cos - x1 * sin
+        out[..., n:2 * n] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:2 * n:2], x[..., 1:2 * n:2]
+        out[..., 0:2 * n:2] = x0 * cos - x1 * sin
+        out[..., 1:2 * n:2] = x0 * sin + x1 * cos
+    return out
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis (float64 for the comparisons tests make)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+class KVCache:
+    """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored.
+
+    Setting `pos` lower rewinds (later positions are overwritten by the next forward)."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int):
+        if n_ctx <= 0:
+            raise MemraError(f"KV cache size must be positive, got {n_ctx}")
+        self.n_ctx = int(n_ctx)
+        self.pos = 0
+        self.k = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim), np.float32) for _ in range(cfg.n_layer)]
+        self.v = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim_v), np.float32) for _ in range(cfg.n_layer)]
+
+
+class ReferenceModel:
+    """A GGUF model evaluated in float32 on the CPU."""
+
+    def __init__(self, g: GGUFFile, cfg: ModelConfig | None = None):
+        self.g = g
+        self.cfg = cfg if cfg is not None else read_config(g)
+        self._w: dict[str, np.ndarray] = {}
+        self._check_tensors()
+        c = self.cfg
+        self._freq_factors = self.weight("rope_freqs.weight") if c.has_rope_freqs else None
+        self._inv_freq = [rope_inv_freq(c.rope_dim, c.layer_rope_base(i), self._layer_freq_scale(i),
+                                        self._freq_factors) for i in range(c.n_layer)]
+
+    # -- weights -------------------------------------------------------------------------
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        c = self.cfg
+        e = {"token_embd.weight": (c.n_vocab, c.n_embd), "output_norm.weight": (c.n_embd,)}
+        if not c.tied_output:
+            e["output.weight"] = (c.n_vocab, c.n_embd)
+        if c.has_rope_freqs:
+            e["rope_freqs.weight"] = (c.rope_dim // 2,)
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            e.update({
+                p + "attn_norm.weight": (c.n_embd,),
+                p + "attn_q.weight": (c.q_dim, c.n_embd),
+                p + "attn_k.weight": (c.kv_dim, c.n_embd),
+                p + "attn_v.weight": (c.v_dim, c.n_embd),
+                p + "attn_output.weight": (c.n_embd, c.n_head * c.head_dim_v),
+                p + "ffn_norm.weight": (c.n_embd,),
+                p + "ffn_gate.weight": (c.n_ff, c.n_embd),
+                p + "ffn_up.weight": (c.n_ff, c.n_embd),
+                p + "ffn_down.weight": (c.n_embd, c.n_ff),
+            })
+            if c.qkv_bias:
+                e.update({p + "attn_q.bias": (c.q_dim,), p + "attn_k.bias": (c.kv_dim,),
+                          p + "attn_v.bias": (c.v_dim,)})
+            if c.qk_norm:
+                e.update({p + "attn_q_norm.weight": (c.head_dim,), p + "attn_k_norm.weight": (c.head_dim,)})
+            if c.post_norms:
+                e.update({p + "post_attention_norm.weight": (c.n_embd,), p + "post_ffw_norm.weight": (c.n_embd,)})
+        return e
+
+    def _check_tensors(self) -> None:
+        """Every tensor the forward pass reads exists with the shape the config implies."""
+        for name, shape in self._expected_shapes().items():
+            t = self.g.tensor(name)  # GGUFError naming the missing tensor
+            if tuple(t.shape) != shape:
+                raise GGUFError(self.g.path, f"tensor {name!r} has shape {t.shape}, expected {shape}")
+
+    def weight(self, name: str) -> np.ndarray:
+        w = self._w.get(name)
+        if w is None:
+            w = self._w[name] = dequantize_tensor(self.g.tensor(name))
+        return w
+
+    def load_all(self) -> None:
+        """Dequantize every weight now (otherwise each is decoded on first use)."""
+        for name in self._expected_shapes():
+            self.weight(name)
+
+    def _layer_freq_scale(self, layer: int) -> float:
+        # llama.cpp: gemma3's sliding-window layers use their own rope (base 10k, scale 1)
+        if self.cfg.is_swa(layer) and self.cfg.rope_base_swa is not None:
+            return 1.0
+        return self.cfg.rope_freq_scale
+
+    def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x [n, in] times the weight [out, in] transposed (BLAS reads W^T without a copy)."""
+        return x @ self.weight(name).T
+
+    def _embed(self, tokens: np.ndarray) -> np.ndarray:
+        full = self._w.get("token_embd.weight")
+        x = full[tokens] if full is not None else dequantize_rows(self.g.tensor("token_embd.weight"), tokens)
+        if self.cfg.embd_scale != 1.0:
+            x = x * np.float32(self.cfg.embd_scale)
+        return x
+
+    # -- forward ---------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.cfg, n_ctx)
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Append `tokens` at cache.pos; float32 logits [len(tokens), n_vocab] if all_logits,
+        else [n_vocab] for the last token."""
+        c = self.cfg
+        toks = self._check_tokens(tokens)
+        n = len(toks)
+        if cache.pos + n > cache.n_ctx:
+            raise ContextOverflowError(f"{cache.pos} cached + {n} new tokens exceed the context of "
+                                       f"{cache.n_ctx} tokens")
+        pos = np.arange(cache.pos, cache.pos + n)
+        x = self._embed(toks)
+        for il in range(c.n_layer):
+            x = self._layer(il, x, pos, cache)
+        cache.pos += n
+
+        if not all_logits:
+            x = x[-1:]
+        h = rms_norm(x, self.weight("output_norm.weight"), c.norm_eps)
+        logits = self._mm(h, "token_embd.weight" if c.tied_output else "output.weight")
+        if c.final_logit_softcap:
+            cap = np.float32(c.final_logit_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits if all_logits else logits[0]
+
+    def _check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
+        try:
+            toks = np.asarray(tokens)
+        except (TypeError, ValueError):
+            raise MemraError("tokens must be a sequence of integer ids") from None
+        if toks.ndim != 1 or toks.size == 0:
+            raise MemraError(f"tokens must be a non-empty 1-D sequence of ids, got shape {toks.shape}")
+        if not np.issubdtype(toks.dtype, np.integer):
+            raise MemraError(f"token ids must be integers, got {toks.dtype}")
+        bad = (toks < 0) | (toks >= self.cfg.n_vocab)
+        if bad.any():
+            raise MemraError(f"token id {int(toks[bad][0])} at index {int(np.argmax(bad))} is outside "
+                             f"the vocabulary [0, {self.cfg.n_vocab})")
+        return toks.astype(np.int64)
+
+    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
+        c = self.cfg
+        w = self.weight
+        p = f"blk.{il}."
+        n = x.shape[0]
+
+        h = rms_norm(x, w(p + "attn_norm.weight"), c.norm_eps)
+        q = self._mm(h, p + "attn_q.weight")
+        k = self._mm(h, p + "attn_k.weight")
+        v = self._mm(h, p + "attn_v.weight")
+        if c.qkv_bias:
+            q = q + w(p + "attn_q.bias")
+            k = k + w(p + "attn_k.bias")
+            v = v + w(p + "attn_v.bias")
+        q = q.reshape(n, c.n_head, c.head_dim)
+        k = k.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        if c.qk_norm:
+            q = rms_norm(q, w(p + "attn_q_norm.weight"), c.norm_eps)
+            k = rms_norm(k, w(p + "attn_k_norm.weight"), c.norm_eps)
+        q = rope(q, pos, self._inv_freq[il], c.rope_neox)
+        k = rope(k, pos, self._inv_freq[il], c.rope_neox)
+
+        p0 = int(pos[0])
+        cache.k[il][:, p0:p0 + n] = k.transpose(1, 0, 2)
+        cache.v[il][:, p0:p0 + n] = v.transpose(1, 0, 2)
+        a = self._attention(il, q, pos, cache)
+
+        a = self._mm(a, p + "attn_output.weight")
+        if c.post_norms:
+            a = rms_norm(a, w(p + "post_attention_norm.weight"), c.norm_eps)
+        x = x + a
+
+        h = rms_norm(x, w(p + "ffn_norm.weight"), c.norm_eps)
+        gate = self._mm(h, p + "ffn_gate.weight")
+        up = self._mm(h, p + "ffn_up.weight")
+        act = gelu_tanh(gate) if c.act == "gelu_tanh" else silu(gate)
+        f = self._mm(act * up, p + "ffn_down.weight")
+        if c.post_norms:
+            f = rms_norm(f, w(p + "post_ffw_norm.weight"), c.norm_eps)
+        return x + f
+
+    def _attention(self, il: int, q: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Causal (and, on sliding-window layers, windowed) attention of q [n, n_head, hd] over
+        the cache up to the last query; returns [n, n_head * head_dim_v]."""
+        c = self.cfg
+        n = q.shape[0]
+        window = c.swa_window if c.is_swa(il) else 0
+        scale = np.float32(c.scale)
+        out = np.empty((n, c.n_head, c.head_dim_v), np.float32)
+        for s in range(0, n, _Q_CHUNK):
+            qp = pos[s:s + _Q_CHUNK]
+            t = qp.shape[0]
+            k_end = int(qp[-1]) + 1
+            # keys any query in the block can see: j <= p, and p - window < j on SWA layers
+            k_start = max(0, int(qp[0]) - window + 1) if window else 0
+            kj = np.arange(k_start, k_end)
+            K = cache.k[il][:, k_start:k_end]  # [n_kv, S, hd]
+            V = cache.v[il][:, k_start:k_end]
+            # group query heads by their kv head: [n_kv, n_gqa * t, hd]
+            qg = q[s:s + t].reshape(t, c.n_head_kv, c.n_gqa, c.head_dim).transpose(1, 2, 0, 3)
+            scores = (qg.reshape(c.n_head_kv, c.n_gqa * t, c.head_dim) @ K.transpose(0, 2, 1)) * scale
+            scores = scores.reshape(c.n_head_kv, c.n_gqa, t, -1)
+            visible = kj[None, :] <= qp[:, None]
+            if window:
+                visible &= kj[None, :] > qp[:, None] - window
+            scores = np.where(visible, scores, np.float32(-np.inf))
+            probs = softmax(scores).reshape(c.n_head_kv, c.n_gqa * t, -1)
+            o = (probs @ V).reshape(c.n_head_kv, c.n_gqa, t, c.head_dim_v)
+            out[s:s + t] = o.transpose(2, 0, 1, 3).reshape(t, c.n_head, c.head_dim_v)
+        return out.reshape(n, c.n_head * c.head_dim_v)
+
+
+def load(path_or_alias: str) -> ReferenceModel:
+    """Open a model by path or alias and wrap it (weights decode lazily)."""
+    from .aliases import resolve
+    from .gguf_file import open_gguf
+
+    return ReferenceModel(open_gguf(resolve(path_or_alias)))
