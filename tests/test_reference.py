@@ -1,0 +1,193 @@
+"""The CPU reference's building blocks against hand-written formulations, its prefill against
+its own decode, and its errors. (Parity with llama.cpp: test_parity_models.py, test_parity_synth.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from memra import reference as R
+from memra.aliases import resolve
+from memra.errors import ContextOverflowError, GGUFError, MemraError
+from memra.gguf_file import open_gguf
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return R.ReferenceModel(open_gguf(resolve("smollm2-135m")))
+
+
+# --- building blocks against scalar loops ------------------------------------------------------
+
+def test_rms_norm_by_hand():
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
+    w = np.array([0.5, 1.0, 2.0, -1.0], np.float32)
+    eps = 1e-5
+    want = [x[0, i] / math.sqrt(sum(v * v for v in x[0]) / 4 + eps) * w[i] for i in range(4)]
+    np.testing.assert_allclose(R.rms_norm(x, w, eps)[0], want, rtol=1e-6)
+
+
+def test_gelu_and_silu_by_formula():
+    x = np.linspace(-12, 12, 97).astype(np.float32)
+    xd = x.astype(np.float64)
+    gelu = 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3)))
+    np.testing.assert_allclose(R.gelu_tanh(x), gelu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(R.silu(x), xd / (1 + np.exp(-xd)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_by_hand(neox):
+    rng = np.random.default_rng(0)
+    head_dim, rope_dim, base, scale = 8, 6, 10000.0, 0.5
+    factors = np.array([1.0, 2.0, 4.0], np.float32)
+    x = rng.standard_normal((3, 2, head_dim)).astype(np.float32)
+    pos = np.array([0, 7, 1000])
+    inv = R.rope_inv_freq(rope_dim, base, scale, factors)
+    got = R.rope(x, pos, inv, neox)
+    want = x.astype(np.float64).copy()
+    for t in range(3):
+        for i in range(rope_dim // 2):
+            theta = pos[t] * base ** (-2 * i / rope_dim) * scale / factors[i]
+            a, b = (i, i + rope_dim // 2) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[t, :, a].astype(np.float64), x[t, :, b].astype(np.float64)
+            want[t, :, a] = x0 * math.cos(theta) - x1 * math.sin(theta)
+            want[t, :, b] = x0 * math.sin(theta) + x1 * math.cos(theta)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[..., rope_dim:], x[..., rope_dim:])  # unrotated tail
+
+
+def test_attention_against_a_loop(tiny_models):
+    """Causal + sliding-window GQA attention (queries in chunks) = a per-query, per-head loop."""
+    m = R.ReferenceModel(open_gguf(tiny_models("gemma3", "F32")))
+    c = m.cfg
+    assert c.swa_window == 16 and c.is_swa(0) and not c.is_swa(5)
+    rng = np.random.default_rng(1)
+    n = 40
+    cache = m.new_cache(64)
+    for il in (0, 5):  # a sliding-window layer and a global one
+        cache.k[il][:, :n] = rng.standard_normal((c.n_head_kv, n, c.head_dim))
+        cache.v[il][:, :n] = rng.standard_normal((c.n_head_kv, n, c.head_dim_v))
+        q = rng.standard_normal((n, c.n_head, c.head_dim)).astype(np.float32)
+        pos = np.arange(n)
+        old = R._Q_CHUNK
+        R._Q_CHUNK = 7  # several query chunks, each with its own key range
+        try:
+            got = m._attention(il, q, pos, cache).reshape(n, c.n_head, c.head_dim_v)
+        finally:
+            R._Q_CHUNK = old
+        for p in range(n):
+            lo = p - c.swa_window + 1 if c.is_swa(il) else 0
+            keys = [j for j in range(n) if max(lo, 0) <= j <= p]
+            for h in range(c.n_head):
+                kv = h // c.n_gqa
+                s = np.array([q[p, h] @ cache.k[il][kv, j] for j in keys], np.float64) * c.scale
+                pr = np.exp(s - s.max())
+                pr /= pr.sum()
+                want = sum(pr[i] * cache.v[il][kv, j] for i, j in enumerate(keys))
+                np.testing.assert_allclose(got[p, h], want, rtol=1e-4, atol=1e-5)
+
+
+def test_config_switches_of_real_models(smollm):
+    c = smollm.cfg
+    assert (c.arch, c.rope_neox, c.tied_output, c.act) == ("llama", False, True, "silu")
+    g = R.ReferenceModel(open_gguf(resolve("gemma3-270m"))).cfg
+    assert (g.rope_neox, g.qk_norm, g.post_norms, g.act, g.swa_window) == (True, True, True, "gelu_tanh", 512)
+    assert g.embd_scale == pytest.approx(math.sqrt(640)) and g.scale == 1 / 16
+
+
+# --- prefill, decode and the cache ---------------------------------------------------------------
+
+def _decode_vs_prefill(model, tokens):
+    full = model.forward(tokens, model.new_cache(len(tokens)), all_logits=True)
+    cache = model.new_cache(len(tokens))
+    steps = np.stack([model.forward([t], cache) for t in tokens])
+    assert cache.pos == len(tokens)
+    scale = np.abs(full).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(steps - full) <= 1e-4 * scale), np.abs(steps - full).max()
+    return full
+
+
+def test_decode_equals_prefill_smollm(smollm):
+    ids = [504, 3575, 282, 4649, 314, 7042, 30, 198, 198, 504, 1797, 1918, 553, 253, 2155, 282,
+           4723, 216, 35, 34, 33]
+    full = _decode_vs_prefill(smollm, ids)
+    assert full.shape == (len(ids), 49152) and full.dtype == np.float32
+    # a last-position call = the last row of all_logits (one output row instead of many: BLAS
+    # may order the sums differently)
+    last = smollm.forward(ids, smollm.new_cache(32))
+    np.testing.assert_allclose(last, full[-1], rtol=0, atol=1e-5 * np.abs(full[-1]).max())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "llama"])
+def test_decode_equals_prefill_tiny(tiny_models, arch):
+    # gemma3: 40 tokens cross the 16-token window; llama: rope frequency factors; qwen2: QKV bias
+    m = R.ReferenceModel(open_gguf(tiny_models(arch, "F32")))
+    ids = np.random.default_rng(2).integers(0, m.cfg.n_vocab, 40).tolist()
+    _decode_vs_prefill(m, ids)
+
+
+def test_prefill_in_chunks_equals_one_prefill(tiny_models):
+    m = R.ReferenceModel(open_gguf(tiny_models("gemma3", "F32")))
+    ids = np.random.default_rng(3).integers(0, m.cfg.n_vocab, 45).tolist()
+    whole = m.forward(ids, m.new_cache(64), all_logits=True)
+    cache = m.new_cache(64)
+    parts = [m.forward(ids[a:b], cache, all_logits=True) for a, b in [(0, 13), (13, 14), (14, 45)]]
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=1e-4, atol=1e-4 * np.abs(whole).max())
+
+
+def test_sliding_window_forgets_old_tokens(tiny_models):
+    """On a model whose layers all use the window, a token further back than the layers can
+    relay (n_layer * (window - 1)) cannot change the last logits; within the window it does."""
+    import dataclasses
+
+    m = R.ReferenceModel(open_gguf(tiny_models("gemma3", "F32")))
+    c = dataclasses.replace(m.cfg, swa_layers=(True,) * m.cfg.n_layer)
+    m = R.ReferenceModel(m.g, c)
+    reach = c.n_layer * (c.swa_window - 1)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, c.n_vocab, reach + 3).tolist()
+    base = m.forward(ids, m.new_cache(len(ids)))
+    far = list(ids)
+    far[1] = (far[1] + 1) % c.n_vocab  # position 1 is beyond reach of the last position
+    np.testing.assert_array_equal(m.forward(far, m.new_cache(len(ids))), base)
+    near = list(ids)
+    near[-3] = (near[-3] + 1) % c.n_vocab
+    assert np.abs(m.forward(near, m.new_cache(len(ids))) - base).max() > 1e-3
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def test_context_overflow(smollm):
+    cache = smollm.new_cache(4)
+    smollm.forward([1, 2, 3], cache)
+    with pytest.raises(ContextOverflowError, match="3 cached \\+ 2 new tokens exceed the context of 4"):
+        smollm.forward([4, 5], cache)
+    assert cache.pos == 3
+    smollm.forward([4], cache)
+    with pytest.raises(ContextOverflowError):
+        smollm.forward([5], cache)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ([1, -1], "token id -1 at index 1 is outside the vocabulary"),
+    ([49152], "token id 49152 at index 0 is outside the vocabulary \\[0, 49152\\)"),
+    ([], "non-empty"),
+    ([1.5], "integers"),
+    ([[1, 2]], "1-D"),
+])
+def test_bad_tokens(smollm, bad, msg):
+    with pytest.raises(MemraError, match=msg):
+        smollm.forward(bad, smollm.new_cache(8))
+
+
+def test_missing_or_misshapen_tensor(tiny_models):
+    import dataclasses
+
+    g = open_gguf(tiny_models("qwen2", "F32"))
+    cfg = R.ReferenceModel(g).cfg
+    with pytest.raises(GGUFError, match="blk.0.attn_q_norm.weight' is missing"):
+        R.ReferenceModel(g, dataclasses.replace(cfg, qk_norm=True))
+    with pytest.raises(GGUFError, match="blk.0.attn_q.weight' has shape"):
+        R.ReferenceModel(g, dataclasses.replace(cfg, n_head=cfg.n_head * 2))
