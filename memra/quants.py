@@ -48,17 +48,16 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 # --- 32-element block formats --------------------------------------------------------------
+# Every block function returns (q, scale, minv): int8 codes [n, bs], float32 [n, n_groups] and
+# float32 [n, n_groups] or None, such that the weight is scale * q (+ minv) per group of
+# bs / n_groups elements -- the one multiply (and add) ggml's dequantize_row_* does per weight.
 
 def _q4_0(b):  # d:f16, qs[16]
-    d = _f16(b[:, 0:2])
-    q = _nibbles(b[:, 2:18]).reshape(-1, 32).astype(np.int8) - np.int8(8)
-    return d * q.astype(np.float32)
+    return _nibbles(b[:, 2:18]).reshape(-1, 32).astype(np.int8) - np.int8(8), _f16(b[:, 0:2]), None
 
 
 def _q4_1(b):  # d:f16, m:f16, qs[16]
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    q = _nibbles(b[:, 4:20]).reshape(-1, 32).astype(np.float32)
-    return d * q + m
+    return _nibbles(b[:, 4:20]).reshape(-1, 32).astype(np.int8), _f16(b[:, 0:2]), _f16(b[:, 2:4])
 
 
 def _high_bits32(qh: np.ndarray) -> np.ndarray:
@@ -68,44 +67,38 @@ def _high_bits32(qh: np.ndarray) -> np.ndarray:
 
 
 def _q5_0(b):  # d:f16, qh[4], qs[16]
-    d = _f16(b[:, 0:2])
     q = (_nibbles(b[:, 6:22]).reshape(-1, 32) | _high_bits32(b[:, 2:6])).astype(np.int8) - np.int8(16)
-    return d * q.astype(np.float32)
+    return q, _f16(b[:, 0:2]), None
 
 
 def _q5_1(b):  # d:f16, m:f16, qh[4], qs[16]
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    q = (_nibbles(b[:, 8:24]).reshape(-1, 32) | _high_bits32(b[:, 4:8])).astype(np.float32)
-    return d * q + m
+    q = (_nibbles(b[:, 8:24]).reshape(-1, 32) | _high_bits32(b[:, 4:8])).astype(np.int8)
+    return q, _f16(b[:, 0:2]), _f16(b[:, 2:4])
 
 
 def _q8_0(b):  # d:f16, qs:int8[32]
-    d = _f16(b[:, 0:2])
-    return d * b[:, 2:34].view(np.int8).astype(np.float32)
+    return b[:, 2:34].view(np.int8), _f16(b[:, 0:2]), None
 
 
 def _iq4_nl(b):  # d:f16, qs[16] (indices into KVALUES_IQ4NL)
-    d = _f16(b[:, 0:2])
-    q = KVALUES_IQ4NL[_nibbles(b[:, 2:18]).reshape(-1, 32)]
-    return d * q.astype(np.float32)
+    return KVALUES_IQ4NL[_nibbles(b[:, 2:18]).reshape(-1, 32)], _f16(b[:, 0:2]), None
 
 
 # --- 256-element super-block formats (k-quants) ---------------------------------------------
 
-def _q2_k(b):  # scales[16] (lo: scale, hi: min), qs[64], d:f16, dmin:f16
+def _q2_k(b):  # scales[16] (lo: scale, hi: min), qs[64], d:f16, dmin:f16 -> 16 groups of 16
     n = b.shape[0]
     sc = b[:, 0:16]
     qs = b[:, 16:80].reshape(n, 2, 1, 32)  # two halves of 128; 32 bytes each carry 4 crumbs
     d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
-    dl = (d * (sc & 0x0F).astype(np.float32)).reshape(n, 16, 1)
-    ml = (dmin * (sc >> 4).astype(np.float32)).reshape(n, 16, 1)
+    dl = d * (sc & 0x0F).astype(np.float32)
+    ml = dmin * (sc >> 4).astype(np.float32)
     # output index h*128 + j*32 + l takes bits 2j of qs[h*32 + l]; 16-element groups in order
     q = (qs >> (np.arange(4, dtype=np.uint8) * 2).reshape(1, 1, 4, 1)) & 3
-    q = q.reshape(n, 16, 16).astype(np.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return q.reshape(n, QK_K).astype(np.int8), dl, -ml  # dl*q - ml
 
 
-def _q3_k(b):  # hmask[32], qs[64], scales[12] (16 x 6 bit), d:f16
+def _q3_k(b):  # hmask[32], qs[64], scales[12] (16 x 6 bit), d:f16 -> 16 groups of 16
     n = b.shape[0]
     hm = b[:, 0:32].reshape(n, 1, 32)
     qs = b[:, 32:96].reshape(n, 2, 1, 32)
@@ -116,12 +109,11 @@ def _q3_k(b):  # hmask[32], qs[64], scales[12] (16 x 6 bit), d:f16
     lo = (s[:, i % 8] >> (4 * (i // 8)).astype(np.uint8)) & 0x0F
     hi = (s[:, 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 0x03
     scale = (lo | (hi << 4)).astype(np.int8) - np.int8(32)
-    dl = (d * scale.astype(np.float32)).reshape(n, 16, 1)
     low = (qs >> (np.arange(4, dtype=np.uint8) * 2).reshape(1, 1, 4, 1)) & 3  # [n, 2, 4, 32]
     # hmask bit (h*4 + j) of byte l: set means no -4 offset
     hbit = (hm >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [n, 8, 32]
     q = low.reshape(n, 8, 32).astype(np.int8) - ((hbit ^ 1) << 2).astype(np.int8)
-    return (dl * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
+    return q.reshape(n, QK_K), d * scale.astype(np.float32), None
 
 
 def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,18 +124,17 @@ def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mn.astype(np.float32)
 
 
-def _q4_k(b):  # d:f16, dmin:f16, scales[12], qs[128]
+def _q4_k(b):  # d:f16, dmin:f16, scales[12], qs[128] -> 8 groups of 32
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _k4_scales(b[:, 4:16])
     qs = b[:, 16:144].reshape(n, 4, 1, 32)
     # 64-element group j: low nibbles of qs[32j:32j+32] then high nibbles
     q = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-    q = q.reshape(n, 8, 32).astype(np.float32)
-    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(n, QK_K)
+    return q.reshape(n, QK_K).astype(np.int8), d * sc, -(dmin * mn)  # (d*sc)*q - dmin*m
 
 
-def _q5_k(b):  # d:f16, dmin:f16, scales[12], qh[32], qs[128]
+def _q5_k(b):  # d:f16, dmin:f16, scales[12], qh[32], qs[128] -> 8 groups of 32
     n = b.shape[0]
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _k4_scales(b[:, 4:16])
@@ -151,11 +142,10 @@ def _q5_k(b):  # d:f16, dmin:f16, scales[12], qh[32], qs[128]
     qs = b[:, 48:176].reshape(n, 4, 1, 32)
     low = ((qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     high = ((qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4  # bit g for group g
-    q = (low | high).astype(np.float32)
-    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(n, QK_K)
+    return (low | high).reshape(n, QK_K).astype(np.int8), d * sc, -(dmin * mn)
 
 
-def _q6_k(b):  # ql[128], qh[64], scales:int8[16], d:f16
+def _q6_k(b):  # ql[128], qh[64], scales:int8[16], d:f16 -> 16 groups of 16
     n = b.shape[0]
     ql = b[:, 0:128].reshape(n, 2, 1, 64)
     qh = b[:, 128:192].reshape(n, 2, 1, 32)
@@ -166,10 +156,10 @@ def _q6_k(b):  # ql[128], qh[64], scales:int8[16], d:f16
     low = ((ql >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 2, 4, 32)
     high = (qh >> (np.arange(4, dtype=np.uint8) * 2).reshape(1, 1, 4, 1)) & 3
     q = (low | (high << 4)).astype(np.int8) - np.int8(32)
-    return ((d * sc).reshape(n, 16, 1) * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
+    return q.reshape(n, QK_K), d * sc, None
 
 
-def _iq4_xs(b):  # d:f16, scales_h:u16, scales_l[4], qs[128]
+def _iq4_xs(b):  # d:f16, scales_h:u16, scales_l[4], qs[128] -> 8 groups of 32
     n = b.shape[0]
     d = _f16(b[:, 0:2])
     sh = np.ascontiguousarray(b[:, 2:4]).view("<u2").astype(np.uint32)  # [n, 1]
@@ -178,17 +168,25 @@ def _iq4_xs(b):  # d:f16, scales_h:u16, scales_l[4], qs[128]
     lo = (sl[:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F
     hi = ((sh >> (2 * ib).astype(np.uint32)) & 3).astype(np.uint8)
     ls = (lo | (hi << 4)).astype(np.int8) - np.int8(32)
-    dl = (d * ls.astype(np.float32)).reshape(n, 8, 1)
-    q = KVALUES_IQ4NL[_nibbles(b[:, 8:136]).reshape(n, 8, 32)].astype(np.float32)
-    return (dl * q).reshape(n, QK_K)
+    return KVALUES_IQ4NL[_nibbles(b[:, 8:136])].reshape(n, QK_K), d * ls.astype(np.float32), None
 
 
-_BLOCK_DEQUANT = {
+_BLOCK_DECODE = {
     Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1, Q8_0: _q8_0, IQ4_NL: _iq4_nl,
     Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k, IQ4_XS: _iq4_xs,
 }
 
-SUPPORTED_TYPES = frozenset({F32, F16, BF16, *_BLOCK_DEQUANT})
+
+def _combine(q: np.ndarray, scale: np.ndarray, minv: np.ndarray | None) -> np.ndarray:
+    """scale * q (+ minv) per group, float32 (one rounding each, as ggml)."""
+    n, ng = scale.shape
+    w = scale[:, :, None] * q.reshape(n, ng, -1).astype(np.float32)
+    if minv is not None:
+        w += minv[:, :, None]
+    return w.reshape(q.shape)
+
+
+SUPPORTED_TYPES = frozenset({F32, F16, BF16, *_BLOCK_DECODE})
 
 
 def dequantize(data: np.ndarray, ggml_type: int, shape) -> np.ndarray:
@@ -218,11 +216,49 @@ def dequantize(data: np.ndarray, ggml_type: int, shape) -> np.ndarray:
         return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
     blocks = raw.reshape(-1, ts)
-    fn = _BLOCK_DEQUANT[ggml_type]
+    fn = _BLOCK_DECODE[ggml_type]
     out = np.empty((blocks.shape[0], bs), dtype=np.float32)
     for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
-        out[i:i + _CHUNK_BLOCKS] = fn(np.asarray(blocks[i:i + _CHUNK_BLOCKS]))
+        out[i:i + _CHUNK_BLOCKS] = _combine(*fn(np.asarray(blocks[i:i + _CHUNK_BLOCKS])))
     return out.reshape(shape)
+
+
+class Codes(NamedTuple):
+    """A block-quantized matrix re-laid as int8 codes with float32 scale (and offset) per group
+    of `group` consecutive elements of a row: w = scale * q (+ minv), exactly ggml's values."""
+    q: np.ndarray  # int8 [rows, cols]
+    scale: np.ndarray  # float32 [rows, cols // group]
+    minv: np.ndarray | None  # float32 [rows, cols // group] (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K)
+    group: int
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.q.shape
+        out = np.empty((rows, cols), np.float32)
+        step = max(1, (_CHUNK_BLOCKS * 32) // cols)
+        for r in range(0, rows, step):
+            out[r:r + step] = _combine(self.q[r:r + step], self.scale[r:r + step],
+                                       None if self.minv is None else self.minv[r:r + step])
+        return out
+
+
+def decompose(data: np.ndarray, ggml_type: int, shape) -> Codes:
+    """A 2-D block-quantized tensor (rows, cols) as `Codes`; dequantize() == Codes.dequantize()."""
+    rows, cols = (int(s) for s in shape)
+    if ggml_type not in _BLOCK_DECODE:
+        raise UnsupportedModelError(f"decompose: {type_name(ggml_type)} is not a block-quantized type")
+    bs, ts = block_info(ggml_type)
+    raw = np.asarray(data).reshape(-1)
+    if cols % bs or raw.size != rows * cols // bs * ts:
+        raise MemraError(f"{type_name(ggml_type)} tensor of shape {(rows, cols)}: expected "
+                         f"{rows * cols // bs * ts} bytes, found {raw.size}")
+    blocks = raw.reshape(-1, ts)
+    fn = _BLOCK_DECODE[ggml_type]
+    parts = [fn(np.asarray(blocks[i:i + _CHUNK_BLOCKS])) for i in range(0, blocks.shape[0], _CHUNK_BLOCKS)]
+    q = np.concatenate([p[0] for p in parts]).reshape(rows, cols)
+    scale = np.concatenate([p[1] for p in parts]).astype(np.float32, copy=False)
+    group = bs // scale.shape[1]
+    minv = None if parts[0][2] is None else np.concatenate([p[2] for p in parts]).reshape(rows, -1)
+    return Codes(np.ascontiguousarray(q, dtype=np.int8), scale.reshape(rows, -1), minv, group)
 
 
 def dequantize_tensor(t: TensorInfo) -> np.ndarray:

@@ -27,18 +27,24 @@ import logging
 import math
 from typing import Sequence
 
+import numba
 import numpy as np
 
 from .config import ModelConfig, read_config
 from .errors import ContextOverflowError, GGUFError, MemraError
 from .gguf_file import GGUFFile
-from .quants import dequantize_rows, dequantize_tensor
+from .quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
+from .quants import F16, F32, BF16
 
 log = logging.getLogger("memra.reference")
 
 # queries per attention block during prefill: bounds the score matrix at
 # n_head * _Q_CHUNK * n_keys floats
 _Q_CHUNK = 256
+
+# at most this many rows of activations go through the quantized-weight matvec (decode);
+# more go through BLAS on the float32 weights (prefill)
+_DECODE_ROWS = 2
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 _GELU_COEF_A = np.float32(0.044715)
@@ -103,6 +109,33 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc"})
+def _codes_matvec(q, scale, minv, group, x, out):  # pragma: no cover (compiled)
+    """out[t, r] = sum_c w[r, c] * x[t, c] with w = scale * q (+ minv) decoded in registers.
+
+    The same float32 weights as the dequantized matrix (no fused multiply-add: 'contract' is
+    not allowed), read as int8 codes: decode moves a quarter of the bytes of a float32 matvec.
+    Only the summation order differs from BLAS ('reassoc' lets the inner loop vectorize)."""
+    rows, cols = q.shape
+    ng = cols // group
+    has_min = minv.shape[0] > 0
+    for r in numba.prange(rows):
+        for t in range(x.shape[0]):
+            acc = np.float32(0.0)
+            for g in range(ng):
+                s = scale[r, g]
+                m = minv[r, g] if has_min else np.float32(0.0)
+                base = g * group
+                part = np.float32(0.0)
+                for j in range(group):
+                    part += (s * np.float32(q[r, base + j]) + m) * x[t, base + j]
+                acc += part
+            out[t, r] = acc
+
+
+_NO_MIN = np.zeros((0, 0), np.float32)
+
+
 class KVCache:
     """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored.
 
@@ -124,6 +157,7 @@ class ReferenceModel:
         self.g = g
         self.cfg = cfg if cfg is not None else read_config(g)
         self._w: dict[str, np.ndarray] = {}
+        self._codes: dict[str, Codes] = {}
         self._check_tensors()
         c = self.cfg
         self._freq_factors = self.weight("rope_freqs.weight") if c.has_rope_freqs else None
@@ -168,10 +202,22 @@ class ReferenceModel:
                 raise GGUFError(self.g.path, f"tensor {name!r} has shape {t.shape}, expected {shape}")
 
     def weight(self, name: str) -> np.ndarray:
+        """A tensor as float32 (decoded on first use, then kept)."""
         w = self._w.get(name)
         if w is None:
-            w = self._w[name] = dequantize_tensor(self.g.tensor(name))
+            c = self.codes(name)
+            w = self._w[name] = c.dequantize() if c is not None else dequantize_tensor(self.g.tensor(name))
         return w
+
+    def codes(self, name: str) -> Codes | None:
+        """A block-quantized matrix as int8 codes and group scales (None for float tensors)."""
+        c = self._codes.get(name)
+        if c is None:
+            t = self.g.tensor(name)
+            if len(t.shape) != 2 or t.ggml_type in (F32, F16, BF16) or t.ggml_type not in SUPPORTED_TYPES:
+                return None
+            c = self._codes[name] = decompose(t.data, t.ggml_type, t.shape)
+        return c
 
     def load_all(self) -> None:
         """Dequantize every weight now (otherwise each is decoded on first use)."""
@@ -185,7 +231,15 @@ class ReferenceModel:
         return self.cfg.rope_freq_scale
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x [n, in] times the weight [out, in] transposed (BLAS reads W^T without a copy)."""
+        """x [n, in] times the weight [out, in] transposed: BLAS on the float32 weights, or for
+        decode-sized n on a quantized weight, the int8-code matvec (a quarter of the bytes)."""
+        if x.shape[0] <= _DECODE_ROWS:
+            c = self.codes(name)
+            if c is not None:
+                out = np.empty((x.shape[0], c.q.shape[0]), np.float32)
+                _codes_matvec(c.q, c.scale, _NO_MIN if c.minv is None else c.minv, c.group,
+                              np.ascontiguousarray(x, dtype=np.float32), out)
+                return out
         return x @ self.weight(name).T
 
     def _embed(self, tokens: np.ndarray) -> np.ndarray:

@@ -45,6 +45,24 @@ def test_block_types_match_gguf(qtype):
     np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_codes_are_the_same_weights(qtype):
+    """decompose(): int8 codes and per-group scale/offset whose weights are bit-identical."""
+    rng = np.random.default_rng(100 + int(qtype))
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    rows, nb = 5, 2 if bs == 256 else 6
+    raw = random_blocks(qtype, rows * nb, rng).reshape(rows, nb * ts)
+    c = quants.decompose(raw, int(qtype), (rows, nb * bs))
+    assert c.q.dtype == np.int8 and c.q.shape == (rows, nb * bs) and c.scale.shape == (rows, nb * bs // c.group)
+    want = gq.dequantize(raw, qtype).astype(np.float32)
+    np.testing.assert_array_equal(c.dequantize().view(np.uint32), want.view(np.uint32))
+    # and by the stated formula, group by group
+    w = c.scale.repeat(c.group, axis=1) * c.q.astype(np.float32)
+    if c.minv is not None:
+        w = w + c.minv.repeat(c.group, axis=1)
+    np.testing.assert_array_equal(w.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_types_match_gguf(qtype):
     rng = np.random.default_rng(1)

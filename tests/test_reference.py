@@ -97,6 +97,32 @@ def test_config_switches_of_real_models(smollm):
     assert g.embd_scale == pytest.approx(math.sqrt(640)) and g.scale == 1 / 16
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                                   "Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_codes_matvec_equals_float_weights(qtype):
+    """Decode's matvec on int8 codes = x @ W^T on the dequantized weights (float rounding only)."""
+    from gguf.constants import GGMLQuantizationType as T
+    from test_quants import random_blocks
+
+    from memra.quants import decompose, dequantize
+
+    t = T[qtype]
+    rng = np.random.default_rng(int(t))
+    rows, cols = 37, 512
+    from gguf.constants import GGML_QUANT_SIZES
+    bs, ts = GGML_QUANT_SIZES[t]
+    raw = random_blocks(t, rows * cols // bs, rng)
+    w = dequantize(raw, int(t), (rows, cols)).astype(np.float64)
+    c = decompose(raw, int(t), (rows, cols))
+    for n in (1, 2):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        out = np.empty((n, rows), np.float32)
+        R._codes_matvec(c.q, c.scale, R._NO_MIN if c.minv is None else c.minv, c.group, x, out)
+        want = x.astype(np.float64) @ w.T
+        bound = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w).T) + 1e-30
+        assert np.all(np.abs(out - want) <= bound), np.max(np.abs(out - want) / bound)
+
+
 # --- prefill, decode and the cache ---------------------------------------------------------------
 
 def _decode_vs_prefill(model, tokens):
@@ -120,10 +146,12 @@ def test_decode_equals_prefill_smollm(smollm):
     np.testing.assert_allclose(last, full[-1], rtol=0, atol=1e-5 * np.abs(full[-1]).max())
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "llama"])
-def test_decode_equals_prefill_tiny(tiny_models, arch):
-    # gemma3: 40 tokens cross the 16-token window; llama: rope frequency factors; qwen2: QKV bias
-    m = R.ReferenceModel(open_gguf(tiny_models(arch, "F32")))
+@pytest.mark.parametrize("arch, quant", [("qwen2", "F32"), ("qwen3", "F32"), ("gemma3", "F32"), ("llama", "F32"),
+                                         ("gemma3", "Q4_K_M"), ("llama", "Q2_K"), ("qwen3", "Q5_1")])
+def test_decode_equals_prefill_tiny(tiny_models, arch, quant):
+    # gemma3: 40 tokens cross the 16-token window; llama: rope frequency factors; qwen2: QKV bias;
+    # quantized: decode multiplies int8 codes, prefill the float32 weights
+    m = R.ReferenceModel(open_gguf(tiny_models(arch, quant)))
     ids = np.random.default_rng(2).integers(0, m.cfg.n_vocab, 40).tolist()
     _decode_vs_prefill(m, ids)
 
