@@ -141,6 +141,11 @@ def _codes_matvec(q, scale, minv, group, x, out):  # pragma: no cover (compiled)
 _NO_MIN = np.zeros((0, 0), np.float32)
 
 
+def _small_bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Batched a @ b without BLAS (numpy's einsum loops), for decode-sized attention."""
+    return np.einsum("hik,hkj->hij", a, b)
+
+
 class KVCache:
     """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored.
 
@@ -358,14 +363,18 @@ class ReferenceModel:
             V = cache.v[il][:, k_start:k_end]
             # group query heads by their kv head: [n_kv, n_gqa * t, hd]
             qg = q[s:s + t].reshape(t, c.n_head_kv, c.n_gqa, c.head_dim).transpose(1, 2, 0, 3)
-            scores = (qg.reshape(c.n_head_kv, c.n_gqa * t, c.head_dim) @ K.transpose(0, 2, 1)) * scale
+            qg = qg.reshape(c.n_head_kv, c.n_gqa * t, c.head_dim)
+            # decode: einsum's own loops, not BLAS — waking OpenBLAS's threads every step starves
+            # the numba matvec's threads on a small machine (5x slower decode on 2 cores)
+            mm = _small_bmm if n <= _DECODE_ROWS else np.matmul
+            scores = mm(qg, K.transpose(0, 2, 1)) * scale
             scores = scores.reshape(c.n_head_kv, c.n_gqa, t, -1)
             visible = kj[None, :] <= qp[:, None]
             if window:
                 visible &= kj[None, :] > qp[:, None] - window
             scores = np.where(visible, scores, np.float32(-np.inf))
             probs = softmax(scores).reshape(c.n_head_kv, c.n_gqa * t, -1)
-            o = (probs @ V).reshape(c.n_head_kv, c.n_gqa, t, c.head_dim_v)
+            o = mm(probs, V).reshape(c.n_head_kv, c.n_gqa, t, c.head_dim_v)
             out[s:s + t] = o.transpose(2, 0, 1, 3).reshape(t, c.n_head, c.head_dim_v)
         return out.reshape(n, c.n_head * c.head_dim_v)
 
