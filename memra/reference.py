@@ -39,7 +39,9 @@ from .config import ModelConfig, read_config
 from .errors import ContextOverflowError, GGUFError, MemraError
 from .gguf_file import GGUFFile
 from .quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
-from .quants import F16, F32, BF16
+from .quants import F16, F32, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q8_1
+
+NUMERICS = ("f32", "llamacpp", "q8")
 
 log = logging.getLogger("memra.reference")
 
@@ -62,6 +64,44 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     return y * w if w is not None else y
 
 
+def rms_norm_ggml(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """ggml's CPU rms_norm: the float32 squares summed in double, mean rounded to float32,
+    scale = 1/sqrtf(mean + eps), then x * scale (* w)."""
+    x = np.asarray(x, np.float32)
+    ss = np.sum(np.square(x).astype(np.float64), axis=-1, keepdims=True)
+    mean = (ss / x.shape[-1]).astype(np.float32)
+    y = x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
+    return y * w if w is not None else y
+
+
+def rope_ggml(x: np.ndarray, pos: np.ndarray, base: float, freq_scale: float, rope_dim: int,
+              freq_factors, neox: bool) -> np.ndarray:
+    """ggml's CPU rope (f32): theta_i = p * theta_scale^i built by repeated float32 products
+    (theta_scale = powf(base, -2/n_dims)), cosf/sinf of (freq_scale * theta / factor)."""
+    n = rope_dim // 2
+    ts = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(rope_dim))))
+    th = np.empty((len(pos), n), np.float32)
+    t = np.asarray(pos, np.float32)
+    for i in range(n):
+        th[:, i] = t
+        t = (t * ts).astype(np.float32)
+    if freq_factors is not None:
+        th = th / freq_factors.astype(np.float32)
+    th = np.float32(freq_scale) * th
+    cos = np.cos(th.astype(np.float64)).astype(np.float32)[:, None, :]
+    sin = np.sin(th.astype(np.float64)).astype(np.float32)[:, None, :]
+    out = x.copy()
+    if neox:
+        x0, x1 = x[..., :n], x[..., n:2 * n]
+        out[..., :n] = x0 * cos - x1 * sin
+        out[..., n:2 * n] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:2 * n:2], x[..., 1:2 * n:2]
+        out[..., 0:2 * n:2] = x0 * cos - x1 * sin
+        out[..., 1:2 * n:2] = x0 * sin + x1 * cos
+    return out
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
 
@@ -69,6 +109,22 @@ def silu(x: np.ndarray) -> np.ndarray:
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (ggml_gelu's formula)."""
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(_SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x)))
+
+
+_GELU_TABLE = None
+
+
+def gelu_f16_table(x: np.ndarray) -> np.ndarray:
+    """llama.cpp CPU's GELU (GGML_GELU_FP16): x <= -10 -> 0, x >= 10 -> x, else a table of
+    f16(gelu(h)) looked up at h = f16(x)."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _GELU_TABLE = round_f16(gelu_tanh(h))
+    x = np.asarray(x, np.float32)
+    y = _GELU_TABLE[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
 
 
 def rope_inv_freq(rope_dim: int, base: float, freq_scale: float = 1.0,
@@ -138,12 +194,151 @@ def _codes_matvec(q, scale, minv, group, x, out):  # pragma: no cover (compiled)
             out[t, r] = acc
 
 
+@numba.njit(parallel=True, cache=True)
+def _q8_dot_matvec(q, scale, minv, qa, da, sa, out):  # pragma: no cover (compiled)
+    """llama.cpp's AVX2 ggml_vec_dot_{q4_0,q4_1,q5_0,q5_1,q8_0}_q8_{0,1} for every row of a
+    32-block weight (codes q, f16 scale, f16 min) and int8 activations qa with f16 scales da
+    (q8_1: stored sums sa): per block, 8 lanes of exact 4-element integer sums, each lane
+    acc = fma(d_w * d_x, sum, acc); the min term m * s summed separately; then the 8 lanes
+    reduced as hsum_float_8 does ((hi + lo) pairwise), plus the min sum."""
+    rows, cols = q.shape
+    nb = cols // 32
+    has_min = minv.shape[0] > 0
+    for r in numba.prange(rows):
+        for t in range(qa.shape[0]):
+            acc = np.zeros(8, np.float32)
+            summs = np.float32(0.0)
+            for b in range(nb):
+                d = np.float32(scale[r, b] * da[t, b])
+                base = b * 32
+                for j in range(8):
+                    xy = 0
+                    for k in range(4):
+                        xy += np.int32(q[r, base + 4 * j + k]) * np.int32(qa[t, base + 4 * j + k])
+                    acc[j] = np.float32(np.float64(d) * np.float64(xy) + np.float64(acc[j]))
+                if has_min:
+                    summs = np.float32(np.float64(minv[r, b]) * np.float64(sa[t, b]) + np.float64(summs))
+            r0 = np.float32(acc[4] + acc[0])
+            r1 = np.float32(acc[5] + acc[1])
+            r2 = np.float32(acc[6] + acc[2])
+            r3 = np.float32(acc[7] + acc[3])
+            out[t, r] = np.float32(np.float32(np.float32(r0 + r2) + np.float32(r1 + r3)) + summs)
+
+
 _NO_MIN = np.zeros((0, 0), np.float32)
 
 
 def _small_bmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Batched a @ b without BLAS (numpy's einsum loops), for decode-sized attention."""
     return np.einsum("hik,hkj->hij", a, b)
+
+
+def round_f16(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest f16 (half to even, as F16C) -> float32."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 with round-to-nearest-even (ggml's GGML_FP32_TO_BF16) -> float32."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _blocks(x: np.ndarray, n: int) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % n:
+        raise MemraError(f"activation rows of {x.shape[-1]} values are not whole blocks of {n}")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
+
+
+def q8_llamacpp(x: np.ndarray, with_sum: bool = False):
+    """llama.cpp CPU's quantize_row_q8_0 / q8_1 (the AVX2 build xllamacpp ships): per 32,
+    id = 127/amax, q = round-half-even(x * id), d stored as f16. Returns (x_hat [.., n],
+    the f16 d [.., n/32], and for q8_1 the f16 s = d * sum(q) it stores [.., n/32])."""
+    xb = _blocks(x, 32)
+    amax = np.max(np.abs(xb), axis=-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None])
+    d16 = round_f16(d)
+    xh = (q * d16[..., None]).reshape(x.shape)
+    s16 = round_f16(d * q.sum(axis=-1)) if with_sum else None
+    return xh, d16, q, s16
+
+
+def q8_k_llamacpp(x: np.ndarray) -> np.ndarray:
+    """ggml quantize_row_q8_K(_ref): per 256, max = the signed value of largest magnitude
+    (first one), iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale (f32)."""
+    xb = _blocks(x, 256)
+    idx = np.argmax(np.abs(xb), axis=-1)
+    mx = np.take_along_axis(xb, idx[..., None], axis=-1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127) / mx, np.float32(0)).astype(np.float32)
+        d = np.where(mx != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.rint(iscale * xb), np.float32(127))
+    return (q * d).reshape(x.shape)
+
+
+def q8_gpu(x: np.ndarray) -> np.ndarray:
+    """The GPU engine's q8 rule (kernels/q8.cuh): per 32, d = amax/127 (f32), q = rint(x/d)
+    (IEEE division, half to even; 0 when amax = 0); x_hat = q * d."""
+    xb = _blocks(x, 32)
+    amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax == 0, np.float32(0), np.rint(xb / d))
+    return (q * d).reshape(x.shape).astype(np.float32)
+
+
+# llama.cpp CPU: the activation format each weight type's dot product wants (vec_dot_type)
+_Q8_0_TYPES = frozenset({Q4_0, Q5_0, Q8_0, IQ4_NL})
+_Q8_1_TYPES = frozenset({Q4_1, Q5_1})
+
+
+# llama.cpp CPU flash attention: batches of fewer queries than this run the per-row path
+# (f16 Q, f16 output accumulator); larger ones run tiles in float32
+FA_TILE_Q = 64
+
+
+def _attention_f16_acc(q, pos, kc, vc, n_gqa, window, scale):
+    """llama.cpp CPU's per-row flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
+    with an f16 KV cache: keys in order, online softmax with the output accumulated in f16
+    (rounded after every key: acc = f16(acc + v * e) with a fused multiply-add, rescaled
+    acc = f16(acc * ms) on a new maximum), the sum in float32, then acc / sum.
+    q [n, n_head, hd] (already f16 values); returns [n, n_head * hd_v]."""
+    n, n_head, _ = q.shape
+    n_kv, _, dv = vc.shape
+    hi = int(pos[-1]) + 1
+    kvh = np.arange(n_head) // n_gqa
+    K = kc[kvh, :hi]  # [n_head, hi, hd]
+    V = vc[kvh, :hi].astype(np.float64)
+    s_all = np.einsum("thd,hkd->thk", q, K, dtype=np.float32) * scale  # [n, n_head, hi]
+    p = np.asarray(pos)[:, None]
+    M = np.full((n, n_head), -np.inf, np.float32)
+    S = np.zeros((n, n_head), np.float32)
+    acc = np.zeros((n, n_head, dv), np.float32)
+    lo = max(0, int(pos[0]) - window + 1) if window else 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in range(lo, hi):
+            vis = j <= p[:, 0] if not window else (j <= p[:, 0]) & (j > p[:, 0] - window)
+            if not vis.any():
+                continue
+            s = s_all[:, :, j]
+            new = s > M
+            ms = np.where(new, np.exp(M - np.where(new, s, M)), np.float32(1)).astype(np.float32)
+            vs = np.where(new, np.float32(1), np.exp(s - M)).astype(np.float32)
+            scaled = round_f16(acc * ms[..., None])
+            acc_n = np.where(new[..., None], scaled, acc)
+            acc_n = round_f16((acc_n.astype(np.float64) + V[None, :, j] * vs[..., None]).astype(np.float32))
+            S_n = S * ms + vs
+            m = vis[:, None]
+            acc = np.where(m[..., None], acc_n, acc)
+            S = np.where(m, S_n, S)
+            M = np.where(m, np.maximum(M, s), M)
+    out = acc * np.where(S == 0, np.float32(0), np.float32(1) / S)[..., None]
+    return out.reshape(n, n_head * dv).astype(np.float32)
 
 
 class KVCache:
@@ -163,7 +358,13 @@ class KVCache:
 class ReferenceModel:
     """A GGUF model evaluated in float32 on the CPU."""
 
-    def __init__(self, g: GGUFFile, cfg: ModelConfig | None = None):
+    def __init__(self, g: GGUFFile, cfg: ModelConfig | None = None, numerics: str = "f32"):
+        if numerics not in NUMERICS:
+            raise MemraError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+        # "f32": exact float32 (the math oracle); "llamacpp": llama.cpp CPU's roundings (8-bit
+        # activations per weight type, f16 KV cache, f16 Q, f16 GELU table); "q8": the GPU
+        # engine's q8 path (8-bit activations per 32 for quantized weights, f16 KV cache)
+        self.numerics = numerics
         self.g = g
         self.cfg = cfg if cfg is not None else read_config(g)
         self._w: dict[str, np.ndarray] = {}
@@ -240,9 +441,71 @@ class ReferenceModel:
             return 1.0
         return self.cfg.rope_freq_scale
 
+    def _rms(self, x, w, eps):
+        if self.numerics == "llamacpp":
+            return rms_norm_ggml(x, w, eps)
+        return rms_norm(x, w, eps)
+
+    def _rope(self, x, pos, il):
+        c = self.cfg
+        if self.numerics == "llamacpp":
+            return rope_ggml(x, pos, c.layer_rope_base(il), self._layer_freq_scale(il), c.rope_dim,
+                             self._freq_factors, c.rope_neox)
+        return rope(x, pos, self._inv_freq[il], c.rope_neox)
+
+    def _round_act(self, x: np.ndarray, name: str):
+        """The activations the weight `name` is multiplied with under this model's numerics,
+        and a per-32 correction for the q8_1 block sum (llama.cpp's Q4_1/Q5_1 dot products
+        multiply the weight's min by the block's stored f16 s = d * sum(q), not by f16(d) * sum(q))."""
+        if self.numerics == "f32":
+            return x, None
+        t = self.g.tensor(name).ggml_type
+        if t == F32:
+            return x, None
+        if self.numerics == "q8":
+            return (x, None) if t in (F16, BF16) else (q8_gpu(x), None)
+        if t == F16:
+            return round_f16(x), None
+        if t == BF16:
+            return round_bf16(x), None
+        if t in _Q8_0_TYPES:
+            return q8_llamacpp(x)[0], None
+        if t in _Q8_1_TYPES:
+            xh, d16, q, s16 = q8_llamacpp(x, with_sum=True)
+            return xh, s16 - d16 * q.sum(axis=-1)
+        return q8_k_llamacpp(x), None  # K-quants, IQ4_XS: q8_K
+
+    def _mm_lc_int(self, x: np.ndarray, name: str):
+        """llama.cpp's integer dot products for 32-block weights (None for other types)."""
+        t = self.g.tensor(name).ggml_type
+        if t not in _Q8_0_TYPES and t not in _Q8_1_TYPES or t == IQ4_NL:
+            return None
+        c = self.codes(name)
+        xh, d16, q, s16 = q8_llamacpp(x, with_sum=t in _Q8_1_TYPES)
+        n = x.shape[0]
+        out = np.empty((n, c.q.shape[0]), np.float32)
+        qa = np.ascontiguousarray(q.reshape(n, -1), dtype=np.int8)
+        sa = s16 if s16 is not None else np.zeros_like(d16)
+        _q8_dot_matvec(c.q, c.scale, _NO_MIN if c.minv is None else c.minv, qa,
+                       np.ascontiguousarray(d16, np.float32), np.ascontiguousarray(sa, np.float32), out)
+        return out
+
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x [n, in] times the weight [out, in] transposed: BLAS on the float32 weights, or for
-        decode-sized n on a quantized weight, the int8-code matvec (a quarter of the bytes)."""
+        if self.numerics == "llamacpp":
+            y = self._mm_lc_int(x, name)
+            if y is not None:
+                return y
+        """x [n, in] times the weight [out, in] transposed (x rounded first as the numerics
+        say): BLAS on the float32 weights, or for decode-sized n on a quantized weight, the
+        int8-code matvec (a quarter of the bytes)."""
+        x, corr = self._round_act(x, name)
+        y = self._mm_raw(x, name)
+        if corr is not None:
+            c = self.codes(name)
+            y = y + corr.astype(np.float32) @ c.minv.T
+        return y
+
+    def _mm_raw(self, x: np.ndarray, name: str) -> np.ndarray:
         if x.shape[0] <= _DECODE_ROWS:
             c = self.codes(name)
             if c is not None:
@@ -280,7 +543,7 @@ class ReferenceModel:
 
         if not all_logits:
             x = x[-1:]
-        h = rms_norm(x, self.weight("output_norm.weight"), c.norm_eps)
+        h = self._rms(x, self.weight("output_norm.weight"), c.norm_eps)
         logits = self._mm(h, "token_embd.weight" if c.tied_output else "output.weight")
         if c.final_logit_softcap:
             cap = np.float32(c.final_logit_softcap)
@@ -308,7 +571,7 @@ class ReferenceModel:
         p = f"blk.{il}."
         n = x.shape[0]
 
-        h = rms_norm(x, w(p + "attn_norm.weight"), c.norm_eps)
+        h = self._rms(x, w(p + "attn_norm.weight"), c.norm_eps)
         q = self._mm(h, p + "attn_q.weight")
         k = self._mm(h, p + "attn_k.weight")
         v = self._mm(h, p + "attn_v.weight")
@@ -320,11 +583,13 @@ class ReferenceModel:
         k = k.reshape(n, c.n_head_kv, c.head_dim)
         v = v.reshape(n, c.n_head_kv, c.head_dim_v)
         if c.qk_norm:
-            q = rms_norm(q, w(p + "attn_q_norm.weight"), c.norm_eps)
-            k = rms_norm(k, w(p + "attn_k_norm.weight"), c.norm_eps)
-        q = rope(q, pos, self._inv_freq[il], c.rope_neox)
-        k = rope(k, pos, self._inv_freq[il], c.rope_neox)
+            q = self._rms(q, w(p + "attn_q_norm.weight"), c.norm_eps)
+            k = self._rms(k, w(p + "attn_k_norm.weight"), c.norm_eps)
+        q = self._rope(q, pos, il)
+        k = self._rope(k, pos, il)
 
+        if self.numerics != "f32":  # an f16 KV cache, as llama.cpp's default and the GPU engine's
+            k, v = round_f16(k), round_f16(v)
         p0 = int(pos[0])
         cache.k[il][:, p0:p0 + n] = k.transpose(1, 0, 2)
         cache.v[il][:, p0:p0 + n] = v.transpose(1, 0, 2)
@@ -332,16 +597,21 @@ class ReferenceModel:
 
         a = self._mm(a, p + "attn_output.weight")
         if c.post_norms:
-            a = rms_norm(a, w(p + "post_attention_norm.weight"), c.norm_eps)
+            a = self._rms(a, w(p + "post_attention_norm.weight"), c.norm_eps)
         x = x + a
 
-        h = rms_norm(x, w(p + "ffn_norm.weight"), c.norm_eps)
+        h = self._rms(x, w(p + "ffn_norm.weight"), c.norm_eps)
         gate = self._mm(h, p + "ffn_gate.weight")
         up = self._mm(h, p + "ffn_up.weight")
-        act = gelu_tanh(gate) if c.act == "gelu_tanh" else silu(gate)
+        if c.act != "gelu_tanh":
+            act = silu(gate)
+        elif self.numerics == "llamacpp":
+            act = gelu_f16_table(gate)
+        else:
+            act = gelu_tanh(gate)
         f = self._mm(act * up, p + "ffn_down.weight")
         if c.post_norms:
-            f = rms_norm(f, w(p + "post_ffw_norm.weight"), c.norm_eps)
+            f = self._rms(f, w(p + "post_ffw_norm.weight"), c.norm_eps)
         return x + f
 
     def _attention(self, il: int, q: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
@@ -351,6 +621,12 @@ class ReferenceModel:
         n = q.shape[0]
         window = c.swa_window if c.is_swa(il) else 0
         scale = np.float32(c.scale)
+        if self.numerics == "llamacpp":
+            # gemma3's graph scales Q before the attention op (the others pass the scale in)
+            if c.arch == "gemma3":
+                q, scale = q * scale, np.float32(1.0)
+            if n < FA_TILE_Q:  # the per-row path converts Q to the f16 K cache's dot type
+                return _attention_f16_acc(round_f16(q), pos, cache.k[il], cache.v[il], c.n_gqa, window, scale)
         out = np.empty((n, c.n_head, c.head_dim_v), np.float32)
         for s in range(0, n, _Q_CHUNK):
             qp = pos[s:s + _Q_CHUNK]

@@ -219,3 +219,93 @@ def test_missing_or_misshapen_tensor(tiny_models):
         R.ReferenceModel(g, dataclasses.replace(cfg, qk_norm=True))
     with pytest.raises(GGUFError, match="blk.0.attn_q.weight' has shape"):
         R.ReferenceModel(g, dataclasses.replace(cfg, n_head=cfg.n_head * 2))
+
+
+# --- numerics modes: the roundings against hand-computed cases ----------------------------------
+
+def test_numerics_mode_checked(smollm):
+    with pytest.raises(MemraError, match="numerics"):
+        R.ReferenceModel(smollm.g, numerics="fp8")
+
+
+def test_q8_llamacpp_rounds_half_to_even_with_f16_scale():
+    # amax 127 -> id = 127/127 = 1: 62.5 -> 62 and 63.5 -> 64 (AVX2 round-to-nearest-even,
+    # not the reference quantizer's roundf), d stored as f16; q8_1 also stores s = f16(d * sum q)
+    x = np.zeros(32, np.float32)
+    x[:4] = [127.0, 62.5, 63.5, -0.5]
+    xh, d16, q, s16 = R.q8_llamacpp(x[None], with_sum=True)
+    assert q[0, 0, :4].tolist() == [127, 62, 64, 0]
+    assert d16[0, 0] == np.float32(np.float16(1.0)) and s16[0, 0] == np.float16(253.0)
+    np.testing.assert_array_equal(xh[0, :4], [127, 62, 64, 0])
+    y = np.full(32, 0.1, np.float32)  # d = 0.1/127 is not an f16 value: x_hat = q * f16(d)
+    xh, d16, _, _ = R.q8_llamacpp(y[None])
+    assert d16[0, 0] == np.float32(np.float16(np.float32(0.1) / np.float32(127)))
+    np.testing.assert_array_equal(xh[0], np.float32(127) * d16[0, 0])
+
+
+def test_q8_k_uses_the_signed_maximum():
+    # ggml quantize_row_q8_K: iscale = -127/max with max the signed value of largest magnitude
+    x = np.linspace(-1, 1, 256).astype(np.float32) * np.float32(0.5)
+    x[7] = -4.0
+    xh = R.q8_k_llamacpp(x[None])[0]
+    iscale = np.float32(-127) / np.float32(-4.0)
+    want = np.minimum(np.rint(iscale * x), 127) * (np.float32(1) / iscale)
+    np.testing.assert_array_equal(xh, want.astype(np.float32))
+    assert xh[7] == -4.0
+
+
+def test_q8_gpu_rule_divides_by_d():
+    # kernels/q8.cuh: d = amax/127, q = rint(x / d); an all-zero block stays zero
+    x = np.zeros((1, 64), np.float32)
+    x[0, :3] = [3.0, 1.5, -0.75]
+    d = np.float32(3.0) / np.float32(127)
+    want = np.rint(x[0, :3] / d) * d
+    got = R.q8_gpu(x)
+    np.testing.assert_array_equal(got[0, :3], want.astype(np.float32))
+    assert not got[0, 32:].any()
+
+
+def test_gelu_f16_table_by_hand():
+    x = np.array([-12.0, -10.0, 0.3, 1.7, 10.0, 11.5], np.float32)
+    got = R.gelu_f16_table(x)
+    h = x[2:4].astype(np.float16).astype(np.float64)
+    g = 0.5 * h * (1 + np.tanh(0.7978845608028654 * h * (1 + 0.044715 * h * h)))
+    assert got[0] == 0 and got[1] == 0 and got[4] == 10.0 and got[5] == 11.5
+    np.testing.assert_array_equal(got[2:4], g.astype(np.float16).astype(np.float32))
+
+
+def test_f16_accumulator_attention_against_a_loop():
+    """llama.cpp's per-row flash attention, written again as a scalar loop over keys."""
+    rng = np.random.default_rng(3)
+    n_head, n_kv, hd, T = 4, 2, 32, 6
+    k = R.round_f16(rng.standard_normal((n_kv, T, hd)).astype(np.float32))
+    v = R.round_f16(rng.standard_normal((n_kv, T, hd)).astype(np.float32))
+    q = R.round_f16(rng.standard_normal((2, n_head, hd)).astype(np.float32))
+    pos = np.array([T - 2, T - 1])
+    got = R._attention_f16_acc(q, pos, k, v, n_head // n_kv, 0, np.float32(0.25)).reshape(2, n_head, hd)
+    for t in range(2):
+        for h in range(n_head):
+            M, S, acc = -np.inf, np.float32(0), np.zeros(hd, np.float16)
+            for j in range(pos[t] + 1):
+                s = np.float32(np.dot(q[t, h].astype(np.float64), k[h // 2, j].astype(np.float64))) * np.float32(0.25)
+                ms, vs = np.float32(1), np.float32(1)
+                if s > M:
+                    ms, M = np.float32(np.exp(np.float64(M - s))), s
+                    acc = (acc.astype(np.float32) * ms).astype(np.float16)
+                else:
+                    vs = np.float32(np.exp(np.float64(s - M)))
+                acc = (acc.astype(np.float64) + v[h // 2, j].astype(np.float64) * vs).astype(np.float32).astype(np.float16)
+                S = np.float32(S * ms + vs)
+            np.testing.assert_allclose(got[t, h], acc.astype(np.float32) / S, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("numerics", ["llamacpp", "q8"])
+def test_rounded_numerics_stay_near_f32(smollm, numerics):
+    """The 8-bit modes move SmolLM2's logits a little, never a lot (a wrong rounding rule or
+    a wrong activation moves them by O(1))."""
+    ids = [1, 504, 3575, 282, 4649, 314]
+    f32 = smollm.forward(ids, smollm.new_cache(8), all_logits=True)
+    m = R.ReferenceModel(smollm.g, numerics=numerics)
+    got = m.forward(ids, m.new_cache(8), all_logits=True)
+    d = np.abs(R.log_softmax(got) - R.log_softmax(f32))[np.arange(6), f32.argmax(-1)]
+    assert 1e-4 < np.median(d) < 0.1, d
