@@ -46,11 +46,13 @@ def emit(rec: dict) -> None:
 
 # -- prepare (CPU) ------------------------------------------------------------------------
 
-def _reference_tokens(path: Path, prompt_ids: list[int], n: int) -> dict:
+def _reference_tokens(path: Path, prompt_ids: list[int], n: int, numerics: str = "q8") -> dict:
+    """The CPU reference's greedy tokens under the numerics of the engine path they check
+    (the default q8 path: numerics="q8")."""
     from memra.gguf_file import open_gguf
     from memra.reference import ReferenceModel
 
-    m = ReferenceModel(open_gguf(path))
+    m = ReferenceModel(open_gguf(path), numerics=numerics)
     cache = m.new_cache(len(prompt_ids) + n)
     logits = m.forward(prompt_ids, cache)
     out, margins = [], []
@@ -60,7 +62,7 @@ def _reference_tokens(path: Path, prompt_ids: list[int], n: int) -> dict:
         t = int(np.argmax(logits))
         out.append(t)
         logits = m.forward([t], cache)
-    return {"tokens": out, "margins": margins}
+    return {"tokens": out, "margins": margins, "numerics": numerics}
 
 
 def prepare(args) -> None:
@@ -124,7 +126,8 @@ def check_model(name: str, path: str, fx: dict, bench: bool) -> None:
     rec = {"kind": "engine", "model": name}
     try:
         t0 = time.perf_counter()
-        e = GPUEngine(path, n_ctx=1024)
+        # the engine path whose oracle made the fixture (fixtures before q8 became the default: f32)
+        e = GPUEngine(path, n_ctx=1024, matvec_path=fx.get("numerics", "f32"))
         rec["load_s"] = round(time.perf_counter() - t0, 2)
         rec["weight_mb"] = round(e.weight_bytes / 1e6, 1)
         ids = fx["prompt_ids"]

@@ -133,7 +133,8 @@ def _load_model(device: str, g, cfg, n_ctx: int):
     if device == "cpu":
         from .reference import ReferenceModel
 
-        return ReferenceModel(g, cfg)
+        # llama.cpp CPU's roundings (8-bit activations, f16 KV cache): greedy text as llama.cpp's
+        return ReferenceModel(g, cfg, numerics="llamacpp")
     if importlib.util.find_spec("memra.engine") is None:
         raise CudaError("--device gpu: this memra has no GPU engine yet; use --device cpu")
     from . import cuda

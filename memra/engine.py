@@ -102,9 +102,11 @@ class GPUEngine:
         self._validate()
         self.g = gpu or get_gpu()
         self.batch = int(batch)
-        # "f32": activations stay float32, weights dequantized in registers; "q8": activations
-        # quantized to int8 per 32 (dp4a). Float weight types always take the f32 path.
-        self.path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "f32")
+        # "q8" (default): activations quantized to int8 per 32 (dp4a), as llama.cpp does, the
+        # CPU reference's numerics="q8" is its oracle; "f32" (rollback seam): activations stay
+        # float32, weights dequantized in registers (oracle: numerics="f32"). Float weight
+        # types always take the f32 path.
+        self.path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "q8")
         if self.path not in ("f32", "q8"):
             raise MemraError(f"matvec path must be f32 or q8, got {self.path!r}")
         # programmatic dependent launch: each kernel's launch overlaps the previous one's tail

@@ -153,7 +153,7 @@ def test_timed_decode_produces_the_reference_greedy_tokens(llama_engine):
     first = 1200
     B.fill(e, fill_ids)
     _, toks = B.time_decode(e, len(fill_ids), first, 6)
-    m = ReferenceModel(open_gguf(path))
+    m = ReferenceModel(open_gguf(path), numerics=e.path)  # the oracle of the engine's matvec path
     cache = m.new_cache(32)
     logits = m.forward(fill_ids + [first], cache)
     ref = []

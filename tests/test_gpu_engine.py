@@ -22,11 +22,13 @@ def _prompt_ids(path):
     return Tokenizer.from_gguf(open_gguf(path)).encode(PROMPT, add_special=True, parse_special=True)
 
 
-def _reference_greedy(path, prompt, n):
+def _reference_greedy(path, prompt, n, numerics):
+    """The CPU reference's greedy tokens under the numerics of the engine path it checks
+    (q8 path: numerics="q8", f32 path: "f32")."""
     from memra.gguf_file import open_gguf
     from memra.reference import ReferenceModel
 
-    m = ReferenceModel(open_gguf(path))
+    m = ReferenceModel(open_gguf(path), numerics=numerics)
     cache = m.new_cache(len(prompt) + n)
     logits = m.forward(prompt, cache)
     toks, margins = [], []
@@ -57,7 +59,16 @@ def real(request):
 
 def test_real_model_greedy_matches_reference(real):
     name, path, eng, ids = real
-    ref, margins = _reference_greedy(path, ids, 64)
+    ref, margins = _reference_greedy(path, ids, 64, eng.path)
+    _assert_same_or_near_tie(name, eng.generate_greedy(ids, 64), ref, margins)
+
+
+def test_real_model_f32_path_greedy_matches_reference(real):
+    from memra.engine import GPUEngine
+
+    name, path, _, ids = real
+    ref, margins = _reference_greedy(path, ids, 64, "f32")
+    eng = GPUEngine(path, n_ctx=512, matvec_path="f32")
     _assert_same_or_near_tie(name, eng.generate_greedy(ids, 64), ref, margins)
 
 
@@ -101,7 +112,7 @@ def test_tiny_models_greedy_matches_reference(tiny_models, arch, quant):
 
     path = tiny_models(arch, quant)
     ids = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
-    ref, margins = _reference_greedy(path, ids, 32)
     eng = GPUEngine(path, n_ctx=64)
+    ref, margins = _reference_greedy(path, ids, 32, eng.path)
     _assert_same_or_near_tie(arch, eng.generate_greedy(ids, 32), ref, margins)
     assert argmax_gate(eng, ids).verdict == "MATCH"
