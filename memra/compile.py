@@ -172,14 +172,17 @@ def _nvrtc(kernel_file: str, options: list[str]) -> tuple[bytes, str]:
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
+        # NVRTC writes into these buffers: they must be fresh mutable memory. `b" " * 1` is
+        # CPython's shared one-byte b" " object, and writing the log's NUL into it turned
+        # every later " ".encode() in the process into b"\x00".
+        buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        text = buf.rstrip(b"\0 ").decode("utf-8", "replace")
+        text = bytes(buf).rstrip(b"\0 ").decode("utf-8", "replace")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(kernel_file, options, text or repr(err))
         e2, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(e2, "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         (e3,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
         _check(e3, "nvrtcGetCUBIN")
         return bytes(cubin), text

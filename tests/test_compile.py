@@ -64,6 +64,13 @@ def test_compile_error_carries_the_log(kdir):
     assert "bad.cu" in str(e.value)
 
 
+def test_compiling_leaves_the_interpreter_intact(kdir):
+    # A clean compile has a one-byte log (its NUL). NVRTC once wrote it into CPython's shared
+    # one-byte b" " object, after which " ".encode() gave b"\x00" and tokenizers broke.
+    mc.compile_cubin("k.cu", "sm_90a", {"VALUE": 7}, use_cache=False)
+    assert " ".encode() == bytes([32]) and b" " == bytes([32])
+
+
 def test_missing_header_is_a_compile_error(kdir):
     (kdir / "inc.cu").write_text('#include "nope.cuh"\n')
     with pytest.raises(CompileError, match="nope.cuh"):
