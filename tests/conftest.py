@@ -28,3 +28,15 @@ def tiny_models(tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _memra_logging_isolated():
+    """The CLI gives the "memra" logger its own handler and stops propagation; tests that
+    run the CLI in-process must not hide memra's log records from later tests' caplog."""
+    import logging
+
+    log = logging.getLogger("memra")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
