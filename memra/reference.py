@@ -16,14 +16,21 @@ llama.cpp's math (tensor names as in llama.cpp's GGUF files):
                 x = x + f
     logits = (rmsnorm(x) * output_norm) Wout     (Wout = token_embd when tied); softcap
 
-Everything is float32. Each weight is decoded once, on first use: prefill multiplies the
-float32 matrix (BLAS); decode (one or two rows) multiplies the same weights held as int8 codes
-with per-group scales (`quants.decompose`, bit-identical values), a quarter of the bytes. The
-two differ only in summation order (decode = prefill to 1e-4, tests/test_reference.py).
-llama.cpp's CPU build differs from this by design: it quantizes activations to 8 bits for its
-quantized dot products and keeps the KV cache in f16. On the real models that moves its
-log-probs by ~0.02 (median) from this float32 pass; with float32 weights the two agree to
-~3e-4 (tests/test_parity_models.py).
+Numerics (`ReferenceModel(g, numerics=...)`):
+  "f32" (default): everything float32, the math oracle. Each weight is decoded once, on first
+      use: prefill multiplies the float32 matrix (BLAS); decode (one or two rows) multiplies the
+      same weights held as int8 codes with per-group scales (`quants.decompose`, bit-identical
+      values). The two differ only in summation order (decode = prefill to 1e-4).
+  "llamacpp": llama.cpp CPU's roundings (the AVX2 build xllamacpp ships): activations rounded
+      to 8 bits per the weight type's vec_dot_type (q8_0 / q8_1 with round-half-even and f16
+      scales, the integer dot products' lane order for 32-block types; q8_K for K-quants; f16
+      for F16 weights), f16 KV cache, f16 Q and an f16 output accumulator in its per-row flash
+      attention (batches under 64 queries), the f16 GELU table, ggml's rms_norm and rope.
+      `memra run --device cpu` uses it. Not bit-exact (float summation orders, expf, the Q.K
+      dot order differ), and on the small real models 8-bit rounding is chaotic: see
+      tests/test_parity_models.py for the measured agreement.
+  "q8": the GPU engine's q8 path (kernels/q8.cuh): quantized-weight matmuls take activations
+      rounded per 32 with d = amax/127, q = rint(x/d); f16 KV cache; float weights unrounded.
 """
 
 from __future__ import annotations
