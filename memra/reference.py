@@ -95,18 +95,8 @@ def rope_ggml(x: np.ndarray, pos: np.ndarray, base: float, freq_scale: float, ro
     if freq_factors is not None:
         th = th / freq_factors.astype(np.float32)
     th = np.float32(freq_scale) * th
-    cos = np.cos(th.astype(np.float64)).astype(np.float32)[:, None, :]
-    sin = np.sin(th.astype(np.float64)).astype(np.float32)[:, None, :]
-    out = x.copy()
-    if neox:
-        x0, x1 = x[..., :n], x[..., n:2 * n]
-        out[..., :n] = x0 * cos - x1 * sin
-        out[..., n:2 * n] = x0 * sin + x1 * cos
-    else:
-        x0, x1 = x[..., 0:2 * n:2], x[..., 1:2 * n:2]
-        out[..., 0:2 * n:2] = x0 * cos - x1 * sin
-        out[..., 1:2 * n:2] = x0 * sin + x1 * cos
-    return out
+    th = th.astype(np.float64)
+    return _rotate(x, np.cos(th).astype(np.float32), np.sin(th).astype(np.float32), neox)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -148,10 +138,14 @@ def rope(x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np
     """Rotate the first 2*len(inv_freq) dims of x [T, heads, head_dim] at positions pos [T].
 
     Normal (llama): pairs (2i, 2i+1) rotate by theta_i. NeoX: pairs (i, i + rope_dim/2)."""
-    n = inv_freq.shape[0]
     theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
-    cos = np.cos(theta).astype(np.float32)[:, None, :]
-    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    return _rotate(x, np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32), neox)
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
+    """Rotate x [T, heads, head_dim] by angles with cos/sin [T, n] (n pairs, the rest kept)."""
+    n = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
     out = x.copy()
     if neox:
         x0, x1 = x[..., :n], x[..., n:2 * n]
