@@ -12,8 +12,9 @@
 //   token's result does not depend on the batch it runs in, nor on prefill vs decode.
 //   Empty splits write m = -inf, l = 0, o = 0.
 // attn_combine: out[t, h] = sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j, M = max_j m_j.
-// attn_decode: both in one launch (the last split block of a KV head merges), with an
-//   optional q8 twin of the output for the dp4a matvecs (see the kernel).
+// attn_decode: both in one launch (the last split block of a KV head merges; with a single
+//   non-empty split, as at short contexts, that block writes the output itself, bit-identical
+//   to the merge), with an optional q8 twin of the output for the dp4a matvecs (see the kernel).
 //
 // Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64);
@@ -97,7 +98,7 @@ static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
     const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int n_ctx, int window,
-    float scale, float softcap) {
+    float scale, float softcap, float* __restrict__ out_direct) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     __shared__ __align__(16) float red[G][D];
@@ -248,6 +249,14 @@ static __device__ __forceinline__ void split_body(
         }
         __syncthreads();
     }
+    if (out_direct) {
+        // The only non-empty split: the merge would weigh it by expf(m - m) = 1 and divide
+        // by 1 * l, so writing o * (1 / l) here gives the merge's bits without the partials'
+        // round trip through global memory, the fence and the counter.
+        float* orow = out_direct + (size_t)t * n_head * D + (size_t)kvh * G * D;
+        for (int i = tid; i < G * D; i += NT) orow[i] = red[i / D][i % D] * (1.0f / l_s[i / D]);
+        return;
+    }
     for (int i = tid; i < G * D; i += NT) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = red[i / D][i % D];
     if (tid < G) {
         part_ml[(part0 + (size_t)tid * S) * 2] = m_s[tid];
@@ -263,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                float softcap) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr);
 }
 
 // attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
@@ -288,40 +297,45 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
     const int n_act = key_range(pos[t], window, S).n_active;
     if ((int)blockIdx.y >= n_act) return;  // an empty split: nothing to add, nothing to count
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap);
-
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    __threadfence();  // this block's partial, visible device-wide before it is counted
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == n_act - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-
     const int n_head = n_kv * G;
-    const size_t base = ((size_t)t * n_head + (size_t)kvh * G) * S;  // head g: + g * S
-    for (int g = warp; g < G; g += ATT_WARPS) {
-        const float* ml = part_ml + (base + (size_t)g * S) * 2;
-        float M = NEG_INF;
-        for (int j = lane; j < n_act; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
-        M = warp_max(M);
-        float den = 0.f;
-        for (int j = lane; j < n_act; j += 32) {
-            float w = expf(__ldcg(ml + 2 * j) - M);
-            w_s[g][j] = w;
-            den += w * __ldcg(ml + 2 * j + 1);
-        }
-        den = warp_sum(den);
-        if (lane == 0) inv_den[g] = 1.0f / den;
-    }
-    __syncthreads();
     float* orow = out + (size_t)t * n_head * D + (size_t)kvh * G * D;
-    for (int i = tid; i < G * D; i += NT) {
-        const int g = i / D, d = i % D;
-        const float* po = part_o + (base + (size_t)g * S) * D + d;
-        float num = 0.f;
-        for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
-        orow[i] = num * inv_den[g];
+    if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, out);
+    } else {
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr);
+
+        __threadfence();  // this block's partial, visible device-wide before it is counted
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == n_act - 1;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+
+        const size_t base = ((size_t)t * n_head + (size_t)kvh * G) * S;  // head g: + g * S
+        for (int g = warp; g < G; g += ATT_WARPS) {
+            const float* ml = part_ml + (base + (size_t)g * S) * 2;
+            float M = NEG_INF;
+            for (int j = lane; j < n_act; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
+            M = warp_max(M);
+            float den = 0.f;
+            for (int j = lane; j < n_act; j += 32) {
+                float w = expf(__ldcg(ml + 2 * j) - M);
+                w_s[g][j] = w;
+                den += w * __ldcg(ml + 2 * j + 1);
+            }
+            den = warp_sum(den);
+            if (lane == 0) inv_den[g] = 1.0f / den;
+        }
+        __syncthreads();
+        for (int i = tid; i < G * D; i += NT) {
+            const int g = i / D, d = i % D;
+            const float* po = part_o + (base + (size_t)g * S) * D + d;
+            float num = 0.f;
+            for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
+            orow[i] = num * inv_den[g];
+        }
+        if (tid == 0) counters[t * n_kv + kvh] = 0;
     }
     if (xq) {
         __syncthreads();
@@ -329,7 +343,6 @@ extern "C" __global__ void __launch_bounds__(NT)
             q8_quantize_warp(orow[b * 32 + lane], xq + (size_t)t * n_head * D + (size_t)kvh * G * D + b * 32,
                              xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32 + b);
     }
-    if (tid == 0) counters[t * n_kv + kvh] = 0;
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o,

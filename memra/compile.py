@@ -32,20 +32,15 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 @lru_cache(maxsize=1)
 def kernel_dir() -> Path:
-    """The folder holding *.cu / *.cuh: package data `memra.kernels` when installed, else
-    the repository's top-level kernels/ (a checkout used without `pip install -e .`)."""
-    try:
-        from importlib.resources import files
-
-        d = Path(str(files("memra.kernels")))
-        if d.is_dir() and any(d.glob("*.cu*")):
+    """The folder holding *.cu / *.cuh, found next to this very package: memra/kernels in an
+    installed wheel (package data memra.kernels), else the checkout's top-level kernels/.
+    (Resolving `memra.kernels` through the import system could pick another checkout's
+    editable install and compile its sources.)"""
+    here = Path(__file__).resolve().parent
+    for d in (here / "kernels", here.parent / "kernels"):
+        if d.is_dir() and any(d.glob("*.cu")):
             return d
-    except (ModuleNotFoundError, TypeError):
-        pass
-    d = Path(__file__).resolve().parent.parent / "kernels"
-    if not d.is_dir():
-        raise MemraError(f"kernel sources not found (looked for package memra.kernels and {d})")
-    return d
+    raise MemraError(f"kernel sources not found (looked in {here / 'kernels'} and {here.parent / 'kernels'})")
 
 
 def cache_dir() -> Path:
