@@ -113,6 +113,7 @@ def test_attention_reference_matches_cpu_model(window):
                           head_dim_v=D, scale=D ** -0.5, is_swa=lambda il: window > 0)
     model = ReferenceModel.__new__(ReferenceModel)
     model.cfg = cfg
+    model.numerics = "f32"  # the exact float32 attention
     cache = SimpleNamespace(k=[K], v=[V])
     cpu = ReferenceModel._attention(model, 0, q, pos, cache)
     mine = reference(q, K.transpose(1, 0, 2)[None], V.transpose(1, 0, 2)[None], pos, None, n_kv, window, D ** -0.5)
