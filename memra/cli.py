@@ -50,6 +50,8 @@ def _setup_logging() -> None:
         root.addHandler(handler)
     root.setLevel(_log_level())
     root.propagate = False
+    # a first use of a model alias downloads it: say so even at the default level
+    logging.getLogger("memra.models").setLevel(min(_log_level(), logging.INFO))
 
 
 def _fail(message: str) -> None:
