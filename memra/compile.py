@@ -14,12 +14,12 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
+from memra.atomic import write_atomic
 from memra.errors import CompileError, MemraError
 
 log = logging.getLogger("memra.compile")
@@ -143,18 +143,7 @@ def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | N
               1e3 * (time.perf_counter() - t0), " ".join(o for o in options if o.startswith("-D")),
               ("\n" + nv_log) if nv_log.strip() else "")
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(path, cubin)
     return cubin
 
 

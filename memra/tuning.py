@@ -19,10 +19,10 @@ import logging
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
+from .atomic import write_atomic
 from .errors import MemraError
 from .receipts import config_key, git_sha, normalize_cc, shape_key, utc_now
 
@@ -191,19 +191,7 @@ def write_table(table: Mapping, directory: str | os.PathLike | None = None) -> P
     directory = Path(directory) if directory is not None else tables_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{device_slug(table['device'])}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return write_atomic(path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
 # ---------------------------------------------------------------- load and look up
