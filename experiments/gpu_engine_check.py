@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from memra.aliases import sha256_file  # noqa: E402
 FIX = ROOT / ".gpucheck"
 N_TOKENS = 64
 PROMPT = "The capital of France is Paris. The capital of Germany is"
@@ -92,7 +94,7 @@ def prepare(args) -> None:
         ids = Tokenizer.from_gguf(g).encode(PROMPT, add_special=True, parse_special=True)
         ref = _reference_tokens(p, ids, N_TOKENS)
         fixtures[name] = {"file": p.name if name.startswith("tiny") else None, "prompt_ids": ids,
-                          "sha256": _sha(p) if name.startswith("tiny") else None, **ref}
+                          "sha256": sha256_file(p) if name.startswith("tiny") else None, **ref}
         print(f"{name}: {len(ids)} prompt ids, reference in {time.time() - t0:.1f} s, "
               f"min margin {min(ref['margins']):.3f}", flush=True)
         fx_path.write_text(json.dumps(fixtures))  # after each model: a slow one may be cut off
@@ -202,16 +204,6 @@ def _synth(name: str, arch: str | None, shape: str, quant: str, seed: int = 1) -
     return p
 
 
-def _sha(p: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 24), b""):
-            h.update(b)
-    return h.hexdigest()
-
-
 def step_tiny(args) -> None:
     """Tiny synthetic models (regenerated here, byte-identical to the prepared ones: the
     sha256 is compared) against the CPU reference's tokens in fixtures.json."""
@@ -222,7 +214,7 @@ def step_tiny(args) -> None:
         if fx is None:
             continue
         p = _synth(f"tiny-{arch}-{quant}.gguf", arch, "tiny", quant)
-        if fx.get("sha256") and _sha(p) != fx["sha256"]:
+        if fx.get("sha256") and sha256_file(p) != fx["sha256"]:
             emit({"kind": "engine", "model": name, "error": "synthetic file differs from the prepared one"})
             continue
         check_model(name, str(p), fx, bench=False)

