@@ -36,9 +36,10 @@ from typing import Sequence
 import numpy as np
 
 from memra import quants as Q
+from memra import tuning as TUNE
 from memra.config import ModelConfig, read_config
 from memra.errors import ContextOverflowError, MemraError, UnsupportedModelError
-from memra.gguf_file import GGUFFile, open_gguf
+from memra.gguf_file import GGUFFile, open_gguf, type_name
 from memra.ops import act as ACT
 from memra.ops import attention as ATT
 from memra.ops import embed as EMB
@@ -94,13 +95,19 @@ class GPUCache:
 
 class GPUEngine:
     def __init__(self, model, cfg: ModelConfig | None = None, n_ctx: int | None = None,
-                 batch: int = 1, gpu=None, matvec_path: str | None = None, pdl: bool | None = None):
+                 batch: int = 1, gpu=None, matvec_path: str | None = None, pdl: bool | None = None,
+                 tune_table=None):
+        """tune_table: which tuning table the launches take their configurations from —
+        None (MEMRA_TUNE_TABLE, else "auto"), "auto" (this device's table, else one of its
+        compute capability, else none), "builtin" (none: every launcher's built-in default),
+        a table file, or an already loaded table (memra.tuning.resolve_table's dict)."""
         from memra.cuda import gpu as get_gpu
 
         self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
         self.cfg = c = cfg or read_config(self.gguf)
         self._validate()
         self.g = gpu or get_gpu()
+        self._open_tune_table(tune_table)
         self.batch = int(batch)
         # "q8" (default): activations quantized to int8 per 32 (dp4a), as llama.cpp does, the
         # CPU reference's numerics="q8" is its oracle; "f32" (rollback seam): activations stay
@@ -125,6 +132,39 @@ class GPUEngine:
         self.pos = [0] * self.batch  # host mirror: tokens stored per sequence
 
     # -- set-up ---------------------------------------------------------------------------
+    def _open_tune_table(self, which) -> None:
+        if isinstance(which, dict):
+            self.tune_table, self.tune_source = which, "given"
+        else:
+            which = (os.environ.get("MEMRA_TUNE_TABLE") or "auto") if which is None else str(which)
+            info = self.g.info
+            self.tune_table, self.tune_source = TUNE.resolve_table(which, info.name, info.cc, sms=info.sm_count)
+        self._choices: dict[tuple, dict | None] = {}
+
+    def _tuned(self, kernel: str, shape: dict, batch: int, variant: str = "default") -> dict | None:
+        """The tuning table's configuration for one launch, or None (the launcher's built-in
+        default). Looked up when launches are issued on the host (set-up, prefill, graph
+        capture), cached per kernel, shape and batch bucket; a graph replay never looks."""
+        key = (kernel, variant, tuple(sorted(shape.items())), TUNE.batch_bucket(batch))
+        if key not in self._choices:
+            ch = TUNE.lookup(self.tune_table, kernel, shape, batch)
+            cfg = None
+            if ch is not None and ch.variant != variant:
+                # e.g. an f32-path matvec winner while this engine runs the q8 path: the
+                # variant decides the numerics, so the engine's path is not switched per shape
+                log.info("tuning: %s %s b%d: the table's variant %s is not this engine's %s; built-in "
+                         "default used", kernel, shape, batch, ch.variant, variant)
+            elif ch is not None and ch.config.get("MV_KSPLIT", 1) != 1:
+                # split-K changes a row's summation order: prefill and decode would no longer
+                # give the same bits (the engine's batch-invariance contract)
+                log.warning("tuning: %s %s b%d: MV_KSPLIT=%s is not used (it would make results depend "
+                            "on the batch); built-in default used", kernel, shape, batch, ch.config["MV_KSPLIT"])
+            elif ch is not None:
+                cfg = dict(ch.config)
+                log.debug("tuning: %s %s b%d: %s", kernel, shape, batch, cfg)
+            self._choices[key] = cfg
+        return self._choices[key]
+
     def _validate(self) -> None:
         c = self.cfg
         if c.head_dim_v != c.head_dim:
@@ -274,14 +314,24 @@ class GPUEngine:
         K = x.shape[-1] if len(x.shape) > 1 else x.size // rows
         tw = self._twin(rows, K)
         if tw is not None:
-            MV.quantize_q8(self.g, x.view(shape=(rows, K)), tw[0], tw[1], rows)
+            MV.quantize_q8(self.g, x.view(shape=(rows, K)), tw[0], tw[1], rows,
+                           config=self._tuned("quantize_q8", {"n": K}, rows))
         return tw
 
     def _matvec(self, lin: _Lin, x, y, rows: int, res=None, q=None) -> None:
-        if q is not None and lin.w.ggml_type not in MV.FLOAT_TYPES:
-            MV.matvec(self.g, lin.w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu, pdl=self.pdl)
+        w = lin.w
+        variant = "q8" if q is not None and w.ggml_type not in MV.FLOAT_TYPES else "f32"
+        shape = {"type": MV.TYPES[w.ggml_type][0], "rows": w.rows, "cols": w.K}
+        kernel = "matvec_glu" if lin.glu else "matvec"
+
+        def tuned(n: int):  # per launch of n rows (the launcher chunks batches by 8)
+            return self._tuned(kernel, shape, n, variant)
+
+        if variant == "q8":
+            MV.matvec(self.g, w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu, pdl=self.pdl,
+                      tuned=tuned)
         else:
-            MV.matvec(self.g, lin.w, y, x=x, nb=rows, residual=res, glu=lin.glu, pdl=self.pdl)
+            MV.matvec(self.g, w, y, x=x, nb=rows, residual=res, glu=lin.glu, pdl=self.pdl, tuned=tuned)
 
     def _norm(self, w, rows: int, delta=None, w_post=None):
         """h = rmsnorm(x) * w, after x += delta (post-normed when w_post): one launch that
@@ -302,7 +352,7 @@ class GPUEngine:
         c, g, pdl = self.cfg, self.g, self.pdl
         E = c.n_embd
         EMB.embed(g, self.embd_table, self.embd_type, c.n_vocab, E, tok, self.x, c.embd_scale, n_tokens=rows,
-                  pdl=pdl)
+                  pdl=pdl, config=self._tuned("embed", {"type": type_name(self.embd_type), "n": E}, rows))
         qh = self._norm(self.layers[0].attn_norm, rows)
         att_q8 = self.path == "q8" and c.head_dim % 32 == 0
         for il, L in enumerate(self.layers):
@@ -329,7 +379,8 @@ class GPUEngine:
             else:
                 self._matvec(L.gate, self.h, self.ff, rows, q=qh)
                 self._matvec(L.up, self.h, self.ff2, rows, q=qh)
-                ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act, pdl=pdl)
+                ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act, pdl=pdl,
+                            config=self._tuned("act_mul", {"n": c.n_ff}, rows))
             qf = self._q8(self.ff, rows)
             nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else self.output_norm
             if c.post_norms:
@@ -372,7 +423,8 @@ class GPUEngine:
         self._output(self.h, self.logits, B, qh)
         st = SMP.SeqState(tok=self.d_tok, step=self.d_step, pos=self.d_pos, hist=self.d_hist)
         if sampler == "greedy":
-            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, B, st, self.am_val, self.am_idx, pdl=self.pdl)
+            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, B, st, self.am_val, self.am_idx, pdl=self.pdl,
+                       config=self._tuned("argmax", {"n": self.cfg.n_vocab}, B))
         elif sampler == "sample":
             SMP.sample(self.g, self.logits, self.cfg.n_vocab, B, self.s_fparams, self.s_topk, self.s_seed, st,
                        pdl=self.pdl)
@@ -487,7 +539,8 @@ class GPUEngine:
         without advancing pos (the prompt's positions are already counted)."""
         st = SMP.SeqState(tok=self.d_tok, step=self.d_step, pos=None, hist=self.d_hist)
         if sampler == "greedy":
-            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, self.batch, st, self.am_val, self.am_idx)
+            SMP.argmax(self.g, self.logits, self.cfg.n_vocab, self.batch, st, self.am_val, self.am_idx,
+                       config=self._tuned("argmax", {"n": self.cfg.n_vocab}, self.batch))
         else:
             SMP.sample(self.g, self.logits, self.cfg.n_vocab, self.batch, self.s_fparams, self.s_topk,
                        self.s_seed, st)

@@ -106,6 +106,7 @@ class FakeInfo:
     name: str = "emulated"
     arch: str = "sm_90a"
     sm_count: int = 132
+    cc: tuple = (9, 0)  # as sm_90a: the engine picks a tuning table by device name, else by cc
 
 
 class FakeGpu:

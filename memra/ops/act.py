@@ -1,6 +1,6 @@
 """Gated activations (SiLU, GELU-tanh) and the logit soft-cap (kernels/act.cu).
 
-    act_mul(g, gate, up, out, n, rows, act, gate_stride=n, up_stride=n, out_stride=n)
+    act_mul(g, gate, up, out, n, rows, act, gate_stride=n, up_stride=n, out_stride=n, config=None)
     softcap(g, x, n, cap)
 
 References: memra.reference.silu / gelu_tanh. Tolerance 1e-5 relative.
@@ -20,8 +20,15 @@ TOL = 1e-5
 ACTS = {"silu": 0, "gelu_tanh": 1}
 
 
-def _module(g, canary=False):
-    d = {"ACT_THREADS": THREADS}
+def _threads(config: dict | None) -> int:
+    t = int((config or {}).get("ACT_THREADS", THREADS))
+    if t < 32 or t > 1024 or t % 32:
+        raise MemraError(f"act: ACT_THREADS must be a multiple of 32 in 32..1024, got {t}")
+    return t
+
+
+def _module(g, canary=False, threads: int = THREADS):
+    d = {"ACT_THREADS": threads}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -29,14 +36,17 @@ def _module(g, canary=False):
 
 def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | None = None,
             up_stride: int | None = None, out_stride: int | None = None, pdl: bool = False,
-            canary: bool = False) -> None:
+            canary: bool = False, config: dict | None = None) -> None:
+    """out = act(gate) * up over `rows` rows of n. config: {"ACT_THREADS": n} (a tuning
+    table's choice; default THREADS)."""
     if act not in ACTS:
         raise MemraError(f"unknown activation {act!r} (known: {', '.join(ACTS)})")
     for a in (gate, up, out):
         if a.dtype != np.float32:
             raise MemraError("act_mul takes float32 arrays")
-    k = _module(g, canary).kernel("act_mul")
-    g.launch(k, ((n + THREADS - 1) // THREADS, rows), (THREADS,),
+    threads = _threads(config)
+    k = _module(g, canary, threads).kernel("act_mul")
+    g.launch(k, ((n + threads - 1) // threads, rows), (threads,),
              (gate, up, out, np.int32(n), np.int32(gate_stride or n), np.int32(up_stride or n),
               np.int32(out_stride or n), np.int32(ACTS[act])), pdl=pdl)
 

@@ -43,18 +43,23 @@ def row_bytes(ggml_type: int, n_embd: int) -> int:
 
 
 def embed(g, table, ggml_type: int, n_vocab: int, n_embd: int, tok, out, scale: float = 1.0,
-          n_tokens: int | None = None, pdl: bool = False, canary: bool = False) -> None:
-    """out[t, :] = dequant(table row tok[t]) * scale for t < n_tokens (default: len(tok))."""
+          n_tokens: int | None = None, pdl: bool = False, canary: bool = False,
+          config: dict | None = None) -> None:
+    """out[t, :] = dequant(table row tok[t]) * scale for t < n_tokens (default: len(tok)).
+    config: {"EMBED_THREADS": n} (a tuning table's choice; default THREADS)."""
     n = tok.size if n_tokens is None else n_tokens
     if tok.dtype != np.int32 or out.dtype != np.float32 or table.dtype != np.uint8:
         raise MemraError("embed: tok must be int32, out float32, table uint8")
     if out.size < n * n_embd or table.nbytes < n_vocab * row_bytes(ggml_type, n_embd):
         raise MemraError("embed: output or table too small")
-    defines = {"EMBED_THREADS": THREADS}
+    threads = int((config or {}).get("EMBED_THREADS", THREADS))
+    if threads < 32 or threads > 1024 or threads % 32:
+        raise MemraError(f"embed: EMBED_THREADS must be a multiple of 32 in 32..1024, got {threads}")
+    defines = {"EMBED_THREADS": threads}
     if canary:
         defines["MEMRA_CANARY"] = 1
     k = g.module(KERNEL_FILE, defines).kernel(kernel_name(ggml_type))
-    g.launch(k, (n,), (THREADS,), (table, tok, out, np.int32(n_vocab), np.int32(n_embd),
+    g.launch(k, (n,), (threads,), (table, tok, out, np.int32(n_vocab), np.int32(n_embd),
                                    np.int64(row_bytes(ggml_type, n_embd)), np.float32(scale)), pdl=pdl)
 
 

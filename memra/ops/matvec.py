@@ -190,8 +190,9 @@ def rows_per_block(config: dict) -> int:
     return config["MV_ROWS"] * config["MV_NWARPS"] // config["MV_KSPLIT"]
 
 
-def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False) -> None:
-    """x [>=nb, K] f32 -> xq [.., K] int8, xs [.., K/32] Q8_SCALE (rows < nb written)."""
+def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None) -> None:
+    """x [>=nb, K] f32 -> xq [.., K] int8, xs [.., K/32] Q8_SCALE (rows < nb written).
+    config: {"Q8_WARPS": n} (a tuning table's choice; default Q8_WARPS)."""
     K = x.shape[-1]
     if x.dtype != np.float32 or xq.dtype != np.int8 or xs.dtype != Q8_SCALE or K % 32:
         raise MemraError(f"quantize_q8: need f32 x, int8 xq, Q8_SCALE xs, K % 32 == 0 "
@@ -199,18 +200,25 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False) -> None:
     nblocks = nb * K // 32
     if xq.size < nb * K or xs.size < nblocks or x.size < nb * K:
         raise MemraError("quantize_q8: arrays smaller than nb rows")
-    d = {"Q8_WARPS": Q8_WARPS}
+    warps = int((config or {}).get("Q8_WARPS", Q8_WARPS))
+    if not 1 <= warps <= 32:
+        raise MemraError(f"quantize_q8: Q8_WARPS must be in 1..32, got {warps}")
+    d = {"Q8_WARPS": warps}
     if canary:
         d["MEMRA_CANARY"] = 2
     k = g.module(Q8_FILE, d).kernel("quantize_q8")
-    g.launch(k, ((nblocks + Q8_WARPS - 1) // Q8_WARPS,), (32 * Q8_WARPS,),
+    g.launch(k, ((nblocks + warps - 1) // warps,), (32 * warps,),
              (x, xq, xs, np.int32(nblocks)))
 
 
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
            glu: str | None = None, config: dict | None = None, canary: int = 0,
-           pdl: bool = False) -> None:
-    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path."""
+           pdl: bool = False, tuned=None) -> None:
+    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path.
+
+    config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
+    a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
+    hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
     if glu not in ACTS:
         raise MemraError(f"matvec: glu must be None, 'silu' or 'gelu' (got {glu!r})")
     q8 = xq is not None
@@ -238,6 +246,8 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         n = min(chunk, nb - b0)
         b = bucket(n)
         cfg = config or default_config(w.ggml_type, "q8" if q8 else "f32", N, K, n, bool(glu))
+        if not config and tuned is not None:
+            cfg = {**cfg, **(tuned(n) or {})}
         name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
         k = _module(g, w.ggml_type, b, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)

@@ -49,21 +49,27 @@ class SeqState:
                 self.hist if self.hist is not None else _NULL, np.int32(self.hist_len))
 
 
-def _module(g, canary=False):
-    d = {"SAMPLE_THREADS": THREADS}
+def _module(g, canary=False, threads: int = THREADS):
+    d = {"SAMPLE_THREADS": threads}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
 
 
 def argmax(g, logits, n_vocab: int, rows: int, state: SeqState, part_val, part_idx,
-           pdl: bool = False, canary: bool = False) -> None:
+           pdl: bool = False, canary: bool = False, config: dict | None = None) -> None:
+    """config: {"SAMPLE_THREADS": n} (a tuning table's choice; default THREADS). The final
+    pass reduces ARGMAX_BLOCKS partials with one thread each, so n >= ARGMAX_BLOCKS."""
     if logits.dtype != np.float32 or part_val.size < rows * ARGMAX_BLOCKS or part_idx.size < rows * ARGMAX_BLOCKS:
         raise MemraError("argmax: float32 logits and scratch of rows * ARGMAX_BLOCKS")
-    m = _module(g, canary)
-    g.launch(m.kernel("argmax_partial"), (ARGMAX_BLOCKS, rows), (THREADS,),
+    threads = int((config or {}).get("SAMPLE_THREADS", THREADS))
+    if threads < ARGMAX_BLOCKS or threads > 1024 or threads % 32:
+        raise MemraError(f"argmax: SAMPLE_THREADS must be a multiple of 32 in {ARGMAX_BLOCKS}..1024, "
+                         f"got {threads}")
+    m = _module(g, canary, threads)
+    g.launch(m.kernel("argmax_partial"), (ARGMAX_BLOCKS, rows), (threads,),
              (logits, np.int32(n_vocab), part_val, part_idx), pdl=pdl)
-    g.launch(m.kernel("argmax_final"), (rows,), (THREADS,),
+    g.launch(m.kernel("argmax_final"), (rows,), (threads,),
              (part_val, part_idx, np.int32(ARGMAX_BLOCKS), *state.args()), pdl=pdl)
 
 
