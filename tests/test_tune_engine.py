@@ -1,0 +1,197 @@
+"""The GPU engine takes its launch configurations from the tuning table (issue 4, start-up):
+changing a table entry changes what the engine launches, and nothing else.
+
+The engine runs on the CPU emulator (tests/gpu_emulator.py), which records every launch's
+kernel, module defines, grid and block. The oracle for "what should launch" is the table
+entry itself laid over the launcher's built-in default (memra.ops.matvec.default_config),
+and the grid/block the kernel's launch contract derives from it (kernels/matvec.cu:
+block = 32 * MV_NWARPS, grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT))). Tokens must
+equal those of the built-in table: a configuration changes speed, never results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from gpu_emulator import FakeGpu
+from memra import tuning as T
+from memra.compile import source_hash
+from memra.engine import GPUEngine
+from memra.gguf_file import open_gguf
+from memra.ops import matvec as MV
+
+PROMPT = [1, 17, 2398, 11, 905, 33]
+N_GEN = 6
+
+
+class RecordingGpu(FakeGpu):
+    """FakeGpu that keeps (kernel, defines, grid, block) of every launch issued."""
+
+    def __init__(self):
+        super().__init__(1 << 27)
+        self.issued = []
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        self.issued.append((kernel.name, dict(kernel.defines), tuple(grid), tuple(block)))
+        super().launch(kernel, grid, block, args, shmem=shmem, pdl=pdl)
+
+
+def _entry(src, variant, config):
+    return {"variant": variant, "config": config, "src": src, "src_hash": source_hash(src),
+            "median_us": 1.0}
+
+
+def _table(entries, device="emulated"):
+    return {"format": T.TABLE_FORMAT, "device": device, "cc": "9.0", "sms": 132,
+            "batch_buckets": list(T.BATCH_BUCKETS), "entries": entries}
+
+
+def _write(tmp_path, table, name="t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(table))
+    return p
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    path = tiny_models("llama", "Q4_K_M")
+    g = open_gguf(path)
+    wo = g.tensor("blk.0.attn_output.weight")
+    # the attention output projection: rows = n_embd, cols = n_head * head_dim
+    shape = {"type": wo.type_name, "rows": wo.shape[0], "cols": wo.shape[1]}
+    n_vocab = g.tensor("token_embd.weight").shape[0]
+    n_ff = g.tensor("blk.0.ffn_down.weight").shape[1]
+    return path, shape, n_vocab, n_ff
+
+
+def _run(path, table):
+    gpu = RecordingGpu()
+    eng = GPUEngine(path, n_ctx=32, gpu=gpu, tune_table=table)
+    toks = eng.generate_greedy(PROMPT, N_GEN)
+    return eng, gpu, toks
+
+
+def _mv_launches(gpu, ggml_type, N, K):
+    """Decode-time (one row) matvec launches of the weight with N output rows of K."""
+    out = []
+    for name, d, grid, block in gpu.issued:
+        if name.startswith("mv_") and d["MV_TYPE"] == ggml_type and d["MV_B"] == 1:
+            cfg = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B")}
+            if grid[0] == -(-N // MV.rows_per_block(cfg)):
+                out.append((name, d, grid, block))
+    return out
+
+
+@pytest.fixture(scope="module")
+def builtin(model):
+    path = model[0]
+    return _run(path, "builtin")
+
+
+def test_changing_a_table_entry_changes_the_launch(model, builtin, tmp_path):
+    path, shape, n_vocab, n_ff = model
+    t = MV.type_id(shape["type"])
+    N, K = shape["rows"], shape["cols"]
+    default = MV.default_config(t, "q8", N, K, 1)
+    assert default["MV_NWARPS"] != 2
+    _, gpu0, toks0 = builtin
+    base = _mv_launches(gpu0, t, N, K)
+    assert base and all(d["MV_NWARPS"] == default["MV_NWARPS"] for _, d, _, _ in base)
+
+    entries = {
+        "matvec": {T.shape_key(shape): {"1": _entry("matvec.cu", "q8", {"MV_NWARPS": 2})}},
+        "argmax": {T.shape_key({"n": n_vocab}): {"1": _entry("sample.cu", "default", {"SAMPLE_THREADS": 256})}},
+        # the activations quantized before the down projection (n_ff wide)
+        "quantize_q8": {T.shape_key({"n": n_ff}): {"1": _entry("q8.cu", "default", {"Q8_WARPS": 4})}},
+    }
+    eng, gpu, toks = _run(path, str(_write(tmp_path, _table(entries))))
+    assert eng.tune_source == "file"
+    want = {**default, "MV_NWARPS": 2}
+    tuned = [(n, d, gr, bl) for n, d, gr, bl in gpu.issued if n.startswith("mv_") and d["MV_B"] == 1
+             and d["MV_TYPE"] == t and {k: d[k] for k in want} == want]
+    assert tuned, "no matvec launch with the table's MV_NWARPS=2"
+    for _, d, grid, block in tuned:
+        assert block == (64,)  # 32 * MV_NWARPS
+        assert grid == (-(-N // (want["MV_ROWS"] * 2 // want["MV_KSPLIT"])),)
+    # the other shapes (and the prefill chunks: another batch bucket) keep their defaults
+    n_mv0 = sum(1 for n, *_ in gpu0.issued if n.startswith("mv_"))
+    n_mv = sum(1 for n, *_ in gpu.issued if n.startswith("mv_"))
+    assert n_mv == n_mv0
+    changed = sum(1 for a, b in zip(gpu0.issued, gpu.issued) if a != b)
+    argmax = [b for n, d, _, b in gpu.issued if n.startswith("argmax")]
+    q8 = [(d, gr, b) for n, d, gr, b in gpu.issued if n == "quantize_q8" and d["Q8_WARPS"] == 4]
+    assert argmax and all(b == (256,) for b in argmax)
+    assert q8 and all(b == (128,) for _, _, b in q8)
+    assert changed == len(tuned) + len(argmax) + len(q8)
+    assert toks == toks0
+
+
+def test_env_var_and_auto_pick_the_table(model, builtin, tmp_path, monkeypatch):
+    path, shape = model[:2]
+    t = MV.type_id(shape["type"])
+    entries = {"matvec": {T.shape_key(shape): {"1": _entry("matvec.cu", "q8", {"MV_NWARPS": 8, "MV_ROWS": 1})}}}
+    # MEMRA_TUNE_TABLE names a file
+    monkeypatch.setenv("MEMRA_TUNE_TABLE", str(_write(tmp_path, _table(entries))))
+    _, gpu, toks = _run(path, None)
+    assert any(n.startswith("mv_") and d["MV_NWARPS"] == 8 and d["MV_ROWS"] == 1 and d["MV_TYPE"] == t
+               for n, d, _, _ in gpu.issued)
+    assert toks == builtin[2]
+    # "auto": the table of this device's name in tune/defaults
+    monkeypatch.delenv("MEMRA_TUNE_TABLE")
+    d = tmp_path / "defaults"
+    d.mkdir()
+    _write(d, _table(entries), "emulated.json")
+    monkeypatch.setattr(T, "tables_dir", lambda: d)
+    eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27))
+    assert eng.tune_source == "exact"
+    assert eng._tuned("matvec", shape, 1, "q8") == {"MV_NWARPS": 8, "MV_ROWS": 1}
+    # batch 8 is another bucket: no entry, built-in default
+    assert eng._tuned("matvec", shape, 8, "q8") is None
+
+
+def test_entries_the_engine_must_not_use(model, builtin, tmp_path, caplog):
+    path, shape = model[:2]
+    ffn = {"n": 512}
+    entries = {
+        # the f32 family's winner: this engine runs the q8 path (another numerics contract)
+        "matvec": {T.shape_key(shape): {"1": _entry("matvec.cu", "f32", {"MV_NWARPS": 2})},
+                   # split-K: a row's summation order would depend on the batch
+                   T.shape_key({**shape, "rows": shape["rows"] * 3}): {
+                       "1": _entry("matvec.cu", "q8", {"MV_NWARPS": 8, "MV_KSPLIT": 2})}},
+        "act_mul": {T.shape_key(ffn): {"1": _entry("act.cu", "default", {"ACT_THREADS": 512})}},
+    }
+    caplog.set_level(logging.INFO, logger="memra")
+    eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=_table(entries))
+    assert eng._tuned("matvec", shape, 1, "q8") is None
+    assert "not this engine's q8" in caplog.text
+    assert eng._tuned("matvec", {**shape, "rows": shape["rows"] * 3}, 1, "q8") is None
+    assert "MV_KSPLIT=2 is not used" in caplog.text
+    assert eng._tuned("act_mul", ffn, 1) == {"ACT_THREADS": 512}
+
+
+def test_lookups_happen_at_capture_not_per_token(model, monkeypatch):
+    path = model[0]
+    calls = []
+    real = T.lookup
+    monkeypatch.setattr(T, "lookup", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 27), tune_table="builtin")
+    eng.generate_greedy(PROMPT, 4)
+    n = len(calls)
+    assert n > 0
+    eng.generate_greedy(PROMPT, 20)  # more tokens, the same graph: no new lookups
+    assert len(calls) == n
+
+
+def test_startup_logs_which_table(model, caplog, tmp_path):
+    path = model[0]
+    caplog.set_level(logging.INFO, logger="memra.tuning")
+    GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table="builtin")
+    assert "built-in launcher defaults" in caplog.text
+    stale = _table({"embed": {T.shape_key({"type": "Q4_K", "n": 256}): {
+        "1": {**_entry("embed.cu", "default", {"EMBED_THREADS": 128}), "src_hash": "0" * 16}}}})
+    caplog.clear()
+    GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=str(_write(tmp_path, stale)))
+    assert any(r.levelno == logging.WARNING and "changed since" in r.getMessage() for r in caplog.records)
