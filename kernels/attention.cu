@@ -64,9 +64,16 @@ constexpr int KPW = 32 / LPK;                          // keys per warp per step
 constexpr int KG = NT / NCH;                           // key groups in the V phase
 static_assert(D % 8 == 0, "HEAD_DIM must be a multiple of 8");
 static_assert(NCH <= NT, "HEAD_DIM too large for ATT_WARPS");
+constexpr int SSTEP = ATT_WARPS * KPW;                // keys per block step (scores)
+constexpr int SITER = (ATT_TILE + SSTEP - 1) / SSTEP;  // steps per tile
+constexpr int SB = SITER < 8 ? SITER : 8;              // steps whose K loads overlap
+constexpr int VITER = (ATT_TILE + KG - 1) / KG;        // keys per thread per tile (V phase)
+constexpr int VB = VITER < 8 ? VITER : 8;              // V rows in flight per thread
+constexpr int OPT = (G * D + NT - 1) / NT;  // output values per thread in the key-group sum
+constexpr int RED_CAP = 6144;               // floats of shared memory for that sum
+constexpr int RED_R = KG * G * D <= RED_CAP ? KG : (RED_CAP / (G * D) > 0 ? RED_CAP / (G * D) : 1);
 
-static __device__ __forceinline__ void load8(const uint16_t* p, float* f) {
-    uint4 u = *(const uint4*)p;
+static __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -98,10 +105,10 @@ static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
     const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int n_ctx, int window,
-    float scale, float softcap, float* __restrict__ out_direct) {
+    float scale, float softcap, float* __restrict__ out_direct, float* ob) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
-    __shared__ __align__(16) float red[G][D];
+    __shared__ __align__(16) float red[RED_R][G * D];
 
     const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, S = gridDim.y;
     const int n_head = n_kv * G;
@@ -155,39 +162,54 @@ static __device__ __forceinline__ void split_body(
 
     for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
         const int nt = min(ATT_TILE, k1 - tile0);
-        // scores: LPK lanes per key, KPW keys per warp step
-        for (int base = warp * KPW; base < nt; base += ATT_WARPS * KPW) {
-            const int key = base + ks;
-            const bool valid = key < nt;
-            float dot[G];
+        // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
+        // loaded before any is used, so SB loads per lane are in flight at once
+        for (int i0 = 0; i0 < SITER; i0 += SB) {
+            uint4 kraw[SB][CPL];
 #pragma unroll
-            for (int g = 0; g < G; g++) dot[g] = 0.f;
-            if (valid) {
-                const uint16_t* kr = kbase + (size_t)(tile0 + key) * row_stride;
+            for (int i = 0; i < SB; i++) {
+                const int key = (i0 + i) * SSTEP + warp * KPW + ks;
 #pragma unroll
                 for (int c = 0; c < CPL; c++) {
-                    int ch = c * LPK + sl;
-                    if (ch < NCH) {
-                        float kf[8];
-                        load8(kr + ch * 8, kf);
-#pragma unroll
-                        for (int g = 0; g < G; g++)
-#pragma unroll
-                            for (int e = 0; e < 8; e++) dot[g] = fmaf(qr[g][c][e], kf[e], dot[g]);
-                    }
+                    const int ch = c * LPK + sl;
+                    kraw[i][c] = (i0 + i < SITER && key < nt && ch < NCH)
+                                     ? *(const uint4*)(kbase + (size_t)(tile0 + key) * row_stride + ch * 8)
+                                     : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
 #pragma unroll
-            for (int g = 0; g < G; g++) {
+            for (int i = 0; i < SB; i++) {
+                const int key = (i0 + i) * SSTEP + warp * KPW + ks;
+                const bool valid = i0 + i < SITER && key < nt;
+                float dot[G];
 #pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
-            }
-            if (valid && sl == 0) {
+                for (int g = 0; g < G; g++) dot[g] = 0.f;
+                if (valid) {
+#pragma unroll
+                    for (int c = 0; c < CPL; c++) {
+                        const int ch = c * LPK + sl;
+                        if (ch < NCH) {
+                            float kf[8];
+                            unpack8(kraw[i][c], kf);
+#pragma unroll
+                            for (int g = 0; g < G; g++)
+#pragma unroll
+                                for (int e = 0; e < 8; e++) dot[g] = fmaf(qr[g][c][e], kf[e], dot[g]);
+                        }
+                    }
+                }
 #pragma unroll
                 for (int g = 0; g < G; g++) {
-                    float v = dot[g] * scale;
-                    if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-                    sc[g][key] = v;
+#pragma unroll
+                    for (int o = LPK / 2; o > 0; o >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+                }
+                if (valid && sl == 0) {
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float v = dot[g] * scale;
+                        if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                        sc[g][key] = v;
+                    }
                 }
             }
         }
@@ -224,28 +246,54 @@ static __device__ __forceinline__ void split_body(
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[g][e] *= a;
             }
-            for (int k = kg; k < nt; k += KG) {
-                float vf[8];
-                load8(vbase + (size_t)(tile0 + k) * row_stride + vc * 8, vf);
+            // keys kg, kg + KG, ... in that order; VB rows loaded before any is used
+            for (int i0 = 0; i0 < VITER; i0 += VB) {
+                uint4 vraw[VB];
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    float pk = sc[g][k];
+                for (int i = 0; i < VB; i++) {
+                    const int k = kg + (i0 + i) * KG;
+                    vraw[i] = (i0 + i < VITER && k < nt)
+                                  ? *(const uint4*)(vbase + (size_t)(tile0 + k) * row_stride + vc * 8)
+                                  : make_uint4(0u, 0u, 0u, 0u);
+                }
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pk, vf[e], acc[g][e]);
+                for (int i = 0; i < VB; i++) {
+                    const int k = kg + (i0 + i) * KG;
+                    if (i0 + i < VITER && k < nt) {
+                        float vf[8];
+                        unpack8(vraw[i], vf);
+#pragma unroll
+                        for (int g = 0; g < G; g++) {
+                            float pk = sc[g][k];
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[g][e] = fmaf(pk, vf[e], acc[g][e]);
+                        }
+                    }
                 }
             }
         }
         __syncthreads();
     }
 
-    // sum the key groups in a fixed order
-    for (int r = 0; r < KG; r++) {
-        if (v_active && kg == r) {
+    // sum the key groups in a fixed order: output i = ((0 + acc_0) + acc_1) + ... over the
+    // KG groups, RED_R groups staged in shared memory per pass (one pass when they fit)
+    float tot[OPT];
+#pragma unroll
+    for (int o = 0; o < OPT; o++) tot[o] = 0.f;
+    for (int r0 = 0; r0 < KG; r0 += RED_R) {
+        if (v_active && kg >= r0 && kg < r0 + RED_R) {
 #pragma unroll
             for (int g = 0; g < G; g++)
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    red[g][vc * 8 + e] = (r == 0 ? 0.f : red[g][vc * 8 + e]) + acc[g][e];
+                for (int e = 0; e < 8; e++) red[kg - r0][g * D + vc * 8 + e] = acc[g][e];
+        }
+        __syncthreads();
+        const int nr = min(RED_R, KG - r0);
+#pragma unroll
+        for (int o = 0; o < OPT; o++) {
+            const int i = tid + o * NT;
+            if (i < G * D)
+                for (int r = 0; r < nr; r++) tot[o] += red[r][i];
         }
         __syncthreads();
     }
@@ -254,10 +302,22 @@ static __device__ __forceinline__ void split_body(
         // by 1 * l, so writing o * (1 / l) here gives the merge's bits without the partials'
         // round trip through global memory, the fence and the counter.
         float* orow = out_direct + (size_t)t * n_head * D + (size_t)kvh * G * D;
-        for (int i = tid; i < G * D; i += NT) orow[i] = red[i / D][i % D] * (1.0f / l_s[i / D]);
+#pragma unroll
+        for (int o = 0; o < OPT; o++) {
+            const int i = tid + o * NT;
+            if (i < G * D) {
+                const float v = tot[o] * (1.0f / l_s[i / D]);
+                orow[i] = v;
+                if (ob) ob[i] = v;
+            }
+        }
         return;
     }
-    for (int i = tid; i < G * D; i += NT) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = red[i / D][i % D];
+#pragma unroll
+    for (int o = 0; o < OPT; o++) {
+        const int i = tid + o * NT;
+        if (i < G * D) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = tot[o];
+    }
     if (tid < G) {
         part_ml[(part0 + (size_t)tid * S) * 2] = m_s[tid];
         part_ml[(part0 + (size_t)tid * S) * 2 + 1] = l_s[tid];
@@ -272,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                float softcap) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr);
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr, nullptr);
 }
 
 // attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
@@ -292,6 +352,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
+    __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
@@ -301,9 +362,11 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int n_head = n_kv * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)kvh * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, out);
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, out,
+                   xq ? ob : nullptr);
     } else {
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr);
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr,
+                   nullptr);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
@@ -334,13 +397,14 @@ extern "C" __global__ void __launch_bounds__(NT)
             float num = 0.f;
             for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
             orow[i] = num * inv_den[g];
+            ob[i] = num * inv_den[g];
         }
         if (tid == 0) counters[t * n_kv + kvh] = 0;
     }
-    if (xq) {
+    if (xq) {  // from the block's staged copy of the row it wrote
         __syncthreads();
         for (int b = warp; b < G * D / 32; b += ATT_WARPS)
-            q8_quantize_warp(orow[b * 32 + lane], xq + (size_t)t * n_head * D + (size_t)kvh * G * D + b * 32,
+            q8_quantize_warp(ob[b * 32 + lane], xq + (size_t)t * n_head * D + (size_t)kvh * G * D + b * 32,
                              xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32 + b);
     }
 }

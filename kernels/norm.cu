@@ -9,8 +9,18 @@
 //   The scale is 1/sqrtf(mean + eps) and each product is rounded separately (x*scale)*w,
 //   as ggml evaluates it.
 //
-// Tunables: NORM_THREADS (block size, a multiple of 32, default 256). MEMRA_CANARY: a
-// wrong variant (divides by n - 1) that kernel-check must catch.
+// Tunables: NORM_THREADS (block size, a multiple of 32, default 256); NORM_MAXV (float4s a
+// thread holds, default 8: rows up to 32 * NORM_THREADS). MEMRA_CANARY: a wrong variant
+// (divides by n - 1) that kernel-check must catch.
+//
+// Shape of the work: one block per row, every value read once into registers (thread t
+// holds float4s t, t + NORM_THREADS, ...), the sums reduced in the block, the results and
+// their q8 twin written from registers: one global round trip instead of three.
+//
+// Variant history (H200, per-kernel breakdown inside the decode graph):
+//   v1  read x, reduce, re-read x and w, write out, barrier, re-read out for the q8 twin
+//       (q8_quantize_warp): 2.6 us at n = 576, 4.1 us at n = 4096.
+//   v2  (this) register-resident row, q8 twin from registers by 8-lane groups.
 //
 // q8 output (optional, for the dp4a matvecs): when xq is non-null the row of `out` is also
 //   written as int8 blocks of 32 (xq [rows][n], xs [rows][n/32]) by q8_quantize_warp, the
@@ -19,7 +29,7 @@
 //
 // Launch contract: grid (n_rows), block (NORM_THREADS), no dynamic shared memory.
 //   Row r of x, delta, out starts at r * n (contiguous rows); n % 4 == 0 (n % 32 == 0 with
-//   q8 output) and the pointers are 16-byte aligned (float4 access). w_post, xq, xs may be
+//   q8 output), n <= 4 * NORM_MAXV * NORM_THREADS, and the pointers are 16-byte aligned (float4 access). w_post, xq, xs may be
 //   null.
 
 #include "common.cuh"
@@ -28,8 +38,12 @@
 #ifndef NORM_THREADS
 #define NORM_THREADS 256
 #endif
+#ifndef NORM_MAXV
+#define NORM_MAXV 8
+#endif
 
 #define NORM_WARPS (NORM_THREADS / 32)
+static_assert(NORM_THREADS % 32 == 0, "NORM_THREADS must be a multiple of 32");
 
 // deterministic block sum: per-thread partials, xor-tree in each warp, warps summed in order
 static __device__ __forceinline__ float block_sum(float v, float* red) {
@@ -61,13 +75,55 @@ static __device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) 
                        __fmul_rn(__fmul_rn(a.z, s), w.z), __fmul_rn(__fmul_rn(a.w, s), w.w));
 }
 
-// the q8 twin of a finished output row (each warp takes whole blocks of 32)
-static __device__ __forceinline__ void quantize_row(const float* orow, int n, int8_t* xq, Q8Scale* xs) {
-    __syncthreads();  // the row was written by other threads of the block
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int b = warp; b < n / 32; b += NORM_WARPS)
-        q8_quantize_warp(orow[b * 32 + lane], xq + (size_t)blockIdx.x * n + b * 32,
-                         xs + (size_t)blockIdx.x * (n / 32) + b);
+static __device__ __forceinline__ float max8(float m) {  // over the lane's group of 8
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+}
+
+static __device__ __forceinline__ int sum8(int v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v + __shfl_xor_sync(0xffffffffu, v, 4);
+}
+
+// The q8 twin of float4 i4 of the row (v), held with its 7 neighbours of the same block of
+// 32 by the lanes of an aligned group of 8: q8_quantize_warp's rule, bit for bit (d =
+// amax / 127, q = rint(v / d), s = sum of q). Every lane of the warp must call it.
+static __device__ __forceinline__ void q8_store4(float4 v, bool active, int i4, int8_t* xq, Q8Scale* xs) {
+    const float amax = max8(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float d = amax / 127.0f;
+    const bool z = amax == 0.0f;
+    const int q0 = z ? 0 : __float2int_rn(v.x / d), q1 = z ? 0 : __float2int_rn(v.y / d);
+    const int q2 = z ? 0 : __float2int_rn(v.z / d), q3 = z ? 0 : __float2int_rn(v.w / d);
+    const int s = sum8(q0 + q1 + q2 + q3);
+    if (active) {
+        *(uint32_t*)(xq + 4 * i4) = (uint32_t)(q0 & 0xff) | ((uint32_t)(q1 & 0xff) << 8) |
+                                    ((uint32_t)(q2 & 0xff) << 16) | ((uint32_t)(q3 & 0xff) << 24);
+        if ((i4 & 7) == 0) {
+            Q8Scale t;
+            t.d = d;
+            t.s = s;
+            xs[i4 / 8] = t;
+        }
+    }
+}
+
+// out = a * s * w for the thread's float4s, plus the q8 twin when xq is non-null
+static __device__ __forceinline__ void write_row(const float4 (&a)[NORM_MAXV], float s, const float4* w4,
+                                                 float4* orow, int n4, int8_t* xq, Q8Scale* xs) {
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = threadIdx.x + j * NORM_THREADS;
+        if (j * NORM_THREADS >= n4) break;  // uniform over the block
+        const bool active = i < n4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (active) {
+            v = scale_mul(a[j], s, w4[i]);
+            orow[i] = v;
+        }
+        if (xq) q8_store4(v, active, i, xq, xs);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
@@ -76,15 +132,20 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     __shared__ float red[NORM_WARPS];
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    const float4* xr = (const float4*)(x + (size_t)blockIdx.x * n);
-    float4* orow = (float4*)(out + (size_t)blockIdx.x * n);
-    const float4* w4 = (const float4*)w;
-    int n4 = n / 4;
+    const size_t r = blockIdx.x;
+    const float4* xr = (const float4*)(x + r * n);
+    const int n4 = n / 4;
+    float4 a[NORM_MAXV];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) ss += sumsq4(xr[i]);
-    float s = rms_scale(block_sum(ss, red), n, eps);
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) orow[i] = scale_mul(xr[i], s, w4[i]);
-    if (xq) quantize_row(out + (size_t)blockIdx.x * n, n, xq, xs);
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = threadIdx.x + j * NORM_THREADS;
+        a[j] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += sumsq4(a[j]);
+    }
+    const float s = rms_scale(block_sum(ss, red), n, eps);
+    write_row(a, s, (const float4*)w, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
+              xq ? xs + r * (n / 32) : nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
@@ -95,32 +156,39 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     __shared__ float red[NORM_WARPS];
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    float4* xr = (float4*)(x + (size_t)blockIdx.x * n);
-    const float4* dr = (const float4*)(delta + (size_t)blockIdx.x * n);
-    float4* orow = (float4*)(out + (size_t)blockIdx.x * n);
-    const float4* w4 = (const float4*)w;
-    int n4 = n / 4;
-    float sp = 1.f;
-    if (w_post) {
-        float ss = 0.f;
-        for (int i = threadIdx.x; i < n4; i += NORM_THREADS) ss += sumsq4(dr[i]);
-        sp = rms_scale(block_sum(ss, red), n, eps_post);
-    }
-    const float4* wp4 = (const float4*)w_post;
+    const size_t r = blockIdx.x;
+    float4* xr = (float4*)(x + r * n);
+    const float4* dr = (const float4*)(delta + r * n);
+    const int n4 = n / 4;
+    float4 a[NORM_MAXV];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) {
-        float4 d = dr[i];
-        if (w_post) d = scale_mul(d, sp, wp4[i]);
-        float4 a = xr[i];
-        a.x = __fadd_rn(a.x, d.x);
-        a.y = __fadd_rn(a.y, d.y);
-        a.z = __fadd_rn(a.z, d.z);
-        a.w = __fadd_rn(a.w, d.w);
-        xr[i] = a;
-        ss += sumsq4(a);
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = threadIdx.x + j * NORM_THREADS;
+        a[j] = i < n4 ? dr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += sumsq4(a[j]);
     }
-    float s = rms_scale(block_sum(ss, red), n, eps);
-    // each thread re-reads only the float4s it wrote itself: no barrier needed
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) orow[i] = scale_mul(xr[i], s, w4[i]);
-    if (xq) quantize_row(out + (size_t)blockIdx.x * n, n, xq, xs);
+    float sp = 1.f;
+    if (w_post) sp = rms_scale(block_sum(ss, red), n, eps_post);
+    const float4* wp4 = (const float4*)w_post;
+    ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = threadIdx.x + j * NORM_THREADS;
+        if (i < n4) {
+            float4 d = a[j];
+            if (w_post) d = scale_mul(d, sp, wp4[i]);
+            float4 v = xr[i];
+            v.x = __fadd_rn(v.x, d.x);
+            v.y = __fadd_rn(v.y, d.y);
+            v.z = __fadd_rn(v.z, d.z);
+            v.w = __fadd_rn(v.w, d.w);
+            xr[i] = v;  // each thread owns its float4s: in place is safe
+            a[j] = v;
+        }
+        ss += sumsq4(a[j]);  // zeros past the row
+    }
+    const float s = rms_scale(block_sum(ss, red), n, eps);
+    write_row(a, s, (const float4*)w, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
+              xq ? xs + r * (n / 32) : nullptr);
 }

@@ -9,9 +9,15 @@
 //   n_head+n_kv <= h < +2 n_kv: vcache[s, p, h'] = f16(v[t, h'])
 //   norm(x, w) = x * (1/sqrtf(mean(x^2) + eps)) * w when w is non-null, else x.
 //   rope: pair (a, b) = (2i, 2i+1) (normal) or (i, i + rope_dim/2) (NeoX), i < rope_dim/2,
-//   theta = p * inv_freq[i] evaluated in double precision (inv_freq already holds
-//   freq_scale / (base^(2i/rope_dim) * freq_factor[i])), then
-//   a' = a cos - b sin, b' = a sin + b cos. Dimensions >= rope_dim pass through.
+//   (c, s) = cs[p][i], the float32 cos and sin of theta = p * inv_freq[i] (made once per
+//   context size by memra/ops/rope.py in float64 and rounded, as the CPU reference rounds
+//   them; inv_freq = freq_scale / (base^(2i/rope_dim) * freq_factor[i])), then
+//   a' = a c - b s, b' = a s + b c. Dimensions >= rope_dim pass through.
+//
+// Variant history (H200, per-kernel breakdown inside the decode graph):
+//   v1  theta and sincos in double precision per pair in the kernel: 1.56 us at head 64
+//       (one pair a lane), 3.25 us at head 256 (four pairs a lane, serial).
+//   v2  (this) cos/sin read from a per-position table.
 //
 // Compile-time: HEAD_DIM (required, even), ROPE_WARPS (heads per block, default 4);
 //   MEMRA_CANARY: a wrong variant (rotation sign flipped) that kernel-check must catch.
@@ -19,7 +25,9 @@
 //   (32 * ROPE_WARPS), no dynamic shared memory. q, k, v rows of token t start at
 //   t * q_stride / k_stride / v_stride floats (so one fused QKV buffer serves); q_out is
 //   [n_tokens][n_head * HEAD_DIM] and must not overlap q. kcache/vcache:
-//   [n_seq][n_ctx][n_kv * HEAD_DIM] half. Positions outside [0, n_ctx) are not written.
+//   [n_seq][n_ctx][n_kv * HEAD_DIM] half; cs: [cs_rows][rope_dim / 2] float2 with every
+//   pos in [0, cs_rows) (others read row 0 or the last). Positions outside [0, n_ctx) are
+//   not written to the cache.
 
 // PDL: each kernel waits for the previous one before touching memory, then lets the
 // next one launch (both no-ops when launched without programmatic dependent launch).
@@ -40,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                  const int* __restrict__ pos, const int* __restrict__ seq,
                  const float* __restrict__ bias, const float* __restrict__ q_norm_w,
                  const float* __restrict__ k_norm_w,
-                 const double* __restrict__ inv_freq, int n_head, int n_kv, int n_ctx,
+                 const float2* __restrict__ cs, int cs_rows, int n_head, int n_kv, int n_ctx,
                  int rope_dim, int neox, float eps) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
     MEMRA_PDL_WAIT();
@@ -90,12 +98,12 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
     const bool store = is_q || in_ctx;
     const int half_dim = rope_dim / 2;
+    const float2* csr = cs + (size_t)min(max(p, 0), cs_rows - 1) * half_dim;
     for (int i = lane; i < half_dim; i += 32) {
         const int ia = neox ? i : 2 * i, ib = neox ? i + half_dim : 2 * i + 1;
-        double sn, cs;
-        sincos((double)p * inv_freq[i], &sn, &cs);
-        const float c = (float)cs;
-        float sv = (float)sn;
+        const float2 t = csr[i];
+        const float c = t.x;
+        float sv = t.y;
 #ifdef MEMRA_CANARY
         sv = -sv;  // kernel-check canary: rotates the wrong way
 #endif

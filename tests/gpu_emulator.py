@@ -234,15 +234,15 @@ def _add_rmsnorm(g, k, grid, v):
 
 
 def _rope(g, k, grid, v):
-    from memra.reference import rms_norm, rope
+    from memra.reference import _rotate, rms_norm
 
-    (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, inv, n_head, n_kv, n_ctx,
+    (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, n_head, n_kv, n_ctx,
      rope_dim, neox, eps) = v
     D = int(k.defines["HEAD_DIM"])
     T = grid[1]
     P = g.mem(pos, np.int32, T)
     S = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
-    invf = g.mem(inv, np.float64, rope_dim // 2)
+    table = g.mem(cs, np.float32, cs_rows * rope_dim).reshape(cs_rows, rope_dim // 2, 2)
     b = _f32(g, bias, (n_head + 2 * n_kv) * D).reshape(-1, D) if bias else None
     kcache = g.mem(kc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
     vcache = g.mem(vc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
@@ -256,9 +256,9 @@ def _rope(g, k, grid, v):
             qh = rms_norm(qh, _f32(g, qn, D), eps)
         if kn:
             kh = rms_norm(kh, _f32(g, kn, D), eps)
-        p = np.array([P[t]])
-        qh = rope(qh[None], p, invf, bool(neox))[0]
-        kh = rope(kh[None], p, invf, bool(neox))[0]
+        c, s = table[min(max(P[t], 0), cs_rows - 1)].T
+        qh = _rotate(qh[None], c[None], s[None], bool(neox))[0]
+        kh = _rotate(kh[None], c[None], s[None], bool(neox))[0]
         _f32(g, q_out + 4 * t * n_head * D, n_head * D)[:] = qh.reshape(-1)
         if 0 <= P[t] < n_ctx:
             kcache[S[t], P[t]] = kh.astype(np.float16)

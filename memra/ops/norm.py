@@ -31,8 +31,21 @@ def threads_for(n: int) -> int:
     return int(min(1024, max(64, -(-(n // 4) // 32) * 32)))
 
 
+MAXV = 8  # at most this many float4s a thread holds (NORM_MAXV): rows up to 32 * 1024
+
+
+def maxv_for(n: int) -> int:
+    """float4s each thread holds for rows of n (the row lives in registers)."""
+    return -(-(n // 4) // threads_for(n))
+
+
+def _check_n(n: int) -> None:
+    if maxv_for(n) > MAXV:
+        raise MemraError(f"norm kernels take rows of at most {4 * MAXV * 1024} values, got {n}")
+
+
 def _module(g, n: int, canary: bool = False):
-    d = {"NORM_THREADS": threads_for(n)}
+    d = {"NORM_THREADS": threads_for(n), "NORM_MAXV": maxv_for(n)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -57,6 +70,7 @@ def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, p
     _check_f32(x, w, out)
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
+    _check_n(n)
     k = _module(g, n, canary).kernel("rmsnorm")
     g.launch(k, (rows,), (threads_for(n),), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
@@ -68,6 +82,7 @@ def add_rmsnorm(g, x, delta, w, out, n: int, eps: float, rows: int = 1, w_post=N
     _check_f32(x, delta, w, out, w_post)
     if n % 4 or min(x.size, delta.size, out.size) < rows * n or w.size != n:
         raise MemraError(f"add_rmsnorm: bad sizes (n={n}, rows={rows})")
+    _check_n(n)
     k = _module(g, n, canary).kernel("add_rmsnorm")
     g.launch(k, (rows,), (threads_for(n),),
              (x, delta, w_post if w_post is not None else _NULL, w, out, np.int32(n),
@@ -94,12 +109,13 @@ def reference_add_rmsnorm(x, delta, w, eps, w_post=None, eps_post=None):
 
 # -- kernel-check ------------------------------------------------------------------------
 
-_CHECK_N = (128, 576, 640, 2048, 4096)
+_CHECK_N = (128, 576, 640, 2048, 4096, 6000, 8192)
 
 
 def compile_variants():
-    return [(KERNEL_FILE, {"NORM_THREADS": t}) for t in sorted({threads_for(n) for n in _CHECK_N})] + \
-           [(KERNEL_FILE, {"NORM_THREADS": threads_for(640), "MEMRA_CANARY": 1})]
+    return [(KERNEL_FILE, {"NORM_THREADS": t, "NORM_MAXV": v})
+            for t, v in sorted({(threads_for(n), maxv_for(n)) for n in _CHECK_N})] + \
+           [(KERNEL_FILE, {"NORM_THREADS": threads_for(640), "NORM_MAXV": maxv_for(640), "MEMRA_CANARY": 1})]
 
 
 def _inputs(rng, rows, n):
@@ -170,10 +186,12 @@ def _check_q8(g, rng, rows, n, add: bool):
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
-    for rows, n in ((1, 576), (3, 640), (2, 4096), (1, 128)):
+    for rows, n in ((1, 576), (3, 640), (2, 4096), (1, 128), (2, 8192), (1, 6000)):
         yield _check_rmsnorm(g, rng, rows, n)
     yield _check_q8(g, rng, 2, 576, add=False)
     yield _check_q8(g, rng, 3, 2048, add=True)
+    yield _check_q8(g, rng, 2, 8192, add=False)
+    yield _check_q8(g, rng, 1, 4096, add=True)
     for rows, n in ((1, 576), (4, 2048)):
         yield _check_add(g, rng, rows, n, post=False)
         yield _check_add(g, rng, rows, n, post=True)

@@ -1,10 +1,12 @@
 """Per-head Q/K RMSNorm + RoPE + KV-cache append in one launch (kernels/rope.cu).
 
-    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, n_tokens, ...)
+    cs = g.to_device(rope_table(inv_freq, n_pos))   # once per context size
+    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, n_tokens, ...)
 
-inv_freq: float64 device array [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i),
-as memra.reference.rope_inv_freq computes it. The reference is memra.reference's rms_norm and
-rope; the caches hold f16. Tolerances: q 1e-5 relative; cached K/V within one f16 rounding.
+inv_freq: float64 [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i), as
+memra.reference.rope_inv_freq computes it; rope_table turns it into the float32 cos/sin of
+every position, rounded from float64 exactly as memra.reference.rope rounds them. The
+reference is memra.reference's rms_norm and rope; the caches hold f16. Tolerances: q 1e-5 relative; cached K/V within one f16 rounding.
 """
 
 from __future__ import annotations
@@ -29,28 +31,36 @@ def module(g, head_dim: int, canary: bool = False):
     return g.module(KERNEL_FILE, d)
 
 
-def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, inv_freq, *, n_tokens: int,
+def rope_table(inv_freq: np.ndarray, n_pos: int) -> np.ndarray:
+    """float32 [n_pos, len(inv_freq), 2]: (cos, sin) of p * inv_freq[i] for p < n_pos,
+    evaluated in float64 and rounded to float32 (memra.reference.rope's values)."""
+    theta = np.arange(n_pos, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
+    return np.stack([np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)], axis=-1)
+
+
+def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: int,
                  n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
                  eps: float = 1e-6, pdl: bool = False, canary: bool = False) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
     kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
-    (seq may be None: sequence 0); bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
+    (seq may be None: sequence 0), every pos below cs's rows; cs: float32 device array
+    [n_pos, rope_dim/2, 2] from rope_table; bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
     biases concatenated) or None."""
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
         raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
-    if pos.dtype != np.int32 or inv_freq.dtype != np.float64 or q_out.dtype != np.float32:
-        raise MemraError("rope_norm_kv: pos int32, inv_freq float64, q_out float32")
-    if rope_dim > head_dim or rope_dim % 2 or inv_freq.size < rope_dim // 2:
-        raise MemraError(f"rope_norm_kv: rope_dim {rope_dim} vs head_dim {head_dim}")
+    if pos.dtype != np.int32 or cs.dtype != np.float32 or q_out.dtype != np.float32:
+        raise MemraError("rope_norm_kv: pos int32, cs float32, q_out float32")
+    if rope_dim > head_dim or rope_dim % 2 or len(cs.shape) != 3 or cs.shape[1:] != (rope_dim // 2, 2):
+        raise MemraError(f"rope_norm_kv: rope_dim {rope_dim} vs head_dim {head_dim} and cs {cs.shape}")
     kern = module(g, head_dim, canary).kernel("rope_norm_kv")
     n_units = n_head + 2 * n_kv
     g.launch(kern, ((n_units + WARPS - 1) // WARPS, n_tokens), (32 * WARPS,),
              (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
               pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
-              inv_freq, np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
+              cs, np.int32(cs.shape[0]), np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
               np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
 
 
@@ -122,7 +132,7 @@ def _check(g, rng, case, canary=False):
     vc.poison()
     fb = 4
     rope_norm_kv(g, d_qkv.view(shape=(T * stride,)), d_qkv.view(offset=nh * D * fb), d_qkv.view(offset=(nh + nkv) * D * fb),
-                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(inv), n_tokens=T,
+                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(rope_table(inv, n_ctx)), n_tokens=T,
                  n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
                  q_stride=stride, k_stride=stride, v_stride=stride,
                  bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
