@@ -64,7 +64,7 @@ class _Layer:
     gate: object  # separate gate / up linears when their types differ
     up: object
     down: object
-    inv_freq: object
+    rope_key: tuple  # (base, scale): the layer's RoPE table in GPUEngine.rope_cs
     window: int
     bias: object = None
     q_norm: object = None
@@ -201,7 +201,8 @@ class GPUEngine:
         from memra.reference import rope_inv_freq
 
         self.layers: list[_Layer] = []
-        inv_cache: dict[tuple, object] = {}
+        self.rope_inv: dict[tuple, np.ndarray] = {}  # float64 inverse frequencies per (base, scale)
+        self.rope_cs: dict[tuple, object] = {}  # their cos/sin tables, [n_ctx, rope_dim/2, 2]
         for il in range(c.n_layer):
             p = f"blk.{il}."
             names = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
@@ -223,8 +224,8 @@ class GPUEngine:
             swa = c.is_swa(il)
             scale = 1.0 if (swa and c.rope_base_swa is not None) else c.rope_freq_scale
             key = (c.layer_rope_base(il), scale)
-            if key not in inv_cache:
-                inv_cache[key] = self.g.to_device(rope_inv_freq(c.rope_dim, key[0], key[1], factors).astype(np.float64))
+            if key not in self.rope_inv:
+                self.rope_inv[key] = rope_inv_freq(c.rope_dim, key[0], key[1], factors).astype(np.float64)
             bias = None
             if c.qkv_bias:
                 bias = self.g.to_device(np.concatenate([
@@ -232,7 +233,7 @@ class GPUEngine:
             self.layers.append(_Layer(
                 attn_norm=self._f32(p + "attn_norm.weight"), ffn_norm=self._f32(p + "ffn_norm.weight"),
                 qkv=qkv, wo=self._linear([p + "attn_output.weight"]), ffn=ffn, gate=gate, up=up,
-                down=self._linear([p + "ffn_down.weight"]), inv_freq=inv_cache[key],
+                down=self._linear([p + "ffn_down.weight"]), rope_key=key,
                 window=c.swa_window if swa else 0, bias=bias,
                 q_norm=self._f32(p + "attn_q_norm.weight") if c.qk_norm else None,
                 k_norm=self._f32(p + "attn_k_norm.weight") if c.qk_norm else None,
@@ -292,6 +293,7 @@ class GPUEngine:
         self.kv_bytes = 2 * c.n_layer * self.batch * n_ctx * c.kv_dim * 2
         self.kcache = [self.g.empty((self.batch, n_ctx, c.kv_dim), np.uint16) for _ in range(c.n_layer)]
         self.vcache = [self.g.empty((self.batch, n_ctx, c.kv_dim), np.uint16) for _ in range(c.n_layer)]
+        self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, n_ctx)) for k, inv in self.rope_inv.items()}
         self.n_ctx = n_ctx
         self._drop_graphs()
         self.pos = [0] * self.batch
@@ -358,7 +360,7 @@ class GPUEngine:
         for il, L in enumerate(self.layers):
             q, k, v, qs, ks, vs = self._qkv_views(L, rows, qh)
             ROPE.rope_norm_kv(
-                g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, L.inv_freq, n_tokens=rows,
+                g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, self.rope_cs[L.rope_key], n_tokens=rows,
                 n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
                 rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks, v_stride=vs,
                 bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl)
