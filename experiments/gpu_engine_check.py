@@ -228,6 +228,8 @@ BENCH = (  # (file, arch, shape, mix)
     ("gemma3-270m-shape-Q4_K_M.gguf", "gemma3", "gemma3-270m", "Q4_K_M"),
     ("llama-1b-Q4_0.gguf", "llama", "llama-1b", "Q4_0"),
     ("llama3-8b-Q4_K_M.gguf", "llama", "llama3-8b", "Q4_K_M"),
+    ("llama3-8b-Q4_0.gguf", "llama", "llama3-8b", "Q4_0"),
+    ("llama3-8b-Q8_0.gguf", "llama", "llama3-8b", "Q8_0"),
 )
 
 
@@ -286,7 +288,7 @@ def step_bench(args) -> None:
     t_start = time.perf_counter()
     configs = [tuple(c.split(":")) for c in args.configs.split(",")]  # path:pdl
     for fname, arch, shape, quant in BENCH:
-        if args.only_bench and shape not in args.only_bench.split(","):
+        if args.only_bench and not {shape, f"{shape}:{quant}"} & set(args.only_bench.split(",")):
             continue
         if time.perf_counter() - t_start > args.bench_budget:
             emit({"kind": "bench", "shape": shape, "skipped": "time budget"})
@@ -313,9 +315,12 @@ def step_bench(args) -> None:
                 rec["pp512_tok_s"] = round(512 / (time.perf_counter() - t0), 1)
                 if args.breakdown and (path, pdl) == configs[0]:
                     e.reset()
+                    # the step at a context of breakdown_depth tokens (tg128's mean is 64)
+                    ids = [(7 * i + 3) % e.cfg.n_vocab for i in range(args.breakdown_depth)]
                     e.prefill(ids)
                     e.d_tok.upload(np.array([ids[-1]] * e.batch, np.int32))
                     e.d_pos.upload(np.asarray(e.pos, np.int32))
+                    rec["breakdown_depth"] = args.breakdown_depth
                     rec["breakdown"] = breakdown(e)
                     rec["breakdown_sum_us"] = round(sum(r["total_us"] for r in rec["breakdown"]), 1)
                 emit(rec)
@@ -346,7 +351,8 @@ def run(args) -> None:
         t0 = time.perf_counter()
         cmd = [sys.executable, __file__, "step", "--step", step, "--kernels", args.kernels,
                "--bench-budget", str(args.bench_budget), "--only-bench", args.only_bench,
-               "--configs", args.configs] + (["--breakdown"] if args.breakdown else [])
+               "--configs", args.configs, "--breakdown-depth", str(args.breakdown_depth)] + \
+            (["--breakdown"] if args.breakdown else [])
         try:
             r = subprocess.run(cmd, timeout=float(limits.get(step, 120)))
             rc = r.returncode
@@ -397,6 +403,7 @@ def main() -> None:
     ap.add_argument("--only-bench", default="")
     ap.add_argument("--configs", default="q8:pdl,q8:nopdl,f32:pdl")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--breakdown-depth", type=int, default=64)
     args = ap.parse_args()
     if args.mode == "prepare":
         prepare(args)
