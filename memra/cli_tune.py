@@ -98,6 +98,8 @@ def tune_run(
                         "research/tune/<campaign>-<device>.jsonl).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the jobs and exit (no GPU needed).")] = False,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs.")] = None,
+    precompile_jobs: Annotated[bool, typer.Option("--precompile/--no-precompile", help="Compile the "
+                               "campaign's modules in parallel processes before timing.")] = True,
 ) -> None:
     """Measure every job of a campaign on this GPU and append receipts."""
     from .campaign import expand_campaign, load_campaign, model_info, run_campaign
@@ -115,7 +117,7 @@ def tune_run(
         return
 
     from . import cuda
-    from .tune_gpu import device_context, gpu_measure, require_hooks
+    from .tune_gpu import device_context, gpu_measure, precompile, require_hooks
 
     if not cuda.has_gpu():
         raise MemraError("memra tune run needs an NVIDIA GPU (use --dry-run to list the jobs)")
@@ -124,6 +126,13 @@ def tune_run(
     ctx = device_context(g)
     path = out_path or receipts_dir() / f"{spec['name']}-{device_slug(ctx['device'])}.jsonl"
     log.info("tune: %d jobs of %s on %s → %s", len(jobs), spec["name"], ctx["device"], path)
+    if precompile_jobs:
+        import time
+
+        t0 = time.perf_counter()
+        n, bad = precompile(jobs, g.info.arch)
+        log.info("tune: %d modules compiled in %.1f s (%d failed: their jobs record why)", n,
+                 time.perf_counter() - t0, bad)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[last]}"), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=False) as bar:

@@ -14,6 +14,9 @@ HBM as in a real decode step, not from a warm cache). The case offers:
                     the family's numpy reference at its tolerance
     case.launch(i)  enqueue one launch on copy i (capturable in a CUDA graph)
 
+and optionally `tune_modules(kernel, variant, config, shape) -> [(kernel file, defines)]`,
+the modules a job loads, so `precompile` can build a whole campaign's in parallel first.
+
 A configuration is timed only after its check passed. Timing captures `LAUNCHES` launches
 (cycling through the copies) in one CUDA graph and times whole replays with CUDA events, so
 the per-launch time includes the graph-node cost the engine pays, not the ~7 µs of a Python
@@ -52,6 +55,30 @@ def require_hooks(jobs: Iterable) -> None:
             missing.add(f"{src} (memra.ops.{Path(src).stem} has no tune_case)")
     if missing:
         raise MemraError("these kernel families cannot be tuned yet: " + "; ".join(sorted(missing)))
+
+
+def precompile(jobs: Iterable, arch: str, workers: int | None = None) -> tuple[int, int]:
+    """Compile every module the jobs will load into the cubin cache, in parallel processes,
+    before anything is timed. Families with a `tune_modules(kernel, variant, config, shape)
+    -> [(kernel file, defines)]` hook take part; the others compile as their jobs run. A
+    module that fails to compile is left to its job, which records the error. Returns
+    (modules, failed)."""
+    from .compile import compile_many
+
+    todo: dict[tuple, tuple[str, dict]] = {}
+    for j in jobs:
+        hook = getattr(family_module(j.src), "tune_modules", None)
+        if hook is None:
+            continue
+        try:
+            mods = hook(j.kernel, j.variant, dict(j.config), dict(j.shape))
+        except MemraError:
+            continue  # refused by the family: its job records why
+        for f, d in mods:
+            todo.setdefault((f, tuple(sorted((k, str(v)) for k, v in d.items()))), (f, d))
+    work = [(f, arch, d) for f, d in todo.values()]
+    failed = sum(1 for _, err, _ in compile_many(work, workers) if err)
+    return len(work), failed
 
 
 def device_context(g) -> dict:

@@ -108,3 +108,55 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, "gelu_tanh", 2, 1000, fused=True, canary=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernel "act_mul", variant "default", shape {n}, batch rows
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "act_mul" or variant != "default":
+        raise MemraError(f"act tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+class _TuneCase:
+    """gate and up as the engine has them when the FFN is not fused (two [rows, n] buffers),
+    `sets` copies of both in one allocation; the output is written in place of the gate,
+    as in the engine, so each launch reads and writes its copy."""
+
+    def __init__(self, g, config, n, rows, rng, rotate_bytes):
+        self.g, self.config, self.n, self.rows = g, config, n, rows
+        _threads(config)  # a bad value fails here, recorded as a failed configuration
+        one = rows * n * 4
+        self.bytes = 3 * one
+        self.sets = max(1, -(-rotate_bytes // (2 * one)))
+        self.act = "silu"
+        host = (rng.standard_normal((2, rows, n)) * 3).astype(np.float32)
+        # every copy starts from the same values (only the addresses matter for timing)
+        self.buf = g.to_device(np.tile(host.reshape(1, -1), (self.sets, 1)))
+        self.host = host
+
+    def _arrays(self, i):
+        one = self.rows * self.n * 4
+        gate = self.buf.view(np.float32, (self.rows, self.n), 2 * one * i)
+        up = self.buf.view(np.float32, (self.rows, self.n), 2 * one * i + one)
+        return gate, up
+
+    def launch(self, i: int) -> None:
+        gate, up = self._arrays(i)
+        act_mul(self.g, gate, up, gate, self.n, self.rows, self.act, config=self.config)
+
+    def check(self):
+        from memra.kernelcheck import compare
+
+        gate, up = self.g.to_device(self.host[0]), self.g.to_device(self.host[1])
+        out = self.g.empty((self.rows, self.n), np.float32)
+        out.poison()
+        act_mul(self.g, gate, up, out, self.n, self.rows, self.act, config=self.config)
+        self.g.sync()
+        o = compare("act_mul", out.numpy(), reference(self.host[0], self.host[1], self.act), TOL)
+        return o.ok, _err(o.detail), o.detail
+
+
+def _err(detail: str) -> float:
+    """The relative error a kernelcheck.compare detail reports (inf when it reports none)."""
+    return float(detail.split("err=")[1].split()[0]) if "err=" in detail else float("inf")

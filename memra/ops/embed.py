@@ -116,3 +116,63 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, Q.Q4_K, canary=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernel "embed", variant "default", shape {type, n}, batch rows
+
+_TUNE_SETS = 32  # token-id sets; each launch gathers its own random rows of the big table
+
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "embed" or variant != "default":
+        raise MemraError(f"embed tune: unknown kernel/variant {kernel}/{variant}")
+    t = _type_id(shape["type"])
+    kernel_name(t)  # raises for a type the gather does not read
+    return _TuneCase(g, dict(config or {}), t, int(shape["n"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+def _type_id(name: str) -> int:
+    for t in KERNELS:
+        if type_name(t) == str(name).upper():
+            return t
+    raise UnsupportedModelError(f"embed: unknown type {name!r}")
+
+
+class _TuneCase:
+    """A table larger than `rotate_bytes` (a random block of rows repeated) and `sets` arrays
+    of random token ids: each launch gathers rows that are not in L2, like the first layer
+    of a decode step."""
+
+    def __init__(self, g, config, t, n_embd, rows, rng, rotate_bytes):
+        self.g, self.config, self.t, self.n_embd, self.rows = g, config, t, n_embd, rows
+        rb = row_bytes(t, n_embd)
+        base = min(4096, max(1, rotate_bytes // rb))
+        block = random_table(rng, t, base, n_embd).reshape(base, rb)
+        self.n_vocab = base * max(1, -(-rotate_bytes // (base * rb)))
+        self.table = np.tile(block, (self.n_vocab // base, 1))
+        self.d_table = g.to_device(self.table)
+        self.sets = _TUNE_SETS
+        self.toks = rng.integers(0, self.n_vocab, (self.sets, rows)).astype(np.int32)
+        self.d_toks = g.to_device(self.toks)
+        self.out = g.empty((rows, n_embd), np.float32)
+        self.scale = float(rng.uniform(1.0, 30.0))
+        self.bytes = rows * (rb + 4 * n_embd + 4)
+        # a bad EMBED_THREADS raises here (a failed configuration, never timed)
+        self._embed(self.d_toks.view(np.int32, (rows,), 0))
+
+    def _embed(self, tok) -> None:
+        embed(self.g, self.d_table, self.t, self.n_vocab, self.n_embd, tok, self.out, self.scale,
+              config=self.config)
+
+    def launch(self, i: int) -> None:
+        self._embed(self.d_toks.view(np.int32, (self.rows,), 4 * self.rows * i))
+
+    def check(self):
+        from memra.kernelcheck import compare
+
+        self.out.poison()
+        self.launch(0)
+        self.g.sync()
+        ref = reference(self.table, self.t, self.n_embd, self.toks[0], self.scale)
+        o = compare("embed", self.out.numpy(), ref, 0, kind="exact")
+        return o.ok, 0.0 if o.ok else float("inf"), o.detail

@@ -513,17 +513,35 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
                      int(shape.get("batch", 1)), config, rng, rotate_bytes)
 
 
+def _tune_config(t: int, variant: str, rows: int, K: int, nb: int, glu: bool, config: dict | None) -> dict:
+    """The launch configuration of a tune job: the built-in default with the job's MV_*
+    tunables laid over it (what the engine launches for a table entry, too)."""
+    cfg = default_config(t, variant, rows // 2 if glu else rows, K, nb, glu)
+    cfg.update({k: int(v) for k, v in (config or {}).items() if k.startswith("MV_")})
+    return cfg
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of every module a tune job loads: `memra tune run` compiles a
+    campaign's modules in parallel processes before timing (NVRTC takes ~1 s per matvec
+    module; one process would spend most of a campaign compiling)."""
+    t, nb = type_id(shape["type"]), int(shape.get("batch", 1))
+    cfg = _tune_config(t, variant, int(shape["rows"]), int(shape["cols"]), nb, kernel == "matvec_glu", config)
+    return [(KERNEL_FILE, {"MV_TYPE": t, "MV_B": bucket(nb), **cfg}), (Q8_FILE, {"Q8_WARPS": Q8_WARPS})]
+
+
 class _TuneCase:
     def __init__(self, g, glu, variant, t, rows, K, nb, config, rng, rotate_bytes):
-        cfg = default_config(t, variant, rows // 2 if glu else rows, K, nb, glu)
-        cfg.update({k: int(v) for k, v in (config or {}).items() if k.startswith("MV_")})
+        cfg = _tune_config(t, variant, rows, K, nb, glu, config)
         self.g, self.glu, self.variant, self.t, self.nb, self.cfg = g, glu, variant, t, nb, cfg
         self.N = rows // 2 if glu else rows
         self.K = K
         raw = random_weight(t, rows, K, rng)
         w0 = upload_weight(g, raw, t)
         self.sets = max(1, -(-rotate_bytes // w0.nbytes))
-        self.ws = [w0] + [upload_weight(g, random_weight(t, rows, K, rng), t) for _ in range(self.sets - 1)]
+        # the other copies hold the same bytes: only their addresses matter (L2 rotation), and
+        # generating fresh random weights for each would cost seconds per job
+        self.ws = [w0] + [upload_weight(g, raw, t) for _ in range(self.sets - 1)]
         self.raw0 = raw
         self.x = rng.standard_normal((nb, K)).astype(np.float32)
         self.xd = g.to_device(self.x)

@@ -225,3 +225,47 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check_sample(g, rng, 1000, [(1.0, 0, 1.0, 0.0)] * 6, canary=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernel "argmax", variant "default", shape {n}, batch rows
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "argmax" or variant != "default":
+        raise MemraError(f"sample tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+class _TuneCase:
+    """`sets` copies of [rows, n] logits (tied maxima included); one token state, as in the
+    engine's decode graph (tok/step/pos advanced by every launch, no history)."""
+
+    def __init__(self, g, config, n, rows, rng, rotate_bytes):
+        self.g, self.config, self.n, self.rows = g, config, n, rows
+        one = rows * n * 4
+        self.sets = max(1, -(-rotate_bytes // one))
+        self.logits = _logits(rng, rows, n, ties=True)
+        self.buf = g.to_device(np.tile(self.logits.reshape(1, -1), (self.sets, 1)))
+        self.pv = g.empty(rows * ARGMAX_BLOCKS, np.float32)
+        self.pi = g.empty(rows * ARGMAX_BLOCKS, np.int32)
+        self.st, self.step, self.pos = _state(g, rng, rows)
+        self.st.hist = None
+        self.bytes = one + 8 * rows * ARGMAX_BLOCKS + 12 * rows
+
+    def launch(self, i: int) -> None:
+        x = self.buf.view(np.float32, (self.rows, self.n), 4 * self.rows * self.n * i)
+        argmax(self.g, x, self.n, self.rows, self.st, self.pv, self.pi, config=self.config)
+
+    def check(self):
+        self.st.tok.poison()
+        self.st.step.upload(self.step)
+        self.st.pos.upload(self.pos)
+        self.launch(0)
+        self.g.sync()
+        tok = self.st.tok.numpy()
+        ref = np.array([reference_argmax(r) for r in self.logits], np.int32)
+        bad = int(np.count_nonzero(tok != ref))
+        ok = bad == 0 and np.array_equal(self.st.step.numpy(), self.step + 1) \
+            and np.array_equal(self.st.pos.numpy(), self.pos + 1)
+        detail = (f"{bad} of {ref.size} tokens differ" if bad else
+                  "tokens exact" if ok else "step/pos not advanced by one")
+        return ok, 0.0 if ok else float("inf"), detail

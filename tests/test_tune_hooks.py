@@ -1,0 +1,135 @@
+"""The kernel families' tune hooks (memra/tune_gpu.py's contract) on the CPU emulator.
+
+Each hook's check compares one launch on poisoned outputs with the family's numpy
+reference; here the emulator runs the launch contract, so a check must pass, and must FAIL
+when the kernel writes nothing (the emulated kernel replaced by a no-op): the poison has to
+show. Copies must cover the rotation footprint, every copy must launch, a bad tunable must
+be refused with a MemraError (recorded as a failed receipt), and the modules a matvec job
+declares for precompilation must be exactly those its launches load.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpu_emulator as EMU
+from gpu_emulator import FakeGpu
+from memra.campaign import Job
+from memra.errors import MemraError
+from memra.tune_gpu import family_module, precompile
+
+ROTATE = 1 << 20  # 1 MB stands in for 2 x L2
+
+CASES = [  # src, kernel, config, shape, emulated kernel names a no-op must break
+    ("act.cu", "act_mul", {"ACT_THREADS": 128}, {"n": 1536, "batch": 2}, ["act_mul"]),
+    ("embed.cu", "embed", {"EMBED_THREADS": 512}, {"type": "Q4_K", "n": 512, "batch": 1}, ["embed_q4_k"]),
+    ("embed.cu", "embed", {"EMBED_THREADS": 64}, {"type": "Q8_0", "n": 576, "batch": 4}, ["embed_q8_0"]),
+    ("sample.cu", "argmax", {"SAMPLE_THREADS": 256}, {"n": 49152, "batch": 1}, ["argmax_final"]),
+    ("q8.cu", "quantize_q8", {"Q8_WARPS": 4}, {"n": 2048, "batch": 3}, ["quantize_q8"]),
+]
+
+
+def _case(src, kernel, config, shape, seed=0):
+    g = FakeGpu(1 << 26)
+    hook = family_module(src).tune_case
+    return g, hook(g, kernel, "default", config, dict(shape), np.random.default_rng(seed), ROTATE)
+
+
+@pytest.mark.parametrize("src,kernel,config,shape,names", CASES, ids=[f"{c[1]}-{i}" for i, c in enumerate(CASES)])
+def test_hook_checks_times_and_rotates(src, kernel, config, shape, names, monkeypatch):
+    g, case = _case(src, kernel, config, shape)
+    ok, err, detail = case.check()
+    assert ok and err is not None and err <= 1e-5, detail
+    assert case.bytes > 0
+    if kernel != "embed":  # embed rotates over a table larger than ROTATE instead
+        assert case.sets * case.bytes >= ROTATE * 0.5
+    for i in range(case.sets):
+        case.launch(i)
+    # a kernel that writes nothing must fail the check (outputs are poisoned first)
+    for n in names:
+        monkeypatch.setitem(EMU._KERNELS, n, lambda *a: None)
+    g2, case2 = _case(src, kernel, config, shape, seed=1)
+    ok, _, detail = case2.check()
+    assert not ok, f"{kernel}: a kernel that writes nothing passed its check ({detail})"
+
+
+@pytest.mark.parametrize("src,kernel,config", [
+    ("act.cu", "act_mul", {"ACT_THREADS": 100}),
+    ("embed.cu", "embed", {"EMBED_THREADS": 2048}),
+    ("sample.cu", "argmax", {"SAMPLE_THREADS": 32}),  # fewer threads than partial blocks
+    ("q8.cu", "quantize_q8", {"Q8_WARPS": 64}),
+])
+def test_hook_refuses_bad_tunables(src, kernel, config):
+    shape = {"type": "Q4_K", "n": 512, "batch": 1} if kernel == "embed" else {"n": 1024, "batch": 1}
+    with pytest.raises(MemraError):
+        g, case = _case(src, kernel, config, shape)
+        case.check()
+
+
+def test_hooks_refuse_unknown_kernels_and_variants():
+    g = FakeGpu(1 << 20)
+    rng = np.random.default_rng(0)
+    for src, kernel in (("act.cu", "act_mul"), ("embed.cu", "embed"), ("sample.cu", "argmax"),
+                        ("q8.cu", "quantize_q8")):
+        with pytest.raises(MemraError, match="unknown kernel/variant"):
+            family_module(src).tune_case(g, kernel, "fast", {}, {"n": 64, "type": "Q4_K"}, rng, ROTATE)
+        with pytest.raises(MemraError, match="unknown kernel/variant"):
+            family_module(src).tune_case(g, "nosuch", "default", {}, {"n": 64, "type": "Q4_K"}, rng, ROTATE)
+
+
+class ModuleLog(FakeGpu):
+    def __init__(self):
+        super().__init__(1 << 26)
+        self.loaded = set()
+
+    def module(self, kernel_file, defines=None):
+        self.loaded.add((kernel_file, tuple(sorted((k, str(v)) for k, v in (defines or {}).items()))))
+        return super().module(kernel_file, defines)
+
+
+@pytest.mark.parametrize("kernel,variant,config,shape", [
+    ("matvec", "q8", {"MV_NWARPS": 8, "MV_ROWS": 1}, {"type": "Q4_K", "rows": 96, "cols": 512, "batch": 1}),
+    ("matvec_glu", "q8", {"MV_UNROLL": 2}, {"type": "Q6_K", "rows": 128, "cols": 256, "batch": 3}),
+    ("matvec", "f32", {"MV_NWARPS": 2}, {"type": "Q4_0", "rows": 64, "cols": 256, "batch": 1}),
+])
+def test_matvec_tune_modules_are_what_the_job_loads(kernel, variant, config, shape):
+    from memra.ops import matvec as MV
+
+    g = ModuleLog()
+    case = MV.tune_case(g, kernel, variant, config, dict(shape), np.random.default_rng(0), ROTATE)
+    ok, err, detail = case.check()
+    assert ok, detail
+    case.launch(case.sets - 1)
+    declared = {(f, tuple(sorted((k, str(v)) for k, v in d.items())))
+                for f, d in MV.tune_modules(kernel, variant, config, shape)}
+    assert g.loaded <= declared and any(f == MV.KERNEL_FILE for f, _ in g.loaded)
+    assert {f for f, _ in declared if f == MV.KERNEL_FILE} and len(
+        [d for d in declared if d[0] == MV.KERNEL_FILE]) == 1
+
+
+def test_precompile_builds_the_modules_and_counts_failures(monkeypatch):
+    import memra.compile as CMP
+
+    compiled = []
+
+    def fake_many(work, workers=None):  # NVRTC itself is tested in test_compile.py
+        for f, arch, d in work:
+            compiled.append((f, arch, d))
+            bad = f == "matvec.cu" and d["MV_NWARPS"] % d["MV_KSPLIT"]
+            yield (f, arch, d), ("MV_KSPLIT must divide MV_NWARPS" if bad else None), 0.1
+
+    monkeypatch.setattr(CMP, "compile_many", fake_many)
+    shape = {"type": "Q4_K", "rows": 4096, "cols": 4096, "batch": 1}
+    jobs = [Job("matvec", "q8", {"MV_NWARPS": w, "MV_KSPLIT": k}, shape, "matvec.cu")
+            for w in (2, 4) for k in (1, 3)]
+    jobs.append(Job("matvec", "q8", {"MV_NWARPS": 2, "MV_KSPLIT": 1}, {**shape, "batch": 2}, "matvec.cu"))
+    jobs.append(Job("act_mul", "default", {"ACT_THREADS": 256}, {"n": 512, "batch": 1}, "act.cu"))  # no hook
+    jobs.append(Job("matvec", "q8", {}, {"type": "Q6_K", "rows": 4096, "cols": 4096, "batch": 1}, "matvec.cu"))
+    n, failed = precompile(jobs, "sm_90a", workers=1)
+    mv = [d for f, _, d in compiled if f == "matvec.cu"]
+    # 4 (nwarps x ksplit) at MV_B 1, one at MV_B 4 (batch 2), the Q6_K default; q8.cu once
+    assert len(mv) == 6 and n == 7 and failed == 2
+    assert sum(1 for f, _, _ in compiled if f == "q8.cu") == 1
+    assert {d["MV_B"] for d in mv} == {1, 4}
+    assert all(a == "sm_90a" for _, a, _ in compiled)
