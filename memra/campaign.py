@@ -76,11 +76,46 @@ class ModelShapes:
     types: Mapping[str, str] = field(default_factory=dict)
 
 
+SYNTH_PREFIX = "synth:"  # synth:SHAPE:QUANT, as `memra bench` spells a synthetic model
+
+
+class _Header:
+    """read_config's view of a GGUF header that exists only as metadata and tensor names."""
+
+    def __init__(self, path: str, arch: str, metadata: dict, tensors: Mapping):
+        self.path, self.arch, self.metadata, self.tensors = path, arch, metadata, tensors
+
+    def tensor(self, name: str):
+        raise CampaignError(f"{self.path}: tensor {name} is not available from a synthetic header")
+
+
+def synth_info(spec: str) -> ModelShapes:
+    """Shapes of a synthetic model (synth:SHAPE:QUANT) from its shape's hyper-parameters
+    and the synthesizer's tensor plan: the same config and tensor types as the file `memra
+    bench` would make, without making it."""
+    from .config import read_config
+    from .synth import header
+
+    parts = spec[len(SYNTH_PREFIX):].split(":")
+    if len(parts) != 2 or not all(parts):
+        raise CampaignError(f"{spec!r}: a synthetic model is spelled synth:SHAPE:QUANT "
+                            f"(e.g. synth:llama3-8b:Q4_K_M)")
+    arch, meta, tensors = header(*parts)
+    # the file's tokenizer gives n_vocab; the header leaves the tokenizer out, so say it here
+    n_vocab = next(tp.shape[0] for tp in tensors if tp.name == "token_embd.weight")
+    meta = {**meta, f"{arch}.vocab_size": n_vocab}
+    cfg = read_config(_Header(spec, arch, meta, {tp.name: tp for tp in tensors}))
+    return ModelShapes(spec, cfg, {tp.name: tp.ggml_type.name for tp in tensors})
+
+
 def model_info(name_or_path: str) -> ModelShapes:
+    """A model's shapes: an alias or GGUF path (header read only), or synth:SHAPE:QUANT."""
     from .aliases import resolve
     from .config import read_config
     from .gguf_file import open_gguf
 
+    if name_or_path.startswith(SYNTH_PREFIX):
+        return synth_info(name_or_path)
     g = open_gguf(resolve(name_or_path))
     name = name_or_path if not os.path.exists(name_or_path) else Path(name_or_path).stem
     return ModelShapes(name, read_config(g), {n: t.type_name for n, t in g.tensors.items()})
@@ -97,8 +132,9 @@ def model_shapes(m: ModelShapes, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple
     """(op, shape without batch) for every distinct shape the model decodes with.
 
     Matvec shapes are {type, rows, cols} with rows = output features. QKV and gate+up are
-    fused when their tensors share a type (rows = q_dim + 2 kv_dim, resp. 2 n_ff), else each
-    tensor is its own matvec under the same op name — as the engine runs them."""
+    fused when their tensors share a type (rows = q_dim + 2 kv_dim, resp. 2 n_ff); when only
+    V differs, Q and K are fused and V is alone; else each tensor is its own matvec under
+    the same op name — as the engine (memra.engine.GPUEngine._load_weights) runs them."""
     c = m.cfg
     seen: dict[tuple, tuple[str, dict]] = {}
 
@@ -108,10 +144,13 @@ def model_shapes(m: ModelShapes, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple
     def matvec(op: str, parts: list[tuple[str, int]], cols: int):
         types = [_type(m, t) for t, _ in parts]
         if len(set(types)) == 1:
-            add(op, {"type": types[0], "rows": sum(r for _, r in parts), "cols": cols})
+            groups = [list(range(len(parts)))]
+        elif len(parts) == 3 and types[0] == types[1]:
+            groups = [[0, 1], [2]]
         else:
-            for ty, (_, rows) in zip(types, parts):
-                add(op, {"type": ty, "rows": rows, "cols": cols})
+            groups = [[i] for i in range(len(parts))]
+        for grp in groups:
+            add(op, {"type": types[grp[0]], "rows": sum(parts[i][1] for i in grp), "cols": cols})
 
     for i in range(c.n_layer):
         p = f"blk.{i}."

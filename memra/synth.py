@@ -505,6 +505,22 @@ def _add_hparams(w: GGUFWriter, arch: str, s: Shape, shape_name: str, quant: str
     w.add_quantization_version(2)
 
 
+def header(shape: str, quant: str, arch: str | None = None,
+           tokenizer_from: str = "smollm2-135m") -> tuple[str, dict, list[TensorPlan]]:
+    """What a synthetic file's header holds, without making the file: (architecture, the
+    hyper-parameter metadata (tokenizer left out), every tensor's plan). For uses that need
+    a model's shapes only (tuning campaigns at llama3-8b shapes need no 5 GB file)."""
+    s = resolve_shape(shape, arch)
+    arch = arch or s.arch
+    n_vocab = s.n_vocab or tokenizer_size(tokenizer_from)
+    w = GGUFWriter(None, arch)
+    _add_hparams(w, arch, s, shape, quant, n_vocab)
+    # float values as the file stores them (float32), so a config read from here equals the file's
+    meta = {k: float(np.float32(v.value)) if isinstance(v.value, float) else v.value
+            for kv in w.kv_data for k, v in kv.items()}
+    return arch, meta, plan(arch, s, quant, n_vocab)
+
+
 # A chunk is whole rows, about this many bytes; its seed is (seed, tensor, chunk), so the
 # bytes of a file do not depend on how many threads made them.
 _CHUNK_BYTES = 16 << 20

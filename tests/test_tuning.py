@@ -346,8 +346,7 @@ def test_model_shapes_fuse_same_type_and_split_mixed():
     got = sorted((op, sk(s)) for op, s in C.model_shapes(m, ctx=[128]))
     assert got == sorted([
         ("qkv", "cols=256,rows=384,type=Q4_K"),   # 256 + 2*64 fused
-        ("qkv", "cols=256,rows=256,type=Q4_K"),   # layer 1: q alone
-        ("qkv", "cols=256,rows=64,type=Q4_K"),    # layer 1: k alone
+        ("qkv", "cols=256,rows=320,type=Q4_K"),   # layer 1: q and k fused (as the engine does)
         ("qkv", "cols=256,rows=64,type=Q6_K"),    # layer 1: v alone
         ("attn_output", "cols=256,rows=256,type=Q4_K"),
         ("gate_up", "cols=256,rows=1024,type=Q4_K"),
@@ -549,3 +548,22 @@ def test_campaign_refused_when_a_family_has_no_tune_hook():
     jobs = [C.Job("k", "v", {}, {"n": 1, "batch": 1}, "nosuch.cu")]
     with pytest.raises(MemraError, match=r"nosuch\.cu \(no module memra\.ops\.nosuch\)"):
         require_hooks(jobs)
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M"), ("qwen2", "Q4_0")])
+def test_synthetic_model_shapes_without_the_file(tiny_models, arch, quant):
+    # oracle: the header of the file `memra synth` writes for the same shape and mix
+    real = C.model_info(str(tiny_models(arch, quant)))
+    syn = C.model_info(f"synth:tiny-{arch}:{quant}")
+    assert syn.cfg == real.cfg
+    assert dict(syn.types) == dict(real.types)
+    assert C.model_shapes(syn, ctx=[64]) == C.model_shapes(real, ctx=[64])
+
+
+def test_synthetic_model_spelling_errors():
+    with pytest.raises(C.CampaignError, match="synth:SHAPE:QUANT"):
+        C.model_info("synth:llama3-8b")
+    from memra.errors import MemraError
+
+    with pytest.raises(MemraError, match="unknown shape"):
+        C.model_info("synth:llama9-8b:Q4_K_M")
