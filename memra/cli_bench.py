@@ -3,7 +3,6 @@ the gate line, the results table and logs on stderr, as everywhere in the CLI.""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import sys
@@ -66,16 +65,11 @@ def _open_table(which: str, info):
 
 
 def _engine(path: Path, n_ctx: int, table: dict, label: str):
-    """The GPU engine on `path`, handed the tuning table when it takes one. An engine that
-    reads no table runs its launchers' built-in defaults, and the receipts say so."""
+    """The GPU engine on `path`, running the tuning table `table` (already resolved, so the
+    receipts' label names exactly what ran)."""
     from .engine import GPUEngine
 
-    if "table" in inspect.signature(GPUEngine).parameters:
-        return GPUEngine(path, n_ctx=n_ctx, table=table), label
-    if table.get("entries"):
-        log.warning("this engine reads no tuning table yet: %s is not used, launchers run their "
-                    "built-in defaults", label)
-    return GPUEngine(path, n_ctx=n_ctx), "builtin"
+    return GPUEngine(path, n_ctx=n_ctx, tune_table=table), label
 
 
 def _ratio_key(r: dict) -> tuple:
@@ -114,8 +108,9 @@ def bench(
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per cell (after one "
                                       "untimed warm-up).")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print each receipt line on stdout too.")] = False,
-    table: Annotated[str, typer.Option("--table", help="Tuning table: auto (this device's, else its "
-                                       "compute capability's, else built-in), builtin, or a table file.")] = "auto",
+    table: Annotated[str, typer.Option("--tune-table", "--table", help="Tuning table: auto (this device's, "
+                                       "else its compute capability's, else built-in), builtin, or a table "
+                                       "file; run a pair (tuned, builtin) to measure the table's gain.")] = "auto",
     out: Annotated[Optional[Path], typer.Option("--out", help="Receipts file (appended). Default: "
                                                 "research/bench-<device>-<date>.jsonl.")] = None,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Free text stored in every receipt.")] = None,

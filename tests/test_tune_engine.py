@@ -195,3 +195,37 @@ def test_startup_logs_which_table(model, caplog, tmp_path):
     caplog.clear()
     GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=str(_write(tmp_path, stale)))
     assert any(r.levelno == logging.WARNING and "changed since" in r.getMessage() for r in caplog.records)
+
+
+def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypatch):
+    """`memra bench --tune-table FILE` then `--tune-table builtin` in one session: each
+    receipt names the table that ran (source and path) and the device; the tuned run
+    launched the entry's configuration, the builtin run did not."""
+    import memra.cuda
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+
+    path, shape = model[:2]
+    t = MV.type_id(shape["type"])
+    table = _write(tmp_path, _table({"matvec": {T.shape_key(shape): {
+        "1": _entry("matvec.cu", "q8", {"MV_NWARPS": 2})}}}, device="NVIDIA H200"), "nvidia-h200.json")
+    g = RecordingGpu()
+    g.info = type(g.info)(name="NVIDIA H200")
+    g.copy_bandwidth = lambda refresh=False: 4.0e12
+    monkeypatch.setattr(memra.cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(memra.cuda, "gpu", lambda index=0: g)
+    out = tmp_path / "bench.jsonl"
+    runner = CliRunner()
+    launched = {}
+    for which in (str(table), "builtin"):
+        g.issued.clear()
+        r = runner.invoke(app, ["bench", str(path), "-p", "0", "-n", "4", "-r", "1", "--tune-table", which,
+                                "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        launched[which] = any(n.startswith("mv_") and d["MV_TYPE"] == t and d["MV_NWARPS"] == 2
+                              for n, d, _, _ in g.issued)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["table"] for r in rows] == [f"file:{table}", "builtin"]
+    assert all(r["device"] == "NVIDIA H200" and r["test"] == "tg4" for r in rows)
+    assert launched == {str(table): True, "builtin": False}
