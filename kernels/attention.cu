@@ -4,7 +4,8 @@
 // attn_split: for token t (position p = pos[t], sequence s = seq ? seq[t] : 0), KV head
 //   kvh and split j, over the keys [k0, k1) of its share of the window
 //   lo = window > 0 ? max(0, p + 1 - window) : 0, hi = p + 1, n = hi - lo,
-//   chunk = roundup(ceil(n / S), ATT_TILE), k0 = lo + j * chunk, k1 = min(hi, k0 + chunk):
+//   chunk = max(ATT_MIN_CHUNK, roundup(ceil(n / S), ATT_TILE)), k0 = lo + j * chunk,
+//   k1 = min(hi, k0 + chunk):
 //     score_k = scale * q·K[k]   (then softcap * tanh(score / softcap) when softcap > 0)
 //     m = max_k score_k, l = sum_k exp(score_k - m), o = sum_k exp(score_k - m) V[k]
 //   for each of the N_GQA query heads h = kvh * N_GQA + g that share the KV head (K and V
@@ -50,6 +51,9 @@
 #ifndef MAX_SPLITS
 #define MAX_SPLITS 256
 #endif
+#ifndef ATT_MIN_CHUNK
+#define ATT_MIN_CHUNK 128
+#endif
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -70,8 +74,11 @@ constexpr int SB = SITER < 8 ? SITER : 8;              // steps whose K loads ov
 constexpr int VITER = (ATT_TILE + KG - 1) / KG;        // keys per thread per tile (V phase)
 constexpr int VB = VITER < 8 ? VITER : 8;              // V rows in flight per thread
 constexpr int OPT = (G * D + NT - 1) / NT;  // output values per thread in the key-group sum
-constexpr int RED_CAP = 6144;               // floats of shared memory for that sum
-constexpr int RED_R = KG * G * D <= RED_CAP ? KG : (RED_CAP / (G * D) > 0 ? RED_CAP / (G * D) : 1);
+// shared memory left for that sum under the 48 KB static limit, after the other arrays
+constexpr int SMEM_OTHER = 4 * (G * ATT_TILE + 3 * G + G * MAX_SPLITS + G + G * D) + 64;
+constexpr int RED_CAP = (48 * 1024 - SMEM_OTHER) / 4;
+static_assert(RED_CAP >= G * D, "N_GQA * HEAD_DIM too large for the shared-memory budget");
+constexpr int RED_R = KG * G * D <= RED_CAP ? KG : RED_CAP / (G * D);
 
 static __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -95,7 +102,7 @@ static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
     r.lo = window > 0 ? max(0, hi - window) : 0;
     r.n = hi - r.lo;
     int chunk = (r.n + S - 1) / S;
-    r.chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    r.chunk = max(ATT_MIN_CHUNK, (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE);
     r.n_active = r.chunk > 0 ? (r.n + r.chunk - 1) / r.chunk : 0;
     return r;
 }
@@ -165,6 +172,7 @@ static __device__ __forceinline__ void split_body(
         // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
         // loaded before any is used, so SB loads per lane are in flight at once
         for (int i0 = 0; i0 < SITER; i0 += SB) {
+            if (i0 * SSTEP >= nt) break;  // the rest of the tile is past the keys (block-uniform)
             uint4 kraw[SB][CPL];
 #pragma unroll
             for (int i = 0; i < SB; i++) {
@@ -179,8 +187,9 @@ static __device__ __forceinline__ void split_body(
             }
 #pragma unroll
             for (int i = 0; i < SB; i++) {
+                if (i0 + i >= SITER || (i0 + i) * SSTEP + warp * KPW >= nt) break;  // warp-uniform
                 const int key = (i0 + i) * SSTEP + warp * KPW + ks;
-                const bool valid = i0 + i < SITER && key < nt;
+                const bool valid = key < nt;
                 float dot[G];
 #pragma unroll
                 for (int g = 0; g < G; g++) dot[g] = 0.f;
@@ -248,6 +257,7 @@ static __device__ __forceinline__ void split_body(
             }
             // keys kg, kg + KG, ... in that order; VB rows loaded before any is used
             for (int i0 = 0; i0 < VITER; i0 += VB) {
+                if (kg + i0 * KG >= nt) break;
                 uint4 vraw[VB];
 #pragma unroll
                 for (int i = 0; i < VB; i++) {
@@ -401,11 +411,16 @@ extern "C" __global__ void __launch_bounds__(NT)
         }
         if (tid == 0) counters[t * n_kv + kvh] = 0;
     }
-    if (xq) {  // from the block's staged copy of the row it wrote
+    if (xq) {  // from the block's staged copy of the row it wrote, 8 lanes per block of 32
         __syncthreads();
-        for (int b = warp; b < G * D / 32; b += ATT_WARPS)
-            q8_quantize_warp(ob[b * 32 + lane], xq + (size_t)t * n_head * D + (size_t)kvh * G * D + b * 32,
-                             xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32 + b);
+        int8_t* q8 = xq + (size_t)t * n_head * D + (size_t)kvh * G * D;
+        Q8Scale* s8 = xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32;
+        for (int i0 = 0; i0 < G * D / 4; i0 += NT) {  // uniform trip count: every lane shuffles
+            const int i4 = i0 + tid;
+            const bool active = i4 < G * D / 4;
+            q8_store4(active ? reinterpret_cast<const float4*>(ob)[i4] : make_float4(0.f, 0.f, 0.f, 0.f),
+                      active, i4, q8, s8);
+        }
     }
 }
 

@@ -269,6 +269,7 @@ def _attn_split(g, k, grid, v):
     q, kc, vc, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap = v
     D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])
     TILE = int(k.defines.get("ATT_TILE", 64))
+    MIN_CHUNK = int(k.defines.get("ATT_MIN_CHUNK", 128))
     _, S, T = grid
     nh = n_kv * G
     P = g.mem(pos, np.int32, T)
@@ -281,7 +282,7 @@ def _attn_split(g, k, grid, v):
         hi = int(P[t]) + 1
         lo = max(0, hi - window) if window > 0 else 0
         n = hi - lo
-        chunk = -(-(-(-n // S)) // TILE) * TILE
+        chunk = max(MIN_CHUNK, -(-(-(-n // S)) // TILE) * TILE)
         qt = _f32(g, q + 4 * t * nh * D, nh * D).reshape(n_kv, G, D).astype(np.float64)
         for s in range(S):
             k0, k1 = lo + s * chunk, min(hi, lo + (s + 1) * chunk)

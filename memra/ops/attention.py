@@ -27,15 +27,22 @@ import numpy as np
 from memra.errors import MemraError
 
 KERNEL_FILE = "attention.cu"
-WARPS = 4
+WARPS = None  # an override of warps_for (experiments)
+EXTRA: dict = {}  # further -D overrides (experiments, e.g. {"ATT_MIN_CHUNK": 64})
 TILE = 64
 TOL = 1e-5
 
 _NULL = np.uint64(0)
 
 
+def warps_for(head_dim: int) -> int:
+    """Warps per block: 8 from head size 128 (measured on the H200, research/attn-probe-*:
+    the per-head work per thread bounds the short-context latency), else 4."""
+    return WARPS or (8 if head_dim >= 128 else 4)
+
+
 def module(g, head_dim: int, n_gqa: int, canary: bool = False):
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_WARPS": WARPS, "ATT_TILE": TILE}
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE, **EXTRA}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -58,8 +65,9 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
               canary: bool = False) -> None:
     n_head = n_kv * n_gqa
-    if head_dim % 8 or head_dim > 8 * 32 * WARPS:
-        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * WARPS}")
+    nt = 32 * warps_for(head_dim)
+    if head_dim % 8 or head_dim > 8 * nt:
+        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * nt}")
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
         raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
     if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
@@ -75,11 +83,11 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
                              f"[n_tokens * n_kv]")
         if xq is not None and (head_dim % 32 or xq.dtype != np.int8 or xq.size < n_tokens * n_head * head_dim):
             raise MemraError("attention: q8 output needs head_dim % 32 == 0 and int8 xq [n_tokens, n_head * head_dim]")
-        g.launch(m.kernel("attn_decode"), (n_kv, n_splits, n_tokens), (32 * WARPS,),
+        g.launch(m.kernel("attn_decode"), (n_kv, n_splits, n_tokens), (nt,),
                  (q, kcache, vcache, part_o, part_ml, counters, out, xq if xq is not None else _NULL,
                   xs if xs is not None else _NULL, *tail), pdl=pdl)
         return
-    g.launch(m.kernel("attn_split"), (n_kv, n_splits, n_tokens), (32 * WARPS,),
+    g.launch(m.kernel("attn_split"), (n_kv, n_splits, n_tokens), (nt,),
              (q, kcache, vcache, part_o, part_ml, *tail), pdl=pdl)
     g.launch(m.kernel("attn_combine"), (n_head, n_tokens), (min(head_dim, 256),),
              (part_o, part_ml, out, np.int32(n_splits)), pdl=pdl)
@@ -123,9 +131,10 @@ CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T)
 
 def compile_variants():
     vs = sorted({(c[0], c[1]) for c in CASES})
-    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": WARPS, "ATT_TILE": TILE}) for d, gq in vs]
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE}) for d, gq in vs]
     for d, gq in ((64, 3), (256, 4)):
-        out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": WARPS, "ATT_TILE": TILE, "MEMRA_CANARY": 1}))
+        out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE,
+                                  "MEMRA_CANARY": 1}))
     return out
 
 
