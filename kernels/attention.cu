@@ -169,6 +169,16 @@ static __device__ __forceinline__ void split_body(
 
     for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
         const int nt = min(ATT_TILE, k1 - tile0);
+        // this thread's first VB V rows of the tile, loaded with the K rows: their latency
+        // overlaps the scores and the softmax
+        uint4 vpre[VB];
+#pragma unroll
+        for (int i = 0; i < VB; i++) {
+            const int k = kg + i * KG;
+            vpre[i] = (v_active && i < VITER && k < nt)
+                          ? *(const uint4*)(vbase + (size_t)(tile0 + k) * row_stride + vc * 8)
+                          : make_uint4(0u, 0u, 0u, 0u);
+        }
         // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
         // loaded before any is used, so SB loads per lane are in flight at once
         for (int i0 = 0; i0 < SITER; i0 += SB) {
@@ -262,7 +272,8 @@ static __device__ __forceinline__ void split_body(
 #pragma unroll
                 for (int i = 0; i < VB; i++) {
                     const int k = kg + (i0 + i) * KG;
-                    vraw[i] = (i0 + i < VITER && k < nt)
+                    vraw[i] = i0 == 0 ? vpre[i]
+                              : (i0 + i < VITER && k < nt)
                                   ? *(const uint4*)(vbase + (size_t)(tile0 + k) * row_stride + vc * 8)
                                   : make_uint4(0u, 0u, 0u, 0u);
                 }

@@ -20,14 +20,19 @@
 // Variant history (H200, per-kernel breakdown inside the decode graph):
 //   v1  read x, reduce, re-read x and w, write out, barrier, re-read out for the q8 twin
 //       (q8_quantize_warp): 2.6 us at n = 576, 4.1 us at n = 4096.
-//   v2  (this) register-resident row, q8 twin from registers by 8-lane groups.
+//   v2  register-resident row, q8 twin from registers by 8-lane groups: 1.7 us at n = 576,
+//       2.5-3.1 us at n = 4096 (one block of 1024 threads: it needs a whole SM's registers).
+//   v3  (this) rmsnorm rows of n >= 1024 by NORM_MAXV blocks of 256 threads, each reducing
+//       the whole row and writing its share.
 //
 // q8 output (optional, for the dp4a matvecs): when xq is non-null the row of `out` is also
 //   written as int8 blocks of 32 (xq [rows][n], xs [rows][n/32]) by q8_quantize_warp, the
 //   rule every q8 producer shares (q8.cuh), so it equals quantize_q8 of `out` bit for bit.
 // PDL: waits for the previous kernel before touching memory, then lets the next one launch.
 //
-// Launch contract: grid (n_rows), block (NORM_THREADS), no dynamic shared memory.
+// Launch contract: grid (n_rows) (rmsnorm: (n_rows, split), split <= NORM_MAXV blocks per
+//   row, each writing NORM_MAXV / split of every thread's float4s), block (NORM_THREADS),
+//   no dynamic shared memory.
 //   Row r of x, delta, out starts at r * n (contiguous rows); n % 4 == 0 (n % 32 == 0 with
 //   q8 output), n <= 4 * NORM_MAXV * NORM_THREADS, and the pointers are 16-byte aligned (float4 access). w_post, xq, xs may be
 //   null.
@@ -75,13 +80,15 @@ static __device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) 
                        __fmul_rn(__fmul_rn(a.z, s), w.z), __fmul_rn(__fmul_rn(a.w, s), w.w));
 }
 
-// out = a * s * w for the thread's float4s, plus the q8 twin when xq is non-null
+// out = a * s * w for the thread's float4s j in [j0, j1), plus the q8 twin when xq is non-null
 static __device__ __forceinline__ void write_row(const float4 (&a)[NORM_MAXV], float s, const float4* w4,
-                                                 float4* orow, int n4, int8_t* xq, Q8Scale* xs) {
+                                                 float4* orow, int n4, int8_t* xq, Q8Scale* xs,
+                                                 int j0 = 0, int j1 = NORM_MAXV) {
 #pragma unroll
     for (int j = 0; j < NORM_MAXV; j++) {
         const int i = threadIdx.x + j * NORM_THREADS;
-        if (j * NORM_THREADS >= n4) break;  // uniform over the block
+        if (j * NORM_THREADS >= n4 || j >= j1) break;  // uniform over the block
+        if (j < j0) continue;
         const bool active = i < n4;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (active) {
@@ -110,8 +117,11 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
         ss += sumsq4(a[j]);
     }
     const float s = rms_scale(block_sum(ss, red), n, eps);
+    // gridDim.y blocks share a row: each reduces all of it (the same sum, bit for bit) and
+    // writes its own share of the thread's float4s
+    const int per = (NORM_MAXV + gridDim.y - 1) / gridDim.y;
     write_row(a, s, (const float4*)w, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
-              xq ? xs + r * (n / 32) : nullptr);
+              xq ? xs + r * (n / 32) : nullptr, blockIdx.y * per, (blockIdx.y + 1) * per);
 }
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)

@@ -24,19 +24,28 @@ TOL = 1e-5
 _NULL = np.uint64(0)
 
 
-def threads_for(n: int) -> int:
+def threads_for(n: int, split: bool = False) -> int:
     """Block size for rows of n: one float4 per thread (the kernel is latency-bound: one
-    block per row), between 64 and 1024 threads. A row's reduction order depends on this
-    and n only, so it is the same at any batch."""
+    block per row), between 64 and 1024 threads; with split (rmsnorm, n % 1024 == 0), 256
+    threads holding n/1024 float4s each, one block per float4 column (see split_for). A
+    row's reduction order depends on this and n only, so it is the same at any batch."""
+    if split and split_for(n) > 1:
+        return 256
     return int(min(1024, max(64, -(-(n // 4) // 32) * 32)))
+
+
+def split_for(n: int) -> int:
+    """Blocks per row of rmsnorm: n / 1024 for n % 1024 == 0 (a 1024-thread block needs a
+    whole SM's registers, so it waits for one to drain), else 1."""
+    return n // 1024 if n % 1024 == 0 and n >= 2048 else 1
 
 
 MAXV = 8  # at most this many float4s a thread holds (NORM_MAXV): rows up to 32 * 1024
 
 
-def maxv_for(n: int) -> int:
+def maxv_for(n: int, split: bool = False) -> int:
     """float4s each thread holds for rows of n (the row lives in registers)."""
-    return -(-(n // 4) // threads_for(n))
+    return -(-(n // 4) // threads_for(n, split))
 
 
 def _check_n(n: int) -> None:
@@ -44,8 +53,8 @@ def _check_n(n: int) -> None:
         raise MemraError(f"norm kernels take rows of at most {4 * MAXV * 1024} values, got {n}")
 
 
-def _module(g, n: int, canary: bool = False):
-    d = {"NORM_THREADS": threads_for(n), "NORM_MAXV": maxv_for(n)}
+def _module(g, n: int, canary: bool = False, split: bool = False):
+    d = {"NORM_THREADS": threads_for(n, split), "NORM_MAXV": maxv_for(n, split)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -71,8 +80,8 @@ def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, p
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
     _check_n(n)
-    k = _module(g, n, canary).kernel("rmsnorm")
-    g.launch(k, (rows,), (threads_for(n),), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
+    k = _module(g, n, canary, split=True).kernel("rmsnorm")
+    g.launch(k, (rows, split_for(n)), (threads_for(n, True),), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
 
 
@@ -114,7 +123,7 @@ _CHECK_N = (128, 576, 640, 2048, 4096, 6000, 8192)
 
 def compile_variants():
     return [(KERNEL_FILE, {"NORM_THREADS": t, "NORM_MAXV": v})
-            for t, v in sorted({(threads_for(n), maxv_for(n)) for n in _CHECK_N})] + \
+            for t, v in sorted({(threads_for(n, sp), maxv_for(n, sp)) for n in _CHECK_N for sp in (False, True)})] + \
            [(KERNEL_FILE, {"NORM_THREADS": threads_for(640), "NORM_MAXV": maxv_for(640), "MEMRA_CANARY": 1})]
 
 
