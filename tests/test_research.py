@@ -160,8 +160,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_cli_dry_run_lists_model_jobs():
-    r = memra("tune", "run", "decode", "--model", "smollm2-135m", "--kernels", "add_rmsnorm", "--dry-run")
+    r = memra("tune", "run", "decode", "--model", "smollm2-135m", "--kernels", "embed", "--dry-run")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines and all(x.split("\t")[0] == "add_rmsnorm" for x in lines)
-    assert any("\tn=576\t" in x for x in lines)  # SmolLM2's n_embd
+    assert lines and all(x.split("\t")[0] == "embed" for x in lines)
+    assert any("\tn=576,type=Q8_0\t" in x for x in lines)  # SmolLM2's n_embd, Q8_0 token table
