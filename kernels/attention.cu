@@ -374,11 +374,13 @@ extern "C" __global__ void __launch_bounds__(NT)
     __shared__ float inv_den[G];
     __shared__ int s_last;
     __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
+    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
+    // pos is written two or more launches back (common.cuh: safe before the wait), so an
+    // empty split leaves without waiting: nothing to add, nothing to count
+    const int n_act = key_range(pos[t], window, S).n_active;
+    if ((int)blockIdx.y >= n_act) return;
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
-    const int n_act = key_range(pos[t], window, S).n_active;
-    if ((int)blockIdx.y >= n_act) return;  // an empty split: nothing to add, nothing to count
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_head = n_kv * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)kvh * G * D;

@@ -9,6 +9,10 @@
 // previous kernel in the stream still runs. It must call MEMRA_PDL_WAIT() before reading
 // anything the previous kernel wrote (and before writing anything it reads), and may call
 // MEMRA_PDL_LAUNCH() once its remaining work no longer gates the next kernel's start.
+// Every memra kernel calls MEMRA_PDL_LAUNCH() only after its own MEMRA_PDL_WAIT(), so a
+// kernel starts only once every launch before its predecessor has completed: data written
+// two or more launches back (positions, the sampler's token) and constants (weights) may be
+// read before the wait.
 #pragma once
 
 typedef signed char int8_t;

@@ -28,7 +28,8 @@
 // q8 output (optional, for the dp4a matvecs): when xq is non-null the row of `out` is also
 //   written as int8 blocks of 32 (xq [rows][n], xs [rows][n/32]) by q8_quantize_warp, the
 //   rule every q8 producer shares (q8.cuh), so it equals quantize_q8 of `out` bit for bit.
-// PDL: waits for the previous kernel before touching memory, then lets the next one launch.
+// PDL: loads the weights (model constants), then waits for the previous kernel before
+// touching the activations, then lets the next one launch.
 //
 // Launch contract: grid (n_rows) (rmsnorm: (n_rows, split), split <= NORM_MAXV blocks per
 //   row, each writing NORM_MAXV / split of every thread's float4s), block (NORM_THREADS),
@@ -81,7 +82,16 @@ static __device__ __forceinline__ float4 scale_mul(float4 a, float s, float4 w) 
 }
 
 // out = a * s * w for the thread's float4s j in [j0, j1), plus the q8 twin when xq is non-null
-static __device__ __forceinline__ void write_row(const float4 (&a)[NORM_MAXV], float s, const float4* w4,
+// the thread's float4s of a weight vector (model constants: loaded before the PDL wait)
+static __device__ __forceinline__ void load_w(float4 (&wv)[NORM_MAXV], const float* w, int n4) {
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = threadIdx.x + j * NORM_THREADS;
+        wv[j] = (w && i < n4) ? reinterpret_cast<const float4*>(w)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+static __device__ __forceinline__ void write_row(const float4 (&a)[NORM_MAXV], float s, const float4 (&wv)[NORM_MAXV],
                                                  float4* orow, int n4, int8_t* xq, Q8Scale* xs,
                                                  int j0 = 0, int j1 = NORM_MAXV) {
 #pragma unroll
@@ -92,7 +102,7 @@ static __device__ __forceinline__ void write_row(const float4 (&a)[NORM_MAXV], f
         const bool active = i < n4;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (active) {
-            v = scale_mul(a[j], s, w4[i]);
+            v = scale_mul(a[j], s, wv[j]);
             orow[i] = v;
         }
         if (xq) q8_store4(v, active, i, xq, xs);
@@ -103,11 +113,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
             int n, float eps, int8_t* __restrict__ xq, Q8Scale* __restrict__ xs) {
     __shared__ float red[NORM_WARPS];
+    const int n4 = n / 4;
+    float4 wv[NORM_MAXV];
+    load_w(wv, w, n4);
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     const size_t r = blockIdx.x;
     const float4* xr = (const float4*)(x + r * n);
-    const int n4 = n / 4;
     float4 a[NORM_MAXV];
     float ss = 0.f;
 #pragma unroll
@@ -120,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     // gridDim.y blocks share a row: each reduces all of it (the same sum, bit for bit) and
     // writes its own share of the thread's float4s
     const int per = (NORM_MAXV + gridDim.y - 1) / gridDim.y;
-    write_row(a, s, (const float4*)w, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
+    write_row(a, s, wv, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
               xq ? xs + r * (n / 32) : nullptr, blockIdx.y * per, (blockIdx.y + 1) * per);
 }
 
@@ -130,12 +142,15 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
                 float* __restrict__ out, int n, float eps_post, float eps,
                 int8_t* __restrict__ xq, Q8Scale* __restrict__ xs) {
     __shared__ float red[NORM_WARPS];
+    const int n4 = n / 4;
+    float4 wv[NORM_MAXV], wpv[NORM_MAXV];
+    load_w(wv, w, n4);
+    load_w(wpv, w_post, n4);
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     const size_t r = blockIdx.x;
     float4* xr = (float4*)(x + r * n);
     const float4* dr = (const float4*)(delta + r * n);
-    const int n4 = n / 4;
     float4 a[NORM_MAXV];
     float ss = 0.f;
 #pragma unroll
@@ -146,14 +161,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     }
     float sp = 1.f;
     if (w_post) sp = rms_scale(block_sum(ss, red), n, eps_post);
-    const float4* wp4 = (const float4*)w_post;
     ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_MAXV; j++) {
         const int i = threadIdx.x + j * NORM_THREADS;
         if (i < n4) {
             float4 d = a[j];
-            if (w_post) d = scale_mul(d, sp, wp4[i]);
+            if (w_post) d = scale_mul(d, sp, wpv[j]);
             float4 v = xr[i];
             v.x = __fadd_rn(v.x, d.x);
             v.y = __fadd_rn(v.y, d.y);
@@ -165,6 +179,6 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
         ss += sumsq4(a[j]);  // zeros past the row
     }
     const float s = rms_scale(block_sum(ss, red), n, eps);
-    write_row(a, s, (const float4*)w, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
+    write_row(a, s, wv, (float4*)(out + r * n), n4, xq ? xq + r * n : nullptr,
               xq ? xs + r * (n / 32) : nullptr);
 }

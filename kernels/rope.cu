@@ -51,16 +51,29 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                  const float2* __restrict__ cs, int cs_rows, int n_head, int n_kv, int n_ctx,
                  int rope_dim, int neox, float eps) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
-    MEMRA_PDL_WAIT();
-    MEMRA_PDL_LAUNCH();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.x * ROPE_WARPS + warp;
     const int t = blockIdx.y;
     if (h >= n_head + 2 * n_kv) return;  // whole warp leaves together
+    // before the PDL wait: the position (written two or more launches back, see common.cuh),
+    // this lane's cos/sin pairs and norm weights (constants)
     const int p = pos[t];
     const int s = seq ? seq[t] : 0;
     const size_t kv_row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * HEAD_DIM);
     const bool in_ctx = p >= 0 && p < n_ctx;
+    constexpr int NPL = (HEAD_DIM / 2 + 31) / 32;  // rotated pairs per lane, at most
+    const int half_dim = rope_dim / 2;
+    const float2* csr = cs + (size_t)min(max(p, 0), cs_rows - 1) * half_dim;
+    float2 csv[NPL];
+#pragma unroll
+    for (int j = 0; j < NPL; j++) csv[j] = lane + 32 * j < half_dim ? csr[lane + 32 * j] : make_float2(1.f, 0.f);
+    const float* nw = h < n_head ? q_norm_w : k_norm_w;
+    float nwv[HEAD_DIM / 32 + 1];
+#pragma unroll
+    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++)
+        nwv[j] = (nw && h < n_head + n_kv && lane + 32 * j < HEAD_DIM) ? nw[lane + 32 * j] : 1.f;
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
 
     if (h >= n_head + n_kv) {  // V: convert and append
         const int hv = h - n_head - n_kv;
@@ -75,11 +88,11 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     const int hh = is_q ? h : h - n_head;
     const float* src = is_q ? q + (size_t)t * q_stride + hh * HEAD_DIM
                             : k + (size_t)t * k_stride + hh * HEAD_DIM;
-    const float* nw = is_q ? q_norm_w : k_norm_w;
     const float* bh = bias ? bias + h * HEAD_DIM : nullptr;  // q heads then k heads then v
     float* b = buf[warp];
 
     float ss = 0.f;
+#pragma unroll
     for (int d = lane; d < HEAD_DIM; d += 32) {
         float x = bh ? __fadd_rn(src[d], bh[d]) : src[d];
         b[d] = x;
@@ -89,7 +102,11 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         float sc = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, (float)HEAD_DIM), eps));
-        for (int d = lane; d < HEAD_DIM; d += 32) b[d] = __fmul_rn(__fmul_rn(b[d], sc), nw[d]);
+#pragma unroll
+        for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < HEAD_DIM) b[d] = __fmul_rn(__fmul_rn(b[d], sc), nwv[j]);
+        }
     }
     __syncwarp();
 
@@ -97,13 +114,13 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     float* qo = q_out + (size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM;
     uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
     const bool store = is_q || in_ctx;
-    const int half_dim = rope_dim / 2;
-    const float2* csr = cs + (size_t)min(max(p, 0), cs_rows - 1) * half_dim;
-    for (int i = lane; i < half_dim; i += 32) {
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        const int i = lane + 32 * j;
+        if (i >= half_dim) break;
         const int ia = neox ? i : 2 * i, ib = neox ? i + half_dim : 2 * i + 1;
-        const float2 t = csr[i];
-        const float c = t.x;
-        float sv = t.y;
+        const float c = csv[j].x;
+        float sv = csv[j].y;
 #ifdef MEMRA_CANARY
         sv = -sv;  // kernel-check canary: rotates the wrong way
 #endif
