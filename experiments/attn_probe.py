@@ -16,12 +16,11 @@ from memra.ops.matvec import Q8_SCALE
 SHAPES = {  # name: (head_dim, n_gqa, n_kv)
     "llama3-8b": (128, 4, 8), "llama-1b": (64, 4, 8), "smollm2": (64, 3, 3), "gemma3": (256, 4, 1)}
 CTX = (1, 64, 128, 256, 512, 4096)
-VARIANTS = [  # (label, defines override, splits override, q8 twin)
+VARIANTS = [  # (label, defines override, heads per block (None: the rule), q8 twin)
     ("base", {}, None, True),
-    ("no-q8", {}, None, False),
-    ("warps8", {"ATT_WARPS": 8}, None, True),
-    ("warps4", {"ATT_WARPS": 4}, None, True),
-    ("tile32", {"ATT_TILE": 32}, None, True),
+    ("hpb1", {}, 1, True),
+    ("hpb2", {}, 2, True),
+    ("hpbG", {}, "G", True),
     ("chunk64", {"ATT_MIN_CHUNK": 64}, None, True),
     ("chunk256", {"ATT_MIN_CHUNK": 256}, None, True),
 ]
@@ -35,17 +34,18 @@ def main():
     for name in only:
         D, G, nkv = SHAPES[name]
         nh = nkv * G
-        S0 = ATT.default_splits(nkv, g.info.sm_count)
+        hpb0 = ATT.heads_per_block(nkv, G)
         kc = g.to_device((rng.standard_normal((1, n_ctx, nkv, D)) * 0.5).astype(np.float16).view(np.uint16))
         vc = g.to_device(rng.standard_normal((1, n_ctx, nkv, D)).astype(np.float16).view(np.uint16))
         q = g.to_device(rng.standard_normal((1, nh * D)).astype(np.float32))
         out = g.empty((1, nh * D), np.float32)
         xq, xs = g.empty(nh * D, np.int8), g.empty(nh * D // 32, Q8_SCALE)
-        cnt = g.to_device(np.zeros(nkv, np.int32))
+        cnt = g.to_device(np.zeros(nh, np.int32))
         for ctx in CTX:
             pos = g.to_device(np.array([ctx - 1], np.int32))
-            for label, over, splits, q8 in VARIANTS:
-                S = splits or S0
+            for label, over, hpb, q8 in VARIANTS:
+                hpb = G if hpb == "G" else (hpb or hpb0)
+                S = ATT.default_splits(nh // hpb, g.info.sm_count)
                 po, pml = ATT.scratch_shapes(1, nh, S, D)
                 part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
                 old = (ATT.WARPS, ATT.TILE)
@@ -56,7 +56,7 @@ def main():
                     def one():
                         ATT.attention(g, q, kc, vc, out, part_o, part_ml, pos, None, n_tokens=1, n_kv=nkv, n_gqa=G,
                                       head_dim=D, n_ctx=n_ctx, window=0, scale=1 / math.sqrt(D), n_splits=S,
-                                      counters=cnt, xq=xq if q8 else None, xs=xs if q8 else None, pdl=True)
+                                      counters=cnt, xq=xq if q8 else None, xs=xs if q8 else None, pdl=True, hpb=hpb)
                     one()
                     g.sync()
                     with g.capture() as gr:
@@ -66,7 +66,7 @@ def main():
                     ms = g.time_ms(gr.launch, reps=20, warmup=5)
                     us = float(np.median(ms)) * 1e3 / 20
                     gr.close()
-                    rec = {"shape": name, "ctx": ctx, "variant": label, "splits": S, "us": round(us, 2)}
+                    rec = {"shape": name, "ctx": ctx, "variant": label, "hpb": hpb, "splits": S, "us": round(us, 2)}
                 except Exception as ex:  # a variant that cannot run
                     rec = {"shape": name, "ctx": ctx, "variant": label, "error": str(ex)[:200]}
                 finally:

@@ -2,14 +2,17 @@
 // and sliding windows, plus the combine kernel that merges the splits.
 //
 // attn_split: for token t (position p = pos[t], sequence s = seq ? seq[t] : 0), KV head
-//   kvh and split j, over the keys [k0, k1) of its share of the window
+//   head block hb and split j, over the keys [k0, k1) of its share of the window
 //   lo = window > 0 ? max(0, p + 1 - window) : 0, hi = p + 1, n = hi - lo,
 //   chunk = max(ATT_MIN_CHUNK, roundup(ceil(n / S), ATT_TILE)), k0 = lo + j * chunk,
 //   k1 = min(hi, k0 + chunk):
 //     score_k = scale * q·K[k]   (then softcap * tanh(score / softcap) when softcap > 0)
 //     m = max_k score_k, l = sum_k exp(score_k - m), o = sum_k exp(score_k - m) V[k]
-//   for each of the N_GQA query heads h = kvh * N_GQA + g that share the KV head (K and V
-//   are read once for all of them). The split layout is a function of n and S only, so a
+//   for each of the N_GQA query heads h = hb * N_GQA + g of the block, which share the KV
+//   head kvh = h / qpk (qpk: the model's query heads per KV head, a multiple of N_GQA; K
+//   and V are read once for the block's heads). A head's result does not depend on
+//   N_GQA (its dot products, softmax and key-group sums run in the same order in any
+//   block), so N_GQA trades K/V reuse against parallelism freely. The split layout is a function of n and S only, so a
 //   token's result does not depend on the batch it runs in, nor on prefill vs decode.
 //   Empty splits write m = -inf, l = 0, o = 0.
 // attn_combine: out[t, h] = sum_j exp(m_j - M) o_j / sum_j exp(m_j - M) l_j, M = max_j m_j.
@@ -21,13 +24,14 @@
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64);
 //   MEMRA_CANARY: a wrong variant (a token does not attend to itself) kernel-check must catch.
 // Launch contract:
-//   attn_split:   grid (n_kv, S, n_tokens), block (32 * ATT_WARPS), static shared memory.
+//   attn_split:   grid (n_head / N_GQA, S, n_tokens), block (32 * ATT_WARPS), static
+//     shared memory.
 //     q: [n_tokens][n_kv * N_GQA * HEAD_DIM] f32 (roped); kcache, vcache:
-//     [n_seq][n_ctx][n_kv * HEAD_DIM] f16; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
+//     [n_seq][n_ctx][n_kv * HEAD_DIM] f16, n_kv = n_head / qpk; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
 //     part_ml: [n_tokens][n_head][S][2] f32 (m, l).
 //   attn_combine: grid (n_head, n_tokens), block (min(HEAD_DIM, 256)); out:
 //     [n_tokens][n_head * HEAD_DIM] f32.
-//   attn_decode: as attn_split, S <= MAX_SPLITS (default 256); counters [n_tokens][n_kv]
+//   attn_decode: as attn_split, S <= MAX_SPLITS (default 256); counters [n_tokens][n_head / N_GQA]
 //     int zeroed once; out as attn_combine; xq [n_tokens][n_head * HEAD_DIM] int8 and xs
 //     [n_tokens][n_head * HEAD_DIM / 32] Q8Scale, or null.
 // PDL: every kernel waits for the previous one before touching memory.
@@ -111,21 +115,22 @@ static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
 static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
     const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
-    const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int n_ctx, int window,
+    const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window,
     float scale, float softcap, float* __restrict__ out_direct, float* ob) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     __shared__ __align__(16) float red[RED_R][G * D];
 
-    const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, S = gridDim.y;
-    const int n_head = n_kv * G;
+    const int hb = blockIdx.x, split = blockIdx.y, t = blockIdx.z, S = gridDim.y;
+    const int n_head = gridDim.x * G;
+    const int kvh = hb * G / qpk;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int p = pos[t];
     const int s = seq ? seq[t] : 0;
     const KeyRange kr = key_range(p, window, S);
     const int k0 = kr.lo + split * kr.chunk;
     const int k1 = min(kr.lo + kr.n, k0 + kr.chunk);
-    const size_t part0 = ((size_t)t * n_head + (size_t)kvh * G) * S + split;  // head g: + g * S
+    const size_t part0 = ((size_t)t * n_head + (size_t)hb * G) * S + split;  // head g: + g * S
 
     if (k0 >= k1) {
         for (int i = tid; i < G * D; i += NT) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = 0.f;
@@ -150,7 +155,7 @@ static __device__ __forceinline__ void split_body(
             int ch = c * LPK + sl;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                qr[g][c][e] = ch < NCH ? q[(size_t)t * n_head * D + (size_t)(kvh * G + g) * D + ch * 8 + e] : 0.f;
+                qr[g][c][e] = ch < NCH ? q[(size_t)t * n_head * D + (size_t)(hb * G + g) * D + ch * 8 + e] : 0.f;
         }
 
     if (tid < G) {
@@ -322,7 +327,7 @@ static __device__ __forceinline__ void split_body(
         // The only non-empty split: the merge would weigh it by expf(m - m) = 1 and divide
         // by 1 * l, so writing o * (1 / l) here gives the merge's bits without the partials'
         // round trip through global memory, the fence and the counter.
-        float* orow = out_direct + (size_t)t * n_head * D + (size_t)kvh * G * D;
+        float* orow = out_direct + (size_t)t * n_head * D + (size_t)hb * G * D;
 #pragma unroll
         for (int o = 0; o < OPT; o++) {
             const int i = tid + o * NT;
@@ -349,11 +354,12 @@ extern "C" __global__ void __launch_bounds__(NT)
     attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
                float* __restrict__ part_ml, const int* __restrict__ pos,
-               const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
+               const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
                float softcap) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr, nullptr);
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, nullptr,
+               nullptr);
 }
 
 // attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
@@ -368,13 +374,13 @@ extern "C" __global__ void __launch_bounds__(NT)
                 const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
                 float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
                 int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
-                const int* __restrict__ seq, int n_kv, int n_ctx, int window, float scale,
+                const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
                 float softcap) {
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
     __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
-    const int kvh = blockIdx.x, t = blockIdx.z, S = gridDim.y;
+    const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
     // pos is written two or more launches back (common.cuh: safe before the wait), so an
     // empty split leaves without waiting: nothing to add, nothing to count
     const int n_act = key_range(pos[t], window, S).n_active;
@@ -382,23 +388,23 @@ extern "C" __global__ void __launch_bounds__(NT)
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n_head = n_kv * G;
-    float* orow = out + (size_t)t * n_head * D + (size_t)kvh * G * D;
+    const int n_head = gridDim.x * G;
+    float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, out,
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, out,
                    xq ? ob : nullptr);
     } else {
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap, nullptr,
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, nullptr,
                    nullptr);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
-        if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == n_act - 1;
+        if (tid == 0) s_last = atomicAdd(&counters[t * gridDim.x + hb], 1) == n_act - 1;
         __syncthreads();
         if (!s_last) return;
         __threadfence();
 
-        const size_t base = ((size_t)t * n_head + (size_t)kvh * G) * S;  // head g: + g * S
+        const size_t base = ((size_t)t * n_head + (size_t)hb * G) * S;  // head g: + g * S
         for (int g = warp; g < G; g += ATT_WARPS) {
             const float* ml = part_ml + (base + (size_t)g * S) * 2;
             float M = NEG_INF;
@@ -422,12 +428,12 @@ extern "C" __global__ void __launch_bounds__(NT)
             orow[i] = num * inv_den[g];
             ob[i] = num * inv_den[g];
         }
-        if (tid == 0) counters[t * n_kv + kvh] = 0;
+        if (tid == 0) counters[t * gridDim.x + hb] = 0;
     }
     if (xq) {  // from the block's staged copy of the row it wrote, 8 lanes per block of 32
         __syncthreads();
-        int8_t* q8 = xq + (size_t)t * n_head * D + (size_t)kvh * G * D;
-        Q8Scale* s8 = xs + ((size_t)t * n_head * D + (size_t)kvh * G * D) / 32;
+        int8_t* q8 = xq + (size_t)t * n_head * D + (size_t)hb * G * D;
+        Q8Scale* s8 = xs + ((size_t)t * n_head * D + (size_t)hb * G * D) / 32;
         for (int i0 = 0; i0 < G * D / 4; i0 += NT) {  // uniform trip count: every lane shuffles
             const int i4 = i0 + tid;
             const bool active = i4 < G * D / 4;

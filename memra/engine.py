@@ -120,7 +120,8 @@ class GPUEngine:
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
             raise MemraError(f"batch must be in 1..{MV.BUCKETS[-1]}, got {batch}")
-        self.n_splits = ATT.default_splits(c.n_head_kv, self.g.info.sm_count)
+        self.att_hpb = ATT.heads_per_block(c.n_head_kv, c.n_gqa)  # query heads per attention block
+        self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.g.info.sm_count)
         t0 = time.perf_counter()
         self._load_weights()
         log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
@@ -260,7 +261,7 @@ class GPUEngine:
         self.xs = g.empty(R * kmax // 32, MV.Q8_SCALE)
         po, pml = ATT.scratch_shapes(R, c.n_head, self.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
-        self.att_cnt = g.to_device(np.zeros(R * c.n_head_kv, np.int32))  # zero between launches
+        self.att_cnt = g.to_device(np.zeros(R * c.n_head, np.int32))  # zero between launches
         self.logits = g.empty((self.batch, c.n_vocab), f)
         self.logits_all = None  # [PREFILL_CHUNK, n_vocab], made on the first all_logits request
         i32 = np.int32
@@ -368,7 +369,8 @@ class GPUEngine:
             ATT.attention(g, self.qr, self.kcache[il], self.vcache[il], self.ao, self.part_o, self.part_ml,
                           pos, seq, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa, head_dim=c.head_dim,
                           n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits,
-                          counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl)
+                          counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
+                          hpb=self.att_hpb)
             qa = tw if att_q8 else self._q8(self.ao, rows)
             if c.post_norms:
                 self._matvec(L.wo, self.ao, self.t1, rows, q=qa)

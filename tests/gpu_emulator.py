@@ -266,12 +266,13 @@ def _rope(g, k, grid, v):
 
 
 def _attn_split(g, k, grid, v):
-    q, kc, vc, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap = v
-    D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])
+    q, kc, vc, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap = v
+    D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])  # G: query heads per block
     TILE = int(k.defines.get("ATT_TILE", 64))
     MIN_CHUNK = int(k.defines.get("ATT_MIN_CHUNK", 128))
     _, S, T = grid
-    nh = n_kv * G
+    nh = grid[0] * G
+    assert nh == n_kv * qpk and qpk % G == 0, "attention grid does not cover the heads"
     P = g.mem(pos, np.int32, T)
     SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
     kcache = g.mem(kc, np.uint16, int(SQ.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
@@ -283,7 +284,7 @@ def _attn_split(g, k, grid, v):
         lo = max(0, hi - window) if window > 0 else 0
         n = hi - lo
         chunk = max(MIN_CHUNK, -(-(-(-n // S)) // TILE) * TILE)
-        qt = _f32(g, q + 4 * t * nh * D, nh * D).reshape(n_kv, G, D).astype(np.float64)
+        qt = _f32(g, q + 4 * t * nh * D, nh * D).reshape(n_kv, qpk, D).astype(np.float64)
         for s in range(S):
             k0, k1 = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
             if k0 >= k1:
@@ -304,14 +305,14 @@ def _attn_split(g, k, grid, v):
 
 def _attn_decode(g, k, grid, v):
     """attn_split + the merge of the last block, as attention.cu's attn_decode."""
-    q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, n_ctx, window, scale, softcap = v
-    _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, n_kv, n_ctx, window, scale, softcap))
-    G, D = int(k.defines["N_GQA"]), int(k.defines["HEAD_DIM"])
+    q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap = v
+    _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap))
+    D = int(k.defines["HEAD_DIM"])
     T = grid[2]
-    if g.mem(counters, np.int32, T * n_kv).any():
+    if g.mem(counters, np.int32, T * grid[0]).any():
         raise CudaError("attn_decode: counters not zero at launch")
-    _attn_combine(g, k, (n_kv * G, T), (part_o, part_ml, out, grid[1]))
-    _q8_twin(g, out, T * n_kv * G * D, xq, xs)
+    _attn_combine(g, k, (n_kv * qpk, T), (part_o, part_ml, out, grid[1]))
+    _q8_twin(g, out, T * n_kv * qpk * D, xq, xs)
 
 
 def _attn_combine(g, k, grid, v):
