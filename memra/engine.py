@@ -572,6 +572,44 @@ class GPUEngine:
         self.pos = [p + n - 1 for p in self.pos]
         return [[int(t) for t in hist[b, :n]] for b in range(self.batch)]
 
+    def stream(self, prompt_ids: Sequence[int], n: int, *, temperature: float = 0.0, top_k: int = 40,
+               top_p: float = 0.95, min_p: float = 0.05, seed: int = 0, chunk: int = 16):
+        """Yield up to n tokens after the prompt (sequence 0, batch 1; the cache is reset
+        first), chosen on the device: greedy at temperature <= 0, else drawn as generate()
+        draws them. The graph replays `chunk` steps between read-backs of their ids (4 bytes
+        a token), so a consumer may stop early (end of generation) and waste at most a chunk."""
+        if self.batch != 1:
+            raise MemraError("stream drives batch 1")
+        if n <= 0:
+            return
+        sampler = "greedy" if temperature <= 0 else "sample"
+        self._need_cache()
+        prompt = self._check_tokens(prompt_ids)
+        if prompt.size + n - 1 > self.n_ctx:
+            raise ContextOverflowError(f"prompt + {n} tokens need {prompt.size + n - 1} positions, "
+                                       f"the context holds {self.n_ctx}")
+        if sampler == "sample":
+            self.s_fparams.upload(np.array([[temperature, top_p, min_p]], np.float32))
+            self.s_topk.upload(np.array([top_k], np.int32))
+            self.s_seed.upload(np.array([seed & ((1 << 64) - 1)], np.uint64))
+        self._ensure_hist(n)
+        self.pos = [0]
+        self.prefill(prompt)
+        self.d_pos.upload(np.asarray(self.pos, np.int32))
+        self.d_step.upload(np.zeros(1, np.int32))
+        self._first_token(sampler)
+        gr = self._graph(sampler)
+        done = 0  # tokens yielded; token i sits at d_hist[0, i]
+        while done < n:
+            k = min(chunk, n - done)
+            for _ in range(k - 1 if done == 0 else k):  # the first token came from the prefill
+                gr.launch()
+            ids = self.d_hist.view(offset=done * 4, shape=(k,)).numpy()
+            self.pos[0] = prompt.size + done + k - 1  # tokens stored: the prompt and the fed ones
+            for t in ids:
+                done += 1
+                yield int(t)
+
     def generate_greedy(self, prompt_ids: Sequence[int], n: int) -> list[int]:
         """n greedy tokens after the prompt (sequence 0; the cache is reset first)."""
         if self.batch != 1:
