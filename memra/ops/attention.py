@@ -2,7 +2,11 @@
 
     attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, n_tokens=..., n_kv=...,
               n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...,
-              counters=None, xq=None, xs=None)
+              counters=None, xq=None, xs=None, config=None)
+
+config (a tuning table's choice): {"ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK"} (-D tunables;
+the three change a head's reduction order, so one engine uses one value for every launch)
+and "hpb" (query heads per block; never changes results).
 
 With `counters` (int32 [n_tokens * n_kv], zeroed once, left zeroed) it is one launch
 (attn_decode: the last split block of each KV head merges), else two (attn_split +
@@ -41,8 +45,25 @@ def warps_for(head_dim: int) -> int:
     return WARPS or (8 if head_dim >= 128 else 4)
 
 
-def module(g, head_dim: int, n_gqa: int, canary: bool = False):
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE, **EXTRA}
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK")
+
+
+def defines(head_dim: int, config: dict | None = None) -> dict:
+    """The -D tunables of a launch: the built-in rule (warps_for, TILE; the experiments'
+    WARPS/EXTRA overrides) with config's ATT_* laid over it, checked."""
+    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE, **EXTRA}
+    d.update({k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
+    if not 1 <= d["ATT_WARPS"] <= 32:
+        raise MemraError(f"attention: ATT_WARPS must be in 1..32, got {d['ATT_WARPS']}")
+    if d["ATT_TILE"] < 1 or d.get("ATT_MIN_CHUNK", 1) < 1:
+        raise MemraError(f"attention: ATT_TILE and ATT_MIN_CHUNK must be positive ({d})")
+    if head_dim % 8 or head_dim > 8 * 32 * d["ATT_WARPS"]:
+        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * d['ATT_WARPS']}")
+    return d
+
+
+def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None):
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -80,24 +101,23 @@ def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
 def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
               n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
-              canary: bool = False, hpb: int | None = None) -> None:
+              canary: bool = False, hpb: int | None = None, config: dict | None = None) -> None:
     """n_splits: per head block; counters: int32 [n_tokens * n_kv * n_gqa / hpb] (zero);
-    hpb: query heads per block (default heads_per_block(n_kv, n_gqa))."""
+    hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
+    config: see the module doc."""
     n_head = n_kv * n_gqa
-    hpb = hpb or heads_per_block(n_kv, n_gqa)
-    if n_gqa % hpb:
+    hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
+    if hpb < 1 or n_gqa % hpb:
         raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
     nhb = n_head // hpb
-    nt = 32 * warps_for(head_dim)
-    if head_dim % 8 or head_dim > 8 * nt:
-        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * nt}")
+    nt = 32 * defines(head_dim, config)["ATT_WARPS"]
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
         raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
     if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
         raise MemraError("attention: scratch buffers too small for this many tokens / splits")
     if out.size < n_tokens * n_head * head_dim or q.size < n_tokens * n_head * head_dim:
         raise MemraError("attention: q or out too small")
-    m = module(g, head_dim, hpb, canary)
+    m = module(g, head_dim, hpb, canary, config)
     tail = (pos, seq if seq is not None else _NULL, np.int32(n_kv), np.int32(n_gqa), np.int32(n_ctx),
             np.int32(window), np.float32(scale), np.float32(softcap))
     if counters is not None:
@@ -229,3 +249,102 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
     yield _check(g, rng, CASES[2], canary=True, fused=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernel "attn_decode" (the fused launch the engine runs),
+# variant "default", shape {n_head, n_head_kv, head_dim, ctx}, batch tokens; config ATT_WARPS,
+# ATT_TILE, ATT_MIN_CHUNK and "hpb" (query heads per block, must divide n_gqa)
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "attn_decode" or variant != "default":
+        raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
+                     int(shape["ctx"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+class _TuneCase:
+    """A decode step's attention: one token per sequence (batch tokens), each at position
+    ctx - 1 so it attends to ctx cached keys, n_splits as the engine picks them
+    (default_splits of the head-block count), the q8 twin written when head_dim % 32 == 0
+    (the engine's q8 path). `sets` copies of q, the caches and the outputs."""
+
+    def __init__(self, g, config, nh, nkv, D, ctx, T, rng, rotate_bytes):
+        from memra.ops.matvec import Q8_SCALE
+
+        if nkv < 1 or nh % nkv or ctx < 1:
+            raise MemraError(f"attention tune: bad shape n_head={nh} n_head_kv={nkv} ctx={ctx}")
+        self.G = nh // nkv
+        self.hpb = int(config.get("hpb", 0)) or heads_per_block(nkv, self.G)
+        if self.hpb < 1 or self.G % self.hpb:
+            raise MemraError(f"attention: hpb={self.hpb} must divide the {self.G} query heads per KV head")
+        defines(D, config)  # a bad value fails here: a failed receipt
+        self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
+        self.S = default_splits(nh // self.hpb, g.info.sm_count)
+        self.q8 = D % 32 == 0
+        qb, kvb = T * nh * D * 4, T * ctx * nkv * D * 2
+        q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
+        self.bytes = qb + 2 * kvb + qb + q8b  # q, K and V read; out (and its twin) written
+        self.sets = max(1, -(-rotate_bytes // self.bytes))
+        self.q = g.to_device(np.tile(rng.standard_normal(T * nh * D).astype(np.float32), self.sets))
+        kv = (rng.standard_normal(T * ctx * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
+        self.kc = g.to_device(np.tile(kv, self.sets))
+        self.vc = g.to_device(np.tile(kv[::-1].copy(), self.sets))
+        self.out = g.empty(self.sets * T * nh * D, np.float32)
+        self.xq = g.empty(self.sets * T * nh * D, np.int8) if self.q8 else None
+        self.xs = g.empty(self.sets * T * nh * D // 32, Q8_SCALE) if self.q8 else None
+        po, pml = scratch_shapes(T, nh, self.S, D)
+        self.part_o, self.part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
+        self.counters = g.to_device(np.zeros(T * nh, np.int32))  # left zero by every launch
+        self.pos = g.to_device(np.full(T, ctx - 1, np.int32))
+        self.seq = g.to_device(np.arange(T, dtype=np.int32))
+
+    def _run(self, q, kc, vc, out, xq, xs):
+        attention(self.g, q, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, n_tokens=self.T,
+                  n_kv=self.nkv, n_gqa=self.G, head_dim=self.D, n_ctx=self.ctx, window=0,
+                  scale=1.0 / math.sqrt(self.D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
+                  hpb=self.hpb, config=self.config)
+
+    def launch(self, i: int) -> None:
+        T, nh, nkv, D, ctx = self.T, self.nh, self.nkv, self.D, self.ctx
+        nq, nk = T * nh * D, T * ctx * nkv * D
+        cache = (T, ctx, nkv * D)
+        q8 = (self.xq.view(np.int8, (nq,), nq * i), self.xs.view(None, (nq // 32,), nq // 32 * i * self.xs.dtype.itemsize)) \
+            if self.q8 else (None, None)
+        self._run(self.q.view(np.float32, (nq,), 4 * nq * i), self.kc.view(np.uint16, cache, 2 * nk * i),
+                  self.vc.view(np.uint16, cache, 2 * nk * i), self.out.view(np.float32, (nq,), 4 * nq * i), *q8)
+
+    def check(self):
+        """Fresh q, K, V; poisoned outputs; against the float64 reference at TOL, the
+        counters left zero, the q8 twin equal to quantize_q8 of the output."""
+        from memra.kernelcheck import compare
+        from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+
+        g, rng, T, nh, nkv, D, ctx = self.g, self.rng, self.T, self.nh, self.nkv, self.D, self.ctx
+        kc = (rng.standard_normal((T, ctx, nkv, D)) * 0.7).astype(np.float16)
+        vc = rng.standard_normal((T, ctx, nkv, D)).astype(np.float16)
+        q = rng.standard_normal((T, nh, D)).astype(np.float32)
+        out = g.empty((T, nh * D), np.float32)
+        xq = g.empty((T, nh * D), np.int8) if self.q8 else None
+        xs = g.empty((T, nh * D // 32), Q8_SCALE) if self.q8 else None
+        for a in (out, xq, xs, self.part_o, self.part_ml):
+            if a is not None:
+                a.poison()
+        self._run(g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out, xq, xs)
+        g.sync()
+        scale = 1.0 / math.sqrt(D)
+        ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), np.full(T, ctx - 1), np.arange(T), nkv, 0,
+                        scale)
+        o = out.numpy()
+        c = compare(f"attn_decode heads={nh}/{nkv} D={D} ctx={ctx} T={T} hpb={self.hpb} splits={self.S}", o, ref, TOL)
+        err = float(c.detail.split("err=")[1].split()[0]) if "err=" in c.detail else float("inf")
+        if not c.ok:
+            return False, err, c.detail
+        if np.count_nonzero(self.counters.numpy()):
+            return False, err, "counters not reset to zero"
+        if self.q8:
+            qr, sr = quantize_q8_ref(o)
+            got = xs.numpy()
+            if not (np.array_equal(xq.numpy(), qr) and np.array_equal(got["d"].view(np.uint32), sr["d"].view(np.uint32))
+                    and np.array_equal(got["s"], sr["s"])):
+                return False, err, "q8 twin differs from quantize_q8 of the output"
+        return True, err, c.detail

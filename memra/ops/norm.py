@@ -1,7 +1,7 @@
 """RMSNorm, alone and fused with the residual add (kernels/norm.cu).
 
-    rmsnorm(g, x, w, out, n, eps, rows, xq=None, xs=None)
-    add_rmsnorm(g, x, delta, w, out, n, eps, rows, w_post=None, eps_post=eps, xq=None, xs=None)
+    rmsnorm(g, x, w, out, n, eps, rows, xq=None, xs=None, config=None)
+    add_rmsnorm(g, x, delta, w, out, n, eps, rows, w_post=None, eps_post=eps, xq=None, xs=None, config=None)
         x += (rmsnorm(delta) * w_post if w_post else delta); out = rmsnorm(x) * w
     xq/xs (int8 [rows, n] / memra.ops.matvec.Q8_SCALE [rows, n/32]): also write out's q8
     twin for the dp4a matvecs, bit-identical to memra.ops.matvec.quantize_q8 of out.
@@ -53,8 +53,28 @@ def _check_n(n: int) -> None:
         raise MemraError(f"norm kernels take rows of at most {4 * MAXV * 1024} values, got {n}")
 
 
-def _module(g, n: int, canary: bool = False, split: bool = False):
-    d = {"NORM_THREADS": threads_for(n, split), "NORM_MAXV": maxv_for(n, split)}
+def launch_config(n: int, split: bool = False, config: dict | None = None) -> tuple[int, int, int]:
+    """(NORM_THREADS, NORM_MAXV, blocks per row) for rows of n. Default: threads_for /
+    maxv_for / split_for (split only with `split`, i.e. rmsnorm). config {"NORM_THREADS": T}
+    (a tuning table's choice) sets the block size; NORM_MAXV = ceil(n / 4 / T) follows, and
+    rmsnorm splits a row over NORM_MAXV blocks only when they tile it exactly
+    (T * NORM_MAXV * 4 == n). A row's bits depend on T (the reduction order), never on the
+    split: each block reduces the whole row."""
+    if not config or "NORM_THREADS" not in config:
+        _check_n(n)
+        return threads_for(n, split), maxv_for(n, split), split_for(n) if split else 1
+    t = int(config["NORM_THREADS"])
+    if t < 32 or t > 1024 or t % 32:
+        raise MemraError(f"norm: NORM_THREADS must be a multiple of 32 in 32..1024, got {t}")
+    maxv = -(-(n // 4) // t)
+    if maxv > MAXV:
+        raise MemraError(f"norm: NORM_THREADS={t} leaves {maxv} float4s a thread for rows of {n} (at most {MAXV})")
+    blocks = maxv if split and maxv > 1 and t * maxv * 4 == n else 1
+    return t, maxv, blocks
+
+
+def _module(g, threads: int, maxv: int, canary: bool = False):
+    d = {"NORM_THREADS": threads, "NORM_MAXV": maxv}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -75,25 +95,27 @@ def _q8_args(xq, xs, n: int, rows: int):
 
 
 def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, pdl: bool = False,
-            canary: bool = False) -> None:
+            canary: bool = False, config: dict | None = None) -> None:
+    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule)."""
     _check_f32(x, w, out)
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
-    _check_n(n)
-    k = _module(g, n, canary, split=True).kernel("rmsnorm")
-    g.launch(k, (rows, split_for(n)), (threads_for(n, True),), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
+    t, maxv, blocks = launch_config(n, True, config)
+    k = _module(g, t, maxv, canary).kernel("rmsnorm")
+    g.launch(k, (rows, blocks), (t,), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
 
 
 def add_rmsnorm(g, x, delta, w, out, n: int, eps: float, rows: int = 1, w_post=None,
                 eps_post: float | None = None, xq=None, xs=None, pdl: bool = False,
-                canary: bool = False) -> None:
+                canary: bool = False, config: dict | None = None) -> None:
+    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule)."""
     _check_f32(x, delta, w, out, w_post)
     if n % 4 or min(x.size, delta.size, out.size) < rows * n or w.size != n:
         raise MemraError(f"add_rmsnorm: bad sizes (n={n}, rows={rows})")
-    _check_n(n)
-    k = _module(g, n, canary).kernel("add_rmsnorm")
-    g.launch(k, (rows,), (threads_for(n),),
+    t, maxv, _ = launch_config(n, False, config)
+    k = _module(g, t, maxv, canary).kernel("add_rmsnorm")
+    g.launch(k, (rows,), (t,),
              (x, delta, w_post if w_post is not None else _NULL, w, out, np.int32(n),
               np.float32(eps if eps_post is None else eps_post), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
@@ -208,3 +230,102 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check_rmsnorm(g, rng, 2, 640, canary=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernels "rmsnorm" / "add_rmsnorm", variant "default",
+# shape {n: n_embd}, batch rows; config {"NORM_THREADS": T}
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel not in ("rmsnorm", "add_rmsnorm") or variant != "default":
+        raise MemraError(f"norm tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, kernel == "add_rmsnorm", dict(config or {}), int(shape["n"]), int(shape.get("batch", 1)),
+                     rng, rotate_bytes)
+
+
+class _TuneCase:
+    """As the engine launches them: rmsnorm of x into h, add_rmsnorm (gemma3's post-norms,
+    the only place the engine uses it) with w_post, x updated in place; both with h's q8
+    twin (the q8 path) when n % 32 == 0. `sets` copies of x (and delta) and the outputs."""
+
+    def __init__(self, g, add, config, n, rows, rng, rotate_bytes):
+        self.g, self.add, self.config, self.n, self.rows, self.rng = g, add, config, n, rows, rng
+        if n % 4:
+            raise MemraError(f"norm tune: rows of n % 4 == 0 only, got {n}")
+        launch_config(n, not add, config)  # a bad value fails here: a failed receipt
+        self.q8 = n % 32 == 0
+        from memra.ops.matvec import Q8_SCALE
+
+        f = rows * n * 4
+        q8b = rows * n + rows * n // 32 * Q8_SCALE.itemsize if self.q8 else 0
+        ins = 2 if add else 1  # x (and delta)
+        self.bytes = (ins * f + n * 4 * (2 if add else 1)) + (f if add else 0) + f + q8b
+        per = ins * f + f + q8b
+        self.sets = max(1, -(-rotate_bytes // per))
+        x, w = _inputs(rng, rows, n)
+        self.w = g.to_device(w)
+        self.wp = g.to_device(rng.uniform(0.5, 1.5, n).astype(np.float32)) if add else None
+        host = np.concatenate([x.reshape(-1)] + ([(rng.standard_normal(rows * n) * 3).astype(np.float32)] if add else []))
+        self.inp = g.to_device(np.tile(host, self.sets))
+        self.out = g.empty(self.sets * rows * n, np.float32)
+        self.xq = g.empty(self.sets * rows * n, np.int8) if self.q8 else None
+        self.xs = g.empty(self.sets * rows * n // 32, Q8_SCALE) if self.q8 else None
+
+    def _run(self, x, delta, out, xq, xs):
+        if self.add:
+            add_rmsnorm(self.g, x, delta, self.w, out, self.n, 1e-6, self.rows, w_post=self.wp, eps_post=1e-6,
+                        xq=xq, xs=xs, config=self.config)
+        else:
+            rmsnorm(self.g, x, self.w, out, self.n, 1e-6, self.rows, xq=xq, xs=xs, config=self.config)
+
+    def launch(self, i: int) -> None:
+        rn = self.rows * self.n
+        ins = 2 if self.add else 1
+        x = self.inp.view(np.float32, (rn,), 4 * ins * rn * i)
+        delta = self.inp.view(np.float32, (rn,), 4 * (ins * rn * i + rn)) if self.add else None
+        q = (self.xq.view(np.int8, (rn,), rn * i), self.xs.view(None, (rn // 32,), (rn // 32) * i * self.xs.dtype.itemsize)) \
+            if self.q8 else (None, None)
+        self._run(x, delta, self.out.view(np.float32, (rn,), 4 * rn * i), *q)
+
+    def check(self):
+        from memra.kernelcheck import compare
+        from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+
+        g, rows, n = self.g, self.rows, self.n
+        x, _ = _inputs(self.rng, rows, n)
+        w, wp = self.w.numpy(), (self.wp.numpy() if self.add else None)
+        delta = (self.rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        dx, dd = g.to_device(x), g.to_device(delta)
+        out = g.empty((rows, n), np.float32)
+        xq = g.empty((rows, n), np.int8) if self.q8 else None
+        xs = g.empty((rows, n // 32), Q8_SCALE) if self.q8 else None
+        for a in (out, xq, xs):
+            if a is not None:
+                a.poison()
+        self._run(dx, dd, out, xq, xs)
+        g.sync()
+        if self.add:
+            xr, ref = reference_add_rmsnorm(x, delta, w, 1e-6, wp, 1e-6)
+        else:
+            ref = reference_rmsnorm(x, w, 1e-6)
+        o = out.numpy()
+        c = compare(f"{'add_' if self.add else ''}rmsnorm rows={rows} n={n}", o, ref, TOL)
+        err = _err(c.detail)
+        if not c.ok:
+            return False, err, c.detail
+        if self.add:
+            r = compare("residual", dx.numpy(), xr, TOL)
+            if not r.ok:
+                return False, max(err, _err(r.detail)), r.detail
+            err = max(err, _err(r.detail))
+        if self.q8:
+            q, s = quantize_q8_ref(o)
+            got = xs.numpy()
+            if not (np.array_equal(xq.numpy(), q) and np.array_equal(got["d"].view(np.uint32), s["d"].view(np.uint32))
+                    and np.array_equal(got["s"], s["s"])):
+                return False, err, "q8 twin differs from quantize_q8 of the output"
+        return True, err, c.detail
+
+
+def _err(detail: str) -> float:
+    """The relative error a kernelcheck.compare detail reports (inf when it reports none)."""
+    return float(detail.split("err=")[1].split()[0]) if "err=" in detail else float("inf")

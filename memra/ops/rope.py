@@ -1,7 +1,7 @@
 """Per-head Q/K RMSNorm + RoPE + KV-cache append in one launch (kernels/rope.cu).
 
     cs = g.to_device(rope_table(inv_freq, n_pos))   # once per context size
-    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, n_tokens, ...)
+    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, n_tokens, ..., config=None)
 
 inv_freq: float64 [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i), as
 memra.reference.rope_inv_freq computes it; rope_table turns it into the float32 cos/sin of
@@ -24,8 +24,17 @@ TOL = 1e-5
 _NULL = np.uint64(0)
 
 
-def module(g, head_dim: int, canary: bool = False):
-    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": WARPS}
+def warps(config: dict | None) -> int:
+    """Heads per block: config {"ROPE_WARPS": w} (a tuning table's choice), else WARPS. Each
+    head is one warp's work whatever the block, so it never changes results."""
+    w = int((config or {}).get("ROPE_WARPS", WARPS))
+    if not 1 <= w <= 32:
+        raise MemraError(f"rope: ROPE_WARPS must be in 1..32, got {w}")
+    return w
+
+
+def module(g, head_dim: int, canary: bool = False, config: dict | None = None):
+    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -41,22 +50,23 @@ def rope_table(inv_freq: np.ndarray, n_pos: int) -> np.ndarray:
 def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: int,
                  n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
-                 eps: float = 1e-6, pdl: bool = False, canary: bool = False) -> None:
+                 eps: float = 1e-6, pdl: bool = False, canary: bool = False, config: dict | None = None) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
     kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
     (seq may be None: sequence 0), every pos below cs's rows; cs: float32 device array
     [n_pos, rope_dim/2, 2] from rope_table; bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
-    biases concatenated) or None."""
+    biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS)."""
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
         raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
     if pos.dtype != np.int32 or cs.dtype != np.float32 or q_out.dtype != np.float32:
         raise MemraError("rope_norm_kv: pos int32, cs float32, q_out float32")
     if rope_dim > head_dim or rope_dim % 2 or len(cs.shape) != 3 or cs.shape[1:] != (rope_dim // 2, 2):
         raise MemraError(f"rope_norm_kv: rope_dim {rope_dim} vs head_dim {head_dim} and cs {cs.shape}")
-    kern = module(g, head_dim, canary).kernel("rope_norm_kv")
+    w = warps(config)
+    kern = module(g, head_dim, canary, config).kernel("rope_norm_kv")
     n_units = n_head + 2 * n_kv
-    g.launch(kern, ((n_units + WARPS - 1) // WARPS, n_tokens), (32 * WARPS,),
+    g.launch(kern, ((n_units + w - 1) // w, n_tokens), (32 * w,),
              (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
               pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
@@ -103,12 +113,12 @@ def compile_variants():
     return out
 
 
-def _check(g, rng, case, canary=False):
+def _check(g, rng, case, canary=False, config=None, T=5):
     from memra.kernelcheck import Outcome, compare
     from memra.reference import rope_inv_freq
 
     D, nh, nkv, rd, neox, qkn, ff, has_bias = case
-    T, n_ctx, n_seq = 5, 300, 2
+    n_ctx, n_seq = 300, 2
     qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
     stride = qkv.shape[1]
     # distinct positions (two tokens appending one cache row would race), one of them large
@@ -136,7 +146,7 @@ def _check(g, rng, case, canary=False):
                  n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
                  q_stride=stride, k_stride=stride, v_stride=stride,
                  bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
-                 eps=eps, canary=canary)
+                 eps=eps, canary=canary, config=config)
     q = qkv[:, :nh * D].reshape(T, nh, D)
     k = qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D)
     v = qkv[:, (nh + nkv) * D:].reshape(T, nkv, D)
@@ -170,3 +180,68 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
+
+
+# -- tune hook (memra/tune_gpu.py): kernel "rope_norm_kv", variant "default", shape
+# {n_head, n_head_kv, head_dim}, batch tokens; config {"ROPE_WARPS": w}
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "rope_norm_kv" or variant != "default":
+        raise MemraError(f"rope tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
+                     int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+_TUNE_CTX = 8  # cache rows per sequence in the timing copies (only the row written matters)
+
+
+class _TuneCase:
+    """A decode step's launch: one token per sequence (batch tokens), full-width rotary
+    (normal pairing, no Q/K norm), the fused QKV row as input; `sets` copies of the QKV rows,
+    q_out and the two caches."""
+
+    def __init__(self, g, config, nh, nkv, D, T, rng, rotate_bytes):
+        from memra.reference import rope_inv_freq
+
+        warps(config)  # a bad value fails here: a failed receipt
+        if D % 2:
+            raise MemraError(f"rope tune: head_dim must be even, got {D}")
+        self.g, self.config, self.nh, self.nkv, self.D, self.T, self.rng = g, config, nh, nkv, D, T, rng
+        self.stride = (nh + 2 * nkv) * D
+        qkv_b, qo_b, kv_b = T * self.stride * 4, T * nh * D * 4, T * _TUNE_CTX * nkv * D * 2
+        # read q/k/v and the cos/sin row, write q_out and one K and one V row per token
+        self.bytes = qkv_b + T * D * 4 + qo_b + 2 * T * nkv * D * 2
+        self.sets = max(1, -(-rotate_bytes // (qkv_b + qo_b + 2 * T * nkv * D * 2)))
+        host = rng.standard_normal(T * self.stride).astype(np.float32)
+        self.qkv = g.to_device(np.tile(host, self.sets))
+        self.q_out = g.empty(self.sets * T * nh * D, np.float32)
+        self.kc = g.empty(self.sets * kv_b // 2, np.uint16)
+        self.vc = g.empty(self.sets * kv_b // 2, np.uint16)
+        self.pos = g.to_device(rng.integers(0, _TUNE_CTX, T).astype(np.int32))
+        self.seq = g.to_device(np.arange(T, dtype=np.int32))
+        self.cs = g.to_device(rope_table(rope_inv_freq(D, 1e4, 1.0, None), _TUNE_CTX))
+
+    def launch(self, i: int) -> None:
+        T, D, nh, nkv, st = self.T, self.D, self.nh, self.nkv, self.stride
+        base = 4 * T * st * i
+        q = self.qkv.view(np.float32, (T * st,), base)
+        k = self.qkv.view(np.float32, (T * st - nh * D,), base + 4 * nh * D)
+        v = self.qkv.view(np.float32, (T * st - (nh + nkv) * D,), base + 4 * (nh + nkv) * D)
+        cache = (T, _TUNE_CTX, nkv * D)
+        cb = 2 * T * _TUNE_CTX * nkv * D * i
+        rope_norm_kv(self.g, q, k, v, self.q_out.view(np.float32, (T, nh * D), 4 * T * nh * D * i),
+                     self.kc.view(np.uint16, cache, cb), self.vc.view(np.uint16, cache, cb), self.pos, self.seq,
+                     self.cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, n_ctx=_TUNE_CTX, rope_dim=D,
+                     neox=False, q_stride=st, k_stride=st, v_stride=st, config=self.config)
+
+    def check(self):
+        """The kernel-check on fresh inputs at this head shape and token count (q, cached K
+        and V against memra.reference, no stray cache writes), with this configuration."""
+        o = _check(self.g, self.rng, (self.D, self.nh, self.nkv, self.D, False, False, False, False),
+                   config=self.config, T=self.T)
+        return o.ok, _err(o.detail), o.detail
+
+
+def _err(detail: str) -> float:
+    """The relative error a kernelcheck.compare detail reports (inf when it reports none)."""
+    return float(detail.split("err=")[1].split()[0]) if "err=" in detail else float("inf")
