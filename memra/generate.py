@@ -2,6 +2,10 @@
 
 Works with any engine that speaks the prefill/decode protocol of `memra.reference`:
 `model.new_cache(n_ctx)` and `model.forward(tokens, cache) -> last-position logits`.
+An engine with `stream(prompt, n, temperature=..., top_k=..., top_p=..., min_p=..., seed=...)`
+(the GPU engine) chooses the tokens itself when no penalty is asked for: the ids come back
+from the device a few at a time instead of the logits every token; greedy gives the same
+tokens either way, draws come from the device sampler's own seeded stream.
 Text is released as it becomes final: UTF-8 split across tokens is held by the tokenizer's
 stream decoder, and text that could still grow into a stop string is held here, so a
 consumer printing events never prints a stop string or half of one.
@@ -99,10 +103,22 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     out = ""  # decoded text so far
     sent = 0  # out[:sent] has been released
     cache = model.new_cache(n_ctx)
+    p = sampler.params
+    if getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
+            and not p.frequency_penalty:
+        n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
+        ids = model.stream(prompt, n_max, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                           min_p=p.min_p, seed=sampler.seed)
+
+        def next_token(last):
+            return next(ids)
+    else:
+        def next_token(last):
+            return sampler.sample(model.forward(prompt if last is None else [last], cache), history)
 
     # time only the engine and the sampler, not the consumer of the events
     t0 = time.perf_counter()
-    token = sampler.sample(model.forward(prompt, cache), history)
+    token = next_token(None)
     timings.prefill_s = time.perf_counter() - t0
     while True:
         timings.n_gen += 1
@@ -130,5 +146,5 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
         text, sent = out[sent:end], end
         yield GenEvent(token, text)
         t0 = time.perf_counter()
-        token = sampler.sample(model.forward([token], cache), history)
+        token = next_token(token)
         timings.decode_s += time.perf_counter() - t0
