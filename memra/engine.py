@@ -120,8 +120,7 @@ class GPUEngine:
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
             raise MemraError(f"batch must be in 1..{MV.BUCKETS[-1]}, got {batch}")
-        self.att_hpb = ATT.heads_per_block(c.n_head_kv, c.n_gqa)  # query heads per attention block
-        self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.g.info.sm_count)
+        self._fixed_configs()  # norms, RoPE, attention: one configuration at every row count
         t0 = time.perf_counter()
         self._load_weights()
         log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
@@ -165,6 +164,51 @@ class GPUEngine:
                 log.debug("tuning: %s %s b%d: %s", kernel, shape, batch, cfg)
             self._choices[key] = cfg
         return self._choices[key]
+
+    def _fixed_configs(self) -> None:
+        """The table's choices for the norms, RoPE and attention, looked up once, for the
+        batch-1 bucket, and used by every launch of their shape at any row count:
+        NORM_THREADS and ATT_WARPS/ATT_TILE/ATT_MIN_CHUNK set a row's reduction order, so
+        prefill and decode must share them (the batch-invariance contract, as MV_KSPLIT is
+        refused); ROPE_WARPS and hpb never change bits and simply come along. Attention
+        entries are per context length: the one measured at the shortest ctx is taken (the
+        short-context decode the campaign times). An entry the launcher refuses for this
+        model is logged and the built-in default used."""
+        c = self.cfg
+        E = c.n_embd
+
+        def checked(kernel, shape, validate):
+            cfg = self._tuned(kernel, shape, 1) if shape is not None else None
+            if cfg is not None:
+                try:
+                    validate(cfg)
+                except MemraError as e:
+                    log.warning("tuning: %s %s: %s; built-in default used", kernel, shape, e)
+                    cfg = None
+            log.info("tuning: %s %s: %s", kernel, shape, cfg if cfg is not None else "built-in default")
+            return cfg
+
+        self.norm_cfg = {"rmsnorm": checked("rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, True, d)),
+                         "add_rmsnorm": checked("add_rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, False, d))}
+        heads = {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
+        self.rope_cfg = checked("rope_norm_kv", heads, ROPE.warps)
+        ctxs = []  # the context lengths the table has a batch-1 attention entry for
+        for key in self.tune_table.get("entries", {}).get("attn_decode", {}):
+            d = dict(kv.split("=", 1) for kv in key.split(","))
+            ctx = d.pop("ctx", None)
+            if ctx is not None and d == {k: str(v) for k, v in heads.items()} and \
+                    TUNE.lookup(self.tune_table, "attn_decode", key, 1) is not None:
+                ctxs.append(int(ctx))
+
+        def att_ok(d):
+            ATT.defines(c.head_dim, d)
+            if c.n_gqa % int(d.get("hpb", 1)):
+                raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
+
+        self.att_cfg = checked("attn_decode", {**heads, "ctx": min(ctxs)} if ctxs else None, att_ok)
+        # query heads per attention block; the splits follow the number of head blocks
+        self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
+        self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.g.info.sm_count)
 
     def _validate(self) -> None:
         c = self.cfg
@@ -343,10 +387,11 @@ class GPUEngine:
         tw = self._twin(rows, E)
         xq, xs = tw if tw is not None else (None, None)
         if delta is None:
-            NORM.rmsnorm(self.g, self.x, w, self.h, E, c.norm_eps, rows, xq=xq, xs=xs, pdl=self.pdl)
+            NORM.rmsnorm(self.g, self.x, w, self.h, E, c.norm_eps, rows, xq=xq, xs=xs, pdl=self.pdl,
+                         config=self.norm_cfg["rmsnorm"])
         else:
             NORM.add_rmsnorm(self.g, self.x, delta, w, self.h, E, c.norm_eps, rows, w_post=w_post,
-                             xq=xq, xs=xs, pdl=self.pdl)
+                             xq=xq, xs=xs, pdl=self.pdl, config=self.norm_cfg["add_rmsnorm"])
         return tw
 
     def _layers(self, rows: int, tok, pos, seq) -> None:
@@ -364,13 +409,13 @@ class GPUEngine:
                 g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, self.rope_cs[L.rope_key], n_tokens=rows,
                 n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
                 rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks, v_stride=vs,
-                bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl)
+                bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl, config=self.rope_cfg)
             tw = self._twin(rows, c.q_dim) if att_q8 else None
             ATT.attention(g, self.qr, self.kcache[il], self.vcache[il], self.ao, self.part_o, self.part_ml,
                           pos, seq, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa, head_dim=c.head_dim,
                           n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits,
                           counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
-                          hpb=self.att_hpb)
+                          hpb=self.att_hpb, config=self.att_cfg)
             qa = tw if att_q8 else self._q8(self.ao, rows)
             if c.post_norms:
                 self._matvec(L.wo, self.ao, self.t1, rows, q=qa)
