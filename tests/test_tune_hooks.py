@@ -27,6 +27,17 @@ CASES = [  # src, kernel, config, shape, emulated kernel names a no-op must brea
     ("embed.cu", "embed", {"EMBED_THREADS": 64}, {"type": "Q8_0", "n": 576, "batch": 4}, ["embed_q8_0"]),
     ("sample.cu", "argmax", {"SAMPLE_THREADS": 256}, {"n": 49152, "batch": 1}, ["argmax_final"]),
     ("q8.cu", "quantize_q8", {"Q8_WARPS": 4}, {"n": 2048, "batch": 3}, ["quantize_q8"]),
+    ("norm.cu", "rmsnorm", {"NORM_THREADS": 256}, {"n": 4096, "batch": 1}, ["rmsnorm"]),  # split row
+    ("norm.cu", "rmsnorm", {"NORM_THREADS": 128}, {"n": 576, "batch": 2}, ["rmsnorm"]),
+    ("norm.cu", "add_rmsnorm", {"NORM_THREADS": 512}, {"n": 640, "batch": 3}, ["add_rmsnorm"]),
+    ("rope.cu", "rope_norm_kv", {"ROPE_WARPS": 2}, {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "batch": 1},
+     ["rope_norm_kv"]),
+    ("rope.cu", "rope_norm_kv", {"ROPE_WARPS": 8}, {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "batch": 4},
+     ["rope_norm_kv"]),
+    ("attention.cu", "attn_decode", {"ATT_WARPS": 4, "ATT_TILE": 32, "hpb": 3},
+     {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "ctx": 64, "batch": 1}, ["attn_decode"]),
+    ("attention.cu", "attn_decode", {"ATT_WARPS": 8, "ATT_TILE": 64, "ATT_MIN_CHUNK": 32, "hpb": 2},
+     {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "ctx": 300, "batch": 2}, ["attn_decode"]),
 ]
 
 
@@ -71,11 +82,70 @@ def test_hooks_refuse_unknown_kernels_and_variants():
     g = FakeGpu(1 << 20)
     rng = np.random.default_rng(0)
     for src, kernel in (("act.cu", "act_mul"), ("embed.cu", "embed"), ("sample.cu", "argmax"),
-                        ("q8.cu", "quantize_q8")):
+                        ("q8.cu", "quantize_q8"), ("norm.cu", "rmsnorm"), ("norm.cu", "add_rmsnorm"),
+                        ("rope.cu", "rope_norm_kv"), ("attention.cu", "attn_decode")):
         with pytest.raises(MemraError, match="unknown kernel/variant"):
             family_module(src).tune_case(g, kernel, "fast", {}, {"n": 64, "type": "Q4_K"}, rng, ROTATE)
         with pytest.raises(MemraError, match="unknown kernel/variant"):
             family_module(src).tune_case(g, "nosuch", "default", {}, {"n": 64, "type": "Q4_K"}, rng, ROTATE)
+
+
+HEADS = {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "batch": 1}
+
+
+@pytest.mark.parametrize("src,kernel,config,shape", [
+    ("norm.cu", "rmsnorm", {"NORM_THREADS": 100}, {"n": 1024, "batch": 1}),   # not a multiple of 32
+    ("norm.cu", "rmsnorm", {"NORM_THREADS": 64}, {"n": 4096, "batch": 1}),    # 16 float4s a thread > 8
+    ("norm.cu", "add_rmsnorm", {"NORM_THREADS": 2048}, {"n": 1024, "batch": 1}),
+    ("rope.cu", "rope_norm_kv", {"ROPE_WARPS": 64}, HEADS),
+    ("attention.cu", "attn_decode", {"hpb": 3}, {**HEADS, "ctx": 64}),        # 3 does not divide 4
+    ("attention.cu", "attn_decode", {"ATT_WARPS": 0}, {**HEADS, "ctx": 64}),
+    ("attention.cu", "attn_decode", {"ATT_WARPS": 1}, {**HEADS, "head_dim": 512, "ctx": 64}),  # > 8 * 32 values
+])
+def test_new_hooks_refuse_bad_tunables(src, kernel, config, shape):
+    with pytest.raises(MemraError):
+        g, case = _case(src, kernel, config, shape)
+        case.check()
+
+
+@pytest.mark.parametrize("n,split,threads,want", [
+    # (threads, NORM_MAXV, blocks per row) by the rule in kernels/norm.cu's launch contract
+    (4096, True, None, (256, 4, 4)),     # built-in: n/1024 blocks of 256
+    (576, True, None, (160, 1, 1)),
+    (4096, True, 512, (512, 2, 2)),      # 512 * 2 * 4 == 4096: split over 2 blocks
+    (4096, True, 1024, (1024, 1, 1)),
+    (6000, True, 256, (256, 6, 1)),      # 256 * 6 * 4 != 6000: one block per row
+    (4096, False, 256, (256, 4, 1)),     # add_rmsnorm never splits
+    (640, True, 32, (32, 5, 5)),
+])
+def test_norm_launch_config(n, split, threads, want):
+    from memra.ops.norm import launch_config
+
+    assert launch_config(n, split, {"NORM_THREADS": threads} if threads else None) == want
+
+
+def test_hooks_launch_the_tuned_configuration():
+    """The launch each hook times is the configuration asked for (defines, grid, block)."""
+    g = ModuleLog()
+    rng = np.random.default_rng(0)
+    launched = []
+    real = g.launch
+    g.launch = lambda k, grid, block, args, **kw: launched.append((k.name, k.defines, tuple(grid), tuple(block))) \
+        or real(k, grid, block, args, **kw)
+    family_module("norm.cu").tune_case(g, "rmsnorm", "default", {"NORM_THREADS": 512}, {"n": 4096, "batch": 3},
+                                       rng, ROTATE).launch(0)
+    family_module("rope.cu").tune_case(g, "rope_norm_kv", "default", {"ROPE_WARPS": 2},
+                                       {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "batch": 2}, rng, ROTATE).launch(0)
+    family_module("attention.cu").tune_case(g, "attn_decode", "default", {"ATT_TILE": 32, "hpb": 3},
+                                            {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "ctx": 64, "batch": 1},
+                                            rng, ROTATE).launch(0)
+    (n1, d1, g1, b1), (n2, d2, g2, b2), (n3, d3, g3, b3) = launched
+    assert (n1, d1["NORM_THREADS"], d1["NORM_MAXV"], g1, b1) == ("rmsnorm", 512, 2, (3, 2), (512,))
+    assert (n2, d2["ROPE_WARPS"], g2, b2) == ("rope_norm_kv", 2, (8, 2), (64,))  # ceil(15 heads / 2)
+    from memra.ops.attention import default_splits
+
+    # 9 heads / 3 per block = 3 blocks; splits as the engine picks them for 3 blocks
+    assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode", 3, 32, 3, default_splits(3, 132))
 
 
 class ModuleLog(FakeGpu):
