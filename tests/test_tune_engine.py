@@ -229,3 +229,89 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
     assert [r["table"] for r in rows] == [f"file:{table}", "builtin"]
     assert all(r["device"] == "NVIDIA H200" and r["test"] == "tg4" for r in rows)
     assert launched == {str(table): True, "builtin": False}
+
+
+def _heads(path):
+    from memra.config import read_config
+
+    c = read_config(open_gguf(path))
+    return c, {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
+
+
+def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin, tmp_path, caplog):
+    """rmsnorm NORM_THREADS, rope_norm_kv ROPE_WARPS and attn_decode hpb/ATT_TILE from the
+    table's batch-1 bucket are launched at every row count (the 6-token prefill and the
+    one-row decode steps): NORM_THREADS and ATT_* set the reduction order, which prefill and
+    decode must share. Expected launches follow the kernels' launch contracts (norm.cu:
+    NORM_MAXV = ceil(n / 4 / T), T * NORM_MAXV * 4 == n splits the row over NORM_MAXV blocks;
+    rope.cu: ceil(heads / ROPE_WARPS) blocks of 32 * ROPE_WARPS; attention.cu: n_head / hpb
+    head blocks, splits = default_splits of that count)."""
+    from memra.ops.attention import default_splits
+
+    path = model[0]
+    c, heads = _heads(path)
+    E = c.n_embd
+    assert c.n_gqa % 2 == 0 and c.n_gqa >= 2 and (E // 4) % 32 == 0
+    T_norm = E // 8  # two float4s a thread, exactly tiling the row: a 2-block split
+    entries = {
+        "rmsnorm": {T.shape_key({"n": E}): {"1": _entry("norm.cu", "default", {"NORM_THREADS": T_norm})}},
+        "rope_norm_kv": {T.shape_key(heads): {"1": _entry("rope.cu", "default", {"ROPE_WARPS": 2})}},
+        # two context lengths: the shortest one's entry is taken
+        "attn_decode": {T.shape_key({**heads, "ctx": 64}): {"1": _entry("attention.cu", "default",
+                                                                         {"ATT_TILE": 32, "hpb": 2})},
+                        T.shape_key({**heads, "ctx": 4096}): {"1": _entry("attention.cu", "default",
+                                                                           {"ATT_TILE": 128, "hpb": 1})}},
+    }
+    caplog.set_level(logging.INFO, logger="memra.engine")
+    eng, gpu, toks = _run(path, _table(entries))
+    assert "tuning: rmsnorm" in caplog.text and "tuning: attn_decode" in caplog.text
+    assert toks == builtin[2]
+    rows_seen = {"rmsnorm": set(), "rope_norm_kv": set(), "attn_decode": set()}
+    for name, d, grid, block in gpu.issued:
+        if name == "rmsnorm":
+            assert (d["NORM_THREADS"], d["NORM_MAXV"], grid[1], block) == (T_norm, 2, 2, (T_norm,))
+            rows_seen[name].add(grid[0])
+        elif name == "rope_norm_kv":
+            assert (d["ROPE_WARPS"], grid[0], block) == (2, -(-(c.n_head + 2 * c.n_head_kv) // 2), (64,))
+            rows_seen[name].add(grid[1])
+        elif name == "attn_decode":
+            assert (d["N_GQA"], d["ATT_TILE"], grid[0], grid[1]) == \
+                (2, 32, c.n_head // 2, default_splits(c.n_head // 2, gpu.info.sm_count))
+            rows_seen[name].add(grid[2])
+    # prefill (the prompt's rows) and decode (one row) alike
+    assert all(s >= {1, len(PROMPT)} for s in rows_seen.values()), rows_seen
+    assert eng.n_splits == default_splits(c.n_head // 2, gpu.info.sm_count)
+    # the built-in run launched other configurations
+    base = {(n, d.get("NORM_THREADS"), d.get("ROPE_WARPS"), d.get("N_GQA")) for n, d, _, _ in builtin[1].issued
+            if n in rows_seen}
+    assert ("rmsnorm", T_norm, None, None) not in base and ("attn_decode", None, None, 2) not in base
+
+
+def test_add_rmsnorm_entry_applies_to_prefill_and_decode(tiny_models):
+    """gemma3's post-norms run add_rmsnorm: its NORM_THREADS entry is launched at every row count."""
+    path = tiny_models("gemma3", "Q4_K_M")
+    c, _ = _heads(path)
+    E = c.n_embd
+    _, gpu0, toks0 = _run(path, "builtin")
+    default = {d["NORM_THREADS"] for n, d, _, _ in gpu0.issued if n == "add_rmsnorm"}
+    T_norm = 32 if default != {32} else 64
+    entries = {"add_rmsnorm": {T.shape_key({"n": E}): {"1": _entry("norm.cu", "default", {"NORM_THREADS": T_norm})}}}
+    _, gpu, toks = _run(path, _table(entries))
+    adds = [(d["NORM_THREADS"], grid[0], block) for n, d, grid, block in gpu.issued if n == "add_rmsnorm"]
+    assert adds and all(t == T_norm and b == (T_norm,) for t, _, b in adds)
+    assert {r for _, r, _ in adds} >= {1, len(PROMPT)}
+    assert toks == toks0
+
+
+def test_norm_and_attention_entries_the_engine_refuses(model, caplog):
+    path = model[0]
+    c, heads = _heads(path)
+    entries = {
+        "rmsnorm": {T.shape_key({"n": c.n_embd}): {"1": _entry("norm.cu", "default", {"NORM_THREADS": 100})}},
+        "attn_decode": {T.shape_key({**heads, "ctx": 64}): {"1": _entry("attention.cu", "default",
+                                                                         {"hpb": c.n_gqa + 1})}},
+    }
+    caplog.set_level(logging.INFO, logger="memra.engine")
+    eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=_table(entries))
+    assert eng.norm_cfg["rmsnorm"] is None and eng.att_cfg is None
+    assert "NORM_THREADS must be a multiple of 32" in caplog.text and "does not divide" in caplog.text
