@@ -58,9 +58,23 @@ def real(request):
 
 
 def test_real_model_greedy_matches_reference(real):
+    """The default (q8) path against the CPU reference in exact float32 math and in the q8
+    path's roundings. Rounding activations to 8 bits moves logits by ~0.1-0.3 (and a 1e-5
+    float-order difference can flip a rounding), so at a position where exact math is
+    undecided the two references themselves split: on this prompt they part at token 25
+    on both models, where the f32 margin is 0.027 (Gemma-3) and 0.024 (SmolLM2) but the q8
+    reference's 0.074 and 0.15. So: the GPU's first divergence from the f32 reference must
+    be a near-tie of f32; its first divergence from the q8 reference must be a near-tie of
+    q8, unless there it follows the f32 reference (the split above)."""
     name, path, eng, ids = real
-    ref, margins = _reference_greedy(path, ids, 64, eng.path)
-    _assert_same_or_near_tie(name, eng.generate_greedy(ids, 64), ref, margins)
+    got = eng.generate_greedy(ids, 64)
+    f32, f32_margins = _reference_greedy(path, ids, 64, "f32")
+    _assert_same_or_near_tie(name + " vs f32 reference", got, f32, f32_margins)
+    q8, q8_margins = _reference_greedy(path, ids, 64, eng.path)
+    if got != q8:
+        i = next(i for i, (a, b) in enumerate(zip(got, q8)) if a != b)
+        if got[:i + 1] != f32[:i + 1]:
+            _assert_same_or_near_tie(name + " vs q8 reference", got, q8, q8_margins)
 
 
 def test_real_model_f32_path_greedy_matches_reference(real):
