@@ -55,6 +55,7 @@ static_assert(NORM_THREADS % 32 == 0, "NORM_THREADS must be a multiple of 32");
 static __device__ __forceinline__ float block_sum(float v, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (NORM_WARPS == 1) return 0.f + v;  // one warp a row: no barrier (the same bits)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     __syncthreads();  // red may still be read by a previous call
     if (lane == 0) red[warp] = v;
