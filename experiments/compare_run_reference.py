@@ -1,0 +1,44 @@
+"""Compare `memra run --json` tokens (e.g. from the GPU) with the CPU reference's greedy
+tokens under each numerics (f32: exact math; q8: the GPU q8 path's roundings; llamacpp).
+
+    python3 experiments/compare_run_reference.py RUN_OUTPUT_FILE [MODEL] > result.json
+
+RUN_OUTPUT_FILE holds the JSON line memra run --json printed. For each numerics: the first
+position where the tokens differ and the reference's top-2 logit margin there (< 0.05 is a
+near-tie), or that all tokens are equal.
+"""
+import json
+import sys
+
+import numpy as np
+
+from memra.aliases import resolve
+from memra.gguf_file import open_gguf
+from memra.reference import ReferenceModel
+
+
+def main():
+    lines = open(sys.argv[1]).read().splitlines()
+    run = json.loads(next(line for line in lines if line.startswith("{")))
+    model = sys.argv[2] if len(sys.argv) > 2 else run["model"]
+    g = open_gguf(resolve(model))
+    ids, got = run["prompt_ids"], run["tokens"]
+    out = {"model": model, "prompt_ids": ids, "gpu_tokens": got, "device": run.get("device")}
+    for num in ("f32", "q8", "llamacpp"):
+        m = ReferenceModel(g, numerics=num)
+        cache = m.new_cache(len(ids) + len(got))
+        logits = m.forward(ids, cache)
+        toks, margins = [], []
+        for _ in got:
+            top = np.partition(logits, -2)[-2:]
+            margins.append(float(top[1] - top[0]))
+            toks.append(int(np.argmax(logits)))
+            logits = m.forward([toks[-1]], cache)
+        i = next((i for i, (a, b) in enumerate(zip(got, toks)) if a != b), None)
+        out[num] = {"tokens": toks, "first_divergence": i, "margin_there": None if i is None else margins[i],
+                    "near_tie": None if i is None else margins[i] < 0.05}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
