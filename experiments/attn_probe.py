@@ -48,15 +48,12 @@ def main():
                 S = ATT.default_splits(nh // hpb, g.info.sm_count)
                 po, pml = ATT.scratch_shapes(1, nh, S, D)
                 part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
-                old = (ATT.WARPS, ATT.TILE)
-                ATT.WARPS = over.get("ATT_WARPS")
-                ATT.TILE = over.get("ATT_TILE", ATT.TILE)
-                ATT.EXTRA = {k: v for k, v in over.items() if k not in ("ATT_WARPS", "ATT_TILE")}
                 try:
                     def one():
                         ATT.attention(g, q, kc, vc, out, part_o, part_ml, pos, None, n_tokens=1, n_kv=nkv, n_gqa=G,
                                       head_dim=D, n_ctx=n_ctx, window=0, scale=1 / math.sqrt(D), n_splits=S,
-                                      counters=cnt, xq=xq if q8 else None, xs=xs if q8 else None, pdl=True, hpb=hpb)
+                                      counters=cnt, xq=xq if q8 else None, xs=xs if q8 else None, pdl=True, hpb=hpb,
+                                      config=over)
                     one()
                     g.sync()
                     with g.capture() as gr:
@@ -69,9 +66,6 @@ def main():
                     rec = {"shape": name, "ctx": ctx, "variant": label, "hpb": hpb, "splits": S, "us": round(us, 2)}
                 except Exception as ex:  # a variant that cannot run
                     rec = {"shape": name, "ctx": ctx, "variant": label, "error": str(ex)[:200]}
-                finally:
-                    ATT.WARPS, ATT.TILE = old
-                    ATT.EXTRA = {}
                 print(json.dumps(rec), flush=True)
 
 

@@ -31,8 +31,6 @@ import numpy as np
 from memra.errors import MemraError
 
 KERNEL_FILE = "attention.cu"
-WARPS = None  # an override of warps_for (experiments)
-EXTRA: dict = {}  # further -D overrides (experiments, e.g. {"ATT_MIN_CHUNK": 64})
 TILE = 64
 TOL = 1e-5
 
@@ -42,16 +40,16 @@ _NULL = np.uint64(0)
 def warps_for(head_dim: int) -> int:
     """Warps per block: 8 from head size 128 (measured on the H200, research/attn-probe-*:
     the per-head work per thread bounds the short-context latency), else 4."""
-    return WARPS or (8 if head_dim >= 128 else 4)
+    return 8 if head_dim >= 128 else 4
 
 
 TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK")
 
 
 def defines(head_dim: int, config: dict | None = None) -> dict:
-    """The -D tunables of a launch: the built-in rule (warps_for, TILE; the experiments'
-    WARPS/EXTRA overrides) with config's ATT_* laid over it, checked."""
-    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE, **EXTRA}
+    """The -D tunables of a launch: the built-in rule (warps_for, TILE) with config's
+    ATT_* laid over it, checked."""
+    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE}
     d.update({k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
     if not 1 <= d["ATT_WARPS"] <= 32:
         raise MemraError(f"attention: ATT_WARPS must be in 1..32, got {d['ATT_WARPS']}")
@@ -78,15 +76,12 @@ def default_splits(n_kv: int, sm_count: int) -> int:
     return int(min(MAX_SPLITS, max(8, math.ceil(2 * sm_count / n_kv))))
 
 
-HPB = None  # an override of heads_per_block's rule (experiments)
 
 
 def heads_per_block(n_kv: int, n_gqa: int) -> int:
     """Query heads per block (N_GQA): the largest divisor of n_gqa that still gives at
     least 16 head blocks, so short contexts (one split) spread over SMs; K/V are read once
     per block. The result does not depend on it (see attention.cu)."""
-    if HPB:
-        return HPB
     best = 1
     for h in range(1, n_gqa + 1):
         if n_gqa % h == 0 and n_kv * n_gqa // h >= 16:
