@@ -9,14 +9,26 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .cli import command, err, log, out
 from .errors import MemraError
 
-tune_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                       help="Kernel tuning: campaigns → receipts → per-device default tables.")
+class _RunByDefault(TyperGroup):
+    """`memra tune CAMPAIGN [options]` is `memra tune run CAMPAIGN [options]`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+tune_app = typer.Typer(cls=_RunByDefault, no_args_is_help=True, add_completion=False,
+                       pretty_exceptions_enable=False,
+                       help="Kernel tuning: campaigns → receipts → per-device default tables "
+                            "(`memra tune CAMPAIGN …` runs one).")
 research_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                            help="Analysis over tuning receipts (pandas).")
 

@@ -165,3 +165,12 @@ def test_cli_dry_run_lists_model_jobs():
     lines = r.stdout.strip().splitlines()
     assert lines and all(x.split("\t")[0] == "embed" for x in lines)
     assert any("\tn=576,type=Q8_0\t" in x for x in lines)  # SmolLM2's n_embd, Q8_0 token table
+
+
+def test_cli_tune_campaign_form():
+    """`memra tune CAMPAIGN …` (the issue's form) is `memra tune run CAMPAIGN …`."""
+    args = ["decode", "--model", "smollm2-135m", "--kernels", "embed", "--dry-run"]
+    short, long = memra("tune", *args), memra("tune", "run", *args)
+    assert short.returncode == 0, short.stderr
+    assert short.stdout == long.stdout and short.stdout.strip()
+    assert memra("tune", "show", "--json").returncode == 0  # subcommands still resolve
