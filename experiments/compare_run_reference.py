@@ -10,11 +10,9 @@ near-tie), or that all tokens are equal.
 import json
 import sys
 
-import numpy as np
-
 from memra.aliases import resolve
 from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel
+from memra.reference import ReferenceModel, greedy_with_margins
 
 
 def main():
@@ -25,15 +23,7 @@ def main():
     ids, got = run["prompt_ids"], run["tokens"]
     out = {"model": model, "prompt_ids": ids, "gpu_tokens": got, "device": run.get("device")}
     for num in ("f32", "q8", "llamacpp"):
-        m = ReferenceModel(g, numerics=num)
-        cache = m.new_cache(len(ids) + len(got))
-        logits = m.forward(ids, cache)
-        toks, margins = [], []
-        for _ in got:
-            top = np.partition(logits, -2)[-2:]
-            margins.append(float(top[1] - top[0]))
-            toks.append(int(np.argmax(logits)))
-            logits = m.forward([toks[-1]], cache)
+        _, toks, margins = greedy_with_margins(ReferenceModel(g, numerics=num), ids, len(got))
         i = next((i for i, (a, b) in enumerate(zip(got, toks)) if a != b), None)
         out[num] = {"tokens": toks, "first_divergence": i, "margin_there": None if i is None else margins[i],
                     "near_tie": None if i is None else margins[i] < 0.05}

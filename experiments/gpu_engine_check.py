@@ -52,18 +52,9 @@ def _reference_tokens(path: Path, prompt_ids: list[int], n: int, numerics: str =
     """The CPU reference's greedy tokens under the numerics of the engine path they check
     (the default q8 path: numerics="q8")."""
     from memra.gguf_file import open_gguf
-    from memra.reference import ReferenceModel
+    from memra.reference import ReferenceModel, greedy_with_margins
 
-    m = ReferenceModel(open_gguf(path), numerics=numerics)
-    cache = m.new_cache(len(prompt_ids) + n)
-    logits = m.forward(prompt_ids, cache)
-    out, margins = [], []
-    for _ in range(n):
-        top = np.partition(logits, -2)[-2:]
-        margins.append(float(top[1] - top[0]))
-        t = int(np.argmax(logits))
-        out.append(t)
-        logits = m.forward([t], cache)
+    _, out, margins = greedy_with_margins(ReferenceModel(open_gguf(path), numerics=numerics), prompt_ids, n)
     return {"tokens": out, "margins": margins, "numerics": numerics}
 
 

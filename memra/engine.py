@@ -27,10 +27,9 @@ launch) and decode (one row) give the same bits, as do a sequence alone or in a 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -104,7 +103,7 @@ class GPUEngine:
         from memra.cuda import gpu as get_gpu
 
         self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
-        self.cfg = c = cfg or read_config(self.gguf)
+        self.cfg = cfg or read_config(self.gguf)
         self._validate()
         self.g = gpu or get_gpu()
         self._open_tune_table(tune_table)
@@ -728,10 +727,8 @@ def argmax_gate(engine: GPUEngine, prompt_ids: Sequence[int], bound: float = NEA
     engine.reset()
     ia, ib = int(np.argmax(a)), int(np.argmax(b))
 
-    def margin(x):
-        top = np.partition(x, -2)[-2:]
-        return float(top[1] - top[0])
+    from memra.reference import top2_margin
 
-    m = min(margin(a), margin(b))
+    m = min(top2_margin(a), top2_margin(b))
     verdict = "MATCH" if ia == ib else ("NEAR-TIE" if m < bound else "MISMATCH")
     return GateResult(verdict, ia, ib, m, float(np.max(np.abs(a - b))), bound)

@@ -36,7 +36,6 @@ Numerics (`ReferenceModel(g, numerics=...)`):
 from __future__ import annotations
 
 import logging
-import math
 from typing import Sequence
 
 import numba
@@ -46,7 +45,7 @@ from .config import ModelConfig, read_config
 from .errors import ContextOverflowError, GGUFError, MemraError
 from .gguf_file import GGUFFile
 from .quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
-from .quants import F16, F32, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q8_1
+from .quants import F16, F32, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
 
 NUMERICS = ("f32", "llamacpp", "q8")
 
@@ -162,6 +161,27 @@ def softmax(x: np.ndarray) -> np.ndarray:
     m = np.max(x, axis=-1, keepdims=True)
     e = np.exp(x - m)
     return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    """The gap between the two largest logits (a near-tie when it is small)."""
+    top = np.partition(np.asarray(logits), -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def greedy_with_margins(model, prompt: Sequence[int], n: int) -> tuple[np.ndarray, list[int], list[float]]:
+    """Greedy decoding on any engine with the new_cache/forward protocol (this module's
+    ReferenceModel, memra.engine.GPUEngine): the prompt's last logits, n tokens, and the
+    top-2 margin of the logits each token was chosen from."""
+    cache = model.new_cache(len(prompt) + n)
+    logits = first = model.forward(list(prompt), cache)
+    toks, margins = [], []
+    for i in range(n):
+        margins.append(top2_margin(logits))
+        toks.append(int(np.argmax(logits)))
+        if i + 1 < n:
+            logits = model.forward([toks[-1]], cache)
+    return first, toks, margins
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

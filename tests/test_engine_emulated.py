@@ -16,7 +16,7 @@ from gpu_emulator import FakeGpu
 from memra.engine import GPUEngine, argmax_gate
 from memra.errors import ContextOverflowError, MemraError
 from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel
+from memra.reference import ReferenceModel, greedy_with_margins
 
 ARCHS = [("llama", "Q4_K_M"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"), ("gemma3", "Q4_K_M")]
 N_GEN = 24  # crosses tiny-gemma3's 16-token sliding window
@@ -27,17 +27,7 @@ NEAR_TIE = 0.05
 def _reference(path, prompt, n, numerics="q8"):
     """The CPU reference's first logits, greedy tokens and top-2 margins under the numerics
     of the engine path compared with it (q8 path: numerics="q8"; f32 path: "f32")."""
-    m = ReferenceModel(open_gguf(path), numerics=numerics)
-    cache = m.new_cache(len(prompt) + n)
-    logits = m.forward(prompt, cache)
-    first = logits
-    toks, margins = [], []
-    for _ in range(n):
-        top = np.partition(logits, -2)[-2:]
-        margins.append(float(top[1] - top[0]))
-        toks.append(int(np.argmax(logits)))
-        logits = m.forward([toks[-1]], cache)
-    return first, toks, margins
+    return greedy_with_margins(ReferenceModel(open_gguf(path), numerics=numerics), prompt, n)
 
 
 @pytest.fixture(scope="module", params=ARCHS, ids=[a for a, _ in ARCHS])

@@ -26,17 +26,9 @@ def _reference_greedy(path, prompt, n, numerics):
     """The CPU reference's greedy tokens under the numerics of the engine path it checks
     (q8 path: numerics="q8", f32 path: "f32")."""
     from memra.gguf_file import open_gguf
-    from memra.reference import ReferenceModel
+    from memra.reference import ReferenceModel, greedy_with_margins
 
-    m = ReferenceModel(open_gguf(path), numerics=numerics)
-    cache = m.new_cache(len(prompt) + n)
-    logits = m.forward(prompt, cache)
-    toks, margins = [], []
-    for _ in range(n):
-        top = np.partition(logits, -2)[-2:]
-        margins.append(float(top[1] - top[0]))
-        toks.append(int(np.argmax(logits)))
-        logits = m.forward([toks[-1]], cache)
+    _, toks, margins = greedy_with_margins(ReferenceModel(open_gguf(path), numerics=numerics), prompt, n)
     return toks, margins
 
 
