@@ -593,9 +593,9 @@ class GPUEngine:
             SMP.sample(self.g, self.logits, self.cfg.n_vocab, self.batch, self.s_fparams, self.s_topk,
                        self.s_seed, st)
 
-    def _generate(self, prompts: Sequence[Sequence[int]], n: int, sampler: str) -> list[list[int]]:
-        if n <= 0:
-            return [[] for _ in prompts]
+    def _start(self, prompts: Sequence[Sequence[int]], n: int, sampler: str):
+        """Reset the cache, prefill each sequence's prompt and choose its first token on the
+        device (n >= 1 tokens to come); returns the decode graph whose replays give the rest."""
         if len(prompts) != self.batch:
             raise MemraError(f"this engine decodes {self.batch} sequences at a time, got {len(prompts)} prompts")
         self._need_cache()
@@ -609,7 +609,18 @@ class GPUEngine:
         self.d_pos.upload(np.asarray(self.pos, np.int32))
         self.d_step.upload(np.zeros(self.batch, np.int32))
         self._first_token(sampler)
-        gr = self._graph(sampler)
+        return self._graph(sampler)
+
+    def _set_sampling(self, temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> None:
+        """The device sampler's parameters, the same for every sequence."""
+        self.s_fparams.upload(np.tile(np.array([temperature, top_p, min_p], np.float32), (self.batch, 1)))
+        self.s_topk.upload(np.full(self.batch, top_k, np.int32))
+        self.s_seed.upload(np.full(self.batch, seed & ((1 << 64) - 1), np.uint64))
+
+    def _generate(self, prompts: Sequence[Sequence[int]], n: int, sampler: str) -> list[list[int]]:
+        if n <= 0:
+            return [[] for _ in prompts]
+        gr = self._start(prompts, n, sampler)
         for _ in range(n - 1):  # each replay: forward the last token, choose the next
             gr.launch()
         hist = self.d_hist.numpy()  # the only read-back: n ids per sequence
@@ -627,29 +638,17 @@ class GPUEngine:
         if n <= 0:
             return
         sampler = "greedy" if temperature <= 0 else "sample"
-        self._need_cache()
-        prompt = self._check_tokens(prompt_ids)
-        if prompt.size + n - 1 > self.n_ctx:
-            raise ContextOverflowError(f"prompt + {n} tokens need {prompt.size + n - 1} positions, "
-                                       f"the context holds {self.n_ctx}")
         if sampler == "sample":
-            self.s_fparams.upload(np.array([[temperature, top_p, min_p]], np.float32))
-            self.s_topk.upload(np.array([top_k], np.int32))
-            self.s_seed.upload(np.array([seed & ((1 << 64) - 1)], np.uint64))
-        self._ensure_hist(n)
-        self.pos = [0]
-        self.prefill(prompt)
-        self.d_pos.upload(np.asarray(self.pos, np.int32))
-        self.d_step.upload(np.zeros(1, np.int32))
-        self._first_token(sampler)
-        gr = self._graph(sampler)
+            self._set_sampling(temperature, top_k, top_p, min_p, seed)
+        gr = self._start([prompt_ids], n, sampler)
+        n_prompt = self.pos[0]
         done = 0  # tokens yielded; token i sits at d_hist[0, i]
         while done < n:
             k = min(chunk, n - done)
             for _ in range(k - 1 if done == 0 else k):  # the first token came from the prefill
                 gr.launch()
             ids = self.d_hist.view(offset=done * 4, shape=(k,)).numpy()
-            self.pos[0] = prompt.size + done + k - 1  # tokens stored: the prompt and the fed ones
+            self.pos[0] = n_prompt + done + k - 1  # tokens stored: the prompt and the fed ones
             for t in ids:
                 done += 1
                 yield int(t)
@@ -667,10 +666,7 @@ class GPUEngine:
                  top_p: float = 0.95, min_p: float = 0.05, seed: int = 0) -> list[int]:
         """n tokens drawn on the device (llama.cpp's order: top-k, top-p, min-p, temperature);
         the same seed gives the same tokens."""
-        fp = np.tile(np.array([temperature, top_p, min_p], np.float32), (self.batch, 1))
-        self.s_fparams.upload(fp)
-        self.s_topk.upload(np.full(self.batch, top_k, np.int32))
-        self.s_seed.upload(np.full(self.batch, seed & ((1 << 64) - 1), np.uint64))
+        self._set_sampling(temperature, top_k, top_p, min_p, seed)
         return self._generate([prompt_ids] * self.batch, n, "sample")[0]
 
     # -- the CPU reference's protocol (memra.generate, the CLI) -----------------------------
