@@ -39,6 +39,7 @@ from memra import tuning as TUNE
 from memra.config import ModelConfig, read_config
 from memra.errors import ContextOverflowError, MemraError, UnsupportedModelError
 from memra.gguf_file import GGUFFile, open_gguf, type_name
+from memra.receipts import shape_key, shape_of_key
 from memra.ops import act as ACT
 from memra.ops import attention as ATT
 from memra.ops import embed as EMB
@@ -193,9 +194,8 @@ class GPUEngine:
         self.rope_cfg = checked("rope_norm_kv", heads, ROPE.warps)
         ctxs = []  # the context lengths the table has a batch-1 attention entry for
         for key in self.tune_table.get("entries", {}).get("attn_decode", {}):
-            d = dict(kv.split("=", 1) for kv in key.split(","))
-            ctx = d.pop("ctx", None)
-            if ctx is not None and d == {k: str(v) for k, v in heads.items()} and \
+            ctx = shape_of_key(key).get("ctx")
+            if ctx is not None and key == shape_key({**heads, "ctx": ctx}) and \
                     TUNE.lookup(self.tune_table, "attn_decode", key, 1) is not None:
                 ctxs.append(int(ctx))
 

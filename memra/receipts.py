@@ -94,6 +94,11 @@ def shape_key(shape: Mapping | str) -> str:
     return ",".join(f"{k}={shape[k]}" for k in sorted(shape) if k != "batch")
 
 
+def shape_of_key(key: str) -> dict[str, str]:
+    """shape_key's inverse, values left as text: {'cols': '4096', 'rows': '4096', ...}."""
+    return dict(kv.split("=", 1) for kv in key.split(",")) if key else {}
+
+
 def config_key(config: Mapping) -> str:
     """Canonical text of a -D configuration: 'NWARPS=4,ROWS=2' ('' when empty)."""
     return ",".join(f"{k}={config[k]}" for k in sorted(config))
