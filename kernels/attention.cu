@@ -34,10 +34,28 @@
 //   attn_decode: as attn_split, S <= MAX_SPLITS (default 256); counters [n_tokens][n_head / N_GQA]
 //     int zeroed once; out as attn_combine; xq [n_tokens][n_head * HEAD_DIM] int8 and xs
 //     [n_tokens][n_head * HEAD_DIM / 32] Q8Scale, or null.
-// PDL: every kernel waits for the previous one before touching memory.
+// attn_decode_rope: rope.cu's rope_norm_kv and attn_decode in one launch (decode only; see
+//   the kernel).
+// PDL: attn_decode reads pos before its wait (written two or more launches back, see
+//   common.cuh) so empty splits leave at once; everything else waits.
+//
+// Variant history (H200; µs a layer in the decode graph at a 64-token context, from
+// research/gpu-engine-breakdown-* and research/attn-probe-*):
+//   v1  one block per KV head and split, K/V loaded a row per loop step, key groups summed
+//       in KG barrier rounds, q8 twin re-read from global: 8B 10.2, 1B 7.2, Gemma-3 15.5
+//       (head 256: 16 serial load round trips a tile).
+//   v2  8 K rows (and the first V rows) loaded before use, one-pass key-group sum, loops
+//       stop at the last key, 8 warps from head 128, splits of >= ATT_MIN_CHUNK keys, q8
+//       twin by 8-lane groups: 8B 6.1, 1B 5.2, Gemma-3 8.4.
+//   v3  blocks of N_GQA (heads_per_block) query heads, bit-neutral: Gemma-3 (one KV head)
+//       4.4 at hpb 1 against 6.9 with the whole group; 8B 3.5 vs 3.9 (hpb 1 vs 2) but 22.9
+//       vs 15.4 at 4096 keys.
+//   v4  (this) attn_decode_rope: RoPE and the KV append folded in at decode (one launch
+//       less a layer; not yet measured).
 
 #include "common.cuh"
 #include "q8.cuh"
+#include "rope.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -79,7 +97,8 @@ constexpr int VITER = (ATT_TILE + KG - 1) / KG;        // keys per thread per ti
 constexpr int VB = VITER < 8 ? VITER : 8;              // V rows in flight per thread
 constexpr int OPT = (G * D + NT - 1) / NT;  // output values per thread in the key-group sum
 // shared memory left for that sum under the 48 KB static limit, after the other arrays
-constexpr int SMEM_OTHER = 4 * (G * ATT_TILE + 3 * G + G * MAX_SPLITS + G + G * D) + 64;
+// (attn_decode_rope adds its roped query heads and one K row)
+constexpr int SMEM_OTHER = 4 * (G * ATT_TILE + 3 * G + G * MAX_SPLITS + G + G * D + G * D + D) + 64;
 constexpr int RED_CAP = (48 * 1024 - SMEM_OTHER) / 4;
 static_assert(RED_CAP >= G * D, "N_GQA * HEAD_DIM too large for the shared-memory budget");
 constexpr int RED_R = KG * G * D <= RED_CAP ? KG : RED_CAP / (G * D);
@@ -116,7 +135,7 @@ static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
     const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window,
-    float scale, float softcap, float* __restrict__ out_direct, float* ob) {
+    float scale, float softcap, float* __restrict__ out_direct, float* ob, const float* qsm = nullptr) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     __shared__ __align__(16) float red[RED_R][G * D];
@@ -155,7 +174,9 @@ static __device__ __forceinline__ void split_body(
             int ch = c * LPK + sl;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                qr[g][c][e] = ch < NCH ? q[(size_t)t * n_head * D + (size_t)(hb * G + g) * D + ch * 8 + e] : 0.f;
+                qr[g][c][e] = ch >= NCH ? 0.f
+                              : qsm ? qsm[g * D + ch * 8 + e]  // roped by this block (attn_decode_rope)
+                                    : q[(size_t)t * n_head * D + (size_t)(hb * G + g) * D + ch * 8 + e];
         }
 
     if (tid < G) {
@@ -362,40 +383,27 @@ extern "C" __global__ void __launch_bounds__(NT)
                nullptr);
 }
 
-// attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
-// short context nearly all are empty), then the last of the n_active blocks of each
-// (token, KV head) to finish merges their partials for its G heads, in split order (it
-// does not depend on which block came last), and writes out, plus its q8 twin when xq is
-// non-null (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch;
-// the last block puts its counter back to zero, so the buffer stays ready for the next
-// launch and graph replay.
-extern "C" __global__ void __launch_bounds__(NT)
-    attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
-                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
-                float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
-                int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
-                const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
-                float softcap) {
+// The body of attn_decode after the PDL wait (n_act: the token's non-empty splits, this
+// block among them); qsm: the block's roped query heads in shared memory, or null (q).
+static __device__ __forceinline__ void decode_body(
+    const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
+    int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
+    int n_kv, int qpk, int n_ctx, int window, float scale, float softcap, int n_act, const float* qsm) {
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
     __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
     const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
-    // pos is written two or more launches back (common.cuh: safe before the wait), so an
-    // empty split leaves without waiting: nothing to add, nothing to count
-    const int n_act = key_range(pos[t], window, S).n_active;
-    if ((int)blockIdx.y >= n_act) return;
-    MEMRA_PDL_WAIT();
-    MEMRA_PDL_LAUNCH();
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_head = gridDim.x * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
         split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, out,
-                   xq ? ob : nullptr);
+                   xq ? ob : nullptr, qsm);
     } else {
         split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, nullptr,
-                   nullptr);
+                   nullptr, qsm);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
@@ -441,6 +449,90 @@ extern "C" __global__ void __launch_bounds__(NT)
                       active, i4, q8, s8);
         }
     }
+}
+
+
+// attn_decode: attn_split for the non-empty splits only (the others leave at once: at a
+// short context nearly all are empty), then the last of the n_active blocks of each
+// (token, KV head) to finish merges their partials for its G heads, in split order (it
+// does not depend on which block came last), and writes out, plus its q8 twin when xq is
+// non-null (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch;
+// the last block puts its counter back to zero, so the buffer stays ready for the next
+// launch and graph replay.
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
+                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+                float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
+                int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
+                const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
+                float softcap) {
+    const int t = blockIdx.z, S = gridDim.y;
+    // pos is written two or more launches back (common.cuh: safe before the wait), so an
+    // empty split leaves without waiting: nothing to add, nothing to count
+    const int n_act = key_range(pos[t], window, S).n_active;
+    if ((int)blockIdx.y >= n_act) return;
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    decode_body(q, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window,
+                scale, softcap, n_act, nullptr);
+}
+
+// attn_decode_rope: rope_norm_kv (rope.cu) and attn_decode in one launch, for decode rows
+// whose sequences differ (each row appends one key to its own sequence). Every non-empty
+// split block ropes its own query heads into shared memory; the blocks holding a row's
+// last key (its last split) also rope and append that row's K and V (blocks of one KV head
+// write the same bits), then read them back like any other key. The arithmetic is
+// rope.cuh's and split_body's, so the result equals the two launches bit for bit (checked
+// by kernel-check). q_raw/k_raw/v_raw: the QKV matvec's rows (strides q_stride, k_stride,
+// v_stride floats); bias, q_norm_w, k_norm_w, cs, cs_rows, rope_dim, neox, eps: as
+// rope_norm_kv; the rest as attn_decode.
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode_rope(const float* __restrict__ q_raw, const float* __restrict__ k_raw,
+                     const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
+                     const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+                     const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows,
+                     int rope_dim, int neox, float eps, uint16_t* __restrict__ kcache,
+                     uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+                     int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
+                     Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
+                     int n_kv, int qpk, int n_ctx, int window, float scale, float softcap) {
+    __shared__ __align__(16) float qsm[G * D];
+    __shared__ float kvb[D];
+    const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
+    const int warp = threadIdx.x / 32;
+    const int p = pos[t];
+    const int n_act = key_range(p, window, S).n_active;
+    if ((int)blockIdx.y >= n_act) return;
+    const int n_head = gridDim.x * G, kvh = hb * G / qpk;
+    const bool appends = (int)blockIdx.y == n_act - 1 && p >= 0 && p < n_ctx;
+    // constants before the wait: this lane's cos/sin pairs and norm weights (Q; K on the
+    // warp that ropes the key)
+    RopeLane rq, rk;
+    rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
+    rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        const int h = hb * G + g;
+        rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
+                  q_norm_w != nullptr, rq, eps, rope_dim, neox, qsm + g * D);
+    }
+    if (appends) {
+        const int s = seq ? seq[t] : 0;
+        const size_t row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * D) + (size_t)kvh * D;
+        if (warp == ATT_WARPS - 1) {
+            rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,
+                      bias ? bias + (size_t)(n_head + kvh) * D : nullptr, k_norm_w != nullptr, rk, eps, rope_dim,
+                      neox, kvb);
+            for (int d = threadIdx.x % 32; d < D; d += 32) kcache[row + d] = f32_to_f16(kvb[d]);
+        }
+        if (warp == (ATT_WARPS >= 2 ? ATT_WARPS - 2 : 0))
+            v_append(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
+                     bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, vcache + row);
+    }
+    __syncthreads();  // q in shared memory; the appended K/V rows visible to the block
+    decode_body(nullptr, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx,
+                window, scale, softcap, n_act, qsm);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o,

@@ -17,7 +17,10 @@
 // Variant history (H200, per-kernel breakdown inside the decode graph):
 //   v1  theta and sincos in double precision per pair in the kernel: 1.56 us at head 64
 //       (one pair a lane), 3.25 us at head 256 (four pairs a lane, serial).
-//   v2  (this) cos/sin read from a per-position table.
+//   v2  cos/sin read from a per-position table; constants loaded before the PDL wait:
+//       1.2 us at head 64, 1.6 us at head 256.
+//   v3  (this) the per-head arithmetic moved to rope.cuh, shared with attention.cu's
+//       attn_decode_rope (decode), which makes this launch a prefill-only one by default.
 //
 // Compile-time: HEAD_DIM (required, even), ROPE_WARPS (heads per block, default 4);
 //   MEMRA_CANARY: a wrong variant (rotation sign flipped) that kernel-check must catch.
@@ -33,10 +36,12 @@
 // next one launch (both no-ops when launched without programmatic dependent launch).
 
 #include "common.cuh"
-
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined"
+#ifdef MEMRA_CANARY
+#undef MEMRA_CANARY
+#define MEMRA_CANARY 3  // rope.cuh's canary: the rotation's sign flipped
 #endif
+#include "rope.cuh"
+
 #ifndef ROPE_WARPS
 #define ROPE_WARPS 4
 #endif
@@ -61,17 +66,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     const int s = seq ? seq[t] : 0;
     const size_t kv_row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * HEAD_DIM);
     const bool in_ctx = p >= 0 && p < n_ctx;
-    constexpr int NPL = (HEAD_DIM / 2 + 31) / 32;  // rotated pairs per lane, at most
-    const int half_dim = rope_dim / 2;
-    const float2* csr = cs + (size_t)min(max(p, 0), cs_rows - 1) * half_dim;
-    float2 csv[NPL];
-#pragma unroll
-    for (int j = 0; j < NPL; j++) csv[j] = lane + 32 * j < half_dim ? csr[lane + 32 * j] : make_float2(1.f, 0.f);
-    const float* nw = h < n_head ? q_norm_w : k_norm_w;
-    float nwv[HEAD_DIM / 32 + 1];
-#pragma unroll
-    for (int j = 0; j < (HEAD_DIM + 31) / 32; j++)
-        nwv[j] = (nw && h < n_head + n_kv && lane + 32 * j < HEAD_DIM) ? nw[lane + 32 * j] : 1.f;
+    RopeLane rl;
+    rope_lane_load(rl, cs, cs_rows, p, rope_dim, h < n_head + n_kv ? (h < n_head ? q_norm_w : k_norm_w) : nullptr);
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
 
@@ -79,9 +75,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
         const int hv = h - n_head - n_kv;
         const float* src = v + (size_t)t * v_stride + hv * HEAD_DIM;
         const float* bv = bias ? bias + (n_head + n_kv + hv) * HEAD_DIM : nullptr;
-        if (in_ctx)
-            for (int d = lane; d < HEAD_DIM; d += 32)
-                vcache[kv_row + hv * HEAD_DIM + d] = f32_to_f16(bv ? __fadd_rn(src[d], bv[d]) : src[d]);
+        if (in_ctx) v_append(src, bv, vcache + kv_row + hv * HEAD_DIM);
         return;
     }
     const bool is_q = h < n_head;
@@ -89,56 +83,13 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     const float* src = is_q ? q + (size_t)t * q_stride + hh * HEAD_DIM
                             : k + (size_t)t * k_stride + hh * HEAD_DIM;
     const float* bh = bias ? bias + h * HEAD_DIM : nullptr;  // q heads then k heads then v
-    float* b = buf[warp];
-
-    float ss = 0.f;
-#pragma unroll
-    for (int d = lane; d < HEAD_DIM; d += 32) {
-        float x = bh ? __fadd_rn(src[d], bh[d]) : src[d];
-        b[d] = x;
-        ss += x * x;
-    }
-    if (nw) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        float sc = 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, (float)HEAD_DIM), eps));
-#pragma unroll
-        for (int j = 0; j < (HEAD_DIM + 31) / 32; j++) {
-            const int d = lane + 32 * j;
-            if (d < HEAD_DIM) b[d] = __fmul_rn(__fmul_rn(b[d], sc), nwv[j]);
-        }
-    }
-    __syncwarp();
-
-    // one angle per rotated pair (pair i: dims a, b), then the dims past rope_dim as they are
-    float* qo = q_out + (size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM;
-    uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
-    const bool store = is_q || in_ctx;
-#pragma unroll
-    for (int j = 0; j < NPL; j++) {
-        const int i = lane + 32 * j;
-        if (i >= half_dim) break;
-        const int ia = neox ? i : 2 * i, ib = neox ? i + half_dim : 2 * i + 1;
-        const float c = csv[j].x;
-        float sv = csv[j].y;
-#ifdef MEMRA_CANARY
-        sv = -sv;  // kernel-check canary: rotates the wrong way
-#endif
-        const float a = b[ia], bb = b[ib];
-        const float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sv));
-        const float rb = __fadd_rn(__fmul_rn(a, sv), __fmul_rn(bb, c));
-        if (is_q) {
-            qo[ia] = ra;
-            qo[ib] = rb;
-        } else if (store) {
-            ko[ia] = f32_to_f16(ra);
-            ko[ib] = f32_to_f16(rb);
-        }
-    }
-    for (int d = rope_dim + lane; d < HEAD_DIM; d += 32) {
-        if (is_q)
-            qo[d] = b[d];
-        else if (store)
-            ko[d] = f32_to_f16(b[d]);
+    rope_head(src, bh, (is_q ? q_norm_w : k_norm_w) != nullptr, rl, eps, rope_dim, neox, buf[warp]);
+    const float* b = buf[warp];
+    if (is_q) {
+        float* qo = q_out + (size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM;
+        for (int d = lane; d < HEAD_DIM; d += 32) qo[d] = b[d];
+    } else if (in_ctx) {
+        uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
+        for (int d = lane; d < HEAD_DIM; d += 32) ko[d] = f32_to_f16(b[d]);
     }
 }

@@ -116,6 +116,8 @@ class GPUEngine:
         self.path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "q8")
         if self.path not in ("f32", "q8"):
             raise MemraError(f"matvec path must be f32 or q8, got {self.path!r}")
+        # decode: RoPE and the KV append inside the attention launch (rows are distinct sequences)
+        self.fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
         # programmatic dependent launch: each kernel's launch overlaps the previous one's tail
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
@@ -393,7 +395,7 @@ class GPUEngine:
                              xq=xq, xs=xs, pdl=self.pdl, config=self.norm_cfg["add_rmsnorm"])
         return tw
 
-    def _layers(self, rows: int, tok, pos, seq) -> None:
+    def _layers(self, rows: int, tok, pos, seq, decode: bool = False) -> None:
         """Embed `rows` tokens and run every layer; leaves rmsnorm(x) * output_norm in h
         (and, on the q8 path, its twin in xq/xs). Returns that twin."""
         c, g, pdl = self.cfg, self.g, self.pdl
@@ -404,17 +406,22 @@ class GPUEngine:
         att_q8 = self.path == "q8" and c.head_dim % 32 == 0
         for il, L in enumerate(self.layers):
             q, k, v, qs, ks, vs = self._qkv_views(L, rows, qh)
-            ROPE.rope_norm_kv(
-                g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, self.rope_cs[L.rope_key], n_tokens=rows,
-                n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
-                rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks, v_stride=vs,
-                bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl, config=self.rope_cfg)
+            rope = None
+            if decode and self.fuse_rope:  # one row per sequence: attention ropes and appends itself
+                rope = ATT.RopeIn(q, k, v, qs, ks, vs, self.rope_cs[L.rope_key], c.rope_dim, c.rope_neox,
+                                  c.norm_eps, L.bias, L.q_norm, L.k_norm)
+            else:
+                ROPE.rope_norm_kv(
+                    g, q, k, v, self.qr, self.kcache[il], self.vcache[il], pos, seq, self.rope_cs[L.rope_key],
+                    n_tokens=rows, n_head=c.n_head, n_kv=c.n_head_kv, head_dim=c.head_dim, n_ctx=self.n_ctx,
+                    rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks, v_stride=vs,
+                    bias=L.bias, q_norm=L.q_norm, k_norm=L.k_norm, eps=c.norm_eps, pdl=pdl, config=self.rope_cfg)
             tw = self._twin(rows, c.q_dim) if att_q8 else None
             ATT.attention(g, self.qr, self.kcache[il], self.vcache[il], self.ao, self.part_o, self.part_ml,
                           pos, seq, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa, head_dim=c.head_dim,
                           n_ctx=self.n_ctx, window=L.window, scale=c.scale, n_splits=self.n_splits,
                           counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
-                          hpb=self.att_hpb, config=self.att_cfg)
+                          hpb=self.att_hpb, config=self.att_cfg, rope=rope)
             qa = tw if att_q8 else self._q8(self.ao, rows)
             if c.post_norms:
                 self._matvec(L.wo, self.ao, self.t1, rows, q=qa)
@@ -467,7 +474,7 @@ class GPUEngine:
     def _decode_step(self, sampler: str) -> None:
         """All launches of one decode step for the `batch` sequences (captured as a graph)."""
         B = self.batch
-        qh = self._layers(B, self.d_tok, self.d_pos, self.d_seq)
+        qh = self._layers(B, self.d_tok, self.d_pos, self.d_seq, decode=True)
         self._output(self.h, self.logits, B, qh)
         st = SMP.SeqState(tok=self.d_tok, step=self.d_step, pos=self.d_pos, hist=self.d_hist)
         if sampler == "greedy":

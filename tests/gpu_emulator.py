@@ -315,6 +315,22 @@ def _attn_decode(g, k, grid, v):
     _q8_twin(g, out, T * n_kv * qpk * D, xq, xs)
 
 
+def _attn_decode_rope(g, k, grid, v):
+    """rope_norm_kv into a scratch q, then attn_decode, as attention.cu's attn_decode_rope."""
+    (q, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, part_o, part_ml, counters,
+     out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap) = v
+    D = int(k.defines["HEAD_DIM"])
+    T, n_head = grid[2], n_kv * qpk
+    key = ("rope_q", T * n_head * D)  # one scratch per size: replays must not grow the heap
+    if key not in g.wcache:
+        g.wcache[key] = g.empty((T, n_head * D), np.float32)
+    qr = g.wcache[key]
+    _rope(g, k, (1, T), (q, kk, vv, qs, ks, vs, qr.ptr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, n_head, n_kv,
+                         n_ctx, rope_dim, neox, eps))
+    _attn_decode(g, k, grid, (qr.ptr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx,
+                              window, scale, softcap))
+
+
 def _attn_combine(g, k, grid, v):
     part_o, part_ml, out, S = v
     D = int(k.defines["HEAD_DIM"])
@@ -433,7 +449,8 @@ def _quantize_q8(g, k, grid, v):
 
 _KERNELS = {
     "rmsnorm": _rmsnorm, "add_rmsnorm": _add_rmsnorm, "rope_norm_kv": _rope,
-    "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode, "act_mul": _act_mul,
+    "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode,
+    "attn_decode_rope": _attn_decode_rope, "act_mul": _act_mul,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8,
 }

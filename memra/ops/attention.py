@@ -24,6 +24,7 @@ Tolerance: 1e-5 relative.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -93,13 +94,35 @@ def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
     return (n_tokens, n_head, n_splits, head_dim), (n_tokens, n_head, n_splits, 2)
 
 
+@dataclass
+class RopeIn:
+    """attention(..., rope=RopeIn(...)): the QKV rows before RoPE and rope_norm_kv's
+    parameters (memra.ops.rope); the fused kernel (attn_decode_rope) ropes Q itself and
+    appends each row's K and V, giving rope_norm_kv + attn_decode's bits. Only for rows
+    whose sequences differ (decode): a row must not read another row's appended key."""
+    q: object
+    k: object
+    v: object
+    q_stride: int
+    k_stride: int
+    v_stride: int
+    cs: object  # memra.ops.rope.rope_table on the device
+    rope_dim: int
+    neox: bool
+    eps: float = 1e-6
+    bias: object = None
+    q_norm: object = None
+    k_norm: object = None
+
+
 def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
               n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
-              canary: bool = False, hpb: int | None = None, config: dict | None = None) -> None:
+              canary: bool = False, hpb: int | None = None, config: dict | None = None,
+              rope: RopeIn | None = None) -> None:
     """n_splits: per head block; counters: int32 [n_tokens * n_kv * n_gqa / hpb] (zero);
     hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
-    config: see the module doc."""
+    config: see the module doc; rope: RoPE and the KV append fused in (q is then unused)."""
     n_head = n_kv * n_gqa
     hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
     if hpb < 1 or n_gqa % hpb:
@@ -110,8 +133,10 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
         raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
     if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
         raise MemraError("attention: scratch buffers too small for this many tokens / splits")
-    if out.size < n_tokens * n_head * head_dim or q.size < n_tokens * n_head * head_dim:
+    if out.size < n_tokens * n_head * head_dim or (rope is None and q.size < n_tokens * n_head * head_dim):
         raise MemraError("attention: q or out too small")
+    if rope is not None and counters is None:
+        raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
     m = module(g, head_dim, hpb, canary, config)
     tail = (pos, seq if seq is not None else _NULL, np.int32(n_kv), np.int32(n_gqa), np.int32(n_ctx),
             np.int32(window), np.float32(scale), np.float32(softcap))
@@ -121,9 +146,20 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
                              f"[n_tokens * n_head / heads per block]")
         if xq is not None and (head_dim % 32 or xq.dtype != np.int8 or xq.size < n_tokens * n_head * head_dim):
             raise MemraError("attention: q8 output needs head_dim % 32 == 0 and int8 xq [n_tokens, n_head * head_dim]")
+        xargs = (xq if xq is not None else _NULL, xs if xs is not None else _NULL)
+        if rope is not None:
+            r = rope
+            if r.cs.dtype != np.float32 or len(r.cs.shape) != 3 or r.cs.shape[1:] != (r.rope_dim // 2, 2) \
+                    or r.rope_dim > head_dim or r.rope_dim % 2:
+                raise MemraError(f"attention: rope_dim {r.rope_dim} vs head_dim {head_dim} and cs {r.cs.shape}")
+            opt = [x if x is not None else _NULL for x in (r.bias, r.q_norm, r.k_norm)]
+            g.launch(m.kernel("attn_decode_rope"), (nhb, n_splits, n_tokens), (nt,),
+                     (r.q, r.k, r.v, np.int32(r.q_stride), np.int32(r.k_stride), np.int32(r.v_stride), *opt,
+                      r.cs, np.int32(r.cs.shape[0]), np.int32(r.rope_dim), np.int32(1 if r.neox else 0),
+                      np.float32(r.eps), kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
+            return
         g.launch(m.kernel("attn_decode"), (nhb, n_splits, n_tokens), (nt,),
-                 (q, kcache, vcache, part_o, part_ml, counters, out, xq if xq is not None else _NULL,
-                  xs if xs is not None else _NULL, *tail), pdl=pdl)
+                 (q, kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
         return
     g.launch(m.kernel("attn_split"), (nhb, n_splits, n_tokens), (nt,),
              (q, kcache, vcache, part_o, part_ml, *tail), pdl=pdl)
@@ -169,7 +205,7 @@ CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T, heads per blo
 
 
 def compile_variants():
-    vs = sorted({(c[0], c[7]) for c in CASES})
+    vs = sorted({(c[0], c[7]) for c in CASES} | {(c[0], c[3]) for c in ROPE_CASES})
     out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE}) for d, gq in vs]
     for d, gq in ((64, 1), (256, 1)):
         out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE,
@@ -235,15 +271,77 @@ def _check(g, rng, case, canary=False, fused=False):
                    + ("; q8 twin bit-exact" if q8 else ""))
 
 
+ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neox, qk_norm, bias)
+    (64, 3, 3, 1, 0, 64, False, False, False),     # smollm2
+    (64, 4, 2, 2, 0, 64, False, False, False),     # llama, two heads a block
+    (256, 4, 1, 1, 37, 256, True, True, False),    # gemma3, sliding window, Q/K norm
+    (128, 4, 2, 4, 0, 64, True, False, True),      # partial rotary, QKV bias, one block per KV head
+)
+
+
+def _check_rope_fused(g, rng, case, canary=False):
+    """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
+    twin and the appended K/V rows must be the same bits."""
+    from memra.kernelcheck import Outcome
+    from memra.ops import rope as ROPE
+    from memra.ops.matvec import Q8_SCALE
+    from memra.reference import rope_inv_freq
+
+    D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
+    nh, T, n_ctx = nkv * G, 3, 700
+    S = default_splits(nh // hpb, 132)
+    stride = (nh + 2 * nkv) * D
+    qkv = g.to_device(rng.standard_normal((T, stride)).astype(np.float32))
+    pos = g.to_device(np.array([0, 64, n_ctx - 1][:T], np.int32))  # one split, two, many
+    seq = g.to_device(np.arange(T, dtype=np.int32))  # decode: one row per sequence
+    cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
+    f32 = np.float32
+    qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
+    cache0 = [(rng.standard_normal((T, n_ctx, nkv * D)) * 0.5).astype(np.float16).view(np.uint16) for _ in range(2)]
+    views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
+    runs = []
+    for fused in (False, True):
+        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        out = g.empty((T, nh * D), f32)
+        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        po, pml = scratch_shapes(T, nh, S, D)
+        part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
+        for a in (out, xq, xs, part_o, part_ml):
+            a.poison()
+        kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=1 / math.sqrt(D),
+                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb)
+        if fused:
+            r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
+            attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, rope=r, canary=canary, **kw)
+        else:
+            qr = g.empty((T, nh * D), f32)
+            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D,
+                              n_ctx=n_ctx, rope_dim=rd, neox=neox, q_stride=stride, k_stride=stride,
+                              v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, **kw)
+        runs.append([a.numpy() for a in (out, xq, kc, vc)] + [xs.numpy().view(np.uint8)])
+    name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
+            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
+    for what, a, b in zip(("output", "q8 twin", "K cache", "V cache", "q8 scales"), runs[0], runs[1]):
+        if not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_decode")
+    return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the two launches")
+
+
 def checks(g, rng: np.random.Generator) -> Iterator:
     for case in CASES:
         yield _check(g, rng, case)
         yield _check(g, rng, case, fused=True)
+    for case in ROPE_CASES:
+        yield _check_rope_fused(g, rng, case)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
     yield _check(g, rng, CASES[2], canary=True, fused=True)
+    yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=True)
 
 
 # -- tune hook (memra/tune_gpu.py): kernel "attn_decode" (the fused launch the engine runs),
