@@ -39,18 +39,20 @@
 // PDL: attn_decode reads pos before its wait (written two or more launches back, see
 //   common.cuh) so empty splits leave at once; everything else waits.
 //
-// Variant history (H200; µs a layer in the decode graph at a 64-token context, from
-// research/gpu-engine-breakdown-* and research/attn-probe-*):
+// Variant history (H200, µs a layer in the decode graph; research/gpu-engine-breakdown-*,
+// research/attn-probe-*):
 //   v1  one block per KV head and split, K/V loaded a row per loop step, key groups summed
-//       in KG barrier rounds, q8 twin re-read from global: 8B 10.2, 1B 7.2, Gemma-3 15.5
-//       (head 256: 16 serial load round trips a tile).
-//   v2  8 K rows (and the first V rows) loaded before use, one-pass key-group sum, loops
-//       stop at the last key, 8 warps from head 128, splits of >= ATT_MIN_CHUNK keys, q8
-//       twin by 8-lane groups: 8B 6.1, 1B 5.2, Gemma-3 8.4.
-//   v3  blocks of N_GQA (heads_per_block) query heads, bit-neutral: Gemma-3 (one KV head)
-//       4.4 at hpb 1 against 6.9 with the whole group; 8B 3.5 vs 3.9 (hpb 1 vs 2) but 22.9
+//       in KG barrier rounds, q8 twin re-read from global: at a 12-token context 8B 6.75,
+//       SmolLM2 5.79, Gemma-3 12.5.
+//   v2  8 K/V rows loaded before use, key groups summed in one pass: at 64 tokens 8B 10.2,
+//       1B 7.2, Gemma-3 15.5 (the tile loops still ran to the tile's end).
+//   v3  loops stop at the last key, 8 warps from head 128, splits of >= ATT_MIN_CHUNK
+//       keys, the first V rows loaded with the K rows, q8 twin by 8-lane groups, pos read
+//       before the PDL wait: 8B 6.1, 1B 5.2, Gemma-3 8.4.
+//   v4  blocks of N_GQA (heads_per_block) query heads, bit-neutral: Gemma-3 (one KV head)
+//       4.4 at hpb 1 against 6.9 with the whole group; 8B 3.5 vs 3.9 (hpb 1 vs 2), but 22.9
 //       vs 15.4 at 4096 keys.
-//   v4  (this) attn_decode_rope: RoPE and the KV append folded in at decode (one launch
+//   v5  (this) attn_decode_rope: RoPE and the KV append folded in at decode (one launch
 //       less a layer; not yet measured).
 
 #include "common.cuh"
