@@ -625,18 +625,26 @@ class _TuneCase:
         self.y = g.empty((nb, self.N), np.float32)
         quantize_q8(g, self.xd, self.xq, self.xs, nb)
         self.bytes = w0.nbytes + nb * (K * (1 if variant == "q8" else 4) + self.N * 4)
+        # the q8 gate+up as the engine launches it: with its output's q8 twin (mv_q8_glu_q8)
+        self.q8_out = None
+        if glu and variant == "q8" and self.N % 32 == 0:
+            self.q8_out = (g.empty((nb, self.N), np.int8), g.empty((nb, self.N // 32), Q8_SCALE),
+                           g.to_device(np.zeros(self.N // 32, np.int32)))
+            self.bytes += nb * (self.N + self.N // 32 * 8)
 
     def launch(self, i: int) -> None:
         act = "silu" if self.glu else None
         if self.variant == "q8":
             matvec(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
-                   glu=act, config=self.cfg)
+                   glu=act, config=self.cfg, q8_out=self.q8_out)
         else:
             matvec(self.g, self.ws[i % self.sets], self.y, x=self.xd, nb=self.nb, glu=act,
                    config=self.cfg)
 
     def check(self):
         self.y.poison()
+        for a in (self.q8_out or ())[:2]:
+            a.poison()
         self.launch(0)
         self.g.sync()
         wf = self.wf
@@ -648,6 +656,13 @@ class _TuneCase:
         ref = matvec_ref(wf, xv, None, "silu" if self.glu else None)
         from memra.kernelcheck import compare
 
-        o = compare("matvec", self.y.numpy(), ref, TOL)
+        y = self.y.numpy()
+        o = compare("matvec", y, ref, TOL)
         err = float(o.detail.split("err=")[1].split()[0]) if "err=" in o.detail else float("inf")
+        if o.ok and self.q8_out is not None:
+            q, sc = quantize_q8_ref(y)
+            oq, os_, cnt = self.q8_out
+            if not (np.array_equal(oq.numpy(), q) and np.array_equal(os_.numpy().view(np.uint8), sc.view(np.uint8))
+                    and not np.count_nonzero(cnt.numpy())):
+                return False, err, "q8 twin of the output differs from quantize_q8 (or counters not reset)"
         return o.ok, err, o.detail
