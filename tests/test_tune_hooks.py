@@ -35,9 +35,9 @@ CASES = [  # src, kernel, config, shape, emulated kernel names a no-op must brea
     ("rope.cu", "rope_norm_kv", {"ROPE_WARPS": 8}, {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "batch": 4},
      ["rope_norm_kv"]),
     ("attention.cu", "attn_decode", {"ATT_WARPS": 4, "ATT_TILE": 32, "hpb": 3},
-     {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "ctx": 64, "batch": 1}, ["attn_decode"]),
+     {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "ctx": 64, "batch": 1}, ["attn_decode_rope"]),
     ("attention.cu", "attn_decode", {"ATT_WARPS": 8, "ATT_TILE": 64, "ATT_MIN_CHUNK": 32, "hpb": 2},
-     {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "ctx": 300, "batch": 2}, ["attn_decode"]),
+     {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "ctx": 300, "batch": 2}, ["attn_decode_rope"]),
 ]
 
 
@@ -145,7 +145,7 @@ def test_hooks_launch_the_tuned_configuration():
     from memra.ops.attention import default_splits
 
     # 9 heads / 3 per block = 3 blocks; splits as the engine picks them for 3 blocks
-    assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode", 3, 32, 3, default_splits(3, 132))
+    assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode_rope", 3, 32, 3, default_splits(3, 132))
 
 
 class ModuleLog(FakeGpu):

@@ -356,10 +356,11 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
 
 
 class _TuneCase:
-    """A decode step's attention: one token per sequence (batch tokens), each at position
-    ctx - 1 so it attends to ctx cached keys, n_splits as the engine picks them
-    (default_splits of the head-block count), the q8 twin written when head_dim % 32 == 0
-    (the engine's q8 path). `sets` copies of q, the caches and the outputs."""
+    """A decode step's attention as the engine launches it (attn_decode_rope: RoPE and the
+    KV append inside, from the QKV matvec's rows): one token per sequence (batch tokens),
+    each at position ctx - 1 so it attends to ctx cached keys, n_splits as the engine picks
+    them (default_splits of the head-block count), the q8 twin written when head_dim % 32
+    == 0 (the engine's q8 path). `sets` copies of the QKV rows, the caches and the outputs."""
 
     def __init__(self, g, config, nh, nkv, D, ctx, T, rng, rotate_bytes):
         from memra.ops.matvec import Q8_SCALE
@@ -374,11 +375,10 @@ class _TuneCase:
         self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
         self.S = default_splits(nh // self.hpb, g.info.sm_count)
         self.q8 = D % 32 == 0
-        qb, kvb = T * nh * D * 4, T * ctx * nkv * D * 2
+        qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2
         q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
         self.bytes = qb + 2 * kvb + qb + q8b  # q, K and V read; out (and its twin) written
         self.sets = max(1, -(-rotate_bytes // self.bytes))
-        self.q = g.to_device(np.tile(rng.standard_normal(T * nh * D).astype(np.float32), self.sets))
         kv = (rng.standard_normal(T * ctx * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
         self.kc = g.to_device(np.tile(kv, self.sets))
         self.vc = g.to_device(np.tile(kv[::-1].copy(), self.sets))
@@ -390,12 +390,24 @@ class _TuneCase:
         self.counters = g.to_device(np.zeros(T * nh, np.int32))  # left zero by every launch
         self.pos = g.to_device(np.full(T, ctx - 1, np.int32))
         self.seq = g.to_device(np.arange(T, dtype=np.int32))
+        # the decode launch the engine makes: RoPE and the KV append inside (attn_decode_rope),
+        # from the QKV matvec's rows (q, k, v of a token in one row)
+        from memra.ops.rope import rope_table
+        from memra.reference import rope_inv_freq
 
-    def _run(self, q, kc, vc, out, xq, xs):
-        attention(self.g, q, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, n_tokens=self.T,
-                  n_kv=self.nkv, n_gqa=self.G, head_dim=self.D, n_ctx=self.ctx, window=0,
-                  scale=1.0 / math.sqrt(self.D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
-                  hpb=self.hpb, config=self.config)
+        self.inv = rope_inv_freq(D, 1e4)
+        self.cs = g.to_device(rope_table(self.inv, ctx))
+        self.row = (nh + 2 * nkv) * D
+        self.qkv = g.to_device(np.tile(rng.standard_normal(T * self.row).astype(np.float32), self.sets))
+
+    def _run(self, qkv, kc, vc, out, xq, xs):
+        D, nh, nkv, r = self.D, self.nh, self.nkv, self.row
+        rope = RopeIn(qkv.view(np.float32, (self.T * r,), 0), qkv.view(np.float32, (1,), 4 * nh * D),
+                      qkv.view(np.float32, (1,), 4 * (nh + nkv) * D), r, r, r, self.cs, D, False)
+        attention(self.g, None, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, n_tokens=self.T,
+                  n_kv=nkv, n_gqa=self.G, head_dim=D, n_ctx=self.ctx, window=0,
+                  scale=1.0 / math.sqrt(D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
+                  hpb=self.hpb, config=self.config, rope=rope)
 
     def launch(self, i: int) -> None:
         T, nh, nkv, D, ctx = self.T, self.nh, self.nkv, self.D, self.ctx
@@ -403,7 +415,8 @@ class _TuneCase:
         cache = (T, ctx, nkv * D)
         q8 = (self.xq.view(np.int8, (nq,), nq * i), self.xs.view(None, (nq // 32,), nq // 32 * i * self.xs.dtype.itemsize)) \
             if self.q8 else (None, None)
-        self._run(self.q.view(np.float32, (nq,), 4 * nq * i), self.kc.view(np.uint16, cache, 2 * nk * i),
+        nr = T * self.row
+        self._run(self.qkv.view(np.float32, (nr,), 4 * nr * i), self.kc.view(np.uint16, cache, 2 * nk * i),
                   self.vc.view(np.uint16, cache, 2 * nk * i), self.out.view(np.float32, (nq,), 4 * nq * i), *q8)
 
     def check(self):
@@ -415,18 +428,23 @@ class _TuneCase:
         g, rng, T, nh, nkv, D, ctx = self.g, self.rng, self.T, self.nh, self.nkv, self.D, self.ctx
         kc = (rng.standard_normal((T, ctx, nkv, D)) * 0.7).astype(np.float16)
         vc = rng.standard_normal((T, ctx, nkv, D)).astype(np.float16)
-        q = rng.standard_normal((T, nh, D)).astype(np.float32)
+        qkv = rng.standard_normal((T, self.row)).astype(np.float32)
         out = g.empty((T, nh * D), np.float32)
         xq = g.empty((T, nh * D), np.int8) if self.q8 else None
         xs = g.empty((T, nh * D // 32), Q8_SCALE) if self.q8 else None
         for a in (out, xq, xs, self.part_o, self.part_ml):
             if a is not None:
                 a.poison()
-        self._run(g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out, xq, xs)
+        self._run(g.to_device(qkv), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out, xq, xs)
         g.sync()
+        from memra.ops.rope import reference as rope_reference
+
+        pos = np.full(T, ctx - 1)
+        rq, rk, rv = rope_reference(qkv[:, :nh * D].reshape(T, nh, D), qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D),
+                                    qkv[:, (nh + nkv) * D:].reshape(T, nkv, D), pos, self.inv, False)
+        kc[:, ctx - 1], vc[:, ctx - 1] = rk.astype(np.float16), rv.astype(np.float16)  # the appended rows
         scale = 1.0 / math.sqrt(D)
-        ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), np.full(T, ctx - 1), np.arange(T), nkv, 0,
-                        scale)
+        ref = reference(rq, kc.astype(np.float32), vc.astype(np.float32), pos, np.arange(T), nkv, 0, scale)
         o = out.numpy()
         c = compare(f"attn_decode heads={nh}/{nkv} D={D} ctx={ctx} T={T} hpb={self.hpb} splits={self.S}", o, ref, TOL)
         err = float(c.detail.split("err=")[1].split()[0]) if "err=" in c.detail else float("inf")
