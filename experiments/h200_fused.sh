@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call to verify and measure the fused decode launches (attn_decode_rope: RoPE and
+# the KV append inside attention; mv_q8_glu_q8: the gate+up matvec writes the down
+# projection's q8 input) against their rollback seams, on synthetic models only:
+# kernel-check, the tuned table's exactness contract (experiments/table_exactness.py), tg128
+# fused vs MEMRA_FUSED_ROPE=0 MEMRA_FUSED_FFN_Q8=0 in ABAB rounds, and a per-kernel breakdown.
+# Run on the device from the repository root (carry .whl and .synthtok):
+#   source .whl/setup.sh && MEMRA_GIT_SHA=<sha> bash experiments/h200_fused.sh
+set -u
+export PYTHONUNBUFFERED=1 COLUMNS=200
+START=$SECONDS
+log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/fused.log"; }
+TOK=.synthtok/smollm2-tokenizer.gguf
+nice -n 15 python3 - "$TOK" llama-1b:Q4_0 smollm2-135m:Q4_1 gemma3-270m:Q4_K_M llama3-8b:Q4_K_M > "$OUT/synth.txt" 2>&1 <<'PY' &
+import sys
+from memra.bench import synth_model
+for spec in sys.argv[2:]:
+    print(synth_model(*spec.split(":"), sys.argv[1]), flush=True)
+PY
+SYNTH=$!
+
+log "kernel-check"
+timeout 150 python3 -m memra kernel-check > "$OUT/kernel-check.txt" 2>&1; log "kernel-check rc=$? $(tail -1 "$OUT/kernel-check.txt")"
+grep -v "^PASS" "$OUT/kernel-check.txt" | head -20 | tee -a "$OUT/fused.log"
+
+log "table exactness"
+timeout 150 python3 experiments/table_exactness.py "$TOK" > "$OUT/table_exactness.jsonl" 2>> "$OUT/fused.log"
+log "table exactness rc=$?"; cat "$OUT/table_exactness.jsonl" >> "$OUT/fused.log"
+
+wait $SYNTH; log "synth done"
+bench() {  # bench MODEL TAG [ENV...]
+  local m=$1 tag=$2; shift 2
+  env "$@" timeout 70 python3 -m memra bench "$m" -p 0 -n 128 -r 5 --synth-tokenizer $TOK \
+    --out "$OUT/bench-fused.jsonl" --tag "$tag" >> "$OUT/fused.log" 2>&1; log "bench $m $tag rc=$?"
+}
+OFF="MEMRA_FUSED_ROPE=0 MEMRA_FUSED_FFN_Q8=0"
+for r in 1 2; do
+  bench synth:llama-1b:Q4_0 fused MEMRA_X=1
+  bench synth:llama-1b:Q4_0 unfused $OFF
+done
+for m in synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama3-8b:Q4_K_M; do
+  bench $m fused MEMRA_X=1
+  bench $m unfused $OFF
+done
+
+log "breakdown"
+timeout 90 python3 experiments/gpu_engine_check.py run --steps bench --limits bench=90 --bench-budget 70 \
+  --only-bench llama-1b --configs q8:pdl --breakdown --breakdown-depth 64 > /dev/null 2>&1
+log "breakdown rc=$?"
+python3 experiments/gpu_engine_check.py table 2>&1 | tail -60 >> "$OUT/fused.log"
+log "done"
