@@ -19,9 +19,7 @@
 //           dequant(W) @ (d*q), matching to float rounding.
 //  mv_f32*  activations in f32, weights dequantized in registers, f32 FMAs. Reference:
 //           float64 dequant(W) @ x. Float weights (F16/BF16/F32) use only this family.
-// Entry points per module: mv_q8, mv_q8_glu, mv_q8_glu_q8 (also y's q8 twin, written by the
-// last block of each group of 32 rows: the quantize_q8 launch folded in), mv_f32,
-// mv_f32_glu; float types have no mv_q8*,
+// Entry points per module: mv_q8, mv_q8_glu, mv_f32, mv_f32_glu; float types have no mv_q8*,
 // quantized types have mv_f32* only at MV_B = 1 (at batch the f32 family is ALU-bound:
 // every dequantized weight feeds B FMAs; the q8 family is the batch path).
 // Variants: MV_B (batch bucket, 1/4/8) with a run-time nb <= MV_B; _glu: W holds 2N rows
@@ -599,19 +597,15 @@ struct Rows {
     static constexpr int NR = GLU ? 2 * MV_ROWS : MV_ROWS;   // weight rows loaded per warp
 };
 
-constexpr int MV_RPB = MV_ROWS * MV_NWARPS / MV_KSPLIT;  // output rows per block
-
 template <int B, bool GLU>
 MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const float* res,
-                         int row0, int N, int nb, int act, int8_t* oq = nullptr, Q8Scale* os = nullptr,
-                         int* ocnt = nullptr) {
+                         int row0, int N, int nb, int act) {
     constexpr int NR = Rows<B, GLU>::NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < NR; ++r)
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
-    bool writer = lane == 0;
 #if MV_KSPLIT > 1
     __shared__ float part[MV_NWARPS][NR][B];
     if (lane == 0) {
@@ -621,62 +615,33 @@ MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const floa
             for (int b = 0; b < B; ++b) part[warp][r][b] = acc[r][b];
     }
     __syncthreads();
-    writer = writer && warp % MV_KSPLIT == 0;
-    if (warp % MV_KSPLIT == 0) {
+    if (warp % MV_KSPLIT != 0) return;
 #pragma unroll
-        for (int r = 0; r < NR; ++r)
+    for (int r = 0; r < NR; ++r)
 #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                float v = part[warp][r][b];
-                for (int k = 1; k < MV_KSPLIT; ++k) v += part[warp + k][r][b];
-                acc[r][b] = v;
-            }
-    }
+        for (int b = 0; b < B; ++b) {
+            float v = part[warp][r][b];
+            for (int k = 1; k < MV_KSPLIT; ++k) v += part[warp + k][r][b];
+            acc[r][b] = v;
+        }
 #endif
-    if (writer) {
+    if (lane != 0) return;
 #pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-            const int row = row0 + r;
-            if (row >= N) break;
+    for (int r = 0; r < MV_ROWS; ++r) {
+        const int row = row0 + r;
+        if (row >= N) break;
 #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                if (b >= nb) break;
-                float v = acc[r][b];
-                if (GLU) {
-                    const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
-                    v = (act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte)) * up;
-                }
-                const size_t o = (size_t)b * N + row;
-                if (res) v += res[o];
-                y[o] = v;
+        for (int b = 0; b < B; ++b) {
+            if (b >= nb) break;
+            float v = acc[r][b];
+            if (GLU) {
+                const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
+                v = (act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte)) * up;
             }
+            const size_t o = (size_t)b * N + row;
+            if (res) v += res[o];
+            y[o] = v;
         }
-    }
-    if (!oq) return;
-    // The q8 twin of y (the next matvec's input), without a launch of its own: the last
-    // block to finish a group of 32 rows (ocnt counts them; it puts the counter back to
-    // zero) quantizes that group with q8_quantize_warp, the rule quantize_q8 applies.
-    static_assert(MV_RPB % 32 == 0 || 32 % MV_RPB == 0, "q8 output: rows per block must divide 32 or be a multiple");
-    constexpr int BPG = MV_RPB >= 32 ? 1 : 32 / MV_RPB;  // blocks per group
-    constexpr int GPB = MV_RPB >= 32 ? MV_RPB / 32 : 1;  // groups per block
-    __shared__ int s_last;
-    __threadfence();  // this block's rows, visible device-wide before they are counted
-    __syncthreads();
-    const int g0 = blockIdx.x * MV_RPB / 32;
-    for (int gi = 0; gi < GPB; gi++) {
-        const int grp = g0 + gi;
-        if (grp * 32 >= N) break;  // block-uniform
-        if (threadIdx.x == 0) s_last = BPG == 1 || atomicAdd(&ocnt[grp], 1) == BPG - 1;
-        __syncthreads();
-        if (s_last && warp == 0) {
-            __threadfence();
-            for (int b = 0; b < nb; b++) {
-                const size_t o = (size_t)b * N + grp * 32;
-                q8_quantize_warp(__ldcg(y + o + lane), oq + o, os + o / 32);
-            }
-            if (lane == 0 && BPG > 1) ocnt[grp] = 0;
-        }
-        __syncthreads();
     }
 }
 
@@ -692,8 +657,7 @@ MEMRA_DEVICE int weight_row(int r, int row0, int N) {
 template <int B, bool GLU>
 MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                         const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
-                        float* y, const float* res, int N, int K, int nb, int act,
-                        int8_t* oq = nullptr, Q8Scale* os = nullptr, int* ocnt = nullptr) {
+                        float* y, const float* res, int N, int K, int nb, int act) {
     constexpr int NR = Rows<B, GLU>::NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * (MV_NWARPS / MV_KSPLIT) + warp / MV_KSPLIT) * MV_ROWS;
@@ -795,7 +759,7 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         for (int r = 0; r < NR; ++r) w[r] = wn[r];
 #endif
     }
-    finish<B, GLU>(acc, y, res, row0, N, nb, act, oq, os, ocnt);
+    finish<B, GLU>(acc, y, res, row0, N, nb, act);
 }
 #endif
 
@@ -918,12 +882,5 @@ extern "C" __global__ void __launch_bounds__(32 * MV_NWARPS)
 mv_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
           const float* res, int N, int K, int nb, int act) {
     mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
-}
-// mv_q8_glu that also writes y's q8 twin (oq [nb][N] int8, os [nb][N/32], ocnt [N/32] int
-// zeroed once and left zeroed): the quantize_q8 launch before the down projection folded in.
-extern "C" __global__ void __launch_bounds__(32 * MV_NWARPS)
-mv_q8_glu_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
-             const float* res, int N, int K, int nb, int act, int8_t* oq, Q8Scale* os, int* ocnt) {
-    mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act, oq, os, ocnt);
 }
 #endif
