@@ -274,10 +274,12 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
         elif name == "rope_norm_kv":
             assert (d["ROPE_WARPS"], grid[0], block) == (2, -(-(c.n_head + 2 * c.n_head_kv) // 2), (64,))
             rows_seen[name].add(grid[1])
-        elif name == "attn_decode":
+        elif name in ("attn_decode", "attn_decode_rope"):
             assert (d["N_GQA"], d["ATT_TILE"], grid[0], grid[1]) == \
                 (2, 32, c.n_head // 2, default_splits(c.n_head // 2, gpu.info.sm_count))
-            rows_seen[name].add(grid[2])
+            rows_seen["attn_decode"].add(grid[2])
+            if name == "attn_decode_rope":  # decode: RoPE runs inside the attention launch
+                rows_seen["rope_norm_kv"].add(grid[2])
     # prefill (the prompt's rows) and decode (one row) alike
     assert all(s >= {1, len(PROMPT)} for s in rows_seen.values()), rows_seen
     assert eng.n_splits == default_splits(c.n_head // 2, gpu.info.sm_count)
