@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# One device call to verify and measure the fused decode launches (attn_decode_rope: RoPE and
-# the KV append inside attention; mv_q8_glu_q8: the gate+up matvec writes the down
-# projection's q8 input) against their rollback seams, on synthetic models only:
+# One device call to verify and measure a fused decode launch (attn_decode_rope: RoPE and
+# the KV append inside attention) against its rollback seam, on synthetic models only:
 # kernel-check, the tuned table's exactness contract (experiments/table_exactness.py), tg128
-# fused, RoPE fused only, and neither (MEMRA_FUSED_ROPE=0 MEMRA_FUSED_FFN_Q8=0) in rounds
+# fused and MEMRA_FUSED_ROPE=0 in rounds
 # (KC_ONLY=family limits kernel-check, SKIP_EXACT=1 skips the exactness run), and a per-kernel breakdown.
 # Run on the device from the repository root (carry .whl and .synthtok):
 #   source .whl/setup.sh && MEMRA_GIT_SHA=<sha> bash experiments/h200_fused.sh
@@ -36,15 +35,13 @@ bench() {  # bench MODEL TAG [ENV...]
   env "$@" timeout 70 python3 -m memra bench "$m" -p 0 -n 128 -r 5 --synth-tokenizer $TOK \
     --out "$OUT/bench-fused.jsonl" --tag "$tag" >> "$OUT/fused.log" 2>&1; log "bench $m $tag rc=$?"
 }
-OFF="MEMRA_FUSED_ROPE=0 MEMRA_FUSED_FFN_Q8=0"
+OFF="MEMRA_FUSED_ROPE=0"
 for r in 1 2; do
   bench synth:llama-1b:Q4_0 fused MEMRA_X=1
-  bench synth:llama-1b:Q4_0 rope-only MEMRA_FUSED_FFN_Q8=0
   bench synth:llama-1b:Q4_0 unfused $OFF
 done
 for m in synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama3-8b:Q4_K_M; do
   bench $m fused MEMRA_X=1
-  bench $m rope-only MEMRA_FUSED_FFN_Q8=0
   bench $m unfused $OFF
 done
 

@@ -19,9 +19,7 @@
 //           dequant(W) @ (d*q), matching to float rounding.
 //  mv_f32*  activations in f32, weights dequantized in registers, f32 FMAs. Reference:
 //           float64 dequant(W) @ x. Float weights (F16/BF16/F32) use only this family.
-// Entry points per module: mv_q8, mv_q8_glu, mv_q8_glu_q8 (also y's q8 twin, made by the
-// block that owns each group of 32 rows: the quantize_q8 launch folded in; in modules with
-// MV_RPB % 32 == 0 only), mv_f32, mv_f32_glu; float types have no mv_q8*,
+// Entry points per module: mv_q8, mv_q8_glu, mv_f32, mv_f32_glu; float types have no mv_q8*,
 // quantized types have mv_f32* only at MV_B = 1 (at batch the f32 family is ALU-bound:
 // every dequantized weight feeds B FMAs; the q8 family is the batch path).
 // Variants: MV_B (batch bucket, 1/4/8) with a run-time nb <= MV_B; _glu: W holds 2N rows
@@ -599,22 +597,15 @@ struct Rows {
     static constexpr int NR = GLU ? 2 * MV_ROWS : MV_ROWS;   // weight rows loaded per warp
 };
 
-constexpr int MV_RPB = MV_ROWS * MV_NWARPS / MV_KSPLIT;  // output rows per block
-
-// Q8OUT (mv_q8_glu_q8): y's q8 twin too (oq [nb][N] int8, os [nb][N/32]), the next
-// matvec's input, without a quantize_q8 launch: a block owns whole groups of 32 rows
-// (MV_RPB % 32 == 0), so it quantizes them from shared memory with q8_quantize_warp, the
-// rule quantize_q8 applies, bit for bit. No traffic between blocks.
-template <int B, bool GLU, bool Q8OUT = false>
+template <int B, bool GLU>
 MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const float* res,
-                         int row0, int N, int nb, int act, int8_t* oq = nullptr, Q8Scale* os = nullptr) {
+                         int row0, int N, int nb, int act) {
     constexpr int NR = Rows<B, GLU>::NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < NR; ++r)
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
-    bool writer = lane == 0;
 #if MV_KSPLIT > 1
     __shared__ float part[MV_NWARPS][NR][B];
     if (lane == 0) {
@@ -624,47 +615,32 @@ MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const floa
             for (int b = 0; b < B; ++b) part[warp][r][b] = acc[r][b];
     }
     __syncthreads();
-    writer = writer && warp % MV_KSPLIT == 0;
-    if (warp % MV_KSPLIT == 0) {
+    if (warp % MV_KSPLIT != 0) return;
 #pragma unroll
-        for (int r = 0; r < NR; ++r)
+    for (int r = 0; r < NR; ++r)
 #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                float v = part[warp][r][b];
-                for (int k = 1; k < MV_KSPLIT; ++k) v += part[warp + k][r][b];
-                acc[r][b] = v;
-            }
-    }
-#endif
-    __shared__ float oy[Q8OUT ? B : 1][Q8OUT ? MV_RPB : 1];
-    if (writer) {
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-            const int row = row0 + r;
-            if (row >= N) break;
-#pragma unroll
-            for (int b = 0; b < B; ++b) {
-                if (b >= nb) break;
-                float v = acc[r][b];
-                if (GLU) {
-                    const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
-                    v = (act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte)) * up;
-                }
-                const size_t o = (size_t)b * N + row;
-                if (res) v += res[o];
-                y[o] = v;
-                if (Q8OUT) oy[b][row - blockIdx.x * MV_RPB] = v;
-            }
+        for (int b = 0; b < B; ++b) {
+            float v = part[warp][r][b];
+            for (int k = 1; k < MV_KSPLIT; ++k) v += part[warp + k][r][b];
+            acc[r][b] = v;
         }
-    }
-    if (!Q8OUT) return;
-    __syncthreads();
-    for (int i = warp; i < nb * (MV_RPB / 32); i += MV_NWARPS) {
-        const int b = i / (MV_RPB / 32), grp = i % (MV_RPB / 32);
-        const int r0 = blockIdx.x * MV_RPB + grp * 32;
-        if (r0 < N) {  // N % 32 == 0: whole groups only
-            const size_t o = (size_t)b * N + r0;
-            q8_quantize_warp(oy[b][grp * 32 + lane], oq + o, os + o / 32);
+#endif
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; ++r) {
+        const int row = row0 + r;
+        if (row >= N) break;
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (b >= nb) break;
+            float v = acc[r][b];
+            if (GLU) {
+                const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
+                v = (act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte)) * up;
+            }
+            const size_t o = (size_t)b * N + row;
+            if (res) v += res[o];
+            y[o] = v;
         }
     }
 }
@@ -678,11 +654,10 @@ MEMRA_DEVICE int weight_row(int r, int row0, int N) {
 }
 
 #if !MV_FLOAT_ONLY
-template <int B, bool GLU, bool Q8OUT = false>
+template <int B, bool GLU>
 MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                         const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
-                        float* y, const float* res, int N, int K, int nb, int act,
-                        int8_t* oq = nullptr, Q8Scale* os = nullptr) {
+                        float* y, const float* res, int N, int K, int nb, int act) {
     constexpr int NR = Rows<B, GLU>::NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * (MV_NWARPS / MV_KSPLIT) + warp / MV_KSPLIT) * MV_ROWS;
@@ -784,7 +759,7 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         for (int r = 0; r < NR; ++r) w[r] = wn[r];
 #endif
     }
-    finish<B, GLU, Q8OUT>(acc, y, res, row0, N, nb, act, oq, os);
+    finish<B, GLU>(acc, y, res, row0, N, nb, act);
 }
 #endif
 
@@ -908,14 +883,4 @@ mv_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Sc
           const float* res, int N, int K, int nb, int act) {
     mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
 }
-// mv_q8_glu that also writes y's q8 twin (oq [nb][N] int8, os [nb][N/32]): the quantize_q8
-// launch before the down projection folded in. Only in modules whose blocks own whole
-// groups of 32 rows.
-#if (MV_ROWS * MV_NWARPS / MV_KSPLIT) % 32 == 0
-extern "C" __global__ void __launch_bounds__(32 * MV_NWARPS)
-mv_q8_glu_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
-             const float* res, int N, int K, int nb, int act, int8_t* oq, Q8Scale* os) {
-    mv_q8_body<MV_B, true, true>(bulk, meta, xq, xs, y, res, N, K, nb, act, oq, os);
-}
-#endif
 #endif

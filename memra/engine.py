@@ -118,8 +118,6 @@ class GPUEngine:
             raise MemraError(f"matvec path must be f32 or q8, got {self.path!r}")
         # decode: RoPE and the KV append inside the attention launch (rows are distinct sequences)
         self.fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
-        # q8 path: the gate+up matvec writes its output's int8 twin itself (no quantize_q8 launch)
-        self.fuse_ffn_q8 = os.environ.get("MEMRA_FUSED_FFN_Q8", "1") != "0"
         # programmatic dependent launch: each kernel's launch overlaps the previous one's tail
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         if not 1 <= self.batch <= MV.BUCKETS[-1]:
@@ -306,9 +304,6 @@ class GPUEngine:
         kmax = max(c.n_embd, c.q_dim, c.n_ff)
         self.xq = g.empty(R * kmax, np.int8)
         self.xs = g.empty(R * kmax // 32, MV.Q8_SCALE)
-        # the gate+up output's twin, written while that matvec still reads h's twin in xq/xs
-        self.fq = g.empty(R * c.n_ff, np.int8)
-        self.fs = g.empty(R * c.n_ff // 32, MV.Q8_SCALE)
         po, pml = ATT.scratch_shapes(R, c.n_head, self.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, np.int32))  # zero between launches
@@ -371,9 +366,7 @@ class GPUEngine:
                            config=self._tuned("quantize_q8", {"n": K}, rows))
         return tw
 
-    def _matvec(self, lin: _Lin, x, y, rows: int, res=None, q=None, q8_out=None) -> bool:
-        """One linear; q8_out=(oq, os): also write y's q8 twin when the launch can (q8
-        family, GLU). Returns whether it did."""
+    def _matvec(self, lin: _Lin, x, y, rows: int, res=None, q=None) -> None:
         w = lin.w
         variant = "q8" if q is not None and w.ggml_type not in MV.FLOAT_TYPES else "f32"
         shape = {"type": MV.TYPES[w.ggml_type][0], "rows": w.rows, "cols": w.K}
@@ -383,12 +376,10 @@ class GPUEngine:
             return self._tuned(kernel, shape, n, variant)
 
         if variant == "q8":
-            out = q8_out if lin.glu else None
             MV.matvec(self.g, w, y, xq=q[0], xs=q[1], nb=rows, residual=res, glu=lin.glu, pdl=self.pdl,
-                      tuned=tuned, q8_out=out)
-            return out is not None
-        MV.matvec(self.g, w, y, x=x, nb=rows, residual=res, glu=lin.glu, pdl=self.pdl, tuned=tuned)
-        return False
+                      tuned=tuned)
+        else:
+            MV.matvec(self.g, w, y, x=x, nb=rows, residual=res, glu=lin.glu, pdl=self.pdl, tuned=tuned)
 
     def _norm(self, w, rows: int, delta=None, w_post=None):
         """h = rmsnorm(x) * w, after x += delta (post-normed when w_post): one launch that
@@ -438,20 +429,14 @@ class GPUEngine:
             else:
                 self._matvec(L.wo, self.ao, self.x, rows, res=self.x, q=qa)
                 qh = self._norm(L.ffn_norm, rows)
-            qf = None
             if L.ffn is not None:
-                tw = None
-                if self.path == "q8" and self.fuse_ffn_q8:
-                    tw = (self.fq.view(shape=(rows, c.n_ff)), self.fs.view(shape=(rows, c.n_ff // 32)))
-                if self._matvec(L.ffn, self.h, self.ff, rows, q=qh, q8_out=tw):
-                    qf = tw
+                self._matvec(L.ffn, self.h, self.ff, rows, q=qh)
             else:
                 self._matvec(L.gate, self.h, self.ff, rows, q=qh)
                 self._matvec(L.up, self.h, self.ff2, rows, q=qh)
                 ACT.act_mul(g, self.ff, self.ff2, self.ff, c.n_ff, rows, c.act, pdl=pdl,
                             config=self._tuned("act_mul", {"n": c.n_ff}, rows))
-            if qf is None:
-                qf = self._q8(self.ff, rows)
+            qf = self._q8(self.ff, rows)
             nxt = self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else self.output_norm
             if c.post_norms:
                 self._matvec(L.down, self.ff, self.t1, rows, q=qf)

@@ -408,10 +408,7 @@ def _mv(g, k, grid, v):
     from memra.ops import matvec as MV
 
     t = int(k.defines["MV_TYPE"])
-    q8_out = k.name.endswith("_glu_q8")  # mv_q8_glu_q8: also y's q8 twin
-    glu = k.name.endswith("_glu") or q8_out
-    out_args = v[-2:] if q8_out else None
-    v = v[:-2] if q8_out else v
+    glu = k.name.endswith("_glu")
     if k.name.startswith("mv_q8"):
         bulk, meta, xq, xs, y, res, N, K, nb, act = v
         q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
@@ -438,11 +435,6 @@ def _mv(g, k, grid, v):
     if res:
         yy = yy + _f32(g, res, nb * N).reshape(nb, N)
     _f32(g, y, nb * N)[:] = yy.reshape(-1)
-    if out_args is not None:
-        oq, os_ = out_args
-        if (int(k.defines["MV_ROWS"]) * int(k.defines["MV_NWARPS"]) // int(k.defines.get("MV_KSPLIT", 1))) % 32:
-            raise CudaError("mv_q8_glu_q8: rows per block must be a multiple of 32")
-        _q8_twin(g, y, nb * N, oq, os_)
 
 
 def _quantize_q8(g, k, grid, v):

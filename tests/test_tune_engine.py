@@ -85,15 +85,6 @@ def _mv_launches(gpu, ggml_type, N, K):
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _separate_quantize_launch():
-    """These tests follow a quantize_q8 table entry to its launch: keep the launch the
-    gate+up matvec otherwise folds in (MEMRA_FUSED_FFN_Q8=0)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MEMRA_FUSED_FFN_Q8", "0")
-        yield
-
-
 @pytest.fixture(scope="module")
 def builtin(model):
     path = model[0]

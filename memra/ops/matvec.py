@@ -190,18 +190,6 @@ def rows_per_block(config: dict) -> int:
     return config["MV_ROWS"] * config["MV_NWARPS"] // config["MV_KSPLIT"]
 
 
-def q8_out_config(config: dict) -> dict:
-    """The launch config of mv_q8_glu_q8 made from a mv_q8_glu config: MV_ROWS, MV_UNROLL and
-    the rest kept, MV_NWARPS set so that a block holds 32 rows (a block quantizes its own
-    groups of 32 output rows); a config that already holds a multiple of 32 is kept."""
-    if rows_per_block(config) % 32 == 0:
-        return config
-    rows, ks = int(config["MV_ROWS"]), int(config.get("MV_KSPLIT", 1))
-    if 32 % rows:
-        raise MemraError(f"matvec: q8_out needs MV_ROWS dividing 32, got {rows}")
-    return {**config, "MV_NWARPS": 32 // rows * ks}
-
-
 def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None) -> None:
     """x [>=nb, K] f32 -> xq [.., K] int8, xs [.., K/32] Q8_SCALE (rows < nb written).
     config: {"Q8_WARPS": n} (a tuning table's choice; default Q8_WARPS)."""
@@ -225,15 +213,12 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
 
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
            glu: str | None = None, config: dict | None = None, canary: int = 0,
-           pdl: bool = False, tuned=None, q8_out=None) -> None:
+           pdl: bool = False, tuned=None) -> None:
     """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path.
 
     config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
     a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
-    hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows.
-    q8_out=(oq, os) (q8 path, glu): also write y's q8 twin (int8 [nb, N], Q8_SCALE [nb, N/32])
-    as quantize_q8 would, in the same launch (mv_q8_glu_q8), with the launch's MV_NWARPS set
-    by `q8_out_config` so that a block owns whole groups of 32 rows."""
+    hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
     if glu not in ACTS:
         raise MemraError(f"matvec: glu must be None, 'silu' or 'gelu' (got {glu!r})")
     q8 = xq is not None
@@ -254,12 +239,6 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
             raise MemraError("matvec: xq/xs must be int8 / Q8_SCALE with nb rows of K")
     elif x.dtype != np.float32 or x.size < nb * K:
         raise MemraError(f"matvec: x must be f32 with >= {nb}x{K} values")
-    if q8_out is not None:
-        oq, os_ = q8_out
-        if not (q8 and glu) or N % 32 or oq.dtype != np.int8 or oq.size < nb * N or os_.dtype != Q8_SCALE \
-                or os_.size < nb * N // 32:
-            raise MemraError("matvec: q8_out needs the q8 path, a GLU weight, N % 32 == 0, int8 [nb, N] "
-                             "and Q8_SCALE [nb, N/32]")
     # batches above the largest bucket: chunks of 8 rows (each chunk re-reads W); the f32
     # family on quantized weights exists at batch 1 only: one launch per row
     chunk = BUCKETS[-1] if q8 or w.ggml_type in FLOAT_TYPES else 1
@@ -269,9 +248,7 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         cfg = config or default_config(w.ggml_type, "q8" if q8 else "f32", N, K, n, bool(glu))
         if not config and tuned is not None:
             cfg = {**cfg, **(tuned(n) or {})}
-        if q8_out is not None:
-            cfg = q8_out_config(cfg)
-        name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "") + ("_q8" if q8_out is not None else "")
+        name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
         k = _module(g, w.ggml_type, b, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
@@ -281,11 +258,9 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
             act_args = (x.view(np.float32, (n * K,), 4 * b0 * K),)
         grid = (N + rows_per_block(cfg) - 1) // rows_per_block(cfg)
         shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
-        out_args = () if q8_out is None else (oq.view(np.int8, (n * N,), b0 * N),
-                                               os_.view(Q8_SCALE, (n * N // 32,), 8 * b0 * N // 32))
         g.launch(k, (grid,), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
-                  np.int32(ACTS[glu]), *out_args), shmem=shmem, pdl=pdl)
+                  np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,9 +362,6 @@ def compile_variants() -> list[tuple[str, dict]]:
     for t, b, cfg in _XS_RUNS:
         out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **_ALT}))
-    for t, nb, over in _Q8_OUT_RUNS + ((2, 1, None),):  # (2, 1, None): the canary's module
-        cfg = {**default_config(t, "q8", 256, 512, nb, True), **(over or {})}
-        out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": bucket(nb), **q8_out_config(cfg)}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", 96, 2048, 1),
                               "MV_PREFETCH": 0, "MV_PDL_TRIGGER": 0}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", _CHECK_N, _CHECK_K, 1),
@@ -406,9 +378,6 @@ _XS = {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_XSMEM":
 _XS_KS = {"MV_NWARPS": 8, "MV_ROWS": 1, "MV_KSPLIT": 2, "MV_UNROLL": 1, "MV_XSMEM": 1}
 # (type, bucket, config) the XSMEM checks launch
 _XS_RUNS = ((12, 1, _XS), (12, 4, _XS), (14, 1, _XS), (2, 8, _XS), (8, 1, _XS_KS))
-# (type, nb, config over the default) the q8-output checks launch (N = 256, K = 512)
-_Q8_OUT_RUNS = ((2, 1, {"MV_NWARPS": 2, "MV_ROWS": 1}), (12, 3, None), (8, 1, {"MV_NWARPS": 8, "MV_ROWS": 4}),
-                (6, 2, None), (14, 1, {"MV_NWARPS": 8, "MV_ROWS": 4}), (3, 5, {"MV_NWARPS": 8, "MV_ROWS": 8}))
 
 
 class _Case:
@@ -449,46 +418,8 @@ class _Case:
         return compare(name, self.y.numpy(), ref, TOL)
 
 
-def _check_q8_out(g, rng, t, N, K, nb, over=None, canary=0):
-    """mv_q8_glu_q8 (launched at q8_out_config of cfg): y as mv_q8_glu at cfg gives it (bit for
-    bit: MV_NWARPS does not enter a row's sum), its q8 twin equal to quantize_q8 of y, a
-    relaunch identical."""
-    from memra.kernelcheck import Outcome, compare
-
-    c = _Case(g, t, N, K, rng, glu=True, nb=nb)
-    cfg = {**default_config(t, "q8", N, K, nb, True), **(over or {})}
-    quantize_q8(g, c.xd, c.xq, c.xs, nb)
-    plain = g.empty((nb, N), np.float32)
-    matvec(g, c.w, plain, xq=c.xq, xs=c.xs, nb=nb, glu="silu", config=cfg)
-    oq, os_ = g.empty((nb, N), np.int8), g.empty((nb, N // 32), Q8_SCALE)
-    name = f"{TYPES[t][0]} q8 glu + q8 out nb={nb} 2x{N}x{K} rows/block={rows_per_block(q8_out_config(cfg))}"
-    runs = []
-    for _ in range(2):
-        for a in (c.y, oq, os_):
-            a.poison()
-        matvec(g, c.w, c.y, xq=c.xq, xs=c.xs, nb=nb, glu="silu", config=cfg, q8_out=(oq, os_), canary=canary)
-        g.sync()
-        runs.append((c.y.numpy(), oq.numpy(), os_.numpy().view(np.uint8)))
-    y = runs[0][0]
-    o = compare(name, y, matvec_ref(c.wf, c.xdeq, None, "silu"), TOL)
-    if not o.ok:
-        return o
-    if not np.array_equal(y, plain.numpy()):
-        return Outcome(name, False, "y differs from mv_q8_glu's")
-    q, sc = quantize_q8_ref(y)
-    if not (np.array_equal(runs[0][1], q) and np.array_equal(runs[0][2], sc.view(np.uint8))):
-        return Outcome(name, False, "q8 twin differs from quantize_q8 of y")
-    if not all(np.array_equal(a, b) for a, b in zip(runs[0], runs[1])):
-        return Outcome(name, False, "a relaunch gives different bits")
-    return Outcome(name, True, o.detail + "; = mv_q8_glu; q8 twin bit-exact; relaunch identical")
-
-
 def checks(g, rng) -> Iterator:
     from memra.kernelcheck import Outcome, compare
-
-    # the gate+up matvec with its q8 twin folded in (rows per block 32 or 64)
-    for t, nb, over in _Q8_OUT_RUNS:
-        yield _check_q8_out(g, rng, t, 256, 512, nb, over)
 
     # activation quantization: bit-exact
     B, K = 5, 1024
@@ -554,8 +485,6 @@ def checks(g, rng) -> Iterator:
 def canaries(g, rng) -> Iterator:
     from memra.kernelcheck import Outcome, compare
 
-    yield _check_q8_out(g, rng, 2, 256, 512, 1, canary=1)  # drops a unit: y (and so the twin) wrong
-
     c = _Case(g, 12, _CHECK_N, _CHECK_K, rng, nb=1)
     yield c.run("Q4_K q8 B1 drops a unit", "q8", 1, canary=1)
     c = _Case(g, 14, _CHECK_N, _CHECK_K, rng, nb=1)
@@ -597,10 +526,7 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     campaign's modules in parallel processes before timing (NVRTC takes ~1 s per matvec
     module; one process would spend most of a campaign compiling)."""
     t, nb = type_id(shape["type"]), int(shape.get("batch", 1))
-    glu = kernel == "matvec_glu"
-    cfg = _tune_config(t, variant, int(shape["rows"]), int(shape["cols"]), nb, glu, config)
-    if glu and variant == "q8" and int(shape["rows"]) // 2 % 32 == 0:
-        cfg = q8_out_config(cfg)  # timed as the engine launches it: with its output's q8 twin
+    cfg = _tune_config(t, variant, int(shape["rows"]), int(shape["cols"]), nb, kernel == "matvec_glu", config)
     return [(KERNEL_FILE, {"MV_TYPE": t, "MV_B": bucket(nb), **cfg}), (Q8_FILE, {"Q8_WARPS": Q8_WARPS})]
 
 
@@ -642,26 +568,18 @@ class _TuneCase:
         self.y = g.empty((nb, self.N), np.float32)
         quantize_q8(g, self.xd, self.xq, self.xs, nb)
         self.bytes = w0.nbytes + nb * (K * (1 if variant == "q8" else 4) + self.N * 4)
-        # the q8 gate+up as the engine launches it: with its output's q8 twin (mv_q8_glu_q8, at
-        # q8_out_config of the job's config)
-        self.q8_out = None
-        if glu and variant == "q8" and self.N % 32 == 0:
-            self.q8_out = (g.empty((nb, self.N), np.int8), g.empty((nb, self.N // 32), Q8_SCALE))
-            self.bytes += nb * (self.N + self.N // 32 * 8)
 
     def launch(self, i: int) -> None:
         act = "silu" if self.glu else None
         if self.variant == "q8":
             matvec(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
-                   glu=act, config=self.cfg, q8_out=self.q8_out)
+                   glu=act, config=self.cfg)
         else:
             matvec(self.g, self.ws[i % self.sets], self.y, x=self.xd, nb=self.nb, glu=act,
                    config=self.cfg)
 
     def check(self):
         self.y.poison()
-        for a in (self.q8_out or ())[:2]:
-            a.poison()
         self.launch(0)
         self.g.sync()
         wf = self.wf
@@ -673,12 +591,6 @@ class _TuneCase:
         ref = matvec_ref(wf, xv, None, "silu" if self.glu else None)
         from memra.kernelcheck import compare
 
-        y = self.y.numpy()
-        o = compare("matvec", y, ref, TOL)
+        o = compare("matvec", self.y.numpy(), ref, TOL)
         err = float(o.detail.split("err=")[1].split()[0]) if "err=" in o.detail else float("inf")
-        if o.ok and self.q8_out is not None:
-            q, sc = quantize_q8_ref(y)
-            oq, os_ = self.q8_out
-            if not (np.array_equal(oq.numpy(), q) and np.array_equal(os_.numpy().view(np.uint8), sc.view(np.uint8))):
-                return False, err, "q8 twin of the output differs from quantize_q8"
         return o.ok, err, o.detail
