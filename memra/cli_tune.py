@@ -166,6 +166,20 @@ def tune_run(
               f"skipped → {path}")
 
 
+def _builtin_check():
+    """builtin(receipt row) for freeze: asks the row's family module (is_builtin hook)."""
+    from .tune_gpu import family_module
+
+    def builtin(row) -> bool:
+        try:
+            hook = getattr(family_module(row["src"]), "is_builtin", None)
+        except ModuleNotFoundError:
+            return False
+        return bool(hook and hook(row["kernel"], row["variant"], dict(row["config"]),
+                                  {**dict(row["shape"]), "batch": int(row["batch"])}))
+    return builtin
+
+
 @tune_app.command("freeze")
 @command
 def tune_freeze(
@@ -176,6 +190,9 @@ def tune_freeze(
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Where tables go (default: "
                        "tune/defaults/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
+    min_gain: Annotated[float, typer.Option("--min-gain", help="Keep a family's built-in "
+                        "configuration unless the fastest one beats it by this fraction (families "
+                        "whose module says which configuration is built in: matvec).")] = 0.03,
 ) -> None:
     """Pick the winners of the receipts into tune/defaults/<device>.json."""
     from .receipts import read_receipts
@@ -188,7 +205,7 @@ def tune_freeze(
     devices = [device] if device else sorted(set(df["device"]))
     tables = []
     for d in devices:
-        table = freeze(df, d, current_hashes=hashes, root=_root())
+        table = freeze(df, d, current_hashes=hashes, root=_root(), builtin=_builtin_check(), min_gain=min_gain)
         path = write_table(table, out_dir or tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

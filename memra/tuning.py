@@ -97,7 +97,8 @@ def _median(xs: list[float]) -> float:
 
 
 def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = None,
-           buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None) -> dict:
+           buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None,
+           builtin=None, min_gain: float = 0.0) -> dict:
     """The default table for `device` from a receipts DataFrame (memra.receipts.read_receipts).
 
     Only receipts of `device` count, and only those measured on the kernel source that is
@@ -105,6 +106,13 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
     without it, each kernel file's most recently measured hash is taken as current. Only
     ok rows compete. A configuration measured several times scores the median of its
     medians. `margin` = runner-up median / winner median - 1 (None when nothing else ran).
+
+    builtin(receipt row) -> bool tells whether a row's configuration is what the launcher
+    runs without a table. When that configuration was measured and the fastest one beats it
+    by less than `min_gain` (a fraction), the entry keeps the built-in configuration
+    (`kept_builtin`: true, the harness's winner as `runner_up`): a campaign times kernels
+    alone, and a lead smaller than its error against the kernel inside the decode graph is
+    not evidence enough to leave the default.
     """
     buckets = tuple(sorted(buckets))
     df = receipts[receipts["device"] == device]
@@ -140,6 +148,12 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                 best = c.iloc[(c["median_us"] - score).abs().argmin()]  # the receipt nearest the score
                 cands.append((score, variant, ckey, best, len(c)))
             cands.sort(key=lambda t: (t[0], t[1], t[2]))
+            kept = False
+            if builtin is not None and min_gain > 0:
+                base = next((i for i, c in enumerate(cands) if builtin(c[3])), None)
+                if base and cands[base][0] < cands[0][0] * (1.0 + min_gain):
+                    cands.insert(0, cands.pop(base))
+                    kept = True
             score, variant, _, win, n_meas = cands[0]
             failed = rows[~rows["ok"]].groupby(["variant", "config_key"]).ngroups
             entry = {
@@ -151,6 +165,8 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                 "measurements": n_meas, "candidates": len(cands), "failed": failed,
                 "margin": None, "runner_up": None,
             }
+            if kept:
+                entry["kept_builtin"] = True
             if len(cands) > 1:
                 r_score, r_variant, _, r_row, _ = cands[1]
                 entry["margin"] = r_score / score - 1.0

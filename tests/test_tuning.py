@@ -139,6 +139,36 @@ def test_freeze_picks_fastest_ok_config_with_margin(tmp_path):
     assert table["receipts"] == [str((tmp_path / "r.jsonl").resolve())]
 
 
+@pytest.mark.parametrize("fast, min_gain, kept", [(9.9, 0.03, True), (9.0, 0.03, False), (9.9, 0.0, False)])
+def test_freeze_keeps_builtin_unless_beaten_by_min_gain(tmp_path, fast, min_gain, kept):
+    """The built-in configuration (NWARPS 4 here) stays unless the fastest one leads it by
+    at least min_gain: 9.9 vs 10.0 is a 1 % lead, 9.0 vs 10.0 an 11 % one."""
+    df = read_receipts(_write(tmp_path, [rec(fast, config={"NWARPS": 2}), rec(10.0, config={"NWARPS": 4}),
+                                         rec(12.0, config={"NWARPS": 8})]))
+    builtin = lambda row: row["config"] == {"NWARPS": 4}  # noqa: E731
+    e = T.freeze(df, "NVIDIA H200", builtin=builtin, min_gain=min_gain)["entries"]["matvec"][
+        "cols=4096,rows=4096,type=Q4_K"]["1"]
+    if kept:
+        assert (e["config"], e["median_us"], e.get("kept_builtin")) == ({"NWARPS": 4}, 10.0, True)
+        assert e["runner_up"]["config"] == {"NWARPS": 2} and e["margin"] == pytest.approx(fast / 10.0 - 1)
+    else:
+        assert (e["config"], e["median_us"], e.get("kept_builtin")) == ({"NWARPS": 2}, fast, None)
+
+
+def test_matvec_is_builtin_follows_the_launcher_default():
+    from memra.ops import matvec as MV
+
+    shape = {"type": "Q4_0", "rows": 2048, "cols": 2048, "batch": 1}
+    d = MV.default_config(2, "q8", 2048, 2048, 1)
+    grid_axes = {k: d[k] for k in ("MV_NWARPS", "MV_ROWS", "MV_UNROLL")}
+    assert MV.is_builtin("matvec", "q8", grid_axes, shape)
+    assert not MV.is_builtin("matvec", "q8", {**grid_axes, "MV_ROWS": 2 * d["MV_ROWS"]}, shape)
+    # matvec_glu rows stack gate and up: the default is that of N = rows / 2
+    g = MV.default_config(2, "q8", 8192, 2048, 1, True)
+    assert MV.is_builtin("matvec_glu", "q8", {"MV_ROWS": g["MV_ROWS"], "MV_UNROLL": g["MV_UNROLL"]},
+                         {"type": "Q4_0", "rows": 16384, "cols": 2048, "batch": 1})
+
+
 def test_freeze_single_candidate_and_all_failed(tmp_path):
     other = {"type": "Q8_0", "rows": 576, "cols": 576}
     df = read_receipts(_write(tmp_path, [

@@ -521,6 +521,14 @@ def _tune_config(t: int, variant: str, rows: int, K: int, nb: int, glu: bool, co
     return cfg
 
 
+def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
+    """Whether a tune job's configuration is what the launcher runs without a table."""
+    t, nb = type_id(shape["type"]), int(shape.get("batch", 1))
+    rows, K, glu = int(shape["rows"]), int(shape["cols"]), kernel == "matvec_glu"
+    return _tune_config(t, variant, rows, K, nb, glu, config) == \
+        default_config(t, variant, rows // 2 if glu else rows, K, nb, glu)
+
+
 def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
     """(kernel file, defines) of every module a tune job loads: `memra tune run` compiles a
     campaign's modules in parallel processes before timing (NVRTC takes ~1 s per matvec
