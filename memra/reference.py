@@ -21,14 +21,20 @@ Numerics (`ReferenceModel(g, numerics=...)`):
       use: prefill multiplies the float32 matrix (BLAS); decode (one or two rows) multiplies the
       same weights held as int8 codes with per-group scales (`quants.decompose`, bit-identical
       values). The two differ only in summation order (decode = prefill to 1e-4).
-  "llamacpp": llama.cpp CPU's roundings (the AVX2 build xllamacpp ships): activations rounded
-      to 8 bits per the weight type's vec_dot_type (q8_0 / q8_1 with round-half-even and f16
-      scales, the integer dot products' lane order for 32-block types; q8_K for K-quants; f16
-      for F16 weights), f16 KV cache, f16 Q and an f16 output accumulator in its per-row flash
-      attention (batches under 64 queries), the f16 GELU table, ggml's rms_norm and rope.
-      `memra run --device cpu` uses it. Not bit-exact (float summation orders, expf, the Q.K
-      dot order differ), and on the small real models 8-bit rounding is chaotic: see
-      tests/test_parity_models.py for the measured agreement.
+  "llamacpp": llama.cpp CPU's float operations in its own order, as the AVX2 build in PyPI's
+      xllamacpp (a fixed x86-64 + AVX2/FMA/F16C build, whatever the host CPU) computes them:
+      activations rounded per the weight type's vec_dot_type (q8_0 / q8_1 / q8_K) and the
+      integer dot products' lane order and float accumulation of each kernel it runs (vec_dot,
+      llamafile sgemm, the repacked Q4_K gemv/gemm, the tiled Q6_K matmul for 8+ rows), f16 KV
+      cache, per-row flash attention (f16 Q, AVX2 f16 dot order, libm expf, f16 accumulator,
+      split-KV merge for decode over 512+ cells), ggml's SIMD expf in SwiGLU, its f16 GELU table,
+      rms_norm, and rope (libm sinf/cosf, its FMA contraction); the last layer's FFN on the output
+      rows only. Fed llama.cpp's batches (tests/test_parity_models.py), its logits come out
+      bit-identical to the wheel's on SmolLM2 Q4_1 and Gemma-3 Q4_K_M (experiments/llamacpp_dump).
+      Not emulated bit for bit: the tiled flash attention of 64+ query batches (a float32
+      softmax instead), the cell order of a sliding-window cache once cells are reused, and
+      the kernels of other K-quants and IQ types (their q8_K rounding only).
+      `memra run --device cpu` uses it.
   "q8": the GPU engine's q8 path (kernels/q8.cuh): quantized-weight matmuls take activations
       rounded per 32 with d = amax/127, q = rint(x/d); f16 KV cache; float weights unrounded.
 """
@@ -45,7 +51,7 @@ from .config import ModelConfig, read_config
 from .errors import ContextOverflowError, GGUFError, MemraError
 from .gguf_file import GGUFFile
 from .quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
-from .quants import F16, F32, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
+from .quants import F16, F32, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q6_K
 
 NUMERICS = ("f32", "llamacpp", "q8")
 
@@ -82,20 +88,118 @@ def rms_norm_ggml(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray
 
 def rope_ggml(x: np.ndarray, pos: np.ndarray, base: float, freq_scale: float, rope_dim: int,
               freq_factors, neox: bool) -> np.ndarray:
-    """ggml's CPU rope (f32): theta_i = p * theta_scale^i built by repeated float32 products
-    (theta_scale = powf(base, -2/n_dims)), cosf/sinf of (freq_scale * theta / factor)."""
-    n = rope_dim // 2
-    ts = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(rope_dim))))
-    th = np.empty((len(pos), n), np.float32)
-    t = np.asarray(pos, np.float32)
-    for i in range(n):
-        th[:, i] = t
-        t = (t * ts).astype(np.float32)
-    if freq_factors is not None:
-        th = th / freq_factors.astype(np.float32)
-    th = np.float32(freq_scale) * th
-    th = th.astype(np.float64)
-    return _rotate(x, np.cos(th).astype(np.float32), np.sin(th).astype(np.float32), neox)
+    """ggml's CPU rope (f32), bit for bit: theta_scale = powf(base, -2/n_dims), per position
+    theta_i = p * theta_scale^i by repeated float32 products, glibc's cosf/sinf of
+    freq_scale * (theta / factor); the rotation as the AVX2 build compiles it (the x1 products
+    rounded, the x0 products fused into them: fma(x0, c, -x1*s), fma(x0, s, x1*c))."""
+    x = np.ascontiguousarray(x, np.float32)
+    ff = np.ones(x.shape[-1] // 2, np.float32) if freq_factors is None else np.asarray(freq_factors, np.float32)
+    out = x.copy()
+    _rope_ggml_nb(x, np.asarray(pos, np.int64), np.float32(base), np.float32(freq_scale), rope_dim, ff,
+                  freq_factors is not None, neox, out)
+    return out
+
+
+@numba.njit(cache=True)
+def _rope_ggml_nb(x, pos, base, freq_scale, n_dims, ff, has_ff, neox, out):  # pragma: no cover
+    T, H, D = x.shape
+    ts = np.float32(base ** np.float32(np.float32(-2.0) / np.float32(n_dims)))  # powf
+    half = n_dims // 2
+    cs = np.empty(D // 2, np.float32)
+    sn = np.empty(D // 2, np.float32)
+    for t in range(T):
+        theta = np.float32(pos[t])
+        for i in range(D // 2):
+            th = theta / ff[i] if has_ff else theta
+            th = np.float32(freq_scale * th)
+            cs[i] = np.cos(th)
+            sn[i] = np.sin(th)
+            theta = np.float32(theta * ts)
+        for h in range(H):
+            for i in range(half):
+                if neox:
+                    a, b = i, i + half
+                else:
+                    a, b = 2 * i, 2 * i + 1
+                x0 = np.float64(x[t, h, a])
+                x1 = x[t, h, b]
+                c = np.float64(cs[i])
+                s = np.float64(sn[i])
+                out[t, h, a] = np.float32(x0 * c - np.float64(np.float32(x1 * sn[i])))
+                out[t, h, b] = np.float32(x0 * s + np.float64(np.float32(x1 * cs[i])))
+
+
+@numba.njit(cache=True, inline="always")
+def _f16r(x):  # pragma: no cover (compiled)
+    """float32 -> the nearest f16 value (half to even, F16C's vcvtps2ph), as float32."""
+    ax = abs(x)
+    if not ax < np.float32(65520.0):  # rounds to inf (nan stays nan)
+        return x if ax != ax else (np.float32(np.inf) if x > 0 else np.float32(-np.inf))
+    e = np.int32((np.float32(x).view(np.int32) >> 23) & 0xFF) - 127
+    if e < -14:
+        e = np.int32(-14)
+    ulp = np.float64(2.0) ** (e - 10)
+    return np.float32(np.rint(np.float64(x) / ulp) * ulp)
+
+
+def _fhex(s: str) -> np.float32:
+    return np.float32(float.fromhex(s))
+
+
+_EXP_C = np.array([_fhex(s) for s in ("0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
+                                      "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
+                                      "0x1.ffffecp-1")], np.float32)
+
+
+@numba.njit(cache=True, inline="always")
+def _fma(a, b, c):  # pragma: no cover (compiled)
+    """float32 fused multiply-add (the product is exact in float64; one rounding but for the
+    rare float64 tie that double rounding can break)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@numba.njit(cache=True)
+def _v_expf(x, C):  # pragma: no cover (compiled)
+    """One lane of ggml's AVX2 ggml_v_expf (an FMA polynomial, not libm's expf)."""
+    z = _fma(x, C[1], C[0])
+    n = np.float32(z - C[0])
+    b = _fma(-n, C[2], _fma(-n, C[3], x))
+    e = np.int32(z.view(np.int32) << 23)
+    k = np.int32(e + np.float32(1.0).view(np.int32)).view(np.float32)
+    u = np.float32(b * b)
+    j = _fma(_fma(_fma(C[4], b, C[5]), u, _fma(C[6], b, C[7])), u, np.float32(C[8] * b))
+    if not abs(n) > np.float32(126.0):
+        return _fma(j, k, k)
+    g = np.int32(0x82000000 - (1 << 32)) if n <= np.float32(0.0) else np.int32(0)
+    s1 = np.int32(g + np.int32(0x7f000000)).view(np.float32)
+    s2 = np.int32(e - g).view(np.float32)
+    if abs(n) > np.float32(192.0):
+        return np.float32(s1 * s1)
+    return np.float32(_fma(s2, j, s2) * s1)
+
+
+@numba.njit(cache=True)
+def _swiglu_ggml_nb(gate, up, C, out):  # pragma: no cover (compiled)
+    rows, n = gate.shape
+    nv = n - n % 8
+    for r in range(rows):
+        for i in range(n):
+            x = gate[r, i]
+            if i < nv:  # ggml_v_silu: x / (1 + v_expf(0 - x))
+                s = np.float32(x / np.float32(np.float32(1.0) + _v_expf(np.float32(np.float32(0.0) - x), C)))
+            else:  # the scalar tail: ggml_silu_f32 with libm's expf
+                s = np.float32(x / np.float32(np.float32(1.0) + np.exp(-x)))
+            out[r, i] = np.float32(s * up[r, i])
+
+
+def swiglu_ggml(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml's CPU swiglu (AVX2): silu(gate) * up with its SIMD expf on whole 8-lane vectors."""
+    gate = np.ascontiguousarray(gate, np.float32)
+    up = np.ascontiguousarray(up, np.float32)
+    out = np.empty_like(gate)
+    _swiglu_ggml_nb(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]), _EXP_C,
+                    out.reshape(-1, out.shape[-1]))
+    return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -110,17 +214,44 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 _GELU_TABLE = None
 
 
-def gelu_f16_table(x: np.ndarray) -> np.ndarray:
-    """llama.cpp CPU's GELU (GGML_GELU_FP16): x <= -10 -> 0, x >= 10 -> x, else a table of
-    f16(gelu(h)) looked up at h = f16(x)."""
+@numba.njit(cache=True)
+def _gelu_table_nb(h):  # pragma: no cover (compiled)
+    """ggml_cpu_init's table: gelu(h) as the AVX2 build compiles ggml_gelu_f32 (fma(A*x, x, 1),
+    libm's tanhf), then rounded to f16."""
+    A = np.float32(0.044715)
+    S2 = np.float32(0.79788456080286535587989211986876)
+    out = np.empty_like(h)
+    for i in range(h.shape[0]):
+        x = h[i]
+        inner = _fma(np.float32(x * A), x, np.float32(1.0))
+        t = np.tanh(np.float32(np.float32(x * S2) * inner))
+        out[i] = _f16r(np.float32(np.float32(x * np.float32(0.5)) * np.float32(t + np.float32(1.0))))
+    return out
+
+
+def _gelu_table() -> np.ndarray:
     global _GELU_TABLE
     if _GELU_TABLE is None:
         h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
-            _GELU_TABLE = round_f16(gelu_tanh(h))
+            _GELU_TABLE = _gelu_table_nb(h)
+    return _GELU_TABLE
+
+
+def gelu_f16_table(x: np.ndarray) -> np.ndarray:
+    """llama.cpp CPU's GELU (GGML_GELU_FP16): x <= -10 -> 0, x >= 10 -> x, else a table of
+    f16(gelu(h)) looked up at h = f16(x)."""
     x = np.asarray(x, np.float32)
-    y = _GELU_TABLE[x.astype(np.float16).view(np.uint16)]
+    y = _gelu_table()[x.astype(np.float16).view(np.uint16)]
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
+
+
+def geglu_ggml(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml's CPU geglu (GGML_GELU_FP16): 0 where gate <= -10, gate * up where gate >= 10,
+    else table(f16(gate)) * up."""
+    gate = np.asarray(gate, np.float32)
+    y = _gelu_table()[gate.astype(np.float16).view(np.uint16)] * up
+    return np.where(gate <= -10, np.float32(0), np.where(gate >= 10, gate * up, y)).astype(np.float32)
 
 
 def rope_inv_freq(rope_dim: int, base: float, freq_scale: float = 1.0,
@@ -246,6 +377,180 @@ def _q8_dot_matvec(q, scale, minv, qa, da, sa, out):  # pragma: no cover (compil
             out[t, r] = np.float32(np.float32(np.float32(r0 + r2) + np.float32(r1 + r3)) + summs)
 
 
+@numba.njit(cache=True)
+def _q8_k_nb(x, q, d, bsum):  # pragma: no cover (compiled)
+    """quantize_row_q8_K: per 256, the value of largest magnitude m (the first), iscale =
+    -127/m, q = min(127, rint(iscale * x)), d = 1/iscale, bsums of 16."""
+    n, k = x.shape
+    for t in range(n):
+        for b in range(k // 256):
+            o = b * 256
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for j in range(256):
+                ax = abs(x[t, o + j])
+                if ax > amax:
+                    amax = ax
+                    mx = x[t, o + j]
+            if amax == 0:
+                d[t, b] = 0
+                for j in range(256):
+                    q[t, o + j] = 0
+            else:
+                iscale = np.float32(np.float32(-127.0) / mx)
+                for j in range(256):
+                    v = np.rint(np.float32(iscale * x[t, o + j]))
+                    q[t, o + j] = min(127, np.int32(v))
+                d[t, b] = np.float32(np.float32(1.0) / iscale)
+            for g in range(16):
+                sm = 0
+                for j in range(16):
+                    sm += q[t, o + 16 * g + j]
+                bsum[t, b * 16 + g] = sm
+
+
+def q8_k_blocks(x: np.ndarray):
+    """llama.cpp's q8_K activation blocks: int8 q [n, k], float32 d [n, k/256], bsums [n, k/16]."""
+    x = np.ascontiguousarray(_blocks(x, 256).reshape(x.shape), np.float32)
+    n, k = x.shape
+    q = np.empty((n, k), np.int8)
+    d = np.empty((n, k // 256), np.float32)
+    bsum = np.empty((n, k // 16), np.int32)
+    _q8_k_nb(x, q, d, bsum)
+    return q, d, bsum
+
+
+@numba.njit(parallel=True, cache=True)
+def _q4_k_dot(q4, sc, mn, dw, dmw, qa, da, bsum, gemm_rows, out):  # pragma: no cover (compiled)
+    """llama.cpp's repacked Q4_K x q8_K kernels (AVX2). gemv (one activation row): per
+    256-superblock one exact integer sum_s sc_s * <q4, q8>_s and one sum_s m_s * bsum_s, each
+    accumulated as acc = fma(float(int), d_w * d_x, acc). gemm (the first gemm_rows rows, a
+    multiple of 4): the same per pair of 32-sub-blocks. The output is acc - acc_min."""
+    rows, k = q4.shape
+    nb = k // 256
+    for r in numba.prange(rows):
+        for t in range(qa.shape[0]):
+            step = 2 if t < gemm_rows else 8  # sub-blocks per float accumulation
+            acc = np.float32(0.0)
+            accm = np.float32(0.0)
+            for b in range(nb):
+                dd = np.float32(dw[r, b] * da[t, b])
+                dm = np.float32(dmw[r, b] * da[t, b])
+                for s0 in range(0, 8, step):
+                    isum = 0
+                    imin = 0
+                    for s_ in range(s0, s0 + step):
+                        o = b * 256 + s_ * 32
+                        dot = 0
+                        for e in range(32):
+                            dot += np.int32(q4[r, o + e]) * np.int32(qa[t, o + e])
+                        isum += np.int32(sc[r, b * 8 + s_]) * dot
+                        imin += np.int32(mn[r, b * 8 + s_]) * (bsum[t, b * 16 + 2 * s_] + bsum[t, b * 16 + 2 * s_ + 1])
+                    acc = _fma(np.float32(isum), dd, acc)
+                    accm = _fma(np.float32(imin), dm, accm)
+            out[t, r] = np.float32(acc - accm)
+
+
+@numba.njit(parallel=True, cache=True)
+def _q6_k_dot(q6, sc, dw, qa, da, bsum, tiled, out):  # pragma: no cover (compiled)
+    """Q6_K x q8_K as llama.cpp's AVX2 build computes it.
+    vec_dot (ggml_vec_dot_q6_K_q8_K): per 256-superblock 8 integer lanes, lane l summing
+    sc * q6 * q8 over bytes 4l..4l+3 of every 32 (q6 unsigned, 0..63) less 32 * sc * bsum over
+    the two 16-groups 2l, 2l+1; acc_l = fma(d_x * d_w, float(lane), acc_l); hsum_float_8.
+    tiled (batches of 8 rows or more, ggml-cpu/tiled): per superblock the exact integer
+    S = sum sc * (q6 - 32) * q8, acc = fma(d_w * float(S), d_x, acc)."""
+    rows, k = q6.shape
+    nb = k // 256
+    for r in numba.prange(rows):
+        lane = np.zeros(8, np.int64)
+        acc = np.zeros(8, np.float32)
+        for t in range(qa.shape[0]):
+            if tiled:
+                a = np.float32(0.0)
+                for b in range(nb):
+                    o = b * 256
+                    S = 0
+                    for g in range(16):
+                        dot = 0
+                        for e in range(16):
+                            dot += (np.int32(q6[r, o + 16 * g + e]) - 32) * np.int32(qa[t, o + 16 * g + e])
+                        S += np.int32(sc[r, b * 16 + g]) * dot
+                    a = _fma(np.float32(dw[r, b] * np.float32(S)), da[t, b], a)
+                out[t, r] = a
+                continue
+            acc[:] = 0
+            for b in range(nb):
+                lane[:] = 0
+                o = b * 256
+                for e in range(256):
+                    lane[(e % 32) // 4] += np.int32(sc[r, b * 16 + e // 16]) * np.int32(q6[r, o + e]) * np.int32(qa[t, o + e])
+                for l in range(8):
+                    lane[l] -= 32 * (np.int32(sc[r, b * 16 + 2 * l]) * bsum[t, b * 16 + 2 * l]
+                                     + np.int32(sc[r, b * 16 + 2 * l + 1]) * bsum[t, b * 16 + 2 * l + 1])
+                d = np.float32(da[t, b] * dw[r, b])
+                for l in range(8):
+                    acc[l] = _fma(d, np.float32(np.int32(lane[l])), acc[l])
+            r0 = np.float32(acc[4] + acc[0])
+            r1 = np.float32(acc[5] + acc[1])
+            r2 = np.float32(acc[6] + acc[2])
+            r3 = np.float32(acc[7] + acc[3])
+            out[t, r] = np.float32(np.float32(r0 + r2) + np.float32(r1 + r3))
+
+
+def _k_blocks(t, block_bytes: int) -> np.ndarray:
+    rows, cols = t.shape
+    return np.ascontiguousarray(t.data).reshape(rows, cols // 256, block_bytes)
+
+
+def parse_q4_k(t):
+    """A Q4_K tensor's raw parts: codes 0..15 [rows, cols] in element order, 6-bit scales and
+    mins [rows, cols/32], f16 d and dmin as float32 [rows, cols/256]."""
+    from .quants import _f16, _k4_scales
+    b = _k_blocks(t, 144)
+    rows, nb, _ = b.shape
+    flat = b.reshape(rows * nb, 144)
+    d, dmin = _f16(flat[:, 0:2]), _f16(flat[:, 2:4])
+    sc, mn = _k4_scales(flat[:, 4:16])
+    qs = flat[:, 16:144].reshape(-1, 4, 1, 32)
+    q = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(rows, nb * 256)
+    return (np.ascontiguousarray(q, np.uint8), sc.astype(np.uint8).reshape(rows, nb * 8),
+            mn.astype(np.uint8).reshape(rows, nb * 8), d.reshape(rows, nb), dmin.reshape(rows, nb))
+
+
+def parse_q6_k(t):
+    """A Q6_K tensor's raw parts: unsigned codes 0..63 [rows, cols], int8 scales [rows, cols/16],
+    f16 d as float32 [rows, cols/256]."""
+    from .quants import _f16
+    b = _k_blocks(t, 210)
+    rows, nb, _ = b.shape
+    flat = b.reshape(rows * nb, 210)
+    ql = flat[:, 0:128].reshape(-1, 2, 1, 64)
+    qh = flat[:, 128:192].reshape(-1, 2, 1, 32)
+    low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 2, 4, 32)
+    high = (qh >> (np.arange(4, dtype=np.uint8) * 2).reshape(1, 1, 4, 1)) & 3
+    q = (low | (high << 4)).reshape(rows, nb * 256).astype(np.uint8)
+    sc = flat[:, 192:208].view(np.int8).reshape(rows, nb * 16)
+    d = _f16(flat[:, 208:210]).reshape(rows, nb)
+    return np.ascontiguousarray(q), np.ascontiguousarray(sc), d
+
+
+class _threads_for:
+    """Run a numba kernel on one thread when its work is small: waking a second thread costs
+    more than a decode-sized matvec saves, and on a loaded machine far more."""
+
+    def __init__(self, work: int):
+        self.small = work < (1 << 21)
+
+    def __enter__(self):
+        if self.small:
+            self.n = numba.get_num_threads()
+            numba.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.small:
+            numba.set_num_threads(self.n)
+
+
 _NO_MIN = np.zeros((0, 0), np.float32)
 
 
@@ -323,43 +628,122 @@ _Q8_1_TYPES = frozenset({Q4_1, Q5_1})
 FA_TILE_Q = 64
 
 
-def _attention_f16_acc(q, pos, kc, vc, n_gqa, window, scale):
+def _attention_f16_acc(q, pos, kc, vc, n_gqa, window, scale, n_kv: int = 256, n_split: int = 1):
     """llama.cpp CPU's per-row flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk)
-    with an f16 KV cache: keys in order, online softmax with the output accumulated in f16
-    (rounded after every key: acc = f16(acc + v * e) with a fused multiply-add, rescaled
-    acc = f16(acc * ms) on a new maximum), the sum in float32, then acc / sum.
-    q [n, n_head, hd] (already f16 values); returns [n, n_head * hd_v]."""
+    over an f16 KV cache (kc, vc: [n_head_kv, n_ctx, hd], f16 values): see _fa_rows_nb.
+    q [n, n_head, hd]; returns [n, n_head * hd_v]."""
     n, n_head, _ = q.shape
-    n_kv, _, dv = vc.shape
-    hi = int(pos[-1]) + 1
-    kvh = np.arange(n_head) // n_gqa
-    K = kc[kvh, :hi]  # [n_head, hi, hd]
-    V = vc[kvh, :hi].astype(np.float64)
-    s_all = np.einsum("thd,hkd->thk", q, K, dtype=np.float32) * scale  # [n, n_head, hi]
-    p = np.asarray(pos)[:, None]
-    M = np.full((n, n_head), -np.inf, np.float32)
-    S = np.zeros((n, n_head), np.float32)
-    acc = np.zeros((n, n_head, dv), np.float32)
-    lo = max(0, int(pos[0]) - window + 1) if window else 0
-    with np.errstate(invalid="ignore", over="ignore"):
-        for j in range(lo, hi):
-            vis = j <= p[:, 0] if not window else (j <= p[:, 0]) & (j > p[:, 0] - window)
-            if not vis.any():
-                continue
-            s = s_all[:, :, j]
-            new = s > M
-            ms = np.where(new, np.exp(M - np.where(new, s, M)), np.float32(1)).astype(np.float32)
-            vs = np.where(new, np.float32(1), np.exp(s - M)).astype(np.float32)
-            scaled = round_f16(acc * ms[..., None])
-            acc_n = np.where(new[..., None], scaled, acc)
-            acc_n = round_f16((acc_n.astype(np.float64) + V[None, :, j] * vs[..., None]).astype(np.float32))
-            S_n = S * ms + vs
-            m = vis[:, None]
-            acc = np.where(m[..., None], acc_n, acc)
-            S = np.where(m, S_n, S)
-            M = np.where(m, np.maximum(M, s), M)
-    out = acc * np.where(S == 0, np.float32(0), np.float32(1) / S)[..., None]
-    return out.reshape(n, n_head * dv).astype(np.float32)
+    out = np.empty((n, n_head, vc.shape[2]), np.float32)
+    _fa_rows_nb(np.ascontiguousarray(q, np.float32), np.asarray(pos, np.int64),
+                np.ascontiguousarray(kc, np.float32), np.ascontiguousarray(vc, np.float32), n_gqa, window,
+                np.float32(scale), n_kv, n_split, out)
+    return out.reshape(n, n_head * vc.shape[2])
+
+
+@numba.njit(cache=True, inline="always")
+def _dot_f16_avx2(a, b):  # pragma: no cover (compiled)
+    """ggml_vec_dot_f16 (AVX2): 4 x 8 float32 lanes of fused products over steps of 32, the
+    arrays added pairwise (0+2, 1+3, then 0+1), lanes l + l+4, then two horizontal adds;
+    leftovers added in double."""
+    n = a.shape[0]
+    np_ = n - n % 32
+    acc = np.zeros(32, np.float32)
+    for i in range(0, np_, 32):
+        for l in range(32):
+            acc[l] = np.float32(acc[l] + np.float32(a[i + l] * b[i + l]))  # f16 x f16 is exact
+    for l in range(8):
+        acc[l] = np.float32(acc[l] + acc[16 + l])
+        acc[8 + l] = np.float32(acc[8 + l] + acc[24 + l])
+    for l in range(8):
+        acc[l] = np.float32(acc[l] + acc[8 + l])
+    t0 = np.float32(acc[0] + acc[4])
+    t1 = np.float32(acc[1] + acc[5])
+    t2 = np.float32(acc[2] + acc[6])
+    t3 = np.float32(acc[3] + acc[7])
+    s = np.float64(np.float32(np.float32(t0 + t1) + np.float32(t2 + t3)))
+    for i in range(np_, n):
+        s += np.float64(np.float32(a[i] * b[i]))
+    return np.float32(s)
+
+
+@numba.njit(cache=True)
+def _fa_chunk(qh, K, V, j0, j1, p, window, scale, acc):  # pragma: no cover (compiled)
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one query row and head over cells
+    [j0, j1) of an f16 cache: online softmax with libm's expf, the output accumulated in f16
+    (acc rounded after every scale and every fused multiply-add). Returns (M, S); acc holds
+    the unnormalized f16 accumulator."""
+    M = np.float32(-np.inf)
+    S = np.float32(0.0)
+    acc[:] = 0
+    dv = acc.shape[0]
+    for j in range(j0, j1):
+        if j > p or (window > 0 and j <= p - window):
+            continue  # masked cell (-inf): skipped
+        s = np.float32(_dot_f16_avx2(qh, K[j]) * scale)
+        s = np.float32(s + np.float32(0.0))
+        if s > M:
+            Mold = M
+            M = s
+            ms = np.float32(np.exp(np.float32(Mold - M)))
+            for d in range(dv):
+                acc[d] = _f16r(np.float32(acc[d] * ms))
+            for d in range(dv):
+                acc[d] = _f16r(np.float32(V[j, d] + acc[d]))
+            S = np.float32(np.float32(S * ms) + np.float32(1.0))
+        else:
+            vs = np.float32(np.exp(np.float32(s - M)))
+            for d in range(dv):
+                acc[d] = _f16r(_fma(V[j, d], vs, acc[d]))
+            S = np.float32(S + vs)
+    return M, S
+
+
+@numba.njit(parallel=True, cache=True)
+def _fa_rows_nb(q, pos, kc, vc, n_gqa, window, scale, n_kv, n_split, out):  # pragma: no cover
+    """llama.cpp CPU's flash attention with an f16 KV cache, per query row (batches under 64
+    queries). Decode over n_kv >= 512 cells splits the cells into n_split chunks (one per
+    thread) and merges their partial results as ggml_flash_attn_ext_reduce_partials does."""
+    n, n_head, hd = q.shape
+    dv = vc.shape[2]
+    for th in numba.prange(n * n_head):
+        t = th // n_head
+        h = th % n_head
+        kvh = h // n_gqa
+        qh = np.empty(hd, np.float32)
+        for d in range(hd):
+            qh[d] = _f16r(q[t, h, d])
+        p = pos[t]
+        K = kc[kvh]
+        V = vc[kvh]
+        acc = np.empty(dv, np.float32)
+        if n_split <= 1:
+            M, S = _fa_chunk(qh, K, V, 0, p + 1, p, window, scale, acc)
+            inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
+            for d in range(dv):
+                out[t, h, d] = np.float32(acc[d] * inv)
+        else:
+            chunk = (n_kv + n_split - 1) // n_split
+            Mf = np.float32(-np.inf)
+            Sf = np.float32(0.0)
+            fin = np.zeros(dv, np.float32)
+            for c in range(n_split):
+                j0 = c * chunk
+                if j0 >= n_kv:
+                    continue
+                j1 = min(j0 + chunk, n_kv)
+                Mc, Sc = _fa_chunk(qh, K, V, j0, min(j1, p + 1), p, window, scale, acc)
+                if Sc == 0:
+                    continue
+                Mn = max(Mf, Mc)
+                so = np.float32(np.exp(np.float32(Mf - Mn)))
+                sn = np.float32(np.exp(np.float32(Mc - Mn)))
+                for d in range(dv):  # as compiled: fma(final, scale_old, chunk * scale_new)
+                    fin[d] = _fma(fin[d], so, np.float32(acc[d] * sn))
+                Sf = _fma(Sf, so, np.float32(Sc * sn))
+                Mf = Mn
+            inv = np.float32(np.float32(1.0) / Sf) if Sf != 0 else np.float32(1.0)
+            for d in range(dv):
+                out[t, h, d] = np.float32(fin[d] * inv)
 
 
 class KVCache:
@@ -386,10 +770,13 @@ class ReferenceModel:
         # activations per weight type, f16 KV cache, f16 Q, f16 GELU table); "q8": the GPU
         # engine's q8 path (8-bit activations per 32 for quantized weights, f16 KV cache)
         self.numerics = numerics
+        # llama.cpp's thread count: its split-KV decode attention makes one chunk per thread
+        self.threads = 2
         self.g = g
         self.cfg = cfg if cfg is not None else read_config(g)
         self._w: dict[str, np.ndarray] = {}
         self._codes: dict[str, Codes] = {}
+        self._kparts: dict[str, tuple] = {}  # raw Q4_K / Q6_K parts for the llamacpp numerics
         self._check_tensors()
         c = self.cfg
         self._freq_factors = self.weight("rope_freqs.weight") if c.has_rope_freqs else None
@@ -497,8 +884,23 @@ class ReferenceModel:
         return q8_k_llamacpp(x), None  # K-quants, IQ4_XS: q8_K
 
     def _mm_lc_int(self, x: np.ndarray, name: str):
-        """llama.cpp's integer dot products for 32-block weights (None for other types)."""
+        """llama.cpp's integer dot products for 32-block weights and Q4_K / Q6_K (None for
+        other types)."""
         t = self.g.tensor(name).ggml_type
+        if t in (Q4_K, Q6_K):
+            parts = self._kparts.get(name)
+            if parts is None:
+                ti = self.g.tensor(name)
+                parts = self._kparts[name] = parse_q4_k(ti) if t == Q4_K else parse_q6_k(ti)
+            qa, da, bs = q8_k_blocks(x)
+            out = np.empty((x.shape[0], parts[0].shape[0]), np.float32)
+            n = x.shape[0]
+            with _threads_for(out.size * x.shape[1]):
+                if t == Q4_K:  # repacked: gemm on whole groups of 4 rows (if more than 3), gemv on the rest
+                    _q4_k_dot(*parts, qa, da, bs, n - n % 4 if n > 3 else 0, out)
+                else:  # the tiled K-quant matmul takes batches of 8 rows or more
+                    _q6_k_dot(*parts, qa, da, bs, n >= 8, out)
+            return out
         if t not in _Q8_0_TYPES and t not in _Q8_1_TYPES or t == IQ4_NL:
             return None
         c = self.codes(name)
@@ -507,8 +909,9 @@ class ReferenceModel:
         out = np.empty((n, c.q.shape[0]), np.float32)
         qa = np.ascontiguousarray(q.reshape(n, -1), dtype=np.int8)
         sa = s16 if s16 is not None else np.zeros_like(d16)
-        _q8_dot_matvec(c.q, c.scale, _NO_MIN if c.minv is None else c.minv, qa,
-                       np.ascontiguousarray(d16, np.float32), np.ascontiguousarray(sa, np.float32), out)
+        with _threads_for(out.size * x.shape[1]):
+            _q8_dot_matvec(c.q, c.scale, _NO_MIN if c.minv is None else c.minv, qa,
+                           np.ascontiguousarray(d16, np.float32), np.ascontiguousarray(sa, np.float32), out)
         return out
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -559,7 +962,10 @@ class ReferenceModel:
         pos = np.arange(cache.pos, cache.pos + n)
         x = self._embed(toks)
         for il in range(c.n_layer):
-            x = self._layer(il, x, pos, cache)
+            # llama.cpp computes the last layer's FFN only on the rows it outputs (ggml_get_rows
+            # after the attention), which picks the batch size its matmul kernels see
+            last_rows = il == c.n_layer - 1 and not all_logits and self.numerics == "llamacpp"
+            x = self._layer(il, x, pos, cache, out_last=last_rows)
         cache.pos += n
 
         if not all_logits:
@@ -586,7 +992,7 @@ class ReferenceModel:
                              f"the vocabulary [0, {self.cfg.n_vocab})")
         return toks.astype(np.int64)
 
-    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
+    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, cache: KVCache, out_last: bool = False) -> np.ndarray:
         c = self.cfg
         w = self.weight
         p = f"blk.{il}."
@@ -617,6 +1023,8 @@ class ReferenceModel:
         a = self._attention(il, q, pos, cache)
 
         a = self._mm(a, p + "attn_output.weight")
+        if out_last:
+            a, x = a[-1:], x[-1:]
         if c.post_norms:
             a = self._rms(a, w(p + "post_attention_norm.weight"), c.norm_eps)
         x = x + a
@@ -624,16 +1032,22 @@ class ReferenceModel:
         h = self._rms(x, w(p + "ffn_norm.weight"), c.norm_eps)
         gate = self._mm(h, p + "ffn_gate.weight")
         up = self._mm(h, p + "ffn_up.weight")
-        if c.act != "gelu_tanh":
-            act = silu(gate)
-        elif self.numerics == "llamacpp":
-            act = gelu_f16_table(gate)
-        else:
-            act = gelu_tanh(gate)
-        f = self._mm(act * up, p + "ffn_down.weight")
+        f = self._mm(self._glu(gate, up), p + "ffn_down.weight")
         if c.post_norms:
             f = self._rms(f, w(p + "post_ffw_norm.weight"), c.norm_eps)
         return x + f
+
+    def _glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """act(gate) * up (llama.cpp's swiglu / geglu ops)."""
+        if self.cfg.act != "gelu_tanh":
+            if self.numerics == "llamacpp":
+                return swiglu_ggml(gate, up)
+            act = silu(gate)
+        elif self.numerics == "llamacpp":
+            return geglu_ggml(gate, up)
+        else:
+            act = gelu_tanh(gate)
+        return act * up
 
     def _attention(self, il: int, q: np.ndarray, pos: np.ndarray, cache: KVCache) -> np.ndarray:
         """Causal (and, on sliding-window layers, windowed) attention of q [n, n_head, hd] over
@@ -647,7 +1061,12 @@ class ReferenceModel:
             if c.arch == "gemma3":
                 q, scale = q * scale, np.float32(1.0)
             if n < FA_TILE_Q:  # the per-row path converts Q to the f16 K cache's dot type
-                return _attention_f16_acc(round_f16(q), pos, cache.k[il], cache.v[il], c.n_gqa, window, scale)
+                hi = int(pos[-1]) + 1
+                n_kv = max(256, -(-hi // 256) * 256)  # llama.cpp's cells in view, padded to 256
+                split = self.threads if n == 1 and n_kv >= 512 else 1
+                with _threads_for(n * c.n_head * c.head_dim_v * hi):
+                    return _attention_f16_acc(q, pos, cache.k[il], cache.v[il], c.n_gqa, window, scale,
+                                              n_kv, split)
         out = np.empty((n, c.n_head, c.head_dim_v), np.float32)
         for s in range(0, n, _Q_CHUNK):
             qp = pos[s:s + _Q_CHUNK]

@@ -22,22 +22,20 @@ Two encodings of each model's weights:
   This is the check that memra's arithmetic is llama.cpp's. The Gemma-3 set adds a prompt
   longer than its 512-token sliding window.
 * The real quantized files (Q4_1, Q4_K_M), with ReferenceModel(numerics="llamacpp"): llama.cpp
-  CPU's roundings reproduced (8-bit activations per weight type with its AVX2 rounding and its
-  integer dot products' lane order for the 32-block types, q8_K for K-quants, f16 KV cache,
-  f16 Q and the f16 output accumulator of its per-row flash attention, the f16 GELU table,
-  ggml's rms_norm and rope). Measured on the 8 prompts here (top-1 / median |delta| / greedy
-  divergences at a margin >= 0.05):
-      SmolLM2  llamacpp 96.9 % / 0.017 / 2    f32 96.1 % / 0.019 / 5
-      Gemma-3  llamacpp 96.9 % / 0.020 / 5    f32 96.5 % / 0.018 / 5
-  The median bound holds; the greedy bound and 99 % do not. These models are chaotic under
-  8-bit activations: a one-ulp difference upstream flips roundings that move log-probs by
-  ~0.02 (memra's own prefill vs decode, which differ only in float summation order, differ by
-  up to 0.2 at the first position), and llama.cpp disagrees with itself at 2.2 % of top-1
+  CPU's float operations in its own order (the wheel is a fixed AVX2 build; see memra/reference.py),
+  fed llama.cpp's own batches: the prompt split as the server splits it (a sliding-window model
+  ends a batch 4 tokens before the prompt's end, for its context checkpoints), then one token per
+  decode step, since its kernels depend on the batch size. memra's logits are then bit-identical
+  to llama.cpp's at all 8 x 32 positions of both models (experiments/llamacpp_dump drives the
+  wheel's own llama.cpp with a tensor dumper). Measured on the 8 prompts here (top-1 / median
+  |delta log-prob| / greedy divergences at a margin >= 0.05):
+      SmolLM2  100 % / 0.0001 / 0     (before: 96.9 % / 0.017 / 2, float sums in numpy's order)
+      Gemma-3  100 % / 0.0001 / 0     (before: 96.9 % / 0.020 / 5)
+  The remaining |delta| is the server's own log-softmax (float32 sum of expf over the vocabulary)
+  against memra's float64 one. Bit-exactness matters here: these small models are chaotic under
+  llama.cpp's 8-bit activations (one different float rounding upstream re-draws which activations
+  round which way, ~0.02 in log-prob), and llama.cpp disagrees with itself at 2.2 % of top-1
   choices when only its KV cache changes from f16 to f32 (experiments/llamacpp_q8_noise.py).
-  Reaching 99 % needs llama.cpp's every float operation in its own order (still different:
-  the f16 Q.K dot product's SIMD order, expf/ggml_v_expf in softmax and SiLU, the repacked
-  Q4_K 8x8 kernel's order, the split-KV decode path beyond 512 cached cells); that test is an
-  expected failure carrying these numbers.
 
 llama.cpp runs with ignore_eos: it bans end-of-generation tokens (logit -inf) but reports
 log-probs from before the ban, so memra's argmax skips the same tokens.
@@ -60,6 +58,7 @@ pytestmark = pytest.mark.parity
 
 N_PREDICT = 32
 NEAR_TIE = 0.05
+UBATCH = 512  # tests/peer.py's n_batch (= llama.cpp's default n_ubatch)
 PROMPTS = [
     "The capital of France is",
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
@@ -155,6 +154,23 @@ class Compared:
         return bad
 
 
+def server_prompt_batches(n: int, swa: bool) -> list[int]:
+    """The batches llama.cpp's server decodes a prompt of n tokens in: at most n_batch each;
+    for a sliding-window model (context checkpoints, tools/server/server-context.cpp) a batch
+    also ends where min(n_batch, 4 + n_ubatch) or min(n_batch, 4) prompt tokens remain. Each
+    batch fits one ubatch here (n_batch = n_ubatch)."""
+    stops = {min(UBATCH, 4 + UBATCH), min(UBATCH, 4)} if swa else set()
+    out, done = [], 0
+    while done < n:
+        b = 0
+        while done < n and b < UBATCH:
+            done, b = done + 1, b + 1
+            if n - done in stops:
+                break
+        out.append(b)
+    return out
+
+
 def compare(path: Path, texts: list[str], numerics: str = "llamacpp") -> Compared:
     from memra.tokenizer import Tokenizer
     from peer import LlamaCppPeer
@@ -171,9 +187,18 @@ def compare(path: Path, texts: list[str], numerics: str = "llamacpp") -> Compare
                 # llama.cpp's token is its best non-EOG one: guards the EOG set used above
                 assert b == next(t for t, _ in top if t not in c.eog), (text, i, b, top)
             cache = model.new_cache(len(prompt) + N_PREDICT)
-            if len(prompt) > 1:
-                model.forward(prompt[:-1], cache)
-            logits = model.forward(prompt[-1:] + r["ids"][:-1], cache, all_logits=True)
+            if numerics == "llamacpp":
+                # llama.cpp's own batches, since its kernels depend on the batch size: the prompt as
+                # its server splits it (logits of the last token), then one token per decode step
+                s = 0
+                for n in server_prompt_batches(len(prompt), swa=model.cfg.swa_window > 0):
+                    last = model.forward(prompt[s:s + n], cache)
+                    s += n
+                logits = np.stack([last] + [model.forward([t], cache) for t in r["ids"][:-1]])
+            else:
+                if len(prompt) > 1:
+                    model.forward(prompt[:-1], cache)
+                logits = model.forward(prompt[-1:] + r["ids"][:-1], cache, all_logits=True)
             c.texts.append(text)
             c.ids.append(r["ids"])
             c.top.append(r["top"])
@@ -232,10 +257,6 @@ def test_quantized_logprobs(quant_run):
     assert np.median(d) <= 0.05, np.median(d)
 
 
-@pytest.mark.xfail(reason="chaotic 8-bit activations: with llama.cpp's roundings reproduced memra measures "
-                          "96.9 % top-1 on both models (SmolLM2 2, Gemma-3 5 greedy divergences at margins "
-                          "0.06-1.5); llama.cpp's own f16->f32 KV change gives 97.85 %; see module doc",
-                   strict=False)
 def test_quantized_greedy_and_top1(quant_run):
     failures = quant_run.greedy_failures()
     rate = quant_run.top1_rate()
