@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from memra import llamacpp_cpu as LC
 from memra import reference as R
 from memra.aliases import resolve
 from memra.errors import ContextOverflowError, GGUFError, MemraError
@@ -233,12 +234,12 @@ def test_q8_llamacpp_rounds_half_to_even_with_f16_scale():
     # not the reference quantizer's roundf), d stored as f16; q8_1 also stores s = f16(d * sum q)
     x = np.zeros(32, np.float32)
     x[:4] = [127.0, 62.5, 63.5, -0.5]
-    xh, d16, q, s16 = R.q8_llamacpp(x[None], with_sum=True)
+    xh, d16, q, s16 = LC.q8_llamacpp(x[None], with_sum=True)
     assert q[0, 0, :4].tolist() == [127, 62, 64, 0]
     assert d16[0, 0] == np.float32(np.float16(1.0)) and s16[0, 0] == np.float16(253.0)
     np.testing.assert_array_equal(xh[0, :4], [127, 62, 64, 0])
     y = np.full(32, 0.1, np.float32)  # d = 0.1/127 is not an f16 value: x_hat = q * f16(d)
-    xh, d16, _, _ = R.q8_llamacpp(y[None])
+    xh, d16, _, _ = LC.q8_llamacpp(y[None])
     assert d16[0, 0] == np.float32(np.float16(np.float32(0.1) / np.float32(127)))
     np.testing.assert_array_equal(xh[0], np.float32(127) * d16[0, 0])
 
@@ -247,7 +248,7 @@ def test_q8_k_uses_the_signed_maximum():
     # ggml quantize_row_q8_K: iscale = -127/max with max the signed value of largest magnitude
     x = np.linspace(-1, 1, 256).astype(np.float32) * np.float32(0.5)
     x[7] = -4.0
-    xh = R.q8_k_llamacpp(x[None])[0]
+    xh = LC.q8_k_llamacpp(x[None])[0]
     iscale = np.float32(-127) / np.float32(-4.0)
     want = np.minimum(np.rint(iscale * x), 127) * (np.float32(1) / iscale)
     np.testing.assert_array_equal(xh, want.astype(np.float32))
@@ -267,7 +268,7 @@ def test_q8_gpu_rule_divides_by_d():
 
 def test_gelu_f16_table_by_hand():
     x = np.array([-12.0, -10.0, 0.3, 1.7, 10.0, 11.5], np.float32)
-    got = R.gelu_f16_table(x)
+    got = LC.gelu_f16_table(x)
     h = x[2:4].astype(np.float16).astype(np.float64)
     g = 0.5 * h * (1 + np.tanh(0.7978845608028654 * h * (1 + 0.044715 * h * h)))
     assert got[0] == 0 and got[1] == 0 and got[4] == 10.0 and got[5] == 11.5
@@ -282,7 +283,7 @@ def test_f16_accumulator_attention_against_a_loop():
     v = R.round_f16(rng.standard_normal((n_kv, T, hd)).astype(np.float32))
     q = R.round_f16(rng.standard_normal((2, n_head, hd)).astype(np.float32))
     pos = np.array([T - 2, T - 1])
-    got = R._attention_f16_acc(q, pos, k, v, n_head // n_kv, 0, np.float32(0.25)).reshape(2, n_head, hd)
+    got = LC.attention_f16_acc(q, pos, k, v, n_head // n_kv, 0, np.float32(0.25)).reshape(2, n_head, hd)
     for t in range(2):
         for h in range(n_head):
             M, S, acc = -np.inf, np.float32(0), np.zeros(hd, np.float16)
