@@ -377,7 +377,7 @@ class _TuneCase:
         self.q8 = D % 32 == 0
         qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2
         q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
-        self.bytes = qb + 2 * kvb + qb + q8b  # q, K and V read; out (and its twin) written
+        self.bytes = qb + 2 * kvb + T * nh * D * 4 + q8b  # QKV rows and the caches read; out (and its twin) written
         self.sets = max(1, -(-rotate_bytes // self.bytes))
         kv = (rng.standard_normal(T * ctx * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
         self.kc = g.to_device(np.tile(kv, self.sets))
