@@ -18,7 +18,7 @@ when a family module appears. A family whose module is missing is reported as a 
 from __future__ import annotations
 
 import importlib
-import time
+import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -40,6 +40,7 @@ class Outcome:
     name: str
     ok: bool
     detail: str
+    err: float = math.inf  # compare's relative error (0 for an exact match); inf when none
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str = "rel") -> Outcome:
@@ -56,7 +57,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str =
         return Outcome(name, False, f"shape {got.shape} != reference {ref.shape}")
     if kind == "exact":
         bad = int(np.count_nonzero(got != ref))
-        return Outcome(name, bad == 0, f"{bad} of {ref.size} differ")
+        return Outcome(name, bad == 0, f"{bad} of {ref.size} differ", 0.0 if bad == 0 else math.inf)
     g = got.astype(np.float64)
     r = ref.astype(np.float64)
     unwritten = int(np.count_nonzero(~np.isfinite(g) & np.isfinite(r)))
@@ -70,7 +71,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str =
         err = float(np.max(np.abs(g - r))) / den
     else:
         raise ValueError(f"unknown comparison kind {kind!r}")
-    return Outcome(name, err <= tol, f"err={err:.2e} tol={tol:.0e}")
+    return Outcome(name, err <= tol, f"err={err:.2e} tol={tol:.0e}", err)
 
 
 def _family_modules(only: str | None):

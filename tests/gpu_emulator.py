@@ -12,7 +12,6 @@ split or combine index in the engine shows up here too.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 

@@ -215,7 +215,7 @@ def compile_variants():
 
 def _check(g, rng, case, canary=False, fused=False):
     from memra.kernelcheck import Outcome, compare
-    from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+    from memra.ops.matvec import Q8_SCALE, q8_twin_matches
 
     D, G, nkv, window, cap, S, T, hpb = case
     n_ctx, n_seq = 1100, 2
@@ -261,12 +261,8 @@ def _check(g, rng, case, canary=False, fused=False):
         attention(g, *args, **one)
         if not np.array_equal(out.numpy(), first, equal_nan=True):
             return Outcome(name, False, "one head per block gives different bits")
-    if q8:
-        qr, sr = quantize_q8_ref(first)
-        got = xs.numpy()
-        if not (np.array_equal(xq.numpy(), qr) and np.array_equal(got["d"].view(np.uint32), sr["d"].view(np.uint32))
-                and np.array_equal(got["s"], sr["s"])):
-            return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
+    if q8 and not q8_twin_matches(xq, xs, first):
+        return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
     return Outcome(name, True, o.detail + "; relaunch identical" + ("; = 1 head/block" if hpb != 1 else "")
                    + ("; q8 twin bit-exact" if q8 else ""))
 
@@ -423,7 +419,7 @@ class _TuneCase:
         """Fresh q, K, V; poisoned outputs; against the float64 reference at TOL, the
         counters left zero, the q8 twin equal to quantize_q8 of the output."""
         from memra.kernelcheck import compare
-        from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+        from memra.ops.matvec import Q8_SCALE, q8_twin_matches
 
         g, rng, T, nh, nkv, D, ctx = self.g, self.rng, self.T, self.nh, self.nkv, self.D, self.ctx
         kc = (rng.standard_normal((T, ctx, nkv, D)) * 0.7).astype(np.float16)
@@ -447,15 +443,11 @@ class _TuneCase:
         ref = reference(rq, kc.astype(np.float32), vc.astype(np.float32), pos, np.arange(T), nkv, 0, scale)
         o = out.numpy()
         c = compare(f"attn_decode heads={nh}/{nkv} D={D} ctx={ctx} T={T} hpb={self.hpb} splits={self.S}", o, ref, TOL)
-        err = float(c.detail.split("err=")[1].split()[0]) if "err=" in c.detail else float("inf")
+        err = c.err
         if not c.ok:
             return False, err, c.detail
         if np.count_nonzero(self.counters.numpy()):
             return False, err, "counters not reset to zero"
-        if self.q8:
-            qr, sr = quantize_q8_ref(o)
-            got = xs.numpy()
-            if not (np.array_equal(xq.numpy(), qr) and np.array_equal(got["d"].view(np.uint32), sr["d"].view(np.uint32))
-                    and np.array_equal(got["s"], sr["s"])):
-                return False, err, "q8 twin differs from quantize_q8 of the output"
+        if self.q8 and not q8_twin_matches(xq, xs, o):
+            return False, err, "q8 twin differs from quantize_q8 of the output"
         return True, err, c.detail

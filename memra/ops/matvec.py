@@ -21,7 +21,7 @@ Tolerance TOL (relative, L2) for both: only float rounding separates kernel and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
@@ -282,6 +282,14 @@ def quantize_q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape), s
 
 
+def q8_twin_matches(xq, xs, y: np.ndarray) -> bool:
+    """Whether the device arrays xq / xs hold quantize_q8_ref(y) bit for bit: the check of
+    every kernel that writes its output's q8 twin."""
+    q, s = quantize_q8_ref(y)
+    return np.array_equal(xq.numpy().reshape(q.shape), q) and \
+        np.array_equal(xs.numpy().reshape(s.shape).view(np.uint8), s.view(np.uint8))
+
+
 def dequant_rows(data: np.ndarray, ggml_type: int) -> np.ndarray:
     from memra.quants import dequantize
 
@@ -483,7 +491,7 @@ def checks(g, rng) -> Iterator:
 
 
 def canaries(g, rng) -> Iterator:
-    from memra.kernelcheck import Outcome, compare
+    from memra.kernelcheck import compare
 
     c = _Case(g, 12, _CHECK_N, _CHECK_K, rng, nb=1)
     yield c.run("Q4_K q8 B1 drops a unit", "q8", 1, canary=1)
@@ -600,5 +608,5 @@ class _TuneCase:
         from memra.kernelcheck import compare
 
         o = compare("matvec", self.y.numpy(), ref, TOL)
-        err = float(o.detail.split("err=")[1].split()[0]) if "err=" in o.detail else float("inf")
+        err = o.err
         return o.ok, err, o.detail

@@ -189,7 +189,7 @@ def _check_add(g, rng, rows, n, post: bool):
 def _check_q8(g, rng, rows, n, add: bool):
     """The fused q8 twin equals quantize_q8 (the shared rule) of the kernel's own output."""
     from memra.kernelcheck import Outcome, compare
-    from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+    from memra.ops.matvec import Q8_SCALE, q8_twin_matches
 
     x, w = _inputs(rng, rows, n)
     dx, dw = g.to_device(x), g.to_device(w)
@@ -207,10 +207,7 @@ def _check_q8(g, rng, rows, n, add: bool):
     o = out.numpy()
     name = f"{'add_' if add else ''}rmsnorm+q8 rows={rows} n={n}"
     c1 = compare(name + " out", o, ref, TOL)
-    q, s = quantize_q8_ref(o)
-    got = xs.numpy()
-    ok = (np.array_equal(xq.numpy(), q) and np.array_equal(got["d"].view(np.uint32), s["d"].view(np.uint32))
-          and np.array_equal(got["s"], s["s"]))
+    ok = q8_twin_matches(xq, xs, o)
     if not c1.ok:
         return c1
     return Outcome(name, ok, f"{c1.detail}; q8 twin {'bit-exact' if ok else 'DIFFERS from quantize_q8'}")
@@ -288,7 +285,7 @@ class _TuneCase:
 
     def check(self):
         from memra.kernelcheck import compare
-        from memra.ops.matvec import Q8_SCALE, quantize_q8_ref
+        from memra.ops.matvec import Q8_SCALE, q8_twin_matches
 
         g, rows, n = self.g, self.rows, self.n
         x, _ = _inputs(self.rng, rows, n)
@@ -309,23 +306,15 @@ class _TuneCase:
             ref = reference_rmsnorm(x, w, 1e-6)
         o = out.numpy()
         c = compare(f"{'add_' if self.add else ''}rmsnorm rows={rows} n={n}", o, ref, TOL)
-        err = _err(c.detail)
+        err = c.err
         if not c.ok:
             return False, err, c.detail
         if self.add:
             r = compare("residual", dx.numpy(), xr, TOL)
             if not r.ok:
-                return False, max(err, _err(r.detail)), r.detail
-            err = max(err, _err(r.detail))
-        if self.q8:
-            q, s = quantize_q8_ref(o)
-            got = xs.numpy()
-            if not (np.array_equal(xq.numpy(), q) and np.array_equal(got["d"].view(np.uint32), s["d"].view(np.uint32))
-                    and np.array_equal(got["s"], s["s"])):
-                return False, err, "q8 twin differs from quantize_q8 of the output"
+                return False, max(err, r.err), r.detail
+            err = max(err, r.err)
+        if self.q8 and not q8_twin_matches(xq, xs, o):
+            return False, err, "q8 twin differs from quantize_q8 of the output"
         return True, err, c.detail
 
-
-def _err(detail: str) -> float:
-    """The relative error a kernelcheck.compare detail reports (inf when it reports none)."""
-    return float(detail.split("err=")[1].split()[0]) if "err=" in detail else float("inf")
