@@ -166,20 +166,6 @@ def tune_run(
               f"skipped → {path}")
 
 
-def _builtin_check():
-    """builtin(receipt row) for freeze: asks the row's family module (is_builtin hook)."""
-    from .tune_gpu import family_module
-
-    def builtin(row) -> bool:
-        try:
-            hook = getattr(family_module(row["src"]), "is_builtin", None)
-        except ModuleNotFoundError:
-            return False
-        return bool(hook and hook(row["kernel"], row["variant"], dict(row["config"]),
-                                  {**dict(row["shape"]), "batch": int(row["batch"])}))
-    return builtin
-
-
 @tune_app.command("freeze")
 @command
 def tune_freeze(
@@ -196,6 +182,7 @@ def tune_freeze(
 ) -> None:
     """Pick the winners of the receipts into tune/defaults/<device>.json."""
     from .receipts import read_receipts
+    from .tune_gpu import is_builtin
     from .tuning import _current_hash, freeze, summarize_table, tables_dir, write_table
 
     df = read_receipts(receipts or [receipts_dir()])
@@ -205,7 +192,7 @@ def tune_freeze(
     devices = [device] if device else sorted(set(df["device"]))
     tables = []
     for d in devices:
-        table = freeze(df, d, current_hashes=hashes, root=_root(), builtin=_builtin_check(), min_gain=min_gain)
+        table = freeze(df, d, current_hashes=hashes, root=_root(), builtin=is_builtin, min_gain=min_gain)
         path = write_table(table, out_dir or tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

@@ -41,6 +41,18 @@ def family_module(src: str):
     return importlib.import_module(f"memra.ops.{Path(src).stem}")
 
 
+def is_builtin(row) -> bool:
+    """Whether a receipt row's configuration is its launcher's built-in default, as the
+    family module's is_builtin(kernel, variant, config, shape) hook says (False for a family
+    without one): freeze's test for --min-gain."""
+    try:
+        hook = getattr(family_module(row["src"]), "is_builtin", None)
+    except ModuleNotFoundError:
+        return False
+    return bool(hook and hook(row["kernel"], row["variant"], dict(row["config"]),
+                              {**dict(row["shape"]), "batch": int(row["batch"])}))
+
+
 def require_hooks(jobs: Iterable) -> None:
     """Refuse a campaign up front when a family cannot be measured (rather than recording
     every job of it as failed)."""

@@ -148,10 +148,10 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
             raise MemraError("attention: q8 output needs head_dim % 32 == 0 and int8 xq [n_tokens, n_head * head_dim]")
         xargs = (xq if xq is not None else _NULL, xs if xs is not None else _NULL)
         if rope is not None:
+            from memra.ops.rope import check_table
+
             r = rope
-            if r.cs.dtype != np.float32 or len(r.cs.shape) != 3 or r.cs.shape[1:] != (r.rope_dim // 2, 2) \
-                    or r.rope_dim > head_dim or r.rope_dim % 2:
-                raise MemraError(f"attention: rope_dim {r.rope_dim} vs head_dim {head_dim} and cs {r.cs.shape}")
+            check_table("attention", r.cs, r.rope_dim, head_dim)
             opt = [x if x is not None else _NULL for x in (r.bias, r.q_norm, r.k_norm)]
             g.launch(m.kernel("attn_decode_rope"), (nhb, n_splits, n_tokens), (nt,),
                      (r.q, r.k, r.v, np.int32(r.q_stride), np.int32(r.k_stride), np.int32(r.v_stride), *opt,

@@ -47,6 +47,14 @@ def rope_table(inv_freq: np.ndarray, n_pos: int) -> np.ndarray:
     return np.stack([np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)], axis=-1)
 
 
+def check_table(who: str, cs, rope_dim: int, head_dim: int) -> None:
+    """A rope_table on the device that fits rope_dim (<= head_dim, even), or MemraError."""
+    if cs.dtype != np.float32 or rope_dim > head_dim or rope_dim % 2 or len(cs.shape) != 3 \
+            or cs.shape[1:] != (rope_dim // 2, 2):
+        raise MemraError(f"{who}: rope_dim {rope_dim} vs head_dim {head_dim} and a float32 cos/sin table "
+                         f"[n_pos, rope_dim/2, 2] (got {cs.dtype} {cs.shape})")
+
+
 def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: int,
                  n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
@@ -59,10 +67,9 @@ def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: i
     biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS)."""
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
         raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
-    if pos.dtype != np.int32 or cs.dtype != np.float32 or q_out.dtype != np.float32:
-        raise MemraError("rope_norm_kv: pos int32, cs float32, q_out float32")
-    if rope_dim > head_dim or rope_dim % 2 or len(cs.shape) != 3 or cs.shape[1:] != (rope_dim // 2, 2):
-        raise MemraError(f"rope_norm_kv: rope_dim {rope_dim} vs head_dim {head_dim} and cs {cs.shape}")
+    if pos.dtype != np.int32 or q_out.dtype != np.float32:
+        raise MemraError("rope_norm_kv: pos int32, q_out float32")
+    check_table("rope_norm_kv", cs, rope_dim, head_dim)
     w = warps(config)
     kern = module(g, head_dim, canary, config).kernel("rope_norm_kv")
     n_units = n_head + 2 * n_kv
