@@ -13,6 +13,7 @@ set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
 START=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/close-$STAGE.log"; }
+source experiments/h200_common.sh
 M=$HOME/.cache/memra/models; mkdir -p "$M"
 ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
 ln -sf /root/models/gemma3.gguf "$M/gemma-3-270m-q4_k_m.gguf"
@@ -56,10 +57,6 @@ else
     timeout 70 python3 -m memra bench "$m" -p 512 -n 128 -r 5 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" \
       --tag close-tuned >> "$OUT/close-$STAGE.log" 2>&1; log "bench $m rc=$?"
   done
-  log "breakdown"
-  timeout 90 python3 experiments/gpu_engine_check.py run --steps bench --limits bench=90 --bench-budget 70 \
-    --only-bench llama-1b --configs q8:pdl --breakdown --breakdown-depth 64 > /dev/null 2>&1
-  log "breakdown rc=$?"
-  python3 experiments/gpu_engine_check.py table 2>&1 | tail -20 >> "$OUT/close-$STAGE.log"
+  breakdown llama-1b 90 "$OUT/close-$STAGE.log" 20
 fi
 log "done"

@@ -10,6 +10,7 @@ set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
 START=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/fused.log"; }
+source experiments/h200_common.sh
 TOK=.synthtok/smollm2-tokenizer.gguf
 nice -n 15 python3 - "$TOK" llama-1b:Q4_0 smollm2-135m:Q4_1 gemma3-270m:Q4_K_M llama3-8b:Q4_K_M > "$OUT/synth.txt" 2>&1 <<'PY' &
 import sys
@@ -45,9 +46,5 @@ for m in synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama3-8b:Q4_K_M
   bench $m unfused $OFF
 done
 
-log "breakdown"
-timeout 90 python3 experiments/gpu_engine_check.py run --steps bench --limits bench=90 --bench-budget 70 \
-  --only-bench llama-1b --configs q8:pdl --breakdown --breakdown-depth 64 > /dev/null 2>&1
-log "breakdown rc=$?"
-python3 experiments/gpu_engine_check.py table 2>&1 | tail -60 >> "$OUT/fused.log"
+breakdown llama-1b 90 "$OUT/fused.log" 60
 log "done"

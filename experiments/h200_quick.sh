@@ -7,6 +7,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quick.log"; }
+source experiments/h200_common.sh
 TOK=.synthtok/smollm2-tokenizer.gguf
 
 log "kernel-check"
@@ -23,10 +24,5 @@ log "bench"
     --tag "${TAG:-quick}" >> "$OUT/quick.log" 2>&1; log "bench $m rc=$?"
 done
 
-log "breakdown"
-timeout ${BD_LIMIT:-150} python3 experiments/gpu_engine_check.py run --steps bench --limits bench=${BD_LIMIT:-150} \
-  --bench-budget 120 --only-bench ${BD_ONLY:-smollm2-135m,gemma3-270m,llama-1b,llama3-8b} --configs q8:pdl --breakdown \
-  --breakdown-depth 64 > /dev/null 2>&1
-log "breakdown rc=$?"
-python3 experiments/gpu_engine_check.py table 2>&1 | tail -80 >> "$OUT/quick.log"
+breakdown "${BD_ONLY:-smollm2-135m,gemma3-270m,llama-1b,llama3-8b}" "${BD_LIMIT:-150}" "$OUT/quick.log" 80
 log "done"
