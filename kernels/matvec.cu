@@ -27,6 +27,10 @@
 // res (nullable): y = res + W x (residual add; res may alias y).
 // Batch invariance: a row's reduction order depends only on K and MV_KSPLIT (lane units,
 // fixed butterfly, KSPLIT partials summed in order), never on nb, MV_B or MV_ROWS.
+// Exactly (MV_KSPLIT 1): lane l's partial P_l = T::accum(... T::accum(0, unit l), unit l+32 ...)
+// (units in increasing u; qtypes.cuh: exact integer dots, then explicit-rounding float math),
+// then warp_sum's butterfly, then act(gate) * up and + res, each one rounding. gemm.cu's
+// tensor-core kernels reproduce exactly these operations, so both give the same bits.
 //
 // Tunables (-D): MV_TYPE (ggml type id, required), MV_B (1), MV_NWARPS warps per block (4),
 // MV_ROWS rows per warp (1), MV_KSPLIT warps sharing one row (1; divides MV_NWARPS),
@@ -43,8 +47,23 @@
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
 // dynamic shared memory 0, or with MV_XSMEM nb * ceil(K / 2048) * 3072 bytes.
 // K must be a multiple of 64 (and of the type's block size).
+//
+// History:
+//  1. planes layout; q8 (dp4a) and f32 families for 12 GGUF types; GLU and residual epilogues.
+//  2. MV_WLOAD weight-load flavours.
+//  3. first unit's weights before the PDL wait, early PDL trigger, MV_PREFETCH register
+//     double buffer (off by default: the measured loop loads at the top of each unit).
+//  4. MV_XSMEM: activations tile-interleaved in shared memory (the strided activation loads,
+//     not DRAM, bound the q8 kernel). A fused mv_q8_glu_q8 (q8 twin of the output) was tried
+//     twice and withdrawn, slower on the H200 (research/matvec.md).
+//  5. combine split out to qtypes.cuh, roundings explicit: each type's dot_q8 became idots
+//     (exact integer sums) + accum (float part written with __fmul_rn / __fadd_rn /
+//     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
+//     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
+//     same accum, so its results equal mv_q8's bit for bit.
 #include "common.cuh"
 #include "q8.cuh"
+#include "qtypes.cuh"
 
 #ifndef MV_TYPE
 #error "MV_TYPE (ggml type id) must be defined"
@@ -79,427 +98,7 @@
 #endif
 
 
-#ifndef MV_WLOAD
-#define MV_WLOAD 0
-#endif
-// 16-byte weight loads. MV_WLOAD 0: ld.global.nc; 1: ...L1::no_allocate (weights stream
-// past L1, leaving it to the activations); 2: ld.global.cs (evict-first).
-MEMRA_DEVICE uint4 ld16(const uint8_t* p) {
-#if MV_WLOAD == 1
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-#elif MV_WLOAD == 2
-    return __ldcs(reinterpret_cast<const uint4*>(p));
-#else
-    return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-}
-MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-MEMRA_DEVICE uint32_t ld4(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
-MEMRA_DEVICE uint16_t ld2(const uint8_t* p) { return __ldg(reinterpret_cast<const uint16_t*>(p)); }
-MEMRA_DEVICE uint32_t ld4u16(const uint8_t* p) {   // 4 bytes at a 2-byte aligned address
-    return (uint32_t)ld2(p) | ((uint32_t)ld2(p + 2) << 16);
-}
-MEMRA_DEVICE uint32_t word(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-MEMRA_DEVICE int lo4(uint32_t v) { return (int)(v & 0x0F0F0F0Fu); }
-MEMRA_DEVICE int hi4(uint32_t v) { return (int)((v >> 4) & 0x0F0F0F0Fu); }
-// four bits -> bit 4 of each byte (the 5th bit of Q5 quants)
-MEMRA_DEVICE uint32_t spread4(uint32_t h) {
-    return (((h & 1u)) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21)) << 4;
-}
-// per-byte v - k (bytes of v below 128, k below 128): no borrow crosses bytes
-MEMRA_DEVICE int subb(uint32_t v, uint32_t k) { return (int)(((v | 0x80808080u) - k) ^ 0x80808080u); }
-// int dot of 16 weights (4 words) with 16 activations
-MEMRA_DEVICE int dot16(int a0, int a1, int a2, int a3, const int4& x, int acc) {
-    acc = dp4a(a0, x.x, acc);
-    acc = dp4a(a1, x.y, acc);
-    acc = dp4a(a2, x.z, acc);
-    return dp4a(a3, x.w, acc);
-}
-// 16 signed int8 in a uint4 -> floats
-MEMRA_DEVICE void i8x16(const int* q, float* w, float scale, float mn) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[4 * i + j] = scale * (float)(int8_t)(q[i] >> (8 * j)) + mn;
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// Q4_0 (2): block 32 = d(f16) | qs[16]; w = (q - 8) d. Unit = 2 blocks.
-struct TQ4_0 {
-    static constexpr int BLK = 32, BULK = 16, META = 2;
-    struct U { uint4 q[2]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        w.d = ld4(meta + 4 * u);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& v = w.q[k];
-            int acc = dot16(lo4(v.x), lo4(v.y), lo4(v.z), lo4(v.w), x[2 * k], 0);
-            acc = dot16(hi4(v.x), hi4(v.y), hi4(v.z), hi4(v.w), x[2 * k + 1], acc);
-            acc -= 8 * s[2 * k].s;
-            r += f16_to_f32((uint16_t)(w.d >> (16 * k))) * s[2 * k].d * (float)acc;
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const uint4& v = w.q[g >> 1];
-        const float d = f16_to_f32((uint16_t)(w.d >> (16 * (g >> 1))));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (g & 1) ? hi4(word(v, i)) : lo4(word(v, i));
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((int)((b >> (8 * j)) & 0xFF) - 8);
-        }
-    }
-};
-
-// Q4_1 (3): d, m (f16) | qs[16]; w = q d + m.
-struct TQ4_1 {
-    static constexpr int BLK = 32, BULK = 16, META = 4;
-    struct U { uint4 q[2]; uint4 dm; };   // dm: d0 m0 d1 m1 as two words
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        w.dm.x = ld4(meta + 8 * u); w.dm.y = ld4(meta + 8 * u + 4);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& v = w.q[k];
-            int acc = dot16(lo4(v.x), lo4(v.y), lo4(v.z), lo4(v.w), x[2 * k], 0);
-            acc = dot16(hi4(v.x), hi4(v.y), hi4(v.z), hi4(v.w), x[2 * k + 1], acc);
-            const uint32_t dm = k ? w.dm.y : w.dm.x;
-            r += s[2 * k].d * (f16_to_f32((uint16_t)dm) * (float)acc
-                               + f16_to_f32((uint16_t)(dm >> 16)) * (float)s[2 * k].s);
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const uint4& v = w.q[g >> 1];
-        const uint32_t dm = (g >> 1) ? w.dm.y : w.dm.x;
-        const float d = f16_to_f32((uint16_t)dm), m = f16_to_f32((uint16_t)(dm >> 16));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (g & 1) ? hi4(word(v, i)) : lo4(word(v, i));
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((b >> (8 * j)) & 0xFF) + m;
-        }
-    }
-};
-
-// Q5_0 (6): d | qh[4] | qs[16]; q = nibble | bit << 4 (bit e of qh for element e); w = (q - 16) d.
-// Meta (d, qh) is 6 bytes: 2-byte aligned loads.
-struct TQ5_0 {
-    static constexpr int BLK = 32, BULK = 16, META = 6;
-    struct U { uint4 q[2]; uint32_t h[2]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        const uint8_t* m = meta + 12 * u;
-        w.d = (uint32_t)ld2(m) | ((uint32_t)ld2(m + 6) << 16);
-        w.h[0] = ld4u16(m + 2); w.h[1] = ld4u16(m + 8);
-    }
-    static MEMRA_DEVICE int q5(uint32_t v, uint32_t h, int i, int hi) {
-        return (hi ? hi4(v) : lo4(v)) | (int)spread4(h >> (16 * hi + 4 * i));
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& v = w.q[k];
-            const uint32_t h = w.h[k];
-            int acc = dot16(q5(v.x, h, 0, 0), q5(v.y, h, 1, 0), q5(v.z, h, 2, 0), q5(v.w, h, 3, 0), x[2 * k], 0);
-            acc = dot16(q5(v.x, h, 0, 1), q5(v.y, h, 1, 1), q5(v.z, h, 2, 1), q5(v.w, h, 3, 1), x[2 * k + 1], acc);
-            acc -= 16 * s[2 * k].s;
-            r += f16_to_f32((uint16_t)(w.d >> (16 * k))) * s[2 * k].d * (float)acc;
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const int k = g >> 1;
-        const float d = f16_to_f32((uint16_t)(w.d >> (16 * k)));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (uint32_t)q5(word(w.q[k], i), w.h[k], i, g & 1);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((int)((b >> (8 * j)) & 0xFF) - 16);
-        }
-    }
-};
-
-// Q5_1 (7): d, m | qh[4] | qs[16]; w = q d + m. Meta 8 bytes.
-struct TQ5_1 {
-    static constexpr int BLK = 32, BULK = 16, META = 8;
-    struct U { uint4 q[2]; uint4 mh; };   // d0m0, qh0, d1m1, qh1
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        w.mh = ld16(meta + 16 * u);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& v = w.q[k];
-            const uint32_t h = k ? w.mh.w : w.mh.y;
-            const uint32_t dm = k ? w.mh.z : w.mh.x;
-            int acc = dot16(TQ5_0::q5(v.x, h, 0, 0), TQ5_0::q5(v.y, h, 1, 0), TQ5_0::q5(v.z, h, 2, 0),
-                            TQ5_0::q5(v.w, h, 3, 0), x[2 * k], 0);
-            acc = dot16(TQ5_0::q5(v.x, h, 0, 1), TQ5_0::q5(v.y, h, 1, 1), TQ5_0::q5(v.z, h, 2, 1),
-                        TQ5_0::q5(v.w, h, 3, 1), x[2 * k + 1], acc);
-            r += s[2 * k].d * (f16_to_f32((uint16_t)dm) * (float)acc
-                               + f16_to_f32((uint16_t)(dm >> 16)) * (float)s[2 * k].s);
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const int k = g >> 1;
-        const uint32_t h = k ? w.mh.w : w.mh.y;
-        const uint32_t dm = k ? w.mh.z : w.mh.x;
-        const float d = f16_to_f32((uint16_t)dm), m = f16_to_f32((uint16_t)(dm >> 16));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (uint32_t)TQ5_0::q5(word(w.q[k], i), h, i, g & 1);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((b >> (8 * j)) & 0xFF) + m;
-        }
-    }
-};
-
-// Q8_0 (8): d | qs[32] int8; w = q d.
-struct TQ8_0 {
-    static constexpr int BLK = 32, BULK = 32, META = 2;
-    struct U { uint4 q[4]; uint32_t d; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) w.q[i] = ld16(bulk + 64 * u + 16 * i);
-        w.d = ld4(meta + 4 * u);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& a = w.q[2 * k];
-            const uint4& b = w.q[2 * k + 1];
-            int acc = dot16((int)a.x, (int)a.y, (int)a.z, (int)a.w, x[2 * k], 0);
-            acc = dot16((int)b.x, (int)b.y, (int)b.z, (int)b.w, x[2 * k + 1], acc);
-            r += f16_to_f32((uint16_t)(w.d >> (16 * k))) * s[2 * k].d * (float)acc;
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const float d = f16_to_f32((uint16_t)(w.d >> (16 * (g >> 1))));
-        const uint4& v = w.q[g];
-        int q[4] = {(int)v.x, (int)v.y, (int)v.z, (int)v.w};
-        i8x16(q, o, d, 0.f);
-    }
-};
-
-// byte k of a 16-byte register value (run-time k; selects, no local memory)
-MEMRA_DEVICE uint32_t byte_of(const uint4& v, int k) { return (word(v, k >> 2) >> (8 * (k & 3))) & 0xFFu; }
-
-// K-quant 6-bit scale/min pair j of a Q4_K/Q5_K block (scales[12] at byte 4 of the meta)
-MEMRA_DEVICE void scale_min_k4(const uint4& meta, int j, int& sc, int& mn) {
-    if (j < 4) {
-        sc = byte_of(meta, 4 + j) & 63;
-        mn = byte_of(meta, 8 + j) & 63;
-    } else {
-        const uint32_t a = byte_of(meta, 8 + j), lo = byte_of(meta, j), hi = byte_of(meta, 4 + j);
-        sc = (a & 0xF) | ((lo >> 6) << 4);
-        mn = (a >> 4) | ((hi >> 6) << 4);
-    }
-}
-
-// Q4_K (12): block 256 = d, dmin (f16) | scales[12] | qs[128]. Sub-block i (32) has a 6-bit
-// scale sc and min m: w = d sc q - dmin m. qs[32j..32j+31]: low nibbles = sub-block 2j,
-// high = 2j+1. Unit u = block u/4, j = u%4: 32 bytes of qs, 64 contiguous elements.
-struct TQ4_K {
-    static constexpr int BLK = 256, BULK = 128, META = 16;
-    struct U { uint4 q[2]; uint4 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        w.m = ld16(meta + 16 * (u >> 2));
-        w.j = u & 3;
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        const uint4& a = w.q[0];
-        const uint4& b = w.q[1];
-        int accA = dot16(lo4(a.x), lo4(a.y), lo4(a.z), lo4(a.w), x[0], 0);
-        accA = dot16(lo4(b.x), lo4(b.y), lo4(b.z), lo4(b.w), x[1], accA);
-        int accB = dot16(hi4(a.x), hi4(a.y), hi4(a.z), hi4(a.w), x[2], 0);
-        accB = dot16(hi4(b.x), hi4(b.y), hi4(b.z), hi4(b.w), x[3], accB);
-        int sc0, m0, sc1, m1;
-        scale_min_k4(w.m, 2 * w.j, sc0, m0);
-        scale_min_k4(w.m, 2 * w.j + 1, sc1, m1);
-        const float d = f16_to_f32((uint16_t)w.m.x), dmin = f16_to_f32((uint16_t)(w.m.x >> 16));
-        return s[0].d * (d * (float)(sc0 * accA) - dmin * (float)(m0 * s[0].s))
-             + s[2].d * (d * (float)(sc1 * accB) - dmin * (float)(m1 * s[2].s));
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        int sc, mn;
-        scale_min_k4(w.m, 2 * w.j + (g >> 1), sc, mn);
-        const float d = f16_to_f32((uint16_t)w.m.x) * (float)sc;
-        const float m = f16_to_f32((uint16_t)(w.m.x >> 16)) * (float)mn;
-        const uint4& v = w.q[g & 1];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (g >> 1) ? hi4(word(v, i)) : lo4(word(v, i));
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((b >> (8 * j)) & 0xFF) - m;
-        }
-    }
-};
-
-// Q5_K (13): d, dmin | scales[12] | qh[32] | qs[128]; bulk = qh + qs (160). qh[l] bit 2j /
-// 2j+1 is the 5th bit of element l of sub-block 2j / 2j+1. w = d sc q - dmin m.
-struct TQ5_K {
-    static constexpr int BLK = 256, BULK = 160, META = 16;
-    struct U { uint4 q[2]; uint4 h[2]; uint4 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        const uint8_t* blk = bulk + 160 * (u >> 2);
-        w.j = u & 3;
-        w.q[0] = ld16(blk + 32 + 32 * w.j); w.q[1] = ld16(blk + 48 + 32 * w.j);
-        w.h[0] = ld16(blk); w.h[1] = ld16(blk + 16);
-        w.m = ld16(meta + 16 * (u >> 2));
-    }
-    static MEMRA_DEVICE int q5(const U& w, int i, int hi) {   // word i (0..7) of the unit
-        const uint32_t v = word(w.q[i >> 2], i & 3), h = word(w.h[i >> 2], i & 3);
-        return (hi ? hi4(v) : lo4(v)) | (int)(((h >> (2 * w.j + hi)) & 0x01010101u) << 4);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        int accA = dot16(q5(w, 0, 0), q5(w, 1, 0), q5(w, 2, 0), q5(w, 3, 0), x[0], 0);
-        accA = dot16(q5(w, 4, 0), q5(w, 5, 0), q5(w, 6, 0), q5(w, 7, 0), x[1], accA);
-        int accB = dot16(q5(w, 0, 1), q5(w, 1, 1), q5(w, 2, 1), q5(w, 3, 1), x[2], 0);
-        accB = dot16(q5(w, 4, 1), q5(w, 5, 1), q5(w, 6, 1), q5(w, 7, 1), x[3], accB);
-        int sc0, m0, sc1, m1;
-        scale_min_k4(w.m, 2 * w.j, sc0, m0);
-        scale_min_k4(w.m, 2 * w.j + 1, sc1, m1);
-        const float d = f16_to_f32((uint16_t)w.m.x), dmin = f16_to_f32((uint16_t)(w.m.x >> 16));
-        return s[0].d * (d * (float)(sc0 * accA) - dmin * (float)(m0 * s[0].s))
-             + s[2].d * (d * (float)(sc1 * accB) - dmin * (float)(m1 * s[2].s));
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        int sc, mn;
-        scale_min_k4(w.m, 2 * w.j + (g >> 1), sc, mn);
-        const float d = f16_to_f32((uint16_t)w.m.x) * (float)sc;
-        const float m = f16_to_f32((uint16_t)(w.m.x >> 16)) * (float)mn;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            uint32_t b = (uint32_t)q5(w, 4 * (g & 1) + i, g >> 1);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o[4 * i + j] = d * (float)((b >> (8 * j)) & 0xFF) - m;
-        }
-    }
-};
-
-// Q6_K (14): ql[128] | qh[64] | scales[16] (int8) | d; bulk = ql + qh (192), meta = scales +
-// d (18 bytes, 2-byte aligned). Element 128n + 32g + l (n half, g quarter, l < 32):
-// low 4 bits from ql[64n + l + 32(g&1)] (low nibble for g < 2, high for g >= 2), top 2 bits
-// from qh[32n + l] bits 2g..2g+1; w = d scales[8n + l/16 + 2g] (q - 32).
-// Unit u: block u/4, j = u%4 -> n = j/2, l in [16(j%2), 16(j%2) + 16): 48 bulk bytes,
-// groups g = the four quarters (elements 128n + 32g + l0 + [0, 16)).
-struct TQ6_K {
-    static constexpr int BLK = 256, BULK = 192, META = 18;
-    struct U { uint4 a, b, h; int sc; float d; };
-    static MEMRA_DEVICE int goff(int u, int g, int) {
-        const int j = u & 3;
-        return 256 * (u >> 2) + 128 * (j >> 1) + 32 * g + 16 * (j & 1);
-    }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        const int j = u & 3, n = j >> 1, l0 = 16 * (j & 1);
-        const uint8_t* blk = bulk + 192 * (u >> 2);
-        w.a = ld16(blk + 64 * n + l0);
-        w.b = ld16(blk + 64 * n + 32 + l0);
-        w.h = ld16(blk + 128 + 32 * n + l0);
-        // scales[8n + (j&1) + 2g], g = 0..3: bytes (j&1) of the four 2-byte words from base
-        const uint8_t* base = meta + 18 * (u >> 2) + 8 * n;
-        const int sh = 8 * (j & 1);
-        w.sc = (int)(((ld2(base) >> sh) & 0xFFu) | (((ld2(base + 2) >> sh) & 0xFFu) << 8) |
-                     (((ld2(base + 4) >> sh) & 0xFFu) << 16) | (((ld2(base + 6) >> sh) & 0xFFu) << 24));
-        w.d = f16_to_f32(ld2(meta + 18 * (u >> 2) + 16));
-    }
-    static MEMRA_DEVICE int q6(const U& w, int g, int i) {
-        const uint32_t lq = word((g & 1) ? w.b : w.a, i);
-        const uint32_t h = word(w.h, i);
-        const uint32_t lo = (g >> 1) ? ((lq >> 4) & 0x0F0F0F0Fu) : (lq & 0x0F0F0F0Fu);
-        const uint32_t hb = ((h >> (2 * g)) & 0x03030303u) << 4;
-        return subb(lo | hb, 0x20202020u);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            const int acc = dot16(q6(w, g, 0), q6(w, g, 1), q6(w, g, 2), q6(w, g, 3), x[g], 0);
-            r += s[g].d * (float)((int)(int8_t)(w.sc >> (8 * g)) * acc);
-        }
-        return w.d * r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        int q[4] = {q6(w, g, 0), q6(w, g, 1), q6(w, g, 2), q6(w, g, 3)};
-        i8x16(q, o, w.d * (float)(int8_t)(w.sc >> (8 * g)), 0.f);
-    }
-};
-
-// IQ4_XS (23): d | scales_h (u16) | scales_l[4] | qs[128]; sub-block ib (32): 6-bit scale
-// ls = scales_l nibble ib | (scales_h bits 2ib..2ib+1) << 4, dl = d (ls - 32);
-// w = dl kvalues[nibble], qs[16ib..16ib+15] low nibbles = elements 0..15, high = 16..31.
-struct TIQ4_XS {
-    static constexpr int BLK = 256, BULK = 128, META = 8;
-    struct U { uint4 q[2]; uint2 m; int j; };
-    static MEMRA_DEVICE int goff(int u, int g, int) { return 64 * u + 16 * g; }
-    static MEMRA_DEVICE void load(U& w, const uint8_t* bulk, const uint8_t* meta, int u, int) {
-        w.q[0] = ld16(bulk + 32 * u); w.q[1] = ld16(bulk + 32 * u + 16);
-        w.m = __ldg(reinterpret_cast<const uint2*>(meta + 8 * (u >> 2)));
-        w.j = u & 3;
-    }
-    // four nibbles (one per byte, low 4 bits) -> four table values (signed bytes); the table
-    // {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113} sits in t0..t3 by bytes.
-    static MEMRA_DEVICE int lut(uint32_t v) {
-        const uint32_t t0 = 0xBFAD9881u, t1 = 0xF6EADDCFu, t2 = 0x26190D01u, t3 = 0x71594535u;
-        const uint32_t x = v & 0x07070707u;
-        const uint32_t t = x | (x >> 4);
-        const uint32_t sel = (t & 0xFFu) | ((t >> 8) & 0xFF00u);
-        const uint32_t lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
-        const uint32_t m = ((v & 0x08080808u) >> 3) * 0xFFu;
-        return (int)((hi & m) | (lo & ~m));
-    }
-    static MEMRA_DEVICE float dl(const U& w, int ib) {
-        const uint32_t sl = (w.m.y >> (4 * ib)) & 0xFu;            // scales_l byte ib/2, nibble ib%2
-        const uint32_t sh = ((w.m.x >> 16) >> (2 * ib)) & 3u;      // scales_h
-        return f16_to_f32((uint16_t)w.m.x) * (float)((int)(sl | (sh << 4)) - 32);
-    }
-    static MEMRA_DEVICE float dot_q8(const U& w, const int4* x, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint4& v = w.q[k];
-            int acc = dot16(lut(v.x), lut(v.y), lut(v.z), lut(v.w), x[2 * k], 0);
-            acc = dot16(lut(v.x >> 4), lut(v.y >> 4), lut(v.z >> 4), lut(v.w >> 4), x[2 * k + 1], acc);
-            r += dl(w, 2 * w.j + k) * s[2 * k].d * (float)acc;
-        }
-        return r;
-    }
-    static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
-        const uint4& v = w.q[g >> 1];
-        const int sh = 4 * (g & 1);
-        int q[4] = {lut(v.x >> sh), lut(v.y >> sh), lut(v.z >> sh), lut(v.w >> sh)};
-        i8x16(q, o, dl(w, 2 * w.j + (g >> 1)), 0.f);
-    }
-};
+// The quantized types (TQ4_0 ... TIQ4_XS) and their helpers live in qtypes.cuh.
 
 // F32 (0), F16 (1), BF16 (30): plain row-major rows; float family only. Units are
 // interleaved across the warp by groups so that one 16-byte load instruction of the warp
@@ -636,10 +235,10 @@ MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const floa
             float v = acc[r][b];
             if (GLU) {
                 const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
-                v = (act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte)) * up;
+                v = __fmul_rn(act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte), up);
             }
             const size_t o = (size_t)b * N + row;
-            if (res) v += res[o];
+            if (res) v = __fadd_rn(v, res[o]);
             y[o] = v;
         }
     }
@@ -750,7 +349,11 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                     sv[g].d = __int_as_float(t.x); sv[g].s = t.y;
                 }
 #pragma unroll
-                for (int r = 0; r < NR; ++r) acc[r][b] += T::dot_q8(w[r], xv, sv);
+                for (int r = 0; r < NR; ++r) {
+                    int ints[T::NI];
+                    T::idots(w[r], xv, ints);
+                    acc[r][b] = T::accum(acc[r][b], w[r], ints, sv);
+                }
             }
         }
         }
