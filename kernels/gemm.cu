@@ -1,0 +1,573 @@
+// gemm.cu — quantized matrix products on the tensor cores (mma.sync int8) for many rows,
+// bit-identical to matvec.cu's mv_q8 / mv_q8_glu.
+//
+// Computes y[b, n] = sum_k W[n, k] * x[b, k] for b < nb (any nb >= 1: decode batches, prefill
+// chunks), W in one quantized GGUF type (MV_TYPE: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K, IQ4_XS) in the planes layout of matvec.cu, x as q8 activations (q8.cuh: int8 xq and
+// one Q8Scale {d, s} per 32). Same arguments and epilogues as mv_q8: gemm_q8_glu reads 2N
+// weight rows [gate; up] and writes act(gate) * up (act 1 SiLU, 2 GELU-tanh); res (nullable,
+// may alias y) is added last. Each weight byte is read once per block column (ceil(nb / BN)
+// times per launch, from L2 after the first), not once per 8 rows.
+//
+// What is computed, exactly (the exactness argument). mv_q8 (MV_KSPLIT 1) gives output (n, b)
+// as: lane slot l in 0..31 folds its units u = l, l+32, l+64, ... (64 weights each, qtypes.cuh)
+// in increasing u into P_l = T::accum(...T::accum(0, u=l)..., u=l+32...); then the xor
+// butterfly of warp_sum: level 1 sums P_l + P_(l+16), level 2 adds the pairs 8 apart, then 4,
+// 2, 1; then finish(): __fmul_rn(act(gate), up), then __fadd_rn(v, res). This kernel performs
+// the same float operations on the same operands:
+//  - a unit's integer dot products (per 32-element activation block; per 16-element group for
+//    Q6_K, whose groups carry their own scale) come from mma.sync m16n8k32 (m16n8k16 for Q6_K)
+//    s8 x s8 -> s32 with a zero accumulator: integer sums are exact in any order, so they equal
+//    idots' dp4a sums bit for bit (|sum| <= 32 * 127 * 127, no overflow);
+//  - T::accum, the very function mv_q8 calls, folds each unit into the slot partial; every
+//    float operation in it is an explicit-rounding intrinsic, so no contraction differs;
+//  - the slots are walked in bit-reversed order (slot l = brev5(i), i = 0..31), each slot's
+//    units in increasing u, and a finished slot is merged into a 5-level stack exactly like a
+//    binary counter: after slot i, the partials of the t = trailing-ones(i) pending left
+//    siblings are added (L_k + v, k = 0..t-1) and the result is parked at level t. Slot
+//    brev5(i) and brev5(i ^ 1) differ in bit 4 (the butterfly's offset 16), i's bit k is the
+//    offset 16 >> k, so every add is a butterfly add with the same two operands (float
+//    addition is commutative: operand order does not matter, and the tree is the same);
+//  - the epilogue is finish()'s, with the same common.cuh activation functions.
+// Nothing depends on nb, the tile sizes, the grid or the chunk of rows a caller passes, so a
+// row's bits are the same in every launch and equal to mv_q8's at any MV_B.
+//
+// Tiles. A block owns BM = GM_WM * GM_TM * 16 weight rows (for _glu: BM/2 output rows, gate
+// and up rows both) and BN = GM_WN * GM_TN * 8 batch columns; its GM_WM x GM_WN warps own
+// GM_TM m16 tiles x GM_TN n8 tiles each (for _glu, m tiles [0, TM/2) are gate rows and
+// [TM/2, TM) the up rows of the same outputs, so one thread holds both). A thread holds, per
+// output it owns (TM * TN * 4 of them, mma C layout: rows gid, gid + 8, columns 2 tig, +1),
+// the current slot partial P and the 5 pending stack levels in registers.
+// The K loop runs one unit (64 elements) per step, in slot order; each step's weight bulk
+// bytes (BM rows x WB bytes), meta bytes (BM x MW), activations (BN x 64 bytes) and
+// activation scales (BN x 2 or 4 Q8Scale) are staged in shared memory by cp.async, GM_STAGES
+// deep. Weights go into A fragments with ldmatrix (.x4: rows gid / gid + 8, word tig of two
+// 16-byte chunks) and are unpacked in registers (nibbles, Q5 high bits, Q6_K, IQ4_XS table):
+// the k order inside a 32-block is free as long as A and B agree, and the natural order
+// makes every type's raw bytes fragment-ready. Activations go into B fragments with ldmatrix.
+//
+// Tunables (-D): MV_TYPE (ggml type id, required), GM_WM warps along rows (2), GM_WN warps
+// along the batch (4), GM_TM m16 tiles per warp (2; even for _glu), GM_TN n8 tiles per warp
+// (2), GM_STAGES cp.async pipeline depth (4; >= 2), MEMRA_CANARY=1 drops unit 1 of every row
+// (as mv_q8's canary: a deliberately wrong variant that a check must catch).
+// Launch: grid = (ceil(N / OBM), ceil(nb / BN)) with OBM = BM (gemm_q8) or BM / 2
+// (gemm_q8_glu), block = 32 * GM_WM * GM_WN, dynamic shared memory GM_STAGES * STAGE bytes,
+// STAGE = BM * WBS + BN * 80 + BN * SSB + BM * MWS with, per type (WBS, SSB, MWS):
+// Q4_0 (48, 16, 4), Q4_1 (48, 16, 8), Q5_0 (48, 16, 12), Q5_1 (48, 16, 16), Q8_0 (80, 16, 4),
+// Q4_K (48, 16, 16), Q5_K (80, 16, 16), Q6_K (48, 32, 20), IQ4_XS (48, 16, 8) (above 48 KiB
+// the launcher raises the kernel's limit). K a multiple of 64 and of the type's block; the
+// planes and xq / xs 16-byte aligned (memra's upload_weight does this).
+//
+// History:
+//  1. first version: bit-reversed slot walk with a register stack of pending butterfly
+//     levels, m16n8k32 (Q6_K m16n8k16) on unpacked ldmatrix fragments, cp.async stages.
+#include "common.cuh"
+#include "q8.cuh"
+#include "qtypes.cuh"
+
+#ifndef MV_TYPE
+#error "MV_TYPE (ggml type id) must be defined"
+#endif
+#ifndef GM_WM
+#define GM_WM 2
+#endif
+#ifndef GM_WN
+#define GM_WN 4
+#endif
+#ifndef GM_TM
+#define GM_TM 2
+#endif
+#ifndef GM_TN
+#define GM_TN 2
+#endif
+#ifndef GM_STAGES
+#define GM_STAGES 4
+#endif
+#ifndef MEMRA_CANARY
+#define MEMRA_CANARY 0
+#endif
+#if GM_STAGES < 2
+#error "GM_STAGES must be >= 2"
+#endif
+
+#if MV_TYPE == 2
+typedef TQ4_0 T;
+#elif MV_TYPE == 3
+typedef TQ4_1 T;
+#elif MV_TYPE == 6
+typedef TQ5_0 T;
+#elif MV_TYPE == 7
+typedef TQ5_1 T;
+#elif MV_TYPE == 8
+typedef TQ8_0 T;
+#elif MV_TYPE == 12
+typedef TQ4_K T;
+#elif MV_TYPE == 13
+typedef TQ5_K T;
+#elif MV_TYPE == 14
+typedef TQ6_K T;
+#elif MV_TYPE == 23
+typedef TIQ4_XS T;
+#else
+#error "gemm.cu: unsupported MV_TYPE (quantized types only)"
+#endif
+
+constexpr int NTHR = 32 * GM_WM * GM_WN;
+constexpr int BM = GM_WM * GM_TM * 16;
+constexpr int BN = GM_WN * GM_TN * 8;
+
+// ---------------------------------------------------------------------------------
+// PTX wrappers
+MEMRA_DEVICE uint32_t smem_u32(const void* p) {
+    uint32_t a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+MEMRA_DEVICE void cp16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+template <int N>
+MEMRA_DEVICE void cpn(uint32_t dst, const void* src) {   // N = 4, 8, 16 bytes
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(dst), "l"(src), "n"(N) : "memory");
+}
+// 4-byte copy reading only `n` (<= 4) source bytes, the rest zero-filled
+MEMRA_DEVICE void cp4n(uint32_t dst, const void* src, int n) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
+MEMRA_DEVICE void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+MEMRA_DEVICE void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+MEMRA_DEVICE void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+MEMRA_DEVICE void ldsm2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// D = A (16x32, row) . B (32x8, col), s8 inputs, s32 result (zero accumulator).
+// A regs: {row gid k 4tig.., row gid+8 k 4tig.., row gid k 16+4tig.., row gid+8 k 16+4tig..};
+// B regs: {k 4tig.., k 16+4tig..} of column gid; D: {(gid, 2tig), (gid, 2tig+1), (gid+8, 2tig),
+// (gid+8, 2tig+1)}.
+MEMRA_DEVICE void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int z = 0;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
+}
+// m16n8k16: A regs {row gid k 4tig.., row gid+8 k 4tig..}, B reg {k 4tig..}; D as above.
+MEMRA_DEVICE void mma_k16(int (&d)[4], const uint32_t (&a)[2], uint32_t b0) {
+    const int z = 0;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                 "{%4, %5}, {%6}, {%7, %7, %7, %7};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b0), "r"(z));
+}
+
+// The meta fields read from shared memory (qtypes.cuh's load_meta through this loader).
+struct SLd {
+    static MEMRA_DEVICE uint4 l16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+    static MEMRA_DEVICE uint2 l8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+    static MEMRA_DEVICE uint32_t l4(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+    static MEMRA_DEVICE uint32_t l2(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+};
+
+// ---------------------------------------------------------------------------------
+// Per-type staging and fragment unpacking. For unit u of a row:
+//  NCH 16-byte bulk chunks at byte chunk(u, c) of the row's bulk (staged as WB = 16 NCH
+//  bytes; WBS = padded smem stride, an odd multiple of 16 so ldmatrix rows hit distinct
+//  banks), a meta window of MW bytes at the 4-byte aligned start of moff(u) (copied in MCP
+//  byte pieces; MWS smem stride), SB activation scale blocks per column.
+//  NK mma k-chunks (2 of 32, or Q6_K 4 of 16) per unit; afrag builds chunk k's A registers
+//  for rows gid (rh = 0) and gid + 8 (rh = 1) from q[c][rh] (ldmatrix: word tig of chunk c)
+//  and the rows' meta w[rh]; B registers of chunk k are words tig of activation chunks
+//  BX0(k) (and BX0(k) + 1 for k32) of column gid.
+template <class TT> struct G;
+
+template <> struct G<TQ4_0> {
+    static constexpr int NCH = 2, WBS = 48, MW = 4, MCP = 4, MWS = 4, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    // block k = chunk k: low nibbles = elements 0..15, high = 16..31
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_0::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = lo4(q[k][0]); a[k][1] = lo4(q[k][1]);
+            a[k][2] = hi4(q[k][0]); a[k][3] = hi4(q[k][1]);
+        }
+    }
+};
+template <> struct G<TQ4_1> {
+    static constexpr int NCH = 2, WBS = 48, MW = 8, MCP = 8, MWS = 8, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_1::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = lo4(q[k][0]); a[k][1] = lo4(q[k][1]);
+            a[k][2] = hi4(q[k][0]); a[k][3] = hi4(q[k][1]);
+        }
+    }
+};
+template <> struct G<TQ5_0> {
+    static constexpr int NCH = 2, WBS = 48, MW = 12, MCP = 4, MWS = 12, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_0::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = TQ5_0::q5(q[k][0], w[0].h[k], tig, 0); a[k][1] = TQ5_0::q5(q[k][1], w[1].h[k], tig, 0);
+            a[k][2] = TQ5_0::q5(q[k][0], w[0].h[k], tig, 1); a[k][3] = TQ5_0::q5(q[k][1], w[1].h[k], tig, 1);
+        }
+    }
+};
+template <> struct G<TQ5_1> {
+    static constexpr int NCH = 2, WBS = 48, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_1::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const uint32_t h0 = k ? w[0].mh.w : w[0].mh.y, h1 = k ? w[1].mh.w : w[1].mh.y;
+            a[k][0] = TQ5_0::q5(q[k][0], h0, tig, 0); a[k][1] = TQ5_0::q5(q[k][1], h1, tig, 0);
+            a[k][2] = TQ5_0::q5(q[k][0], h0, tig, 1); a[k][3] = TQ5_0::q5(q[k][1], h1, tig, 1);
+        }
+    }
+};
+template <> struct G<TQ8_0> {
+    static constexpr int NCH = 4, WBS = 80, MW = 4, MCP = 4, MWS = 4, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 64 * u + 16 * c; }
+    // block k = chunks 2k (elements 0..15) and 2k+1 (16..31)
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ8_0::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = q[2 * k][0]; a[k][1] = q[2 * k][1];
+            a[k][2] = q[2 * k + 1][0]; a[k][3] = q[2 * k + 1][1];
+        }
+    }
+};
+template <> struct G<TQ4_K> {
+    static constexpr int NCH = 2, WBS = 48, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    // sub-block 2j (k = 0): low nibbles of the unit's 32 bytes; 2j+1 (k = 1): high nibbles
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_K::U (&)[2], int, uint32_t (&a)[NK][4]) {
+        a[0][0] = lo4(q[0][0]); a[0][1] = lo4(q[0][1]); a[0][2] = lo4(q[1][0]); a[0][3] = lo4(q[1][1]);
+        a[1][0] = hi4(q[0][0]); a[1][1] = hi4(q[0][1]); a[1][2] = hi4(q[1][0]); a[1][3] = hi4(q[1][1]);
+    }
+};
+template <> struct G<TQ5_K> {
+    // chunks 0, 1: the unit's 32 qs bytes; 2, 3: the block's 32 qh bytes
+    static constexpr int NCH = 4, WBS = 80, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) {
+        return 160 * (u >> 2) + (c < 2 ? 32 + 32 * (u & 3) + 16 * c : 16 * (c - 2));
+    }
+    static MEMRA_DEVICE int q5(uint32_t v, uint32_t h, int sh, int hi) {
+        return (hi ? hi4(v) : lo4(v)) | (int)(((h >> sh) & 0x01010101u) << 4);
+    }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_K::U (&w)[2], int, uint32_t (&a)[NK][4]) {
+        const int j = w[0].j;   // u & 3, the same for every row
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = q5(q[0][0], q[2][0], 2 * j + k, k); a[k][1] = q5(q[0][1], q[2][1], 2 * j + k, k);
+            a[k][2] = q5(q[1][0], q[3][0], 2 * j + k, k); a[k][3] = q5(q[1][1], q[3][1], 2 * j + k, k);
+        }
+    }
+};
+template <> struct G<TQ6_K> {
+    // chunks: 0 = ql low half (a), 1 = ql high half (b), 2 = qh (h); k-chunk = group g (k16)
+    static constexpr int NCH = 3, WBS = 48, MW = 20, MCP = 4, MWS = 20, SB = 4, NK = 4;
+    static MEMRA_DEVICE int chunk(int u, int c) {
+        const int j = u & 3, n = j >> 1, l0 = 16 * (j & 1);
+        return 192 * (u >> 2) + (c == 0 ? 64 * n + l0 : c == 1 ? 64 * n + 32 + l0 : 128 + 32 * n + l0);
+    }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ6_K::U (&)[2], int, uint32_t (&a)[NK][2]) {
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            a[g][0] = TQ6_K::q6w(q[g & 1][0], q[2][0], g);
+            a[g][1] = TQ6_K::q6w(q[g & 1][1], q[2][1], g);
+        }
+    }
+};
+template <> struct G<TIQ4_XS> {
+    static constexpr int NCH = 2, WBS = 48, MW = 8, MCP = 8, MWS = 8, SB = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    // sub-block 2j + k = chunk k: low nibbles = elements 0..15, high = 16..31
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TIQ4_XS::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = TIQ4_XS::lut(q[k][0]); a[k][1] = TIQ4_XS::lut(q[k][1]);
+            a[k][2] = TIQ4_XS::lut(q[k][0] >> 4); a[k][3] = TIQ4_XS::lut(q[k][1] >> 4);
+        }
+    }
+};
+
+typedef G<T> GT;
+constexpr bool K16 = T::NI == 4;                 // Q6_K: one m16n8k16 per 16-element group
+constexpr int AR = K16 ? 2 : 4;                  // A registers per k-chunk
+constexpr int XS = 80;                           // smem stride of a column's 64 activation bytes
+constexpr int SSB = 8 * GT::SB;                  // smem bytes of a column's scales
+constexpr int OFF_X = BM * GT::WBS;
+constexpr int OFF_S = OFF_X + BN * XS;
+constexpr int OFF_M = OFF_S + BN * SSB;
+constexpr int STAGE = (OFF_M + BM * GT::MWS + 15) / 16 * 16;
+static_assert(GT::WBS % 16 == 0 && (GT::WBS / 16) % 2 == 1, "WBS must be an odd multiple of 16");
+static_assert(GT::NCH * 16 <= GT::WBS, "bulk chunks exceed the stride");
+static_assert(OFF_S % 16 == 0 && OFF_M % 16 == 0, "stage regions must be 16-byte aligned");
+static_assert(T::NI == GT::NK, "integer sums per unit");
+
+// chunk k's products: m16n8k16 on group k (Q6_K), else m16n8k32 on activation chunks 2k, 2k+1
+MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[2], const uint32_t (&x)[4], int k) { mma_k16(d, a, x[k]); }
+MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&x)[4], int k) {
+    mma_k32(d, a, x[2 * k], x[2 * k + 1]);
+}
+
+MEMRA_DEVICE int brev5(int i) { return (int)(__brev((unsigned)i) >> 27); }
+
+// Which weight row smem row r of the block holds (clamped: rows past N are loaded and
+// computed, never stored). GLU: warp wm's m tiles [0, TM/2) are gate rows, [TM/2, TM) the
+// up rows (N further down) of the same outputs.
+template <bool GLU>
+MEMRA_DEVICE int weight_row_of(int r, int ob, int N) {
+    if (!GLU) return min(ob + r, N - 1);
+    const int wm = r / (GM_TM * 16), mi = (r / 16) % GM_TM, i = r % 16;
+    const int o = ob + wm * (GM_TM / 2) * 16 + (mi % (GM_TM / 2)) * 16 + i;
+    return min(o, N - 1) + (mi >= GM_TM / 2 ? N : 0);
+}
+
+// Stage the operands of unit u into stage buffer `st` (shared address).
+template <bool GLU>
+MEMRA_DEVICE void produce(uint32_t st, int u, const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                          const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
+                          int N, int K, int nb, int ob, int cb, size_t brs, size_t mrs) {
+    const int tid = threadIdx.x;
+    // weight bulk: BM rows x NCH chunks
+#pragma unroll
+    for (int i0 = 0; i0 < BM * GT::NCH; i0 += NTHR) {
+        const int i = i0 + tid;
+        if (BM * GT::NCH % NTHR == 0 || i < BM * GT::NCH) {
+            const int r = i / GT::NCH, c = i % GT::NCH;
+            const size_t row = (size_t)weight_row_of<GLU>(r, ob, N);
+            cp16(st + r * GT::WBS + 16 * c, bulk + row * brs + GT::chunk(u, c));
+        }
+    }
+    // activations: BN columns x 4 groups of 16 bytes, group g from element goff(u, g)
+#pragma unroll
+    for (int i0 = 0; i0 < BN * 4; i0 += NTHR) {
+        const int i = i0 + tid;
+        if (BN * 4 % NTHR == 0 || i < BN * 4) {
+            const int col = i >> 2, g = i & 3;
+            const size_t b = (size_t)min(cb + col, nb - 1);
+            cp16(st + OFF_X + col * XS + 16 * g, xq + b * K + T::goff(u, g, 0));
+        }
+    }
+    // activation scales: SB blocks from block goff(u, 0) / 32, in 16-byte pieces
+#pragma unroll
+    for (int i0 = 0; i0 < BN * GT::SB / 2; i0 += NTHR) {
+        const int i = i0 + tid;
+        if (BN * GT::SB / 2 % NTHR == 0 || i < BN * GT::SB / 2) {
+            const int col = i / (GT::SB / 2), c = i % (GT::SB / 2);
+            const size_t b = (size_t)min(cb + col, nb - 1);
+            cp16(st + OFF_S + col * SSB + 16 * c, xs + b * (K / 32) + T::goff(u, 0, 0) / 32 + 2 * c);
+        }
+    }
+    // meta window: MW bytes from the aligned start of the unit's meta bytes
+    constexpr int NP = GT::MW / GT::MCP;
+#pragma unroll
+    for (int i0 = 0; i0 < BM * NP; i0 += NTHR) {
+        const int i = i0 + tid;
+        if (BM * NP % NTHR == 0 || i < BM * NP) {
+            const int r = i / NP, c = i % NP;
+            const size_t abs = (size_t)weight_row_of<GLU>(r, ob, N) * mrs + T::moff(u);
+            const size_t start = abs & ~(size_t)(GT::MCP - 1);
+            const uint32_t dst = st + OFF_M + r * GT::MWS + GT::MCP * c;
+            if (K16 && c == NP - 1) {
+                // Q6_K: the 18 meta bytes end 2 bytes into the last word when they start
+                // 4-byte aligned: read only those (never past the plane's end)
+                cp4n(dst, meta + start + 4 * c, (abs & 3) ? 4 : 2);
+            } else {
+                cpn<GT::MCP>(dst, meta + start + GT::MCP * c);
+            }
+        }
+    }
+}
+
+template <bool GLU>
+MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                            const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
+                            float* y, const float* res, int N, int K, int nb, int act) {
+    extern __shared__ __align__(128) uint8_t gm_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wm = warp / GM_WN, wn = warp % GM_WN;
+    constexpr int OBM = GLU ? BM / 2 : BM;
+    const int ob = blockIdx.x * OBM, cb = blockIdx.y * BN;
+    const int nblk = K / T::BLK, nu = K / 64;
+    const size_t brs = (size_t)nblk * T::BULK, mrs = (size_t)nblk * T::META;
+    const uint32_t sbase = smem_u32(gm_smem);
+
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+
+    // per output (m tile, n tile, C element): the current slot partial and the stack
+    // (index o = (mi * GM_TN + ni) * 4 + e)
+    constexpr int NO = GM_TM * GM_TN * 4;
+    float P[NO], L0[NO], L1[NO], L2[NO], L3[NO], L4[NO];
+#pragma unroll
+    for (int o = 0; o < NO; ++o) P[o] = L0[o] = L1[o] = L2[o] = L3[o] = L4[o] = 0.f;
+// MERGE(stmt): for every output o, with v = its finished slot partial: stmt; then P[o] = 0
+#define MERGE(...) _Pragma("unroll") for (int o = 0; o < NO; ++o) { const float v = P[o]; __VA_ARGS__; P[o] = 0.f; }
+
+    // producer: the next unit to stage walks the same slot order (empty slots skipped)
+    int pi = 0, pu = 0, pst = 0, loaded = 0;
+#pragma unroll
+    for (int s = 0; s < GM_STAGES - 1; ++s) {
+        if (loaded < nu) {
+            produce<GLU>(sbase + pst * STAGE, pu, bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
+            ++loaded;
+            pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
+            pu += 32;
+            while (pu >= nu && pi < 32) { ++pi; pu = pi < 32 ? brev5(pi) : 0; }
+        }
+        cp_commit();
+    }
+
+    // ldmatrix row addresses (lanes 8m..8m+7 give matrix m's rows)
+    const int lr = lane & 7, lm = lane >> 3;
+    int cst = 0;
+    for (int i = 0; i < 32; ++i) {
+        for (int u = brev5(i); u < nu; u += 32) {
+            cp_wait<GM_STAGES - 2>();
+            __syncthreads();
+            if (loaded < nu) {
+                produce<GLU>(sbase + pst * STAGE, pu, bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
+                ++loaded;
+                pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
+                pu += 32;
+                while (pu >= nu && pi < 32) { ++pi; pu = pi < 32 ? brev5(pi) : 0; }
+            }
+            cp_commit();
+            const uint32_t st = sbase + cst * STAGE;
+            const uint8_t* stp = gm_smem + cst * STAGE;
+            cst = cst + 1 == GM_STAGES ? 0 : cst + 1;
+            if (MEMRA_CANARY == 1 && u == 1) continue;
+
+            // B fragments and scales of the warp's n tiles
+            uint32_t xb[GM_TN][4];
+            Q8Scale sv[GM_TN][2][4];
+#pragma unroll
+            for (int ni = 0; ni < GM_TN; ++ni) {
+                const int c0 = (wn * GM_TN + ni) * 8;
+                ldsm4(xb[ni], st + OFF_X + (c0 + lr) * XS + 16 * lm);
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const uint8_t* sp = stp + OFF_S + (c0 + 2 * tig + cc) * SSB;
+                    const uint4 e01 = *reinterpret_cast<const uint4*>(sp);
+                    if (K16) {
+                        const uint4 e23 = *reinterpret_cast<const uint4*>(sp + 16);
+                        sv[ni][cc][0].d = __uint_as_float(e01.x); sv[ni][cc][0].s = (int)e01.y;
+                        sv[ni][cc][1].d = __uint_as_float(e01.z); sv[ni][cc][1].s = (int)e01.w;
+                        sv[ni][cc][2].d = __uint_as_float(e23.x); sv[ni][cc][2].s = (int)e23.y;
+                        sv[ni][cc][3].d = __uint_as_float(e23.z); sv[ni][cc][3].s = (int)e23.w;
+                    } else {   // groups 0, 1 in block 0; groups 2, 3 in block 1
+                        sv[ni][cc][0].d = sv[ni][cc][1].d = __uint_as_float(e01.x);
+                        sv[ni][cc][0].s = sv[ni][cc][1].s = (int)e01.y;
+                        sv[ni][cc][2].d = sv[ni][cc][3].d = __uint_as_float(e01.z);
+                        sv[ni][cc][2].s = sv[ni][cc][3].s = (int)e01.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < GM_TM; ++mi) {
+                const int r0 = (wm * GM_TM + mi) * 16;
+                // raw bulk words: q[c][rh] = word tig of chunk c of row r0 + gid + 8 rh
+                uint32_t q[GT::NCH][2];
+#pragma unroll
+                for (int c = 0; c + 1 < GT::NCH; c += 2) {
+                    uint32_t r4[4];
+                    ldsm4(r4, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (c + (lm >> 1)));
+                    q[c][0] = r4[0]; q[c][1] = r4[1]; q[c + 1][0] = r4[2]; q[c + 1][1] = r4[3];
+                }
+                if (GT::NCH % 2) {
+                    uint32_t r2[2];
+                    ldsm2(r2, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (GT::NCH - 1));
+                    q[GT::NCH - 1][0] = r2[0]; q[GT::NCH - 1][1] = r2[1];
+                }
+                typename T::U w[2];
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh) {
+                    const uint8_t* mp = stp + OFF_M + (r0 + gid + 8 * rh) * GT::MWS;
+                    if (K16) {   // Q6_K window: the meta bytes start 0 or 2 bytes in
+                        const size_t abs = (size_t)weight_row_of<GLU>(r0 + gid + 8 * rh, ob, N) * mrs + T::moff(u);
+                        mp += abs & 3;
+                    }
+                    T::template load_meta<SLd>(w[rh], mp, u);
+                }
+                uint32_t a[GT::NK][AR];
+                GT::afrag(q, w, tig, a);
+#pragma unroll
+                for (int ni = 0; ni < GM_TN; ++ni) {
+                    if (cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
+                    int c[GT::NK][4];
+#pragma unroll
+                    for (int k = 0; k < GT::NK; ++k) {
+                        mma_unit(c[k], a[k], xb[ni], k);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int ints[T::NI];
+#pragma unroll
+                        for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
+                        P[(mi * GM_TN + ni) * 4 + e] = T::accum(P[(mi * GM_TN + ni) * 4 + e], w[e >> 1], ints, sv[ni][e & 1]);
+                    }
+                }
+            }
+        }
+        // slot brev5(i) is complete: merge it as the butterfly would (binary counter)
+        switch (__ffs(~i) - 1) {   // trailing ones of i (block-uniform)
+        case 0: MERGE(L0[o] = v); break;
+        case 1: MERGE(L1[o] = __fadd_rn(L0[o], v)); break;
+        case 2: MERGE(L2[o] = __fadd_rn(L1[o], __fadd_rn(L0[o], v))); break;
+        case 3: MERGE(L3[o] = __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v)))); break;
+        case 4: MERGE(L4[o] = __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v))))); break;
+        default:   // i = 31: the root, kept in P
+#pragma unroll
+            for (int o = 0; o < NO; ++o)
+                P[o] = __fadd_rn(L4[o], __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], P[o])))));
+        }
+    }
+    cp_wait<0>();
+
+    // epilogue: finish()'s operations
+    constexpr int TMO = GLU ? GM_TM / 2 : GM_TM;
+#pragma unroll
+    for (int mi = 0; mi < TMO; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < GM_TN; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = ob + (wm * TMO + mi) * 16 + gid + 8 * (e >> 1);
+                const int col = cb + (wn * GM_TN + ni) * 8 + 2 * tig + (e & 1);
+                if (row >= N || col >= nb) continue;
+                const int o = (mi * GM_TN + ni) * 4 + e;
+                float v = P[o];
+                if (GLU) {
+                    const float gte = P[o], up = P[o + TMO * GM_TN * 4];
+                    v = __fmul_rn(act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte), up);
+                }
+                const size_t yo = (size_t)col * N + row;
+                if (res) v = __fadd_rn(v, res[yo]);
+                y[yo] = v;
+            }
+#undef MERGE
+}
+
+extern "C" __global__ void __launch_bounds__(NTHR)
+gemm_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
+        const float* res, int N, int K, int nb, int act) {
+    gemm_body<false>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+}
+extern "C" __global__ void __launch_bounds__(NTHR)
+gemm_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
+            const float* res, int N, int K, int nb, int act) {
+#if GM_TM % 2 == 0
+    gemm_body<true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#endif
+}
