@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 
-from memra.cuda import gpu
-from memra.ops import attention as ATT
-from memra.ops.matvec import Q8_SCALE
+from memra.gpu.cuda import gpu
+from memra.gpu.ops import attention as ATT
+from memra.gpu.q8 import Q8_SCALE
 
 SHAPES = {  # name: (head_dim, n_gqa, n_kv)
     "llama3-8b": (128, 4, 8), "llama-1b": (64, 4, 8), "smollm2": (64, 3, 3), "gemma3": (256, 4, 1)}

@@ -10,9 +10,9 @@ near-tie), or that all tokens are equal.
 import json
 import sys
 
-from memra.aliases import resolve
-from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel, greedy_with_margins
+from memra.model.aliases import resolve
+from memra.model.gguf import open_gguf
+from memra.cpu.reference import ReferenceModel, greedy_with_margins
 
 
 def main():

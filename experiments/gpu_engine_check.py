@@ -25,7 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from memra.aliases import sha256_file  # noqa: E402
+from memra.model.aliases import sha256_file  # noqa: E402
 FIX = ROOT / ".gpucheck"
 N_TOKENS = 64
 PROMPT = "The capital of France is Paris. The capital of Germany is"
@@ -51,18 +51,18 @@ def emit(rec: dict) -> None:
 def _reference_tokens(path: Path, prompt_ids: list[int], n: int, numerics: str = "q8") -> dict:
     """The CPU reference's greedy tokens under the numerics of the engine path they check
     (the default q8 path: numerics="q8")."""
-    from memra.gguf_file import open_gguf
-    from memra.reference import ReferenceModel, greedy_with_margins
+    from memra.model.gguf import open_gguf
+    from memra.cpu.reference import ReferenceModel, greedy_with_margins
 
     _, out, margins = greedy_with_margins(ReferenceModel(open_gguf(path), numerics=numerics), prompt_ids, n)
     return {"tokens": out, "margins": margins, "numerics": numerics}
 
 
 def prepare(args) -> None:
-    from memra.aliases import resolve
-    from memra.gguf_file import open_gguf
-    from memra.synth import synth
-    from memra.tokenizer import Tokenizer
+    from memra.model.aliases import resolve
+    from memra.model.gguf import open_gguf
+    from memra.model.synth import synth
+    from memra.text.tokenizer import Tokenizer
 
     FIX.mkdir(exist_ok=True)
     models = {}
@@ -94,7 +94,7 @@ def prepare(args) -> None:
 # -- run (device) ---------------------------------------------------------------------------
 
 def run_kernel_check(families: str) -> bool:
-    from memra.kernelcheck import run_kernel_check as rkc
+    from memra.tune.kernelcheck import run_kernel_check as rkc
 
     lines = []
     for line in rkc(only=families):
@@ -114,7 +114,7 @@ def _first_divergence(a, b):
 
 
 def check_model(name: str, path: str, fx: dict, bench: bool) -> None:
-    from memra.engine import GPUEngine, argmax_gate
+    from memra.gpu.engine import GPUEngine, argmax_gate
 
     rec = {"kind": "engine", "model": name}
     try:
@@ -185,7 +185,7 @@ def bench_decode(e, ids, n=128, reps=5) -> dict:
 
 
 def _synth(name: str, arch: str | None, shape: str, quant: str, seed: int = 1) -> Path:
-    from memra.synth import synth
+    from memra.model.synth import synth
 
     d = Path(os.environ.get("MEMRA_SYNTH_DIR", "/tmp/memra-synth"))
     d.mkdir(parents=True, exist_ok=True)
@@ -259,7 +259,7 @@ def breakdown(e, reps_per_graph: int = 20) -> list[dict]:
         row = {"file": key[0], "kernel": k.name, "defines": dict(key[1]), "grid": key[3], "count": count,
                "us": round(us, 2), "total_us": round(us * count, 1)}
         if k.name.startswith("mv_"):
-            from memra.ops.matvec import TYPES
+            from memra.gpu.ops.matvec import TYPES
 
             t = int(k.module.defines["MV_TYPE"])
             N, K = key[5][0], key[5][1]
@@ -274,7 +274,7 @@ def breakdown(e, reps_per_graph: int = 20) -> list[dict]:
 def step_bench(args) -> None:
     """tg128 on synthetic models at real shapes (speed does not depend on the weights'
     values), for matvec path x PDL, plus a per-kernel breakdown of one decode step."""
-    from memra.engine import GPUEngine
+    from memra.gpu.engine import GPUEngine
 
     t_start = time.perf_counter()
     configs = [tuple(c.split(":")) for c in args.configs.split(",")]  # path:pdl
@@ -322,7 +322,7 @@ def step_bench(args) -> None:
 
 
 def step_kernels(args) -> None:
-    from memra.cuda import gpu
+    from memra.gpu.cuda import gpu
 
     g = gpu()
     emit({"kind": "device", "name": g.info.name, "arch": g.info.arch, "sms": g.info.sm_count})

@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memra import cuda  # noqa: E402
-from memra.compile import compile_many, source_hash  # noqa: E402
-from memra.ops import matvec as M  # noqa: E402
+from memra.gpu import cuda  # noqa: E402
+from memra.gpu.compile import compile_many, source_hash  # noqa: E402
+from memra.gpu.ops import matvec as M  # noqa: E402
 
 T0 = time.time()
 DEADLINE = float(os.environ.get("DEADLINE_S", "250"))
@@ -199,7 +199,7 @@ def main():
     log("compiled")
 
     # --- kernel-check -------------------------------------------------------------------
-    from memra.kernelcheck import run_kernel_check
+    from memra.tune.kernelcheck import run_kernel_check
 
     kc = list(run_kernel_check(only="matvec"))
     (OUT / "matvec_kernelcheck.txt").write_text("\n".join(kc) + "\n")

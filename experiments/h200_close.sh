@@ -25,7 +25,7 @@ MODELS="$SYN smollm2-135m gemma3-270m"
 synth() {
   nice -n 15 python3 - "$TOK" llama3-8b:Q4_K_M llama3-8b:Q4_0 llama3-8b:Q8_0 llama-1b:Q4_0 >> "$OUT/synth.txt" 2>&1 <<'PY'
 import sys
-from memra.bench import synth_model
+from memra.tune.bench import synth_model
 for spec in sys.argv[2:]:
     print(synth_model(*spec.split(":"), sys.argv[1]), flush=True)
 PY

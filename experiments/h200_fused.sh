@@ -14,7 +14,7 @@ source experiments/h200_common.sh
 TOK=.synthtok/smollm2-tokenizer.gguf
 nice -n 15 python3 - "$TOK" llama-1b:Q4_0 smollm2-135m:Q4_1 gemma3-270m:Q4_K_M llama3-8b:Q4_K_M > "$OUT/synth.txt" 2>&1 <<'PY' &
 import sys
-from memra.bench import synth_model
+from memra.tune.bench import synth_model
 for spec in sys.argv[2:]:
     print(synth_model(*spec.split(":"), sys.argv[1]), flush=True)
 PY

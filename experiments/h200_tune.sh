@@ -60,7 +60,7 @@ MODELS=${MODELS:-synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_
 log "git ${MEMRA_GIT_SHA:-?} · models: $MODELS · synth tokenizer $TOK"
 
 DEV=$(python3 -c "from memra import cuda; print(cuda.gpu().info.name)" 2>> "$STEPS")
-SLUG=$(python3 -c "import sys; from memra.tuning import device_slug; print(device_slug(sys.argv[1]))" "$DEV")
+SLUG=$(python3 -c "import sys; from memra.tune.tables import device_slug; print(device_slug(sys.argv[1]))" "$DEV")
 RECEIPTS=research/tune/h200-$SLUG.jsonl
 TABLE=tune/defaults/$SLUG.json
 log "device: $DEV → receipts $RECEIPTS, table $TABLE"
@@ -69,7 +69,7 @@ log "device: $DEV → receipts $RECEIPTS, table $TABLE"
 # priority, while the campaign runs: the campaign needs only their shapes.
 nice -n 15 python3 - "$TOK" $TWINS llama3-8b:Q4_K_M llama3-8b:Q4_0 llama3-8b:Q8_0 llama-1b:Q4_0 >> "$STEPS" 2>&1 <<'EOF' &
 import sys, time
-from memra.bench import synth_model
+from memra.tune.bench import synth_model
 for spec in sys.argv[2:]:
     t0 = time.time()
     print("synth", spec, synth_model(*spec.split(":"), sys.argv[1]), f"{time.time() - t0:.1f} s", flush=True)

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import peer as P  # noqa: E402
-from memra.aliases import resolve  # noqa: E402
+from memra.model.aliases import resolve  # noqa: E402
 
 PROMPTS = [
     "The capital of France is", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',

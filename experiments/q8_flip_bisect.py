@@ -20,11 +20,11 @@ sys.path.insert(0, str(_P(__file__).resolve().parents[1]))
 import numpy as np
 from pathlib import Path
 from gpu_emulator import FakeGpu
-from memra import engine as E
-from memra.gguf_file import open_gguf
-from memra import reference as R
+from memra.gpu import engine as E
+from memra.model.gguf import open_gguf
+from memra.cpu import reference as R
 ids = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
-from memra.synth import synth
+from memra.model.synth import synth
 p = synth(Path("/tmp/diag-llama.gguf"), "llama", "tiny", "Q4_K_M", 0, str(_P(__file__).resolve().parents[1] / ".synthtok" / "smollm2-tokenizer.gguf"))
 T = len(ids)
 cap = []

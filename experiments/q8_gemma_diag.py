@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memra.engine import GPUEngine  # noqa: E402
-from memra.gguf_file import open_gguf  # noqa: E402
-from memra.reference import ReferenceModel  # noqa: E402
-from memra.synth import synth  # noqa: E402
+from memra.gpu.engine import GPUEngine  # noqa: E402
+from memra.model.gguf import open_gguf  # noqa: E402
+from memra.cpu.reference import ReferenceModel  # noqa: E402
+from memra.model.synth import synth  # noqa: E402
 
 TOK = str(Path(__file__).resolve().parents[1] / ".synthtok" / "smollm2-tokenizer.gguf")
 ids = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memra.aliases import ALIASES, pull  # noqa: E402
+from memra.model.aliases import ALIASES, pull  # noqa: E402
 
 root = Path(__file__).resolve().parents[1]
 chunk = int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 63_000_000

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from memra.bench import synth_model
-from memra.engine import GPUEngine, argmax_gate
+from memra.tune.bench import synth_model
+from memra.gpu.engine import GPUEngine, argmax_gate
 
 CASES = [("llama-1b", "Q4_0"), ("smollm2-135m", "Q4_1"), ("gemma3-270m", "Q4_K_M")]
 TOK = sys.argv[1] if len(sys.argv) > 1 else ".synthtok/smollm2-tokenizer.gguf"

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memra.aliases import resolve  # noqa: E402
-from memra.gguf_file import open_gguf  # noqa: E402
-from memra.tokenizer import Tokenizer  # noqa: E402
+from memra.model.aliases import resolve  # noqa: E402
+from memra.model.gguf import open_gguf  # noqa: E402
+from memra.text.tokenizer import Tokenizer  # noqa: E402
 
 
 def corpus_text() -> str:

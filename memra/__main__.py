@@ -1,5 +1,5 @@
 """`python -m memra` runs the command line."""
 
-from .cli import app
+from memra.cli import app
 
 app(prog_name="memra")

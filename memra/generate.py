@@ -1,6 +1,6 @@
 """The generation loop: prefill the prompt, then decode one token at a time.
 
-Works with any engine that speaks the prefill/decode protocol of `memra.reference`:
+Works with any engine that speaks the prefill/decode protocol of `memra.cpu.reference`:
 `model.new_cache(n_ctx)` and `model.forward(tokens, cache) -> last-position logits`.
 An engine with `stream(prompt, n, temperature=..., top_k=..., top_p=..., min_p=..., seed=...)`
 (the GPU engine) chooses the tokens itself when no penalty is asked for: the ids come back
@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import ContextOverflowError, MemraError
-from .sampling import Sampler, SamplingParams
+from memra.errors import ContextOverflowError, MemraError
+from memra.sampling import Sampler, SamplingParams
 
 
 @dataclass

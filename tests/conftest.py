@@ -14,7 +14,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    from memra.synth import synth
+    from memra.model.synth import synth
 
     folder = tmp_path_factory.mktemp("synth")
     made: dict[tuple, object] = {}

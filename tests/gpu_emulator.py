@@ -1,4 +1,4 @@
-"""A CPU stand-in for memra.cuda.Gpu that runs each kernel launch through numpy.
+"""A CPU stand-in for memra.gpu.cuda.Gpu that runs each kernel launch through numpy.
 
 It checks the GPU engine's orchestration on a machine without a GPU: which kernels run
 in which order, on which buffers, views, offsets, strides and device-side state (token,
@@ -184,8 +184,8 @@ def _f32(g, p, n):
 
 
 def _embed(g, k, grid, v):
-    from memra import quants as Q
-    from memra.ops.embed import KERNELS
+    from memra.model import quants as Q
+    from memra.gpu.ops.embed import KERNELS
 
     table, tok, out, n_vocab, n_embd, row_bytes, scale = v
     t_of = {name: t for t, name in KERNELS.items()}[k.name]
@@ -201,7 +201,7 @@ def _q8_twin(g, src, n_values, xq, xs):
     """The q8 twin some kernels write next to their f32 output (q8.cuh's rule)."""
     if not xq:
         return
-    from memra.ops import matvec as MV
+    from memra.gpu.ops import matvec as MV
 
     q, sc = MV.quantize_q8_ref(_f32(g, src, n_values).reshape(1, -1))
     g.mem(xq, np.int8, n_values)[:] = q.reshape(-1)
@@ -209,7 +209,7 @@ def _q8_twin(g, src, n_values, xq, xs):
 
 
 def _rmsnorm(g, k, grid, v):
-    from memra.reference import rms_norm
+    from memra.cpu.reference import rms_norm
 
     x, w, out, n, eps, xq, xs = v
     R = grid[0]
@@ -218,7 +218,7 @@ def _rmsnorm(g, k, grid, v):
 
 
 def _add_rmsnorm(g, k, grid, v):
-    from memra.reference import rms_norm
+    from memra.cpu.reference import rms_norm
 
     x, delta, w_post, w, out, n, eps_post, eps, xq, xs = v
     R = grid[0]
@@ -233,7 +233,7 @@ def _add_rmsnorm(g, k, grid, v):
 
 
 def _rope(g, k, grid, v):
-    from memra.reference import _rotate, rms_norm
+    from memra.cpu.reference import _rotate, rms_norm
 
     (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, n_head, n_kv, n_ctx,
      rope_dim, neox, eps) = v
@@ -346,7 +346,7 @@ def _attn_combine(g, k, grid, v):
 
 
 def _act_mul(g, k, grid, v):
-    from memra.ops.act import reference
+    from memra.gpu.ops.act import reference
 
     gate, up, out, n, gs, us, os_, act = v
     for r in range(grid[1]):
@@ -392,7 +392,7 @@ def _argmax_final(g, k, grid, v):
 
 
 def _sample(g, k, grid, v):
-    from memra.ops.sample import reference_sample
+    from memra.gpu.ops.sample import reference_sample
 
     logits, n, fp, topk, seeds, tok, pos, step, hist, hist_len = v
     for b in range(grid[0]):
@@ -404,7 +404,7 @@ def _sample(g, k, grid, v):
 
 
 def _mv(g, k, grid, v):
-    from memra.ops import matvec as MV
+    from memra.gpu.ops import matvec as MV
 
     t = int(k.defines["MV_TYPE"])
     glu = k.name.endswith("_glu")
@@ -437,7 +437,7 @@ def _mv(g, k, grid, v):
 
 
 def _quantize_q8(g, k, grid, v):
-    from memra.ops import matvec as MV
+    from memra.gpu.ops import matvec as MV
 
     x, xq, xs, nblocks = v
     xv = _f32(g, x, nblocks * 32).reshape(nblocks, 32)

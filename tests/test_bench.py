@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from gpu_emulator import FakeGpu
-from memra import bench as B
-from memra.engine import GPUEngine, GateResult
+from memra.tune import bench as B
+from memra.gpu.engine import GPUEngine, GateResult
 from memra.errors import MemraError
-from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel
+from memra.model.gguf import open_gguf
+from memra.cpu.reference import ReferenceModel
 
 ROOT = Path(__file__).resolve().parent.parent
 BW = 4.0e12  # the emulated device's "measured" copy bandwidth, bytes/s
@@ -54,7 +54,7 @@ def memra(*args, env=None):
 
 
 def has_gpu():
-    from memra.cuda import has_gpu as h
+    from memra.gpu.cuda import has_gpu as h
 
     return h()
 
@@ -261,13 +261,13 @@ def emulated_cli(monkeypatch, tiny_models):
     """`memra bench` in-process on the emulated engine (the GPU and its engine patched in)."""
     from typer.testing import CliRunner
 
-    import memra.cuda
-    import memra.engine
+    import memra.gpu.cuda
+    import memra.gpu.engine
     from memra.cli import app
 
     g = BenchGpu()
-    monkeypatch.setattr(memra.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.cuda, "gpu", lambda index=0: g)
+    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
     monkeypatch.setenv("MEMRA_GIT_SHA", "feedbeef")
     return CliRunner(), app, tiny_models("llama", "Q4_K_M")
 
@@ -287,10 +287,10 @@ def test_cli_bench_emulated(emulated_cli, tmp_path):
 
 
 def test_cli_bench_mismatch_voids_the_figures(emulated_cli, tmp_path, monkeypatch):
-    import memra.engine
+    import memra.gpu.engine
 
     runner, app, path = emulated_cli
-    monkeypatch.setattr(memra.engine, "argmax_gate", lambda e, ids: GateResult("MISMATCH", 1, 2, 3.0, 4.0))
+    monkeypatch.setattr(memra.gpu.engine, "argmax_gate", lambda e, ids: GateResult("MISMATCH", 1, 2, 3.0, 4.0))
     out = tmp_path / "bench.jsonl"
     r = runner.invoke(app, ["bench", str(path), "-p", "0", "-n", "4", "-r", "1", "--table", "builtin",
                             "--out", str(out)])

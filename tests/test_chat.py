@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from memra import aliases
-from memra.chat import chat_tokens, render_chat, render_template
+from memra.model import aliases
+from memra.text.chat import chat_tokens, render_chat, render_template
 from memra.errors import TemplateError
-from memra.gguf_file import open_gguf
+from memra.model.gguf import open_gguf
 
 SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

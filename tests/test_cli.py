@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memra import aliases
+from memra.model import aliases
 
 ROOT = Path(__file__).resolve().parent.parent
 NEAR_TIE = 0.05  # llama.cpp's own top-2 log-prob margin below which a greedy divergence is a tie

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import memra.compile as mc
+import memra.gpu.compile as mc
 from memra.errors import CompileError
 
 
@@ -85,7 +85,7 @@ def test_options_have_no_fast_math():
 
 
 def test_has_gpu_is_a_clean_bool():
-    from memra.cuda import has_gpu
+    from memra.gpu.cuda import has_gpu
 
     assert has_gpu() in (True, False)
 
@@ -93,7 +93,7 @@ def test_has_gpu_is_a_clean_bool():
 # --- matvec host side --------------------------------------------------------------------
 
 def test_planes_round_trip_every_type():
-    from memra.ops import matvec as M
+    from memra.gpu.ops import matvec as M
 
     rng = np.random.default_rng(0)
     for t in M.TYPES:
@@ -107,7 +107,7 @@ def test_planes_round_trip_every_type():
 
 def test_planes_hold_the_quant_bytes():
     # Q4_0 block: d (2 bytes) then 16 bytes of nibbles; the bulk plane is exactly the nibbles
-    from memra.ops import matvec as M
+    from memra.gpu.ops import matvec as M
 
     raw = np.arange(2 * 18, dtype=np.uint8).reshape(1, 36)
     bulk, meta = M.pack_planes(np.concatenate([raw, raw], 1), 2)
@@ -115,7 +115,7 @@ def test_planes_hold_the_quant_bytes():
 
 
 def test_quantize_q8_rule_by_hand():
-    from memra.ops.matvec import quantize_q8_ref
+    from memra.gpu.q8 import quantize_q8_ref
 
     x = np.zeros(64, np.float32)
     x[:5] = [127.0, -63.5, 0.5, 1.5, -2.5]   # d = 1: halves round to even
@@ -126,10 +126,10 @@ def test_quantize_q8_rule_by_hand():
 
 
 def test_matvec_reference_agrees_with_gguf_dequant():
-    # the check reference (memra.quants) against gguf.quants, the independent library
+    # the check reference (memra.model.quants) against gguf.quants, the independent library
     from gguf.quants import dequantize as gq
 
-    from memra.ops import matvec as M
+    from memra.gpu.ops import matvec as M
 
     rng = np.random.default_rng(1)
     for t in (2, 12, 14, 23):
@@ -139,7 +139,7 @@ def test_matvec_reference_agrees_with_gguf_dequant():
 
 def test_kernel_check_compile_only_all_green():
     """CI's compile of every kernel and variant (all families) for the three archs."""
-    from memra.kernelcheck import all_green, run_kernel_check
+    from memra.tune.kernelcheck import all_green, run_kernel_check
 
     lines = list(run_kernel_check(compile_only=True))
     assert all_green(lines), "\n".join(l for l in lines if not l.startswith("PASS"))

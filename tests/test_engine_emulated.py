@@ -1,6 +1,6 @@
 """The GPU engine's orchestration, on the CPU: every kernel launch runs through the numpy
 model of its launch contract (tests/gpu_emulator.py), and the engine's results are checked
-against the CPU reference (memra.reference) on tiny synthetic models of each architecture.
+against the CPU reference (memra.cpu.reference) on tiny synthetic models of each architecture.
 
 This catches what the kernel checks cannot: a wrong buffer, view offset, stride, norm
 weight, layer order, rope base per layer, sliding window, KV-cache row or device-side
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from gpu_emulator import FakeGpu
-from memra.engine import GPUEngine, argmax_gate
+from memra.gpu.engine import GPUEngine, argmax_gate
 from memra.errors import ContextOverflowError, MemraError
-from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel, greedy_with_margins
+from memra.model.gguf import open_gguf
+from memra.cpu.reference import ReferenceModel, greedy_with_margins
 
 ARCHS = [("llama", "Q4_K_M"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"), ("gemma3", "Q4_K_M")]
 N_GEN = 24  # crosses tiny-gemma3's 16-token sliding window
@@ -190,7 +190,7 @@ def test_generate_streams_tokens_from_the_device(case):
     generate's; a penalty falls back to the CPU sampler."""
     from memra.generate import generate
     from memra.sampling import SamplingParams
-    from memra.tokenizer import Tokenizer
+    from memra.text.tokenizer import Tokenizer
 
     arch, path, eng, _, toks, _ = case
     tok = Tokenizer.from_gguf(open_gguf(path))

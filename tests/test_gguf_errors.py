@@ -18,10 +18,10 @@ import pytest
 from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from memra.config import read_config
+from memra.model.config import read_config
 from memra.errors import GGUFError, MemraError, UnsupportedModelError
-from memra.gguf_file import open_gguf
-from memra.synth import random_blocks
+from memra.model.gguf import open_gguf
+from memra.model.synth import random_blocks
 
 # name, numpy shape (rows, cols), type
 TENSORS = [

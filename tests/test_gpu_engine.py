@@ -1,4 +1,4 @@
-"""The GPU engine on the GPU: greedy tokens against the CPU reference (memra.reference) on
+"""The GPU engine on the GPU: greedy tokens against the CPU reference (memra.cpu.reference) on
 the real models and on tiny synthetic models of every architecture, the argmax gate,
 graph replay against eager decode, and batch invariance."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memra import cuda
+from memra.gpu import cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
@@ -16,8 +16,8 @@ PROMPT = "The capital of France is Paris. The capital of Germany is"
 
 
 def _prompt_ids(path):
-    from memra.gguf_file import open_gguf
-    from memra.tokenizer import Tokenizer
+    from memra.model.gguf import open_gguf
+    from memra.text.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(open_gguf(path)).encode(PROMPT, add_special=True, parse_special=True)
 
@@ -25,8 +25,8 @@ def _prompt_ids(path):
 def _reference_greedy(path, prompt, n, numerics):
     """The CPU reference's greedy tokens under the numerics of the engine path it checks
     (q8 path: numerics="q8", f32 path: "f32")."""
-    from memra.gguf_file import open_gguf
-    from memra.reference import ReferenceModel, greedy_with_margins
+    from memra.model.gguf import open_gguf
+    from memra.cpu.reference import ReferenceModel, greedy_with_margins
 
     _, toks, margins = greedy_with_margins(ReferenceModel(open_gguf(path), numerics=numerics), prompt, n)
     return toks, margins
@@ -42,8 +42,8 @@ def _assert_same_or_near_tie(name, got, ref, margins):
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
 def real(request):
-    from memra.aliases import resolve
-    from memra.engine import GPUEngine
+    from memra.model.aliases import resolve
+    from memra.gpu.engine import GPUEngine
 
     path = resolve(request.param)
     return request.param, path, GPUEngine(path, n_ctx=512), _prompt_ids(path)
@@ -75,7 +75,7 @@ def _assert_tracks_references(name, path, ids, got, engine_path):
 
 
 def test_real_model_f32_path_greedy_matches_reference(real):
-    from memra.engine import GPUEngine
+    from memra.gpu.engine import GPUEngine
 
     name, path, _, ids = real
     ref, margins = _reference_greedy(path, ids, 64, "f32")
@@ -84,7 +84,7 @@ def test_real_model_f32_path_greedy_matches_reference(real):
 
 
 def test_real_model_argmax_gate(real):
-    from memra.engine import argmax_gate
+    from memra.gpu.engine import argmax_gate
 
     name, path, eng, ids = real
     gate = argmax_gate(eng, ids)
@@ -107,7 +107,7 @@ def test_graph_replay_bit_identical_to_eager(real):
 
 
 def test_batch_invariance(real):
-    from memra.engine import GPUEngine
+    from memra.gpu.engine import GPUEngine
 
     name, path, eng, ids = real
     alone = eng.generate_greedy(ids, 32)
@@ -119,7 +119,7 @@ def test_batch_invariance(real):
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"),
                                         ("gemma3", "Q4_K_M")])
 def test_tiny_models_greedy_matches_reference(tiny_models, arch, quant):
-    from memra.engine import GPUEngine, argmax_gate
+    from memra.gpu.engine import GPUEngine, argmax_gate
 
     path = tiny_models(arch, quant)
     ids = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memra import cuda
+from memra.gpu import cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
 
 def test_kernel_check_matvec():
-    from memra.kernelcheck import all_green, run_kernel_check
+    from memra.tune.kernelcheck import all_green, run_kernel_check
 
     lines = list(run_kernel_check(only="matvec"))
     assert all_green(lines), "\n".join(l for l in lines if not l.startswith("PASS"))
@@ -22,7 +22,7 @@ def test_kernel_check_matvec():
 
 @pytest.mark.parametrize("t", [2, 12, 14])
 def test_batch_invariant_and_graph_replay(t):
-    from memra.ops import matvec as M
+    from memra.gpu.ops import matvec as M
 
     g = cuda.gpu()
     rng = np.random.default_rng(7)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from memra import cuda
+from memra.gpu import cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
 
 @pytest.mark.parametrize("family", ["embed", "norm", "rope", "attention", "act", "sample"])
 def test_kernel_check_family(family):
-    from memra.kernelcheck import all_green, run_kernel_check
+    from memra.tune.kernelcheck import all_green, run_kernel_check
 
     lines = list(run_kernel_check(only=family))
     assert all_green(lines), "\n".join(l for l in lines if not l.startswith("PASS"))

@@ -1,4 +1,4 @@
-"""CPU checks of the numpy references the GPU kernels are held to (memra/ops/*.py).
+"""CPU checks of the numpy references the GPU kernels are held to (memra/gpu/ops/*.py).
 
 kernel-check compares the device kernels with these references exactly or to float
 rounding, so a reference that is itself wrong would let a wrong kernel pass. Here each is
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memra.ops import sample as S
+from memra.gpu.ops import sample as S
 
 # -- sampling -----------------------------------------------------------------------------
 
@@ -96,12 +96,12 @@ def test_uniform_is_uniform():
 
 @pytest.mark.parametrize("window", [0, 5])
 def test_attention_reference_matches_cpu_model(window):
-    """The kernel-check reference (per token, per head, float64) against memra.reference's
+    """The kernel-check reference (per token, per head, float64) against memra.cpu.reference's
     batched causal/sliding-window attention on the same cache."""
     from types import SimpleNamespace
 
-    from memra.ops.attention import reference
-    from memra.reference import ReferenceModel
+    from memra.gpu.ops.attention import reference
+    from memra.cpu.reference import ReferenceModel
 
     rng = np.random.default_rng(3)
     n_kv, G, D, n = 2, 3, 16, 12

@@ -22,7 +22,7 @@ Two encodings of each model's weights:
   This is the check that memra's arithmetic is llama.cpp's. The Gemma-3 set adds a prompt
   longer than its 512-token sliding window.
 * The real quantized files (Q4_1, Q4_K_M), with ReferenceModel(numerics="llamacpp"): llama.cpp
-  CPU's float operations in its own order (the wheel is a fixed AVX2 build; see memra/reference.py),
+  CPU's float operations in its own order (the wheel is a fixed AVX2 build; see memra/cpu/reference.py),
   fed llama.cpp's own batches: the prompt split as the server splits it (a sliding-window model
   ends a batch 4 tokens before the prompt's end, for its context checkpoints), then one token per
   decode step, since its kernels depend on the batch size. memra's logits are then bit-identical
@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memra.aliases import resolve
-from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel, log_softmax
+from memra.model.aliases import resolve
+from memra.model.gguf import open_gguf
+from memra.cpu.reference import ReferenceModel, log_softmax
 
 pytestmark = pytest.mark.parity
 
@@ -172,7 +172,7 @@ def server_prompt_batches(n: int, swa: bool) -> list[int]:
 
 
 def compare(path: Path, texts: list[str], numerics: str = "llamacpp") -> Compared:
-    from memra.tokenizer import Tokenizer
+    from memra.text.tokenizer import Tokenizer
     from peer import LlamaCppPeer
 
     g = open_gguf(path)

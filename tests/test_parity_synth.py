@@ -27,9 +27,9 @@ probabilities from before that ban; the reference's argmax skips the same tokens
 import numpy as np
 import pytest
 
-from memra.gguf_file import open_gguf
-from memra.reference import ReferenceModel, log_softmax
-from memra.tokenizer import Tokenizer
+from memra.model.gguf import open_gguf
+from memra.cpu.reference import ReferenceModel, log_softmax
+from memra.text.tokenizer import Tokenizer
 
 NEAR_TIE = 0.05
 N_PREDICT = 32

@@ -7,7 +7,7 @@ import pytest
 from gguf import quants as gq
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from memra import quants
+from memra.model import quants
 from memra.errors import MemraError, UnsupportedModelError
 
 BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
@@ -108,8 +108,8 @@ def test_errors():
 
 
 def test_dequantize_tensor_and_rows_on_real_model():
-    from memra.aliases import resolve
-    from memra.gguf_file import open_gguf
+    from memra.model.aliases import resolve
+    from memra.model.gguf import open_gguf
 
     g = open_gguf(resolve("smollm2-135m"))
     t = g.tensor("blk.0.attn_q.weight")  # Q4_1

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from memra import llamacpp_cpu as LC
-from memra import reference as R
-from memra.aliases import resolve
+from memra.cpu import llamacpp as LC
+from memra.cpu import reference as R
+from memra.model.aliases import resolve
 from memra.errors import ContextOverflowError, GGUFError, MemraError
-from memra.gguf_file import open_gguf
+from memra.model.gguf import open_gguf
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_codes_matvec_equals_float_weights(qtype):
     from gguf.constants import GGMLQuantizationType as T
     from test_quants import random_blocks
 
-    from memra.quants import decompose, dequantize
+    from memra.model.quants import decompose, dequantize
 
     t = T[qtype]
     rng = np.random.default_rng(int(t))

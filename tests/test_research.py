@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from memra import research as R
+from memra.tune import research as R
 from memra.errors import MemraError
-from memra.receipts import append_receipts, make_receipt, read_receipts
+from memra.tune.receipts import append_receipts, make_receipt, read_receipts
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
@@ -103,7 +103,7 @@ def memra(*args, cwd=ROOT):
 
 
 def test_cli_freeze_then_show(tmp_path):
-    from memra.compile import source_hash
+    from memra.gpu.compile import source_hash
 
     # receipts measured on today's norm.cu (current) and on an older version (ignored)
     now = source_hash("norm.cu")

@@ -17,10 +17,10 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import Q4_K, dequantize
 
-from memra import aliases, synth
-from memra.config import read_config
+from memra.model import aliases, synth
+from memra.model.config import read_config
 from memra.errors import MemraError
-from memra.gguf_file import open_gguf
+from memra.model.gguf import open_gguf
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 

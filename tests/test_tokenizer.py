@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from memra import aliases
+from memra.model import aliases
 from memra.errors import TokenizerError
-from memra.gguf_file import open_gguf
-from memra.tokenizer import Tokenizer
+from memra.model.gguf import open_gguf
+from memra.text.tokenizer import Tokenizer
 
 CORPUS: list[str] = runpy.run_path(str(Path(__file__).parent / "data" / "tokenizer_corpus.py"))["CORPUS"]
 MODELS = ["smollm2-135m", "gemma3-270m"]

@@ -3,7 +3,7 @@ changing a table entry changes what the engine launches, and nothing else.
 
 The engine runs on the CPU emulator (tests/gpu_emulator.py), which records every launch's
 kernel, module defines, grid and block. The oracle for "what should launch" is the table
-entry itself laid over the launcher's built-in default (memra.ops.matvec.default_config),
+entry itself laid over the launcher's built-in default (memra.gpu.ops.matvec.default_config),
 and the grid/block the kernel's launch contract derives from it (kernels/matvec.cu:
 block = 32 * MV_NWARPS, grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT))). Tokens must
 equal those of the built-in table: a configuration changes speed, never results.
@@ -17,11 +17,11 @@ import logging
 import pytest
 
 from gpu_emulator import FakeGpu
-from memra import tuning as T
-from memra.compile import source_hash
-from memra.engine import GPUEngine
-from memra.gguf_file import open_gguf
-from memra.ops import matvec as MV
+from memra.tune import tables as T
+from memra.gpu.compile import source_hash
+from memra.gpu.engine import GPUEngine
+from memra.model.gguf import open_gguf
+from memra.gpu.ops import matvec as MV
 
 PROMPT = [1, 17, 2398, 11, 905, 33]
 N_GEN = 6
@@ -201,7 +201,7 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
     """`memra bench --tune-table FILE` then `--tune-table builtin` in one session: each
     receipt names the table that ran (source and path) and the device; the tuned run
     launched the entry's configuration, the builtin run did not."""
-    import memra.cuda
+    import memra.gpu.cuda
     from typer.testing import CliRunner
 
     from memra.cli import app
@@ -213,8 +213,8 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
     g = RecordingGpu()
     g.info = type(g.info)(name="NVIDIA H200")
     g.copy_bandwidth = lambda refresh=False: 4.0e12
-    monkeypatch.setattr(memra.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.cuda, "gpu", lambda index=0: g)
+    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
     out = tmp_path / "bench.jsonl"
     runner = CliRunner()
     launched = {}
@@ -232,7 +232,7 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
 
 
 def _heads(path):
-    from memra.config import read_config
+    from memra.model.config import read_config
 
     c = read_config(open_gguf(path))
     return c, {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
@@ -246,7 +246,7 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
     NORM_MAXV = ceil(n / 4 / T), T * NORM_MAXV * 4 == n splits the row over NORM_MAXV blocks;
     rope.cu: ceil(heads / ROPE_WARPS) blocks of 32 * ROPE_WARPS; attention.cu: n_head / hpb
     head blocks, splits = default_splits of that count)."""
-    from memra.ops.attention import default_splits
+    from memra.gpu.ops.attention import default_splits
 
     path = model[0]
     c, heads = _heads(path)

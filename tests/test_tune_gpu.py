@@ -1,5 +1,5 @@
 """The GPU half of `memra tune` on a real GPU: a small campaign over norm.cu's rmsnorm
-through memra.tune_gpu's adapter, with a tune hook written here against the protocol the
+through memra.tune.measure's adapter, with a tune hook written here against the protocol the
 ops families implement. The check's oracle is the numpy RMSNorm reference; the timing's is
 physics (no kernel moves bytes faster than the device's measured copy bandwidth)."""
 
@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from memra import cuda
+from memra.gpu import cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
@@ -21,7 +21,7 @@ class RmsnormCase:
     deliberately wrong build kernel-check uses: its check must fail)."""
 
     def __init__(self, g, config, shape, rng, rotate_bytes, canary):
-        from memra.reference import rms_norm
+        from memra.cpu.reference import rms_norm
 
         self.g, self.rows, self.n = g, shape["batch"], shape["n"]
         self.threads = config["NORM_THREADS"]
@@ -58,10 +58,10 @@ class RmsnormCase:
 
 
 def test_campaign_on_the_gpu(tmp_path, monkeypatch):
-    from memra import campaign as C
-    from memra import tune_gpu
-    from memra.receipts import read_receipts
-    from memra.tuning import freeze
+    from memra.tune import campaign as C
+    from memra.tune import measure as tune_gpu
+    from memra.tune.receipts import read_receipts
+    from memra.tune.freeze import freeze
 
     hook = types.SimpleNamespace(tune_case=lambda g, kernel, variant, config, shape, rng, rot:
                                  RmsnormCase(g, config, shape, rng, rot, variant == "canary"))
@@ -85,7 +85,7 @@ def test_campaign_on_the_gpu(tmp_path, monkeypatch):
         assert 0 < r.p20_us <= r.median_us <= r.p80_us and r.reps == 30
         assert 1.0 < r.gbps <= 1.1 * peak, (r.gbps, peak)
         assert r.max_err <= 1e-5
-    from memra.compile import source_hash
+    from memra.gpu.compile import source_hash
 
     assert set(df["device"]) == {g.info.name} and set(df["src_hash"]) == {source_hash("norm.cu")}
     table = freeze(df, g.info.name)

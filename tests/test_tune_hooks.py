@@ -1,4 +1,4 @@
-"""The kernel families' tune hooks (memra/tune_gpu.py's contract) on the CPU emulator.
+"""The kernel families' tune hooks (memra/tune/measure.py's contract) on the CPU emulator.
 
 Each hook's check compares one launch on poisoned outputs with the family's numpy
 reference; here the emulator runs the launch contract, so a check must pass, and must FAIL
@@ -15,9 +15,9 @@ import pytest
 
 import gpu_emulator as EMU
 from gpu_emulator import FakeGpu
-from memra.campaign import Job
+from memra.tune.campaign import Job
 from memra.errors import MemraError
-from memra.tune_gpu import family_module, precompile
+from memra.tune.measure import family_module, precompile
 
 ROTATE = 1 << 20  # 1 MB stands in for 2 x L2
 
@@ -119,7 +119,7 @@ def test_new_hooks_refuse_bad_tunables(src, kernel, config, shape):
     (640, True, 32, (32, 5, 5)),
 ])
 def test_norm_launch_config(n, split, threads, want):
-    from memra.ops.norm import launch_config
+    from memra.gpu.ops.norm import launch_config
 
     assert launch_config(n, split, {"NORM_THREADS": threads} if threads else None) == want
 
@@ -142,7 +142,7 @@ def test_hooks_launch_the_tuned_configuration():
     (n1, d1, g1, b1), (n2, d2, g2, b2), (n3, d3, g3, b3) = launched
     assert (n1, d1["NORM_THREADS"], d1["NORM_MAXV"], g1, b1) == ("rmsnorm", 512, 2, (3, 2), (512,))
     assert (n2, d2["ROPE_WARPS"], g2, b2) == ("rope_norm_kv", 2, (8, 2), (64,))  # ceil(15 heads / 2)
-    from memra.ops.attention import default_splits
+    from memra.gpu.ops.attention import default_splits
 
     # 9 heads / 3 per block = 3 blocks; splits as the engine picks them for 3 blocks
     assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode_rope", 3, 32, 3, default_splits(3, 132))
@@ -164,7 +164,7 @@ class ModuleLog(FakeGpu):
     ("matvec", "f32", {"MV_NWARPS": 2}, {"type": "Q4_0", "rows": 64, "cols": 256, "batch": 1}),
 ])
 def test_matvec_tune_modules_are_what_the_job_loads(kernel, variant, config, shape):
-    from memra.ops import matvec as MV
+    from memra.gpu.ops import matvec as MV
 
     g = ModuleLog()
     case = MV.tune_case(g, kernel, variant, config, dict(shape), np.random.default_rng(0), ROTATE)
@@ -179,7 +179,7 @@ def test_matvec_tune_modules_are_what_the_job_loads(kernel, variant, config, sha
 
 
 def test_precompile_builds_the_modules_and_counts_failures(monkeypatch):
-    import memra.compile as CMP
+    import memra.gpu.compile as CMP
 
     compiled = []
 

@@ -8,11 +8,12 @@ import json
 import pandas as pd
 import pytest
 
-from memra import campaign as C
-from memra import tuning as T
-from memra.config import ModelConfig
-from memra.receipts import (SCHEMA, ReceiptError, append_receipts, make_receipt, normalize_cc,
-                            read_receipts)
+from memra.tune import campaign as C
+from memra.tune import freeze as F
+from memra.tune import tables as T
+from memra.model.config import ModelConfig
+from memra.tune.receipts import (SCHEMA, ReceiptError, append_receipts, make_receipt, normalize_cc,
+                                 read_receipts)
 
 H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
 H100 = dict(device="NVIDIA H100 80GB HBM3", cc=(9, 0), sms=132, nvrtc="13.0")
@@ -125,7 +126,7 @@ def test_freeze_picks_fastest_ok_config_with_margin(tmp_path):
         rec(1.0, config={"NWARPS": 2}, dev=H100),
     ]
     df = read_receipts(_write(tmp_path, rows))
-    table = T.freeze(df, "NVIDIA H200")
+    table = F.freeze(df, "NVIDIA H200")
     e1 = table["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
     assert (e1["variant"], e1["config"], e1["median_us"]) == ("dp4a", {"NWARPS": 4}, 8.0)
     assert e1["margin"] == pytest.approx(9.0 / 8.0 - 1)
@@ -146,7 +147,7 @@ def test_freeze_keeps_builtin_unless_beaten_by_min_gain(tmp_path, fast, min_gain
     df = read_receipts(_write(tmp_path, [rec(fast, config={"NWARPS": 2}), rec(10.0, config={"NWARPS": 4}),
                                          rec(12.0, config={"NWARPS": 8})]))
     builtin = lambda row: row["config"] == {"NWARPS": 4}  # noqa: E731
-    e = T.freeze(df, "NVIDIA H200", builtin=builtin, min_gain=min_gain)["entries"]["matvec"][
+    e = F.freeze(df, "NVIDIA H200", builtin=builtin, min_gain=min_gain)["entries"]["matvec"][
         "cols=4096,rows=4096,type=Q4_K"]["1"]
     if kept:
         assert (e["config"], e["median_us"], e.get("kept_builtin")) == ({"NWARPS": 4}, 10.0, True)
@@ -156,7 +157,7 @@ def test_freeze_keeps_builtin_unless_beaten_by_min_gain(tmp_path, fast, min_gain
 
 
 def test_matvec_is_builtin_follows_the_launcher_default():
-    from memra.ops import matvec as MV
+    from memra.gpu.ops import matvec as MV
 
     shape = {"type": "Q4_0", "rows": 2048, "cols": 2048, "batch": 1}
     d = MV.default_config(2, "q8", 2048, 2048, 1)
@@ -174,7 +175,7 @@ def test_freeze_single_candidate_and_all_failed(tmp_path):
     df = read_receipts(_write(tmp_path, [
         rec(5.0), rec(ok=False, error="CompileError: x", shape=other),
     ]))
-    table = T.freeze(df, "NVIDIA H200")
+    table = F.freeze(df, "NVIDIA H200")
     e = table["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
     assert e["margin"] is None and e["runner_up"] is None and e["candidates"] == 1
     assert "cols=576,rows=576,type=Q8_0" not in table["entries"]["matvec"]
@@ -188,7 +189,7 @@ def test_freeze_repeated_measurements_score_by_median(tmp_path):
         rec(7.0, config={"NWARPS": 2}), rec(10.0, config={"NWARPS": 2}), rec(12.0, config={"NWARPS": 2}),
         rec(9.0, config={"NWARPS": 4}),
     ]))
-    e = T.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
+    e = F.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
     assert e["config"] == {"NWARPS": 4} and e["runner_up"]["median_us"] == 10.0
 
 
@@ -199,10 +200,10 @@ def test_freeze_uses_only_current_source(tmp_path):
         rec(10.0, config={"NWARPS": 8}, src_hash="new", ts="2026-02-01T00:00:01Z"),
     ]))
     # without hashes: the latest measured source is current
-    e = T.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
+    e = F.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]["1"]
     assert (e["config"], e["src_hash"], e["candidates"]) == ({"NWARPS": 4}, "new", 2)
     # with the hashes of the files on disk
-    e = T.freeze(df, "NVIDIA H200", current_hashes={"matvec.cu": "old"})["entries"]["matvec"][
+    e = F.freeze(df, "NVIDIA H200", current_hashes={"matvec.cu": "old"})["entries"]["matvec"][
         "cols=4096,rows=4096,type=Q4_K"]["1"]
     assert (e["config"], e["src_hash"]) == ({"NWARPS": 2}, "old")
 
@@ -210,12 +211,12 @@ def test_freeze_uses_only_current_source(tmp_path):
 def test_freeze_unknown_device(tmp_path):
     df = read_receipts(_write(tmp_path, [rec(1.0)]))
     with pytest.raises(Exception, match="no receipts for device 'RTX 5090'.*NVIDIA H200"):
-        T.freeze(df, "RTX 5090")
+        F.freeze(df, "RTX 5090")
 
 
 def test_table_file_name_and_round_trip(tmp_path):
     df = read_receipts(_write(tmp_path, [rec(2.0)]))
-    path = T.write_table(T.freeze(df, "NVIDIA H200"), tmp_path / "defaults")
+    path = F.write_table(F.freeze(df, "NVIDIA H200"), tmp_path / "defaults")
     assert path.name == "nvidia-h200.json" and "h200" in path.name
     t = T.read_table(path)
     assert T.lookup(t, "matvec", SHAPE, 1) == T.Choice("dp4a", {"NWARPS": 4})
@@ -328,13 +329,13 @@ def test_show_without_gpu_lists_every_table(tmp_path):
     d = tmp_path / "defaults"
     _save(d, _table("NVIDIA H200"))
     _save(d, _table("NVIDIA GeForce RTX 5090", "12.0", 170, src_hash="old"))
-    out = T.show(None, directory=d, current_hash=_hash_ok)
+    out = F.show(None, directory=d, current_hash=_hash_ok)
     assert out["gpu"] is None and [t["device"] for t in out["tables"]] == [
         "NVIDIA GeForce RTX 5090", "NVIDIA H200"]
     assert {s["table"].endswith("nvidia-geforce-rtx-5090.json") for s in out["stale"]} == {True}
     assert len(out["stale"]) == 2
     json.dumps(out)  # what --json prints
-    here = T.show({"name": "NVIDIA H200", "cc": "9.0", "sms": 132}, directory=d, current_hash=_hash_ok)
+    here = F.show({"name": "NVIDIA H200", "cc": "9.0", "sms": 132}, directory=d, current_hash=_hash_ok)
     assert here["source"] == "exact" and here["stale"] == [] and len(here["tables"]) == 1
 
 
@@ -372,7 +373,7 @@ def llama_like(n_layer=2, types=None) -> C.ModelShapes:
 def test_model_shapes_fuse_same_type_and_split_mixed():
     # layer 1's attn_v is Q6_K (as llama.cpp's Q4_K_M does on some layers): its QKV cannot fuse
     m = llama_like(types={"blk.1.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q6_K"})
-    from memra.receipts import shape_key as sk
+    from memra.tune.receipts import shape_key as sk
     got = sorted((op, sk(s)) for op, s in C.model_shapes(m, ctx=[128]))
     assert got == sorted([
         ("qkv", "cols=256,rows=384,type=Q4_K"),   # 256 + 2*64 fused
@@ -396,7 +397,7 @@ def test_model_shapes_smollm2_from_gguf():
     # SmolLM2-135M: n_embd 576, 9 heads / 3 KV heads of 64, n_ff 1536, vocab 49152, all
     # matrices Q4_1, tied output through the Q8_0 token embedding (read off the GGUF header)
     m = C.model_info("smollm2-135m")
-    from memra.receipts import shape_key as sk
+    from memra.tune.receipts import shape_key as sk
     mv = sorted((op, sk(s)) for op, s in C.model_shapes(m, ctx=[512]) if op in C.MATVEC_OPS)
     assert mv == sorted([
         ("qkv", "cols=576,rows=960,type=Q4_1"),
@@ -542,7 +543,7 @@ def test_run_campaign_records_failures_untimed(tmp_path):
     assert "max_err 0.25" in by[8]["error"]
     assert not by[16]["ok"] and by[16]["error"].startswith("CompileError: NVRTC failed")
     # freeze over the runner's receipts: NWARPS=4 (2.5 µs) beats NWARPS=2 (5 µs) by 100 %
-    e = T.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=256,rows=64,type=Q4_K"]["1"]
+    e = F.freeze(df, "NVIDIA H200")["entries"]["matvec"]["cols=256,rows=64,type=Q4_K"]["1"]
     assert e["config"] == {"NWARPS": 4} and e["margin"] == pytest.approx(1.0) and e["failed"] == 2
 
 
@@ -573,10 +574,10 @@ def test_resume_skips_same_device_and_source(tmp_path):
 
 def test_campaign_refused_when_a_family_has_no_tune_hook():
     from memra.errors import MemraError
-    from memra.tune_gpu import require_hooks
+    from memra.tune.measure import require_hooks
 
     jobs = [C.Job("k", "v", {}, {"n": 1, "batch": 1}, "nosuch.cu")]
-    with pytest.raises(MemraError, match=r"nosuch\.cu \(no module memra\.ops\.nosuch\)"):
+    with pytest.raises(MemraError, match=r"nosuch\.cu \(no module memra\.gpu\.ops\.nosuch\)"):
         require_hooks(jobs)
 
 

@@ -18,10 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from dump import Dumper  # noqa: E402
 
-from memra.aliases import resolve  # noqa: E402
-from memra.gguf_file import open_gguf  # noqa: E402
-from memra.reference import ReferenceModel  # noqa: E402
-from memra.tokenizer import Tokenizer  # noqa: E402
+from memra.model.aliases import resolve  # noqa: E402
+from memra.model.gguf import open_gguf  # noqa: E402
+from memra.cpu.reference import ReferenceModel  # noqa: E402
+from memra.text.tokenizer import Tokenizer  # noqa: E402
 from test_parity_models import LONG_PROMPT, PROMPTS, server_prompt_batches  # noqa: E402
 
 

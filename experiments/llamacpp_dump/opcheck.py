@@ -15,10 +15,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dump import Dumper, read_dump  # noqa: E402
 
-from memra.aliases import resolve  # noqa: E402
-from memra.gguf_file import open_gguf  # noqa: E402
-from memra.reference import ReferenceModel, round_f16  # noqa: E402
-from memra.tokenizer import Tokenizer  # noqa: E402
+from memra.model.aliases import resolve  # noqa: E402
+from memra.model.gguf import open_gguf  # noqa: E402
+from memra.cpu.reference import ReferenceModel, round_f16  # noqa: E402
+from memra.text.tokenizer import Tokenizer  # noqa: E402
 
 
 def cmp(label, ours, theirs):

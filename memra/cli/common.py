@@ -1,0 +1,128 @@
+"""What every `memra` command shares: the typer `app`, the consoles (`out`, `err`), logging
+setup, the `command` decorator (a MemraError becomes one line `memra: error: ...` on stderr
+and exit code 1; MEMRA_LOG=debug also shows the traceback), `_fail`, and model opening.
+
+The command modules (memra/cli/run.py, bench.py, tune.py) import from here, never from the
+package memra.cli, whose __init__ imports them to register their commands. The CLI is the
+only layer that prints: data (generated text, JSON, tables) to stdout; logs, progress and
+timings to stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from memra import __version__
+from memra.errors import MemraError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+log = logging.getLogger("memra")
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="memra: kernel-first LLM inference for NVIDIA GPUs (GGUF models).")
+
+
+# -- logging and errors -----------------------------------------------------------------------
+
+def _log_level() -> int:
+    name = os.environ.get("MEMRA_LOG", "warning").strip().upper() or "WARNING"
+    level = logging.getLevelName(name)
+    return level if isinstance(level, int) else logging.WARNING
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger("memra")
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        handler = RichHandler(console=err, show_path=False, show_time=False, markup=False)
+        root.addHandler(handler)
+    root.setLevel(_log_level())
+    root.propagate = False
+    # a first use of a model alias downloads it: say so even at the default level
+    logging.getLogger("memra.models").setLevel(min(_log_level(), logging.INFO))
+
+
+def _fail(message: str) -> None:
+    # one plain line, never wrapped or marked up by rich
+    sys.stdout.flush()
+    print(f"memra: error: {message}", file=sys.stderr, flush=True)
+    raise typer.Exit(1)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) if str(e).strip() else type(e).__name__
+
+
+def command(fn):
+    """A CLI command: MemraErrors (and unexpected exceptions) become one line on stderr."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _setup_logging()
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            print("", file=sys.stderr)
+            raise typer.Exit(130) from None
+        except MemraError as e:
+            if log.isEnabledFor(logging.DEBUG):
+                err.print_exception()
+            _fail(_one_line(e))
+        except BrokenPipeError:  # `memra run ... | head`
+            raise typer.Exit(0) from None
+        except Exception as e:  # a bug: still one line, the traceback under MEMRA_LOG=debug
+            if log.isEnabledFor(logging.DEBUG):
+                err.print_exception()
+            _fail(f"internal error: {type(e).__name__}: {_one_line(e)} (MEMRA_LOG=debug shows the traceback)")
+
+    return wrapper
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"memra {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit.")] = False) -> None:
+    """memra: kernel-first LLM inference for NVIDIA GPUs (GGUF models)."""
+
+
+# -- model loading ----------------------------------------------------------------------------
+
+ModelArg = Annotated[Optional[str], typer.Argument(
+    help="GGUF path or alias (smollm2-135m, gemma3-270m). Default: smollm2-135m.", show_default=False)]
+
+
+def _open(model: str | None):
+    from memra.model.aliases import DEFAULT_MODEL, resolve
+    from memra.model.gguf import open_gguf
+
+    name = model or DEFAULT_MODEL
+    path = resolve(name)
+    return name, path, open_gguf(path)
+
+
+def _gpu_engine_available() -> bool:
+    if importlib.util.find_spec("memra.gpu.engine") is None:
+        return False
+    from memra.gpu import cuda
+
+    return cuda.has_gpu()
+
+
+def _default_device() -> str:
+    return "gpu" if _gpu_engine_available() else "cpu"

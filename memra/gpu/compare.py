@@ -1,0 +1,51 @@
+"""Output comparison: the one place that says whether a kernel's output matches its
+reference. Every family's check (memra/gpu/ops/*: kernel-check's `checks`/`canaries` and the
+tune harness's `case.check()`) returns an `Outcome` made here; the launchers' modules
+import this, never the harnesses (memra.tune.kernelcheck, memra.tune.measure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Outcome:
+    name: str
+    ok: bool
+    detail: str
+    err: float = math.inf  # compare's relative error (0 for an exact match); inf when none
+
+
+def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str = "rel") -> Outcome:
+    """Compare a kernel output with its reference.
+
+    kind: "rel"   ||got - ref|| / ||ref|| (float64) <= tol
+          "max"   max |got - ref| / max |ref| <= tol
+          "exact" identical values (ints, indices, bit-exact paths)
+    Any NaN/inf in `got` where `ref` is finite fails: outputs are poisoned with NaN before
+    each launch, so an element the kernel never wrote shows up here."""
+    got = np.asarray(got)
+    ref = np.asarray(ref)
+    if got.shape != ref.shape:
+        return Outcome(name, False, f"shape {got.shape} != reference {ref.shape}")
+    if kind == "exact":
+        bad = int(np.count_nonzero(got != ref))
+        return Outcome(name, bad == 0, f"{bad} of {ref.size} differ", 0.0 if bad == 0 else math.inf)
+    g = got.astype(np.float64)
+    r = ref.astype(np.float64)
+    unwritten = int(np.count_nonzero(~np.isfinite(g) & np.isfinite(r)))
+    if unwritten:
+        return Outcome(name, False, f"{unwritten} of {r.size} outputs not finite (unwritten?)")
+    if kind == "rel":
+        den = float(np.linalg.norm(r)) or 1.0
+        err = float(np.linalg.norm(g - r)) / den
+    elif kind == "max":
+        den = float(np.max(np.abs(r))) or 1.0
+        err = float(np.max(np.abs(g - r))) / den
+    else:
+        raise ValueError(f"unknown comparison kind {kind!r}")
+    return Outcome(name, err <= tol, f"err={err:.2e} tol={tol:.0e}", err)

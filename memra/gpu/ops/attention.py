@@ -1,0 +1,453 @@
+"""Decode attention over the f16 KV cache: split-KV flash-decoding + combine (kernels/attention.cu).
+
+    attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, n_tokens=..., n_kv=...,
+              n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...,
+              counters=None, xq=None, xs=None, config=None)
+
+config (a tuning table's choice): {"ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK"} (-D tunables;
+the three change a head's reduction order, so one engine uses one value for every launch)
+and "hpb" (query heads per block; never changes results).
+
+With `counters` (int32 [n_tokens * n_kv], zeroed once, left zeroed) it is one launch
+(attn_decode: the last split block of each KV head merges), else two (attn_split +
+attn_combine). xq/xs (fused variant, head_dim % 32 == 0): the output's q8 twin, bit-identical
+to memra.gpu.ops.matvec.quantize_q8 of the output.
+
+Each token t attends to the keys [max(0, pos[t] + 1 - window), pos[t]] (window 0: all) of
+its sequence seq[t] (None: 0), so prefill runs the same kernel with one query per prompt
+token and gets the same bits as decode. `n_splits` is fixed per engine (the split layout
+depends only on the number of keys), `part_o`/`part_ml` are scratch of
+`scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
+Tolerance: 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "attention.cu"
+TILE = 64
+TOL = 1e-5
+
+_NULL = np.uint64(0)
+
+
+def warps_for(head_dim: int) -> int:
+    """Warps per block: 8 from head size 128 (measured on the H200, research/attn-probe-*:
+    the per-head work per thread bounds the short-context latency), else 4."""
+    return 8 if head_dim >= 128 else 4
+
+
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK")
+
+
+def defines(head_dim: int, config: dict | None = None) -> dict:
+    """The -D tunables of a launch: the built-in rule (warps_for, TILE) with config's
+    ATT_* laid over it, checked."""
+    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE}
+    d.update({k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
+    if not 1 <= d["ATT_WARPS"] <= 32:
+        raise MemraError(f"attention: ATT_WARPS must be in 1..32, got {d['ATT_WARPS']}")
+    if d["ATT_TILE"] < 1 or d.get("ATT_MIN_CHUNK", 1) < 1:
+        raise MemraError(f"attention: ATT_TILE and ATT_MIN_CHUNK must be positive ({d})")
+    if head_dim % 8 or head_dim > 8 * 32 * d["ATT_WARPS"]:
+        raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * d['ATT_WARPS']}")
+    return d
+
+
+def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None):
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config)}
+    if canary:
+        d["MEMRA_CANARY"] = 1
+    return g.module(KERNEL_FILE, d)
+
+
+MAX_SPLITS = 256  # the fused kernel's merge table (MAX_SPLITS in attention.cu)
+
+
+def default_splits(n_kv: int, sm_count: int) -> int:
+    """Splits per (token, head block) for n_blocks head blocks (n_head / heads_per_block):
+    about two blocks per SM at long contexts."""
+    return int(min(MAX_SPLITS, max(8, math.ceil(2 * sm_count / n_kv))))
+
+
+
+
+def heads_per_block(n_kv: int, n_gqa: int) -> int:
+    """Query heads per block (N_GQA): the largest divisor of n_gqa that still gives at
+    least 16 head blocks, so short contexts (one split) spread over SMs; K/V are read once
+    per block. The result does not depend on it (see attention.cu)."""
+    best = 1
+    for h in range(1, n_gqa + 1):
+        if n_gqa % h == 0 and n_kv * n_gqa // h >= 16:
+            best = h
+    return best
+
+
+def scratch_shapes(n_tokens: int, n_head: int, n_splits: int, head_dim: int):
+    return (n_tokens, n_head, n_splits, head_dim), (n_tokens, n_head, n_splits, 2)
+
+
+@dataclass
+class RopeIn:
+    """attention(..., rope=RopeIn(...)): the QKV rows before RoPE and rope_norm_kv's
+    parameters (memra.gpu.ops.rope); the fused kernel (attn_decode_rope) ropes Q itself and
+    appends each row's K and V, giving rope_norm_kv + attn_decode's bits. Only for rows
+    whose sequences differ (decode): a row must not read another row's appended key."""
+    q: object
+    k: object
+    v: object
+    q_stride: int
+    k_stride: int
+    v_stride: int
+    cs: object  # memra.gpu.ops.rope.rope_table on the device
+    rope_dim: int
+    neox: bool
+    eps: float = 1e-6
+    bias: object = None
+    q_norm: object = None
+    k_norm: object = None
+
+
+def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
+              n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
+              softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
+              canary: bool = False, hpb: int | None = None, config: dict | None = None,
+              rope: RopeIn | None = None) -> None:
+    """n_splits: per head block; counters: int32 [n_tokens * n_kv * n_gqa / hpb] (zero);
+    hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
+    config: see the module doc; rope: RoPE and the KV append fused in (q is then unused)."""
+    n_head = n_kv * n_gqa
+    hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
+    if hpb < 1 or n_gqa % hpb:
+        raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
+    nhb = n_head // hpb
+    nt = 32 * defines(head_dim, config)["ATT_WARPS"]
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
+        raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
+    if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
+        raise MemraError("attention: scratch buffers too small for this many tokens / splits")
+    if out.size < n_tokens * n_head * head_dim or (rope is None and q.size < n_tokens * n_head * head_dim):
+        raise MemraError("attention: q or out too small")
+    if rope is not None and counters is None:
+        raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
+    m = module(g, head_dim, hpb, canary, config)
+    tail = (pos, seq if seq is not None else _NULL, np.int32(n_kv), np.int32(n_gqa), np.int32(n_ctx),
+            np.int32(window), np.float32(scale), np.float32(softcap))
+    if counters is not None:
+        if n_splits > MAX_SPLITS or counters.dtype != np.int32 or counters.size < n_tokens * nhb:
+            raise MemraError(f"attention: fused variant needs n_splits <= {MAX_SPLITS} and int32 counters "
+                             f"[n_tokens * n_head / heads per block]")
+        if xq is not None and (head_dim % 32 or xq.dtype != np.int8 or xq.size < n_tokens * n_head * head_dim):
+            raise MemraError("attention: q8 output needs head_dim % 32 == 0 and int8 xq [n_tokens, n_head * head_dim]")
+        xargs = (xq if xq is not None else _NULL, xs if xs is not None else _NULL)
+        if rope is not None:
+            from memra.gpu.ops.rope import check_table
+
+            r = rope
+            check_table("attention", r.cs, r.rope_dim, head_dim)
+            opt = [x if x is not None else _NULL for x in (r.bias, r.q_norm, r.k_norm)]
+            g.launch(m.kernel("attn_decode_rope"), (nhb, n_splits, n_tokens), (nt,),
+                     (r.q, r.k, r.v, np.int32(r.q_stride), np.int32(r.k_stride), np.int32(r.v_stride), *opt,
+                      r.cs, np.int32(r.cs.shape[0]), np.int32(r.rope_dim), np.int32(1 if r.neox else 0),
+                      np.float32(r.eps), kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
+            return
+        g.launch(m.kernel("attn_decode"), (nhb, n_splits, n_tokens), (nt,),
+                 (q, kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
+        return
+    g.launch(m.kernel("attn_split"), (nhb, n_splits, n_tokens), (nt,),
+             (q, kcache, vcache, part_o, part_ml, *tail), pdl=pdl)
+    g.launch(m.kernel("attn_combine"), (n_head, n_tokens), (min(head_dim, 256),),
+             (part_o, part_ml, out, np.int32(n_splits)), pdl=pdl)
+
+
+def reference(q, kcache, vcache, pos, seq, n_kv: int, window: int, scale: float, softcap: float = 0.0):
+    """q [T, n_head, D]; caches [n_seq, n_ctx, n_kv, D] (float values of the f16 cache);
+    returns [T, n_head * D] float64."""
+    q = np.asarray(q, np.float64)
+    T, n_head, D = q.shape
+    G = n_head // n_kv
+    out = np.empty((T, n_head, D))
+    for t in range(T):
+        p = int(pos[t])
+        s = int(seq[t]) if seq is not None else 0
+        lo = max(0, p + 1 - window) if window else 0
+        K = np.asarray(kcache[s, lo:p + 1], np.float64)  # [n, n_kv, D]
+        V = np.asarray(vcache[s, lo:p + 1], np.float64)
+        for h in range(n_head):
+            sc = K[:, h // G] @ q[t, h] * scale
+            if softcap:
+                sc = softcap * np.tanh(sc / softcap)
+            w = np.exp(sc - sc.max())
+            out[t, h] = (w @ V[:, h // G]) / w.sum()
+    return out.reshape(T, n_head * D)
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T, heads per block)
+    (64, 3, 3, 0, 0.0, 88, 4, 1),      # smollm2
+    (64, 3, 3, 0, 0.0, 88, 4, 3),      # smollm2, one block per KV head
+    (256, 4, 1, 0, 0.0, 256, 3, 1),    # gemma3 global layers
+    (256, 4, 1, 37, 0.0, 256, 3, 4),   # gemma3 sliding window
+    (128, 4, 2, 0, 0.0, 8, 3, 2),      # qwen3 / llama3 head size, few splits (long chunks)
+    (128, 4, 2, 0, 30.0, 33, 2, 4),    # soft-capped scores
+    (32, 2, 2, 16, 0.0, 64, 4, 2),     # qwen2 tiny, small window
+    (64, 1, 4, 0, 0.0, 1, 2, 1),       # no GQA, one split
+    (64, 8, 1, 0, 0.0, 16, 2, 8),      # wide GQA group
+)
+
+
+def compile_variants():
+    vs = sorted({(c[0], c[7]) for c in CASES} | {(c[0], c[3]) for c in ROPE_CASES})
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE}) for d, gq in vs]
+    for d, gq in ((64, 1), (256, 1)):
+        out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE,
+                                  "MEMRA_CANARY": 1}))
+    return out
+
+
+def _check(g, rng, case, canary=False, fused=False):
+    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
+
+    D, G, nkv, window, cap, S, T, hpb = case
+    n_ctx, n_seq = 1100, 2
+    nh = nkv * G
+    kc = (rng.standard_normal((n_seq, n_ctx, nkv, D)) * 0.7).astype(np.float16)
+    vc = rng.standard_normal((n_seq, n_ctx, nkv, D)).astype(np.float16)
+    q = rng.standard_normal((T, nh, D)).astype(np.float32)
+    # short and long contexts, the first position, the last
+    pos = np.concatenate([[0, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 2))])[:T].astype(np.int32)
+    seq = rng.integers(0, n_seq, T).astype(np.int32)
+    scale = 1.0 / math.sqrt(D)
+    po_shape, pml_shape = scratch_shapes(T, nh, S, D)
+    part_o, part_ml = g.empty(po_shape, np.float32), g.empty(pml_shape, np.float32)
+    out = g.empty((T, nh * D), np.float32)
+    for a in (part_o, part_ml, out):
+        a.poison()
+    counters = g.to_device(np.zeros(T * nh // hpb, np.int32)) if fused else None
+    q8 = fused and D % 32 == 0
+    xq = g.empty((T, nh * D), np.int8) if q8 else None
+    xs = g.empty((T, nh * D // 32), Q8_SCALE) if q8 else None
+    args = (g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out,
+            part_o, part_ml, g.to_device(pos), g.to_device(seq))
+    kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=scale,
+              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb)
+    attention(g, *args, **kw)
+    ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
+    name = f"attention{' fused' if fused else ''} D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} " \
+           f"splits={S} T={T} heads/block={hpb}"
+    first = out.numpy()
+    o = compare(name, first, ref, TOL)
+    if not fused or not o.ok:
+        return o
+    # the counters were put back to zero: a second launch merges again, to the same bits
+    out.poison()
+    attention(g, *args, **kw)
+    if not np.array_equal(out.numpy(), first, equal_nan=True):
+        return Outcome(name, False, "a second launch (counters reused) gives different output")
+    if int(np.count_nonzero(counters.numpy())):
+        return Outcome(name, False, "counters not reset to zero")
+    if hpb != 1:  # a head's bits do not depend on the heads sharing its block
+        out.poison()
+        one = dict(kw, hpb=1, counters=g.to_device(np.zeros(T * nh, np.int32)))
+        attention(g, *args, **one)
+        if not np.array_equal(out.numpy(), first, equal_nan=True):
+            return Outcome(name, False, "one head per block gives different bits")
+    if q8 and not q8_twin_matches(xq, xs, first):
+        return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
+    return Outcome(name, True, o.detail + "; relaunch identical" + ("; = 1 head/block" if hpb != 1 else "")
+                   + ("; q8 twin bit-exact" if q8 else ""))
+
+
+ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neox, qk_norm, bias)
+    (64, 3, 3, 1, 0, 64, False, False, False),     # smollm2
+    (64, 4, 2, 2, 0, 64, False, False, False),     # llama, two heads a block
+    (256, 4, 1, 1, 37, 256, True, True, False),    # gemma3, sliding window, Q/K norm
+    (128, 4, 2, 4, 0, 64, True, False, True),      # partial rotary, QKV bias, one block per KV head
+)
+
+
+def _check_rope_fused(g, rng, case, canary=False):
+    """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
+    twin and the appended K/V rows must be the same bits."""
+    from memra.gpu.compare import Outcome
+    from memra.gpu.ops import rope as ROPE
+    from memra.gpu.q8 import Q8_SCALE
+    from memra.cpu.reference import rope_inv_freq
+
+    D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
+    nh, T, n_ctx = nkv * G, 3, 700
+    S = default_splits(nh // hpb, 132)
+    stride = (nh + 2 * nkv) * D
+    qkv = g.to_device(rng.standard_normal((T, stride)).astype(np.float32))
+    pos = g.to_device(np.array([0, 64, n_ctx - 1][:T], np.int32))  # one split, two, many
+    seq = g.to_device(np.arange(T, dtype=np.int32))  # decode: one row per sequence
+    cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
+    f32 = np.float32
+    qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
+    cache0 = [(rng.standard_normal((T, n_ctx, nkv * D)) * 0.5).astype(np.float16).view(np.uint16) for _ in range(2)]
+    views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
+    runs = []
+    for fused in (False, True):
+        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        out = g.empty((T, nh * D), f32)
+        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        po, pml = scratch_shapes(T, nh, S, D)
+        part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
+        for a in (out, xq, xs, part_o, part_ml):
+            a.poison()
+        kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=1 / math.sqrt(D),
+                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb)
+        if fused:
+            r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
+            attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, rope=r, canary=canary, **kw)
+        else:
+            qr = g.empty((T, nh * D), f32)
+            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D,
+                              n_ctx=n_ctx, rope_dim=rd, neox=neox, q_stride=stride, k_stride=stride,
+                              v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, **kw)
+        runs.append([a.numpy() for a in (out, xq, kc, vc)] + [xs.numpy().view(np.uint8)])
+    name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
+            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
+    for what, a, b in zip(("output", "q8 twin", "K cache", "V cache", "q8 scales"), runs[0], runs[1]):
+        if not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_decode")
+    return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the two launches")
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for case in CASES:
+        yield _check(g, rng, case)
+        yield _check(g, rng, case, fused=True)
+    for case in ROPE_CASES:
+        yield _check_rope_fused(g, rng, case)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, CASES[0], canary=True)
+    yield _check(g, rng, CASES[2], canary=True, fused=True)
+    yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=True)
+
+
+# -- tune hook (memra/tune/measure.py): kernel "attn_decode" (the fused launch the engine runs),
+# variant "default", shape {n_head, n_head_kv, head_dim, ctx}, batch tokens; config ATT_WARPS,
+# ATT_TILE, ATT_MIN_CHUNK and "hpb" (query heads per block, must divide n_gqa)
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "attn_decode" or variant != "default":
+        raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
+                     int(shape["ctx"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+class _TuneCase:
+    """A decode step's attention as the engine launches it (attn_decode_rope: RoPE and the
+    KV append inside, from the QKV matvec's rows): one token per sequence (batch tokens),
+    each at position ctx - 1 so it attends to ctx cached keys, n_splits as the engine picks
+    them (default_splits of the head-block count), the q8 twin written when head_dim % 32
+    == 0 (the engine's q8 path). `sets` copies of the QKV rows, the caches and the outputs."""
+
+    def __init__(self, g, config, nh, nkv, D, ctx, T, rng, rotate_bytes):
+        from memra.gpu.q8 import Q8_SCALE
+
+        if nkv < 1 or nh % nkv or ctx < 1:
+            raise MemraError(f"attention tune: bad shape n_head={nh} n_head_kv={nkv} ctx={ctx}")
+        self.G = nh // nkv
+        self.hpb = int(config.get("hpb", 0)) or heads_per_block(nkv, self.G)
+        if self.hpb < 1 or self.G % self.hpb:
+            raise MemraError(f"attention: hpb={self.hpb} must divide the {self.G} query heads per KV head")
+        defines(D, config)  # a bad value fails here: a failed receipt
+        self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
+        self.S = default_splits(nh // self.hpb, g.info.sm_count)
+        self.q8 = D % 32 == 0
+        qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2
+        q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
+        self.bytes = qb + 2 * kvb + T * nh * D * 4 + q8b  # QKV rows and the caches read; out (and its twin) written
+        self.sets = max(1, -(-rotate_bytes // self.bytes))
+        kv = (rng.standard_normal(T * ctx * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
+        self.kc = g.to_device(np.tile(kv, self.sets))
+        self.vc = g.to_device(np.tile(kv[::-1].copy(), self.sets))
+        self.out = g.empty(self.sets * T * nh * D, np.float32)
+        self.xq = g.empty(self.sets * T * nh * D, np.int8) if self.q8 else None
+        self.xs = g.empty(self.sets * T * nh * D // 32, Q8_SCALE) if self.q8 else None
+        po, pml = scratch_shapes(T, nh, self.S, D)
+        self.part_o, self.part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
+        self.counters = g.to_device(np.zeros(T * nh, np.int32))  # left zero by every launch
+        self.pos = g.to_device(np.full(T, ctx - 1, np.int32))
+        self.seq = g.to_device(np.arange(T, dtype=np.int32))
+        # the decode launch the engine makes: RoPE and the KV append inside (attn_decode_rope),
+        # from the QKV matvec's rows (q, k, v of a token in one row)
+        from memra.gpu.ops.rope import rope_table
+        from memra.cpu.reference import rope_inv_freq
+
+        self.inv = rope_inv_freq(D, 1e4)
+        self.cs = g.to_device(rope_table(self.inv, ctx))
+        self.row = (nh + 2 * nkv) * D
+        self.qkv = g.to_device(np.tile(rng.standard_normal(T * self.row).astype(np.float32), self.sets))
+
+    def _run(self, qkv, kc, vc, out, xq, xs):
+        D, nh, nkv, r = self.D, self.nh, self.nkv, self.row
+        rope = RopeIn(qkv.view(np.float32, (self.T * r,), 0), qkv.view(np.float32, (1,), 4 * nh * D),
+                      qkv.view(np.float32, (1,), 4 * (nh + nkv) * D), r, r, r, self.cs, D, False)
+        attention(self.g, None, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, n_tokens=self.T,
+                  n_kv=nkv, n_gqa=self.G, head_dim=D, n_ctx=self.ctx, window=0,
+                  scale=1.0 / math.sqrt(D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
+                  hpb=self.hpb, config=self.config, rope=rope)
+
+    def launch(self, i: int) -> None:
+        T, nh, nkv, D, ctx = self.T, self.nh, self.nkv, self.D, self.ctx
+        nq, nk = T * nh * D, T * ctx * nkv * D
+        cache = (T, ctx, nkv * D)
+        q8 = (self.xq.view(np.int8, (nq,), nq * i), self.xs.view(None, (nq // 32,), nq // 32 * i * self.xs.dtype.itemsize)) \
+            if self.q8 else (None, None)
+        nr = T * self.row
+        self._run(self.qkv.view(np.float32, (nr,), 4 * nr * i), self.kc.view(np.uint16, cache, 2 * nk * i),
+                  self.vc.view(np.uint16, cache, 2 * nk * i), self.out.view(np.float32, (nq,), 4 * nq * i), *q8)
+
+    def check(self):
+        """Fresh q, K, V; poisoned outputs; against the float64 reference at TOL, the
+        counters left zero, the q8 twin equal to quantize_q8 of the output."""
+        from memra.gpu.compare import compare
+        from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
+
+        g, rng, T, nh, nkv, D, ctx = self.g, self.rng, self.T, self.nh, self.nkv, self.D, self.ctx
+        kc = (rng.standard_normal((T, ctx, nkv, D)) * 0.7).astype(np.float16)
+        vc = rng.standard_normal((T, ctx, nkv, D)).astype(np.float16)
+        qkv = rng.standard_normal((T, self.row)).astype(np.float32)
+        out = g.empty((T, nh * D), np.float32)
+        xq = g.empty((T, nh * D), np.int8) if self.q8 else None
+        xs = g.empty((T, nh * D // 32), Q8_SCALE) if self.q8 else None
+        for a in (out, xq, xs, self.part_o, self.part_ml):
+            if a is not None:
+                a.poison()
+        self._run(g.to_device(qkv), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out, xq, xs)
+        g.sync()
+        from memra.gpu.ops.rope import reference as rope_reference
+
+        pos = np.full(T, ctx - 1)
+        rq, rk, rv = rope_reference(qkv[:, :nh * D].reshape(T, nh, D), qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D),
+                                    qkv[:, (nh + nkv) * D:].reshape(T, nkv, D), pos, self.inv, False)
+        kc[:, ctx - 1], vc[:, ctx - 1] = rk.astype(np.float16), rv.astype(np.float16)  # the appended rows
+        scale = 1.0 / math.sqrt(D)
+        ref = reference(rq, kc.astype(np.float32), vc.astype(np.float32), pos, np.arange(T), nkv, 0, scale)
+        o = out.numpy()
+        c = compare(f"attn_decode heads={nh}/{nkv} D={D} ctx={ctx} T={T} hpb={self.hpb} splits={self.S}", o, ref, TOL)
+        err = c.err
+        if not c.ok:
+            return False, err, c.detail
+        if np.count_nonzero(self.counters.numpy()):
+            return False, err, "counters not reset to zero"
+        if self.q8 and not q8_twin_matches(xq, xs, o):
+            return False, err, "q8 twin differs from quantize_q8 of the output"
+        return True, err, c.detail

@@ -1,0 +1,249 @@
+"""Per-head Q/K RMSNorm + RoPE + KV-cache append in one launch (kernels/rope.cu).
+
+    cs = g.to_device(rope_table(inv_freq, n_pos))   # once per context size
+    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, n_tokens, ..., config=None)
+
+inv_freq: float64 [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i), as
+memra.cpu.reference.rope_inv_freq computes it; rope_table turns it into the float32 cos/sin of
+every position, rounded from float64 exactly as memra.cpu.reference.rope rounds them. The
+reference is memra.cpu.reference's rms_norm and rope; the caches hold f16. Tolerances: q 1e-5 relative; cached K/V within one f16 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "rope.cu"
+WARPS = 4
+TOL = 1e-5
+
+_NULL = np.uint64(0)
+
+
+def warps(config: dict | None) -> int:
+    """Heads per block: config {"ROPE_WARPS": w} (a tuning table's choice), else WARPS. Each
+    head is one warp's work whatever the block, so it never changes results."""
+    w = int((config or {}).get("ROPE_WARPS", WARPS))
+    if not 1 <= w <= 32:
+        raise MemraError(f"rope: ROPE_WARPS must be in 1..32, got {w}")
+    return w
+
+
+def module(g, head_dim: int, canary: bool = False, config: dict | None = None):
+    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config)}
+    if canary:
+        d["MEMRA_CANARY"] = 1
+    return g.module(KERNEL_FILE, d)
+
+
+def rope_table(inv_freq: np.ndarray, n_pos: int) -> np.ndarray:
+    """float32 [n_pos, len(inv_freq), 2]: (cos, sin) of p * inv_freq[i] for p < n_pos,
+    evaluated in float64 and rounded to float32 (memra.cpu.reference.rope's values)."""
+    theta = np.arange(n_pos, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
+    return np.stack([np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)], axis=-1)
+
+
+def check_table(who: str, cs, rope_dim: int, head_dim: int) -> None:
+    """A rope_table on the device that fits rope_dim (<= head_dim, even), or MemraError."""
+    if cs.dtype != np.float32 or rope_dim > head_dim or rope_dim % 2 or len(cs.shape) != 3 \
+            or cs.shape[1:] != (rope_dim // 2, 2):
+        raise MemraError(f"{who}: rope_dim {rope_dim} vs head_dim {head_dim} and a float32 cos/sin table "
+                         f"[n_pos, rope_dim/2, 2] (got {cs.dtype} {cs.shape})")
+
+
+def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: int,
+                 n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
+                 q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
+                 eps: float = 1e-6, pdl: bool = False, canary: bool = False, config: dict | None = None) -> None:
+    """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
+    fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
+    kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
+    (seq may be None: sequence 0), every pos below cs's rows; cs: float32 device array
+    [n_pos, rope_dim/2, 2] from rope_table; bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
+    biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS)."""
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
+        raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
+    if pos.dtype != np.int32 or q_out.dtype != np.float32:
+        raise MemraError("rope_norm_kv: pos int32, q_out float32")
+    check_table("rope_norm_kv", cs, rope_dim, head_dim)
+    w = warps(config)
+    kern = module(g, head_dim, canary, config).kernel("rope_norm_kv")
+    n_units = n_head + 2 * n_kv
+    g.launch(kern, ((n_units + w - 1) // w, n_tokens), (32 * w,),
+             (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
+              pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
+              q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
+              cs, np.int32(cs.shape[0]), np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
+              np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
+
+
+def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6, bias=None):
+    """q [T, n_head, D], k/v [T, n_kv, D] float32 -> (q_out, k_out, v) as memra.cpu.reference
+    computes them (k and v before their f16 rounding)."""
+    from memra.cpu.reference import rms_norm, rope
+
+    q = np.asarray(q, np.float32)
+    k = np.asarray(k, np.float32)
+    v = np.asarray(v, np.float32)
+    if bias is not None:  # [q heads, k heads, v heads] * D
+        T, nh, D = q.shape
+        nkv = k.shape[1]
+        b = np.asarray(bias, np.float32).reshape(-1, D)
+        q, k, v = q + b[:nh], k + b[nh:nh + nkv], v + b[nh + nkv:]
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm(k, k_norm, eps)
+    pos = np.asarray(pos)
+    return rope(q, pos, inv_freq, neox), rope(k, pos, inv_freq, neox), v
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors, qkv bias)
+    (64, 9, 3, 64, False, False, False, False),   # smollm2 / llama
+    (64, 4, 2, 64, False, False, True, False),    # llama with rope_freqs
+    (256, 4, 1, 256, True, True, False, False),   # gemma3
+    (128, 8, 2, 128, True, True, False, False),   # qwen3
+    (32, 4, 2, 32, True, False, False, True),     # qwen2 (QKV bias)
+    (128, 4, 2, 64, False, False, False, False),  # partial rotary
+)
+
+
+def compile_variants():
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS}) for d in sorted({c[0] for c in CASES})]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "MEMRA_CANARY": 1}))
+    return out
+
+
+def _check(g, rng, case, canary=False, config=None, T=5):
+    from memra.gpu.compare import Outcome, compare
+    from memra.cpu.reference import rope_inv_freq
+
+    D, nh, nkv, rd, neox, qkn, ff, has_bias = case
+    n_ctx, n_seq = 300, 2
+    qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
+    stride = qkv.shape[1]
+    # distinct positions (two tokens appending one cache row would race), one of them large
+    pos = np.concatenate([rng.choice(n_ctx // 2, T - 1, replace=False),
+                          rng.integers(n_ctx // 2, n_ctx, 1)]).astype(np.int32)
+    seq = rng.integers(0, n_seq, T).astype(np.int32)
+    base = float(rng.choice([1e4, 1e5, 1e6]))
+    factors = rng.uniform(1, 4, rd // 2).astype(np.float32) if ff else None
+    inv = rope_inv_freq(rd, base, float(rng.choice([1.0, 0.25])), factors)
+    qn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
+    kn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
+    eps = 1e-6
+    bias = rng.standard_normal((nh + 2 * nkv) * D).astype(np.float32) if has_bias else None
+
+    d_qkv = g.to_device(qkv)
+    q_out = g.empty((T, nh * D), np.float32)
+    q_out.poison()
+    kc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
+    vc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
+    kc.poison()
+    vc.poison()
+    fb = 4
+    rope_norm_kv(g, d_qkv.view(shape=(T * stride,)), d_qkv.view(offset=nh * D * fb), d_qkv.view(offset=(nh + nkv) * D * fb),
+                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(rope_table(inv, n_ctx)), n_tokens=T,
+                 n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
+                 q_stride=stride, k_stride=stride, v_stride=stride,
+                 bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
+                 eps=eps, canary=canary, config=config)
+    q = qkv[:, :nh * D].reshape(T, nh, D)
+    k = qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D)
+    v = qkv[:, (nh + nkv) * D:].reshape(T, nkv, D)
+    rq, rk, rv = reference(q, k, v, pos, inv, neox, qn, kn, eps, bias)
+    name = f"rope D={D} heads={nh}/{nkv} rope_dim={rd} {'neox' if neox else 'normal'}" + \
+           (" qk_norm" if qkn else "") + (" factors" if ff else "") + (" bias" if has_bias else "")
+    oq = compare(name + " q", q_out.numpy().reshape(T, nh, D), rq, TOL)
+    kh = kc.numpy().view(np.float16)
+    vh = vc.numpy().view(np.float16)
+    gk = np.stack([kh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
+    gv = np.stack([vh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
+    # one f16 rounding of values that agree to ~1e-6: 2^-10 relative per element at most
+    ok_k = compare(name + " kcache", gk, rk.astype(np.float16).astype(np.float32), 1e-3, kind="max")
+    ok_v = compare(name + " vcache", gv, rv.astype(np.float16).astype(np.float32), 0, kind="exact")
+    # untouched cache rows must keep their poison (no stray writes)
+    mask = np.ones((n_seq, n_ctx), bool)
+    mask[seq, pos] = False
+    stray = int(np.count_nonzero(kc.numpy()[mask] != 0xFFFF) + np.count_nonzero(vc.numpy()[mask] != 0xFFFF))
+    for o in (oq, ok_k, ok_v):
+        if not o.ok:
+            return o
+    if stray:
+        return Outcome(name, False, f"{stray} cache elements written outside the appended rows")
+    return Outcome(name, True, f"{oq.detail}; k {ok_k.detail}", oq.err)
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for case in CASES:
+        yield _check(g, rng, case)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, CASES[0], canary=True)
+
+
+# -- tune hook (memra/tune/measure.py): kernel "rope_norm_kv", variant "default", shape
+# {n_head, n_head_kv, head_dim}, batch tokens; config {"ROPE_WARPS": w}
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel != "rope_norm_kv" or variant != "default":
+        raise MemraError(f"rope tune: unknown kernel/variant {kernel}/{variant}")
+    return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
+                     int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+_TUNE_CTX = 8  # cache rows per sequence in the timing copies (only the row written matters)
+
+
+class _TuneCase:
+    """A decode step's launch: one token per sequence (batch tokens), full-width rotary
+    (normal pairing, no Q/K norm), the fused QKV row as input; `sets` copies of the QKV rows,
+    q_out and the two caches."""
+
+    def __init__(self, g, config, nh, nkv, D, T, rng, rotate_bytes):
+        from memra.cpu.reference import rope_inv_freq
+
+        warps(config)  # a bad value fails here: a failed receipt
+        if D % 2:
+            raise MemraError(f"rope tune: head_dim must be even, got {D}")
+        self.g, self.config, self.nh, self.nkv, self.D, self.T, self.rng = g, config, nh, nkv, D, T, rng
+        self.stride = (nh + 2 * nkv) * D
+        qkv_b, qo_b, kv_b = T * self.stride * 4, T * nh * D * 4, T * _TUNE_CTX * nkv * D * 2
+        # read q/k/v and the cos/sin row, write q_out and one K and one V row per token
+        self.bytes = qkv_b + T * D * 4 + qo_b + 2 * T * nkv * D * 2
+        self.sets = max(1, -(-rotate_bytes // (qkv_b + qo_b + 2 * T * nkv * D * 2)))
+        host = rng.standard_normal(T * self.stride).astype(np.float32)
+        self.qkv = g.to_device(np.tile(host, self.sets))
+        self.q_out = g.empty(self.sets * T * nh * D, np.float32)
+        self.kc = g.empty(self.sets * kv_b // 2, np.uint16)
+        self.vc = g.empty(self.sets * kv_b // 2, np.uint16)
+        self.pos = g.to_device(rng.integers(0, _TUNE_CTX, T).astype(np.int32))
+        self.seq = g.to_device(np.arange(T, dtype=np.int32))
+        self.cs = g.to_device(rope_table(rope_inv_freq(D, 1e4, 1.0, None), _TUNE_CTX))
+
+    def launch(self, i: int) -> None:
+        T, D, nh, nkv, st = self.T, self.D, self.nh, self.nkv, self.stride
+        base = 4 * T * st * i
+        q = self.qkv.view(np.float32, (T * st,), base)
+        k = self.qkv.view(np.float32, (T * st - nh * D,), base + 4 * nh * D)
+        v = self.qkv.view(np.float32, (T * st - (nh + nkv) * D,), base + 4 * (nh + nkv) * D)
+        cache = (T, _TUNE_CTX, nkv * D)
+        cb = 2 * T * _TUNE_CTX * nkv * D * i
+        rope_norm_kv(self.g, q, k, v, self.q_out.view(np.float32, (T, nh * D), 4 * T * nh * D * i),
+                     self.kc.view(np.uint16, cache, cb), self.vc.view(np.uint16, cache, cb), self.pos, self.seq,
+                     self.cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, n_ctx=_TUNE_CTX, rope_dim=D,
+                     neox=False, q_stride=st, k_stride=st, v_stride=st, config=self.config)
+
+    def check(self):
+        """The kernel-check on fresh inputs at this head shape and token count (q, cached K
+        and V against memra.cpu.reference, no stray cache writes), with this configuration."""
+        o = _check(self.g, self.rng, (self.D, self.nh, self.nkv, self.D, False, False, False, False),
+                   config=self.config, T=self.T)
+        return o.ok, o.err, o.detail

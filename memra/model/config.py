@@ -1,0 +1,149 @@
+"""Model hyper-parameters per architecture, read from GGUF metadata.
+
+One flat dataclass describes all supported architectures (llama, qwen2, qwen3, gemma3):
+they are one decoder shape with a few switches, and the forward passes (CPU reference and
+GPU engine) read the switches rather than the architecture name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memra.errors import GGUFError, UnsupportedModelError
+from memra.model.gguf import GGUFFile
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int  # K (and Q) head size
+    head_dim_v: int
+    n_ff: int
+    norm_eps: float
+    rope_base: float
+    rope_dim: int  # rotated dims per head (<= head_dim)
+    rope_neox: bool  # NeoX (split halves) vs normal (adjacent pairs)
+    rope_freq_scale: float = 1.0  # linear position scaling (1 / factor)
+    rope_base_swa: float | None = None  # rope base on sliding-window layers (gemma3)
+    has_rope_freqs: bool = False  # per-dimension frequency factors tensor (Llama-3.1 style)
+    qkv_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each Q/K head before RoPE
+    post_norms: bool = False  # gemma3: norm after attention and after FFN, before the residual add
+    embd_scale: float = 1.0  # token embeddings multiplied by this
+    act: str = "silu"  # "silu" or "gelu_tanh" on the gate
+    tied_output: bool = False
+    attn_scale: float = 0.0  # multiplier on Q·K; 0 → 1/sqrt(head_dim)
+    swa_window: int = 0  # sliding-window size (0: none)
+    swa_layers: tuple[bool, ...] = field(default=())  # per layer: uses the sliding window
+    final_logit_softcap: float = 0.0
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.n_head_kv * self.head_dim_v
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def is_swa(self, layer: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[layer]
+
+    def layer_rope_base(self, layer: int) -> float:
+        if self.is_swa(layer) and self.rope_base_swa is not None:
+            return self.rope_base_swa
+        return self.rope_base
+
+
+def _scalar(g: GGUFFile, key: str, default=None, *, required=False):
+    v = g.metadata.get(key, default)
+    if v is None and required:
+        raise GGUFError(g.path, f"metadata {key} is missing")
+    if isinstance(v, np.ndarray):  # per-layer arrays: memra supports uniform values only
+        if v.size == 0 or not np.all(v == v.flat[0]):
+            raise UnsupportedModelError(f"{g.path}: per-layer values for {key} are not supported")
+        v = v.flat[0].item()
+    return v
+
+
+def read_config(g: GGUFFile) -> ModelConfig:
+    arch = g.arch
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{g.path}: architecture {arch!r} is not supported (memra runs {', '.join(ARCHITECTURES)})")
+    p = arch + "."
+    n_embd = int(_scalar(g, p + "embedding_length", required=True))
+    n_layer = int(_scalar(g, p + "block_count", required=True))
+    n_head = int(_scalar(g, p + "attention.head_count", required=True))
+    n_head_kv = int(_scalar(g, p + "attention.head_count_kv", n_head))
+    head_dim = int(_scalar(g, p + "attention.key_length", n_embd // n_head))
+    head_dim_v = int(_scalar(g, p + "attention.value_length", head_dim))
+    n_ff = int(_scalar(g, p + "feed_forward_length", required=True))
+    eps = float(_scalar(g, p + "attention.layer_norm_rms_epsilon", 1e-5))
+    rope_base = float(_scalar(g, p + "rope.freq_base", 10000.0))
+    rope_dim = int(_scalar(g, p + "rope.dimension_count", head_dim))
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = int(_scalar(g, p + "vocab_size", len(tokens) if tokens is not None else 0))
+    if n_vocab <= 0:
+        n_vocab = g.tensor("token_embd.weight").shape[0]
+    n_ctx = int(_scalar(g, p + "context_length", 4096))
+
+    if n_head % n_head_kv:
+        raise GGUFError(g.path, f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if rope_dim > head_dim or rope_dim % 2:
+        raise GGUFError(g.path, f"rope.dimension_count {rope_dim} does not fit head size {head_dim}")
+
+    scaling = _scalar(g, p + "rope.scaling.type", "none")
+    factor = float(_scalar(g, p + "rope.scaling.factor", 1.0) or 1.0)
+    if scaling in ("none", None) or factor == 1.0:
+        freq_scale = 1.0
+    elif scaling == "linear":
+        freq_scale = 1.0 / factor
+    else:
+        raise UnsupportedModelError(f"{g.path}: rope scaling type {scaling!r} is not supported")
+
+    kw: dict = dict(
+        arch=arch, n_vocab=n_vocab, n_ctx_train=n_ctx, n_embd=n_embd, n_layer=n_layer,
+        n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v, n_ff=n_ff,
+        norm_eps=eps, rope_base=rope_base, rope_dim=rope_dim, rope_freq_scale=freq_scale,
+        has_rope_freqs="rope_freqs.weight" in g.tensors,
+        tied_output="output.weight" not in g.tensors,
+    )
+    if arch == "llama":
+        kw.update(rope_neox=False)
+    elif arch == "qwen2":
+        kw.update(rope_neox=True, qkv_bias=True)
+    elif arch == "qwen3":
+        kw.update(rope_neox=True, qk_norm=True)
+    elif arch == "gemma3":
+        window = int(_scalar(g, p + "attention.sliding_window", 0) or 0)
+        pattern = int(_scalar(g, p + "attention.sliding_window_pattern", 6) or 6)
+        # every pattern-th layer is global, the others use the sliding window
+        swa = tuple(window > 0 and (i % pattern) != pattern - 1 for i in range(n_layer))
+        kw.update(rope_neox=True, qk_norm=True, post_norms=True, embd_scale=math.sqrt(n_embd),
+                  act="gelu_tanh", swa_window=window, swa_layers=swa, rope_base_swa=10000.0,
+                  attn_scale=1.0 / math.sqrt(head_dim),
+                  final_logit_softcap=float(_scalar(g, p + "final_logit_softcapping", 0.0) or 0.0))
+    return ModelConfig(**kw)

@@ -1,0 +1,98 @@
+"""Where memra keeps things: the one module that computes paths.
+
+    $MEMRA_HOME (default ~/.cache/memra)
+        models/        aliased models fetched by `memra pull` (memra.model.aliases)
+        cubin/         NVRTC's compiled kernels, keyed by source, options, arch, NVRTC version
+        synth/         synthetic GGUFs made for `memra bench` (memra.tune.bench)
+        device.json    measured copy bandwidth per device and driver (memra.gpu.cuda)
+
+    the checkout memra runs from (else the current folder)
+        kernels/            *.cu / *.cuh (memra/kernels/ inside an installed wheel)
+        tune/defaults/      frozen per-device tables (memra.defaults inside a wheel)
+        tune/campaigns/     campaign specs
+        research/           JSONL receipts: research/bench-*.jsonl, research/tune/*.jsonl
+
+Every function reads the environment when called (tests point MEMRA_HOME elsewhere).
+Lowest floor: imports nothing from memra but memra.errors.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from memra.errors import MemraError
+
+PACKAGE = Path(__file__).resolve().parent  # memra/
+CHECKOUT = PACKAGE.parent                  # the repository (site-packages in a wheel)
+
+
+# -- $MEMRA_HOME --------------------------------------------------------------------------------
+
+def memra_home() -> Path:
+    base = os.environ.get("MEMRA_HOME")
+    return Path(base) if base else Path.home() / ".cache" / "memra"
+
+
+def models_dir() -> Path:
+    return memra_home() / "models"
+
+
+def cubin_dir() -> Path:
+    return memra_home() / "cubin"
+
+
+def synth_dir() -> Path:
+    return memra_home() / "synth"
+
+
+def device_json() -> Path:
+    return memra_home() / "device.json"
+
+
+# -- the checkout -------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def kernel_dir() -> Path:
+    """The folder holding *.cu / *.cuh, found next to this very package: memra/kernels in an
+    installed wheel (package data memra.kernels), else the checkout's top-level kernels/.
+    (Resolving `memra.kernels` through the import system could pick another checkout's
+    editable install and compile its sources.)"""
+    for d in (PACKAGE / "kernels", CHECKOUT / "kernels"):
+        if d.is_dir() and any(d.glob("*.cu")):
+            return d
+    raise MemraError(f"kernel sources not found (looked in {PACKAGE / 'kernels'} and {CHECKOUT / 'kernels'})")
+
+
+def tables_dir() -> Path:
+    """tune/defaults of the checkout memra runs from, else the copy shipped in the wheel."""
+    d = CHECKOUT / "tune" / "defaults"
+    if d.is_dir():
+        return d
+    try:
+        from importlib.resources import files
+
+        return Path(str(files("memra.defaults")))
+    except (ModuleNotFoundError, TypeError):
+        return d
+
+
+def project_root() -> Path:
+    """The checkout memra runs from (where research/ and tune/ live), else the current folder."""
+    return CHECKOUT if (CHECKOUT / "tune").is_dir() and (CHECKOUT / "research").is_dir() else Path.cwd()
+
+
+def campaigns_dir() -> Path:
+    return project_root() / "tune" / "campaigns"
+
+
+def tune_receipts_dir() -> Path:
+    """Default folder of `memra tune`'s receipts (and of `memra tune freeze`'s input)."""
+    return project_root() / "research" / "tune"
+
+
+def research_dir() -> Path:
+    """research/ of the checkout memra runs from (else ./research): `memra bench`'s receipts."""
+    root = CHECKOUT if (CHECKOUT / "research").is_dir() else Path.cwd()
+    return root / "research"

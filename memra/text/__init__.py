@@ -1,0 +1,1 @@
+"""Text <-> tokens: the tokenizers (tokenizer, pretokenize) and chat templates (chat)."""

@@ -1,0 +1,360 @@
+"""Tuning campaigns: TOML specs → jobs (kernel × variant × config × shape) → receipts.
+
+A campaign (`tune/campaigns/*.toml`, format in tune/campaigns/README.md) names kernel
+families, their variants, a grid of `-D` tunables (every combination is a config), and
+shapes: explicit ones, and/or `ops` taken from models (`--model`): every matvec a model
+decodes with (fused QKV, attention output, fused gate+up, down, output — each with its
+tensor's GGUF type), its attention shapes at the campaign's context lengths, its
+n_embd-wide row ops and its vocabulary-wide ops, each at the decode batch buckets.
+
+`run_campaign` is the CPU half of `memra tune`: it skips what was already measured (same
+device, kernel source hash, job) when resuming, calls the injected `measure(job)` (the
+GPU half: compile, check against the CPU reference, time), turns each result into a
+receipt and appends it at once, so an interrupted campaign loses at most one measurement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from memra.model.config import ModelConfig
+from memra.errors import MemraError
+from memra.tune.receipts import (append_receipts, config_key, iter_receipts, make_receipt, shape_batch,
+                                 shape_key)
+from memra.tune.tables import BATCH_BUCKETS
+
+log = logging.getLogger("memra.tuning")
+
+MATVEC_OPS = ("qkv", "attn_output", "gate_up", "down", "output")
+# attention: {n_head, n_head_kv, head_dim, ctx} per context length (clipped to the sliding
+# window on local layers); heads: {n_head, n_head_kv, head_dim} (rope / q-k norm / KV
+# append); rows: {n: n_embd} (norms, residual adds); ffn: {n: n_ff} (gated activation);
+# embed: {type, n: n_embd} (row gather from the token table); vocab: {n: n_vocab} (sampling)
+OTHER_OPS = ("attention", "heads", "rows", "ffn", "embed", "vocab")
+ALL_OPS = MATVEC_OPS + OTHER_OPS
+DEFAULT_CTX = (512, 4096)
+
+
+class CampaignError(MemraError):
+    """A campaign spec that is malformed or cannot be expanded."""
+
+
+@dataclass(frozen=True)
+class Job:
+    kernel: str
+    variant: str
+    config: dict
+    shape: dict  # includes "batch"
+    src: str  # kernel source file under kernels/
+    ops: tuple[str, ...] = ()  # where the shape comes from, e.g. ('smollm2-135m:qkv',)
+    campaign: str = ""
+    reps: int | None = None
+
+    def key(self) -> tuple:
+        return (self.kernel, self.variant, config_key(self.config), shape_key(self.shape),
+                shape_batch(self.shape))
+
+    def label(self) -> str:
+        return (f"{self.kernel}/{self.variant} [{config_key(self.config) or 'default'}] "
+                f"{shape_key(self.shape)} b{shape_batch(self.shape)}")
+
+
+# ---------------------------------------------------------------- model shapes
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """What a campaign needs from a model: its config and each tensor's GGUF type name."""
+    name: str
+    cfg: ModelConfig
+    types: Mapping[str, str] = field(default_factory=dict)
+
+
+SYNTH_PREFIX = "synth:"  # synth:SHAPE:QUANT, as `memra bench` spells a synthetic model
+
+
+class _Header:
+    """read_config's view of a GGUF header that exists only as metadata and tensor names."""
+
+    def __init__(self, path: str, arch: str, metadata: dict, tensors: Mapping):
+        self.path, self.arch, self.metadata, self.tensors = path, arch, metadata, tensors
+
+    def tensor(self, name: str):
+        raise CampaignError(f"{self.path}: tensor {name} is not available from a synthetic header")
+
+
+def synth_info(spec: str) -> ModelShapes:
+    """Shapes of a synthetic model (synth:SHAPE:QUANT) from its shape's hyper-parameters
+    and the synthesizer's tensor plan: the same config and tensor types as the file `memra
+    bench` would make, without making it."""
+    from memra.model.config import read_config
+    from memra.model.synth import header
+
+    parts = spec[len(SYNTH_PREFIX):].split(":")
+    if len(parts) != 2 or not all(parts):
+        raise CampaignError(f"{spec!r}: a synthetic model is spelled synth:SHAPE:QUANT "
+                            f"(e.g. synth:llama3-8b:Q4_K_M)")
+    arch, meta, tensors = header(*parts)
+    # the file's tokenizer gives n_vocab; the header leaves the tokenizer out, so say it here
+    n_vocab = next(tp.shape[0] for tp in tensors if tp.name == "token_embd.weight")
+    meta = {**meta, f"{arch}.vocab_size": n_vocab}
+    cfg = read_config(_Header(spec, arch, meta, {tp.name: tp for tp in tensors}))
+    return ModelShapes(spec, cfg, {tp.name: tp.ggml_type.name for tp in tensors})
+
+
+def model_info(name_or_path: str) -> ModelShapes:
+    """A model's shapes: an alias or GGUF path (header read only), or synth:SHAPE:QUANT."""
+    from memra.model.aliases import resolve
+    from memra.model.config import read_config
+    from memra.model.gguf import open_gguf
+
+    if name_or_path.startswith(SYNTH_PREFIX):
+        return synth_info(name_or_path)
+    g = open_gguf(resolve(name_or_path))
+    name = name_or_path if not os.path.exists(name_or_path) else Path(name_or_path).stem
+    return ModelShapes(name, read_config(g), {n: t.type_name for n, t in g.tensors.items()})
+
+
+def _type(m: ModelShapes, tensor: str) -> str:
+    try:
+        return m.types[tensor]
+    except KeyError:
+        raise CampaignError(f"model {m.name}: tensor {tensor} is missing") from None
+
+
+def model_shapes(m: ModelShapes, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple[str, dict]]:
+    """(op, shape without batch) for every distinct shape the model decodes with.
+
+    Matvec shapes are {type, rows, cols} with rows = output features. QKV and gate+up are
+    fused when their tensors share a type (rows = q_dim + 2 kv_dim, resp. 2 n_ff); when only
+    V differs, Q and K are fused and V is alone; else each tensor is its own matvec under
+    the same op name — as the engine (memra.gpu.engine.GPUEngine._load_weights) runs them."""
+    c = m.cfg
+    seen: dict[tuple, tuple[str, dict]] = {}
+
+    def add(op: str, shape: dict):
+        seen.setdefault((op, shape_key(shape)), (op, shape))
+
+    def matvec(op: str, parts: list[tuple[str, int]], cols: int):
+        types = [_type(m, t) for t, _ in parts]
+        if len(set(types)) == 1:
+            groups = [list(range(len(parts)))]
+        elif len(parts) == 3 and types[0] == types[1]:
+            groups = [[0, 1], [2]]
+        else:
+            groups = [[i] for i in range(len(parts))]
+        for grp in groups:
+            add(op, {"type": types[grp[0]], "rows": sum(parts[i][1] for i in grp), "cols": cols})
+
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        matvec("qkv", [(p + "attn_q.weight", c.q_dim), (p + "attn_k.weight", c.kv_dim),
+                       (p + "attn_v.weight", c.v_dim)], c.n_embd)
+        matvec("attn_output", [(p + "attn_output.weight", c.n_embd)], c.n_head * c.head_dim_v)
+        matvec("gate_up", [(p + "ffn_gate.weight", c.n_ff), (p + "ffn_up.weight", c.n_ff)], c.n_embd)
+        matvec("down", [(p + "ffn_down.weight", c.n_embd)], c.n_ff)
+        for n in ctx:
+            span = min(n, c.swa_window) if c.is_swa(i) else n
+            add("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv,
+                              "head_dim": c.head_dim, "ctx": span})
+    out = "token_embd.weight" if c.tied_output else "output.weight"
+    matvec("output", [(out, c.n_vocab)], c.n_embd)
+    add("heads", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim})
+    add("rows", {"n": c.n_embd})
+    add("ffn", {"n": c.n_ff})
+    add("embed", {"type": _type(m, "token_embd.weight"), "n": c.n_embd})
+    add("vocab", {"n": c.n_vocab})
+    return list(seen.values())
+
+
+# ---------------------------------------------------------------- specs
+
+_TOP_KEYS = {"name", "description", "batches", "ctx", "reps", "kernels"}
+_KERNEL_KEYS = {"name", "src", "variants", "grid", "shapes", "ops", "types", "batches", "reps"}
+
+
+def load_campaign(path: str | os.PathLike) -> dict:
+    """Parse and check a campaign TOML file."""
+    path = Path(path)
+    try:
+        spec = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CampaignError(f"{path}: cannot read ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CampaignError(f"{path}: not valid TOML ({e})") from None
+    spec.setdefault("name", path.stem)
+    check_campaign(spec, str(path))
+    return spec
+
+
+def _ints(v, what: str, where: str) -> list[int]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                   and x > 0 for x in v):
+        raise CampaignError(f"{where}: {what} must be a non-empty list of positive integers")
+    return v
+
+
+def check_campaign(spec: Mapping, where: str = "campaign") -> None:
+    unknown = set(spec) - _TOP_KEYS
+    if unknown:
+        raise CampaignError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(_TOP_KEYS)})")
+    for k in ("batches", "ctx"):
+        if k in spec:
+            _ints(spec[k], k, where)
+    kernels = spec.get("kernels")
+    if not isinstance(kernels, list) or not kernels:
+        raise CampaignError(f"{where}: no [[kernels]] entries")
+    for i, k in enumerate(kernels):
+        kw = f"{where}: kernels[{i}]"
+        if not isinstance(k, dict):
+            raise CampaignError(f"{kw} is not a table")
+        unknown = set(k) - _KERNEL_KEYS
+        if unknown:
+            raise CampaignError(f"{kw}: unknown keys {sorted(unknown)} (known: {sorted(_KERNEL_KEYS)})")
+        if not isinstance(k.get("name"), str) or not k["name"]:
+            raise CampaignError(f"{kw}: 'name' (the kernel family) is missing")
+        kw = f"{where}: kernel {k['name']}"
+        v = k.get("variants")
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+            raise CampaignError(f"{kw}: 'variants' must be a non-empty list of names")
+        for name, values in (k.get("grid") or {}).items():
+            if not isinstance(values, list) or not values or not all(
+                    isinstance(x, (int, float, str, bool)) for x in values):
+                raise CampaignError(f"{kw}: grid {name} must be a non-empty list of values")
+        ops = k.get("ops", [])
+        bad = [o for o in ops if o not in ALL_OPS]
+        if bad:
+            raise CampaignError(f"{kw}: unknown ops {bad} (known: {', '.join(ALL_OPS)})")
+        shapes = k.get("shapes", [])
+        if not isinstance(shapes, list) or not all(isinstance(s, dict) and s for s in shapes):
+            raise CampaignError(f"{kw}: 'shapes' must be a list of tables")
+        if not shapes and not ops:
+            raise CampaignError(f"{kw}: give 'shapes', or 'ops' to take shapes from --model")
+        if "batches" in k:
+            _ints(k["batches"], "batches", kw)
+
+
+def configs(grid: Mapping[str, list]) -> list[dict]:
+    """Every combination of the grid's values (one empty config for an empty grid)."""
+    names = sorted(grid)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def expand_campaign(spec: Mapping, models: Iterable[ModelShapes] = (), *,
+                    kernels: Iterable[str] | None = None) -> list[Job]:
+    """The campaign's jobs, in a stable order: per kernel entry, shape, batch, variant, config.
+    `kernels` restricts to those families. Shapes appearing in several models are measured
+    once, with every source listed in the job's `ops`."""
+    models = list(models)
+    check_campaign(spec)
+    keep = set(kernels) if kernels is not None else None
+    if keep is not None:
+        unknown = keep - {k["name"] for k in spec["kernels"]}
+        if unknown:
+            raise CampaignError(f"campaign {spec.get('name')}: no kernels named {sorted(unknown)}")
+    derived = [(m, model_shapes(m, spec.get("ctx", DEFAULT_CTX))) for m in models]
+    jobs: list[Job] = []
+    for k in spec["kernels"]:
+        if keep is not None and k["name"] not in keep:
+            continue
+        batches = k.get("batches", spec.get("batches", list(BATCH_BUCKETS)))
+        shapes: dict[str, tuple[dict, list[str]]] = {}
+        for s in k.get("shapes", []):
+            shapes.setdefault(shape_key(s), ({x: v for x, v in s.items() if x != "batch"}, []))
+        if k.get("ops"):
+            if not models:
+                raise CampaignError(f"campaign {spec.get('name')}: kernel {k['name']} takes its "
+                                    f"shapes from a model ({', '.join(k['ops'])}): pass --model")
+            types = set(k.get("types", [])) or None
+            for m, pairs in derived:
+                for op, s in pairs:
+                    if op in k["ops"] and (types is None or "type" not in s or s["type"] in types):
+                        shapes.setdefault(shape_key(s), (s, []))[1].append(f"{m.name}:{op}")
+        grid = configs(k.get("grid") or {})
+        for _, (s, ops) in sorted(shapes.items()):
+            explicit_batch = [b["batch"] for b in k.get("shapes", []) if shape_key(b) == shape_key(s)
+                              and "batch" in b]
+            for b in explicit_batch or batches:
+                for variant in k["variants"]:
+                    for cfg in grid:
+                        jobs.append(Job(kernel=k["name"], variant=variant, config=cfg,
+                                        shape={**s, "batch": b}, src=k.get("src", f"{k['name']}.cu"),
+                                        ops=tuple(ops), campaign=spec.get("name", ""),
+                                        reps=k.get("reps", spec.get("reps"))))
+    return jobs
+
+
+# ---------------------------------------------------------------- runner
+
+
+def _done_keys(path: Path, device: str) -> set[tuple]:
+    done = set()
+    if path.exists():
+        for _, r in iter_receipts(path):
+            if r["device"] == device:
+                done.add((r["kernel"], r["variant"], config_key(r["config"]), shape_key(r["shape"]),
+                          shape_batch(r["shape"]), r["src_hash"]))
+    return done
+
+
+def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_path: str | os.PathLike,
+                 *, context: Mapping, resume: bool = False,
+                 src_hash: Callable[[str], str] | None = None,
+                 progress: Callable[[int, int, Job, dict | None], None] | None = None) -> dict:
+    """Measure each job and append its receipt to `out_path`.
+
+    context: the device facts every receipt carries — device, cc, sms, nvrtc, and
+    optionally peak_gbps (the measured copy bandwidth) and git_sha.
+    measure(job) -> {ok, max_err, error, median_us, p20_us, p80_us, reps, bytes}: it checks
+    the configuration against the CPU reference first and times it only when the check
+    passes. A MemraError it raises (e.g. CompileError) is recorded as a failed receipt.
+    resume: skip jobs already in `out_path` for this device and kernel source hash (failed
+    ones too: the same source fails the same way).
+    progress(done, total, job, receipt or None when skipped) is called after each job.
+    Returns counts: measured, failed, skipped."""
+    from memra.gpu.compile import source_hash
+
+    src_hash = src_hash or source_hash
+    jobs = list(jobs)
+    out_path = Path(out_path)
+    done = _done_keys(out_path, context["device"]) if resume else set()
+    hashes: dict[str, str] = {}
+    counts = {"measured": 0, "failed": 0, "skipped": 0}
+    for i, job in enumerate(jobs, 1):
+        if job.src not in hashes:
+            hashes[job.src] = src_hash(job.src)
+        h = hashes[job.src]
+        if (*job.key(), h) in done:
+            counts["skipped"] += 1
+            if progress:
+                progress(i, len(jobs), job, None)
+            continue
+        try:
+            result = dict(measure(job))
+        except MemraError as e:
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        ok = bool(result.get("ok"))
+        if not ok:
+            # never timed: keep only what the check found
+            result = {"ok": False, "max_err": result.get("max_err"),
+                      "error": result.get("error") or "check failed (no error text given)"}
+        receipt = make_receipt(
+            kernel=job.kernel, variant=job.variant, config=job.config, shape=job.shape,
+            src=job.src, src_hash=h, device=context["device"], cc=context["cc"],
+            sms=context["sms"], nvrtc=context["nvrtc"], peak_gbps=context.get("peak_gbps"),
+            git_sha=context.get("git_sha"), campaign=job.campaign, ops=list(job.ops),
+            **{k: result.get(k) for k in ("ok", "median_us", "p20_us", "p80_us", "reps",
+                                          "bytes", "max_err", "error")})
+        append_receipts(out_path, [receipt])
+        counts["measured" if ok else "failed"] += 1
+        if not ok:
+            log.info("tune: %s failed: %s", job.label(), receipt["error"].splitlines()[0])
+        if progress:
+            progress(i, len(jobs), job, receipt)
+    return counts

@@ -1,0 +1,178 @@
+"""Making a per-device default table: `freeze` receipts into winners, `write_table`, and
+what `memra tune show` prints (`show`, `summarize_table`).
+
+`freeze` turns receipts (see memra.tune.receipts) into `tune/defaults/<device-slug>.json`:
+for each kernel, shape (without batch) and decode batch bucket, the fastest configuration
+that passed its check, with the source hash it was measured on, the receipt it came from
+and its margin over the runner-up. Reading a table at start-up is memra.tune.tables (the
+floor below the engine); this half sits above it, beside the tune harness.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from memra.atomic import write_atomic
+from memra.errors import MemraError
+from memra.paths import tables_dir
+from memra.tune.receipts import config_key, git_sha, utc_now
+from memra.tune.tables import (BATCH_BUCKETS, TABLE_FORMAT, _current_hash, batch_bucket, device_slug,
+                               list_tables, load_table, stale_entries)
+
+log = logging.getLogger("memra.tuning")
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = None,
+           buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None,
+           builtin=None, min_gain: float = 0.0) -> dict:
+    """The default table for `device` from a receipts DataFrame (memra.tune.receipts.read_receipts).
+
+    Only receipts of `device` count, and only those measured on the kernel source that is
+    current: `current_hashes` maps a kernel file to its hash (normally the files on disk);
+    without it, each kernel file's most recently measured hash is taken as current. Only
+    ok rows compete. A configuration measured several times scores the median of its
+    medians. `margin` = runner-up median / winner median - 1 (None when nothing else ran).
+
+    builtin(receipt row) -> bool tells whether a row's configuration is what the launcher
+    runs without a table. When that configuration was measured and the fastest one beats it
+    by less than `min_gain` (a fraction), the entry keeps the built-in configuration
+    (`kept_builtin`: true, the harness's winner as `runner_up`): a campaign times kernels
+    alone, and a lead smaller than its error against the kernel inside the decode graph is
+    not evidence enough to leave the default.
+    """
+    buckets = tuple(sorted(buckets))
+    df = receipts[receipts["device"] == device]
+    if df.empty:
+        seen = sorted(set(receipts["device"])) if len(receipts) else []
+        raise MemraError(f"no receipts for device {device!r}"
+                         + (f" (receipts name: {', '.join(seen)})" if seen else ""))
+    if current_hashes is None:
+        latest = df.sort_values("ts").groupby("src")["src_hash"].last()
+        current_hashes = latest.to_dict()
+    current = df["src_hash"] == df["src"].map(current_hashes)
+    if (~current).any():
+        log.info("freeze: ignoring %d receipts measured on older kernel source", int((~current).sum()))
+    df = df[current]
+
+    first = df.iloc[0] if len(df) else receipts[receipts["device"] == device].iloc[0]
+    root = root or Path(__file__).resolve().parent.parent
+    entries: dict[str, dict[str, dict[str, dict]]] = {}
+    no_winner = []
+    for (kernel, skey), group in df.groupby(["kernel", "shape_key"], sort=True):
+        for bucket in buckets:
+            rows = group[group["batch"].map(lambda b: batch_bucket(b, buckets)) == bucket]
+            if rows.empty:
+                continue
+            ok = rows[rows["ok"]]
+            if ok.empty:
+                no_winner.append({"kernel": kernel, "shape": skey, "batch": bucket,
+                                  "failed": int(len(rows))})
+                continue
+            cands = []
+            for (variant, ckey), c in ok.groupby(["variant", "config_key"], sort=True):
+                score = _median([float(x) for x in c["median_us"]])
+                best = c.iloc[(c["median_us"] - score).abs().argmin()]  # the receipt nearest the score
+                cands.append((score, variant, ckey, best, len(c)))
+            cands.sort(key=lambda t: (t[0], t[1], t[2]))
+            kept = False
+            if builtin is not None and min_gain > 0:
+                base = next((i for i, c in enumerate(cands) if builtin(c[3])), None)
+                if base and cands[base][0] < cands[0][0] * (1.0 + min_gain):
+                    cands.insert(0, cands.pop(base))
+                    kept = True
+            score, variant, _, win, n_meas = cands[0]
+            failed = rows[~rows["ok"]].groupby(["variant", "config_key"]).ngroups
+            entry = {
+                "variant": variant, "config": dict(win["config"]),
+                "median_us": score, "p20_us": float(win["p20_us"]), "p80_us": float(win["p80_us"]),
+                "gbps": _opt(win["gbps"]), "pct_peak": _opt(win["pct_peak"]),
+                "src": win["src"], "src_hash": win["src_hash"],
+                "receipt": f"{_rel(win['file'], root)}:{int(win['line'])}",
+                "measurements": n_meas, "candidates": len(cands), "failed": failed,
+                "margin": None, "runner_up": None,
+            }
+            if kept:
+                entry["kept_builtin"] = True
+            if len(cands) > 1:
+                r_score, r_variant, _, r_row, _ = cands[1]
+                entry["margin"] = r_score / score - 1.0
+                entry["runner_up"] = {"variant": r_variant, "config": dict(r_row["config"]),
+                                      "median_us": r_score}
+            entries.setdefault(kernel, {}).setdefault(skey, {})[str(bucket)] = entry
+    sources = {src: h for src, h in sorted(current_hashes.items()) if src in set(df["src"])}
+    return {
+        "format": TABLE_FORMAT,
+        "device": device,
+        "cc": first["cc"],
+        "sms": int(first["sms"]),
+        "nvrtc": first["nvrtc"],
+        "frozen_at": utc_now(),
+        "git_sha": git_sha(),
+        "receipts": sorted({_rel(f, root) for f in receipts[receipts["device"] == device]["file"]}),
+        "batch_buckets": list(buckets),
+        "sources": sources,
+        "entries": entries,
+        "no_winner": no_winner,
+    }
+
+
+def _opt(v):
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _rel(path, root: Path) -> str:
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def write_table(table: Mapping, directory: str | os.PathLike | None = None) -> Path:
+    """Write a table to <directory>/<device-slug>.json (atomically); returns the path."""
+    directory = Path(directory) if directory is not None else tables_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{device_slug(table['device'])}.json"
+    return write_atomic(path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def show(device: Mapping | None = None, *, directory: str | os.PathLike | None = None,
+         current_hash: Callable[[str], str | None] = _current_hash) -> dict:
+    """What `memra tune show` prints. With `device` ({'name', 'cc', 'sms'}): the table this
+    device would use, its source and stale list. Without (no GPU): every table on disk,
+    each with its stale entries, and `stale` their concatenation."""
+    if device is not None:
+        table, source = load_table(device["name"], device["cc"], sms=device.get("sms"),
+                                   directory=directory, current_hash=current_hash)
+        return {"gpu": dict(device), "source": source, "tables": [table] if table["path"] else [],
+                "stale": table["stale"]}
+    tables = list_tables(directory)
+    stale = []
+    for t in tables:
+        t["stale"] = stale_entries(t, current_hash)
+        stale.extend({"table": t["path"], **s} for s in t["stale"])
+    return {"gpu": None, "source": None, "tables": tables, "stale": stale}
+
+
+def summarize_table(table: Mapping) -> list[dict]:
+    """One flat row per entry (for printing)."""
+    rows = []
+    for kernel, shapes in sorted(table.get("entries", {}).items()):
+        for skey, by_batch in sorted(shapes.items()):
+            for b, e in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
+                rows.append({"kernel": kernel, "shape": skey, "batch": int(b),
+                             "variant": e["variant"], "config": config_key(e["config"]),
+                             "median_us": e.get("median_us"), "gbps": e.get("gbps"),
+                             "margin": e.get("margin"), "candidates": e.get("candidates")})
+    return rows

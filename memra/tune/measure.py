@@ -1,0 +1,134 @@
+"""The GPU half of `memra tune`: `measure(job)` for memra.tune.campaign.run_campaign.
+
+Each kernel family's module memra/gpu/ops/<src stem>.py exposes one hook,
+
+    tune_case(g, kernel, variant, config, shape, rng, rotate_bytes) -> case
+
+building the job's inputs on the device: fresh random inputs, in `case.sets` copies whose
+footprint together exceeds `rotate_bytes` (twice the L2, so timed launches stream from
+HBM as in a real decode step, not from a warm cache). The case offers:
+
+    case.bytes      bytes one launch reads and writes (for GB/s)
+    case.sets       number of input copies
+    case.check()    -> (ok, max_err, detail): one launch on poisoned outputs, compared with
+                    the family's numpy reference at its tolerance
+    case.launch(i)  enqueue one launch on copy i (capturable in a CUDA graph)
+
+and optionally `tune_modules(kernel, variant, config, shape) -> [(kernel file, defines)]`,
+the modules a job loads, so `precompile` can build a whole campaign's in parallel first.
+
+A configuration is timed only after its check passed. Timing captures `LAUNCHES` launches
+(cycling through the copies) in one CUDA graph and times whole replays with CUDA events, so
+the per-launch time includes the graph-node cost the engine pays, not the ~7 µs of a Python
+launch; median, p20 and p80 are over the replays.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from memra.errors import MemraError
+
+LAUNCHES = 20  # launches per captured graph (at least `case.sets`)
+
+
+def family_module(src: str):
+    return importlib.import_module(f"memra.gpu.ops.{Path(src).stem}")
+
+
+def is_builtin(row) -> bool:
+    """Whether a receipt row's configuration is its launcher's built-in default, as the
+    family module's is_builtin(kernel, variant, config, shape) hook says (False for a family
+    without one): freeze's test for --min-gain."""
+    try:
+        hook = getattr(family_module(row["src"]), "is_builtin", None)
+    except ModuleNotFoundError:
+        return False
+    return bool(hook and hook(row["kernel"], row["variant"], dict(row["config"]),
+                              {**dict(row["shape"]), "batch": int(row["batch"])}))
+
+
+def require_hooks(jobs: Iterable) -> None:
+    """Refuse a campaign up front when a family cannot be measured (rather than recording
+    every job of it as failed)."""
+    missing = set()
+    for src in sorted({j.src for j in jobs}):
+        try:
+            mod = family_module(src)
+        except ModuleNotFoundError:
+            missing.add(f"{src} (no module memra.gpu.ops.{Path(src).stem})")
+            continue
+        if not callable(getattr(mod, "tune_case", None)):
+            missing.add(f"{src} (memra.gpu.ops.{Path(src).stem} has no tune_case)")
+    if missing:
+        raise MemraError("these kernel families cannot be tuned yet: " + "; ".join(sorted(missing)))
+
+
+def precompile(jobs: Iterable, arch: str, workers: int | None = None) -> tuple[int, int]:
+    """Compile every module the jobs will load into the cubin cache, in parallel processes,
+    before anything is timed. Families with a `tune_modules(kernel, variant, config, shape)
+    -> [(kernel file, defines)]` hook take part; the others compile as their jobs run. A
+    module that fails to compile is left to its job, which records the error. Returns
+    (modules, failed)."""
+    from memra.gpu.compile import compile_many
+
+    todo: dict[tuple, tuple[str, dict]] = {}
+    for j in jobs:
+        hook = getattr(family_module(j.src), "tune_modules", None)
+        if hook is None:
+            continue
+        try:
+            mods = hook(j.kernel, j.variant, dict(j.config), dict(j.shape))
+        except MemraError:
+            continue  # refused by the family: its job records why
+        for f, d in mods:
+            todo.setdefault((f, tuple(sorted((k, str(v)) for k, v in d.items()))), (f, d))
+    work = [(f, arch, d) for f, d in todo.values()]
+    failed = sum(1 for _, err, _ in compile_many(work, workers) if err)
+    return len(work), failed
+
+
+def device_context(g) -> dict:
+    """The device facts every receipt carries."""
+    from memra.gpu.compile import nvrtc_version
+    from memra.tune.receipts import git_sha
+
+    info = g.info
+    return {"device": info.name, "cc": tuple(info.cc), "sms": int(info.sm_count),
+            "nvrtc": "%d.%d" % nvrtc_version(), "peak_gbps": g.copy_bandwidth() / 1e9,
+            "git_sha": git_sha()}
+
+
+def gpu_measure(g, *, reps: int = 100, seed: int | None = None) -> Callable:
+    """measure(job) on GPU `g` (memra.gpu.cuda.gpu()); `job.reps` overrides `reps`."""
+    rng = np.random.default_rng(seed)
+    rotate = 2 * int(g.info.l2_bytes)
+
+    def measure(job) -> dict:
+        case = family_module(job.src).tune_case(g, job.kernel, job.variant, dict(job.config),
+                                                dict(job.shape), rng, rotate)
+        ok, max_err, detail = case.check()
+        max_err = None if max_err is None or not math.isfinite(max_err) else float(max_err)
+        if not ok:
+            return {"ok": False, "max_err": max_err, "error": detail or "check failed"}
+        n = max(LAUNCHES, case.sets)
+        n -= n % case.sets  # every copy equally often
+        with g.capture() as graph:
+            for i in range(n):
+                case.launch(i % case.sets)
+        try:
+            graph.upload()
+            ms = np.asarray(g.time_ms(graph.launch, reps=job.reps or reps, warmup=5), dtype=float)
+        finally:
+            graph.close()
+        us = ms * 1e3 / n
+        p20, med, p80 = np.percentile(us, [20, 50, 80])
+        return {"ok": True, "max_err": max_err, "median_us": float(med), "p20_us": float(p20),
+                "p80_us": float(p80), "reps": int(len(us)), "bytes": int(case.bytes)}
+
+    return measure
