@@ -569,5 +569,7 @@ gemm_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8
             const float* res, int N, int K, int nb, int act) {
 #if GM_TM % 2 == 0
     gemm_body<true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#else
+    asm volatile("trap;");   // _glu pairs gate and up m tiles: GM_TM must be even
 #endif
 }
