@@ -1,7 +1,7 @@
 // attention.cu — decode attention over an f16 KV cache: split-KV flash-decoding with GQA
 // and sliding windows, plus the combine kernel that merges the splits.
 //
-// attn_split: for token t (position p = pos[t], sequence s = seq ? seq[t] : 0), KV head
+// attn_split: for token t (position p = pos[t], block-table row s = seq ? seq[t] : 0), KV head
 //   head block hb and split j, over the keys [k0, k1) of its share of the window
 //   lo = window > 0 ? max(0, p + 1 - window) : 0, hi = p + 1, n = hi - lo,
 //   chunk = max(ATT_MIN_CHUNK, roundup(ceil(n / S), ATT_TILE)), k0 = lo + j * chunk,
@@ -21,13 +21,16 @@
 //   to the merge), with an optional q8 twin of the output for the dp4a matvecs (see the kernel).
 //
 // Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
-//   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64);
-//   MEMRA_CANARY: a wrong variant (a token does not attend to itself) kernel-check must catch.
+//   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64),
+//   KV_BLOCK (positions per KV-cache block, kv.cuh);
+//   MEMRA_CANARY: wrong variants kernel-check must catch: 1, a token does not attend to
+//   itself; 2 (kv.cuh), the block table ignored.
 // Launch contract:
 //   attn_split:   grid (n_head / N_GQA, S, n_tokens), block (32 * ATT_WARPS), static
 //     shared memory.
-//     q: [n_tokens][n_kv * N_GQA * HEAD_DIM] f32 (roped); kcache, vcache:
-//     [n_seq][n_ctx][n_kv * HEAD_DIM] f16, n_kv = n_head / qpk; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
+//     q: [n_tokens][n_kv * N_GQA * HEAD_DIM] f32 (roped); kcache, vcache: paged pools
+//     [n_blocks][KV_BLOCK][n_kv * HEAD_DIM] f16 read through block_table [n_rows][max_blocks]
+//     (kv.cuh), n_kv = n_head / qpk; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
 //     part_ml: [n_tokens][n_head][S][2] f32 (m, l).
 //   attn_combine: grid (n_head, n_tokens), block (min(HEAD_DIM, 256)); out:
 //     [n_tokens][n_head * HEAD_DIM] f32.
@@ -56,10 +59,14 @@
 //       less a layer): 1B 4.6 against 4.1 + 1.2 for attention + rope_norm_kv; tg128 1B
 //       1892 -> 1919 t/s, SmolLM2 shape 2047 -> 2116, 8B Q4_K_M 474 -> 481, Gemma-3 shape
 //       within noise (research/bench-fused-h200-2026-11-30-aea1c24.jsonl).
+//   v6  (this) the paged KV cache: K/V rows addressed through a per-sequence block table
+//       (kv.cuh's kv_slot, one table lookup per key row loaded); the split layout and every
+//       float operation unchanged, so a token's bits equal v5's.
 
 #include "common.cuh"
 #include "q8.cuh"
 #include "rope.cuh"
+#include "kv.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -121,7 +128,7 @@ struct KeyRange { int lo, n, chunk, n_active; };
 
 static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
     KeyRange r;
-#ifdef MEMRA_CANARY
+#if defined(MEMRA_CANARY) && MEMRA_CANARY == 1
     const int hi = p;  // kernel-check canary: the token does not see itself
 #else
     const int hi = p + 1;
@@ -138,8 +145,9 @@ static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
 static __device__ __forceinline__ void split_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache,
     const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
-    const int* __restrict__ pos, const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window,
-    float scale, float softcap, float* __restrict__ out_direct, float* ob, const float* qsm = nullptr) {
+    const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
+    int max_blocks, int n_kv, int qpk, int window, float scale, float softcap, float* __restrict__ out_direct,
+    float* ob, const float* qsm = nullptr) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     __shared__ __align__(16) float red[RED_R][G * D];
@@ -165,8 +173,9 @@ static __device__ __forceinline__ void split_body(
     }
 
     const size_t row_stride = (size_t)n_kv * D;
-    const uint16_t* kbase = kcache + (size_t)s * n_ctx * row_stride + (size_t)kvh * D;
-    const uint16_t* vbase = vcache + (size_t)s * n_ctx * row_stride + (size_t)kvh * D;
+    const uint16_t* kbase = kcache + (size_t)kvh * D;  // + kv_slot(bt, key) * row_stride
+    const uint16_t* vbase = vcache + (size_t)kvh * D;
+    const int* bt = block_table + (size_t)s * max_blocks;
 
     // this lane's 16-byte chunks of every query head
     const int sl = lane % LPK, ks = lane / LPK;
@@ -206,7 +215,7 @@ static __device__ __forceinline__ void split_body(
         for (int i = 0; i < VB; i++) {
             const int k = kg + i * KG;
             vpre[i] = (v_active && i < VITER && k < nt)
-                          ? *(const uint4*)(vbase + (size_t)(tile0 + k) * row_stride + vc * 8)
+                          ? *(const uint4*)(vbase + kv_slot(bt, tile0 + k) * row_stride + vc * 8)
                           : make_uint4(0u, 0u, 0u, 0u);
         }
         // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
@@ -221,7 +230,7 @@ static __device__ __forceinline__ void split_body(
                 for (int c = 0; c < CPL; c++) {
                     const int ch = c * LPK + sl;
                     kraw[i][c] = (i0 + i < SITER && key < nt && ch < NCH)
-                                     ? *(const uint4*)(kbase + (size_t)(tile0 + key) * row_stride + ch * 8)
+                                     ? *(const uint4*)(kbase + kv_slot(bt, tile0 + key) * row_stride + ch * 8)
                                      : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
@@ -304,7 +313,7 @@ static __device__ __forceinline__ void split_body(
                     const int k = kg + (i0 + i) * KG;
                     vraw[i] = i0 == 0 ? vpre[i]
                               : (i0 + i < VITER && k < nt)
-                                  ? *(const uint4*)(vbase + (size_t)(tile0 + k) * row_stride + vc * 8)
+                                  ? *(const uint4*)(vbase + kv_slot(bt, tile0 + k) * row_stride + vc * 8)
                                   : make_uint4(0u, 0u, 0u, 0u);
                 }
 #pragma unroll
@@ -379,12 +388,12 @@ extern "C" __global__ void __launch_bounds__(NT)
     attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
                float* __restrict__ part_ml, const int* __restrict__ pos,
-               const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
-               float softcap) {
+               const int* __restrict__ seq, const int* __restrict__ block_table, int max_blocks, int n_kv,
+               int qpk, int window, float scale, float softcap) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, nullptr,
-               nullptr);
+    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+               softcap, nullptr, nullptr);
 }
 
 // The body of attn_decode after the PDL wait (n_act: the token's non-empty splits, this
@@ -393,7 +402,8 @@ static __device__ __forceinline__ void decode_body(
     const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
     int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
-    int n_kv, int qpk, int n_ctx, int window, float scale, float softcap, int n_act, const float* qsm) {
+    const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window, float scale,
+    float softcap, int n_act, const float* qsm) {
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
@@ -403,11 +413,11 @@ static __device__ __forceinline__ void decode_body(
     const int n_head = gridDim.x * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, out,
-                   xq ? ob : nullptr, qsm);
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+                   softcap, out, xq ? ob : nullptr, qsm);
     } else {
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap, nullptr,
-                   nullptr, qsm);
+        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+                   softcap, nullptr, nullptr, qsm);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
@@ -468,8 +478,8 @@ extern "C" __global__ void __launch_bounds__(NT)
                 const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
                 float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
                 int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
-                const int* __restrict__ seq, int n_kv, int qpk, int n_ctx, int window, float scale,
-                float softcap) {
+                const int* __restrict__ seq, const int* __restrict__ block_table, int max_blocks, int n_kv,
+                int qpk, int window, float scale, float softcap) {
     const int t = blockIdx.z, S = gridDim.y;
     // pos is written two or more launches back (common.cuh: safe before the wait), so an
     // empty split leaves without waiting: nothing to add, nothing to count
@@ -477,8 +487,8 @@ extern "C" __global__ void __launch_bounds__(NT)
     if ((int)blockIdx.y >= n_act) return;
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    decode_body(q, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window,
-                scale, softcap, n_act, nullptr);
+    decode_body(q, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks, n_kv,
+                qpk, window, scale, softcap, n_act, nullptr);
 }
 
 // attn_decode_rope: rope_norm_kv (rope.cu) and attn_decode in one launch, for decode rows
@@ -499,7 +509,8 @@ extern "C" __global__ void __launch_bounds__(NT)
                      uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
                      int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
                      Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
-                     int n_kv, int qpk, int n_ctx, int window, float scale, float softcap) {
+                     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
+                     float scale, float softcap) {
     __shared__ __align__(16) float qsm[G * D];
     __shared__ float kvb[D];
     const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
@@ -508,7 +519,9 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int n_act = key_range(p, window, S).n_active;
     if ((int)blockIdx.y >= n_act) return;
     const int n_head = gridDim.x * G, kvh = hb * G / qpk;
-    const bool appends = (int)blockIdx.y == n_act - 1 && p >= 0 && p < n_ctx;
+    // the block table is written by the host only: readable before the wait
+    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
+    const bool appends = (int)blockIdx.y == n_act - 1 && kv_writable(bt, max_blocks, p);
     // constants before the wait: this lane's cos/sin pairs and norm weights (Q; K on the
     // warp that ropes the key)
     RopeLane rq, rk;
@@ -522,8 +535,7 @@ extern "C" __global__ void __launch_bounds__(NT)
                   q_norm_w != nullptr, rq, eps, rope_dim, neox, qsm + g * D);
     }
     if (appends) {
-        const int s = seq ? seq[t] : 0;
-        const size_t row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * D) + (size_t)kvh * D;
+        const size_t row = kv_slot(bt, p) * (size_t)(n_kv * D) + (size_t)kvh * D;
         if (warp == ATT_WARPS - 1) {
             rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,
                       bias ? bias + (size_t)(n_head + kvh) * D : nullptr, k_norm_w != nullptr, rk, eps, rope_dim,
@@ -535,8 +547,8 @@ extern "C" __global__ void __launch_bounds__(NT)
                      bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, vcache + row);
     }
     __syncthreads();  // q in shared memory; the appended K/V rows visible to the block
-    decode_body(nullptr, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx,
-                window, scale, softcap, n_act, qsm);
+    decode_body(nullptr, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks,
+                n_kv, qpk, window, scale, softcap, n_act, qsm);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o,

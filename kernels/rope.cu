@@ -2,7 +2,8 @@
 // NeoX pairing, per-dimension frequency factors folded into inv_freq), and the KV-cache
 // append (float32 -> f16), in one launch.
 //
-// For token t at position p = pos[t] of sequence s = seq ? seq[t] : 0, with the QKV bias
+// For token t at position p = pos[t] of the sequence in block-table row s = seq ? seq[t] : 0,
+// with the QKV bias
 // (qwen2; null elsewhere: [q_dim + 2 kv_dim] floats, q then k then v) added first:
 //   head h < n_head:            q_out[t, h]  = rope(norm(q[t, h], q_norm_w))
 //   n_head <= h < +n_kv:        kcache[s, p, h'] = f16(rope(norm(k[t, h'], k_norm_w)))
@@ -19,18 +20,20 @@
 //       (one pair a lane), 3.25 us at head 256 (four pairs a lane, serial).
 //   v2  cos/sin read from a per-position table; constants loaded before the PDL wait:
 //       1.2 us at head 64, 1.6 us at head 256.
-//   v3  (this) the per-head arithmetic moved to rope.cuh, shared with attention.cu's
+//   v3  the per-head arithmetic moved to rope.cuh, shared with attention.cu's
 //       attn_decode_rope (decode), which makes this launch a prefill-only one by default.
+//   v4  (this) K/V appended through the paged cache's block table (kv.cuh).
 //
 // Compile-time: HEAD_DIM (required, even), ROPE_WARPS (heads per block, default 4);
 //   MEMRA_CANARY: a wrong variant (rotation sign flipped) that kernel-check must catch.
 // Launch contract: grid (ceil((n_head + 2 n_kv) / ROPE_WARPS), n_tokens), block
 //   (32 * ROPE_WARPS), no dynamic shared memory. q, k, v rows of token t start at
 //   t * q_stride / k_stride / v_stride floats (so one fused QKV buffer serves); q_out is
-//   [n_tokens][n_head * HEAD_DIM] and must not overlap q. kcache/vcache:
-//   [n_seq][n_ctx][n_kv * HEAD_DIM] half; cs: [cs_rows][rope_dim / 2] float2 with every
-//   pos in [0, cs_rows) (others read row 0 or the last). Positions outside [0, n_ctx) are
-//   not written to the cache.
+//   [n_tokens][n_head * HEAD_DIM] and must not overlap q. kcache/vcache: paged pools
+//   [n_blocks][KV_BLOCK][n_kv * HEAD_DIM] half addressed through block_table
+//   [n_rows][max_blocks] (kv.cuh); cs: [cs_rows][rope_dim / 2] float2 with every pos in
+//   [0, cs_rows) (others read row 0 or the last). Positions the table does not map (p < 0
+//   for padded rows) are not written to the cache.
 
 // PDL: each kernel waits for the previous one before touching memory, then lets the
 // next one launch (both no-ops when launched without programmatic dependent launch).
@@ -41,6 +44,7 @@
 #define MEMRA_CANARY 3  // rope.cuh's canary: the rotation's sign flipped
 #endif
 #include "rope.cuh"
+#include "kv.cuh"
 
 #ifndef ROPE_WARPS
 #define ROPE_WARPS 4
@@ -53,8 +57,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                  const int* __restrict__ pos, const int* __restrict__ seq,
                  const float* __restrict__ bias, const float* __restrict__ q_norm_w,
                  const float* __restrict__ k_norm_w,
-                 const float2* __restrict__ cs, int cs_rows, int n_head, int n_kv, int n_ctx,
-                 int rope_dim, int neox, float eps) {
+                 const float2* __restrict__ cs, int cs_rows, const int* __restrict__ block_table,
+                 int max_blocks, int n_head, int n_kv, int rope_dim, int neox, float eps) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.x * ROPE_WARPS + warp;
@@ -63,9 +67,9 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     // before the PDL wait: the position (written two or more launches back, see common.cuh),
     // this lane's cos/sin pairs and norm weights (constants)
     const int p = pos[t];
-    const int s = seq ? seq[t] : 0;
-    const size_t kv_row = ((size_t)s * n_ctx + p) * (size_t)(n_kv * HEAD_DIM);
-    const bool in_ctx = p >= 0 && p < n_ctx;
+    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;  // host-written
+    const bool in_ctx = kv_writable(bt, max_blocks, p);
+    const size_t kv_row = in_ctx ? kv_slot(bt, p) * (size_t)(n_kv * HEAD_DIM) : 0;
     RopeLane rl;
     rope_lane_load(rl, cs, cs_rows, p, rope_dim, h < n_head + n_kv ? (h < n_head ? q_norm_w : k_norm_w) : nullptr);
     MEMRA_PDL_WAIT();

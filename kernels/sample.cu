@@ -2,9 +2,13 @@
 // with temperature, top-k, top-p and min-p; each writes the token where the next decode
 // step reads it, so a captured graph needs no host work between steps.
 //
-// Commit (both kernels, sequence b): tok[b] = id; hist[b * hist_len + step[b]] = id when
-//   hist is non-null and step[b] < hist_len; step[b] += 1; pos[b] += 1 when pos is
-//   non-null. step[b] also numbers the random draws.
+// Commit (both kernels, row b): nothing when pos[b] < 0 (a padded row); else tok[b] = id;
+//   hist[b * hist_len + step[b]] = id when hist is non-null and 0 <= step[b] < hist_len;
+//   step[b] += 1; pos[b] += advance (1 after a decode step, whose pos[b] is the fed token's
+//   position; 0 for the token after a prefill, whose pos[b] already is the next position).
+//   The chosen token's position pos[b] + advance numbers the random draw, so a token is a
+//   function of (logits, seed, position) only — however its sequence was batched, chunked
+//   or verified.
 //
 // argmax_partial / argmax_final: the largest logit, ties to the smallest index (numpy's
 //   argmax); NaN logits are never chosen.
@@ -18,13 +22,13 @@
 //   K2 = the largest key with sum_{kept, key >= K2} F(expf(l - M)) >= need; keep key >= K2;
 //   min_p > 0: keep expf(l - M) >= min_p;
 //   temp <= 0: argmax instead of a draw;
-//   w_i = kept ? F(expf((l_i - M) / temp)) : 0, W = sum w; u = uniform(seed, step) in
+//   w_i = kept ? F(expf((l_i - M) / temp)) : 0, W = sum w; u = uniform(seed, position) in
 //   [0, 1); target = min(W - 1, (u64)(u * W)); the token is the smallest i whose
 //   inclusive prefix sum of w (in token order) exceeds target.
 //   uniform(seed, c) = (splitmix64(seed + (c + 1) * 0x9E3779B97F4A7C15) >> 11) * 2^-53.
 //
 // Tunables: SAMPLE_THREADS (block size for every kernel here, default 1024).
-// MEMRA_CANARY: a wrong variant (draws the next step's number) kernel-check must catch.
+// MEMRA_CANARY: a wrong variant (draws the next position's number) kernel-check must catch.
 // Launch contract:
 //   argmax_partial: grid (NB, B), block (SAMPLE_THREADS); part_val/part_idx: [B][NB].
 //   argmax_final:   grid (B), block (SAMPLE_THREADS); NB <= SAMPLE_THREADS.
@@ -83,12 +87,13 @@ static __device__ u64 block_sum_u64(u64 x) {
 }
 
 static __device__ __forceinline__ void commit(int b, int id, int* tok, int* pos, int* step,
-                                              int* hist, int hist_len) {
+                                              int* hist, int hist_len, int advance) {
+    if (pos[b] < 0) return;  // a padded row of the batch: nothing to choose
     tok[b] = id;
     int k = step[b];
     if (hist && k >= 0 && k < hist_len) hist[(size_t)b * hist_len + k] = id;
     step[b] = k + 1;
-    if (pos) pos[b] += 1;
+    pos[b] += advance;
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
@@ -113,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_final(const float* __restrict__ part_val, const int* __restrict__ part_idx, int nb,
-                 int* tok, int* pos, int* step, int* hist, int hist_len) {
+                 int* tok, int* pos, int* step, int* hist, int hist_len, int advance) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     const int b = blockIdx.x;
@@ -125,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             idx = part_idx[(size_t)b * nb + i];
         }
     block_argmax(v, idx);
-    if (threadIdx.x == 0) commit(b, idx == 0x7fffffff ? 0 : idx, tok, pos, step, hist, hist_len);
+    if (threadIdx.x == 0) commit(b, idx == 0x7fffffff ? 0 : idx, tok, pos, step, hist, hist_len, advance);
 }
 
 static __device__ __forceinline__ uint32_t fkey(float f) {
@@ -183,7 +188,7 @@ static __device__ uint32_t radix_select(const float* l, int n, float M, uint32_t
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample(const float* __restrict__ logits, int n, const float* __restrict__ fparams,
            const int* __restrict__ top_k_arr, const u64* __restrict__ seeds, int* tok, int* pos,
-           int* step, int* hist, int hist_len) {
+           int* step, int* hist, int hist_len, int advance) {
     __shared__ u64 scan[SW];
     __shared__ int s_choice;
     MEMRA_PDL_WAIT();
@@ -199,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (better(l[i], i, M, am)) { M = l[i]; am = i; }
     block_argmax(M, am);
     if (!(temp > 0.f) || top_k == 1) {
-        if (threadIdx.x == 0) commit(b, am == 0x7fffffff ? 0 : am, tok, pos, step, hist, hist_len);
+        if (threadIdx.x == 0) commit(b, am == 0x7fffffff ? 0 : am, tok, pos, step, hist, hist_len, advance);
         return;
     }
 
@@ -242,10 +247,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         W += scan[w];
     }
     const u64 excl = before + inc - total;
+    // the draw's counter: the position the chosen token will take (pos[b] + advance)
 #ifdef MEMRA_CANARY
-    const u64 c = (u64)step[b] + 1;  // kernel-check canary: the draw of the next step
+    const u64 c = (u64)(pos[b] + advance) + 1;  // kernel-check canary: the next position's draw
 #else
-    const u64 c = (u64)step[b];
+    const u64 c = (u64)(pos[b] + advance);
 #endif
     const double u = (double)(splitmix64(seeds[b] + (c + 1) * 0x9E3779B97F4A7C15ull) >> 11) *
                      (1.0 / 9007199254740992.0);
@@ -264,5 +270,5 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) commit(b, s_choice, tok, pos, step, hist, hist_len);
+    if (threadIdx.x == 0) commit(b, s_choice, tok, pos, step, hist, hist_len, advance);
 }

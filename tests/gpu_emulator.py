@@ -142,6 +142,10 @@ class FakeGpu:
     def module(self, kernel_file, defines=None):
         return FakeModule(kernel_file, dict(defines or {}))
 
+    def copy(self, dst, src, nbytes=None):
+        n = min(dst.nbytes, src.nbytes) if nbytes is None else nbytes
+        self.record(lambda: self.mem(dst.ptr, np.uint8, n).__setitem__(slice(None), self.mem(src.ptr, np.uint8, n)))
+
     def sync(self):
         pass
 
@@ -235,7 +239,7 @@ def _add_rmsnorm(g, k, grid, v):
 def _rope(g, k, grid, v):
     from memra.cpu.reference import _rotate, rms_norm
 
-    (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, n_head, n_kv, n_ctx,
+    (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks, n_head, n_kv,
      rope_dim, neox, eps) = v
     D = int(k.defines["HEAD_DIM"])
     T = grid[1]
@@ -243,8 +247,7 @@ def _rope(g, k, grid, v):
     S = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
     table = g.mem(cs, np.float32, cs_rows * rope_dim).reshape(cs_rows, rope_dim // 2, 2)
     b = _f32(g, bias, (n_head + 2 * n_kv) * D).reshape(-1, D) if bias else None
-    kcache = g.mem(kc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
-    vcache = g.mem(vc, np.uint16, int(S.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, S, n_kv * D)
     for t in range(T):
         qh = _f32(g, q + 4 * t * qs, n_head * D).reshape(n_head, D).copy()
         kh = _f32(g, kk + 4 * t * ks, n_kv * D).reshape(n_kv, D).copy()
@@ -259,13 +262,35 @@ def _rope(g, k, grid, v):
         qh = _rotate(qh[None], c[None], s[None], bool(neox))[0]
         kh = _rotate(kh[None], c[None], s[None], bool(neox))[0]
         _f32(g, q_out + 4 * t * n_head * D, n_head * D)[:] = qh.reshape(-1)
-        if 0 <= P[t] < n_ctx:
-            kcache[S[t], P[t]] = kh.astype(np.float16)
-            vcache[S[t], P[t]] = vh.astype(np.float16)
+        r = slot(int(S[t]), int(P[t]), write=True)
+        if r is not None:
+            kpool[r] = kh.astype(np.float16).reshape(-1)
+            vpool[r] = vh.astype(np.float16).reshape(-1)
+
+
+def _paged(g, k, kc, vc, bt, max_blocks, seqs, row):
+    """The K and V pools as [n_blocks * KV_BLOCK, row] f16 arrays and slot(s, p, write) ->
+    the pool row of position p of block-table row s (kernels/kv.cuh); with write=True, None
+    where the kernel drops the append (p outside the table or an unmapped block)."""
+    B = int(k.defines.get("KV_BLOCK", 16))
+    n_seq = int(np.max(seqs)) + 1 if len(seqs) else 1
+    table = g.mem(bt, np.int32, n_seq * max_blocks).reshape(n_seq, max_blocks)
+    n_rows = (int(table.max()) + 1) * B if table.size else 0
+    kpool = g.mem(kc, np.uint16, n_rows * row).view(np.float16).reshape(n_rows, row)
+    vpool = g.mem(vc, np.uint16, n_rows * row).view(np.float16).reshape(n_rows, row)
+
+    def slot(s, p, write=False):
+        if write and not (0 <= p < max_blocks * B and table[s, p // B] >= 0):
+            return None
+        if not 0 <= p < max_blocks * B or table[s, p // B] < 0:
+            raise CudaError(f"attention read position {p} of block-table row {s}, which maps no block there")
+        return int(table[s, p // B]) * B + p % B
+
+    return kpool, vpool, slot
 
 
 def _attn_split(g, k, grid, v):
-    q, kc, vc, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap = v
+    q, kc, vc, part_o, part_ml, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
     D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])  # G: query heads per block
     TILE = int(k.defines.get("ATT_TILE", 64))
     MIN_CHUNK = int(k.defines.get("ATT_MIN_CHUNK", 128))
@@ -274,8 +299,7 @@ def _attn_split(g, k, grid, v):
     assert nh == n_kv * qpk and qpk % G == 0, "attention grid does not cover the heads"
     P = g.mem(pos, np.int32, T)
     SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
-    kcache = g.mem(kc, np.uint16, int(SQ.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
-    vcache = g.mem(vc, np.uint16, int(SQ.max() + 1) * n_ctx * n_kv * D).view(np.float16).reshape(-1, n_ctx, n_kv, D)
+    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D)
     po = _f32(g, part_o, T * nh * S * D).reshape(T, nh, S, D)
     pml = _f32(g, part_ml, T * nh * S * 2).reshape(T, nh, S, 2)
     for t in range(T):
@@ -290,8 +314,9 @@ def _attn_split(g, k, grid, v):
                 po[t, :, s] = 0
                 pml[t, :, s, 0], pml[t, :, s, 1] = -np.inf, 0
                 continue
-            K = kcache[SQ[t], k0:k1].astype(np.float64)  # [n, n_kv, D]
-            V = vcache[SQ[t], k0:k1].astype(np.float64)
+            rows = [slot(int(SQ[t]), p) for p in range(k0, k1)]
+            K = kpool[rows].reshape(-1, n_kv, D).astype(np.float64)  # [n, n_kv, D]
+            V = vpool[rows].reshape(-1, n_kv, D).astype(np.float64)
             sc = np.einsum("hgd,nhd->hgn", qt, K) * scale
             if softcap > 0:
                 sc = softcap * np.tanh(sc / softcap)
@@ -304,30 +329,43 @@ def _attn_split(g, k, grid, v):
 
 def _attn_decode(g, k, grid, v):
     """attn_split + the merge of the last block, as attention.cu's attn_decode."""
-    q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap = v
-    _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap))
+    q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
+    _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, bt, max_blocks, n_kv, qpk, window, scale,
+                             softcap))
     D = int(k.defines["HEAD_DIM"])
     T = grid[2]
     if g.mem(counters, np.int32, T * grid[0]).any():
         raise CudaError("attn_decode: counters not zero at launch")
-    _attn_combine(g, k, (n_kv * qpk, T), (part_o, part_ml, out, grid[1]))
-    _q8_twin(g, out, T * n_kv * qpk * D, xq, xs)
+    # a padded row (position < 0) has no key: its blocks leave at once, writing nothing
+    pad = np.flatnonzero(g.mem(pos, np.int32, T) < 0)
+    W = n_kv * qpk * D
+    o = _f32(g, out, T * W).reshape(T, W)
+    kept = o[pad].copy()
+    twin = (g.mem(xq, np.int8, T * W).reshape(T, W)[pad].copy(),
+            g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[pad].copy()) if xq else None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        _attn_combine(g, k, (n_kv * qpk, T), (part_o, part_ml, out, grid[1]))
+    o[pad] = kept
+    _q8_twin(g, out, T * W, xq, xs)
+    if twin is not None:
+        g.mem(xq, np.int8, T * W).reshape(T, W)[pad] = twin[0]
+        g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[pad] = twin[1]
 
 
 def _attn_decode_rope(g, k, grid, v):
     """rope_norm_kv into a scratch q, then attn_decode, as attention.cu's attn_decode_rope."""
     (q, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, part_o, part_ml, counters,
-     out, xq, xs, pos, seq, n_kv, qpk, n_ctx, window, scale, softcap) = v
+     out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v
     D = int(k.defines["HEAD_DIM"])
     T, n_head = grid[2], n_kv * qpk
     key = ("rope_q", T * n_head * D)  # one scratch per size: replays must not grow the heap
     if key not in g.wcache:
         g.wcache[key] = g.empty((T, n_head * D), np.float32)
     qr = g.wcache[key]
-    _rope(g, k, (1, T), (q, kk, vv, qs, ks, vs, qr.ptr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, n_head, n_kv,
-                         n_ctx, rope_dim, neox, eps))
-    _attn_decode(g, k, grid, (qr.ptr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, n_kv, qpk, n_ctx,
-                              window, scale, softcap))
+    _rope(g, k, (1, T), (q, kk, vv, qs, ks, vs, qr.ptr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks,
+                         n_head, n_kv, rope_dim, neox, eps))
+    _attn_decode(g, k, grid, (qr.ptr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks,
+                              n_kv, qpk, window, scale, softcap))
 
 
 def _attn_combine(g, k, grid, v):
@@ -360,14 +398,16 @@ def _softcap(g, k, grid, v):
     a[:] = np.tanh(a / np.float32(cap)) * np.float32(cap)
 
 
-def _commit(g, b, idx, tok, pos, step, hist, hist_len):
+def _commit(g, b, idx, tok, pos, step, hist, hist_len, advance):
+    p = g.mem(pos, np.int32, b + 1)
+    if p[b] < 0:  # a padded row
+        return
     g.mem(tok, np.int32, b + 1)[b] = idx
     st = g.mem(step, np.int32, b + 1)
     if hist and 0 <= st[b] < hist_len:
         g.mem(hist, np.int32, (b + 1) * hist_len)[b * hist_len + st[b]] = idx
     st[b] += 1
-    if pos:
-        g.mem(pos, np.int32, b + 1)[b] += 1
+    p[b] += advance
 
 
 def _argmax_partial(g, k, grid, v):
@@ -383,24 +423,24 @@ def _argmax_partial(g, k, grid, v):
 
 
 def _argmax_final(g, k, grid, v):
-    pv, pi, nb, tok, pos, step, hist, hist_len = v
+    pv, pi, nb, tok, pos, step, hist, hist_len, advance = v
     for b in range(grid[0]):
         vals = _f32(g, pv, (b + 1) * nb)[b * nb:]
         idxs = g.mem(pi, np.int32, (b + 1) * nb)[b * nb:]
         best = max(range(nb), key=lambda j: (vals[j], -idxs[j]))
-        _commit(g, b, int(idxs[best]), tok, pos, step, hist, hist_len)
+        _commit(g, b, int(idxs[best]), tok, pos, step, hist, hist_len, advance)
 
 
 def _sample(g, k, grid, v):
     from memra.gpu.ops.sample import reference_sample
 
-    logits, n, fp, topk, seeds, tok, pos, step, hist, hist_len = v
+    logits, n, fp, topk, seeds, tok, pos, step, hist, hist_len, advance = v
     for b in range(grid[0]):
         temp, top_p, min_p = _f32(g, fp, 3 * (b + 1))[3 * b:3 * b + 3]
+        p = int(g.mem(pos, np.int32, b + 1)[b])
         idx = reference_sample(_f32(g, logits + 4 * b * n, n), temp, int(g.mem(topk, np.int32, b + 1)[b]),
-                               top_p, min_p, int(g.mem(seeds, np.uint64, b + 1)[b]),
-                               int(g.mem(step, np.int32, b + 1)[b]))
-        _commit(g, b, idx, tok, pos, step, hist, hist_len)
+                               top_p, min_p, int(g.mem(seeds, np.uint64, b + 1)[b]), p + advance)
+        _commit(g, b, idx, tok, pos, step, hist, hist_len, advance)
 
 
 def _mv(g, k, grid, v):

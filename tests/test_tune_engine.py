@@ -147,9 +147,9 @@ def test_env_var_and_auto_pick_the_table(model, builtin, tmp_path, monkeypatch):
     monkeypatch.setattr(T, "tables_dir", lambda: d)
     eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27))
     assert eng.tune_source == "exact"
-    assert eng._tuned("matvec", shape, 1, "q8") == {"MV_NWARPS": 8, "MV_ROWS": 1}
+    assert eng.plan.tuned("matvec", shape, 1, "q8") == {"MV_NWARPS": 8, "MV_ROWS": 1}
     # batch 8 is another bucket: no entry, built-in default
-    assert eng._tuned("matvec", shape, 8, "q8") is None
+    assert eng.plan.tuned("matvec", shape, 8, "q8") is None
 
 
 def test_entries_the_engine_must_not_use(model, builtin, tmp_path, caplog):
@@ -165,11 +165,11 @@ def test_entries_the_engine_must_not_use(model, builtin, tmp_path, caplog):
     }
     caplog.set_level(logging.INFO, logger="memra")
     eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=_table(entries))
-    assert eng._tuned("matvec", shape, 1, "q8") is None
+    assert eng.plan.tuned("matvec", shape, 1, "q8") is None
     assert "not this engine's q8" in caplog.text
-    assert eng._tuned("matvec", {**shape, "rows": shape["rows"] * 3}, 1, "q8") is None
+    assert eng.plan.tuned("matvec", {**shape, "rows": shape["rows"] * 3}, 1, "q8") is None
     assert "MV_KSPLIT=2 is not used" in caplog.text
-    assert eng._tuned("act_mul", ffn, 1) == {"ACT_THREADS": 512}
+    assert eng.plan.tuned("act_mul", ffn, 1) == {"ACT_THREADS": 512}
 
 
 def test_lookups_happen_at_capture_not_per_token(model, monkeypatch):
@@ -262,7 +262,7 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
                         T.shape_key({**heads, "ctx": 4096}): {"1": _entry("attention.cu", "default",
                                                                            {"ATT_TILE": 128, "hpb": 1})}},
     }
-    caplog.set_level(logging.INFO, logger="memra.engine")
+    caplog.set_level(logging.INFO, logger="memra.plan")
     eng, gpu, toks = _run(path, _table(entries))
     assert "tuning: rmsnorm" in caplog.text and "tuning: attn_decode" in caplog.text
     assert toks == builtin[2]
@@ -282,7 +282,7 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
                 rows_seen["rope_norm_kv"].add(grid[2])
     # prefill (the prompt's rows) and decode (one row) alike
     assert all(s >= {1, len(PROMPT)} for s in rows_seen.values()), rows_seen
-    assert eng.n_splits == default_splits(c.n_head // 2, gpu.info.sm_count)
+    assert eng.plan.n_splits == default_splits(c.n_head // 2, gpu.info.sm_count)
     # the built-in run launched other configurations
     base = {(n, d.get("NORM_THREADS"), d.get("ROPE_WARPS"), d.get("N_GQA")) for n, d, _, _ in builtin[1].issued
             if n in rows_seen}
@@ -313,7 +313,7 @@ def test_norm_and_attention_entries_the_engine_refuses(model, caplog):
         "attn_decode": {T.shape_key({**heads, "ctx": 64}): {"1": _entry("attention.cu", "default",
                                                                          {"hpb": c.n_gqa + 1})}},
     }
-    caplog.set_level(logging.INFO, logger="memra.engine")
+    caplog.set_level(logging.INFO, logger="memra.plan")
     eng = GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 27), tune_table=_table(entries))
-    assert eng.norm_cfg["rmsnorm"] is None and eng.att_cfg is None
+    assert eng.plan.norm_cfg["rmsnorm"] is None and eng.plan.att_cfg is None
     assert "NORM_THREADS must be a multiple of 32" in caplog.text and "does not divide" in caplog.text

@@ -358,7 +358,7 @@ def test_device_slug():
 # ---------------------------------------------------------------- campaigns
 
 
-def llama_like(n_layer=2, types=None) -> C.ModelShapes:
+def llama_like(n_layer=2, types=None) -> C.ModelSpec:
     cfg = ModelConfig(arch="llama", n_vocab=1000, n_ctx_train=4096, n_embd=256, n_layer=n_layer,
                       n_head=8, n_head_kv=2, head_dim=32, head_dim_v=32, n_ff=512, norm_eps=1e-5,
                       rope_base=1e4, rope_dim=32, rope_neox=False)
@@ -367,7 +367,7 @@ def llama_like(n_layer=2, types=None) -> C.ModelShapes:
         for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
             t[f"blk.{i}.{n}.weight"] = "Q4_K"
     t.update(types or {})
-    return C.ModelShapes("tiny", cfg, t)
+    return C.ModelSpec("tiny", cfg, t)
 
 
 def test_model_shapes_fuse_same_type_and_split_mixed():
@@ -458,7 +458,7 @@ def test_expand_campaign(tmp_path):
 
 def test_expand_merges_shapes_shared_by_models():
     a, b = llama_like(), llama_like()
-    b = C.ModelShapes("other", b.cfg, b.types)
+    b = C.ModelSpec("other", b.cfg, b.types)
     spec = {"name": "x", "batches": [1], "kernels": [
         {"name": "matvec", "variants": ["v"], "ops": ["qkv"]}]}
     jobs = C.expand_campaign(spec, [a, b])

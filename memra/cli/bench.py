@@ -64,12 +64,12 @@ def _open_table(which: str, info):
     return table, ("builtin" if source == "builtin" else f"{source}:{table['path']}")
 
 
-def _engine(path: Path, n_ctx: int, table: dict, label: str):
-    """The GPU engine on `path`, running the tuning table `table` (already resolved, so the
-    receipts' label names exactly what ran)."""
+def _engine(path: Path, n_ctx: int, table: dict, label: str, batch: int = 1):
+    """The GPU engine on `path` with `batch` sequences of n_ctx positions, running the
+    tuning table `table` (already resolved, so the receipts' label names exactly what ran)."""
     from memra.gpu.engine import GPUEngine
 
-    return GPUEngine(path, n_ctx=n_ctx, tune_table=table), label
+    return GPUEngine(path, n_ctx=n_ctx, batch=batch, tune_table=table), label
 
 
 def _ratio_key(r: dict) -> tuple:
@@ -112,12 +112,15 @@ def bench(
                                        "else its compute capability's, else built-in), builtin, or a table "
                                        "file; run a pair (tuned, builtin) to measure the table's gain.")] = "auto",
     out: Annotated[Optional[Path], typer.Option("--out", help="Receipts file (appended). Default: "
-                                                "research/bench-<device>-<date>.jsonl.")] = None,
+                                                "$MEMRA_HOME/receipts/bench-<device>-<date>.jsonl.")] = None,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Free text stored in every receipt.")] = None,
     vs: Annotated[Optional[str], typer.Option("--vs", help="llama.cpp: run llama-bench on the same file "
                                               "after each memra cell.")] = None,
     llama_bench: Annotated[Optional[Path], typer.Option("--llama-bench", help="The llama-bench binary "
                                                         "(with --vs llama.cpp).")] = None,
+    parallel: Annotated[Optional[list[str]], typer.Option("-np", "--parallel", help="tg cells: sequences "
+                                                          "decoded together, each n tokens (comma list; "
+                                                          "aggregate tokens/s).")] = None,
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies (when it is first made).")] = "smollm2-135m",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.")] = 0,
@@ -126,8 +129,15 @@ def bench(
     from memra.tune import bench as B
     from memra.gpu import cuda
 
+    nps = B.parse_counts(parallel, "-np", [1])
+    from memra.gpu.plan import MAX_ROWS
+
+    if not nps or min(nps) < 1 or max(nps) > MAX_ROWS:
+        raise MemraError(f"-np takes counts of parallel sequences in 1..{MAX_ROWS}, got {nps}")
+    if vs is not None and max(nps) > 1:
+        raise MemraError("--vs llama.cpp compares single-sequence cells: leave -np out")
     cells = B.make_cells(B.parse_counts(n_prompt, "-p", [512]), B.parse_counts(n_gen, "-n", [128]),
-                         B.parse_counts(n_depth, "-d", [0]))
+                         B.parse_counts(n_depth, "-d", [0]), nps)
     if reps < 1:
         raise MemraError(f"-r must be at least 1, got {reps}")
     if vs is not None:
@@ -149,7 +159,7 @@ def bench(
     from memra.gpu.engine import argmax_gate
     from memra.text.tokenizer import Tokenizer
 
-    engine, label = _engine(path, max(n_ctx, 64), tbl, label)
+    engine, label = _engine(path, max(n_ctx, 64), tbl, label, max(nps))
     gate_ids = Tokenizer.from_gguf(engine.gguf).encode(B.GATE_PROMPT, add_special=True, parse_special=True)
     gate = argmax_gate(engine, gate_ids)
     print(gate.line(), file=sys.stderr, flush=True)
@@ -169,3 +179,62 @@ def bench(
     if gate.verdict == "MISMATCH":
         _fail("argmax gate MISMATCH: prefill and decode disagree, the figures above are void "
               "(their receipts say gate MISMATCH)")
+
+
+# -- profile ------------------------------------------------------------------------------------
+
+@app.command()
+@command
+def profile(
+    model: Annotated[str, typer.Argument(help="GGUF path, alias or synth:SHAPE:QUANT (as memra bench).")],
+    depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already cached per sequence.")] = 64,
+    rows: Annotated[int, typer.Option("--rows", "-np", help="Sequences decoded together (1..64).")] = 1,
+    reps: Annotated[int, typer.Option("--reps", help="Copies of each launch per timed graph.")] = 20,
+    by_launch: Annotated[bool, typer.Option("--by-launch", help="One line per plan launch instead of "
+                                            "per kernel and shape.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the breakdown as JSON on stdout.")] = False,
+    table: Annotated[str, typer.Option("--tune-table", "--table", help="Tuning table: auto, builtin, or a "
+                                       "table file.")] = "auto",
+    synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
+                                                 "a synth: model copies.")] = "smollm2-135m",
+) -> None:
+    """Per-kernel µs and GB/s of one decode step, launch by launch of the launch plan."""
+    from memra.gpu import cuda
+    from memra.gpu.runner import Runner
+    from memra.tune import bench as B
+    from memra.tune.profile import by_kernel, profile as run_profile
+
+    if not cuda.has_gpu():
+        raise CudaError("memra profile needs an NVIDIA GPU and its driver; none was found on this machine")
+    if reps < 1:
+        raise MemraError(f"--reps must be at least 1, got {reps}")
+    name, path = B.resolve_model(model, synth_tokenizer)
+    g = cuda.gpu()
+    tbl, label = _open_table(table, g.info)
+    r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl)
+    doc = run_profile(r, rows=rows, depth=depth, reps=reps)
+    doc.update(model=name, table=label, device=g.info.name, bw_gbps=round(g.copy_bandwidth() / 1e9, 1),
+               summary=by_kernel(doc["launches"]))
+    if as_json:
+        print(json.dumps(doc, sort_keys=True), flush=True)
+    t = Table(header_style="bold", box=None, pad_edge=False)
+    items = doc["launches"] if by_launch else doc["summary"]
+    cols = (["launch", "kernel", "shape", "rows", "µs", "GB/s"] if by_launch else
+            ["op", "kernel", "shape", "config", "rows", "count", "µs each", "total µs", "% step", "GB/s"])
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("launch", "op", "kernel", "shape", "config") else "right",
+                     no_wrap=True)
+    for it in items:
+        shape = ",".join(f"{k}={v}" for k, v in sorted(it["shape"].items()))
+        gbs = "-" if it["gb_s"] is None else f"{it['gb_s']:.0f}"
+        if by_launch:
+            t.add_row(it["name"], it["kernel"], shape, str(it["rows"]), f"{it['us']:.2f}", gbs)
+        else:
+            cfg = ",".join(f"{k}={v}" for k, v in sorted(it["config"].items())) or "built-in"
+            t.add_row(it["group"], it["kernel"], shape, cfg, str(it["rows"]), str(it["count"]),
+                      f"{it['us_each']:.2f}", f"{it['total_us']:.1f}",
+                      f"{100 * it['total_us'] / doc['sum_us']:.1f}", gbs)
+    (err if err.is_terminal else Console(stderr=True, highlight=False, width=200)).print(t)
+    print(f"{name}: {rows} row(s) at depth {depth}: step {doc['step_us']:.1f} µs measured "
+          f"({doc['tok_s']:.1f} tok/s), {doc['sum_us']:.1f} µs summed over {len(doc['launches'])} plan launches "
+          f"· table {label} · {doc['device']}", file=sys.stderr, flush=True)

@@ -255,6 +255,13 @@ class Gpu:
         buf = self._mr.allocate(max(nbytes, 1), stream=self.stream)
         return DeviceArray(self, int(buf.handle), shape, dtype, buf)
 
+    def free_memory(self) -> int:
+        """Bytes of device memory free now (cuMemGetInfo)."""
+        from cuda.bindings import driver
+
+        free, _total = _drv(driver.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free)
+
     def to_device(self, host: np.ndarray) -> DeviceArray:
         host = np.ascontiguousarray(host)
         a = self.empty(host.shape, host.dtype)

@@ -57,16 +57,25 @@ class Cell:
     n_prompt: int
     n_gen: int
     n_depth: int = 0
+    n_parallel: int = 1  # tg cells: sequences decoded together (each n_gen tokens)
 
     @property
     def test(self) -> str:
-        """llama-bench's name of the cell: 'pp512', 'tg128 @ d4096'."""
+        """llama-bench's name of the cell: 'pp512', 'tg128 @ d4096'; 'tg128 np64' for 64
+        sequences decoded together."""
         s = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        s += f" np{self.n_parallel}" if self.n_parallel > 1 else ""
         return s + (f" @ d{self.n_depth}" if self.n_depth else "")
 
     @property
     def n_tokens(self) -> int:
+        """Positions one sequence of the cell takes after its depth."""
         return self.n_prompt + self.n_gen
+
+    @property
+    def tokens_timed(self) -> int:
+        """Tokens one timed run produces (all sequences)."""
+        return (self.n_prompt + self.n_gen) * self.n_parallel
 
 
 def parse_counts(values: str | Iterable[str] | None, flag: str, default: Sequence[int]) -> list[int]:
@@ -93,10 +102,12 @@ def parse_counts(values: str | Iterable[str] | None, flag: str, default: Sequenc
     return list(dict.fromkeys(out))  # repeated values measure once
 
 
-def make_cells(prompts: Sequence[int], gens: Sequence[int], depths: Sequence[int]) -> list[Cell]:
-    """Per depth: the pp cells, then the tg cells (0 skips that kind, as in llama-bench)."""
+def make_cells(prompts: Sequence[int], gens: Sequence[int], depths: Sequence[int],
+               parallel: Sequence[int] = (1,)) -> list[Cell]:
+    """Per depth: the pp cells, then the tg cells (0 skips that kind, as in llama-bench),
+    each at every count of parallel sequences."""
     cells = [Cell(p, 0, d) for d in depths for p in prompts if p > 0]
-    cells += [Cell(0, n, d) for d in depths for n in gens if n > 0]
+    cells += [Cell(0, n, d, b) for d in depths for n in gens if n > 0 for b in parallel]
     if not cells:
         raise BenchError("nothing to measure: every -p and -n value is 0")
     return sorted(cells, key=lambda c: (c.n_depth, c.n_gen > 0))
@@ -179,33 +190,34 @@ def fill(engine, tokens: Sequence[int]) -> None:
 
 def time_prefill(engine, depth: int, tokens: Sequence[int]) -> int:
     """Nanoseconds of one prefill of `tokens` after the first `depth` cached tokens."""
-    engine.pos[0] = depth  # rewind: positions past `depth` are rewritten
+    engine.rewind(engine.seqs[0], depth)  # positions past `depth` are rewritten
     engine.g.sync()
     t0 = time.perf_counter_ns()
     engine.prefill(tokens)  # returns the last logits: the device is idle after it
     return time.perf_counter_ns() - t0
 
 
-def time_decode(engine, depth: int, first: int, n: int) -> tuple[int, list[int]]:
-    """Nanoseconds of n greedy decode steps replayed from the engine's captured graph,
-    starting with token `first` at position `depth`, and the n tokens chosen.
+def time_decode(engine, depth: int, first: int, n: int, rows: int = 1) -> tuple[int, list[int]]:
+    """Nanoseconds of n greedy decode steps of `rows` sequences replayed from the runner's
+    captured graph, each sequence starting with token `first` at position `depth`, and the n
+    tokens the first sequence chose. Each replay forwards one token per sequence and writes
+    the argmax as the next, on the device (memra.gpu.runner.Runner.decode_prepare)."""
+    from memra.gpu.runner import Sampling
 
-    The same launches as GPUEngine.generate_greedy after its prefill: the token and position
-    live on the device, each replay forwards one token and writes the argmax as the next."""
     e = engine
-    e._ensure_hist(n)
-    e.d_tok.upload(np.array([first], np.int32))
-    e.d_pos.upload(np.array([depth], np.int32))
-    e.d_step.upload(np.zeros(1, np.int32))
-    gr = e._graph("greedy")  # captured on first use (its eager pre-run stays untimed)
+    seqs = e.seqs[:rows]
+    for s in seqs:
+        e.rewind(s, depth)
+    gr = e.decode_prepare(seqs, [first] * rows, n, [Sampling(0.0)] * rows, hist=n)
     e.g.sync()
     t0 = time.perf_counter_ns()
     for _ in range(n):
         gr.launch()
     e.g.sync()
     ns = time.perf_counter_ns() - t0
-    e.pos[0] = depth + n
-    return ns, [int(t) for t in e.d_hist.numpy()[0, :n]]
+    for s in seqs:
+        s.n = depth + n
+    return ns, [int(t) for t in e.r_hist.numpy()[0, :n]]
 
 
 @dataclass
@@ -216,7 +228,7 @@ class Measured:
 
     @property
     def samples_ts(self) -> list[float]:
-        return [self.cell.n_tokens * 1e9 / ns for ns in self.samples_ns]
+        return [self.cell.tokens_timed * 1e9 / ns for ns in self.samples_ns]
 
 
 def measure(engine, cells: Sequence[Cell], reps: int, seed: int = 0) -> Iterator[Measured]:
@@ -242,10 +254,12 @@ def measure(engine, cells: Sequence[Cell], reps: int, seed: int = 0) -> Iterator
         else:
             first = int(rng.integers(0, n_vocab))
             for i in range(reps + 1):
-                ns, _ = time_decode(engine, depth, first, cell.n_gen)
+                ns, _ = time_decode(engine, depth, first, cell.n_gen, rows=cell.n_parallel)
                 if i:
                     samples.append(ns)
-            bpt = sum(engine.bytes_per_token(depth + k) for k in range(cell.n_gen)) / cell.n_gen
+            # bytes per token produced: a step reads the weights once and every row's K/V
+            B = cell.n_parallel
+            bpt = sum(engine.bytes_per_step(depth + k, B) for k in range(cell.n_gen)) / cell.n_gen / B
         yield Measured(cell, samples, bpt)
 
 
@@ -284,6 +298,7 @@ def receipt(common: dict, engine_name: str, cell: Cell, samples_ts: Sequence[flo
     return {
         "kind": "bench", "schema": SCHEMA, "engine": engine_name, **common,
         "test": cell.test, "n_prompt": cell.n_prompt, "n_gen": cell.n_gen, "n_depth": cell.n_depth,
+        "n_parallel": cell.n_parallel,
         "avg_ts": round(s["avg_ts"], 3), "median_ts": round(s["median_ts"], 3),
         "stddev_ts": round(s["stddev_ts"], 3), "samples_ts": [round(v, 3) for v in s["samples_ts"]],
         "bytes_per_token": None if bytes_per_token is None else int(round(bytes_per_token)),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from memra.model.config import ModelConfig
+from memra.gpu.plan import ModelSpec
 from memra.errors import MemraError
 from memra.tune.receipts import (append_receipts, config_key, iter_receipts, make_receipt, shape_batch,
                                  shape_key)
@@ -68,14 +68,6 @@ class Job:
 # ---------------------------------------------------------------- model shapes
 
 
-@dataclass(frozen=True)
-class ModelShapes:
-    """What a campaign needs from a model: its config and each tensor's GGUF type name."""
-    name: str
-    cfg: ModelConfig
-    types: Mapping[str, str] = field(default_factory=dict)
-
-
 SYNTH_PREFIX = "synth:"  # synth:SHAPE:QUANT, as `memra bench` spells a synthetic model
 
 
@@ -89,7 +81,7 @@ class _Header:
         raise CampaignError(f"{self.path}: tensor {name} is not available from a synthetic header")
 
 
-def synth_info(spec: str) -> ModelShapes:
+def synth_info(spec: str) -> ModelSpec:
     """Shapes of a synthetic model (synth:SHAPE:QUANT) from its shape's hyper-parameters
     and the synthesizer's tensor plan: the same config and tensor types as the file `memra
     bench` would make, without making it."""
@@ -105,10 +97,10 @@ def synth_info(spec: str) -> ModelShapes:
     n_vocab = next(tp.shape[0] for tp in tensors if tp.name == "token_embd.weight")
     meta = {**meta, f"{arch}.vocab_size": n_vocab}
     cfg = read_config(_Header(spec, arch, meta, {tp.name: tp for tp in tensors}))
-    return ModelShapes(spec, cfg, {tp.name: tp.ggml_type.name for tp in tensors})
+    return ModelSpec(spec, cfg, {tp.name: tp.ggml_type.name for tp in tensors})
 
 
-def model_info(name_or_path: str) -> ModelShapes:
+def model_info(name_or_path: str) -> ModelSpec:
     """A model's shapes: an alias or GGUF path (header read only), or synth:SHAPE:QUANT."""
     from memra.model.aliases import resolve
     from memra.model.config import read_config
@@ -118,58 +110,31 @@ def model_info(name_or_path: str) -> ModelShapes:
         return synth_info(name_or_path)
     g = open_gguf(resolve(name_or_path))
     name = name_or_path if not os.path.exists(name_or_path) else Path(name_or_path).stem
-    return ModelShapes(name, read_config(g), {n: t.type_name for n, t in g.tensors.items()})
+    return ModelSpec(name, read_config(g), {n: t.type_name for n, t in g.tensors.items()})
 
 
-def _type(m: ModelShapes, tensor: str) -> str:
-    try:
-        return m.types[tensor]
-    except KeyError:
-        raise CampaignError(f"model {m.name}: tensor {tensor} is missing") from None
+def model_shapes(m: ModelSpec, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple[str, dict]]:
+    """(op, shape without batch) for every distinct shape the model decodes with, read off
+    its launch plan (memra.gpu.plan, built-in configurations: a shape does not depend on
+    the table): the decode step at one row, and the prefill step's separate RoPE launch.
+    The op is the launch's campaign group (qkv, attn_output, gate_up, down, output,
+    attention, heads, rows, ffn, embed, vocab); attention shapes come at each of the
+    campaign's context lengths, clipped to the sliding window on local layers."""
+    from memra.gpu.plan import Planner
 
-
-def model_shapes(m: ModelShapes, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple[str, dict]]:
-    """(op, shape without batch) for every distinct shape the model decodes with.
-
-    Matvec shapes are {type, rows, cols} with rows = output features. QKV and gate+up are
-    fused when their tensors share a type (rows = q_dim + 2 kv_dim, resp. 2 n_ff); when only
-    V differs, Q and K are fused and V is alone; else each tensor is its own matvec under
-    the same op name — as the engine (memra.gpu.engine.GPUEngine._load_weights) runs them."""
-    c = m.cfg
+    plan = Planner(m)
     seen: dict[tuple, tuple[str, dict]] = {}
 
     def add(op: str, shape: dict):
         seen.setdefault((op, shape_key(shape)), (op, shape))
 
-    def matvec(op: str, parts: list[tuple[str, int]], cols: int):
-        types = [_type(m, t) for t, _ in parts]
-        if len(set(types)) == 1:
-            groups = [list(range(len(parts)))]
-        elif len(parts) == 3 and types[0] == types[1]:
-            groups = [[0, 1], [2]]
+    for L in plan.step(1, decode=True, sampler="greedy") + plan.step(2, decode=False):
+        if L.kernel == "attn_decode":
+            w = L.args["window"]
+            for n in ctx:
+                add("attention", {**plan.heads, "ctx": min(n, w) if w else n})
         else:
-            groups = [[i] for i in range(len(parts))]
-        for grp in groups:
-            add(op, {"type": types[grp[0]], "rows": sum(parts[i][1] for i in grp), "cols": cols})
-
-    for i in range(c.n_layer):
-        p = f"blk.{i}."
-        matvec("qkv", [(p + "attn_q.weight", c.q_dim), (p + "attn_k.weight", c.kv_dim),
-                       (p + "attn_v.weight", c.v_dim)], c.n_embd)
-        matvec("attn_output", [(p + "attn_output.weight", c.n_embd)], c.n_head * c.head_dim_v)
-        matvec("gate_up", [(p + "ffn_gate.weight", c.n_ff), (p + "ffn_up.weight", c.n_ff)], c.n_embd)
-        matvec("down", [(p + "ffn_down.weight", c.n_embd)], c.n_ff)
-        for n in ctx:
-            span = min(n, c.swa_window) if c.is_swa(i) else n
-            add("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv,
-                              "head_dim": c.head_dim, "ctx": span})
-    out = "token_embd.weight" if c.tied_output else "output.weight"
-    matvec("output", [(out, c.n_vocab)], c.n_embd)
-    add("heads", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim})
-    add("rows", {"n": c.n_embd})
-    add("ffn", {"n": c.n_ff})
-    add("embed", {"type": _type(m, "token_embd.weight"), "n": c.n_embd})
-    add("vocab", {"n": c.n_vocab})
+            add(L.group, dict(L.shape))
     return list(seen.values())
 
 
@@ -246,7 +211,7 @@ def configs(grid: Mapping[str, list]) -> list[dict]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
 
 
-def expand_campaign(spec: Mapping, models: Iterable[ModelShapes] = (), *,
+def expand_campaign(spec: Mapping, models: Iterable[ModelSpec] = (), *,
                     kernels: Iterable[str] | None = None) -> list[Job]:
     """The campaign's jobs, in a stable order: per kernel entry, shape, batch, variant, config.
     `kernels` restricts to those families. Shapes appearing in several models are measured

@@ -1,7 +1,7 @@
 """Decode attention over the f16 KV cache: split-KV flash-decoding + combine (kernels/attention.cu).
 
-    attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, n_tokens=..., n_kv=...,
-              n_gqa=..., head_dim=..., n_ctx=..., window=..., scale=..., n_splits=...,
+    attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks,
+              n_tokens=..., n_kv=..., n_gqa=..., head_dim=..., window=..., scale=..., n_splits=...,
               counters=None, xq=None, xs=None, config=None)
 
 config (a tuning table's choice): {"ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK"} (-D tunables;
@@ -14,7 +14,10 @@ attn_combine). xq/xs (fused variant, head_dim % 32 == 0): the output's q8 twin, 
 to memra.gpu.ops.matvec.quantize_q8 of the output.
 
 Each token t attends to the keys [max(0, pos[t] + 1 - window), pos[t]] (window 0: all) of
-its sequence seq[t] (None: 0), so prefill runs the same kernel with one query per prompt
+its sequence, block-table row seq[t] (None: 0), read from the paged pools [n_blocks, kv_block,
+n_kv * head_dim] through block_table [n_seq, max_blocks] (kernels/kv.cuh, memra.gpu.paging);
+pos[t] = -1 marks a padded row (no key read, nothing written). Prefill runs the same kernel
+with one query per prompt
 token and gets the same bits as decode. `n_splits` is fixed per engine (the split layout
 depends only on the number of keys), `part_o`/`part_ml` are scratch of
 `scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
@@ -61,10 +64,10 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
     return d
 
 
-def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None):
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config)}
+def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16):
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config), "KV_BLOCK": kv_block}
     if canary:
-        d["MEMRA_CANARY"] = 1
+        d["MEMRA_CANARY"] = int(canary)  # 1: a token does not see itself; 2: the block table ignored
     return g.module(KERNEL_FILE, d)
 
 
@@ -115,8 +118,8 @@ class RopeIn:
     k_norm: object = None
 
 
-def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens: int, n_kv: int,
-              n_gqa: int, head_dim: int, n_ctx: int, window: int, scale: float, n_splits: int,
+def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks: int, *,
+              n_tokens: int, n_kv: int, n_gqa: int, head_dim: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
               canary: bool = False, hpb: int | None = None, config: dict | None = None,
               rope: RopeIn | None = None) -> None:
@@ -129,17 +132,20 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, *, n_tokens:
         raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
     nhb = n_head // hpb
     nt = 32 * defines(head_dim, config)["ATT_WARPS"]
-    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
-        raise MemraError("attention: the KV cache holds f16 bits (uint16); pos is int32")
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32 or len(kcache.shape) != 3:
+        raise MemraError("attention: the KV cache holds f16 bits (uint16) in [n_blocks, block, row] pools; "
+                         "pos is int32")
+    if block_table.dtype != np.int32:
+        raise MemraError("attention: the block table is int32")
     if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
         raise MemraError("attention: scratch buffers too small for this many tokens / splits")
     if out.size < n_tokens * n_head * head_dim or (rope is None and q.size < n_tokens * n_head * head_dim):
         raise MemraError("attention: q or out too small")
     if rope is not None and counters is None:
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
-    m = module(g, head_dim, hpb, canary, config)
-    tail = (pos, seq if seq is not None else _NULL, np.int32(n_kv), np.int32(n_gqa), np.int32(n_ctx),
-            np.int32(window), np.float32(scale), np.float32(softcap))
+    m = module(g, head_dim, hpb, canary, config, kcache.shape[1])
+    tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
+            np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap))
     if counters is not None:
         if n_splits > MAX_SPLITS or counters.dtype != np.int32 or counters.size < n_tokens * nhb:
             raise MemraError(f"attention: fused variant needs n_splits <= {MAX_SPLITS} and int32 counters "
@@ -206,10 +212,13 @@ CASES = (  # (head_dim, n_gqa, n_kv, window, softcap, n_splits, T, heads per blo
 
 def compile_variants():
     vs = sorted({(c[0], c[7]) for c in CASES} | {(c[0], c[3]) for c in ROPE_CASES})
-    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE}) for d, gq in vs]
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE, "KV_BLOCK": 16})
+           for d, gq in vs]
     for d, gq in ((64, 1), (256, 1)):
         out.append((KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE,
-                                  "MEMRA_CANARY": 1}))
+                                  "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
+    out.append((KERNEL_FILE, {"HEAD_DIM": 128, "N_GQA": 2, "ATT_WARPS": warps_for(128), "ATT_TILE": TILE,
+                              "KV_BLOCK": 16, "MEMRA_CANARY": 2}))
     return out
 
 
@@ -217,11 +226,16 @@ def _check(g, rng, case, canary=False, fused=False):
     from memra.gpu.compare import Outcome, compare
     from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
 
+    from memra.gpu.paging import random_table, scatter
+
     D, G, nkv, window, cap, S, T, hpb = case
-    n_ctx, n_seq = 1100, 2
+    n_ctx, n_seq, blk = 1100, 2, 16
     nh = nkv * G
     kc = (rng.standard_normal((n_seq, n_ctx, nkv, D)) * 0.7).astype(np.float16)
     vc = rng.standard_normal((n_seq, n_ctx, nkv, D)).astype(np.float16)
+    table, n_blocks = random_table(rng, n_seq, n_ctx, blk)
+    kp = scatter(kc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF)
+    vp = scatter(vc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF)
     q = rng.standard_normal((T, nh, D)).astype(np.float32)
     # short and long contexts, the first position, the last
     pos = np.concatenate([[0, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 2))])[:T].astype(np.int32)
@@ -236,9 +250,9 @@ def _check(g, rng, case, canary=False, fused=False):
     q8 = fused and D % 32 == 0
     xq = g.empty((T, nh * D), np.int8) if q8 else None
     xs = g.empty((T, nh * D // 32), Q8_SCALE) if q8 else None
-    args = (g.to_device(q), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out,
-            part_o, part_ml, g.to_device(pos), g.to_device(seq))
-    kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=scale,
+    args = (g.to_device(q), g.to_device(kp), g.to_device(vp), out,
+            part_o, part_ml, g.to_device(pos), g.to_device(seq), g.to_device(table), table.shape[1])
+    kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=scale,
               n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb)
     attention(g, *args, **kw)
     ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
@@ -283,8 +297,12 @@ def _check_rope_fused(g, rng, case, canary=False):
     from memra.gpu.q8 import Q8_SCALE
     from memra.cpu.reference import rope_inv_freq
 
+    from memra.gpu.paging import random_table
+
     D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
-    nh, T, n_ctx = nkv * G, 3, 700
+    nh, T, n_ctx, blk = nkv * G, 3, 700, 16
+    table, n_blocks = random_table(rng, T, n_ctx, blk)
+    d_table = g.to_device(table)
     S = default_splits(nh // hpb, 132)
     stride = (nh + 2 * nkv) * D
     qkv = g.to_device(rng.standard_normal((T, stride)).astype(np.float32))
@@ -295,7 +313,8 @@ def _check_rope_fused(g, rng, case, canary=False):
     qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
     kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
     bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
-    cache0 = [(rng.standard_normal((T, n_ctx, nkv * D)) * 0.5).astype(np.float16).view(np.uint16) for _ in range(2)]
+    cache0 = [(rng.standard_normal((n_blocks, blk, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)
+              for _ in range(2)]
     views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
     runs = []
     for fused in (False, True):
@@ -306,17 +325,18 @@ def _check_rope_fused(g, rng, case, canary=False):
         part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
         for a in (out, xq, xs, part_o, part_ml):
             a.poison()
-        kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, n_ctx=n_ctx, window=window, scale=1 / math.sqrt(D),
+        kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=1 / math.sqrt(D),
                   n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb)
         if fused:
             r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
-            attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, rope=r, canary=canary, **kw)
+            attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], rope=r,
+                      canary=canary, **kw)
         else:
             qr = g.empty((T, nh * D), f32)
-            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D,
-                              n_ctx=n_ctx, rope_dim=rd, neox=neox, q_stride=stride, k_stride=stride,
-                              v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
-            attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, **kw)
+            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, d_table, table.shape[1], n_tokens=T,
+                              n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd, neox=neox, q_stride=stride,
+                              k_stride=stride, v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], **kw)
         runs.append([a.numpy() for a in (out, xq, kc, vc)] + [xs.numpy().view(np.uint8)])
     name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
             f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
@@ -336,6 +356,7 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
+    yield _check(g, rng, CASES[4], canary=2, fused=True)
     yield _check(g, rng, CASES[2], canary=True, fused=True)
     yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=True)
 
@@ -349,6 +370,9 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
         raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
     return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
                      int(shape["ctx"]), int(shape.get("batch", 1)), rng, rotate_bytes)
+
+
+_TUNE_BLOCK = 16  # KV block of the timing caches (the engine's default)
 
 
 class _TuneCase:
@@ -371,11 +395,11 @@ class _TuneCase:
         self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
         self.S = default_splits(nh // self.hpb, g.info.sm_count)
         self.q8 = D % 32 == 0
-        qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2
+        qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2  # keys read (the pool's tail is not)
         q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
         self.bytes = qb + 2 * kvb + T * nh * D * 4 + q8b  # QKV rows and the caches read; out (and its twin) written
         self.sets = max(1, -(-rotate_bytes // self.bytes))
-        kv = (rng.standard_normal(T * ctx * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
+        kv = (rng.standard_normal(T * -(-ctx // _TUNE_BLOCK) * _TUNE_BLOCK * nkv * D) * 0.7).astype(np.float16).view(np.uint16)
         self.kc = g.to_device(np.tile(kv, self.sets))
         self.vc = g.to_device(np.tile(kv[::-1].copy(), self.sets))
         self.out = g.empty(self.sets * T * nh * D, np.float32)
@@ -386,6 +410,9 @@ class _TuneCase:
         self.counters = g.to_device(np.zeros(T * nh, np.int32))  # left zero by every launch
         self.pos = g.to_device(np.full(T, ctx - 1, np.int32))
         self.seq = g.to_device(np.arange(T, dtype=np.int32))
+        # sequence t's positions in pool blocks [t * nblk, (t + 1) * nblk), in order
+        self.nblk = -(-ctx // _TUNE_BLOCK)
+        self.table = g.to_device(np.arange(T * self.nblk, dtype=np.int32).reshape(T, self.nblk))
         # the decode launch the engine makes: RoPE and the KV append inside (attn_decode_rope),
         # from the QKV matvec's rows (q, k, v of a token in one row)
         from memra.gpu.ops.rope import rope_table
@@ -400,15 +427,15 @@ class _TuneCase:
         D, nh, nkv, r = self.D, self.nh, self.nkv, self.row
         rope = RopeIn(qkv.view(np.float32, (self.T * r,), 0), qkv.view(np.float32, (1,), 4 * nh * D),
                       qkv.view(np.float32, (1,), 4 * (nh + nkv) * D), r, r, r, self.cs, D, False)
-        attention(self.g, None, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, n_tokens=self.T,
-                  n_kv=nkv, n_gqa=self.G, head_dim=D, n_ctx=self.ctx, window=0,
+        attention(self.g, None, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, self.table, self.nblk,
+                  n_tokens=self.T, n_kv=nkv, n_gqa=self.G, head_dim=D, window=0,
                   scale=1.0 / math.sqrt(D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
                   hpb=self.hpb, config=self.config, rope=rope)
 
     def launch(self, i: int) -> None:
         T, nh, nkv, D, ctx = self.T, self.nh, self.nkv, self.D, self.ctx
-        nq, nk = T * nh * D, T * ctx * nkv * D
-        cache = (T, ctx, nkv * D)
+        nq, nk = T * nh * D, T * self.nblk * _TUNE_BLOCK * nkv * D
+        cache = (T * self.nblk, _TUNE_BLOCK, nkv * D)
         q8 = (self.xq.view(np.int8, (nq,), nq * i), self.xs.view(None, (nq // 32,), nq // 32 * i * self.xs.dtype.itemsize)) \
             if self.q8 else (None, None)
         nr = T * self.row
@@ -422,8 +449,9 @@ class _TuneCase:
         from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
 
         g, rng, T, nh, nkv, D, ctx = self.g, self.rng, self.T, self.nh, self.nkv, self.D, self.ctx
-        kc = (rng.standard_normal((T, ctx, nkv, D)) * 0.7).astype(np.float16)
-        vc = rng.standard_normal((T, ctx, nkv, D)).astype(np.float16)
+        cap = self.nblk * _TUNE_BLOCK  # positions the table maps per sequence
+        kc = (rng.standard_normal((T, cap, nkv, D)) * 0.7).astype(np.float16)
+        vc = rng.standard_normal((T, cap, nkv, D)).astype(np.float16)
         qkv = rng.standard_normal((T, self.row)).astype(np.float32)
         out = g.empty((T, nh * D), np.float32)
         xq = g.empty((T, nh * D), np.int8) if self.q8 else None
@@ -431,7 +459,9 @@ class _TuneCase:
         for a in (out, xq, xs, self.part_o, self.part_ml):
             if a is not None:
                 a.poison()
-        self._run(g.to_device(qkv), g.to_device(kc.view(np.uint16)), g.to_device(vc.view(np.uint16)), out, xq, xs)
+        pool = (T * self.nblk, _TUNE_BLOCK, nkv * D)  # the table is the identity: pool order = (t, position)
+        kd, vd = g.to_device(kc.view(np.uint16).reshape(pool)), g.to_device(vc.view(np.uint16).reshape(pool))
+        self._run(g.to_device(qkv), kd, vd, out, xq, xs)
         g.sync()
         from memra.gpu.ops.rope import reference as rope_reference
 
@@ -439,6 +469,7 @@ class _TuneCase:
         rq, rk, rv = rope_reference(qkv[:, :nh * D].reshape(T, nh, D), qkv[:, nh * D:(nh + nkv) * D].reshape(T, nkv, D),
                                     qkv[:, (nh + nkv) * D:].reshape(T, nkv, D), pos, self.inv, False)
         kc[:, ctx - 1], vc[:, ctx - 1] = rk.astype(np.float16), rv.astype(np.float16)  # the appended rows
+        kc, vc = kc[:, :ctx], vc[:, :ctx]
         scale = 1.0 / math.sqrt(D)
         ref = reference(rq, kc.astype(np.float32), vc.astype(np.float32), pos, np.arange(T), nkv, 0, scale)
         o = out.numpy()

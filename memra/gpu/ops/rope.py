@@ -1,12 +1,15 @@
 """Per-head Q/K RMSNorm + RoPE + KV-cache append in one launch (kernels/rope.cu).
 
     cs = g.to_device(rope_table(inv_freq, n_pos))   # once per context size
-    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, n_tokens, ..., config=None)
+    rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, block_table, max_blocks, n_tokens, ...,
+                 config=None)
 
 inv_freq: float64 [rope_dim/2] = freq_scale / (base^(2i/rope_dim) * factor_i), as
 memra.cpu.reference.rope_inv_freq computes it; rope_table turns it into the float32 cos/sin of
-every position, rounded from float64 exactly as memra.cpu.reference.rope rounds them. The
-reference is memra.cpu.reference's rms_norm and rope; the caches hold f16. Tolerances: q 1e-5 relative; cached K/V within one f16 rounding.
+every position, rounded from float64 exactly as memra.cpu.reference.rope rounds them. K/V
+rows go into the paged cache through the block table (kernels/kv.cuh, memra.gpu.paging). The
+reference is memra.cpu.reference's rms_norm and rope; the caches hold f16. Tolerances: q 1e-5
+relative; cached K/V within one f16 rounding.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def warps(config: dict | None) -> int:
     return w
 
 
-def module(g, head_dim: int, canary: bool = False, config: dict | None = None):
-    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config)}
+def module(g, head_dim: int, canary: bool = False, config: dict | None = None, kv_block: int = 16):
+    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config), "KV_BLOCK": kv_block}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -55,30 +58,33 @@ def check_table(who: str, cs, rope_dim: int, head_dim: int) -> None:
                          f"[n_pos, rope_dim/2, 2] (got {cs.dtype} {cs.shape})")
 
 
-def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, *, n_tokens: int,
-                 n_head: int, n_kv: int, head_dim: int, n_ctx: int, rope_dim: int, neox: bool,
+def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, block_table, max_blocks: int, *,
+                 n_tokens: int, n_head: int, n_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
                  eps: float = 1e-6, pdl: bool = False, canary: bool = False, config: dict | None = None) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
-    kcache/vcache: uint16 (f16 bits) [n_seq, n_ctx, n_kv * head_dim]; pos/seq: int32 [n_tokens]
-    (seq may be None: sequence 0), every pos below cs's rows; cs: float32 device array
+    kcache/vcache: uint16 (f16 bits) pools [n_blocks, kv_block, n_kv * head_dim]; block_table:
+    int32 [n_seq, max_blocks]; pos/seq: int32 [n_tokens] (seq: the block-table row, None: 0;
+    pos -1: a padded row, nothing appended), every pos below cs's rows; cs: float32 device array
     [n_pos, rope_dim/2, 2] from rope_table; bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
     biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS)."""
-    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16:
-        raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16)")
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or len(kcache.shape) != 3:
+        raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16) in [n_blocks, block, row] pools")
+    if block_table.dtype != np.int32:
+        raise MemraError("rope_norm_kv: the block table is int32")
     if pos.dtype != np.int32 or q_out.dtype != np.float32:
         raise MemraError("rope_norm_kv: pos int32, q_out float32")
     check_table("rope_norm_kv", cs, rope_dim, head_dim)
     w = warps(config)
-    kern = module(g, head_dim, canary, config).kernel("rope_norm_kv")
+    kern = module(g, head_dim, canary, config, kcache.shape[1]).kernel("rope_norm_kv")
     n_units = n_head + 2 * n_kv
     g.launch(kern, ((n_units + w - 1) // w, n_tokens), (32 * w,),
              (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
               pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
-              cs, np.int32(cs.shape[0]), np.int32(n_head), np.int32(n_kv), np.int32(n_ctx), np.int32(rope_dim),
-              np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
+              cs, np.int32(cs.shape[0]), block_table, np.int32(max_blocks), np.int32(n_head), np.int32(n_kv),
+              np.int32(rope_dim), np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
 
 
 def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6, bias=None):
@@ -115,8 +121,8 @@ CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors, qkv
 
 
 def compile_variants():
-    out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS}) for d in sorted({c[0] for c in CASES})]
-    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "MEMRA_CANARY": 1}))
+    out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS, "KV_BLOCK": 16}) for d in sorted({c[0] for c in CASES})]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
     return out
 
 
@@ -124,8 +130,11 @@ def _check(g, rng, case, canary=False, config=None, T=5):
     from memra.gpu.compare import Outcome, compare
     from memra.cpu.reference import rope_inv_freq
 
+    from memra.gpu.paging import logical, pool_row, random_table
+
     D, nh, nkv, rd, neox, qkn, ff, has_bias = case
-    n_ctx, n_seq = 300, 2
+    n_ctx, n_seq, blk = 300, 2, 16
+    table, n_blocks = random_table(rng, n_seq, n_ctx, blk)
     qkv = rng.standard_normal((T, (nh + 2 * nkv) * D)).astype(np.float32)
     stride = qkv.shape[1]
     # distinct positions (two tokens appending one cache row would race), one of them large
@@ -143,14 +152,15 @@ def _check(g, rng, case, canary=False, config=None, T=5):
     d_qkv = g.to_device(qkv)
     q_out = g.empty((T, nh * D), np.float32)
     q_out.poison()
-    kc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
-    vc = g.empty((n_seq, n_ctx, nkv * D), np.uint16)
+    kc = g.empty((n_blocks, blk, nkv * D), np.uint16)
+    vc = g.empty((n_blocks, blk, nkv * D), np.uint16)
     kc.poison()
     vc.poison()
     fb = 4
     rope_norm_kv(g, d_qkv.view(shape=(T * stride,)), d_qkv.view(offset=nh * D * fb), d_qkv.view(offset=(nh + nkv) * D * fb),
-                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(rope_table(inv, n_ctx)), n_tokens=T,
-                 n_head=nh, n_kv=nkv, head_dim=D, n_ctx=n_ctx, rope_dim=rd, neox=neox,
+                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(rope_table(inv, n_ctx)),
+                 g.to_device(table), table.shape[1], n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd,
+                 neox=neox,
                  q_stride=stride, k_stride=stride, v_stride=stride,
                  bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None, k_norm=g.to_device(kn) if qkn else None,
                  eps=eps, canary=canary, config=config)
@@ -161,17 +171,18 @@ def _check(g, rng, case, canary=False, config=None, T=5):
     name = f"rope D={D} heads={nh}/{nkv} rope_dim={rd} {'neox' if neox else 'normal'}" + \
            (" qk_norm" if qkn else "") + (" factors" if ff else "") + (" bias" if has_bias else "")
     oq = compare(name + " q", q_out.numpy().reshape(T, nh, D), rq, TOL)
-    kh = kc.numpy().view(np.float16)
-    vh = vc.numpy().view(np.float16)
+    kh = logical(kc.numpy().view(np.float16), table, n_ctx, blk)
+    vh = logical(vc.numpy().view(np.float16), table, n_ctx, blk)
     gk = np.stack([kh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
     gv = np.stack([vh[seq[t], pos[t]] for t in range(T)]).astype(np.float32).reshape(T, nkv, D)
     # one f16 rounding of values that agree to ~1e-6: 2^-10 relative per element at most
     ok_k = compare(name + " kcache", gk, rk.astype(np.float16).astype(np.float32), 1e-3, kind="max")
     ok_v = compare(name + " vcache", gv, rv.astype(np.float16).astype(np.float32), 0, kind="exact")
-    # untouched cache rows must keep their poison (no stray writes)
-    mask = np.ones((n_seq, n_ctx), bool)
-    mask[seq, pos] = False
-    stray = int(np.count_nonzero(kc.numpy()[mask] != 0xFFFF) + np.count_nonzero(vc.numpy()[mask] != 0xFFFF))
+    # untouched pool rows must keep their poison (no stray writes)
+    mask = np.ones(n_blocks * blk, bool)
+    mask[[pool_row(table, int(seq[t]), int(pos[t]), blk) for t in range(T)]] = False
+    kp, vp = kc.numpy().reshape(n_blocks * blk, -1), vc.numpy().reshape(n_blocks * blk, -1)
+    stray = int(np.count_nonzero(kp[mask] != 0xFFFF) + np.count_nonzero(vp[mask] != 0xFFFF))
     for o in (oq, ok_k, ok_v):
         if not o.ok:
             return o
@@ -199,7 +210,8 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
                      int(shape.get("batch", 1)), rng, rotate_bytes)
 
 
-_TUNE_CTX = 8  # cache rows per sequence in the timing copies (only the row written matters)
+_TUNE_CTX = 16  # cache rows per sequence in the timing copies (only the row written matters)
+_TUNE_BLOCK = _TUNE_CTX  # one KV block per sequence
 
 
 class _TuneCase:
@@ -227,6 +239,7 @@ class _TuneCase:
         self.pos = g.to_device(rng.integers(0, _TUNE_CTX, T).astype(np.int32))
         self.seq = g.to_device(np.arange(T, dtype=np.int32))
         self.cs = g.to_device(rope_table(rope_inv_freq(D, 1e4, 1.0, None), _TUNE_CTX))
+        self.table = g.to_device(np.arange(T, dtype=np.int32).reshape(T, 1))
 
     def launch(self, i: int) -> None:
         T, D, nh, nkv, st = self.T, self.D, self.nh, self.nkv, self.stride
@@ -234,11 +247,11 @@ class _TuneCase:
         q = self.qkv.view(np.float32, (T * st,), base)
         k = self.qkv.view(np.float32, (T * st - nh * D,), base + 4 * nh * D)
         v = self.qkv.view(np.float32, (T * st - (nh + nkv) * D,), base + 4 * (nh + nkv) * D)
-        cache = (T, _TUNE_CTX, nkv * D)
+        cache = (T * _TUNE_CTX // _TUNE_BLOCK, _TUNE_BLOCK, nkv * D)  # block t holds sequence t
         cb = 2 * T * _TUNE_CTX * nkv * D * i
         rope_norm_kv(self.g, q, k, v, self.q_out.view(np.float32, (T, nh * D), 4 * T * nh * D * i),
                      self.kc.view(np.uint16, cache, cb), self.vc.view(np.uint16, cache, cb), self.pos, self.seq,
-                     self.cs, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, n_ctx=_TUNE_CTX, rope_dim=D,
+                     self.cs, self.table, 1, n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, rope_dim=D,
                      neox=False, q_stride=st, k_stride=st, v_stride=st, config=self.config)
 
     def check(self):

@@ -4,14 +4,17 @@ sampling (kernels/sample.cu). Both write the token where the next decode step re
     argmax(g, logits, n_vocab, rows, state, part_val, part_idx)
     sample(g, logits, n_vocab, rows, fparams, top_k, seeds, state)
 
-`state` is a `SeqState` of device int32 arrays: tok [rows], pos [rows] (or None), step
-[rows], hist [rows, hist_len] (or None). After a launch, for each row b: tok[b] = id,
-hist[b, step[b]] = id, step[b] += 1, pos[b] += 1.
+`state` is a `SeqState` of device int32 arrays: tok [rows], pos [rows], step [rows], hist
+[rows, hist_len] (or None), and `advance` (1 after a decode step, whose pos[b] is the fed
+token's position; 0 when pos[b] already is the chosen token's position). After a launch, for
+each row b with pos[b] >= 0 (a row with pos[b] < 0 is padding: untouched): tok[b] = id,
+hist[b, step[b]] = id, step[b] += 1, pos[b] += advance.
 
 `reference_sample` reproduces the kernel's rule exactly (see the header of sample.cu):
 llama.cpp's order (top-k, top-p, min-p on the untempered distribution, then temperature,
 then one draw), masses in 2^-40 fixed point so sums do not depend on order, the draw from
-splitmix64(seed, step). The check is exact on token ids.
+splitmix64(seed, position of the chosen token): a token depends on (logits, seed,
+position) only. The check is exact on token ids.
 """
 
 from __future__ import annotations
@@ -37,16 +40,19 @@ _FIX = np.float32(2.0 ** 40)
 class SeqState:
     tok: object  # DeviceArray int32 [rows]
     step: object  # DeviceArray int32 [rows]
-    pos: object = None  # DeviceArray int32 [rows] or None
+    pos: object  # DeviceArray int32 [rows]
     hist: object = None  # DeviceArray int32 [rows, hist_len] or None
+    advance: int = 1
 
     @property
     def hist_len(self) -> int:
         return self.hist.shape[-1] if self.hist is not None else 0
 
     def args(self):
-        return (self.tok, self.pos if self.pos is not None else _NULL, self.step,
-                self.hist if self.hist is not None else _NULL, np.int32(self.hist_len))
+        if self.pos is None or self.advance not in (0, 1):
+            raise MemraError("sampler state: pos is required and advance is 0 or 1")
+        return (self.tok, self.pos, self.step, self.hist if self.hist is not None else _NULL,
+                np.int32(self.hist_len), np.int32(self.advance))
 
 
 def _module(g, canary=False, threads: int = THREADS):
@@ -102,8 +108,8 @@ def splitmix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def uniform(seed: int, step: int) -> float:
-    return (splitmix64(seed + (step + 1) * _GOLDEN) >> 11) * (1.0 / 9007199254740992.0)
+def uniform(seed: int, counter: int) -> float:
+    return (splitmix64(seed + (counter + 1) * _GOLDEN) >> 11) * (1.0 / 9007199254740992.0)
 
 
 def reference_argmax(logits: np.ndarray) -> int:
@@ -111,7 +117,8 @@ def reference_argmax(logits: np.ndarray) -> int:
 
 
 def reference_sample(logits, temp: float, top_k: int, top_p: float, min_p: float, seed: int,
-                     step: int) -> int:
+                     position: int) -> int:
+    """The token the kernel draws for logits whose chosen token takes `position`."""
     l = np.asarray(logits, np.float32)
     n = l.size
     temp, top_p, min_p = np.float32(temp), np.float32(top_p), np.float32(min_p)
@@ -136,7 +143,7 @@ def reference_sample(logits, temp: float, top_k: int, top_p: float, min_p: float
         keep &= np.exp(l - M) >= min_p
     w = np.where(keep, _fix(np.exp((l - M) / temp)), np.uint64(0)).astype(np.uint64)
     W = int(w.sum(dtype=np.uint64))
-    target = min(int(uniform(seed, step) * float(W)), W - 1)
+    target = min(int(uniform(seed, position) * float(W)), W - 1)
     cum = np.cumsum(w, dtype=np.uint64)
     return int(np.argmax(cum > np.uint64(target)))
 
@@ -167,60 +174,67 @@ def _logits(rng, rows, n, ties: bool):
     return x
 
 
-def _state(g, rng, rows, hist_len=16):
+def _state(g, rng, rows, hist_len=16, advance=1, padded=()):
+    """Random row state; rows in `padded` get position -1 (nothing may change for them)."""
     step = rng.integers(0, hist_len, rows).astype(np.int32)
     pos = rng.integers(0, 1000, rows).astype(np.int32)
+    pos[list(padded)] = -1
     st = SeqState(tok=g.empty(rows, np.int32), step=g.to_device(step), pos=g.to_device(pos),
-                  hist=g.empty((rows, hist_len), np.int32))
-    st.tok.poison()
+                  hist=g.empty((rows, hist_len), np.int32), advance=advance)
+    st.tok.fill_bytes(0x7E)  # 0x7E7E7E7E: not a token id of any vocabulary
     st.hist.fill_bytes(0x7F)
     return st, step, pos
 
 
 def _verify_state(name, st, step, pos, expect):
+    """expect: the reference token of every row (ignored for padded rows, pos < 0)."""
     from memra.gpu.compare import Outcome
 
     tok, s2, p2, hist = st.tok.numpy(), st.step.numpy(), st.pos.numpy(), st.hist.numpy()
-    exp = np.asarray(expect, np.int32)
+    live = pos >= 0
+    exp = np.where(live, np.asarray(expect, np.int64), 0x7E7E7E7E).astype(np.int32)
     if not np.array_equal(tok, exp):
         bad = np.flatnonzero(tok != exp)
         return Outcome(name, False, f"{bad.size} of {exp.size} tokens differ (row {bad[0]}: got {tok[bad[0]]}, "
                                     f"reference {exp[bad[0]]})")
-    if not (np.array_equal(s2, step + 1) and np.array_equal(p2, pos + 1)):
-        return Outcome(name, False, "step/pos not advanced by one")
-    if not np.array_equal(hist[np.arange(len(exp)), step], exp):
-        return Outcome(name, False, "history not written at step")
-    return Outcome(name, True, f"{exp.size} tokens exact")
+    adv = st.advance * live
+    if not (np.array_equal(s2, step + live) and np.array_equal(p2, pos + adv)):
+        return Outcome(name, False, f"step/pos not advanced as committed (advance {st.advance}, padded rows kept)")
+    rows = np.arange(len(exp))
+    if not np.array_equal(hist[rows[live], step[live]], exp[live]) or \
+            np.any(hist[rows[~live]] != 0x7F7F7F7F):
+        return Outcome(name, False, "history not written at step (or written for a padded row)")
+    return Outcome(name, True, f"{int(live.sum())} tokens exact, {int((~live).sum())} padded rows untouched")
 
 
 def _check_argmax(g, rng, rows, n, canary=False):
     x = _logits(rng, rows, n, ties=True)
-    st, step, pos = _state(g, rng, rows)
+    st, step, pos = _state(g, rng, rows, padded=(rows - 1,) if rows > 2 else ())
     pv, pi = g.empty(rows * ARGMAX_BLOCKS, np.float32), g.empty(rows * ARGMAX_BLOCKS, np.int32)
     argmax(g, g.to_device(x), n, rows, st, pv, pi, canary=canary)
     return _verify_state(f"argmax rows={rows} n={n} (tied maxima)", st, step, pos,
                          [reference_argmax(r) for r in x])
 
 
-def _check_sample(g, rng, n, params, canary=False):
+def _check_sample(g, rng, n, params, canary=False, advance=1):
     rows = len(params)
     x = _logits(rng, rows, n, ties=False)
-    st, step, pos = _state(g, rng, rows)
+    st, step, pos = _state(g, rng, rows, advance=advance, padded=(1,) if rows > 2 else ())
     fp = np.array([[p[0], p[2], p[3]] for p in params], np.float32)
     tk = np.array([p[1] for p in params], np.int32)
     seeds = rng.integers(0, 2 ** 63, rows, dtype=np.int64).astype(np.uint64)
     sample(g, g.to_device(x), n, rows, g.to_device(fp), g.to_device(tk), g.to_device(seeds), st, canary=canary)
-    ref = [reference_sample(x[r], *[params[r][i] for i in (0, 1, 2, 3)], int(seeds[r]), int(step[r]))
+    ref = [reference_sample(x[r], *[params[r][i] for i in (0, 1, 2, 3)], int(seeds[r]), int(pos[r]) + advance)
            for r in range(rows)]
-    return _verify_state(f"sample rows={rows} n={n}", st, step, pos, ref)
+    return _verify_state(f"sample rows={rows} n={n} advance={advance}", st, step, pos, ref)
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
     for rows, n in ((1, 49152), (3, 262144), (2, 1000)):
         yield _check_argmax(g, rng, rows, n)
     for n in (1000, 49152, 262144):
-        for _ in range(2):
-            yield _check_sample(g, rng, n, PARAMS)
+        for advance in (1, 0):
+            yield _check_sample(g, rng, n, PARAMS, advance=advance)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:

@@ -1,0 +1,354 @@
+"""The launch plan: the one place that knows which kernels a model runs, with which shapes,
+variants and configurations, in which order, on which buffers.
+
+    spec = ModelSpec.from_gguf(gguf)                    # config + tensor types, no weights
+    plan = Planner(spec, table, sms=132)                # fixed choices made once
+    for L in plan.step(rows=64, decode=True): ...       # one decode step of 64 rows
+    plan.step(rows=128, decode=False)                   # one prefill chunk of 128 token rows
+    plan.weights()                                       # the device weights the launches read
+
+Three things read the list: the runner executes it (memra.gpu.runner, one handler per
+`op`), `memra tune` takes its jobs from it (memra.tune.campaign), and `memra profile` times
+it launch by launch. Nothing else writes down a model's tensor layout or fusion rules.
+
+A Launch is data: `op` names the runner's handler, `args` its operands (weight keys,
+symbolic buffer names — x, h, t1, qkv, qr, ao, ff, ff2, logits — and flags), and
+`kernel`/`variant`/`shape`/`rows`/`config` say what a tuning receipt would call it.
+
+Exactness shapes the choices made here: a row's reduction order may depend on its shape
+and on tunables shared by every row count, never on the batch. So the matvec and GEMM
+configurations may differ per batch bucket (their row order depends on K only), MV_KSPLIT
+is refused, and the norm, RoPE and attention tunables are looked up once (batch 1) and
+used at every row count (they set a row's reduction order).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from memra.errors import MemraError, UnsupportedModelError
+from memra.gpu.ops import attention as ATT
+from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import norm as NORM
+from memra.gpu.ops import rope as ROPE
+from memra.model.config import ModelConfig, read_config
+from memra.tune import tables as TABLES
+from memra.tune.receipts import shape_key, shape_of_key
+
+log = logging.getLogger("memra.plan")
+
+PREFILL_CHUNK = 128  # token rows per prefill launch set
+MAX_ROWS = 64        # decode rows per step (the largest CUDA-graph bucket)
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def graph_bucket(rows: int) -> int:
+    for b in GRAPH_BUCKETS:
+        if rows <= b:
+            return b
+    raise MemraError(f"a decode step holds at most {GRAPH_BUCKETS[-1]} rows, got {rows}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the plan needs from a model: its config and each tensor's GGUF type name."""
+    name: str
+    cfg: ModelConfig
+    types: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_gguf(cls, g, name: str | None = None) -> "ModelSpec":
+        return cls(name or str(getattr(g, "path", "model")), read_config(g),
+                   {n: t.type_name for n, t in g.tensors.items()})
+
+    def type(self, tensor: str) -> str:
+        try:
+            return self.types[tensor]
+        except KeyError:
+            raise UnsupportedModelError(f"model {self.name}: tensor {tensor} is missing") from None
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A device weight the plan's matvecs read: GGUF tensors of one type stacked by rows."""
+    key: str
+    tensors: tuple[str, ...]
+    type: str
+    rows: int          # stacked output rows (gate and up both counted for a GLU weight)
+    cols: int
+    glu: str | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str
+    op: str
+    kernel: str
+    variant: str
+    shape: Mapping
+    rows: int
+    config: Mapping | None = None
+    group: str = ""     # the campaign's op name (qkv, attn_output, gate_up, down, output, ...)
+    layer: int = -1
+    args: Mapping = field(default_factory=dict)
+
+    def label(self) -> str:
+        return f"{self.name} {self.kernel}/{self.variant} {shape_key(self.shape)} x{self.rows}"
+
+
+class Planner:
+    def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
+                 fuse_rope: bool = True, sms: int = 132, gemm: bool = True):
+        if path not in ("q8", "f32"):
+            raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
+        self.spec, self.cfg = spec, spec.cfg
+        self.table = table or {}
+        self.path, self.fuse_rope, self.sms, self.use_gemm = path, fuse_rope, int(sms), gemm
+        self._validate()
+        self._weights = self._plan_weights()
+        self._choices: dict[tuple, dict | None] = {}
+        self._fixed_configs()
+
+    # -- the model --------------------------------------------------------------------------
+    def _validate(self) -> None:
+        c = self.cfg
+        if c.head_dim_v != c.head_dim:
+            raise UnsupportedModelError(f"head sizes K {c.head_dim} != V {c.head_dim_v} are not supported on the GPU")
+        if c.head_dim % 8 or c.head_dim > 1024:
+            raise UnsupportedModelError(f"head size {c.head_dim} is not supported on the GPU (multiple of 8, <= 1024)")
+        for dim, what in ((c.n_embd, "n_embd"), (c.n_ff, "n_ff"), (c.q_dim, "n_head * head_dim")):
+            if dim % 64:
+                raise UnsupportedModelError(f"{what} = {dim} is not a multiple of 64 (the GPU matvec's unit)")
+
+    def _plan_weights(self) -> dict[str, list[Weight]]:
+        """Per layer (and "output"): the matvec weights. Q, K, V are one weight when they
+        share a type (gemma3 Q4_K_M mixes Q8_0 V in: then Q+K and V, or all three apart);
+        gate and up are one GLU weight (the activation applied in the matvec) when they
+        share a type, else two weights and an act_mul launch."""
+        c, s = self.cfg, self.spec
+        act = "gelu" if c.act == "gelu_tanh" else "silu"
+        out: dict[str, list[Weight]] = {}
+
+        def stack(key, names, rows, cols, glu=None):
+            return Weight(key, tuple(names), s.type(names[0]), rows, cols, glu)
+
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            names = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+            dims = [c.q_dim, c.kv_dim, c.kv_dim]
+            types = [s.type(n) for n in names]
+            if len(set(types)) == 1:
+                groups = [[0, 1, 2]]
+            elif types[0] == types[1]:
+                groups = [[0, 1], [2]]
+            else:
+                groups = [[0], [1], [2]]
+            ws = [stack(p + "qkv" + ("" if len(groups) == 1 else str(j)), [names[i] for i in grp],
+                        sum(dims[i] for i in grp), c.n_embd) for j, grp in enumerate(groups)]
+            ws.append(stack(p + "attn_output", [p + "attn_output.weight"], c.n_embd, c.q_dim))
+            if s.type(p + "ffn_gate.weight") == s.type(p + "ffn_up.weight"):
+                ws.append(stack(p + "gate_up", [p + "ffn_gate.weight", p + "ffn_up.weight"], 2 * c.n_ff,
+                                c.n_embd, act))
+            else:
+                ws.append(stack(p + "gate", [p + "ffn_gate.weight"], c.n_ff, c.n_embd))
+                ws.append(stack(p + "up", [p + "ffn_up.weight"], c.n_ff, c.n_embd))
+            ws.append(stack(p + "down", [p + "ffn_down.weight"], c.n_embd, c.n_ff))
+            out[str(il)] = ws
+        head = "token_embd.weight" if c.tied_output else "output.weight"
+        out["output"] = [stack("output", [head], c.n_vocab, c.n_embd)]
+        return out
+
+    def weights(self) -> list[Weight]:
+        return [w for ws in self._weights.values() for w in ws]
+
+    def layer_weights(self, il: int) -> dict[str, Weight]:
+        return {w.key.split(".", 2)[-1]: w for w in self._weights[str(il)]}
+
+    # -- configurations ---------------------------------------------------------------------
+    def tuned(self, kernel: str, shape: dict, batch: int, variant: str = "default") -> dict | None:
+        """The table's configuration for one launch, or None (the launcher's built-in default)."""
+        key = (kernel, variant, tuple(sorted(shape.items())), TABLES.batch_bucket(batch))
+        if key not in self._choices:
+            ch = TABLES.lookup(self.table, kernel, shape, batch)
+            cfg = None
+            if ch is not None and ch.variant != variant:
+                # e.g. an f32-path matvec winner while this engine runs the q8 path: the
+                # variant decides the numerics, so the path is not switched per shape
+                log.info("tuning: %s %s b%d: the table's variant %s is not this engine's %s; built-in "
+                         "default used", kernel, shape, batch, ch.variant, variant)
+            elif ch is not None and ch.config.get("MV_KSPLIT", 1) != 1:
+                # split-K changes a row's summation order (batch invariance)
+                log.warning("tuning: %s %s b%d: MV_KSPLIT=%s is not used (it would make results depend "
+                            "on the batch); built-in default used", kernel, shape, batch, ch.config["MV_KSPLIT"])
+            elif ch is not None:
+                cfg = dict(ch.config)
+            self._choices[key] = cfg
+        return self._choices[key]
+
+    def _fixed_configs(self) -> None:
+        """The norms', RoPE's and attention's table choices, looked up once for batch 1 and
+        used at every row count (their tunables set a row's reduction order). Attention
+        entries are per context length: the shortest context's is taken. An entry the
+        launcher refuses for this model is logged and the built-in default used."""
+        c = self.cfg
+        E = c.n_embd
+
+        def checked(kernel, shape, validate):
+            cfg = self.tuned(kernel, shape, 1) if shape is not None else None
+            if cfg is not None:
+                try:
+                    validate(cfg)
+                except MemraError as e:
+                    log.warning("tuning: %s %s: %s; built-in default used", kernel, shape, e)
+                    cfg = None
+            log.info("tuning: %s %s: %s", kernel, shape, cfg if cfg is not None else "built-in default")
+            return cfg
+
+        self.norm_cfg = {"rmsnorm": checked("rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, True, d)),
+                         "add_rmsnorm": checked("add_rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, False, d))}
+        self.heads = {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
+        self.rope_cfg = checked("rope_norm_kv", self.heads, ROPE.warps)
+        ctxs = []  # the context lengths the table has a batch-1 attention entry for
+        for key in self.table.get("entries", {}).get("attn_decode", {}):
+            ctx = shape_of_key(key).get("ctx")
+            if ctx is not None and key == shape_key({**self.heads, "ctx": ctx}) and \
+                    TABLES.lookup(self.table, "attn_decode", key, 1) is not None:
+                ctxs.append(int(ctx))
+
+        def att_ok(d):
+            ATT.defines(c.head_dim, d)
+            if c.n_gqa % int(d.get("hpb", 1)):
+                raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
+
+        self.att_ctx = min(ctxs) if ctxs else 64
+        self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
+        self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
+        self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
+
+    # -- the steps --------------------------------------------------------------------------
+    def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
+                dst_offset: int = 0, res: str | None = None) -> None:
+        """The launches of one matvec over `rows` rows: one GEMM launch above 8 rows on the
+        q8 path (same bits as the matvec, kernels/gemm.cu), else matvec launches of at most
+        8 rows each (MV_B buckets 1/4/8; the f32 family on quantized weights runs row by row)."""
+        t = MV.type_id(w.type)
+        q8 = self.path == "q8" and t not in MV.FLOAT_TYPES
+        variant = "q8" if q8 else "f32"
+        shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
+        kernel = "matvec_glu" if w.glu else "matvec"
+        base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
+        if q8 and rows > 8 and self.use_gemm:
+            gk = "gemm_glu" if w.glu else "gemm"
+            out.append(Launch(name, "gemm", gk, variant, shape, rows, self.tuned(gk, shape, rows, variant),
+                              group, il, {**base, "row0": 0}))
+            return
+        chunk = 8 if q8 or t in MV.FLOAT_TYPES else 1
+        for r0 in range(0, rows, chunk):
+            n = min(chunk, rows - r0)
+            out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
+                              group, il, {**base, "row0": r0}))
+
+    def _quantize(self, out: list, name: str, src: str, K: int, rows: int, group: str, il: int = -1) -> None:
+        if self.path == "q8":
+            out.append(Launch(name, "quantize", "quantize_q8", "default", {"n": K}, rows,
+                              self.tuned("quantize_q8", {"n": K}, rows), group, il, {"src": src, "K": K}))
+
+    def _norm(self, out: list, name: str, w: str, rows: int, il: int, delta: str | None = None,
+              w_post: str | None = None) -> None:
+        E = self.cfg.n_embd
+        if delta is None:
+            out.append(Launch(name, "norm", "rmsnorm", "default", {"n": E}, rows, self.norm_cfg["rmsnorm"],
+                              "rows", il, {"w": w}))
+        else:
+            out.append(Launch(name, "add_norm", "add_rmsnorm", "default", {"n": E}, rows,
+                              self.norm_cfg["add_rmsnorm"], "rows", il, {"w": w, "delta": delta, "w_post": w_post}))
+
+    def step(self, rows: int, decode: bool, sampler: str = "none") -> list[Launch]:
+        """Every launch of one forward step over `rows` token rows: decode (one row per
+        sequence; RoPE and the KV append inside attention when fused) or a prefill chunk
+        (rows may share a sequence: RoPE + append first, then attention). sampler: "none"
+        (logits only), "greedy" or "sample" (the next token chosen on the device)."""
+        c = self.cfg
+        E = c.n_embd
+        q8 = self.path == "q8"
+        att_q8 = q8 and c.head_dim % 32 == 0
+        out: list[Launch] = []
+        emb_t = self.spec.type("token_embd.weight")
+        out.append(Launch("embed", "embed", "embed", "default", {"type": emb_t, "n": E}, rows,
+                          self.tuned("embed", {"type": emb_t, "n": E}, rows), "embed"))
+        self._norm(out, "blk.0.attn_norm", "blk.0.attn_norm.weight", rows, 0)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            lw = self.layer_weights(il)
+            off = 0
+            qkv = [w for k, w in lw.items() if k.startswith("qkv")]
+            views = []
+            for w in qkv:
+                self._matvec(out, p + "qkv", "qkv", il, w, rows, "h", "qkv", dst_offset=off)
+                views.append((off, w.rows))
+                off += rows * w.rows * 4
+            window = c.swa_window if c.is_swa(il) else 0
+            att_shape = {**self.heads, "ctx": self.att_ctx}
+            att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il)}
+            if decode and self.fuse_rope:
+                out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,
+                                  self.att_cfg, "attention", il, att_args))
+            else:
+                out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
+                                  "heads", il, att_args))
+                out.append(Launch(p + "attention", "attention", "attn_decode", "default", att_shape, rows,
+                                  self.att_cfg, "attention", il, att_args))
+            if not att_q8:
+                self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
+            if c.post_norms:
+                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "t1")
+                self._norm(out, p + "ffn_norm", p + "ffn_norm.weight", rows, il, delta="t1",
+                           w_post=p + "post_attention_norm.weight")
+            else:
+                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "x", res="x")
+                self._norm(out, p + "ffn_norm", p + "ffn_norm.weight", rows, il)
+            if "gate_up" in lw:
+                self._matvec(out, p + "gate_up", "gate_up", il, lw["gate_up"], rows, "h", "ff")
+            else:
+                self._matvec(out, p + "gate", "gate_up", il, lw["gate"], rows, "h", "ff")
+                self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2")
+                out.append(Launch(p + "act_mul", "act_mul", "act_mul", "default", {"n": c.n_ff}, rows,
+                                  self.tuned("act_mul", {"n": c.n_ff}, rows), "ffn", il))
+            self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
+            nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight"
+            nname = f"blk.{il + 1}.attn_norm" if il + 1 < c.n_layer else "output_norm"
+            if c.post_norms:
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "t1")
+                self._norm(out, nname, nxt, rows, il, delta="t1", w_post=p + "post_ffw_norm.weight")
+            else:
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "x", res="x")
+                self._norm(out, nname, nxt, rows, il)
+        if sampler != "none" or decode:
+            out.extend(self.head(rows, sampler))
+        return out
+
+    def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
+        """The output projection of `rows` rows of h (whose q8 twin the last norm made) into
+        logits, the soft-cap, and the sampler."""
+        c = self.cfg
+        out: list[Launch] = []
+        self._matvec(out, "output", "output", -1, self._weights["output"][0], rows, src, "logits")
+        if c.final_logit_softcap:
+            out.append(Launch("softcap", "softcap", "softcap", "default", {"n": c.n_vocab}, rows, None, "vocab"))
+        if sampler == "greedy":
+            out.append(Launch("argmax", "argmax", "argmax", "default", {"n": c.n_vocab}, rows,
+                              self.tuned("argmax", {"n": c.n_vocab}, rows), "vocab"))
+        elif sampler == "sample":
+            out.append(Launch("sample", "sample", "sample", "default", {"n": c.n_vocab}, rows, None, "vocab"))
+        elif sampler != "none":
+            raise MemraError(f"unknown sampler {sampler!r}")
+        return out
+
+    def rope_key(self, il: int) -> tuple[float, float]:
+        """(base, scale) of layer il's RoPE table."""
+        c = self.cfg
+        swa = c.is_swa(il)
+        scale = 1.0 if (swa and c.rope_base_swa is not None) else c.rope_freq_scale
+        return (c.layer_rope_base(il), scale)

@@ -1,0 +1,639 @@
+"""The GPU runner: one model on the device, a paged KV cache, and `step(rows)`, which
+advances any mix of sequences — each at its own position, with its own sampling settings —
+by executing the launch plan (memra.gpu.plan).
+
+    r = Runner("model.gguf", max_len=4096, max_seqs=64)
+    a, b = r.open(), r.open()                             # sequences (KV block-table rows)
+    out = r.step([Row(a, prompt_a, sample=Sampling(temperature=0)),     # a prefill chunk
+                  Row(b, prompt_b, logits="last")])                      # and another
+    out = r.step([Row(a, [out[0].token], sample=...), Row(b, [t_b], ...)])  # a decode step
+    r.close(a)
+
+Rows whose sequences all differ and that feed one token each take the decode path: the
+plan's decode step for the graph bucket (1, 2, 4, ..., 64 rows) captured once as a CUDA
+graph over static buffers, padded rows masked (position -1: no key read, no KV row
+written, no token committed), the next token chosen on the device and 4 bytes a row read
+back. Any other mix (prompt chunks, several tokens of one sequence, K+1 verification
+rows) runs the plan's prefill step eagerly over up to PREFILL_CHUNK token rows at a time:
+K/V rows appended first, then attention. A row's logits do not depend on the path, the
+rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
+shape; kernel-check compares the fused decode attention with the two-launch form and the
+GEMM with the matvec bit for bit).
+
+Sampling is on the device (kernels/sample.cu): greedy, or temperature / top-k / top-p /
+min-p with a seed; the draw is a function of (logits, seed, position). Rows that want
+penalties take their logits back (`logits="last"`) and sample on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from memra.errors import ContextOverflowError, MemraError
+from memra.gpu import plan as PLAN
+from memra.gpu.kv import PagedKV, bytes_per_block
+from memra.gpu.ops import act as ACT
+from memra.gpu.ops import attention as ATT
+from memra.gpu.ops import embed as EMB
+from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import norm as NORM
+from memra.gpu.ops import rope as ROPE
+from memra.gpu.ops import sample as SMP
+from memra.gpu.q8 import Q8_SCALE
+from memra.model import quants as Q
+from memra.model.config import ModelConfig, read_config
+from memra.model.gguf import GGUFFile, open_gguf
+from memra.tune import tables as TABLES
+
+log = logging.getLogger("memra.runner")
+
+PREFILL_CHUNK = PLAN.PREFILL_CHUNK
+MAX_ROWS = PLAN.MAX_ROWS
+KV_BLOCK = 16  # positions per KV-cache block (kernels/kv.cuh)
+
+
+@dataclass
+class Sampling:
+    """The device sampler's settings for one row: temperature <= 0 is greedy."""
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 or self.top_k == 1
+
+
+@dataclass
+class Seq:
+    """A sequence: its block-table row (slot) and how many positions its KV cache holds."""
+    slot: int
+    n: int = 0
+
+
+@dataclass
+class Row:
+    """One row of a step: `tokens` appended to `seq` at positions seq.n, seq.n + 1, ...;
+    logits: "none", "last" or "all" of them back to the host; sample: choose the token
+    after the last one on the device."""
+    seq: Seq
+    tokens: Sequence[int]
+    logits: str = "none"
+    sample: Sampling | None = None
+
+
+@dataclass
+class RowOut:
+    token: int | None = None
+    logits: np.ndarray | None = None  # [n_vocab] ("last") or [len(tokens), n_vocab] ("all")
+
+
+class Runner:
+    def __init__(self, model, cfg: ModelConfig | None = None, *, max_len: int | None = None,
+                 max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
+                 kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
+                 pdl: bool | None = None, tune_table=None, gemm: bool | None = None):
+        """max_len: positions per sequence (default: the model's training context, at most
+        32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
+        kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
+        the free device memory. tune_table: None (MEMRA_TUNE_TABLE, else "auto"), "auto",
+        "builtin", a table file, or a loaded table."""
+        from memra.gpu.cuda import gpu as get_gpu
+
+        self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
+        self.cfg = cfg or read_config(self.gguf)
+        self.g = gpu or get_gpu()
+        self._open_tune_table(tune_table)
+        path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "q8")
+        self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
+        fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
+        use_gemm = (os.environ.get("MEMRA_GEMM", "0") != "0") if gemm is None else bool(gemm)
+        self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
+        self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
+                                 sms=self.g.info.sm_count, gemm=use_gemm)
+        self.path = path
+        t0 = time.perf_counter()
+        self._load_weights()
+        log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
+        self.max_len = int(max_len or min(self.cfg.n_ctx_train, 32768))
+        if self.max_len > self.cfg.n_ctx_train:
+            log.warning("context %d exceeds the model's training context %d", self.max_len, self.cfg.n_ctx_train)
+        self.kv_block = int(kv_block or os.environ.get("MEMRA_KV_BLOCK", KV_BLOCK))
+        self.max_seqs = int(max_seqs)
+        per_block = bytes_per_block(self.cfg, self.kv_block)
+        if kv_tokens is None:
+            if kv_memory is not None:
+                n_blocks = int(kv_memory) // per_block
+            else:
+                n_blocks = self.max_seqs * -(-self.max_len // self.kv_block)
+                free = self.g.free_memory() if hasattr(self.g, "free_memory") else None
+                if free is not None:
+                    n_blocks = min(n_blocks, int(0.9 * free) // per_block)
+        else:
+            n_blocks = -(-int(kv_tokens) // self.kv_block)
+        self.kv = PagedKV(self.g, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
+                          max_seqs=self.max_seqs, max_len=self.max_len)
+        self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
+        self._alloc_activations()
+        self._graphs: dict[tuple, object] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _open_tune_table(self, which) -> None:
+        if isinstance(which, dict):
+            self.tune_table, self.tune_source = which, "given"
+        else:
+            which = (os.environ.get("MEMRA_TUNE_TABLE") or "auto") if which is None else str(which)
+            info = self.g.info
+            self.tune_table, self.tune_source = TABLES.resolve_table(which, info.name, info.cc, sms=info.sm_count)
+
+    def _f32(self, name: str):
+        return self.g.to_device(Q.dequantize_tensor(self.gguf.tensor(name)).astype(np.float32).reshape(-1))
+
+    def _load_weights(self) -> None:
+        c, gg = self.cfg, self.gguf
+        self.weight_bytes = 0
+        emb = gg.tensor("token_embd.weight")
+        self.embd_type = emb.ggml_type
+        EMB.kernel_name(emb.ggml_type)  # raises for a type the gather does not read
+        self.embd_table = self.g.to_device(np.ascontiguousarray(emb.data))
+        self.weight_bytes += emb.n_bytes
+        self.W: dict[str, MV.Weight] = {}
+        for w in self.plan.weights():
+            ts = [gg.tensor(n) for n in w.tensors]
+            self.W[w.key] = MV.upload_weight(self.g, [t.data.reshape(t.rows, t.row_bytes()) for t in ts],
+                                             ts[0].ggml_type)
+            self.weight_bytes += self.W[w.key].nbytes
+        names = ["output_norm.weight"]
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            names += [p + "attn_norm.weight", p + "ffn_norm.weight"]
+            if c.qk_norm:
+                names += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
+            if c.post_norms:
+                names += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
+        self.vec = {n: self._f32(n) for n in names}
+        self.bias = {}
+        if c.qkv_bias:
+            for il in range(c.n_layer):
+                self.bias[il] = self.g.to_device(np.concatenate([
+                    Q.dequantize_tensor(gg.tensor(f"blk.{il}.attn_{x}.bias")).reshape(-1) for x in "qkv"
+                ]).astype(np.float32))
+        from memra.cpu.reference import rope_inv_freq
+
+        factors = Q.dequantize_tensor(gg.tensor("rope_freqs.weight")) if c.has_rope_freqs else None
+        self.rope_inv = {}
+        for il in range(c.n_layer):
+            key = self.plan.rope_key(il)
+            if key not in self.rope_inv:
+                self.rope_inv[key] = rope_inv_freq(c.rope_dim, key[0], key[1], factors).astype(np.float64)
+
+    def _alloc_activations(self) -> None:
+        c, g = self.cfg, self.g
+        R = self.rows = max(MAX_ROWS, PREFILL_CHUNK)
+        f, i32 = np.float32, np.int32
+        self.buf = {
+            "x": g.empty((R, c.n_embd), f), "h": g.empty((R, c.n_embd), f), "t1": g.empty((R, c.n_embd), f),
+            "qkv": g.empty((R, c.q_dim + 2 * c.kv_dim), f), "qr": g.empty((R, c.q_dim), f),
+            "ao": g.empty((R, c.q_dim), f), "ff": g.empty((R, c.n_ff), f), "ff2": g.empty((R, c.n_ff), f),
+            "logits": g.empty((MAX_ROWS, c.n_vocab), f), "hsel": g.empty((MAX_ROWS, c.n_embd), f),
+        }
+        # the int8 twin of whichever activation feeds the next matvec(s): one buffer serves all
+        kmax = max(c.n_embd, c.q_dim, c.n_ff)
+        self.xq = g.empty(R * kmax, np.int8)
+        self.xs = g.empty(R * kmax // 32, Q8_SCALE)
+        po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
+        self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
+        self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
+        # token rows of an eager step (prefill chunks, verification rows)
+        self.p_tok, self.p_pos, self.p_seq = g.empty(R, i32), g.empty(R, i32), g.empty(R, i32)
+        # row state of a decode step (the graphs' static buffers) and of the sampled rows of
+        # an eager step: the token fed / chosen, its position, block-table row, draws made
+        M = MAX_ROWS
+        # valid from the start: a graph's warm-up runs on whatever they hold (positions -1)
+        self.r_tok, self.r_seq = g.to_device(np.zeros(M, i32)), g.to_device(np.zeros(M, i32))
+        self.r_pos = g.to_device(np.full(M, -1, i32))
+        self.r_step = g.to_device(np.zeros(M, i32))
+        self.r_fparams = g.to_device(np.zeros((M, 3), f))
+        self.r_topk = g.to_device(np.zeros(M, i32))
+        self.r_seed = g.to_device(np.zeros(M, np.uint64))
+        self.am_val = g.empty(M * SMP.ARGMAX_BLOCKS, f)
+        self.am_idx = g.empty(M * SMP.ARGMAX_BLOCKS, i32)
+        self.hist_len = 0
+        self.r_hist = None
+        self._ensure_hist(256)
+
+    def _ensure_hist(self, n: int) -> None:
+        if n <= self.hist_len:
+            return
+        self.hist_len = max(n, 2 * self.hist_len)
+        self.r_hist = self.g.empty((MAX_ROWS, self.hist_len), np.int32)
+        self._drop_graphs()  # the graphs point at the old history buffer
+
+    def _drop_graphs(self) -> None:
+        for gr in getattr(self, "_graphs", {}).values():
+            gr.close()
+        self._graphs = {}
+
+    # -- executing the plan -------------------------------------------------------------------
+    def _twin(self, rows: int, K: int, row0: int = 0):
+        if self.path != "q8":
+            return None
+        return (self.xq.view(shape=(rows, K), offset=row0 * K),
+                self.xs.view(shape=(rows, K // 32), offset=row0 * K // 32 * Q8_SCALE.itemsize))
+
+    def _qkv_views(self, L, rows: int):
+        """(q, k, v) views of the QKV matvec output(s) and their row strides (floats)."""
+        c = self.cfg
+        qkv = self.buf["qkv"]
+        v = [(qkv.view(offset=off, shape=(rows, width)), width) for off, width in L.args["views"]]
+        if len(v) == 1:
+            (y, w), = v
+            return y, y.view(offset=c.q_dim * 4), y.view(offset=(c.q_dim + c.kv_dim) * 4), w, w, w
+        if len(v) == 2:
+            (y, w), (yv, wv) = v
+            return y, y.view(offset=c.q_dim * 4), yv, w, w, wv
+        (yq, wq), (yk, wk), (yv, wv) = v
+        return yq, yk, yv, wq, wk, wv
+
+    def _run(self, launches, rows: int, tok, pos, seq, state=None, g=None) -> None:
+        """Issue the launches of one plan step over `rows` token rows (tok/pos/seq device
+        arrays); state: the sampler's SeqState (decode and sampled rows); g: where the
+        kernels are launched (default the runner's GPU; memra profile passes a recorder)."""
+        c, pdl, B = self.cfg, self.pdl, self.buf
+        g = g or self.g
+        E = c.n_embd
+        for L in launches:
+            op, a = L.op, L.args
+            if op == "embed":
+                EMB.embed(g, self.embd_table, self.embd_type, c.n_vocab, E, tok, B["x"], c.embd_scale,
+                          n_tokens=rows, pdl=pdl, config=L.config)
+            elif op in ("norm", "add_norm"):
+                tw = self._twin(rows, E)
+                xq, xs = tw if tw is not None else (None, None)
+                if op == "norm":
+                    NORM.rmsnorm(g, B["x"], self.vec[a["w"]], B["h"], E, c.norm_eps, rows, xq=xq, xs=xs, pdl=pdl,
+                                 config=L.config)
+                else:
+                    NORM.add_rmsnorm(g, B["x"], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
+                                     w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
+                                     pdl=pdl, config=L.config)
+            elif op in ("matvec", "gemm"):
+                self._matvec(L, g)
+            elif op == "quantize":
+                K = a["K"]
+                xq, xs = self._twin(rows, K)
+                MV.quantize_q8(g, B[a["src"]].view(shape=(rows, K)), xq, xs, rows, config=L.config)
+            elif op == "rope":
+                q, k, v, qs, ks, vs = self._qkv_views(L, rows)
+                il = L.layer
+                ROPE.rope_norm_kv(
+                    g, q, k, v, B["qr"], self.kv.k[il], self.kv.v[il], pos, seq, self.rope_cs[a["rope_key"]],
+                    self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_head=c.n_head, n_kv=c.n_head_kv,
+                    head_dim=c.head_dim, rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks,
+                    v_stride=vs, bias=self.bias.get(il), q_norm=self.vec.get(f"blk.{il}.attn_q_norm.weight"),
+                    k_norm=self.vec.get(f"blk.{il}.attn_k_norm.weight"), eps=c.norm_eps, pdl=pdl,
+                    config=L.config)
+            elif op in ("attention", "attention_rope"):
+                il = L.layer
+                rope = None
+                if op == "attention_rope":
+                    q, k, v, qs, ks, vs = self._qkv_views(L, rows)
+                    rope = ATT.RopeIn(q, k, v, qs, ks, vs, self.rope_cs[a["rope_key"]], c.rope_dim, c.rope_neox,
+                                      c.norm_eps, self.bias.get(il), self.vec.get(f"blk.{il}.attn_q_norm.weight"),
+                                      self.vec.get(f"blk.{il}.attn_k_norm.weight"))
+                tw = self._twin(rows, c.q_dim) if a["twin"] else None
+                ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos, seq,
+                              self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
+                              head_dim=c.head_dim, window=a["window"], scale=c.scale, n_splits=self.plan.n_splits,
+                              counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
+                              hpb=self.plan.att_hpb, config=L.config, rope=rope)
+            elif op == "act_mul":
+                ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)
+            elif op == "softcap":
+                ACT.softcap(g, B["logits"], c.n_vocab, c.final_logit_softcap, rows, pdl=pdl)
+            elif op == "argmax":
+                SMP.argmax(g, B["logits"], c.n_vocab, rows, state, self.am_val, self.am_idx, pdl=pdl,
+                           config=L.config)
+            elif op == "sample":
+                SMP.sample(g, B["logits"], c.n_vocab, rows, self.r_fparams, self.r_topk, self.r_seed, state, pdl=pdl)
+            else:
+                raise MemraError(f"runner: no handler for launch op {op!r} ({L.name})")
+
+    def _matvec(self, L, g) -> None:
+        a, B = L.args, self.buf
+        w = self.W[a["weight"]]
+        N = w.rows // 2 if a["glu"] else w.rows
+        K, n, r0 = w.K, L.rows, a["row0"]
+        y = B[a["dst"]].view(offset=a["dst_offset"] + r0 * N * 4, shape=(n, N))
+        res = B[a["res"]].view(offset=a["dst_offset"] + r0 * N * 4, shape=(n, N)) if a["res"] else None
+        cfg = L.config
+
+        def tuned(_n):
+            return cfg
+
+        if a["q8"]:
+            xq, xs = self._twin(n, K, r0)
+            if L.op == "gemm":
+                from memra.gpu.ops import gemm as GEMM
+
+                GEMM.gemm(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
+            else:
+                MV.matvec(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)
+        else:
+            x = B[a["src"]].view(offset=r0 * K * 4, shape=(n, K))
+            MV.matvec(g, w, y, x=x, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)
+
+    # -- sequences --------------------------------------------------------------------------
+    def open(self) -> Seq:
+        return Seq(self.kv.open())
+
+    def close(self, seq: Seq) -> None:
+        self.kv.close(seq.slot)
+        seq.n = 0
+
+    def rewind(self, seq: Seq, n: int) -> None:
+        """Forget seq's positions from n on (their KV rows are rewritten when revisited)."""
+        if not 0 <= n <= seq.n:
+            raise MemraError(f"cannot rewind a sequence of {seq.n} positions to {n}")
+        self.kv.truncate(seq.slot, n)
+        seq.n = n
+
+    def _check_tokens(self, ids) -> np.ndarray:
+        t = np.asarray(ids)
+        if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
+            raise MemraError("tokens must be a non-empty 1-D sequence of integer ids")
+        bad = (t < 0) | (t >= self.cfg.n_vocab)
+        if bad.any():
+            raise MemraError(f"token id {int(t[bad][0])} is outside the vocabulary [0, {self.cfg.n_vocab})")
+        return t.astype(np.int32)
+
+    def _reserve(self, seq: Seq, n_new: int) -> None:
+        end = seq.n + n_new
+        if end > self.max_len:
+            raise ContextOverflowError(f"{seq.n} cached + {n_new} new tokens exceed the context of "
+                                       f"{self.max_len} tokens")
+        self.kv.reserve(seq.slot, end)
+        self.kv.writable(seq.slot, seq.n, end)
+
+    # -- stepping ---------------------------------------------------------------------------
+    def step(self, rows: Sequence[Row], graph: bool = True) -> list[RowOut]:
+        """Advance every row's sequence by its tokens; returns one RowOut per row.
+        graph=False issues a decode step's launches eagerly instead of replaying its graph
+        (the replay-vs-eager check)."""
+        if not rows:
+            return []
+        toks = [self._check_tokens(r.tokens) for r in rows]
+        for r in rows:
+            if r.logits not in ("none", "last", "all"):
+                raise MemraError(f"row logits must be none, last or all, got {r.logits!r}")
+        slots = [r.seq.slot for r in rows]
+        for r, t in zip(rows, toks):
+            self._reserve(r.seq, t.size)
+        self.kv.sync()
+        decode = len(rows) <= MAX_ROWS and all(t.size == 1 for t in toks) and len(set(slots)) == len(slots) \
+            and all(r.logits != "all" for r in rows)
+        outs = self._decode(rows, toks, graph) if decode else self._eager(rows, toks)
+        for r, t in zip(rows, toks):
+            r.seq.n += t.size
+        return outs
+
+    def _set_sampling(self, samplings: Sequence[Sampling | None], n: int) -> None:
+        fp = np.zeros((MAX_ROWS, 3), np.float32)
+        tk = np.zeros(MAX_ROWS, np.int32)
+        sd = np.zeros(MAX_ROWS, np.uint64)
+        for i, s in enumerate(samplings[:n]):
+            s = s or Sampling()
+            fp[i] = (s.temperature, s.top_p, s.min_p)
+            tk[i] = s.top_k
+            sd[i] = s.seed & ((1 << 64) - 1)
+        self.r_fparams.upload(fp)
+        self.r_topk.upload(tk)
+        self.r_seed.upload(sd)
+
+    def _sampler_of(self, rows) -> str:
+        samp = [r.sample for r in rows if r.sample is not None]
+        if not samp:
+            return "none"
+        return "greedy" if all(s.greedy for s in samp) else "sample"
+
+    def _decode(self, rows, toks, graph: bool = True) -> list[RowOut]:
+        n = len(rows)
+        Bk = PLAN.graph_bucket(n)
+        sampler = self._sampler_of(rows)
+        tok = np.zeros(MAX_ROWS, np.int32)
+        pos = np.full(MAX_ROWS, -1, np.int32)
+        seq = np.zeros(MAX_ROWS, np.int32)
+        for i, (r, t) in enumerate(zip(rows, toks)):
+            tok[i], pos[i], seq[i] = t[0], r.seq.n, r.seq.slot
+        self.r_tok.upload(tok)
+        self.r_pos.upload(pos)
+        self.r_seq.upload(seq)
+        self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+        if sampler == "sample":
+            self._set_sampling([r.sample for r in rows], n)
+        if graph:
+            self._graph(Bk, sampler).launch()
+        else:
+            self._run(self.plan.step(Bk, decode=True, sampler=sampler), Bk, self.r_tok, self.r_pos, self.r_seq,
+                      self._state(1))
+        out = [RowOut() for _ in rows]
+        if sampler != "none":
+            chosen = self.r_tok.view(shape=(n,)).numpy()
+            for i, r in enumerate(rows):
+                if r.sample is not None:
+                    out[i].token = int(chosen[i])
+        if any(r.logits == "last" for r in rows):
+            lg = self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy()
+            for i, r in enumerate(rows):
+                if r.logits == "last":
+                    out[i].logits = lg[i]
+        return out
+
+    def _state(self, advance: int, hist: bool = True):
+        return SMP.SeqState(tok=self.r_tok, step=self.r_step, pos=self.r_pos,
+                            hist=self.r_hist if hist else None, advance=advance)
+
+    def _graph(self, bucket: int, sampler: str):
+        """The captured decode step of `bucket` rows. Before the first capture the step runs
+        once eagerly with every row masked (position -1: nothing is read from or written to
+        the KV cache, no token committed), so every module is compiled and loaded outside
+        the capture."""
+        key = (bucket, sampler)
+        gr = self._graphs.get(key)
+        if gr is None:
+            launches = self.plan.step(bucket, decode=True, sampler=sampler)
+            saved = self.r_pos.numpy()
+            self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
+            self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            self.r_pos.upload(saved)
+            with self.g.capture() as gr:
+                self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            gr.upload()
+            self._graphs[key] = gr
+        return gr
+
+    def _eager(self, rows, toks) -> list[RowOut]:
+        """Token rows in chunks of PREFILL_CHUNK (rows of one sequence in order), then the
+        head over the gathered rows whose logits or next token are wanted."""
+        c = self.cfg
+        flat_tok = np.concatenate(toks)
+        flat_pos = np.concatenate([np.arange(r.seq.n, r.seq.n + t.size, dtype=np.int32) for r, t in zip(rows, toks)])
+        flat_seq = np.concatenate([np.full(t.size, r.seq.slot, np.int32) for r, t in zip(rows, toks)])
+        ends = np.cumsum([t.size for t in toks])
+        # the flat index of every token row whose logits are needed, per row
+        want: list[list[int]] = []
+        for i, (r, t) in enumerate(zip(rows, toks)):
+            last = int(ends[i]) - 1
+            if r.logits == "all":
+                want.append(list(range(last - t.size + 1, last + 1)))
+            elif r.logits == "last" or r.sample is not None:
+                want.append([last])
+            else:
+                want.append([])
+        need = sorted({j for w in want for j in w})
+        hrows: dict[int, np.ndarray] = {}   # flat index -> logits (host)
+        sampled: dict[int, int] = {}
+        T = flat_tok.size
+        for s in range(0, T, PREFILL_CHUNK):
+            n = min(PREFILL_CHUNK, T - s)
+            self.p_tok.view(shape=(n,)).upload(flat_tok[s:s + n])
+            self.p_pos.view(shape=(n,)).upload(flat_pos[s:s + n])
+            self.p_seq.view(shape=(n,)).upload(flat_seq[s:s + n])
+            self._run(self.plan.step(n, decode=False), n, self.p_tok, self.p_pos, self.p_seq)
+            here = [j for j in need if s <= j < s + n]
+            for k0 in range(0, len(here), MAX_ROWS):
+                part = here[k0:k0 + MAX_ROWS]
+                self._head(part, s, rows, want, flat_pos, flat_seq, hrows, sampled)
+        out = []
+        for i, (r, w) in enumerate(zip(rows, want)):
+            o = RowOut()
+            if r.logits == "all":
+                o.logits = np.stack([hrows[j] for j in w])
+            elif r.logits == "last":
+                o.logits = hrows[w[-1]]
+            if r.sample is not None:
+                o.token = sampled[w[-1]]
+            out.append(o)
+        return out
+
+    def _head(self, part, s, rows, want, flat_pos, flat_seq, hrows, sampled) -> None:
+        """Logits of the flat token rows `part` (inside the chunk starting at s): their h
+        rows gathered into hsel, quantized, the output projection; then the device sampler
+        for those that are a sampling row's last token."""
+        c, E, k = self.cfg, self.cfg.n_embd, len(part)
+        for i, j in enumerate(part):
+            self.g.copy(self.buf["hsel"].view(offset=i * E * 4, shape=(E,)),
+                        self.buf["h"].view(offset=(j - s) * E * 4, shape=(E,)), E * 4)
+        if self.path == "q8":
+            xq, xs = self._twin(k, E)
+            MV.quantize_q8(self.g, self.buf["hsel"].view(shape=(k, E)), xq, xs, k,
+                           config=self.plan.tuned("quantize_q8", {"n": E}, k))
+        last_of = {w[-1]: i for i, w in enumerate(want) if w and rows[i].sample is not None}
+        samplings = [rows[last_of[j]].sample if j in last_of else None for j in part]
+        sampler = "none" if not last_of else \
+            ("greedy" if all(sm.greedy for sm in samplings if sm is not None) else "sample")
+        if sampler != "none":
+            pos = np.array([flat_pos[j] + 1 if j in last_of else -1 for j in part], np.int32)
+            self.r_pos.view(shape=(k,)).upload(pos)
+            self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+            if sampler == "sample":
+                self._set_sampling(samplings, k)
+        self._run(self.plan.head(k, sampler, src="hsel"), k, None, None, None, self._state(0, hist=False))
+        lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy()
+        for i, j in enumerate(part):
+            hrows[j] = lg[i]
+        if sampler != "none":
+            chosen = self.r_tok.view(shape=(k,)).numpy()
+            for i, j in enumerate(part):
+                if j in last_of:
+                    sampled[j] = int(chosen[i])
+
+    # -- several decode steps on the device --------------------------------------------------
+    def decode_prepare(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
+                       hist: int = 16):
+        """Set up `n` chained decode steps of up to 64 distinct sequences and return the
+        graph whose replays run them: each replay feeds every row's token at its position
+        and the sampler writes the next token and position back on the device (and into
+        the history, r_hist[row, step], for `hist` steps before the step counter is reset
+        by the caller). `first`: the token each sequence feeds first, at position seq.n.
+        Blocks for the n positions are mapped now; seq.n is the caller's to advance."""
+        k = len(seqs)
+        if not 1 <= k <= MAX_ROWS or len({s.slot for s in seqs}) != k:
+            raise MemraError(f"a decode step takes 1 to {MAX_ROWS} distinct sequences, got {k}")
+        for s in seqs:
+            self._reserve(s, n)
+        self.kv.sync()
+        self._ensure_hist(hist)
+        sampler = "greedy" if all(sm.greedy for sm in sampling) else "sample"
+        gr = self._graph(PLAN.graph_bucket(k), sampler)  # captured first (its warm-up masks every row)
+        tok = np.zeros(MAX_ROWS, np.int32)
+        pos = np.full(MAX_ROWS, -1, np.int32)
+        seq = np.zeros(MAX_ROWS, np.int32)
+        for i, (s, t) in enumerate(zip(seqs, first)):
+            tok[i], pos[i], seq[i] = int(self._check_tokens([t])[0]), s.n, s.slot
+        self.r_tok.upload(tok)
+        self.r_pos.upload(pos)
+        self.r_seq.upload(seq)
+        self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+        if sampler == "sample":
+            self._set_sampling(list(sampling), k)
+        return gr
+
+    def decode_run(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
+                   chunk: int = 16):
+        """Yield, for n steps, the tokens the sequences choose (a list per step), replaying
+        the decode graph `chunk` steps between read-backs of their ids (4 bytes a row a
+        step). The sequences' positions advance as steps are yielded; a consumer that stops
+        early leaves at most a chunk of computed steps unread (their KV rows are rewritten
+        when those positions are revisited)."""
+        if n <= 0 or not seqs:
+            return
+        k = len(seqs)
+        gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk)
+        done = 0
+        while done < n:
+            m = min(chunk, n - done)
+            if done:
+                self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+            for _ in range(m):
+                gr.launch()
+            ids = self.r_hist.numpy()[:k, :m]
+            for j in range(m):
+                for s in seqs:
+                    s.n += 1
+                done += 1
+                yield [int(x) for x in ids[:, j]]
+
+    # -- facts --------------------------------------------------------------------------------
+    def kv_bytes_read(self, depth: int) -> int:
+        """The f16 K and V bytes one sequence's decode step reads with `depth` tokens cached:
+        depth + 1 keys a layer, at most the window on sliding-window layers."""
+        c = self.cfg
+        keys = sum(min(depth + 1, c.swa_window) if c.is_swa(il) else depth + 1 for il in range(c.n_layer))
+        return keys * 2 * c.kv_dim * 2
+
+    def bytes_per_step(self, depth: int = 0, rows: int = 1) -> int:
+        """Device bytes a decode step of `rows` sequences, each `depth` tokens deep, reads:
+        the weights once (bytes_per_token's) and each row's K/V."""
+        return self.bytes_per_token(depth) + (rows - 1) * self.kv_bytes_read(depth)
+
+    def bytes_per_token(self, depth: int = 0) -> int:
+        """Device bytes one decode step of one sequence reads with `depth` tokens already
+        cached: every weight matrix and norm/bias vector on the device (the output projection
+        too, even when it is the tied embedding table), one row of the input embedding
+        table, and the f16 K and V rows attention reads (depth + 1 keys; at most the window
+        on sliding-window layers). Activations, rope tables and the KV row written are left
+        out. tok/s x this = the achieved bandwidth of the decode roofline (memra bench)."""
+        c = self.cfg
+        n = sum(w.nbytes for w in self.W.values()) + sum(v.nbytes for v in self.vec.values())
+        n += sum(b.nbytes for b in self.bias.values())
+        n += self.embd_table.nbytes // c.n_vocab
+        return n + self.kv_bytes_read(depth)

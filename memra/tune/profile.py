@@ -1,0 +1,147 @@
+"""`memra profile`: where one decode step's time goes, launch by launch of the launch plan.
+
+    rows = profile(runner, rows=1, depth=64)       # one dict per plan launch, plan order
+    summary = by_kernel(rows)                       # aggregated per (op, kernel, shape)
+
+`rows` sequences are filled to `depth` tokens (random ids; speed does not depend on them),
+then one decode step of the plan's graph bucket runs eagerly, each plan launch under a
+recorder that keeps the kernel launches it issued. Each plan launch is then timed as a CUDA
+graph of `reps` copies of its kernel launches (so the per-node cost inside a graph counts,
+as in the real step), median of 8 replays; the whole captured step is timed the same way
+and reported beside the sum. Bytes: the weights a matvec reads, the K/V rows attention
+reads at this depth, and the activations the other launches read and write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from memra.errors import MemraError
+
+
+class _Recorder:
+    """Forwards to the GPU and keeps every kernel launch (the runner launches through it)."""
+
+    def __init__(self, g):
+        self._g = g
+        self.calls: list[tuple] = []
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        self.calls.append((kernel, grid, block, tuple(args), shmem, pdl))
+        self._g.launch(kernel, grid, block, args, shmem, pdl)
+
+    def __getattr__(self, name):
+        return getattr(self._g, name)
+
+
+@dataclass
+class _Timed:
+    us: float
+    launches: int
+
+
+def _time(g, calls, reps: int) -> _Timed:
+    with g.capture() as gr:
+        for _ in range(reps):
+            for k, grid, block, args, shmem, pdl in calls:
+                g.launch(k, grid, block, args, shmem, pdl)
+    gr.upload()
+    ms = g.time_ms(gr.launch, reps=8, warmup=2)
+    gr.close()
+    return _Timed(float(np.median(ms)) * 1e3 / reps, len(calls))
+
+
+def _bytes(runner, L, depth: int) -> int:
+    """Device bytes one plan launch reads and writes (weights, K/V rows, activations)."""
+    c, rows = runner.cfg, L.rows
+    if L.op in ("matvec", "gemm"):
+        w = runner.W[L.args["weight"]]
+        n_out = w.rows // 2 if L.args["glu"] else w.rows
+        act = w.K * (1 if L.args["q8"] else 4)
+        return w.nbytes + rows * (act + 4 * n_out * (2 if L.args["res"] else 1))
+    if L.op in ("attention", "attention_rope"):
+        w = L.args["window"]
+        keys = min(depth + 1, w) if w else depth + 1
+        return rows * (keys * 2 * c.kv_dim * 2 + 2 * 4 * c.q_dim)
+    if L.op in ("norm", "add_norm"):
+        return rows * c.n_embd * 4 * (3 if L.op == "add_norm" else 2) + c.n_embd * 4
+    if L.op == "embed":
+        return rows * c.n_embd * 4 * 2
+    if L.op in ("argmax", "sample", "softcap"):
+        return rows * c.n_vocab * 4
+    n = int(L.shape.get("n", c.n_embd))
+    return rows * n * 4 * 2
+
+
+def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 0) -> dict:
+    """The per-launch breakdown of one decode step of `rows` sequences at `depth`."""
+    from memra.gpu import plan as PLAN
+    from memra.gpu.runner import Row, Sampling
+
+    if not 1 <= rows <= PLAN.MAX_ROWS:
+        raise MemraError(f"--rows must be in 1..{PLAN.MAX_ROWS}, got {rows}")
+    if depth < 0 or depth + 2 > runner.max_len:
+        raise MemraError(f"--depth {depth} does not fit a context of {runner.max_len}")
+    rng = np.random.default_rng(seed)
+    V = runner.cfg.n_vocab
+    seqs = [runner.open() for _ in range(rows)]
+    try:
+        if depth:
+            for s in seqs:  # one sequence per step: the prefill chunks of a long depth stay small
+                runner.step([Row(s, rng.integers(0, V, depth).tolist())])
+        first = rng.integers(0, V, rows).tolist()
+        greedy = [Sampling(0.0)] * rows
+        # the state of one decode step, its graph captured; positions mapped for every replay below
+        gr = runner.decode_prepare(seqs, first, 16, greedy)
+        g = runner.g
+        step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
+        # the step was replayed: put its state back before the eager, recorded one
+        runner.decode_prepare(seqs, first, 16, greedy)
+        bucket = PLAN.graph_bucket(rows)
+        launches = runner.plan.step(bucket, decode=True, sampler="greedy")
+        recs = []
+        for L in launches:
+            rec = _Recorder(g)
+            runner._run([L], bucket, runner.r_tok, runner.r_pos, runner.r_seq, runner._state(1), g=rec)
+            recs.append(rec.calls)
+        g.sync()
+        out = []
+        for L, calls in zip(launches, recs):
+            t = _time(g, calls, reps)
+            nbytes = _bytes(runner, L, depth)
+            out.append({"name": L.name, "op": L.op, "kernel": L.kernel, "variant": L.variant,
+                        "shape": dict(L.shape), "rows": L.rows, "config": dict(L.config or {}),
+                        "layer": L.layer, "group": L.group, "launches": t.launches, "us": round(t.us, 3),
+                        "bytes": int(nbytes), "gb_s": round(nbytes / (t.us * 1e-6) / 1e9, 1) if t.us else None})
+    finally:
+        for s in seqs:
+            runner.close(s)
+    total = sum(r["us"] for r in out)
+    return {"rows": rows, "depth": depth, "bucket": bucket, "step_us": round(step_us, 2),
+            "sum_us": round(total, 2), "tok_s": round(rows * 1e6 / step_us, 1) if step_us else None,
+            "launches": out}
+
+
+def by_kernel(rows: list[dict]) -> list[dict]:
+    """Plan launches of the same op, kernel, variant, shape and config summed (the layers
+    of one model share most shapes), largest total first."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["group"] or r["op"], r["kernel"], r["variant"], tuple(sorted(r["shape"].items())),
+               tuple(sorted(r["config"].items())), r["rows"])
+        g = groups.setdefault(key, {"group": key[0], "kernel": r["kernel"], "variant": r["variant"],
+                                    "shape": r["shape"], "config": r["config"], "rows": r["rows"],
+                                    "count": 0, "us_each": [], "total_us": 0.0, "bytes": 0})
+        g["count"] += 1
+        g["us_each"].append(r["us"])
+        g["total_us"] += r["us"]
+        g["bytes"] += r["bytes"]
+    out = []
+    for g in groups.values():
+        g["us_each"] = round(float(np.median(g["us_each"])), 3)
+        g["total_us"] = round(g["total_us"], 2)
+        g["gb_s"] = round(g["bytes"] / (g["total_us"] * 1e-6) / 1e9, 1) if g["total_us"] else None
+        out.append(g)
+    return sorted(out, key=lambda g: -g["total_us"])

@@ -1,0 +1,40 @@
+"""memra profile's breakdown on the emulated GPU: every launch of the plan's decode step is
+recorded and timed once, in plan order, with the bytes its launch reads."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_emulator import FakeGpu
+from memra.gpu.runner import Runner
+from memra.tune.profile import by_kernel, profile
+
+
+class TimedGpu(FakeGpu):
+    """The emulator with a clock: every timed call runs fn once and reports 10 µs."""
+
+    def time_ms(self, fn, reps=50, warmup=5):
+        fn()
+        return np.full(reps, 0.01)
+
+
+def test_profile_covers_the_plan_in_order(tiny_models):
+    path = tiny_models("llama", "Q4_K_M")
+    r = Runner(path, max_len=96, max_seqs=3, kv_tokens=3 * 96, gpu=TimedGpu(1 << 28))
+    doc = profile(r, rows=3, depth=20, reps=2)
+    plan = r.plan.step(4, decode=True, sampler="greedy")  # 3 rows run in the 4-row bucket
+    assert [x["name"] for x in doc["launches"]] == [L.name for L in plan]
+    assert all(x["launches"] >= 1 and x["us"] == 5.0 for x in doc["launches"])  # 10 µs per graph of 2 copies
+    # a matvec reads its weight once per launch (the hand count: the tensor's GGUF bytes)
+    out = next(x for x in doc["launches"] if x["name"] == "output")
+    w = r.W["output"]
+    assert w.nbytes == w.rows * w.K // 256 * 210  # Q6_K blocks of 256 values in 210 bytes
+    assert out["bytes"] >= w.nbytes
+    # attention at depth 20 reads 21 keys of K and V per row
+    att = next(x for x in doc["launches"] if x["name"] == "blk.0.attention")
+    assert att["bytes"] >= 4 * 21 * 2 * r.cfg.kv_dim * 2
+    s = by_kernel(doc["launches"])
+    assert sum(g["count"] for g in s) == len(plan)
+    assert abs(sum(g["total_us"] for g in s) - doc["sum_us"]) < 1e-6
+    # the sequences the profile opened are closed again
+    assert r.kv.alloc.n_free == r.kv.alloc.n_blocks
