@@ -66,8 +66,8 @@ CHECK_SHAPES = ((200, 2560), (72, 768))    # nu = 40 (uneven slots), nu = 12 (em
 SHAPE_B_NBS = (1, 9, 64)
 LEGACY_NBS = (1, 9)     # the pre-split matvec.cu is compared at these nb (B = 1 and B = 8 chunks)
 GEMM_DEFAULT = {"GM_WM": 2, "GM_WN": 4, "GM_TM": 2, "GM_TN": 2, "GM_STAGES": 4}
-GEMM_ALT = {"GM_WM": 1, "GM_WN": 2, "GM_TM": 4, "GM_TN": 1, "GM_STAGES": 3}
-ALT_TYPES = (8, 12, 14)
+GEMM_ALT = {"GM_WM": 1, "GM_WN": 2, "GM_TM": 4, "GM_TN": 1, "GM_WK": 4, "GM_STAGES": 3}
+ALT_TYPES = tuple(TYPES)
 TIME_SHAPES = (   # name, type, rows of y (N), K, glu
     ("Q4_K qkv 6144x4096", 12, 6144, 4096, False),
     ("Q4_K 4096x4096", 12, 4096, 4096, False),
@@ -142,11 +142,12 @@ def gemm_tiles(cfg: dict) -> tuple[int, int]:
 def gemm_launch(t: int, cfg: dict, N: int, nb: int, glu: bool):
     """(grid, block, dynamic shared bytes) of a gemm_q8[_glu] launch (gemm.cu's contract)."""
     BM, BN = gemm_tiles(cfg)
+    wk = cfg.get("GM_WK", 1)
     obm = BM // 2 if glu else BM
     wbs, ssb, mws = GEMM_SMEM[t]
     stage = (BM * wbs + BN * 80 + BN * ssb + BM * mws + 15) // 16 * 16
-    return ((N + obm - 1) // obm, (nb + BN - 1) // BN, 1), (32 * cfg["GM_WM"] * cfg["GM_WN"], 1, 1), \
-        cfg["GM_STAGES"] * stage
+    smem = max(cfg["GM_STAGES"] * wk * stage, (wk * BM * BN * 4) if wk > 1 else 0)
+    return ((N + obm - 1) // obm, (nb + BN - 1) // BN, 1), (32 * cfg["GM_WM"] * cfg["GM_WN"] * wk, 1, 1), smem
 
 
 def quantize_q8_ref(x: np.ndarray):
@@ -359,9 +360,9 @@ def compile_all(jobs: list, workers: int) -> dict:
     return out
 
 
-def plan_modules(types, timing: bool) -> list:
+def plan_modules(types, timing: bool, cfgs=(GEMM_DEFAULT,), checks: bool = True) -> list:
     jobs = [("q8.cu", {"Q8_WARPS": Q8_WARPS})]
-    for t in types:
+    for t in (types if checks else ()):
         for (N, K) in CHECK_SHAPES:
             for nb in NBS:
                 for glu in (False, True):
@@ -372,7 +373,7 @@ def plan_modules(types, timing: bool) -> list:
         jobs.append(("gemm.cu", {"MV_TYPE": t, **GEMM_DEFAULT}))
         if t in ALT_TYPES:
             jobs.append(("gemm.cu", {"MV_TYPE": t, **GEMM_ALT}))
-    if 12 in types:
+    if 12 in types and checks:
         jobs.append(("gemm.cu", {"MV_TYPE": 12, **GEMM_DEFAULT, "MEMRA_CANARY": 1}))
     if timing:
         for _, t, N, K, glu in TIME_SHAPES:
@@ -380,7 +381,8 @@ def plan_modules(types, timing: bool) -> list:
                 for nb in TIME_NBS:
                     for _, _, d in mv_chunks(t, K, nb, glu):
                         jobs.append(("matvec.cu", d))
-                jobs.append(("gemm.cu", {"MV_TYPE": t, **GEMM_DEFAULT}))
+                for cfg in cfgs:
+                    jobs.append(("gemm.cu", {"MV_TYPE": t, **cfg}))
     return jobs
 
 
@@ -401,6 +403,7 @@ class Dev:
         self.mr = self.dev.memory_resource
         self.cubins = cubins
         self.mods = {}
+        self.kerns = {}
         self.bufs = []
         self.smem_set = {}
 
@@ -414,10 +417,13 @@ class Dev:
         from cuda.core import ObjectCode
 
         key = module_key(src, defines)
-        m = self.mods.get(key)
-        if m is None:
-            m = self.mods[key] = ObjectCode.from_cubin(self.cubins[key], name=src)
-        return m.get_kernel(name)
+        k = self.kerns.get((key, name))
+        if k is None:
+            m = self.mods.get(key)
+            if m is None:
+                m = self.mods[key] = ObjectCode.from_cubin(self.cubins[key], name=src)
+            k = self.kerns[(key, name)] = m.get_kernel(name)   # one object per kernel: its smem limit sticks
+        return k
 
     def alloc(self, nbytes: int) -> int:
         buf = self.mr.allocate(max(int(nbytes), 16), stream=self.stream)
@@ -642,11 +648,23 @@ def time_fn(d: Dev, fns, reps: int) -> float:
     return float(np.median(ts)) * 1e3
 
 
-def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl):
+def parse_cfg(text: str) -> dict:
+    """"WM,WN,TM,TN,WK,STAGES" -> gemm.cu defines."""
+    v = [int(x) for x in text.split(",")]
+    if len(v) != 6:
+        raise SystemExit(f"--configs: need WM,WN,TM,TN,WK,STAGES, got {text!r}")
+    return dict(zip(("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES"), v))
+
+
+def cfg_name(cfg: dict) -> str:
+    return ",".join(str(cfg.get(k, 1)) for k in ("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES"))
+
+
+def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
     print("\ntiming (CUDA graph per launch set, median of %d; weights rotated over copies >= 2x L2)" % reps,
           flush=True)
     print(f"{'shape':26s} {'nb':>4s} {'gemm us':>9s} {'TOPS':>7s} {'GB/s':>7s} {'mv_q8 us':>9s} {'TOPS':>7s} "
-          f"{'GB/s':>7s} {'speedup':>7s}", flush=True)
+          f"{'GB/s':>7s} {'speedup':>7s}  WM,WN,TM,TN,WK,STAGES", flush=True)
     for sname, t, N, K, glu in TIME_SHAPES:
         if t not in types:
             continue
@@ -664,38 +682,41 @@ def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl):
             ny = nb * N * 4
             ym, yg = d.alloc(ny), d.alloc(ny)
             act = 1 if glu else 0
-            gg = [graph_of(d, lambda tg, w=w: run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, GEMM_DEFAULT, target=tg))
-                  for w in ws]
             gm = [graph_of(d, lambda tg, w=w: run_mv(d, w, xq, xs, ym, N, nb, glu, act, 0, target=tg))
                   for w in ws]
-            if any(g is None for g in gg + gm):
-                fg = [lambda w=w: run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, GEMM_DEFAULT) for w in ws]
-                fm = [lambda w=w: run_mv(d, w, xq, xs, ym, N, nb, glu, act, 0) for w in ws]
-            else:
-                fg = [lambda g=g: g.launch(d.stream) for g in gg]
-                fm = [lambda g=g: g.launch(d.stream) for g in gm]
+            fm = ([lambda w=w: run_mv(d, w, xq, xs, ym, N, nb, glu, act, 0) for w in ws]
+                  if any(g is None for g in gm) else [lambda g=g: g.launch(d.stream) for g in gm])
             d.memset(ym, 0xFF, ny)
-            d.memset(yg, 0xFF, ny)
-            tg_us = time_fn(d, fg, reps)
             tm_us = time_fn(d, fm, reps)
-            a, b = d.download(ym, ny, np.float32), d.download(yg, ny, np.float32)
-            ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
-            tally.add(f"gemm == mv_q8  timing shape {sname} nb={nb}", ok, diff_detail(a, b), type=TYPES[t][0],
-                      N=N, K=K, nb=nb, glu=glu, act=act)
-            ops = 2.0 * rows * K * nb
-            wb = ws[0].nbytes
-            rec = {"kind": "time", "shape": sname, "type": TYPES[t][0], "rows": rows, "K": K, "nb": nb,
-                   "gemm_us": tg_us, "mv_us": tm_us, "gemm_tops": ops / tg_us * 1e-6, "mv_tops": ops / tm_us * 1e-6,
-                   "gemm_weight_gbs": wb / tg_us * 1e-3, "mv_weight_gbs": wb / tm_us * 1e-3,
-                   "speedup": tm_us / tg_us, "weight_bytes": wb, "copies": copies, "gemm_cfg": GEMM_DEFAULT,
-                   "exact": bool(ok)}
-            jsonl(rec)
-            print(f"{sname:26s} {nb:4d} {tg_us:9.1f} {rec['gemm_tops']:7.1f} {rec['gemm_weight_gbs']:7.0f} "
-                  f"{tm_us:9.1f} {rec['mv_tops']:7.1f} {rec['mv_weight_gbs']:7.0f} {rec['speedup']:6.2f}x",
-                  flush=True)
-            for g in gg + gm:
+            a = d.download(ym, ny, np.float32)
+            for g in gm:
                 if g is not None:
                     g.close()
+            ops = 2.0 * rows * K * nb
+            wb = ws[0].nbytes
+            for cfg in cfgs:
+                gg = [graph_of(d, lambda tg, w=w: run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, cfg, target=tg))
+                      for w in ws]
+                fg = ([lambda w=w: run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, cfg) for w in ws]
+                      if any(g is None for g in gg) else [lambda g=g: g.launch(d.stream) for g in gg])
+                d.memset(yg, 0xFF, ny)
+                tg_us = time_fn(d, fg, reps)
+                b = d.download(yg, ny, np.float32)
+                for g in gg:
+                    if g is not None:
+                        g.close()
+                ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+                tally.add(f"gemm == mv_q8  timing shape {sname} nb={nb} cfg {cfg_name(cfg)}", ok, diff_detail(a, b),
+                          type=TYPES[t][0], N=N, K=K, nb=nb, glu=glu, act=act, cfg=cfg)
+                rec = {"kind": "time", "shape": sname, "type": TYPES[t][0], "rows": rows, "K": K, "nb": nb,
+                       "gemm_us": tg_us, "mv_us": tm_us, "gemm_tops": ops / tg_us * 1e-6,
+                       "mv_tops": ops / tm_us * 1e-6, "gemm_weight_gbs": wb / tg_us * 1e-3,
+                       "mv_weight_gbs": wb / tm_us * 1e-3, "speedup": tm_us / tg_us, "weight_bytes": wb,
+                       "copies": copies, "gemm_cfg": cfg, "exact": bool(ok)}
+                jsonl(rec)
+                print(f"{sname:26s} {nb:4d} {tg_us:9.1f} {rec['gemm_tops']:7.1f} {rec['gemm_weight_gbs']:7.0f} "
+                      f"{tm_us:9.1f} {rec['mv_tops']:7.1f} {rec['mv_weight_gbs']:7.0f} {rec['speedup']:6.2f}x"
+                      f"  {cfg_name(cfg)}", flush=True)
         d.free_all()
         print(f"  ({sname}: weights generated in {gen_s:.1f} s, {copies} copies)", flush=True)
 
@@ -1043,34 +1064,68 @@ def selftest_order(rng):
             for o in (16, 8, 4, 2, 1):
                 v = (v + v[np.arange(32) ^ o]).astype(np.float32)
             mv = v[0]
-            L = [np.float32(0)] * 5
-            res = None
-            for i in range(32):
-                p = np.float32(0)
-                for u in range(brev5(i), nu, 32):
-                    p = np.float32(p + c[u])
-                tz = (~i & -~i).bit_length() - 1   # trailing ones of i
-                vv = p
-                for k in range(min(tz, 5)):
-                    vv = np.float32(L[k] + vv)
-                if tz < 5:
-                    L[tz] = vv
-                else:
-                    res = vv
-            assert np.float32(mv).view(np.uint32) == np.float32(res).view(np.uint32), (nu, mv, res)
-            n += 1
-    # the producer's walk stages units in the consumer's order, each once
-    for nu in (1, 7, 12, 32, 40, 224):
-        want = [u for i in range(32) for u in range(brev5(i), nu, 32)]
-        got, pi, pu = [], 0, 0
-        while len(got) < nu:
-            got.append(pu)
-            pu += 32
-            while pu >= nu and pi < 32:
-                pi += 1
-                pu = brev5(pi) if pi < 32 else 0
-        assert got == want, nu
+            for wk in (1, 2, 4, 8, 16):
+                res = gemm_order(c, nu, wk)
+                assert np.float32(mv).view(np.uint32) == np.float32(res).view(np.uint32), (nu, wk, mv, res)
+                n += 1
+    # the producer's walk stages each group's units in its consumer's order, each unit once
+    for nu in (1, 3, 7, 12, 32, 40, 224):
+        for wk in (1, 2, 4, 8, 16):
+            lv = 5 - (wk.bit_length() - 1)
+            seen = []
+            for k in range(wk):
+                want = [u for j in range(1 << lv) for u in range(slot_of(k, j, wk), nu, 32)]
+                got, pj, pu = [], 0, k
+                while pu >= nu and pj < (1 << lv):
+                    pj += 1
+                    pu = slot_of(k, pj, wk) if pj < (1 << lv) else 0
+                while pj < (1 << lv):
+                    got.append(pu)
+                    pu += 32
+                    while pu >= nu and pj < (1 << lv):
+                        pj += 1
+                        pu = slot_of(k, pj, wk) if pj < (1 << lv) else 0
+                assert got == want, (nu, wk, k)
+                assert len(got) <= -(-nu // wk)   # fits in the block's step count
+                seen += got
+            assert sorted(seen) == list(range(nu)), (nu, wk)
     return n
+
+
+def slot_of(k: int, j: int, wk: int) -> int:
+    """gemm.cu's slot(k, j): leaf j (tree order) of group k."""
+    lv = 5 - (wk.bit_length() - 1)
+    return k + wk * (int(f"{j:0{lv}b}"[::-1], 2) if lv else 0)
+
+
+def gemm_order(c: np.ndarray, nu: int, wk: int) -> np.float32:
+    """gemm.cu's reduction of unit contributions c (float32) with GM_WK = wk groups: each
+    group folds its slots in leaf order, merging finished slots as a binary counter; then
+    the groups' roots meet pairwise, offsets wk/2 .. 1."""
+    lv = 5 - (wk.bit_length() - 1)
+    roots = []
+    for k in range(wk):
+        L = [np.float32(0)] * 5
+        root = None
+        for j in range(1 << lv):
+            p = np.float32(0)
+            for u in range(slot_of(k, j, wk), nu, 32):
+                p = np.float32(p + c[u])
+            tz = (~j & (j + 1)).bit_length() - 1   # trailing ones of j
+            v = p
+            for lvl in range(min(tz, lv)):
+                v = np.float32(L[lvl] + v)
+            if tz >= lv:
+                root = v
+            else:
+                L[tz] = v
+        roots.append(root)
+    off = wk // 2
+    while off:
+        for k in range(off):
+            roots[k] = np.float32(roots[k] + roots[k + off])
+        off //= 2
+    return roots[0]
 
 
 def selftest_epilogue():
@@ -1137,12 +1192,25 @@ def main() -> int:
     ap.add_argument("--no-legacy", action="store_true")
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--configs", default="",
+                    help="gemm configs to time, 'WM,WN,TM,TN,WK,STAGES;...' (default: the built-in one)")
+    ap.add_argument("--shapes", default="", help="timing shapes whose name contains one of these (comma list)")
+    ap.add_argument("--nbs", default="", help="timing nb values (comma list)")
+    ap.add_argument("--no-checks", action="store_true", help="timing only")
     args = ap.parse_args()
     types = [NAME2T[n.strip().upper()] for n in args.types.split(",") if n.strip()]
     if args.selftest:
         return selftest(types)
 
-    jobs = plan_modules(types, timing=not (args.no_timing or args.compile_only))
+    cfgs = [parse_cfg(c) for c in args.configs.split(";") if c.strip()] or [GEMM_DEFAULT]
+    global TIME_SHAPES, TIME_NBS
+    if args.shapes:
+        keys = [k.strip() for k in args.shapes.split(",")]
+        TIME_SHAPES = tuple(sh for sh in TIME_SHAPES if any(k in sh[0] for k in keys))
+    if args.nbs:
+        TIME_NBS = tuple(int(v) for v in args.nbs.split(","))
+    jobs = plan_modules(types, timing=not (args.no_timing or args.compile_only), cfgs=cfgs,
+                        checks=not args.no_checks)
     if args.no_legacy:
         jobs = [j for j in jobs if j[0] != "legacy-matvec.cu"]
     cubins = compile_all(jobs, args.jobs)
@@ -1170,16 +1238,16 @@ def main() -> int:
     tally = Tally(jsonl)
     rng = np.random.default_rng(1234)
     t0 = time.perf_counter()
-    for t in types:
-        cfgs = [GEMM_DEFAULT] + ([GEMM_ALT] if t in ALT_TYPES else [])
+    for t in ([] if args.no_checks else types):
+        ccfgs = [GEMM_DEFAULT] + ([GEMM_ALT] if t in ALT_TYPES else [])
         for (N, K) in CHECK_SHAPES:
             for nb in (NBS if (N, K) == CHECK_SHAPES[0] else SHAPE_B_NBS):
-                check_case(d, tally, t, N, K, nb, rng, cfgs, legacy=not args.no_legacy)
-    if 12 in types:
+                check_case(d, tally, t, N, K, nb, rng, ccfgs, legacy=not args.no_legacy)
+    if 12 in types and not args.no_checks:
         canary_case(d, tally, rng)
     print(f"checks done in {time.perf_counter() - t0:.1f} s", flush=True)
     if not args.no_timing:
-        timing(d, tally, types, args.reps, rng, jsonl)
+        timing(d, tally, types, args.reps, rng, jsonl, cfgs)
     print(f"\n{tally.ok} passed, {tally.bad} failed")
     jsonl({"kind": "summary", "passed": tally.ok, "failed": tally.bad})
     if fh:

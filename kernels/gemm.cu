@@ -32,26 +32,36 @@
 // Nothing depends on nb, the tile sizes, the grid or the chunk of rows a caller passes, so a
 // row's bits are the same in every launch and equal to mv_q8's at any MV_B.
 //
+//  - with GM_WK > 1 warp groups, group k takes the slots l = k (mod WK): those form the
+//    butterfly's subtree below its last log2(WK) levels (offsets WK/2 .. 1), which the group
+//    walks exactly as above (leaf j = slot k + WK brev(j)); at the end the groups' roots meet
+//    through shared memory in those last levels, T(k) = T(k) + T(k + o) for o = WK/2 .. 1.
+//
 // Tiles. A block owns BM = GM_WM * GM_TM * 16 weight rows (for _glu: BM/2 output rows, gate
-// and up rows both) and BN = GM_WN * GM_TN * 8 batch columns; its GM_WM x GM_WN warps own
-// GM_TM m16 tiles x GM_TN n8 tiles each (for _glu, m tiles [0, TM/2) are gate rows and
-// [TM/2, TM) the up rows of the same outputs, so one thread holds both). A thread holds, per
-// output it owns (TM * TN * 4 of them, mma C layout: rows gid, gid + 8, columns 2 tig, +1),
-// the current slot partial P and the 5 pending stack levels in registers.
-// The K loop runs one unit (64 elements) per step, in slot order; each step's weight bulk
-// bytes (BM rows x WB bytes), meta bytes (BM x MW), activations (BN x 64 bytes) and
-// activation scales (BN x 2 or 4 Q8Scale) are staged in shared memory by cp.async, GM_STAGES
-// deep. Weights go into A fragments with ldmatrix (.x4: rows gid / gid + 8, word tig of two
+// and up rows both) and BN = GM_WN * GM_TN * 8 batch columns; its GM_WM x GM_WN x GM_WK warps
+// own GM_TM m16 tiles x GM_TN n8 tiles each (for _glu, m tiles [0, TM/2) are gate rows and
+// [TM/2, TM) the up rows of the same outputs, so one thread holds both), for their group's
+// slots. A thread holds, per output it owns (TM * TN * 4 of them, mma C layout: rows gid,
+// gid + 8, columns 2 tig, +1), the current slot partial P and the 5 - log2(WK) pending stack
+// levels in registers; a unit's row scalars (T::rowscal) are computed once per row.
+// The K loop runs WK units (64 elements each, one per group) per step, in slot order; each
+// unit's weight bulk bytes (BM rows x WB bytes), meta bytes (BM x MW), activations (BN x 64
+// bytes) and activation scales (BN x 2 or 4 Q8Scale) are staged in shared memory by cp.async,
+// GM_STAGES deep. Weights go into A fragments with ldmatrix (.x4: rows gid / gid + 8, word tig of two
 // 16-byte chunks) and are unpacked in registers (nibbles, Q5 high bits, Q6_K, IQ4_XS table):
 // the k order inside a 32-block is free as long as A and B agree, and the natural order
 // makes every type's raw bytes fragment-ready. Activations go into B fragments with ldmatrix.
 //
 // Tunables (-D): MV_TYPE (ggml type id, required), GM_WM warps along rows (2), GM_WN warps
 // along the batch (4), GM_TM m16 tiles per warp (2; even for _glu), GM_TN n8 tiles per warp
-// (2), GM_STAGES cp.async pipeline depth (4; >= 2), MEMRA_CANARY=1 drops unit 1 of every row
-// (as mv_q8's canary: a deliberately wrong variant that a check must catch).
+// (2), GM_WK warp groups splitting the slots (1; 1, 2, 4, 8, 16), GM_STAGES cp.async
+// pipeline depth (4; >= 2), MEMRA_CANARY=1 drops unit 1 of every row (as mv_q8's canary: a
+// deliberately wrong variant that a check must catch). Measured on the H200 (research to come
+// with the tune table): WK 1 with 2,4,2,2 wins from nb ~128 up; small batches want WK 4..8
+// (nb <= 16: GM_WM 1, GM_WN 1, GM_TM 2, GM_TN 2, GM_WK 8, 3 stages).
 // Launch: grid = (ceil(N / OBM), ceil(nb / BN)) with OBM = BM (gemm_q8) or BM / 2
-// (gemm_q8_glu), block = 32 * GM_WM * GM_WN, dynamic shared memory GM_STAGES * STAGE bytes,
+// (gemm_q8_glu), block = 32 * GM_WM * GM_WN * GM_WK, dynamic shared memory
+// max(GM_STAGES * GM_WK * STAGE, GM_WK > 1 ? GM_WK * BM * BN * 4 : 0) bytes,
 // STAGE = BM * WBS + BN * 80 + BN * SSB + BM * MWS with, per type (WBS, SSB, MWS):
 // Q4_0 (48, 16, 4), Q4_1 (48, 16, 8), Q5_0 (48, 16, 12), Q5_1 (48, 16, 16), Q8_0 (80, 16, 4),
 // Q4_K (48, 16, 16), Q5_K (80, 16, 16), Q6_K (48, 32, 20), IQ4_XS (48, 16, 8) (above 48 KiB
@@ -61,6 +71,12 @@
 // History:
 //  1. first version: bit-reversed slot walk with a register stack of pending butterfly
 //     levels, m16n8k32 (Q6_K m16n8k16) on unpacked ldmatrix fragments, cp.async stages.
+//     H200: bit-identical to mv_q8 in 835 checks; Q4_0 78, Q8_0 87, Q6_K 57, Q4_K 18 TOPS
+//     at nb = 512 (4096 x 4096; Q6_K 4096 x 14336).
+//  2. row scalars (qtypes.cuh rowscal) once per row instead of per output: Q4_K 18 -> 46
+//     TOPS at nb = 512 (its 6-bit scale unpacking ran per output).
+//  3. GM_WK warp groups split the slots (exact: subtrees of the butterfly), for small
+//     batches: Q4_K gate+up 2 x 14336 x 4096 at nb = 16 in 121 us (mv_q8 chunks: 340 us).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -112,7 +128,16 @@ typedef TIQ4_XS T;
 #error "gemm.cu: unsupported MV_TYPE (quantized types only)"
 #endif
 
-constexpr int NTHR = 32 * GM_WM * GM_WN;
+#ifndef GM_WK
+#define GM_WK 1
+#endif
+#if GM_WK != 1 && GM_WK != 2 && GM_WK != 4 && GM_WK != 8 && GM_WK != 16
+#error "GM_WK must be 1, 2, 4, 8 or 16"
+#endif
+constexpr int NTHR = 32 * GM_WM * GM_WN * GM_WK;
+constexpr int SKB = GM_WK == 1 ? 0 : GM_WK == 2 ? 1 : GM_WK == 4 ? 2 : GM_WK == 8 ? 3 : 4;
+constexpr int LV = 5 - SKB;          // stack levels of a group's subtree
+constexpr int NLEAF = 1 << LV;       // slots per group
 constexpr int BM = GM_WM * GM_TM * 16;
 constexpr int BN = GM_WN * GM_TN * 8;
 
@@ -396,7 +421,8 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int wm = warp / GM_WN, wn = warp % GM_WN;
+    const int wk = warp / (GM_WM * GM_WN), wmn = warp % (GM_WM * GM_WN);
+    const int wm = wmn / GM_WN, wn = wmn % GM_WN;
     constexpr int OBM = GLU ? BM / 2 : BM;
     const int ob = blockIdx.x * OBM, cb = blockIdx.y * BN;
     const int nblk = K / T::BLK, nu = K / 64;
@@ -406,49 +432,85 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
 
-    // per output (m tile, n tile, C element): the current slot partial and the stack
-    // (index o = (mi * GM_TN + ni) * 4 + e)
+    // per output (m tile, n tile, C element; o = (mi * GM_TN + ni) * 4 + e): the current slot
+    // partial P and the pending levels L0..L(LV-1) of the group's subtree
     constexpr int NO = GM_TM * GM_TN * 4;
     float P[NO], L0[NO], L1[NO], L2[NO], L3[NO], L4[NO];
 #pragma unroll
     for (int o = 0; o < NO; ++o) P[o] = L0[o] = L1[o] = L2[o] = L3[o] = L4[o] = 0.f;
-// MERGE(stmt): for every output o, with v = its finished slot partial: stmt; then P[o] = 0
-#define MERGE(...) _Pragma("unroll") for (int o = 0; o < NO; ++o) { const float v = P[o]; __VA_ARGS__; P[o] = 0.f; }
 
-    // producer: the next unit to stage walks the same slot order (empty slots skipped)
-    int pi = 0, pu = 0, pst = 0, loaded = 0;
+    // leaf j (tree order) of group k is slot k + WK brev_LV(j); its units step by 32
+    auto slot = [](int k, int j) { return k + GM_WK * (int)(__brev((unsigned)j) >> (32 - LV)); };
+    // slot-finished merge of leaf j (a binary counter over the group's subtree)
+    auto merge = [&](int j) {
+        const int tz = __ffs(~j) - 1;   // trailing ones of j (warp-uniform)
+        if (tz >= LV) {                 // the group's last leaf: its subtree root, kept in P
+#pragma unroll
+            for (int o = 0; o < NO; ++o) {
+                float v = P[o];
+                if (LV > 0) v = __fadd_rn(L0[o], v);
+                if (LV > 1) v = __fadd_rn(L1[o], v);
+                if (LV > 2) v = __fadd_rn(L2[o], v);
+                if (LV > 3) v = __fadd_rn(L3[o], v);
+                if (LV > 4) v = __fadd_rn(L4[o], v);
+                P[o] = v;
+            }
+            return;
+        }
+        switch (tz) {
+#define GM_MERGE(stmt) _Pragma("unroll") for (int o = 0; o < NO; ++o) { const float v = P[o]; stmt; P[o] = 0.f; }
+        case 0: GM_MERGE(L0[o] = v); break;
+        case 1: GM_MERGE(L1[o] = __fadd_rn(L0[o], v)); break;
+        case 2: GM_MERGE(L2[o] = __fadd_rn(L1[o], __fadd_rn(L0[o], v))); break;
+        case 3: GM_MERGE(L3[o] = __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v)))); break;
+        default: GM_MERGE(L4[o] = __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v))))); break;
+#undef GM_MERGE
+        }
+    };
+
+    // producer: per group, the next (leaf, unit) to stage (empty slots skipped)
+    int pj[GM_WK], pu[GM_WK];
+#pragma unroll
+    for (int k = 0; k < GM_WK; ++k) {
+        pj[k] = 0; pu[k] = k;
+        while (pu[k] >= nu && pj[k] < NLEAF) { ++pj[k]; pu[k] = pj[k] < NLEAF ? slot(k, pj[k]) : 0; }
+    }
+    int pst = 0;
+    auto produce_step = [&]() {
+#pragma unroll
+        for (int k = 0; k < GM_WK; ++k) {
+            if (pj[k] < NLEAF) {
+                produce<GLU>(sbase + (pst * GM_WK + k) * STAGE, pu[k], bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
+                pu[k] += 32;
+                while (pu[k] >= nu && pj[k] < NLEAF) { ++pj[k]; pu[k] = pj[k] < NLEAF ? slot(k, pj[k]) : 0; }
+            }
+        }
+        pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
+    };
+    const int nsteps = (nu + GM_WK - 1) / GM_WK;   // group 0 has the most units
 #pragma unroll
     for (int s = 0; s < GM_STAGES - 1; ++s) {
-        if (loaded < nu) {
-            produce<GLU>(sbase + pst * STAGE, pu, bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
-            ++loaded;
-            pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
-            pu += 32;
-            while (pu >= nu && pi < 32) { ++pi; pu = pi < 32 ? brev5(pi) : 0; }
-        }
+        if (s < nsteps) produce_step();
         cp_commit();
     }
 
-    // ldmatrix row addresses (lanes 8m..8m+7 give matrix m's rows)
-    const int lr = lane & 7, lm = lane >> 3;
+    // consumer: this warp's group, its leaf and unit (leading empty slots merged as zeros)
+    int cj = 0, cu = wk;
+    while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot(wk, cj) : 0; }
+    const int lr = lane & 7, lm = lane >> 3;   // ldmatrix: lanes 8m..8m+7 give matrix m's rows
     int cst = 0;
-    for (int i = 0; i < 32; ++i) {
-        for (int u = brev5(i); u < nu; u += 32) {
-            cp_wait<GM_STAGES - 2>();
-            __syncthreads();
-            if (loaded < nu) {
-                produce<GLU>(sbase + pst * STAGE, pu, bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
-                ++loaded;
-                pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
-                pu += 32;
-                while (pu >= nu && pi < 32) { ++pi; pu = pi < 32 ? brev5(pi) : 0; }
-            }
-            cp_commit();
-            const uint32_t st = sbase + cst * STAGE;
-            const uint8_t* stp = gm_smem + cst * STAGE;
-            cst = cst + 1 == GM_STAGES ? 0 : cst + 1;
-            if (MEMRA_CANARY == 1 && u == 1) continue;
-
+    for (int s = 0; s < nsteps; ++s) {
+        cp_wait<GM_STAGES - 2>();
+        __syncthreads();
+        if (s + GM_STAGES - 1 < nsteps) produce_step();
+        cp_commit();
+        const int stage = cst * GM_WK + wk;
+        cst = cst + 1 == GM_STAGES ? 0 : cst + 1;
+        if (cj >= NLEAF) continue;   // this group's units are all done (warp-uniform)
+        const int u = cu;
+        const uint32_t st = sbase + stage * STAGE;
+        const uint8_t* stp = gm_smem + stage * STAGE;
+        if (!(MEMRA_CANARY == 1 && u == 1)) {
             // B fragments and scales of the warp's n tiles
             uint32_t xb[GM_TN][4];
             Q8Scale sv[GM_TN][2][4];
@@ -502,38 +564,54 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                 }
                 uint32_t a[GT::NK][AR];
                 GT::afrag(q, w, tig, a);
+                const typename T::R rq[2] = {T::rowscal(w[0]), T::rowscal(w[1])};   // once per row
 #pragma unroll
                 for (int ni = 0; ni < GM_TN; ++ni) {
                     if (cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
                     int c[GT::NK][4];
 #pragma unroll
-                    for (int k = 0; k < GT::NK; ++k) {
-                        mma_unit(c[k], a[k], xb[ni], k);
-                    }
+                    for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb[ni], k);
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         int ints[T::NI];
 #pragma unroll
                         for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
-                        P[(mi * GM_TN + ni) * 4 + e] = T::accum(P[(mi * GM_TN + ni) * 4 + e], w[e >> 1], ints, sv[ni][e & 1]);
+                        const int o = (mi * GM_TN + ni) * 4 + e;
+                        P[o] = T::accum_r(P[o], rq[e >> 1], ints, sv[ni][e & 1]);
                     }
                 }
             }
         }
-        // slot brev5(i) is complete: merge it as the butterfly would (binary counter)
-        switch (__ffs(~i) - 1) {   // trailing ones of i (block-uniform)
-        case 0: MERGE(L0[o] = v); break;
-        case 1: MERGE(L1[o] = __fadd_rn(L0[o], v)); break;
-        case 2: MERGE(L2[o] = __fadd_rn(L1[o], __fadd_rn(L0[o], v))); break;
-        case 3: MERGE(L3[o] = __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v)))); break;
-        case 4: MERGE(L4[o] = __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v))))); break;
-        default:   // i = 31: the root, kept in P
-#pragma unroll
-            for (int o = 0; o < NO; ++o)
-                P[o] = __fadd_rn(L4[o], __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], P[o])))));
-        }
+        // next unit of the slot, or the slot is complete: merge it (and any empty ones after)
+        cu += 32;
+        while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot(wk, cj) : 0; }
     }
     cp_wait<0>();
+
+    // the groups' subtree roots T(k) meet in the butterfly's last SK levels: for offset
+    // o = WK/2 .. 1, T(k) = T(k) + T(k + o) (k < o); group 0 then runs the epilogue
+    if (GM_WK > 1) {
+        __syncthreads();   // every stage read is done: reuse the buffer
+        float* red = reinterpret_cast<float*>(gm_smem);   // [WK][WM * WN][NO][32]
+        if (wk > 0) {
+#pragma unroll
+            for (int o = 0; o < NO; ++o) red[((wk * (GM_WM * GM_WN) + wmn) * NO + o) * 32 + lane] = P[o];
+        }
+        __syncthreads();
+        if (wk > 0) return;
+#pragma unroll
+        for (int o = 0; o < NO; ++o) {
+            float t[GM_WK];
+            t[0] = P[o];
+#pragma unroll
+            for (int k = 1; k < GM_WK; ++k) t[k] = red[((k * (GM_WM * GM_WN) + wmn) * NO + o) * 32 + lane];
+#pragma unroll
+            for (int off = GM_WK / 2; off > 0; off >>= 1)
+#pragma unroll
+                for (int k = 0; k < off; ++k) t[k] = __fadd_rn(t[k], t[k + off]);
+            P[o] = t[0];
+        }
+    }
 
     // epilogue: finish()'s operations
     constexpr int TMO = GLU ? GM_TM / 2 : GM_TM;
@@ -556,7 +634,6 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                 if (res) v = __fadd_rn(v, res[yo]);
                 y[yo] = v;
             }
-#undef MERGE
 }
 
 extern "C" __global__ void __launch_bounds__(NTHR)

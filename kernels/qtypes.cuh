@@ -16,9 +16,12 @@
 //                        one activation block each), Q6_K NI = 4 sums of 16 (one per group, each
 //                        with its own weight scale). Integer sums are exact in any order, so a
 //                        tensor-core kernel may compute the same ints with mma.
-//   accum(acc, w, ints, s)
+//   R, rowscal(w), accum_r(acc, r, ints, s), accum(acc, w, ints, s) = accum_r(acc, rowscal(w), ...)
 //                        the float part: the running lane partial acc with this unit folded in
-//                        (s[g]: the activation scale block of group g). Every float operation
+//                        (s[g]: the activation scale block of group g). rowscal extracts the
+//                        unit's weight scalars (scales, mins as ints and floats: exact, or one
+//                        explicit rounding for IQ4_XS), once per row, so a kernel holding many
+//                        columns of one row reuses them; accum_r is the rest. Every float operation
 //                        is an explicit-rounding intrinsic (__fmul_rn, __fadd_rn, __fmaf_rn):
 //                        the compiler may neither contract nor reorder them, so every kernel
 //                        that calls accum gets the same bits from the same ints. The roundings
@@ -103,6 +106,22 @@ MEMRA_DEVICE void idots_nib(const uint4 (&q)[2], const int4* x, int* ints) {
     }
 }
 
+// Q4_1 / Q5_1: per block k, w = q d + m: the float part, r += s.d (d * q.x + m * s.s)
+struct RDM { float d[2], m[2]; };
+MEMRA_DEVICE RDM dm_pair(uint32_t dm0, uint32_t dm1) {
+    return {{f16_to_f32((uint16_t)dm0), f16_to_f32((uint16_t)dm1)},
+            {f16_to_f32((uint16_t)(dm0 >> 16)), f16_to_f32((uint16_t)(dm1 >> 16))}};
+}
+MEMRA_DEVICE float accum_dm(float acc, const float* d, const float* m, const int* ints, const Q8Scale* s) {
+    float r = 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const float in = __fmaf_rn(d[k], (float)ints[k], __fmul_rn(m[k], (float)s[2 * k].s));
+        r = __fmaf_rn(in, s[2 * k].d, r);
+    }
+    return __fadd_rn(acc, r);
+}
+
 // ---------------------------------------------------------------------------------
 // Q4_0 (2): block 32 = d(f16) | qs[16]; w = (q - 8) d. Unit = 2 blocks.
 struct TQ4_0 {
@@ -117,14 +136,17 @@ struct TQ4_0 {
         load_meta<GLd>(w, meta + moff(u), u);
     }
     static MEMRA_DEVICE void idots(const U& w, const int4* x, int* ints) { idots_nib(w.q, x, ints); }
-    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+    struct R { float d[2]; };
+    static MEMRA_DEVICE R rowscal(const U& w) { return {{f16_to_f32((uint16_t)w.d), f16_to_f32((uint16_t)(w.d >> 16))}}; }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
         float r = 0.f;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const float d = f16_to_f32((uint16_t)(w.d >> (16 * k)));
-            r = __fmaf_rn(__fmul_rn(d, s[2 * k].d), (float)(ints[k] - 8 * s[2 * k].s), r);
-        }
+        for (int k = 0; k < 2; ++k)
+            r = __fmaf_rn(__fmul_rn(q.d[k], s[2 * k].d), (float)(ints[k] - 8 * s[2 * k].s), r);
         return __fadd_rn(acc, r);
+    }
+    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const uint4& v = w.q[g >> 1];
@@ -153,16 +175,13 @@ struct TQ4_1 {
         load_meta<GLd>(w, meta + moff(u), u);
     }
     static MEMRA_DEVICE void idots(const U& w, const int4* x, int* ints) { idots_nib(w.q, x, ints); }
+    typedef RDM R;
+    static MEMRA_DEVICE R rowscal(const U& w) { return dm_pair(w.dm.x, w.dm.y); }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
+        return accum_dm(acc, q.d, q.m, ints, s);
+    }
     static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint32_t dm = k ? w.dm.y : w.dm.x;
-            const float d = f16_to_f32((uint16_t)dm), m = f16_to_f32((uint16_t)(dm >> 16));
-            const float in = __fmaf_rn(d, (float)ints[k], __fmul_rn(m, (float)s[2 * k].s));
-            r = __fmaf_rn(in, s[2 * k].d, r);
-        }
-        return __fadd_rn(acc, r);
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const uint4& v = w.q[g >> 1];
@@ -207,14 +226,17 @@ struct TQ5_0 {
             ints[k] = dot16(q5(v.x, h, 0, 1), q5(v.y, h, 1, 1), q5(v.z, h, 2, 1), q5(v.w, h, 3, 1), x[2 * k + 1], acc);
         }
     }
-    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+    struct R { float d[2]; };
+    static MEMRA_DEVICE R rowscal(const U& w) { return {{f16_to_f32((uint16_t)w.d), f16_to_f32((uint16_t)(w.d >> 16))}}; }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
         float r = 0.f;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const float d = f16_to_f32((uint16_t)(w.d >> (16 * k)));
-            r = __fmaf_rn(__fmul_rn(d, s[2 * k].d), (float)(ints[k] - 16 * s[2 * k].s), r);
-        }
+        for (int k = 0; k < 2; ++k)
+            r = __fmaf_rn(__fmul_rn(q.d[k], s[2 * k].d), (float)(ints[k] - 16 * s[2 * k].s), r);
         return __fadd_rn(acc, r);
+    }
+    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const int k = g >> 1;
@@ -251,16 +273,13 @@ struct TQ5_1 {
                             TQ5_0::q5(v.w, h, 3, 1), x[2 * k + 1], acc);
         }
     }
+    typedef RDM R;
+    static MEMRA_DEVICE R rowscal(const U& w) { return dm_pair(w.mh.x, w.mh.z); }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
+        return accum_dm(acc, q.d, q.m, ints, s);
+    }
     static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
-        float r = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint32_t dm = k ? w.mh.z : w.mh.x;
-            const float d = f16_to_f32((uint16_t)dm), m = f16_to_f32((uint16_t)(dm >> 16));
-            const float in = __fmaf_rn(d, (float)ints[k], __fmul_rn(m, (float)s[2 * k].s));
-            r = __fmaf_rn(in, s[2 * k].d, r);
-        }
-        return __fadd_rn(acc, r);
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const int k = g >> 1;
@@ -298,14 +317,16 @@ struct TQ8_0 {
             ints[k] = dot16((int)b.x, (int)b.y, (int)b.z, (int)b.w, x[2 * k + 1], acc);
         }
     }
-    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+    struct R { float d[2]; };
+    static MEMRA_DEVICE R rowscal(const U& w) { return {{f16_to_f32((uint16_t)w.d), f16_to_f32((uint16_t)(w.d >> 16))}}; }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
         float r = 0.f;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const float d = f16_to_f32((uint16_t)(w.d >> (16 * k)));
-            r = __fmaf_rn(__fmul_rn(d, s[2 * k].d), (float)ints[k], r);
-        }
+        for (int k = 0; k < 2; ++k) r = __fmaf_rn(__fmul_rn(q.d[k], s[2 * k].d), (float)ints[k], r);
         return __fadd_rn(acc, r);
+    }
+    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const float d = f16_to_f32((uint16_t)(w.d >> (16 * (g >> 1))));
@@ -330,15 +351,20 @@ MEMRA_DEVICE void scale_min_k4(const uint4& meta, int j, int& sc, int& mn) {
     }
 }
 
-// The float part of Q4_K and Q5_K: sub-blocks 2j (ints[0]) and 2j+1 (ints[1]), w = d sc q -
-// dmin m; ptxas contracts d * X - dmin * Y to fma(d, X, -(dmin * Y)).
-MEMRA_DEVICE float accum_k4(float acc, const uint4& meta, int j, const int* ints, const Q8Scale* s) {
-    int sc0, m0, sc1, m1;
-    scale_min_k4(meta, 2 * j, sc0, m0);
-    scale_min_k4(meta, 2 * j + 1, sc1, m1);
-    const float d = f16_to_f32((uint16_t)meta.x), dmin = f16_to_f32((uint16_t)(meta.x >> 16));
-    const float a = __fmaf_rn(d, (float)(sc0 * ints[0]), -__fmul_rn(dmin, (float)(m0 * s[0].s)));
-    const float b = __fmaf_rn(d, (float)(sc1 * ints[1]), -__fmul_rn(dmin, (float)(m1 * s[2].s)));
+// The row scalars and float part of Q4_K and Q5_K: sub-blocks 2j (ints[0]) and 2j+1
+// (ints[1]), w = d sc q - dmin m; ptxas contracted d * X - dmin * Y to fma(d, X, -(dmin * Y)).
+struct RK4 { int sc0, m0, sc1, m1; float d, dmin; };
+MEMRA_DEVICE RK4 rowscal_k4(const uint4& meta, int j) {
+    RK4 q;
+    scale_min_k4(meta, 2 * j, q.sc0, q.m0);
+    scale_min_k4(meta, 2 * j + 1, q.sc1, q.m1);
+    q.d = f16_to_f32((uint16_t)meta.x);
+    q.dmin = f16_to_f32((uint16_t)(meta.x >> 16));
+    return q;
+}
+MEMRA_DEVICE float accum_k4(float acc, const RK4& q, const int* ints, const Q8Scale* s) {
+    const float a = __fmaf_rn(q.d, (float)(q.sc0 * ints[0]), -__fmul_rn(q.dmin, (float)(q.m0 * s[0].s)));
+    const float b = __fmaf_rn(q.d, (float)(q.sc1 * ints[1]), -__fmul_rn(q.dmin, (float)(q.m1 * s[2].s)));
     return __fadd_rn(acc, __fmaf_rn(a, s[0].d, __fmul_rn(b, s[2].d)));
 }
 
@@ -364,8 +390,13 @@ struct TQ4_K {
         const int accB = dot16(hi4(a.x), hi4(a.y), hi4(a.z), hi4(a.w), x[2], 0);
         ints[1] = dot16(hi4(b.x), hi4(b.y), hi4(b.z), hi4(b.w), x[3], accB);
     }
+    typedef RK4 R;
+    static MEMRA_DEVICE R rowscal(const U& w) { return rowscal_k4(w.m, w.j); }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
+        return accum_k4(acc, q, ints, s);
+    }
     static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
-        return accum_k4(acc, w.m, w.j, ints, s);
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         int sc, mn;
@@ -408,8 +439,13 @@ struct TQ5_K {
         const int accB = dot16(q5(w, 0, 1), q5(w, 1, 1), q5(w, 2, 1), q5(w, 3, 1), x[2], 0);
         ints[1] = dot16(q5(w, 4, 1), q5(w, 5, 1), q5(w, 6, 1), q5(w, 7, 1), x[3], accB);
     }
+    typedef RK4 R;
+    static MEMRA_DEVICE R rowscal(const U& w) { return rowscal_k4(w.m, w.j); }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
+        return accum_k4(acc, q, ints, s);
+    }
     static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
-        return accum_k4(acc, w.m, w.j, ints, s);
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         int sc, mn;
@@ -470,13 +506,23 @@ struct TQ6_K {
 #pragma unroll
         for (int g = 0; g < 4; ++g) ints[g] = dot16(q6(w, g, 0), q6(w, g, 1), q6(w, g, 2), q6(w, g, 3), x[g], 0);
     }
+    struct R { int sc[4]; float d; };
+    static MEMRA_DEVICE R rowscal(const U& w) {
+        R q;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) q.sc[g] = (int)(int8_t)(w.sc >> (8 * g));
+        q.d = w.d;
+        return q;
+    }
     // NVRTC folded d into the lane partial: acc = fma(d, r, acc)
-    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
         float r = 0.f;
 #pragma unroll
-        for (int g = 0; g < 4; ++g)
-            r = __fmaf_rn(s[g].d, (float)((int)(int8_t)(w.sc >> (8 * g)) * ints[g]), r);
-        return __fmaf_rn(w.d, r, acc);
+        for (int g = 0; g < 4; ++g) r = __fmaf_rn(s[g].d, (float)(q.sc[g] * ints[g]), r);
+        return __fmaf_rn(q.d, r, acc);
+    }
+    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         int q[4] = {q6(w, g, 0), q6(w, g, 1), q6(w, g, 2), q6(w, g, 3)};
@@ -522,12 +568,16 @@ struct TIQ4_XS {
             ints[k] = dot16(lut(v.x >> 4), lut(v.y >> 4), lut(v.z >> 4), lut(v.w >> 4), x[2 * k + 1], acc);
         }
     }
-    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+    struct R { float dl[2]; };
+    static MEMRA_DEVICE R rowscal(const U& w) { return {{dl(w, 2 * w.j), dl(w, 2 * w.j + 1)}}; }
+    static MEMRA_DEVICE float accum_r(float acc, const R& q, const int* ints, const Q8Scale* s) {
         float r = 0.f;
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
-            r = __fmaf_rn(__fmul_rn(dl(w, 2 * w.j + k), s[2 * k].d), (float)ints[k], r);
+        for (int k = 0; k < 2; ++k) r = __fmaf_rn(__fmul_rn(q.dl[k], s[2 * k].d), (float)ints[k], r);
         return __fadd_rn(acc, r);
+    }
+    static MEMRA_DEVICE float accum(float acc, const U& w, const int* ints, const Q8Scale* s) {
+        return accum_r(acc, rowscal(w), ints, s);
     }
     static MEMRA_DEVICE void deq(const U& w, int g, float* o) {
         const uint4& v = w.q[g >> 1];
