@@ -24,7 +24,7 @@ def _softmax(x, t=1.0):
 
 
 def _draws(logits, n, **kw):
-    return np.array([S.reference_sample(logits, seed=1234, step=i, **kw) for i in range(n)])
+    return np.array([S.reference_sample(logits, seed=1234, position=i, **kw) for i in range(n)])
 
 
 def test_greedy_cases_are_argmax():
@@ -32,7 +32,7 @@ def test_greedy_cases_are_argmax():
     x = rng.standard_normal(500).astype(np.float32)
     x[[17, 300]] = x.max() + 1  # tie: the smaller index
     for kw in ({"temp": 0.0, "top_k": 40}, {"temp": -1.0, "top_k": 0}, {"temp": 0.9, "top_k": 1}):
-        assert S.reference_sample(x, top_p=0.9, min_p=0.0, seed=1, step=0, **kw) == 17
+        assert S.reference_sample(x, top_p=0.9, min_p=0.0, seed=1, position=0, **kw) == 17
 
 
 def test_plain_distribution_matches_softmax():
@@ -79,9 +79,9 @@ def test_filters_keep_what_llamacpp_keeps():
 def test_draws_are_seeded():
     x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
     kw = dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    a = [S.reference_sample(x, seed=5, step=i, **kw) for i in range(20)]
-    b = [S.reference_sample(x, seed=5, step=i, **kw) for i in range(20)]
-    c = [S.reference_sample(x, seed=6, step=i, **kw) for i in range(20)]
+    a = [S.reference_sample(x, seed=5, position=i, **kw) for i in range(20)]
+    b = [S.reference_sample(x, seed=5, position=i, **kw) for i in range(20)]
+    c = [S.reference_sample(x, seed=6, position=i, **kw) for i in range(20)]
     assert a == b and a != c
 
 
