@@ -98,7 +98,7 @@ def test_sampling_reproducible_and_seeded(case):
 
 
 def test_reference_protocol(case):
-    """new_cache/forward as memra.generate drives the CPU reference."""
+    """new_cache/forward as memra.session drives the CPU reference."""
     arch, path, eng, first, toks, _ = case
     cache = eng.new_cache(48)
     got = eng.forward(PROMPT, cache)
@@ -171,7 +171,7 @@ def test_q8_reference_differs_from_f32(tiny_models):
 
 
 class _LogitsOnly:
-    """The engine without its device-side stream: memra.generate samples every token on
+    """The engine without its device-side stream: memra.session samples every token on
     the CPU from the logits."""
 
     def __init__(self, eng):
@@ -185,10 +185,10 @@ class _LogitsOnly:
 
 
 def test_generate_streams_tokens_from_the_device(case):
-    """memra.generate on the GPU engine takes the ids the device chose (read back in chunks):
+    """memra.session on the GPU engine takes the ids the device chose (read back in chunks):
     greedy equals the logits-per-token path and generate_greedy; seeded draws equal
     generate's; a penalty falls back to the CPU sampler."""
-    from memra.generate import generate
+    from memra.session import generate
     from memra.sampling import SamplingParams
     from memra.text.tokenizer import Tokenizer
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memra.errors import ContextOverflowError, MemraError
-from memra.generate import generate
+from memra.session import generate
 from memra.sampling import SamplingParams
 
 EOS = 0

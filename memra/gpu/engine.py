@@ -133,7 +133,7 @@ class GPUEngine(Runner):
         the same seed gives the same tokens."""
         return self._generate([prompt_ids] * self.batch, n, Sampling(temperature, top_k, top_p, min_p, seed))[0]
 
-    # -- the CPU reference's protocol (memra.generate, the CLI) -----------------------------
+    # -- the CPU reference's protocol (memra.session, the CLI) -----------------------------
     def new_cache(self, n_ctx: int) -> GPUCache:
         if n_ctx > self.max_len:
             raise ContextOverflowError(f"a context of {n_ctx} exceeds this engine's {self.max_len}")

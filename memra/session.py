@@ -1,4 +1,6 @@
-"""The generation loop: prefill the prompt, then decode one token at a time.
+"""One request: prompt -> sampler -> a stream of text events. The one generation path of
+`memra run` (CPU reference or GPU runner alike); the server feeds the same text stream
+(memra.text.stream) from its scheduler's steps.
 
 Works with any engine that speaks the prefill/decode protocol of `memra.cpu.reference`:
 `model.new_cache(n_ctx)` and `model.forward(tokens, cache) -> last-position logits`.
@@ -6,9 +8,8 @@ An engine with `stream(prompt, n, temperature=..., top_k=..., top_p=..., min_p=.
 (the GPU engine) chooses the tokens itself when no penalty is asked for: the ids come back
 from the device a few at a time instead of the logits every token; greedy gives the same
 tokens either way, draws come from the device sampler's own seeded stream.
-Text is released as it becomes final: UTF-8 split across tokens is held by the tokenizer's
-stream decoder, and text that could still grow into a stop string is held here, so a
-consumer printing events never prints a stop string or half of one.
+Text is released by memra.text.stream.TextStream as it becomes final (no stop string or
+half of one, no split UTF-8 character).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from memra.errors import ContextOverflowError, MemraError
 from memra.sampling import Sampler, SamplingParams
+from memra.text.stream import TextStream
 
 
 @dataclass
@@ -54,17 +56,6 @@ class GenEvent:
         return self.finish_reason is not None
 
 
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest end of `text` that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
-
-
 def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, *,
              n_ctx: int | None = None, ignore_eos: bool = False,
              sampler: Sampler | None = None) -> Iterator[GenEvent]:
@@ -91,17 +82,13 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
                                    f"and needs room for at least one more")
     sampler = sampler or Sampler(params, n_vocab)
     stop_ids = frozenset(params.stop_ids) | (frozenset() if ignore_eos else frozenset(tokenizer.eog_ids))
-    stops = list(params.stop)
     timings = Timings(n_prompt=len(prompt))
     if max_tokens == 0:
         yield GenEvent(None, "", "length", timings)
         return
 
-    # control tokens put no text into the output (llama.cpp's rendering without special=true)
-    decoder = tokenizer.stream(skip_special=True)
     history = list(prompt)
-    out = ""  # decoded text so far
-    sent = 0  # out[:sent] has been released
+    ts = TextStream(tokenizer, params.stop, stop_ids, max_tokens, n_ctx - len(prompt))
     cache = model.new_cache(n_ctx)
     p = sampler.params
     if getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
@@ -123,28 +110,11 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     while True:
         timings.n_gen += 1
         history.append(token)
-        finish = None
-        if token in stop_ids:
-            finish = "eos"  # the token is reported; its text (a control token) is not
-        else:
-            out += decoder.push(token)
-            if timings.n_gen == max_tokens or len(history) >= n_ctx:
-                finish = "length"
+        text, finish = ts.push(token)
+        yield GenEvent(token, text)
         if finish is not None:
-            out += decoder.flush()
-        if stops:
-            hit = min((i for i in (out.find(s, sent) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                yield GenEvent(token, out[sent:hit])
-                yield GenEvent(None, "", "stop", timings)
-                return
-        if finish is not None:
-            yield GenEvent(token, out[sent:])
             yield GenEvent(None, "", finish, timings)
             return
-        end = len(out) - (_held_back(out[sent:], stops) if stops else 0)
-        text, sent = out[sent:end], end
-        yield GenEvent(token, text)
         t0 = time.perf_counter()
         token = next_token(token)
         timings.decode_s += time.perf_counter() - t0
