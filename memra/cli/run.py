@@ -72,7 +72,7 @@ def run(
     """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
     from memra.text.chat import chat_tokens, render_chat
     from memra.model.config import read_config
-    from memra.generate import generate
+    from memra.session import generate
     from memra.sampling import Sampler, SamplingParams
 
     if prompt == "-":
