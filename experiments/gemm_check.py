@@ -65,8 +65,12 @@ NBS = (1, 5, 8, 9, 16, 33, 64, 128, 512)
 CHECK_SHAPES = ((200, 2560), (72, 768))    # nu = 40 (uneven slots), nu = 12 (empty slots)
 SHAPE_B_NBS = (1, 9, 64)
 LEGACY_NBS = (1, 9)     # the pre-split matvec.cu is compared at these nb (B = 1 and B = 8 chunks)
-GEMM_DEFAULT = {"GM_WM": 2, "GM_WN": 4, "GM_TM": 2, "GM_TN": 2, "GM_STAGES": 4}
-GEMM_ALT = {"GM_WM": 1, "GM_WN": 2, "GM_TM": 4, "GM_TN": 1, "GM_WK": 4, "GM_STAGES": 3}
+GEMM_DEFAULT = {"GM_WM": 2, "GM_WN": 4, "GM_TM": 2, "GM_TN": 2, "GM_WK": 1, "GM_STAGES": 3, "GM_LREG": 1,
+                "GM_MINB": 2}   # gemm.cu's built-in values, spelled out
+GEMM_ALT = {"GM_WM": 1, "GM_WN": 2, "GM_TM": 4, "GM_TN": 1, "GM_WK": 4, "GM_STAGES": 3, "GM_LREG": 5,
+            "GM_MINB": 1}
+# timed by default: the built-in one (large batches), and the mid / small batch shapes
+TIME_CFGS = ("2,4,2,2,1,3,1,2", "2,2,2,2,2,3,1,2", "1,1,2,2,8,3,1,2")
 ALT_TYPES = tuple(TYPES)
 TIME_SHAPES = (   # name, type, rows of y (N), K, glu
     ("Q4_K qkv 6144x4096", 12, 6144, 4096, False),
@@ -146,8 +150,11 @@ def gemm_launch(t: int, cfg: dict, N: int, nb: int, glu: bool):
     obm = BM // 2 if glu else BM
     wbs, ssb, mws = GEMM_SMEM[t]
     stage = (BM * wbs + BN * 80 + BN * ssb + BM * mws + 15) // 16 * 16
-    smem = max(cfg["GM_STAGES"] * wk * stage, (wk * BM * BN * 4) if wk > 1 else 0)
-    return ((N + obm - 1) // obm, (nb + BN - 1) // BN, 1), (32 * cfg["GM_WM"] * cfg["GM_WN"] * wk, 1, 1), smem
+    nthr = 32 * cfg["GM_WM"] * cfg["GM_WN"] * wk
+    lv = 5 - (wk.bit_length() - 1)
+    lsm = max(0, lv - cfg.get("GM_LREG", 5)) * (cfg["GM_TM"] * cfg["GM_TN"] * 4) * nthr * 4
+    smem = max(cfg["GM_STAGES"] * wk * stage + lsm, (wk * BM * BN * 4) if wk > 1 else 0)
+    return ((N + obm - 1) // obm, (nb + BN - 1) // BN, 1), (nthr, 1, 1), smem
 
 
 def quantize_q8_ref(x: np.ndarray):
@@ -648,23 +655,28 @@ def time_fn(d: Dev, fns, reps: int) -> float:
     return float(np.median(ts)) * 1e3
 
 
+CFG_KEYS = ("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES", "GM_LREG", "GM_MINB")
+CFG_DEFAULTS = {"GM_WK": 1, "GM_LREG": 5, "GM_MINB": 1}
+
+
 def parse_cfg(text: str) -> dict:
-    """"WM,WN,TM,TN,WK,STAGES" -> gemm.cu defines."""
+    """"WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]]" -> gemm.cu defines."""
     v = [int(x) for x in text.split(",")]
-    if len(v) != 6:
-        raise SystemExit(f"--configs: need WM,WN,TM,TN,WK,STAGES, got {text!r}")
-    return dict(zip(("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES"), v))
+    if not 6 <= len(v) <= 8:
+        raise SystemExit(f"--configs: need WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]], got {text!r}")
+    return dict(zip(CFG_KEYS, v))
 
 
 def cfg_name(cfg: dict) -> str:
-    return ",".join(str(cfg.get(k, 1)) for k in ("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES"))
+    return ",".join(str(cfg.get(k, CFG_DEFAULTS.get(k, 1))) for k in CFG_KEYS)
 
 
 def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
+    summary = []
     print("\ntiming (CUDA graph per launch set, median of %d; weights rotated over copies >= 2x L2)" % reps,
           flush=True)
     print(f"{'shape':26s} {'nb':>4s} {'gemm us':>9s} {'TOPS':>7s} {'GB/s':>7s} {'mv_q8 us':>9s} {'TOPS':>7s} "
-          f"{'GB/s':>7s} {'speedup':>7s}  WM,WN,TM,TN,WK,STAGES", flush=True)
+          f"{'GB/s':>7s} {'speedup':>7s}  WM,WN,TM,TN,WK,STAGES,LREG,MINB", flush=True)
     for sname, t, N, K, glu in TIME_SHAPES:
         if t not in types:
             continue
@@ -694,6 +706,7 @@ def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
                     g.close()
             ops = 2.0 * rows * K * nb
             wb = ws[0].nbytes
+            best = None
             for cfg in cfgs:
                 gg = [graph_of(d, lambda tg, w=w: run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, cfg, target=tg))
                       for w in ws]
@@ -714,11 +727,21 @@ def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
                        "mv_weight_gbs": wb / tm_us * 1e-3, "speedup": tm_us / tg_us, "weight_bytes": wb,
                        "copies": copies, "gemm_cfg": cfg, "exact": bool(ok)}
                 jsonl(rec)
+                if best is None or tg_us < best["gemm_us"]:
+                    best = rec
                 print(f"{sname:26s} {nb:4d} {tg_us:9.1f} {rec['gemm_tops']:7.1f} {rec['gemm_weight_gbs']:7.0f} "
                       f"{tm_us:9.1f} {rec['mv_tops']:7.1f} {rec['mv_weight_gbs']:7.0f} {rec['speedup']:6.2f}x"
                       f"  {cfg_name(cfg)}", flush=True)
+            summary.append(best)
         d.free_all()
         print(f"  ({sname}: weights generated in {gen_s:.1f} s, {copies} copies)", flush=True)
+    if len(cfgs) > 1 and summary:
+        print(f"\nbest config per shape and nb\n{'shape':26s} {'nb':>4s} {'gemm us':>9s} {'TOPS':>7s} "
+              f"{'mv_q8 us':>9s} {'speedup':>7s}  config", flush=True)
+        for r in summary:
+            print(f"{r['shape']:26s} {r['nb']:4d} {r['gemm_us']:9.1f} {r['gemm_tops']:7.1f} {r['mv_us']:9.1f} "
+                  f"{r['speedup']:6.2f}x  {cfg_name(r['gemm_cfg'])}", flush=True)
+            jsonl({**r, "kind": "best"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -1193,7 +1216,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--configs", default="",
-                    help="gemm configs to time, 'WM,WN,TM,TN,WK,STAGES;...' (default: the built-in one)")
+                    help="gemm configs to time, 'WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]];...' (default: TIME_CFGS)")
     ap.add_argument("--shapes", default="", help="timing shapes whose name contains one of these (comma list)")
     ap.add_argument("--nbs", default="", help="timing nb values (comma list)")
     ap.add_argument("--no-checks", action="store_true", help="timing only")
@@ -1202,7 +1225,7 @@ def main() -> int:
     if args.selftest:
         return selftest(types)
 
-    cfgs = [parse_cfg(c) for c in args.configs.split(";") if c.strip()] or [GEMM_DEFAULT]
+    cfgs = [parse_cfg(c) for c in (args.configs.split(";") if args.configs else TIME_CFGS) if c.strip()]
     global TIME_SHAPES, TIME_NBS
     if args.shapes:
         keys = [k.strip() for k in args.shapes.split(",")]

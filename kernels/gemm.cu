@@ -42,8 +42,9 @@
 // own GM_TM m16 tiles x GM_TN n8 tiles each (for _glu, m tiles [0, TM/2) are gate rows and
 // [TM/2, TM) the up rows of the same outputs, so one thread holds both), for their group's
 // slots. A thread holds, per output it owns (TM * TN * 4 of them, mma C layout: rows gid,
-// gid + 8, columns 2 tig, +1), the current slot partial P and the 5 - log2(WK) pending stack
-// levels in registers; a unit's row scalars (T::rowscal) are computed once per row.
+// gid + 8, columns 2 tig, +1), the current slot partial P and the LV = 5 - log2(WK) pending
+// stack levels: the first GM_LREG in registers, the rest in shared memory ([level][output]
+// [thread], touched once per slot); a unit's row scalars (T::rowscal) are computed once per row.
 // The K loop runs WK units (64 elements each, one per group) per step, in slot order; each
 // unit's weight bulk bytes (BM rows x WB bytes), meta bytes (BM x MW), activations (BN x 64
 // bytes) and activation scales (BN x 2 or 4 Q8Scale) are staged in shared memory by cp.async,
@@ -55,14 +56,17 @@
 // Tunables (-D): MV_TYPE (ggml type id, required), GM_WM warps along rows (2), GM_WN warps
 // along the batch (4), GM_TM m16 tiles per warp (2; even for _glu), GM_TN n8 tiles per warp
 // (2), GM_WK warp groups splitting the slots (1; 1, 2, 4, 8, 16), GM_STAGES cp.async
-// pipeline depth (4; >= 2), MEMRA_CANARY=1 drops unit 1 of every row (as mv_q8's canary: a
-// deliberately wrong variant that a check must catch). Measured on the H200 (research to come
-// with the tune table): WK 1 with 2,4,2,2 wins from nb ~128 up; small batches want WK 4..8
-// (nb <= 16: GM_WM 1, GM_WN 1, GM_TM 2, GM_TN 2, GM_WK 8, 3 stages).
+// pipeline depth (3; >= 2), GM_LREG stack levels kept in registers (1; 0..5), GM_MINB the
+// blocks per SM __launch_bounds__ asks for (2: at most 128 registers for 256 threads),
+// MEMRA_CANARY=1 drops unit 1 of every row (as mv_q8's canary: a deliberately wrong variant
+// that a check must catch). Measured on the H200 (WM,WN,TM,TN,WK,STAGES,LREG,MINB): the
+// default 2,4,2,2,1,3,1,2 wins from nb ~128 up; nb 32..64 want 2,2,2,2,2,3,1,2 (or WK 4);
+// nb <= 16 want 1,1,2,2,8,3,1,2.
 // Launch: grid = (ceil(N / OBM), ceil(nb / BN)) with OBM = BM (gemm_q8) or BM / 2
-// (gemm_q8_glu), block = 32 * GM_WM * GM_WN * GM_WK, dynamic shared memory
-// max(GM_STAGES * GM_WK * STAGE, GM_WK > 1 ? GM_WK * BM * BN * 4 : 0) bytes,
-// STAGE = BM * WBS + BN * 80 + BN * SSB + BM * MWS with, per type (WBS, SSB, MWS):
+// (gemm_q8_glu), block = NTHR = 32 * GM_WM * GM_WN * GM_WK, dynamic shared memory
+// max(GM_STAGES * GM_WK * STAGE + max(0, LV - GM_LREG) * TM * TN * 4 * NTHR * 4,
+//     GM_WK > 1 ? GM_WK * BM * BN * 4 : 0) bytes,
+// STAGE = BM * WBS + BN * 80 + BN * SSB + BM * MWS (rounded up to 16), per type (WBS, SSB, MWS):
 // Q4_0 (48, 16, 4), Q4_1 (48, 16, 8), Q5_0 (48, 16, 12), Q5_1 (48, 16, 16), Q8_0 (80, 16, 4),
 // Q4_K (48, 16, 16), Q5_K (80, 16, 16), Q6_K (48, 32, 20), IQ4_XS (48, 16, 8) (above 48 KiB
 // the launcher raises the kernel's limit). K a multiple of 64 and of the type's block; the
@@ -77,6 +81,9 @@
 //     TOPS at nb = 512 (its 6-bit scale unpacking ran per output).
 //  3. GM_WK warp groups split the slots (exact: subtrees of the butterfly), for small
 //     batches: Q4_K gate+up 2 x 14336 x 4096 at nb = 16 in 121 us (mv_q8 chunks: 340 us).
+//  4. stack levels past GM_LREG in shared memory, __launch_bounds__(NTHR, GM_MINB): 188 ->
+//     <= 128 registers, two blocks (16 warps) per SM; nb = 512: Q4_0 84 -> 100, Q4_K 47 -> 60,
+//     Q6_K 57 -> 61 TOPS (ncu before: 2 warps per scheduler, 0.49 issued per cycle).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -97,7 +104,7 @@
 #define GM_TN 2
 #endif
 #ifndef GM_STAGES
-#define GM_STAGES 4
+#define GM_STAGES 3
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -138,6 +145,14 @@ constexpr int NTHR = 32 * GM_WM * GM_WN * GM_WK;
 constexpr int SKB = GM_WK == 1 ? 0 : GM_WK == 2 ? 1 : GM_WK == 4 ? 2 : GM_WK == 8 ? 3 : 4;
 constexpr int LV = 5 - SKB;          // stack levels of a group's subtree
 constexpr int NLEAF = 1 << LV;       // slots per group
+#ifndef GM_LREG
+#define GM_LREG 1
+#endif
+#ifndef GM_MINB
+#define GM_MINB 2
+#endif
+constexpr int NOUT = GM_TM * GM_TN * 4;                       // outputs per thread
+constexpr int LSM = LV > GM_LREG ? LV - GM_LREG : 0;         // stack levels in shared memory
 constexpr int BM = GM_WM * GM_TM * 16;
 constexpr int BN = GM_WN * GM_TN * 8;
 
@@ -434,10 +449,20 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
 
     // per output (m tile, n tile, C element; o = (mi * GM_TN + ni) * 4 + e): the current slot
     // partial P and the pending levels L0..L(LV-1) of the group's subtree
-    constexpr int NO = GM_TM * GM_TN * 4;
-    float P[NO], L0[NO], L1[NO], L2[NO], L3[NO], L4[NO];
+    constexpr int NO = NOUT;
+    float P[NO], Lr[GM_LREG > 0 ? GM_LREG : 1][NO];
 #pragma unroll
-    for (int o = 0; o < NO; ++o) P[o] = L0[o] = L1[o] = L2[o] = L3[o] = L4[o] = 0.f;
+    for (int o = 0; o < NO; ++o) {
+        P[o] = 0.f;
+#pragma unroll
+        for (int l = 0; l < (GM_LREG > 0 ? GM_LREG : 1); ++l) Lr[l][o] = 0.f;
+    }
+    // levels GM_LREG.. of the stack: shared memory after the stages, [level][o][thread]
+    float* Ls = reinterpret_cast<float*>(gm_smem + GM_STAGES * GM_WK * STAGE);
+    auto Lget = [&](int l, int o) -> float { return l < GM_LREG ? Lr[l][o] : Ls[((l - GM_LREG) * NO + o) * NTHR + tid]; };
+    auto Lset = [&](int l, int o, float v) {
+        if (l < GM_LREG) Lr[l][o] = v; else Ls[((l - GM_LREG) * NO + o) * NTHR + tid] = v;
+    };
 
     // leaf j (tree order) of group k is slot k + WK brev_LV(j); its units step by 32
     auto slot = [](int k, int j) { return k + GM_WK * (int)(__brev((unsigned)j) >> (32 - LV)); };
@@ -448,22 +473,25 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
 #pragma unroll
             for (int o = 0; o < NO; ++o) {
                 float v = P[o];
-                if (LV > 0) v = __fadd_rn(L0[o], v);
-                if (LV > 1) v = __fadd_rn(L1[o], v);
-                if (LV > 2) v = __fadd_rn(L2[o], v);
-                if (LV > 3) v = __fadd_rn(L3[o], v);
-                if (LV > 4) v = __fadd_rn(L4[o], v);
+#pragma unroll
+                for (int l = 0; l < LV; ++l) v = __fadd_rn(Lget(l, o), v);
                 P[o] = v;
             }
             return;
         }
         switch (tz) {
-#define GM_MERGE(stmt) _Pragma("unroll") for (int o = 0; o < NO; ++o) { const float v = P[o]; stmt; P[o] = 0.f; }
-        case 0: GM_MERGE(L0[o] = v); break;
-        case 1: GM_MERGE(L1[o] = __fadd_rn(L0[o], v)); break;
-        case 2: GM_MERGE(L2[o] = __fadd_rn(L1[o], __fadd_rn(L0[o], v))); break;
-        case 3: GM_MERGE(L3[o] = __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v)))); break;
-        default: GM_MERGE(L4[o] = __fadd_rn(L3[o], __fadd_rn(L2[o], __fadd_rn(L1[o], __fadd_rn(L0[o], v))))); break;
+#define GM_MERGE(T)                                                                        \
+        _Pragma("unroll") for (int o = 0; o < NO; ++o) {                                     \
+            float v = P[o];                                                                   \
+            _Pragma("unroll") for (int l = 0; l < T; ++l) v = __fadd_rn(Lget(l, o), v);       \
+            Lset(T, o, v);                                                                    \
+            P[o] = 0.f;                                                                       \
+        }
+        case 0: GM_MERGE(0); break;
+        case 1: GM_MERGE(1); break;
+        case 2: GM_MERGE(2); break;
+        case 3: GM_MERGE(3); break;
+        default: GM_MERGE(4); break;
 #undef GM_MERGE
         }
     };
@@ -636,12 +664,12 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
             }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHR)
+extern "C" __global__ void __launch_bounds__(NTHR, GM_MINB)
 gemm_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
         const float* res, int N, int K, int nb, int act) {
     gemm_body<false>(bulk, meta, xq, xs, y, res, N, K, nb, act);
 }
-extern "C" __global__ void __launch_bounds__(NTHR)
+extern "C" __global__ void __launch_bounds__(NTHR, GM_MINB)
 gemm_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
             const float* res, int N, int K, int nb, int act) {
 #if GM_TM % 2 == 0
