@@ -226,7 +226,35 @@ struct SLd {
 //  BX0(k) (and BX0(k) + 1 for k32) of column gid.
 template <class TT> struct G;
 
+// Q4_K / Q5_K row scalars for sub-blocks 2j, 2j+1 with j = u & 3, the same for the whole
+// step: a uniform switch with constant byte positions (the integers equal scale_min_k4's;
+// d, dmin are the same exact conversions), instead of run-time byte selects per row.
+MEMRA_DEVICE RK4 rowscal_k4_uniform(const uint4& m, int j) {
+    RK4 q;
+    const uint32_t s0 = m.y, s1 = m.z, s2 = m.w;   // scales[0..3], [4..7], [8..11]
+    switch (j) {
+    case 0:
+        q.sc0 = s0 & 63; q.m0 = s1 & 63; q.sc1 = (s0 >> 8) & 63; q.m1 = (s1 >> 8) & 63; break;
+    case 1:
+        q.sc0 = (s0 >> 16) & 63; q.m0 = (s1 >> 16) & 63; q.sc1 = (s0 >> 24) & 63; q.m1 = (s1 >> 24) & 63; break;
+    case 2:   // sub-blocks 4, 5: a = scales[8 + i], lo = scales[i], hi = scales[4 + i], i = 0, 1
+        q.sc0 = (s2 & 0xF) | (((s0 >> 6) & 3) << 4); q.m0 = ((s2 >> 4) & 0xF) | (((s1 >> 6) & 3) << 4);
+        q.sc1 = ((s2 >> 8) & 0xF) | (((s0 >> 14) & 3) << 4); q.m1 = ((s2 >> 12) & 0xF) | (((s1 >> 14) & 3) << 4);
+        break;
+    default:  // sub-blocks 6, 7: i = 2, 3
+        q.sc0 = ((s2 >> 16) & 0xF) | (((s0 >> 22) & 3) << 4); q.m0 = ((s2 >> 20) & 0xF) | (((s1 >> 22) & 3) << 4);
+        q.sc1 = ((s2 >> 24) & 0xF) | (((s0 >> 30) & 3) << 4); q.m1 = ((s2 >> 28) & 0xF) | (((s1 >> 30) & 3) << 4);
+        break;
+    }
+    q.d = f16_to_f32((uint16_t)m.x);
+    q.dmin = f16_to_f32((uint16_t)(m.x >> 16));
+    return q;
+}
+// G<T>::rowscal: the row scalars the gemm uses (T::rowscal unless a type has a faster form)
+#define GM_ROWSCAL_DEFAULT(TT) static MEMRA_DEVICE TT::R rowscal(const TT::U& w) { return TT::rowscal(w); }
+
 template <> struct G<TQ4_0> {
+    GM_ROWSCAL_DEFAULT(TQ4_0)
     static constexpr int NCH = 2, WBS = 48, MW = 4, MCP = 4, MWS = 4, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     // block k = chunk k: low nibbles = elements 0..15, high = 16..31
@@ -239,6 +267,7 @@ template <> struct G<TQ4_0> {
     }
 };
 template <> struct G<TQ4_1> {
+    GM_ROWSCAL_DEFAULT(TQ4_1)
     static constexpr int NCH = 2, WBS = 48, MW = 8, MCP = 8, MWS = 8, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_1::U (&)[2], int, uint32_t (&a)[NK][4]) {
@@ -250,6 +279,7 @@ template <> struct G<TQ4_1> {
     }
 };
 template <> struct G<TQ5_0> {
+    GM_ROWSCAL_DEFAULT(TQ5_0)
     static constexpr int NCH = 2, WBS = 48, MW = 12, MCP = 4, MWS = 12, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_0::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
@@ -261,6 +291,7 @@ template <> struct G<TQ5_0> {
     }
 };
 template <> struct G<TQ5_1> {
+    GM_ROWSCAL_DEFAULT(TQ5_1)
     static constexpr int NCH = 2, WBS = 48, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_1::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
@@ -273,6 +304,7 @@ template <> struct G<TQ5_1> {
     }
 };
 template <> struct G<TQ8_0> {
+    GM_ROWSCAL_DEFAULT(TQ8_0)
     static constexpr int NCH = 4, WBS = 80, MW = 4, MCP = 4, MWS = 4, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 64 * u + 16 * c; }
     // block k = chunks 2k (elements 0..15) and 2k+1 (16..31)
@@ -285,6 +317,7 @@ template <> struct G<TQ8_0> {
     }
 };
 template <> struct G<TQ4_K> {
+    static MEMRA_DEVICE RK4 rowscal(const TQ4_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
     static constexpr int NCH = 2, WBS = 48, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     // sub-block 2j (k = 0): low nibbles of the unit's 32 bytes; 2j+1 (k = 1): high nibbles
@@ -294,6 +327,7 @@ template <> struct G<TQ4_K> {
     }
 };
 template <> struct G<TQ5_K> {
+    static MEMRA_DEVICE RK4 rowscal(const TQ5_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
     // chunks 0, 1: the unit's 32 qs bytes; 2, 3: the block's 32 qh bytes
     static constexpr int NCH = 4, WBS = 80, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) {
@@ -312,6 +346,7 @@ template <> struct G<TQ5_K> {
     }
 };
 template <> struct G<TQ6_K> {
+    GM_ROWSCAL_DEFAULT(TQ6_K)
     // chunks: 0 = ql low half (a), 1 = ql high half (b), 2 = qh (h); k-chunk = group g (k16)
     static constexpr int NCH = 3, WBS = 48, MW = 20, MCP = 4, MWS = 20, SB = 4, NK = 4;
     static MEMRA_DEVICE int chunk(int u, int c) {
@@ -327,6 +362,7 @@ template <> struct G<TQ6_K> {
     }
 };
 template <> struct G<TIQ4_XS> {
+    GM_ROWSCAL_DEFAULT(TIQ4_XS)
     static constexpr int NCH = 2, WBS = 48, MW = 8, MCP = 8, MWS = 8, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     // sub-block 2j + k = chunk k: low nibbles = elements 0..15, high = 16..31
@@ -592,7 +628,7 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                 }
                 uint32_t a[GT::NK][AR];
                 GT::afrag(q, w, tig, a);
-                const typename T::R rq[2] = {T::rowscal(w[0]), T::rowscal(w[1])};   // once per row
+                const typename T::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
 #pragma unroll
                 for (int ni = 0; ni < GM_TN; ++ni) {
                     if (cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
