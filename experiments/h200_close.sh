@@ -18,6 +18,7 @@ M=$HOME/.cache/memra/models; mkdir -p "$M"
 ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
 ln -sf /root/models/gemma3.gguf "$M/gemma-3-270m-q4_k_m.gguf"
 TOK=.synthtok/smollm2-tokenizer.gguf
+synthtok "$TOK" || log "no $TOK (make it here: python3 -m memra synth $TOK --tokenizer-only)"
 R=research/tune/h200-nvidia-h200.jsonl
 SYN="synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 synth:llama-1b:Q4_0"
 MODELS="$SYN smollm2-135m gemma3-270m"
@@ -38,7 +39,7 @@ if [ "$STAGE" = check ]; then
   timeout 200 python3 -m memra tune run h200 $MARGS --out "$R" --resume > "$OUT/tune.txt" 2>&1
   log "tune rc=$? ($(wc -l < $R) receipts after)"
   DEV=$(python3 -c "from memra import cuda; print(cuda.gpu().info.name)")
-  timeout 60 python3 -m memra tune freeze "$R" --device "$DEV" >> "$OUT/tune.txt" 2>&1; log "freeze rc=$?"
+  timeout 60 python3 -m memra tune freeze "$R" --device "$DEV" --out-dir tune/defaults >> "$OUT/tune.txt" 2>&1; log "freeze rc=$?"
   python3 -m memra tune show --json 2>/dev/null | python3 -c "import json,sys; d=json.load(sys.stdin); print('stale', [len(t.get('stale') or []) for t in d['tables']])" | tee -a "$OUT/close-$STAGE.log"
   cp "$R" "$OUT/"; cp tune/defaults/nvidia-h200.json "$OUT/"
   log "kernel-check"

@@ -12,6 +12,7 @@ START=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/fused.log"; }
 source experiments/h200_common.sh
 TOK=.synthtok/smollm2-tokenizer.gguf
+synthtok "$TOK" || log "no $TOK (make it here: python3 -m memra synth $TOK --tokenizer-only)"
 nice -n 15 python3 - "$TOK" llama-1b:Q4_0 smollm2-135m:Q4_1 gemma3-270m:Q4_K_M llama3-8b:Q4_K_M > "$OUT/synth.txt" 2>&1 <<'PY' &
 import sys
 from memra.tune.bench import synth_model

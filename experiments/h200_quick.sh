@@ -9,6 +9,7 @@ export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/quick.log"; }
 source experiments/h200_common.sh
 TOK=.synthtok/smollm2-tokenizer.gguf
+synthtok "$TOK" || log "no $TOK (make it here: python3 -m memra synth $TOK --tokenizer-only)"
 
 log "kernel-check"
 timeout 150 python3 -m memra kernel-check > "$OUT/kernel-check.txt" 2>&1; log "kernel-check rc=$? $(tail -1 "$OUT/kernel-check.txt")"

@@ -29,6 +29,7 @@ STEPS=$OUT/steps.txt
 BENCH=$OUT/bench-tuned-vs-builtin.jsonl
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
 left() { echo $((DEADLINE - (SECONDS - START))); }
+source experiments/h200_common.sh
 # step NAME LIMIT CMD...: run CMD with a time limit (cut to what is left), output to steps.txt
 step() {
   local name=$1 limit=$2 rc
@@ -55,7 +56,7 @@ else
   TWINS="smollm2-135m:Q4_1 gemma3-270m:Q4_K_M"
   log "real models missing (/root/models): synthetic twins $SMALL stand in"
 fi
-[ -f "$TOK" ] || TOK=smollm2-135m
+synthtok "$TOK" 2>/dev/null || TOK=smollm2-135m
 MODELS=${MODELS:-synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 synth:llama-1b:Q4_0 $SMALL}
 log "git ${MEMRA_GIT_SHA:-?} · models: $MODELS · synth tokenizer $TOK"
 
@@ -82,7 +83,7 @@ if [ -z "${SKIP_TUNE:-}" ]; then
   # receipts are appended one by one: a run cut by its limit still freezes what it measured
   MEMRA_LOG=info step "tune run h200" "$TUNE_LIMIT" python3 -m memra tune run h200 $MARGS --out "$RECEIPTS"
   log "receipts: $(cat "$RECEIPTS" 2>/dev/null | wc -l) lines, $(cat "$RECEIPTS" 2>/dev/null | grep -c '"ok": false') failed"
-  MEMRA_LOG=info step "tune freeze" 60 python3 -m memra tune freeze "$RECEIPTS" --device "$DEV"
+  MEMRA_LOG=info step "tune freeze" 60 python3 -m memra tune freeze "$RECEIPTS" --device "$DEV" --out-dir tune/defaults
 fi
 cp "$RECEIPTS" "$OUT/" 2>/dev/null
 cp "$TABLE" "$OUT/$SLUG.json" 2>/dev/null

@@ -5,14 +5,21 @@
         cubin/         NVRTC's compiled kernels, keyed by source, options, arch, NVRTC version
         synth/         synthetic GGUFs made for `memra bench` (memra.tune.bench)
         device.json    measured copy bandwidth per device and driver (memra.gpu.cuda)
+        receipts/      what this machine measured: `memra bench` (bench-*.jsonl) and
+                       `memra tune` (tune/*.jsonl) write here unless given --out
+        tables/        tables `memra tune freeze` makes unless given --out-dir; the engine
+                       looks here before the shipped tune/defaults/
+        plots/         `memra research plot`'s PNGs unless given --out
 
-    the checkout memra runs from (else the current folder)
+    the checkout memra runs from (else the current folder): read, never written by default
         kernels/            *.cu / *.cuh (memra/kernels/ inside an installed wheel)
         tune/defaults/      frozen per-device tables (memra.defaults inside a wheel)
         tune/campaigns/     campaign specs
-        research/           JSONL receipts: research/bench-*.jsonl, research/tune/*.jsonl
+        research/           the committed receipts (research/README.md is their index)
 
-Every function reads the environment when called (tests point MEMRA_HOME elsewhere).
+A command writes into the source tree only where it is given a path there (--out,
+--out-dir): a fresh clone stays clean whatever is run in it. Every function reads the
+environment when called (tests point MEMRA_HOME elsewhere).
 Lowest floor: imports nothing from memra but memra.errors.
 """
 
@@ -49,6 +56,25 @@ def synth_dir() -> Path:
 
 def device_json() -> Path:
     return memra_home() / "device.json"
+
+
+def receipts_dir() -> Path:
+    """Default folder of the receipts this machine writes (`memra bench`: bench-*.jsonl)."""
+    return memra_home() / "receipts"
+
+
+def tune_out_dir() -> Path:
+    """Default folder of `memra tune run`'s receipts."""
+    return receipts_dir() / "tune"
+
+
+def home_tables_dir() -> Path:
+    """Default folder of the tables `memra tune freeze` makes (searched before tables_dir())."""
+    return memra_home() / "tables"
+
+
+def plots_dir() -> Path:
+    return memra_home() / "plots"
 
 
 # -- the checkout -------------------------------------------------------------------------------
@@ -88,11 +114,18 @@ def campaigns_dir() -> Path:
 
 
 def tune_receipts_dir() -> Path:
-    """Default folder of `memra tune`'s receipts (and of `memra tune freeze`'s input)."""
+    """research/tune of the checkout: the committed tuning receipts."""
     return project_root() / "research" / "tune"
 
 
+def freeze_inputs() -> list[Path]:
+    """What `memra tune freeze` reads without arguments: the committed tuning receipts and
+    this machine's own (tune_out_dir()), those that exist."""
+    return [d for d in (tune_receipts_dir(), tune_out_dir()) if d.is_dir()]
+
+
 def research_dir() -> Path:
-    """research/ of the checkout memra runs from (else ./research): `memra bench`'s receipts."""
+    """research/ of the checkout memra runs from (else ./research): the committed receipts
+    that `memra research board` builds docs/PERFORMANCE.md from."""
     root = CHECKOUT if (CHECKOUT / "research").is_dir() else Path.cwd()
     return root / "research"

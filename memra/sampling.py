@@ -5,17 +5,20 @@ temperature → a seeded draw. Note the consequence of that order: top-p and min
 *untempered* distribution; temperature only reshapes what survives them. A temperature of
 0 (or below) is greedy: the argmax after penalties. Draws come from numpy's PCG64 seeded
 once per `Sampler`, so the same seed, logits and history give the same tokens.
-The parameters' defaults are llama.cpp's.
+The parameters' defaults are llama.cpp's. `check_request` is the one validation of a
+request's parameters (ranges, context size, warnings): `memra run` calls it, and so will the
+server.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
-from memra.errors import MemraError
+from memra.errors import ContextOverflowError, MemraError
 
 
 @dataclass
@@ -33,25 +36,81 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (not part of the output)
     stop_ids: list[int] = field(default_factory=list)  # extra end-of-generation token ids
 
-    def validate(self) -> None:
-        if not np.isfinite(self.temperature):
-            raise MemraError(f"temperature must be a finite number, got {self.temperature}")
-        if not (np.isfinite(self.top_p) and self.top_p >= 0.0):
-            raise MemraError(f"top_p must be in [0, 1] (1 turns it off), got {self.top_p}")
-        if not (np.isfinite(self.min_p) and self.min_p <= 1.0):
-            raise MemraError(f"min_p must be in [0, 1] (0 turns it off), got {self.min_p}")
-        if self.repeat_penalty <= 0 or not np.isfinite(self.repeat_penalty):
-            raise MemraError(f"repeat_penalty must be positive, got {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise MemraError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
-        if self.max_tokens < -1:
-            raise MemraError(f"max_tokens must be >= -1, got {self.max_tokens}")
-        if any(not s for s in self.stop):
-            raise MemraError("stop strings must not be empty")
+    def validate(self, names: Mapping[str, str] | None = None) -> None:
+        """Raise MemraError for the first parameter out of its range. `names` maps a field to
+        what the caller's user typed (the CLI passes its flags, e.g. top_p -> --top-p); the
+        server passes nothing and its messages name the request's fields."""
+        n = _namer(names)
+        if not _real(self.temperature) or self.temperature < 0:
+            raise MemraError(f"{n('temperature')} must be a finite number >= 0 (0 is greedy), "
+                             f"got {self.temperature}")
+        if not _integer(self.top_k) or self.top_k < 0:
+            raise MemraError(f"{n('top_k')} must be an integer >= 0 (0 turns it off), got {self.top_k}")
+        if not _real(self.top_p) or not 0.0 <= self.top_p <= 1.0:
+            raise MemraError(f"{n('top_p')} must be in [0, 1] (1 turns it off), got {self.top_p}")
+        if not _real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise MemraError(f"{n('min_p')} must be in [0, 1] (0 turns it off), got {self.min_p}")
+        if not _real(self.repeat_penalty) or self.repeat_penalty <= 0:
+            raise MemraError(f"{n('repeat_penalty')} must be a positive number (1 turns it off), "
+                             f"got {self.repeat_penalty}")
+        for f in ("presence_penalty", "frequency_penalty"):
+            if not _real(getattr(self, f)):
+                raise MemraError(f"{n(f)} must be a finite number, got {getattr(self, f)}")
+        if not _integer(self.repeat_last_n) or self.repeat_last_n < -1:
+            raise MemraError(f"{n('repeat_last_n')} must be an integer >= -1 (0 off, -1 the whole "
+                             f"history), got {self.repeat_last_n}")
+        if not _integer(self.max_tokens) or self.max_tokens < -1:
+            raise MemraError(f"{n('max_tokens')} must be -1 (until the end) or a token count >= 0, "
+                             f"got {self.max_tokens}")
+        if self.seed is not None and (not _integer(self.seed) or not 0 <= self.seed < 2 ** 64):
+            raise MemraError(f"{n('seed')} must be an integer in [0, 2^64), got {self.seed}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise MemraError(f"{n('stop')} strings must not be empty")
+        if any(not _integer(t) or t < 0 for t in self.stop_ids):
+            raise MemraError(f"{n('stop_ids')} must be token ids >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+
+def _real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+        and bool(np.isfinite(v))
+
+
+def _integer(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _namer(names: Mapping[str, str] | None):
+    return lambda field: (names or {}).get(field, field)
+
+
+def check_request(params: SamplingParams, *, n_prompt: int | None = None, n_ctx: int | None = None,
+                  n_ctx_train: int | None = None, names: Mapping[str, str] | None = None) -> list[str]:
+    """The one validation of a generation request, shared by `memra run` and the server.
+
+    Raises MemraError for a parameter out of range (SamplingParams.validate), a context size
+    that is not positive, or a prompt that leaves no room in the context for one token
+    (ContextOverflowError). Returns warnings for what runs but may go wrong: a context larger
+    than the model was trained on (llama.cpp warns the same way: positions beyond the trained
+    context are extrapolated and quality degrades). `names` as in SamplingParams.validate;
+    the context's field is `n_ctx`."""
+    n = _namer(names)
+    params.validate(names)
+    warnings = []
+    if n_ctx is not None:
+        if not _integer(n_ctx) or n_ctx <= 0:
+            raise MemraError(f"{n('n_ctx')} must be a positive token count, got {n_ctx}")
+        if n_ctx_train and n_ctx > n_ctx_train:
+            warnings.append(f"{n('n_ctx')} {n_ctx} is beyond the {n_ctx_train} tokens this model was "
+                            f"trained on: positions past {n_ctx_train} are extrapolated and the "
+                            f"output may degrade")
+        if n_prompt is not None and n_prompt >= n_ctx and params.max_tokens != 0:
+            raise ContextOverflowError(f"the prompt has {n_prompt} tokens; the context holds {n_ctx} "
+                                       f"and needs room for at least one more (raise {n('n_ctx')})")
+    return warnings
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -286,6 +286,26 @@ def test_cli_bench_emulated(emulated_cli, tmp_path):
     assert all(x["git_sha"] == "feedbeef" and x["tag"] == "ci" and x["table"] == "builtin" for x in written)
 
 
+def test_cli_bench_without_out_writes_into_memra_home_not_the_checkout(emulated_cli, tmp_path, monkeypatch):
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def tree():
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "research", "tune"],
+                              cwd=root, capture_output=True, text=True, check=True).stdout
+
+    runner, app, path = emulated_cli
+    monkeypatch.setenv("MEMRA_HOME", str(tmp_path))
+    monkeypatch.chdir(root)  # a user in a fresh clone, no --out
+    before = tree()
+    r = runner.invoke(app, ["bench", str(path), "-p", "0", "-n", "4", "-r", "1", "--table", "builtin"])
+    assert r.exit_code == 0, r.output
+    assert tree() == before
+    (written,) = (tmp_path / "receipts").glob("bench-*.jsonl")
+    assert [json.loads(x)["test"] for x in written.read_text().splitlines()] == ["tg4"]
+
+
 def test_cli_bench_mismatch_voids_the_figures(emulated_cli, tmp_path, monkeypatch):
     import memra.gpu.engine
 

@@ -65,7 +65,7 @@ def test_missing_file_unknown_alias_and_bad_flag_values(tmp_path):
     assert_one_error_line(memra("info", str(not_gguf)), "not a GGUF file")
     assert_one_error_line(memra("run", str(not_gguf), "-p", "x"), "not a GGUF file")
     assert_one_error_line(memra("run", "-p", "x", "--device", "tpu"), "--device", "tpu")
-    assert_one_error_line(memra("run", "-p", "x", "--device", "cpu", "--top-p", "-1"), "top_p")
+    assert_one_error_line(memra("run", "-p", "x", "--device", "cpu", "--top-p", "-1"), "--top-p")
     assert_one_error_line(memra("run", "-p", "one two three four", "--device", "cpu", "--ctx", "2"), "context")
 
 

@@ -73,10 +73,14 @@ def test_bytes_depend_on_seed_not_on_threads(tmp_path):
 
 def test_bad_arguments_raise_memra_errors(tmp_path):
     for args in [("llama", "no-such-shape", "Q4_0"), ("mamba", "tiny-llama", "Q4_0"),
-                 ("llama", "tiny", "Q7_X"), (None, "tiny", "Q4_0")]:
+                 ("llama", "tiny", "Q7_X"), ("mamba", "tiny", "Q4_0")]:
         with pytest.raises(MemraError):
             synth.synth(tmp_path / "x.gguf", *args)
         assert not (tmp_path / "x.gguf").exists()
+    with pytest.raises(MemraError, match="unknown architecture 'mamba'"):  # not "unknown shape 'tiny-mamba'"
+        synth.synth(tmp_path / "x.gguf", "mamba", "tiny", "Q4_0")
+    # no architecture: the shape's own, llama for `tiny` (issue 15: `memra synth x.gguf` with its defaults)
+    assert synth.resolve_shape("tiny", None) == synth.SHAPES["tiny-llama"]
     with pytest.raises(MemraError, match="cannot write"):
         synth.synth(tmp_path / "no-such-dir" / "x.gguf", "llama", "tiny", "Q4_0")
 

@@ -54,6 +54,72 @@ def kernel_check(
         raise typer.Exit(1)
 
 
+# -- warmup -------------------------------------------------------------------------------------
+
+@app.command()
+@command
+def warmup(
+    model: Annotated[Optional[str], typer.Argument(help="GGUF path or alias: compile what this model "
+                                                   "needs (default: every family's variants).")] = None,
+    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Targets (e.g. sm_90a; comma-separated "
+                                                      "or repeated). Default: this GPU's, else sm_90a.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line per module.")] = False,
+) -> None:
+    """Compile the kernel modules a model needs into the cubin cache (no GPU needed), so the
+    first GPU run starts without waiting for NVRTC."""
+    import time
+
+    from memra.cli.common import _open
+    from memra.paths import cubin_dir
+    from memra.tune.warmup import model_modules, warmup as run_warmup
+
+    archs = _csv(arch)
+    for a in archs:
+        if not re.fullmatch(r"sm_\d{2,3}[a-z]?", a):
+            raise MemraError(f"--arch {a!r} is not an NVRTC target such as sm_90a, sm_120a or sm_89")
+    if not archs:
+        from memra.gpu import cuda
+
+        archs = [cuda.gpu().info.arch] if cuda.has_gpu() else ["sm_90a"]
+    g = None
+    if model is not None:
+        _, _, g = _open(model)
+    mods = model_modules(g)
+    t0 = time.perf_counter()
+    if err.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("compiling kernels"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=err, transient=True)
+        task = bar.add_task("compile", total=len(mods) * len(archs))
+        progress = lambda done, total: bar.update(task, completed=done)  # noqa: E731
+    else:
+        bar, progress = None, lambda done, total: None
+    rows = []
+    with bar if bar is not None else _nothing():
+        for r in run_warmup(mods, archs, progress=progress):
+            rows.append(r)
+            if as_json:
+                print(json.dumps({k: v for k, v in r.items()}, sort_keys=True), flush=True)
+    bad = [r for r in rows if r["error"]]
+    for r in bad:
+        print(f"FAIL  {r['family']} {r['arch']} {r['file']} {r['defines']}\n{r['error']}", file=sys.stderr)
+    made = sum(not r["cached"] for r in rows) - len(bad)
+    msg = (f"{len(rows)} modules ({', '.join(archs)}): {made} compiled, {sum(r['cached'] for r in rows)} "
+           f"already cached, {len(bad)} failed · {time.perf_counter() - t0:.1f} s → {cubin_dir()}")
+    print(msg, file=sys.stderr, flush=True)
+    if bad:
+        raise typer.Exit(1)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 # -- bench --------------------------------------------------------------------------------------
 
 def _open_table(which: str, info):

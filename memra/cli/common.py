@@ -24,8 +24,21 @@ from rich.logging import RichHandler
 from memra import __version__
 from memra.errors import MemraError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+# Off a terminal (a pipe, a file, a device run's log) rich would lay tables out in 80
+# columns and fold every cell into slivers: there tables keep their natural width instead
+# (COLUMNS, when set, still wins).
+WIDE = 1000
+
+
+def _console(stderr: bool = False) -> Console:
+    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c = Console(stderr=stderr, highlight=False, soft_wrap=True, width=WIDE)
+    return c
+
+
+err = _console(stderr=True)
+out = _console()
 log = logging.getLogger("memra")
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -34,21 +47,37 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 # -- logging and errors -----------------------------------------------------------------------
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever sys.stderr is when a record is written."""
+
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
+
+
 def _log_level() -> int:
-    name = os.environ.get("MEMRA_LOG", "warning").strip().upper() or "WARNING"
-    level = logging.getLevelName(name)
-    return level if isinstance(level, int) else logging.WARNING
+    name = os.environ.get("MEMRA_LOG", "warning").strip().lower() or "warning"
+    return getattr(logging, name.upper()) if name in LOG_LEVELS else logging.WARNING
 
 
 def _setup_logging() -> None:
     root = logging.getLogger("memra")
-    if not any(isinstance(h, RichHandler) for h in root.handlers):
-        handler = RichHandler(console=err, show_path=False, show_time=False, markup=False)
+    if not any(getattr(h, "_memra", False) for h in root.handlers):
+        if err.is_terminal:
+            handler = RichHandler(console=err, show_path=False, show_time=False, markup=False)
+        else:  # a log file or a pipe: one plain line per record, never padded or wrapped
+            handler = _StderrHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+        handler._memra = True
         root.addHandler(handler)
     root.setLevel(_log_level())
     root.propagate = False
     # a first use of a model alias downloads it: say so even at the default level
     logging.getLogger("memra.models").setLevel(min(_log_level(), logging.INFO))
+    name = os.environ.get("MEMRA_LOG", "").strip()
+    if name and name.lower() not in LOG_LEVELS:
+        log.warning("MEMRA_LOG=%s is not a level (%s): logging at warning", name, ", ".join(LOG_LEVELS))
 
 
 def _fail(message: str) -> None:
@@ -112,7 +141,8 @@ def _open(model: str | None):
     from memra.model.gguf import open_gguf
 
     name = model or DEFAULT_MODEL
-    path = resolve(name)
+    # a first use of an alias downloads it: pip's byte-progress bar on a terminal only
+    path = resolve(name, progress=err.is_terminal)
     return name, path, open_gguf(path)
 
 

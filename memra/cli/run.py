@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -16,7 +17,7 @@ import typer
 from rich.table import Table
 
 from memra.cli.common import ModelArg, _default_device, _open, app, command, err, log, out
-from memra.errors import ContextOverflowError, CudaError, MemraError
+from memra.errors import CudaError, MemraError
 
 
 def _load_model(device: str, g, cfg, n_ctx: int):
@@ -37,6 +38,54 @@ def _load_model(device: str, g, cfg, n_ctx: int):
 
 
 # -- run --------------------------------------------------------------------------------------
+
+# what `memra run`'s user typed for each request field, so that the shared validation
+# (memra.sampling.check_request) names the flag
+RUN_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+             "seed": "--seed", "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
+             "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+             "max_tokens": "-n", "stop": "--stop", "n_ctx": "--ctx"}
+
+
+def _set_threads(threads: int) -> None:
+    """CPU threads of the reference engine: numba's parallel loops (rows split over threads:
+    the same bits at any count) and numpy's BLAS where it is not loaded yet."""
+    if threads < 1:
+        raise MemraError(f"-t/--threads must be at least 1, got {threads}")
+    os.environ["NUMBA_NUM_THREADS"] = str(max(threads, int(os.environ.get("NUMBA_NUM_THREADS") or 0)))
+    if "numpy" not in sys.modules:
+        for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[v] = str(threads)
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def _prefill_progress(engine, n_prompt: int):
+    """A transient progress bar on stderr (a terminal only) from the request's start to its
+    first token, counting prompt tokens: the CPU reference reports each layer it finishes
+    (the first forward also compiles its numba kernels); the GPU engine shows the bar's
+    elapsed time. Returns (context manager, stop())."""
+    if not err.is_terminal:
+        return nullcontext(), lambda: None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(SpinnerColumn(), TextColumn("prefill"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=True)
+    task = bar.add_task("prefill", total=n_prompt)
+    if hasattr(engine, "on_layer"):
+        def on_layer(done: int, n_layer: int, n_tok: int) -> None:
+            if n_tok > 1:  # the prompt's forward; decode steps run one token
+                bar.update(task, completed=int(n_prompt * done / n_layer))
+        engine.on_layer = on_layer
+
+    def stop() -> None:
+        if hasattr(engine, "on_layer"):
+            engine.on_layer = None
+        bar.stop()
+
+    return bar, stop
+
 
 @app.command()
 @command
@@ -66,6 +115,8 @@ def run(
                                                   "the GPU engine and a GPU are present).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Context size in tokens (default: "
                                                "prompt + n, at most the model's).")] = None,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads of the cpu "
+                                                   "engine (default: all cores).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of "
                                           "streaming text.")] = False,
 ) -> None:
@@ -73,17 +124,20 @@ def run(
     from memra.text.chat import chat_tokens, render_chat
     from memra.model.config import read_config
     from memra.session import generate
-    from memra.sampling import Sampler, SamplingParams
+    from memra.sampling import Sampler, SamplingParams, check_request
 
     if prompt == "-":
         prompt = sys.stdin.read()
     device = device or _default_device()
     if device not in ("cpu", "gpu"):
         raise MemraError(f"--device must be cpu or gpu, got {device!r}")
-    if ctx is not None and ctx <= 0:
-        raise MemraError(f"--ctx must be positive, got {ctx}")
-    if n < -1:
-        raise MemraError(f"-n must be -1 (unbounded) or a token count, got {n}")
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
+                            max_tokens=n, stop=list(stop or []))
+    check_request(params, n_ctx=ctx, names=RUN_FLAGS)  # bad flags fail before any model is read
+    if threads is not None:
+        _set_threads(threads)
 
     name, path, g = _open(model)
     cfg = read_config(g)
@@ -93,6 +147,9 @@ def run(
     chat = chat or system is not None
     rendered = None
     if chat:
+        if "tokenizer.chat_template" not in g.metadata:
+            log.warning("%s has no chat template (a base model?): --chat wraps the prompt in the %s "
+                        "turn format, which a base model was not trained to answer", name, g.arch)
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                    [{"role": "user", "content": prompt}]
         rendered = render_chat(g, messages, add_generation_prompt=True)
@@ -104,15 +161,11 @@ def run(
         raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
     # the KV cache is sized to the request: prompt + n, or 4096 for an open-ended one
     n_ctx = ctx or min(cfg.n_ctx_train, len(prompt_ids) + n if n >= 0 else max(4096, len(prompt_ids) + 1))
+    # refuses before loading any weights; warns past the trained context
+    for w in check_request(params, n_prompt=len(prompt_ids), n_ctx=n_ctx, n_ctx_train=cfg.n_ctx_train,
+                           names=RUN_FLAGS):
+        log.warning("%s", w)
 
-    if len(prompt_ids) >= n_ctx and n != 0:  # refuse before loading any weights
-        raise ContextOverflowError(f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} "
-                                   f"and needs room for at least one more (raise --ctx)")
-
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                            frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
-                            max_tokens=n, stop=list(stop or []))
     sampler = Sampler(params, cfg.n_vocab)
     log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
              name, path, device, len(prompt_ids), n_ctx, sampler.seed)
@@ -120,7 +173,8 @@ def run(
     t0 = time.perf_counter()
     with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext():
         engine = _load_model(device, g, cfg, n_ctx)
-    log.info("loaded in %.2f s", time.perf_counter() - t0)
+    load_s = time.perf_counter() - t0
+    log.info("loaded in %.2f s", load_s)
     gate = None
     if device == "gpu":
         # the exactness gate comes before any figure: batched prefill vs token-by-token decode
@@ -132,16 +186,23 @@ def run(
     tokens: list[int] = []
     pieces: list[str] = []
     final = None
-    for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
-                       sampler=sampler):
-        if ev.done:
-            final = ev
-            break
-        tokens.append(ev.token)
-        pieces.append(ev.text)
-        if not as_json and ev.text:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
+    ttft = None
+    bar, stop_bar = _prefill_progress(engine, len(prompt_ids))
+    t_req = time.perf_counter()
+    with bar:
+        for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
+                           sampler=sampler):
+            if ttft is None:
+                ttft = time.perf_counter() - t_req
+                stop_bar()
+            if ev.done:
+                final = ev
+                break
+            tokens.append(ev.token)
+            pieces.append(ev.text)
+            if not as_json and ev.text:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
     t = final.timings
     gbs = pct = None
     if device == "gpu" and t.decode_tok_s:
@@ -155,6 +216,7 @@ def run(
             "prompt": rendered if chat else prompt, "prompt_ids": prompt_ids,
             "tokens": tokens, "text": "".join(pieces), "finish_reason": final.finish_reason,
             "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_ctx": n_ctx,
+            "load_s": round(load_s, 6), "ttft_s": None if ttft is None else round(ttft, 6),
             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
             "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
             "decode_gb_s": gbs, "bandwidth_pct": pct,
@@ -168,8 +230,9 @@ def run(
     pf = f"{t.prefill_tok_s:.1f} tok/s" if t.prefill_tok_s else "-"
     dc = f"{t.decode_tok_s:.1f} tok/s" if t.decode_tok_s else "-"
     bw = f" · {gbs:.0f} GB/s ({pct:.0f}% of copy bandwidth)" if gbs else ""
-    err.print(f"[dim]{device}: prefill {t.n_prompt} tok {pf} · decode {t.n_gen} tok {dc}{bw} · "
-              f"{final.finish_reason} · seed {sampler.seed}[/dim]")
+    ft = f"{ttft:.2f} s" if ttft is not None else "-"
+    err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
+              f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
 
 
 # -- tokenize ---------------------------------------------------------------------------------
@@ -302,7 +365,7 @@ def pull(alias: Annotated[Optional[str], typer.Argument(help="Model alias; omit 
 def synth(
     out_path: Annotated[Path, typer.Argument(metavar="OUT.gguf", help="File to write.")],
     arch: Annotated[Optional[str], typer.Option("--arch", help="llama | qwen2 | qwen3 | gemma3 "
-                                                "(default: the shape's own).")] = None,
+                                                "(default: the shape's own; tiny: llama).")] = None,
     shape: Annotated[str, typer.Option("--shape", help="tiny | llama-1b | llama3-8b | qwen3-8b | …")] = "tiny",
     quant: Annotated[str, typer.Option("--quant", help="Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K_M | Q6_K | …")] = "Q4_0",
     seed: Annotated[int, typer.Option("--seed", help="Random seed of the weights.")] = 0,
@@ -310,11 +373,23 @@ def synth(
                                                 "tokenizer is copied.")] = "smollm2-135m",
     threads: Annotated[Optional[int], typer.Option("--threads", help="Writer threads (default: "
                                                    "all cores).")] = None,
+    tokenizer_only: Annotated[bool, typer.Option("--tokenizer-only", help="Write only the tokenizer "
+                                                 "of --tokenizer-from (no tensors): a small file that "
+                                                 "--tokenizer-from / --synth-tokenizer can name where "
+                                                 "the aliases cannot be fetched.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Write a synthetic GGUF with random but valid quantized weights and a real tokenizer."""
-    from memra.model.synth import synth_main
+    from memra.model.synth import synth_main, write_tokenizer
 
+    if tokenizer_only:
+        doc = write_tokenizer(out_path, tokenizer_from)
+        if as_json:
+            print(json.dumps(doc, ensure_ascii=False))
+        else:
+            print(f"{doc['path']}  tokenizer of {doc['tokenizer']} ({doc['model']}, {doc['n_vocab']} "
+                  f"tokens) · {_human(doc['bytes'])}")
+        return
     doc = synth_main(out_path, arch, shape, quant, seed, tokenizer_from, threads)
     if as_json:
         print(json.dumps(doc, ensure_ascii=False))

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from memra.cli.common import app, command, err, log, out
 from memra.errors import MemraError
-from memra.paths import campaigns_dir, project_root, tune_receipts_dir
+from memra.paths import campaigns_dir, freeze_inputs, home_tables_dir, plots_dir, project_root, tune_out_dir
 
 class _RunByDefault(TyperGroup):
     """`memra tune CAMPAIGN [options]` is `memra tune run CAMPAIGN [options]`."""
@@ -32,7 +32,8 @@ tune_app = typer.Typer(cls=_RunByDefault, no_args_is_help=True, add_completion=F
                        help="Kernel tuning: campaigns → receipts → per-device default tables "
                             "(`memra tune CAMPAIGN …` runs one).")
 research_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                           help="Analysis over tuning receipts (pandas).")
+                           help="Analysis over receipts of every kind (pandas), and the generated "
+                                "performance board.")
 
 
 def _campaign_path(name: str) -> Path:
@@ -99,7 +100,7 @@ def tune_run(
     resume: Annotated[bool, typer.Option("--resume", help="Skip jobs already measured here for "
                                          "this device and kernel source.")] = False,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Receipts file (default: "
-                        "research/tune/<campaign>-<device>.jsonl).")] = None,
+                        "$MEMRA_HOME/receipts/tune/<campaign>-<device>.jsonl).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the jobs and exit (no GPU needed).")] = False,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs.")] = None,
     precompile_jobs: Annotated[bool, typer.Option("--precompile/--no-precompile", help="Compile the "
@@ -128,7 +129,7 @@ def tune_run(
     require_hooks(jobs)
     g = cuda.gpu()
     ctx = device_context(g)
-    path = out_path or tune_receipts_dir() / f"{spec['name']}-{device_slug(ctx['device'])}.jsonl"
+    path = out_path or tune_out_dir() / f"{spec['name']}-{device_slug(ctx['device'])}.jsonl"
     log.info("tune: %d jobs of %s on %s → %s", len(jobs), spec["name"], ctx["device"], path)
     if precompile_jobs:
         import time
@@ -162,23 +163,27 @@ def tune_run(
 @command
 def tune_freeze(
     receipts: Annotated[Optional[list[Path]], typer.Argument(help="Receipts files or folders "
-                        "(default: research/tune/).")] = None,
+                        "(default: the checkout's research/tune/ and $MEMRA_HOME/receipts/tune/).")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="Freeze this device only "
                       "(default: every device in the receipts).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Where tables go (default: "
-                       "tune/defaults/).")] = None,
+                       "$MEMRA_HOME/tables, which the engine reads before the shipped tune/defaults/; "
+                       "name tune/defaults to update the source tree).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
     min_gain: Annotated[float, typer.Option("--min-gain", help="Keep a family's built-in "
                         "configuration unless the fastest one beats it by this fraction (families "
                         "whose module says which configuration is built in: matvec).")] = 0.03,
 ) -> None:
-    """Pick the winners of the receipts into tune/defaults/<device>.json."""
+    """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin
-    from memra.tune.tables import _current_hash, tables_dir
+    from memra.tune.tables import _current_hash
     from memra.tune.freeze import freeze, summarize_table, write_table
 
-    df = read_receipts(receipts or [tune_receipts_dir()])
+    sources = receipts or freeze_inputs()
+    if not sources:
+        raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
+    df = read_receipts(sources, kinds=("tune",))
     if df.empty:
         raise MemraError("no receipts to freeze")
     hashes = {src: _current_hash(src) for src in sorted(set(df["src"]))}
@@ -186,7 +191,7 @@ def tune_freeze(
     tables = []
     for d in devices:
         table = freeze(df, d, current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain)
-        path = write_table(table, out_dir or tables_dir())
+        path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())
         err.print(f"{d}: {n} entries → {path}")
@@ -205,7 +210,7 @@ def tune_freeze(
 def tune_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON: gpu, source, tables, stale.")] = False,
     directory: Annotated[Optional[Path], typer.Option("--dir", help="Tables folder (default: "
-                         "tune/defaults/).")] = None,
+                         "$MEMRA_HOME/tables, then the shipped tune/defaults/).")] = None,
 ) -> None:
     """The table this GPU would use (all tables without a GPU) and its stale entries."""
     from memra.gpu import cuda
@@ -245,27 +250,57 @@ def _write_parquet(df, parquet: Optional[Path]) -> None:
         err.print(f"wrote {to_parquet(df, parquet)}")
 
 
+class _Skipped:
+    """on_error for the research commands: a malformed line or a file that is no receipts
+    file is reported on stderr (file:line: what is wrong) and skipped, never a crash."""
+
+    def __init__(self):
+        self.errors = []
+
+    def __call__(self, e) -> None:
+        self.errors.append(e)
+
+
+def _read(files: list[Path]):
+    from memra.tune.receipts import read_receipts
+
+    skipped = _Skipped()
+    df = read_receipts(files, on_error=skipped)
+    if df.empty:
+        more = f" (and {len(skipped.errors) - 1} more)" if len(skipped.errors) > 1 else ""
+        raise MemraError(f"no receipts in {', '.join(map(str, files))}"
+                         + (f": {skipped.errors[0]}{more}" if skipped.errors else ""))
+    for e in skipped.errors:
+        log.warning("skipped %s", e)
+    if skipped.errors:
+        err.print(f"{len(skipped.errors)} malformed line(s) or file(s) skipped, {len(df)} receipts read")
+    return df
+
+
 @research_app.command("summarize")
 @command
 def research_summarize(
-    files: Annotated[list[Path], typer.Argument(help="Receipts files or folders.")],
+    files: Annotated[list[Path], typer.Argument(help="Receipts files or folders (every kind: tune, "
+                                                "bench, ...; e.g. research/).")],
     by: Annotated[Optional[list[str]], typer.Option("--by", help="Group columns, comma-separated "
-                  "(default kernel,shape_key,batch,variant; config.NAME and shape.NAME work).")] = None,
+                  "(default per kind: tune kernel,shape_key,batch,variant; bench device,model,test,engine; "
+                  "config.NAME and shape.NAME work).")] = None,
     parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Also write the receipts "
                        "themselves to this Parquet file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON records.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON records (each with its kind).")] = False,
 ) -> None:
-    """Per group: counts, failures, fastest and median time, best GB/s, best configuration."""
-    from memra.tune.receipts import read_receipts
-    from memra.tune.research import DEFAULT_BY, summarize
+    """Per kind and group: counts, failures, the median and best figure, the best configuration or run."""
+    from memra.tune.research import summarize_all
 
-    df = read_receipts(files)
-    s = summarize(df, by=_csv(by) or DEFAULT_BY)
+    df = _read(files)
+    sums = summarize_all(df, by=_csv(by))
     _write_parquet(df, parquet)
     if as_json:
-        _print_json(_frame_json(s))
-    else:
-        _print_frame(s, title=f"{len(df)} receipts")
+        _print_json([{"kind": k, **r} for k, s in sums.items() for r in _frame_json(s)])
+        return
+    counts = df["kind"].value_counts()
+    for k, s in sums.items():
+        _print_frame(s, title=f"{k}: {int(counts.get(k, 0))} receipts")
 
 
 @research_app.command("compare")
@@ -274,38 +309,83 @@ def research_compare(
     a: Annotated[Path, typer.Argument(help="Receipts A (file or folder).")],
     b: Annotated[Path, typer.Argument(help="Receipts B (file or folder).")],
     on: Annotated[Optional[list[str]], typer.Option("--on", help="Match columns, comma-separated "
-                  "(default kernel,variant,config_key,shape_key,batch).")] = None,
+                  "(default per kind: tune kernel,variant,config_key,shape_key,batch; bench "
+                  "device,model,test,engine).")] = None,
     parquet: Annotated[Optional[Path], typer.Option("--parquet", help="Write the comparison to Parquet.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON records.")] = False,
 ) -> None:
-    """Configurations measured in both A and B: times side by side, speedup = A / B."""
-    from memra.tune.research import COMPARE_ON, compare
+    """What A and B both measured, kind by kind: figures side by side, speedup > 1 when B is better."""
+    from memra.tune.research import compare
 
-    c = compare([a], [b], on=_csv(on) or COMPARE_ON)
+    c = compare(_read([a]), _read([b]), on=_csv(on))
     _write_parquet(c, parquet)
     if as_json:
-        _print_json({"rows": _frame_json(c), "only_a": c.attrs["only_a"], "only_b": c.attrs["only_b"]})
+        _print_json({"rows": _frame_json(c), "only_a": c.attrs["only_a"], "only_b": c.attrs["only_b"],
+                     "by_kind": c.attrs["by_kind"]})
         return
-    _print_frame(c, title=f"A = {a}, B = {b} (speedup > 1: B faster)")
-    if len(c):
-        geo = float(math.exp(sum(math.log(x) for x in c["speedup"]) / len(c)))
-        err.print(f"{len(c)} matched, geometric-mean speedup {geo:.3f}; only in A: "
-                  f"{c.attrs['only_a']}, only in B: {c.attrs['only_b']}")
+    if c.empty:
+        err.print(f"nothing measured in both (only in A: {c.attrs['only_a']}, only in B: {c.attrs['only_b']})")
+        return
+    for kind, part in c.groupby("kind", sort=True):
+        part = part.dropna(axis=1, how="all").drop(columns=["kind"])
+        _print_frame(part, title=f"{kind}: A = {a}, B = {b} (speedup > 1: B better)")
+        geo = float(math.exp(sum(math.log(x) for x in part["speedup"]) / len(part)))
+        k = c.attrs["by_kind"][kind]
+        err.print(f"{kind}: {len(part)} matched, geometric-mean speedup {geo:.3f}; only in A: "
+                  f"{k['only_a']}, only in B: {k['only_b']}")
 
 
 @research_app.command("plot")
 @command
 def research_plot(
     files: Annotated[list[Path], typer.Argument(help="Receipts files or folders.")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the PNGs.")] = Path("research/plots"),
-    kernel: Annotated[Optional[str], typer.Option("--kernel", help="Only this kernel.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for the PNGs (default: "
+                                                    "$MEMRA_HOME/plots).")] = None,
+    kernel: Annotated[Optional[str], typer.Option("--kernel", help="Only this kernel (tuning receipts).")] = None,
 ) -> None:
-    """PNG charts of sweeps: GB/s per configuration, per kernel and shape (needs matplotlib)."""
-    from memra.tune.receipts import read_receipts
+    """PNG charts: tuning sweeps (GB/s per configuration, per kernel and shape) and bench runs
+    (t/s per model over time); needs matplotlib."""
     from memra.tune.research import plot
 
-    for p in plot(read_receipts(files), out_dir, kernel=kernel):
+    for p in plot(_read(files), out_dir or plots_dir(), kernel=kernel):
         print(p)
+
+
+@research_app.command("board")
+@command
+def research_board(
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Markdown files holding boards (default: "
+                                                        "docs/PERFORMANCE.md and README.md).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Change nothing; exit 1 when a board differs "
+                                        "from what the receipts give (CI runs this).")] = False,
+    research: Annotated[Optional[Path], typer.Option("--research", help="Receipts folder (default: the "
+                                                     "checkout's research/).")] = None,
+) -> None:
+    """Regenerate the performance tables between <!-- board: … --> markers from the committed
+    bench receipts (memra and llama.cpp arms: medians, ratio, % of bandwidth, N, date, device, commit)."""
+    import difflib
+
+    from memra.paths import research_dir
+    from memra.tune.board import boards
+
+    root = project_root()
+    files = files or [root / "docs" / "PERFORMANCE.md", root / "README.md"]
+    stale = []
+    for f, old, new in boards(files, research or research_dir()):
+        if old == new:
+            err.print(f"{f}: up to date")
+            continue
+        stale.append(f)
+        if check:
+            diff = difflib.unified_diff(old.splitlines(), new.splitlines(), str(f), "from the receipts",
+                                        lineterm="", n=0)
+            print("\n".join(list(diff)[:40]))
+        else:
+            f.write_text(new, encoding="utf-8")
+            err.print(f"{f}: boards regenerated")
+    if check and stale:
+        raise MemraError(f"{', '.join(map(str, stale))}: the boards differ from the receipts "
+                         f"(run `memra research board` and commit)")
 
 
 app.add_typer(tune_app, name="tune"), app.add_typer(research_app, name="research")

@@ -240,6 +240,9 @@ class ReferenceModel:
         self.numerics = numerics
         # llama.cpp's thread count: its split-KV decode attention makes one chunk per thread
         self.threads = 2
+        # called as on_layer(layers done, n_layer, tokens in this forward) after each layer
+        # (the CLI's prefill progress bar); None: nothing is called
+        self.on_layer = None
         self.g = g
         self.cfg = cfg if cfg is not None else read_config(g)
         self._w: dict[str, np.ndarray] = {}
@@ -434,6 +437,8 @@ class ReferenceModel:
             # after the attention), which picks the batch size its matmul kernels see
             last_rows = il == c.n_layer - 1 and not all_logits and self.numerics == "llamacpp"
             x = self._layer(il, x, pos, cache, out_last=last_rows)
+            if self.on_layer is not None:
+                self.on_layer(il + 1, c.n_layer, n)
         cache.pos += n
 
         if not all_logits:

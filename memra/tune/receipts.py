@@ -10,6 +10,14 @@ device's measured peak) and whether it was right (`max_err` against the CPU refe
 Every line written goes through `validate_receipt`, and `read_receipts` applies the same
 rules, so a malformed line is reported with its file and line number instead of surfacing
 later as a puzzling pandas error.
+
+Other kinds. `read_receipts` reads every receipt memra writes into one DataFrame with a
+`kind` column: `KINDS` below, a literal dict, says per kind what a line must carry and how
+`memra research` groups, compares and dates it. A line's kind is its `kind` field (every
+writer adds one: "tune", "bench", ...), else its `schema` when that is a name (the matvec
+sweeps' "memra.matvec.v1"), else "tune" for schema 1 (tuning receipts written before they
+carried a kind), else "record": the free-form lines experiments wrote, kept as they are
+(their own `kind` field, if any, moves to `record`). A new kind is one entry in KINDS.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
 from memra.errors import MemraError
 
@@ -59,7 +68,7 @@ FIELDS: dict[str, tuple] = {
 }
 TIMING_FIELDS = ("median_us", "p20_us", "p80_us", "reps", "gbps", "pct_peak")
 # optional fields a receipt may carry; anything else is kept but not interpreted
-OPTIONAL = ("campaign", "ops", "peak_gbps")
+OPTIONAL = ("kind", "campaign", "ops", "peak_gbps")
 
 
 class ReceiptError(MemraError):
@@ -196,7 +205,7 @@ def make_receipt(*, kernel: str, variant: str, config: Mapping, shape: Mapping, 
         if peak_gbps:
             pct = 100.0 * gbps / peak_gbps
     row = {
-        "schema": SCHEMA, "ts": ts or utc_now(), "git_sha": git_sha or "unknown",
+        "kind": "tune", "schema": SCHEMA, "ts": ts or utc_now(), "git_sha": git_sha or "unknown",
         "kernel": kernel, "variant": variant, "config": dict(config), "shape": dict(shape),
         "src": src, "device": device, "cc": normalize_cc(cc), "sms": int(sms),
         "nvrtc": str(nvrtc), "src_hash": src_hash,
@@ -237,67 +246,234 @@ def append_receipts(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
     return len(rows)
 
 
+# ---------------------------------------------------------------- kinds
+
+
+def _need(row: Mapping, fields: Mapping[str, tuple]) -> list[str]:
+    out = []
+    for name, types in fields.items():
+        if name not in row:
+            out.append(f"field {name!r} is missing")
+        elif (isinstance(row[name], bool) and bool not in types) or not isinstance(row[name], types):
+            out.append(f"field {name!r} has {type(row[name]).__name__} {row[name]!r}")
+        elif isinstance(row[name], float) and not math.isfinite(row[name]):
+            out.append(f"field {name!r} is {row[name]!r}")
+    return out
+
+
+BENCH_FIELDS: dict[str, tuple] = {
+    "engine": (str,), "model": (str,), "test": (str,), "n_prompt": (int,), "n_gen": (int,),
+    "n_depth": (int,), "avg_ts": _NUM, "median_ts": _NUM, "stddev_ts": _NUM, "samples_ts": (list,),
+    "device": (str,), "git_sha": (str,), "date": (str,), "gate": (str, type(None)),
+}
+
+
+def validate_bench(row: Mapping) -> list[str]:
+    """Problems of a `memra bench` receipt (memra.tune.bench.receipt writes them)."""
+    if row.get("schema") != 1:
+        return [f"bench schema {row.get('schema')!r} is not supported (this memra reads schema 1)"]
+    problems = _need(row, BENCH_FIELDS)
+    if problems:
+        return problems
+    if not row["samples_ts"] or not all(isinstance(v, _NUM) and not isinstance(v, bool) and v > 0
+                                        for v in row["samples_ts"]):
+        problems.append("samples_ts must be a non-empty list of positive numbers")
+    if min(row["n_prompt"], row["n_gen"], row["n_depth"]) < 0:
+        problems.append("n_prompt, n_gen and n_depth must be >= 0")
+    return problems
+
+
+def _sweep(row: Mapping) -> list[str]:
+    return _need(row, {"device": (str,), "type": (str,), "rows": (int,), "cols": (int,),
+                       "batch": (int,), "config": (dict,), "ok": (bool,)})
+
+
+def _pdl(row: Mapping) -> list[str]:
+    return _need(row, {"device": (str,), "pdl": (bool,), "layers": (int,), "median_ms": _NUM})
+
+
+def _kernelcheck(row: Mapping) -> list[str]:
+    return _need(row, {"family": (str,), "device": (str,), "last": (str,)})
+
+
+def _flat_tune(row: Mapping) -> dict:
+    rec = {"config_key": config_key(row["config"]), "shape_key": shape_key(row["shape"]),
+           "batch": shape_batch(row["shape"])}
+    rec.update({f"config.{k}": v for k, v in row["config"].items()})
+    rec.update({f"shape.{k}": v for k, v in row["shape"].items() if k != "batch"})
+    return rec
+
+
+def _flat_sweep(row: Mapping) -> dict:
+    return {"config_key": config_key(row["config"]),
+            **{f"config.{k}": v for k, v in row["config"].items()}}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of receipt: what a line must carry and how `memra research` reads it.
+
+    validate(row) -> problems (empty: a good line); flatten(row) -> extra columns (grouping
+    keys derived from nested fields); by: the default summary groups; on: compare's match
+    columns; value: the figure summarized and compared, `better` "min" (µs) or "max" (t/s);
+    label: the column naming a group's best row; time: the column holding when it ran."""
+    name: str
+    validate: Callable[[Mapping], list[str]] = lambda row: []
+    flatten: Callable[[Mapping], dict] | None = None
+    by: tuple[str, ...] = ("file",)
+    on: tuple[str, ...] = ()
+    value: str | None = None
+    better: str = "min"
+    label: str | None = None
+    time: str | None = None
+
+
+_TUNE = Kind("tune", validate_receipt, _flat_tune, by=("kernel", "shape_key", "batch", "variant"),
+             on=("kernel", "variant", "config_key", "shape_key", "batch"), value="median_us",
+             label="config_key", time="ts")
+_SWEEP = Kind("matvec-sweep", _sweep, _flat_sweep, by=("type", "rows", "cols", "batch", "path"),
+              on=("type", "rows", "cols", "batch", "path", "config_key"), value="median_us",
+              label="config_key", time="git_sha")
+
+# key (a line's `kind`, or its `schema` name, see kind_key) -> Kind
+KINDS: dict[str, Kind] = {
+    "tune": _TUNE,
+    "bench": Kind("bench", validate_bench, by=("device", "model", "test", "engine"),
+                  on=("device", "model", "test", "engine"), value="median_ts", better="max",
+                  label="git_sha", time="date"),
+    "memra.matvec.v1": _SWEEP,
+    "memra.matvec.pdl.v1": Kind("matvec-pdl", _pdl, by=("device", "layers", "pdl"), value="median_ms",
+                                label="git_sha"),
+    "memra.kernelcheck.v1": Kind("kernel-check", _kernelcheck, by=("device", "family"), label="last",
+                                 time="ts"),
+    "record": Kind("record", by=("file", "record"), time="ts"),
+}
+
+
+def kind_key(row: Mapping) -> str:
+    """Which KINDS entry a line belongs to (see the module docstring); may be unknown."""
+    schema, kind = row.get("schema"), row.get("kind")
+    if isinstance(schema, str):
+        return schema
+    if schema is None:
+        return "record"
+    if isinstance(kind, str):
+        return kind
+    return "tune"
+
+
+def check_line(row) -> tuple[Kind | None, list[str]]:
+    """(its Kind, its problems) for one parsed JSON line."""
+    if not isinstance(row, Mapping):
+        return None, [f"expected a JSON object, found {type(row).__name__}"]
+    key = kind_key(row)
+    kind = KINDS.get(key)
+    if kind is None:
+        what = "schema" if isinstance(row.get("schema"), str) else "kind"
+        return None, [f"{what} {key!r} is not a receipt kind this memra reads "
+                      f"(known: {', '.join(sorted(KINDS))})"]
+    return kind, kind.validate(row)
+
+
+# ---------------------------------------------------------------- reading
+
+
+RECEIPT_SUFFIXES = (".jsonl", ".json")
+
+
 def iter_receipts(path: str | os.PathLike):
-    """(line number, receipt) for each non-blank line, validated."""
+    """(line number, receipt) for each non-blank line, validated (a bad line raises)."""
+    for n, row, _ in iter_lines(path):
+        yield n, row
+
+
+def iter_lines(path: str | os.PathLike, on_error: Callable[[ReceiptError], None] | None = None):
+    """(line number, receipt, its Kind) for each non-blank line, validated. A bad line
+    raises ReceiptError naming file:line, or with `on_error` is handed to it and skipped."""
     path = Path(path)
+
+    def bad(where: str, message: str):
+        e = ReceiptError(where, message)
+        if on_error is None:
+            raise e
+        on_error(e)
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ReceiptError(str(path), f"cannot read receipts ({e.strerror or e})") from None
+        bad(str(path), f"cannot read receipts ({e.strerror or e})")
+        return
     except UnicodeDecodeError:
-        raise ReceiptError(str(path), "not UTF-8 text") from None
+        bad(str(path), "not UTF-8 text")
+        return
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ReceiptError(f"{path}:{n}", f"not JSON ({e.msg} at column {e.colno})") from None
-        problems = validate_receipt(row)
+            bad(f"{path}:{n}", f"not JSON ({e.msg} at column {e.colno})")
+            continue
+        kind, problems = check_line(row)
         if problems:
-            raise ReceiptError(f"{path}:{n}", "; ".join(problems))
-        yield n, row
+            bad(f"{path}:{n}", "; ".join(problems))
+            continue
+        yield n, row, kind
 
 
-def receipt_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand folders into their *.jsonl files (sorted); files are taken as given."""
+def receipt_files(paths: Iterable[str | os.PathLike],
+                  on_error: Callable[[ReceiptError], None] | None = None) -> list[Path]:
+    """Expand folders into their *.jsonl files (recursively, sorted); files are taken as
+    given, except that one which is plainly no receipts file (a .txt, .log, .md, ...) is an
+    error, or with `on_error` reported and skipped (folders skip such files silently)."""
     out = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
             out.extend(sorted(p.rglob("*.jsonl")))
         elif p.exists():
+            if p.suffix and p.suffix not in RECEIPT_SUFFIXES:
+                e = ReceiptError(str(p), f"not a receipts file ({p.suffix}: receipts are JSON lines, *.jsonl)")
+                if on_error is None:
+                    raise e
+                on_error(e)
+                continue
             out.append(p)
         else:
             raise ReceiptError(str(p), "no such receipts file or folder")
     return out
 
 
-def read_receipts(paths: Iterable[str | os.PathLike] | str | os.PathLike):
-    """Receipts from JSONL files (or folders of them) as a pandas DataFrame.
+def read_receipts(paths: Iterable[str | os.PathLike] | str | os.PathLike, *,
+                  kinds: Iterable[str] | None = None,
+                  on_error: Callable[[ReceiptError], None] | None = None):
+    """Receipts of every kind from JSONL files (or folders of them) as one pandas DataFrame.
 
-    One row per receipt with every field, plus: `file`, `line` (provenance), `config_key`,
-    `shape_key`, `batch` (for grouping) and flattened `config.<NAME>` / `shape.<name>`
-    columns (so `--by config.NWARPS` works)."""
+    One row per receipt with every field, plus `kind` (KINDS[...].name), `file`, `line`
+    (provenance) and each kind's flattened columns (tune: `config_key`, `shape_key`, `batch`,
+    `config.<NAME>`, `shape.<name>`, so `--by config.NWARPS` works). `kinds`: keep only these
+    kind names. A malformed line raises ReceiptError (file:line), or with `on_error` is
+    handed to it and skipped."""
     import pandas as pd
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    keep = None if kinds is None else set(kinds)
     records = []
-    for path in receipt_files(paths):
-        for n, row in iter_receipts(path):
+    for path in receipt_files(paths, on_error):
+        for n, row, kind in iter_lines(path, on_error):
+            if keep is not None and kind.name not in keep:
+                continue
             rec = dict(row)
-            rec["file"], rec["line"] = str(path), n
-            rec["config_key"] = config_key(row["config"])
-            rec["shape_key"] = shape_key(row["shape"])
-            rec["batch"] = shape_batch(row["shape"])
-            for k, v in row["config"].items():
-                rec[f"config.{k}"] = v
-            for k, v in row["shape"].items():
-                if k != "batch":
-                    rec[f"shape.{k}"] = v
+            if kind.name == "record" and "kind" in rec:
+                rec["record"] = rec.pop("kind")
+            rec["kind"], rec["file"], rec["line"] = kind.name, str(path), n
+            if kind.flatten is not None:
+                rec.update(kind.flatten(row))
             records.append(rec)
-    base = list(FIELDS) + ["file", "line", "config_key", "shape_key", "batch"]
+    base = ["kind", "file", "line"]
+    if keep is None or "tune" in keep:
+        base = list(FIELDS) + base + ["config_key", "shape_key", "batch"]
     df = pd.DataFrame.from_records(records)
     for c in base:
         if c not in df.columns:

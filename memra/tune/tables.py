@@ -1,6 +1,7 @@
 """Reading a per-device default table (the half of tuning below the engine).
 
-A table (`tune/defaults/<device-slug>.json`) is made by memra.tune.freeze from receipts:
+A table (`<device-slug>.json`, in $MEMRA_HOME/tables or the shipped tune/defaults/) is made
+by memra.tune.freeze from receipts:
 for each kernel, shape (without batch) and decode batch bucket, the fastest configuration
 that passed its check, with the source hash it was measured on. The engine calls `load_table` once at start-up (exact device
 name, else same compute capability, else the launchers' built-in defaults: an empty table)
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 from memra.errors import MemraError
-from memra.paths import tables_dir
+from memra.paths import home_tables_dir, tables_dir
 from memra.tune.receipts import normalize_cc, shape_key
 
 log = logging.getLogger("memra.tuning")
@@ -98,11 +99,16 @@ def read_table(path: str | os.PathLike) -> dict:
     return table
 
 
+def table_dirs() -> list[Path]:
+    """Where the engine looks for tables, first match first: the tables this machine froze
+    ($MEMRA_HOME/tables, `memra tune freeze`'s default), then the shipped tune/defaults/."""
+    return [home_tables_dir(), tables_dir()]
+
+
 def list_tables(directory: str | os.PathLike | None = None) -> list[dict]:
-    directory = Path(directory) if directory is not None else tables_dir()
-    if not directory.is_dir():
-        return []
-    return [read_table(p) for p in sorted(directory.glob("*.json"))]
+    """Every table in `directory`, or (None) in table_dirs() in their order."""
+    dirs = [Path(directory)] if directory is not None else table_dirs()
+    return [read_table(p) for d in dirs if d.is_dir() for p in sorted(d.glob("*.json"))]
 
 
 def builtin_table() -> dict:
