@@ -8,7 +8,9 @@ memra's matvec launcher (pack_planes, random_weight, default_config, the chunks 
     python3 experiments/gemm_check.py                 # device: compile, checks, timing
     python3 experiments/gemm_check.py --compile-only  # CPU: every module through NVRTC
     python3 experiments/gemm_check.py --selftest      # CPU: numpy model of gemm.cu's index maps
-    options: --types Q4_K,Q6_K  --no-timing  --reps 25  --jobs N
+    options: --types Q4_K,Q6_K  --no-timing  --no-checks  --no-legacy  --reps 25  --jobs N
+             --configs 'WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]];...'  --shapes Q4_K,Q6_K  --nbs 16,64
+             --decode (nb = 1: today's mv_q8 against the pre-split one, time and bits)
 
 Device run (H200, cuda.core 1.2): compiles every module first (in parallel; a compile error
 prints the NVRTC log and exits 2), then for every type and nb in NBS: random valid weights in
@@ -20,7 +22,9 @@ matvec.cu (embedded below) against today's (decode bits unchanged), and the gemm
 (MEMRA_CANARY=1 must be caught). One line per case, then "N passed, M failed"; exit 1 on a
 failure. Then timing on the llama3-8b shapes (CUDA graphs, events, median of --reps): us,
 int8 TOPS (2 N K nb / t) and weight GB/s for gemm_q8 and the chunked mv_q8, each with its
-own bit check. With $OUT set, JSON lines go to $OUT/gemm-check.jsonl.
+own bit check, for each of TIME_CFGS (large / mid / small batch tiles), then the best one per
+shape and nb. With $OUT set, JSON lines go to $OUT/gemm-check.jsonl. About 1 minute on an H200
+(81 modules compile in ~13 s on its 16 cores); --compile-only takes ~2 minutes on 2 CPU cores.
 """
 from __future__ import annotations
 
@@ -385,9 +389,11 @@ def plan_modules(types, timing: bool, cfgs=(GEMM_DEFAULT,), checks: bool = True)
     if timing:
         for _, t, N, K, glu in TIME_SHAPES:
             if t in types:
-                for nb in TIME_NBS:
+                for nb in TIME_NBS + (1,):
                     for _, _, d in mv_chunks(t, K, nb, glu):
                         jobs.append(("matvec.cu", d))
+                        if nb == 1:
+                            jobs.append(("legacy-matvec.cu", d))
                 for cfg in cfgs:
                     jobs.append(("gemm.cu", {"MV_TYPE": t, **cfg}))
     return jobs
@@ -742,6 +748,43 @@ def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
             print(f"{r['shape']:26s} {r['nb']:4d} {r['gemm_us']:9.1f} {r['gemm_tops']:7.1f} {r['mv_us']:9.1f} "
                   f"{r['speedup']:6.2f}x  {cfg_name(r['gemm_cfg'])}", flush=True)
             jsonl({**r, "kind": "best"})
+
+
+def decode_timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl):
+    """Batch 1 (decode): today's mv_q8 against the pre-split matvec.cu on the timing shapes,
+    default configs, same weights and activations: times and bits (the split's register
+    deltas must not cost decode speed)."""
+    print("\ndecode (nb = 1): mv_q8 now vs pre-split, CUDA graphs of 16 launches over rotated weights", flush=True)
+    print(f"{'shape':26s} {'now us':>8s} {'pre us':>8s} {'now/pre':>8s}", flush=True)
+    for sname, t, N, K, glu in TIME_SHAPES:
+        if t not in types:
+            continue
+        rows = 2 * N if glu else N
+        raw = random_weight(t, rows, K, rng)
+        ws = [W(d, t, raw)]
+        copies = max(1, min(8, -(-(150 << 20) // ws[0].nbytes)))
+        ws += [W(d, t, raw) for _ in range(copies - 1)]
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        xq, xs = quantize_dev(d, x)
+        act = 1 if glu else 0
+        out = {}
+        for src in ("matvec.cu", "legacy-matvec.cu"):
+            y = d.alloc(N * 4)
+            seq = [ws[i % len(ws)] for i in range(16)]
+            g = graph_of(d, lambda tg: [run_mv(d, w, xq, xs, y, N, 1, glu, act, 0, src=src, target=tg) for w in seq])
+            f = [(lambda: g.launch(d.stream))] if g is not None else \
+                [lambda: [run_mv(d, w, xq, xs, y, N, 1, glu, act, 0, src=src) for w in seq]]
+            d.memset(y, 0xFF, N * 4)
+            out[src] = (time_fn(d, f, reps) / 16, d.download(y, N * 4, np.float32))
+            if g is not None:
+                g.close()
+        (tn, a), (tp, b) = out["matvec.cu"], out["legacy-matvec.cu"]
+        tally.add(f"decode nb=1 mv_q8 == pre-split  {sname}", np.array_equal(a.view(np.uint32), b.view(np.uint32)),
+                  diff_detail(a, b), type=TYPES[t][0])
+        jsonl({"kind": "decode", "shape": sname, "type": TYPES[t][0], "rows": rows, "K": K, "now_us": tn,
+               "pre_us": tp, "weight_bytes": ws[0].nbytes})
+        print(f"{sname:26s} {tn:8.2f} {tp:8.2f} {tn / tp:8.3f}", flush=True)
+        d.free_all()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1216,10 +1259,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--configs", default="",
-                    help="gemm configs to time, 'WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]];...' (default: TIME_CFGS)")
+                    help="gemm configs to time, 'WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]];...' (default: TIME_CFGS; "
+                         "LREG and MINB default to gemm.cu's 1 and 2: give MINB 1 for 512-thread blocks)")
     ap.add_argument("--shapes", default="", help="timing shapes whose name contains one of these (comma list)")
     ap.add_argument("--nbs", default="", help="timing nb values (comma list)")
     ap.add_argument("--no-checks", action="store_true", help="timing only")
+    ap.add_argument("--decode", action="store_true",
+                    help="also time nb = 1 mv_q8 now vs the pre-split matvec.cu on the timing shapes")
     args = ap.parse_args()
     types = [NAME2T[n.strip().upper()] for n in args.types.split(",") if n.strip()]
     if args.selftest:
@@ -1232,7 +1278,7 @@ def main() -> int:
         TIME_SHAPES = tuple(sh for sh in TIME_SHAPES if any(k in sh[0] for k in keys))
     if args.nbs:
         TIME_NBS = tuple(int(v) for v in args.nbs.split(","))
-    jobs = plan_modules(types, timing=not (args.no_timing or args.compile_only), cfgs=cfgs,
+    jobs = plan_modules(types, timing=not args.no_timing or args.decode, cfgs=cfgs,
                         checks=not args.no_checks)
     if args.no_legacy:
         jobs = [j for j in jobs if j[0] != "legacy-matvec.cu"]
@@ -1271,6 +1317,8 @@ def main() -> int:
     print(f"checks done in {time.perf_counter() - t0:.1f} s", flush=True)
     if not args.no_timing:
         timing(d, tally, types, args.reps, rng, jsonl, cfgs)
+    if args.decode:
+        decode_timing(d, tally, types, args.reps, rng, jsonl)
     print(f"\n{tally.ok} passed, {tally.bad} failed")
     jsonl({"kind": "summary", "passed": tally.ok, "failed": tally.bad})
     if fh:
