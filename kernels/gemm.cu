@@ -19,8 +19,10 @@
 //    Q6_K, whose groups carry their own scale) come from mma.sync m16n8k32 (m16n8k16 for Q6_K)
 //    s8 x s8 -> s32 with a zero accumulator: integer sums are exact in any order, so they equal
 //    idots' dp4a sums bit for bit (|sum| <= 32 * 127 * 127, no overflow);
-//  - T::accum, the very function mv_q8 calls, folds each unit into the slot partial; every
-//    float operation in it is an explicit-rounding intrinsic, so no contraction differs;
+//  - T::accum_r, the float part of the T::accum that mv_q8 calls, folds each unit into the
+//    slot partial; every float operation in it is an explicit-rounding intrinsic, so no
+//    contraction differs. Its row scalars come from T::rowscal (Q4_K / Q5_K: the same
+//    integers by a cheaper extraction), computed once per row instead of once per output;
 //  - the slots are walked in bit-reversed order (slot l = brev5(i), i = 0..31), each slot's
 //    units in increasing u, and a finished slot is merged into a 5-level stack exactly like a
 //    binary counter: after slot i, the partials of the t = trailing-ones(i) pending left
@@ -28,14 +30,13 @@
 //    brev5(i) and brev5(i ^ 1) differ in bit 4 (the butterfly's offset 16), i's bit k is the
 //    offset 16 >> k, so every add is a butterfly add with the same two operands (float
 //    addition is commutative: operand order does not matter, and the tree is the same);
-//  - the epilogue is finish()'s, with the same common.cuh activation functions.
-// Nothing depends on nb, the tile sizes, the grid or the chunk of rows a caller passes, so a
-// row's bits are the same in every launch and equal to mv_q8's at any MV_B.
-//
 //  - with GM_WK > 1 warp groups, group k takes the slots l = k (mod WK): those form the
 //    butterfly's subtree below its last log2(WK) levels (offsets WK/2 .. 1), which the group
 //    walks exactly as above (leaf j = slot k + WK brev(j)); at the end the groups' roots meet
-//    through shared memory in those last levels, T(k) = T(k) + T(k + o) for o = WK/2 .. 1.
+//    through shared memory in those last levels, T(k) = T(k) + T(k + o) for o = WK/2 .. 1;
+//  - the epilogue is finish()'s, with the same common.cuh activation functions.
+// Nothing depends on nb, the tile sizes, the grid or the chunk of rows a caller passes, so a
+// row's bits are the same in every launch and equal to mv_q8's at any MV_B.
 //
 // Tiles. A block owns BM = GM_WM * GM_TM * 16 weight rows (for _glu: BM/2 output rows, gate
 // and up rows both) and BN = GM_WN * GM_TN * 8 batch columns; its GM_WM x GM_WN x GM_WK warps
@@ -48,8 +49,8 @@
 // The K loop runs WK units (64 elements each, one per group) per step, in slot order; each
 // unit's weight bulk bytes (BM rows x WB bytes), meta bytes (BM x MW), activations (BN x 64
 // bytes) and activation scales (BN x 2 or 4 Q8Scale) are staged in shared memory by cp.async,
-// GM_STAGES deep. Weights go into A fragments with ldmatrix (.x4: rows gid / gid + 8, word tig of two
-// 16-byte chunks) and are unpacked in registers (nibbles, Q5 high bits, Q6_K, IQ4_XS table):
+// GM_STAGES deep. Weights go into A fragments with ldmatrix (.x4: rows gid / gid + 8, word
+// tig of two 16-byte chunks) and are unpacked in registers (nibbles, Q5 high bits, Q6_K, IQ4_XS):
 // the k order inside a 32-block is free as long as A and B agree, and the natural order
 // makes every type's raw bytes fragment-ready. Activations go into B fragments with ldmatrix.
 //
