@@ -8,6 +8,14 @@ device. The kernel semantics come from the launch contracts in kernels/*.cu (eac
 independently of the engine; the kernels themselves are checked on the GPU by
 `memra kernel-check`). Attention follows the kernel's split layout exactly, so a wrong
 split or combine index in the engine shows up here too.
+
+Launch geometry (`check_geometry`, before every launch): from the grid, block and dynamic
+shared memory a launcher passes, and the module's -D defines, each kernel's launch contract
+(the header of its kernels/*.cu) says which output elements each block writes; the launch
+raises CudaError when an element is written by no block or by two, when the block size is
+not the one the module was compiled for, or when the dynamic shared memory differs from
+what the kernel addresses. So a grid that drops a tail (floor instead of ceiling division)
+fails here, although the numpy models below compute whole outputs whatever the grid.
 """
 
 from __future__ import annotations
@@ -174,11 +182,163 @@ class FakeGpu:
             else:
                 raise TypeError(f"kernel {kernel.name}: argument {a!r} must be a device array or numpy scalar")
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-        fn = _mv if kernel.name.startswith("mv_") else _KERNELS.get(kernel.name)
+        fn = _mv if kernel.name.startswith(("mv_", "gemm_q8")) else _KERNELS.get(kernel.name)
         if fn is None:
             raise CudaError(f"emulator: no model of kernel {kernel.name}")
+        check_geometry(kernel, grid, block, shmem, vals)
         self.launches += 1
         self.record(lambda: fn(self, kernel, grid, vals))
+
+
+# -- launch geometry (the contracts in the headers of kernels/*.cu) ------------------------
+
+def _dims(x):
+    t = tuple(int(v) for v in (x if isinstance(x, (tuple, list)) else (x,)))
+    return t + (1,) * (3 - len(t))
+
+
+def _d(k, name, default):
+    return int(k.defines.get(name, default))
+
+
+def _fail(k, grid, block, msg):
+    raise CudaError(f"launch geometry: {k.name} grid {grid} block {block}: {msg}")
+
+
+def _judge(k, grid, block, what, counts):
+    zero = np.flatnonzero(counts == 0)
+    if zero.size:
+        _fail(k, grid, block, f"{zero.size} of {counts.size} elements of {what} are written by no block "
+                              f"(the first: {int(zero[0])})")
+    two = np.flatnonzero(counts > 1)
+    if two.size:
+        _fail(k, grid, block, f"{two.size} of {counts.size} elements of {what} are written by two blocks "
+                              f"(the first: {int(two[0])})")
+
+
+def _ranges(k, grid, block, what, n, starts, length):
+    """Blocks writing [start, start + length) of n elements each."""
+    st = np.asarray(starts, np.int64).reshape(-1)
+    lo, hi = np.clip(st, 0, n), np.clip(st + length, 0, n)
+    d = np.zeros(n + 1, np.int64)
+    np.add.at(d, lo, 1)
+    np.add.at(d, hi, -1)
+    _judge(k, grid, block, what, np.cumsum(d)[:n])
+
+
+def _indices(k, grid, block, what, n, idx):
+    idx = np.asarray(idx, np.int64).reshape(-1)
+    idx = idx[(idx >= 0) & (idx < n)]
+    _judge(k, grid, block, what, np.bincount(idx, minlength=n)[:n])
+
+
+def _block_is(k, grid, block, want, why):
+    if block != (want, 1, 1):
+        _fail(k, grid, block, f"the block must be ({want},) ({why})")
+
+
+def _no_dynamic_smem(k, grid, block, shmem):
+    if shmem:
+        _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel takes none")
+
+
+def check_geometry(kernel, grid, block, shmem, v):
+    k, grid, block, shmem = kernel, _dims(grid), _dims(block), int(shmem or 0)
+    name = k.name
+    if name.startswith("mv_"):
+        # matvec.cu: grid ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block 32 * MV_NWARPS, dynamic
+        # shared memory 0 or (MV_XSMEM, q8 family) nb * ceil(K / 2048) * 3072; block i owns
+        # output rows [i * rpb, (i + 1) * rpb) of every batch row b < nb <= MV_B
+        nw, rows, ks = _d(k, "MV_NWARPS", 4), _d(k, "MV_ROWS", 1), _d(k, "MV_KSPLIT", 1)
+        N, K, nb = v[6:9] if name.startswith("mv_q8") else v[5:8]
+        _block_is(k, grid, block, 32 * nw, "32 * MV_NWARPS")
+        if not 1 <= nb <= _d(k, "MV_B", 1):
+            _fail(k, grid, block, f"nb = {nb} outside 1..MV_B = {_d(k, 'MV_B', 1)}")
+        want = nb * -(-K // 2048) * 3072 if name.startswith("mv_q8") and _d(k, "MV_XSMEM", 0) else 0
+        if shmem != want:
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
+        if grid[1:] != (1, 1):
+            _fail(k, grid, block, "a one-dimensional grid")
+        rpb = rows * nw // ks
+        _ranges(k, grid, block, f"y (rows of {N})", N, np.arange(grid[0]) * rpb, rpb)
+    elif name == "quantize_q8":
+        # q8.cu: grid ceil(nblocks / Q8_WARPS), block 32 * Q8_WARPS; one warp per block of 32
+        w = _d(k, "Q8_WARPS", 8)
+        _block_is(k, grid, block, 32 * w, "32 * Q8_WARPS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, "the q8 blocks", int(v[3]), np.arange(grid[0]) * w, w)
+    elif name in ("rmsnorm", "add_rmsnorm"):
+        # norm.cu: block NORM_THREADS, one row per blockIdx.x; thread t owns float4s t + j * T,
+        # j < NORM_MAXV; rmsnorm's gridDim.y blocks of a row write j in [y * per, (y + 1) * per),
+        # per = ceil(NORM_MAXV / gridDim.y)
+        T, V = _d(k, "NORM_THREADS", 256), _d(k, "NORM_MAXV", 8)
+        n = int(v[3] if name == "rmsnorm" else v[5])
+        _block_is(k, grid, block, T, "NORM_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        split = grid[1] if name == "rmsnorm" else 1
+        if name == "add_rmsnorm" and grid[1:] != (1, 1):
+            _fail(k, grid, block, "add_rmsnorm takes one block per row")
+        per = -(-V // split)
+        js = np.concatenate([np.arange(y * per, min(V, (y + 1) * per)) for y in range(split)])
+        idx = np.arange(T)[None, :] + js[:, None] * T
+        _indices(k, grid, block, f"a row's float4s ({n // 4})", n // 4, idx)
+    elif name == "rope_norm_kv":
+        # rope.cu: grid (ceil((n_head + 2 n_kv) / ROPE_WARPS), n_tokens), block 32 * ROPE_WARPS;
+        # warp w of block x handles head unit x * ROPE_WARPS + w
+        w = _d(k, "ROPE_WARPS", 4)
+        n_units = int(v[18]) + 2 * int(v[19])
+        _block_is(k, grid, block, 32 * w, "32 * ROPE_WARPS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, f"the head units ({n_units})", n_units, np.arange(grid[0]) * w, w)
+    elif name in ("attn_split", "attn_decode", "attn_decode_rope"):
+        # attention.cu: grid (n_head / N_GQA, S, n_tokens), block 32 * ATT_WARPS, static shared
+        # memory; block x holds query heads [x * N_GQA, (x + 1) * N_GQA) (n_head = gridDim.x *
+        # N_GQA must be the model's n_kv * qpk); attn_decode*: S <= MAX_SPLITS
+        G, nw = _d(k, "N_GQA", 1), _d(k, "ATT_WARPS", 4)
+        n_kv, qpk = (v[9], v[10]) if name == "attn_split" else (v[13], v[14]) if name == "attn_decode" \
+            else (v[26], v[27])
+        _block_is(k, grid, block, 32 * nw, "32 * ATT_WARPS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        if _d(k, "HEAD_DIM", 0) > 8 * 32 * nw:
+            _fail(k, grid, block, "HEAD_DIM > 8 * 32 * ATT_WARPS")
+        if name != "attn_split" and grid[1] > _d(k, "MAX_SPLITS", 256):
+            _fail(k, grid, block, f"{grid[1]} splits exceed MAX_SPLITS")
+        if qpk % G:
+            _fail(k, grid, block, f"N_GQA = {G} does not divide the {qpk} query heads per KV head")
+        _ranges(k, grid, block, f"the query heads ({n_kv * qpk})", int(n_kv * qpk), np.arange(grid[0]) * G, G)
+    elif name == "attn_combine":
+        # attention.cu: grid (n_head, n_tokens), block min(HEAD_DIM, 256): threads stride the head
+        if block[0] > 1024 or block[1:] != (1, 1):
+            _fail(k, grid, block, "a one-dimensional block of at most 1024 threads")
+        _no_dynamic_smem(k, grid, block, shmem)
+    elif name == "act_mul":
+        # act.cu: grid (ceil(n / ACT_THREADS), rows), block ACT_THREADS
+        T = _d(k, "ACT_THREADS", 256)
+        _block_is(k, grid, block, T, "ACT_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, f"a row ({int(v[3])})", int(v[3]), np.arange(grid[0]) * T, T)
+    elif name == "softcap":
+        # act.cu: grid ceil(n / ACT_THREADS), block ACT_THREADS (in place over n values)
+        T = _d(k, "ACT_THREADS", 256)
+        _block_is(k, grid, block, T, "ACT_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, f"x ({int(v[1])})", int(v[1]), np.arange(grid[0]) * T, T)
+    elif name in ("argmax_partial", "argmax_final", "sample"):
+        # sample.cu: block SAMPLE_THREADS; argmax_partial grid (NB, B) (block j scans the j-th
+        # ceil(n / NB) segment), argmax_final grid (B) with NB <= SAMPLE_THREADS, sample grid (B)
+        T = _d(k, "SAMPLE_THREADS", 1024)
+        _block_is(k, grid, block, T, "SAMPLE_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        if name == "argmax_partial":
+            n = int(v[1])
+            seg = -(-n // grid[0])
+            _ranges(k, grid, block, f"the logits ({n}) scanned", n, np.arange(grid[0]) * seg, seg)
+        elif name == "argmax_final" and int(v[2]) > T:
+            _fail(k, grid, block, f"NB = {int(v[2])} partials exceed SAMPLE_THREADS")
+    elif name.startswith("embed_"):
+        # embed.cu: grid (n_tokens), block EMBED_THREADS (threads stride the row), no shared memory
+        _block_is(k, grid, block, _d(k, "EMBED_THREADS", 256), "EMBED_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
 
 
 # -- kernel models ------------------------------------------------------------------------
@@ -448,7 +608,7 @@ def _mv(g, k, grid, v):
 
     t = int(k.defines["MV_TYPE"])
     glu = k.name.endswith("_glu")
-    if k.name.startswith("mv_q8"):
+    if k.name.startswith(("mv_q8", "gemm_q8")):
         bulk, meta, xq, xs, y, res, N, K, nb, act = v
         q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
         d = g.mem(xs, MV.Q8_SCALE, nb * K // 32)["d"].reshape(nb, K // 32, 1)
@@ -466,7 +626,9 @@ def _mv(g, k, grid, v):
         mp = g.mem(meta, np.uint8, rows * nblk * (bb - bl)).reshape(rows, -1) if t not in MV.FLOAT_TYPES else None
         raw = MV.unpack_planes(bp, mp, t) if mp is not None else bp.copy()
         wf = g.wcache[key] = MV.dequant_rows(raw, t).astype(np.float64)
-    yy = x @ wf.T
+    # row by row: a BLAS product of several rows may sum a row in another order than one
+    # row alone, and the kernels promise each row the same bits at any batch
+    yy = np.stack([wf @ x[b] for b in range(nb)])
     if glu:
         gte, up = yy[:, :N], yy[:, N:]
         a = gte / (1 + np.exp(-gte)) if act == 1 else 0.5 * gte * (1 + np.tanh(0.7978845608028654 * (gte + 0.044715 * gte ** 3)))

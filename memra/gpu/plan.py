@@ -30,6 +30,7 @@ from typing import Mapping
 
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
+from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import norm as NORM
 from memra.gpu.ops import rope as ROPE
@@ -230,16 +231,17 @@ class Planner:
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
                 dst_offset: int = 0, res: str | None = None) -> None:
-        """The launches of one matvec over `rows` rows: one GEMM launch above 8 rows on the
-        q8 path (same bits as the matvec, kernels/gemm.cu), else matvec launches of at most
-        8 rows each (MV_B buckets 1/4/8; the f32 family on quantized weights runs row by row)."""
+        """The launches of one matvec over `rows` rows: one tensor-core GEMM launch from
+        GEMM_MIN_ROWS rows on the q8 path (the matvec's bits, kernels/gemm.cu), else matvec
+        launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on quantized
+        weights runs row by row)."""
         t = MV.type_id(w.type)
         q8 = self.path == "q8" and t not in MV.FLOAT_TYPES
         variant = "q8" if q8 else "f32"
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
-        if q8 and rows > 8 and self.use_gemm:
+        if q8 and rows >= GEMM.GEMM_MIN_ROWS and self.use_gemm and t in GEMM.TYPES:
             gk = "gemm_glu" if w.glu else "gemm"
             out.append(Launch(name, "gemm", gk, variant, shape, rows, self.tuned(gk, shape, rows, variant),
                               group, il, {**base, "row0": 0}))

@@ -115,7 +115,7 @@ class Runner:
         path = matvec_path or os.environ.get("MEMRA_MATVEC_PATH", "q8")
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
-        use_gemm = (os.environ.get("MEMRA_GEMM", "0") != "0") if gemm is None else bool(gemm)
+        use_gemm = (os.environ.get("MEMRA_GEMM", "1") != "0") if gemm is None else bool(gemm)
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm)

@@ -31,6 +31,7 @@ FAMILIES: dict[str, str] = {
     "attention": "memra.gpu.ops.attention",
     "act": "memra.gpu.ops.act",
     "sample": "memra.gpu.ops.sample",
+    "gemm": "memra.gpu.ops.gemm",
 }
 
 

@@ -1,0 +1,233 @@
+"""Quantized matrix products on the tensor cores for many rows (kernels/gemm.cu), bit-identical
+to the matvec (kernels/matvec.cu's mv_q8 / mv_q8_glu) for every row.
+
+    gemm(g, w, y, xq=xq, xs=xs, nb=nb)                 # y[b, :] = W x[b, :], b < nb
+        residual=r   y = r + W x (r may be y itself)
+        glu="silu"|"gelu"   W holds [gate; up] (2N rows): y = act(gate x) * (up x)
+
+`w` is a memra.gpu.ops.matvec.Weight (the planes layout), xq/xs the q8 activations. A row's
+float operations are the matvec's, in its order (gemm.cu's header gives the argument), so the
+runner may send any batch to either kernel: the plan takes the GEMM from GEMM_MIN_ROWS rows,
+where it is faster (research/2026-12-01-runner/gemm-check-*.jsonl). Tunables (-D): GM_WM,
+GM_WN, GM_TM, GM_TN, GM_WK, GM_STAGES, GM_LREG, GM_MINB; built-in configurations per batch
+size below (the H200 sweep's winners), a tuning table's GM_* laid over them.
+
+The checks compare the GEMM's bits with the matvec's (the oracle of the exactness contract)
+and both with the float64 reference (memra.gpu.ops.matvec.matvec_ref) at the matvec's TOL.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+from memra.gpu.ops import matvec as MV
+from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
+
+KERNEL_FILE = "gemm.cu"
+GEMM_MIN_ROWS = 16  # the plan runs the matvec below this many rows (the GEMM only breaks even at 8)
+TYPES = (2, 3, 6, 7, 8, 12, 13, 14, 23)  # quantized types (float weights take the matvec's f32 family)
+_KEYS = ("GM_WM", "GM_WN", "GM_TM", "GM_TN", "GM_WK", "GM_STAGES", "GM_LREG", "GM_MINB")
+# per type: (WBS, SSB, MWS) of gemm.cu's stage-size formula
+_SMEM = {2: (48, 16, 4), 3: (48, 16, 8), 6: (48, 16, 12), 7: (48, 16, 16), 8: (80, 16, 4),
+         12: (48, 16, 16), 13: (80, 16, 16), 14: (48, 32, 20), 23: (48, 16, 8)}
+_NULL = np.uint64(0)
+
+
+def _cfg(text: str) -> dict:
+    return dict(zip(_KEYS, (int(v) for v in text.split(","))))
+
+
+# the H200 sweep's best by batch size (gemm_check, 7 shapes of the 8B): small batches split
+# the slots over 8 warp groups, mid ones over 2, large ones take the big tile
+CONFIGS = ((16, _cfg("1,1,2,2,8,3,1,2")), (64, _cfg("2,2,2,2,2,3,1,2")), (1 << 30, _cfg("2,4,2,2,1,3,1,2")))
+
+
+def default_config(nb: int) -> dict:
+    for top, cfg in CONFIGS:
+        if nb <= top:
+            return dict(cfg)
+    raise AssertionError("unreachable")
+
+
+def launch_shape(ggml_type: int, config: dict, N: int, nb: int, glu: bool):
+    """(grid, block, dynamic shared bytes) of a launch (gemm.cu's launch contract)."""
+    c = config
+    BM, BN = c["GM_WM"] * c["GM_TM"] * 16, c["GM_WN"] * c["GM_TN"] * 8
+    wk = c["GM_WK"]
+    if wk not in (1, 2, 4, 8, 16) or c["GM_STAGES"] < 2 or (glu and c["GM_TM"] % 2):
+        raise MemraError(f"gemm: bad configuration {c} (GM_WK a power of two <= 16, GM_STAGES >= 2, "
+                         f"GM_TM even for glu)")
+    obm = BM // 2 if glu else BM
+    wbs, ssb, mws = _SMEM[ggml_type]
+    stage = (BM * wbs + BN * 80 + BN * ssb + BM * mws + 15) // 16 * 16
+    nthr = 32 * c["GM_WM"] * c["GM_WN"] * wk
+    lv = 5 - (wk.bit_length() - 1)
+    lsm = max(0, lv - c["GM_LREG"]) * (c["GM_TM"] * c["GM_TN"] * 4) * nthr * 4
+    smem = max(c["GM_STAGES"] * wk * stage + lsm, (wk * BM * BN * 4) if wk > 1 else 0)
+    return ((N + obm - 1) // obm, (nb + BN - 1) // BN), (nthr,), smem
+
+
+def _defines(ggml_type: int, config: dict, canary: int = 0) -> dict:
+    d = {"MV_TYPE": ggml_type, **config}
+    if canary:
+        d["MEMRA_CANARY"] = canary
+    return d
+
+
+def gemm(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
+         canary: int = 0, pdl: bool = False) -> None:
+    """y[b, :] (+)= W x[b, :] for b < nb on the q8 activations xq/xs. config: GM_* tunables laid
+    over default_config(nb) (a tuning table's entry, or kernel-check's)."""
+    t = w.ggml_type
+    if t not in _SMEM:
+        raise MemraError(f"gemm: no tensor-core kernel for {MV.TYPES[t][0]} weights (quantized types only)")
+    if glu not in MV.ACTS:
+        raise MemraError(f"gemm: glu must be None, 'silu' or 'gelu' (got {glu!r})")
+    N = w.rows // 2 if glu else w.rows
+    K = w.K
+    if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
+        raise MemraError("gemm: xq/xs must be int8 / Q8_SCALE with nb rows of K")
+    if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
+        raise MemraError(f"gemm: y (and residual) must be f32 with >= {nb}x{N} values")
+    cfg = {**default_config(nb), **{k: int(v) for k, v in (config or {}).items() if k.startswith("GM_")}}
+    grid, block, smem = launch_shape(t, cfg, N, nb, bool(glu))
+    k = g.module(KERNEL_FILE, _defines(t, cfg, canary)).kernel("gemm_q8_glu" if glu else "gemm_q8")
+    g.launch(k, grid, block, (w.bulk, w.meta, xq, xs, y, residual if residual is not None else _NULL,
+                              np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu])), shmem=smem, pdl=pdl)
+
+
+# -- kernel-check -----------------------------------------------------------------------
+
+_CHECK_NB = (9, 33, 64, 130)  # every built-in configuration, partial batch tiles
+_CHECK_N, _CHECK_K = 200, 2560  # nu = 40 units a row: uneven slots
+
+
+def compile_variants() -> list[tuple[str, dict]]:
+    out = []
+    for t in TYPES:
+        for _, cfg in CONFIGS:
+            out.append((KERNEL_FILE, _defines(t, cfg)))
+    out.append((KERNEL_FILE, _defines(12, default_config(64), canary=1)))
+    return out
+
+
+def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
+          K=_CHECK_K):
+    """The GEMM against the matvec's bits (same weights, same q8 activations, y poisoned or
+    holding the residual it aliases) and against the float64 reference."""
+    from memra.gpu.compare import Outcome, compare
+
+    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
+    w = MV.upload_weight(g, raw, t)
+    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+    MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
+    res = rng.standard_normal((nb, N)).astype(np.float32)
+    outs = []
+    for kind in ("matvec", "gemm"):
+        y = g.to_device(res) if alias else g.empty((nb, N), np.float32)
+        if not alias:
+            y.poison()
+        if kind == "matvec":
+            MV.matvec(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu)
+        else:
+            gemm(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=config, canary=canary)
+        g.sync()
+        outs.append(y.numpy())
+    name = (f"gemm {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
+            f"{' ' + ','.join(str(v) for v in config.values()) if config else ''}")
+    q, s = quantize_q8_ref(x)
+    xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
+    ref = MV.matvec_ref(MV.dequant_rows(raw, t), xv, res if alias else None, glu)
+    o = compare(name, outs[1], ref, MV.TOL)
+    if not o.ok:
+        return o
+    same = np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    if not same:
+        bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
+        return Outcome(name, False, f"{bad} of {outs[0].size} values differ from the matvec's bits", o.err)
+    return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for t in TYPES:
+        for nb in _CHECK_NB:
+            glu = (None, "silu", "gelu", None)[_CHECK_NB.index(nb)]
+            yield _case(g, rng, t, nb, glu, alias=glu is None and nb == 130)
+    # the K-quant and Q6_K shapes of an 8B layer's matvecs at decode batches
+    for t, N, K, glu in ((12, 512, 4096, "silu"), (14, 256, 14336, None)):
+        for nb in (16, 64):
+            yield _case(g, rng, t, nb, glu, alias=glu is None, N=N, K=K)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _case(g, rng, 12, 33, None, alias=False, canary=1)
+
+
+# -- tune hook (memra/tune/measure.py): kernel "gemm" | "gemm_glu", variant "q8", shape {type,
+# rows, cols}, batch rows; config GM_*
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    if kernel not in ("gemm", "gemm_glu") or variant != "q8":
+        raise MemraError(f"gemm tune: unknown kernel/variant {kernel}/{variant}")
+    t = MV.type_id(shape["type"])
+    if t not in _SMEM:
+        raise MemraError(f"gemm tune: {shape['type']} has no tensor-core kernel")
+    return _TuneCase(g, kernel == "gemm_glu", t, int(shape["rows"]), int(shape["cols"]),
+                     int(shape.get("batch", 1)), dict(config or {}), rng, rotate_bytes)
+
+
+def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
+    nb = int(shape.get("batch", 1))
+    d = default_config(nb)
+    return {**d, **{k: int(v) for k, v in (config or {}).items() if k.startswith("GM_")}} == d
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    t, nb = MV.type_id(shape["type"]), int(shape.get("batch", 1))
+    cfg = {**default_config(nb), **{k: int(v) for k, v in (config or {}).items() if k.startswith("GM_")}}
+    return [(KERNEL_FILE, _defines(t, cfg))]
+
+
+class _TuneCase:
+    """The shape's weight (rotating copies past the L2), nb rows of q8 activations."""
+
+    def __init__(self, g, glu, t, rows, K, nb, config, rng, rotate_bytes):
+        self.g, self.glu, self.t, self.nb, self.K, self.rng = g, glu, t, nb, K, rng
+        self.N = rows // 2 if glu else rows
+        self.config = config
+        launch_shape(t, {**default_config(nb), **config}, self.N, nb, glu)  # a bad config fails here
+        self.ws, self.wf = MV._shape_weights(g, t, rows, K, rng, rotate_bytes)
+        self.sets = len(self.ws)
+        self.x = rng.standard_normal((nb, K)).astype(np.float32)
+        self.xq, self.xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+        MV.quantize_q8(g, g.to_device(self.x), self.xq, self.xs, nb)
+        self.y = g.empty((nb, self.N), np.float32)
+        self.bytes = self.ws[0].nbytes + nb * (K + K // 32 * Q8_SCALE.itemsize + self.N * 4)
+
+    def launch(self, i: int) -> None:
+        gemm(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
+             glu="silu" if self.glu else None, config=self.config)
+
+    def check(self):
+        """This configuration's bits against the matvec's on the same inputs, and the
+        float64 reference at the matvec's TOL."""
+        from memra.gpu.compare import compare
+
+        g, w = self.g, self.ws[0]
+        act = "silu" if self.glu else None
+        ym = g.empty((self.nb, self.N), np.float32)
+        MV.matvec(g, w, ym, xq=self.xq, xs=self.xs, nb=self.nb, glu=act)
+        self.y.poison()
+        self.launch(0)
+        g.sync()
+        got = self.y.numpy()
+        q, s = quantize_q8_ref(self.x)
+        xv = (q.reshape(self.nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(self.nb, -1)
+        o = compare("gemm", got, MV.matvec_ref(self.wf, xv, None, act), MV.TOL)
+        if o.ok and not np.array_equal(got.view(np.uint32), ym.numpy().view(np.uint32)):
+            return False, o.err, "differs from the matvec's bits"
+        return o.ok, o.err, o.detail
