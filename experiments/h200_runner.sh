@@ -6,8 +6,10 @@
 #   STAGE=check  kernel-check, experiments/gemm_check.py, the GPU tests (runner batch
 #                invariance alone vs 63 co-runners, graph vs eager at every bucket, the
 #                engine's greedy/gate tests), the invariance receipt, `memra run gemma3-270m`
+#   STAGE=evidence  the synthetic models, kernel-check, the invariance receipt (SmolLM2, 1B),
+#                `memra profile` of the 8B Q4_K_M and the 1B at 1 and 64 rows
 #   STAGE=bench  tg128 of the five issue-9 models (no regression at batch 1), tg128 at
-#                8/16/32/64 parallel sequences on 8B Q4_K_M and 1B, `memra profile` of both
+#                8/16/32/64 parallel sequences on 8B Q4_K_M and 1B
 #   STAGE=tune   the campaign's stale jobs re-measured, the table frozen, `tune show`
 # Run from the repository root on the device, carrying .whl and .synthtok:
 #   source .whl/setup.sh && STAGE=check MEMRA_GIT_SHA=<sha> bash experiments/h200_runner.sh
@@ -59,9 +61,23 @@ bench)
     timeout 150 python3 -m memra bench "$m" -p 0 -n 128 -np 1,8,16,32,64 -r 3 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" \
       --tag runner-np >> "$OUT/runner-$STAGE.log" 2>&1; log "bench -np $m rc=$?"
   done
+  ;;
+evidence)
+  # synthetic models first (bench reuses them), then the checks that must hold at this commit
+  python3 - "$TOK" llama-1b:Q4_0 llama3-8b:Q4_K_M llama3-8b:Q4_0 llama3-8b:Q8_0 >> "$OUT/runner-$STAGE.log" 2>&1 <<'PY'
+import sys
+from memra.tune.bench import synth_model
+for spec in sys.argv[2:]:
+    print(synth_model(*spec.split(":"), sys.argv[1]), flush=True)
+PY
+  log "synth done"; touch /root/prep-done
+  timeout 150 python3 -m memra kernel-check > "$OUT/kernel-check.txt" 2>&1; log "kernel-check rc=$? $(tail -1 "$OUT/kernel-check.txt")"
+  grep -v "^PASS" "$OUT/kernel-check.txt" | head -30 | tee -a "$OUT/runner-$STAGE.log"
+  timeout 200 python3 experiments/runner_invariance.py "$OUT/invariance.jsonl" smollm2-135m synth:llama-1b:Q4_0 \
+    >> "$OUT/runner-$STAGE.log" 2>&1; log "invariance rc=$?"
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
     for rows in 1 64; do
-      timeout 90 python3 -m memra profile "$m" --depth 64 --rows $rows --synth-tokenizer $TOK --json >> "$OUT/profile.jsonl" \
+      timeout 60 python3 -m memra profile "$m" --depth 64 --rows $rows --synth-tokenizer $TOK --json >> "$OUT/profile.jsonl" \
         2>> "$OUT/runner-$STAGE.log"; log "profile $m rows=$rows rc=$?"
     done
   done ;;
