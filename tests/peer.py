@@ -83,3 +83,113 @@ class LlamaCppPeer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# -- answers kept between runs ---------------------------------------------------------------
+
+def _cache_dir():
+    import os
+    from pathlib import Path
+
+    return Path(os.environ.get("MEMRA_HOME") or Path.home() / ".cache" / "memra") / "parity" / "peer"
+
+
+def _file_sha256(path) -> str:
+    """sha256 of a model file, remembered per (path, size, mtime) so a 1 GB file is read once."""
+    import hashlib
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(path).resolve()
+    st = path.stat()
+    memo_file = _cache_dir() / "files.json"
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    if key not in memo:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                h.update(block)
+        memo[key] = h.hexdigest()
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_file)
+    return memo[key]
+
+
+class CachedPeer:
+    """LlamaCppPeer's answers kept on disk ($MEMRA_HOME/parity/peer/), so a test run that
+    already asked llama.cpp the same question of the same file does not start it again.
+
+    An answer is llama.cpp's own output, never memra's: it is keyed by the model file's
+    sha256, the xllamacpp version (pinned in pyproject.toml), this module's source (the
+    server settings and request bodies) and the request itself, and llama.cpp's CPU build
+    answers a given request on a given file the same way every time (the parity tests rely
+    on that already). The server starts on the first question not in the cache.
+    MEMRA_PEER_CACHE=0 asks llama.cpp every time."""
+
+    def __init__(self, model_path, **kw):
+        import hashlib
+        import json
+        import os
+        from importlib.metadata import version
+        from pathlib import Path
+
+        self._path, self._kw, self._peer = model_path, kw, None
+        self._use = os.environ.get("MEMRA_PEER_CACHE", "1") != "0"
+        source = Path(__file__).read_bytes()
+        self._base = json.dumps({"xllamacpp": version("xllamacpp"), "peer": hashlib.sha256(source).hexdigest(),
+                                 "file": _file_sha256(model_path) if self._use else None,
+                                 "kw": sorted(kw.items())}, sort_keys=True)
+
+    def _ask(self, method: str, *args, **kwargs):
+        import hashlib
+        import json
+        import os
+
+        if not self._use:
+            return getattr(self._live(), method)(*args, **kwargs)
+        key = hashlib.sha256((self._base + json.dumps([method, args, sorted(kwargs.items())])).encode()).hexdigest()
+        f = _cache_dir() / f"{key}.json"
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            pass
+        answer = getattr(self._live(), method)(*args, **kwargs)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(answer))
+        os.replace(tmp, f)
+        return json.loads(f.read_text())  # the same types whether the answer was cached or not
+
+    def _live(self) -> LlamaCppPeer:
+        if self._peer is None:
+            self._peer = LlamaCppPeer(self._path, **self._kw)
+        return self._peer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._ask("tokenize", text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._ask("detokenize", list(ids))
+
+    def complete(self, prompt, n_predict: int, n_probs: int = 2) -> dict:
+        r = self._ask("complete", prompt, n_predict, n_probs=n_probs)
+        r["top"] = [None if t is None else [tuple(x) for x in t] for t in r["top"]]
+        return r
+
+    def close(self) -> None:
+        if self._peer is not None:
+            self._peer.close()
+            self._peer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -280,6 +280,26 @@ def test_download_shows_pip_progress_only_when_asked(tmp_path, monkeypatch, capf
         assert captured.err == ""
 
 
+def test_gpu_load_counts_kernel_compiles_on_the_terminals_status_line(tmp_path, monkeypatch):
+    from memra.cli.run import _compile_progress
+    from memra.gpu.compile import compile_cubin
+    from memra.gpu.ops import act
+
+    monkeypatch.setenv("MEMRA_HOME", str(tmp_path))  # an empty cubin cache: NVRTC runs
+    texts = []
+
+    class Status:  # rich's Status, as `memra run` holds it while the engine loads
+        def update(self, text):
+            texts.append(text)
+
+    kernel_file, defines = act.compile_variants()[0]
+    with _compile_progress(Status(), "loading m on gpu…"):
+        compile_cubin(kernel_file, "sm_89", defines)
+        compile_cubin(kernel_file, "sm_89", defines)  # a cache hit: not counted
+    assert texts == ["loading m on gpu… compiling kernels with NVRTC: 1 (first run on this machine; "
+                     "`memra warmup` does it ahead)"]
+
+
 # -- 5. memra synth with its defaults -------------------------------------------------------------
 
 def test_synth_with_its_defaults_and_an_unknown_arch(tmp_path):

@@ -39,6 +39,12 @@ Two encodings of each model's weights:
 
 llama.cpp runs with ignore_eos: it bans end-of-generation tokens (logit -inf) but reports
 log-probs from before the ban, so memra's argmax skips the same tokens.
+
+Cost: the F32 copies take 1.6 GB in $MEMRA_HOME/parity (written once), and llama.cpp needs
+minutes to generate on them with 2 cores. Its answers (tokens, top log-probs, token ids of
+the prompts) are kept in $MEMRA_HOME/parity/peer/ keyed by the file's sha256, the pinned
+xllamacpp version and the request (tests/peer.py: CachedPeer), so later runs compare memra
+against the same llama.cpp output without starting it; MEMRA_PEER_CACHE=0 asks it afresh.
 """
 
 from __future__ import annotations
@@ -173,12 +179,12 @@ def server_prompt_batches(n: int, swa: bool) -> list[int]:
 
 def compare(path: Path, texts: list[str], numerics: str = "llamacpp") -> Compared:
     from memra.text.tokenizer import Tokenizer
-    from peer import LlamaCppPeer
+    from peer import CachedPeer
 
     g = open_gguf(path)
     model = ReferenceModel(g, numerics=numerics)
     c = Compared(eog=sorted(Tokenizer.from_gguf(g).eog_ids))
-    with LlamaCppPeer(path) as peer:
+    with CachedPeer(path) as peer:  # llama.cpp's answers for this very file, kept between runs
         for text in texts:
             prompt = peer.tokenize(text)
             r = peer.complete(prompt, N_PREDICT, n_probs=8)
@@ -235,9 +241,9 @@ def test_quantized_file_equals_f32_copy(name):
 
 
 def test_long_prompt_crosses_gemma_window():
-    from peer import LlamaCppPeer
+    from peer import CachedPeer
 
-    with LlamaCppPeer(resolve("gemma3-270m")) as peer:
+    with CachedPeer(resolve("gemma3-270m")) as peer:
         assert len(peer.tokenize(LONG_PROMPT)) > 512 + 16
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -59,6 +59,38 @@ def _set_threads(threads: int) -> None:
     import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+@contextmanager
+def _compile_progress(status, text: str):
+    """While the GPU engine loads, count the kernels NVRTC compiles (cache misses) in the
+    terminal's status line; off a terminal (status None) nothing changes."""
+    if status is None:
+        yield
+        return
+    import logging
+
+    lg = logging.getLogger("memra.compile")
+    n = 0
+
+    class _Count(logging.Handler):
+        def emit(self, record):
+            nonlocal n
+            if record.getMessage().startswith("compiled "):
+                n += 1
+                status.update(f"{text} compiling kernels with NVRTC: {n} (first run on this machine; "
+                              f"`memra warmup` does it ahead)")
+
+    h, saved = _Count(), (lg.level, lg.propagate)
+    lg.addHandler(h)
+    lg.setLevel(logging.DEBUG)
+    lg.propagate = log.isEnabledFor(logging.DEBUG)  # MEMRA_LOG=debug still prints each compile
+    try:
+        yield
+    finally:
+        lg.removeHandler(h)
+        lg.setLevel(saved[0])
+        lg.propagate = saved[1]
 
 
 def _prefill_progress(engine, n_prompt: int):
@@ -171,8 +203,9 @@ def run(
              name, path, device, len(prompt_ids), n_ctx, sampler.seed)
 
     t0 = time.perf_counter()
-    with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext():
-        engine = _load_model(device, g, cfg, n_ctx)
+    with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext() as status:
+        with _compile_progress(status, f"loading {name} on {device}…"):
+            engine = _load_model(device, g, cfg, n_ctx)
     load_s = time.perf_counter() - t0
     log.info("loaded in %.2f s", load_s)
     gate = None
