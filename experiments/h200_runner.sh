@@ -53,12 +53,13 @@ check)
     > "$OUT/run-gemma3.txt" 2>&1; log "run rc=$? $(grep -m1 -o 'argmax gate: [A-Z-]*' "$OUT/run-gemma3.txt")" ;;
 bench)
   while [ ! -f /root/prep-done ]; do sleep 5; done
+  BENCH=${BENCH:-python3 -m memra bench}
   for m in $SYN smollm2-135m; do
-    timeout 90 python3 -m memra bench "$m" -p 0 -n 128 -r 5 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" --tag runner-tg \
+    timeout 90 $BENCH "$m" -p 0 -n 128 -r 5 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" --tag runner-tg \
       >> "$OUT/runner-$STAGE.log" 2>&1; log "bench $m rc=$?"
   done
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    timeout 150 python3 -m memra bench "$m" -p 0 -n 128 -np 1,8,16,32,64 -r 3 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" \
+    timeout 150 $BENCH "$m" -p 0 -n 128 -np 1,8,16,32,64 -r 3 --synth-tokenizer $TOK --out "$OUT/bench.jsonl" \
       --tag runner-np >> "$OUT/runner-$STAGE.log" 2>&1; log "bench -np $m rc=$?"
   done
   ;;
@@ -82,7 +83,7 @@ PY
     done
   done ;;
 tune)
-  MARGS=""; for m in $SYN smollm2-135m gemma3-270m; do MARGS="$MARGS -m $m"; done
+  MARGS=""; for m in ${TUNE_MODELS:-$SYN smollm2-135m gemma3-270m}; do MARGS="$MARGS -m $m"; done
   log "tune run --resume ($(wc -l < $R) receipts before)"
   timeout 330 python3 -m memra tune run h200 $MARGS --out "$R" --resume > "$OUT/tune.txt" 2>&1
   log "tune rc=$? ($(wc -l < $R) receipts after)"
