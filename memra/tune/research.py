@@ -282,10 +282,14 @@ def plot_bench(receipts, out_dir: str | os.PathLike) -> list[Path]:
     paths = []
     for (device, test), g in df.groupby(["device", "test"], sort=True):
         fig, ax = plt.subplots(figsize=(8, 4.5))
+        when = sorted(set(g["date"].str[:16]))  # one x position per minute a receipt was written
+        x_of = {w: i for i, w in enumerate(when)}
         for (model, engine), gm in g.groupby(["model", "engine"], sort=True):
             gm = gm.sort_values("date")
-            ax.plot(gm["date"].str[:16], gm["median_ts"].astype(float), marker="o",
+            ax.plot([x_of[w] for w in gm["date"].str[:16]], gm["median_ts"].astype(float), marker="o",
                     linestyle="-" if engine == "memra" else "--", label=f"{model} ({engine})")
+        ax.set_xticks(range(len(when)))
+        ax.set_xticklabels(when)
         ax.set_ylabel("t/s (median)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{test} · {device}", fontsize=9)
