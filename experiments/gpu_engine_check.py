@@ -114,7 +114,8 @@ def _first_divergence(a, b):
 
 
 def check_model(name: str, path: str, fx: dict, bench: bool) -> None:
-    from memra.gpu.engine import GPUEngine, argmax_gate
+    from memra.gpu.engine import GPUEngine
+    from memra.gpu.gate import cross_check
 
     rec = {"kind": "engine", "model": name}
     try:
@@ -124,7 +125,7 @@ def check_model(name: str, path: str, fx: dict, bench: bool) -> None:
         rec["load_s"] = round(time.perf_counter() - t0, 2)
         rec["weight_mb"] = round(e.weight_bytes / 1e6, 1)
         ids = fx["prompt_ids"]
-        gate = argmax_gate(e, ids)
+        gate, _ = cross_check(e, ids)
         rec["gate"] = gate.line()
         t0 = time.perf_counter()
         toks = e.generate_greedy(ids, N_TOKENS)

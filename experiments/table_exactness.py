@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from memra.tune.bench import synth_model
-from memra.gpu.engine import GPUEngine, argmax_gate
+from memra.gpu.engine import GPUEngine
+from memra.gpu.gate import cross_check
 
 CASES = [("llama-1b", "Q4_0"), ("smollm2-135m", "Q4_1"), ("gemma3-270m", "Q4_K_M")]
 TOK = sys.argv[1] if len(sys.argv) > 1 else ".synthtok/smollm2-tokenizer.gguf"
@@ -22,7 +23,7 @@ def check(path, table):
     t0 = time.perf_counter()
     e = GPUEngine(str(path), n_ctx=256, tune_table=table)
     ids = [(7 * i + 3) % e.cfg.n_vocab for i in range(40)]
-    gate = argmax_gate(e, ids)
+    gate, _ = cross_check(e, ids)
     toks = e.generate_greedy(ids, 24)
     e.reset()
     e.prefill(ids)

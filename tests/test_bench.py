@@ -9,6 +9,7 @@ format (a stand-in script that prints what llama-bench prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -24,7 +25,7 @@ import pytest
 
 from gpu_emulator import FakeGpu
 from memra.tune import bench as B
-from memra.gpu.engine import GPUEngine, GateResult
+from memra.gpu.engine import GPUEngine
 from memra.errors import MemraError
 from memra.model.gguf import open_gguf
 from memra.cpu.reference import ReferenceModel
@@ -306,17 +307,30 @@ def test_cli_bench_without_out_writes_into_memra_home_not_the_checkout(emulated_
     assert [json.loads(x)["test"] for x in written.read_text().splitlines()] == ["tg4"]
 
 
-def test_cli_bench_mismatch_voids_the_figures(emulated_cli, tmp_path, monkeypatch):
-    import memra.gpu.engine
+@pytest.mark.parametrize("which", ["cross_check", "teacher_forced"])
+def test_cli_bench_mismatch_times_nothing(emulated_cli, tmp_path, monkeypatch, which):
+    """Either gate's MISMATCH ends the run before any cell: exit 1, no figure, no receipt."""
+    import memra.gpu.gate as G
 
     runner, app, path = emulated_cli
-    monkeypatch.setattr(memra.gpu.engine, "argmax_gate", lambda e, ids: GateResult("MISMATCH", 1, 2, 3.0, 4.0))
+    real = G.run_gates
+
+    def broken(engine, ids, reference="auto", n=G.TF_POSITIONS):
+        x, t = real(engine, ids, reference, n)
+        if which == "cross_check":
+            x = dataclasses.replace(x, verdict="MISMATCH", first_diff=3, n_diff=1, max_abs_diff=0.5)
+        else:
+            t = dataclasses.replace(t, verdict="MISMATCH", first_over=2, n_over=1)
+        return x, t
+
+    monkeypatch.setattr(G, "run_gates", broken)
     out = tmp_path / "bench.jsonl"
-    r = runner.invoke(app, ["bench", str(path), "-p", "0", "-n", "4", "-r", "1", "--table", "builtin",
-                            "--out", str(out)])
+    r = runner.invoke(app, ["bench", str(path), "-p", "8", "-n", "4", "-r", "1", "--table", "builtin",
+                            "--out", str(out), "--json"])
     assert r.exit_code == 1
-    assert "argmax gate: MISMATCH" in r.output and "memra: error: argmax gate MISMATCH" in r.output
-    assert [json.loads(x)["gate"] for x in out.read_text().splitlines()] == ["MISMATCH"]
+    assert "MISMATCH" in r.output and "memra: error: exactness gate MISMATCH" in r.output
+    assert "t/s" not in r.output and "tok/s" not in r.output and not r.stdout.strip()
+    assert not out.exists()
 
 
 @pytest.mark.skipif(has_gpu(), reason="checks the message on a machine without a GPU")

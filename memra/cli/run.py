@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from memra.cli.common import ModelArg, _default_device, _open, app, command, err, log, out
+from memra.cli.common import ModelArg, _default_device, _fail, _open, app, command, err, log, out
 from memra.errors import CudaError, MemraError
 
 
@@ -210,11 +210,16 @@ def run(
     log.info("loaded in %.2f s", load_s)
     gate = None
     if device == "gpu":
-        # the exactness gate comes before any figure: batched prefill vs token-by-token decode
-        from memra.gpu.engine import argmax_gate
+        # the exactness gates come before any figure (memra.gpu.gate): prefill = decode at
+        # every position, and the decode log-probs against the CPU reference; a MISMATCH
+        # voids the run: no text, no figure, exit 1
+        from memra.gpu.gate import failed, run_gates
 
-        gate = argmax_gate(engine, prompt_ids)
-        print(gate.line(), file=sys.stderr, flush=True)
+        gate = run_gates(engine, prompt_ids)
+        for g_res in gate:
+            print(g_res.line(), file=sys.stderr, flush=True)
+        if failed(*gate):
+            _fail("exactness gate MISMATCH: the GPU engine is wrong here, so nothing it computes is shown")
 
     tokens: list[int] = []
     pieces: list[str] = []
@@ -253,7 +258,7 @@ def run(
             "prefill_s": round(t.prefill_s, 6), "decode_s": round(t.decode_s, 6),
             "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s,
             "decode_gb_s": gbs, "bandwidth_pct": pct,
-            "gate": asdict(gate) if gate is not None else None,
+            "gate": {"cross_check": asdict(gate[0]), "teacher_forced": asdict(gate[1])} if gate else None,
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
         }
         print(json.dumps(doc, ensure_ascii=False))

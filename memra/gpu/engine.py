@@ -7,7 +7,9 @@ reference's protocol and the tests drive.
     logits = e.decode(token)                # appends one token
     ids = e.generate_greedy(prompt_ids, n)  # graph replays; 4 bytes a token come back
     ids = e.generate(prompt_ids, n, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
-    gate = argmax_gate(e, prompt_ids)       # prefill vs token-by-token decode
+
+The exactness gates that drive it (prefill vs decode, and against the CPU reference) are in
+memra.gpu.gate.
 
 It also speaks the CPU reference's protocol (`new_cache(n_ctx)`, `forward(tokens, cache)`).
 """
@@ -22,9 +24,7 @@ import numpy as np
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu.runner import MAX_ROWS, PREFILL_CHUNK, Row, Runner, Sampling
 
-NEAR_TIE = 0.05  # argmax gate: a top-2 logit margin below this is a near-tie
-
-__all__ = ["GPUEngine", "Engine", "GateResult", "argmax_gate", "PREFILL_CHUNK"]
+__all__ = ["GPUEngine", "Engine", "PREFILL_CHUNK"]
 
 
 @dataclass
@@ -156,41 +156,3 @@ class GPUEngine(Runner):
 
 
 Engine = GPUEngine  # the name memra.cli loads
-
-
-# -- the argmax gate ----------------------------------------------------------------------
-
-@dataclass
-class GateResult:
-    verdict: str  # MATCH | NEAR-TIE | MISMATCH
-    prefill_argmax: int
-    decode_argmax: int
-    margin: float  # top-2 logit margin of the decode logits
-    max_abs_diff: float  # between the two logit vectors
-    bound: float = NEAR_TIE
-
-    def line(self) -> str:
-        return (f"argmax gate: {self.verdict} (prefill {self.prefill_argmax}, decode {self.decode_argmax}, "
-                f"top-2 margin {self.margin:.4f}, near-tie bound {self.bound}, max |Δlogit| {self.max_abs_diff:.2e})")
-
-
-def argmax_gate(engine: GPUEngine, prompt_ids: Sequence[int], bound: float = NEAR_TIE) -> GateResult:
-    """Last-position argmax of a batched prefill vs token-by-token decode of the same prompt.
-    MATCH when equal; NEAR-TIE when they differ but either run's top-2 logit margin is
-    below `bound`; MISMATCH otherwise (the engine is wrong: figures after it are void).
-    Leaves the engine's cache reset."""
-    ids = list(prompt_ids)
-    engine.reset()
-    a = engine.prefill(ids)
-    engine.reset()
-    b = None
-    for t in ids:
-        b = engine.decode(t)
-    engine.reset()
-    ia, ib = int(np.argmax(a)), int(np.argmax(b))
-
-    from memra.cpu.reference import top2_margin
-
-    m = min(top2_margin(a), top2_margin(b))
-    verdict = "MATCH" if ia == ib else ("NEAR-TIE" if m < bound else "MISMATCH")
-    return GateResult(verdict, ia, ib, m, float(np.max(np.abs(a - b))), bound)

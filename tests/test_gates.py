@@ -1,0 +1,262 @@
+"""The exactness gates (memra.gpu.gate) bite: engine bugs injected on the emulated GPU
+(tests/gpu_emulator.py) turn them red, and the unpatched engine passes them.
+
+Each mutation patches the runner, the launch plan or the KV cache the way a real bug would
+change it, then builds the engine and runs both gates: the prefill = decode cross-check and
+the teacher-forced gate (the decode pass's log-probs against the CPU reference in the
+numerics of the engine's path).
+
+* The cross-check is exact: every mutation turns it red, on the default (q8) path.
+* The teacher-forced gate compares across engines, so its bounds sit above the measured
+  noise (memra.gpu.gate's module doc): on the q8 path, a 1e-7 summation difference flips
+  8-bit activation roundings and moves log-probs by up to 0.25 without any bug, so only the
+  mutations whose effect clears that (a norm weight, the block table, a stale K/V row, a
+  dropped residual: max |Δ| 6.6 to 36, or NaN) are asserted red there; the rope-table and
+  off-by-one-position bugs move log-probs by 0.6 and 0.34 at most on these tiny models and
+  are the cross-check's to catch. On the f32 path (noise 7e-3, bound 0.03) every mutation
+  turns the teacher-forced gate red too."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from gpu_emulator import FakeGpu
+from memra.cpu.reference import ReferenceModel
+from memra.gpu import gate as G
+from memra.gpu.engine import GPUEngine
+from memra.gpu.kv import PagedKV
+from memra.gpu.plan import Launch, Planner
+from memra.gpu.runner import Runner
+from memra.model.gguf import open_gguf
+
+PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
+
+
+def _gates(path, matvec_path="q8"):
+    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), matvec_path=matvec_path)
+    return G.run_gates(eng, PROMPT, reference=ReferenceModel(open_gguf(path), numerics=matvec_path))
+
+
+def _patch_decode_step(monkeypatch, change):
+    """Planner.step with `change(planner, launches)` applied to decode steps only."""
+    real = Planner.step
+
+    def step(self, rows, decode, sampler="none"):
+        out = real(self, rows, decode, sampler)
+        return change(self, out) if decode else out
+
+    monkeypatch.setattr(Planner, "step", step)
+
+
+def rope_table_of_layer_0(monkeypatch):
+    """Decode ropes every layer with layer 0's table (issue 16: on gemma3 the local layers'
+    base 1e4 instead of the global layers' 1e6; logits moved by up to 0.56 and the old
+    argmax gate still said MATCH)."""
+    _patch_decode_step(monkeypatch, lambda p, out: [
+        dataclasses.replace(L, args={**L.args, "rope_key": p.rope_key(0)}) if "rope_key" in L.args else L
+        for L in out])
+
+
+def wrong_norm_weight(monkeypatch):
+    """Decode's FFN norm multiplies by the attention norm's weight of its layer."""
+    _patch_decode_step(monkeypatch, lambda p, out: [
+        dataclasses.replace(L, args={**L.args, "w": f"blk.{L.layer}.attn_norm.weight"})
+        if L.name.endswith("ffn_norm") else L for L in out])
+
+
+def position_off_by_one(monkeypatch):
+    """Decode feeds each token at the position before its own (rope and the K/V row)."""
+    real = Runner._decode
+
+    def _decode(self, rows, toks, graph=True):
+        moved = [r for r in rows if r.seq.n > 0]
+        for r in moved:
+            r.seq.n -= 1
+        try:
+            return real(self, rows, toks, graph)
+        finally:
+            for r in moved:
+                r.seq.n += 1
+
+    monkeypatch.setattr(Runner, "_decode", _decode)
+
+
+def block_table_row(monkeypatch):
+    """The block table maps every block of a sequence to its first one: positions 16 apart
+    share a K/V row."""
+    def sync(self):
+        if self.dirty:
+            t = self.table.copy()
+            for s, n in enumerate(self.n_mapped):
+                t[s, 1:n] = t[s, 0]
+            self.d_table.upload(t)
+            self.dirty = False
+
+    monkeypatch.setattr(PagedKV, "sync", sync)
+
+
+def stale_row(monkeypatch):
+    """Decode attention reads the cache before the step's K/V row is appended (the fused
+    launch split into attention, then RoPE + append: a stale row is read)."""
+    def change(p, out):
+        new = []
+        for L in out:
+            if L.op == "attention_rope":
+                new.append(dataclasses.replace(L, op="attention"))
+                new.append(Launch(L.name.replace("attention", "rope"), "rope", "rope_norm_kv", "default", p.heads,
+                                  L.rows, p.rope_cfg, "heads", L.layer, L.args))
+            else:
+                new.append(L)
+        return new
+
+    _patch_decode_step(monkeypatch, change)
+
+
+def residual_dropped(monkeypatch):
+    """Decode's down projection forgets the residual add."""
+    _patch_decode_step(monkeypatch, lambda p, out: [
+        dataclasses.replace(L, args={**L.args, "res": None}) if L.group == "down" and L.args.get("res") else L
+        for L in out])
+
+
+# (mutation, model, whether the q8 path's teacher-forced gate must see it too)
+MUTATIONS = [(rope_table_of_layer_0, "gemma3", False), (wrong_norm_weight, "llama", True),
+             (position_off_by_one, "qwen3", False), (block_table_row, "llama", True), (stale_row, "qwen2", True),
+             (residual_dropped, "llama", True)]
+QUANT = {"llama": "Q4_K_M", "qwen2": "Q8_0", "qwen3": "Q4_0", "gemma3": "Q4_K_M"}
+
+
+@pytest.mark.parametrize("matvec_path", ["q8", "f32"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_gates_pass_the_engine_as_it_is(tiny_models, arch, matvec_path):
+    x, t = _gates(tiny_models(arch, QUANT[arch]), matvec_path)
+    assert x.verdict == "MATCH" and x.positions == G.TF_POSITIONS, x.line()
+    assert t.verdict == "MATCH" and t.positions == G.TF_POSITIONS, t.line()
+
+
+@pytest.mark.parametrize("matvec_path", ["q8", "f32"])
+@pytest.mark.parametrize("mutation,arch,tf_q8", MUTATIONS, ids=[m.__name__ for m, _, _ in MUTATIONS])
+def test_an_injected_engine_bug_turns_the_gates_red(tiny_models, monkeypatch, mutation, arch, tf_q8, matvec_path):
+    path = tiny_models(arch, QUANT[arch])
+    mutation(monkeypatch)
+    x, t = _gates(path, matvec_path)
+    assert x.verdict == "MISMATCH", x.line()
+    if matvec_path == "f32" or tf_q8:
+        assert t.verdict == "MISMATCH", t.line()
+    assert G.failed(x, t)
+
+
+def test_cross_check_reports_the_first_differing_position(tiny_models, monkeypatch):
+    """Only decode steps from position 20 on are wrong: the gate names position 20."""
+    real = Runner._decode
+
+    def _decode(self, rows, toks, graph=True):
+        out = real(self, rows, toks, graph)
+        if rows[0].seq.n >= 20:
+            out[0].logits = out[0].logits + np.float32(1e-3) * (np.arange(out[0].logits.size) % 3)
+        return out
+
+    monkeypatch.setattr(Runner, "_decode", _decode)
+    eng = GPUEngine(tiny_models("llama", "Q4_K_M"), n_ctx=64, gpu=FakeGpu(1 << 28))
+    x, dec = G.cross_check(eng, PROMPT)
+    assert (x.verdict, x.first_diff, x.n_diff, x.positions) == ("MISMATCH", 20, 12, 32), x.line()
+    assert 1e-3 <= x.max_abs_diff <= 2.1e-3 and dec.shape == (32, eng.cfg.n_vocab)
+
+
+def test_cross_check_sees_non_finite_logits(tiny_models, monkeypatch):
+    """NaN logits in both passes are the same bits, but never a MATCH."""
+    real = Runner.step
+
+    def step(self, rows, graph=True):
+        out = real(self, rows, graph)
+        for o in out:
+            if o.logits is not None:
+                o.logits = o.logits.copy()
+                o.logits[..., 7] = np.nan
+        return out
+
+    monkeypatch.setattr(Runner, "step", step)
+    eng = GPUEngine(tiny_models("llama", "Q4_K_M"), n_ctx=64, gpu=FakeGpu(1 << 28))
+    x, _ = G.cross_check(eng, PROMPT)
+    assert x.verdict == "MISMATCH" and x.first_diff == 0 and "not finite" in x.detail, x.line()
+
+
+def test_teacher_forced_deltas_and_bound():
+    """position_deltas: the next token, both top-1s; the verdict follows the bound."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((4, 50)).astype(np.float32) * 3
+
+    class Ref:
+        numerics = "q8"
+
+        def new_cache(self, n):
+            return [0]
+
+        def forward(self, toks, cache):
+            cache[0] += 1
+            return ref[cache[0] - 1]
+
+    toks = [3, 9, 1, 4]
+    got = ref.copy()
+    t = G.teacher_forced(got, toks, Ref(), bound=0.05)
+    assert t.verdict == "MATCH" and t.max_delta < 1e-6 and t.positions == 4
+    got[2, toks[3]] += 0.3  # the next token's logit at position 2
+    t = G.teacher_forced(got, toks, Ref(), bound=0.05)
+    assert t.verdict == "MISMATCH" and t.first_over == 2 and t.n_over == 1 and t.worst == 2
+    assert 0.2 < t.max_delta < 0.3
+    got[3, :] = np.nan
+    t = G.teacher_forced(got, toks, Ref(), bound=0.05)
+    assert t.n_over == 2 and t.max_delta == np.inf
+
+
+def test_run_gates_skips_the_reference_for_large_models(tiny_models, monkeypatch):
+    monkeypatch.setattr(G, "REF_MAX_PARAMS", 1000)
+    eng = GPUEngine(tiny_models("llama", "Q4_K_M"), n_ctx=64, gpu=FakeGpu(1 << 28))
+    x, t = G.run_gates(eng, PROMPT)
+    assert x.verdict == "MATCH" and t.verdict == "SKIPPED" and "weights" in t.detail
+    assert not G.failed(x, t)
+
+
+# -- memra run --device gpu -------------------------------------------------------------------
+
+@pytest.fixture
+def run_cli(monkeypatch, tiny_models):
+    """`memra run --device gpu` in-process on the emulated engine."""
+    from typer.testing import CliRunner
+
+    import memra.gpu.cuda
+    from memra.cli import app
+
+    class Gpu(FakeGpu):
+        def copy_bandwidth(self, refresh=False):
+            return 4e12
+
+    g = Gpu(1 << 28)
+    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
+    return CliRunner(), app, tiny_models("llama", "Q4_K_M")
+
+
+def test_cli_run_prints_both_gates_first(run_cli):
+    runner, app, path = run_cli
+    r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
+                            "--device", "gpu", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "gate prefill=decode: MATCH" in r.output and "gate teacher-forced: MATCH" in r.output
+    doc = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("{")))
+    assert doc["gate"]["cross_check"]["verdict"] == "MATCH" and doc["gate"]["teacher_forced"]["verdict"] == "MATCH"
+    assert len(doc["tokens"]) == 6
+
+
+def test_cli_run_exits_on_a_mismatch_before_any_text_or_figure(run_cli, monkeypatch):
+    runner, app, path = run_cli
+    wrong_norm_weight(monkeypatch)  # a bug both paths share: the teacher-forced gate's to catch
+    r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
+                            "--device", "gpu"])
+    assert r.exit_code == 1
+    assert "gate teacher-forced: MISMATCH" in r.output and "memra: error: exactness gate MISMATCH" in r.output
+    assert not r.stdout.strip() and "tok/s" not in r.output
