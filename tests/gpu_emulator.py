@@ -70,7 +70,9 @@ class FakeArray:
         self.gpu.record(lambda: self.gpu.mem(self.ptr, np.uint8, self.nbytes).fill(b & 0xFF))
 
     def poison(self):
-        self.fill_bytes(0xFF)
+        from memra.gpu.cuda import poison_byte
+
+        self.fill_bytes(poison_byte(self.dtype))
 
     def zero(self):
         self.fill_bytes(0)
@@ -261,6 +263,30 @@ def check_geometry(kernel, grid, block, shmem, v):
             _fail(k, grid, block, "a one-dimensional grid")
         rpb = rows * nw // ks
         _ranges(k, grid, block, f"y (rows of {N})", N, np.arange(grid[0]) * rpb, rpb)
+    elif name.startswith("gemm_q8"):
+        # gemm.cu: BM = GM_WM * GM_TM * 16 weight rows (OBM outputs: BM, or BM / 2 for _glu) by
+        # BN = GM_WN * GM_TN * 8 batch columns a block; grid (ceil(N / OBM), ceil(nb / BN)),
+        # block 32 * GM_WM * GM_WN * GM_WK, dynamic shared memory max(GM_STAGES * GM_WK * STAGE
+        # + max(0, LV - GM_LREG) * GM_TM * GM_TN * 4 * NTHR * 4, GM_WK > 1 ? GM_WK * BM * BN * 4
+        # : 0), STAGE = BM * WBS + BN * 80 + BN * SSB + BM * MWS rounded up to 16
+        wm, wn, tm, tn = _d(k, "GM_WM", 2), _d(k, "GM_WN", 4), _d(k, "GM_TM", 2), _d(k, "GM_TN", 2)
+        wk, stages, lreg = _d(k, "GM_WK", 1), _d(k, "GM_STAGES", 3), _d(k, "GM_LREG", 1)
+        N, K, nb = v[6:9]
+        bm, bn = wm * tm * 16, wn * tn * 8
+        obm = bm // 2 if name.endswith("_glu") else bm
+        nthr = 32 * wm * wn * wk
+        _block_is(k, grid, block, nthr, "32 * GM_WM * GM_WN * GM_WK")
+        wbs, ssb, mws = {2: (48, 16, 4), 3: (48, 16, 8), 6: (48, 16, 12), 7: (48, 16, 16), 8: (80, 16, 4),
+                         12: (48, 16, 16), 13: (80, 16, 16), 14: (48, 32, 20), 23: (48, 16, 8)}[_d(k, "MV_TYPE", 0)]
+        stage = -(-(bm * wbs + bn * 80 + bn * ssb + bm * mws) // 16) * 16
+        lv = 5 - (wk.bit_length() - 1)
+        want = max(stages * wk * stage + max(0, lv - lreg) * tm * tn * 4 * nthr * 4, wk * bm * bn * 4 if wk > 1 else 0)
+        if shmem != want:
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
+        if grid[2] != 1:
+            _fail(k, grid, block, "a two-dimensional grid")
+        _ranges(k, grid, block, f"y's rows ({N})", int(N), np.arange(grid[0]) * obm, obm)
+        _ranges(k, grid, block, f"y's batch columns ({nb})", int(nb), np.arange(grid[1]) * bn, bn)
     elif name == "quantize_q8":
         # q8.cu: grid ceil(nblocks / Q8_WARPS), block 32 * Q8_WARPS; one warp per block of 32
         w = _d(k, "Q8_WARPS", 8)

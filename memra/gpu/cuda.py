@@ -36,6 +36,16 @@ log = logging.getLogger("memra.cuda")
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 
 
+def poison_byte(dtype) -> int:
+    """The byte a check fills an output with before a launch, one no kernel writes there:
+    0xFF for floats (NaN; f16 bits in uint16 too) and for int32 (-1: token ids and indices
+    are never negative); 0x80 for int8 (-128, outside the q8 rule's [-127, 127]) and for the
+    Q8Scale records (d < 0 and |s| > 32 * 127). An element left unwritten then fails its
+    comparison instead of passing as a plausible value."""
+    dt = np.dtype(dtype)
+    return 0x80 if dt.fields is not None or dt == np.int8 else 0xFF
+
+
 def _drv(result, what: str):
     """Check a cuda.bindings.driver call's (err, *values) tuple; return the values."""
     from cuda.bindings import driver
@@ -133,9 +143,10 @@ class DeviceArray:
         self.gpu._memset(self.ptr, byte, self.nbytes)
 
     def poison(self) -> None:
-        """Fill with 0xFF bytes: NaN for f32/f16/bf16, -1 for ints. Checks poison outputs
-        before each launch so an element the kernel never wrote cannot pass."""
-        self.fill_bytes(0xFF)
+        """Fill with poison_byte(dtype): a value no kernel writes (NaN for floats, -128 for
+        int8, ...). Checks poison outputs before each launch so an element the kernel never
+        wrote cannot pass."""
+        self.fill_bytes(poison_byte(self.dtype))
 
     def zero(self) -> None:
         self.fill_bytes(0)

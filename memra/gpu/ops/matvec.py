@@ -171,11 +171,8 @@ def default_config(ggml_type: int, path: str, N: int, K: int, nb: int, glu: bool
     return {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 2}
 
 
-def _module(g, ggml_type: int, b: int, config: dict, canary: int = 0):
-    d = {"MV_TYPE": ggml_type, "MV_B": b, **config}
-    if canary:
-        d["MEMRA_CANARY"] = canary
-    return g.module(KERNEL_FILE, d)
+def _module(g, ggml_type: int, n: int, config: dict, canary: int = 0):
+    return g.module(KERNEL_FILE, module_defines(ggml_type, n, config, canary))
 
 
 def xsmem_bytes(nb: int, K: int) -> int:
@@ -186,6 +183,29 @@ def xsmem_bytes(nb: int, K: int) -> int:
 
 def rows_per_block(config: dict) -> int:
     return config["MV_ROWS"] * config["MV_NWARPS"] // config["MV_KSPLIT"]
+
+
+def grid_for(N: int, config: dict) -> int:
+    """Blocks of a launch over N output rows: ceil(N / rows per block) (matvec.cu's contract)."""
+    return -(-N // rows_per_block(config))
+
+
+def launch_config(ggml_type: int, q8: bool, N: int, K: int, n: int, glu: bool, config: dict | None = None,
+                  tuned=None) -> dict:
+    """The tunables of one launch of n <= 8 rows: `config` when given, else the built-in
+    default with a table's choice (tuned(n), see `matvec`) laid over it."""
+    cfg = config or default_config(ggml_type, "q8" if q8 else "f32", N, K, n, glu)
+    if not config and tuned is not None:
+        cfg = {**cfg, **(tuned(n) or {})}
+    return cfg
+
+
+def module_defines(ggml_type: int, n: int, config: dict, canary: int = 0) -> dict:
+    """The -D defines of the module a launch of n rows with `config` loads."""
+    d = {"MV_TYPE": ggml_type, "MV_B": bucket(n), **config}
+    if canary:
+        d["MEMRA_CANARY"] = canary
+    return d
 
 
 def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None) -> None:
@@ -242,21 +262,17 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
     chunk = BUCKETS[-1] if q8 or w.ggml_type in FLOAT_TYPES else 1
     for b0 in range(0, nb, chunk):
         n = min(chunk, nb - b0)
-        b = bucket(n)
-        cfg = config or default_config(w.ggml_type, "q8" if q8 else "f32", N, K, n, bool(glu))
-        if not config and tuned is not None:
-            cfg = {**cfg, **(tuned(n) or {})}
+        cfg = launch_config(w.ggml_type, q8, N, K, n, bool(glu), config, tuned)
         name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
-        k = _module(g, w.ggml_type, b, cfg, canary).kernel(name)
+        k = _module(g, w.ggml_type, n, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
         if q8:
             act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
         else:
             act_args = (x.view(np.float32, (n * K,), 4 * b0 * K),)
-        grid = (N + rows_per_block(cfg) - 1) // rows_per_block(cfg)
         shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
-        g.launch(k, (grid,), (32 * cfg["MV_NWARPS"],),
+        g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
                   np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
