@@ -7,6 +7,7 @@ and reference counts for blocks shared read-only between sequences.
     kv.fork(s, t, 512)             # t shares s's first 512 positions (full blocks, read-only)
     kv.close(s)                    # its blocks go back to the pool (shared ones when unused)
     kv.sync()                      # upload the block table if it changed (before a launch)
+    kv.adopt(t, [b0, b1])          # map given blocks (a prefix-cache hit) at t's first positions
 
 Device layout (kernels/kv.cuh): per layer, K and V pools [n_blocks][block][n_kv * head_dim]
 f16, and one int32 block table [max_seqs][max_blocks]: entry j of a sequence's row is the
@@ -14,11 +15,19 @@ pool block holding its positions [j * block, (j + 1) * block), the same block id
 layer; unmapped entries are -1 (kernels never write there). A block with a reference
 count above one is read-only: writing a position inside it first copies it
 (copy-on-write), so a shared prefix is never changed by the sequences that share it.
+
+Free blocks queue least recently freed first. A block the prefix cache
+(memra.serve.prefix_cache) remembers keeps its contents while free: `alloc` hands out the
+oldest free block and first tells `on_evict(block)` that its contents are gone; `take(b)`
+brings a free block back into use (a cache hit). The pool's storage sits behind two seams,
+`_make_pools` and `_copy_block`, so the CPU engine (memra.serve.cpu_engine) keeps the same
+bookkeeping over host arrays.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from typing import Callable
 
 import numpy as np
 
@@ -35,14 +44,17 @@ def bytes_per_block(cfg, block: int) -> int:
 
 
 class BlockAllocator:
-    """Host-side bookkeeping of the pool: free list and reference counts (no device work)."""
+    """Host-side bookkeeping of the pool: free blocks (least recently freed first) and
+    reference counts (no device work). on_evict(b), when set, is called before a free block
+    is handed out again (its contents are about to be overwritten)."""
 
     def __init__(self, n_blocks: int):
         if n_blocks < 1:
             raise MemraError(f"the KV cache needs at least one block, got {n_blocks}")
         self.n_blocks = n_blocks
         self.ref = np.zeros(n_blocks, np.int32)
-        self.free = deque(range(n_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(n_blocks))
+        self.on_evict: Callable[[int], None] | None = None
 
     @property
     def n_free(self) -> int:
@@ -51,9 +63,20 @@ class BlockAllocator:
     def alloc(self) -> int:
         if not self.free:
             raise KVFullError(f"the KV cache is full ({self.n_blocks} blocks in use)")
-        b = self.free.popleft()
+        b, _ = self.free.popitem(last=False)
+        if self.on_evict is not None:
+            self.on_evict(b)
         self.ref[b] = 1
         return b
+
+    def take(self, b: int) -> int:
+        """Use block b again: a free one leaves the free queue with its contents (a
+        prefix-cache hit), one in use is shared."""
+        if self.ref[b] == 0:
+            del self.free[b]
+            self.ref[b] = 1
+            return b
+        return self.share(b)
 
     def share(self, b: int) -> int:
         if self.ref[b] <= 0:
@@ -66,7 +89,7 @@ class BlockAllocator:
             raise MemraError(f"KV block {b} released twice")
         self.ref[b] -= 1
         if self.ref[b] == 0:
-            self.free.append(b)
+            self.free[b] = None
 
 
 class PagedKV:
@@ -77,14 +100,25 @@ class PagedKV:
         self.max_seqs, self.max_len = int(max_seqs), int(max_len)
         self.max_blocks = -(-self.max_len // self.block)
         self.alloc = BlockAllocator(int(n_blocks))
-        shape = (self.alloc.n_blocks, self.block, cfg.kv_dim)
-        self.k = [g.empty(shape, np.uint16) for _ in range(cfg.n_layer)]
-        self.v = [g.empty(shape, np.uint16) for _ in range(cfg.n_layer)]
         self.table = np.full((self.max_seqs, self.max_blocks), -1, np.int32)
-        self.d_table = g.to_device(self.table)
+        self._make_pools()
         self.n_mapped = np.zeros(self.max_seqs, np.int32)  # blocks mapped per slot
         self.free_slots = deque(range(self.max_seqs))
         self.dirty = False
+
+    def _make_pools(self) -> None:
+        """The device's K and V pools (f16 bits) per layer and the block table's device copy."""
+        shape = (self.alloc.n_blocks, self.block, self.cfg.kv_dim)
+        self.k = [self.g.empty(shape, np.uint16) for _ in range(self.cfg.n_layer)]
+        self.v = [self.g.empty(shape, np.uint16) for _ in range(self.cfg.n_layer)]
+        self.d_table = self.g.to_device(self.table)
+
+    def _copy_block(self, dst: int, src: int) -> None:
+        """Every layer's K and V rows of block src into block dst."""
+        nbytes = self.block * self.cfg.kv_dim * 2
+        for pool in (*self.k, *self.v):
+            self.g.copy(pool.view(offset=dst * nbytes, shape=(nbytes // 2,)),
+                        pool.view(offset=src * nbytes, shape=(nbytes // 2,)), nbytes)
 
     @property
     def nbytes(self) -> int:
@@ -148,6 +182,18 @@ class PagedKV:
         self.n_mapped[dst] = full
         self.dirty = True
 
+    def adopt(self, slot: int, blocks) -> None:
+        """Map `blocks` (a cached prefix, in order) as the first blocks of the empty slot:
+        each is taken from the free queue with its contents, or shared when in use."""
+        if self.n_mapped[slot]:
+            raise MemraError(f"KV slot {slot} is not empty")
+        if len(blocks) > self.max_blocks:
+            raise MemraError(f"{len(blocks)} blocks exceed the {self.max_blocks} of a sequence")
+        for j, b in enumerate(blocks):
+            self.table[slot, j] = self.alloc.take(int(b))
+        self.n_mapped[slot] = len(blocks)
+        self.dirty = True
+
     def writable(self, slot: int, start: int, end: int) -> None:
         """Make positions [start, end) of the slot writable: blocks shared with another
         sequence are copied first (copy-on-write, every layer's K and V)."""
@@ -155,10 +201,7 @@ class PagedKV:
             b = int(self.table[slot, j])
             if b >= 0 and self.alloc.ref[b] > 1:
                 nb = self.alloc.alloc()
-                nbytes = self.block * self.cfg.kv_dim * 2
-                for pool in (*self.k, *self.v):
-                    self.g.copy(pool.view(offset=nb * nbytes, shape=(nbytes // 2,)),
-                                pool.view(offset=b * nbytes, shape=(nbytes // 2,)), nbytes)
+                self._copy_block(nb, b)
                 self.alloc.release(b)
                 self.table[slot, j] = nb
                 self.dirty = True
