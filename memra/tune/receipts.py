@@ -283,6 +283,26 @@ def validate_bench(row: Mapping) -> list[str]:
     return problems
 
 
+SERVE_BENCH_FIELDS: dict[str, tuple] = {
+    "engine": (str,), "model": (str,), "device": (str,), "git_sha": (str,), "ts": (str,),
+    "concurrency": (int,), "requests": (int,), "completed": (int,), "failed": (int,), "max_tokens": (int,),
+    "prompt_tokens": _NUM, "output_tokens": (int,), "wall_s": _NUM, "agg_tok_s": _NUM, "req_s": _NUM,
+    "ttft_p50_s": _OPT_NUM, "ttft_p95_s": _OPT_NUM, "ttft_p99_s": _OPT_NUM, "tpot_p50_s": _OPT_NUM,
+    "tpot_p95_s": _OPT_NUM, "tpot_p99_s": _OPT_NUM, "itl_p50_s": _OPT_NUM, "itl_p95_s": _OPT_NUM,
+    "itl_p99_s": _OPT_NUM,
+}
+
+
+def validate_serve_bench(row: Mapping) -> list[str]:
+    """Problems of a `memra bench serve` receipt (memra.serve.bench writes them)."""
+    if row.get("schema") != 1:
+        return [f"serve-bench schema {row.get('schema')!r} is not supported (this memra reads schema 1)"]
+    problems = _need(row, SERVE_BENCH_FIELDS)
+    if not problems and (row["concurrency"] < 1 or row["completed"] + row["failed"] != row["requests"]):
+        problems.append("concurrency must be >= 1 and completed + failed = requests")
+    return problems
+
+
 def _sweep(row: Mapping) -> list[str]:
     return _need(row, {"device": (str,), "type": (str,), "rows": (int,), "cols": (int,),
                        "batch": (int,), "config": (dict,), "ok": (bool,)})
@@ -341,6 +361,9 @@ KINDS: dict[str, Kind] = {
     "bench": Kind("bench", validate_bench, by=("device", "model", "test", "engine"),
                   on=("device", "model", "test", "engine"), value="median_ts", better="max",
                   label="git_sha", time="date"),
+    "serve-bench": Kind("serve-bench", validate_serve_bench, by=("device", "model", "engine", "concurrency"),
+                        on=("device", "model", "engine", "concurrency"), value="agg_tok_s", better="max",
+                        label="git_sha", time="ts"),
     "memra.matvec.v1": _SWEEP,
     "memra.matvec.pdl.v1": Kind("matvec-pdl", _pdl, by=("device", "layers", "pdl"), value="median_ms",
                                 label="git_sha"),

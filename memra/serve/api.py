@@ -1,0 +1,686 @@
+"""The OpenAI-compatible HTTP surface of `memra serve` (FastAPI on uvicorn).
+
+    cfg = ServeConfig(model="smollm2-135m", device="cpu", port=8080)
+    server = Server(cfg); server.run()         # the CLI: blocks, drains on SIGTERM, exits 0
+    server.start_in_thread(); ...; server.stop()   # tests: a real uvicorn on a loopback port
+
+Routes: POST /v1/chat/completions, /v1/completions (blocking, or SSE with `data: {chunk}` lines
+ending in `data: [DONE]`; `stream_options.include_usage` adds a last chunk with empty
+`choices` and the usage), GET /v1/models, GET /health (200 serving, 503 loading), GET /readyz
+(503 loading or draining), GET /metrics (Prometheus text; needs a key when keys are set),
+POST /tokenize and /detokenize (llama-server's).
+
+Every request is validated once: pydantic for shapes and types (unknown fields ignored), then
+memra.sampling.check_request for ranges and the context, the same validation `memra run`
+uses. Errors are OpenAI's object {"error": {"message", "type", "param", "code"}}: 400 a bad
+parameter or a context too long, 401 a missing or wrong key, 404 an unknown model or route,
+429 + Retry-After when --max-queue requests already wait, 503 + Retry-After while loading or
+draining. Nothing malformed reaches the engine thread (memra.serve.scheduler), which owns the
+runner.
+
+Lifecycle: uvicorn listens at once and the engine loads on a thread (kernels compiled and the
+decode graphs captured on the GPU) while /health answers 503. On SIGTERM (or Ctrl-C) the
+server drains: /readyz and new requests answer 503, running requests finish within
+--drain-timeout (then they are cancelled), and the process exits 0. A second signal exits
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memra import __version__
+from memra.errors import ContextOverflowError, MemraError
+from memra.sampling import SamplingParams, check_request
+from memra.serve.auth import Keys, check_bind
+from memra.serve.metrics import CONTENT_TYPE, Metrics
+from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
+
+log = logging.getLogger("memra.serve")
+
+# request field -> SamplingParams field, so check_request's messages name what the client sent
+FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+               "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+               "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
+               "repeat_last_n": "repeat_last_n", "n_ctx": "context"}
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ServeConfig:
+    model: str | None = None        # path or alias (None: memra's default model)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    alias: str | None = None        # the name clients use (default: the model argument)
+    api_keys: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    ctx_size: int | None = None     # positions per sequence (default: min(training context, 4096))
+    parallel: int | None = None     # sequences at once (default gpu 64, cpu 4)
+    max_queue: int = 256
+    kv_memory: int | None = None    # bytes of KV cache (default: parallel x ctx positions)
+    max_batched_tokens: int | None = None  # tokens a step (default gpu 2048, cpu 64)
+    drain_timeout: float = 30.0
+    prefix_cache: bool = True
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.retry_after = retry_after
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status, headers=headers)
+
+
+# -- request bodies (pydantic: shapes and types; unknown fields are ignored) ----------------------
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ContentPart(_Body):
+    type: str
+    text: Optional[str] = None
+
+
+class Message(_Body):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+
+
+class _GenBody(_Body):
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    seed: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    cache_salt: Optional[str] = None
+    user: Optional[str] = None
+    ignore_eos: Optional[bool] = False
+
+
+class ChatBody(_GenBody):
+    messages: list[Message]
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[Any]] = None
+
+
+class CompletionBody(_GenBody):
+    prompt: Union[str, list[str], list[int]]
+    logprobs: Optional[int] = None
+    echo: Optional[bool] = False
+    suffix: Optional[str] = None
+
+
+class TokenizeBody(_Body):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(_Body):
+    tokens: list[int]
+
+
+# -- the server's state ----------------------------------------------------------------------------
+
+class State:
+    def __init__(self, cfg: ServeConfig):
+        from memra.model.aliases import DEFAULT_MODEL, resolve
+        from memra.model.config import read_config
+        from memra.model.gguf import open_gguf
+        from memra.text.tokenizer import Tokenizer
+
+        self.cfg = cfg
+        self.keys = Keys(cfg.api_keys)
+        check_bind(cfg.host, self.keys)
+        if cfg.device not in ("cpu", "gpu"):
+            raise MemraError(f"--device must be cpu or gpu, got {cfg.device!r}")
+        name = cfg.model or DEFAULT_MODEL
+        self.path = Path(resolve(name))
+        self.gguf = open_gguf(self.path)
+        self.mcfg = read_config(self.gguf)
+        self.tok = Tokenizer.from_gguf(self.gguf)
+        self.alias = cfg.alias or name
+        self.names = {self.alias, name, self.path.name, self.path.stem}
+        self.ctx = int(cfg.ctx_size or min(self.mcfg.n_ctx_train, 4096))
+        for w in check_request(SamplingParams(), n_ctx=self.ctx, n_ctx_train=self.mcfg.n_ctx_train,
+                               names={"n_ctx": "--ctx-size"}):
+            log.warning("%s", w)
+        self.parallel = int(cfg.parallel or (64 if cfg.device == "gpu" else 4))
+        if self.parallel < 1:
+            raise MemraError(f"--parallel must be at least 1, got {self.parallel}")
+        self.budget = int(cfg.max_batched_tokens or (2048 if cfg.device == "gpu" else 64))
+        if cfg.max_queue < 0:
+            raise MemraError(f"--max-queue must be >= 0, got {cfg.max_queue}")
+        self.metrics = Metrics(self.alias)
+        self.phase = "loading"  # loading -> ready -> draining; "failed" if the engine did not load
+        self.error: str | None = None
+        self.sched: Scheduler | None = None
+        self.engine = None
+        self.created = int(time.time())
+        self.fingerprint = f"memra-{__version__}-{cfg.device}"
+        self.device_name = "cpu"
+
+    def load(self) -> None:
+        """Open the engine (the engine thread's runner) and start the scheduler."""
+        t0 = time.perf_counter()
+        try:
+            self.engine = open_engine(self.gguf, self.mcfg, self.cfg.device, ctx=self.ctx, parallel=self.parallel,
+                                      kv_memory=self.cfg.kv_memory)
+            if self.cfg.device == "gpu":
+                self.device_name = self.engine.g.info.name
+            self.sched = Scheduler(self.engine, self.tok, max_queue=self.cfg.max_queue,
+                                   max_batched_tokens=self.budget, metrics=self.metrics,
+                                   prefix_cache=self.cfg.prefix_cache)
+            self.sched.start()
+        except Exception as e:
+            self.phase, self.error = "failed", f"{type(e).__name__}: {e}"
+            log.error("the engine failed to load: %s", self.error)
+            raise
+        if self.phase == "loading":
+            self.phase = "ready"
+        kv = self.engine.kv
+        log.info("ready in %.1f s: %s on %s, context %d, %d sequences, KV %d blocks of %d tokens",
+                 time.perf_counter() - t0, self.alias, self.cfg.device, self.ctx, self.parallel,
+                 kv.alloc.n_blocks, kv.block)
+
+    # -- checks every generation request passes ------------------------------------------------
+    def require_serving(self) -> None:
+        if self.phase == "loading":
+            raise APIError(503, "the model is loading", "service_unavailable", code="model_loading", retry_after=5)
+        if self.phase == "draining":
+            raise APIError(503, "the server is shutting down", "service_unavailable", code="draining",
+                           retry_after=30)
+        if self.phase == "failed":
+            raise APIError(503, f"the engine failed to load: {self.error}", "service_unavailable",
+                           code="engine_failed")
+
+    def check_model(self, model: str | None) -> None:
+        if model and model not in self.names:
+            raise APIError(404, f"the model {model!r} does not exist (this server serves {self.alias!r})",
+                           "invalid_request_error", "model", "model_not_found")
+
+
+def _param_of(message: str) -> str | None:
+    first = message.split(" ", 1)[0].strip(":,")
+    return first if first in set(FIELD_NAMES.values()) | {"messages", "prompt", "n", "logprobs",
+                                                          "top_logprobs"} else None
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx_train: int) -> SamplingParams:
+    d = SamplingParams()
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    p = SamplingParams(
+        temperature=d.temperature if body.temperature is None else body.temperature,
+        top_k=d.top_k if body.top_k is None else body.top_k,
+        top_p=d.top_p if body.top_p is None else body.top_p,
+        min_p=d.min_p if body.min_p is None else body.min_p,
+        seed=body.seed,
+        repeat_penalty=d.repeat_penalty if body.repetition_penalty is None else body.repetition_penalty,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        max_tokens=-1 if max_tokens is None else max_tokens,
+        stop=stop)
+    if max_tokens is not None and max_tokens < 1:
+        raise _bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if body.n is not None and body.n != 1:
+        raise _bad(f"n must be 1: this server returns one choice per request, got n={body.n}", "n")
+    try:
+        check_request(p, n_prompt=n_prompt, n_ctx=ctx, names=FIELD_NAMES)
+    except ContextOverflowError as e:
+        raise _bad(str(e), "messages" if isinstance(body, ChatBody) else "prompt", "context_length_exceeded")
+    except MemraError as e:
+        raise _bad(str(e), _param_of(str(e)))
+    return p
+
+
+def _content(m: Message) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    parts = []
+    for part in m.content:
+        if part.type != "text":
+            raise _bad(f"message content of type {part.type!r} is not supported (text only)", "messages")
+        parts.append(part.text or "")
+    return "".join(parts)
+
+
+def _token_text(tok, i: int) -> tuple[str, list[int]]:
+    b = tok.token_bytes(i)
+    return b.decode("utf-8", errors="replace"), list(b)
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+def create_app(st: State) -> FastAPI:
+    app = FastAPI(title="memra", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.memra = st
+    tok = st.tok
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            msg, param = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(), None
+        else:
+            where = ".".join(loc) or "body"
+            msg, param = f"{where}: {first.get('msg', 'invalid')}", (loc[0] if loc else None)
+        return _bad(msg, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", kind).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error")
+        return APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error").response()
+
+    async def tenant(request: Request) -> str:
+        who = st.keys.check(request.headers.get("authorization"))
+        if who is None:
+            raise APIError(401, "a valid API key is required: Authorization: Bearer KEY", "invalid_request_error",
+                           code="invalid_api_key")
+        return who
+
+    # -- health, models, metrics -------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if st.phase == "serving" or st.phase in ("ready", "draining"):
+            return {"status": "ok", "model": st.alias, "device": st.device_name, "phase": st.phase}
+        return APIError(503, "the model is loading" if st.phase == "loading" else f"the engine failed: {st.error}",
+                        "service_unavailable", code=st.phase, retry_after=5).response()
+
+    @app.get("/readyz")
+    async def readyz():
+        if st.phase == "ready":
+            return {"status": "ready"}
+        return APIError(503, f"not ready: {st.phase}", "service_unavailable", code=st.phase,
+                        retry_after=5).response()
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        if st.keys.enabled:
+            await tenant(request)
+        return PlainTextResponse(st.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(who: str = Depends(tenant)):
+        return {"object": "list", "data": [{"id": st.alias, "object": "model", "created": st.created,
+                                            "owned_by": "memra", "max_model_len": st.ctx}]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody, who: str = Depends(tenant)):
+        ids = tok.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        if body.with_pieces:
+            return {"tokens": [{"id": i, "piece": _token_text(tok, i)[0]} for i in ids]}
+        return {"tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody, who: str = Depends(tenant)):
+        bad = [t for t in body.tokens if not 0 <= t < tok.n_vocab]
+        if bad:
+            raise _bad(f"token id {bad[0]} is outside the vocabulary [0, {tok.n_vocab})", "tokens")
+        return {"content": tok.decode(body.tokens)}
+
+    # -- generation ------------------------------------------------------------------------------
+    def _submit(req: GenRequest) -> None:
+        try:
+            st.sched.submit(req)
+        except QueueFull as e:
+            raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full", retry_after=1)
+        except ContextOverflowError as e:
+            raise _bad(str(e), None, "context_length_exceeded")
+        except NeverFits as e:
+            raise _bad(str(e), "max_tokens", "context_length_exceeded")
+        except MemraError as e:
+            raise _bad(str(e))
+
+    async def _next(req: GenRequest, request: Request):
+        """The request's next event; cancels it when its client is gone."""
+        while True:
+            try:
+                return await asyncio.wait_for(req.queue.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    st.sched.cancel(req)
+                    return None
+
+    def _usage(u: dict) -> dict:
+        return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+                "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+                "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+
+    def _chat_lp(token: int, lp) -> dict:
+        s, b = _token_text(tok, token)
+        return {"token": s, "logprob": lp[0], "bytes": b,
+                "top_logprobs": [{"token": _token_text(tok, i)[0], "logprob": v, "bytes": _token_text(tok, i)[1]}
+                                 for i, v in lp[1]]}
+
+    def _counts(token: int, req: GenRequest) -> bool:
+        """Whether a token's log-prob is reported: every token but the end-of-generation one."""
+        return req.ignore_eos or token not in tok.eog_ids
+
+    async def _generate(request: Request, body: _GenBody, chat: bool, who: str):
+        st.require_serving()
+        st.check_model(body.model)
+        if chat:
+            if body.tools:
+                raise _bad("tools are not supported by this server", "tools")
+            if body.response_format and body.response_format.get("type", "text") != "text":
+                raise _bad("response_format other than text is not supported by this server", "response_format")
+            if not body.messages:
+                raise _bad("messages must hold at least one message", "messages")
+            from memra.text.chat import chat_tokens, render_chat
+
+            try:
+                text = render_chat(st.gguf, [{"role": m.role, "content": _content(m)} for m in body.messages],
+                                   add_generation_prompt=True)
+            except APIError:
+                raise
+            except MemraError as e:
+                raise _bad(f"messages: {e}", "messages")
+            prompt = chat_tokens(tok, text)
+            max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.top_logprobs}",
+                           "top_logprobs")
+            if body.top_logprobs and not body.logprobs:
+                raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            if body.echo:
+                raise _bad("echo is not supported by this server", "echo")
+            p = body.prompt
+            if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+                prompt = list(p)
+                bad = [t for t in prompt if not 0 <= t < tok.n_vocab]
+                if bad:
+                    raise _bad(f"prompt token id {bad[0]} is outside the vocabulary [0, {tok.n_vocab})", "prompt")
+            else:
+                if isinstance(p, list):
+                    if len(p) != 1:
+                        raise _bad(f"prompt: one prompt per request (a list of {len(p)} was given)", "prompt")
+                    p = p[0]
+                prompt = tok.encode(p, add_special=True, parse_special=True)
+            max_tokens = body.max_tokens if body.max_tokens is not None else 16  # OpenAI's default
+            if body.logprobs is not None and not 0 <= body.logprobs <= MAX_TOP_LOGPROBS:
+                raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.logprobs}", "logprobs")
+            logprobs = body.logprobs
+        if not prompt:
+            raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
+        params = _params(body, max_tokens, st.ctx, len(prompt), st.mcfg.n_ctx_train)
+        ns = f"{who}\0{body.cache_salt or ''}"
+        req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos))
+        _submit(req)
+        rid = ("chatcmpl-" if chat else "cmpl-") + req.id
+        model = body.model or st.alias
+        created = int(time.time())
+        head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
+        if body.stream:
+            usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(req, request, chat, head, usage_chunk), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _blocking(req, request, chat, head)
+
+    async def _blocking(req, request, chat, head):
+        pieces, lps, offs = [], [], []
+        n_text = 0
+        try:
+            while True:
+                ev = await _next(req, request)
+                if ev is None:
+                    return JSONResponse({"error": {"message": "client disconnected", "type": "aborted",
+                                                   "param": None, "code": None}}, status_code=499)
+                if ev[0] == "token":
+                    _, token, text, lp = ev
+                    if lp is not None and _counts(token, req):
+                        lps.append((token, lp))
+                        offs.append(n_text)
+                    pieces.append(text)
+                    n_text += len(text)
+                elif ev[0] == "error":
+                    raise APIError(500, ev[1], "server_error")
+                else:
+                    _, finish, usage = ev
+                    break
+        finally:
+            if req.finish is None:
+                st.sched.cancel(req)
+        text = "".join(pieces)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": None if req.logprobs is None else
+                      {"content": [_chat_lp(t, lp) for t, lp in lps], "refusal": None},
+                      "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish,
+                      "logprobs": None if req.logprobs is None else _completion_lp(lps, offs)}
+            obj = "text_completion"
+        return {**head, "object": obj, "choices": [choice], "usage": _usage(usage)}
+
+    def _completion_lp(lps, offs) -> dict:
+        return {"tokens": [_token_text(tok, t)[0] for t, _ in lps],
+                "token_logprobs": [lp[0] for _, lp in lps],
+                "top_logprobs": [{_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
+                "text_offset": list(offs)}
+
+    async def _sse(req, request, chat, head, usage_chunk):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        extra = {"usage": None} if usage_chunk else {}
+
+        def chunk(choice: dict | None, usage: dict | None = None) -> str:
+            doc = {**head, "object": obj, "choices": [] if choice is None else [choice], **extra}
+            if usage is not None:
+                doc["usage"] = usage
+            return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
+
+        n_text = 0
+        try:
+            if chat:
+                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+            while True:
+                ev = await _next(req, request)
+                if ev is None:
+                    return
+                if ev[0] == "token":
+                    _, token, text, lp = ev
+                    has_lp = lp is not None and _counts(token, req)
+                    if not text and not has_lp:
+                        continue
+                    if chat:
+                        c = {"index": 0, "delta": {"content": text},
+                             "logprobs": {"content": [_chat_lp(token, lp)], "refusal": None} if has_lp else None,
+                             "finish_reason": None}
+                    else:
+                        c = {"index": 0, "text": text, "finish_reason": None,
+                             "logprobs": _completion_lp([(token, lp)], [n_text]) if has_lp else None}
+                    n_text += len(text)
+                    yield chunk(c)
+                elif ev[0] == "error":
+                    err = {"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                else:
+                    _, finish, usage = ev
+                    if chat:
+                        yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish})
+                    else:
+                        yield chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish})
+                    if usage_chunk:
+                        yield chunk(None, _usage(usage))
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            if req.finish is None:
+                st.sched.cancel(req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatBody, request: Request, who: str = Depends(tenant)):
+        return await _generate(request, body, True, who)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request, who: str = Depends(tenant)):
+        return await _generate(request, body, False, who)
+
+    return app
+
+
+# -- running it ----------------------------------------------------------------------------------
+
+class Server:
+    """The process: uvicorn serving the app, the engine loading on a thread, the drain."""
+
+    def __init__(self, cfg: ServeConfig):
+        import uvicorn
+
+        self.cfg = cfg
+        self.state = State(cfg)
+        self.app = create_app(self.state)
+        outer = self
+
+        class _Uvicorn(uvicorn.Server):
+            def handle_exit(self, sig, frame):  # SIGTERM / SIGINT: drain first, a second one: now
+                outer._signal(sig)
+
+            async def startup(self, sockets=None):
+                await super().startup(sockets)
+                outer._loop = asyncio.get_running_loop()
+                outer._started.set()
+
+        self._sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((cfg.host, cfg.port))
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                lifespan="off")
+        self.uv = _Uvicorn(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._signals = 0
+        self._drain_task = None
+        self.exit_code = 0
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
+        return f"http://{host}:{self.port}"
+
+    def _load(self) -> None:
+        try:
+            self.state.load()
+        except Exception:
+            self.exit_code = 1
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(setattr, self.uv, "should_exit", True)
+
+    def _signal(self, sig) -> None:
+        self._signals += 1
+        if self._signals > 1 or self._loop is None:
+            self.uv.should_exit = True
+            self.uv.force_exit = self._signals > 2
+            return
+        self._loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        """Stop taking requests, let the running ones finish (--drain-timeout), then exit."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        st = self.state
+        if st.phase == "ready":
+            st.phase = "draining"
+        log.warning("draining: %d running, %d waiting; at most %.0f s", st.sched.n_running if st.sched else 0,
+                    st.sched.n_waiting if st.sched else 0, self.cfg.drain_timeout)
+        t_end = time.monotonic() + self.cfg.drain_timeout
+        while st.sched is not None and not st.sched.idle and time.monotonic() < t_end:
+            await asyncio.sleep(0.05)
+        if st.sched is not None and not st.sched.idle:
+            log.warning("drain timeout: cancelling what still runs")
+            for r in list(st.sched.running) + list(st.sched.waiting):
+                st.sched.cancel(r)
+        await asyncio.sleep(0.2)  # the last chunks reach their clients
+        self.uv.should_exit = True
+
+    def _shutdown(self) -> None:
+        if self.state.sched is not None:
+            self.state.sched.stop()
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT has drained the server; the exit code."""
+        threading.Thread(target=self._load, name="memra-load", daemon=True).start()
+        try:
+            self.uv.run(sockets=[self._sock])
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def start_in_thread(self, wait_ready: float | None = 600.0) -> "Server":
+        """Serve from a background thread (tests); waits until the engine is ready."""
+        self._thread = threading.Thread(target=lambda: self.uv.run(sockets=[self._sock]), name="memra-uvicorn",
+                                        daemon=True)
+        self._thread.start()
+        self._started.wait(30)
+        self.state.load()
+        return self
+
+    def stop(self) -> None:
+        self.uv.should_exit = True
+        if getattr(self, "_thread", None) is not None:
+            self._thread.join(30)
+        self._shutdown()

@@ -1,0 +1,208 @@
+"""The CPU engine: the GPU runner's interface (`open`, `close`, `rewind`, `step(rows)`, a
+paged KV cache's bookkeeping) over the CPU reference, so `memra serve --device cpu` runs the
+whole HTTP and scheduler surface without a GPU (CI, laptops).
+
+    eng = CpuRunner(gguf, max_len=2048, max_seqs=4)
+    s = eng.open()
+    out = eng.step([Row(s, prompt_ids, sample=Sampling(temperature=0))])   # out[0].token
+
+The model is memra.cpu.reference.ReferenceModel in the "llamacpp" numerics (what `memra run
+--device cpu` uses: llama.cpp CPU's roundings, an f16 KV cache). Each sequence computes one
+position at a time, whatever the rows' shapes: the reference's batched kernels pick their
+summation order by the batch (llama.cpp's repacked and tiled matmuls, its attention tiles),
+so one position at a time is what makes a row's logits a function of its own tokens alone —
+the GPU runner's batch-invariance contract, which the server's isolation and prefix-cache
+guarantees rest on. (On SmolLM2 a batched prompt costs about as much per token on a small
+machine anyway.)
+
+Sampling is the device sampler's rule, `memra.gpu.ops.sample.reference_sample` (greedy =
+argmax): a token is a function of (logits, seed, position), as on the GPU.
+
+The KV cache: `HostKV` is memra.gpu.kv.PagedKV's bookkeeping (slots, block tables,
+reference counts, copy-on-write, the free queue the prefix cache keeps blocks in) over host
+pools in f16 (the llamacpp numerics round K and V to f16, so nothing is lost). Each slot
+also keeps a contiguous working cache for the reference's forward pass; new K/V rows are
+written through to the pool blocks, and positions the slot adopted (a prefix-cache hit)
+are copied from the pool into the working cache before its next forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memra.cpu.reference import KVCache, ReferenceModel
+from memra.errors import ContextOverflowError, MemraError
+from memra.gpu.kv import PagedKV, bytes_per_block
+from memra.gpu.ops.sample import reference_sample
+from memra.gpu.runner import KV_BLOCK, MAX_ROWS, Row, RowOut, Seq
+from memra.model.config import read_config
+
+
+class HostKV(PagedKV):
+    """PagedKV's bookkeeping over host pools: [n_blocks, block, kv_dim] per layer."""
+
+    dtype = np.float16
+
+    def _make_pools(self) -> None:
+        c, n = self.cfg, self.alloc.n_blocks
+        # np.zeros: pages are committed when first written
+        self.k = [np.zeros((n, self.block, c.kv_dim), self.dtype) for _ in range(c.n_layer)]
+        self.v = [np.zeros((n, self.block, c.v_dim), self.dtype) for _ in range(c.n_layer)]
+        self.d_table = None
+
+    def _copy_block(self, dst: int, src: int) -> None:
+        for pool in (*self.k, *self.v):
+            pool[dst] = pool[src]
+
+    def sync(self) -> None:
+        self.dirty = False
+
+
+class CpuRunner:
+    """max_len: positions per sequence; max_seqs: sequences open at once; the pool holds
+    kv_tokens positions, or kv_memory bytes (f16 K and V), or max_seqs * max_len."""
+
+    device = "cpu"
+
+    def __init__(self, gguf, cfg=None, *, max_len: int, max_seqs: int = 4, kv_tokens: int | None = None,
+                 kv_memory: int | None = None, kv_block: int = KV_BLOCK, numerics: str = "llamacpp"):
+        self.gguf = gguf
+        self.cfg = cfg or read_config(gguf)
+        self.model = ReferenceModel(gguf, self.cfg, numerics=numerics)
+        self.max_len, self.max_seqs, self.kv_block = int(max_len), int(max_seqs), int(kv_block)
+        if kv_tokens is not None:
+            n_blocks = -(-int(kv_tokens) // self.kv_block)
+        elif kv_memory is not None:
+            n_blocks = int(kv_memory) // bytes_per_block(self.cfg, self.kv_block)
+        else:
+            n_blocks = self.max_seqs * -(-self.max_len // self.kv_block)
+        if numerics == "f32":  # K and V are not f16-rounded: keep them whole
+            kv_cls = type("HostKV32", (HostKV,), {"dtype": np.float32})
+        else:
+            kv_cls = HostKV
+        self.kv = kv_cls(None, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
+                         max_seqs=self.max_seqs, max_len=self.max_len)
+        self.caches: dict[int, KVCache] = {}   # slot -> working cache (kept for the slot's next sequence)
+        self.loaded = np.zeros(self.max_seqs, np.int64)  # positions of the working cache that are valid
+
+    def warm_up(self) -> None:
+        """Compile the reference's numba kernels (a forward pass of two positions)."""
+        s = self.open()
+        try:
+            self.step([Row(s, [min(1, self.cfg.n_vocab - 1)] * 2, logits="last")])
+        finally:
+            self.close(s)
+
+    # -- sequences (memra.gpu.runner.Runner's) ------------------------------------------------
+    def open(self) -> Seq:
+        s = Seq(self.kv.open())
+        self.loaded[s.slot] = 0
+        return s
+
+    def close(self, seq: Seq) -> None:
+        self.kv.close(seq.slot)
+        self.loaded[seq.slot] = 0
+        seq.n = 0
+
+    def rewind(self, seq: Seq, n: int) -> None:
+        if not 0 <= n <= seq.n:
+            raise MemraError(f"cannot rewind a sequence of {seq.n} positions to {n}")
+        self.kv.truncate(seq.slot, n)
+        self.loaded[seq.slot] = min(int(self.loaded[seq.slot]), n)
+        seq.n = n
+
+    # -- the working cache and the pool ---------------------------------------------------------
+    def _cache(self, slot: int) -> KVCache:
+        c = self.caches.get(slot)
+        if c is None:
+            c = self.caches[slot] = self.model.new_cache(self.max_len)
+        return c
+
+    def _pool_rows(self, slot: int, p0: int, p1: int):
+        """(block, offset in it, start, end) pieces of positions [p0, p1) of the slot."""
+        B = self.kv_block
+        p = p0
+        while p < p1:
+            j, off = divmod(p, B)
+            n = min(B - off, p1 - p)
+            yield int(self.kv.table[slot, j]), off, p, p + n
+            p += n
+
+    def _load(self, seq: Seq) -> None:
+        """Copy positions [loaded, seq.n) of the slot from the pool (an adopted prefix)."""
+        slot, c = seq.slot, self.cfg
+        p0 = int(self.loaded[slot])
+        if p0 >= seq.n:
+            return
+        cache = self._cache(slot)
+        for b, off, a, e in self._pool_rows(slot, p0, seq.n):
+            n = e - a
+            for il in range(c.n_layer):
+                cache.k[il][:, a:e] = self.kv.k[il][b, off:off + n].astype(np.float32) \
+                    .reshape(n, c.n_head_kv, c.head_dim).transpose(1, 0, 2)
+                cache.v[il][:, a:e] = self.kv.v[il][b, off:off + n].astype(np.float32) \
+                    .reshape(n, c.n_head_kv, c.head_dim_v).transpose(1, 0, 2)
+        self.loaded[slot] = seq.n
+
+    def _store(self, slot: int, p0: int, p1: int) -> None:
+        """Write positions [p0, p1) of the working cache through to the pool blocks."""
+        c, cache = self.cfg, self.caches[slot]
+        for b, off, a, e in self._pool_rows(slot, p0, p1):
+            n = e - a
+            for il in range(c.n_layer):
+                self.kv.k[il][b, off:off + n] = cache.k[il][:, a:e].transpose(1, 0, 2).reshape(n, c.kv_dim)
+                self.kv.v[il][b, off:off + n] = cache.v[il][:, a:e].transpose(1, 0, 2).reshape(n, c.v_dim)
+
+    # -- stepping ---------------------------------------------------------------------------------
+    def step(self, rows, graph: bool = True) -> list[RowOut]:
+        """Advance each row's sequence by its tokens (Runner.step's contract); `graph` is
+        accepted for the interface and means nothing here."""
+        if not rows:
+            return []
+        toks = []
+        for r in rows:
+            t = np.asarray(r.tokens)
+            if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
+                raise MemraError("tokens must be a non-empty 1-D sequence of integer ids")
+            bad = (t < 0) | (t >= self.cfg.n_vocab)
+            if bad.any():
+                raise MemraError(f"token id {int(t[bad][0])} is outside the vocabulary [0, {self.cfg.n_vocab})")
+            if r.logits not in ("none", "last", "all"):
+                raise MemraError(f"row logits must be none, last or all, got {r.logits!r}")
+            if r.seq.n + t.size > self.max_len:
+                raise ContextOverflowError(f"{r.seq.n} cached + {t.size} new tokens exceed the context of "
+                                           f"{self.max_len} tokens")
+            toks.append([int(x) for x in t])
+        for r, t in zip(rows, toks):  # map every row's blocks first: KVFullError changes nothing
+            self.kv.reserve(r.seq.slot, r.seq.n + len(t))
+        return [self._row(r, t) for r, t in zip(rows, toks)]
+
+    def _row(self, r: Row, toks: list[int]) -> RowOut:
+        seq = r.seq
+        end = seq.n + len(toks)
+        self.kv.writable(seq.slot, seq.n, end)
+        self._load(seq)
+        cache = self._cache(seq.slot)
+        cache.pos = seq.n
+        keep = []
+        for i, t in enumerate(toks):
+            lg = self.model.forward([t], cache)
+            if r.logits == "all" or i == len(toks) - 1:
+                keep.append(lg)
+        self._store(seq.slot, seq.n, end)
+        self.loaded[seq.slot] = end
+        seq.n = end
+        out = RowOut()
+        if r.logits == "all":
+            out.logits = np.stack(keep)
+        elif r.logits == "last":
+            out.logits = keep[-1]
+        if r.sample is not None:
+            s, lg = r.sample, keep[-1]
+            out.token = int(np.argmax(lg)) if s.greedy else \
+                reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), end)
+        return out
+
+    @property
+    def max_rows(self) -> int:
+        return MAX_ROWS

@@ -1,0 +1,462 @@
+"""Continuous batching: one engine thread owns the runner; requests come and go between steps.
+
+    sched = Scheduler(engine, tokenizer, max_queue=64, max_batched_tokens=2048, metrics=m)
+    sched.start()
+    req = GenRequest(prompt_ids, params, namespace=tenant)    # on the event loop
+    sched.submit(req)                     # QueueFull (429), ContextOverflowError / NeverFits (400)
+    async for ev in req.events(): ...     # ("token", id, text, logprob) ... ("done", finish, usage)
+    sched.cancel(req)                     # a client that went away: its blocks are freed
+
+`engine` is memra.gpu.runner.Runner (the GPU) or memra.serve.cpu_engine.CpuRunner: `open`,
+`close`, `step(rows)` and a paged KV cache (`kv`: blocks, block tables, the free queue).
+
+Each iteration of the engine thread:
+  1. takes new requests and cancellations from the inbox;
+  2. admits waiting requests in arrival order while a sequence slot is free and the KV
+     pool can hold each one's worst case (prompt + its token limit) next to what the
+     running requests may still claim: a running request never runs out of blocks, so
+     nothing is ever preempted. The longest cached prefix (memra.serve.prefix_cache) is
+     adopted first and only the rest of the prompt is computed;
+  3. steps: every running request that has a token to feed gets a decode row (one token;
+     up to 64 a step, the runner's CUDA-graph buckets), and requests still in their prompt
+     get prefill chunks under what is left of the token budget (`max_batched_tokens`), in
+     admission order, at least one chunk a step. Decode rows and prefill rows go to the
+     runner as two calls of one iteration (the decode rows stay on the graph path), so
+     running streams keep flowing while a long prompt arrives in chunks;
+  4. hands each row's token to its request: the text stream (memra.text.stream.TextStream:
+     detokenization, stop strings, end of generation, length), log-probs when asked, an
+     event to the request's asyncio queue; finished requests register their full blocks
+     in the prefix cache and close their sequences.
+
+Tokens are chosen on the device (greedy, or seeded temperature/top-k/top-p/min-p: a function
+of the logits, the seed and the position) unless the request asks for penalties, which the
+host's memra.sampling.Sampler applies to the row's logits. A row's logits never depend on
+the rows beside it or on how its prompt was chunked (the runner's exactness contract; the
+CPU engine computes one position at a time), so a request's greedy tokens are the same
+alone or among 64, and with or without a prefix-cache hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memra.errors import ContextOverflowError, MemraError
+from memra.gpu.runner import MAX_ROWS, Row, Sampling
+from memra.sampling import Sampler, SamplingParams
+from memra.serve.prefix_cache import PrefixCache
+from memra.text.stream import TextStream
+
+log = logging.getLogger("memra.serve")
+
+
+class QueueFull(MemraError):
+    """More requests wait for admission than --max-queue allows (HTTP 429)."""
+
+
+class NeverFits(MemraError):
+    """A request whose worst case is larger than the whole KV pool (HTTP 400)."""
+
+
+@dataclass
+class GenRequest:
+    """One generation: prompt token ids, validated sampling parameters (max_tokens -1: up
+    to the context), the prefix-cache namespace, top log-probs per token (None: none)."""
+    prompt: list[int]
+    params: SamplingParams
+    namespace: str = ""
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    # set by submit()
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
+    t_arrival: float = 0.0
+    max_new: int = 0
+    seed: int = 0
+    cancelled: bool = False
+    # engine-thread state
+    seq: object = None
+    pos: int = 0            # prompt tokens in the KV cache
+    n_cached: int = 0       # of them from the prefix cache
+    generated: list[int] = field(default_factory=list)
+    next_tok: int | None = None
+    registered: int = 0     # full blocks handed to the prefix cache
+    ts: TextStream | None = None
+    sampler: Sampler | None = None
+    device: Sampling | None = None
+    t_admit: float | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    finish: str | None = None
+
+    @property
+    def penalized(self) -> bool:
+        p = self.params
+        return p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.penalized or self.logprobs is not None
+
+    def send(self, ev) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+    async def events(self):
+        """The request's events until its end: ("token", id, text, logprob|None),
+        then ("done", finish_reason, usage) or ("error", message)."""
+        while True:
+            ev = await self.queue.get()
+            yield ev
+            if ev[0] in ("done", "error"):
+                return
+
+
+def logprob_entry(logits: np.ndarray, token: int, k: int):
+    """(log p(token), [(id, log p)] of the k most likely, best first) under the raw logits."""
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top = []
+    if k > 0:
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return float(x[token] - lse), top
+
+
+class Scheduler:
+    def __init__(self, engine, tokenizer, *, max_queue: int = 256, max_batched_tokens: int = 2048,
+                 metrics=None, prefix_cache: bool = True):
+        if max_batched_tokens < 1:
+            raise MemraError(f"--max-num-batched-tokens must be at least 1, got {max_batched_tokens}")
+        if max_queue < 0:
+            raise MemraError(f"--max-queue must be >= 0, got {max_queue}")
+        self.engine, self.tok, self.kv = engine, tokenizer, engine.kv
+        self.max_queue, self.budget = int(max_queue), int(max_batched_tokens)
+        self.metrics = metrics
+        self.pc = PrefixCache(self.kv) if prefix_cache else None
+        self.max_len, self.max_seqs = int(engine.max_len), int(engine.max_seqs)
+        self.n_vocab = int(engine.cfg.n_vocab)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: deque[GenRequest] = deque()
+        self._n_waiting = 0   # inbox + waiting (what --max-queue bounds)
+        self._n_running = 0
+        self.waiting: deque[GenRequest] = deque()
+        self.running: list[GenRequest] = []
+        self._stop = False
+        self.steps = 0
+        self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
+
+    # -- the event loop's side --------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def n_waiting(self) -> int:
+        return self._n_waiting
+
+    @property
+    def n_running(self) -> int:
+        return self._n_running
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._n_waiting == 0 and self._n_running == 0
+
+    def limit_for(self, n_prompt: int, max_tokens: int) -> int:
+        """The request's token limit: max_tokens, or up to the context when -1. Raises
+        ContextOverflowError / NeverFits for what can never run."""
+        if n_prompt < 1:
+            raise MemraError("the prompt is empty after tokenization: give some text")
+        if n_prompt >= self.max_len:
+            raise ContextOverflowError(f"the prompt has {n_prompt} tokens; this server's context holds "
+                                       f"{self.max_len} and needs room for at least one more "
+                                       f"(--ctx-size)")
+        n_new = self.max_len - n_prompt if max_tokens < 0 else int(max_tokens)
+        if n_prompt + n_new > self.max_len:
+            raise ContextOverflowError(f"the prompt's {n_prompt} tokens and max_tokens {n_new} exceed this "
+                                       f"server's context of {self.max_len} tokens")
+        need = self.kv.blocks_for(n_prompt + n_new)
+        if need > self.kv.alloc.n_blocks:
+            raise NeverFits(f"the request needs {need} KV blocks of {self.kv.block} tokens at most and the "
+                            f"whole cache has {self.kv.alloc.n_blocks} (ask for fewer tokens, or start the "
+                            f"server with more --kv-memory)")
+        return n_new
+
+    def submit(self, req: GenRequest) -> None:
+        """Queue a request (called on the event loop that will read its events)."""
+        req.max_new = self.limit_for(len(req.prompt), req.params.max_tokens)
+        req.loop = asyncio.get_running_loop()
+        req.queue = asyncio.Queue()
+        req.t_arrival = time.perf_counter()
+        req.seed = req.params.seed if req.params.seed is not None else random.SystemRandom().getrandbits(63)
+        with self._lock:
+            if self._stop:
+                raise MemraError("the server is shutting down")
+            if self._n_waiting >= self.max_queue:
+                raise QueueFull(f"{self._n_waiting} requests are waiting (--max-queue {self.max_queue}); "
+                                f"retry later")
+            self._n_waiting += 1
+            self._inbox.append(req)
+        self._wake.set()
+
+    def cancel(self, req: GenRequest) -> None:
+        """Stop a request (its client went away): freed at the next iteration."""
+        if req.finish is None:
+            req.cancelled = True
+            self._wake.set()
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            with self._lock:
+                while self._inbox:
+                    self.waiting.append(self._inbox.popleft())
+            self._drop_cancelled()
+            try:
+                self._admit()
+                if self.running:
+                    self._step()
+            except Exception as e:  # a bug or a device error: fail what runs, keep serving
+                log.exception("engine step failed")
+                for r in list(self.running):
+                    self._end(r, None, error=f"the engine failed: {type(e).__name__}: {e}")
+            self._gauges()
+            if not self.running:
+                self._wake.wait(0.05 if self.waiting else 0.5)
+                self._wake.clear()
+        for r in list(self.running):
+            self._end(r, None, error="the server stopped")
+        for r in list(self.waiting):
+            r.send(("error", "the server stopped"))
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        with self._lock:
+            self._n_running = len(self.running)
+        if m is not None:
+            m.running.set(len(self.running))
+            m.waiting.set(self._n_waiting)
+            m.kv_usage.set(self.kv.usage)
+
+    def _drop_cancelled(self) -> None:
+        for r in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(r)
+            with self._lock:
+                self._n_waiting -= 1
+            r.finish = "abort"
+            if self.metrics is not None:
+                self.metrics.success.labels(finished_reason="abort").inc()
+        for r in [r for r in self.running if r.cancelled]:
+            self._end(r, "abort")
+
+    def _outstanding(self) -> int:
+        """Blocks the running requests may still claim (worst case minus what they map)."""
+        kv = self.kv
+        return sum(max(0, kv.blocks_for(len(r.prompt) + r.max_new) - int(kv.n_mapped[r.seq.slot]))
+                   for r in self.running)
+
+    def _admit(self) -> None:
+        kv, B = self.kv, self.kv.block
+        outstanding = None
+        while self.waiting and len(self.running) < self.max_seqs:
+            r = self.waiting[0]
+            hit = self.pc.lookup(r.namespace, r.prompt, limit=len(r.prompt) - 1, count=False) if self.pc else []
+            worst = kv.blocks_for(len(r.prompt) + r.max_new)
+            cost = worst - len(hit) + (self.pc.free_among(hit) if self.pc else 0)
+            if outstanding is None:
+                outstanding = self._outstanding()
+            if cost > kv.alloc.n_free - outstanding:
+                break  # in arrival order: the head waits for blocks, nobody overtakes it
+            self.waiting.popleft()
+            with self._lock:
+                self._n_waiting -= 1
+            seq = self.engine.open()
+            if hit:
+                kv.adopt(seq.slot, hit)
+                seq.n = len(hit) * B
+            r.seq, r.pos, r.n_cached, r.registered = seq, seq.n, seq.n, len(hit)
+            outstanding += worst - len(hit)
+            stop_ids = frozenset(r.params.stop_ids) | (frozenset() if r.ignore_eos else frozenset(self.tok.eog_ids))
+            r.ts = TextStream(self.tok, r.params.stop, stop_ids, r.max_new, self.max_len - len(r.prompt))
+            p = r.params
+            if r.penalized:
+                r.sampler = Sampler(SamplingParams(**{**p.__dict__, "seed": r.seed}), self.n_vocab)
+            else:
+                r.device = Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                                    seed=r.seed)
+            r.t_admit = time.perf_counter()
+            self.running.append(r)
+            m = self.metrics
+            if m is not None:
+                m.queue.observe(r.t_admit - r.t_arrival)
+                m.prompt_tokens.inc(len(r.prompt))
+                if self.pc is not None:
+                    m.prefix_queries.inc(len(r.prompt))
+                    m.prefix_hits.inc(r.n_cached)
+            if self.pc is not None:
+                self.pc.queries += len(r.prompt)
+                self.pc.hits += r.n_cached
+            with self._lock:
+                self._n_running = len(self.running)
+
+    def _row(self, r: GenRequest, tokens, last: bool) -> Row:
+        """A row of r; last: it ends at the position whose next token r takes now."""
+        if not last:
+            return Row(r.seq, tokens)
+        return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device)
+
+    def _step(self) -> None:
+        dec = [r for r in self.running if r.next_tok is not None]
+        pre = [r for r in self.running if r.next_tok is None]
+        budget = self.budget - len(dec)
+        chunks = []
+        for r in pre:
+            left = len(r.prompt) - r.pos
+            n = min(left, budget)
+            if n <= 0:
+                if chunks or dec:
+                    break
+                n = min(left, self.budget)  # an idle step always moves the first prompt
+            chunks.append((r, n))
+            budget -= n
+        for i in range(0, len(dec), MAX_ROWS):
+            group = dec[i:i + MAX_ROWS]
+            outs = self.engine.step([self._row(r, [r.next_tok], True) for r in group])
+            for r, o in zip(group, outs):
+                self._token(r, o)
+        if chunks:
+            rows = [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt)) for r, n in chunks]
+            outs = self.engine.step(rows)
+            for (r, n), o in zip(chunks, outs):
+                r.pos += n
+                if r.pos == len(r.prompt):
+                    self._token(r, o)
+                else:
+                    self._register(r)
+        self.steps += 1
+
+    def _register(self, r: GenRequest) -> None:
+        if self.pc is not None and r.seq is not None:
+            toks = r.prompt + r.generated
+            r.registered = self.pc.register(r.namespace, toks, r.seq.slot, r.seq.n, r.registered)
+
+    def _token(self, r: GenRequest, out) -> None:
+        if r.sampler is not None:
+            token = r.sampler.sample(out.logits, r.prompt + r.generated)
+        else:
+            token = int(out.token)
+        now = time.perf_counter()
+        m = self.metrics
+        if m is not None:
+            if r.t_first is None:
+                m.ttft.observe(now - r.t_arrival)
+            else:
+                m.itl.observe(now - r.t_last)
+            m.generation_tokens.inc()
+        if r.t_first is None:
+            r.t_first = now
+        r.t_last = now
+        r.generated.append(token)
+        lp = logprob_entry(out.logits, token, r.logprobs) if r.logprobs is not None else None
+        text, finish = r.ts.push(token)
+        r.next_tok = token
+        r.send(("token", token, text, lp))
+        if self.pc is not None and r.seq.n // self.kv.block > r.registered:
+            self._register(r)
+        if finish is not None:
+            self._end(r, "stop" if finish in ("eos", "stop") else finish)
+
+    def _end(self, r: GenRequest, finish: str | None, error: str | None = None) -> None:
+        """Finish (or fail) a running request: its blocks to the prefix cache, its sequence closed."""
+        try:
+            if error is None:
+                self._register(r)
+        finally:
+            if r.seq is not None:
+                self.engine.close(r.seq)
+            if r in self.running:
+                self.running.remove(r)
+            with self._lock:
+                self._n_running = len(self.running)
+        r.finish = finish or "error"
+        m = self.metrics
+        if m is not None:
+            m.success.labels(finished_reason=r.finish).inc()
+            if r.t_last is not None and error is None:
+                m.e2e.observe(r.t_last - r.t_arrival)
+        if error is not None:
+            r.send(("error", error))
+        elif finish != "abort":
+            r.send(("done", finish, {"prompt_tokens": len(r.prompt), "completion_tokens": len(r.generated),
+                                     "cached_tokens": r.n_cached}))
+
+
+# -- opening an engine ---------------------------------------------------------------------------
+
+def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: int | None = None):
+    """The runner for `device` ("gpu": memra.gpu.runner.Runner, weights on the device;
+    "cpu": memra.serve.cpu_engine.CpuRunner), ready to step: kernels compiled and every
+    decode graph bucket captured (GPU), the reference's kernels compiled (CPU)."""
+    if device == "cpu":
+        from memra.serve.cpu_engine import CpuRunner
+
+        eng = CpuRunner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory)
+        eng.warm_up()
+        return eng
+    from memra.gpu.runner import Runner
+
+    eng = Runner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory)
+    if eng.kv.alloc.n_blocks < eng.kv.max_blocks:
+        log.warning("the KV pool (%d blocks) cannot hold one full context (%d blocks): long requests get 400",
+                    eng.kv.alloc.n_blocks, eng.kv.max_blocks)
+    warm_up_gpu(eng)
+    return eng
+
+
+def warm_up_gpu(eng) -> None:
+    """Compile and capture before serving: a prefill of a chunk and a half (the eager path,
+    its head and the sampler), then a decode step at every graph bucket for each sampler
+    kind (greedy, seeded sampling, logits only), through the runner's public step()."""
+    from memra.gpu.plan import graph_bucket
+
+    t0 = time.perf_counter()
+    tok = 1 if eng.cfg.n_vocab > 1 else 0
+    n = min(eng.max_seqs, MAX_ROWS)
+    seqs = [eng.open() for _ in range(n)]
+    try:
+        eng.step([Row(seqs[0], [tok] * min(eng.max_len - 1, 192), sample=Sampling(0.0))])
+        eng.rewind(seqs[0], 0)
+        buckets = sorted({graph_bucket(k) for k in range(1, n + 1)})
+        kinds = [Sampling(0.0), Sampling(0.8, 40, 0.95, 0.05, 1), None]
+        for b in buckets:
+            for s in kinds:
+                if any(q.n + 1 >= eng.max_len for q in seqs[:b]):
+                    for q in seqs[:b]:
+                        eng.rewind(q, 0)
+                eng.step([Row(q, [tok], logits="none" if s is not None else "last", sample=s) for q in seqs[:b]])
+    finally:
+        for q in seqs:
+            eng.close(q)
+    log.info("engine warm: decode graphs captured for %d buckets in %.1f s", len(buckets), time.perf_counter() - t0)
