@@ -1,0 +1,546 @@
+"""`memra serve --device cpu` as users meet it: the official `openai` client (and httpx for
+the raw wire) against a real uvicorn server on a loopback port, SmolLM2 on the CPU engine.
+
+Oracles: the CPU reference's own greedy continuation (ReferenceModel in the llamacpp
+numerics, the prompt in one forward pass as `memra run --device cpu` computes it) and its
+log-softmax; the tokenizer; the openai client's parsing; prometheus-client's parser;
+counts computed by hand from the block size. Nothing here compares the server with a
+captured output of itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from memra.cpu.reference import ReferenceModel
+from memra.model.aliases import resolve
+from memra.model.gguf import open_gguf
+from memra.serve.api import ServeConfig, Server
+from memra.text.chat import chat_tokens, render_chat
+from memra.text.tokenizer import Tokenizer
+
+MODEL = "smollm2-135m"
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def ref():
+    g = open_gguf(resolve(MODEL))
+    m = ReferenceModel(g, numerics="llamacpp")
+    tok = Tokenizer.from_gguf(g)
+    memo = {}
+
+    def greedy(ids, n):
+        """(tokens, logits each was chosen from) of the reference's greedy continuation,
+        ending at an end-of-generation token."""
+        key = (tuple(ids), n)
+        if key not in memo:
+            cache = m.new_cache(len(ids) + n + 1)
+            lg = m.forward(list(ids), cache)
+            toks, lgs = [], []
+            for i in range(n):
+                lgs.append(lg)
+                toks.append(int(np.argmax(lg)))
+                if toks[-1] in tok.eog_ids or i + 1 == n:
+                    break
+                lg = m.forward([toks[-1]], cache)
+            memo[key] = (toks, lgs)
+        return memo[key]
+
+    return g, tok, greedy
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(ServeConfig(model=MODEL, device="cpu", port=0, ctx_size=256, parallel=4, max_queue=64))
+    s.start_in_thread()
+    yield s
+    s.stop()
+
+
+def client(s, key="none", **kw):
+    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=300, **kw)
+
+
+def completion_ids(tok, text):
+    return tok.encode(text, add_special=True, parse_special=True)
+
+
+def text_of(tok, ids):
+    return tok.decode([t for t in ids if t not in tok.eog_ids], skip_special=True)
+
+
+def metrics_of(s, key=None):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(s.url + "/metrics", headers=h, trust_env=False)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            labels = {k: v for k, v in smp.labels.items() if k != "model_name"}
+            out[(smp.name, tuple(sorted(labels.items())))] = smp.value
+    return out
+
+
+def metric(ms, name, **labels):
+    return ms.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def error_of(r: httpx.Response) -> dict:
+    doc = r.json()
+    assert set(doc) == {"error"} and set(doc["error"]) == {"message", "type", "param", "code"}, doc
+    return doc["error"]
+
+
+# -- completions and chat -------------------------------------------------------------------------
+
+PROMPT = "The capital of France is"
+
+
+def test_completion_is_the_reference_greedy_continuation(server, ref):
+    g, tok, greedy = ref
+    r = client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    ids = completion_ids(tok, PROMPT)
+    want, _ = greedy(ids, 8)
+    assert len(want) == 8, "the oracle ended early: pick another prompt"
+    c = r.choices[0]
+    assert c.text == text_of(tok, want)
+    assert c.finish_reason == "length"
+    assert r.usage.completion_tokens == 8  # max_tokens, exactly
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.usage.total_tokens == len(ids) + 8
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    assert r.model == MODEL and r.id.startswith("cmpl-") and r.created > 0
+    assert r.system_fingerprint and r.object == "text_completion"
+
+
+def test_stop_strings_never_leak(server, ref):
+    g, tok, greedy = ref
+    want = text_of(tok, greedy(completion_ids(tok, PROMPT), 8)[0])
+    # two stops that occur in the reference text: the output ends before the earlier one
+    a, b = want[3:6], want[8:12]
+    assert a and b and a in want and b in want
+    cut = min(want.index(a), want.index(b))
+    c = client(server)
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[b, a])
+    assert r.choices[0].text == want[:cut] and r.choices[0].finish_reason == "stop"
+    r1 = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=b)
+    assert r1.choices[0].text == want[:want.index(b)] and r1.choices[0].finish_reason == "stop"
+    # streamed: the concatenated deltas hold no part of the stop string
+    parts, finish = [], None
+    for ch in c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=b, stream=True):
+        if ch.choices:
+            parts.append(ch.choices[0].text)
+            finish = ch.choices[0].finish_reason or finish
+    assert "".join(parts) == want[:want.index(b)] and finish == "stop"
+
+
+CHAT = [{"role": "user", "content": "Name a colour."}]
+
+
+def test_chat_stream_with_usage_and_logprobs(server, ref):
+    g, tok, greedy = ref
+    ids = chat_tokens(tok, render_chat(g, CHAT, add_generation_prompt=True))
+    want, lgs = greedy(ids, 6)
+    c = client(server)
+    chunks = list(c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, logprobs=True,
+                                            top_logprobs=3))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    body = [ch for ch in chunks if ch.choices]
+    text = "".join(ch.choices[0].delta.content or "" for ch in body)
+    assert text == text_of(tok, want)
+    finish = [ch.choices[0].finish_reason for ch in body if ch.choices[0].finish_reason]
+    assert finish == (["stop"] if want[-1] in tok.eog_ids else ["length"])
+    # the last chunk: no choices, the whole usage
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(want)
+    assert last.usage.prompt_tokens == len(ids)
+    assert all(ch.usage is None for ch in chunks[:-1])
+    # one log-prob per generated token (an end-of-generation token has none): the reference's
+    # log-softmax at the chosen token, and its 3 most likely tokens in order
+    lps = [x for ch in body if ch.choices[0].logprobs for x in ch.choices[0].logprobs.content]
+    n_text = len([t for t in want if t not in tok.eog_ids])
+    assert len(lps) == n_text
+    for x, t, lg in zip(lps, want, lgs):
+        ls = lg.astype(np.float64) - np.log(np.exp(lg.astype(np.float64) - lg.max()).sum()) - lg.max()
+        assert bytes(x.bytes) == tok.token_bytes(t)
+        assert x.logprob == pytest.approx(ls[t], abs=1e-5)
+        top = np.argsort(-ls, kind="stable")[:3]
+        assert [bytes(y.bytes) for y in x.top_logprobs] == [tok.token_bytes(int(i)) for i in top]
+        assert [y.logprob for y in x.top_logprobs] == pytest.approx([ls[i] for i in top], abs=1e-5)
+    # blocking, max_completion_tokens: the same reply and log-probs
+    r = c.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=6, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    assert r.choices[0].message.content == text and r.choices[0].message.role == "assistant"
+    assert [x.logprob for x in r.choices[0].logprobs.content] == pytest.approx([x.logprob for x in lps], abs=1e-9)
+    assert r.usage.completion_tokens == len(want) and r.object == "chat.completion"
+    # the system prompt's blocks were computed by the first request: this one reused them
+    assert r.usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
+
+
+def test_completion_logprobs(server, ref):
+    g, tok, greedy = ref
+    ids = completion_ids(tok, PROMPT)
+    want, lgs = greedy(ids, 8)
+    r = client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [tok.token_bytes(t).decode("utf-8", "replace") for t in want[:3]]
+    for j in range(3):
+        lg = lgs[j].astype(np.float64)
+        ls = lg - lg.max() - np.log(np.exp(lg - lg.max()).sum())
+        assert lp.token_logprobs[j] == pytest.approx(ls[want[j]], abs=1e-5)
+        top = np.argsort(-ls, kind="stable")[:2]
+        assert list(lp.top_logprobs[j].values()) == pytest.approx([ls[i] for i in top], abs=1e-5)
+    assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
+
+
+def test_unknown_fields_are_ignored_and_models_listed(server):
+    c = client(server)
+    r = c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0,
+                             extra_body={"frobnicate": {"x": [1, 2]}, "mirostat": 2})
+    assert r.usage.completion_tokens == 1
+    assert [m.id for m in c.models.list().data] == [MODEL]
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+def test_errors_are_openai_objects(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2)
+    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1)
+    assert e.value.body["param"] == "temperature" and "temperature" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="word " * 400, max_tokens=2)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:  # fits alone, not with max_tokens (ctx 256)
+        c.completions.create(model=MODEL, prompt="Hi", max_tokens=300)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1)
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    # the raw wire: the shape, a malformed body, a wrong type, an unknown route
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "Hi", "max_tokens": ',
+                   headers={"Content-Type": "application/json"}, trust_env=False)
+    assert r.status_code == 400 and error_of(r)["type"] == "invalid_request_error"
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": "not a list"}, trust_env=False)
+    assert r.status_code == 400 and error_of(r)["param"] == "messages"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": "many"}, trust_env=False)
+    assert r.status_code == 400 and error_of(r)["param"] == "max_tokens"
+    r = httpx.get(server.url + "/v1/nothing", trust_env=False)
+    assert r.status_code == 404 and error_of(r)["message"]
+    # and the engine is healthy after all of it
+    assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
+    assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
+
+
+def test_tokenize_and_detokenize(server, ref):
+    g, tok, _ = ref
+    text = "Hello, world! <|im_start|>"
+    r = httpx.post(server.url + "/tokenize", json={"content": text}, trust_env=False).json()
+    assert r["tokens"] == tok.encode(text, add_special=False, parse_special=True)
+    r2 = httpx.post(server.url + "/tokenize", json={"content": text, "with_pieces": True}, trust_env=False).json()
+    assert [p["id"] for p in r2["tokens"]] == r["tokens"]
+    d = httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}, trust_env=False).json()
+    assert d["content"] == tok.decode(r["tokens"])
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+def test_metrics_exposition(server):
+    before = metrics_of(server)
+    r = client(server).completions.create(model=MODEL, prompt="One two three", max_tokens=3, temperature=0)
+    after = metrics_of(server)
+    names = {k[0] for k in after}
+    for n in ("memra:num_requests_running", "memra:num_requests_waiting", "memra:kv_cache_usage_perc",
+              "memra:prefix_cache_queries_total", "memra:prefix_cache_hits_total", "memra:prompt_tokens_total",
+              "memra:generation_tokens_total", "memra:time_to_first_token_seconds_bucket",
+              "memra:inter_token_latency_seconds_count", "memra:e2e_request_latency_seconds_sum",
+              "memra:request_queue_time_seconds_count"):
+        assert n in names, n
+
+    def d(name, **kw):
+        return metric(after, name, **kw) - metric(before, name, **kw)
+
+    assert d("memra:prompt_tokens_total") == r.usage.prompt_tokens
+    assert d("memra:generation_tokens_total") == 3
+    assert d("memra:prefix_cache_queries_total") == r.usage.prompt_tokens
+    assert d("memra:time_to_first_token_seconds_count") == 1
+    assert d("memra:inter_token_latency_seconds_count") == 2  # gaps between 3 tokens
+    assert d("memra:e2e_request_latency_seconds_count") == 1
+    assert d("memra:request_success_total", finished_reason="length") == 1
+    assert metric(after, "memra:num_requests_running") == 0
+    assert 0 <= metric(after, "memra:kv_cache_usage_perc") <= 1
+    # a bucket count is cumulative and ends at the total
+    assert metric(after, "memra:time_to_first_token_seconds_bucket", le="+Inf") == \
+        metric(after, "memra:time_to_first_token_seconds_count")
+
+
+# -- prefix cache ---------------------------------------------------------------------------------
+
+LONG = ("In the quiet village by the river, the old miller kept a ledger of every sack of grain "
+        "he ground, and on the first page of that worn leather book, in a careful and steady hand, he wrote")
+
+
+def test_prefix_cache_hit_and_salt_isolation(server, ref):
+    g, tok, _ = ref
+    n = len(completion_ids(tok, LONG))
+    assert n > 2 * BLOCK
+    hit = (n - 1) // BLOCK * BLOCK  # whole blocks, the last prompt token recomputed
+    c = client(server)
+    kw = dict(model=MODEL, prompt=LONG, max_tokens=4, temperature=0)
+    a = c.completions.create(**kw, extra_body={"cache_salt": "tenant-a"})
+    b = c.completions.create(**kw, extra_body={"cache_salt": "tenant-a"})
+    x = c.completions.create(**kw, extra_body={"cache_salt": "tenant-b"})
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert b.usage.prompt_tokens_details.cached_tokens == hit
+    assert x.usage.prompt_tokens_details.cached_tokens == 0  # another namespace shares nothing
+    assert a.choices[0].text == b.choices[0].text == x.choices[0].text
+
+
+def test_prefix_cache_across_turns_with_a_decoded_reply(server, ref):
+    """Turn 2 reuses blocks whose K/V turn 1 wrote while decoding its reply: the same tokens
+    as a run that recomputes everything (another salt)."""
+    g, tok, _ = ref
+    by_bytes = {}
+    for i in range(tok.n_vocab):
+        by_bytes.setdefault(tok.token_bytes(i), i)
+    p1 = "Write one sentence about the sea and the wind:"
+    ids1 = completion_ids(tok, p1)
+    c = client(server)
+    salt = {"cache_salt": "turns"}
+    t1 = c.completions.create(model=MODEL, prompt=p1, max_tokens=24, temperature=0, logprobs=0, extra_body=salt)
+    gen = [by_bytes[t.encode("utf-8")] if t.encode("utf-8") in by_bytes else None
+           for t in t1.choices[0].logprobs.tokens]
+    p2 = p1 + t1.choices[0].text + "\nNow one about the land:"
+    ids2 = completion_ids(tok, p2)
+    # what the cache holds: turn 1's prompt and reply, but the reply's last token (never fed)
+    held = ids1 + gen[:-1]
+    lcp = 0
+    while lcp < min(len(held), len(ids2)) and held[lcp] == ids2[lcp]:
+        lcp += 1
+    expect = min(lcp, len(ids2) - 1) // BLOCK * BLOCK
+    assert expect > len(ids1) // BLOCK * BLOCK, "the reply must fill a block for this test"
+    t2 = c.completions.create(model=MODEL, prompt=p2, max_tokens=4, temperature=0, extra_body=salt)
+    fresh = c.completions.create(model=MODEL, prompt=p2, max_tokens=4, temperature=0,
+                                 extra_body={"cache_salt": "fresh"})
+    assert t2.usage.prompt_tokens_details.cached_tokens == expect
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert t2.choices[0].text == fresh.choices[0].text
+
+
+# -- continuous batching --------------------------------------------------------------------------
+
+def test_concurrent_requests_are_isolated(server, ref):
+    """Each request's greedy tokens: the reference's, alone and among concurrent requests
+    that share the running batch (prefill chunks and decode rows in the same steps)."""
+    g, tok, greedy = ref
+    prompts = ["Once upon a time", "The best way to cook rice is", "def fibonacci(n):", "Dear Sir or Madam,"]
+    c = client(server)
+    want = [text_of(tok, greedy(completion_ids(tok, p), 6)[0]) for p in prompts]
+    steps0 = server.state.sched.steps
+    alone = [c.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0).choices[0].text
+             for p in prompts]
+    steps_alone = server.state.sched.steps - steps0
+    out = [None] * len(prompts)
+    go = threading.Barrier(len(prompts))
+
+    def run(i):
+        go.wait()
+        out[i] = c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=6, temperature=0).choices[0].text
+
+    steps0 = server.state.sched.steps
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    steps_together = server.state.sched.steps - steps0
+    assert alone == want
+    assert out == want
+    assert steps_together < steps_alone  # they did share steps
+
+
+def test_a_disconnect_frees_its_blocks(server):
+    kv = server.state.engine.kv
+    before = metrics_of(server)
+    body = {"model": MODEL, "prompt": "Count from one to a thousand:", "max_tokens": 200, "temperature": 0,
+            "stream": True}
+    with httpx.Client(trust_env=False, timeout=60) as h:
+        with h.stream("POST", server.url + "/v1/completions", json=body) as r:
+            got = 0
+            for line in r.iter_lines():
+                if line.startswith("data:") and '"text"' in line:
+                    got += 1
+                    if got == 2:
+                        break
+    t_end = time.time() + 30
+    while time.time() < t_end and (server.state.sched.n_running or (kv.alloc.ref != 0).any()):
+        time.sleep(0.1)
+    assert server.state.sched.n_running == 0
+    assert (kv.alloc.ref == 0).all() and kv.alloc.n_free == kv.alloc.n_blocks
+    after = metrics_of(server)
+    assert metric(after, "memra:request_success_total", finished_reason="abort") - \
+        metric(before, "memra:request_success_total", finished_reason="abort") == 1
+    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200
+
+
+# -- keys and the queue ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def keyed():
+    s = Server(ServeConfig(model=MODEL, device="cpu", port=0, ctx_size=128, parallel=1, max_queue=1,
+                           api_keys=["key-one", "key-two"]))
+    s.start_in_thread()
+    yield s
+    s.stop()
+
+
+def test_keys(keyed):
+    with pytest.raises(openai.AuthenticationError) as e:
+        client(keyed, "wrong").completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+    assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    r = httpx.post(keyed.url + "/v1/completions", json={"prompt": "Hi"}, trust_env=False)
+    assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key"
+    assert httpx.get(keyed.url + "/metrics", trust_env=False).status_code == 401
+    assert httpx.get(keyed.url + "/health", trust_env=False).status_code == 200  # no key needed
+    metrics_of(keyed, "key-two")
+    r = client(keyed, "key-one").completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0)
+    assert r.usage.completion_tokens == 1
+
+
+def test_keys_are_namespaces(keyed, ref):
+    g, tok, _ = ref
+    p = "A key names a tenant: the cache of one is never the cache of another one."
+    n = len(completion_ids(tok, p))
+    assert n > BLOCK
+    kw = dict(model=MODEL, prompt=p, max_tokens=1, temperature=0)
+    one = client(keyed, "key-one")
+    assert one.completions.create(**kw).usage.prompt_tokens_details.cached_tokens == 0
+    assert one.completions.create(**kw).usage.prompt_tokens_details.cached_tokens == (n - 1) // BLOCK * BLOCK
+    assert client(keyed, "key-two").completions.create(**kw).usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_full_queue_answers_429(keyed):
+    """--parallel 1 --max-queue 1: one request runs, one waits, the third gets 429 with
+    Retry-After (the openai client would retry it; here it must not)."""
+    h = httpx.Client(trust_env=False, timeout=120, headers={"Authorization": "Bearer key-one"})
+    body = {"model": MODEL, "prompt": "List the planets:", "max_tokens": 60, "temperature": 0, "stream": True}
+    waiting = {}
+    with h.stream("POST", keyed.url + "/v1/completions", json=body) as running:
+        lines = running.iter_lines()  # kept open: closing the iterator closes the connection
+        while '"text"' not in next(lines):
+            pass  # until admitted and decoding
+        th = threading.Thread(target=lambda: waiting.setdefault(
+            "r", client(keyed, "key-one").completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)))
+        th.start()
+        t_end = time.time() + 30
+        while time.time() < t_end and metric(metrics_of(keyed, "key-one"), "memra:num_requests_waiting") < 1:
+            time.sleep(0.05)
+        with pytest.raises(openai.RateLimitError) as e:
+            client(keyed, "key-one").completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+        assert e.value.status_code == 429 and int(e.value.response.headers["retry-after"]) >= 1
+        assert e.value.body["type"] == "rate_limit_exceeded"
+    # the running stream is gone: the waiting request runs
+    th.join(120)
+    assert waiting["r"].usage.completion_tokens == 2
+    h.close()
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+
+def test_loading_answers_503(tiny_models):
+    s = Server(ServeConfig(model=str(tiny_models("llama", "Q8_0")), device="cpu", port=0, ctx_size=64))
+    import uvicorn  # noqa: F401  (the server runs without its engine: still loading)
+
+    th = threading.Thread(target=lambda: s.uv.run(sockets=[s._sock]), daemon=True)
+    th.start()
+    s._started.wait(30)
+    try:
+        for path in ("/health", "/readyz"):
+            r = httpx.get(s.url + path, trust_env=False)
+            assert r.status_code == 503 and error_of(r)
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi"}, trust_env=False)
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+        assert error_of(r)["code"] == "model_loading"
+        s.state.load()
+        assert httpx.get(s.url + "/readyz", trust_env=False).status_code == 200
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0},
+                       trust_env=False)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    finally:
+        s.stop()
+
+
+def test_a_public_bind_without_a_key_refuses_to_start():
+    r = subprocess.run([sys.executable, "-m", "memra", "serve", MODEL, "--host", "0.0.0.0", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "without an API key" in r.stderr
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_drains_and_exits_0(ref):
+    """SIGTERM while a stream runs: /readyz and new requests answer 503, the stream ends with
+    all its tokens, the process exits 0."""
+    g, tok, greedy = ref
+    port = _free_port()
+    env = {**os.environ, "MEMRA_PORT": str(port), "MEMRA_DEVICE": "cpu", "MEMRA_CTX_SIZE": "128"}
+    p = subprocess.Popen([sys.executable, "-m", "memra", "serve", MODEL, "--drain-timeout", "60"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t_end = time.time() + 180
+        while time.time() < t_end:
+            try:
+                if httpx.get(url + "/readyz", trust_env=False, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert p.poll() is None, p.stderr.read()
+            time.sleep(0.3)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        stream = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+                                      stream_options={"include_usage": True})
+        it = iter(stream)
+        chunks = [next(it)]
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        r = httpx.get(url + "/readyz", trust_env=False)
+        assert r.status_code == 503
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model=MODEL, prompt="Hi", max_tokens=1)
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"]
+        assert e.value.body["code"] == "draining"
+        chunks += list(it)
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        assert chunks[-1].usage.completion_tokens == 16
+        assert text == text_of(tok, greedy(completion_ids(tok, PROMPT), 16)[0])
+        assert p.wait(60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
