@@ -467,11 +467,7 @@ def test_a_full_queue_answers_429(keyed):
 
 def test_loading_answers_503(tiny_models):
     s = Server(ServeConfig(model=str(tiny_models("llama", "Q8_0")), device="cpu", port=0, ctx_size=64))
-    import uvicorn  # noqa: F401  (the server runs without its engine: still loading)
-
-    th = threading.Thread(target=lambda: s.uv.run(sockets=[s._sock]), daemon=True)
-    th.start()
-    s._started.wait(30)
+    s.start_in_thread(load=False)  # uvicorn without its engine: still loading
     try:
         for path in ("/health", "/readyz"):
             r = httpx.get(s.url + path, trust_env=False)
@@ -479,7 +475,7 @@ def test_loading_answers_503(tiny_models):
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi"}, trust_env=False)
         assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
         assert error_of(r)["code"] == "model_loading"
-        s.state.load()
+        s.start_engine()
         assert httpx.get(s.url + "/readyz", trust_env=False).status_code == 200
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": 0},
                        trust_env=False)
@@ -544,3 +540,27 @@ def test_sigterm_drains_and_exits_0(ref):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# -- memra bench serve ----------------------------------------------------------------------------
+
+def test_bench_serve_receipts(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+    from memra.tune.receipts import read_receipts
+
+    out = tmp_path / "serve.jsonl"
+    r = CliRunner().invoke(app, ["bench", "serve", server.url, "-c", "2", "--requests", "3", "--prompt-tokens", "12",
+                                 "--max-tokens", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    df = read_receipts(out)
+    assert list(df["kind"]) == ["serve-bench"]
+    row = df.iloc[0]
+    assert row["engine"] == "memra" and row["model"] == MODEL and row["device"] == "cpu"
+    assert row["completed"] == 3 and row["failed"] == 0 and row["output_tokens"] == 12  # 3 x 4, ignore_eos
+    assert row["agg_tok_s"] == pytest.approx(12 / row["wall_s"], rel=1e-2)
+    assert 8 <= row["prompt_tokens"] <= 12
+    assert row["ttft_p50_s"] <= row["ttft_p95_s"] <= row["ttft_p99_s"] <= row["lat_p99_s"]
+    bad = CliRunner().invoke(app, ["bench", "serve", "http://10.1.2.3:8080", "--out", str(out)])
+    assert bad.exit_code == 1 and "loopback" in bad.output

@@ -200,7 +200,8 @@ class State:
         self.device_name = "cpu"
 
     def load(self) -> None:
-        """Open the engine (the engine thread's runner) and start the scheduler."""
+        """Open the engine and its scheduler on this thread, which becomes the engine thread
+        (run_engine): the runner's CUDA context is current where it was opened."""
         t0 = time.perf_counter()
         try:
             self.engine = open_engine(self.gguf, self.mcfg, self.cfg.device, ctx=self.ctx, parallel=self.parallel,
@@ -210,17 +211,21 @@ class State:
             self.sched = Scheduler(self.engine, self.tok, max_queue=self.cfg.max_queue,
                                    max_batched_tokens=self.budget, metrics=self.metrics,
                                    prefix_cache=self.cfg.prefix_cache)
-            self.sched.start()
         except Exception as e:
             self.phase, self.error = "failed", f"{type(e).__name__}: {e}"
             log.error("the engine failed to load: %s", self.error)
             raise
-        if self.phase == "loading":
-            self.phase = "ready"
         kv = self.engine.kv
         log.info("ready in %.1f s: %s on %s, context %d, %d sequences, KV %d blocks of %d tokens",
                  time.perf_counter() - t0, self.alias, self.cfg.device, self.ctx, self.parallel,
                  kv.alloc.n_blocks, kv.block)
+
+    def run_engine(self) -> None:
+        """load(), then serve: the engine loop on this thread until the scheduler stops."""
+        self.load()
+        if self.phase == "loading":
+            self.phase = "ready"
+        self.sched.run()
 
     # -- checks every generation request passes ------------------------------------------------
     def require_serving(self) -> None:
@@ -620,13 +625,15 @@ class Server:
         host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
         return f"http://{host}:{self.port}"
 
-    def _load(self) -> None:
+    def _engine_main(self) -> None:
         try:
-            self.state.load()
+            self.state.run_engine()
         except Exception:
             self.exit_code = 1
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(setattr, self.uv, "should_exit", True)
+            else:
+                self.uv.should_exit = True
 
     def _signal(self, sig) -> None:
         self._signals += 1
@@ -663,24 +670,38 @@ class Server:
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT has drained the server; the exit code."""
-        threading.Thread(target=self._load, name="memra-load", daemon=True).start()
+        self._engine = threading.Thread(target=self._engine_main, name="memra-engine", daemon=True)
+        self._engine.start()
         try:
             self.uv.run(sockets=[self._sock])
         finally:
             self._shutdown()
         return self.exit_code
 
-    def start_in_thread(self, wait_ready: float | None = 600.0) -> "Server":
-        """Serve from a background thread (tests); waits until the engine is ready."""
+    def start_in_thread(self, load: bool = True, timeout: float = 600.0) -> "Server":
+        """Serve from background threads (tests): uvicorn at once, then (load) the engine
+        thread, waiting until it is ready."""
         self._thread = threading.Thread(target=lambda: self.uv.run(sockets=[self._sock]), name="memra-uvicorn",
                                         daemon=True)
         self._thread.start()
         self._started.wait(30)
-        self.state.load()
+        if load:
+            self.start_engine(timeout)
         return self
+
+    def start_engine(self, timeout: float = 600.0) -> None:
+        self._engine = threading.Thread(target=self._engine_main, name="memra-engine", daemon=True)
+        self._engine.start()
+        t_end = time.monotonic() + timeout
+        while self.state.phase == "loading" and time.monotonic() < t_end:
+            time.sleep(0.02)
+        if self.state.phase != "ready":
+            raise MemraError(f"the server did not become ready: {self.state.phase} {self.state.error or ''}")
 
     def stop(self) -> None:
         self.uv.should_exit = True
         if getattr(self, "_thread", None) is not None:
             self._thread.join(30)
         self._shutdown()
+        if getattr(self, "_engine", None) is not None:
+            self._engine.join(30)

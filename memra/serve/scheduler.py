@@ -1,7 +1,7 @@
 """Continuous batching: one engine thread owns the runner; requests come and go between steps.
 
     sched = Scheduler(engine, tokenizer, max_queue=64, max_batched_tokens=2048, metrics=m)
-    sched.start()
+    sched.run()                           # on the engine thread (the one that opened the runner)
     req = GenRequest(prompt_ids, params, namespace=tenant)    # on the event loop
     sched.submit(req)                     # QueueFull (429), ContextOverflowError / NeverFits (400)
     async for ev in req.events(): ...     # ("token", id, text, logprob) ... ("done", finish, usage)
@@ -163,12 +163,19 @@ class Scheduler:
 
     # -- the event loop's side --------------------------------------------------------------------
     def start(self) -> None:
+        """Run the engine loop on a new thread (an engine that any thread may drive)."""
         self.thread.start()
+
+    def run(self) -> None:
+        """Run the engine loop on this thread until stop(): the GPU server calls it on the
+        thread that opened the runner, whose CUDA context is current there."""
+        self.thread = threading.current_thread()
+        self._loop()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop = True
         self._wake.set()
-        if self.thread.is_alive():
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
     @property
