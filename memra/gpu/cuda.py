@@ -259,6 +259,11 @@ class Gpu:
         )
         log.debug("GPU %d: %s", index, self.info)
 
+    def make_current(self) -> None:
+        """Make this device's context current on the calling thread (a thread other than
+        the one that first opened it, e.g. the server's engine thread)."""
+        self._dev.set_current()
+
     # --- memory -------------------------------------------------------------------
     def empty(self, shape, dtype=np.uint8) -> DeviceArray:
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

@@ -236,6 +236,9 @@ class Scheduler:
 
     # -- the engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:
+        current = getattr(getattr(self.engine, "g", None), "make_current", None)
+        if current is not None:  # the GPU's context on this thread
+            current()
         while not self._stop:
             with self._lock:
                 while self._inbox:
