@@ -5,8 +5,8 @@
 //                 = GELU-tanh  0.5 x (1 + tanhf(sqrt(2/pi) (x + 0.044715 x^3)))  (act == 1)
 //   softcap:  x[i] = cap * tanhf(x[i] / cap)   (in place)
 //
-// Tunables: ACT_THREADS (default 256). MEMRA_CANARY: a wrong variant (always SiLU)
-// that kernel-check must catch.
+// Tunables: ACT_THREADS (default 256). MEMRA_CANARY: wrong variants that kernel-check must
+// catch (act_mul always SiLU; softcap leaves the last value unwritten).
 // Launch contract:
 //   act_mul: grid (ceil(n / ACT_THREADS), n_rows), block (ACT_THREADS); rows of gate, up
 //     and out start at r * gate_stride / up_stride / out_stride floats (gate and up may
@@ -44,5 +44,8 @@ extern "C" __global__ void __launch_bounds__(ACT_THREADS)
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     int i = blockIdx.x * ACT_THREADS + threadIdx.x;
+#ifdef MEMRA_CANARY
+    n -= 1;  // kernel-check canary: the last value is left as it was (in place: unwritten)
+#endif
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }

@@ -28,7 +28,8 @@
 //   uniform(seed, c) = (splitmix64(seed + (c + 1) * 0x9E3779B97F4A7C15) >> 11) * 2^-53.
 //
 // Tunables: SAMPLE_THREADS (block size for every kernel here, default 1024).
-// MEMRA_CANARY: a wrong variant (draws the next position's number) kernel-check must catch.
+// MEMRA_CANARY: wrong variants kernel-check must catch: 1, sample draws the next position's
+// number; 2, argmax (and sample's greedy argmax) breaks ties to the largest index.
 // Launch contract:
 //   argmax_partial: grid (NB, B), block (SAMPLE_THREADS); part_val/part_idx: [B][NB].
 //   argmax_final:   grid (B), block (SAMPLE_THREADS); NB <= SAMPLE_THREADS.
@@ -50,7 +51,11 @@
 typedef unsigned long long u64;
 
 static __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+#if defined(MEMRA_CANARY) && MEMRA_CANARY == 2
+    return v > bv || (v == bv && i > bi);  // kernel-check canary: ties go to the largest index
+#else
     return v > bv || (v == bv && i < bi);
+#endif
 }
 
 // block-wide argmax; every thread gets the result
@@ -248,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     const u64 excl = before + inc - total;
     // the draw's counter: the position the chosen token will take (pos[b] + advance)
-#ifdef MEMRA_CANARY
+#if defined(MEMRA_CANARY) && MEMRA_CANARY == 1
     const u64 c = (u64)(pos[b] + advance) + 1;  // kernel-check canary: the next position's draw
 #else
     const u64 c = (u64)(pos[b] + advance);

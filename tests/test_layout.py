@@ -20,7 +20,8 @@ ROOT = Path(memra.__file__).resolve().parent
 BASE = {"memra.errors", "memra.paths", "memra.atomic"}
 # the tune *harness*: drives the engine and the ops, so nothing below it may import it
 HARNESS = {"memra.tune.campaign", "memra.tune.measure", "memra.tune.freeze", "memra.tune.bench",
-           "memra.tune.kernelcheck", "memra.tune.research", "memra.tune.board", "memra.tune.warmup"}
+           "memra.tune.kernelcheck", "memra.tune.research", "memra.tune.board", "memra.tune.warmup",
+           "memra.tune.launches"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -28,28 +28,59 @@ def _csv(values: Optional[list[str]]) -> list[str]:
 def kernel_check(
     only: Annotated[Optional[str], typer.Option("--only", help="Only these kernel families "
                                                 "(comma-separated: matvec, embed, norm, rope, attention, act, "
-                                                "sample).")] = None,
-    compile_only: Annotated[bool, typer.Option("--compile-only", help="Compile every kernel and variant "
-                                               "with NVRTC for sm_90a, sm_120a and sm_89; needs no GPU.")] = False,
+                                                "sample, gemm); no receipt is written.")] = None,
+    compile_only: Annotated[bool, typer.Option("--compile-only", help="Compile every kernel module the checks "
+                                               "and the engine's launch set load, with NVRTC for sm_90a, sm_120a "
+                                               "and sm_89; needs no GPU.")] = False,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="With --compile-only: only these "
                                                       "targets (e.g. sm_90a; comma-separated or "
                                                       "repeated).")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs (default: "
                                                 "fresh each run; the one used is printed).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Where a complete GPU run writes its receipt: a "
+                                                "folder (<device>.json inside) or a .json file. Default: "
+                                                "$MEMRA_HOME/receipts/kernel-check/; the committed ones live in "
+                                                "research/kernel-check/.")] = None,
+    show_status: Annotated[bool, typer.Option("--status", help="Say whether the committed receipt of --device "
+                                              "(research/kernel-check/<device>.json) covers the kernel sources and "
+                                              "the launch set at HEAD; exit 1 when it does not. Needs no GPU.")] = False,
+    device: Annotated[str, typer.Option("--device", help="With --status: the device (name or slug) whose "
+                                        "receipt to check.")] = "nvidia-h200",
+    as_json: Annotated[bool, typer.Option("--json", help="With --status: print one JSON object.")] = False,
 ) -> None:
-    """Check every kernel and variant against its CPU reference; ends ALL GREEN or exits 1."""
-    from memra.tune.kernelcheck import all_green, run_kernel_check
+    """Check every kernel module the engine can launch against its CPU reference, with canaries;
+    ends ALL GREEN or exits 1. A complete run on a GPU writes a receipt (source hashes, launch set)."""
+    from memra.tune.kernelcheck import all_green, make_receipt, receipt_path, run_kernel_check, status, write_receipt
 
+    if show_status:
+        if compile_only or only or arch:
+            raise MemraError("--status takes no --only, --compile-only or --arch")
+        st = status(device, out)
+        if as_json:
+            print(json.dumps(st, sort_keys=True), flush=True)
+        else:
+            print(f"{st['device']}: {'current' if st['current'] else 'NOT current'} — {st['reason']}"
+                  f"{' (' + st['receipt'] + ')' if st['receipt'] else ''}", flush=True)
+        if not st["current"]:
+            raise typer.Exit(1)
+        return
+    if as_json:
+        raise MemraError("--json applies to --status")
     archs = _csv(arch) or None
     if archs and not compile_only:
         raise MemraError("--arch applies to --compile-only (on a GPU the kernels are built for its own arch)")
     for a in archs or []:
         if not re.fullmatch(r"sm_\d{2,3}[a-z]?", a):
             raise MemraError(f"--arch {a!r} is not an NVRTC target such as sm_90a, sm_120a or sm_89")
-    lines = []
-    for line in run_kernel_check(only=only, compile_only=compile_only, seed=seed, archs=archs):
+    lines, report = [], {}
+    for line in run_kernel_check(only=only, compile_only=compile_only, seed=seed, archs=archs, report=report):
         print(line, flush=True)
         lines.append(line)
+    if report.get("complete"):
+        path = write_receipt(make_receipt(report), receipt_path(report["device"], out))
+        print(f"receipt: {path}", file=sys.stderr, flush=True)
+    elif out is not None and not compile_only:
+        log.warning("--only: a partial run writes no receipt")
     if not all_green(lines):
         raise typer.Exit(1)
 

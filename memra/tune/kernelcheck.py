@@ -1,24 +1,39 @@
-"""`memra kernel-check`: every kernel and variant against its CPU reference.
+"""`memra kernel-check`: every kernel module the engine can launch, against its CPU reference,
+with canaries; a receipt of the run; and whether a committed receipt still covers HEAD.
 
-Each kernel family lives in one module under memra/gpu/ops/ and offers three functions:
+Each kernel family lives in one module under memra/gpu/ops/ and offers five functions:
 
     compile_variants() -> list[tuple[str, dict]]
-        every (kernel file, -D defines) the family builds, its canaries included;
+        every (kernel file, -D defines) its own checks build, its canaries included;
     checks(g: memra.gpu.cuda.Gpu, rng: np.random.Generator) -> Iterator[Outcome]
         runs each kernel/variant on fresh random inputs (never zeros) with its outputs
-        poisoned before the launch, and compares with the numpy reference (use
-        memra.gpu.compare.compare);
+        poisoned before the launch (memra.gpu.cuda.poison_byte: a value no kernel writes),
+        and compares with the numpy reference (memra.gpu.compare.compare);
     canaries(g, rng) -> Iterator[Outcome]
         deliberately wrong variants (compiled with -DMEMRA_CANARY=...): each must FAIL its
-        comparison, or the check itself is too weak and kernel-check goes red.
+        comparison, or the check itself is too weak and kernel-check goes red;
+    launch_cases(L, ctx) -> list[dict] / check_launch(g, rng, case) -> Outcome
+        the engine's own launches (memra.tune.launches: every plan launch of the real and
+        benchmark models, every bucket, sampler, rollback seam and tuned-table entry),
+        each run with exactly the module the runner would load.
 
-FAMILIES below is the whole list (a literal dict, no registration machinery): add a line
-when a family module appears. A family whose module is missing is reported as a failure.
+A family that yields no check or no canary fails the run (a gate that checks nothing is
+red, not green). FAMILIES below is the whole list (a literal dict, no registration
+machinery): add a line when a family module appears.
+
+On a GPU a complete run (no --only) fills `report`, from which `make_receipt` writes the
+receipt: the device, the hash of every kernel source, the launch set covered and the
+verdict. `status(device)` compares the committed receipt (research/kernel-check/<device>.json)
+with the sources and the launch set at HEAD: current only when it was green, no source
+changed and every launch the engine can make now is in it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -34,6 +49,9 @@ FAMILIES: dict[str, str] = {
     "gemm": "memra.gpu.ops.gemm",
 }
 
+RECEIPT_SCHEMA = "memra.kernel-check-receipt/1"
+STATUS_DEVICE = "nvidia-h200"  # the device whose committed receipt CI checks
+
 
 def _family_modules(only: str | None):
     names = list(FAMILIES) if only is None else [f.strip() for f in only.split(",")]
@@ -43,22 +61,36 @@ def _family_modules(only: str | None):
         yield fam, FAMILIES[fam]
 
 
-def run_kernel_check(only: str | None = None, compile_only: bool = False,
-                     seed: int | None = None, archs: Sequence[str] | None = None) -> Iterator[str]:
+def _dtext(defines: dict) -> str:
+    return " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
+
+
+def _case_label(c: dict) -> str:
+    return f"{c['entry']} [{_dtext(c['defines'])}] rows={c['bucket']}{' ' + c['tag'] if c.get('tag') else ''}"
+
+
+def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: int | None = None,
+                     archs: Sequence[str] | None = None, models: Sequence[str] | None = None,
+                     report: dict | None = None) -> Iterator[str]:
     """Yield one line per check; the last line is 'ALL GREEN ...' or 'FAILED ...'.
 
-    compile_only: compile every variant of every family for each arch in `archs` (default
-    memra.gpu.compile.ARCHS) with NVRTC (no GPU needed)."""
+    The families' own checks and canaries, then every case of the engine's launch set
+    (memra.tune.launches over `models`, default launches.MODELS, and the device's tuning
+    table). compile_only: compile the families' variants and every module of the launch set
+    (over every table on this machine) for each arch in `archs` (default
+    memra.gpu.compile.ARCHS) with NVRTC (no GPU needed). `report` (a dict) receives what a
+    receipt records."""
     from memra.gpu.compile import ARCHS, compile_many
+    from memra.tune import launches as LS
+    from memra.tune import tables as TABLES
 
-    failures = 0
-    passed = 0
-    caught = 0
+    failures = passed = caught = 0
     try:
         fams = list(_family_modules(only))
     except KeyError as e:
         yield f"FAILED: {e.args[0]}"
         return
+    g = None
     if not compile_only:
         from memra.gpu.cuda import gpu, has_gpu
 
@@ -67,54 +99,234 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False,
             return
         g = gpu()
         yield f"device: {g.info.name} ({g.info.arch}, {g.info.sm_count} SMs)"
+    # the launch set: every plan launch over the models and tables
+    specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
+    for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
+        failures += not compile_only
+        yield f"{'NOTE' if compile_only else 'FAIL'}  launch set: model {m}"
+    if g is not None:
+        table, source = TABLES.load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
+        tables = [table] if source != "builtin" else []
+    else:
+        tables = TABLES.list_tables()
+    sms = g.info.sm_count if g is not None else 132
+    fam_names = [f for f, _ in fams]
+    try:
+        cases = LS.launch_set(specs, tables, sms=sms, families=fam_names)
+    except Exception as e:
+        failures += 1
+        cases = {}
+        yield f"FAIL  launch set: {type(e).__name__}: {e}"
+    yield (f"launch set: {len(cases)} cases ({', '.join(f'{k} {v}' for k, v in LS.summary(cases).items())}) "
+           f"over {len(specs)} models, {len(LS.launch_modules(cases))} modules; tables: builtin"
+           + "".join(f", {t.get('device')} ({t.get('path')})" for t in tables))
+    by_family: dict[str, list] = {f: [] for f in fam_names}
+    for key, c in cases.items():
+        by_family[c["family"]].append((key, c))
     # fresh inputs each run unless a seed is asked for (to reproduce a failure)
     seed = int(np.random.SeedSequence().entropy % (1 << 31)) if seed is None else seed
     yield f"seed: {seed}"
     rng = np.random.default_rng(seed)
+    mods = {}
     for fam, modname in fams:
         try:
-            mod = importlib.import_module(modname)
+            mods[fam] = importlib.import_module(modname)
         except Exception as e:  # a family that cannot even be imported is a failure
             failures += 1
             yield f"FAIL  {fam}: cannot import {modname}: {e}"
-            continue
-        if compile_only:
-            jobs = [(f, arch, d) for f, d in mod.compile_variants() for arch in (archs or ARCHS)]
-            for (kernel_file, arch, defines), log, secs in compile_many(jobs):
-                dtext = " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
-                if log is None:
+    if compile_only or g is not None:
+        # every module once (NVRTC in parallel processes); on a GPU into the cubin cache
+        # before the checks load them, reported there only when it fails
+        jobs, seen = [], set()
+        for fam, mod in mods.items():
+            mine = list(mod.compile_variants()) + [(c["file"], c["defines"]) for _, c in by_family[fam]]
+            for f, d in mine:
+                for arch in (archs or ARCHS) if compile_only else (g.info.arch,):
+                    k = (f, arch, tuple(sorted(d.items())))
+                    if k not in seen:
+                        seen.add(k)
+                        jobs.append((fam, (f, arch, dict(d))))
+        fam_of = {(f, a, tuple(sorted(d.items()))): fam for fam, (f, a, d) in jobs}
+        for (kernel_file, arch, defines), log, secs in compile_many([j for _, j in jobs]):
+            fam = fam_of[(kernel_file, arch, tuple(sorted(defines.items())))]
+            if log is None:
+                if compile_only:
                     passed += 1
-                    yield f"PASS  {fam} compile {arch} {kernel_file} {dtext} ({secs:.1f} s)"
-                else:
-                    failures += 1
-                    yield f"FAIL  {fam} compile {arch} {kernel_file} {dtext}\n{log}"
-            continue
+                    yield f"PASS  {fam} compile {arch} {kernel_file} {_dtext(defines)} ({secs:.1f} s)"
+            else:
+                failures += 1
+                yield f"FAIL  {fam} compile {arch} {kernel_file} {_dtext(defines)}\n{log}"
+    if compile_only:  # canaries run on a GPU: a compile-only run has none to catch
+        yield (f"FAILED: {failures} failed, {passed} compiled" if failures else
+               f"ALL GREEN ({passed} compiled; checks and canaries need a GPU)")
+        return
+    per_family = {}
+    for fam, mod in mods.items():
+        n_checks = n_canaries = fam_fail = 0
         try:
             for o in mod.checks(g, rng):
-                if o.ok:
-                    passed += 1
-                else:
-                    failures += 1
+                n_checks += 1
+                fam_fail += not o.ok
                 yield f"{'PASS' if o.ok else 'FAIL'}  {fam} {o.name}: {o.detail}"
+        except Exception as e:
+            fam_fail += 1
+            yield f"FAIL  {fam} checks: {type(e).__name__}: {e}"
+        for key, c in by_family[fam]:
+            try:
+                o = mod.check_launch(g, rng, c)
+                ok, detail = o.ok, o.detail
+            except Exception as e:
+                ok, detail = False, f"{type(e).__name__}: {e}"
+            n_checks += 1
+            fam_fail += not ok
+            yield f"{'PASS' if ok else 'FAIL'}  {fam} launch {_case_label(c)}: {detail}"
+        try:
             for o in mod.canaries(g, rng):
+                n_canaries += 1
                 if o.ok:
-                    failures += 1
+                    fam_fail += 1
                     yield f"FAIL  {fam} canary {o.name} was NOT caught: {o.detail}"
                 else:
                     caught += 1
                     yield f"PASS  {fam} canary {o.name} caught: {o.detail}"
         except Exception as e:
-            failures += 1
-            yield f"FAIL  {fam}: {type(e).__name__}: {e}"
-    if compile_only:  # canaries run on a GPU: a compile-only run has none to catch
-        yield (f"FAILED: {failures} failed, {passed} compiled" if failures else
-               f"ALL GREEN ({passed} compiled; checks and canaries need a GPU)")
-    elif failures:
+            fam_fail += 1
+            yield f"FAIL  {fam} canaries: {type(e).__name__}: {e}"
+        if n_checks == 0 or n_canaries == 0:
+            fam_fail += 1
+            yield f"FAIL  {fam}: {n_checks} checks and {n_canaries} canaries (a family needs at least one of each)"
+        failures += fam_fail
+        passed += n_checks - min(fam_fail, n_checks)
+        per_family[fam] = {"checks": n_checks, "launch_cases": len(by_family[fam]), "canaries": n_canaries,
+                           "failed": fam_fail}
+    green = failures == 0
+    if report is not None:
+        from memra.gpu.compile import nvrtc_version
+
+        report.update(device=g.info.name, cc=".".join(str(x) for x in g.info.cc) if isinstance(g.info.cc, tuple)
+                      else str(g.info.cc), sms=g.info.sm_count, arch=g.info.arch,
+                      nvrtc=".".join(str(x) for x in nvrtc_version()), seed=seed, complete=only is None,
+                      all_green=green, failures=failures, families=per_family,
+                      models=[s.name for s in specs], models_missing=missing,
+                      tables=[{"device": t.get("device"), "path": t.get("path"), "frozen_at": t.get("frozen_at")}
+                              for t in tables],
+                      launch_set=sorted(cases))
+    if not green:
         yield f"FAILED: {failures} failed, {passed} passed, {caught} canaries caught"
     else:
-        yield f"ALL GREEN ({passed} checks passed, {caught} canaries caught)"
+        yield f"ALL GREEN ({passed} checks passed, {len(cases)} of them the engine's launches, {caught} canaries caught)"
 
 
 def all_green(lines: list[str]) -> bool:
     """True when a finished run_kernel_check() ended green (for the CLI's exit code)."""
     return bool(lines) and lines[-1].startswith("ALL GREEN")
+
+
+# -- receipts and their currency -------------------------------------------------------------
+
+def kernel_sources() -> dict[str, str]:
+    """{file: sha256[:16]} of every kernel source (kernels/*.cu and *.cuh)."""
+    from memra.paths import kernel_dir
+
+    d = kernel_dir()
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in sorted(d.iterdir()) if p.suffix in (".cu", ".cuh")}
+
+
+def sources_hash(sources: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name, digest in sorted(sources.items()):
+        h.update(name.encode() + b"\0" + digest.encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def launch_set_hash(keys: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
+
+
+def make_receipt(report: dict) -> dict:
+    """The receipt of a complete kernel-check run (run_kernel_check's `report`)."""
+    from memra.tune.receipts import git_sha, utc_now
+    from memra.tune.tables import device_slug
+
+    src = kernel_sources()
+    keys = report["launch_set"]
+    return {"schema": RECEIPT_SCHEMA, "ts": utc_now(), "git_sha": git_sha(), "device": report["device"],
+            "slug": device_slug(report["device"]), "cc": report["cc"], "sms": report["sms"], "arch": report["arch"],
+            "nvrtc": report["nvrtc"], "seed": report["seed"], "all_green": report["all_green"],
+            "failures": report["failures"], "families": report["families"], "sources": src,
+            "sources_hash": sources_hash(src), "models": report["models"], "models_missing": report["models_missing"],
+            "tables": report["tables"], "launch_set_hash": launch_set_hash(keys), "launch_set": keys}
+
+
+def receipt_path(device: str, out: str | Path | None = None) -> Path:
+    """Where a receipt of `device` goes: `out` (a folder, or a .json file), else
+    $MEMRA_HOME/receipts/kernel-check/ (the source tree is written only when asked)."""
+    from memra.paths import receipts_dir
+    from memra.tune.tables import device_slug
+
+    if out is not None and str(out).endswith(".json"):
+        return Path(out)
+    folder = Path(out) if out is not None else receipts_dir() / "kernel-check"
+    return folder / f"{device_slug(device)}.json"
+
+
+def write_receipt(receipt: dict, path: Path) -> Path:
+    from memra.atomic import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def committed_dir() -> Path:
+    """research/kernel-check/ of the checkout: the receipts CI checks for currency."""
+    from memra.paths import research_dir
+
+    return research_dir() / "kernel-check"
+
+
+def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
+    """Whether the committed receipt of `device` (a name or slug; `path`: another receipt
+    file) covers HEAD: {"device", "receipt", "sources_hash", "current", "stale", ...}.
+    stale: kernel sources added, removed or changed since the receipt; uncovered: cases of
+    the launch set the engine can make now (the receipt's models, the device's shipped
+    table) that the receipt does not hold."""
+    from memra.tune import launches as LS
+    from memra.tune.tables import device_slug, read_table, tables_dir
+
+    slug = device_slug(device)
+    p = Path(path) if path is not None else committed_dir() / f"{slug}.json"
+    src = kernel_sources()
+    out = {"device": slug, "receipt": None, "sources_hash": sources_hash(src), "current": False, "stale": [],
+           "uncovered": [], "reason": ""}
+    if not p.is_file():
+        out["reason"] = f"no receipt at {p}"
+        return out
+    r = json.loads(p.read_text(encoding="utf-8"))
+    out.update(receipt=str(p), receipt_sources_hash=r.get("sources_hash"), git_sha=r.get("git_sha"),
+               ts=r.get("ts"), all_green=bool(r.get("all_green")), launch_cases=len(r.get("launch_set", [])))
+    old = r.get("sources", {})
+    out["stale"] = sorted(n for n in set(old) | set(src) if old.get(n) != src.get(n))
+    specs, missing = LS.model_specs(r.get("models") or LS.MODELS, fetch=True)
+    table_file = tables_dir() / f"{slug}.json"
+    tables = [read_table(table_file)] if table_file.is_file() else []
+    now = LS.launch_set(specs, tables)
+    have = set(r.get("launch_set", []))
+    out["uncovered"] = sorted(k for k in now if k not in have)
+    reasons = []
+    if r.get("schema") != RECEIPT_SCHEMA:
+        reasons.append(f"schema {r.get('schema')!r} is not {RECEIPT_SCHEMA}")
+    if not r.get("all_green"):
+        reasons.append("the receipt's run was not ALL GREEN")
+    if out["stale"]:
+        reasons.append(f"{len(out['stale'])} kernel sources changed since ({', '.join(out['stale'])})")
+    if out["uncovered"]:
+        reasons.append(f"{len(out['uncovered'])} of the engine's {len(now)} launch cases are not in it")
+    if missing:
+        reasons.append(f"models not readable here: {'; '.join(missing)}")
+    if set(LS.MODELS) - set(r.get("models") or []):
+        reasons.append(f"it did not cover {', '.join(sorted(set(LS.MODELS) - set(r.get('models') or [])))}")
+    out["current"] = not reasons
+    out["reason"] = "; ".join(reasons) or "the receipt covers the kernel sources and launch set at HEAD"
+    return out

@@ -51,8 +51,8 @@ def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | No
               np.int32(out_stride or n), np.int32(ACTS[act])), pdl=pdl)
 
 
-def softcap(g, x, n: int, cap: float, rows: int = 1, pdl: bool = False) -> None:
-    k = _module(g).kernel("softcap")
+def softcap(g, x, n: int, cap: float, rows: int = 1, pdl: bool = False, canary: bool = False) -> None:
+    k = _module(g, canary).kernel("softcap")
     g.launch(k, ((n * rows + THREADS - 1) // THREADS,), (THREADS,), (x, np.int32(n * rows), np.float32(cap)),
              pdl=pdl)
 
@@ -89,14 +89,18 @@ def _check(g, rng, act, rows, n, fused: bool, canary=False):
     return compare(f"act_mul {act} rows={rows} n={n}{' fused' if fused else ''}", out.numpy(), ref, TOL)
 
 
-def _check_softcap(g, rng):
+def _check_softcap(g, rng, rows=1, n=5000, cap=30.0, canary=False):
+    """softcap works in place, so its output cannot be poisoned: every input is drawn with
+    |x| in [cap / 2, 4 cap], where cap * tanh(x / cap) differs from x by at least 3.8 % of
+    cap, and the comparison is per element (max |got - ref| / max |ref|): a value the
+    kernel left unwritten fails it."""
     from memra.gpu.compare import compare
 
-    x = (rng.standard_normal(5000) * 40).astype(np.float32)
+    x = (rng.uniform(0.5, 4.0, (rows, n)) * rng.choice([-1.0, 1.0], (rows, n)) * cap).astype(np.float32)
     d = g.to_device(x)
-    softcap(g, d, x.size, 30.0)
-    ref = np.tanh(x / np.float32(30)) * np.float32(30)
-    return compare("softcap n=5000 cap=30", d.numpy(), ref, TOL)
+    softcap(g, d, n, cap, rows, canary=canary)
+    ref = np.tanh(x / np.float32(cap)) * np.float32(cap)
+    return compare(f"softcap rows={rows} n={n} cap={cap:g}", d.numpy(), ref, TOL, kind="max")
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
@@ -104,10 +108,46 @@ def checks(g, rng: np.random.Generator) -> Iterator:
         yield _check(g, rng, act, 1, 1536, fused=False)
         yield _check(g, rng, act, 3, 2048, fused=True)
     yield _check_softcap(g, rng)
+    yield _check_softcap(g, rng, rows=3, n=2000, cap=15.0)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, "gelu_tanh", 2, 1000, fused=True, canary=True)
+    yield _check_softcap(g, rng, rows=2, n=1000, canary=True)
+
+
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "act_mul" (gate and up apart: the activation written over the gate,
+    as runner's act_mul(ff, ff2, ff)) or "softcap" (the logits, in place)."""
+    rows = int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    if L.op == "softcap":
+        n, cap = int(L.shape["n"]), float(ctx.cfg.final_logit_softcap)
+        return [{"file": KERNEL_FILE, "entry": "softcap", "defines": {"ACT_THREADS": THREADS}, "bucket": b,
+                 "tag": f"n{n}", "params": {"n": n, "rows": b, "cap": cap}}]
+    n, act = int(L.shape["n"]), getattr(ctx.cfg, "act", "silu")
+    return [{"file": KERNEL_FILE, "entry": "act_mul", "defines": {"ACT_THREADS": _threads(L.config)}, "bucket": b,
+             "tag": f"n{n} {act} out=gate", "params": {"n": n, "rows": b, "act": act,
+                                                        "config": dict(L.config) if L.config else None}}]
+
+
+def check_launch(g, rng, case):
+    from memra.gpu.compare import compare
+
+    p = case["params"]
+    if case["entry"] == "softcap":
+        return _check_softcap(g, rng, rows=p["rows"], n=p["n"], cap=p["cap"])
+    n, rows, act = p["n"], p["rows"], p["act"]
+    gate = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    up = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    d_gate, d_up = g.to_device(gate), g.to_device(up)
+    # out is the gate buffer (unpoisonable): act(g) * up differs from g almost everywhere, and
+    # the L2 comparison fails on one unwritten value of a row (~1 / sqrt(n) relative)
+    act_mul(g, d_gate, d_up, d_gate, n, rows, act, config=p["config"])
+    return compare(f"act_mul {act} rows={rows} n={n} out=gate {case['defines']}", d_gate.numpy(),
+                   reference(gate, up, act), TOL)
 
 
 # -- tune hook (memra/tune/measure.py): kernel "act_mul", variant "default", shape {n}, batch rows

@@ -222,7 +222,7 @@ def compile_variants():
     return out
 
 
-def _check(g, rng, case, canary=False, fused=False):
+def _check(g, rng, case, canary=False, fused=False, config=None, twin=None):
     from memra.gpu.compare import Outcome, compare
     from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
 
@@ -247,17 +247,17 @@ def _check(g, rng, case, canary=False, fused=False):
     for a in (part_o, part_ml, out):
         a.poison()
     counters = g.to_device(np.zeros(T * nh // hpb, np.int32)) if fused else None
-    q8 = fused and D % 32 == 0
+    q8 = fused and D % 32 == 0 and twin is not False
     xq = g.empty((T, nh * D), np.int8) if q8 else None
     xs = g.empty((T, nh * D // 32), Q8_SCALE) if q8 else None
     args = (g.to_device(q), g.to_device(kp), g.to_device(vp), out,
             part_o, part_ml, g.to_device(pos), g.to_device(seq), g.to_device(table), table.shape[1])
     kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=scale,
-              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb)
+              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb, config=config)
     attention(g, *args, **kw)
     ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
     name = f"attention{' fused' if fused else ''} D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} " \
-           f"splits={S} T={T} heads/block={hpb}"
+           f"splits={S} T={T} heads/block={hpb}{' ' + str(config) if config else ''}"
     first = out.numpy()
     o = compare(name, first, ref, TOL)
     if not fused or not o.ok:
@@ -289,9 +289,9 @@ ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neo
 )
 
 
-def _check_rope_fused(g, rng, case, canary=False):
+def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin=True):
     """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
-    twin and the appended K/V rows must be the same bits."""
+    twin and the appended K/V rows must be the same bits. T rows, each its own sequence."""
     from memra.gpu.compare import Outcome
     from memra.gpu.ops import rope as ROPE
     from memra.gpu.q8 import Q8_SCALE
@@ -300,13 +300,14 @@ def _check_rope_fused(g, rng, case, canary=False):
     from memra.gpu.paging import random_table
 
     D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
-    nh, T, n_ctx, blk = nkv * G, 3, 700, 16
+    nh, n_ctx, blk = nkv * G, 700, 16
     table, n_blocks = random_table(rng, T, n_ctx, blk)
     d_table = g.to_device(table)
-    S = default_splits(nh // hpb, 132)
+    S = S or default_splits(nh // hpb, 132)
     stride = (nh + 2 * nkv) * D
     qkv = g.to_device(rng.standard_normal((T, stride)).astype(np.float32))
-    pos = g.to_device(np.array([0, 64, n_ctx - 1][:T], np.int32))  # one split, two, many
+    # one split, two, many, then anywhere
+    pos = g.to_device(np.concatenate([[0, 64, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 3))])[:T].astype(np.int32))
     seq = g.to_device(np.arange(T, dtype=np.int32))  # decode: one row per sequence
     cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
     f32 = np.float32
@@ -320,13 +321,14 @@ def _check_rope_fused(g, rng, case, canary=False):
     for fused in (False, True):
         kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
         out = g.empty((T, nh * D), f32)
-        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        xq, xs = (g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)) if twin else (None, None)
         po, pml = scratch_shapes(T, nh, S, D)
         part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
         for a in (out, xq, xs, part_o, part_ml):
-            a.poison()
+            if a is not None:
+                a.poison()
         kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=1 / math.sqrt(D),
-                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb)
+                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb, config=config)
         if fused:
             r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
             attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], rope=r,
@@ -337,10 +339,10 @@ def _check_rope_fused(g, rng, case, canary=False):
                               n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd, neox=neox, q_stride=stride,
                               k_stride=stride, v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
             attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], **kw)
-        runs.append([a.numpy() for a in (out, xq, kc, vc)] + [xs.numpy().view(np.uint8)])
+        runs.append([a.numpy() for a in (out, kc, vc)] + ([xq.numpy(), xs.numpy().view(np.uint8)] if twin else []))
     name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
             f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
-    for what, a, b in zip(("output", "q8 twin", "K cache", "V cache", "q8 scales"), runs[0], runs[1]):
+    for what, a, b in zip(("output", "K cache", "V cache", "q8 twin", "q8 scales"), runs[0], runs[1]):
         if not np.array_equal(a, b, equal_nan=True):
             return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_decode")
     return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the two launches")
@@ -359,6 +361,42 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[4], canary=2, fused=True)
     yield _check(g, rng, CASES[2], canary=True, fused=True)
     yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=True)
+
+
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "attention" (attn_decode, after rope_norm_kv: prefill, or decode
+    with MEMRA_FUSED_ROPE=0) or "attention_rope" (attn_decode_rope: decode): the module of
+    the model's head size, the plan's heads per block and the table's ATT_* tunables; the
+    layer's window, the q8 twin on the q8 path, the plan's split count."""
+    c, plan = ctx.cfg, ctx.plan
+    D, hpb = c.head_dim, plan.att_hpb
+    d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block}
+    fused = L.op == "attention_rope"
+    rows = int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    window, twin = int(L.args.get("window", 0)), bool(L.args.get("twin"))
+    rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
+    tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (
+        " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "")
+    return [{"file": KERNEL_FILE, "entry": "attn_decode_rope" if fused else "attn_decode", "defines": d,
+             "bucket": b, "tag": tag,
+             "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
+                        "splits": plan.n_splits, "T": b, "rope": rope,
+                        "config": dict(L.config) if L.config else None}}]
+
+
+def check_launch(g, rng, case):
+    """attn_decode against the float64 reference (relaunch, counters, one head per block
+    and the q8 twin checked too); attn_decode_rope against rope_norm_kv + attn_decode."""
+    p = case["params"]
+    if p["rope"] is not None:
+        rd, neox, qkn, bias = p["rope"]
+        return _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
+                                 config=p["config"], T=p["T"], S=p["splits"], twin=p["twin"])
+    return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["splits"], p["T"], p["hpb"]), fused=True,
+                  config=p["config"], twin=p["twin"])
 
 
 # -- tune hook (memra/tune/measure.py): kernel "attn_decode" (the fused launch the engine runs),

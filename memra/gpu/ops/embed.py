@@ -118,6 +118,35 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, Q.Q4_K, canary=True)
 
 
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "embed": the gather of the table's type, the table's EMBED_THREADS."""
+    t, n, rows = _type_id(L.shape["type"]), int(L.shape["n"]), int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    threads = int((L.config or {}).get("EMBED_THREADS", THREADS))
+    return [{"file": KERNEL_FILE, "entry": kernel_name(t), "defines": {"EMBED_THREADS": threads}, "bucket": b,
+             "tag": f"n{n}", "params": {"type": t, "n": n, "rows": b, "config": dict(L.config or {}) or None}}]
+
+
+def check_launch(g, rng, case):
+    """The gather of `rows` random token ids from a 300-row table of the case's type and row
+    length (the kernel reads one row a block: the vocabulary size only bounds the ids),
+    bit-exact against memra.model.quants."""
+    from memra.gpu.compare import compare
+
+    p = case["params"]
+    t, n_embd, rows, n_vocab = p["type"], p["n"], p["rows"], 300
+    table = random_table(rng, t, n_vocab, n_embd)
+    tok = rng.integers(0, n_vocab, rows).astype(np.int32)
+    scale = float(rng.uniform(1.0, 30.0))
+    out = g.empty((rows, n_embd), np.float32)
+    out.poison()
+    embed(g, g.to_device(table), t, n_vocab, n_embd, g.to_device(tok), out, scale, config=p["config"])
+    return compare(f"embed {type_name(t)} rows={rows} n_embd={n_embd} {case['defines']}", out.numpy(),
+                   reference(table, t, n_embd, tok, scale), 0, kind="exact")
+
+
 # -- tune hook (memra/tune/measure.py): kernel "embed", variant "default", shape {type, n}, batch rows
 
 _TUNE_SETS = 32  # token-id sets; each launch gathers its own random rows of the big table

@@ -231,3 +231,60 @@ class _TuneCase:
         if o.ok and not np.array_equal(got.view(np.uint32), ym.numpy().view(np.uint32)):
             return False, o.err, "differs from the matvec's bits"
         return o.ok, o.err, o.detail
+
+
+# -- the launch set (memra.tune.launches): a plan launch -> its module, and its check
+
+_LAUNCH_N = 259  # output rows checked of a larger weight: a partial last row tile
+
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "gemm" (the q8 path from GEMM_MIN_ROWS rows): the module gemm()
+    builds for its batch (default_config(nb) with the table's GM_* laid over it), the exact
+    batch, the K it loops over and whether the output aliases the residual."""
+    t = MV.type_id(L.shape["type"])
+    glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
+    N = int(L.shape["rows"]) // (2 if glu else 1)
+    cfg = {**default_config(nb), **{k: int(v) for k, v in (L.config or {}).items() if k.startswith("GM_")}}
+    res = bool(L.args.get("res"))
+    return [{"file": KERNEL_FILE, "entry": "gemm_q8_glu" if glu else "gemm_q8", "defines": _defines(t, cfg),
+             "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
+             "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
+
+
+def check_launch(g, rng, case):
+    """The launch's module at its batch, K and residual aliasing, on a weight shared with the
+    next cases of its shape (memra.gpu.ops.matvec's launch-set cache) and fresh activations:
+    the matvec's bits (the exactness contract's oracle) and the float64 reference."""
+    from memra.gpu.compare import Outcome, compare
+
+    p = case["params"]
+    t, nb, K, glu, alias = p["type"], p["nb"], p["K"], p["glu"], p["res"]
+    N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
+    cfg = {k: v for k, v in case["defines"].items() if k.startswith("GM_")}
+    w, wf = MV._launch_weight(g, t, N, K, glu, rng)
+    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+    MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
+    res = rng.standard_normal((nb, N)).astype(np.float32)
+    outs = []
+    for kind in ("matvec", "gemm"):
+        y = g.to_device(res) if alias else g.empty((nb, N), np.float32)
+        if not alias:
+            y.poison()
+        if kind == "matvec":
+            MV.matvec(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu)
+        else:
+            gemm(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=cfg)
+        g.sync()
+        outs.append(y.numpy())
+    name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
+    q, s = quantize_q8_ref(x)
+    xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
+    o = compare(name, outs[1], MV.matvec_ref(wf, xv, res if alias else None, glu), MV.TOL)
+    if not o.ok:
+        return o
+    bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
+    if bad:
+        return Outcome(name, False, f"{bad} of {outs[0].size} values differ from the matvec's bits", o.err)
+    return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)

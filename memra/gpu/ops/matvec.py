@@ -497,6 +497,106 @@ def canaries(g, rng) -> Iterator:
 
 
 # ---------------------------------------------------------------------------------------
+# the launch set (memra.tune.launches): a plan launch -> the module it loads, and its check
+
+_LAUNCH_N = 259  # rows checked of a larger weight: a partial last block at every rows-per-block
+
+
+def _launch_bucket(rows: int) -> int:
+    return 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+
+
+def launch_cases(L, ctx) -> list[dict]:
+    """The case of a plan launch of op "matvec" (a chunk of <= 8 rows) or "quantize": the
+    entry point and defines the runner's launcher builds for it (runner._matvec: the table's
+    tunables laid over default_config), the exact row count, the K it loops over and whether
+    the engine aliases a residual with the output (attention output, down projection)."""
+    if L.op == "quantize":
+        warps = int((L.config or {}).get("Q8_WARPS", Q8_WARPS))
+        b = _launch_bucket(L.rows)
+        return [{"file": Q8_FILE, "entry": "quantize_q8", "defines": {"Q8_WARPS": warps}, "bucket": b,
+                 "tag": f"K{int(L.shape['n'])}", "params": {"K": int(L.shape["n"]), "rows": b}}]
+    t = type_id(L.shape["type"])
+    glu, q8, n = L.args.get("glu"), bool(L.args.get("q8")), int(L.rows)
+    rows, K = int(L.shape["rows"]), int(L.shape["cols"])
+    N = rows // 2 if glu else rows
+    cfg = launch_config(t, q8, N, K, n, bool(glu), None, lambda _n: L.config)
+    res = bool(L.args.get("res"))
+    return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
+             "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
+             "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
+
+
+_LAUNCH_WEIGHTS: dict[tuple, tuple] = {}
+
+
+def _launch_weight(g, t: int, N: int, K: int, glu, rng):
+    """A random weight of N (glu: 2N) rows of K on the device and its float64 dequantization,
+    kept for the next cases of the same shape (the launch set is sorted by module)."""
+    key = (id(g), t, N, K, bool(glu))
+    hit = _LAUNCH_WEIGHTS.get(key)
+    if hit is None:
+        if len(_LAUNCH_WEIGHTS) >= 4:
+            _LAUNCH_WEIGHTS.pop(next(iter(_LAUNCH_WEIGHTS)))
+        raw = random_weight(t, 2 * N if glu else N, K, rng)
+        hit = _LAUNCH_WEIGHTS[key] = (upload_weight(g, raw, t), dequant_rows(raw, t))
+    return hit
+
+
+def check_launch(g, rng, case) -> "object":
+    """Run the case's module on fresh inputs: the output poisoned, then again with the
+    residual aliased to the output (y = y + W x, as the engine launches it), each against
+    matvec_ref; quantize_q8 bit-exact against quantize_q8_ref."""
+    from memra.gpu.compare import Outcome, compare
+
+    p, d = case["params"], case["defines"]
+    if case["entry"] == "quantize_q8":
+        K, rows = p["K"], p["rows"]
+        x = (rng.standard_normal((rows, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+        x[0, :32] = 0.0
+        xq, xs = g.empty((rows, K), np.int8), g.empty((rows, K // 32), Q8_SCALE)
+        xq.poison()
+        xs.poison()
+        quantize_q8(g, g.to_device(x), xq, xs, rows, config=d)
+        g.sync()
+        q, sc = quantize_q8_ref(x)
+        got = xs.numpy()
+        bad = (int(np.count_nonzero(xq.numpy() != q)), int(np.count_nonzero(got.view(np.uint8) != sc.view(np.uint8))))
+        return Outcome(f"quantize_q8 rows={rows} K={K} {d}", not any(bad),
+                       "bit-exact" if not any(bad) else f"{bad[0]} values, {bad[1]} scale bytes differ",
+                       0.0 if not any(bad) else np.inf)
+    t, K, nb, glu, q8 = p["type"], p["K"], p["nb"], p["glu"], p["q8"]
+    N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
+    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B")}
+    w, wf = _launch_weight(g, t, N, K, glu, rng)
+    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+    if q8:
+        xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+        quantize_q8(g, g.to_device(x), xq, xs, nb)
+        qh, sh = quantize_q8_ref(x)
+        xv = (qh.reshape(nb, -1, 32).astype(np.float64) * sh["d"][..., None]).reshape(nb, K)
+        act = dict(xq=xq, xs=xs)
+    else:
+        xv, act = x, dict(x=g.to_device(x))
+    name = f"{case['entry']} {TYPES[t][0]} nb={nb} {N}x{K} {config}"
+    y = g.empty((nb, N), np.float32)
+    y.poison()
+    matvec(g, w, y, nb=nb, glu=glu, config=config, **act)
+    g.sync()
+    o = compare(name, y.numpy(), matvec_ref(wf, xv, None, glu), TOL)
+    if not o.ok:
+        return o
+    res = rng.standard_normal((nb, N)).astype(np.float32)
+    y = g.to_device(res)  # the engine's aliasing: the output is the residual it adds to
+    matvec(g, w, y, nb=nb, glu=glu, config=config, residual=y, **act)
+    g.sync()
+    o2 = compare(name + " res=y", y.numpy(), matvec_ref(wf, xv, res, glu), TOL)
+    if not o2.ok:
+        return o2
+    return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}", max(o.err, o2.err))
+
+
+# ---------------------------------------------------------------------------------------
 # tune hook (memra/tune/measure.py): kernel "matvec" | "matvec_glu", variant "q8" | "f32"
 
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):

@@ -229,6 +229,69 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check_rmsnorm(g, rng, 2, 640, canary=True)
 
 
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def _launch_bucket(rows: int) -> int:
+    return 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "norm" (rmsnorm) or "add_norm" (add_rmsnorm): the module the
+    launcher builds for this row length and the table's NORM_THREADS, with the runner's q8
+    twin on the q8 path and the post-norm weight where the plan passes one."""
+    n = int(L.shape["n"])
+    add = L.op == "add_norm"
+    t, maxv, blocks = launch_config(n, not add, L.config)
+    post, q8 = add and bool(L.args.get("w_post")), ctx.path == "q8"
+    b = _launch_bucket(L.rows)
+    return [{"file": KERNEL_FILE, "entry": "add_rmsnorm" if add else "rmsnorm",
+             "defines": {"NORM_THREADS": t, "NORM_MAXV": maxv}, "bucket": b,
+             "tag": f"n{n}" + (" post" if post else "") + (" q8" if q8 else ""),
+             "params": {"n": n, "rows": b, "add": add, "post": post, "q8": q8,
+                        "config": dict(L.config) if L.config else None}}]
+
+
+def check_launch(g, rng, case):
+    """The case's launch on fresh rows: out (and add_rmsnorm's residual update) against the
+    reference, the q8 twin bit-exact against quantize_q8 of the kernel's own output."""
+    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
+
+    p = case["params"]
+    n, rows, add, post, q8, config = p["n"], p["rows"], p["add"], p["post"], p["q8"], p["config"]
+    x, w = _inputs(rng, rows, n)
+    dx, dw = g.to_device(x), g.to_device(w)
+    out = g.empty((rows, n), np.float32)
+    xq = g.empty((rows, n), np.int8) if q8 else None
+    xs = g.empty((rows, n // 32), Q8_SCALE) if q8 else None
+    for a in (out, xq, xs):
+        if a is not None:
+            a.poison()
+    eps, eps_post = 1e-6, 1e-5
+    if add:
+        delta = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+        wp = rng.uniform(0.5, 1.5, n).astype(np.float32) if post else None
+        add_rmsnorm(g, dx, g.to_device(delta), dw, out, n, eps, rows, w_post=g.to_device(wp) if post else None,
+                    eps_post=eps_post, xq=xq, xs=xs, config=config)
+        xr, ref = reference_add_rmsnorm(x, delta, w, eps, wp, eps_post)
+    else:
+        rmsnorm(g, dx, dw, out, n, eps, rows, xq=xq, xs=xs, config=config)
+        ref = reference_rmsnorm(x, w, eps)
+    g.sync()
+    name = f"{case['entry']} rows={rows} n={n} {case['defines']}{' post' if post else ''}{' +q8' if q8 else ''}"
+    o = out.numpy()
+    c = compare(name, o, ref, TOL)
+    if not c.ok:
+        return c
+    if add:
+        r = compare(name + " residual", dx.numpy(), xr, TOL)
+        if not r.ok:
+            return r
+    if q8 and not q8_twin_matches(xq, xs, o):
+        return Outcome(name, False, "q8 twin differs from quantize_q8 of the output", c.err)
+    return Outcome(name, True, c.detail + ("; q8 twin bit-exact" if q8 else ""), c.err)
+
+
 # -- tune hook (memra/tune/measure.py): kernels "rmsnorm" / "add_rmsnorm", variant "default",
 # shape {n: n_embd}, batch rows; config {"NORM_THREADS": T}
 

@@ -200,6 +200,30 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=True)
 
 
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "rope" (prefill, or decode with MEMRA_FUSED_ROPE=0): the module of
+    the model's head size and the table's ROPE_WARPS, with the model's rope and Q/K facts."""
+    c = ctx.cfg
+    D = c.head_dim
+    rows = int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    facts = (D, c.n_head, c.n_head_kv, c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.has_rope_freqs),
+             bool(c.qkv_bias))
+    return [{"file": KERNEL_FILE, "entry": "rope_norm_kv",
+             "defines": {"HEAD_DIM": D, "ROPE_WARPS": warps(L.config), "KV_BLOCK": ctx.kv_block}, "bucket": b,
+             "tag": "heads={1}/{2} rope_dim={3} neox={4} qk_norm={5} factors={6} bias={7}".format(*facts),
+             "params": {"case": list(facts), "T": b, "config": dict(L.config) if L.config else None}}]
+
+
+def check_launch(g, rng, case):
+    p = case["params"]
+    if case["defines"].get("KV_BLOCK", 16) != 16:
+        raise MemraError("rope check_launch: the checks use 16-position KV blocks")
+    return _check(g, rng, tuple(p["case"]), config=p["config"], T=p["T"])
+
+
 # -- tune hook (memra/tune/measure.py): kernel "rope_norm_kv", variant "default", shape
 # {n_head, n_head_kv, head_dim}, batch tokens; config {"ROPE_WARPS": w}
 

@@ -58,7 +58,7 @@ class SeqState:
 def _module(g, canary=False, threads: int = THREADS):
     d = {"SAMPLE_THREADS": threads}
     if canary:
-        d["MEMRA_CANARY"] = 1
+        d["MEMRA_CANARY"] = int(canary)  # 1: sample's draw counter; 2: argmax ties (sample.cu)
     return g.module(KERNEL_FILE, d)
 
 
@@ -162,7 +162,8 @@ PARAMS = (  # temperature, top_k, top_p, min_p
 
 
 def compile_variants():
-    return [(KERNEL_FILE, {"SAMPLE_THREADS": THREADS}), (KERNEL_FILE, {"SAMPLE_THREADS": THREADS, "MEMRA_CANARY": 1})]
+    return [(KERNEL_FILE, {"SAMPLE_THREADS": THREADS}), (KERNEL_FILE, {"SAMPLE_THREADS": THREADS, "MEMRA_CANARY": 1}),
+            (KERNEL_FILE, {"SAMPLE_THREADS": THREADS, "MEMRA_CANARY": 2})]
 
 
 def _logits(rng, rows, n, ties: bool):
@@ -207,11 +208,11 @@ def _verify_state(name, st, step, pos, expect):
     return Outcome(name, True, f"{int(live.sum())} tokens exact, {int((~live).sum())} padded rows untouched")
 
 
-def _check_argmax(g, rng, rows, n, canary=False):
+def _check_argmax(g, rng, rows, n, canary=False, config=None):
     x = _logits(rng, rows, n, ties=True)
     st, step, pos = _state(g, rng, rows, padded=(rows - 1,) if rows > 2 else ())
     pv, pi = g.empty(rows * ARGMAX_BLOCKS, np.float32), g.empty(rows * ARGMAX_BLOCKS, np.int32)
-    argmax(g, g.to_device(x), n, rows, st, pv, pi, canary=canary)
+    argmax(g, g.to_device(x), n, rows, st, pv, pi, canary=canary, config=config)
     return _verify_state(f"argmax rows={rows} n={n} (tied maxima)", st, step, pos,
                          [reference_argmax(r) for r in x])
 
@@ -238,7 +239,30 @@ def checks(g, rng: np.random.Generator) -> Iterator:
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
-    yield _check_sample(g, rng, 1000, [(1.0, 0, 1.0, 0.0)] * 6, canary=True)
+    yield _check_sample(g, rng, 1000, [(1.0, 0, 1.0, 0.0)] * 6, canary=1)
+    yield _check_argmax(g, rng, 3, 49152, canary=2)
+
+
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "argmax" (argmax_partial + argmax_final, the table's
+    SAMPLE_THREADS) or "sample" over the vocabulary."""
+    n, rows = int(L.shape["n"]), int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    if L.op == "argmax":
+        threads = int((L.config or {}).get("SAMPLE_THREADS", THREADS))
+        return [{"file": KERNEL_FILE, "entry": "argmax_partial+argmax_final", "defines": {"SAMPLE_THREADS": threads},
+                 "bucket": b, "tag": f"n{n}", "params": {"n": n, "rows": b, "config": dict(L.config or {}) or None}}]
+    return [{"file": KERNEL_FILE, "entry": "sample", "defines": {"SAMPLE_THREADS": THREADS}, "bucket": b,
+             "tag": f"n{n}", "params": {"n": n, "rows": b}}]
+
+
+def check_launch(g, rng, case):
+    p = case["params"]
+    if case["entry"] == "sample":
+        return _check_sample(g, rng, p["n"], [PARAMS[i % len(PARAMS)] for i in range(max(p["rows"], 1))])
+    return _check_argmax(g, rng, max(p["rows"], 1), p["n"], config=p["config"])
 
 
 # -- tune hook (memra/tune/measure.py): kernel "argmax", variant "default", shape {n}, batch rows

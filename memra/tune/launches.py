@@ -1,0 +1,283 @@
+"""Every kernel launch the engine can make, read off the launch plan: the set `memra
+kernel-check` runs and compiles, and that its receipt records.
+
+    specs = model_specs()                       # the real models' and the benchmarks' shapes
+    cases = launch_set(specs, [table])          # {key: case}, deduplicated
+    launch_modules(cases)                       # (kernel file, defines) to compile
+
+For every model, every table (the built-in defaults and the tables given: a device's own,
+so each tuned configuration is launched) and every rollback seam the runner reads
+(MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, MEMRA_GEMM when the GEMM family
+exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
+bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
+batch) and of 16, 17, 64, 65 and 128 rows (the GEMM's configurations), and the head over 1 to
+8 and 64 gathered rows (with the quantize_q8
+launch that runner._head makes outside the plan). Each family module (memra/gpu/ops/) maps a
+plan launch to the cases that run exactly its module: `launch_cases(L, ctx)` gives the entry
+point, the -D defines the launcher would build, the row bucket, and what `check_launch`
+needs to run it on random inputs against the family's reference.
+
+A case's key is (family, entry point, defines, bucket, tag): the tag names a run-time path
+the same module takes differently (a residual aliased with the output, a sliding window, a
+post-norm...). The bucket is the row count for matvec launches (1..8: the module's MV_B
+and the masked rows), else the row count's power of two up to 8: a kernel's code does not
+depend on the rows beyond the grid, whose extent tests/gpu_emulator.py checks for every
+launch against the kernel's launch contract.
+
+Table entries of shapes no listed model has are launched too (`table_cases`), so every
+configuration a device table holds is executed by kernel-check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+log = logging.getLogger("memra.kernelcheck")
+
+# the real models and the synthetic shapes the benchmarks and GPU tests run
+MODELS = ("smollm2-135m", "gemma3-270m", "synth:llama3-8b:Q4_K_M", "synth:llama3-8b:Q4_0",
+          "synth:llama3-8b:Q8_0", "synth:llama-1b:Q4_0", "synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0",
+          "synth:tiny-qwen3:Q4_0", "synth:tiny-gemma3:Q4_K_M")
+# prefill chunks: 1..8 rows reach every matvec nb; 16, 17, 64, 65 and 128 the GEMM's
+# built-in configurations (nb <= 16, <= 64, more) with full and partial batch tiles
+PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 64, 65, 128)
+HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
+SAMPLERS = ("none", "greedy", "sample")
+
+# the family module that maps each plan op
+OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
+             "gemm": "gemm", "rope": "rope", "attention": "attention", "attention_rope": "attention",
+             "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample"}
+FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
+                 "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
+                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm"}
+
+
+def row_bucket(rows: int) -> int:
+    """The bucket of a non-matvec launch of `rows` rows: 1, 2, 4 or 8 (8 and more)."""
+    for b in (1, 2, 4):
+        if rows <= b:
+            return b
+    return 8
+
+
+def case_key(case: Mapping) -> str:
+    return json.dumps([case["family"], case["entry"], sorted(case["defines"].items()), case["bucket"],
+                       case.get("tag", "")], separators=(",", ":"))
+
+
+@dataclass
+class PlanContext:
+    """What a family needs beyond the launch: the model's config and the planner's fixed
+    choices (heads per attention block, splits, KV block)."""
+    cfg: object
+    plan: object
+    path: str
+    kv_block: int = 16
+
+
+def family_module(fam: str):
+    try:
+        return importlib.import_module(FAMILY_MODULE[fam])
+    except ModuleNotFoundError:
+        return None
+
+
+def gemm_available() -> bool:
+    m = family_module("gemm")
+    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
+
+
+def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
+    """(specs, missing): ModelSpec of each model that can be read here (a real model's
+    header, a synthetic model's shapes), and 'name: why' for those that cannot. An alias
+    not in the model cache is fetched only with `fetch` (kernel-check never downloads)."""
+    from memra.model.aliases import ALIASES
+    from memra.paths import models_dir
+    from memra.tune.campaign import model_info
+
+    specs, missing = [], []
+    for n in names:
+        if n in ALIASES and not fetch and not (models_dir() / ALIASES[n].filename).is_file():
+            missing.append(f"{n}: not in {models_dir()} (memra pull {n})")
+            continue
+        try:
+            specs.append(model_info(n))
+        except Exception as e:
+            missing.append(f"{n}: {type(e).__name__}: {e}")
+    return specs, missing
+
+
+def _plans(spec, table, sms: int):
+    from memra.gpu.plan import Planner
+
+    for path in ("q8", "f32"):
+        for fuse in (True, False):
+            for gemm in ((False, True) if gemm_available() and path == "q8" else (False,)):
+                yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm)
+
+
+def _plan_launches(plan, gemm: bool):
+    """Every launch a runner on this plan makes (module doc). Without the GEMM a step of
+    more than 8 rows is 8-row matvec chunks and a remainder, and every other kernel's bucket
+    stops at 8: steps of 1, 2, 4, 8 (decode) and 1..8 (prefill) rows reach all its modules."""
+    from memra.gpu.plan import GRAPH_BUCKETS, Launch
+
+    E = plan.cfg.n_embd
+    decode = GRAPH_BUCKETS if gemm else tuple(b for b in GRAPH_BUCKETS if b <= 8)
+    prefill = PREFILL_ROWS if gemm else tuple(r for r in PREFILL_ROWS if r <= 8)
+    for rows in decode:
+        yield from plan.step(rows, decode=True, sampler="none")  # the layers and the head
+        for sampler in SAMPLERS[1:]:  # the sampler after the head's logits
+            yield from (L for L in plan.head(rows, sampler) if L.op in ("argmax", "sample"))
+    for rows in prefill:
+        yield from plan.step(rows, decode=False)
+    for k in HEAD_ROWS:
+        if plan.path == "q8":  # runner._head re-quantizes the gathered rows
+            yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,
+                         plan.tuned("quantize_q8", {"n": E}, k), "rows", -1, {"src": "hsel", "K": E})
+        for sampler in SAMPLERS:
+            yield from plan.head(k, sampler, src="hsel")
+
+
+def _add(cases: dict, fam: str, c: dict, source: str) -> None:
+    c = {"family": fam, **c}
+    key = case_key(c)
+    if key not in cases:
+        c["sources"] = []
+        cases[key] = c
+    if source not in cases[key]["sources"] and len(cases[key]["sources"]) < 8:
+        cases[key]["sources"].append(source)
+
+
+def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
+               families: Sequence[str] | None = None) -> dict[str, dict]:
+    """{key: case} over every model, table (the built-in defaults always included), path,
+    fusion and step of the module doc, then the table entries no model reached."""
+    from memra.tune.tables import builtin_table
+
+    tabs = [builtin_table()] + [t for t in tables if t and t.get("entries")]
+    cases: dict[str, dict] = {}
+    mods = {f: family_module(f) for f in FAMILY_MODULE}
+    for spec in specs:
+        for ti, table in enumerate(tabs):
+            tname = "builtin" if ti == 0 else str(table.get("device") or table.get("path"))
+            for path, gemm, plan in _plans(spec, table, sms):
+                ctx = PlanContext(spec.cfg, plan, path)
+                seen = set()
+                for L in _plan_launches(plan, gemm):
+                    a = L.args
+                    sig = (L.op, L.kernel, L.variant, tuple(L.shape.values()), L.rows,
+                           tuple((L.config or {}).items()), a.get("glu"), a.get("q8"), bool(a.get("res")),
+                           a.get("window"), a.get("twin"), bool(a.get("w_post")))
+                    if sig in seen:
+                        continue
+                    seen.add(sig)
+                    fam = OP_FAMILY[L.op]
+                    if families is not None and fam not in families:
+                        continue
+                    mod = mods.get(fam)
+                    if mod is None or not hasattr(mod, "launch_cases"):
+                        raise KeyError(f"the plan launches {L.op} ({L.kernel}) but family {fam} has no launch_cases")
+                    for c in mod.launch_cases(L, ctx):
+                        _add(cases, fam, c, f"{spec.name} {tname} {path}: {L.name} x{L.rows}")
+    for table in tabs[1:]:
+        for fam, L, ctx, source in table_cases(table, sms):
+            if families is not None and fam not in families:
+                continue
+            for c in mods[fam].launch_cases(L, ctx):
+                _add(cases, fam, c, source)
+    return dict(sorted(cases.items()))
+
+
+def table_cases(table: Mapping, sms: int = 132):
+    """(family, launch, context, source) for each table entry, as the planner would make it
+    for a model of that shape (heads: full rotary, no Q/K norm or bias, no window). Entries
+    the planner would refuse (a split-K matvec, a variant another path runs, heads per block
+    that do not divide the group) are left out, as the engine leaves them."""
+    from types import SimpleNamespace
+
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.plan import Launch
+    from memra.tune.receipts import shape_of_key
+
+    for kernel, shapes in sorted(table.get("entries", {}).items()):
+        for skey, by_batch in sorted(shapes.items()):
+            shape = shape_of_key(skey)
+            for b, e in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
+                cfg, rows, src = dict(e["config"]), int(b), f"table {table.get('device')}: {kernel} [{skey}] b{b}"
+                if kernel in ("matvec", "matvec_glu"):
+                    t = MV.type_id(shape["type"])
+                    q8 = e["variant"] == "q8"
+                    if cfg.get("MV_KSPLIT", 1) != 1 or (q8 and t in MV.FLOAT_TYPES):
+                        continue
+                    glu = "silu" if kernel == "matvec_glu" else None
+                    ctx = PlanContext(SimpleNamespace(), None, "q8" if q8 else "f32")
+                    for nb in sorted({min(rows, 8), max(1, min(rows, 8) - 1)}):
+                        if not q8 and t not in MV.FLOAT_TYPES and nb > 1:
+                            continue
+                        L = Launch(kernel, "matvec", kernel, e["variant"], shape, nb, cfg, kernel, -1,
+                                   {"glu": glu, "q8": q8, "res": None})
+                        yield "matvec", L, ctx, src
+                elif kernel in ("gemm", "gemm_glu"):
+                    if gemm_available() and e["variant"] == "q8":
+                        L = Launch(kernel, "gemm", kernel, "q8", shape, rows, cfg, kernel, -1,
+                                   {"glu": "silu" if kernel == "gemm_glu" else None, "q8": True, "res": None})
+                        yield "gemm", L, PlanContext(SimpleNamespace(), None, "q8"), src
+                elif kernel in ("rope_norm_kv", "attn_decode"):
+                    # a model of these heads with the plain facts (full rotary, no Q/K norm or bias)
+                    from memra.gpu.ops import attention as ATT
+
+                    D, nh, nkv = int(shape["head_dim"]), int(shape["n_head"]), int(shape["n_head_kv"])
+                    cfg_ns = SimpleNamespace(head_dim=D, n_head=nh, n_head_kv=nkv, n_gqa=nh // nkv, rope_dim=D,
+                                             rope_neox=False, qk_norm=False, has_rope_freqs=False, qkv_bias=False)
+                    if kernel == "rope_norm_kv":
+                        L = Launch(kernel, "rope", kernel, "default", shape, rows, cfg, "heads", -1, {})
+                        yield "rope", L, PlanContext(cfg_ns, None, "q8"), src
+                    else:
+                        hpb = int(cfg.get("hpb", 0)) or ATT.heads_per_block(nkv, nh // nkv)
+                        if (nh // nkv) % hpb:
+                            continue
+                        plan_ns = SimpleNamespace(att_hpb=hpb, n_splits=ATT.default_splits(nh // hpb, sms))
+                        L = Launch(kernel, "attention_rope", kernel, "default", shape, rows, cfg, "attention", -1,
+                                   {"window": 0, "twin": D % 32 == 0})
+                        yield "attention", L, PlanContext(cfg_ns, plan_ns, "q8"), src
+                elif kernel == "quantize_q8":
+                    yield "matvec", Launch(kernel, "quantize", kernel, "default", shape, rows, cfg, "", -1,
+                                           {"K": int(shape["n"])}), PlanContext(SimpleNamespace(), None, "q8"), src
+                elif kernel in ("rmsnorm", "add_rmsnorm"):
+                    op = "norm" if kernel == "rmsnorm" else "add_norm"
+                    args = {"w": "w"} if op == "norm" else {"w": "w", "delta": "t1", "w_post": "wp"}
+                    yield "norm", Launch(kernel, op, kernel, "default", shape, rows, cfg, "rows", -1, args), \
+                        PlanContext(SimpleNamespace(n_embd=int(shape["n"])), None, "q8"), src
+                elif kernel == "embed":
+                    yield "embed", Launch(kernel, "embed", kernel, "default", shape, rows, cfg, "embed"), \
+                        PlanContext(SimpleNamespace(n_embd=int(shape["n"])), None, "q8"), src
+                elif kernel == "argmax":
+                    yield "sample", Launch(kernel, "argmax", kernel, "default", shape, rows, cfg, "vocab"), \
+                        PlanContext(SimpleNamespace(n_vocab=int(shape["n"])), None, "q8"), src
+                elif kernel == "act_mul":
+                    yield "act", Launch(kernel, "act_mul", kernel, "default", shape, rows, cfg, "ffn"), \
+                        PlanContext(SimpleNamespace(n_ff=int(shape["n"]), act="silu"), None, "q8"), src
+
+
+def launch_modules(cases: Mapping[str, Mapping]) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of every module the cases load, each once."""
+    out, seen = [], set()
+    for c in cases.values():
+        k = (c["file"], tuple(sorted(c["defines"].items())))
+        if k not in seen:
+            seen.add(k)
+            out.append((c["file"], dict(c["defines"])))
+    return out
+
+
+def summary(cases: Mapping[str, Mapping]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in cases.values():
+        out[c["family"]] = out.get(c["family"], 0) + 1
+    return dict(sorted(out.items()))

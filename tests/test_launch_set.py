@@ -1,0 +1,295 @@
+"""kernel-check's launch set (memra.tune.launches) and receipts (memra.tune.kernelcheck), on the
+CPU: the set holds every module the engine loads (the emulated runner's own launches are the
+oracle), each case's check runs and passes on the emulator (whose geometry check also sees
+every tuned configuration's grid), a family without checks or canaries fails the run, the
+checks catch what the canaries break, and a receipt's currency follows the sources and the
+launch set. The last test is CI's view of the GPU evidence: the committed H200 receipt must
+cover HEAD."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import gpu_emulator as EMU
+from gpu_emulator import FakeGpu
+from memra.gpu.plan import ModelSpec
+from memra.gpu.runner import Row, Runner, Sampling
+from memra.model.gguf import open_gguf
+from memra.tune import kernelcheck as KC
+from memra.tune import launches as LS
+
+PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
+
+
+def _modules(cases):
+    return {(c["file"], e, tuple(sorted(c["defines"].items()))) for c in cases.values() for e in c["entry"].split("+")}
+
+
+def _recorded(g):
+    seen = set()
+    real = g.launch
+
+    def launch(kernel, grid, block, args, shmem=0, pdl=False):
+        seen.add((kernel.module.kernel_file, kernel.name, tuple(sorted(kernel.defines.items()))))
+        return real(kernel, grid, block, args, shmem, pdl)
+
+    g.launch = launch
+    return seen
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M")])
+def test_launch_set_holds_every_module_the_engine_loads(tiny_models, monkeypatch, arch, quant):
+    """The emulated runner with the table it picks (the H200's, by compute capability): a
+    20-token prefill (the GEMM from 16 rows), decode steps of one and three sequences
+    (greedy and sampled), on the q8 and f32 paths and with RoPE unfused; every module it
+    loads is a case of the launch set built from the model's header."""
+    path = tiny_models(arch, quant)
+    seen, tables = set(), []
+    for env in ({}, {"MEMRA_MATVEC_PATH": "f32"}, {"MEMRA_FUSED_ROPE": "0"}):
+        for k in ("MEMRA_MATVEC_PATH", "MEMRA_FUSED_ROPE"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        g = FakeGpu(1 << 28)
+        rec = _recorded(g)
+        r = Runner(path, gpu=g, max_len=64, max_seqs=4)
+        tables.append(r.tune_table)
+        seqs = [r.open() for _ in range(3)]
+        r.step([Row(seqs[0], PROMPT * 2, sample=Sampling(0.0))])
+        r.step([Row(seqs[1], PROMPT[:3]), Row(seqs[2], PROMPT[:5], logits="last")])
+        r.step([Row(seqs[0], [5], sample=Sampling(0.0))])
+        r.step([Row(s, [7], sample=Sampling(0.9, 40, 0.95, 0.05, 3)) for s in seqs])
+        r.step([Row(s, [8], logits="last") for s in seqs], graph=False)
+        seen |= rec
+    assert tables[0].get("entries"), "the emulated device should pick the H200 table (cc 9.0)"
+    cases = LS.launch_set([ModelSpec.from_gguf(open_gguf(path), arch)], [tables[0]])
+    missing = seen - _modules(cases)
+    assert not missing, sorted(missing)[:5]
+    assert {c["family"] for c in cases.values()} >= {"matvec", "gemm", "norm", "rope", "attention", "embed", "sample"}
+
+
+def _one_per_module(cases):
+    out, seen = [], set()
+    for c in cases.values():
+        k = (c["family"], c["entry"], tuple(sorted(c["defines"].items())))
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
+def test_every_launch_check_runs_and_passes_on_the_emulator():
+    """One case of every module of two tiny models' launch sets (tuned configurations
+    included) through its family's check_launch on the emulator: the checks run, their
+    references agree with the launch contracts, and every launch's grid passes the
+    emulator's geometry check."""
+    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M", "synth:tiny-gemma3:Q4_K_M", "synth:tiny-qwen2:Q8_0"))
+    assert not missing
+    from memra.tune.tables import read_table, tables_dir
+
+    cases = LS.launch_set(specs, [read_table(tables_dir() / "nvidia-h200.json")])
+    todo = _one_per_module(cases)
+    assert len(todo) > 30
+    g, rng = FakeGpu(1 << 30), np.random.default_rng(0)
+    bad = []
+    for c in todo:
+        o = LS.family_module(c["family"]).check_launch(g, rng, c)
+        if not o.ok:
+            bad.append((c["entry"], c["defines"], o.detail))
+    assert not bad, bad[:3]
+
+
+def test_table_entries_of_unlisted_shapes_are_launched():
+    """A table entry no listed model reaches still becomes a case, with its configuration."""
+    table = {"device": "X", "entries": {
+        "matvec": {"cols=1024,rows=777,type=Q4_K": {"1": {"variant": "q8", "config": {"MV_NWARPS": 8, "MV_ROWS": 4},
+                                                          "src": "matvec.cu", "src_hash": "x"}}},
+        "rmsnorm": {"n=3072": {"1": {"variant": "default", "config": {"NORM_THREADS": 384}, "src": "norm.cu",
+                                     "src_hash": "x"}}}}}
+    cases = LS.launch_set([], [table])
+    mv = [c for c in cases.values() if c["entry"] == "mv_q8"]
+    assert mv and all(c["defines"]["MV_ROWS"] == 4 and c["defines"]["MV_NWARPS"] == 8 for c in mv)
+    assert any(c["entry"] == "rmsnorm" and c["defines"]["NORM_THREADS"] == 384 for c in cases.values())
+
+
+def test_every_entry_of_the_h200_table_is_executed():
+    """Each entry of tune/defaults/nvidia-h200.json is a case of the launch set kernel-check
+    runs for that device, with the entry's tunables in its defines."""
+    from memra.tune.tables import read_table, tables_dir
+
+    table = read_table(tables_dir() / "nvidia-h200.json")
+    specs, missing = LS.model_specs()
+    assert not missing, missing
+    cases = list(LS.launch_set(specs, [table]).values())
+    entry_of = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", "rope_norm_kv": "rope_norm_kv",
+                "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
+                "quantize_q8": "quantize_q8"}
+    n = 0
+    for kernel, shapes in table["entries"].items():
+        for skey, by_batch in shapes.items():
+            for b, e in by_batch.items():
+                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items()}
+                hit = [c for c in cases if c["entry"].startswith(entry_of[kernel])
+                       and all(c["defines"].get(k) == v for k, v in want.items())]
+                assert hit, f"{kernel} [{skey}] b{b} {e['config']}: no case runs it"
+                n += 1
+    assert n == sum(len(b) for s in table["entries"].values() for b in s.values()) and n > 50
+
+
+def _emulated_kernel_check(monkeypatch, **kw):
+    import memra.gpu.cuda as cuda
+
+    g = FakeGpu(1 << 28)
+    monkeypatch.setattr(cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(cuda, "gpu", lambda index=0: g)
+    return list(KC.run_kernel_check(models=["synth:tiny-llama:Q4_K_M"], seed=1, **kw))
+
+
+def test_a_family_without_checks_or_canaries_fails_the_run(monkeypatch):
+    import sys
+    import types
+
+    empty = types.ModuleType("memra_empty_family")
+    empty.compile_variants = lambda: []
+    empty.checks = lambda g, rng: iter(())
+    empty.canaries = lambda g, rng: iter(())
+    monkeypatch.setitem(sys.modules, "memra_empty_family", empty)
+    monkeypatch.setitem(KC.FAMILIES, "empty", "memra_empty_family")
+    lines = _emulated_kernel_check(monkeypatch, only="empty")
+    assert "FAIL  empty: 0 checks and 0 canaries (a family needs at least one of each)" in lines
+    assert lines[-1].startswith("FAILED") and not KC.all_green(lines)
+
+
+def test_softcap_and_argmax_checks_catch_their_canaries(monkeypatch):
+    """What the new canaries break (kernels/act.cu: softcap leaves the last value unwritten;
+    sample.cu: argmax ties to the largest index), done to the emulator's kernel models: the
+    families' checks fail, and pass on the models as they are."""
+    from memra.gpu.ops import act as ACT
+    from memra.gpu.ops import sample as SMP
+
+    g, rng = FakeGpu(1 << 26), np.random.default_rng(2)
+    assert ACT._check_softcap(g, rng, rows=2, n=1000).ok
+    assert SMP._check_argmax(g, rng, 3, 5000).ok
+    real_softcap = EMU._KERNELS["softcap"]
+
+    def softcap_drops_last(g_, k, grid, v):
+        x, n, cap = v
+        keep = EMU._f32(g_, x, n)[-1]
+        real_softcap(g_, k, grid, v)
+        EMU._f32(g_, x, n)[-1] = keep
+
+    def argmax_ties_high(g_, k, grid, v):
+        pv, pi, nb, tok, pos, step, hist, hist_len, advance = v
+        for b in range(grid[0]):
+            vals = EMU._f32(g_, pv, (b + 1) * nb)[b * nb:]
+            idxs = g_.mem(pi, np.int32, (b + 1) * nb)[b * nb:]
+            best = max(range(nb), key=lambda j: (vals[j], idxs[j]))
+            EMU._commit(g_, b, int(idxs[best]), tok, pos, step, hist, hist_len, advance)
+
+    def partial_ties_high(g_, k, grid, v):
+        logits, n, pv, pi = v
+        nb, rows = grid[0], grid[1]
+        seg = -(-n // nb)
+        for b in range(rows):
+            lg = EMU._f32(g_, logits + 4 * b * n, n)
+            for j in range(nb):
+                s = lg[j * seg:min(n, (j + 1) * seg)]
+                EMU._f32(g_, pv, rows * nb)[b * nb + j] = s.max()
+                g_.mem(pi, np.int32, rows * nb)[b * nb + j] = j * seg + int(len(s) - 1 - np.argmax(s[::-1]))
+
+    monkeypatch.setitem(EMU._KERNELS, "softcap", softcap_drops_last)
+    monkeypatch.setitem(EMU._KERNELS, "argmax_final", argmax_ties_high)
+    monkeypatch.setitem(EMU._KERNELS, "argmax_partial", partial_ties_high)
+    assert not ACT._check_softcap(g, rng, rows=2, n=1000).ok
+    assert not SMP._check_argmax(g, rng, 3, 5000).ok
+
+
+def test_poison_is_no_value_a_kernel_writes():
+    from memra.gpu.cuda import poison_byte
+    from memra.gpu.q8 import Q8_SCALE
+
+    g = FakeGpu(1 << 20)
+    q, s, f, t = g.empty(64, np.int8), g.empty(2, Q8_SCALE), g.empty(4, np.float32), g.empty(4, np.int32)
+    for a in (q, s, f, t):
+        a.poison()
+    assert np.all(q.numpy() == -128)  # quantize_q8's values lie in [-127, 127]
+    assert np.all(s.numpy()["d"] < 0) and np.all(np.abs(s.numpy()["s"]) > 32 * 127)
+    assert np.all(np.isnan(f.numpy())) and np.all(t.numpy() == -1)
+    assert poison_byte(np.uint16) == 0xFF  # f16 bits: NaN
+
+
+# -- receipts and their currency --------------------------------------------------------------
+
+TINY = ("synth:tiny-llama:Q4_K_M",)
+
+
+@pytest.fixture
+def receipt(monkeypatch, tmp_path):
+    """A green receipt over the tiny llama's launch set (LS.MODELS narrowed to it)."""
+    from memra.tune.tables import read_table, tables_dir
+
+    monkeypatch.setattr(LS, "MODELS", TINY)
+    specs, _ = LS.model_specs(TINY)
+    cases = LS.launch_set(specs, [read_table(tables_dir() / "nvidia-h200.json")])
+    report = {"device": "NVIDIA H200", "cc": "9.0", "sms": 132, "arch": "sm_90a", "nvrtc": "13.0", "seed": 1,
+              "all_green": True, "failures": 0, "families": {}, "models": list(TINY), "models_missing": [],
+              "tables": [], "launch_set": sorted(cases)}
+    r = KC.make_receipt(report)
+    path = KC.write_receipt(r, KC.receipt_path("NVIDIA H200", tmp_path))
+    assert path == tmp_path / "nvidia-h200.json"
+    return r, path
+
+
+def test_a_green_receipt_is_current_until_a_source_changes(receipt, monkeypatch):
+    r, path = receipt
+    st = KC.status("NVIDIA H200", path)
+    assert st["current"] and st["stale"] == [] and st["uncovered"] == [], st["reason"]
+    assert st["sources_hash"] == r["sources_hash"] and set(r["sources"]) >= {"matvec.cu", "qtypes.cuh", "gemm.cu"}
+    real = KC.kernel_sources
+    monkeypatch.setattr(KC, "kernel_sources", lambda: {**real(), "matvec.cu": "0" * 16, "new.cu": "1" * 16})
+    st = KC.status("nvidia-h200", path)
+    assert not st["current"] and st["stale"] == ["matvec.cu", "new.cu"] and "2 kernel sources changed" in st["reason"]
+    json.dumps(st)
+
+
+def test_a_receipt_missing_launches_or_red_is_not_current(receipt, tmp_path):
+    r, path = receipt
+    short = dict(r, launch_set=r["launch_set"][1:])
+    p = KC.write_receipt(short, tmp_path / "short.json")
+    st = KC.status("nvidia-h200", p)
+    assert not st["current"] and st["uncovered"] == r["launch_set"][:1]
+    red = KC.write_receipt(dict(r, all_green=False), tmp_path / "red.json")
+    assert "not ALL GREEN" in KC.status("nvidia-h200", red)["reason"]
+    none = KC.status("nvidia-h200", tmp_path / "absent.json")
+    assert none["receipt"] is None and not none["current"] and none["sources_hash"] == r["sources_hash"]
+
+
+def test_cli_status_json(receipt, monkeypatch):
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+
+    r, path = receipt
+    res = CliRunner().invoke(app, ["kernel-check", "--status", "--json", "--out", str(path)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert {"device", "receipt", "sources_hash", "current", "stale"} <= set(doc) and doc["current"] is True
+    monkeypatch.setattr(KC, "kernel_sources", lambda: {"matvec.cu": "0" * 16})
+    res = CliRunner().invoke(app, ["kernel-check", "--status", "--out", str(path)])
+    assert res.exit_code == 1 and "NOT current" in res.stdout
+
+
+def test_committed_kernel_check_receipt_is_current():
+    """CI's view of the GPU evidence: the H200 receipt committed in research/kernel-check/
+    covers the kernel sources and every launch the engine can make at HEAD."""
+    d = KC.committed_dir()
+    if not d.is_dir() or not any(d.glob("*.json")):
+        pytest.skip("research/kernel-check/ holds no receipt yet: `memra kernel-check --out research/kernel-check/` "
+                    "on the H200 (experiments/h200_gates.sh) writes it; once committed, this test fails whenever "
+                    "the kernel sources or the launch set change after it")
+    st = KC.status(KC.STATUS_DEVICE)
+    assert st["current"], f"{st['reason']} (receipt {st['receipt']}, stale {st['stale']}, " \
+                          f"{len(st['uncovered'])} launch cases uncovered)"
