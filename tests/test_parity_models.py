@@ -10,15 +10,17 @@ its KV cache) and the two are compared:
       exactly: both continuations agree up to the first position where memra's argmax (given
       llama.cpp's prefix, which is also memra's own prefix up to there) differs from
       llama.cpp's token. (Prefill = decode to 1e-4 is checked in test_reference.py.)
-  (b) memra's top-1 equals llama.cpp's at >= 99 % of positions, and the median |delta
-      log-prob| of llama.cpp's token is <= 0.05.
+  (b) memra's top-1 equals llama.cpp's at >= 99 % of positions, and |delta log-prob| of
+      llama.cpp's token is bounded at what is measured (below, per encoding).
 
 Two encodings of each model's weights:
 
 * F32: the real model with every tensor decoded by gguf.quants (the library, not memra) and
   stored as float32. These are exactly the weights memra computes with, and llama.cpp then
   computes in float32 too (apart from its f16 KV cache), so (a) and (b) must hold with a large
-  margin; on top, llama.cpp's log-probs must agree to a median of 0.005 and at most 0.05.
+  margin; on top, llama.cpp's log-probs must agree to a median of 1e-3 and at most 0.025
+  (measured 2026-12-01: median 4.2e-4 / 2.8e-4, max 5.8e-3 / 1.1e-2 on SmolLM2 / Gemma-3; the
+  rest is llama.cpp's f16 KV cache and its own float order).
   This is the check that memra's arithmetic is llama.cpp's. The Gemma-3 set adds a prompt
   longer than its 512-token sliding window.
 * The real quantized files (Q4_1, Q4_K_M), with ReferenceModel(numerics="llamacpp"): llama.cpp
@@ -31,6 +33,8 @@ Two encodings of each model's weights:
   |delta log-prob| / greedy divergences at a margin >= 0.05):
       SmolLM2  100 % / 0.0001 / 0     (before: 96.9 % / 0.017 / 2, float sums in numpy's order)
       Gemma-3  100 % / 0.0001 / 0     (before: 96.9 % / 0.020 / 5)
+  and the largest |delta log-prob| 2.7e-4 / 8.5e-4: the bounds are a median of 1e-3 and a max
+  of 5e-3.
   The remaining |delta| is the server's own log-softmax (float32 sum of expf over the vocabulary)
   against memra's float64 one. Bit-exactness matters here: these small models are chaotic under
   llama.cpp's 8-bit activations (one different float rounding upstream re-draws which activations
@@ -254,13 +258,13 @@ def test_f32_greedy(f32_run):
 def test_f32_teacher_forced(f32_run):
     d = f32_run.deltas()
     assert f32_run.top1_rate() >= 0.99, f32_run.top1_rate()
-    assert np.median(d) <= 0.005 and d.max() <= 0.05, (np.median(d), d.max())
+    assert np.median(d) <= 1e-3 and d.max() <= 0.025, (np.median(d), d.max())
 
 
 def test_quantized_logprobs(quant_run):
     d = quant_run.deltas()
     assert len(quant_run.texts) >= 8
-    assert np.median(d) <= 0.05, np.median(d)
+    assert np.median(d) <= 1e-3 and d.max() <= 5e-3, (np.median(d), d.max())
 
 
 def test_quantized_greedy_and_top1(quant_run):

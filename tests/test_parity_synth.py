@@ -109,6 +109,8 @@ def test_greedy_matches_llama_cpp(f16_case):
                                         ("gemma3", "Q4_K_M"), ("llama", "Q4_0"), ("qwen2", "Q8_0"),
                                         ("qwen3", "Q5_K_M"), ("gemma3", "Q6_K")])
 def test_quantized_logprobs_match_llama_cpp(arch, quant, tiny_models, peer_cls):
+    from flatness import assert_not_flat
+
     c = Case(tiny_models(arch, quant), peer_cls)
     try:
         deltas = []
@@ -116,6 +118,8 @@ def test_quantized_logprobs_match_llama_cpp(arch, quant, tiny_models, peer_cls):
             prompt, theirs = c.theirs(text)
             cache = c.model.new_cache(len(prompt) + N_PREDICT)
             logits = c.model.forward(prompt + theirs["ids"][:-1], cache, all_logits=True)[len(prompt) - 1:]
+            # a margin bound of 0.5 says nothing about flat logits
+            assert_not_flat(logits, f"tiny {arch} {quant} on {text!r}")
             for i, b in enumerate(theirs["ids"]):
                 top = theirs["top"][i]
                 if top is None:
