@@ -16,7 +16,7 @@ Measured (CPU, emulated; research/2026-12-01-gates/, 2026-12-01):
       Q5_K_M, gemma3 Q4_K_M / Q6_K (f32: one mix an architecture), smollm2-135m, gemma3-270m,
       32 positions: q8 max 0.245, p99 0.135; f32 max 0.0070, p99 0.0045
     gate-noise-emulated-{q8,f32}-80pos.jsonl: the two real models, 80 positions (the GPU
-      tests' length): q8 max 0.258, largest median of a run 0.040
+      tests' length): q8 max 0.258, largest median of a run 0.040; f32 max 0.0053
 Run on the H200 (experiments/h200_gates.sh) for the GPU's own figures.
 """
 
