@@ -133,9 +133,15 @@ QUANT = {"llama": "Q4_K_M", "qwen2": "Q8_0", "qwen3": "Q4_0", "gemma3": "Q4_K_M"
 @pytest.mark.parametrize("matvec_path", ["q8", "f32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_gates_pass_the_engine_as_it_is(tiny_models, arch, matvec_path):
-    x, t = _gates(tiny_models(arch, QUANT[arch]), matvec_path)
+    from flatness import assert_not_flat
+
+    path = tiny_models(arch, QUANT[arch])
+    x, t = _gates(path, matvec_path)
     assert x.verdict == "MATCH" and x.positions == G.TF_POSITIONS, x.line()
     assert t.verdict == "MATCH" and t.positions == G.TF_POSITIONS, t.line()
+    if matvec_path == "q8":  # the oracle of the mutations below must not be flat
+        ref = ReferenceModel(open_gguf(path), numerics="q8")
+        assert_not_flat(G.reference_logits(ref, x.tokens), f"tiny {arch}")
 
 
 @pytest.mark.parametrize("matvec_path", ["q8", "f32"])
