@@ -471,8 +471,9 @@ def test_campaign_comments_match_the_tune_hooks():
 
 # -- 9. smaller points -------------------------------------------------------------------------------
 
-def test_compile_only_ends_without_a_canary_count(tmp_path):
-    r = memra("kernel-check", "--compile-only", "--only", "act", "--arch", "sm_89", env={"MEMRA_HOME": str(tmp_path)})
+def test_compile_only_ends_without_a_canary_count():
+    # the machine's cubin cache (test_compile's kernel-check fills it): the ending is what counts here
+    r = memra("kernel-check", "--compile-only", "--only", "act", "--arch", "sm_89")
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("ALL GREEN") and "0 canaries" not in last and "compiled" in last
