@@ -12,6 +12,8 @@
 # runner (experiments/ship_models.py: bash .models/ship-NN/take.sh, one call per chunk, which
 # leaves /root/models/{smollm2,gemma3}.gguf), carrying .whl, with the commit it runs:
 #   source .whl/setup.sh && MEMRA_GIT_SHA=<sha of HEAD> bash experiments/h200_gates.sh
+# kernel-check comes first (up to 7 min); the rest gets what remains of 9.5 min. Should the
+# call run short, STAGE=check (steps 1-2) and STAGE=tests (steps 3-5) split it in two calls.
 # Afterwards, on the CPU machine:
 #   mkdir -p research/kernel-check && cp <files_at>/kernel-check/nvidia-h200.json research/kernel-check/
 #   python3 -m memra kernel-check --status     # current, at the same kernel sources
@@ -31,8 +33,10 @@ for f in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
 done
 log "git ${MEMRA_GIT_SHA:-unknown}; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 
+STAGE=${STAGE:-all}  # all | check (1, 2) | tests (3, 4, 5): the two halves as separate calls if need be
+if [ "$STAGE" != tests ]; then
 log "1. kernel-check (launch set + receipt)"
-timeout 330 python3 -m memra kernel-check --out "$OUT/kernel-check/" > "$OUT/kernel-check.txt" 2>&1
+timeout 420 python3 -m memra kernel-check --out "$OUT/kernel-check/" > "$OUT/kernel-check.txt" 2>&1
 log "kernel-check rc=$? $(tail -1 "$OUT/kernel-check.txt")"
 grep -E "^(FAIL|NOTE)|^launch set|^device|receipt:" "$OUT/kernel-check.txt" | head -40 | tee -a "$LOG"
 grep -c "^PASS" "$OUT/kernel-check.txt" | sed 's/^/PASS lines: /' | tee -a "$LOG"
@@ -42,8 +46,10 @@ timeout 90 python3 -m memra kernel-check --status --json --out "$OUT/kernel-chec
   > "$OUT/kernel-check-status.json" 2>> "$LOG"
 log "status rc=$? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('device', 'current', 'stale', 'sources_hash')}, len(d['uncovered']), 'uncovered;', d['reason'])" "$OUT/kernel-check-status.json" 2>&1)"
 
+fi
+[ "$STAGE" = check ] && { log "done"; exit 0; }
 log "3. GPU tests (tests/test_gpu_engine.py)"
-T=$(left); [ "$T" -gt 300 ] && T=300
+T=$(left); [ "$T" -gt 330 ] && T=330
 timeout "$T" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_gpu_engine.py > "$OUT/gpu-tests.txt" 2>&1
 log "gpu tests rc=$? $(tail -1 "$OUT/gpu-tests.txt")"
 grep -E "^gate |^(FAILED|ERROR)" "$OUT/gpu-tests.txt" | head -30 | tee -a "$LOG"
