@@ -142,6 +142,10 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     from memra.gpu.runner import PREFILL_CHUNK
 
     seq = [int(t) for t in prompt_ids][:min(MAX_POSITIONS, engine.max_len)]
+    if not seq:
+        from memra.errors import MemraError
+
+        raise MemraError("the gates need at least one prompt token")
     target = max(len(seq), min(min_positions, engine.max_len))
     # decode pass: graph replays, extended greedily (host argmax of the decode logits)
     engine.reset()
