@@ -160,7 +160,7 @@ def upload_weight(g, data, ggml_type) -> Weight:
 
 def default_config(ggml_type: int, path: str, N: int, K: int, nb: int, glu: bool = False) -> dict:
     """Built-in tunables (a tuning table overrides them): the simple rule that came closest
-    to each shape's best in the first H200 sweep (research/matvec-h200-2026-11-30.jsonl).
+    to each shape's best in the first H200 sweep (research/2026-11-30-matvec-sweep/matvec-h200-2026-11-30.jsonl).
     MV_KSPLIT stays 1, so a row sums in the same order at every batch size."""
     if path == "f32" or ggml_type in FLOAT_TYPES:
         return {"MV_NWARPS": 4, "MV_ROWS": 1, "MV_KSPLIT": 1, "MV_UNROLL": 1}
