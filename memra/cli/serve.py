@@ -95,6 +95,11 @@ def serve(
     device = device or _default_device()
     if device not in ("cpu", "gpu"):
         raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    if device == "gpu":
+        from memra.gpu import cuda
+
+        if not cuda.has_gpu():
+            raise MemraError("--device gpu: no NVIDIA GPU (or driver) found on this machine; use --device cpu")
     if threads is not None:
         if threads < 1:
             raise MemraError(f"-t/--threads must be at least 1, got {threads}")
@@ -110,6 +115,14 @@ def serve(
     server = Server(cfg)
     print(f"memra serve: {server.state.alias} on {device} at {server.url} (loading; /readyz turns 200 when "
           f"ready)", file=sys.stderr, flush=True)
+
+    def ready(st) -> None:
+        kv = st.engine.kv
+        print(f"memra serve: ready at {server.url}: context {st.ctx}, {st.parallel} sequences, KV cache "
+              f"{kv.alloc.n_blocks} blocks of {kv.block} tokens, keys {'on' if st.keys.enabled else 'off'}",
+              file=sys.stderr, flush=True)
+
+    server.state.on_ready = ready
     rc = server.run()
     if rc:
         raise typer.Exit(rc)

@@ -198,6 +198,7 @@ class State:
         self.created = int(time.time())
         self.fingerprint = f"memra-{__version__}-{cfg.device}"
         self.device_name = "cpu"
+        self.on_ready = None  # called with the state once the engine is ready (the CLI's line)
 
     def load(self) -> None:
         """Open the engine and its scheduler on this thread, which becomes the engine thread
@@ -225,6 +226,8 @@ class State:
         self.load()
         if self.phase == "loading":
             self.phase = "ready"
+        if self.on_ready is not None:
+            self.on_ready(self)
         self.sched.run()
 
     # -- checks every generation request passes ------------------------------------------------
@@ -342,7 +345,7 @@ def create_app(st: State) -> FastAPI:
     # -- health, models, metrics -------------------------------------------------------------
     @app.get("/health")
     async def health():
-        if st.phase == "serving" or st.phase in ("ready", "draining"):
+        if st.phase in ("ready", "draining"):
             return {"status": "ok", "model": st.alias, "device": st.device_name, "phase": st.phase}
         return APIError(503, "the model is loading" if st.phase == "loading" else f"the engine failed: {st.error}",
                         "service_unavailable", code=st.phase, retry_after=5).response()
@@ -609,7 +612,11 @@ class Server:
 
         self._sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((cfg.host, cfg.port))
+        try:
+            self._sock.bind((cfg.host, cfg.port))
+        except OSError as e:
+            self._sock.close()
+            raise MemraError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None
         self.port = self._sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                                 lifespan="off")

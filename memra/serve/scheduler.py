@@ -109,10 +109,8 @@ class GenRequest:
         return self.penalized or self.logprobs is not None
 
     def send(self, ev) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
-        except RuntimeError:  # the event loop is gone (shutdown)
-            pass
+        """Deliver one event now (the scheduler batches a step's events with deliver())."""
+        deliver(self.loop, [(self, ev)])
 
     async def events(self):
         """The request's events until its end: ("token", id, text, logprob|None),
@@ -122,6 +120,19 @@ class GenRequest:
             yield ev
             if ev[0] in ("done", "error"):
                 return
+
+
+def _put(items) -> None:
+    for r, ev in items:
+        r.queue.put_nowait(ev)
+
+
+def deliver(loop, items) -> None:
+    """Hand (request, event) pairs to their event loop in one wake-up."""
+    try:
+        loop.call_soon_threadsafe(_put, items)
+    except RuntimeError:  # the event loop is gone (shutdown)
+        pass
 
 
 def logprob_entry(logits: np.ndarray, token: int, k: int):
@@ -159,6 +170,7 @@ class Scheduler:
         self.running: list[GenRequest] = []
         self._stop = False
         self.steps = 0
+        self._outbox: dict[object, list] = {}  # event loop -> (request, event) pairs of this iteration
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
     # -- the event loop's side --------------------------------------------------------------------
@@ -252,6 +264,7 @@ class Scheduler:
                 log.exception("engine step failed")
                 for r in list(self.running):
                     self._end(r, None, error=f"the engine failed: {type(e).__name__}: {e}")
+            self._flush()
             self._gauges()
             if not self.running:
                 self._wake.wait(0.05 if self.waiting else 0.5)
@@ -259,7 +272,18 @@ class Scheduler:
         for r in list(self.running):
             self._end(r, None, error="the server stopped")
         for r in list(self.waiting):
-            r.send(("error", "the server stopped"))
+            self._send(r, ("error", "the server stopped"))
+        self._flush()
+
+    def _send(self, r: GenRequest, ev) -> None:
+        self._outbox.setdefault(r.loop, []).append((r, ev))
+
+    def _flush(self) -> None:
+        """Every event of this iteration to its request's loop: one wake-up a loop, not one
+        a token."""
+        box, self._outbox = self._outbox, {}
+        for loop, items in box.items():
+            deliver(loop, items)
 
     def _gauges(self) -> None:
         m = self.metrics
@@ -392,7 +416,7 @@ class Scheduler:
         lp = logprob_entry(out.logits, token, r.logprobs) if r.logprobs is not None else None
         text, finish = r.ts.push(token)
         r.next_tok = token
-        r.send(("token", token, text, lp))
+        self._send(r, ("token", token, text, lp))
         if self.pc is not None and r.seq.n // self.kv.block > r.registered:
             self._register(r)
         if finish is not None:
@@ -417,9 +441,9 @@ class Scheduler:
             if r.t_last is not None and error is None:
                 m.e2e.observe(r.t_last - r.t_arrival)
         if error is not None:
-            r.send(("error", error))
+            self._send(r, ("error", error))
         elif finish != "abort":
-            r.send(("done", finish, {"prompt_tokens": len(r.prompt), "completion_tokens": len(r.generated),
+            self._send(r, ("done", finish, {"prompt_tokens": len(r.prompt), "completion_tokens": len(r.generated),
                                      "cached_tokens": r.n_cached}))
 
 
