@@ -50,7 +50,7 @@ check)
   log "invariance rc=$?"
   log "memra run gemma3-270m"
   timeout 60 python3 -m memra run gemma3-270m --prompt "The three primary colors are" -n 64 --temp 0 --device gpu \
-    > "$OUT/run-gemma3.txt" 2>&1; log "run rc=$? $(grep -m1 -o 'argmax gate: [A-Z-]*' "$OUT/run-gemma3.txt")" ;;
+    > "$OUT/run-gemma3.txt" 2>&1; log "run rc=$? $(grep -m1 -o 'gate prefill=decode: [A-Z-]*' "$OUT/run-gemma3.txt")" ;;
 bench)
   while [ ! -f /root/prep-done ]; do sleep 5; done
   BENCH=${BENCH:-python3 -m memra bench}
