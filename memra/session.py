@@ -23,6 +23,31 @@ from memra.sampling import Sampler, SamplingParams
 from memra.text.stream import TextStream
 
 
+def prompt_ids(gguf, tokenizer, *, prompt: str | None = None, messages: Sequence[dict] | None = None
+               ) -> tuple[list[int], str | None]:
+    """A request's prompt as token ids, the one way `memra run` and `memra serve` make them:
+    `messages` rendered through the model's chat template (or its architecture's turn
+    format) with the assistant's turn opened, else `prompt` tokenized as llama.cpp's
+    completion endpoint does (BOS per the model's metadata, special-token text parsed).
+    Returns (ids, the rendered chat text or None)."""
+    if messages is not None:
+        from memra.text.chat import chat_tokens, render_chat
+
+        rendered = render_chat(gguf, list(messages), add_generation_prompt=True)
+        return chat_tokens(tokenizer, rendered), rendered
+    if prompt is None:
+        raise MemraError("give a prompt or messages")
+    return tokenizer.encode(prompt, add_special=True, parse_special=True), None
+
+
+def context_size(n_prompt: int, max_tokens: int, n_ctx_train: int, ctx: int | None = None) -> int:
+    """The KV cache one request needs: `ctx` when given, else prompt + max_tokens (at least
+    4096 for an open-ended one, max_tokens -1), at most the model's training context."""
+    if ctx:
+        return int(ctx)
+    return min(n_ctx_train, n_prompt + max_tokens if max_tokens >= 0 else max(4096, n_prompt + 1))
+
+
 @dataclass
 class Timings:
     n_prompt: int = 0

@@ -153,9 +153,8 @@ def run(
                                           "streaming text.")] = False,
 ) -> None:
     """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
-    from memra.text.chat import chat_tokens, render_chat
     from memra.model.config import read_config
-    from memra.session import generate
+    from memra.session import context_size, generate, prompt_ids as session_prompt
     from memra.sampling import Sampler, SamplingParams, check_request
 
     if prompt == "-":
@@ -177,22 +176,17 @@ def run(
 
     tok = Tokenizer.from_gguf(g)
     chat = chat or system is not None
-    rendered = None
+    messages = None
     if chat:
         if "tokenizer.chat_template" not in g.metadata:
             log.warning("%s has no chat template (a base model?): --chat wraps the prompt in the %s "
                         "turn format, which a base model was not trained to answer", name, g.arch)
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                    [{"role": "user", "content": prompt}]
-        rendered = render_chat(g, messages, add_generation_prompt=True)
-        prompt_ids = chat_tokens(tok, rendered)
-    else:
-        # llama.cpp's completion endpoint: BOS per the model's metadata, special tokens parsed
-        prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+    prompt_ids, rendered = session_prompt(g, tok, prompt=prompt, messages=messages)
     if not prompt_ids:
         raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
-    # the KV cache is sized to the request: prompt + n, or 4096 for an open-ended one
-    n_ctx = ctx or min(cfg.n_ctx_train, len(prompt_ids) + n if n >= 0 else max(4096, len(prompt_ids) + 1))
+    n_ctx = context_size(len(prompt_ids), n, cfg.n_ctx_train, ctx)
     # refuses before loading any weights; warns past the trained context
     for w in check_request(params, n_prompt=len(prompt_ids), n_ctx=n_ctx, n_ctx_train=cfg.n_ctx_train,
                            names=RUN_FLAGS):

@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from memra import __version__
 from memra.errors import ContextOverflowError, MemraError
 from memra.sampling import SamplingParams, check_request
+from memra.session import prompt_ids
 from memra.serve.auth import Keys, check_bind
 from memra.serve.metrics import CONTENT_TYPE, Metrics
 from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
@@ -430,16 +431,13 @@ def create_app(st: State) -> FastAPI:
                 raise _bad("response_format other than text is not supported by this server", "response_format")
             if not body.messages:
                 raise _bad("messages must hold at least one message", "messages")
-            from memra.text.chat import chat_tokens, render_chat
-
             try:
-                text = render_chat(st.gguf, [{"role": m.role, "content": _content(m)} for m in body.messages],
-                                   add_generation_prompt=True)
+                prompt, _ = prompt_ids(st.gguf, tok, messages=[{"role": m.role, "content": _content(m)}
+                                                               for m in body.messages])
             except APIError:
                 raise
             except MemraError as e:
                 raise _bad(f"messages: {e}", "messages")
-            prompt = chat_tokens(tok, text)
             max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
             if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
                 raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.top_logprobs}",
@@ -461,7 +459,7 @@ def create_app(st: State) -> FastAPI:
                     if len(p) != 1:
                         raise _bad(f"prompt: one prompt per request (a list of {len(p)} was given)", "prompt")
                     p = p[0]
-                prompt = tok.encode(p, add_special=True, parse_special=True)
+                prompt, _ = prompt_ids(st.gguf, tok, prompt=p)
             max_tokens = body.max_tokens if body.max_tokens is not None else 16  # OpenAI's default
             if body.logprobs is not None and not 0 <= body.logprobs <= MAX_TOP_LOGPROBS:
                 raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.logprobs}", "logprobs")
