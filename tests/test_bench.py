@@ -385,6 +385,7 @@ def test_model_facts_quant_mix(tiny_models):
 
 # -- kernel-check -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_kernel_check_compile_only_names_the_three_archs(tmp_path):
     r = memra("kernel-check", "--compile-only", "--only", "act", env={"MEMRA_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stdout + r.stderr

@@ -232,6 +232,7 @@ def test_run_chat_gemma_turns_with_one_bos(gemma_peer):
     assert doc["prompt_ids"].count(2) == 1 and doc["prompt_ids"][0] == 2  # <bos>
 
 
+@pytest.mark.slow
 def test_run_seeded_sampling_is_reproducible():
     # no MODEL: the default, smollm2-135m
     args = ["run", "-p", "Once upon a time", "-n", "6", "--temp", "1.0", "--device", "cpu", "--json"]

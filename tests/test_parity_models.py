@@ -64,7 +64,7 @@ from memra.model.aliases import resolve
 from memra.model.gguf import open_gguf
 from memra.cpu.reference import ReferenceModel, log_softmax
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.slow]
 
 N_PREDICT = 32
 NEAR_TIE = 0.05

@@ -298,6 +298,7 @@ LONG = ("In the quiet village by the river, the old miller kept a ledger of ever
         "he ground, and on the first page of that worn leather book, in a careful and steady hand, he wrote")
 
 
+@pytest.mark.slow
 def test_prefix_cache_hit_and_salt_isolation(server, ref):
     g, tok, _ = ref
     n = len(completion_ids(tok, LONG))
@@ -314,6 +315,7 @@ def test_prefix_cache_hit_and_salt_isolation(server, ref):
     assert a.choices[0].text == b.choices[0].text == x.choices[0].text
 
 
+@pytest.mark.slow
 def test_prefix_cache_across_turns_with_a_decoded_reply(server, ref):
     """Turn 2 reuses blocks whose K/V turn 1 wrote while decoding its reply: the same tokens
     as a run that recomputes everything (another salt)."""
@@ -347,6 +349,7 @@ def test_prefix_cache_across_turns_with_a_decoded_reply(server, ref):
 
 # -- continuous batching --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_concurrent_requests_are_isolated(server, ref):
     """Each request's greedy tokens: the reference's, alone and among concurrent requests
     that share the running batch (prefill chunks and decode rows in the same steps)."""
@@ -499,6 +502,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_exits_0(ref):
     """SIGTERM while a stream runs: /readyz and new requests answer 503, the stream ends with
     all its tokens, the process exits 0."""
@@ -545,6 +549,7 @@ def test_sigterm_drains_and_exits_0(ref):
 
 # -- memra bench serve ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bench_serve_receipts(server, tmp_path):
     from typer.testing import CliRunner
 

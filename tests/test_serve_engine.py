@@ -186,6 +186,7 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
         sched.stop()
 
 
+@pytest.mark.slow
 def test_64_concurrent_requests_on_the_emulated_runner(tiny_models):
     """The issue's isolation claim at its size: 64 requests at once (decode rows in the
     64-row graph bucket, prefill chunks beside them under the token budget), each one's
