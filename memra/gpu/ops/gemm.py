@@ -114,14 +114,13 @@ def compile_variants() -> list[tuple[str, dict]]:
     return out
 
 
-def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
-          K=_CHECK_K):
-    """The GEMM against the matvec's bits (same weights, same q8 activations, y poisoned or
-    holding the residual it aliases) and against the float64 reference."""
+def _against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: bool, config=None,
+                    canary: int = 0):
+    """The GEMM on weight `w` (wf: its float64 dequantization) against the matvec's bits (same
+    q8 activations, y poisoned or holding the residual it aliases) and the float64 reference."""
     from memra.gpu.compare import Outcome, compare
 
-    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
-    w = MV.upload_weight(g, raw, t)
+    N, K = (w.rows // 2 if glu else w.rows), w.K
     x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
     MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
@@ -137,19 +136,25 @@ def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, ca
             gemm(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=config, canary=canary)
         g.sync()
         outs.append(y.numpy())
-    name = (f"gemm {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
-            f"{' ' + ','.join(str(v) for v in config.values()) if config else ''}")
     q, s = quantize_q8_ref(x)
     xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
-    ref = MV.matvec_ref(MV.dequant_rows(raw, t), xv, res if alias else None, glu)
-    o = compare(name, outs[1], ref, MV.TOL)
+    o = compare(name, outs[1], MV.matvec_ref(wf, xv, res if alias else None, glu), MV.TOL)
     if not o.ok:
         return o
-    same = np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
-    if not same:
-        bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
+    bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
+    if bad:
         return Outcome(name, False, f"{bad} of {outs[0].size} values differ from the matvec's bits", o.err)
     return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)
+
+
+def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
+          K=_CHECK_K):
+    """A fresh random weight of type t, N x K, through _against_matvec."""
+    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
+    name = (f"gemm {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
+            f"{' ' + ','.join(str(v) for v in config.values()) if config else ''}")
+    return _against_matvec(g, rng, name, MV.upload_weight(g, raw, t), MV.dequant_rows(raw, t), nb, glu, alias,
+                           config, canary)
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
@@ -256,35 +261,11 @@ def check_launch(g, rng, case):
     """The launch's module at its batch, K and residual aliasing, on a weight shared with the
     next cases of its shape (memra.gpu.ops.matvec's launch-set cache) and fresh activations:
     the matvec's bits (the exactness contract's oracle) and the float64 reference."""
-    from memra.gpu.compare import Outcome, compare
-
     p = case["params"]
     t, nb, K, glu, alias = p["type"], p["nb"], p["K"], p["glu"], p["res"]
     N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
     cfg = {k: v for k, v in case["defines"].items() if k.startswith("GM_")}
     w, wf = MV._launch_weight(g, t, N, K, glu, rng)
-    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
-    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
-    MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
-    res = rng.standard_normal((nb, N)).astype(np.float32)
-    outs = []
-    for kind in ("matvec", "gemm"):
-        y = g.to_device(res) if alias else g.empty((nb, N), np.float32)
-        if not alias:
-            y.poison()
-        if kind == "matvec":
-            MV.matvec(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu)
-        else:
-            gemm(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=cfg)
-        g.sync()
-        outs.append(y.numpy())
     name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
-    q, s = quantize_q8_ref(x)
-    xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
-    o = compare(name, outs[1], MV.matvec_ref(wf, xv, res if alias else None, glu), MV.TOL)
-    if not o.ok:
-        return o
-    bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
-    if bad:
-        return Outcome(name, False, f"{bad} of {outs[0].size} values differ from the matvec's bits", o.err)
-    return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)
+    return _against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg)
+
