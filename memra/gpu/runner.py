@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -483,7 +483,6 @@ class Runner:
     def _eager(self, rows, toks) -> list[RowOut]:
         """Token rows in chunks of PREFILL_CHUNK (rows of one sequence in order), then the
         head over the gathered rows whose logits or next token are wanted."""
-        c = self.cfg
         flat_tok = np.concatenate(toks)
         flat_pos = np.concatenate([np.arange(r.seq.n, r.seq.n + t.size, dtype=np.int32) for r, t in zip(rows, toks)])
         flat_seq = np.concatenate([np.full(t.size, r.seq.slot, np.int32) for r, t in zip(rows, toks)])
@@ -511,7 +510,7 @@ class Runner:
             here = [j for j in need if s <= j < s + n]
             for k0 in range(0, len(here), MAX_ROWS):
                 part = here[k0:k0 + MAX_ROWS]
-                self._head(part, s, rows, want, flat_pos, flat_seq, hrows, sampled)
+                self._head(part, s, rows, want, flat_pos, hrows, sampled)
         out = []
         for i, (r, w) in enumerate(zip(rows, want)):
             o = RowOut()
@@ -524,7 +523,7 @@ class Runner:
             out.append(o)
         return out
 
-    def _head(self, part, s, rows, want, flat_pos, flat_seq, hrows, sampled) -> None:
+    def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h
         rows gathered into hsel, quantized, the output projection; then the device sampler
         for those that are a sampling row's last token."""
