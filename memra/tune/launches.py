@@ -155,9 +155,10 @@ def _add(cases: dict, fam: str, c: dict, source: str) -> None:
 
 
 def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
-               families: Sequence[str] | None = None) -> dict[str, dict]:
+               families: Sequence[str] | None = None, other_entries: bool = True) -> dict[str, dict]:
     """{key: case} over every model, table (the built-in defaults always included), path,
-    fusion and step of the module doc, then the table entries no model reached."""
+    fusion and step of the module doc, then (other_entries) the table entries no model
+    reached."""
     from memra.tune.tables import builtin_table
 
     tabs = [builtin_table()] + [t for t in tables if t and t.get("entries")]
@@ -185,7 +186,7 @@ def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
                         raise KeyError(f"the plan launches {L.op} ({L.kernel}) but family {fam} has no launch_cases")
                     for c in mod.launch_cases(L, ctx):
                         _add(cases, fam, c, f"{spec.name} {tname} {path}: {L.name} x{L.rows}")
-    for table in tabs[1:]:
+    for table in tabs[1:] if other_entries else ():
         for fam, L, ctx, source in table_cases(table, sms):
             if families is not None and fam not in families:
                 continue

@@ -5,21 +5,17 @@ NVRTC runs without a GPU, so this works on any machine for any target arch (the 
 this GPU's, else sm_90a); the cache key does not depend on the machine, so a cache made on a
 CPU-only box serves a GPU machine with the same kernel sources and NVRTC version.
 
-Which modules: `model_modules` takes them from each kernel family's `compile_variants()`
-(memra.tune.kernelcheck.FAMILIES, the list `memra kernel-check --compile-only` compiles),
-leaves out the canaries (MEMRA_CANARY), and, given a model, keeps the variants that fit it:
-matvec modules of its weight types (MV_TYPE), attention and RoPE modules of its head size
-(HEAD_DIM) and query heads per KV head (N_GQA). That list is the families' built-in
-configurations at the shapes their checks use; a module the engine builds with other
-defines (a tuning table's configuration, a head size no check uses) is still compiled at
-its first use. When the launch plan (memra.gpu.plan) lists a model's launches with their
-defines, this function takes the list from it instead, and nothing else changes.
+Which modules: given a model, `model_modules` takes them from its launch plan
+(memra.tune.launches.launch_set over the model's ModelSpec, with the built-in configurations
+and every device table in tune/defaults and $MEMRA_HOME/tables): every module its decode
+steps, prefill chunks and heads can load, on every path the runner takes. Without a model,
+each kernel family's `compile_variants()` (the list `memra kernel-check --compile-only`
+compiles), canaries left out.
 """
 
 from __future__ import annotations
 
 import importlib
-import time
 from typing import Callable, Iterable, Iterator
 
 from memra.errors import MemraError
@@ -27,37 +23,29 @@ from memra.errors import MemraError
 CANARY = "MEMRA_CANARY"
 
 
-def _fits(defines: dict, types: set[int] | None, head_dim: int | None, n_gqa: int | None) -> bool:
-    if types is not None and "MV_TYPE" in defines and int(defines["MV_TYPE"]) not in types:
-        return False
-    if head_dim is not None and "HEAD_DIM" in defines and int(defines["HEAD_DIM"]) != head_dim:
-        return False
-    if n_gqa is not None and "N_GQA" in defines and int(defines["N_GQA"]) != n_gqa:
-        return False
-    return True
-
-
 def model_modules(g=None) -> list[tuple[str, str, dict]]:
-    """(family, kernel file, -D defines) of every module to compile; all families' non-canary
-    variants without a model, those that fit the model (an open GGUF) with one."""
+    """(family, kernel file, -D defines) of every module to compile: the model's launch set
+    (an open GGUF), else every family's non-canary variants."""
+    if g is not None:
+        from memra.gpu.plan import ModelSpec
+        from memra.tune.launches import launch_set
+        from memra.tune.tables import list_tables
+
+        cases = launch_set([ModelSpec.from_gguf(g)], tables=list_tables(), other_entries=False)
+        out, seen = [], set()
+        for c in cases.values():
+            key = (c["file"], tuple(sorted((k, str(v)) for k, v in c["defines"].items())))
+            if key not in seen and CANARY not in c["defines"]:
+                seen.add(key)
+                out.append((c["family"], c["file"], dict(c["defines"])))
+        return out
     from memra.tune.kernelcheck import FAMILIES
 
-    types = head_dim = n_gqa = None
-    if g is not None:
-        from gguf.constants import GGMLQuantizationType
-
-        from memra.model.config import read_config
-
-        cfg = read_config(g)
-        types = {int(GGMLQuantizationType[t.type_name]) for t in g.tensors.values() if len(t.shape) == 2}
-        head_dim, n_gqa = cfg.head_dim, cfg.n_head // cfg.n_head_kv
     out, seen = [], set()
     for fam, modname in FAMILIES.items():
         for kernel_file, defines in importlib.import_module(modname).compile_variants():
-            if CANARY in defines or not _fits(defines, types, head_dim, n_gqa):
-                continue
             key = (kernel_file, tuple(sorted((k, str(v)) for k, v in defines.items())))
-            if key not in seen:
+            if CANARY not in defines and key not in seen:
                 seen.add(key)
                 out.append((fam, kernel_file, dict(defines)))
     return out
