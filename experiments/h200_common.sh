@@ -8,15 +8,17 @@ synthtok() {
   mkdir -p "$(dirname "$1")"
   python3 -m memra synth "$1" --tokenizer-only --tokenizer-from smollm2-135m > /dev/null
 }
-# breakdown MODELS LIMIT LOGFILE TAIL: per-kernel breakdown of one decode step at a 64-token
-# context for the comma-separated MODELS (experiments/gpu_engine_check.py), its table's last
-# TAIL lines appended to LOGFILE.
+# breakdown MODELS LIMIT LOGFILE: `memra profile` (the launch plan's per-kernel breakdown) of
+# one decode step at a 64-token context for each comma-separated model — llama-1b and
+# llama3-8b name their synthetic Q4_0 / Q4_K_M files, others are aliases — its JSON appended
+# to $OUT/profile.jsonl and its table to LOGFILE.
 breakdown() {
-  local models=$1 limit=$2 logfile=$3 tail=$4
-  log "breakdown $models"
-  timeout "$limit" python3 experiments/gpu_engine_check.py run --steps bench --limits bench="$limit" \
-    --bench-budget $((limit - 25)) --only-bench "$models" --configs q8:pdl --breakdown --breakdown-depth 64 \
-    > /dev/null 2>&1
-  log "breakdown rc=$?"
-  python3 experiments/gpu_engine_check.py table 2>&1 | tail -"$tail" >> "$logfile"
+  local models=$1 limit=$2 logfile=$3 spec
+  for m in ${models//,/ }; do
+    case $m in llama-1b) spec=synth:llama-1b:Q4_0 ;; llama3-8b) spec=synth:llama3-8b:Q4_K_M ;; *) spec=$m ;; esac
+    log "profile $spec"
+    timeout "$limit" python3 -m memra profile "$spec" --depth 64 --synth-tokenizer "${TOK:-smollm2-135m}" --json \
+      >> "$OUT/profile.jsonl" 2>> "$logfile"
+    log "profile rc=$?"
+  done
 }
