@@ -218,9 +218,12 @@ class Runner:
         # an eager step: the token fed / chosen, its position, block-table row, draws made
         M = MAX_ROWS
         # valid from the start: a graph's warm-up runs on whatever they hold (positions -1)
-        self.r_tok, self.r_seq = g.to_device(np.zeros(M, i32)), g.to_device(np.zeros(M, i32))
-        self.r_pos = g.to_device(np.full(M, -1, i32))
-        self.r_step = g.to_device(np.zeros(M, i32))
+        # one buffer, so a step's row state is one upload: rows tok, pos, seq, step
+        state = np.zeros((4, M), i32)
+        state[1] = -1
+        self.r_state = g.to_device(state)
+        self.r_tok, self.r_pos, self.r_seq, self.r_step = (
+            self.r_state.view(shape=(M,), offset=4 * M * i) for i in range(4))
         self.r_fparams = g.to_device(np.zeros((M, 3), f))
         self.r_topk = g.to_device(np.zeros(M, i32))
         self.r_seed = g.to_device(np.zeros(M, np.uint64))
@@ -405,6 +408,15 @@ class Runner:
             r.seq.n += t.size
         return outs
 
+    def _set_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
+        """The decode rows' (token, position, block-table row), in one upload; the rows
+        past them are padding (position -1) and every step counter starts at 0."""
+        state = np.zeros((4, MAX_ROWS), np.int32)
+        state[1] = -1
+        for i, (t, p, slot) in enumerate(rows):
+            state[0, i], state[1, i], state[2, i] = t, p, slot
+        self.r_state.upload(state)
+
     def _set_sampling(self, samplings: Sequence[Sampling | None], n: int) -> None:
         fp = np.zeros((MAX_ROWS, 3), np.float32)
         tk = np.zeros(MAX_ROWS, np.int32)
@@ -428,15 +440,7 @@ class Runner:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
         sampler = self._sampler_of(rows)
-        tok = np.zeros(MAX_ROWS, np.int32)
-        pos = np.full(MAX_ROWS, -1, np.int32)
-        seq = np.zeros(MAX_ROWS, np.int32)
-        for i, (r, t) in enumerate(zip(rows, toks)):
-            tok[i], pos[i], seq[i] = t[0], r.seq.n, r.seq.slot
-        self.r_tok.upload(tok)
-        self.r_pos.upload(pos)
-        self.r_seq.upload(seq)
-        self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+        self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])
         if sampler == "sample":
             self._set_sampling([r.sample for r in rows], n)
         if graph:
@@ -573,15 +577,7 @@ class Runner:
         self._ensure_hist(hist)
         sampler = "greedy" if all(sm.greedy for sm in sampling) else "sample"
         gr = self._graph(PLAN.graph_bucket(k), sampler)  # captured first (its warm-up masks every row)
-        tok = np.zeros(MAX_ROWS, np.int32)
-        pos = np.full(MAX_ROWS, -1, np.int32)
-        seq = np.zeros(MAX_ROWS, np.int32)
-        for i, (s, t) in enumerate(zip(seqs, first)):
-            tok[i], pos[i], seq[i] = int(self._check_tokens([t])[0]), s.n, s.slot
-        self.r_tok.upload(tok)
-        self.r_pos.upload(pos)
-        self.r_seq.upload(seq)
-        self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+        self._set_rows([(int(self._check_tokens([t])[0]), s.n, s.slot) for s, t in zip(seqs, first)])
         if sampler == "sample":
             self._set_sampling(list(sampling), k)
         return gr
