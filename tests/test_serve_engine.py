@@ -7,6 +7,7 @@ the CPU reference's greedy tokens, alone or together, with or without a prefix-c
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +31,17 @@ def _kv(tiny_models, n_blocks=8, block=4):
 
 
 # -- the prefix cache ---------------------------------------------------------------------------------
+
+
+def _alone(runner, prompt, n_gen: int) -> list[int]:
+    """The oracle: the runner itself on one sequence, the prompt in one row, then one decode
+    row a token (its agreement with the CPU reference: tests/test_runner_emulated.py)."""
+    s = runner.open()
+    out = [runner.step([Row(s, prompt, sample=Sampling(0.0))])[0].token]
+    for _ in range(n_gen - 1):
+        out.append(runner.step([Row(s, [out[-1]], sample=Sampling(0.0))])[0].token)
+    runner.close(s)
+    return out
 
 def test_prefix_cache_chains_namespaces_and_lru(tiny_models):
     kv = _kv(tiny_models)
@@ -156,16 +168,7 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
                 for p in ps]
 
     try:
-        # the oracle: the runner itself on one sequence, the prompt in one row, then one
-        # decode row a token (its agreement with the CPU reference: tests/test_runner_emulated.py)
-        want = []
-        for p in prompts:
-            s = runner.open()
-            out = [runner.step([Row(s, p, sample=Sampling(0.0))])[0].token]
-            for _ in range(n_gen - 1):
-                out.append(runner.step([Row(s, [out[-1]], sample=Sampling(0.0))])[0].token)
-            runner.close(s)
-            want.append(out)
+        want = [_alone(runner, p, n_gen) for p in prompts]
         sched.start()  # the engine thread owns the runner from here on
         alone = [asyncio.run(_run(sched, reqs([p], salt=f"alone{i}")))[0] for i, p in enumerate(prompts)]
         steps0 = sched.steps
@@ -178,9 +181,9 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
         again = asyncio.run(_run(sched, reqs(prompts, salt="together")))
         assert [t for t, _ in again] == want
         assert [u["cached_tokens"] for _, u in again] == [(len(p) - 1) // 16 * 16 for p in prompts]
-        t_end = __import__("time").time() + 10
-        while sched.n_running and __import__("time").time() < t_end:
-            pass
+        t_end = time.time() + 10
+        while sched.n_running and time.time() < t_end:
+            time.sleep(0.01)
         assert (runner.kv.alloc.ref == 0).all()
     finally:
         sched.stop()
@@ -200,14 +203,7 @@ def test_64_concurrent_requests_on_the_emulated_runner(tiny_models):
     rng = np.random.default_rng(11)
     prompts = [[int(x) for x in rng.integers(3, 40000, int(n))] for n in rng.integers(3, 24, 64)]
     n_gen = 4
-    want = []
-    for p in prompts:
-        s = runner.open()
-        out = [runner.step([Row(s, p, sample=Sampling(0.0))])[0].token]
-        for _ in range(n_gen - 1):
-            out.append(runner.step([Row(s, [out[-1]], sample=Sampling(0.0))])[0].token)
-        runner.close(s)
-        want.append(out)
+    want = [_alone(runner, p, n_gen) for p in prompts]
     sched = Scheduler(runner, Tokenizer.from_gguf(g), max_queue=64, max_batched_tokens=256)
     sched.start()
     try:

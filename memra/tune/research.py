@@ -245,6 +245,16 @@ def _import_pyplot():
     return plt
 
 
+def _save(plt, fig, ax, path: Path, legend_size: int) -> Path:
+    """A chart's grid, legend and layout, written as a PNG and closed."""
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", s).strip("_")[:120] or "shape"
 
@@ -294,13 +304,7 @@ def plot_bench(receipts, out_dir: str | os.PathLike) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.set_title(f"{test} · {device}", fontsize=9)
         ax.tick_params(axis="x", labelrotation=60, labelsize=7)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        path = out_dir / f"bench__{_slug(test)}__{_slug(device)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, ax, out_dir / f"bench__{_slug(test)}__{_slug(device)}.png", 6))
     return paths
 
 
@@ -344,11 +348,5 @@ def plot_tune(receipts, out_dir: str | os.PathLike, *, kernel: str | None = None
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         ax.set_title(f"{kern} · {skey}\n{device}", fontsize=9)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{_slug(kern)}__{_slug(skey)}__{_slug(device)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, ax, out_dir / f"{_slug(kern)}__{_slug(skey)}__{_slug(device)}.png", 7))
     return paths
