@@ -117,6 +117,10 @@ class Runner:
         fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
         use_gemm = (os.environ.get("MEMRA_GEMM", "1") != "0") if gemm is None else bool(gemm)
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
+        if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
+            from dataclasses import replace
+
+            self.spec = replace(self.spec, cfg=self.cfg)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm)
         self.path = path
@@ -407,6 +411,49 @@ class Runner:
         for r, t in zip(rows, toks):
             r.seq.n += t.size
         return outs
+
+    def verify(self, seq: Seq, tokens: Sequence[int], sample: Sampling | None = None,
+               graph: bool = True) -> list[int]:
+        """Speculative verification (memra.spec): append `tokens` (the last accepted token and
+        the draft) to seq in one eager step over len(tokens) token rows and return the token
+        the device sampler chooses after each of them: out[i] is drawn from the logits of
+        tokens[:i+1] at position seq.n + i + 1, as plain decode would draw it there (the
+        eager rows have decode's bits). Every token is fed (seq.n += len(tokens)); the caller
+        rewinds the rejected ones. graph: replay the step of this row count as a CUDA graph
+        (captured on its second use), else launch it eagerly."""
+        t = self._check_tokens(tokens)
+        n = t.size
+        if n > MAX_ROWS:
+            raise MemraError(f"a verification step takes at most {MAX_ROWS} tokens, got {n}")
+        self._reserve(seq, n)
+        self.kv.sync()
+        sm = sample or Sampling()
+        sampler = "greedy" if sm.greedy else "sample"
+        pos = np.arange(seq.n, seq.n + n, dtype=np.int32)
+        self.p_tok.view(shape=(n,)).upload(t)
+        self.p_pos.view(shape=(n,)).upload(pos)
+        self.p_seq.view(shape=(n,)).upload(np.full(n, seq.slot, np.int32))
+        # the sampler's state: each row's chosen token takes the position after its own
+        state = np.zeros((4, MAX_ROWS), np.int32)
+        state[1] = -1
+        state[1, :n] = pos + 1
+        self.r_state.upload(state)
+        if sampler == "sample":
+            self._set_sampling([sm] * n, n)
+        key = ("verify", n, sampler)
+        gr = self._graphs.get(key) if graph else None
+        if gr is not None:
+            gr.launch()
+        else:
+            launches = self.plan.step(n, decode=False, sampler=sampler)
+            self._run(launches, n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+            if graph:  # every module is loaded now: capture this row count for next time
+                with self.g.capture() as gr:
+                    self._run(launches, n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+                gr.upload()
+                self._graphs[key] = gr
+        seq.n += n
+        return [int(x) for x in self.r_tok.view(shape=(n,)).numpy()]
 
     def _set_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
         """The decode rows' (token, position, block-table row), in one upload; the rows

@@ -203,6 +203,43 @@ class CpuRunner:
                 reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), end)
         return out
 
+    def verify(self, seq: Seq, tokens, sample=None, graph: bool = True) -> list[int]:
+        """Speculative verification (memra.gpu.runner.Runner.verify's contract): feed
+        `tokens` (the last accepted token, then the draft) one position at a time and return
+        the token chosen after each, drawn at its own position. It stops early at the first
+        choice that differs from the next draft token (every later one would be rejected):
+        then len(out) < len(tokens) and only len(out) tokens were fed."""
+        t = np.asarray(tokens)
+        if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer) \
+                or ((t < 0) | (t >= self.cfg.n_vocab)).any():
+            raise MemraError("verify: tokens must be a non-empty 1-D sequence of ids in the vocabulary")
+        if seq.n + t.size > self.max_len:
+            raise ContextOverflowError(f"{seq.n} cached + {t.size} new tokens exceed the context of "
+                                       f"{self.max_len} tokens")
+        toks = [int(x) for x in t]
+        n0 = seq.n
+        self.kv.reserve(seq.slot, n0 + len(toks))
+        self.kv.writable(seq.slot, n0, n0 + len(toks))
+        self._load(seq)
+        cache = self._cache(seq.slot)
+        cache.pos = n0
+        s = sample
+        out: list[int] = []
+        for i, tk in enumerate(toks):
+            lg = self.model.forward([tk], cache)
+            p = n0 + i + 1
+            out.append(int(np.argmax(lg)) if s is None or s.greedy else
+                       reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), p))
+            if i + 1 < len(toks) and out[-1] != toks[i + 1]:
+                break
+        end = n0 + len(out)
+        self._store(seq.slot, n0, end)
+        self.loaded[seq.slot] = end
+        seq.n = end
+        if end < n0 + len(toks):
+            self.kv.truncate(seq.slot, end)
+        return out
+
     @property
     def max_rows(self) -> int:
         return MAX_ROWS
