@@ -83,12 +83,16 @@ class GenEvent:
 
 def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, *,
              n_ctx: int | None = None, ignore_eos: bool = False,
-             sampler: Sampler | None = None) -> Iterator[GenEvent]:
+             sampler: Sampler | None = None, constraint=None) -> Iterator[GenEvent]:
     """Yield a GenEvent per generated token, then a final event (finish_reason, timings).
 
     Stops at an end-of-generation token (unless ignore_eos; the token is still reported),
     at a stop string (text up to it, not beyond), after params.max_tokens tokens, or when
     the context of n_ctx positions (default: prompt + max_tokens) is full.
+
+    constraint (memra.text.grammar.Constraint): every token is sampled from the logits with
+    the grammar's disallowed tokens at -inf; the generation ends when the grammar is
+    complete (its end-of-generation token is reported without another model step).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -116,7 +120,21 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     ts = TextStream(tokenizer, params.stop, stop_ids, max_tokens, n_ctx - len(prompt))
     cache = model.new_cache(n_ctx)
     p = sampler.params
-    if getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
+    matcher = constraint.matcher() if constraint is not None else None
+    if matcher is not None:
+        from memra.text.grammar import masked, new_masks
+
+        mask = new_masks(1, n_vocab)[0]
+
+        def next_token(last):
+            if last is not None and not matcher.consume(last):
+                raise MemraError(f"the constraint rejected token {last}: {matcher.error}")
+            if matcher.stopped and stop_ids:
+                return min(stop_ids)  # the grammar allows only the end now: no model step
+            logits = model.forward(prompt if last is None else [last], cache)
+            matcher.fill(mask)
+            return sampler.sample(masked(logits, mask), history)
+    elif getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
             and not p.frequency_penalty:
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
         ids = model.stream(prompt, n_max, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,

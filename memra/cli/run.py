@@ -151,6 +151,12 @@ def run(
                                                    "engine (default: all cores).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of "
                                           "streaming text.")] = False,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to "
+                                                        "JSON valid under the schema in FILE.")] = None,
+    grammar: Annotated[Optional[Path], typer.Option("--grammar", help="Constrain the output to the GBNF "
+                                                    "grammar in FILE (llama.cpp's format).")] = None,
+    regex: Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to match the "
+                                                 "regular expression R.")] = None,
 ) -> None:
     """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
     from memra.model.config import read_config
@@ -192,6 +198,7 @@ def run(
                            names=RUN_FLAGS):
         log.warning("%s", w)
 
+    constraint = _constraint(tok, json_schema, grammar, regex)
     sampler = Sampler(params, cfg.n_vocab)
     log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
              name, path, device, len(prompt_ids), n_ctx, sampler.seed)
@@ -223,7 +230,7 @@ def run(
     t_req = time.perf_counter()
     with bar:
         for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
-                           sampler=sampler):
+                           sampler=sampler, constraint=constraint):
             if ttft is None:
                 ttft = time.perf_counter() - t_req
                 stop_bar()
@@ -265,6 +272,29 @@ def run(
     ft = f"{ttft:.2f} s" if ttft is not None else "-"
     err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
               f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
+
+
+def _constraint(tok, json_schema: Path | None, grammar: Path | None, regex: str | None):
+    """The output constraint of --json-schema FILE, --grammar FILE or --regex R (at most one)."""
+    from memra.text.grammar import compile_constraint
+
+    given = [(k, v) for k, v in (("--json-schema", json_schema), ("--grammar", grammar), ("--regex", regex))
+             if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise MemraError(f"give one of --json-schema, --grammar and --regex, not {' and '.join(k for k, _ in given)}")
+    flag, v = given[0]
+    if flag == "--regex":
+        return compile_constraint(tok, "regex", v)
+    try:
+        text = Path(v).read_text()
+    except OSError as e:
+        raise MemraError(f"{flag} {v}: {e.strerror or e}") from None
+    try:
+        return compile_constraint(tok, "json_schema" if flag == "--json-schema" else "gbnf", text)
+    except MemraError as e:
+        raise MemraError(f"{flag} {v}: {e}") from None
 
 
 # -- tokenize ---------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ class Row:
     tokens: Sequence[int]
     logits: str = "none"
     sample: Sampling | None = None
+    mask: np.ndarray | None = None  # int32 [ceil(n_vocab / 32)]: tokens the sampler may choose (bit set)
 
 
 @dataclass

@@ -49,6 +49,7 @@ from memra import __version__
 from memra.errors import ContextOverflowError, MemraError
 from memra.sampling import SamplingParams, check_request
 from memra.session import prompt_ids
+from memra.text.grammar import GrammarError, compile_constraint
 from memra.serve.auth import Keys, check_bind
 from memra.serve.metrics import CONTENT_TYPE, Metrics
 from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
@@ -131,6 +132,12 @@ class _GenBody(_Body):
     cache_salt: Optional[str] = None
     user: Optional[str] = None
     ignore_eos: Optional[bool] = False
+    # constrained output (memra.text.grammar): OpenAI's response_format, llama-server's
+    # grammar (GBNF) and json_schema, and a regex
+    response_format: Optional[dict[str, Any]] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[Any] = None
+    regex: Optional[str] = None
 
 
 class ChatBody(_GenBody):
@@ -138,7 +145,6 @@ class ChatBody(_GenBody):
     max_completion_tokens: Optional[int] = None
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
-    response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[Any]] = None
 
 
@@ -200,6 +206,7 @@ class State:
         self.fingerprint = f"memra-{__version__}-{cfg.device}"
         self.device_name = "cpu"
         self.on_ready = None  # called with the state once the engine is ready (the CLI's line)
+        self.constraints: dict[tuple, object] = {}  # compiled constraints, by (kind, spec)
 
     def load(self) -> None:
         """Open the engine and its scheduler on this thread, which becomes the engine thread
@@ -283,6 +290,39 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx
     except MemraError as e:
         raise _bad(str(e), _param_of(str(e)))
     return p
+
+
+def constraint_of(body: "_GenBody") -> tuple[str | None, Any, str | None]:
+    """(kind, spec, the request field it came from) of a request's output constraint, or
+    (None, None, None): at most one of response_format (json_object, json_schema), grammar,
+    json_schema and regex."""
+    found = []
+    rf = body.response_format
+    if rf is not None:
+        t = rf.get("type", "text")
+        if t == "json_object":
+            found.append(("json_object", None, "response_format"))
+        elif t == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict):
+                raise _bad("response_format: type json_schema needs a json_schema object with a 'schema'",
+                           "response_format")
+            schema = js.get("schema", js.get("schema_"))
+            if schema is None:
+                raise _bad("response_format.json_schema.schema is missing", "response_format")
+            found.append(("json_schema", schema, "response_format"))
+        elif t != "text":
+            raise _bad(f"response_format type {t!r} is not supported (text, json_object or json_schema)",
+                       "response_format")
+    if body.grammar:
+        found.append(("gbnf", body.grammar, "grammar"))
+    if body.json_schema is not None:
+        found.append(("json_schema", body.json_schema, "json_schema"))
+    if body.regex:
+        found.append(("regex", body.regex, "regex"))
+    if len(found) > 1:
+        raise _bad(f"give one output constraint, not {' and '.join(f[2] for f in found)}", found[1][2])
+    return found[0] if found else (None, None, None)
 
 
 def _content(m: Message) -> str:
@@ -421,14 +461,33 @@ def create_app(st: State) -> FastAPI:
         """Whether a token's log-prob is reported: every token but the end-of-generation one."""
         return req.ignore_eos or token not in tok.eog_ids
 
+    async def _constraint(body: _GenBody):
+        """The request's output constraint (None: free text); a 400 naming the problem when
+        its schema, grammar or regex does not compile."""
+        kind, spec, param = constraint_of(body)
+        if kind is None:
+            return None
+        try:
+            return await asyncio.to_thread(_compiled, kind, spec)
+        except GrammarError as e:
+            raise _bad(f"{param}: {e}", param, "invalid_constraint")
+
+    def _compiled(kind, spec):
+        key = (kind, spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True))
+        c = st.constraints.get(key)
+        if c is None:
+            c = compile_constraint(tok, kind, spec)
+            if len(st.constraints) >= 256:
+                st.constraints.pop(next(iter(st.constraints)))
+            st.constraints[key] = c
+        return c
+
     async def _generate(request: Request, body: _GenBody, chat: bool, who: str):
         st.require_serving()
         st.check_model(body.model)
         if chat:
             if body.tools:
                 raise _bad("tools are not supported by this server", "tools")
-            if body.response_format and body.response_format.get("type", "text") != "text":
-                raise _bad("response_format other than text is not supported by this server", "response_format")
             if not body.messages:
                 raise _bad("messages must hold at least one message", "messages")
             try:
@@ -467,8 +526,10 @@ def create_app(st: State) -> FastAPI:
         if not prompt:
             raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
         params = _params(body, max_tokens, st.ctx, len(prompt), st.mcfg.n_ctx_train)
+        constraint = await _constraint(body)
         ns = f"{who}\0{body.cache_salt or ''}"
-        req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos))
+        req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
+                         constraint=constraint)
         _submit(req)
         rid = ("chatcmpl-" if chat else "cmpl-") + req.id
         model = body.model or st.alias

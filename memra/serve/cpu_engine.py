@@ -16,7 +16,8 @@ guarantees rest on. (On SmolLM2 a batched prompt costs about as much per token o
 machine anyway.)
 
 Sampling is the device sampler's rule, `memra.gpu.ops.sample.reference_sample` (greedy =
-argmax): a token is a function of (logits, seed, position), as on the GPU.
+argmax): a token is a function of (logits, seed, position), as on the GPU. A row with a `mask`
+(a constrained request) has its disallowed logits set to -inf first, as kernels/mask.cu does.
 
 The KV cache: `HostKV` is memra.gpu.kv.PagedKV's bookkeeping (slots, block tables,
 reference counts, copy-on-write, the free queue the prefix cache keeps blocks in) over host
@@ -36,6 +37,7 @@ from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops.sample import reference_sample
 from memra.gpu.runner import KV_BLOCK, MAX_ROWS, Row, RowOut, Seq
 from memra.model.config import read_config
+from memra.text.grammar import masked
 
 
 class HostKV(PagedKV):
@@ -199,6 +201,8 @@ class CpuRunner:
             out.logits = keep[-1]
         if r.sample is not None:
             s, lg = r.sample, keep[-1]
+            if r.mask is not None:  # a constrained row: what kernels/mask.cu does on the GPU
+                lg = masked(lg, r.mask)
             out.token = int(np.argmax(lg)) if s.greedy else \
                 reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), end)
         return out

@@ -75,6 +75,7 @@ class GenRequest:
     namespace: str = ""
     logprobs: int | None = None
     ignore_eos: bool = False
+    constraint: object = None  # memra.text.grammar.Constraint: a JSON schema, grammar or regex
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     # set by submit()
@@ -94,6 +95,7 @@ class GenRequest:
     ts: TextStream | None = None
     sampler: Sampler | None = None
     device: Sampling | None = None
+    matcher: object = None  # the constraint's parser state (memra.text.grammar.Matcher)
     t_admit: float | None = None
     t_first: float | None = None
     t_last: float | None = None
@@ -171,6 +173,7 @@ class Scheduler:
         self._stop = False
         self.steps = 0
         self._outbox: dict[object, list] = {}  # event loop -> (request, event) pairs of this iteration
+        self._masks = None  # int32 [MAX_ROWS, words]: constrained rows' vocabulary masks of a step
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
     # -- the event loop's side --------------------------------------------------------------------
@@ -340,6 +343,8 @@ class Scheduler:
             else:
                 r.device = Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
                                     seed=r.seed)
+            if r.constraint is not None:
+                r.matcher = r.constraint.matcher()
             r.t_admit = time.perf_counter()
             self.running.append(r)
             m = self.metrics
@@ -355,11 +360,28 @@ class Scheduler:
             with self._lock:
                 self._n_running = len(self.running)
 
-    def _row(self, r: GenRequest, tokens, last: bool) -> Row:
-        """A row of r; last: it ends at the position whose next token r takes now."""
+    def _row(self, r: GenRequest, tokens, last: bool, mask=None) -> Row:
+        """A row of r; last: it ends at the position whose next token r takes now; mask:
+        its vocabulary mask (a constrained request)."""
         if not last:
             return Row(r.seq, tokens)
-        return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device)
+        return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device, mask=mask)
+
+    def _fill_masks(self, reqs) -> list:
+        """Each request's mask row for this step (None for unconstrained ones): the
+        constrained ones' next-token masks, filled in one batch by llguidance."""
+        from memra.text.grammar import fill_masks, new_masks
+
+        idx = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if not idx:
+            return [None] * len(reqs)
+        if self._masks is None:
+            self._masks = new_masks(MAX_ROWS, self.n_vocab)
+        fill_masks([(reqs[i].matcher, k) for k, i in enumerate(idx)], self._masks)
+        out = [None] * len(reqs)
+        for k, i in enumerate(idx):
+            out[i] = self._masks[k]
+        return out
 
     def _step(self) -> None:
         dec = [r for r in self.running if r.next_tok is not None]
@@ -377,16 +399,20 @@ class Scheduler:
             budget -= n
         for i in range(0, len(dec), MAX_ROWS):
             group = dec[i:i + MAX_ROWS]
-            outs = self.engine.step([self._row(r, [r.next_tok], True) for r in group])
-            for r, o in zip(group, outs):
-                self._token(r, o)
+            masks = self._fill_masks(group)
+            outs = self.engine.step([self._row(r, [r.next_tok], True, m) for r, m in zip(group, masks)])
+            for r, o, m in zip(group, outs, masks):
+                self._token(r, o, m)
         if chunks:
-            rows = [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt)) for r, n in chunks]
+            ending = [r for r, n in chunks if r.pos + n == len(r.prompt)]
+            masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
+            rows = [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
+                    for r, n in chunks]
             outs = self.engine.step(rows)
             for (r, n), o in zip(chunks, outs):
                 r.pos += n
                 if r.pos == len(r.prompt):
-                    self._token(r, o)
+                    self._token(r, o, masks.get(id(r)))
                 else:
                     self._register(r)
         self.steps += 1
@@ -396,11 +422,20 @@ class Scheduler:
             toks = r.prompt + r.generated
             r.registered = self.pc.register(r.namespace, toks, r.seq.slot, r.seq.n, r.registered)
 
-    def _token(self, r: GenRequest, out) -> None:
+    def _token(self, r: GenRequest, out, mask=None) -> None:
         if r.sampler is not None:
-            token = r.sampler.sample(out.logits, r.prompt + r.generated)
+            logits = out.logits
+            if mask is not None:
+                from memra.text.grammar import masked
+
+                logits = masked(logits, mask)
+            token = r.sampler.sample(logits, r.prompt + r.generated)
         else:
             token = int(out.token)
+        if r.matcher is not None and not r.matcher.consume(token):
+            self._end(r, None, error=f"the constraint rejected token {token}: "
+                                     f"{r.matcher.error or 'no token was allowed'}")
+            return
         now = time.perf_counter()
         m = self.metrics
         if m is not None:
@@ -417,6 +452,14 @@ class Scheduler:
         text, finish = r.ts.push(token)
         r.next_tok = token
         self._send(r, ("token", token, text, lp))
+        if finish is None and r.matcher is not None and r.matcher.stopped and not r.ignore_eos \
+                and self.tok.eog_ids:
+            # the grammar is complete: its mask would allow the end-of-generation ids alone,
+            # so the request ends here without another model step (the text is the same)
+            end = min(self.tok.eog_ids)
+            r.generated.append(end)
+            text, finish = r.ts.push(end)
+            self._send(r, ("token", end, text, None))
         if self.pc is not None and r.seq.n // self.kv.block > r.registered:
             self._register(r)
         if finish is not None:

@@ -1,0 +1,245 @@
+"""Constrained decoding: JSON schema, GBNF, Lark and regex constraints as per-token
+vocabulary masks, through llguidance (MIT; one abi3 wheel; vLLM, SGLang and TensorRT-LLM
+use it as their grammar backend).
+
+    c = compile_constraint(tok, "json_schema", {"type": "object", ...})   # GrammarError: a 400
+    m = c.matcher()                       # one request's parser state
+    words = new_masks(rows, tok.n_vocab)  # int32 [rows, ceil(n_vocab / 32)]: bit t of word t//32
+    fill_masks([(m, 0)], words)           # llguidance's batch fill (its thread pool), no GIL
+    x = masked(logits, words[0])          # disallowed logits -> -inf (what kernels/mask.cu does)
+    m.consume(token)                      # after the token is chosen
+
+The tokenizer llguidance walks is built from the GGUF vocabulary alone (no Hugging Face
+`transformers`): every token's raw bytes as memra.text.tokenizer.Tokenizer.token_bytes gives
+them (llama.cpp's token_to_piece with special=true), control tokens marked with llguidance's
+0xFF prefix so that grammar text can never match them, the model's end-of-generation ids as
+llguidance's EOS set. A finished grammar allows exactly those EOS ids, so a constrained
+request ends with one of them (finish_reason "stop").
+
+JSON: by default a schema's output has fixed separators (", " and ": ") and no other
+whitespace (`whitespace_flexible: false`). A model may otherwise pad with spaces and new
+lines until its token limit; a schema's own "x-guidance" object overrides this.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from memra.errors import MemraError
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+KINDS = ("json_schema", "json_object", "gbnf", "lark", "regex")
+
+_lock = threading.Lock()
+_executor = None
+
+
+class GrammarError(MemraError):
+    """A JSON schema, grammar or regex llguidance cannot compile (the server answers 400)."""
+
+
+def _llg():
+    try:
+        import llguidance
+        import llguidance.numpy  # noqa: F401  (the batch-fill helpers)
+    except ImportError as e:  # pragma: no cover - a dependency of memra
+        raise MemraError(f"constrained decoding needs the llguidance package (pip install llguidance): {e}")
+    return llguidance
+
+
+def mask_words(n_vocab: int) -> int:
+    """32-bit words of one row's vocabulary mask."""
+    return (int(n_vocab) + 31) // 32
+
+
+def new_masks(rows: int, n_vocab: int) -> np.ndarray:
+    """A [rows, words] int32 mask array, every token allowed."""
+    return np.full((int(rows), mask_words(n_vocab)), -1, np.int32)
+
+
+def ll_tokenizer(tok):
+    """llguidance's tokenizer for a memra Tokenizer (built once per tokenizer, ~0.2 s for
+    49k tokens): raw token bytes, control tokens 0xFF-prefixed, EOS = the model's
+    end-of-generation ids."""
+    cached = getattr(tok, "_llg_tokenizer", None)
+    if cached is not None:
+        return cached
+    llg = _llg()
+    from memra.text.tokenizer import CONTROL
+
+    control = [i for i in range(tok.n_vocab) if tok.attrs[i] & CONTROL]
+    is_control = set(control)
+    tokens = [(b"\xff" + tok.token_bytes(i)) if i in is_control else tok.token_bytes(i) for i in range(tok.n_vocab)]
+    eos = sorted(tok.eog_ids) or ([tok.eos_id] if tok.eos_id is not None else [])
+    if not eos:
+        raise GrammarError("the model's vocabulary has no end-of-generation token: a constraint could never end")
+
+    class _Vocab:  # what llguidance.TokenizerWrapper reads
+        eos_token_id = eos[0]
+        bos_token_id = tok.bos_id
+        special_token_ids = control
+
+        def __init__(self):
+            self.tokens = tokens
+
+        def __call__(self, text):
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", "replace")
+            return tok.encode(text, add_special=False, parse_special=False)
+
+    with _lock:
+        cached = getattr(tok, "_llg_tokenizer", None)
+        if cached is None:
+            cached = llg.LLTokenizer(llg.TokenizerWrapper(_Vocab()), n_vocab=tok.n_vocab, eos_token=eos)
+            tok._llg_tokenizer = cached
+    return cached
+
+
+def grammar_text(kind: str, spec) -> str:
+    """llguidance's grammar for a constraint (not yet validated). kind: json_schema (a dict
+    or JSON text), json_object (any JSON object), gbnf (llama.cpp's GBNF), lark, regex."""
+    llg = _llg()
+    if kind == "json_object":
+        spec, kind = {"type": "object"}, "json_schema"
+    if kind == "json_schema":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+        if isinstance(spec, bool):
+            spec = {} if spec else {"not": {}}
+        if not isinstance(spec, dict):
+            raise GrammarError(f"a JSON schema must be an object, got {type(spec).__name__}")
+        try:
+            return llg.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"the JSON schema is invalid: {e}") from None
+    if not isinstance(spec, str) or not spec.strip():
+        raise GrammarError(f"the {kind} constraint must be non-empty text")
+    if kind == "gbnf":
+        try:
+            return llg.grammar_from("gbnf", spec)
+        except ValueError as e:
+            raise GrammarError(f"the grammar does not parse: {e}") from None
+    if kind == "lark":
+        return llg.LLMatcher.grammar_from_lark(spec)
+    if kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(spec)
+    raise GrammarError(f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
+
+
+_WHAT = {"json_schema": "JSON schema", "json_object": "JSON object", "gbnf": "grammar", "lark": "grammar",
+         "regex": "regex"}
+
+
+@dataclass
+class Constraint:
+    """A compiled, validated constraint for one tokenizer; matcher() makes a request's state."""
+    kind: str
+    grammar: str
+    tokenizer: object  # llguidance.LLTokenizer
+
+    def matcher(self) -> "Matcher":
+        llg = _llg()
+        m = llg.LLMatcher(self.tokenizer, self.grammar, log_level=0)
+        if m.is_error():
+            raise GrammarError(f"the {_WHAT[self.kind]} is invalid: {_first_line(m.get_error())}")
+        return Matcher(m)
+
+
+def _first_line(msg: str) -> str:
+    """llguidance's message without its caret drawings: the lines that say something."""
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip() and not set(ln.strip()) <= set("^| ")]
+    return "; ".join(lines[:3]) or str(msg)
+
+
+def compile_constraint(tok, kind: str, spec) -> Constraint:
+    """Compile and validate a constraint against the model's vocabulary; GrammarError names
+    what is wrong (the server's 400 message)."""
+    llg = _llg()
+    if kind not in KINDS:
+        raise GrammarError(f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
+    text = grammar_text(kind, spec)
+    llt = ll_tokenizer(tok)
+    err = llg.LLMatcher.validate_grammar(text, llt)
+    if err:
+        raise GrammarError(f"the {_WHAT[kind]} is invalid: {_first_line(err)}")
+    return Constraint(kind, text, llt)
+
+
+class Matcher:
+    """One request's parser state over the vocabulary."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def fill(self, row: np.ndarray) -> None:
+        """The next token's mask into one C-contiguous int32 row."""
+        if row.dtype != np.int32 or not row.flags["C_CONTIGUOUS"]:
+            raise MemraError("a mask row is C-contiguous int32")
+        self.m.unsafe_compute_mask_ptr(row.ctypes.data, row.size * 4)
+
+    def consume(self, token: int) -> bool:
+        """Advance by the chosen token; False when the grammar rejects it (error state)."""
+        return bool(self.m.consume_token(int(token)))
+
+    def consume_all(self, tokens) -> bool:
+        """Advance by several tokens; False as soon as one is rejected."""
+        return all(self.consume(t) for t in tokens)
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (llguidance's fast-forward tokens)."""
+        return list(self.m.compute_ff_tokens())
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.m.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self.m.is_accepting())
+
+    @property
+    def error(self) -> str | None:
+        return self.m.get_error() or None if self.m.is_error() else None
+
+
+def fill_masks(pairs, masks: np.ndarray) -> None:
+    """Each (Matcher, row index) pair's next-token mask into masks[row] (an int32 [rows,
+    words] C-contiguous array, a pinned host buffer on the GPU path): llguidance's batch
+    fill over its thread pool, the GIL released. Rows not named are left as they are."""
+    if not pairs:
+        return
+    llg = _llg()
+    global _executor
+    if masks.dtype != np.int32 or masks.ndim != 2 or not masks.flags["C_CONTIGUOUS"]:
+        raise MemraError("masks: a C-contiguous int32 [rows, words] array")
+    if len(pairs) == 1:
+        m, i = pairs[0]
+        m.fill(masks[i])
+        return
+    if _executor is None:
+        with _lock:
+            if _executor is None:
+                _executor = llg.LLExecutor()
+    _executor.unsafe_compute_mask_ptr([(m.m, int(i)) for m, i in pairs], masks.ctypes.data, masks.shape[1] * 4,
+                                      masks.shape[0])
+
+
+def allowed(row: np.ndarray, n_vocab: int) -> np.ndarray:
+    """bool [n_vocab]: which tokens one mask row allows."""
+    bits = np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")
+    return bits[:n_vocab].astype(bool)
+
+
+def masked(logits: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """float32 logits with every token the mask row disallows at -inf (the reference of
+    kernels/mask.cu's apply_mask)."""
+    x = np.array(logits, np.float32, copy=True).reshape(-1)
+    x[~allowed(row, x.size)] = -np.inf
+    return x
