@@ -19,12 +19,15 @@ Exactness shapes the choices made here: a row's reduction order may depend on it
 and on tunables shared by every row count, never on the batch. So the matvec and GEMM
 configurations may differ per batch bucket (their row order depends on K only), MV_KSPLIT
 is refused, and the norm, RoPE and attention tunables are looked up once (batch 1) and
-used at every row count (they set a row's reduction order).
+used at every row count (they set a row's reduction order). Attention's heads per block
+are the exception: they never change a head's bits, so from ATT_GROUP_ROWS rows a block
+takes the whole GQA group (att_hpb_rows).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -43,6 +46,7 @@ log = logging.getLogger("memra.plan")
 PREFILL_CHUNK = 128  # token rows per prefill launch set
 MAX_ROWS = 64        # decode rows per step (the largest CUDA-graph bucket)
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+ATT_GROUP_ROWS = 16  # from this many rows an attention block takes the whole GQA group (MEMRA_ATT_GROUP_ROWS)
 
 
 def graph_bucket(rows: int) -> int:
@@ -101,12 +105,14 @@ class Launch:
 
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
-                 fuse_rope: bool = True, sms: int = 132, gemm: bool = True):
+                 fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
         self.table = table or {}
         self.path, self.fuse_rope, self.sms, self.use_gemm = path, fuse_rope, int(sms), gemm
+        self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
+            else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
         self._choices: dict[tuple, dict | None] = {}
@@ -228,6 +234,15 @@ class Planner:
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
 
+    def att_hpb_rows(self, rows: int) -> int:
+        """Query heads per attention block for a launch over `rows` token rows: the batch-1
+        choice (table or heads_per_block) below att_group_rows rows, the whole GQA group from
+        there: many rows fill the machine without splitting the group, and K/V are read once
+        for it. A head's bits do not depend on its block's heads (attention.cu), and the
+        split count stays the batch-1 one (the split layout is part of a row's reduction
+        order), so the choice is free per launch."""
+        return self.cfg.n_gqa if 0 < self.att_group_rows <= rows else self.att_hpb
+
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
                 dst_offset: int = 0, res: str | None = None) -> None:
@@ -293,7 +308,8 @@ class Planner:
                 off += rows * w.rows * 4
             window = c.swa_window if c.is_swa(il) else 0
             att_shape = {**self.heads, "ctx": self.att_ctx}
-            att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il)}
+            att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il),
+                        "hpb": self.att_hpb_rows(rows)}
             if decode and self.fuse_rope:
                 out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,
                                   self.att_cfg, "attention", il, att_args))

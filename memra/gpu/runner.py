@@ -322,7 +322,7 @@ class Runner:
                               self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
                               head_dim=c.head_dim, window=a["window"], scale=c.scale, n_splits=self.plan.n_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
-                              hpb=self.plan.att_hpb, config=L.config, rope=rope)
+                              hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
             elif op == "act_mul":
                 ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)
             elif op == "softcap":

@@ -368,10 +368,10 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
 def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "attention" (attn_decode, after rope_norm_kv: prefill, or decode
     with MEMRA_FUSED_ROPE=0) or "attention_rope" (attn_decode_rope: decode): the module of
-    the model's head size, the plan's heads per block and the table's ATT_* tunables; the
+    the model's head size, the launch's heads per block and the table's ATT_* tunables; the
     layer's window, the q8 twin on the q8 path, the plan's split count."""
     c, plan = ctx.cfg, ctx.plan
-    D, hpb = c.head_dim, plan.att_hpb
+    D, hpb = c.head_dim, int(L.args.get("hpb", plan.att_hpb))
     d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block}
     fused = L.op == "attention_rope"
     rows = int(L.rows)
