@@ -83,7 +83,7 @@ class GenEvent:
 
 def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, *,
              n_ctx: int | None = None, ignore_eos: bool = False,
-             sampler: Sampler | None = None, constraint=None) -> Iterator[GenEvent]:
+             sampler: Sampler | None = None, constraint=None, spec=None) -> Iterator[GenEvent]:
     """Yield a GenEvent per generated token, then a final event (finish_reason, timings).
 
     Stops at an end-of-generation token (unless ignore_eos; the token is still reported),
@@ -93,6 +93,9 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     constraint (memra.text.grammar.Constraint): every token is sampled from the logits with
     the grammar's disallowed tokens at -inf; the generation ends when the grammar is
     complete (its end-of-generation token is reported without another model step).
+
+    spec (memra.spec.decode.SpecDecoder): speculative decoding — drafted tokens verified in
+    one step each, plain decode's tokens (the same sampler, seed and penalties) out.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -145,6 +148,15 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     else:
         def next_token(last):
             return sampler.sample(model.forward(prompt if last is None else [last], cache), history)
+
+    if spec is not None:
+        if constraint is not None:
+            raise MemraError("speculative decoding does not take an output constraint yet")
+        n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
+        spec_ids = spec.tokens(model, prompt, n_max, sampler, n_ctx)
+
+        def next_token(last):
+            return next(spec_ids)
 
     # time only the engine and the sampler, not the consumer of the events
     t0 = time.perf_counter()

@@ -157,6 +157,12 @@ def run(
                                                     "grammar in FILE (llama.cpp's format).")] = None,
     regex: Annotated[Optional[str], typer.Option("--regex", help="Constrain the output to match the "
                                                  "regular expression R.")] = None,
+    spec: Annotated[Optional[str], typer.Option("--spec", help="Speculative decoding (the same tokens as "
+                                                "plain decode): lookup[:N1-N2] (n-gram prompt lookup), "
+                                                "trim[:L] (the model's first L layers), draft:PATH (a "
+                                                "smaller GGUF with the same vocabulary).")] = None,
+    spec_k: Annotated[str, typer.Option("--spec-k", help="Draft length with --spec: 1..32, or auto "
+                                        "(adapts to the acceptance rate, up to 8).")] = "auto",
 ) -> None:
     """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
     from memra.model.config import read_config
@@ -199,6 +205,15 @@ def run(
         log.warning("%s", w)
 
     constraint = _constraint(tok, json_schema, grammar, regex)
+    spec_k_val = None
+    if spec is not None:
+        from memra.spec.decode import parse_k
+        from memra.spec.drafters import parse_spec
+
+        parse_spec(spec)  # a bad --spec fails before any model is read
+        spec_k_val = parse_k(spec_k)
+        if constraint is not None:
+            raise MemraError("--spec does not combine with --json-schema, --grammar or --regex yet")
     sampler = Sampler(params, cfg.n_vocab)
     log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
              name, path, device, len(prompt_ids), n_ctx, sampler.seed)
@@ -222,6 +237,14 @@ def run(
         if failed(*gate):
             _fail("exactness gate MISMATCH: the GPU engine is wrong here, so nothing it computes is shown")
 
+    spec_dec = None
+    if spec is not None:
+        from memra.spec.decode import AUTO_MIN_CONF, SpecDecoder
+        from memra.spec.drafters import make_drafter
+
+        drafter = make_drafter(spec, gguf=g, cfg=cfg, device=device, n_ctx=n_ctx, target=engine,
+                               min_conf=AUTO_MIN_CONF if spec_k_val == "auto" else 0.0)
+        spec_dec = SpecDecoder(drafter, spec_k_val)
     tokens: list[int] = []
     pieces: list[str] = []
     final = None
@@ -230,7 +253,7 @@ def run(
     t_req = time.perf_counter()
     with bar:
         for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
-                           sampler=sampler, constraint=constraint):
+                           sampler=sampler, constraint=constraint, spec=spec_dec):
             if ttft is None:
                 ttft = time.perf_counter() - t_req
                 stop_bar()
@@ -244,7 +267,7 @@ def run(
                 sys.stdout.flush()
     t = final.timings
     gbs = pct = None
-    if device == "gpu" and t.decode_tok_s:
+    if device == "gpu" and t.decode_tok_s and spec_dec is None:
         # decode is memory-bound: bytes one step reads (at the mean depth) x steps per second
         depth = t.n_prompt + t.n_gen // 2
         gbs = engine.bytes_per_token(depth) * t.decode_tok_s / 1e9
@@ -261,6 +284,7 @@ def run(
             "decode_gb_s": gbs, "bandwidth_pct": pct,
             "gate": {"cross_check": asdict(gate[0]), "teacher_forced": asdict(gate[1])} if gate else None,
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
+            "spec": spec_dec.stats.as_dict() if spec_dec is not None else None,
         }
         print(json.dumps(doc, ensure_ascii=False))
         return
@@ -270,6 +294,10 @@ def run(
     dc = f"{t.decode_tok_s:.1f} tok/s" if t.decode_tok_s else "-"
     bw = f" · {gbs:.0f} GB/s ({pct:.0f}% of copy bandwidth)" if gbs else ""
     ft = f"{ttft:.2f} s" if ttft is not None else "-"
+    if spec_dec is not None:
+        s = spec_dec.stats
+        rate = f" ({100 * s.acceptance:.0f}%)" if s.acceptance is not None else ""
+        bw = f" · spec {s.drafter} k {s.k}: {s.accepted}/{s.drafted} drafted accepted{rate} in {s.steps} steps"
     err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
               f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
 

@@ -223,3 +223,31 @@ def plain_stream(target, prompt, n_max: int):
             return
         tok = target.verify([tok])[0]
         yield tok
+
+
+class SpecDecoder:
+    """What `memra run --spec` hands memra.session.generate: a drafter, a K policy and the
+    running counts. On an engine with `verify` (the GPU engine) the device sampler chooses
+    (as `memra run`'s plain GPU path does); with penalties, or on the CPU reference, the
+    host Sampler does, one position at a time (HostTarget), as plain decode calls it."""
+
+    def __init__(self, drafter, k="auto"):
+        self.drafter = drafter
+        self.policy = KPolicy(k)
+        self.stats = SpecStats(getattr(drafter, "label", drafter.name), self.policy.setting)
+
+    def tokens(self, model, prompt, n_max: int, sampler, n_ctx: int):
+        from memra.gpu.runner import Sampling
+
+        p = sampler.params
+        penalties = p.repeat_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+        if hasattr(model, "verify") and hasattr(model, "seqs") and not penalties:
+            model.reset()
+            sm = Sampling(p.temperature, p.top_k, p.top_p, p.min_p, sampler.seed)
+            target = DeviceTarget(model, sm, seq=model.seqs[0])
+        else:
+            target = HostTarget(model, sampler, n_ctx)
+        return spec_stream(target, prompt, n_max, self.drafter, self.policy, self.stats)
+
+    def close(self) -> None:
+        self.drafter.close()
