@@ -172,7 +172,7 @@ def tune_freeze(
     as_json: Annotated[bool, typer.Option("--json", help="Print the tables as JSON.")] = False,
     min_gain: Annotated[float, typer.Option("--min-gain", help="Keep a family's built-in "
                         "configuration unless the fastest one beats it by this fraction (families "
-                        "whose module says which configuration is built in: matvec).")] = 0.03,
+                        "whose module says which configuration is built in: matvec, gemm).")] = 0.03,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune.receipts import read_receipts

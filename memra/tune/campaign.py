@@ -5,7 +5,9 @@ families, their variants, a grid of `-D` tunables (every combination is a config
 shapes: explicit ones, and/or `ops` taken from models (`--model`): every matvec a model
 decodes with (fused QKV, attention output, fused gate+up, down, output — each with its
 tensor's GGUF type), its attention shapes at the campaign's context lengths, its
-n_embd-wide row ops and its vocabulary-wide ops, each at the decode batch buckets.
+n_embd-wide row ops and its vocabulary-wide ops, each at the decode batch buckets. The
+GEMM kernels (PLAN_BATCH_KERNELS) take theirs per batch from the plan's step at that many
+rows: the (shape, batch) pairs the engine launches through the GEMM.
 
 `run_campaign` is the CPU half of `memra tune`: it skips what was already measured (same
 device, kernel source hash, job) when resuming, calls the injected `measure(job)` (the
@@ -39,6 +41,11 @@ MATVEC_OPS = ("qkv", "attn_output", "gate_up", "down", "output")
 OTHER_OPS = ("attention", "heads", "rows", "ffn", "embed", "vocab")
 ALL_OPS = MATVEC_OPS + OTHER_OPS
 DEFAULT_CTX = (512, 4096)
+# Kernels the plan picks by the step's row count: the q8 path's matvecs run as the
+# tensor-core GEMM (memra.gpu.ops.gemm) from GEMM_MIN_ROWS rows, on quantized weights. Their
+# model-derived jobs are the (shape, batch) pairs the plan's step at that many rows launches
+# (plan_shapes), not every op shape at every batch.
+PLAN_BATCH_KERNELS = ("gemm", "gemm_glu")
 
 
 class CampaignError(MemraError):
@@ -113,6 +120,26 @@ def model_info(name_or_path: str) -> ModelSpec:
     return ModelSpec(name, read_config(g), {n: t.type_name for n, t in g.tensors.items()})
 
 
+def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
+    """(op, kernel, shape) of every launch of the step the engine runs over `rows` token
+    rows, read off the launch plan (built-in configurations): a decode step (greedy sampler)
+    up to the largest CUDA-graph bucket, a prefill chunk (no head) above it, up to
+    PREFILL_CHUNK rows (the most one step runs). The step's row count decides some kernels:
+    the q8 path's matvecs run as the tensor-core GEMM from GEMM_MIN_ROWS rows."""
+    from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
+
+    if not 1 <= rows <= PREFILL_CHUNK:
+        raise CampaignError(f"batch {rows}: the engine runs 1..{PREFILL_CHUNK} rows a step "
+                            f"(decode up to {MAX_ROWS}, prefill chunks of up to {PREFILL_CHUNK})")
+    plan = Planner(m)
+    steps = plan.step(rows, decode=True, sampler="greedy") if rows <= MAX_ROWS else plan.step(rows, decode=False)
+    seen: dict[tuple, tuple[str, str, dict]] = {}
+    for L in steps:
+        if L.rows == rows:  # a matvec's 8-row chunks are launches of their own row count
+            seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
+    return list(seen.values())
+
+
 def model_shapes(m: ModelSpec, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple[str, dict]]:
     """(op, shape without batch) for every distinct shape the model decodes with, read off
     its launch plan (memra.gpu.plan, built-in configurations: a shape does not depend on
@@ -141,7 +168,7 @@ def model_shapes(m: ModelSpec, ctx: Iterable[int] = DEFAULT_CTX) -> list[tuple[s
 # ---------------------------------------------------------------- specs
 
 _TOP_KEYS = {"name", "description", "batches", "ctx", "reps", "kernels"}
-_KERNEL_KEYS = {"name", "src", "variants", "grid", "shapes", "ops", "types", "batches", "reps"}
+_KERNEL_KEYS = {"name", "src", "variants", "grid", "configs", "shapes", "ops", "types", "batches", "reps"}
 
 
 def load_campaign(path: str | os.PathLike) -> dict:
@@ -192,6 +219,15 @@ def check_campaign(spec: Mapping, where: str = "campaign") -> None:
             if not isinstance(values, list) or not values or not all(
                     isinstance(x, (int, float, str, bool)) for x in values):
                 raise CampaignError(f"{kw}: grid {name} must be a non-empty list of values")
+        listed = k.get("configs", [])
+        if not isinstance(listed, list) or not all(
+                isinstance(c, dict) and set(c) - {"batches"} and all(
+                    isinstance(x, (int, float, str, bool)) for n, x in c.items() if n != "batches")
+                for c in listed):
+            raise CampaignError(f"{kw}: 'configs' must be a list of non-empty tables of tunables")
+        for c in listed:
+            if "batches" in c:
+                _ints(c["batches"], "'configs' batches", kw)
         ops = k.get("ops", [])
         bad = [o for o in ops if o not in ALL_OPS]
         if bad:
@@ -205,10 +241,30 @@ def check_campaign(spec: Mapping, where: str = "campaign") -> None:
             _ints(k["batches"], "batches", kw)
 
 
-def configs(grid: Mapping[str, list]) -> list[dict]:
-    """Every combination of the grid's values (one empty config for an empty grid)."""
+def configs(grid: Mapping[str, list], listed: Iterable[Mapping] = ()) -> list[dict]:
+    """Every combination of the grid's values (one empty config for an empty grid), then
+    the explicitly listed configs not already among them. Listed configs alone (no grid)
+    are just those: a handful of candidates where a grid's product would be too many. A
+    listed config may keep a `batches` list (the batches it is tried at; see _at_batch)."""
     names = sorted(grid)
-    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+    listed = [dict(c) for c in listed]
+    out = [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))] \
+        if grid or not listed else []
+    seen = {config_key(c) for c in out}
+    for c in listed:
+        key = config_key({n: v for n, v in c.items() if n != "batches"})
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _at_batch(cfg: dict, batch: int) -> dict | None:
+    """A config as tried at `batch` (its `batches` key dropped), or None when it lists
+    batches without this one."""
+    if "batches" not in cfg:
+        return cfg
+    return {n: v for n, v in cfg.items() if n != "batches"} if batch in cfg["batches"] else None
 
 
 def expand_campaign(spec: Mapping, models: Iterable[ModelSpec] = (), *,
@@ -224,6 +280,13 @@ def expand_campaign(spec: Mapping, models: Iterable[ModelSpec] = (), *,
         if unknown:
             raise CampaignError(f"campaign {spec.get('name')}: no kernels named {sorted(unknown)}")
     derived = [(m, model_shapes(m, spec.get("ctx", DEFAULT_CTX))) for m in models]
+    per_rows: dict[tuple[int, int], list] = {}  # (model index, rows) -> plan_shapes
+
+    def launched(i: int, rows: int) -> list:
+        if (i, rows) not in per_rows:
+            per_rows[(i, rows)] = plan_shapes(models[i], rows)
+        return per_rows[(i, rows)]
+
     jobs: list[Job] = []
     for k in spec["kernels"]:
         if keep is not None and k["name"] not in keep:
@@ -232,22 +295,43 @@ def expand_campaign(spec: Mapping, models: Iterable[ModelSpec] = (), *,
         shapes: dict[str, tuple[dict, list[str]]] = {}
         for s in k.get("shapes", []):
             shapes.setdefault(shape_key(s), ({x: v for x, v in s.items() if x != "batch"}, []))
+        # (shape key, batch) pairs the plan launches a PLAN_BATCH_KERNELS kernel at
+        at_batch: set[tuple[str, int]] | None = None
         if k.get("ops"):
             if not models:
                 raise CampaignError(f"campaign {spec.get('name')}: kernel {k['name']} takes its "
                                     f"shapes from a model ({', '.join(k['ops'])}): pass --model")
             types = set(k.get("types", [])) or None
-            for m, pairs in derived:
-                for op, s in pairs:
-                    if op in k["ops"] and (types is None or "type" not in s or s["type"] in types):
-                        shapes.setdefault(shape_key(s), (s, []))[1].append(f"{m.name}:{op}")
-        grid = configs(k.get("grid") or {})
+
+            def wanted(op, s):
+                return op in k["ops"] and (types is None or "type" not in s or s["type"] in types)
+
+            if k["name"] in PLAN_BATCH_KERNELS:
+                at_batch = set()
+                for i, m in enumerate(models):
+                    for b in batches:
+                        for op, kernel, s in launched(i, b):
+                            if kernel == k["name"] and wanted(op, s):
+                                src = f"{m.name}:{op}"
+                                lst = shapes.setdefault(shape_key(s), (s, []))[1]
+                                if src not in lst:
+                                    lst.append(src)
+                                at_batch.add((shape_key(s), b))
+            else:
+                for m, pairs in derived:
+                    for op, s in pairs:
+                        if wanted(op, s):
+                            shapes.setdefault(shape_key(s), (s, []))[1].append(f"{m.name}:{op}")
+        grid = configs(k.get("grid") or {}, k.get("configs", []))
+        explicit = {shape_key(x) for x in k.get("shapes", [])}
         for _, (s, ops) in sorted(shapes.items()):
             explicit_batch = [b["batch"] for b in k.get("shapes", []) if shape_key(b) == shape_key(s)
                               and "batch" in b]
             for b in explicit_batch or batches:
+                if at_batch is not None and shape_key(s) not in explicit and (shape_key(s), b) not in at_batch:
+                    continue  # the plan does not launch this kernel on this shape at b rows
                 for variant in k["variants"]:
-                    for cfg in grid:
+                    for cfg in (x for x in (_at_batch(c, b) for c in grid) if x is not None):
                         jobs.append(Job(kernel=k["name"], variant=variant, config=cfg,
                                         shape={**s, "batch": b}, src=k.get("src", f"{k['name']}.cu"),
                                         ops=tuple(ops), campaign=spec.get("name", ""),
