@@ -23,17 +23,18 @@ from memra.sampling import Sampler, SamplingParams
 from memra.text.stream import TextStream
 
 
-def prompt_ids(gguf, tokenizer, *, prompt: str | None = None, messages: Sequence[dict] | None = None
-               ) -> tuple[list[int], str | None]:
+def prompt_ids(gguf, tokenizer, *, prompt: str | None = None, messages: Sequence[dict] | None = None,
+               tools: Sequence[dict] | None = None) -> tuple[list[int], str | None]:
     """A request's prompt as token ids, the one way `memra run` and `memra serve` make them:
     `messages` rendered through the model's chat template (or its architecture's turn
     format) with the assistant's turn opened, else `prompt` tokenized as llama.cpp's
     completion endpoint does (BOS per the model's metadata, special-token text parsed).
+    `tools` reach a template that reads them (memra.text.tools.tool_messages decides).
     Returns (ids, the rendered chat text or None)."""
     if messages is not None:
         from memra.text.chat import chat_tokens, render_chat
 
-        rendered = render_chat(gguf, list(messages), add_generation_prompt=True)
+        rendered = render_chat(gguf, list(messages), add_generation_prompt=True, tools=tools)
         return chat_tokens(tokenizer, rendered), rendered
     if prompt is None:
         raise MemraError("give a prompt or messages")

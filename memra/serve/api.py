@@ -50,6 +50,8 @@ from memra.errors import ContextOverflowError, MemraError
 from memra.sampling import SamplingParams, check_request
 from memra.session import prompt_ids
 from memra.text.grammar import GrammarError, compile_constraint
+from memra.text.tools import (ToolError, check_tools, forced_name, may_start_call, parse_tool_calls, style_of,
+                              tool_lark, tool_messages)
 from memra.serve.auth import Keys, check_bind
 from memra.serve.metrics import CONTENT_TYPE, Metrics
 from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
@@ -112,6 +114,9 @@ class ContentPart(_Body):
 class Message(_Body):
     role: str
     content: Union[str, list[ContentPart], None] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None   # an assistant's earlier calls
+    tool_call_id: Optional[str] = None                  # role "tool": the call it answers
+    name: Optional[str] = None
 
 
 class _GenBody(_Body):
@@ -146,6 +151,8 @@ class ChatBody(_GenBody):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     tools: Optional[list[Any]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 class CompletionBody(_GenBody):
@@ -461,10 +468,17 @@ def create_app(st: State) -> FastAPI:
         """Whether a token's log-prob is reported: every token but the end-of-generation one."""
         return req.ignore_eos or token not in tok.eog_ids
 
-    async def _constraint(body: _GenBody):
+    async def _constraint(body: _GenBody, functions: dict):
         """The request's output constraint (None: free text); a 400 naming the problem when
-        its schema, grammar or regex does not compile."""
+        its schema, grammar or regex does not compile. tool_choice "required" or a named
+        function is a grammar of tool calls (memra.text.tools.tool_lark)."""
         kind, spec, param = constraint_of(body)
+        if functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict)):
+            if kind is not None:
+                raise _bad(f"tool_choice {body.tool_choice!r} forces a tool call: give no {param} with it", param)
+            kind, param = "lark", "tools"
+            spec = tool_lark(functions, forced_name(body.tool_choice, functions),
+                             body.parallel_tool_calls is not False, style_of(st.gguf.metadata))
         if kind is None:
             return None
         try:
@@ -485,14 +499,26 @@ def create_app(st: State) -> FastAPI:
     async def _generate(request: Request, body: _GenBody, chat: bool, who: str):
         st.require_serving()
         st.check_model(body.model)
+        functions: dict = {}  # the declared tools when the reply may call them
         if chat:
-            if body.tools:
-                raise _bad("tools are not supported by this server", "tools")
             if not body.messages:
                 raise _bad("messages must hold at least one message", "messages")
             try:
-                prompt, _ = prompt_ids(st.gguf, tok, messages=[{"role": m.role, "content": _content(m)}
-                                                               for m in body.messages])
+                functions = check_tools(body.tools or [], body.tool_choice)
+            except ToolError as e:
+                raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools")
+            if body.tool_choice == "none":
+                functions = {}
+            msgs = []
+            for m in body.messages:
+                d = {"role": m.role, "content": None if m.content is None and m.tool_calls else _content(m)}
+                for k in ("tool_calls", "tool_call_id", "name"):
+                    if getattr(m, k) is not None:
+                        d[k] = getattr(m, k)
+                msgs.append(d)
+            msgs, tools_arg = tool_messages(st.gguf.metadata, msgs, body.tools if functions else None)
+            try:
+                prompt, _ = prompt_ids(st.gguf, tok, messages=msgs, tools=tools_arg)
             except APIError:
                 raise
             except MemraError as e:
@@ -526,7 +552,7 @@ def create_app(st: State) -> FastAPI:
         if not prompt:
             raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
         params = _params(body, max_tokens, st.ctx, len(prompt), st.mcfg.n_ctx_train)
-        constraint = await _constraint(body)
+        constraint = await _constraint(body, functions)
         ns = f"{who}\0{body.cache_salt or ''}"
         req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
                          constraint=constraint)
@@ -537,11 +563,12 @@ def create_app(st: State) -> FastAPI:
         head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
         if body.stream:
             usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(req, request, chat, head, usage_chunk), media_type="text/event-stream",
+            return StreamingResponse(_sse(req, request, chat, head, usage_chunk, functions),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _blocking(req, request, chat, head)
+        return await _blocking(req, request, chat, head, functions)
 
-    async def _blocking(req, request, chat, head):
+    async def _blocking(req, request, chat, head, functions=None):
         pieces, lps, offs = [], [], []
         n_text = 0
         try:
@@ -567,7 +594,12 @@ def create_app(st: State) -> FastAPI:
                 st.sched.cancel(req)
         text = "".join(pieces)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+            message = {"role": "assistant", "content": text, "refusal": None}
+            calls, content = parse_tool_calls(text, functions) if functions else ([], text)
+            if calls:
+                message.update(content=content, tool_calls=calls)
+                finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": 0, "message": message,
                       "logprobs": None if req.logprobs is None else
                       {"content": [_chat_lp(t, lp) for t, lp in lps], "refusal": None},
                       "finish_reason": finish}
@@ -584,7 +616,7 @@ def create_app(st: State) -> FastAPI:
                 "top_logprobs": [{_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
                 "text_offset": list(offs)}
 
-    async def _sse(req, request, chat, head, usage_chunk):
+    async def _sse(req, request, chat, head, usage_chunk, functions=None):
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if usage_chunk else {}
 
@@ -595,6 +627,7 @@ def create_app(st: State) -> FastAPI:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         n_text = 0
+        full, sent = "", 0  # with tools: the text so far, and how much of it went out as content
         try:
             if chat:
                 yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -608,6 +641,13 @@ def create_app(st: State) -> FastAPI:
                     has_lp = lp is not None and _counts(token, req)
                     if not text and not has_lp:
                         continue
+                    if chat and functions:
+                        # content flows until a tool call may have begun; the rest waits for the end
+                        full += text
+                        end = may_start_call(full)
+                        text, sent = full[sent:max(end, sent)], max(end, sent)
+                        if not text and not has_lp:
+                            continue
                     if chat:
                         c = {"index": 0, "delta": {"content": text},
                              "logprobs": {"content": [_chat_lp(token, lp)], "refusal": None} if has_lp else None,
@@ -624,6 +664,21 @@ def create_app(st: State) -> FastAPI:
                     return
                 else:
                     _, finish, usage = ev
+                    if chat and functions:
+                        calls, content = parse_tool_calls(full, functions)
+                        rest = full[sent:] if not calls else ""
+                        if rest:
+                            yield chunk({"index": 0, "delta": {"content": rest}, "logprobs": None,
+                                         "finish_reason": None})
+                        for i, c in enumerate(calls):
+                            f = c["function"]
+                            yield chunk({"index": 0, "logprobs": None, "finish_reason": None, "delta": {
+                                "tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                                "function": {"name": f["name"], "arguments": ""}}]}})
+                            yield chunk({"index": 0, "logprobs": None, "finish_reason": None, "delta": {
+                                "tool_calls": [{"index": i, "function": {"arguments": f["arguments"]}}]}})
+                        if calls and finish == "stop":
+                            finish = "tool_calls"
                     if chat:
                         yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish})
                     else:
