@@ -297,3 +297,75 @@ def test_lookup_accepts_on_an_input_grounded_prompt_smollm2():
     spec = _run_json(resolve("smollm2-135m"), "-p", p, "-n", "12", "--temp", "0", "--spec", "lookup:1-3")
     assert spec["tokens"] == plain["tokens"]
     assert spec["spec"]["accepted"] >= 3 and spec["spec"]["steps"] < 12
+
+
+# -- the server's scheduler ------------------------------------------------------------------
+
+class _PromptOracle:
+    """Drafts each request's plain continuation (found by its prompt), wrong at every
+    third position, so the scheduler's speculative steps accept and roll back."""
+    label = name = "oracle"
+
+    def __init__(self, plains):
+        self.plains = plains  # tuple(prompt) -> plain tokens
+
+    def draft(self, history, k):
+        for p, plain in self.plains.items():
+            if tuple(history[:len(p)]) == p:
+                at = len(history) - len(p)
+                return [t if (at + i) % 3 else (t + 1) % 1000 for i, t in enumerate(plain[at:at + k])]
+        return []
+
+    def close(self):
+        pass
+
+
+def test_the_scheduler_speculates_small_batches_and_gives_plain_decode_tokens(tiny_models):
+    import asyncio
+
+    from gpu_emulator import FakeGpu
+    from memra.gpu.runner import Runner
+    from memra.sampling import SamplingParams
+    from memra.serve.metrics import Metrics
+    from memra.serve.scheduler import GenRequest, Scheduler
+    from memra.spec.decode import SpecServing
+    from memra.text.tokenizer import Tokenizer
+
+    path = tiny_models("llama", "Q4_K_M")
+    g = open_gguf(path)
+    runner = Runner(path, max_len=96, max_seqs=4, gpu=FakeGpu(1 << 28))
+    prompts = [PROMPT, [1, 300, 301, 302, 303, 304, 305]]
+    n_gen = 7
+    params = [SamplingParams(temperature=0, max_tokens=n_gen), SamplingParams(temperature=0.8, seed=9,
+                                                                             max_tokens=n_gen)]
+    sms = [Sampling(0.0), Sampling(0.8, 40, 0.95, 0.05, 9)]
+    want = {(tuple(p), i): _plain(runner, p, n_gen, sm) for p in prompts for i, sm in enumerate(sms)}
+    m = Metrics("tiny")
+    oracles = [_PromptOracle({tuple(p): want[(tuple(p), i)] for p in prompts}) for i in range(2)]
+    spec = SpecServing("oracle", 4, 1, None)
+    sched = Scheduler(runner, Tokenizer.from_gguf(g), max_queue=8, max_batched_tokens=64, metrics=m, spec=spec)
+
+    async def run(reqs):
+        for r in reqs:
+            sched.submit(r)
+
+        async def one(r):
+            return [ev[1] async for ev in r.events() if ev[0] == "token"]
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    sched.start()
+    try:
+        for i in range(2):
+            spec.new_drafter = lambda i=i: oracles[i]
+            p = prompts[i]  # alone: every decode step speculates
+            got = asyncio.run(run([GenRequest(p, params[i], ignore_eos=True)]))[0]
+            assert got == want[(tuple(p), i)], (i, p)
+            # together (two decoding > --spec-max-batch 1): plain batched rows, same tokens
+            got = asyncio.run(run([GenRequest(p, params[i], ignore_eos=True) for p in prompts]))
+            assert got == [want[(tuple(p), i)] for p in prompts]
+    finally:
+        sched.stop()
+    text = m.render().decode()
+    drafted = float(next(l.split()[-1] for l in text.splitlines() if l.startswith("memra:spec_draft_tokens_total")))
+    acc = float(next(l.split()[-1] for l in text.splitlines() if l.startswith("memra:spec_accepted_tokens_total")))
+    assert drafted > acc > 0

@@ -86,6 +86,15 @@ def serve(
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", envvar="MEMRA_THREADS",
                                                    help="CPU threads of the cpu engine (default: all cores). "
                                                         "[env MEMRA_THREADS]")] = None,
+    spec: Annotated[Optional[str], typer.Option("--spec", envvar="MEMRA_SPEC", help="Speculative decoding "
+                                                "while few requests decode (the same tokens): lookup[:N1-N2], "
+                                                "trim[:L] or draft:PATH. [env MEMRA_SPEC]")] = None,
+    spec_k: Annotated[str, typer.Option("--spec-k", envvar="MEMRA_SPEC_K", help="Draft length with --spec: "
+                                        "1..32 or auto. [env MEMRA_SPEC_K]")] = "auto",
+    spec_max_batch: Annotated[int, typer.Option("--spec-max-batch", envvar="MEMRA_SPEC_MAX_BATCH",
+                                                help="Speculate while at most this many requests decode; "
+                                                     "more take plain batched decode rows. "
+                                                     "[env MEMRA_SPEC_MAX_BATCH]")] = 1,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /readyz, /metrics, /tokenize, /detokenize) with continuous batching and a prefix cache."""
@@ -109,9 +118,16 @@ def serve(
     keys = load_keys([k for item in api_key or [] for k in item.split()], api_key_file)
     if drain_timeout < 0:
         raise MemraError(f"--drain-timeout must be >= 0, got {drain_timeout}")
+    if spec is not None:  # a bad --spec fails before any model is read
+        from memra.spec.decode import parse_k
+        from memra.spec.drafters import parse_spec
+
+        parse_spec(spec)
+        parse_k(spec_k)
     cfg = ServeConfig(model=model, host=host, port=port, alias=alias, api_keys=keys, device=device,
                       ctx_size=ctx_size, parallel=parallel, max_queue=max_queue, kv_memory=parse_bytes(kv_memory),
-                      max_batched_tokens=max_batched_tokens, drain_timeout=drain_timeout)
+                      max_batched_tokens=max_batched_tokens, drain_timeout=drain_timeout, spec=spec,
+                      spec_k=spec_k, spec_max_batch=spec_max_batch)
     server = Server(cfg)
     print(f"memra serve: {server.state.alias} on {device} at {server.url} (loading; /readyz turns 200 when "
           f"ready)", file=sys.stderr, flush=True)

@@ -81,6 +81,9 @@ class ServeConfig:
     max_batched_tokens: int | None = None  # tokens a step (default gpu 2048, cpu 64)
     drain_timeout: float = 30.0
     prefix_cache: bool = True
+    spec: str | None = None         # speculative decoding's drafter (memra.spec), None: off
+    spec_k: str = "auto"
+    spec_max_batch: int = 1         # speculate while at most this many requests decode
 
 
 class APIError(Exception):
@@ -224,9 +227,15 @@ class State:
                                       kv_memory=self.cfg.kv_memory)
             if self.cfg.device == "gpu":
                 self.device_name = self.engine.g.info.name
+            spec = None
+            if self.cfg.spec:
+                from memra.spec.decode import SpecServing
+
+                spec = SpecServing.open(self.cfg.spec, self.cfg.spec_k, self.cfg.spec_max_batch, gguf=self.gguf,
+                                        cfg=self.mcfg, device=self.cfg.device, n_ctx=self.ctx)
             self.sched = Scheduler(self.engine, self.tok, max_queue=self.cfg.max_queue,
                                    max_batched_tokens=self.budget, metrics=self.metrics,
-                                   prefix_cache=self.cfg.prefix_cache)
+                                   prefix_cache=self.cfg.prefix_cache, spec=spec)
         except Exception as e:
             self.phase, self.error = "failed", f"{type(e).__name__}: {e}"
             log.error("the engine failed to load: %s", self.error)

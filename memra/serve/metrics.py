@@ -7,7 +7,8 @@ Gauges: memra:num_requests_running, memra:num_requests_waiting, memra:kv_cache_u
 (a fraction, 1 = full, as vLLM's). Counters: memra:prefix_cache_queries_total and
 memra:prefix_cache_hits_total (prompt tokens looked up / found cached),
 memra:prompt_tokens_total, memra:generation_tokens_total, memra:request_success_total
-{finished_reason}. Histograms (seconds, vLLM's buckets): memra:time_to_first_token_seconds,
+{finished_reason}, memra:spec_draft_tokens_total and memra:spec_accepted_tokens_total (draft
+tokens verified / accepted by speculative decoding, `memra serve --spec`). Histograms (seconds, vLLM's buckets): memra:time_to_first_token_seconds,
 memra:inter_token_latency_seconds, memra:e2e_request_latency_seconds,
 memra:request_queue_time_seconds. Every series carries model_name. Each server has its own
 registry (no process-global state: tests run several servers in one process).
@@ -66,6 +67,10 @@ class Metrics:
         self.prompt_tokens = bind(Counter("memra:prompt_tokens", "Prompt tokens of admitted requests.", L,
                                           registry=r))
         self.generation_tokens = bind(Counter("memra:generation_tokens", "Generated tokens.", L, registry=r))
+        self.spec_draft_tokens = bind(Counter("memra:spec_draft_tokens", "Draft tokens verified by "
+                                              "speculative decoding.", L, registry=r))
+        self.spec_accepted_tokens = bind(Counter("memra:spec_accepted_tokens", "Draft tokens accepted by "
+                                                 "speculative decoding.", L, registry=r))
         self.success = bind(Counter("memra:request_success", "Finished requests by finish reason.",
                                     L + ["finished_reason"], registry=r))
         self.ttft = bind(Histogram("memra:time_to_first_token_seconds", "Arrival to first token.", L,

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
-from memra.gpu.runner import MAX_ROWS, Row, Sampling
+from memra.gpu.runner import MAX_ROWS, Row, RowOut, Sampling
 from memra.sampling import Sampler, SamplingParams
 from memra.serve.prefix_cache import PrefixCache
 from memra.text.stream import TextStream
@@ -96,6 +96,7 @@ class GenRequest:
     sampler: Sampler | None = None
     device: Sampling | None = None
     matcher: object = None  # the constraint's parser state (memra.text.grammar.Matcher)
+    spec: object = None     # speculative decoding state (memra.spec.decode.SpecRow), made on first use
     t_admit: float | None = None
     t_first: float | None = None
     t_last: float | None = None
@@ -152,7 +153,7 @@ def logprob_entry(logits: np.ndarray, token: int, k: int):
 
 class Scheduler:
     def __init__(self, engine, tokenizer, *, max_queue: int = 256, max_batched_tokens: int = 2048,
-                 metrics=None, prefix_cache: bool = True):
+                 metrics=None, prefix_cache: bool = True, spec=None):
         if max_batched_tokens < 1:
             raise MemraError(f"--max-num-batched-tokens must be at least 1, got {max_batched_tokens}")
         if max_queue < 0:
@@ -174,6 +175,7 @@ class Scheduler:
         self.steps = 0
         self._outbox: dict[object, list] = {}  # event loop -> (request, event) pairs of this iteration
         self._masks = None  # int32 [MAX_ROWS, words]: constrained rows' vocabulary masks of a step
+        self.spec = spec  # memra.spec.decode.SpecServing: speculate while few requests decode
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
     # -- the event loop's side --------------------------------------------------------------------
@@ -397,6 +399,8 @@ class Scheduler:
                 n = min(left, self.budget)  # an idle step always moves the first prompt
             chunks.append((r, n))
             budget -= n
+        if self.spec is not None and 0 < len(dec) <= self.spec.max_batch:
+            dec = [r for r in dec if not self._spec_step(r)]
         for i in range(0, len(dec), MAX_ROWS):
             group = dec[i:i + MAX_ROWS]
             masks = self._fill_masks(group)
@@ -416,6 +420,35 @@ class Scheduler:
                 else:
                     self._register(r)
         self.steps += 1
+
+    def _spec_step(self, r: GenRequest) -> bool:
+        """Speculative decoding of r (memra.spec): its draft verified in one step of K+1 token
+        rows, the accepted tokens and the first choice after them emitted (plain decode's
+        tokens: the device sampler's draw at each position), the rest rewound. False (r takes
+        a plain decode row): nothing drafted, or r needs host sampling, logprobs or a mask."""
+        if r.device is None or r.matcher is not None or r.logprobs is not None:
+            return False
+        from memra.spec.decode import SpecRow, accepted
+
+        if r.spec is None:
+            r.spec = SpecRow(self.spec.new_drafter(), self.spec.k, r.prompt)
+        draft = r.spec.draft(r.generated, r.max_new - len(r.generated) - 1)
+        if not draft:
+            return False
+        n0 = r.seq.n
+        out = self.engine.verify(r.seq, [r.next_tok] + draft, r.device)
+        j = accepted(draft, out)
+        if r.seq.n > n0 + 1 + j:
+            self.engine.rewind(r.seq, n0 + 1 + j)
+        r.spec.policy.update(len(draft), j)
+        if self.metrics is not None:
+            self.metrics.spec_draft_tokens.inc(len(draft))
+            self.metrics.spec_accepted_tokens.inc(j)
+        for t in draft[:j] + [out[j]]:
+            self._token(r, RowOut(token=t))
+            if r.finish is not None:
+                break
+        return True
 
     def _register(self, r: GenRequest) -> None:
         if self.pc is not None and r.seq is not None:

@@ -165,6 +165,17 @@ class HostTarget:
 
 # -- the loop --------------------------------------------------------------------------------
 
+def accepted(draft: list[int], out: list[int]) -> int:
+    """How many draft tokens verification accepts: the longest prefix where each equals the
+    token chosen after the one before it (out[i] follows [last token] + draft[:i])."""
+    j = 0
+    while j < len(draft) and j < len(out) and out[j] == draft[j]:
+        j += 1
+    if j >= len(out):
+        raise MemraError(f"verification returned {len(out)} tokens for {j} accepted draft tokens")
+    return j
+
+
 def spec_stream(target, prompt, n_max: int, drafter, policy: KPolicy, stats: SpecStats | None = None,
                 canary: bool = False):
     """Yield up to n_max tokens after `prompt`, plain decode's tokens, drafting and verifying.
@@ -190,11 +201,7 @@ def spec_stream(target, prompt, n_max: int, drafter, policy: KPolicy, stats: Spe
         draft = [int(t) for t in drafter.draft(history, k)][:k] if k > 0 else []
         n0 = target.n
         out = target.verify([tok] + draft)
-        j = 0
-        while j < len(draft) and j < len(out) and out[j] == draft[j]:
-            j += 1
-        if j >= len(out):
-            raise MemraError(f"verification returned {len(out)} tokens for {j} accepted draft tokens")
+        j = accepted(draft, out)
         nxt = out[j]
         if canary and not fired and j < len(draft):
             nxt, fired = draft[j], True  # the canary: a rejected draft token passes
@@ -251,3 +258,45 @@ class SpecDecoder:
 
     def close(self) -> None:
         self.drafter.close()
+
+
+# -- the server --------------------------------------------------------------------------------
+
+@dataclass
+class SpecServing:
+    """`memra serve --spec`: which drafter, K, and up to how many decoding requests a step
+    speculates (above that, plain batched decode rows serve the batch better)."""
+    spec: str
+    k: object = "auto"
+    max_batch: int = 1
+    new_drafter: object = None  # () -> a drafter for one request (lookup: its own; model drafters: shared)
+
+    @classmethod
+    def open(cls, spec: str, k, max_batch: int, *, gguf, cfg, device: str, n_ctx: int) -> "SpecServing":
+        from memra.spec.drafters import LookupDrafter, make_drafter, parse_spec
+
+        kind, arg = parse_spec(spec)
+        k = parse_k(k)
+        if int(max_batch) < 1:
+            raise MemraError(f"--spec-max-batch must be at least 1, got {max_batch}")
+        if kind == "lookup":
+            new = lambda: LookupDrafter(*arg)  # noqa: E731
+        else:
+            shared = make_drafter(spec, gguf=gguf, cfg=cfg, device=device, n_ctx=n_ctx,
+                                  min_conf=AUTO_MIN_CONF if k == "auto" else 0.0)
+            new = lambda: shared  # noqa: E731  (one drafter cache; it rewinds to each request's history)
+        return cls(spec, k, int(max_batch), new)
+
+
+class SpecRow:
+    """One request's speculation state in the server: its drafter, K policy and history."""
+
+    def __init__(self, drafter, k, prompt):
+        self.drafter, self.policy = drafter, KPolicy(k)
+        self.n_prompt, self.hist = len(prompt), list(prompt)
+
+    def draft(self, generated: list[int], room: int) -> list[int]:
+        """Up to min(K, room) draft tokens after prompt + generated."""
+        self.hist.extend(generated[len(self.hist) - self.n_prompt:])
+        k = min(self.policy.k, room)
+        return [int(t) for t in self.drafter.draft(self.hist, k)][:k] if k > 0 else []
