@@ -361,6 +361,12 @@ def check_geometry(kernel, grid, block, shmem, v):
             _ranges(k, grid, block, f"the logits ({n}) scanned", n, np.arange(grid[0]) * seg, seg)
         elif name == "argmax_final" and int(v[2]) > T:
             _fail(k, grid, block, f"NB = {int(v[2])} partials exceed SAMPLE_THREADS")
+    elif name == "apply_mask":
+        # mask.cu: grid (ceil(words / MASK_THREADS), B), block MASK_THREADS: a thread a mask word
+        T = _d(k, "MASK_THREADS", 256)
+        _block_is(k, grid, block, T, "MASK_THREADS")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, f"a row's mask words ({int(v[3])})", int(v[3]), np.arange(grid[0]) * T, T)
     elif name.startswith("embed_"):
         # embed.cu: grid (n_tokens), block EMBED_THREADS (threads stride the row), no shared memory
         _block_is(k, grid, block, _d(k, "EMBED_THREADS", 256), "EMBED_THREADS")
@@ -629,6 +635,20 @@ def _sample(g, k, grid, v):
         _commit(g, b, idx, tok, pos, step, hist, hist_len, advance)
 
 
+def _apply_mask(g, k, grid, v):
+    # mask.cu: live rows (pos >= 0, or every row when pos is NULL) get -inf where bit i % 32
+    # of word i / 32 of their mask is clear
+    logits, n, mask, words, pos = v
+    n, words = int(n), int(words)
+    for b in range(grid[1]):
+        if pos and int(g.mem(pos, np.int32, b + 1)[b]) < 0:
+            continue
+        w = g.mem(mask, np.uint32, (b + 1) * words)[b * words:]
+        bit = (w[np.arange(n) // 32] >> (np.arange(n) % 32).astype(np.uint32)) & 1
+        row = _f32(g, logits + 4 * b * n, n)
+        row[bit == 0] = -np.inf
+
+
 def _mv(g, k, grid, v):
     from memra.gpu.ops import matvec as MV
 
@@ -679,7 +699,7 @@ _KERNELS = {
     "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode,
     "attn_decode_rope": _attn_decode_rope, "act_mul": _act_mul,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
-    "sample": _sample, "quantize_q8": _quantize_q8,
+    "sample": _sample, "quantize_q8": _quantize_q8, "apply_mask": _apply_mask,
 }
 _KERNELS.update({name: _embed for name in
                  ("embed_f32", "embed_f16", "embed_bf16", "embed_q4_0", "embed_q4_1", "embed_q5_0",

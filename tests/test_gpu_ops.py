@@ -11,7 +11,7 @@ from memra.gpu import cuda
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
 
-@pytest.mark.parametrize("family", ["embed", "norm", "rope", "attention", "act", "sample"])
+@pytest.mark.parametrize("family", ["embed", "norm", "rope", "attention", "act", "sample", "mask"])
 def test_kernel_check_family(family):
     from memra.tune.kernelcheck import all_green, run_kernel_check
 

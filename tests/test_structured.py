@@ -297,3 +297,75 @@ def test_cli_json_schema_and_errors(model, tmp_path, reference, tok):
     assert r.returncode != 0 and "nothing-here" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _memra("run", str(model), "-p", "x", "-n", "5", "--device", "cpu", "--regex", "a", "--grammar", str(bad))
     assert r.returncode != 0 and "not --grammar and --regex" in r.stderr, r.stderr
+
+
+# -- the GPU runner's mask kernel on the emulated GPU ---------------------------------------------
+
+def test_runner_masks_rows_on_the_device(tiny_models, tok):
+    """A decode step (its captured graph) and a prefill's head with constrained and free rows
+    side by side, greedy and seeded: each token is the sampling rule applied to the row's own
+    logits (taken from an unconstrained step) with the grammar's disallowed tokens at -inf."""
+    from gpu_emulator import FakeGpu
+
+    from memra.gpu.ops.sample import reference_sample
+    from memra.gpu.runner import Row, Runner, Sampling
+
+    r = Runner(tiny_models("llama", "Q4_K_M"), gpu=FakeGpu(1 << 28), max_len=64, max_seqs=4)
+    con = compile_constraint(tok, "json_schema", SCHEMAS["person"])
+    prompts = [tok.encode(p, add_special=False) for p in ("Give JSON:", "More JSON", "free text")]
+    sets = [Sampling(0.0), Sampling(1.0, 0, 1.0, 0.0, 99), Sampling(0.0)]
+    words = new_masks(3, tok.n_vocab)
+    matchers = [con.matcher(), con.matcher()]
+    fill_masks([(m, i) for i, m in enumerate(matchers)], words)
+    masks = [words[0], words[1], None]
+
+    def expect(lg, s, m, pos):
+        x = masked(lg, m) if m is not None else lg
+        return int(np.argmax(x)) if s.greedy else reference_sample(x, s.temperature, s.top_k, s.top_p, s.min_p,
+                                                                   s.seed, pos)
+
+    for path in ("prefill", "decode"):
+        seqs = [r.open() for _ in prompts]
+        feed = [p if path == "prefill" else p[:-1] for p in prompts]
+        if path == "decode":
+            r.step([Row(s, f) for s, f in zip(seqs, feed)])
+            feed = [[p[-1]] for p in prompts]
+        n0 = [s.n for s in seqs]
+        raw = r.step([Row(s, f, logits="last") for s, f in zip(seqs, feed)])
+        for s, n in zip(seqs, n0):
+            r.rewind(s, n)
+        out = r.step([Row(s, f, sample=st, mask=m) for s, f, st, m in zip(seqs, feed, sets, masks)])
+        for i, (o, s) in enumerate(zip(out, seqs)):
+            want = expect(raw[i].logits, sets[i], masks[i], s.n)
+            assert o.token == want, (path, i, o.token, want)
+            if masks[i] is not None:
+                assert allowed(masks[i], tok.n_vocab)[o.token]
+        for s in seqs:
+            r.close(s)
+
+
+def test_mask_check_catches_its_canary(monkeypatch):
+    """What mask.cu's canary breaks (a word's bits read in reverse), done to the emulator's
+    kernel model: the family's checks fail; on the model as it is they pass bit for bit."""
+    import gpu_emulator as EMU
+    from gpu_emulator import FakeGpu
+
+    from memra.gpu.ops import mask as MK
+
+    g, rng = FakeGpu(1 << 26), np.random.default_rng(3)
+    assert all(o.ok for o in MK.checks(g, rng))
+
+    def reversed_bits(g_, k, grid, v):
+        logits, n, mask, words, pos = v
+        w = g_.mem(mask, np.uint32, grid[1] * int(words))
+        saved = w.copy()
+        rev = np.zeros_like(w)
+        for i in range(32):
+            rev |= ((w >> np.uint32(i)) & np.uint32(1)) << np.uint32(31 - i)
+        w[:] = rev
+        EMU._apply_mask(g_, k, grid, v)
+        w[:] = saved
+
+    monkeypatch.setitem(EMU._KERNELS, "apply_mask", reversed_bits)
+    outs = list(MK.checks(g, rng))
+    assert not any(o.ok for o in outs if "n=33" not in o.name) and "differ" in outs[0].detail

@@ -349,12 +349,19 @@ class Planner:
 
     def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
         """The output projection of `rows` rows of h (whose q8 twin the last norm made) into
-        logits, the soft-cap, and the sampler."""
+        logits, the soft-cap, and the sampler. A sampler "greedy+mask" / "sample+mask" applies
+        the rows' vocabulary masks (constrained decoding, kernels/mask.cu) before it."""
         c = self.cfg
         out: list[Launch] = []
+        masked = sampler.endswith("+mask")
+        sampler = sampler.removesuffix("+mask")
+        if masked and sampler == "none":
+            raise MemraError("a vocabulary mask needs a sampler (greedy+mask or sample+mask)")
         self._matvec(out, "output", "output", -1, self._weights["output"][0], rows, src, "logits")
         if c.final_logit_softcap:
             out.append(Launch("softcap", "softcap", "softcap", "default", {"n": c.n_vocab}, rows, None, "vocab"))
+        if masked:
+            out.append(Launch("mask", "mask", "apply_mask", "default", {"n": c.n_vocab}, rows, None, "vocab"))
         if sampler == "greedy":
             out.append(Launch("argmax", "argmax", "argmax", "default", {"n": c.n_vocab}, rows,
                               self.tuned("argmax", {"n": c.n_vocab}, rows), "vocab"))

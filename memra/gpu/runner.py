@@ -41,6 +41,7 @@ from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops import act as ACT
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import embed as EMB
+from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import norm as NORM
 from memra.gpu.ops import rope as ROPE
@@ -232,6 +233,11 @@ class Runner:
         self.r_fparams = g.to_device(np.zeros((M, 3), f))
         self.r_topk = g.to_device(np.zeros(M, i32))
         self.r_seed = g.to_device(np.zeros(M, np.uint64))
+        # constrained rows' vocabulary masks (kernels/mask.cu reads them in the graph): every
+        # token allowed until a step with a constrained row writes them, one upload a step
+        self.mask_words = MASK.words_of(c.n_vocab)
+        self.h_mask = np.full((M, self.mask_words), -1, i32)
+        self.r_mask = g.to_device(self.h_mask)
         self.am_val = g.empty(M * SMP.ARGMAX_BLOCKS, f)
         self.am_idx = g.empty(M * SMP.ARGMAX_BLOCKS, i32)
         self.hist_len = 0
@@ -330,6 +336,9 @@ class Runner:
             elif op == "argmax":
                 SMP.argmax(g, B["logits"], c.n_vocab, rows, state, self.am_val, self.am_idx, pdl=pdl,
                            config=L.config)
+            elif op == "mask":
+                MASK.apply_mask(g, B["logits"], c.n_vocab, rows, self.r_mask, state.pos if state is not None else None,
+                                pdl=pdl)
             elif op == "sample":
                 SMP.sample(g, B["logits"], c.n_vocab, rows, self.r_fparams, self.r_topk, self.r_seed, state, pdl=pdl)
             else:
@@ -482,15 +491,33 @@ class Runner:
         samp = [r.sample for r in rows if r.sample is not None]
         if not samp:
             return "none"
-        return "greedy" if all(s.greedy for s in samp) else "sample"
+        kind = "greedy" if all(s.greedy for s in samp) else "sample"
+        return kind + "+mask" if any(r.mask is not None for r in rows if r.sample is not None) else kind
+
+    def _set_masks(self, masks) -> None:
+        """Row i's vocabulary mask (None: every token) into the device's mask rows, in one
+        upload of the rows used."""
+        n = len(masks)
+        for i, m in enumerate(masks):
+            if m is None:
+                self.h_mask[i] = -1
+            else:
+                m = np.asarray(m)
+                if m.shape != (self.mask_words,) or m.dtype not in (np.int32, np.uint32):
+                    raise MemraError(f"a row's mask is int32 [{self.mask_words}] (ceil(n_vocab / 32)), "
+                                     f"got {m.dtype} {m.shape}")
+                self.h_mask[i] = m.view(np.int32)
+        self.r_mask.view(shape=(n, self.mask_words)).upload(self.h_mask[:n])
 
     def _decode(self, rows, toks, graph: bool = True) -> list[RowOut]:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
         sampler = self._sampler_of(rows)
         self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])
-        if sampler == "sample":
+        if sampler.startswith("sample"):
             self._set_sampling([r.sample for r in rows], n)
+        if sampler.endswith("+mask"):
+            self._set_masks([r.mask if r.sample is not None else None for r in rows])
         if graph:
             self._graph(Bk, sampler).launch()
         else:
@@ -591,12 +618,16 @@ class Runner:
         samplings = [rows[last_of[j]].sample if j in last_of else None for j in part]
         sampler = "none" if not last_of else \
             ("greedy" if all(sm.greedy for sm in samplings if sm is not None) else "sample")
+        masks = [rows[last_of[j]].mask if j in last_of else None for j in part]
         if sampler != "none":
             pos = np.array([flat_pos[j] + 1 if j in last_of else -1 for j in part], np.int32)
             self.r_pos.view(shape=(k,)).upload(pos)
             self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
             if sampler == "sample":
                 self._set_sampling(samplings, k)
+            if any(m is not None for m in masks):
+                self._set_masks(masks)
+                sampler += "+mask"
         self._run(self.plan.head(k, sampler, src="hsel"), k, None, None, None, self._state(0, hist=False))
         lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy()
         for i, j in enumerate(part):

@@ -30,7 +30,12 @@ Each iteration of the engine thread:
 
 Tokens are chosen on the device (greedy, or seeded temperature/top-k/top-p/min-p: a function
 of the logits, the seed and the position) unless the request asks for penalties, which the
-host's memra.sampling.Sampler applies to the row's logits. A row's logits never depend on
+host's memra.sampling.Sampler applies to the row's logits. A constrained request (a JSON
+schema, grammar or regex: memra.text.grammar) has its next-token mask filled before each
+step, with every other constrained row's in one llguidance batch, and passed as Row.mask: the
+engine sets the disallowed logits to -inf before its sampler (on the GPU inside the decode
+graph, kernels/mask.cu); the chosen token advances the request's matcher, and a complete
+grammar ends the request. A row's logits never depend on
 the rows beside it or on how its prompt was chunked (the runner's exactness contract; the
 CPU engine computes one position at a time), so a request's greedy tokens are the same
 alone or among 64, and with or without a prefix-cache hit.
@@ -548,7 +553,8 @@ def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: i
 def warm_up_gpu(eng) -> None:
     """Compile and capture before serving: a prefill of a chunk and a half (the eager path,
     its head and the sampler), then a decode step at every graph bucket for each sampler
-    kind (greedy, seeded sampling, logits only), through the runner's public step()."""
+    kind (greedy, seeded sampling, logits only, and the first two with a constrained row's
+    vocabulary mask), through the runner's public step()."""
     from memra.gpu.plan import graph_bucket
 
     t0 = time.perf_counter()
@@ -559,13 +565,16 @@ def warm_up_gpu(eng) -> None:
         eng.step([Row(seqs[0], [tok] * min(eng.max_len - 1, 192), sample=Sampling(0.0))])
         eng.rewind(seqs[0], 0)
         buckets = sorted({graph_bucket(k) for k in range(1, n + 1)})
-        kinds = [Sampling(0.0), Sampling(0.8, 40, 0.95, 0.05, 1), None]
+        every = np.full((eng.cfg.n_vocab + 31) // 32, -1, np.int32)  # a constrained row's graph (kernels/mask.cu)
+        kinds = [(Sampling(0.0), None), (Sampling(0.8, 40, 0.95, 0.05, 1), None), (None, None),
+                 (Sampling(0.0), every), (Sampling(0.8, 40, 0.95, 0.05, 1), every)]
         for b in buckets:
-            for s in kinds:
+            for s, m in kinds:
                 if any(q.n + 1 >= eng.max_len for q in seqs[:b]):
                     for q in seqs[:b]:
                         eng.rewind(q, 0)
-                eng.step([Row(q, [tok], logits="none" if s is not None else "last", sample=s) for q in seqs[:b]])
+                eng.step([Row(q, [tok], logits="none" if s is not None else "last", sample=s, mask=m)
+                          for q in seqs[:b]])
     finally:
         for q in seqs:
             eng.close(q)

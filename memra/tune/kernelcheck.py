@@ -47,6 +47,7 @@ FAMILIES: dict[str, str] = {
     "act": "memra.gpu.ops.act",
     "sample": "memra.gpu.ops.sample",
     "gemm": "memra.gpu.ops.gemm",
+    "mask": "memra.gpu.ops.mask",
 }
 
 RECEIPT_SCHEMA = "memra.kernel-check-receipt/1"

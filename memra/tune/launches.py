@@ -51,10 +51,10 @@ SAMPLERS = ("none", "greedy", "sample")
 # the family module that maps each plan op
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
              "gemm": "gemm", "rope": "rope", "attention": "attention", "attention_rope": "attention",
-             "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample"}
+             "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
 FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
-                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm"}
+                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask"}
 
 
 def row_bucket(rows: int) -> int:
@@ -132,8 +132,8 @@ def _plan_launches(plan, gemm: bool):
     prefill = PREFILL_ROWS if gemm else tuple(r for r in PREFILL_ROWS if r <= 8)
     for rows in decode:
         yield from plan.step(rows, decode=True, sampler="none")  # the layers and the head
-        for sampler in SAMPLERS[1:]:  # the sampler after the head's logits
-            yield from (L for L in plan.head(rows, sampler) if L.op in ("argmax", "sample"))
+        for sampler in SAMPLERS[1:]:  # the sampler after the head's logits (and a constrained row's mask)
+            yield from (L for L in plan.head(rows, sampler + "+mask") if L.op in ("argmax", "sample", "mask"))
     for rows in prefill:
         yield from plan.step(rows, decode=False)
     for k in HEAD_ROWS:
