@@ -221,6 +221,7 @@ def test_spec_check_every_k_from_1_to_8(cpu_engine, tiny_models):
 
 # -- the emulated GPU runner ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_runner_verify_is_decode_at_every_position_on_the_emulator(tiny_models):
     from gpu_emulator import FakeGpu
     from memra.gpu.runner import Runner
@@ -369,3 +370,31 @@ def test_the_scheduler_speculates_small_batches_and_gives_plain_decode_tokens(ti
     drafted = float(next(l.split()[-1] for l in text.splitlines() if l.startswith("memra:spec_draft_tokens_total")))
     acc = float(next(l.split()[-1] for l in text.splitlines() if l.startswith("memra:spec_accepted_tokens_total")))
     assert drafted > acc > 0
+
+
+def test_memra_runs_gpu_path_session_generate_with_spec_on_the_emulator(tiny_models):
+    """memra run --device gpu's path: session.generate over the GPU engine (plain: the
+    device sampler streaming from chained decode graphs) vs a SpecDecoder (verification
+    steps on the same engine): the same tokens, greedy and seeded."""
+    from gpu_emulator import FakeGpu
+    from memra.gpu.engine import GPUEngine
+    from memra.sampling import Sampler, SamplingParams
+    from memra.session import generate
+    from memra.spec.decode import SpecDecoder
+    from memra.text.tokenizer import Tokenizer
+
+    path = tiny_models("llama", "Q4_K_M")
+    g = open_gguf(path)
+    tok = Tokenizer.from_gguf(g)
+    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28))
+
+    def run(params, spec=None):
+        evs = generate(eng, tok, PROMPT, params, n_ctx=64, ignore_eos=True, sampler=Sampler(params, eng.cfg.n_vocab),
+                       spec=spec)
+        return [e.token for e in evs if not e.done]
+
+    for params in (SamplingParams(temperature=0, max_tokens=8), SamplingParams(temperature=0.8, seed=4, max_tokens=8)):
+        plain = run(params)
+        dec = SpecDecoder(_Oracle(PROMPT, plain), 3)
+        assert run(params, dec) == plain
+        assert dec.stats.accepted > 0 and dec.stats.drafted > dec.stats.accepted
