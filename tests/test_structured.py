@@ -147,7 +147,7 @@ def test_invalid_constraints_name_the_problem(tok, kind, spec, needle):
 
 # -- the server ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("nested", "list") else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "person" else n
                                   for n in sorted(SCHEMAS)])
 def test_json_schema_outputs_parse_and_validate(server, name):
     schema = SCHEMAS[name]
@@ -182,6 +182,7 @@ def test_llama_server_fields_and_json_object(server):
     assert r.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_streamed_json_schema_output_parses(server):
     schema = SCHEMAS["nested"]
     chunks = client(server).chat.completions.create(
@@ -244,6 +245,7 @@ def _greedy(ref, prompt, n, constraint=None, eog=()):
     return out
 
 
+@pytest.mark.slow
 def test_constrained_and_free_rows_share_a_batch(server, reference, tok):
     """Two constrained and two free greedy requests at once: each one's tokens are the
     reference's alone (the constrained ones under the hand-stepped matcher)."""
