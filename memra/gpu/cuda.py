@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, asdict
 from functools import lru_cache
@@ -441,11 +442,18 @@ class Gpu:
 
 
 _GPUS: dict[int, Gpu] = {}
+_CURRENT = threading.local()   # the device whose context this thread made current
 
 
 def gpu(index: int = 0) -> Gpu:
-    """The process-wide Gpu for device `index` (created on first use)."""
+    """The process-wide Gpu for device `index` (created on first use), its context made
+    current on the calling thread: a thread other than the one that opened it (the
+    server's engine thread, after tests or a CLI opened it on the main thread) must not
+    run driver calls without a context."""
     g = _GPUS.get(index)
     if g is None:
         g = _GPUS[index] = Gpu(index)
+    elif getattr(_CURRENT, "index", None) != index:
+        g.make_current()
+    _CURRENT.index = index
     return g
