@@ -369,6 +369,14 @@ KINDS: dict[str, Kind] = {
                                 label="git_sha"),
     "memra.kernelcheck.v1": Kind("kernel-check", _kernelcheck, by=("device", "family"), label="last",
                                  time="ts"),
+    # experiments/spec_bench.py (plain vs speculative decode, per prompt and a summary line)
+    # and experiments/structured_speed.py (constrained vs free decode, per rep and arm)
+    "spec-bench/1": Kind("spec-bench", by=("device", "model", "drafter"), label="git", time="ts"),
+    "memra.structured-speed/1": Kind("structured-speed", by=("device", "model", "batch", "mode"),
+                                     on=("device", "model", "batch", "mode"), value="tok_s", better="max",
+                                     label="git_sha", time="ts"),
+    "memra.structured-speed-summary/1": Kind("structured-speed-summary", by=("device", "model", "batch"),
+                                             label="git_sha", time="ts"),
     "record": Kind("record", by=("file", "record"), time="ts"),
 }
 
