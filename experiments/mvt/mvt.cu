@@ -1,0 +1,552 @@
+// mvt.cu — EXPERIMENT: a skinny tensor-core matvec for 1..16 rows (parallel decode, speculative
+// verification), bit-identical to kernels/matvec.cu's mv_q8 / mv_q8_glu, with no shared-memory
+// staging of weights and no barrier inside the K loop.
+//
+// Computes y[b, n] = sum_k W[n, k] * x[b, k] for b < nb, W in one quantized GGUF type (MV_TYPE:
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS) in matvec.cu's planes layout, x as q8
+// activations (q8.cuh: int8 xq, one Q8Scale {d, s} per 32). Same arguments and epilogues as
+// mv_q8: mvt_q8_glu reads 2N weight rows [gate; up] and writes act(gate) * up (act 1 SiLU,
+// 2 GELU-tanh); res (nullable, may alias y) is added last.
+//
+// Why. At 2..16 rows mv_q8 (MV_B 8) is ALU/L1-bound (every weight feeds B dp4a rows and the
+// K-quant scale unpacking is redone per row and column), and gemm.cu's small-batch config
+// (1,1,2,2,8) stages every weight through shared memory with a __syncthreads per step. Here the
+// integer dot products go to mma.sync, the weights go from global memory straight into the A
+// fragments, and a warp never waits for another one until the very end.
+//
+// Work split. One warp owns one m16 tile of weight rows and MVT_TN n8 tiles of columns (the
+// block's columns cb .. cb + 8 TN - 1): plain, tile rows 0..15 = weight rows ob .. ob + 15;
+// _glu, tile rows 0..7 = gate rows ob .. ob + 7 and rows 8..15 = their up rows N + ob .. (so
+// the thread holding C (gid, c) also holds C (gid + 8, c): act(gate) * up needs no exchange).
+// MVT_WK warps of a block share one tile and split its 32 slots (below); a block holds MVT_WM
+// tiles, so NTHR = 32 MVT_WM MVT_WK.
+// Per unit (64 weights of each of the tile's rows), lane (gid = lane / 4, tig = lane % 4) loads
+// the 4-byte word tig of each of the type's NCH 16-byte bulk chunks for rows gid and gid + 8
+// (exactly the words gemm.cu's ldmatrix gives it; weights through ld.global.nc.L1::no_allocate
+// by default, so they do not evict the activations), the rows' meta fields through qtypes.cuh's
+// load_meta<GLd>, then builds the A fragments with gemm.cu's G<T>::afrag (copied below, same
+// code). B fragments: word tig of the unit's 4 activation groups of column cb + 8 ni + gid
+// (gemm.cu's ldmatrix of the staged activations gives the same words); scales: the unit's 2
+// (Q6_K: 4) Q8Scale blocks of columns 2 tig, 2 tig + 1 (the C layout's), both __ldg (L1).
+// Software prefetch: the weight words and meta of the next MVT_PREFETCH units of the warp's
+// walk are in registers (a ring shifted with static indices) while the current one is consumed.
+//
+// What is computed, exactly (the exactness argument; it is gemm.cu's, minus the staging).
+// mv_q8 (MV_KSPLIT 1) gives output (n, b) as: lane slot l in 0..31 folds its units u = l, l+32,
+// ... in increasing u into P_l = T::accum(...T::accum(0, u=l)..., u=l+32...) (qtypes.cuh:
+// exact integer dots, then the explicit-rounding float part); then warp_sum's xor butterfly
+// (offsets 16, 8, 4, 2, 1); then finish(): __fmul_rn(act(gate), up), then __fadd_rn(v, res).
+// This kernel performs the same float operations on the same operands:
+//  - a unit's integer sums (per 32-element activation block; per 16-element group for Q6_K)
+//    come from mma.sync m16n8k32 (m16n8k16) s8 x s8 -> s32 with a zero accumulator: integer sums
+//    are exact in any order (|sum| <= 32 * 127 * 127), so they equal idots' dp4a sums;
+//  - T::accum_r folds each unit into the slot partial with the row scalars of T::rowscal (Q4_K,
+//    Q5_K: gemm.cu's rowscal_k4_uniform, the same integers), once per row and unit; every float
+//    operation in accum_r is an explicit-rounding intrinsic, so nothing contracts differently;
+//  - the warp of group k (k < MVT_WK) walks the slots l = k (mod WK), leaf j = slot k + WK
+//    brev_LV(j) (LV = 5 - log2 WK), each slot's units in increasing u, and merges a finished
+//    slot into an LV-level stack of pending butterfly levels like a binary counter (after leaf j,
+//    the partials of the t = trailing-ones(j) pending left siblings are added, L_i + v, and the
+//    result parked at level t); leaf j and j ^ 1 differ in the slot's bit 4 - log2 WK... i.e. the
+//    bit-reversed walk visits the butterfly's leaves in tree order, so each add is one of the
+//    butterfly's adds with the same two operands (fp add is commutative);
+//  - the WK groups' subtree roots meet through shared memory once, after the K loop, in the
+//    butterfly's last log2 WK levels: T(k) = T(k) + T(k + o), o = WK/2 .. 1 (gemm.cu's GM_WK);
+//  - the epilogue is finish()'s, with the same common.cuh activation functions.
+// Nothing depends on nb, TN, WM, WK, the prefetch depth or the grid, so a row's bits equal
+// mv_q8's at any MV_B. experiments/mvt/mvt_check.py checks this bit for bit on the device and
+// its --selftest models the word maps, fragments and walk in numpy against the mv_q8 order.
+//
+// Tunables (-D): MV_TYPE (ggml type id, required), MVT_TN n8 tiles per warp (2; 1 when nb <= 8),
+// MVT_WK warps splitting a tile's slots (8; 1, 2, 4, 8, 16), MVT_WM tiles per block (1),
+// MVT_PREFETCH units of weights held ahead in registers (2; 0..3), MVT_WLOAD weight bulk loads
+// (0: ld.global.nc.L1::no_allocate, 1: ld.global.nc, L1-allocating), MVT_MINB the blocks per SM
+// __launch_bounds__ asks for (2), MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong
+// variant a check must catch). MV_WLOAD (qtypes.cuh) picks the meta loads' flavour, as in matvec.
+// Launch: grid = (ceil(N / (OBM MVT_WM)), ceil(nb / (8 MVT_TN))) with OBM = 16 (mvt_q8) or 8
+// (mvt_q8_glu), block = NTHR = 32 MVT_WM MVT_WK, dynamic shared memory 0 (static: (WK - 1) WM
+// 32 TN 4 floats when WK > 1). K a multiple of 64 and of the type's block; planes and xq / xs
+// 16-byte aligned (memra's upload_weight does this). Any nb >= 1 works (grid.y); meant for <= 16.
+// PDL: the first MVT_PREFETCH units' weights are loaded before MEMRA_PDL_WAIT (weights are never
+// written by kernels), then MEMRA_PDL_LAUNCH.
+//
+// History:
+//  1. (this) first version: direct-to-register A fragments (gemm.cu's word map and afrag), B
+//     fragments and scales from L1, register prefetch ring, bit-reversed slot walk with a
+//     register stack, WK groups merged once through shared memory. CPU only so far (NVRTC
+//     compile, ptxas -v, numpy selftest of the maps and order); no device run yet.
+#include "common.cuh"
+#include "q8.cuh"
+#include "qtypes.cuh"
+
+#ifndef MV_TYPE
+#error "MV_TYPE (ggml type id) must be defined"
+#endif
+#ifndef MVT_TN
+#define MVT_TN 2
+#endif
+#ifndef MVT_WK
+#define MVT_WK 8
+#endif
+#ifndef MVT_WM
+#define MVT_WM 1
+#endif
+#ifndef MVT_PREFETCH
+#define MVT_PREFETCH 2
+#endif
+#ifndef MVT_WLOAD
+#define MVT_WLOAD 0
+#endif
+#ifndef MVT_MINB
+#define MVT_MINB 2
+#endif
+#ifndef MEMRA_CANARY
+#define MEMRA_CANARY 0
+#endif
+#if MVT_WK != 1 && MVT_WK != 2 && MVT_WK != 4 && MVT_WK != 8 && MVT_WK != 16
+#error "MVT_WK must be 1, 2, 4, 8 or 16"
+#endif
+#if MVT_TN < 1 || MVT_TN > 2
+#error "MVT_TN must be 1 or 2"
+#endif
+#if MVT_PREFETCH < 0 || MVT_PREFETCH > 3
+#error "MVT_PREFETCH must be 0..3"
+#endif
+
+#if MV_TYPE == 2
+typedef TQ4_0 T;
+#elif MV_TYPE == 3
+typedef TQ4_1 T;
+#elif MV_TYPE == 6
+typedef TQ5_0 T;
+#elif MV_TYPE == 7
+typedef TQ5_1 T;
+#elif MV_TYPE == 8
+typedef TQ8_0 T;
+#elif MV_TYPE == 12
+typedef TQ4_K T;
+#elif MV_TYPE == 13
+typedef TQ5_K T;
+#elif MV_TYPE == 14
+typedef TQ6_K T;
+#elif MV_TYPE == 23
+typedef TIQ4_XS T;
+#else
+#error "mvt.cu: unsupported MV_TYPE (quantized types only)"
+#endif
+
+constexpr int NTHR = 32 * MVT_WM * MVT_WK;
+constexpr int SKB = MVT_WK == 1 ? 0 : MVT_WK == 2 ? 1 : MVT_WK == 4 ? 2 : MVT_WK == 8 ? 3 : 4;
+constexpr int LV = 5 - SKB;            // stack levels of a group's subtree
+constexpr int NLEAF = 1 << LV;         // slots per group
+constexpr int NO = MVT_TN * 4;         // C values per thread (one m tile, TN n tiles)
+constexpr int BN = 8 * MVT_TN;         // columns per block
+
+// ---------------------------------------------------------------------------------
+// PTX wrappers (mma as in gemm.cu; not volatile: no side effects, free to schedule)
+// D = A (16x32, row) . B (32x8, col), s8 inputs, s32 result (zero accumulator).
+// A regs: {row gid k 4tig.., row gid+8 k 4tig.., row gid k 16+4tig.., row gid+8 k 16+4tig..};
+// B regs: {k 4tig.., k 16+4tig..} of column gid; D: {(gid, 2tig), (gid, 2tig+1), (gid+8, 2tig),
+// (gid+8, 2tig+1)}.
+MEMRA_DEVICE void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int z = 0;
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
+}
+// m16n8k16: A regs {row gid k 4tig.., row gid+8 k 4tig..}, B reg {k 4tig..}; D as above.
+MEMRA_DEVICE void mma_k16(int (&d)[4], const uint32_t (&a)[2], uint32_t b0) {
+    const int z = 0;
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+        "{%4, %5}, {%6}, {%7, %7, %7, %7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0), "r"(z));
+}
+// one 4-byte weight word (bulk plane)
+MEMRA_DEVICE uint32_t ldw(const uint8_t* p) {
+    uint32_t v;
+#if MVT_WLOAD == 0
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+#else
+    asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+#endif
+    return v;
+}
+// one 4-byte activation word (L1-cached: the block's columns are reused by every tile)
+MEMRA_DEVICE uint32_t ldx(const int8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
+
+// ---------------------------------------------------------------------------------
+// Per-type fragment building: gemm.cu's G<T> (chunk, afrag, rowscal), copied verbatim so this
+// experiment compiles without gemm.cu's kernels (the selftest checks the same maps). For unit u
+// of a row: NCH 16-byte bulk chunks at byte chunk(u, c) of the row's bulk; NK mma k-chunks
+// (2 of 32, or Q6_K 4 of 16); afrag builds chunk k's A registers for rows gid (rh = 0) and
+// gid + 8 (rh = 1) from q[c][rh] (word tig of chunk c) and the rows' meta w[rh].
+template <class TT> struct G;
+
+MEMRA_DEVICE RK4 rowscal_k4_uniform(const uint4& m, int j) {
+    RK4 q;
+    const uint32_t s0 = m.y, s1 = m.z, s2 = m.w;   // scales[0..3], [4..7], [8..11]
+    switch (j) {
+    case 0:
+        q.sc0 = s0 & 63; q.m0 = s1 & 63; q.sc1 = (s0 >> 8) & 63; q.m1 = (s1 >> 8) & 63; break;
+    case 1:
+        q.sc0 = (s0 >> 16) & 63; q.m0 = (s1 >> 16) & 63; q.sc1 = (s0 >> 24) & 63; q.m1 = (s1 >> 24) & 63; break;
+    case 2:   // sub-blocks 4, 5: a = scales[8 + i], lo = scales[i], hi = scales[4 + i], i = 0, 1
+        q.sc0 = (s2 & 0xF) | (((s0 >> 6) & 3) << 4); q.m0 = ((s2 >> 4) & 0xF) | (((s1 >> 6) & 3) << 4);
+        q.sc1 = ((s2 >> 8) & 0xF) | (((s0 >> 14) & 3) << 4); q.m1 = ((s2 >> 12) & 0xF) | (((s1 >> 14) & 3) << 4);
+        break;
+    default:  // sub-blocks 6, 7: i = 2, 3
+        q.sc0 = ((s2 >> 16) & 0xF) | (((s0 >> 22) & 3) << 4); q.m0 = ((s2 >> 20) & 0xF) | (((s1 >> 22) & 3) << 4);
+        q.sc1 = ((s2 >> 24) & 0xF) | (((s0 >> 30) & 3) << 4); q.m1 = ((s2 >> 28) & 0xF) | (((s1 >> 30) & 3) << 4);
+        break;
+    }
+    q.d = f16_to_f32((uint16_t)m.x);
+    q.dmin = f16_to_f32((uint16_t)(m.x >> 16));
+    return q;
+}
+#define MVT_ROWSCAL_DEFAULT(TT) static MEMRA_DEVICE TT::R rowscal(const TT::U& w) { return TT::rowscal(w); }
+
+template <> struct G<TQ4_0> {
+    MVT_ROWSCAL_DEFAULT(TQ4_0)
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_0::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = lo4(q[k][0]); a[k][1] = lo4(q[k][1]);
+            a[k][2] = hi4(q[k][0]); a[k][3] = hi4(q[k][1]);
+        }
+    }
+};
+template <> struct G<TQ4_1> {
+    MVT_ROWSCAL_DEFAULT(TQ4_1)
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_1::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = lo4(q[k][0]); a[k][1] = lo4(q[k][1]);
+            a[k][2] = hi4(q[k][0]); a[k][3] = hi4(q[k][1]);
+        }
+    }
+};
+template <> struct G<TQ5_0> {
+    MVT_ROWSCAL_DEFAULT(TQ5_0)
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_0::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = TQ5_0::q5(q[k][0], w[0].h[k], tig, 0); a[k][1] = TQ5_0::q5(q[k][1], w[1].h[k], tig, 0);
+            a[k][2] = TQ5_0::q5(q[k][0], w[0].h[k], tig, 1); a[k][3] = TQ5_0::q5(q[k][1], w[1].h[k], tig, 1);
+        }
+    }
+};
+template <> struct G<TQ5_1> {
+    MVT_ROWSCAL_DEFAULT(TQ5_1)
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_1::U (&w)[2], int tig, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const uint32_t h0 = k ? w[0].mh.w : w[0].mh.y, h1 = k ? w[1].mh.w : w[1].mh.y;
+            a[k][0] = TQ5_0::q5(q[k][0], h0, tig, 0); a[k][1] = TQ5_0::q5(q[k][1], h1, tig, 0);
+            a[k][2] = TQ5_0::q5(q[k][0], h0, tig, 1); a[k][3] = TQ5_0::q5(q[k][1], h1, tig, 1);
+        }
+    }
+};
+template <> struct G<TQ8_0> {
+    MVT_ROWSCAL_DEFAULT(TQ8_0)
+    static constexpr int NCH = 4, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 64 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ8_0::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = q[2 * k][0]; a[k][1] = q[2 * k][1];
+            a[k][2] = q[2 * k + 1][0]; a[k][3] = q[2 * k + 1][1];
+        }
+    }
+};
+template <> struct G<TQ4_K> {
+    static MEMRA_DEVICE RK4 rowscal(const TQ4_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ4_K::U (&)[2], int, uint32_t (&a)[NK][4]) {
+        a[0][0] = lo4(q[0][0]); a[0][1] = lo4(q[0][1]); a[0][2] = lo4(q[1][0]); a[0][3] = lo4(q[1][1]);
+        a[1][0] = hi4(q[0][0]); a[1][1] = hi4(q[0][1]); a[1][2] = hi4(q[1][0]); a[1][3] = hi4(q[1][1]);
+    }
+};
+template <> struct G<TQ5_K> {
+    static MEMRA_DEVICE RK4 rowscal(const TQ5_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
+    static constexpr int NCH = 4, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) {
+        return 160 * (u >> 2) + (c < 2 ? 32 + 32 * (u & 3) + 16 * c : 16 * (c - 2));
+    }
+    static MEMRA_DEVICE int q5(uint32_t v, uint32_t h, int sh, int hi) {
+        return (hi ? hi4(v) : lo4(v)) | (int)(((h >> sh) & 0x01010101u) << 4);
+    }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ5_K::U (&w)[2], int, uint32_t (&a)[NK][4]) {
+        const int j = w[0].j;   // u & 3, the same for every row
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = q5(q[0][0], q[2][0], 2 * j + k, k); a[k][1] = q5(q[0][1], q[2][1], 2 * j + k, k);
+            a[k][2] = q5(q[1][0], q[3][0], 2 * j + k, k); a[k][3] = q5(q[1][1], q[3][1], 2 * j + k, k);
+        }
+    }
+};
+template <> struct G<TQ6_K> {
+    MVT_ROWSCAL_DEFAULT(TQ6_K)
+    static constexpr int NCH = 3, NK = 4;
+    static MEMRA_DEVICE int chunk(int u, int c) {
+        const int j = u & 3, n = j >> 1, l0 = 16 * (j & 1);
+        return 192 * (u >> 2) + (c == 0 ? 64 * n + l0 : c == 1 ? 64 * n + 32 + l0 : 128 + 32 * n + l0);
+    }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TQ6_K::U (&)[2], int, uint32_t (&a)[NK][2]) {
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            a[g][0] = TQ6_K::q6w(q[g & 1][0], q[2][0], g);
+            a[g][1] = TQ6_K::q6w(q[g & 1][1], q[2][1], g);
+        }
+    }
+};
+template <> struct G<TIQ4_XS> {
+    MVT_ROWSCAL_DEFAULT(TIQ4_XS)
+    static constexpr int NCH = 2, NK = 2;
+    static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
+    static MEMRA_DEVICE void afrag(const uint32_t (&q)[NCH][2], const TIQ4_XS::U (&)[2], int, uint32_t (&a)[NK][4]) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            a[k][0] = TIQ4_XS::lut(q[k][0]); a[k][1] = TIQ4_XS::lut(q[k][1]);
+            a[k][2] = TIQ4_XS::lut(q[k][0] >> 4); a[k][3] = TIQ4_XS::lut(q[k][1] >> 4);
+        }
+    }
+};
+
+typedef G<T> GT;
+constexpr bool K16 = T::NI == 4;       // Q6_K: one m16n8k16 per 16-element group
+constexpr int AR = K16 ? 2 : 4;        // A registers per k-chunk
+static_assert(T::NI == GT::NK, "integer sums per unit");
+
+MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[2], const uint32_t (&x)[4], int k) { mma_k16(d, a, x[k]); }
+MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&x)[4], int k) {
+    mma_k32(d, a, x[2 * k], x[2 * k + 1]);
+}
+
+// One unit's weights as a lane holds them: word tig of each bulk chunk of rows gid, gid + 8,
+// and the two rows' meta fields (T::U; only its meta members are used).
+struct Pre {
+    uint32_t q[GT::NCH][2];
+    typename T::U w[2];
+};
+MEMRA_DEVICE void fetch(Pre& p, const uint8_t* const (&wb)[2], const uint8_t* const (&wm)[2], int u) {
+#pragma unroll
+    for (int c = 0; c < GT::NCH; ++c) {
+        const int off = GT::chunk(u, c);
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) p.q[c][rh] = ldw(wb[rh] + off);
+    }
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) T::template load_meta<GLd>(p.w[rh], wm[rh] + T::moff(u), u);
+}
+
+// leaf j (tree order) of group k: slot k + WK brev_LV(j)
+MEMRA_DEVICE int slot_of(int k, int j) { return k + MVT_WK * (int)(__brev((unsigned)j) >> (32 - LV)); }
+
+template <bool GLU>
+MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                           const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
+                           float* y, const float* res, int N, int K, int nb, int act) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wk = warp % MVT_WK, wm = warp / MVT_WK;
+    constexpr int OBM = GLU ? 8 : 16;                    // outputs (rows of y) per tile
+    const int ob = (blockIdx.x * MVT_WM + wm) * OBM;
+    const int cb = blockIdx.y * BN;
+    const int nblk = K / T::BLK, nu = K / 64;
+    const size_t brs = (size_t)nblk * T::BULK, mrs = (size_t)nblk * T::META;
+
+    // the lane's weight rows (tile rows gid, gid + 8), clamped: computed, never stored
+    int wr[2];
+    if (GLU) {
+        const int o = min(ob + gid, N - 1);
+        wr[0] = o; wr[1] = o + N;
+    } else {
+        wr[0] = min(ob + gid, N - 1); wr[1] = min(ob + gid + 8, N - 1);
+    }
+    const uint8_t* wb[2] = {bulk + wr[0] * brs + 4 * tig, bulk + wr[1] * brs + 4 * tig};
+    const uint8_t* wmp[2] = {meta + wr[0] * mrs, meta + wr[1] * mrs};
+    // the lane's activation rows: B column gid, scale columns 2 tig, 2 tig + 1 (clamped)
+    const int8_t* xb_p[MVT_TN];
+    const Q8Scale* xs_p[MVT_TN][2];
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni) {
+        xb_p[ni] = xq + (size_t)min(cb + 8 * ni + gid, nb - 1) * K + 4 * tig;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) xs_p[ni][cc] = xs + (size_t)min(cb + 8 * ni + 2 * tig + cc, nb - 1) * (K / 32);
+    }
+    const bool tile1 = MVT_TN > 1 && cb + 8 < nb;        // the second n tile has live columns
+
+    // per output (n tile ni, C element e; o = 4 ni + e): slot partial P, pending levels L
+    float P[NO], L[LV][NO];
+#pragma unroll
+    for (int o = 0; o < NO; ++o) {
+        P[o] = 0.f;
+#pragma unroll
+        for (int l = 0; l < LV; ++l) L[l][o] = 0.f;
+    }
+    // slot-finished merge of leaf j (a binary counter over the group's subtree)
+    auto merge = [&](int j) {
+        const int tz = __ffs(~j) - 1;   // trailing ones of j (warp-uniform)
+        if (tz >= LV) {                 // the group's last leaf: its subtree root, kept in P
+#pragma unroll
+            for (int o = 0; o < NO; ++o) {
+                float v = P[o];
+#pragma unroll
+                for (int l = 0; l < LV; ++l) v = __fadd_rn(L[l][o], v);
+                P[o] = v;
+            }
+            return;
+        }
+        switch (tz) {
+#define MVT_MERGE(TZ)                                                                      \
+        _Pragma("unroll") for (int o = 0; o < NO; ++o) {                                     \
+            float v = P[o];                                                                   \
+            _Pragma("unroll") for (int l = 0; l < TZ; ++l) v = __fadd_rn(L[l][o], v);         \
+            L[TZ < LV ? TZ : 0][o] = v;                                                        \
+            P[o] = 0.f;                                                                       \
+        }
+        case 0: MVT_MERGE(0); break;
+        case 1: MVT_MERGE(1); break;
+        case 2: MVT_MERGE(2); break;
+        case 3: MVT_MERGE(3); break;
+        default: MVT_MERGE(4); break;
+#undef MVT_MERGE
+        }
+    };
+
+    // the walk: consumer (cj, cu), producer (pj, pu) MVT_PREFETCH units ahead; leading empty
+    // slots (nu < 32) are merged as zeros, as mv_q8's lanes without units contribute 0
+    int cj = 0, cu = wk;
+    while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot_of(wk, cj) : 0; }
+    int pj = cj, pu = cu;
+    auto padvance = [&]() {
+        pu += 32;
+        while (pu >= nu && pj < NLEAF) { ++pj; pu = pj < NLEAF ? slot_of(wk, pj) : 0; }
+    };
+    Pre buf[MVT_PREFETCH + 1];
+    // weights are never written by kernels: the first units may be loaded before the PDL wait
+#pragma unroll
+    for (int i = 0; i < MVT_PREFETCH; ++i) {
+        if (pj < NLEAF) { fetch(buf[i], wb, wmp, pu); padvance(); }
+    }
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+
+    while (cj < NLEAF) {
+        if (pj < NLEAF) { fetch(buf[MVT_PREFETCH], wb, wmp, pu); padvance(); }
+        const int u = cu;
+        if (!(MEMRA_CANARY == 1 && u == 1)) {
+            const Pre& p = buf[0];
+            uint32_t a[GT::NK][AR];
+            GT::afrag(p.q, p.w, tig, a);
+            const typename T::R rq[2] = {GT::rowscal(p.w[0]), GT::rowscal(p.w[1])};   // once per row
+            const int e0 = T::goff(u, 0, nu);
+            const int sb = e0 / 32;                     // first scale block of the unit
+#pragma unroll
+            for (int ni = 0; ni < MVT_TN; ++ni) {
+                if (ni == 1 && !tile1) break;           // warp-uniform: no live column
+                uint32_t xb[4];
+#pragma unroll
+                for (int g = 0; g < 4; ++g) xb[g] = ldx(xb_p[ni] + T::goff(u, g, nu));
+                Q8Scale sv[2][4];
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const uint4 e01 = __ldg(reinterpret_cast<const uint4*>(xs_p[ni][cc] + sb));
+                    if (K16) {
+                        const uint4 e23 = __ldg(reinterpret_cast<const uint4*>(xs_p[ni][cc] + sb + 2));
+                        sv[cc][0].d = __uint_as_float(e01.x); sv[cc][0].s = (int)e01.y;
+                        sv[cc][1].d = __uint_as_float(e01.z); sv[cc][1].s = (int)e01.w;
+                        sv[cc][2].d = __uint_as_float(e23.x); sv[cc][2].s = (int)e23.y;
+                        sv[cc][3].d = __uint_as_float(e23.z); sv[cc][3].s = (int)e23.w;
+                    } else {   // groups 0, 1 in block 0; groups 2, 3 in block 1
+                        sv[cc][0].d = sv[cc][1].d = __uint_as_float(e01.x);
+                        sv[cc][0].s = sv[cc][1].s = (int)e01.y;
+                        sv[cc][2].d = sv[cc][3].d = __uint_as_float(e01.z);
+                        sv[cc][2].s = sv[cc][3].s = (int)e01.w;
+                    }
+                }
+                int c[GT::NK][4];
+#pragma unroll
+                for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb, k);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int ints[T::NI];
+#pragma unroll
+                    for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
+                    P[4 * ni + e] = T::accum_r(P[4 * ni + e], rq[e >> 1], ints, sv[e & 1]);
+                }
+            }
+        }
+        // rotate the ring (static indices: register moves)
+#pragma unroll
+        for (int i = 0; i < MVT_PREFETCH; ++i) buf[i] = buf[i + 1];
+        // next unit of the slot, or the slot is complete: merge it (and any empty ones after)
+        cu += 32;
+        while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot_of(wk, cj) : 0; }
+    }
+
+    // the groups' subtree roots T(k) meet in the butterfly's last log2 WK levels: for offset
+    // o = WK/2 .. 1, T(k) = T(k) + T(k + o) (k < o); group 0 then runs the epilogue
+#if MVT_WK > 1
+    __shared__ float red[MVT_WK - 1][MVT_WM][NO][32];
+    if (wk > 0) {
+#pragma unroll
+        for (int o = 0; o < NO; ++o) red[wk - 1][wm][o][lane] = P[o];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int o = 0; o < NO; ++o) {
+        float t[MVT_WK];
+        t[0] = P[o];
+#pragma unroll
+        for (int k = 1; k < MVT_WK; ++k) t[k] = red[k - 1][wm][o][lane];
+#pragma unroll
+        for (int off = MVT_WK / 2; off > 0; off >>= 1)
+#pragma unroll
+            for (int k = 0; k < off; ++k) t[k] = __fadd_rn(t[k], t[k + off]);
+        P[o] = t[0];
+    }
+#endif
+
+    // epilogue: finish()'s operations
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni)
+#pragma unroll
+        for (int e = 0; e < (GLU ? 2 : 4); ++e) {
+            const int row = ob + gid + 8 * (e >> 1);
+            const int col = cb + 8 * ni + 2 * tig + (e & 1);
+            if (row >= N || col >= nb) continue;
+            const int o = 4 * ni + e;
+            float v = P[o];
+            if (GLU) {
+                const float gte = P[o], up = P[o + 2];   // C rows gid (gate), gid + 8 (up)
+                v = __fmul_rn(act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte), up);
+            }
+            const size_t yo = (size_t)col * N + row;
+            if (res) v = __fadd_rn(v, res[yo]);
+            y[yo] = v;
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHR, MVT_MINB)
+mvt_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
+       const float* res, int N, int K, int nb, int act) {
+    mvt_body<false>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+}
+extern "C" __global__ void __launch_bounds__(NTHR, MVT_MINB)
+mvt_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
+           const float* res, int N, int K, int nb, int act) {
+    mvt_body<true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+}
