@@ -61,7 +61,8 @@
 // MVT_WK warps splitting a tile's slots (8; 1, 2, 4, 8, 16), MVT_WM tiles per block (1),
 // MVT_PREFETCH units of weights held ahead in registers (2; 0..3), MVT_WLOAD weight bulk loads
 // (0: ld.global.nc.L1::no_allocate, 1: ld.global.nc, L1-allocating), MVT_MINB the blocks per SM
-// __launch_bounds__ asks for (2), MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong
+// __launch_bounds__ asks for (2), MVT_KPERM (0; 1: 8-byte lane loads for Q4_K, Q5_K, Q8_0 with
+// the same k permutation in A and B, see KPERM below), MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong
 // variant a check must catch). MV_WLOAD (qtypes.cuh) picks the meta loads' flavour, as in matvec.
 // Launch: grid = (ceil(N / (OBM MVT_WM)), ceil(nb / (8 MVT_TN))) with OBM = 16 (mvt_q8) or 8
 // (mvt_q8_glu), block = NTHR = 32 MVT_WM MVT_WK, dynamic shared memory 0 (static: (WK - 1) WM
@@ -75,6 +76,8 @@
 //     fragments and scales from L1, register prefetch ring, bit-reversed slot walk with a
 //     register stack, WK groups merged once through shared memory. CPU only so far (NVRTC
 //     compile, ptxas -v, numpy selftest of the maps and order); no device run yet.
+//  2. MVT_KPERM: 8-byte weight and activation loads (k permuted alike in A and B) for Q4_K,
+//     Q5_K, Q8_0; off by default until the device says it pays. CPU-verified like 1.
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -99,6 +102,9 @@
 #endif
 #ifndef MVT_MINB
 #define MVT_MINB 2
+#endif
+#ifndef MVT_KPERM
+#define MVT_KPERM 0
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -170,6 +176,16 @@ MEMRA_DEVICE uint32_t ldw(const uint8_t* p) {
     asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
 #else
     asm("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+#endif
+    return v;
+}
+// two 4-byte weight words at an 8-byte aligned address (MVT_KPERM)
+MEMRA_DEVICE uint2 ldw2(const uint8_t* p) {
+    uint2 v;
+#if MVT_WLOAD == 0
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+#else
+    asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
 #endif
     return v;
 }
@@ -327,6 +343,15 @@ typedef G<T> GT;
 constexpr bool K16 = T::NI == 4;       // Q6_K: one m16n8k16 per 16-element group
 constexpr int AR = K16 ? 2 : 4;        // A registers per k-chunk
 static_assert(T::NI == GT::NK, "integer sums per unit");
+// MVT_KPERM 1 (Q4_K, Q5_K, Q8_0 only; ignored elsewhere): within each k-chunk of 32 the lane
+// takes the 8 contiguous bytes 8 tig .. 8 tig + 7 instead of words tig and tig + 4, for the
+// weights (chunk pairs (c, c + 1) are the two halves of one contiguous 32-byte piece whose byte i
+// is element i of the k-chunk, so q[c] = word at chunk(u, c & ~1) + 8 tig + 4 (c & 1), one 8-byte
+// load per pair) and for the activations (x[2k + h] = word at goff(u, 2k) + 8 tig + 4 h, one
+// 8-byte load per k-chunk). A and B use the same permutation of k inside every 32-block, so
+// every integer sum is the same set of products (exact in any order); afrag is unchanged.
+// Half the load instructions, and each weight load instruction covers whole 32-byte sectors.
+constexpr bool KPERM = MVT_KPERM && (MV_TYPE == 12 || MV_TYPE == 13 || MV_TYPE == 8);
 
 MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[2], const uint32_t (&x)[4], int k) { mma_k16(d, a, x[k]); }
 MEMRA_DEVICE void mma_unit(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&x)[4], int k) {
@@ -340,11 +365,23 @@ struct Pre {
     typename T::U w[2];
 };
 MEMRA_DEVICE void fetch(Pre& p, const uint8_t* const (&wb)[2], const uint8_t* const (&wm)[2], int u) {
+    if (KPERM) {   // wb[] already carries + 4 tig: add the other 4 tig
 #pragma unroll
-    for (int c = 0; c < GT::NCH; ++c) {
-        const int off = GT::chunk(u, c);
+        for (int c = 0; c < GT::NCH; c += 2) {
+            const int off = GT::chunk(u, c);
 #pragma unroll
-        for (int rh = 0; rh < 2; ++rh) p.q[c][rh] = ldw(wb[rh] + off);
+            for (int rh = 0; rh < 2; ++rh) {
+                const uint2 v = ldw2(wb[rh] + off + 4 * (threadIdx.x & 3));
+                p.q[c][rh] = v.x; p.q[c + 1][rh] = v.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int c = 0; c < GT::NCH; ++c) {
+            const int off = GT::chunk(u, c);
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh) p.q[c][rh] = ldw(wb[rh] + off);
+        }
     }
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) T::template load_meta<GLd>(p.w[rh], wm[rh] + T::moff(u), u);
@@ -458,7 +495,16 @@ MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __re
                 if (ni == 1 && !tile1) break;           // warp-uniform: no live column
                 uint32_t xb[4];
 #pragma unroll
-                for (int g = 0; g < 4; ++g) xb[g] = ldx(xb_p[ni] + T::goff(u, g, nu));
+                for (int g = 0; g < 4; ++g) {
+                    if (KPERM) {   // xb_p carries + 4 tig: add the other 4 tig
+                        if (g % 2 == 0) {
+                            const uint2 v = __ldg(reinterpret_cast<const uint2*>(xb_p[ni] + T::goff(u, g, nu) + 4 * tig));
+                            xb[g] = v.x; xb[g + 1] = v.y;
+                        }
+                    } else {
+                        xb[g] = ldx(xb_p[ni] + T::goff(u, g, nu));
+                    }
+                }
                 Q8Scale sv[2][4];
 #pragma unroll
                 for (int cc = 0; cc < 2; ++cc) {

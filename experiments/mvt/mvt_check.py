@@ -11,14 +11,14 @@ device wrapper, q8 quantization on the device and the timing helpers are importe
                                                          #      (+ ptxas -v registers / spills of mvt)
     python3 experiments/mvt/mvt_check.py --selftest      # CPU: numpy model of mvt.cu's index maps
     options: --types Q4_K,Q6_K  --no-timing  --no-checks  --reps 25  --jobs N
-             --configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB]];...' (timed mvt configs; TN 0 = by nb)
+             --configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM]]];...' (timed mvt configs; TN 0 = by nb)
              --shapes Q4_K,Q6_K  --nbs 2,4,8,16  --no-gemm
 
 Device run (H200): compiles every module first (in parallel; a compile error prints the NVRTC
 log and exits 2). Checks, for every type: random valid weights in planes, activations quantized
 on the device by q8.cu, y poisoned with 0xFF bytes (or holding the residual when res aliases
 y), mv_q8 launched in chunks of <= 8 rows exactly as memra's matvec launcher does, then mvt once
-per check config (TN 2 / WK 8 / prefetch 2 with no_allocate weights, TN 1 / WK 16 / prefetch 3,
+per check config (TN 2 / WK 8 / prefetch 2 with no_allocate weights, TN 1 / WK 16 / prefetch 3 / KPERM 1,
 TN 2 / WK 1 / 4 tiles per block / no prefetch); the uint32 views of y must be equal. nb = 1..16
 on 200 x 2560 (nu = 40: uneven slots), nb 1, 7, 16 on 72 x 768 (nu = 12: empty slots); plain,
 _glu act 1 and 2, residual aliased to y. A canary (MEMRA_CANARY=1 drops unit 1) must differ.
@@ -53,18 +53,21 @@ TYPES = gc.TYPES
 NAME2T = gc.NAME2T
 FLOOR_GBS = 4300.0        # a streaming kernel's bandwidth on the H200 (DESIGN.md: ~4.3-4.5 TB/s)
 
-MVT_KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB")
-MVT_BUILTIN = {"MVT_TN": 2, "MVT_WK": 8, "MVT_WM": 1, "MVT_PREFETCH": 2, "MVT_WLOAD": 0, "MVT_MINB": 2}
+MVT_KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB", "MVT_KPERM")
+MVT_BUILTIN = {"MVT_TN": 2, "MVT_WK": 8, "MVT_WM": 1, "MVT_PREFETCH": 2, "MVT_WLOAD": 0, "MVT_MINB": 2, "MVT_KPERM": 0}
 CHECK_CFGS = (
     MVT_BUILTIN,
-    {"MVT_TN": 1, "MVT_WK": 16, "MVT_WM": 1, "MVT_PREFETCH": 3, "MVT_WLOAD": 1, "MVT_MINB": 1},
-    {"MVT_TN": 2, "MVT_WK": 1, "MVT_WM": 4, "MVT_PREFETCH": 0, "MVT_WLOAD": 0, "MVT_MINB": 1},
+    {"MVT_TN": 1, "MVT_WK": 16, "MVT_WM": 1, "MVT_PREFETCH": 3, "MVT_WLOAD": 1, "MVT_MINB": 1, "MVT_KPERM": 1},
+    {"MVT_TN": 2, "MVT_WK": 1, "MVT_WM": 4, "MVT_PREFETCH": 0, "MVT_WLOAD": 0, "MVT_MINB": 1, "MVT_KPERM": 0},
 )
 CHECK_SHAPES = ((200, 2560), (72, 768))
 CHECK_NBS_A = tuple(range(1, 17))
 CHECK_NBS_B = (1, 7, 16)
 # timed mvt configs: TN 0 = 1 for nb <= 8, else 2
-TIME_CFGS = ("0,8,1,2", "0,16,1,2", "0,4,1,2", "0,8,1,1", "0,8,1,3,0,1", "0,8,1,2,1")
+# (MINB keeps <= 128 registers: 512-thread blocks want MINB 1, 128-thread ones MINB 4; at MINB 2 a
+# 512-thread block gets 64 registers and spills)
+TIME_CFGS = ("0,8,1,2", "0,16,1,2,0,1", "0,4,1,2,0,4", "0,4,2,2", "0,8,1,1", "0,8,1,3", "0,8,1,2,1",
+             "0,8,1,2,0,2,1", "0,8,1,2,1,2,1")
 TIME_NBS = (2, 4, 8, 16)
 GEMM_SMALL = {"GM_WM": 1, "GM_WN": 1, "GM_TM": 2, "GM_TN": 2, "GM_WK": 8, "GM_STAGES": 3, "GM_LREG": 1,
               "GM_MINB": 2}
@@ -75,8 +78,8 @@ GEMM_SMALL = {"GM_WM": 1, "GM_WN": 1, "GM_TM": 2, "GM_TN": 2, "GM_WK": 8, "GM_ST
 
 def parse_cfg(text: str) -> dict:
     v = [int(x) for x in text.split(",")]
-    if not 4 <= len(v) <= 6:
-        raise SystemExit(f"--configs: need TN,WK,WM,PREFETCH[,WLOAD[,MINB]], got {text!r}")
+    if not 4 <= len(v) <= 7:
+        raise SystemExit(f"--configs: need TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM]]], got {text!r}")
     d = dict(MVT_BUILTIN)
     d.update(zip(MVT_KEYS, v))
     return d
@@ -294,7 +297,7 @@ def timing(d, tally, types, reps, rng, jsonl, tcfgs, gemm: bool):
     print(f"\ntiming (CUDA graph per launch set, median of {reps}; weights rotated over copies >= 150 MB)",
           flush=True)
     print(f"{'shape':26s} {'nb':>3s} {'mvt us':>8s} {'GB/s':>6s} {'%flr':>5s} {'mv_q8 us':>9s} {'gemm us':>8s} "
-          f"{'mv/mvt':>7s} {'gm/mvt':>7s}  TN,WK,WM,PF,WLOAD,MINB", flush=True)
+          f"{'mv/mvt':>7s} {'gm/mvt':>7s}  TN,WK,WM,PF,WLOAD,MINB,KPERM", flush=True)
     best_rows = []
     for sname, t, N, K, glu in gc.TIME_SHAPES:
         if t not in types:
@@ -372,7 +375,10 @@ def tile_weight_row(r: int, ob: int, N: int, glu: bool) -> int:
     return min(ob + r, N - 1)
 
 
-def selftest_type(t: int, rng, glu: bool, TN: int = 2) -> int:
+KPERM_TYPES = (12, 13, 8)
+
+
+def selftest_type(t: int, rng, glu: bool, TN: int = 2, kperm: bool = False) -> int:
     """Every (row, column, unit, k-chunk) integer sum of mvt.cu's tiles, modelled from the lane
     addresses the kernel computes, against sums from GGUF semantics. Returns sums checked."""
     K = 768
@@ -408,7 +414,13 @@ def selftest_type(t: int, rng, glu: bool, TN: int = 2) -> int:
         wr = np.array([[tile_weight_row(g, ob, N, glu), tile_weight_row(g + 8, ob, N, glu)] for g in gid])
         for u in range(nu):
             # fetch(): q[c][rh] = word at bulk row wr[rh] + chunk(u, c) + 4 tig
-            q = [[word(bl, wr[:, rh] * brs + gc.chunk(t, u, c) + 4 * tig) for rh in range(2)] for c in range(nch)]
+            # (MVT_KPERM: word at chunk(u, c & ~1) + 8 tig + 4 (c & 1), the pair as one 8-byte load)
+            if kperm:
+                assert all(gc.chunk(t, u, c) % 8 == 0 for c in range(0, nch, 2))
+                q = [[word(bl, wr[:, rh] * brs + gc.chunk(t, u, c & ~1) + 8 * tig + 4 * (c & 1)) for rh in range(2)]
+                     for c in range(nch)]
+            else:
+                q = [[word(bl, wr[:, rh] * brs + gc.chunk(t, u, c) + 4 * tig) for rh in range(2)] for c in range(nch)]
             # load_meta<GLd>(w[rh], meta row + moff(u)): the model reads the same bytes
             mw = [np.stack([ml[r * mrs + gc.moff(t, u):r * mrs + gc.moff(t, u) + gc.META_NEED[t]] for r in wr[:, rh]])
                   for rh in range(2)]
@@ -421,7 +433,11 @@ def selftest_type(t: int, rng, glu: bool, TN: int = 2) -> int:
                         continue                               # the kernel skips a dead n tile
                     colB = np.minimum(cb + 8 * ni + gid, nb - 1)
                     # xb[g] = word at xq row colB + goff(u, g) + 4 tig
-                    xb = [word(xqb, colB * K + gc.goff(t, u, g) + 4 * tig) for g in range(4)]
+                    # (MVT_KPERM: word at goff(u, g & ~1) + 8 tig + 4 (g & 1))
+                    if kperm:
+                        xb = [word(xqb, colB * K + gc.goff(t, u, g & ~1) + 8 * tig + 4 * (g & 1)) for g in range(4)]
+                    else:
+                        xb = [word(xqb, colB * K + gc.goff(t, u, g) + 4 * tig) for g in range(4)]
                     for k in range(nk):
                         breg = [xb[k]] if k16 else [xb[2 * k], xb[2 * k + 1]]
                         dv = gc.model_mma(a[k], breg, k16)
@@ -597,8 +613,12 @@ def selftest(types) -> int:
     for t in types:
         n1 = selftest_type(t, rng, glu=False, TN=2)
         n2 = selftest_type(t, rng, glu=True, TN=1)
+        kp = ""
+        if t in KPERM_TYPES:
+            n3 = selftest_type(t, rng, glu=False, TN=2, kperm=True) + selftest_type(t, rng, glu=True, TN=1, kperm=True)
+            kp = f"; MVT_KPERM 1: {n3}"
         print(f"PASS  {TYPES[t][0]:6s} lane word maps (bulk, meta, activations, scales), afrag, mma fragments, "
-              f"C layout: {n1 + n2} integer sums equal GGUF-semantics references", flush=True)
+              f"C layout: {n1 + n2} integer sums equal GGUF-semantics references{kp}", flush=True)
     print(f"selftest done in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
@@ -616,7 +636,7 @@ def main() -> int:
     ap.add_argument("--verbose", action="store_true", help="print every passing check too")
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
-    ap.add_argument("--configs", default="", help="timed mvt configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB]];...' "
+    ap.add_argument("--configs", default="", help="timed mvt configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM]]];...' "
                                                   "(TN 0: 1 for nb <= 8, else 2; default: TIME_CFGS)")
     ap.add_argument("--shapes", default="", help="timing shapes whose name contains one of these (comma list)")
     ap.add_argument("--nbs", default="", help="timing nb values (comma list)")
