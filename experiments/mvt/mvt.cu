@@ -62,7 +62,8 @@
 // MVT_PREFETCH units of weights held ahead in registers (2; 0..3), MVT_WLOAD weight bulk loads
 // (0: ld.global.nc.L1::no_allocate, 1: ld.global.nc, L1-allocating), MVT_MINB the blocks per SM
 // __launch_bounds__ asks for (2), MVT_KPERM (0; 1: 8-byte lane loads for Q4_K, Q5_K, Q8_0 with
-// the same k permutation in A and B, see KPERM below), MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong
+// the same k permutation in A and B, see KPERM below), MVT_JFIX (1: Q4_K / Q5_K loops specialised
+// on the warp-constant j = u & 3 when WK % 4 == 0, see kloop), MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong
 // variant a check must catch). MV_WLOAD (qtypes.cuh) picks the meta loads' flavour, as in matvec.
 // Launch: grid = (ceil(N / (OBM MVT_WM)), ceil(nb / (8 MVT_TN))) with OBM = 16 (mvt_q8) or 8
 // (mvt_q8_glu), block = NTHR = 32 MVT_WM MVT_WK, dynamic shared memory 0 (static: (WK - 1) WM
@@ -78,6 +79,9 @@
 //     compile, ptxas -v, numpy selftest of the maps and order); no device run yet.
 //  2. MVT_KPERM: 8-byte weight and activation loads (k permuted alike in A and B) for Q4_K,
 //     Q5_K, Q8_0; off by default until the device says it pays. CPU-verified like 1.
+//  3. MVT_JFIX: with WK % 4 == 0 a warp's units all have the same j = u & 3, so the Q4_K / Q5_K
+//     loop is compiled per j (row scalars from constant byte positions, no per-unit switch):
+//     SASS per unit on the common path, Q4_K TN 2, about 325 -> see README (CPU count).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -105,6 +109,12 @@
 #endif
 #ifndef MVT_KPERM
 #define MVT_KPERM 0
+#endif
+#ifndef MVT_JFIX
+#define MVT_JFIX 1
+#endif
+#ifndef MVT_PIN
+#define MVT_PIN 1
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -189,6 +199,8 @@ MEMRA_DEVICE uint2 ldw2(const uint8_t* p) {
 #endif
     return v;
 }
+// an opaque register copy: the compiler can no longer recompute the value from its inputs
+template <class P> MEMRA_DEVICE void pin(P*& p) { asm volatile("" : "+l"(p)); }
 // one 4-byte activation word (L1-cached: the block's columns are reused by every tile)
 MEMRA_DEVICE uint32_t ldx(const int8_t* p) { return __ldg(reinterpret_cast<const unsigned int*>(p)); }
 
@@ -387,6 +399,13 @@ MEMRA_DEVICE void fetch(Pre& p, const uint8_t* const (&wb)[2], const uint8_t* co
     for (int rh = 0; rh < 2; ++rh) T::template load_meta<GLd>(p.w[rh], wm[rh] + T::moff(u), u);
 }
 
+// JFIX: the unit's j = u & 3 as a compile-time constant (types with a j field only)
+template <int V> struct IC { static constexpr int value = V; };
+template <class U> MEMRA_DEVICE void setj(U&, int) {}
+MEMRA_DEVICE void setj(TQ4_K::U& w, int j) { w.j = j; }
+MEMRA_DEVICE void setj(TQ5_K::U& w, int j) { w.j = j; }
+constexpr bool JFIX = MVT_JFIX && (MV_TYPE == 12 || MV_TYPE == 13) && MVT_WK % 4 == 0;
+
 // leaf j (tree order) of group k: slot k + WK brev_LV(j)
 MEMRA_DEVICE int slot_of(int k, int j) { return k + MVT_WK * (int)(__brev((unsigned)j) >> (32 - LV)); }
 
@@ -423,6 +442,13 @@ MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __re
         for (int cc = 0; cc < 2; ++cc) xs_p[ni][cc] = xs + (size_t)min(cb + 8 * ni + 2 * tig + cc, nb - 1) * (K / 32);
     }
     const bool tile1 = MVT_TN > 1 && cb + 8 < nb;        // the second n tile has live columns
+#if MVT_PIN
+    // Pin the loop-invariant addresses in registers: NVVM otherwise rematerialises them (row
+    // clamps, row x stride products, parameter loads) inside the K loop, ~60 instructions per unit.
+    pin(wb[0]); pin(wb[1]); pin(wmp[0]); pin(wmp[1]);
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni) { pin(xb_p[ni]); pin(xs_p[ni][0]); pin(xs_p[ni][1]); }
+#endif
 
     // per output (n tile ni, C element e; o = 4 ni + e): slot partial P, pending levels L
     float P[NO], L[LV][NO];
@@ -480,14 +506,22 @@ MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __re
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
 
+    // The K loop, as a generic lambda on J: with JFIX (Q4_K / Q5_K, WK a multiple of 4) every unit
+    // of this warp has u & 3 == wk & 3 (slot = wk + WK brev(j), u = slot + 32 i), so the loop is
+    // instantiated per J = u & 3 and the row scalars' byte positions (rowscal_k4_uniform's
+    // switch) and Q5_K's high-bit shifts become constants; J = -1: j read per unit, as loaded.
+    auto kloop = [&](auto jc) {
+    constexpr int J = decltype(jc)::value;
     while (cj < NLEAF) {
         if (pj < NLEAF) { fetch(buf[MVT_PREFETCH], wb, wmp, pu); padvance(); }
         const int u = cu;
         if (!(MEMRA_CANARY == 1 && u == 1)) {
             const Pre& p = buf[0];
+            typename T::U w[2] = {p.w[0], p.w[1]};
+            if (J >= 0) { setj(w[0], J); setj(w[1], J); }
             uint32_t a[GT::NK][AR];
-            GT::afrag(p.q, p.w, tig, a);
-            const typename T::R rq[2] = {GT::rowscal(p.w[0]), GT::rowscal(p.w[1])};   // once per row
+            GT::afrag(p.q, w, tig, a);
+            const typename T::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
             const int e0 = T::goff(u, 0, nu);
             const int sb = e0 / 32;                     // first scale block of the unit
 #pragma unroll
@@ -540,6 +574,17 @@ MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __re
         // next unit of the slot, or the slot is complete: merge it (and any empty ones after)
         cu += 32;
         while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot_of(wk, cj) : 0; }
+    }
+    };
+    if (JFIX) {
+        switch (wk & 3) {
+        case 0: kloop(IC<0>{}); break;
+        case 1: kloop(IC<1>{}); break;
+        case 2: kloop(IC<2>{}); break;
+        default: kloop(IC<3>{}); break;
+        }
+    } else {
+        kloop(IC<-1>{});
     }
 
     // the groups' subtree roots T(k) meet in the butterfly's last log2 WK levels: for offset

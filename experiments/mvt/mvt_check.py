@@ -536,6 +536,9 @@ def mvt_order(c: np.ndarray, wk: int, pf: int, canary: bool = False) -> np.float
                 ring[pf] = pu
                 padv()
             assert ring[0] == cu, f"prefetch ring out of step: holds {ring[0]}, consuming {cu}"
+            # MVT_JFIX: with wk % 4 == 0 every unit of group k has u & 3 == k & 3 (the kernel
+            # compiles the Q4_K / Q5_K loop for that constant j)
+            assert wk % 4 or cu & 3 == k & 3, f"JFIX: unit {cu} of group {k} (WK {wk}) has another j"
             if not (canary and cu == 1):
                 P = np.float32(P + c[cu])
             ring = ring[1:] + [ring[pf]]
@@ -607,7 +610,8 @@ def selftest(types) -> int:
     t0 = time.perf_counter()
     n = selftest_order(rng)
     print(f"PASS  slot walk: bit-reversed leaves + prefetch ring + stack + WK roots == mv_q8's lane order and "
-          f"butterfly ({n} random reductions, WK 1..16, prefetch 0..3, bit-exact); canary model differs", flush=True)
+          f"butterfly ({n} random reductions, WK 1..16, prefetch 0..3, bit-exact); JFIX's constant j holds; "
+          f"canary model differs", flush=True)
     selftest_epilogue()
     print("PASS  epilogue: every output written once by group 0; _glu gate/up rows pair up in one thread", flush=True)
     for t in types:

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""sass_count: registers, spills and the per-unit instruction count of mvt.cu's K loop, on the CPU.
+
+Compiles mvt.cu through NVRTC (sm_90a, the options mvt_check.py uses, plus ptxas -v), disassembles
+mvt_q8 with nvdisasm and counts the warp instructions one unit costs on the common path: from
+the loop head (the label the K loop's back-edge jumps to) to the end of the last n tile's
+accumulation, without the producer's empty-slot skip loop (a self-loop, taken only when a slot
+ends), plus the consumer's advance up to its first branch. Slot merges (once per slot, i.e.
+every nu / 32 units) are left out. With both n tiles live (nb > 8 at TN 2).
+
+    python3 experiments/mvt/sass_count.py                      # the README's table
+    python3 experiments/mvt/sass_count.py MV_TYPE=12 MVT_TN=1  # one module (extra -D as K=V)
+"""
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KDIR = HERE.parents[1] / "kernels"
+
+
+def compile_cubin(defs: dict) -> tuple[bytes, str]:
+    from cuda.core import Program, ProgramOptions
+
+    opts = ProgramOptions(name="mvt.cu", arch="sm_90a", std="c++17", lineinfo=True, include_path=[str(KDIR)],
+                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())], ptxas_options=["-v"])
+    log = io.StringIO()
+    obj = Program((HERE / "mvt.cu").read_text(), "c++", opts).compile("cubin", logs=log)
+    return bytes(obj.code), log.getvalue()
+
+
+def regs(log: str, fn: str = "mvt_q8") -> tuple[int, int]:
+    part = log.split(f"Compiling entry function '{fn}'")[1]
+    r = int(re.search(r"Used (\d+) registers", part).group(1))
+    sp = re.search(r"(\d+) bytes spill stores", part)
+    return r, int(sp.group(1)) if sp else 0
+
+
+def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run(["nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
+    body = out.split(f".text.{fn}:")[1].split(".text.")[0]
+    ins = []
+    for line in body.splitlines():
+        if re.match(r"^\.L\w+:", line.strip()):
+            ins.append(line.strip())
+        elif re.search(r"/\*[0-9a-f]{4}\*/", line):
+            ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip())
+    is_lab = lambda s: s.startswith(".L")
+    imma = [i for i, s in enumerate(ins) if "IMMA" in s]
+    # loop head: a label before the first IMMA that a later branch jumps back to
+    head = back = None
+    for h in reversed([i for i in range(imma[0]) if is_lab(ins[i])]):
+        lab = ins[h].rstrip(":")
+        be = [i for i in range(imma[0], len(ins)) if "BRA" in ins[i] and f"({lab})" in ins[i]]
+        if be:
+            head, back = h, be[-1]
+            break
+    # end of the unit body: the first label after the last IMMA of this loop copy
+    last = max(i for i in imma if i < back)
+    end = next(i for i in range(last, back) if is_lab(ins[i]))
+    # self-loops inside the body (the producer's empty-slot skip): excluded
+    skip = set()
+    for i in range(head, end):
+        if is_lab(ins[i]):
+            lab = ins[i].rstrip(":")
+            for j in range(i + 1, end):
+                if "BRA" in ins[j] and f"({lab})" in ins[j]:
+                    skip.update(range(i, j + 1))
+    body_n = sum(1 for i in range(head, end) if i not in skip and not is_lab(ins[i]))
+    adv = 0
+    for i in range(end, back + 1):
+        if is_lab(ins[i]):
+            continue
+        adv += 1
+        if "BRA" in ins[i]:
+            break
+    seg = [ins[i] for i in range(head, end) if i not in skip and not is_lab(ins[i])]
+    kinds = {k: sum(1 for s in seg if re.search(p, s)) for k, p in
+             (("IMMA", r"IMMA"), ("LDG", r"LDG"), ("float", r"^(@\S+ )?(FFMA|FMUL|FADD|I2FP|HADD2)"))}
+    return {"unit": body_n + adv, **kinds}
+
+
+TABLE = [  # (label, defines)
+    ("Q4_K TN2", {"MV_TYPE": 12, "MVT_TN": 2}), ("Q4_K TN1", {"MV_TYPE": 12, "MVT_TN": 1}),
+    ("Q4_K TN2 KPERM", {"MV_TYPE": 12, "MVT_TN": 2, "MVT_KPERM": 1}),
+    ("Q4_K TN2 no JFIX", {"MV_TYPE": 12, "MVT_TN": 2, "MVT_JFIX": 0}),
+    ("Q4_K TN2 no PIN", {"MV_TYPE": 12, "MVT_TN": 2, "MVT_PIN": 0}),
+    ("Q6_K TN2", {"MV_TYPE": 14, "MVT_TN": 2}), ("Q6_K TN1", {"MV_TYPE": 14, "MVT_TN": 1}),
+    ("Q4_0 TN2", {"MV_TYPE": 2, "MVT_TN": 2}), ("Q4_0 TN1", {"MV_TYPE": 2, "MVT_TN": 1}),
+    ("Q8_0 TN2", {"MV_TYPE": 8, "MVT_TN": 2}), ("Q8_0 TN1", {"MV_TYPE": 8, "MVT_TN": 1}),
+    ("Q5_K TN2", {"MV_TYPE": 13, "MVT_TN": 2}), ("IQ4_XS TN2", {"MV_TYPE": 23, "MVT_TN": 2}),
+]
+
+
+def main() -> int:
+    rows = TABLE
+    if len(sys.argv) > 1:
+        d = dict(a.split("=", 1) for a in sys.argv[1:])
+        rows = [(" ".join(sys.argv[1:]), d)]
+    print(f"{'module (WK 8, PF 2, MINB 2 unless given)':42s} {'regs':>5s} {'spill':>6s} {'instr/unit':>10s} "
+          f"{'IMMA':>5s} {'LDG':>4s} {'float':>6s}")
+    for name, defs in rows:
+        cub, log = compile_cubin(defs)
+        r, sp = regs(log)
+        c = unit_count(cub)
+        print(f"{name:42s} {r:5d} {sp:6d} {c['unit']:10d} {c['IMMA']:5d} {c['LDG']:4d} {c['float']:6d}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
