@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's speed floor on the H200: constrained (nested JSON schema, the mask applied in
-# the decode graph by kernels/mask.cu) vs unconstrained decode tok/s at batch 1 and 16, on
+# the decode graph by kernels/mask.cu; arm json: the fill overlapped with the step's body and
+# the pinned async upload, arm json-sync: the fill before the step) vs unconstrained decode
+# tok/s at batch 1 and 16, on
 # the synthetic llama3-8b Q4_K_M and on SmolLM2 (the real model when its alias is cached on
 # the device, else the synthetic one at its shapes), interleaved A/B, 5 reps of 128 steps
 # (experiments/structured_speed.py). First the mask kernel's kernel-check (checks, launch
@@ -20,6 +22,10 @@ log "kernel-check mask"
 timeout 120 python3 -m memra kernel-check --only mask > "$OUT/kernel-check-mask.txt" 2>&1
 log "kernel-check rc=$? $(tail -1 "$OUT/kernel-check-mask.txt")"
 grep -v "^PASS" "$OUT/kernel-check-mask.txt" | head -20 | tee -a "$OUT/structured.log"
+
+log "host cost of the mask fill (llguidance's pool vs rows one by one) on this host's CPU"
+timeout 300 python3 experiments/structured_host.py --tokenizer "$TOK" --steps 200 >> "$OUT/structured.log" 2>&1
+log "structured_host rc=$?"
 
 SMOL=synth:smollm2-135m:Q4_1
 timeout 20 python3 -c "from memra.model.aliases import resolve; resolve('smollm2-135m')" > /dev/null 2>&1 && SMOL=smollm2-135m

@@ -6,14 +6,20 @@
 What it measures: `batch` sequences decoding `steps` tokens through Runner.step (the decode
 graph of the bucket), greedy, in two arms interleaved A/B/A/B `reps` times:
   free  — no constraint (the graph without the mask kernel);
-  json  — every row under a nested JSON schema (tests/test_structured.py's "nested"):
-          each step fills the rows' masks with llguidance's batch fill on the host, uploads
-          them, and the graph applies them (kernels/mask.cu) before the argmax; the chosen
-          tokens are consumed by the matchers. A row whose JSON is complete starts a new one
-          (its matcher is reset), so every step of the arm is constrained.
-tok/s = batch * steps / wall time of the steps (host mask work included: it is what a
-server pays today; the fill is not yet overlapped with the GPU step). Each line of --out
-is one arm of one rep; a summary line per (model, batch) gives the median ratio json/free.
+  json  — every row under a nested JSON schema (tests/test_structured.py's "nested"), the
+          server's path: rows carry mask=LATER and the step's fill callback runs
+          llguidance's batch fill into the runner's pinned mask buffer while the device runs
+          the step's body (embedding .. logits); the runner then queues the asynchronous
+          copy and the tail graph (kernels/mask.cu, then the argmax); the chosen tokens are
+          consumed by the matchers. A row whose JSON is complete starts a new one (its
+          matcher is reset), so every step of the arm is constrained.
+  json-sync — the same, the masks filled on the host before the step (the path before the
+          overlap; what MEMRA_MASK_OVERLAP=0 gives the server).
+tok/s = batch * steps / wall time of the steps (host mask work included). Each line of --out
+is one arm of one rep (mask_fill_ms: the fill's host time a step); a summary line per
+(model, batch) gives the median ratios json/free and json-sync/free.
+Session 5 (H200, 1acf818, the sync path): 8B 0.920 (batch 1) / 0.749 (batch 16); SmolLM2
+0.784 / 0.418, the fill 0.07-0.12 ms a step at batch 1 and 2.4-2.9 ms at batch 16.
 Synthetic models decode at their real speed (memra synth: random but valid weights); the
 JSON constraint keeps their random text valid JSON."""
 
@@ -43,21 +49,35 @@ NESTED = {"type": "object", "properties": {
     "required": ["order", "paid"], "additionalProperties": False}
 
 
-def run_arm(r, tok, con, batch: int, steps: int, json_mode: bool, prompt: list[int]) -> dict:
-    from memra.gpu.runner import Row, Sampling
+MODES = ("free", "json", "json-sync")
+
+
+def run_arm(r, tok, con, batch: int, steps: int, mode: str, prompt: list[int]) -> dict:
+    from memra.gpu.runner import LATER, Row, Sampling
     from memra.text.grammar import fill_masks, new_masks
 
     greedy = Sampling(0.0)
+    json_mode = mode != "free"
     seqs = [r.open() for _ in range(batch)]
+    fill_s = 0.0
     try:
         matchers = [con.matcher() for _ in range(batch)] if json_mode else None
         masks = new_masks(max(batch, 1), tok.n_vocab)
+        pairs = [(m, i) for i, m in enumerate(matchers)] if json_mode else []
 
-        def rows_of(feeds):
-            if json_mode:
-                fill_masks([(m, i) for i, m in enumerate(matchers)], masks)
-            return [Row(s, f, sample=greedy, mask=masks[i] if json_mode else None) for i, (s, f) in
-                    enumerate(zip(seqs, feeds))]
+        def fill(buf):
+            nonlocal fill_s
+            tf = time.perf_counter()
+            fill_masks(pairs, buf)
+            fill_s += time.perf_counter() - tf
+
+        def step(feeds):
+            if mode == "json":
+                return r.step([Row(s, f, sample=greedy, mask=LATER) for s, f in zip(seqs, feeds)], fill=fill)
+            if mode == "json-sync":
+                fill(masks)
+            return r.step([Row(s, f, sample=greedy, mask=masks[i] if json_mode else None) for i, (s, f) in
+                           enumerate(zip(seqs, feeds))])
 
         def commit(outs):
             toks = [o.token for o in outs]
@@ -69,15 +89,12 @@ def run_arm(r, tok, con, batch: int, steps: int, json_mode: bool, prompt: list[i
                         m.m.reset()
             return toks
 
-        toks = commit(r.step(rows_of([prompt] * batch)))
+        toks = commit(step([prompt] * batch))
         r.g.sync()
         fill_s = 0.0
         t0 = time.perf_counter()
         for _ in range(steps):
-            tf = time.perf_counter()
-            rows = rows_of([[t] for t in toks])
-            fill_s += time.perf_counter() - tf
-            toks = commit(r.step(rows))
+            toks = commit(step([[t] for t in toks]))
         r.g.sync()
         wall = time.perf_counter() - t0
     finally:
@@ -95,6 +112,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--emulate", action="store_true",
+                    help="the CPU emulator of the GPU (tests/gpu_emulator.py): checks the script, times nothing real")
     a = ap.parse_args()
 
     from memra.gpu.runner import Runner
@@ -111,16 +130,22 @@ def main() -> int:
         g = open_gguf(path)
         tok = Tokenizer.from_gguf(g)
         con = compile_constraint(tok, "json_schema", NESTED)
-        r = Runner(g, max_len=a.steps + 64, max_seqs=max(batches))
+        emu = None
+        if a.emulate:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            from gpu_emulator import FakeGpu
+
+            emu = FakeGpu(1 << 29)
+        r = Runner(g, max_len=a.steps + 64, max_seqs=max(batches), gpu=emu)
         prompt = tok.encode("Reply with the order as JSON:", add_special=True)
-        for b in batches:  # warm: both graphs captured, llguidance's pool started
-            run_arm(r, tok, con, b, 4, False, prompt)
-            run_arm(r, tok, con, b, 4, True, prompt)
+        for b in batches:  # warm: every graph captured, llguidance's pool started
+            for mode in MODES:
+                run_arm(r, tok, con, b, 4, mode, prompt)
         res: dict = {}
         for rep in range(a.reps):
             for b in batches:
-                for mode in (("free", "json") if rep % 2 == 0 else ("json", "free")):
-                    m = run_arm(r, tok, con, b, a.steps, mode == "json", prompt)
+                for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+                    m = run_arm(r, tok, con, b, a.steps, mode, prompt)
                     res.setdefault((b, mode), []).append(m["tok_s"])
                     line = {"schema": "memra.structured-speed/1", "ts": utc_now(), "git_sha": git_sha(),
                             "device": r.g.info.name, "model": name, "spec": spec, "batch": b, "mode": mode,
@@ -132,14 +157,17 @@ def main() -> int:
         for b in batches:
             free, js = statistics.median(res[(b, "free")]), statistics.median(res[(b, "json")])
             ratios = [j / f for j, f in zip(res[(b, "json")], res[(b, "free")])]
+            sync = [j / f for j, f in zip(res[(b, "json-sync")], res[(b, "free")])]
             line = {"schema": "memra.structured-speed-summary/1", "ts": utc_now(), "git_sha": git_sha(),
                     "device": r.g.info.name, "model": name, "batch": b, "free_tok_s": free, "json_tok_s": js,
+                    "path": "overlapped", "json_sync_tok_s": statistics.median(res[(b, "json-sync")]),
                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "sync_ratio_median": statistics.median(sync),
                     "reps": a.reps, "floor": 0.95, "meets_floor": statistics.median(ratios) >= 0.95}
             out.write(json.dumps(line) + "\n")
             print(f"SUMMARY {name} batch {b}: json/free = {line['ratio_median']:.3f} "
-                  f"(min {line['ratio_min']:.3f}, max {line['ratio_max']:.3f}) free {free:.1f} json {js:.1f} tok/s",
-                  flush=True)
+                  f"(min {line['ratio_min']:.3f}, max {line['ratio_max']:.3f}) free {free:.1f} json {js:.1f} tok/s; "
+                  f"json-sync/free = {line['sync_ratio_median']:.3f}", flush=True)
         del r
     out.close()
     return 0

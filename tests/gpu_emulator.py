@@ -61,6 +61,13 @@ class FakeArray:
             raise CudaError("host-to-device copies cannot be captured in a graph")
         self.gpu.mem(self.ptr, np.uint8, self.nbytes)[:] = host.view(np.uint8).reshape(-1)
 
+    def upload_async(self, host):
+        # the emulator runs every launch as it is issued, so a copy done now is in stream order
+        if not host.flags["C_CONTIGUOUS"]:
+            raise CudaError("upload_async: a C-contiguous host array")
+        self.upload(host)
+        self.gpu.async_uploads += 1
+
     def numpy(self):
         if self.gpu.capturing:
             raise CudaError("device-to-host copies cannot be captured in a graph")
@@ -125,6 +132,7 @@ class FakeGpu:
         self.info = FakeInfo()
         self.capturing = None
         self.launches = 0
+        self.async_uploads = 0
         self.wcache = {}  # dequantized matvec weights by (bulk, meta, type, rows, K)
 
     # memory
@@ -141,6 +149,12 @@ class FakeGpu:
             raise CudaError("emulated device out of memory")
         a = FakeArray(self, ptr, shape, dtype)
         self.mem(ptr, np.uint8, n)[:] = 0xA5  # garbage, like fresh device memory
+        return a
+
+    def pinned(self, shape, dtype=np.uint8):
+        """A host array (the device's page-locked memory; garbage, as cuMemHostAlloc's)."""
+        a = np.empty(shape, dtype)
+        a.view(np.uint8).reshape(-1)[:] = 0x5A
         return a
 
     def to_device(self, host):

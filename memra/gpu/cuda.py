@@ -60,6 +60,15 @@ def _drv(result, what: str):
 
 
 @lru_cache(maxsize=1)
+def _free_host(ptr: int) -> None:
+    try:
+        from cuda.bindings import driver
+
+        driver.cuMemFreeHost(ptr)
+    except Exception:  # pragma: no cover - interpreter shutdown
+        pass
+
+
 def has_gpu() -> bool:
     """True when a CUDA driver and at least one device are present. Never raises."""
     try:
@@ -132,6 +141,14 @@ class DeviceArray:
         if host.nbytes != self.nbytes:
             raise CudaError(f"upload of {host.nbytes} bytes into a {self.nbytes}-byte array")
         self.gpu._htod(self.ptr, host)
+
+    def upload_async(self, host: np.ndarray) -> None:
+        """Stream-ordered copy from host memory without waiting for it: `host` must be a
+        pinned array (Gpu.pinned) that stays unchanged until the stream has passed the
+        copy (a later read-back, sync or event); kernels launched after it see the data."""
+        if host.nbytes != self.nbytes or not host.flags["C_CONTIGUOUS"]:
+            raise CudaError(f"upload of {host.nbytes} bytes into a {self.nbytes}-byte array (C-contiguous)")
+        self.gpu._htod(self.ptr, host, wait=False)
 
     def numpy(self) -> np.ndarray:
         """Copy to a new host array (synchronizes the stream)."""
@@ -294,14 +311,33 @@ class Gpu:
 
         _drv(driver.cuMemsetD8Async(ptr, byte & 0xFF, nbytes, self._cu_stream()), "cuMemsetD8Async")
 
-    def _htod(self, dst: int, host: np.ndarray) -> None:
+    def _htod(self, dst: int, host: np.ndarray, wait: bool = True) -> None:
         from cuda.bindings import driver
 
         if self._target is not self.stream:
             raise CudaError("host-to-device copies cannot be captured in a graph")
         _drv(driver.cuMemcpyHtoDAsync(dst, host.ctypes.data, host.nbytes, self.stream.handle),
              "cuMemcpyHtoDAsync")
-        self.stream.sync()   # the host array may be freed right after: finish the copy
+        if wait:
+            self.stream.sync()   # the host array may be freed right after: finish the copy
+
+    def pinned(self, shape, dtype=np.uint8) -> np.ndarray:
+        """A host array in page-locked memory (cuMemHostAlloc), freed with the array:
+        DeviceArray.upload_async copies from it without staging and without waiting.
+        CudaError where the driver refuses (e.g. a locked-memory limit)."""
+        import ctypes
+        import weakref
+
+        from cuda.bindings import driver
+
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        ptr = int(_drv(driver.cuMemHostAlloc(max(nbytes, 1), 0), "cuMemHostAlloc"))
+        if not ptr:
+            raise CudaError("cuMemHostAlloc returned NULL")
+        raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(ptr)
+        weakref.finalize(raw, _free_host, ptr)
+        return np.frombuffer(raw, np.uint8, nbytes).view(dtype).reshape(shape)
 
     def _dtoh(self, out: np.ndarray, src: int) -> None:
         from cuda.bindings import driver

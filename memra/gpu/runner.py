@@ -23,6 +23,14 @@ GEMM with the matvec bit for bit).
 Sampling is on the device (kernels/sample.cu): greedy, or temperature / top-k / top-p /
 min-p with a seed; the draw is a function of (logits, seed, position). Rows that want
 penalties take their logits back (`logits="last"`) and sample on the host.
+
+Constrained rows carry a vocabulary mask (Row.mask, kernels/mask.cu applies it before the
+sampler). A decode step with masks runs as two graphs, the body (embedding to logits) and
+the tail (mask + sampler), with the masks copied from a pinned host buffer between them on
+the stream. A row's mask may be LATER: step(rows, fill=f) then launches the body first and
+calls f(masks) while the device runs it, so the host's grammar work (llguidance) overlaps
+the model's step; the copy is ordered after f returns and before the tail, so the tokens
+are those of masks given up front.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ log = logging.getLogger("memra.runner")
 PREFILL_CHUNK = PLAN.PREFILL_CHUNK
 MAX_ROWS = PLAN.MAX_ROWS
 KV_BLOCK = 16  # positions per KV-cache block (kernels/kv.cuh)
+LATER = "later"  # Row.mask: written by step()'s fill callback while the device runs the step's body
 
 
 @dataclass
@@ -89,13 +98,22 @@ class Row:
     tokens: Sequence[int]
     logits: str = "none"
     sample: Sampling | None = None
-    mask: np.ndarray | None = None  # int32 [ceil(n_vocab / 32)]: tokens the sampler may choose (bit set)
+    # int32 [ceil(n_vocab / 32)]: tokens the sampler may choose (bit set); LATER: step()'s fill writes it
+    mask: np.ndarray | str | None = None
 
 
 @dataclass
 class RowOut:
     token: int | None = None
     logits: np.ndarray | None = None  # [n_vocab] ("last") or [len(tokens), n_vocab] ("all")
+
+
+def _mask_index(launches) -> int:
+    """Where a masked step's tail (the mask launch, then the sampler) begins."""
+    for i, L in enumerate(launches):
+        if L.op == "mask":
+            return i
+    raise MemraError("a masked step without a mask launch")
 
 
 class Runner:
@@ -235,8 +253,17 @@ class Runner:
         self.r_seed = g.to_device(np.zeros(M, np.uint64))
         # constrained rows' vocabulary masks (kernels/mask.cu reads them in the graph): every
         # token allowed until a step with a constrained row writes them, one upload a step
+        # h_mask is page-locked where the driver allows it, so the upload is asynchronous:
+        # stream-ordered before the step's tail, and not rewritten before the step's read-back
         self.mask_words = MASK.words_of(c.n_vocab)
-        self.h_mask = np.full((M, self.mask_words), -1, i32)
+        try:
+            self.h_mask = g.pinned((M, self.mask_words), i32)
+            self.mask_pinned = True
+        except Exception as e:  # noqa: BLE001 - any refusal: fall back to pageable + sync upload
+            log.warning("no pinned host buffer for the vocabulary masks (%s): their uploads wait", e)
+            self.h_mask = np.empty((M, self.mask_words), i32)
+            self.mask_pinned = False
+        self.h_mask[:] = -1
         self.r_mask = g.to_device(self.h_mask)
         self.am_val = g.empty(M * SMP.ARGMAX_BLOCKS, f)
         self.am_idx = g.empty(M * SMP.ARGMAX_BLOCKS, i32)
@@ -253,7 +280,8 @@ class Runner:
 
     def _drop_graphs(self) -> None:
         for gr in getattr(self, "_graphs", {}).values():
-            gr.close()
+            for part in (gr if isinstance(gr, tuple) else (gr,)):
+                part.close()
         self._graphs = {}
 
     # -- executing the plan -------------------------------------------------------------------
@@ -401,12 +429,20 @@ class Runner:
         self.kv.writable(seq.slot, seq.n, end)
 
     # -- stepping ---------------------------------------------------------------------------
-    def step(self, rows: Sequence[Row], graph: bool = True) -> list[RowOut]:
+    def step(self, rows: Sequence[Row], graph: bool = True, fill=None) -> list[RowOut]:
         """Advance every row's sequence by its tokens; returns one RowOut per row.
         graph=False issues a decode step's launches eagerly instead of replaying its graph
-        (the replay-vs-eager check)."""
+        (the replay-vs-eager check). fill: called once, fill(masks), when some row's mask is
+        LATER: it writes those rows' masks into masks[i] (an int32 [len(rows), words] host
+        array, row i = rows[i]; other rows are not read). On the decode path it runs while
+        the device computes the step's logits; elsewhere before the step."""
         if not rows:
             return []
+        later = [i for i, r in enumerate(rows) if isinstance(r.mask, str)]
+        if any(rows[i].mask != LATER for i in later):
+            raise MemraError(f"a row's mask is an int32 array, None or LATER, got {rows[later[0]].mask!r}")
+        if later and fill is None:
+            raise MemraError("rows with mask LATER need step(..., fill=...)")
         toks = [self._check_tokens(r.tokens) for r in rows]
         for r in rows:
             if r.logits not in ("none", "last", "all"):
@@ -417,7 +453,15 @@ class Runner:
         self.kv.sync()
         decode = len(rows) <= MAX_ROWS and all(t.size == 1 for t in toks) and len(set(slots)) == len(slots) \
             and all(r.logits != "all" for r in rows)
-        outs = self._decode(rows, toks, graph) if decode else self._eager(rows, toks)
+        if not decode and later:  # the eager path reads the masks as it goes: fill them now
+            buf = np.full((len(rows), self.mask_words), -1, np.int32)
+            fill(buf)
+            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask)
+                    for i, r in enumerate(rows)]
+        if not decode:
+            outs = self._eager(rows, toks)
+        else:
+            outs = self._decode(rows, toks, graph, fill=fill) if later else self._decode(rows, toks, graph)
         for r, t in zip(rows, toks):
             r.seq.n += t.size
         return outs
@@ -497,19 +541,34 @@ class Runner:
     def _set_masks(self, masks) -> None:
         """Row i's vocabulary mask (None: every token) into the device's mask rows, in one
         upload of the rows used."""
-        n = len(masks)
+        self._write_masks(masks)
+        self._upload_masks(len(masks))
+
+    def _write_masks(self, masks) -> None:
+        """Row i's mask into the host buffer's row i (None: every token; LATER: left for
+        the fill callback)."""
         for i, m in enumerate(masks):
             if m is None:
                 self.h_mask[i] = -1
+            elif isinstance(m, str):
+                continue
             else:
                 m = np.asarray(m)
                 if m.shape != (self.mask_words,) or m.dtype not in (np.int32, np.uint32):
                     raise MemraError(f"a row's mask is int32 [{self.mask_words}] (ceil(n_vocab / 32)), "
                                      f"got {m.dtype} {m.shape}")
                 self.h_mask[i] = m.view(np.int32)
-        self.r_mask.view(shape=(n, self.mask_words)).upload(self.h_mask[:n])
 
-    def _decode(self, rows, toks, graph: bool = True) -> list[RowOut]:
+    def _upload_masks(self, n: int) -> None:
+        """The host buffer's first n rows to the device: stream-ordered and not waited for
+        when the buffer is pinned (every caller reads back before the buffer is rewritten)."""
+        dst, src = self.r_mask.view(shape=(n, self.mask_words)), self.h_mask[:n]
+        if self.mask_pinned:
+            dst.upload_async(src)
+        else:
+            dst.upload(src)
+
+    def _decode(self, rows, toks, graph: bool = True, fill=None) -> list[RowOut]:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
         sampler = self._sampler_of(rows)
@@ -517,8 +576,28 @@ class Runner:
         if sampler.startswith("sample"):
             self._set_sampling([r.sample for r in rows], n)
         if sampler.endswith("+mask"):
-            self._set_masks([r.mask if r.sample is not None else None for r in rows])
-        if graph:
+            # body (embedding .. logits), the masks, tail (mask + sampler): the masks given now
+            # are written before the body, LATER ones by fill while the device runs it; the
+            # copy is queued after fill returns, so the tail reads the same masks either way
+            self._write_masks([r.mask if r.sample is not None else None for r in rows])
+            if graph:
+                body, tail = self._graph_parts(Bk, sampler)
+                body.launch()
+            else:
+                launches = self.plan.step(Bk, decode=True, sampler=sampler)
+                k = _mask_index(launches)
+                self._run(launches[:k], Bk, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            if fill is not None:
+                fill(self.h_mask[:n])
+                for i, r in enumerate(rows):
+                    if r.sample is None and isinstance(r.mask, str):
+                        self.h_mask[i] = -1  # an unsampled row's logits come back unmasked
+            self._upload_masks(n)
+            if graph:
+                tail.launch()
+            else:
+                self._run(launches[k:], Bk, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+        elif graph:
             self._graph(Bk, sampler).launch()
         else:
             self._run(self.plan.step(Bk, decode=True, sampler=sampler), Bk, self.r_tok, self.r_pos, self.r_seq,
@@ -558,6 +637,28 @@ class Runner:
             gr.upload()
             self._graphs[key] = gr
         return gr
+
+    def _graph_parts(self, bucket: int, sampler: str):
+        """(body, tail): the captured decode step of `bucket` rows with a masked sampler, cut
+        before its mask launch, so the masks can be copied in between. Warmed up like _graph."""
+        key = (bucket, sampler, "parts")
+        parts = self._graphs.get(key)
+        if parts is None:
+            launches = self.plan.step(bucket, decode=True, sampler=sampler)
+            k = _mask_index(launches)
+            saved = self.r_pos.numpy()
+            self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
+            self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            self.r_pos.upload(saved)
+            parts = []
+            for part in (launches[:k], launches[k:]):
+                with self.g.capture() as gr:
+                    self._run(part, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+                gr.upload()
+                parts.append(gr)
+            parts = tuple(parts)
+            self._graphs[key] = parts
+        return parts
 
     def _eager(self, rows, toks) -> list[RowOut]:
         """Token rows in chunks of PREFILL_CHUNK (rows of one sequence in order), then the

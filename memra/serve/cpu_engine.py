@@ -35,7 +35,7 @@ from memra.cpu.reference import KVCache, ReferenceModel
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops.sample import reference_sample
-from memra.gpu.runner import KV_BLOCK, MAX_ROWS, Row, RowOut, Seq
+from memra.gpu.runner import KV_BLOCK, LATER, MAX_ROWS, Row, RowOut, Seq
 from memra.model.config import read_config
 from memra.text.grammar import masked
 
@@ -156,11 +156,20 @@ class CpuRunner:
                 self.kv.v[il][b, off:off + n] = cache.v[il][:, a:e].transpose(1, 0, 2).reshape(n, c.v_dim)
 
     # -- stepping ---------------------------------------------------------------------------------
-    def step(self, rows, graph: bool = True) -> list[RowOut]:
+    def step(self, rows, graph: bool = True, fill=None) -> list[RowOut]:
         """Advance each row's sequence by its tokens (Runner.step's contract); `graph` is
-        accepted for the interface and means nothing here."""
+        accepted for the interface and means nothing here. Rows whose mask is LATER get it
+        from fill(masks) (an int32 [len(rows), words] array) before the step."""
         if not rows:
             return []
+        later = [i for i, r in enumerate(rows) if isinstance(r.mask, str)]
+        if later:
+            if fill is None or any(rows[i].mask != LATER for i in later):
+                raise MemraError("rows with mask LATER need step(..., fill=...)")
+            buf = np.full((len(rows), (self.cfg.n_vocab + 31) // 32), -1, np.int32)
+            fill(buf)
+            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask)
+                    for i, r in enumerate(rows)]
         toks = []
         for r in rows:
             t = np.asarray(r.tokens)

@@ -31,11 +31,13 @@ Each iteration of the engine thread:
 Tokens are chosen on the device (greedy, or seeded temperature/top-k/top-p/min-p: a function
 of the logits, the seed and the position) unless the request asks for penalties, which the
 host's memra.sampling.Sampler applies to the row's logits. A constrained request (a JSON
-schema, grammar or regex: memra.text.grammar) has its next-token mask filled before each
-step, with every other constrained row's in one llguidance batch, and passed as Row.mask: the
-engine sets the disallowed logits to -inf before its sampler (on the GPU inside the decode
-graph, kernels/mask.cu); the chosen token advances the request's matcher, and a complete
-grammar ends the request. A row's logits never depend on
+schema, grammar or regex: memra.text.grammar) has its next-token mask filled for each step,
+with every other constrained row's in one llguidance batch: a decode row's mask is LATER and
+the batch fill is the step's fill callback, which the GPU runner calls while the device runs
+the step's body (the mask is needed only by the sampler at its end); prefill rows and
+host-sampled rows get theirs before the step. The engine sets the disallowed logits to -inf
+before its sampler (on the GPU inside the decode graph's tail, kernels/mask.cu); the chosen
+token advances the request's matcher, and a complete grammar ends the request. A row's logits never depend on
 the rows beside it or on how its prompt was chunked (the runner's exactness contract; the
 CPU engine computes one position at a time), so a request's greedy tokens are the same
 alone or among 64, and with or without a prefix-cache hit.
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 import time
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
-from memra.gpu.runner import MAX_ROWS, Row, RowOut, Sampling
+from memra.gpu.runner import LATER, MAX_ROWS, Row, RowOut, Sampling
 from memra.sampling import Sampler, SamplingParams
 from memra.serve.prefix_cache import PrefixCache
 from memra.text.stream import TextStream
@@ -181,6 +184,8 @@ class Scheduler:
         self._outbox: dict[object, list] = {}  # event loop -> (request, event) pairs of this iteration
         self._masks = None  # int32 [MAX_ROWS, words]: constrained rows' vocabulary masks of a step
         self.spec = spec  # memra.spec.decode.SpecServing: speculate while few requests decode
+        # decode rows' masks filled while the engine runs the step (MEMRA_MASK_OVERLAP=0: before it)
+        self.overlap_masks = os.environ.get("MEMRA_MASK_OVERLAP", "1") != "0"
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
     # -- the event loop's side --------------------------------------------------------------------
@@ -374,12 +379,13 @@ class Scheduler:
             return Row(r.seq, tokens)
         return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device, mask=mask)
 
-    def _fill_masks(self, reqs) -> list:
+    def _fill_masks(self, reqs, host_only: bool = False) -> list:
         """Each request's mask row for this step (None for unconstrained ones): the
-        constrained ones' next-token masks, filled in one batch by llguidance."""
+        constrained ones' next-token masks, filled in one batch by llguidance. host_only:
+        only the requests sampled on the host (penalties), whose masks the scheduler reads."""
         from memra.text.grammar import fill_masks, new_masks
 
-        idx = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        idx = [i for i, r in enumerate(reqs) if r.matcher is not None and (r.sampler is not None or not host_only)]
         if not idx:
             return [None] * len(reqs)
         if self._masks is None:
@@ -408,8 +414,20 @@ class Scheduler:
             dec = [r for r in dec if not self._spec_step(r)]
         for i in range(0, len(dec), MAX_ROWS):
             group = dec[i:i + MAX_ROWS]
-            masks = self._fill_masks(group)
-            outs = self.engine.step([self._row(r, [r.next_tok], True, m) for r, m in zip(group, masks)])
+            # constrained rows sampled on the device: their masks are filled (LATER) while
+            # the engine computes the step's logits; host-sampled ones (penalties) now
+            late = [k for k, r in enumerate(group) if r.matcher is not None and r.sampler is None] \
+                if self.overlap_masks else []
+            masks = self._fill_masks(group, host_only=bool(late))
+            rows = [self._row(r, [r.next_tok], True, LATER if k in late else m)
+                    for k, (r, m) in enumerate(zip(group, masks))]
+            if late:
+                from memra.text.grammar import fill_masks
+
+                pairs = [(group[k].matcher, k) for k in late]
+                outs = self.engine.step(rows, fill=lambda buf: fill_masks(pairs, buf))
+            else:
+                outs = self.engine.step(rows)
             for r, o, m in zip(group, outs, masks):
                 self._token(r, o, m)
         if chunks:

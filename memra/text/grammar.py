@@ -5,7 +5,7 @@ use it as their grammar backend).
     c = compile_constraint(tok, "json_schema", {"type": "object", ...})   # GrammarError: a 400
     m = c.matcher()                       # one request's parser state
     words = new_masks(rows, tok.n_vocab)  # int32 [rows, ceil(n_vocab / 32)]: bit t of word t//32
-    fill_masks([(m, 0)], words)           # llguidance's batch fill (its thread pool), no GIL
+    fill_masks([(m, 0)], words)           # row by row (MEMRA_MASK_THREADS > 1: llguidance's pool)
     x = masked(logits, words[0])          # disallowed logits -> -inf (what kernels/mask.cu does)
     m.consume(token)                      # after the token is chosen
 
@@ -24,6 +24,7 @@ lines until its token limit; a schema's own "x-guidance" object overrides this.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass
 
@@ -209,25 +210,40 @@ class Matcher:
         return self.m.get_error() or None if self.m.is_error() else None
 
 
+def mask_threads() -> int:
+    """Threads of the batch fill: MEMRA_MASK_THREADS (default 1: the rows one after another
+    on the calling thread; measured faster than llguidance's pool on the CI box and, by the
+    H200 session's fill times, on its host too: experiments/structured_host.py)."""
+    try:
+        return max(1, int(os.environ.get("MEMRA_MASK_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
 def fill_masks(pairs, masks: np.ndarray) -> None:
     """Each (Matcher, row index) pair's next-token mask into masks[row] (an int32 [rows,
-    words] C-contiguous array, a pinned host buffer on the GPU path): llguidance's batch
-    fill over its thread pool, the GIL released. Rows not named are left as they are."""
+    words] C-contiguous array, the runner's pinned host buffer on the GPU path), written in
+    place by llguidance: row by row, or with MEMRA_MASK_THREADS > 1 through llguidance's
+    batch fill over a pool of that many threads (the GIL released). Rows not named are left
+    as they are."""
     if not pairs:
         return
     llg = _llg()
     global _executor
     if masks.dtype != np.int32 or masks.ndim != 2 or not masks.flags["C_CONTIGUOUS"]:
         raise MemraError("masks: a C-contiguous int32 [rows, words] array")
-    if len(pairs) == 1:
-        m, i = pairs[0]
-        m.fill(masks[i])
+    threads = mask_threads()
+    if len(pairs) == 1 or threads == 1:
+        for m, i in pairs:
+            if not 0 <= int(i) < masks.shape[0]:
+                raise MemraError(f"mask row {i} outside the {masks.shape[0]} rows")
+            m.fill(masks[int(i)])
         return
-    if _executor is None:
+    if _executor is None or _executor[0] != threads:
         with _lock:
-            if _executor is None:
-                _executor = llg.LLExecutor()
-    _executor.unsafe_compute_mask_ptr([(m.m, int(i)) for m, i in pairs], masks.ctypes.data, masks.shape[1] * 4,
+            if _executor is None or _executor[0] != threads:
+                _executor = (threads, llg.LLExecutor(threads))
+    _executor[1].unsafe_compute_mask_ptr([(m.m, int(i)) for m, i in pairs], masks.ctypes.data, masks.shape[1] * 4,
                                       masks.shape[0])
 
 
