@@ -47,9 +47,11 @@
 //    brev_LV(j) (LV = 5 - log2 WK), each slot's units in increasing u, and merges a finished
 //    slot into an LV-level stack of pending butterfly levels like a binary counter (after leaf j,
 //    the partials of the t = trailing-ones(j) pending left siblings are added, L_i + v, and the
-//    result parked at level t); leaf j and j ^ 1 differ in the slot's bit 4 - log2 WK... i.e. the
-//    bit-reversed walk visits the butterfly's leaves in tree order, so each add is one of the
-//    butterfly's adds with the same two operands (fp add is commutative);
+//    result parked at level t). Bit i of j is the slot offset WK 2^(LV-1-i) = 16 >> i, the
+//    butterfly's level-i offset, so leaves j and j ^ 1 are the slots warp_sum pairs first
+//    (l, l ^ 16) and every add of the counter is one of the butterfly's adds with the same two
+//    operands (fp add is commutative). gemm.cu's argument; mvt_check.py --selftest replays this
+//    loop (with its prefetch ring) against the lane order and butterfly, bit for bit;
 //  - the WK groups' subtree roots meet through shared memory once, after the K loop, in the
 //    butterfly's last log2 WK levels: T(k) = T(k) + T(k + o), o = WK/2 .. 1 (gemm.cu's GM_WK);
 //  - the epilogue is finish()'s, with the same common.cuh activation functions.
@@ -73,15 +75,19 @@
 // written by kernels), then MEMRA_PDL_LAUNCH.
 //
 // History:
-//  1. (this) first version: direct-to-register A fragments (gemm.cu's word map and afrag), B
-//     fragments and scales from L1, register prefetch ring, bit-reversed slot walk with a
-//     register stack, WK groups merged once through shared memory. CPU only so far (NVRTC
-//     compile, ptxas -v, numpy selftest of the maps and order); no device run yet.
+//  1. first version: direct-to-register A fragments (gemm.cu's word map and afrag), B fragments
+//     and scales from L1, register prefetch ring, bit-reversed slot walk with a register stack,
+//     WK groups merged once through shared memory. 338 SASS instructions per unit (Q4_K, TN 2,
+//     common path, experiments/mvt/sass_count.py), of which 120 are accum_r's float part.
 //  2. MVT_KPERM: 8-byte weight and activation loads (k permuted alike in A and B) for Q4_K,
-//     Q5_K, Q8_0; off by default until the device says it pays. CPU-verified like 1.
-//  3. MVT_JFIX: with WK % 4 == 0 a warp's units all have the same j = u & 3, so the Q4_K / Q5_K
-//     loop is compiled per j (row scalars from constant byte positions, no per-unit switch):
-//     SASS per unit on the common path, Q4_K TN 2, about 325 -> see README (CPU count).
+//     Q5_K, Q8_0: 18 -> 12 loads per unit; off by default until the device says it pays.
+//  3. MVT_PIN: the loop-invariant row / column addresses pinned in registers (NVVM recomputed
+//     the row clamps, row x stride products and parameter loads inside the K loop).
+//  4. (this) MVT_JFIX: with WK % 4 == 0 all of a warp's units have the same j = u & 3, so the
+//     Q4_K / Q5_K loop is compiled per j (row scalars from constant byte positions, no per-unit
+//     switch). With 3: Q4_K TN 2 338 -> 255 instructions per unit (TN 1: 188).
+//  All CPU-only so far (NVRTC compile, ptxas -v, numpy selftest of the maps and the order);
+//  no device run yet: experiments/mvt/README.md has the command.
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"

@@ -334,10 +334,11 @@ def timing(d, tally, types, reps, rng, jsonl, tcfgs, gemm: bool):
                 tally.add(f"mvt == mv_q8  timing {sname} nb={nb} cfg {cfg_name(cfg)}", ok, gc.diff_detail(a, b),
                           type=TYPES[t][0], N=N, K=K, nb=nb, glu=glu, act=act, cfg=cfg)
                 rec = {"kind": "time", "shape": sname, "type": TYPES[t][0], "rows": rows, "K": K, "nb": nb,
-                       "mvt_us": us, "mv_us": mv_us, "gemm_us": gm_us, "weight_bytes": wb, "copies": copies,
-                       "mvt_gbs": wb / us * 1e-3, "mv_gbs": wb / mv_us * 1e-3, "gemm_gbs": wb / gm_us * 1e-3,
+                       "mvt_us": us, "mv_us": mv_us, "gemm_us": gm_us if gemm else None, "weight_bytes": wb, "copies": copies,
+                       "mvt_gbs": wb / us * 1e-3, "mv_gbs": wb / mv_us * 1e-3,
+                       "gemm_gbs": wb / gm_us * 1e-3 if gemm else None,
                        "floor_us": floor_us, "pct_floor": 100 * floor_us / us, "mv_over_mvt": mv_us / us,
-                       "gemm_over_mvt": gm_us / us, "cfg": cfg, "exact": bool(ok), "gemm_exact": gm_exact}
+                       "gemm_over_mvt": gm_us / us if gemm else None, "cfg": cfg, "exact": bool(ok), "gemm_exact": gm_exact}
                 jsonl(rec)
                 print(f"{sname:26s} {nb:3d} {us:8.1f} {rec['mvt_gbs']:6.0f} {rec['pct_floor']:5.1f} {mv_us:9.1f} "
                       f"{gm_us:8.1f} {rec['mv_over_mvt']:6.2f}x {rec['gemm_over_mvt']:6.2f}x  {cfg_name(cfg)}"
@@ -354,7 +355,7 @@ def timing(d, tally, types, reps, rng, jsonl, tcfgs, gemm: bool):
               f"{'%flr':>5s} {'mv/mvt':>7s} {'gm/mvt':>7s}  config", flush=True)
         for r in best_rows:
             print(f"{r['shape']:26s} {r['nb']:3d} {r['mvt_us']:8.1f} {r['mvt_gbs']:6.0f} {r['pct_floor']:5.1f} "
-                  f"{r['mv_over_mvt']:6.2f}x {r['gemm_over_mvt']:6.2f}x  {cfg_name(r['cfg'])}", flush=True)
+                  f"{r['mv_over_mvt']:6.2f}x {r['gemm_over_mvt'] or float('nan'):6.2f}x  {cfg_name(r['cfg'])}", flush=True)
             jsonl({**r, "kind": "best"})
 
 
