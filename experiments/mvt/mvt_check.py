@@ -67,7 +67,7 @@ CHECK_NBS_B = (1, 7, 16)
 # (MINB keeps <= 128 registers: 512-thread blocks want MINB 1, 128-thread ones MINB 4; at MINB 2 a
 # 512-thread block gets 64 registers and spills)
 TIME_CFGS = ("0,8,1,2", "0,16,1,2,0,1", "0,4,1,2,0,4", "0,4,2,2", "0,8,1,1", "0,8,1,3", "0,8,1,2,1",
-             "0,8,1,2,0,2,1", "0,8,1,2,1,2,1")
+             "0,8,1,2,0,2,1", "0,8,1,2,1,2,1", "1,8,1,1,0,3")   # the last: 24 warps/SM, 80 registers
 TIME_NBS = (2, 4, 8, 16)
 GEMM_SMALL = {"GM_WM": 1, "GM_WN": 1, "GM_TM": 2, "GM_TN": 2, "GM_WK": 8, "GM_STAGES": 3, "GM_LREG": 1,
               "GM_MINB": 2}
