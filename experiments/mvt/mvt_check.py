@@ -123,7 +123,10 @@ def _compile_job(job):
     path = HERE / src if src == "mvt.cu" else KDIR / src
     code = path.read_text()
     kw = {"ptxas_options": ["-v"]} if verbose else {}
+    # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treats mvt.cu's generic
+    # lambdas as host functions without it; 13.5 (here) does not
     opts = ProgramOptions(name=src, arch=ARCH, std="c++17", lineinfo=True, include_path=[str(KDIR)],
+                          device_as_default_execution_space=True,
                           define_macro=[(k, str(v)) for k, v in sorted(defines.items())], **kw)
     t0 = time.perf_counter()
     log = io.StringIO()
