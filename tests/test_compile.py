@@ -84,6 +84,21 @@ def test_options_have_no_fast_math():
     assert not any("fast" in o for o in opts)
 
 
+def test_kernels_use_no_generic_lambdas():
+    """The H200 image's NVRTC (13.0) takes a generic lambda (`[&](auto x)`) in device code for
+    a host function and refuses the module, while the NVRTC this CI machine installs (13.5)
+    compiles it: a compile-only run here cannot catch it (session 5 lost a device call to
+    it). A lambda with typed parameters called with constants inlines the same way."""
+    import re
+
+    from memra.paths import kernel_dir
+
+    bad = [f"{p.name}:{n}: {line.strip()}" for p in sorted(kernel_dir().glob("*.cu*"))
+           for n, line in enumerate(p.read_text().splitlines(), 1)
+           if re.search(r"\[[^\]]*\]\s*\(\s*(const\s+)?auto\b", line)]
+    assert not bad, "generic lambdas in kernels: " + "; ".join(bad)
+
+
 def test_has_gpu_is_a_clean_bool():
     from memra.gpu.cuda import has_gpu
 
