@@ -718,3 +718,15 @@ _KERNELS = {
 _KERNELS.update({name: _embed for name in
                  ("embed_f32", "embed_f16", "embed_bf16", "embed_q4_0", "embed_q4_1", "embed_q5_0",
                   "embed_q5_1", "embed_q8_0", "embed_q4_k", "embed_q5_k", "embed_q6_k", "embed_iq4_xs")})
+
+
+class ModuleLog(FakeGpu):
+    """A FakeGpu that records every module loaded: (kernel file, sorted defines)."""
+
+    def __init__(self):
+        super().__init__(1 << 26)
+        self.loaded = set()
+
+    def module(self, kernel_file, defines=None):
+        self.loaded.add((kernel_file, tuple(sorted((k, str(v)) for k, v in (defines or {}).items()))))
+        return super().module(kernel_file, defines)

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gpu_emulator as EMU
-from gpu_emulator import FakeGpu
+from gpu_emulator import FakeGpu, ModuleLog
 from memra.errors import MemraError
 from memra.gpu.ops import gemm as G
 from memra.model.config import ModelConfig
@@ -138,16 +137,6 @@ def test_gemm_bad_configuration_is_a_failed_receipt(tmp_path):
     bad = df[df["config.GM_WK"] == 3].iloc[0]
     assert not bad["ok"] and "bad configuration" in bad["error"] and np.isnan(bad["median_us"])
     assert df[df["ok"]]["median_us"].notna().all()
-
-
-class ModuleLog(FakeGpu):
-    def __init__(self):
-        super().__init__(1 << 26)
-        self.loaded = set()
-
-    def module(self, kernel_file, defines=None):
-        self.loaded.add((kernel_file, tuple(sorted((k, str(v)) for k, v in (defines or {}).items()))))
-        return super().module(kernel_file, defines)
 
 
 @pytest.mark.parametrize("kernel,config,shape", CASES[:2])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpu_emulator as EMU
-from gpu_emulator import FakeGpu
+from gpu_emulator import FakeGpu, ModuleLog
 from memra.tune.campaign import Job
 from memra.errors import MemraError
 from memra.tune.measure import family_module, precompile
@@ -146,16 +146,6 @@ def test_hooks_launch_the_tuned_configuration():
 
     # 9 heads / 3 per block = 3 blocks; splits as the engine picks them for 3 blocks
     assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode_rope", 3, 32, 3, default_splits(3, 132))
-
-
-class ModuleLog(FakeGpu):
-    def __init__(self):
-        super().__init__(1 << 26)
-        self.loaded = set()
-
-    def module(self, kernel_file, defines=None):
-        self.loaded.add((kernel_file, tuple(sorted((k, str(v)) for k, v in (defines or {}).items()))))
-        return super().module(kernel_file, defines)
 
 
 @pytest.mark.parametrize("kernel,variant,config,shape", [
