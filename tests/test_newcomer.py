@@ -110,6 +110,7 @@ def test_the_cli_and_the_library_share_one_validation():
     assert one_error_line(r) == "memra: error: " + str(e.value).replace("top_p", "--top-p")
 
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_a_context_beyond_training_warns_and_runs():
     r = memra("run", "-p", "Hello", "-n", "1", "--temp", "0", "--device", "cpu", "--ctx", "100000")
     assert r.returncode == 0, r.stderr
@@ -129,6 +130,7 @@ def tree_state():
     return status, files
 
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_tune_freeze_without_arguments_leaves_the_checkout_alone(tmp_path):
     home = tmp_path / "home"
     before = tree_state()
@@ -166,6 +168,7 @@ def _lines(folder: Path):
                 yield json.loads(line)
 
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_summarize_reads_every_receipt_under_research():
     rows = list(_lines(ROOT / "research"))
     bench = [x for x in rows if x.get("kind") == "bench" and x.get("schema") == 1]
@@ -230,6 +233,7 @@ def test_compare_bench_folders(tmp_path):
 
 # -- 4. progress on slow steps, load time and TTFT ----------------------------------------------
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_stats_line_and_json_carry_load_time_and_ttft():
     r = memra("run", "-p", "The capital of France is", "-n", "3", "--temp", "0", "--device", "cpu")
     assert r.returncode == 0, r.stderr
@@ -245,6 +249,7 @@ BAR = re.compile(r"\d+/\d+ tokens")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_prefill_progress_on_a_terminal_only():
     prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 3)
     rc, out, term = memra_in_pty("run", "-p", prompt, "-n", "2", "--temp", "0", "--device", "cpu")
@@ -495,6 +500,7 @@ def test_campaign_comments_match_the_tune_hooks():
 
 # -- 9. smaller points -------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_compile_only_ends_without_a_canary_count():
     # the machine's cubin cache (test_compile's kernel-check fills it): the ending is what counts here
     r = memra("kernel-check", "--compile-only", "--only", "act", "--arch", "sm_89")
@@ -514,6 +520,7 @@ def test_a_bad_memra_log_is_reported(smol_path):
     json.loads(r.stdout)
 
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_threads_flag():
     base = ["run", "-p", "Once upon a time", "-n", "2", "--temp", "0", "--device", "cpu", "--json"]
     one, two = memra(*base, "-t", "1"), memra(*base, "--threads", "2")
@@ -529,6 +536,7 @@ def test_readme_says_what_the_tests_need():
 
 # -- 10. the tokenizer-only GGUF that synthetic models copy ---------------------------------------
 
+@pytest.mark.slow  # a CLI subprocess of 4-7 s: the default run stays under 5 minutes
 def test_tokenizer_only_gguf_makes_the_same_synthetic_models(tmp_path):
     tok = tmp_path / "smollm2-tokenizer.gguf"
     r = memra("synth", tok, "--tokenizer-only", "--tokenizer-from", "smollm2-135m")

@@ -197,6 +197,7 @@ def test_startup_logs_which_table(model, caplog, tmp_path):
     assert any(r.levelno == logging.WARNING and "changed since" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow  # ~8 s (two emulated bench arms): the default run stays under 5 minutes
 def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypatch):
     """`memra bench --tune-table FILE` then `--tune-table builtin` in one session: each
     receipt names the table that ran (source and path) and the device; the tuned run
