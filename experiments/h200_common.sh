@@ -1,4 +1,17 @@
 # Sourced by the H200 drivers (experiments/h200_*.sh); needs their log function and $OUT.
+# link_models [WHY]: the real models shipped to /root/models (experiments/ship_models.py:
+# smollm2.gguf, gemma3.gguf) under the cache names their aliases resolve to, so nothing is
+# fetched; with WHY, a missing one is logged as a warning saying what it breaks.
+link_models() {
+  local M=$HOME/.cache/memra/models f
+  mkdir -p "$M"
+  [ -f /root/models/smollm2.gguf ] && ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
+  [ -f /root/models/gemma3.gguf ] && ln -sf /root/models/gemma3.gguf "$M/gemma-3-270m-q4_k_m.gguf"
+  [ -n "${1:-}" ] || return 0
+  for f in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
+    [ -f "$M/$f" ] || log "WARNING: $M/$f missing: $1 (ship the models first)"
+  done
+}
 # synthtok FILE: make the tokenizer-only GGUF that synthetic models copy (SmolLM2's tokenizer,
 # no tensors) unless it is there; made on this machine before a device call with
 #   python3 -m memra synth .synthtok/smollm2-tokenizer.gguf --tokenizer-only

@@ -25,12 +25,8 @@ START=$SECONDS
 LOG="$OUT/gates.log"
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$LOG"; }
 left() { echo $((560 - (SECONDS - START))); }
-M=$HOME/.cache/memra/models; mkdir -p "$M"
-[ -f /root/models/smollm2.gguf ] && ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f /root/models/gemma3.gguf ] && ln -sf /root/models/gemma3.gguf "$M/gemma-3-270m-q4_k_m.gguf"
-for f in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
-  [ -f "$M/$f" ] || log "WARNING: $M/$f missing: kernel-check will FAIL on its launch set (ship the models first)"
-done
+source experiments/h200_common.sh
+link_models "kernel-check will FAIL on its launch set"
 log "git ${MEMRA_GIT_SHA:-unknown}; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 
 STAGE=${STAGE:-all}  # all | check (1, 2) | tests (3, 4, 5): the two halves as separate calls if need be

@@ -17,9 +17,8 @@ set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
 START=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/runner-$STAGE.log"; }
-M=$HOME/.cache/memra/models; mkdir -p "$M"
-[ -f /root/models/smollm2.gguf ] && ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
-[ -f /root/models/gemma3.gguf ] && ln -sf /root/models/gemma3.gguf "$M/gemma-3-270m-q4_k_m.gguf"
+source experiments/h200_common.sh
+link_models
 SYN="synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 synth:llama-1b:Q4_0"
 R=research/tune/h200-nvidia-h200.jsonl
 TOK=.synthtok/smollm2-tokenizer.gguf  # made here: python3 -m memra synth $TOK --tokenizer-only

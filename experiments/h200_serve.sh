@@ -22,8 +22,8 @@ set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
 START=$SECONDS
 log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/serve-$STAGE.log"; }
-M=$HOME/.cache/memra/models; mkdir -p "$M"
-[ -f /root/models/smollm2.gguf ] && ln -sf /root/models/smollm2.gguf "$M/SmolLM2-135M-Instruct.Q4_1.gguf"
+source experiments/h200_common.sh
+link_models
 TOK=.synthtok/smollm2-tokenizer.gguf
 BIN=/root/llama.cpp/build/bin
 synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
