@@ -198,7 +198,7 @@ class FakeGpu:
             else:
                 raise TypeError(f"kernel {kernel.name}: argument {a!r} must be a device array or numpy scalar")
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-        fn = _mv if kernel.name.startswith(("mv_", "gemm_q8")) else _KERNELS.get(kernel.name)
+        fn = _mv if kernel.name.startswith(("mv_", "gemm_q8", "mvt_q8")) else _KERNELS.get(kernel.name)
         if fn is None:
             raise CudaError(f"emulator: no model of kernel {kernel.name}")
         check_geometry(kernel, grid, block, shmem, vals)
@@ -301,6 +301,22 @@ def check_geometry(kernel, grid, block, shmem, v):
             _fail(k, grid, block, "a two-dimensional grid")
         _ranges(k, grid, block, f"y's rows ({N})", int(N), np.arange(grid[0]) * obm, obm)
         _ranges(k, grid, block, f"y's batch columns ({nb})", int(nb), np.arange(grid[1]) * bn, bn)
+    elif name.startswith("mvt_q8"):
+        # mvt.cu: a warp owns one m16 tile (OBM = 16 outputs, or 8 for _glu: gate rows and their up
+        # rows) and MVT_TN n8 tiles; grid (ceil(N / (OBM * MVT_WM)), ceil(nb / (8 * MVT_TN))), block
+        # 32 * MVT_WM * MVT_WK, no dynamic shared memory; block (x, y) writes outputs
+        # [x * OBM * WM, (x + 1) * OBM * WM) of batch columns [y * 8 TN, (y + 1) * 8 TN)
+        tn, wk, wm = _d(k, "MVT_TN", 2), _d(k, "MVT_WK", 8), _d(k, "MVT_WM", 1)
+        N, K, nb = v[6:9]
+        _block_is(k, grid, block, 32 * wm * wk, "32 * MVT_WM * MVT_WK")
+        _no_dynamic_smem(k, grid, block, shmem)
+        if grid[2] != 1:
+            _fail(k, grid, block, "a two-dimensional grid")
+        if K % 64:
+            _fail(k, grid, block, f"K = {K} is not a multiple of 64")
+        obm = (8 if name.endswith("_glu") else 16) * wm
+        _ranges(k, grid, block, f"y's rows ({N})", int(N), np.arange(grid[0]) * obm, obm)
+        _ranges(k, grid, block, f"y's batch columns ({nb})", int(nb), np.arange(grid[1]) * 8 * tn, 8 * tn)
     elif name == "quantize_q8":
         # q8.cu: grid ceil(nblocks / Q8_WARPS), block 32 * Q8_WARPS; one warp per block of 32
         w = _d(k, "Q8_WARPS", 8)
@@ -668,7 +684,7 @@ def _mv(g, k, grid, v):
 
     t = int(k.defines["MV_TYPE"])
     glu = k.name.endswith("_glu")
-    if k.name.startswith(("mv_q8", "gemm_q8")):
+    if k.name.startswith(("mv_q8", "gemm_q8", "mvt_q8")):
         bulk, meta, xq, xs, y, res, N, K, nb, act = v
         q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
         d = g.mem(xs, MV.Q8_SCALE, nb * K // 32)["d"].reshape(nb, K // 32, 1)

@@ -28,7 +28,7 @@ def _csv(values: Optional[list[str]]) -> list[str]:
 def kernel_check(
     only: Annotated[Optional[str], typer.Option("--only", help="Only these kernel families "
                                                 "(comma-separated: matvec, embed, norm, rope, attention, act, "
-                                                "sample, gemm); no receipt is written.")] = None,
+                                                "sample, gemm, mask, mvt); no receipt is written.")] = None,
     compile_only: Annotated[bool, typer.Option("--compile-only", help="Compile every kernel module the checks "
                                                "and the engine's launch set load, with NVRTC for sm_90a, sm_120a "
                                                "and sm_89; needs no GPU.")] = False,

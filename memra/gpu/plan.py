@@ -35,6 +35,7 @@ from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import mvt as MVT
 from memra.gpu.ops import norm as NORM
 from memra.gpu.ops import rope as ROPE
 from memra.model.config import ModelConfig, read_config
@@ -105,12 +106,14 @@ class Launch:
 
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
-                 fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None):
+                 fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
+                 mvt: bool = True):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
         self.table = table or {}
         self.path, self.fuse_rope, self.sms, self.use_gemm = path, fuse_rope, int(sms), gemm
+        self.use_mvt = bool(mvt)
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
@@ -247,7 +250,9 @@ class Planner:
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
                 dst_offset: int = 0, res: str | None = None) -> None:
         """The launches of one matvec over `rows` rows: one tensor-core GEMM launch from
-        GEMM_MIN_ROWS rows on the q8 path (the matvec's bits, kernels/gemm.cu), else matvec
+        GEMM_MIN_ROWS rows on the q8 path (the matvec's bits, kernels/gemm.cu), one skinny
+        tensor-core matvec launch from MVT_MIN_ROWS (2) to GEMM_MIN_ROWS - 1 rows on the q8 path
+        (the matvec's bits, kernels/mvt.cu; MEMRA_MVT=0: the runner's mvt=False), else matvec
         launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on quantized
         weights runs row by row)."""
         t = MV.type_id(w.type)
@@ -259,6 +264,11 @@ class Planner:
         if q8 and rows >= GEMM.GEMM_MIN_ROWS and self.use_gemm and t in GEMM.TYPES:
             gk = "gemm_glu" if w.glu else "gemm"
             out.append(Launch(name, "gemm", gk, variant, shape, rows, self.tuned(gk, shape, rows, variant),
+                              group, il, {**base, "row0": 0}))
+            return
+        if q8 and self.use_mvt and MVT.MVT_MIN_ROWS <= rows < GEMM.GEMM_MIN_ROWS and t in MVT.TYPES:
+            mk = "mvt_glu" if w.glu else "mvt"
+            out.append(Launch(name, "mvt", mk, variant, shape, rows, self.tuned(mk, shape, rows, variant),
                               group, il, {**base, "row0": 0}))
             return
         chunk = 8 if q8 or t in MV.FLOAT_TYPES else 1

@@ -18,7 +18,7 @@ rows) runs the plan's prefill step eagerly over up to PREFILL_CHUNK token rows a
 K/V rows appended first, then attention. A row's logits do not depend on the path, the
 rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
 shape; kernel-check compares the fused decode attention with the two-launch form and the
-GEMM with the matvec bit for bit).
+GEMM and mvt with the matvec bit for bit).
 
 Sampling is on the device (kernels/sample.cu): greedy, or temperature / top-k / top-p /
 min-p with a seed; the draw is a function of (logits, seed, position). Rows that want
@@ -120,7 +120,8 @@ class Runner:
     def __init__(self, model, cfg: ModelConfig | None = None, *, max_len: int | None = None,
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
                  kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
-                 pdl: bool | None = None, tune_table=None, gemm: bool | None = None):
+                 pdl: bool | None = None, tune_table=None, gemm: bool | None = None,
+                 mvt: bool | None = None):
         """max_len: positions per sequence (default: the model's training context, at most
         32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
         kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
@@ -136,13 +137,14 @@ class Runner:
         self.pdl = (os.environ.get("MEMRA_PDL", "1") != "0") if pdl is None else bool(pdl)
         fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
         use_gemm = (os.environ.get("MEMRA_GEMM", "1") != "0") if gemm is None else bool(gemm)
+        use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
             from dataclasses import replace
 
             self.spec = replace(self.spec, cfg=self.cfg)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
-                                 sms=self.g.info.sm_count, gemm=use_gemm)
+                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt)
         self.path = path
         t0 = time.perf_counter()
         self._load_weights()
@@ -327,7 +329,7 @@ class Runner:
                     NORM.add_rmsnorm(g, B["x"], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
                                      w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
                                      pdl=pdl, config=L.config)
-            elif op in ("matvec", "gemm"):
+            elif op in ("matvec", "gemm", "mvt"):
                 self._matvec(L, g)
             elif op == "quantize":
                 K = a["K"]
@@ -390,6 +392,10 @@ class Runner:
                 from memra.gpu.ops import gemm as GEMM
 
                 GEMM.gemm(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
+            elif L.op == "mvt":
+                from memra.gpu.ops import mvt as MVT
+
+                MVT.mvt(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             else:
                 MV.matvec(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)
         else:

@@ -42,10 +42,11 @@ OTHER_OPS = ("attention", "heads", "rows", "ffn", "embed", "vocab")
 ALL_OPS = MATVEC_OPS + OTHER_OPS
 DEFAULT_CTX = (512, 4096)
 # Kernels the plan picks by the step's row count: the q8 path's matvecs run as the
-# tensor-core GEMM (memra.gpu.ops.gemm) from GEMM_MIN_ROWS rows, on quantized weights. Their
+# tensor-core GEMM (memra.gpu.ops.gemm) from GEMM_MIN_ROWS rows, and the skinny tensor-core
+# matvec (memra.gpu.ops.mvt) from 2 rows below that, on quantized weights. Their
 # model-derived jobs are the (shape, batch) pairs the plan's step at that many rows launches
 # (plan_shapes), not every op shape at every batch.
-PLAN_BATCH_KERNELS = ("gemm", "gemm_glu")
+PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu")
 
 
 class CampaignError(MemraError):

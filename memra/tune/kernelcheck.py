@@ -48,6 +48,7 @@ FAMILIES: dict[str, str] = {
     "sample": "memra.gpu.ops.sample",
     "gemm": "memra.gpu.ops.gemm",
     "mask": "memra.gpu.ops.mask",
+    "mvt": "memra.gpu.ops.mvt",
 }
 
 RECEIPT_SCHEMA = "memra.kernel-check-receipt/1"

@@ -8,9 +8,10 @@ kernel-check` runs and compiles, and that its receipt records.
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, MEMRA_GEMM when the GEMM family
-exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
+exists, MEMRA_MVT when the mvt family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
 bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
-batch) and of 16, 17, 64, 65 and 128 rows (the GEMM's configurations), and the head over 1 to
+batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
+and 128 rows (the GEMM's configurations), and the head over 1 to
 8 and 64 gathered rows (with the quantize_q8
 launch that runner._head makes outside the plan). Each family module (memra/gpu/ops/) maps a
 plan launch to the cases that run exactly its module: `launch_cases(L, ctx)` gives the entry
@@ -42,19 +43,21 @@ log = logging.getLogger("memra.kernelcheck")
 MODELS = ("smollm2-135m", "gemma3-270m", "synth:llama3-8b:Q4_K_M", "synth:llama3-8b:Q4_0",
           "synth:llama3-8b:Q8_0", "synth:llama-1b:Q4_0", "synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0",
           "synth:tiny-qwen3:Q4_0", "synth:tiny-gemma3:Q4_K_M")
-# prefill chunks: 1..8 rows reach every matvec nb; 16, 17, 64, 65 and 128 the GEMM's
-# built-in configurations (nb <= 16, <= 64, more) with full and partial batch tiles
-PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 17, 64, 65, 128)
+# prefill chunks: 1..8 rows reach every matvec nb (and mvt's one-tile bucket); 9 and 15 mvt's
+# two-tile bucket (full and partial second tile); 16, 17, 64, 65 and 128 the GEMM's built-in
+# configurations (nb <= 16, <= 64, more) with full and partial batch tiles
+PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128)
 HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
 SAMPLERS = ("none", "greedy", "sample")
 
 # the family module that maps each plan op
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
-             "gemm": "gemm", "rope": "rope", "attention": "attention", "attention_rope": "attention",
+             "gemm": "gemm", "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
              "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
 FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
-                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask"}
+                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
+                 "mvt": "memra.gpu.ops.mvt"}
 
 
 def row_bucket(rows: int) -> int:
@@ -92,6 +95,11 @@ def gemm_available() -> bool:
     return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
 
 
+def mvt_available() -> bool:
+    m = family_module("mvt")
+    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
+
+
 def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
     """(specs, missing): ModelSpec of each model that can be read here (a real model's
     header, a synthetic model's shapes), and 'name: why' for those that cannot. An alias
@@ -115,10 +123,18 @@ def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
 def _plans(spec, table, sms: int):
     from memra.gpu.plan import Planner
 
+    # (gemm, mvt) on the q8 path: both seams off, the default (both on), MEMRA_MVT=0 alone (the
+    # matvec at 2..15 rows beside the GEMM); MEMRA_GEMM=0 alone loads no module these do not
     for path in ("q8", "f32"):
         for fuse in (True, False):
-            for gemm in ((False, True) if gemm_available() and path == "q8" else (False,)):
-                yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm)
+            seams = [(False, False)]
+            if path == "q8":
+                if gemm_available():
+                    seams += [(True, True), (True, False)] if mvt_available() else [(True, False)]
+                elif mvt_available():
+                    seams += [(False, True)]
+            for gemm, mvt in seams:
+                yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt)
 
 
 def _plan_launches(plan, gemm: bool):
@@ -224,6 +240,11 @@ def table_cases(table: Mapping, sms: int = 132):
                         L = Launch(kernel, "matvec", kernel, e["variant"], shape, nb, cfg, kernel, -1,
                                    {"glu": glu, "q8": q8, "res": None})
                         yield "matvec", L, ctx, src
+                elif kernel in ("mvt", "mvt_glu"):
+                    if mvt_available() and e["variant"] == "q8":
+                        L = Launch(kernel, "mvt", kernel, "q8", shape, rows, cfg, kernel, -1,
+                                   {"glu": "silu" if kernel == "mvt_glu" else None, "q8": True, "res": None})
+                        yield "mvt", L, PlanContext(SimpleNamespace(), None, "q8"), src
                 elif kernel in ("gemm", "gemm_glu"):
                     if gemm_available() and e["variant"] == "q8":
                         L = Launch(kernel, "gemm", kernel, "q8", shape, rows, cfg, kernel, -1,

@@ -56,7 +56,7 @@ def _time(g, calls, reps: int) -> _Timed:
 def _bytes(runner, L, depth: int) -> int:
     """Device bytes one plan launch reads and writes (weights, K/V rows, activations)."""
     c, rows = runner.cfg, L.rows
-    if L.op in ("matvec", "gemm"):
+    if L.op in ("matvec", "gemm", "mvt"):
         w = runner.W[L.args["weight"]]
         n_out = w.rows // 2 if L.args["glu"] else w.rows
         act = w.K * (1 if L.args["q8"] else 4)
