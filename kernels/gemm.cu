@@ -19,10 +19,11 @@
 //    Q6_K, whose groups carry their own scale) come from mma.sync m16n8k32 (m16n8k16 for Q6_K)
 //    s8 x s8 -> s32 with a zero accumulator: integer sums are exact in any order, so they equal
 //    idots' dp4a sums bit for bit (|sum| <= 32 * 127 * 127, no overflow);
-//  - T::accum_r, the float part of the T::accum that mv_q8 calls, folds each unit into the
-//    slot partial; every float operation in it is an explicit-rounding intrinsic, so no
-//    contraction differs. Its row scalars come from T::rowscal (Q4_K / Q5_K: the same
-//    integers by a cheaper extraction), computed once per row instead of once per output;
+//  - G<T>::accum (mma_frag.cuh), the float part of the T::accum that mv_q8 calls (T::accum_r;
+//    for Q4_K / Q5_K an exact rewrite with float row scalars, mma_frag.cuh RK4F), folds each
+//    unit into the slot partial; every float operation in it is an explicit-rounding
+//    intrinsic, so no contraction differs. Its row scalars come from G<T>::rowscal, computed
+//    once per row instead of once per output;
 //  - the slots are walked in bit-reversed order (slot l = brev5(i), i = 0..31), each slot's
 //    units in increasing u, and a finished slot is merged into a 5-level stack exactly like a
 //    binary counter: after slot i, the partials of the t = trailing-ones(i) pending left
@@ -60,9 +61,10 @@
 // pipeline depth (3; >= 2), GM_LREG stack levels kept in registers (1; 0..5), GM_MINB the
 // blocks per SM __launch_bounds__ asks for (2: at most 128 registers for 256 threads),
 // MEMRA_CANARY=1 drops unit 1 of every row (as mv_q8's canary: a deliberately wrong variant
-// that a check must catch). Measured on the H200 (WM,WN,TM,TN,WK,STAGES,LREG,MINB): the
-// default 2,4,2,2,1,3,1,2 wins from nb ~128 up; nb 32..64 want 2,2,2,2,2,3,1,2 (or WK 4);
-// nb <= 16 want 1,1,2,2,8,3,1,2.
+// that a check must catch). Measured on the H200 (WM,WN,TM,TN,WK,STAGES,LREG,MINB; variant 7,
+// experiments/gemm_sweep.sh): 4 n8 tiles a warp win at every batch: nb 16 2,1,2,4,4,3,1,1,
+// nb 64 2,1,2,4,2,3,1,2 (the 4096-row shapes 1,1,2,4,4,3,1,2 or 2,1,2,4,4,3,1,1), nb 512
+// 2,2,2,4,1,3,1,1 (memra/gpu/ops/gemm.py CONFIGS; the table per shape).
 // Launch: grid = (ceil(N / OBM), ceil(nb / BN)) with OBM = BM (gemm_q8) or BM / 2
 // (gemm_q8_glu), block = NTHR = 32 * GM_WM * GM_WN * GM_WK, dynamic shared memory
 // max(GM_STAGES * GM_WK * STAGE + max(0, LV - GM_LREG) * TM * TN * 4 * NTHR * 4,
@@ -88,11 +90,23 @@
 //  5. Q4_K / Q5_K row scalars by a block-uniform switch on j = u & 3 (constant byte
 //     positions; ncu: 702 instructions per warp and unit before, most of them byte selects):
 //     Q4_K nb = 512 59 -> 75 TOPS, gate+up 78.
-//  6. (this) a unit's (mi, ni) tiles as one straight line when every n tile of the block
+//  6. a unit's (mi, ni) tiles as one straight line when every n tile of the block
 //     has live columns (consume(true); the per-tile liveness branch only in blocks with dead
 //     columns): the scheduler interleaves the tiles' IMMAs and epilogues and the nibble
 //     unpack is no longer redone per n tile. 8B Q4_K_M decode step at 64 rows 19.84 ->
 //     19.14 ms (down Q6_K 2.68 -> 2.53 ms), at 16 rows within noise.
+//  7. (this) Q4_K / Q5_K row scalars as floats d sc, dmin m (mma_frag.cuh RK4F, the same
+//     bits as mv_q8's accum_k4: its exactness note), 9 float operations per output and unit
+//     instead of 15 plus 4 integer products, and (float)S once per column; and the sweep of
+//     4-n8-tile configurations (32 outputs a thread, ~220 registers, GM_MINB 1 or 2), never
+//     tried before. ncu before (2,2,2,2,2,3,1,2, glu 2 x 14336 x 4096 at nb 64, 221 us):
+//     600 instructions per warp and unit for 16 outputs (IMAD 16 %, I2FP 11 %, LOP3 9 %,
+//     FFMA 8 %, FMUL 8 %, SHF 8 %, BRA 5 %, IMMA 1.3 %), issue slots 66 % busy, 3.66 warps
+//     per scheduler, 3.39 waves (ncu: the partial wave up to 25 %). H200, bits = mv_q8's in
+//     493 checks, us at nb 64 (v6 built-in -> v7 best): glu 220 -> 197, Q6_K 4096 x 14336
+//     155 -> 131, Q4_K 6144 x 4096 66 -> 55, 4096 x 4096 46 -> 34; nb 512: glu 1485 -> 1300
+//     (92.5 TOPS), Q6_K 979 -> 807. The accum alone, same config: glu at 64 220 -> 211,
+//     at 512 1619 -> 1532 (research/2026-12-01-gemm-v7/).
 //  Withdrawn (research/2026-12-01-batch/, both bit-identical): the accum's int -> float
 //  conversions by a magic-number add instead of I2FP (1-7 % slower), and Q4_K / Q5_K row
 //  scalars d sc, dmin m per row with 9 float operations per output instead of 15 (gate+up
@@ -442,7 +456,7 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                 }
                 uint32_t a[GT::NK][AR];
                 GT::afrag(q, w, tig, a);
-                const typename T::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
+                const typename GT::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
 #pragma unroll
                 for (int ni = 0; ni < GM_TN; ++ni) {
                     if (!FULL && cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
@@ -455,7 +469,7 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
 #pragma unroll
                         for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
                         const int o = (mi * GM_TN + ni) * 4 + e;
-                        P[o] = T::accum_r(P[o], rq[e >> 1], ints, sv[ni][e & 1]);
+                        P[o] = GT::accum(P[o], rq[e >> 1], ints, sv[ni][e & 1]);
                     }
                 }
             }

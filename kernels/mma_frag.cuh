@@ -101,8 +101,43 @@ MEMRA_DEVICE RK4 rowscal_k4_uniform(const uint4& m, int j) {
     q.dmin = f16_to_f32((uint16_t)(m.x >> 16));
     return q;
 }
-// G<T>::rowscal: the row scalars the gemm uses (T::rowscal unless a type has a faster form)
-#define MMA_ROWSCAL_DEFAULT(TT) static MEMRA_DEVICE TT::R rowscal(const TT::U& w) { return TT::rowscal(w); }
+// Q4_K / Q5_K row scalars as floats, d sc and dmin m, once per row and unit, and the float
+// part of a unit with them: the same bits as qtypes.cuh's accum_k4 (mv_q8's). accum_k4
+// computes a = fma(d, (float)(sc I), -(dmin (float)(m S))) (I a sub-block's integer sum, S
+// its activation block's sum). d sc and dmin m are exact in fp32 (an f16's 11 significant
+// bits times a 6-bit integer), (float)I and (float)S are exact (|I| < 2^16, |S| < 2^12), and
+// so are (float)(sc I), (float)(m S) (< 2^22): fma(d sc, (float)I, -(dmin m (float)S)) sees
+// the same real products and rounds each operation once, as accum_k4 does. Only a zero's sign
+// can differ (d sc = 0 and I < 0 give -0 where accum_k4 has +0); the b and a terms then enter
+// acc + fma(a, dx0, b dx1) exactly as before, and acc, a slot partial that starts at +0 and is
+// only ever a rounded sum, is never -0, so the sum is the same. Per output a unit costs 9
+// float operations instead of 15 and 4 integer products; (float)S is common to the rows of a
+// column (the compiler computes it once per column). mvt.cu and gemm.cu use it; mv_q8 keeps
+// accum_k4.
+struct RK4F { float dsc0, dm0, dsc1, dm1; };
+MEMRA_DEVICE RK4F rk4f(const RK4& q) {
+    return {__fmul_rn(q.d, (float)q.sc0), __fmul_rn(q.dmin, (float)q.m0),
+            __fmul_rn(q.d, (float)q.sc1), __fmul_rn(q.dmin, (float)q.m1)};
+}
+MEMRA_DEVICE float accum_k4f(float acc, const RK4F& q, const int* ints, const Q8Scale* s) {
+    const float a = __fmaf_rn(q.dsc0, (float)ints[0], -__fmul_rn(q.dm0, (float)s[0].s));
+    const float b = __fmaf_rn(q.dsc1, (float)ints[1], -__fmul_rn(q.dm1, (float)s[2].s));
+    return __fadd_rn(acc, __fmaf_rn(a, s[0].d, __fmul_rn(b, s[2].d)));
+}
+// G<T>::R, rowscal and accum: the row scalars the tensor-core kernels compute once per row and
+// unit, and a unit's float part with them (T's own unless a type has a faster exact form)
+#define MMA_ROWSCAL_DEFAULT(TT)                                                                       \
+    typedef TT::R R;                                                                                  \
+    static MEMRA_DEVICE R rowscal(const TT::U& w) { return TT::rowscal(w); }                         \
+    static MEMRA_DEVICE float accum(float acc, const R& q, const int* ints, const Q8Scale* s) {     \
+        return TT::accum_r(acc, q, ints, s);                                                          \
+    }
+#define MMA_ROWSCAL_K4(TT)                                                                            \
+    typedef RK4F R;                                                                                   \
+    static MEMRA_DEVICE R rowscal(const TT::U& w) { return rk4f(rowscal_k4_uniform(w.m, w.j)); }     \
+    static MEMRA_DEVICE float accum(float acc, const R& q, const int* ints, const Q8Scale* s) {     \
+        return accum_k4f(acc, q, ints, s);                                                            \
+    }
 
 template <> struct G<TQ4_0> {
     MMA_ROWSCAL_DEFAULT(TQ4_0)
@@ -168,7 +203,7 @@ template <> struct G<TQ8_0> {
     }
 };
 template <> struct G<TQ4_K> {
-    static MEMRA_DEVICE RK4 rowscal(const TQ4_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
+    MMA_ROWSCAL_K4(TQ4_K)
     static constexpr int NCH = 2, WBS = 48, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) { return 32 * u + 16 * c; }
     // sub-block 2j (k = 0): low nibbles of the unit's 32 bytes; 2j+1 (k = 1): high nibbles
@@ -178,7 +213,7 @@ template <> struct G<TQ4_K> {
     }
 };
 template <> struct G<TQ5_K> {
-    static MEMRA_DEVICE RK4 rowscal(const TQ5_K::U& w) { return rowscal_k4_uniform(w.m, w.j); }
+    MMA_ROWSCAL_K4(TQ5_K)
     // chunks 0, 1: the unit's 32 qs bytes; 2, 3: the block's 32 qh bytes
     static constexpr int NCH = 4, WBS = 80, MW = 16, MCP = 16, MWS = 16, SB = 2, NK = 2;
     static MEMRA_DEVICE int chunk(int u, int c) {

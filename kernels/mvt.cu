@@ -40,9 +40,10 @@
 //  - a unit's integer sums (per 32-element activation block; per 16-element group for Q6_K)
 //    come from mma.sync m16n8k32 (m16n8k16) s8 x s8 -> s32 with a zero accumulator: integer sums
 //    are exact in any order (|sum| <= 32 * 127 * 127), so they equal idots' dp4a sums;
-//  - T::accum_r folds each unit into the slot partial with the row scalars of T::rowscal (Q4_K,
-//    Q5_K: gemm.cu's rowscal_k4_uniform, the same integers), once per row and unit; every float
-//    operation in accum_r is an explicit-rounding intrinsic, so nothing contracts differently;
+//  - G<T>::accum (mma_frag.cuh: T::accum_r, or for Q4_K / Q5_K its exact rewrite with float
+//    row scalars, RK4F) folds each unit into the slot partial with the row scalars of
+//    G<T>::rowscal, once per row and unit; every float operation in it is an explicit-rounding
+//    intrinsic, so nothing contracts differently;
 //  - the warp of group k (k < MVT_WK) walks the slots l = k (mod WK), leaf j = slot k + WK
 //    brev_LV(j) (LV = 5 - log2 WK), each slot's units in increasing u, and merges a finished
 //    slot into an LV-level stack of pending butterfly levels like a binary counter (after leaf j,
@@ -249,7 +250,7 @@ while (cj < NLEAF) {
         if (J >= 0) { setj(w[0], J); setj(w[1], J); }
         uint32_t a[GT::NK][AR];
         GT::afrag(p.q, w, tig, a);
-        const typename T::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
+        const typename GT::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
         const int e0 = T::goff(u, 0, nu);
         const int sb = e0 / 32;                     // first scale block of the unit
 #pragma unroll
@@ -292,7 +293,7 @@ while (cj < NLEAF) {
                 int ints[T::NI];
 #pragma unroll
                 for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
-                P[4 * ni + e] = T::accum_r(P[4 * ni + e], rq[e >> 1], ints, sv[e & 1]);
+                P[4 * ni + e] = GT::accum(P[4 * ni + e], rq[e >> 1], ints, sv[e & 1]);
             }
         }
     }

@@ -40,9 +40,11 @@ def _cfg(text: str) -> dict:
     return dict(zip(_KEYS, (int(v) for v in text.split(","))))
 
 
-# the H200 sweep's best by batch size (gemm_check, 7 shapes of the 8B): small batches split
-# the slots over 8 warp groups, mid ones over 2, large ones take the big tile
-CONFIGS = ((16, _cfg("1,1,2,2,8,3,1,2")), (64, _cfg("2,2,2,2,2,3,1,2")), (1 << 30, _cfg("2,4,2,2,1,3,1,2")))
+# the H200 sweep's best by batch size (experiments/gemm_sweep.sh over gemm_check, the 8B's
+# Q4_K / Q6_K shapes at 16, 64 and 512 rows; research/2026-12-01-gemm-v7/): every winner
+# holds 4 n8 tiles per warp (32 outputs a thread, ~220 registers); 16 rows split the slots
+# over 4 warp groups, up to 64 over 2, larger batches take the 64 x 64 tile of 4 warps
+CONFIGS = ((16, _cfg("2,1,2,4,4,3,1,1")), (64, _cfg("2,1,2,4,2,3,1,2")), (1 << 30, _cfg("2,2,2,4,1,3,1,1")))
 
 
 def default_config(nb: int) -> dict:
