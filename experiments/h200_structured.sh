@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13's speed floor on the H200: constrained (nested JSON schema, the mask applied in
 # the decode graph by kernels/mask.cu; arm json: the fill overlapped with the step's body and
-# the pinned async upload, arm json-sync: the fill before the step) vs unconstrained decode
+# the pinned async upload, arm json-sync: the fill before the step, arm json-ff: json with
+# forced tokens fast-forwarded, multi-token rows on the eager path) vs unconstrained decode
 # tok/s at batch 1 and 16, on
 # the synthetic llama3-8b Q4_K_M and on SmolLM2 (the real model when its alias is cached on
 # the device, else the synthetic one at its shapes), interleaved A/B, 5 reps of 128 steps
@@ -31,7 +32,7 @@ SMOL=synth:smollm2-135m:Q4_1
 timeout 20 python3 -c "from memra.model.aliases import resolve; resolve('smollm2-135m')" > /dev/null 2>&1 && SMOL=smollm2-135m
 for m in synth:llama3-8b:Q4_K_M "$SMOL"; do
   log "structured speed $m"
-  timeout 420 python3 experiments/structured_speed.py --model "$m" --tokenizer-from "$TOK" --batch 1,16 \
+  timeout 560 python3 experiments/structured_speed.py --model "$m" --tokenizer-from "$TOK" --batch 1,16 \
     --steps "${STEPS:-128}" --reps "${REPS:-5}" --out "$OUT/structured.jsonl" >> "$OUT/structured.log" 2>&1
   log "structured speed $m rc=$?"
 done

@@ -15,9 +15,21 @@ graph of the bucket), greedy, in two arms interleaved A/B/A/B `reps` times:
           matcher is reset), so every step of the arm is constrained.
   json-sync — the same, the masks filled on the host before the step (the path before the
           overlap; what MEMRA_MASK_OVERLAP=0 gives the server).
-tok/s = batch * steps / wall time of the steps (host mask work included). Each line of --out
-is one arm of one rep (mask_fill_ms: the fill's host time a step); a summary line per
-(model, batch) gives the median ratios json/free and json-sync/free.
+  json-ff — json with forced tokens fast-forwarded (memra.text.grammar.fast_forward, the
+          server's path): after a sampled token the tokens the grammar forces are emitted
+          without sampling and the row's next step feeds [sampled, forced...] as one row,
+          sampled after the last under the mask fast_forward left. As in the scheduler,
+          rows with forced tokens go to one eager Runner.step call (multi-token rows), the
+          others to the decode graph with mask=LATER and the overlapped fill; every row
+          emits the same steps + 1 tokens as in json (a forced run is cut at that count).
+tok/s = emitted tokens (batch * steps; json-ff: forced ones included) / wall time of the
+steps (host mask work included). Each line of --out is one arm of one rep (mask_fill_ms: the
+fill's host time a step; json-ff: per emitted token of a row, fast_forward's included, and
+also `forced` tokens, `row_steps` (the rows' model steps: their sampled tokens),
+`steps_per_token` (row_steps / emitted tokens; 1 in the other arms), `calls` (Runner.step
+calls) and `identical` (row 0 emitted json's tokens: fast-forward changed nothing)); a
+summary line per (model, batch) gives the median ratios json/free, json-sync/free and
+json-ff/free.
 Session 5 (H200, 1acf818, the sync path): 8B 0.920 (batch 1) / 0.749 (batch 16); SmolLM2
 0.784 / 0.418, the fill 0.07-0.12 ms a step at batch 1 and 2.4-2.9 ms at batch 16.
 Synthetic models decode at their real speed (memra synth: random but valid weights); the
@@ -49,13 +61,15 @@ NESTED = {"type": "object", "properties": {
     "required": ["order", "paid"], "additionalProperties": False}
 
 
-MODES = ("free", "json", "json-sync")
+MODES = ("free", "json", "json-sync", "json-ff")
 
 
 def run_arm(r, tok, con, batch: int, steps: int, mode: str, prompt: list[int]) -> dict:
     from memra.gpu.runner import LATER, Row, Sampling
     from memra.text.grammar import fill_masks, new_masks
 
+    if mode == "json-ff":
+        return run_ff_arm(r, tok, con, batch, steps, prompt)
     greedy = Sampling(0.0)
     json_mode = mode != "free"
     seqs = [r.open() for _ in range(batch)]
@@ -90,18 +104,117 @@ def run_arm(r, tok, con, batch: int, steps: int, mode: str, prompt: list[int]) -
             return toks
 
         toks = commit(step([prompt] * batch))
+        row0 = [toks[0]]
         r.g.sync()
         fill_s = 0.0
         t0 = time.perf_counter()
         for _ in range(steps):
             toks = commit(step([[t] for t in toks]))
+            row0.append(toks[0])
         r.g.sync()
         wall = time.perf_counter() - t0
     finally:
         for s in seqs:
             r.close(s)
     return {"tok_s": batch * steps / wall, "step_ms": 1e3 * wall / steps,
-            "mask_fill_ms": 1e3 * fill_s / steps if json_mode else 0.0}
+            "mask_fill_ms": 1e3 * fill_s / steps if json_mode else 0.0, "row0": row0}
+
+
+def run_ff_arm(r, tok, con, batch: int, steps: int, prompt: list[int]) -> dict:
+    """Arm json-ff: every row emits steps + 1 tokens (the first from the prompt's step, not
+    timed), forced runs fast-forwarded; see the module docstring."""
+    from memra.gpu.runner import LATER, Row, Sampling
+    from memra.text.grammar import fast_forward, fill_masks, new_masks
+
+    greedy = Sampling(0.0)
+    seqs = [r.open() for _ in range(batch)]
+    matchers = [con.matcher() for _ in range(batch)]
+    masks = new_masks(batch, tok.n_vocab)  # row i's mask after its forced run
+    feed: list[list[int]] = [list(prompt) for _ in range(batch)]  # what each row feeds next
+    ready = [False] * batch  # masks[i] holds row i's next mask (fast_forward computed it)
+    emitted = [0] * batch
+    row0: list[int] = []
+    target = steps + 1
+    st = {"fill_s": 0.0, "forced": 0, "calls": 0, "row_steps": 0}
+
+    def take(i: int, t: int, ff: bool = True) -> None:
+        """Row i's sampled token t: consumed, then (ff) its forced run, cut at the target
+        count (a finished document starts over, as in the other arms)."""
+        m = matchers[i]
+        if not m.consume(t):
+            raise RuntimeError(f"the grammar rejected token {t}: {m.error}")
+        emitted[i] += 1
+        feed[i], ready[i] = [t], False
+        if i == 0:
+            row0.append(t)
+        if ff:
+            forward(i)
+
+    def forward(i: int) -> None:
+        m = matchers[i]
+        tf = time.perf_counter()
+        while emitted[i] < target:
+            if m.stopped:
+                m.m.reset()
+            forced, ready[i] = fast_forward(m, target - emitted[i], masks[i])
+            feed[i] += forced
+            emitted[i] += len(forced)
+            st["forced"] += len(forced)
+            if i == 0:
+                row0.extend(forced)
+            if not m.stopped:
+                break
+        st["fill_s"] += time.perf_counter() - tf
+
+    def step(live: list[int], ff: bool = True) -> None:
+        plain = [i for i in live if len(feed[i]) == 1]
+        multi = [i for i in live if len(feed[i]) > 1]
+        if plain:  # the decode graph, the mask filled while the device runs the body
+            pairs = [(matchers[i], k) for k, i in enumerate(plain)]
+
+            def fill(buf):
+                tf = time.perf_counter()
+                fill_masks(pairs, buf)
+                st["fill_s"] += time.perf_counter() - tf
+
+            outs = r.step([Row(seqs[i], feed[i], sample=greedy, mask=LATER) for i in plain], fill=fill)
+            st["calls"] += 1
+            for i, o in zip(plain, outs):
+                take(i, o.token, ff)
+        if multi:  # forced runs (and the prompts): one eager call of multi-token rows
+            tf = time.perf_counter()
+            for i in multi:
+                if not ready[i]:
+                    matchers[i].fill(masks[i])
+            st["fill_s"] += time.perf_counter() - tf
+            outs = r.step([Row(seqs[i], feed[i], sample=greedy, mask=masks[i]) for i in multi])
+            st["calls"] += 1
+            for i, o in zip(multi, outs):
+                take(i, o.token, ff)
+        st["row_steps"] += len(live)
+
+    try:
+        step(list(range(batch)), ff=False)  # the prompts: the first token, as in the other arms
+        r.g.sync()
+        n0 = sum(emitted)
+        st.update(fill_s=0.0, forced=0, calls=0, row_steps=0)
+        t0 = time.perf_counter()
+        for i in range(batch):  # the forced runs after the first token are timed
+            forward(i)
+        while True:
+            live = [i for i in range(batch) if emitted[i] < target]
+            if not live:
+                break
+            step(live)
+        r.g.sync()
+        wall = time.perf_counter() - t0
+    finally:
+        for s in seqs:
+            r.close(s)
+    n = sum(emitted) - n0
+    return {"tok_s": n / wall, "step_ms": 1e3 * wall / max(st["calls"], 1),
+            "mask_fill_ms": 1e3 * st["fill_s"] * batch / n, "forced": st["forced"], "row_steps": st["row_steps"],
+            "steps_per_token": st["row_steps"] / n, "calls": st["calls"], "row0": row0}
 
 
 def main() -> int:
@@ -142,32 +255,46 @@ def main() -> int:
             for mode in MODES:
                 run_arm(r, tok, con, b, 4, mode, prompt)
         res: dict = {}
+        same: dict = {}
         for rep in range(a.reps):
             for b in batches:
+                lines, row0 = [], {}
                 for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
                     m = run_arm(r, tok, con, b, a.steps, mode, prompt)
+                    row0[mode] = m.pop("row0")
                     res.setdefault((b, mode), []).append(m["tok_s"])
-                    line = {"schema": "memra.structured-speed/1", "ts": utc_now(), "git_sha": git_sha(),
-                            "device": r.g.info.name, "model": name, "spec": spec, "batch": b, "mode": mode,
-                            "steps": a.steps, "rep": rep, **m}
-                    out.write(json.dumps(line) + "\n")
-                    out.flush()
+                    lines.append({"schema": "memra.structured-speed/1", "ts": utc_now(), "git_sha": git_sha(),
+                                  "device": r.g.info.name, "model": name, "spec": spec, "batch": b, "mode": mode,
+                                  "steps": a.steps, "rep": rep, **m})
+                    extra = f", {m['steps_per_token']:.3f} model steps a token" if mode == "json-ff" else ""
                     print(f"{name} batch {b} {mode}: {m['tok_s']:.1f} tok/s ({m['step_ms']:.3f} ms a step, "
-                          f"mask fill {m['mask_fill_ms']:.3f} ms)", flush=True)
+                          f"mask fill {m['mask_fill_ms']:.3f} ms{extra})", flush=True)
+                same.setdefault(b, []).append(row0["json-ff"] == row0["json"])
+                for line in lines:
+                    if line["mode"] == "json-ff":
+                        line["identical"] = same[b][-1]
+                    out.write(json.dumps(line) + "\n")
+                out.flush()
+                if not same[b][-1]:
+                    print(f"{name} batch {b} json-ff: row 0's tokens DIFFER from json's", flush=True)
         for b in batches:
             free, js = statistics.median(res[(b, "free")]), statistics.median(res[(b, "json")])
             ratios = [j / f for j, f in zip(res[(b, "json")], res[(b, "free")])]
             sync = [j / f for j, f in zip(res[(b, "json-sync")], res[(b, "free")])]
+            ff = [j / f for j, f in zip(res[(b, "json-ff")], res[(b, "free")])]
             line = {"schema": "memra.structured-speed-summary/1", "ts": utc_now(), "git_sha": git_sha(),
                     "device": r.g.info.name, "model": name, "batch": b, "free_tok_s": free, "json_tok_s": js,
                     "path": "overlapped", "json_sync_tok_s": statistics.median(res[(b, "json-sync")]),
                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                     "sync_ratio_median": statistics.median(sync),
+                    "json_ff_tok_s": statistics.median(res[(b, "json-ff")]), "ff_ratio_median": statistics.median(ff),
+                    "ff_ratio_min": min(ff), "ff_ratio_max": max(ff), "ff_identical": all(same[b]),
                     "reps": a.reps, "floor": 0.95, "meets_floor": statistics.median(ratios) >= 0.95}
             out.write(json.dumps(line) + "\n")
             print(f"SUMMARY {name} batch {b}: json/free = {line['ratio_median']:.3f} "
                   f"(min {line['ratio_min']:.3f}, max {line['ratio_max']:.3f}) free {free:.1f} json {js:.1f} tok/s; "
-                  f"json-sync/free = {line['sync_ratio_median']:.3f}", flush=True)
+                  f"json-sync/free = {line['sync_ratio_median']:.3f}; json-ff/free = {line['ff_ratio_median']:.3f} "
+                  f"(tokens {'identical' if line['ff_identical'] else 'DIFFER'})", flush=True)
         del r
     out.close()
     return 0

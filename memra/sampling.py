@@ -165,6 +165,14 @@ class Sampler:
             idx, v = idx[:max(n, 1)], v[:max(n, 1)]
         return idx, v
 
+    def skip(self, n: int) -> None:
+        """Advance the random stream as n calls of sample() would (a token chosen without
+        calling it: a forced token of a constraint, memra.text.grammar.fast_forward). With
+        a single allowed token sample() returns it and makes one draw (none when greedy),
+        so the tokens after it are the same either way."""
+        if n > 0 and not self.params.greedy:
+            self.rng.random(int(n))
+
     def sample(self, logits: np.ndarray, history=()) -> int:
         """The next token id; `history` is every token so far (prompt and generated)."""
         if np.asarray(logits).size != self.n_vocab:

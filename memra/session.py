@@ -15,6 +15,7 @@ half of one, no split UTF-8 character).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ class Timings:
     n_gen: int = 0
     prefill_s: float = 0.0  # the prompt's forward pass and the first sample
     decode_s: float = 0.0  # every later token: forward pass and sample
+    n_forced: int = 0  # of the n_gen, tokens a constraint forced (emitted without sampling)
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -93,7 +95,12 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
 
     constraint (memra.text.grammar.Constraint): every token is sampled from the logits with
     the grammar's disallowed tokens at -inf; the generation ends when the grammar is
-    complete (its end-of-generation token is reported without another model step).
+    complete (its end-of-generation token is reported without another model step). Tokens
+    the grammar forces after a sampled one (memra.text.grammar.fast_forward; MEMRA_FORCED=0
+    turns it off) are emitted without sampling and fed with it in one forward pass where the
+    engine's multi-token forward is exact (the GPU runner), one position at a time on the
+    CPU reference: the same tokens (the host sampler's stream skips one draw per forced
+    token), counted in timings.n_forced.
 
     spec (memra.spec.decode.SpecDecoder): speculative decoding — drafted tokens verified in
     one step each, plain decode's tokens (the same sampler, seed and penalties) out.
@@ -126,18 +133,51 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     p = sampler.params
     matcher = constraint.matcher() if constraint is not None else None
     if matcher is not None:
-        from memra.text.grammar import masked, new_masks
+        from memra.text.grammar import fast_forward, forced_enabled, masked, new_masks
 
         mask = new_masks(1, n_vocab)[0]
+        ff = forced_enabled()
+        # an engine whose forward over several tokens leaves each position as one-token
+        # forwards would (the GPU runner: memra.gpu.gate checks prefill = decode) takes a
+        # forced run in one step; the CPU reference's batched kernels sum in another order,
+        # so there the run is fed one position at a time (the same forwards as without it)
+        joint = bool(getattr(model, "prefill_is_decode", False))
+        n_room = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
+        feed: list[int] = []      # emitted tokens the model has not seen yet
+        queue: deque[int] = deque()  # forced tokens still to emit (consumed by the matcher)
+        mask_ready = False        # fast_forward left the next position's mask in `mask`
 
         def next_token(last):
-            if last is not None and not matcher.consume(last):
-                raise MemraError(f"the constraint rejected token {last}: {matcher.error}")
+            nonlocal mask_ready
+            if last is not None:
+                feed.append(last)
+            if queue:
+                return queue.popleft()  # forced: emitted without a model step
             if matcher.stopped and stop_ids:
                 return min(stop_ids)  # the grammar allows only the end now: no model step
-            logits = model.forward(prompt if last is None else [last], cache)
-            matcher.fill(mask)
-            return sampler.sample(masked(logits, mask), history)
+            if last is None:
+                logits = model.forward(prompt, cache)
+            elif joint or len(feed) == 1:
+                logits = model.forward(list(feed), cache)
+            else:
+                for t in feed[:-1]:
+                    model.forward([t], cache)
+                logits = model.forward([feed[-1]], cache)
+            feed.clear()
+            if not mask_ready:
+                matcher.fill(mask)
+            token = sampler.sample(masked(logits, mask), history)
+            if not matcher.consume(token):
+                raise MemraError(f"the constraint rejected token {token}: {matcher.error}")
+            mask_ready = False
+            if ff:
+                # tokens emitted so far: timings.n_gen, then this one; ts ends the request at
+                # the same token whether or not more were forced, this only saves mask work
+                forced, mask_ready = fast_forward(matcher, n_room - timings.n_gen - 1, mask)
+                sampler.skip(len(forced))
+                timings.n_forced += len(forced)
+                queue.extend(forced)
+            return token
     elif getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
             and not p.frequency_penalty:
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))

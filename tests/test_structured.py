@@ -293,6 +293,7 @@ def test_cli_json_schema_and_errors(model, tmp_path, reference, tok):
     ref, _ = reference
     want = _greedy(ref, doc["prompt_ids"], 200, compile_constraint(tok, "json_schema", schema), tok.eog_ids)
     assert doc["tokens"][:len(want)] == want
+    assert 0 < doc["n_forced"] < doc["n_gen"]  # forced tokens were fast-forwarded (MEMRA_FORCED)
     bad = tmp_path / "bad.gbnf"
     bad.write_text("root ::= nothing-here\n")
     r = _memra("run", str(model), "-p", "x", "-n", "5", "--device", "cpu", "--grammar", str(bad))

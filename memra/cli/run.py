@@ -267,8 +267,9 @@ def run(
                 sys.stdout.flush()
     t = final.timings
     gbs = pct = None
-    if device == "gpu" and t.decode_tok_s and spec_dec is None:
+    if device == "gpu" and t.decode_tok_s and spec_dec is None and not t.n_forced:
         # decode is memory-bound: bytes one step reads (at the mean depth) x steps per second
+        # (not with forced tokens: a step then feeds several tokens, as with --spec)
         depth = t.n_prompt + t.n_gen // 2
         gbs = engine.bytes_per_token(depth) * t.decode_tok_s / 1e9
         pct = 100.0 * gbs * 1e9 / engine.g.copy_bandwidth()
@@ -285,6 +286,7 @@ def run(
             "gate": {"cross_check": asdict(gate[0]), "teacher_forced": asdict(gate[1])} if gate else None,
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
             "spec": spec_dec.stats.as_dict() if spec_dec is not None else None,
+            "n_forced": t.n_forced if constraint is not None else None,
         }
         print(json.dumps(doc, ensure_ascii=False))
         return
@@ -298,6 +300,8 @@ def run(
         s = spec_dec.stats
         rate = f" ({100 * s.acceptance:.0f}%)" if s.acceptance is not None else ""
         bw = f" · spec {s.drafter} k {s.k}: {s.accepted}/{s.drafted} drafted accepted{rate} in {s.steps} steps"
+    if constraint is not None and t.n_forced:
+        bw += f" · {t.n_forced} forced"
     err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
               f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
 

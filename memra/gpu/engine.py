@@ -38,6 +38,11 @@ class GPUCache:
 
 
 class GPUEngine(Runner):
+    # forward(tokens) leaves every position's logits and KV rows as one-token forwards would
+    # (the runner's contract; memra.gpu.gate checks prefill = decode): memra.session feeds a
+    # constraint's forced tokens with the sampled one in one step
+    prefill_is_decode = True
+
     def __init__(self, model, cfg=None, n_ctx: int | None = None, batch: int = 1, gpu=None,
                  matvec_path: str | None = None, pdl: bool | None = None, tune_table=None, **kw):
         if not 1 <= int(batch) <= MAX_ROWS:

@@ -8,7 +8,10 @@ Gauges: memra:num_requests_running, memra:num_requests_waiting, memra:kv_cache_u
 memra:prefix_cache_hits_total (prompt tokens looked up / found cached),
 memra:prompt_tokens_total, memra:generation_tokens_total, memra:request_success_total
 {finished_reason}, memra:spec_draft_tokens_total and memra:spec_accepted_tokens_total (draft
-tokens verified / accepted by speculative decoding, `memra serve --spec`). Histograms (seconds, vLLM's buckets): memra:time_to_first_token_seconds,
+tokens verified / accepted by speculative decoding, `memra serve --spec`),
+memra:forced_tokens_total (generated tokens a constraint forced: emitted without sampling and
+fed with the sampled token before them in one step; counted in generation tokens too).
+Histograms (seconds, vLLM's buckets): memra:time_to_first_token_seconds,
 memra:inter_token_latency_seconds, memra:e2e_request_latency_seconds,
 memra:request_queue_time_seconds. Every series carries model_name. Each server has its own
 registry (no process-global state: tests run several servers in one process).
@@ -71,6 +74,8 @@ class Metrics:
                                               "speculative decoding.", L, registry=r))
         self.spec_accepted_tokens = bind(Counter("memra:spec_accepted_tokens", "Draft tokens accepted by "
                                                  "speculative decoding.", L, registry=r))
+        self.forced_tokens = bind(Counter("memra:forced_tokens", "Generated tokens a constraint forced "
+                                          "(emitted without sampling; fast-forward).", L, registry=r))
         self.success = bind(Counter("memra:request_success", "Finished requests by finish reason.",
                                     L + ["finished_reason"], registry=r))
         self.ttft = bind(Histogram("memra:time_to_first_token_seconds", "Arrival to first token.", L,

@@ -22,7 +22,9 @@ Each iteration of the engine thread:
      get prefill chunks under what is left of the token budget (`max_batched_tokens`), in
      admission order, at least one chunk a step. Decode rows and prefill rows go to the
      runner as two calls of one iteration (the decode rows stay on the graph path), so
-     running streams keep flowing while a long prompt arrives in chunks;
+     running streams keep flowing while a long prompt arrives in chunks. A constrained
+     request with forced tokens (below) feeds its last sampled token and them as one row of
+     several tokens, counted against the budget, in the prefill call;
   4. hands each row's token to its request: the text stream (memra.text.stream.TextStream:
      detokenization, stop strings, end of generation, length), log-probs when asked, an
      event to the request's asyncio queue; finished requests register their full blocks
@@ -37,10 +39,14 @@ the batch fill is the step's fill callback, which the GPU runner calls while the
 the step's body (the mask is needed only by the sampler at its end); prefill rows and
 host-sampled rows get theirs before the step. The engine sets the disallowed logits to -inf
 before its sampler (on the GPU inside the decode graph's tail, kernels/mask.cu); the chosen
-token advances the request's matcher, and a complete grammar ends the request. A row's logits never depend on
-the rows beside it or on how its prompt was chunked (the runner's exactness contract; the
-CPU engine computes one position at a time), so a request's greedy tokens are the same
-alone or among 64, and with or without a prefix-cache hit.
+token advances the request's matcher, and a complete grammar ends the request. The tokens
+the grammar then forces (each the only one its position's mask allows: memra.text.grammar.
+fast_forward) are emitted at once and fed with the sampled token in the request's next row,
+which is sampled after the last of them (MEMRA_FORCED=0: one step per token; the same
+tokens). A row's logits never depend on the rows beside it or on how its prompt was
+chunked (the runner's exactness contract; the CPU engine computes one position at a time),
+so a request's greedy tokens are the same alone or among 64, and with or without a
+prefix-cache hit.
 """
 
 from __future__ import annotations
@@ -104,6 +110,10 @@ class GenRequest:
     sampler: Sampler | None = None
     device: Sampling | None = None
     matcher: object = None  # the constraint's parser state (memra.text.grammar.Matcher)
+    forced: list[int] = field(default_factory=list)  # forced tokens emitted after next_tok, not yet fed
+    ff_mask: object = None  # int32 [words]: the mask after the forced tokens, when fast_forward computed it
+    ff_buf: object = None   # the request's own mask row that fast_forward writes
+    n_forced: int = 0
     spec: object = None     # speculative decoding state (memra.spec.decode.SpecRow), made on first use
     t_admit: float | None = None
     t_first: float | None = None
@@ -186,6 +196,11 @@ class Scheduler:
         self.spec = spec  # memra.spec.decode.SpecServing: speculate while few requests decode
         # decode rows' masks filled while the engine runs the step (MEMRA_MASK_OVERLAP=0: before it)
         self.overlap_masks = os.environ.get("MEMRA_MASK_OVERLAP", "1") != "0"
+        from memra.text.grammar import forced_enabled
+
+        # a constraint's forced tokens fed with the sampled one in one row (MEMRA_FORCED=0: off)
+        self.fast_forward = forced_enabled()
+        self.forced_tokens = 0
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
     # -- the event loop's side --------------------------------------------------------------------
@@ -397,15 +412,16 @@ class Scheduler:
         return out
 
     def _step(self) -> None:
-        dec = [r for r in self.running if r.next_tok is not None]
+        dec = [r for r in self.running if r.next_tok is not None and not r.forced]
+        ffw = [r for r in self.running if r.next_tok is not None and r.forced]
         pre = [r for r in self.running if r.next_tok is None]
-        budget = self.budget - len(dec)
+        budget = self.budget - len(dec) - sum(1 + len(r.forced) for r in ffw)
         chunks = []
         for r in pre:
             left = len(r.prompt) - r.pos
             n = min(left, budget)
             if n <= 0:
-                if chunks or dec:
+                if chunks or dec or ffw:
                     break
                 n = min(left, self.budget)  # an idle step always moves the first prompt
             chunks.append((r, n))
@@ -430,13 +446,24 @@ class Scheduler:
                 outs = self.engine.step(rows)
             for r, o, m in zip(group, outs, masks):
                 self._token(r, o, m)
-        if chunks:
+        if chunks or ffw:
+            # forced runs go with the prompt chunks: rows of several tokens (the runner's eager
+            # path), the last sampled token then the forced ones, sampled after the last under
+            # the mask fast_forward left (or one filled now)
+            for r in ffw:
+                if r.ff_mask is None:
+                    r.matcher.fill(self._ff_row(r))
+                    r.ff_mask = r.ff_buf
             ending = [r for r, n in chunks if r.pos + n == len(r.prompt)]
             masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
-            rows = [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
-                    for r, n in chunks]
+            masks.update((id(r), r.ff_mask) for r in ffw)
+            rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask) for r in ffw]
+            rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
+                     for r, n in chunks]
             outs = self.engine.step(rows)
-            for (r, n), o in zip(chunks, outs):
+            for r, o in zip(ffw, outs):
+                self._token(r, o, masks[id(r)])
+            for (r, n), o in zip(chunks, outs[len(ffw):]):
                 r.pos += n
                 if r.pos == len(r.prompt):
                     self._token(r, o, masks.get(id(r)))
@@ -478,6 +505,32 @@ class Scheduler:
             toks = r.prompt + r.generated
             r.registered = self.pc.register(r.namespace, toks, r.seq.slot, r.seq.n, r.registered)
 
+    def _ff_row(self, r: GenRequest) -> np.ndarray:
+        """r's own mask row for fast_forward (kept for its next step's sampler)."""
+        if r.ff_buf is None:
+            from memra.text.grammar import new_masks
+
+            r.ff_buf = new_masks(1, self.n_vocab)[0]
+        return r.ff_buf
+
+    def _emit(self, r: GenRequest, token: int, lp=None):
+        """One generated token of r to its text stream and its client; the finish, if it ends r."""
+        now = time.perf_counter()
+        m = self.metrics
+        if m is not None:
+            if r.t_first is None:
+                m.ttft.observe(now - r.t_arrival)
+            else:
+                m.itl.observe(now - r.t_last)
+            m.generation_tokens.inc()
+        if r.t_first is None:
+            r.t_first = now
+        r.t_last = now
+        r.generated.append(token)
+        text, finish = r.ts.push(token)
+        self._send(r, ("token", token, text, lp))
+        return finish
+
     def _token(self, r: GenRequest, out, mask=None) -> None:
         if r.sampler is not None:
             logits = out.logits
@@ -492,22 +545,32 @@ class Scheduler:
             self._end(r, None, error=f"the constraint rejected token {token}: "
                                      f"{r.matcher.error or 'no token was allowed'}")
             return
-        now = time.perf_counter()
-        m = self.metrics
-        if m is not None:
-            if r.t_first is None:
-                m.ttft.observe(now - r.t_arrival)
-            else:
-                m.itl.observe(now - r.t_last)
-            m.generation_tokens.inc()
-        if r.t_first is None:
-            r.t_first = now
-        r.t_last = now
-        r.generated.append(token)
         lp = logprob_entry(out.logits, token, r.logprobs) if r.logprobs is not None else None
-        text, finish = r.ts.push(token)
+        finish = self._emit(r, token, lp)
         r.next_tok = token
-        self._send(r, ("token", token, text, lp))
+        r.forced, r.ff_mask = [], None
+        if finish is None and r.matcher is not None and self.fast_forward and r.logprobs is None:
+            # the tokens the grammar forces next (each the only one its position's mask
+            # allows: what the sampler would choose there), emitted now and fed with `token`
+            # in the next step's row; at most what the token limit and one step's budget
+            # leave (per-token log-probs would need each position's logits: not forwarded)
+            from memra.text.grammar import fast_forward
+
+            left = min(r.max_new - len(r.generated), self.budget - 1)
+            forced, ready = fast_forward(r.matcher, left, self._ff_row(r))
+            if r.sampler is not None:
+                r.sampler.skip(len(forced))  # the draws sample() would have made there
+            for t in forced:
+                r.forced.append(t)
+                r.n_forced += 1
+                self.forced_tokens += 1
+                if self.metrics is not None:
+                    self.metrics.forced_tokens.inc()
+                finish = self._emit(r, t)
+                if finish is not None:
+                    break
+            if ready and finish is None:
+                r.ff_mask = r.ff_buf
         if finish is None and r.matcher is not None and r.matcher.stopped and not r.ignore_eos \
                 and self.tok.eog_ids:
             # the grammar is complete: its mask would allow the end-of-generation ids alone,

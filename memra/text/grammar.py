@@ -8,6 +8,7 @@ use it as their grammar backend).
     fill_masks([(m, 0)], words)           # row by row (MEMRA_MASK_THREADS > 1: llguidance's pool)
     x = masked(logits, words[0])          # disallowed logits -> -inf (what kernels/mask.cu does)
     m.consume(token)                      # after the token is chosen
+    fed = fast_forward(m, limit, row)     # forced tokens, consumed (MEMRA_FORCED=0: none)
 
 The tokenizer llguidance walks is built from the GGUF vocabulary alone (no Hugging Face
 `transformers`): every token's raw bytes as memra.text.tokenizer.Tokenizer.token_bytes gives
@@ -15,6 +16,14 @@ them (llama.cpp's token_to_piece with special=true), control tokens marked with 
 0xFF prefix so that grammar text can never match them, the model's end-of-generation ids as
 llguidance's EOS set. A finished grammar allows exactly those EOS ids, so a constrained
 request ends with one of them (finish_reason "stop").
+
+Fast-forward (forced tokens): after a sampled token, `fast_forward` takes the tokens the
+grammar forces next (llguidance's compute_ff_tokens) one at a time, and keeps one only where
+the mask of its position allows that token alone; it is consumed, and the caller emits it
+and feeds it to the model with the last sampled token in one step, without sampling there.
+A masked sampler (argmax, the device's seeded draw, memra.sampling.Sampler) could choose
+nothing else at such a position, so the tokens are those of one step per token (the host
+sampler's random stream is advanced by one draw per forced token: Sampler.skip).
 
 JSON: by default a schema's output has fixed separators (", " and ": ") and no other
 whitespace (`whitespace_flexible: false`). A model may otherwise pad with spaces and new
@@ -150,7 +159,7 @@ class Constraint:
         m = llg.LLMatcher(self.tokenizer, self.grammar, log_level=0)
         if m.is_error():
             raise GrammarError(f"the {_WHAT[self.kind]} is invalid: {_first_line(m.get_error())}")
-        return Matcher(m)
+        return Matcher(m, int(self.tokenizer.vocab_size))
 
 
 def _first_line(msg: str) -> str:
@@ -176,8 +185,9 @@ def compile_constraint(tok, kind: str, spec) -> Constraint:
 class Matcher:
     """One request's parser state over the vocabulary."""
 
-    def __init__(self, m):
+    def __init__(self, m, n_vocab: int | None = None):
         self.m = m
+        self.n_vocab = n_vocab
 
     def fill(self, row: np.ndarray) -> None:
         """The next token's mask into one C-contiguous int32 row."""
@@ -208,6 +218,54 @@ class Matcher:
     @property
     def error(self) -> str | None:
         return self.m.get_error() or None if self.m.is_error() else None
+
+
+def forced_enabled() -> bool:
+    """Fast-forward of forced tokens: on unless MEMRA_FORCED=0 (the rollback seam)."""
+    return os.environ.get("MEMRA_FORCED", "1") != "0"
+
+
+def single_token(row: np.ndarray, n_vocab: int) -> int | None:
+    """The token a mask row allows when it allows exactly one, else None."""
+    w = np.ascontiguousarray(row).view(np.uint32)
+    nz = np.flatnonzero(w)
+    if nz.size != 1:
+        return None
+    i = int(nz[0])
+    word = int(w[i])
+    if i == w.size - 1 and n_vocab % 32:
+        word &= (1 << (n_vocab % 32)) - 1  # bits past the vocabulary mean nothing
+    if word == 0 or word & (word - 1):
+        return None
+    t = 32 * i + word.bit_length() - 1
+    return t if t < n_vocab else None
+
+
+def fast_forward(matcher: "Matcher", limit: int, row: np.ndarray) -> tuple[list[int], bool]:
+    """Advance `matcher` over the tokens its grammar forces next, at most `limit`; returns
+    (those tokens, whether `row` now holds the mask of the position after them).
+
+    A token is taken only where the position's mask (computed into `row`, an int32 row of
+    ceil(n_vocab / 32) words) allows it and nothing else, so a sampler under that mask
+    would choose it whatever the logits, seed and position: the caller may append it
+    without a model step and stay token-for-token what one step per token gives. The
+    candidates come from llguidance's fast-forward tokens (no forced tokens: nothing is
+    computed, the caller fills the mask as usual, e.g. overlapped with the device's step).
+    A complete grammar (stopped) forces nothing here: its end-of-generation token is the
+    caller's (memra.session and the scheduler end the request without a model step)."""
+    out: list[int] = []
+    if limit <= 0 or matcher.stopped or not matcher.forced():
+        return out, False
+    n_vocab = matcher.n_vocab or row.size * 32
+    while len(out) < limit and not matcher.stopped:
+        matcher.fill(row)
+        t = single_token(row, n_vocab)
+        if t is None:
+            return out, True
+        if not matcher.consume(t):  # the mask allowed it: llguidance would be inconsistent
+            raise MemraError(f"the constraint rejected token {t}, the only one its mask allows: {matcher.error}")
+        out.append(t)
+    return out, False
 
 
 def mask_threads() -> int:
