@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Session 6 (2026-12-01) H200 calls, after the real models were shipped (experiments/ship_models.py:
+# bash .models/ship-NN/take.sh, one call per chunk; this script's caller runs the last one).
+#   STAGE=tune   the h200-gemm campaign (gemm.cu variant 7's candidates), memra tune freeze into
+#                tune/defaults, memra tune show (stale entries), then kernel-check over the new
+#                launch set with its receipt and --status
+#   STAGE=bench  memra profile of the 8B decode step at 1 / 8 / 16 / 64 rows (8 rows also with
+#                MEMRA_MVT=0), tg128 at 1..64 sequences on the 8B Q4_K_M and the 1B (8B at 8
+#                rows also with MEMRA_MVT=0), pp512 through the GEMM (8B Q4_K_M, 1B, SmolLM2)
+# Results tarred into $OUT/s6-$STAGE.tgz.
+set -u
+export PYTHONUNBUFFERED=1 COLUMNS=200
+: "${OUT:?}" "${STAGE:?}"
+R=/tmp/s6-$STAGE; mkdir -p $R
+source experiments/h200_common.sh
+log() { echo "[$(date +%T)] $*" | tee -a $R/log.txt; }
+link_models
+TOK=.synthtok/smollm2-tokenizer.gguf
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
+if [ "$STAGE" = tune ]; then
+  timeout 330 python3 -m memra tune run h200-gemm -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
+    -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 --out research/tune/h200-gemm-nvidia-h200.jsonl > $R/tune.txt 2>&1
+  log "tune rc=$? $(tail -1 $R/tune.txt) $(el)"
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
+  python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
+  cp research/tune/h200-gemm-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $R/
+  mkdir -p $R/kernel-check
+  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|canary.*(MISSED|not caught)" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
+  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+else
+  for rows in 1 8 16 64; do
+    timeout 90 python3 -m memra profile synth:llama3-8b:Q4_K_M --depth 64 --rows $rows --synth-tokenizer $TOK --json >> $R/profile.jsonl 2>> $R/profile.err
+    log "profile 8B rows $rows rc=$? $(el)"
+  done
+  MEMRA_MVT=0 timeout 90 python3 -m memra profile synth:llama3-8b:Q4_K_M --depth 64 --rows 8 --synth-tokenizer $TOK --json >> $R/profile-mvt0.jsonl 2>> $R/profile.err
+  log "profile 8B rows 8 MEMRA_MVT=0 rc=$? $(el)"
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    timeout 150 python3 -m memra bench $m -p 0 -n 128 -np 1,2,4,8,16,32,64 --synth-tokenizer $TOK --out $R/bench-np.jsonl > $R/bench-np-$(echo $m | tr : _).txt 2>&1
+    log "bench np $m rc=$? $(el)"; grep -E "tg128|np" $R/bench-np-$(echo $m | tr : _).txt | tail -8 | tee -a $R/log.txt
+  done
+  MEMRA_MVT=0 timeout 60 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -np 1,8 --synth-tokenizer $TOK --tag MEMRA_MVT=0 --out $R/bench-np-mvt0.jsonl > $R/bench-mvt0.txt 2>&1
+  log "bench mvt0 rc=$? $(el)"; tail -4 $R/bench-mvt0.txt | tee -a $R/log.txt
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 smollm2-135m; do
+    timeout 60 python3 -m memra bench $m -p 512 -n 0 --synth-tokenizer $TOK --out $R/bench-pp512.jsonl > $R/bench-pp-$(echo $m | tr : _).txt 2>&1
+    log "pp512 $m rc=$? $(el)"; tail -2 $R/bench-pp-$(echo $m | tr : _).txt | tee -a $R/log.txt
+  done
+fi
+tar czf $OUT/s6-$STAGE.tgz -C $R .
