@@ -8,7 +8,7 @@ use it as their grammar backend).
     fill_masks([(m, 0)], words)           # row by row (MEMRA_MASK_THREADS > 1: llguidance's pool)
     x = masked(logits, words[0])          # disallowed logits -> -inf (what kernels/mask.cu does)
     m.consume(token)                      # after the token is chosen
-    fed = fast_forward(m, limit, row)     # forced tokens, consumed (MEMRA_FORCED=0: none)
+    forced, ready = fast_forward(m, limit, row)  # forced tokens, consumed; ready: row = the next mask
 
 The tokenizer llguidance walks is built from the GGUF vocabulary alone (no Hugging Face
 `transformers`): every token's raw bytes as memra.text.tokenizer.Tokenizer.token_bytes gives
