@@ -7,6 +7,12 @@
 #   STAGE=bench  memra profile of the 8B decode step at 1 / 8 / 16 / 64 rows (8 rows also with
 #                MEMRA_MVT=0), tg128 at 1..64 sequences on the 8B Q4_K_M and the 1B (8B at 8
 #                rows also with MEMRA_MVT=0), pp512 through the GEMM (8B Q4_K_M, 1B, SmolLM2)
+#   STAGE=final1 kernel-check with its receipt and --status, the batch-invariance receipt
+#                (experiments/runner_invariance.py: SmolLM2, the 1B, the 8B Q4_K_M), tg128 at
+#                1..64 sequences on the 8B Q4_K_M and the 1B, and at 2..5 with MEMRA_MVT=0
+#   STAGE=final2 every GPU test, memra run gemma3-270m (the gates), memra profile of the 8B at
+#                1 / 16 / 64 rows, pp512 (8B, 1B, SmolLM2), issue 13's structured speed (arms
+#                free / json / json-sync / json-ff, the 8B and SmolLM2)
 # Results tarred into $OUT/s6-$STAGE.tgz.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
@@ -29,6 +35,44 @@ if [ "$STAGE" = tune ]; then
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
   grep -E "^FAIL|canary.*(MISSED|not caught)" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
   python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+elif [ "$STAGE" = final1 ]; then
+  mkdir -p $R/kernel-check
+  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
+  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    timeout 150 python3 -m memra bench $m -p 0 -n 128 -np 1,2,3,4,5,8,16,32,64 --synth-tokenizer $TOK --out $R/bench-np.jsonl > $R/bench-np-$(echo $m | tr : _).txt 2>&1
+    log "bench np $m rc=$? $(el)"; grep -E "tg128" $R/bench-np-$(echo $m | tr : _).txt | tail -9 | tee -a $R/log.txt
+  done
+  MEMRA_MVT=0 timeout 60 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -np 2,3,4,5 --synth-tokenizer $TOK --tag MEMRA_MVT=0 --out $R/bench-np-mvt0.jsonl > $R/bench-mvt0.txt 2>&1
+  log "bench mvt0 rc=$? $(el)"; grep tg128 $R/bench-mvt0.txt | tee -a $R/log.txt
+  timeout $(( 560 - ($(date +%s) - T0) )) python3 experiments/runner_invariance.py $R/invariance.jsonl smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M > $R/invariance.txt 2>&1
+  log "invariance rc=$? $(el)"; tail -5 $R/invariance.txt | tee -a $R/log.txt
+elif [ "$STAGE" = final2 ]; then
+  mkdir -p $R/kernel-check
+  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ > $R/gpu-tests.txt 2>&1
+  log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
+  timeout 60 python3 -m memra run gemma3-270m --prompt "The three primary colors are" -n 32 --temp 0 --device gpu > $R/run-gemma3.txt 2>&1
+  log "run gemma3 rc=$? $(grep -E '^gate ' $R/run-gemma3.txt | tr '\n' ' ')"
+  for rows in 1 16 64; do
+    timeout 90 python3 -m memra profile synth:llama3-8b:Q4_K_M --depth 64 --rows $rows --synth-tokenizer $TOK --json >> $R/profile.jsonl 2>> $R/profile.err
+    log "profile 8B rows $rows rc=$? $(el)"
+  done
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 smollm2-135m; do
+    timeout 60 python3 -m memra bench $m -p 512 -n 0 --synth-tokenizer $TOK --out $R/bench-pp512.jsonl > $R/bench-pp-$(echo $m | tr : _).txt 2>&1
+    log "pp512 $m rc=$? $(el)"; grep pp512 $R/bench-pp-$(echo $m | tr : _).txt | tail -1 | tee -a $R/log.txt
+  done
+  python3 -c "import llguidance" 2>/dev/null || log "no llguidance"
+  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
+    timeout 150 python3 experiments/structured_speed.py --model $m --tokenizer-from $TOK --batch 1,16 --steps 128 --reps 5 \
+      --out $R/structured.jsonl >> $R/structured.txt 2>&1
+    log "structured $m rc=$? $(el)"
+  done
+  grep SUMMARY $R/structured.txt | tee -a $R/log.txt
 else
   for rows in 1 8 16 64; do
     timeout 90 python3 -m memra profile synth:llama3-8b:Q4_K_M --depth 64 --rows $rows --synth-tokenizer $TOK --json >> $R/profile.jsonl 2>> $R/profile.err

@@ -29,13 +29,14 @@ def _mv_launches(plan, rows, decode=True):
 
 
 @pytest.mark.parametrize("model", ["synth:llama3-8b:Q4_K_M", "synth:tiny-gemma3:Q4_K_M", "synth:tiny-qwen2:Q8_0"])
-def test_plan_picks_mvt_from_2_to_15_rows(model):
+def test_plan_picks_mvt_from_3_to_15_rows(model):
     plan = Planner(model_info(model))
+    assert MVT.MVT_MIN_ROWS == 3
     for rows in range(1, 18):
         for decode in (True, False):
             ls = _mv_launches(plan, rows, decode)
             ops = {L.op for L in ls}
-            if rows == 1:
+            if rows < MVT.MVT_MIN_ROWS:
                 assert ops == {"matvec"}
             elif rows < GEMM.GEMM_MIN_ROWS:
                 assert ops == {"mvt"}, (rows, ops)
@@ -264,12 +265,12 @@ def test_mvt_hook_check_fails_one_ulp_off_the_matvec(monkeypatch):
 
 def test_mvt_campaign_jobs_are_the_plans_mvt_launches():
     """A campaign of kernel mvt / mvt_glu takes its (shape, batch) pairs from the plan's steps:
-    batches 2..15 only (1 row: the matvec, 16: the GEMM)."""
+    batches 3..15 only (1, 2 rows: the matvec, 16: the GEMM)."""
     from memra.tune import campaign as C
 
-    spec = {"name": "m", "batches": [1, 2, 8, 12, 16], "kernels": [
+    spec = {"name": "m", "batches": [1, 2, 3, 8, 12, 16], "kernels": [
         {"name": "mvt", "variants": ["q8"], "ops": ["qkv", "attn_output", "down", "output"], "src": "mvt.cu"},
         {"name": "mvt_glu", "variants": ["q8"], "ops": ["gate_up"], "src": "mvt.cu"}]}
     jobs = C.expand_campaign(spec, [model_info("synth:tiny-llama:Q4_K_M")])
-    assert jobs and {j.shape["batch"] for j in jobs} == {2, 8, 12}
+    assert jobs and {j.shape["batch"] for j in jobs} == {3, 8, 12}
     assert {j.kernel for j in jobs} == {"mvt", "mvt_glu"} and all(j.src == "mvt.cu" for j in jobs)

@@ -620,3 +620,22 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     assert "| 50.0 ± 0.5 (3) |" in small and "not in the run" in small and "2222222" in small
     assert "999" not in text
     assert memra("research", "board", doc, "--research", research, "--check").returncode == 0
+
+
+def test_bench_knows_every_rollback_seam_of_the_flags_doc(monkeypatch):
+    """docs/FLAGS.md's rollback seams (env flags) with their defaults are exactly
+    memra.tune.bench.SEAMS, so a run made with any of them set carries it in its receipts'
+    `seams` and the boards leave it off (a seam added to the docs but not here would let a
+    rolled-back run pass as the default engine)."""
+    from memra.tune import bench as TB
+
+    doc = {}
+    for line in (ROOT / "docs" / "FLAGS.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[1] == "rollback seam" and cells[0].startswith("`MEMRA_"):
+            doc[cells[0].strip("`")] = cells[2].strip("`")
+    assert doc == TB.SEAMS
+    for k in TB.SEAMS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MEMRA_MVT", "0")
+    assert TB.seams() == {"MEMRA_MVT": "0"}

@@ -153,11 +153,11 @@ def test_gemm_tune_modules_are_what_the_job_loads(kernel, config, shape):
 def test_gemm_is_builtin_follows_the_batch_default():
     s16, s64, s128 = ({"type": "Q4_K", "rows": 4096, "cols": 4096, "batch": b} for b in (16, 64, 128))
     assert G.is_builtin("gemm", "q8", {}, s16)
-    assert G.is_builtin("gemm", "q8", {"GM_WM": 2, "GM_WN": 1, "GM_TN": 4, "GM_WK": 4, "GM_MINB": 1}, s16)  # CONFIGS at 16
-    assert not G.is_builtin("gemm", "q8", {"GM_WK": 2}, s16)
-    assert G.is_builtin("gemm_glu", "q8", {"GM_WN": 1, "GM_TN": 4, "GM_WK": 2}, s64)
-    assert not G.is_builtin("gemm", "q8", {"GM_WN": 1, "GM_WK": 2}, s128)
-    assert G.is_builtin("gemm", "q8", {"GM_WN": 2, "GM_TN": 4, "GM_WK": 1, "GM_STAGES": 3}, s128)
+    assert G.is_builtin("gemm", "q8", {"GM_WM": 1, "GM_WN": 1, "GM_TN": 2, "GM_WK": 8}, s16)  # CONFIGS at 16
+    assert not G.is_builtin("gemm", "q8", {"GM_WK": 4}, s16)
+    assert G.is_builtin("gemm_glu", "q8", {"GM_WM": 1, "GM_WN": 1, "GM_TN": 4, "GM_WK": 4}, s64)
+    assert not G.is_builtin("gemm", "q8", {"GM_WM": 1, "GM_WK": 4}, s128)
+    assert G.is_builtin("gemm", "q8", {"GM_WM": 2, "GM_WN": 1, "GM_TN": 4, "GM_WK": 2, "GM_STAGES": 3}, s128)
 
 
 # ---------------------------------------------------------------- campaign jobs

@@ -251,7 +251,7 @@ class Planner:
                 dst_offset: int = 0, res: str | None = None) -> None:
         """The launches of one matvec over `rows` rows: one tensor-core GEMM launch from
         GEMM_MIN_ROWS rows on the q8 path (the matvec's bits, kernels/gemm.cu), one skinny
-        tensor-core matvec launch from MVT_MIN_ROWS (2) to GEMM_MIN_ROWS - 1 rows on the q8 path
+        tensor-core matvec launch from MVT_MIN_ROWS (3) to GEMM_MIN_ROWS - 1 rows on the q8 path
         (the matvec's bits, kernels/mvt.cu; MEMRA_MVT=0: the runner's mvt=False), else matvec
         launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on quantized
         weights runs row by row)."""

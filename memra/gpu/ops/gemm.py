@@ -40,11 +40,13 @@ def _cfg(text: str) -> dict:
     return dict(zip(_KEYS, (int(v) for v in text.split(","))))
 
 
-# the H200 sweep's best by batch size (experiments/gemm_sweep.sh over gemm_check, the 8B's
-# Q4_K / Q6_K shapes at 16, 64 and 512 rows; research/2026-12-01-gemm-v7/): every winner
-# holds 4 n8 tiles per warp (32 outputs a thread, ~220 registers); 16 rows split the slots
-# over 4 warp groups, up to 64 over 2, larger batches take the 64 x 64 tile of 4 warps
-CONFIGS = ((16, _cfg("2,1,2,4,4,3,1,1")), (64, _cfg("2,1,2,4,2,3,1,2")), (1 << 30, _cfg("2,2,2,4,1,3,1,1")))
+# the built-in configuration by batch size, from the H200 h200-gemm campaign on gemm.cu variant
+# 7 (research/tune/h200-gemm-nvidia-h200.jsonl: 4 models' shapes at 16 / 32 / 64 / 128 rows):
+# at 16 rows 8 warp groups of one warp won every shape; up to 64 the 32 x 32 tile with 4 warp
+# groups (32 outputs a thread) has the smallest mean loss against each shape's best (1.14x at
+# 64: no single one wins there; the table's entries do); prefill chunks (128) the 64 x 32 tile
+# with 2 warp groups
+CONFIGS = ((16, _cfg("1,1,2,2,8,3,1,2")), (64, _cfg("1,1,2,4,4,3,1,2")), (1 << 30, _cfg("2,1,2,4,2,3,1,2")))
 
 
 def default_config(nb: int) -> dict:

@@ -1,4 +1,4 @@
-"""A skinny tensor-core matvec for 2..15 rows (kernels/mvt.cu), bit-identical to the matvec
+"""A skinny tensor-core matvec for 2..15 rows (kernels/mvt.cu; the plan runs it from MVT_MIN_ROWS = 3), bit-identical to the matvec
 (kernels/matvec.cu's mv_q8 / mv_q8_glu) for every row.
 
     mvt(g, w, y, xq=xq, xs=xs, nb=nb)                  # y[b, :] = W x[b, :], b < nb
@@ -36,7 +36,11 @@ from memra.gpu.ops import matvec as MV
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 
 KERNEL_FILE = "mvt.cu"
-MVT_MIN_ROWS = 2  # the plan runs mvt from this many rows up to GEMM.GEMM_MIN_ROWS - 1 (1 row: mv_q8)
+# the plan runs mvt from this many rows up to GEMM.GEMM_MIN_ROWS - 1 (fewer: mv_q8). On the
+# H200 (8B Q4_K_M tg128, research/2026-12-01-gemm-v7/) mvt's step costs about the same at 2
+# to 8 rows (bound by its per-output work, not the weight bytes): 2 rows 448.8 t/s against
+# mv_q8's 595.9, 3 rows 660.3 against 557.6, 4 rows 878.9 against 743.9
+MVT_MIN_ROWS = 3
 TYPES = GEMM.TYPES  # the quantized types (mma_frag.cuh's)
 _KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB", "MVT_KPERM")
 _NULL = np.uint64(0)
