@@ -126,7 +126,8 @@ def test_every_entry_of_the_h200_table_is_executed():
     cases = list(LS.launch_set(specs, [table]).values())
     entry_of = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", "rope_norm_kv": "rope_norm_kv",
                 "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
-                "quantize_q8": "quantize_q8"}
+                "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
+                "mvt_glu": "mvt_q8_glu"}
     n = 0
     for kernel, shapes in table["entries"].items():
         for skey, by_batch in shapes.items():
