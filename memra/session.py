@@ -97,10 +97,12 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     the grammar's disallowed tokens at -inf; the generation ends when the grammar is
     complete (its end-of-generation token is reported without another model step). Tokens
     the grammar forces after a sampled one (memra.text.grammar.fast_forward; MEMRA_FORCED=0
-    turns it off) are emitted without sampling and fed with it in one forward pass where the
-    engine's multi-token forward is exact (the GPU runner), one position at a time on the
-    CPU reference: the same tokens (the host sampler's stream skips one draw per forced
-    token), counted in timings.n_forced.
+    turns it off) are emitted without sampling and fed with it: on the GPU engine in one
+    verification step (forward_run: Runner.verify, a graph per row count; the same logits
+    as one-token forwards) or one token a forward, whichever its measured times say costs
+    less per token (memra.text.grammar.FeedCosts; MEMRA_FORCED=always: the joint call), one
+    position at a time on the CPU reference: the same tokens (the host sampler's stream
+    skips one draw per forced token), counted in timings.n_forced.
 
     spec (memra.spec.decode.SpecDecoder): speculative decoding — drafted tokens verified in
     one step each, plain decode's tokens (the same sampler, seed and penalties) out.
@@ -133,7 +135,7 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     p = sampler.params
     matcher = constraint.matcher() if constraint is not None else None
     if matcher is not None:
-        from memra.text.grammar import fast_forward, forced_enabled, masked, new_masks
+        from memra.text.grammar import FeedCosts, fast_forward, forced_enabled, masked, new_masks
 
         mask = new_masks(1, n_vocab)[0]
         ff = forced_enabled()
@@ -142,6 +144,10 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
         # forced run in one step; the CPU reference's batched kernels sum in another order,
         # so there the run is fed one position at a time (the same forwards as without it)
         joint = bool(getattr(model, "prefill_is_decode", False))
+        # the GPU engine feeds a run as a verification step (a graph per row count) or one
+        # token a forward, whichever its measured times say is cheaper per token fed
+        run_fwd = getattr(model, "forward_run", None)
+        costs = FeedCosts()
         n_room = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
         feed: list[int] = []      # emitted tokens the model has not seen yet
         queue: deque[int] = deque()  # forced tokens still to emit (consumed by the matcher)
@@ -157,12 +163,21 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
                 return min(stop_ids)  # the grammar allows only the end now: no model step
             if last is None:
                 logits = model.forward(prompt, cache)
-            elif joint or len(feed) == 1:
+            elif len(feed) == 1:
+                t0 = time.perf_counter()
+                logits = model.forward(list(feed), cache)
+                costs.observe("graph", 1, time.perf_counter() - t0)
+            elif run_fwd is not None and len(feed) <= 64 and costs.choose([len(feed)], 0, "verify") == "verify":
+                t0 = time.perf_counter()
+                logits = run_fwd(list(feed), cache)
+                costs.observe("verify", len(feed), time.perf_counter() - t0)
+            elif joint and (run_fwd is None or len(feed) > 64):
                 logits = model.forward(list(feed), cache)
             else:
-                for t in feed[:-1]:
-                    model.forward([t], cache)
-                logits = model.forward([feed[-1]], cache)
+                for t in feed:
+                    t0 = time.perf_counter()
+                    logits = model.forward([t], cache)
+                    costs.observe("graph", 1, time.perf_counter() - t0)
             feed.clear()
             if not mask_ready:
                 matcher.fill(mask)

@@ -194,22 +194,25 @@ def _plain_host(model, tok, prompt, con, params, n_ctx, one_by_one=False):
 
 
 def _generate(model, tok, prompt, con, params, n_ctx, monkeypatch, forced: bool):
-    monkeypatch.setenv("MEMRA_FORCED", "1" if forced else "0")
+    # on: every run fed jointly (MEMRA_FORCED=always), whatever the measured times say
+    # (tests/test_forced_graph.py tests the cost policy that may feed them one at a time)
+    monkeypatch.setenv("MEMRA_FORCED", "always" if forced else "0")
     evs = list(generate(model, tok, prompt, params, n_ctx=n_ctx, constraint=con))
     return [e.token for e in evs[:-1]], evs[-1]
 
 
 def _counting(engine):
-    """Count the engine's model calls (forward passes or runner steps)."""
+    """Count the engine's model calls (forward passes, or runner steps and verification
+    steps)."""
     calls = []
-    name = "step" if hasattr(engine, "step") else "forward"
-    orig = getattr(engine, name)
+    for name in (("step", "verify") if hasattr(engine, "step") else ("forward",)):
+        orig = getattr(engine, name)
 
-    def counted(*a, **kw):
-        calls.append(1)
-        return orig(*a, **kw)
+        def counted(*a, _orig=orig, **kw):
+            calls.append(1)
+            return _orig(*a, **kw)
 
-    setattr(engine, name, counted)
+        setattr(engine, name, counted)
     return calls
 
 
@@ -241,8 +244,8 @@ def gpu_engine(path):
 @pytest.mark.parametrize("kw", [pytest.param(GREEDY, marks=pytest.mark.slow), SEEDED], ids=["greedy", "seeded"])
 def test_run_gpu_forced_runs_take_one_step(gpu_engine, tok, con, kw, monkeypatch):
     """memra run --device gpu's loop on the emulated GPU: a forced run is fed with the sampled
-    token in one runner step (the eager multi-token row); the tokens are plain decode's (the
-    oracle: one position a step, hand-written) with far fewer steps."""
+    token in one runner call (a verification step, GPUEngine.forward_run); the tokens are
+    plain decode's (the oracle: one position a step, hand-written) with far fewer calls."""
     prompt = tok.encode("Order as JSON:", add_special=True)
     params = SamplingParams(max_tokens=120, **kw)
     want = _plain_host(gpu_engine, tok, prompt, con, params, 160)
@@ -254,7 +257,7 @@ def test_run_gpu_forced_runs_take_one_step(gpu_engine, tok, con, kw, monkeypatch
         off, _ = _generate(gpu_engine, tok, prompt, con, params, 160, monkeypatch, False)
         n_off = len(calls)
     finally:
-        del gpu_engine.step
+        del gpu_engine.step, gpu_engine.verify
     assert on == want == off
     assert n_off == len(off) - 1  # prefill + one step a token (the end token takes none)
     assert n_on == n_off - end.timings.n_forced and n_on < n_off // 2
@@ -297,7 +300,7 @@ def _serve(engine, tok, reqs, monkeypatch, forced: bool, budget: int = 64):
     order per request)."""
     from memra.serve.scheduler import Scheduler
 
-    monkeypatch.setenv("MEMRA_FORCED", "1" if forced else "0")
+    monkeypatch.setenv("MEMRA_FORCED", "always" if forced else "0")
     sched = Scheduler(engine, tok, max_queue=8, max_batched_tokens=budget)
     assert sched.fast_forward is forced
 
@@ -496,14 +499,17 @@ def test_server_penalized_request_forced_equals_plain(server, ref, tok, con):
 
 def test_structured_speed_json_ff_arm_emits_json_arms_tokens(path, tok):
     """The H200 measurement's json-ff arm on the emulated runner: the same tokens as arm json
-    (row 0, every emitted token, the forced ones included), about a quarter of the model
-    steps a token on the nested schema, every row at steps + 1 tokens."""
+    (row 0, every emitted token, the forced ones included) whichever way the runs are fed —
+    jointly (batch 2: one eager call; batch 1: verification steps; about a quarter of the
+    sampled steps a token on the nested schema) or dripped a token a decode step — every
+    row at steps + 1 tokens."""
     import sys
     from pathlib import Path
 
     from gpu_emulator import FakeGpu
 
     from memra.gpu.runner import Runner
+    from memra.text.grammar import FeedCosts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     import structured_speed as SS
@@ -511,8 +517,13 @@ def test_structured_speed_json_ff_arm_emits_json_arms_tokens(path, tok):
     con = compile_constraint(tok, "json_schema", SS.NESTED)
     r = Runner(path, gpu=FakeGpu(1 << 28), max_len=64, max_seqs=2)
     prompt = tok.encode("Reply with the order as JSON:", add_special=True)
-    js = SS.run_arm(r, tok, con, 2, 16, "json", prompt)
-    ff = SS.run_arm(r, tok, con, 2, 16, "json-ff", prompt)
-    assert ff["row0"] == js["row0"] and len(js["row0"]) == 17
-    assert ff["forced"] + ff["row_steps"] == 2 * 16
-    assert ff["steps_per_token"] < 0.5 and ff["calls"] < 16 // 2
+    js = SS.run_arm(r, tok, con, 2, 12, "json", prompt)
+    ff = SS.run_arm(r, tok, con, 2, 12, "json-ff", prompt, FeedCosts(fixed="joint"))
+    assert ff["row0"] == js["row0"] and len(js["row0"]) == 13
+    assert ff["forced"] + ff["row_steps"] == 2 * 12
+    assert ff["steps_per_token"] < 0.5 and ff["calls"] < 12 // 2 and ff["eager_calls"] > 0
+    dr = SS.run_arm(r, tok, con, 2, 12, "json-ff", prompt, FeedCosts(fixed="drip"))
+    assert dr["row0"] == js["row0"] and dr["forced"] == ff["forced"] and dr["drip_rows"] > 0
+    assert dr["eager_calls"] == dr["verify_calls"] == 0
+    one = SS.run_arm(r, tok, con, 1, 12, "json-ff", prompt, FeedCosts(fixed="joint"))
+    assert one["row0"] == js["row0"] and one["verify_calls"] > 0 and one["eager_calls"] == 0

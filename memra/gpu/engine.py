@@ -159,5 +159,20 @@ class GPUEngine(Runner):
         cache.pos = s.n
         return logits
 
+    def forward_run(self, tokens: Sequence[int], cache: GPUCache, all_logits: bool = False) -> np.ndarray:
+        """forward() for a short run (at most 64 tokens: a sampled token and the ones a
+        constraint forced after it, or a draft to verify on the host) as a verification
+        step, Runner.verify: its graph is captured per row count, so the run costs about a
+        decode step instead of an eager step's host launches. The same logits as forward
+        (the verify rows have decode's bits): the last token's, or every token's."""
+        if cache.engine is not self:
+            raise MemraError("this cache belongs to another engine")
+        s = self.seqs[cache.seq]
+        if cache.pos < s.n:
+            self.rewind(s, cache.pos)
+        _, lg = self.verify(s, tokens, Sampling(0.0), logits="all" if all_logits else "last")
+        cache.pos = s.n
+        return lg
+
 
 Engine = GPUEngine  # the name memra.cli loads

@@ -473,18 +473,31 @@ class Runner:
         return outs
 
     def verify(self, seq: Seq, tokens: Sequence[int], sample: Sampling | None = None,
-               graph: bool = True) -> list[int]:
+               graph: bool = True, masks=None, logits: str = "none"):
         """Speculative verification (memra.spec): append `tokens` (the last accepted token and
         the draft) to seq in one eager step over len(tokens) token rows and return the token
         the device sampler chooses after each of them: out[i] is drawn from the logits of
         tokens[:i+1] at position seq.n + i + 1, as plain decode would draw it there (the
         eager rows have decode's bits). Every token is fed (seq.n += len(tokens)); the caller
         rewinds the rejected ones. graph: replay the step of this row count as a CUDA graph
-        (captured on its second use), else launch it eagerly."""
+        (captured on its first use, after an eager run that loads every module).
+
+        masks: None, or each row's vocabulary mask (int32 [len(tokens), ceil(n_vocab / 32)],
+        or a list of rows; a row of -1 words or None allows every token): the step then
+        applies them before the sampler (kernels/mask.cu, the launch a masked decode step
+        has), so out[i] is what a constrained decode step under masks[i] chooses there (a
+        constrained draft's verification; a constraint's forced run fed in one step). They
+        are known before the step: written to the static mask buffer before the launch.
+        logits: "last" or "all" also returns the rows' logits, (out, float32 [n_vocab] or
+        [len(tokens), n_vocab]), after the masks (with none given: plain decode's logits)."""
         t = self._check_tokens(tokens)
         n = t.size
         if n > MAX_ROWS:
             raise MemraError(f"a verification step takes at most {MAX_ROWS} tokens, got {n}")
+        if logits not in ("none", "last", "all"):
+            raise MemraError(f"verify's logits must be none, last or all, got {logits!r}")
+        if masks is not None and len(masks) != n:
+            raise MemraError(f"verify: {n} tokens need {n} mask rows, got {len(masks)}")
         self._reserve(seq, n)
         self.kv.sync()
         sm = sample or Sampling()
@@ -500,6 +513,11 @@ class Runner:
         self.r_state.upload(state)
         if sampler == "sample":
             self._set_sampling([sm] * n, n)
+        if masks is not None:
+            # the same launches as a masked decode step's tail (mask, then the sampler) over
+            # these rows: every row live (positions >= 0), its mask read from r_mask[i]
+            self._set_masks(list(masks))
+            sampler += "+mask"
         key = ("verify", n, sampler)
         gr = self._graphs.get(key) if graph else None
         if gr is not None:
@@ -513,7 +531,13 @@ class Runner:
                 gr.upload()
                 self._graphs[key] = gr
         seq.n += n
-        return [int(x) for x in self.r_tok.view(shape=(n,)).numpy()]
+        out = [int(x) for x in self.r_tok.view(shape=(n,)).numpy()]
+        if logits == "none":
+            return out
+        V = self.cfg.n_vocab
+        if logits == "last":  # one row back, not n
+            return out, self.buf["logits"].view(offset=(n - 1) * V * 4, shape=(V,)).numpy()
+        return out, self.buf["logits"].view(shape=(n, V)).numpy()
 
     def _set_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
         """The decode rows' (token, position, block-table row), in one upload; the rows

@@ -216,12 +216,13 @@ class CpuRunner:
                 reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), end)
         return out
 
-    def verify(self, seq: Seq, tokens, sample=None, graph: bool = True) -> list[int]:
+    def verify(self, seq: Seq, tokens, sample=None, graph: bool = True, masks=None) -> list[int]:
         """Speculative verification (memra.gpu.runner.Runner.verify's contract): feed
         `tokens` (the last accepted token, then the draft) one position at a time and return
-        the token chosen after each, drawn at its own position. It stops early at the first
-        choice that differs from the next draft token (every later one would be rejected):
-        then len(out) < len(tokens) and only len(out) tokens were fed."""
+        the token chosen after each, drawn at its own position, under masks[i] when masks
+        are given (row i's vocabulary mask, None or -1 words: every token). It stops early
+        at the first choice that differs from the next draft token (every later one would be
+        rejected): then len(out) < len(tokens) and only len(out) tokens were fed."""
         t = np.asarray(tokens)
         if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer) \
                 or ((t < 0) | (t >= self.cfg.n_vocab)).any():
@@ -230,6 +231,8 @@ class CpuRunner:
             raise ContextOverflowError(f"{seq.n} cached + {t.size} new tokens exceed the context of "
                                        f"{self.max_len} tokens")
         toks = [int(x) for x in t]
+        if masks is not None and len(masks) != len(toks):
+            raise MemraError(f"verify: {len(toks)} tokens need {len(toks)} mask rows, got {len(masks)}")
         n0 = seq.n
         self.kv.reserve(seq.slot, n0 + len(toks))
         self.kv.writable(seq.slot, n0, n0 + len(toks))
@@ -240,6 +243,8 @@ class CpuRunner:
         out: list[int] = []
         for i, tk in enumerate(toks):
             lg = self.model.forward([tk], cache)
+            if masks is not None and masks[i] is not None:  # what kernels/mask.cu does on the GPU
+                lg = masked(lg, masks[i])
             p = n0 + i + 1
             out.append(int(np.argmax(lg)) if s is None or s.greedy else
                        reference_sample(lg, s.temperature, s.top_k, s.top_p, s.min_p, s.seed & ((1 << 64) - 1), p))

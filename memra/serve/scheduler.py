@@ -23,8 +23,12 @@ Each iteration of the engine thread:
      admission order, at least one chunk a step. Decode rows and prefill rows go to the
      runner as two calls of one iteration (the decode rows stay on the graph path), so
      running streams keep flowing while a long prompt arrives in chunks. A constrained
-     request with forced tokens (below) feeds its last sampled token and them as one row of
-     several tokens, counted against the budget, in the prefill call;
+     request with forced tokens (below) feeds its last sampled token and them: as one row
+     of several tokens in the prefill call when a prompt is in progress; else as the cost
+     policy (memra.text.grammar.FeedCosts, from the measured times of this engine's calls)
+     says is cheaper per token fed — one request's run alone as a verification step
+     (engine.verify with masks: on the GPU a graph per row count), several as one eager
+     call, or a token a step as unsampled decode rows beside the others;
   4. hands each row's token to its request: the text stream (memra.text.stream.TextStream:
      detokenization, stop strings, end of generation, length), log-probs when asked, an
      event to the request's asyncio queue; finished requests register their full blocks
@@ -41,9 +45,8 @@ host-sampled rows get theirs before the step. The engine sets the disallowed log
 before its sampler (on the GPU inside the decode graph's tail, kernels/mask.cu); the chosen
 token advances the request's matcher, and a complete grammar ends the request. The tokens
 the grammar then forces (each the only one its position's mask allows: memra.text.grammar.
-fast_forward) are emitted at once and fed with the sampled token in the request's next row,
-which is sampled after the last of them (MEMRA_FORCED=0: one step per token; the same
-tokens). A row's logits never depend on the rows beside it or on how its prompt was
+fast_forward) are emitted at once and fed after the sampled token (step 3), which is
+sampled after the last of them (MEMRA_FORCED=0: one step per token; the same tokens). A row's logits never depend on the rows beside it or on how its prompt was
 chunked (the runner's exactness contract; the CPU engine computes one position at a time),
 so a request's greedy tokens are the same alone or among 64, and with or without a
 prefix-cache hit.
@@ -196,10 +199,12 @@ class Scheduler:
         self.spec = spec  # memra.spec.decode.SpecServing: speculate while few requests decode
         # decode rows' masks filled while the engine runs the step (MEMRA_MASK_OVERLAP=0: before it)
         self.overlap_masks = os.environ.get("MEMRA_MASK_OVERLAP", "1") != "0"
-        from memra.text.grammar import forced_enabled
+        from memra.text.grammar import FeedCosts, forced_enabled
 
         # a constraint's forced tokens fed with the sampled one in one row (MEMRA_FORCED=0: off)
         self.fast_forward = forced_enabled()
+        # how forced runs are fed, from measured step times (memra.text.grammar.FeedCosts)
+        self.costs = FeedCosts()
         self.forced_tokens = 0
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
@@ -415,7 +420,23 @@ class Scheduler:
         dec = [r for r in self.running if r.next_tok is not None and not r.forced]
         ffw = [r for r in self.running if r.next_tok is not None and r.forced]
         pre = [r for r in self.running if r.next_tok is None]
-        budget = self.budget - len(dec) - sum(1 + len(r.forced) for r in ffw)
+        if self.spec is not None and 0 < len(dec) <= self.spec.max_batch:
+            dec = [r for r in dec if not self._spec_step(r)]
+        # forced runs: with a prompt in progress they ride the step's eager call (its host
+        # launches are paid anyway); else self.costs picks from measured times between one
+        # joint call (one request alone and device-sampled: a verification step, a captured
+        # graph; else one eager call) and feeding them a token a step on the decode graph
+        drip, ffv = [], None
+        if ffw and not pre:
+            one = ffw[0]
+            joint = "verify" if len(ffw) == 1 and one.device is not None and hasattr(self.engine, "verify") \
+                and 1 + len(one.forced) <= MAX_ROWS else "eager"
+            pick = self.costs.choose([1 + len(r.forced) for r in ffw], len(dec), joint)
+            if pick == "drip":
+                drip, ffw = ffw, []
+            elif pick == "verify":
+                ffv, ffw = one, []
+        budget = self.budget - len(dec) - len(drip) - sum(1 + len(r.forced) for r in ffw)
         chunks = []
         for r in pre:
             left = len(r.prompt) - r.pos
@@ -426,26 +447,35 @@ class Scheduler:
                 n = min(left, self.budget)  # an idle step always moves the first prompt
             chunks.append((r, n))
             budget -= n
-        if self.spec is not None and 0 < len(dec) <= self.spec.max_batch:
-            dec = [r for r in dec if not self._spec_step(r)]
-        for i in range(0, len(dec), MAX_ROWS):
-            group = dec[i:i + MAX_ROWS]
+        dripping = {id(r) for r in drip}
+        plain = dec + drip
+        for i in range(0, len(plain), MAX_ROWS):
+            group = plain[i:i + MAX_ROWS]
             # constrained rows sampled on the device: their masks are filled (LATER) while
-            # the engine computes the step's logits; host-sampled ones (penalties) now
-            late = [k for k, r in enumerate(group) if r.matcher is not None and r.sampler is None] \
-                if self.overlap_masks else []
-            masks = self._fill_masks(group, host_only=bool(late))
-            rows = [self._row(r, [r.next_tok], True, LATER if k in late else m)
-                    for k, (r, m) in enumerate(zip(group, masks))]
+            # the engine computes the step's logits; host-sampled ones (penalties) now; a
+            # dripping run's token is fed unsampled (its run's last token samples next step)
+            samp = [r for r in group if id(r) not in dripping]
+            late = {id(r) for r in samp if r.matcher is not None and r.sampler is None} \
+                if self.overlap_masks else set()
+            mask_of = dict(zip((id(r) for r in samp), self._fill_masks(samp, host_only=bool(late))))
+            rows = [Row(r.seq, [r.next_tok]) if id(r) in dripping else
+                    self._row(r, [r.next_tok], True, LATER if id(r) in late else mask_of[id(r)]) for r in group]
+            t0 = time.perf_counter()
             if late:
                 from memra.text.grammar import fill_masks
 
-                pairs = [(group[k].matcher, k) for k in late]
+                pairs = [(r.matcher, k) for k, r in enumerate(group) if id(r) in late]
                 outs = self.engine.step(rows, fill=lambda buf: fill_masks(pairs, buf))
             else:
                 outs = self.engine.step(rows)
-            for r, o, m in zip(group, outs, masks):
-                self._token(r, o, m)
+            self.costs.observe("graph", len(group), time.perf_counter() - t0)
+            for r, o in zip(group, outs):
+                if id(r) in dripping:
+                    self._drip(r)
+                else:
+                    self._token(r, o, mask_of[id(r)])
+        if ffv is not None:
+            self._ff_verify(ffv)
         if chunks or ffw:
             # forced runs go with the prompt chunks: rows of several tokens (the runner's eager
             # path), the last sampled token then the forced ones, sampled after the last under
@@ -460,7 +490,9 @@ class Scheduler:
             rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask) for r in ffw]
             rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
                      for r, n in chunks]
+            t0 = time.perf_counter()
             outs = self.engine.step(rows)
+            self.costs.observe("eager", sum(len(x.tokens) for x in rows), time.perf_counter() - t0)
             for r, o in zip(ffw, outs):
                 self._token(r, o, masks[id(r)])
             for (r, n), o in zip(chunks, outs[len(ffw):]):
@@ -470,6 +502,36 @@ class Scheduler:
                 else:
                     self._register(r)
         self.steps += 1
+
+    def _drip(self, r: GenRequest) -> None:
+        """r's run advanced by the one token a decode step fed: the next one is fed next
+        (the last is sampled after, under the mask its position gets then)."""
+        r.next_tok = r.forced.pop(0)
+        r.ff_mask = None
+        if self.pc is not None and r.seq.n // self.kv.block > r.registered:
+            self._register(r)
+
+    def _ff_verify(self, r: GenRequest) -> None:
+        """r's forced run fed alone as a verification step (the engine's verify: on the GPU a
+        graph captured per row count) over [sampled, f1..fk]. Exact: every row has decode's
+        bits (the runner's contract), rows 0..k-1 are masked to their forced token alone
+        (fast_forward took each only where its position's mask allows nothing else), so they
+        must choose f1..fk (checked), and row k, under the mask fast_forward left, is drawn
+        from the same logits, seed and position as the eager row's head or a decode step
+        would draw it: out[-1] is the token those paths give."""
+        from memra.text.grammar import one_hot
+
+        if r.ff_mask is None:
+            r.matcher.fill(self._ff_row(r))
+            r.ff_mask = r.ff_buf
+        toks = [r.next_tok] + r.forced
+        masks = np.concatenate([one_hot(r.forced, self.n_vocab), r.ff_mask[None, :]])
+        t0 = time.perf_counter()
+        out = self.engine.verify(r.seq, toks, r.device, masks=masks)
+        self.costs.observe("verify", len(toks), time.perf_counter() - t0)
+        if len(out) != len(toks) or out[:-1] != r.forced:
+            raise MemraError(f"a forced run's verification chose {out[:-1]}, not the forced {r.forced}")
+        self._token(r, RowOut(token=out[-1]), r.ff_mask)
 
     def _spec_step(self, r: GenRequest) -> bool:
         """Speculative decoding of r (memra.spec): its draft verified in one step of K+1 token

@@ -225,6 +225,122 @@ def forced_enabled() -> bool:
     return os.environ.get("MEMRA_FORCED", "1") != "0"
 
 
+def forced_always() -> bool:
+    """MEMRA_FORCED=always: every forced run fed in one call, whatever FeedCosts measures
+    (the behaviour before the cost policy; for A/B measurements and the tests that count
+    model calls)."""
+    return os.environ.get("MEMRA_FORCED", "1").strip().lower() == "always"
+
+
+def one_hot(tokens, n_vocab: int) -> np.ndarray:
+    """int32 [len(tokens), ceil(n_vocab / 32)]: row i allows tokens[i] alone (the mask of a
+    forced token's position, as fast_forward found it)."""
+    out = np.zeros((len(tokens), mask_words(n_vocab)), np.uint32)
+    for i, t in enumerate(tokens):
+        out[i, int(t) >> 5] = np.uint32(1) << np.uint32(int(t) & 31)
+    return out.view(np.int32)
+
+
+def _bucket(n: int) -> int:
+    """The power of two >= n (the runner's graph buckets for decode rows; eager calls by
+    token rows)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+class FeedCosts:
+    """Whether feeding a constraint's forced runs in one call pays, decided per step from
+    measured times (memra run, the server's scheduler and experiments/structured_speed.py's
+    json-ff arm each keep one for their runner).
+
+    A forced run — the sampled token and the k tokens the grammar forced after it (already
+    emitted) — is fed in one of three ways, all giving the same tokens:
+      "verify" one sequence's run alone as a verification step (Runner.verify with masks: a
+               CUDA graph captured per row count; rows before the last under one-hot masks
+               of the forced tokens, the last under the mask fast_forward left);
+      "eager"  the runs as multi-token rows of one Runner.step call (the eager path: every
+               launch issued from the host — about 300 on a 30-layer model);
+      "drip"   one token a step, as unsampled rows of the decode graph beside the others,
+               sampled at the run's last token (the model steps MEMRA_FORCED=0 takes).
+    The step takes the joint call ("verify" or "eager", the caller's choice of what fits)
+    when its predicted time per token fed is lower than the plain decode graph's:
+        (t_graph(others) + t_joint) / (others + run tokens)  <  t_graph(others + runs) / (others + runs)
+    t_graph(rows): decode graph steps by graph bucket; t_verify by row count; t_eager by the
+    bucket of the call's token rows; a size not measured yet takes the nearest measured one's.
+    Each is an exponential moving average of wall times (`observe`); the first time of each
+    (path, size) is dropped (module loads, the graph's capture). A path not measured at all
+    yet: the joint call is tried (so it gets measured). Every PROBE-th step that dripped takes the
+    joint call once, so an estimate one slow outlier made too high heals (at most 1/PROBE
+    of the steps pay the slower path). `fixed` ("joint" or "drip") overrides the choice."""
+
+    PROBE = 500
+    ALPHA = 0.25
+
+    def __init__(self, fixed: str | None = None):
+        if fixed is None and forced_always():
+            fixed = "joint"
+        if fixed not in (None, "joint", "drip"):
+            raise MemraError(f"FeedCosts: fixed is None, joint or drip, got {fixed!r}")
+        self.fixed = fixed
+        self.t: dict[tuple[str, int], float] = {}
+        self._seen: set[tuple[str, int]] = set()
+        self.dripped = 0
+        self.taken = {"verify": 0, "eager": 0, "drip": 0}
+
+    @staticmethod
+    def size(path: str, n: int) -> int:
+        """The key a call of n rows (graph, decode rows), n tokens (verify) or n token rows
+        (eager) is measured under."""
+        return int(n) if path == "verify" else _bucket(n)
+
+    def observe(self, path: str, n: int, seconds: float) -> None:
+        """A measured call: path "graph" (a decode step of n rows), "verify" (n tokens) or
+        "eager" (n token rows)."""
+        k = (path, self.size(path, n))
+        if k not in self._seen:
+            self._seen.add(k)
+            return
+        old = self.t.get(k)
+        self.t[k] = float(seconds) if old is None else old + self.ALPHA * (float(seconds) - old)
+
+    def estimate(self, path: str, n: int) -> float | None:
+        """The path's time at size n: its EMA, else the nearest measured size's (a decode
+        step's time hardly moves with its rows; a joint call's is mostly its launches), else
+        None."""
+        b = self.size(path, n)
+        v = self.t.get((path, b))
+        if v is not None:
+            return v
+        near = [k[1] for k in self.t if k[0] == path]
+        if not near:
+            return None
+        return self.t[(path, min(near, key=lambda x: (abs(x.bit_length() - b.bit_length()), abs(x - b), x)))]
+
+    def choose(self, runs, others: int, joint: str) -> str:
+        """`joint` ("verify" or "eager") or "drip" for a step with forced runs of `runs`
+        tokens each (the sampled token included) beside `others` one-token decode rows."""
+        if joint not in ("verify", "eager"):
+            raise MemraError(f"FeedCosts: the joint call is verify or eager, got {joint!r}")
+        runs = [int(k) for k in runs]
+        pick = self._pick(runs, others, joint)
+        self.taken[pick] += 1
+        return pick
+
+    def _pick(self, runs, others: int, joint: str) -> str:
+        if self.fixed is not None:
+            return joint if self.fixed == "joint" else "drip"
+        t_joint = self.estimate(joint, sum(runs))
+        t_all = self.estimate("graph", others + len(runs))
+        t_others = self.estimate("graph", others) if others else 0.0
+        if t_joint is None or t_all is None or t_others is None:
+            return joint  # optimistic: measure it
+        if (t_others + t_joint) / (others + sum(runs)) < t_all / (others + len(runs)):
+            return joint
+        self.dripped += 1
+        if self.dripped % self.PROBE == 0:
+            return joint
+        return "drip"
+
+
 def single_token(row: np.ndarray, n_vocab: int) -> int | None:
     """The token a mask row allows when it allows exactly one, else None."""
     w = np.ascontiguousarray(row).view(np.uint32)
