@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mvt_check: experiments/mvt/mvt.cu (mvt_q8, mvt_q8_glu) must give mv_q8's bits, and how fast.
+"""mvt_check: kernels/mvt.cu (mvt_q8, mvt_q8_glu) must give mv_q8's bits, and how fast.
 
 Modelled on experiments/gemm_check.py and built on it: the planes layout, random weights, the
 matvec launch rule (memra's chunks of <= 8 rows, bucket MV_B, default config per chunk), the
@@ -120,11 +120,11 @@ def _compile_job(job):
     src, defines, verbose = job
     from cuda.core import Program, ProgramOptions
 
-    path = HERE / src if src == "mvt.cu" else KDIR / src
+    path = KDIR / src
     code = path.read_text()
     kw = {"ptxas_options": ["-v"]} if verbose else {}
-    # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treats mvt.cu's generic
-    # lambdas as host functions without it; 13.5 (here) does not
+    # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treated the experiment's
+    # generic lambdas as host functions without it (kernels/mvt.cu has none; kept harmless)
     opts = ProgramOptions(name=src, arch=ARCH, std="c++17", lineinfo=True, include_path=[str(KDIR)],
                           device_as_default_execution_space=True,
                           define_macro=[(k, str(v)) for k, v in sorted(defines.items())], **kw)
@@ -683,8 +683,8 @@ def main() -> int:
 
     d = gc.Dev(cubins)
     props = d.dev.properties
-    src_hash = hashlib.sha256(b"".join([(HERE / "mvt.cu").read_bytes()] + [(KDIR / f).read_bytes() for f in
-                                       ("matvec.cu", "gemm.cu", "qtypes.cuh", "common.cuh", "q8.cuh")])).hexdigest()[:16]
+    src_hash = hashlib.sha256(b"".join([(KDIR / f).read_bytes() for f in ("mvt.cu", "mma_frag.cuh", "matvec.cu", "gemm.cu",
+                                       "qtypes.cuh", "common.cuh", "q8.cuh")])).hexdigest()[:16]
     jsonl({"kind": "run", "device": d.dev.name, "sms": props.multiprocessor_count, "sources_sha": src_hash,
            "check_cfgs": CHECK_CFGS, "time_cfgs": tcfgs, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
     print(f"device {d.dev.name}, {props.multiprocessor_count} SMs, sources {src_hash}", flush=True)
