@@ -105,7 +105,10 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     skips one draw per forced token), counted in timings.n_forced.
 
     spec (memra.spec.decode.SpecDecoder): speculative decoding — drafted tokens verified in
-    one step each, plain decode's tokens (the same sampler, seed and penalties) out.
+    one step each, plain decode's tokens (the same sampler, seed and penalties) out; with a
+    constraint, plain constrained decoding's (drafts cut at the first token the grammar
+    rejects, each verified position sampled under its mask; no fast-forward: a forced token
+    is what the draft must hold or what its position's one-token mask chooses).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -206,10 +209,12 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
             return sampler.sample(model.forward(prompt if last is None else [last], cache), history)
 
     if spec is not None:
-        if constraint is not None:
-            raise MemraError("speculative decoding does not take an output constraint yet")
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
-        spec_ids = spec.tokens(model, prompt, n_max, sampler, n_ctx)
+        if constraint is not None:  # drafts cut where the grammar rejects them, rows masked
+            spec_ids = spec.tokens(model, prompt, n_max, sampler, n_ctx, constraint=constraint,
+                                   end=min(stop_ids) if stop_ids else None)
+        else:
+            spec_ids = spec.tokens(model, prompt, n_max, sampler, n_ctx)
 
         def next_token(last):
             return next(spec_ids)

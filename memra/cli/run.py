@@ -212,8 +212,6 @@ def run(
 
         parse_spec(spec)  # a bad --spec fails before any model is read
         spec_k_val = parse_k(spec_k)
-        if constraint is not None:
-            raise MemraError("--spec does not combine with --json-schema, --grammar or --regex yet")
     sampler = Sampler(params, cfg.n_vocab)
     log.info("model %s (%s) on %s: %d prompt tokens, context %d, seed %d",
              name, path, device, len(prompt_ids), n_ctx, sampler.seed)

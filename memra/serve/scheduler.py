@@ -536,19 +536,27 @@ class Scheduler:
     def _spec_step(self, r: GenRequest) -> bool:
         """Speculative decoding of r (memra.spec): its draft verified in one step of K+1 token
         rows, the accepted tokens and the first choice after them emitted (plain decode's
-        tokens: the device sampler's draw at each position), the rest rewound. False (r takes
-        a plain decode row): nothing drafted, or r needs host sampling, logprobs or a mask."""
-        if r.device is None or r.matcher is not None or r.logprobs is not None:
+        tokens: the device sampler's draw at each position), the rest rewound. A constrained
+        request's draft is cut at the first token its grammar rejects (and after one that
+        completes it) and each row is masked as its position would be in plain constrained
+        decoding (memra.spec.decode.cut_draft); the emitted tokens advance its matcher, the
+        last one's forced tokens are fast-forwarded as after a decode step. False (r takes a
+        plain decode row): nothing drafted (or nothing the grammar allows), or r needs host
+        sampling or logprobs."""
+        if r.device is None or r.logprobs is not None:
             return False
-        from memra.spec.decode import SpecRow, accepted
+        from memra.spec.decode import SpecRow, accepted, cut_draft
 
         if r.spec is None:
             r.spec = SpecRow(self.spec.new_drafter(), self.spec.k, r.prompt)
         draft = r.spec.draft(r.generated, r.max_new - len(r.generated) - 1)
+        masks = None
+        if draft and r.matcher is not None:
+            draft, masks = cut_draft(r.matcher, draft, self.n_vocab)
         if not draft:
             return False
         n0 = r.seq.n
-        out = self.engine.verify(r.seq, [r.next_tok] + draft, r.device)
+        out = self.engine.verify(r.seq, [r.next_tok] + draft, r.device, masks=masks)
         j = accepted(draft, out)
         if r.seq.n > n0 + 1 + j:
             self.engine.rewind(r.seq, n0 + 1 + j)
@@ -556,8 +564,11 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.spec_draft_tokens.inc(len(draft))
             self.metrics.spec_accepted_tokens.inc(j)
-        for t in draft[:j] + [out[j]]:
-            self._token(r, RowOut(token=t))
+        emit = draft[:j] + [out[j]]
+        for k, t in enumerate(emit):
+            # forced tokens after an accepted draft token are the next draft tokens (the
+            # only ones their masks allow) or its first rejection: fast-forward after the last
+            self._token(r, RowOut(token=t), ff=k == len(emit) - 1)
             if r.finish is not None:
                 break
         return True
@@ -593,7 +604,7 @@ class Scheduler:
         self._send(r, ("token", token, text, lp))
         return finish
 
-    def _token(self, r: GenRequest, out, mask=None) -> None:
+    def _token(self, r: GenRequest, out, mask=None, ff: bool = True) -> None:
         if r.sampler is not None:
             logits = out.logits
             if mask is not None:
@@ -611,7 +622,7 @@ class Scheduler:
         finish = self._emit(r, token, lp)
         r.next_tok = token
         r.forced, r.ff_mask = [], None
-        if finish is None and r.matcher is not None and self.fast_forward and r.logprobs is None:
+        if finish is None and r.matcher is not None and self.fast_forward and ff and r.logprobs is None:
             # the tokens the grammar forces next (each the only one its position's mask
             # allows: what the sampler would choose there), emitted now and fed with `token`
             # in the next step's row; at most what the token limit and one step's budget

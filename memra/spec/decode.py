@@ -24,6 +24,14 @@ Targets:
   stays exact with a stateful random stream and history-dependent penalties. This is what
   `memra run --device cpu --spec` uses, so its output equals `memra run --device cpu`'s.
 
+A constrained request (memra.text.grammar: a JSON schema, grammar or regex) speculates too
+(DraftGrammar): the draft is cut at the first token the grammar rejects (llguidance's
+validate_tokens) and after a token that completes it; verification row i gets the mask of
+its position, computed by walking the matcher through the kept draft (then rolled back), so
+out[i] is what plain constrained decoding chooses there; the emitted tokens are consumed by
+the matcher. A complete grammar ends the stream with the end-of-generation token, without a
+model step, as plain constrained decoding does.
+
 KPolicy: a fixed K (the gates) or "auto": K grows by one after a step that accepted its
 whole draft, shrinks by one after a step that accepted less than half of it (1..k_max);
 model drafters also cut a draft short when their top-1 probability drops below a threshold.
@@ -107,17 +115,18 @@ class DeviceTarget:
     def n(self) -> int:
         return self.seq.n
 
-    def prefill(self, prompt) -> int:
+    def prefill(self, prompt, mask=None) -> int:
         from memra.gpu.runner import Row
 
-        return self.runner.step([Row(self.seq, list(prompt), sample=self.sampling)])[0].token
+        return self.runner.step([Row(self.seq, list(prompt), sample=self.sampling, mask=mask)])[0].token
 
-    def verify(self, tokens: list[int]) -> list[int]:
+    def verify(self, tokens: list[int], masks=None) -> list[int]:
         if len(tokens) == 1:  # nothing drafted: a plain decode step (the decode graph)
             from memra.gpu.runner import Row
 
-            return [self.runner.step([Row(self.seq, tokens, sample=self.sampling)])[0].token]
-        return self.runner.verify(self.seq, tokens, self.sampling)
+            m = masks[0] if masks is not None else None
+            return [self.runner.step([Row(self.seq, tokens, sample=self.sampling, mask=m)])[0].token]
+        return self.runner.verify(self.seq, tokens, self.sampling, masks=masks)
 
     def rewind(self, n: int) -> None:
         if n < self.seq.n:
@@ -129,7 +138,10 @@ class DeviceTarget:
 
 
 class HostTarget:
-    """A model with the reference protocol and a host Sampler, one position at a time."""
+    """A model with the reference protocol and a host Sampler, one position at a time; an
+    engine with forward_run (the GPU engine) computes a draft's logits in one verification
+    step instead (the same logits: its rows have one-token forwards' bits), and the sampler
+    is still called once per position, in order, up to the first rejection."""
 
     def __init__(self, model, sampler, n_ctx: int):
         self.model, self.sampler = model, sampler
@@ -141,15 +153,27 @@ class HostTarget:
     def n(self) -> int:
         return self.cache.pos
 
-    def prefill(self, prompt) -> int:
+    def prefill(self, prompt, mask=None) -> int:
         self.hist = list(prompt)
-        return self.sampler.sample(self.model.forward(self.hist, self.cache), self.hist)
+        return self.sampler.sample(_masked(self.model.forward(self.hist, self.cache), mask), self.hist)
 
-    def verify(self, tokens: list[int]) -> list[int]:
+    def verify(self, tokens: list[int], masks=None) -> list[int]:
         out: list[int] = []
+        run = getattr(self.model, "forward_run", None)
+        if run is not None and 1 < len(tokens) <= 64:
+            n0 = len(self.hist)
+            lg = run([int(t) for t in tokens], self.cache, all_logits=True)
+            self.hist.extend(int(t) for t in tokens)
+            for i in range(len(tokens)):
+                m = masks[i] if masks is not None else None
+                out.append(self.sampler.sample(_masked(lg[i], m), self.hist[:n0 + i + 1]))
+                if i + 1 < len(tokens) and out[-1] != tokens[i + 1]:
+                    break  # as below; the caller rewinds the positions fed past it
+            return out
         for i, t in enumerate(tokens):
             self.hist.append(int(t))
-            out.append(self.sampler.sample(self.model.forward([int(t)], self.cache), self.hist))
+            m = masks[i] if masks is not None else None
+            out.append(self.sampler.sample(_masked(self.model.forward([int(t)], self.cache), m), self.hist))
             if i + 1 < len(tokens) and out[-1] != tokens[i + 1]:
                 break  # every later draft token is rejected: sample no further
         return out
@@ -161,6 +185,73 @@ class HostTarget:
 
     def close(self) -> None:
         pass
+
+
+def _masked(logits, mask):
+    if mask is None:
+        return logits
+    from memra.text.grammar import masked
+
+    return masked(logits, mask)
+
+
+class DraftGrammar:
+    """A constrained request's parser state (memra.text.grammar.Matcher) as speculative
+    decoding sees it. end: the token a complete grammar ends with (the lowest
+    end-of-generation id), None: keep sampling under its mask."""
+
+    def __init__(self, matcher, n_vocab: int, end: int | None = None):
+        self.m, self.n_vocab, self.end = matcher, int(n_vocab), end
+
+    @property
+    def stopped(self) -> bool:
+        return self.m.stopped
+
+    def mask(self):
+        from memra.text.grammar import new_masks
+
+        row = new_masks(1, self.n_vocab)[0]
+        self.m.fill(row)
+        return row
+
+    def take(self, token: int) -> None:
+        if not self.m.consume(token):
+            raise MemraError(f"the constraint rejected token {token}: {self.m.error}")
+
+    def cut(self, draft: list[int]):
+        """(the draft up to the first token the grammar rejects, and after a token that
+        completes it; the masks of its verification rows): row i's mask is the next-token
+        mask after the row's token, i.e. after the last emitted token and draft[:i]. The
+        matcher is walked through the kept draft and rolled back to where it was."""
+        return cut_draft(self.m, draft, self.n_vocab)
+
+
+def cut_draft(matcher, draft: list[int], n_vocab: int):
+    """DraftGrammar.cut for a memra.text.grammar.Matcher: (kept draft, int32 masks
+    [len(kept) + 1, words])."""
+    from memra.text.grammar import allowed, new_masks
+
+    draft = [int(t) for t in draft]
+    kept = draft[:int(matcher.m.validate_tokens(draft))] if draft and not matcher.stopped else []
+    masks = new_masks(len(kept) + 1, n_vocab)
+    done = 0
+    try:
+        for i in range(len(kept) + 1):
+            matcher.fill(masks[i])
+            if i == len(kept):
+                break
+            if not allowed(masks[i], n_vocab)[kept[i]] or not matcher.consume(kept[i]):
+                kept = kept[:i]  # validate_tokens said yes, the mask no: trust the mask
+                break
+            done += 1
+            if matcher.stopped:  # complete: nothing can follow but the end
+                kept = kept[:i + 1]
+                matcher.fill(masks[i + 1])
+                break
+    finally:
+        if done:
+            matcher.m.rollback(done)
+    return kept, masks[:len(kept) + 1]
 
 
 # -- the loop --------------------------------------------------------------------------------
@@ -177,30 +268,41 @@ def accepted(draft: list[int], out: list[int]) -> int:
 
 
 def spec_stream(target, prompt, n_max: int, drafter, policy: KPolicy, stats: SpecStats | None = None,
-                canary: bool = False):
+                canary: bool = False, grammar: DraftGrammar | None = None):
     """Yield up to n_max tokens after `prompt`, plain decode's tokens, drafting and verifying.
     The consumer may stop early (end of generation, a stop string). canary: a deliberately
     broken verifier that accepts one rejected draft token (the first), so a gate comparing
-    with plain decode must turn red."""
+    with plain decode must turn red. grammar: plain constrained decoding's tokens (drafts cut
+    where the grammar rejects them, every verification row under its position's mask)."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise MemraError("the prompt is empty: nothing to continue from")
     if n_max <= 0:
         return
-    tok = target.prefill(prompt)
+    if grammar is None:
+        tok = target.prefill(prompt)
+    else:
+        tok = target.prefill(prompt, mask=grammar.mask())
+        grammar.take(tok)
     yield tok
     produced = 1
     history = prompt + [tok]
     fired = False
     while produced < n_max:
+        if grammar is not None and grammar.stopped and grammar.end is not None:
+            yield grammar.end  # complete: its mask allows only the end, no model step
+            return
         # verification feeds 1 + len(draft) positions and emits up to len(draft) + 1 tokens
         room = min(n_max - produced - 1, target.max_len - target.n - 1)
         if room < 0:
             return
         k = min(policy.k, room)
         draft = [int(t) for t in drafter.draft(history, k)][:k] if k > 0 else []
+        masks = None
+        if grammar is not None:
+            draft, masks = grammar.cut(draft)
         n0 = target.n
-        out = target.verify([tok] + draft)
+        out = target.verify([tok] + draft) if masks is None else target.verify([tok] + draft, masks)
         j = accepted(draft, out)
         nxt = out[j]
         if canary and not fired and j < len(draft):
@@ -213,9 +315,13 @@ def spec_stream(target, prompt, n_max: int, drafter, policy: KPolicy, stats: Spe
             stats.k_hist[k] = stats.k_hist.get(k, 0) + 1
         policy.update(len(draft), j)
         for t in draft[:j] + [nxt]:
+            if grammar is not None:
+                grammar.take(t)
             history.append(t)
             produced += 1
             yield t
+            if grammar is not None and grammar.stopped and grammar.end is not None:
+                break  # the end comes next, without a model step (the loop's top)
         tok = nxt
 
 
@@ -243,11 +349,19 @@ class SpecDecoder:
         self.policy = KPolicy(k)
         self.stats = SpecStats(getattr(drafter, "label", drafter.name), self.policy.setting)
 
-    def tokens(self, model, prompt, n_max: int, sampler, n_ctx: int):
+    def tokens(self, model, prompt, n_max: int, sampler, n_ctx: int, constraint=None, end: int | None = None):
+        """The token stream; constraint (memra.text.grammar.Constraint): plain constrained
+        decoding's tokens as memra.session gives them — the host Sampler over masked logits
+        (HostTarget; on the GPU engine a draft's logits come from one verification step),
+        `end` emitted when the grammar is complete."""
         from memra.gpu.runner import Sampling
 
         p = sampler.params
         penalties = p.repeat_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+        if constraint is not None:
+            grammar = DraftGrammar(constraint.matcher(), sampler.n_vocab, end)
+            return spec_stream(HostTarget(model, sampler, n_ctx), prompt, n_max, self.drafter, self.policy,
+                               self.stats, grammar=grammar)
         if hasattr(model, "verify") and hasattr(model, "seqs") and not penalties:
             model.reset()
             sm = Sampling(p.temperature, p.top_k, p.top_p, p.min_p, sampler.seed)
