@@ -10,6 +10,11 @@
 #   STAGE=final1 kernel-check with its receipt and --status, the batch-invariance receipt
 #                (experiments/runner_invariance.py: SmolLM2, the 1B, the 8B Q4_K_M), tg128 at
 #                1..64 sequences on the 8B Q4_K_M and the 1B, and at 2..5 with MEMRA_MVT=0
+#   STAGE=final3 (after .models/smollm2-0{0,1}/take.sh) ncu of gemm.cu variant 7's 64-row glu
+#                config, tg128 at batch 1 on the 8B Q4_0 / Q8_0 and SmolLM2 (issue 9's no-regression
+#                list with final1's 8B Q4_K_M and 1B), memra profile of the 1B at 1 / 64 rows,
+#                tests/test_structured_gpu.py, issue 13's structured speed again (json-ff through
+#                verification graphs) and $EXTRA (a command line) if set
 #   STAGE=final2 every GPU test, memra run gemma3-270m (the gates), memra profile of the 8B at
 #                1 / 16 / 64 rows, pp512 (8B, 1B, SmolLM2), issue 13's structured speed (arms
 #                free / json / json-sync / json-ff, the 8B and SmolLM2)
@@ -49,6 +54,25 @@ elif [ "$STAGE" = final1 ]; then
   log "bench mvt0 rc=$? $(el)"; grep tg128 $R/bench-mvt0.txt | tee -a $R/log.txt
   timeout $(( 560 - ($(date +%s) - T0) )) python3 experiments/runner_invariance.py $R/invariance.jsonl smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M > $R/invariance.txt 2>&1
   log "invariance rc=$? $(el)"; tail -5 $R/invariance.txt | tee -a $R/log.txt
+elif [ "$STAGE" = final3 ]; then
+  CASES="glu:64:2,1,2,4,2,3,1,2:Q4_K" OUT=$R timeout 90 bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1; log "ncu rc=$? $(el)"
+  for m in synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 smollm2-135m; do
+    timeout 120 python3 -m memra bench $m -p 0 -n 128 --synth-tokenizer $TOK --out $R/bench-tg.jsonl > $R/bench-tg-$(echo $m | tr : _).txt 2>&1
+    log "tg128 $m rc=$? $(el)"; grep tg128 $R/bench-tg-$(echo $m | tr : _).txt | tail -1 | tee -a $R/log.txt
+  done
+  for rows in 1 64; do
+    timeout 60 python3 -m memra profile synth:llama-1b:Q4_0 --depth 64 --rows $rows --synth-tokenizer $TOK --json >> $R/profile-1b.jsonl 2>> $R/profile.err
+    log "profile 1B rows $rows rc=$? $(el)"
+  done
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_structured_gpu.py > $R/structured-gpu-tests.txt 2>&1
+  log "structured gpu tests rc=$? $(tail -1 $R/structured-gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/structured-gpu-tests.txt | head | tee -a $R/log.txt
+  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
+    timeout 150 python3 experiments/structured_speed.py --model $m --tokenizer-from $TOK --batch 1,16 --steps 128 --reps 5 \
+      --out $R/structured.jsonl >> $R/structured.txt 2>&1
+    log "structured $m rc=$? $(el)"
+  done
+  grep SUMMARY $R/structured.txt | tee -a $R/log.txt
+  if [ -n "${EXTRA:-}" ]; then timeout 120 bash -c "$EXTRA" > $R/extra.txt 2>&1; log "extra rc=$? $(el)"; tail -5 $R/extra.txt | tee -a $R/log.txt; fi
 elif [ "$STAGE" = final2 ]; then
   mkdir -p $R/kernel-check
   timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
