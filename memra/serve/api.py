@@ -8,7 +8,8 @@ Routes: POST /v1/chat/completions, /v1/completions (blocking, or SSE with `data:
 ending in `data: [DONE]`; `stream_options.include_usage` adds a last chunk with empty
 `choices` and the usage), GET /v1/models, GET /health (200 serving, 503 loading), GET /readyz
 (503 loading or draining), GET /metrics (Prometheus text; needs a key when keys are set),
-POST /tokenize and /detokenize (llama-server's).
+POST /tokenize and /detokenize (llama-server's). Chat replies have a <think> block split into
+`reasoning_content` unless `reasoning_format` is "none" (memra.text.reasoning).
 
 Every request is validated once: pydantic for shapes and types (unknown fields ignored), then
 memra.sampling.check_request for ranges and the context, the same validation `memra run`
@@ -50,6 +51,7 @@ from memra.errors import ContextOverflowError, MemraError
 from memra.sampling import SamplingParams, check_request
 from memra.session import prompt_ids
 from memra.text.grammar import GrammarError, compile_constraint
+from memra.text.reasoning import FORMATS as REASONING_FORMATS, ReasoningStream, prompt_opens_think, split_reasoning
 from memra.text.tools import (ToolError, check_tools, forced_name, may_start_call, parse_tool_calls, style_of,
                               tool_lark, tool_messages)
 from memra.serve.auth import Keys, check_bind
@@ -156,6 +158,8 @@ class ChatBody(_GenBody):
     tools: Optional[list[Any]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[bool] = None
+    # the <think> split (memra.text.reasoning): auto / deepseek (the default) or none
+    reasoning_format: Optional[str] = None
 
 
 class CompletionBody(_GenBody):
@@ -509,9 +513,14 @@ def create_app(st: State) -> FastAPI:
         st.require_serving()
         st.check_model(body.model)
         functions: dict = {}  # the declared tools when the reply may call them
+        think = None  # chat: None keeps a think block in the content, else whether the prompt opened one
         if chat:
             if not body.messages:
                 raise _bad("messages must hold at least one message", "messages")
+            fmt = body.reasoning_format
+            if fmt is not None and fmt not in REASONING_FORMATS:
+                raise _bad(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
+                           "reasoning_format")
             try:
                 functions = check_tools(body.tools or [], body.tool_choice)
             except ToolError as e:
@@ -527,11 +536,13 @@ def create_app(st: State) -> FastAPI:
                 msgs.append(d)
             msgs, tools_arg = tool_messages(st.gguf.metadata, msgs, body.tools if functions else None)
             try:
-                prompt, _ = prompt_ids(st.gguf, tok, messages=msgs, tools=tools_arg)
+                prompt, rendered = prompt_ids(st.gguf, tok, messages=msgs, tools=tools_arg)
             except APIError:
                 raise
             except MemraError as e:
                 raise _bad(f"messages: {e}", "messages")
+            if fmt != "none":
+                think = prompt_opens_think(rendered)
             max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
             if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
                 raise _bad(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.top_logprobs}",
@@ -562,6 +573,9 @@ def create_app(st: State) -> FastAPI:
             raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
         params = _params(body, max_tokens, st.ctx, len(prompt), st.mcfg.n_ctx_train)
         constraint = await _constraint(body, functions)
+        if think and (constraint_of(body)[0] in ("json_object", "json_schema") or
+                      functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict))):
+            think = False  # a JSON constraint or a forced call is the whole reply: no thought in it
         ns = f"{who}\0{body.cache_salt or ''}"
         req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
                          constraint=constraint)
@@ -572,12 +586,12 @@ def create_app(st: State) -> FastAPI:
         head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
         if body.stream:
             usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(req, request, chat, head, usage_chunk, functions),
+            return StreamingResponse(_sse(req, request, chat, head, usage_chunk, functions, think),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _blocking(req, request, chat, head, functions)
+        return await _blocking(req, request, chat, head, functions, think)
 
-    async def _blocking(req, request, chat, head, functions=None):
+    async def _blocking(req, request, chat, head, functions=None, think=None):
         pieces, lps, offs = [], [], []
         n_text = 0
         try:
@@ -603,7 +617,12 @@ def create_app(st: State) -> FastAPI:
                 st.sched.cancel(req)
         text = "".join(pieces)
         if chat:
+            reasoning = None
+            if think is not None:  # tool calls are parsed from the content after the think block
+                reasoning, text = split_reasoning(text, think)
             message = {"role": "assistant", "content": text, "refusal": None}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             calls, content = parse_tool_calls(text, functions) if functions else ([], text)
             if calls:
                 message.update(content=content, tool_calls=calls)
@@ -619,13 +638,19 @@ def create_app(st: State) -> FastAPI:
             obj = "text_completion"
         return {**head, "object": obj, "choices": [choice], "usage": _usage(usage)}
 
+    def _delta(reasoning: str, content: str) -> dict:
+        """A chat delta: reasoning_content while inside a think block, content after it."""
+        if not reasoning:
+            return {"content": content}
+        return {"reasoning_content": reasoning, **({"content": content} if content else {})}
+
     def _completion_lp(lps, offs) -> dict:
         return {"tokens": [_token_text(tok, t)[0] for t, _ in lps],
                 "token_logprobs": [lp[0] for _, lp in lps],
                 "top_logprobs": [{_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
                 "text_offset": list(offs)}
 
-    async def _sse(req, request, chat, head, usage_chunk, functions=None):
+    async def _sse(req, request, chat, head, usage_chunk, functions=None, think=None):
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if usage_chunk else {}
 
@@ -636,7 +661,8 @@ def create_app(st: State) -> FastAPI:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         n_text = 0
-        full, sent = "", 0  # with tools: the text so far, and how much of it went out as content
+        full, sent = "", 0  # with tools: the content so far, and how much of it went out
+        rs = ReasoningStream(think) if chat and think is not None else None  # the <think> split
         try:
             if chat:
                 yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -650,15 +676,18 @@ def create_app(st: State) -> FastAPI:
                     has_lp = lp is not None and _counts(token, req)
                     if not text and not has_lp:
                         continue
+                    reasoning = ""
+                    if rs is not None:  # reasoning flows while inside the block; tags are held
+                        reasoning, text = rs.push(text)
                     if chat and functions:
                         # content flows until a tool call may have begun; the rest waits for the end
                         full += text
                         end = may_start_call(full)
                         text, sent = full[sent:max(end, sent)], max(end, sent)
-                        if not text and not has_lp:
-                            continue
+                    if not text and not reasoning and not has_lp:
+                        continue
                     if chat:
-                        c = {"index": 0, "delta": {"content": text},
+                        c = {"index": 0, "delta": _delta(reasoning, text),
                              "logprobs": {"content": [_chat_lp(token, lp)], "refusal": None} if has_lp else None,
                              "finish_reason": None}
                     else:
@@ -673,6 +702,13 @@ def create_app(st: State) -> FastAPI:
                     return
                 else:
                     _, finish, usage = ev
+                    if rs is not None:
+                        reasoning, rest = rs.flush()
+                        if functions:
+                            full, rest = full + rest, ""
+                        if reasoning or rest:
+                            yield chunk({"index": 0, "delta": _delta(reasoning, rest), "logprobs": None,
+                                         "finish_reason": None})
                     if chat and functions:
                         calls, content = parse_tool_calls(full, functions)
                         rest = full[sent:] if not calls else ""
