@@ -113,6 +113,26 @@ def check_request(params: SamplingParams, *, n_prompt: int | None = None, n_ctx:
     return warnings
 
 
+# top alternatives a token's log-prob entry may list (OpenAI's top_logprobs bound)
+MAX_TOP_LOGPROBS = 20
+
+
+def logprob_entry(logits: np.ndarray, token: int, k: int):
+    """(log p(token), [(id, log p)] of the k most likely, best first, ties by id) under the
+    raw logits: before penalties, temperature, filters and any constraint mask, in float64.
+    The one definition of a token's log-probability: the server's `logprobs`/`top_logprobs`
+    (memra.serve.scheduler) and `memra run --logprobs` (memra.session) both call it."""
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top = []
+    if k > 0:
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return float(x[token] - lse), top
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from memra.errors import ContextOverflowError, MemraError
-from memra.sampling import Sampler, SamplingParams
+from memra.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, logprob_entry
 from memra.text.stream import TextStream
 
 
@@ -72,12 +72,16 @@ class Timings:
 @dataclass
 class GenEvent:
     """One generated token (`token`, and `text` newly released, possibly "") or, last of all,
-    the end: token None, any remaining text, `finish_reason` and `timings`."""
+    the end: token None, any remaining text, `finish_reason` and `timings`. With logprobs
+    asked for, `logprob` is memra.sampling.logprob_entry's (log p(token), [(id, log p)] of
+    the top alternatives) under the logits the token was chosen from, or None for a token
+    chosen without a model step (the end token after a complete constraint)."""
 
     token: int | None
     text: str
     finish_reason: str | None = None  # "eos" | "stop" | "length"
     timings: Timings | None = None
+    logprob: tuple | None = None
 
     @property
     def done(self) -> bool:
@@ -86,7 +90,8 @@ class GenEvent:
 
 def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, *,
              n_ctx: int | None = None, ignore_eos: bool = False,
-             sampler: Sampler | None = None, constraint=None, spec=None) -> Iterator[GenEvent]:
+             sampler: Sampler | None = None, constraint=None, spec=None,
+             logprobs: int | None = None) -> Iterator[GenEvent]:
     """Yield a GenEvent per generated token, then a final event (finish_reason, timings).
 
     Stops at an end-of-generation token (unless ignore_eos; the token is still reported),
@@ -109,8 +114,24 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     constraint, plain constrained decoding's (drafts cut at the first token the grammar
     rejects, each verified position sampled under its mask; no fast-forward: a forced token
     is what the draft must hold or what its position's one-token mask chooses).
+
+    logprobs (0..MAX_TOP_LOGPROBS): every event carries its token's log-prob and the top
+    `logprobs` alternatives (memra.sampling.logprob_entry, the server's definition: the raw
+    logits of the token's position, before penalties, temperature and the constraint's
+    mask). The tokens do not change: the GPU engine's device sampler still draws them
+    (GPUEngine.stream_logits, a step per token with its logits read back, as the server's
+    rows for such requests), and, as the server does, a constraint's forced tokens are not
+    fast-forwarded (each forced token's log-prob needs its own position's logits; forced or
+    sampled, the mask chooses the same token). Not with spec (the server does not
+    speculate such requests either).
     """
     prompt = [int(t) for t in prompt_ids]
+    if logprobs is not None:
+        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise MemraError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+        if spec is not None:
+            raise MemraError("log-probs with speculative decoding are not supported (a verification step "
+                             "does not bring each position's logits back); drop one of them")
     if not prompt:
         raise MemraError("the prompt is empty: nothing to continue from")
     n_vocab = tokenizer.n_vocab
@@ -136,12 +157,15 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     ts = TextStream(tokenizer, params.stop, stop_ids, max_tokens, n_ctx - len(prompt))
     cache = model.new_cache(n_ctx)
     p = sampler.params
+    # the logits the latest token was chosen from (None: chosen without a model step); read
+    # only when logprobs are asked for
+    last_logits = None
     matcher = constraint.matcher() if constraint is not None else None
     if matcher is not None:
         from memra.text.grammar import FeedCosts, fast_forward, forced_enabled, masked, new_masks
 
         mask = new_masks(1, n_vocab)[0]
-        ff = forced_enabled()
+        ff = forced_enabled() and logprobs is None
         # an engine whose forward over several tokens leaves each position as one-token
         # forwards would (the GPU runner: memra.gpu.gate checks prefill = decode) takes a
         # forced run in one step; the CPU reference's batched kernels sum in another order,
@@ -157,9 +181,10 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
         mask_ready = False        # fast_forward left the next position's mask in `mask`
 
         def next_token(last):
-            nonlocal mask_ready
+            nonlocal mask_ready, last_logits
             if last is not None:
                 feed.append(last)
+            last_logits = None
             if queue:
                 return queue.popleft()  # forced: emitted without a model step
             if matcher.stopped and stop_ids:
@@ -182,6 +207,7 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
                     logits = model.forward([t], cache)
                     costs.observe("graph", 1, time.perf_counter() - t0)
             feed.clear()
+            last_logits = logits
             if not mask_ready:
                 matcher.fill(mask)
             token = sampler.sample(masked(logits, mask), history)
@@ -199,14 +225,24 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
     elif getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
             and not p.frequency_penalty:
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
-        ids = model.stream(prompt, n_max, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                           min_p=p.min_p, seed=sampler.seed)
+        kw = dict(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=sampler.seed)
+        if logprobs is None:
+            ids = model.stream(prompt, n_max, **kw)
 
-        def next_token(last):
-            return next(ids)
+            def next_token(last):
+                return next(ids)
+        else:
+            ids = model.stream_logits(prompt, n_max, **kw)
+
+            def next_token(last):
+                nonlocal last_logits
+                token, last_logits = next(ids)
+                return token
     else:
         def next_token(last):
-            return sampler.sample(model.forward(prompt if last is None else [last], cache), history)
+            nonlocal last_logits
+            last_logits = model.forward(prompt if last is None else [last], cache)
+            return sampler.sample(last_logits, history)
 
     if spec is not None:
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
@@ -227,7 +263,10 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
         timings.n_gen += 1
         history.append(token)
         text, finish = ts.push(token)
-        yield GenEvent(token, text)
+        lp = None
+        if logprobs is not None and last_logits is not None:
+            lp = logprob_entry(last_logits, token, logprobs)
+        yield GenEvent(token, text, logprob=lp)
         if finish is not None:
             yield GenEvent(None, "", finish, timings)
             return

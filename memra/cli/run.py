@@ -163,6 +163,9 @@ def run(
                                                 "smaller GGUF with the same vocabulary).")] = None,
     spec_k: Annotated[str, typer.Option("--spec-k", help="Draft length with --spec: 1..32, or auto "
                                         "(adapts to the acceptance rate, up to 8).")] = "auto",
+    logprobs: Annotated[Optional[int], typer.Option("--logprobs", metavar="N", help="With --json: each "
+                                                    "token's log-probability and its N most likely "
+                                                    "alternatives (0..20), as the server's logprobs.")] = None,
 ) -> None:
     """Generate a continuation (or, with --chat, a reply) and stream it to stdout."""
     from memra.model.config import read_config
@@ -179,6 +182,7 @@ def run(
                             frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
                             max_tokens=n, stop=list(stop or []))
     check_request(params, n_ctx=ctx, names=RUN_FLAGS)  # bad flags fail before any model is read
+    _check_logprobs(logprobs, as_json, spec)
     if threads is not None:
         _set_threads(threads)
 
@@ -245,13 +249,14 @@ def run(
         spec_dec = SpecDecoder(drafter, spec_k_val)
     tokens: list[int] = []
     pieces: list[str] = []
+    lps: list = []
     final = None
     ttft = None
     bar, stop_bar = _prefill_progress(engine, len(prompt_ids))
     t_req = time.perf_counter()
     with bar:
         for ev in generate(engine, tok, prompt_ids, params, n_ctx=n_ctx, ignore_eos=ignore_eos,
-                           sampler=sampler, constraint=constraint, spec=spec_dec):
+                           sampler=sampler, constraint=constraint, spec=spec_dec, logprobs=logprobs):
             if ttft is None:
                 ttft = time.perf_counter() - t_req
                 stop_bar()
@@ -260,6 +265,7 @@ def run(
                 break
             tokens.append(ev.token)
             pieces.append(ev.text)
+            lps.append(ev.logprob)
             if not as_json and ev.text:
                 sys.stdout.write(ev.text)
                 sys.stdout.flush()
@@ -285,6 +291,7 @@ def run(
             "sampling": {k: v for k, v in asdict(params).items() if k not in ("stop_ids",)} | {"seed": sampler.seed},
             "spec": spec_dec.stats.as_dict() if spec_dec is not None else None,
             "n_forced": t.n_forced if constraint is not None else None,
+            "logprobs": None if logprobs is None else [_logprob_json(tok, t_, lp) for t_, lp in zip(tokens, lps)],
         }
         print(json.dumps(doc, ensure_ascii=False))
         return
@@ -302,6 +309,41 @@ def run(
         bw += f" · {t.n_forced} forced"
     err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
               f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
+
+
+def _check_logprobs(n: int | None, as_json: bool, spec: str | None) -> None:
+    """--logprobs N: 0..MAX_TOP_LOGPROBS (the server's bound), only with --json (the figures
+    have no place in streamed text), not with --spec (the server does not speculate
+    requests with logprobs, and a verification step brings no per-position logits back)."""
+    from memra.sampling import MAX_TOP_LOGPROBS
+
+    if n is None:
+        return
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise MemraError(f"--logprobs must be in [0, {MAX_TOP_LOGPROBS}] (top alternatives per token; 0: only "
+                         f"the chosen token's), got {n}")
+    if not as_json:
+        raise MemraError("--logprobs needs --json: the log-probabilities come in its `logprobs` field")
+    if spec is not None:
+        raise MemraError("--logprobs cannot be used with --spec: speculative verification does not bring "
+                         "each position's logits back (the server also decodes requests with logprobs "
+                         "without speculation)")
+
+
+def _token_json(tok, i: int) -> dict:
+    """A token as the server's chat logprobs show it: id, text (its bytes as UTF-8, invalid
+    sequences replaced) and the bytes."""
+    b = tok.token_bytes(int(i))
+    return {"id": int(i), "token": b.decode("utf-8", errors="replace"), "bytes": list(b)}
+
+
+def _logprob_json(tok, token: int, lp) -> dict | None:
+    """One entry of --json's `logprobs`: the token, its log-prob and the top alternatives
+    (memra.sampling.logprob_entry's), or None for a token chosen without a model step."""
+    if lp is None:
+        return None
+    return {**_token_json(tok, token), "logprob": lp[0],
+            "top_logprobs": [{**_token_json(tok, i), "logprob": v} for i, v in lp[1]]}
 
 
 def _constraint(tok, json_schema: Path | None, grammar: Path | None, regex: str | None):

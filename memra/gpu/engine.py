@@ -125,6 +125,25 @@ class GPUEngine(Runner):
         for step in self.decode_run([s], [first], n - 1, [sm], chunk=chunk):
             yield step[0]
 
+    def stream_logits(self, prompt_ids: Sequence[int], n: int, *, temperature: float = 0.0, top_k: int = 40,
+                      top_p: float = 0.95, min_p: float = 0.05, seed: int = 0):
+        """stream() with each token's logits: yield up to n (token, float32 [n_vocab] logits
+        it was drawn from) after the prompt (sequence 0, batch 1; the cache is reset first).
+        Every step is the server's decode row for a request with logprobs (the device
+        sampler's draw and the row's logits read back): the tokens are stream()'s."""
+        if self.batch != 1:
+            raise MemraError("stream_logits drives batch 1")
+        if n <= 0:
+            return
+        sm = Sampling(temperature, top_k, top_p, min_p, seed)
+        self.reset()
+        s = self.seqs[0]
+        o = self.step([Row(s, prompt_ids, logits="last", sample=sm)])[0]
+        for i in range(n):
+            yield o.token, np.array(o.logits, np.float32)
+            if i + 1 < n:
+                o = self.step([Row(s, [o.token], logits="last", sample=sm)])[0]
+
     def generate_greedy(self, prompt_ids: Sequence[int], n: int) -> list[int]:
         """n greedy tokens after the prompt (sequence 0; the cache is reset first)."""
         return self._generate([prompt_ids] * self.batch, n, Sampling(0.0))[0]

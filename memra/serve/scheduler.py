@@ -68,7 +68,7 @@ import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu.runner import LATER, MAX_ROWS, Row, RowOut, Sampling
-from memra.sampling import Sampler, SamplingParams
+from memra.sampling import Sampler, SamplingParams, logprob_entry
 from memra.serve.prefix_cache import PrefixCache
 from memra.text.stream import TextStream
 
@@ -157,19 +157,6 @@ def deliver(loop, items) -> None:
         loop.call_soon_threadsafe(_put, items)
     except RuntimeError:  # the event loop is gone (shutdown)
         pass
-
-
-def logprob_entry(logits: np.ndarray, token: int, k: int):
-    """(log p(token), [(id, log p)] of the k most likely, best first) under the raw logits."""
-    x = np.asarray(logits, np.float64)
-    m = x.max()
-    lse = m + np.log(np.exp(x - m).sum())
-    top = []
-    if k > 0:
-        idx = np.argpartition(-x, k - 1)[:k]
-        idx = idx[np.lexsort((idx, -x[idx]))]
-        top = [(int(i), float(x[i] - lse)) for i in idx]
-    return float(x[token] - lse), top
 
 
 class Scheduler:
