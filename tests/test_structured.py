@@ -307,7 +307,8 @@ def test_cli_json_schema_and_errors(model, tmp_path, reference, tok):
 def test_runner_masks_rows_on_the_device(tiny_models, tok):
     """A decode step (its captured graph) and a prefill's head with constrained and free rows
     side by side, greedy and seeded: each token is the sampling rule applied to the row's own
-    logits (taken from an unconstrained step) with the grammar's disallowed tokens at -inf."""
+    logits (taken from an unconstrained step) with the grammar's disallowed tokens at -inf,
+    and the logits the rows return are the unmasked ones."""
     from gpu_emulator import FakeGpu
 
     from memra.gpu.ops.sample import reference_sample
@@ -337,10 +338,12 @@ def test_runner_masks_rows_on_the_device(tiny_models, tok):
         raw = r.step([Row(s, f, logits="last") for s, f in zip(seqs, feed)])
         for s, n in zip(seqs, n0):
             r.rewind(s, n)
-        out = r.step([Row(s, f, sample=st, mask=m) for s, f, st, m in zip(seqs, feed, sets, masks)])
+        out = r.step([Row(s, f, logits="last", sample=st, mask=m) for s, f, st, m in zip(seqs, feed, sets, masks)])
         for i, (o, s) in enumerate(zip(out, seqs)):
             want = expect(raw[i].logits, sets[i], masks[i], s.n)
             assert o.token == want, (path, i, o.token, want)
+            # the logits a masked row returns are the model's (log-probs), not the masked ones
+            assert np.array_equal(o.logits, raw[i].logits), (path, i)
             if masks[i] is not None:
                 assert allowed(masks[i], tok.n_vocab)[o.token]
         for s in seqs:

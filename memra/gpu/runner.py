@@ -602,6 +602,7 @@ class Runner:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
         sampler = self._sampler_of(rows)
+        raw = None
         self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])
         if sampler.startswith("sample"):
             self._set_sampling([r.sample for r in rows], n)
@@ -622,6 +623,10 @@ class Runner:
                 for i, r in enumerate(rows):
                     if r.sample is None and isinstance(r.mask, str):
                         self.h_mask[i] = -1  # an unsampled row's logits come back unmasked
+            if any(r.logits == "last" for r in rows):
+                # the raw logits, read before the tail: the mask kernel writes -inf into them
+                # in place, and a row's logits (log-probs) are the model's, not the mask's
+                raw = self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy().copy()
             self._upload_masks(n)
             if graph:
                 tail.launch()
@@ -639,7 +644,7 @@ class Runner:
                 if r.sample is not None:
                     out[i].token = int(chosen[i])
         if any(r.logits == "last" for r in rows):
-            lg = self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy()
+            lg = raw if raw is not None else self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy()
             for i, r in enumerate(rows):
                 if r.logits == "last":
                     out[i].logits = lg[i]
@@ -759,8 +764,13 @@ class Runner:
             if any(m is not None for m in masks):
                 self._set_masks(masks)
                 sampler += "+mask"
-        self._run(self.plan.head(k, sampler, src="hsel"), k, None, None, None, self._state(0, hist=False))
-        lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy()
+        launches = self.plan.head(k, sampler, src="hsel")
+        cut = _mask_index(launches) if sampler.endswith("+mask") else len(launches)
+        self._run(launches[:cut], k, None, None, None, self._state(0, hist=False))
+        # the raw logits, read before the mask kernel writes -inf into them in place
+        lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy().copy()
+        if cut < len(launches):
+            self._run(launches[cut:], k, None, None, None, self._state(0, hist=False))
         for i, j in enumerate(part):
             hrows[j] = lg[i]
         if sampler != "none":
