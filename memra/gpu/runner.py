@@ -489,7 +489,9 @@ class Runner:
         constrained draft's verification; a constraint's forced run fed in one step). They
         are known before the step: written to the static mask buffer before the launch.
         logits: "last" or "all" also returns the rows' logits, (out, float32 [n_vocab] or
-        [len(tokens), n_vocab]), after the masks (with none given: plain decode's logits)."""
+        [len(tokens), n_vocab]): the model's, as a decode step returns them (with masks the
+        step then runs eagerly in two parts, the logits read before the mask launch, which
+        writes -inf into them in place)."""
         t = self._check_tokens(tokens)
         n = t.size
         if n > MAX_ROWS:
@@ -520,7 +522,15 @@ class Runner:
             sampler += "+mask"
         key = ("verify", n, sampler)
         gr = self._graphs.get(key) if graph else None
-        if gr is not None:
+        raw = None
+        if masks is not None and logits != "none":
+            launches = self.plan.step(n, decode=False, sampler=sampler)
+            k = _mask_index(launches)
+            self._run(launches[:k], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+            V = self.cfg.n_vocab
+            raw = self.buf["logits"].view(shape=(n, V)).numpy().copy()
+            self._run(launches[k:], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+        elif gr is not None:
             gr.launch()
         else:
             launches = self.plan.step(n, decode=False, sampler=sampler)
@@ -535,6 +545,8 @@ class Runner:
         if logits == "none":
             return out
         V = self.cfg.n_vocab
+        if raw is not None:
+            return out, (raw[-1] if logits == "last" else raw)
         if logits == "last":  # one row back, not n
             return out, self.buf["logits"].view(offset=(n - 1) * V * 4, shape=(V,)).numpy()
         return out, self.buf["logits"].view(shape=(n, V)).numpy()
