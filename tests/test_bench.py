@@ -133,6 +133,7 @@ def test_bytes_per_token_hand_count_llama(llama_engine):
         assert e.bytes_per_token(depth) == _hand_bytes(path, depth, [0] * 4)
 
 
+@pytest.mark.slow
 def test_bytes_per_token_hand_count_gemma3(tiny_models):
     """Tied output, Q/K norms, post-norms and a 16-token window on five of every six layers
     (layer 5 of the seven is global, as in gemma3's pattern)."""
@@ -273,6 +274,7 @@ def emulated_cli(monkeypatch, tiny_models):
     return CliRunner(), app, tiny_models("llama", "Q4_K_M")
 
 
+@pytest.mark.slow
 def test_cli_bench_emulated(emulated_cli, tmp_path):
     runner, app, path = emulated_cli
     out = tmp_path / "bench.jsonl"
@@ -342,6 +344,7 @@ def test_cli_bench_without_gpu_is_one_error_line():
     assert r.stdout == ""
 
 
+@pytest.mark.slow
 def test_cli_bench_rejects_bad_arguments():
     for args, needle in ((["-n", "abc"], "-n takes token counts"), (["-p", "0", "-n", "0"], "nothing to measure"),
                          (["--vs", "vllm"], "--vs knows llama.cpp only"),

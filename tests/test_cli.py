@@ -57,6 +57,7 @@ def test_info_on_a_truncated_gguf_is_one_clear_line(tmp_path, smol_path, cut):
     assert r.stdout == ""
 
 
+@pytest.mark.slow
 def test_missing_file_unknown_alias_and_bad_flag_values(tmp_path):
     assert_one_error_line(memra("info", str(tmp_path / "nope.gguf")), "nope.gguf", "no such file")
     assert_one_error_line(memra("info", "no-such-model"), "no-such-model")
@@ -80,6 +81,7 @@ def test_debug_log_shows_the_traceback(tmp_path):
 
 # -- info -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_info_json_agrees_with_the_gguf_package():
     # GGUFReader takes ~10 s per file here (it materializes every vocabulary string), so one
     # model; the gemma3 file's facts are checked against its model card below
@@ -221,6 +223,7 @@ def test_run_chat_prompt_equals_llama_cpp_template(smol_peer):
     assert_greedy_matches(doc["tokens"], smol_peer.complete(expected, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parity
 def test_run_chat_gemma_turns_with_one_bos(gemma_peer):
     r = memra("run", "gemma3-270m", "--chat", "-p", "Say hi.", "-n", "1", "--temp", "0",

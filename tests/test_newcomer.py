@@ -203,6 +203,7 @@ def _tune_line():
                         ok=True, median_us=2.0, p20_us=2.0, p80_us=2.0, reps=3, bytes=2000)
 
 
+@pytest.mark.slow
 def test_a_folder_of_mixed_receipts_logs_and_a_bad_line(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
@@ -331,6 +332,7 @@ def test_synth_with_its_defaults_and_an_unknown_arch(tmp_path):
 
 # -- 6. tables off a terminal ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tables_keep_their_width_off_a_terminal(tmp_path):
     d = tmp_path / "tables"
     d.mkdir()
@@ -354,6 +356,7 @@ def test_tables_keep_their_width_off_a_terminal(tmp_path):
 
 # -- 7. chat on a base model -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_chat_on_a_model_without_a_template_warns():
     # Gemma-3-270M's GGUF carries no tokenizer.chat_template (test_cli checks it with the gguf package)
     r = memra("run", "gemma3-270m", "--chat", "-p", "Hi", "-n", "0", "--device", "cpu")
@@ -591,6 +594,7 @@ def test_board_check_passes_on_the_committed_docs():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     research = tmp_path / "research"
     research.mkdir()

@@ -133,6 +133,7 @@ def test_cli_freeze_then_show(tmp_path):
         ("matvec", "0ld", now)]
 
 
+@pytest.mark.slow
 def test_cli_research_summarize_and_compare(files, tmp_path):
     a, b = files
     r = memra("research", "summarize", str(a), "--by", "variant", "--json",
@@ -167,6 +168,7 @@ def test_cli_dry_run_lists_model_jobs():
     assert any("\tn=576,type=Q8_0\t" in x for x in lines)  # SmolLM2's n_embd, Q8_0 token table
 
 
+@pytest.mark.slow
 def test_cli_tune_campaign_form():
     """`memra tune CAMPAIGN …` (the issue's form) is `memra tune run CAMPAIGN …`."""
     args = ["decode", "--model", "smollm2-135m", "--kernels", "embed", "--dry-run"]

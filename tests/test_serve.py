@@ -428,6 +428,7 @@ def test_keys(keyed):
     assert r.usage.completion_tokens == 1
 
 
+@pytest.mark.slow
 def test_keys_are_namespaces(keyed, ref):
     g, tok, _ = ref
     p = "A key names a tenant: the cache of one is never the cache of another one."
