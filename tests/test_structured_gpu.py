@@ -20,7 +20,7 @@ import pytest
 
 from memra.gpu import cuda
 from test_structured import SCHEMAS
-from test_tools import ADD, MSGS, PARAMS, TOOLS
+from test_tools import ADD, MSGS, TOOLS, _check_calls, stream_calls
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")]
 
@@ -69,14 +69,6 @@ def test_streamed_json_schema_output_parses(server):
     jsonschema.validate(json.loads(text), schema)
 
 
-def _check_calls(calls, only=None):
-    assert calls
-    for c in calls:
-        assert c.type == "function" and c.id.startswith("call_")
-        assert only is None or c.function.name == only
-        jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
-
-
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 def test_forced_calls_are_valid_tool_calls(server, choice):
     for seed in range(2):
@@ -91,17 +83,7 @@ def test_streamed_tool_call_deltas(server):
     stream = _client(server).chat.completions.create(
         model=MODEL, messages=MSGS, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
         parallel_tool_calls=False, max_tokens=120, seed=3, stream=True)
-    calls, finish, content = {}, None, ""
-    for ch in stream:
-        for c in ch.choices:
-            content += c.delta.content or ""
-            for d in c.delta.tool_calls or []:
-                slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
-                slot["id"] = d.id or slot["id"]
-                if d.function is not None:
-                    slot["name"] += d.function.name or ""
-                    slot["arguments"] += d.function.arguments or ""
-            finish = c.finish_reason or finish
+    calls, finish, content = stream_calls(stream)
     assert finish == "tool_calls" and content == ""
     assert list(calls) == [0] and calls[0]["name"] == "add" and calls[0]["id"].startswith("call_")
     jsonschema.validate(json.loads(calls[0]["arguments"]), ADD)

@@ -166,12 +166,9 @@ def test_forced_calls_are_valid_tool_calls(server, choice):
         assert len(ch.message.tool_calls) == 1
 
 
-def test_streamed_tool_call_deltas(server):
-    # one tool: a shorter prompt (the CPU engine computes it a position at a time), shared
-    # with the auto tests below through the prefix cache
-    stream = client(server).chat.completions.create(
-        model=ALIAS, messages=MSGS, tools=TOOLS[1:], tool_choice={"type": "function", "function": {"name": "add"}},
-        parallel_tool_calls=False, max_tokens=120, seed=3, stream=True)
+def stream_calls(stream):
+    """A streamed chat completion's tool-call deltas put together: ({index: {id, name,
+    arguments}}, finish_reason, content)."""
     calls, finish, content = {}, None, ""
     for ch in stream:
         for c in ch.choices:
@@ -183,6 +180,16 @@ def test_streamed_tool_call_deltas(server):
                     slot["name"] += d.function.name or ""
                     slot["arguments"] += d.function.arguments or ""
             finish = c.finish_reason or finish
+    return calls, finish, content
+
+
+def test_streamed_tool_call_deltas(server):
+    # one tool: a shorter prompt (the CPU engine computes it a position at a time), shared
+    # with the auto tests below through the prefix cache
+    stream = client(server).chat.completions.create(
+        model=ALIAS, messages=MSGS, tools=TOOLS[1:], tool_choice={"type": "function", "function": {"name": "add"}},
+        parallel_tool_calls=False, max_tokens=120, seed=3, stream=True)
+    calls, finish, content = stream_calls(stream)
     assert finish == "tool_calls" and content == ""
     assert list(calls) == [0] and calls[0]["name"] == "add" and calls[0]["id"].startswith("call_")
     jsonschema.validate(json.loads(calls[0]["arguments"]), ADD)
