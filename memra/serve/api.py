@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memra import __version__
 from memra.errors import ContextOverflowError, MemraError
-from memra.sampling import SamplingParams, check_request
+from memra.sampling import MAX_TOP_LOGPROBS, SamplingParams, check_request
 from memra.session import prompt_ids
 from memra.text.grammar import GrammarError, compile_constraint
 from memra.text.reasoning import FORMATS as REASONING_FORMATS, ReasoningStream, prompt_opens_think, split_reasoning
@@ -65,7 +65,6 @@ FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
                "repeat_last_n": "repeat_last_n", "n_ctx": "context"}
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
