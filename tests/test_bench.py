@@ -127,6 +127,7 @@ def llama_engine(tiny_models):
     return path, GPUEngine(path, n_ctx=64, gpu=BenchGpu())
 
 
+@pytest.mark.slow
 def test_bytes_per_token_hand_count_llama(llama_engine):
     path, e = llama_engine
     for depth in (0, 7, 40):
@@ -372,6 +373,7 @@ def test_synth_spelling_makes_the_model_once(tmp_path, monkeypatch):
             B.resolve_model(bad)
 
 
+@pytest.mark.slow
 def test_model_facts_quant_mix(tiny_models):
     from gguf import GGUFReader
 

@@ -102,6 +102,7 @@ def memra(*args, cwd=ROOT):
                           cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_freeze_then_show(tmp_path):
     from memra.gpu.compile import source_hash
 

@@ -205,7 +205,8 @@ def test_tiny_model_runs_in_llama_cpp(arch, tiny_models, peer_cls):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("source,arch,special", [("smollm2-135m", "qwen3", "<|im_start|>"),
-                                                 ("gemma3-270m", "gemma3", "<start_of_turn>")])
+                                                 pytest.param("gemma3-270m", "gemma3", "<start_of_turn>",
+                                                              marks=pytest.mark.slow)])  # 5-15 s: the 262k vocabulary
 def test_copied_tokenizer_tokenizes_like_its_source(tiny_models, peer_cls, source, arch, special):
     text = f"Héllo 🤖 wörld {special}user\n  def f(x):\treturn x**2  # 12345"
     with peer_cls(aliases.resolve(source), n_ctx=256) as p:
