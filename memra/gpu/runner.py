@@ -528,7 +528,7 @@ class Runner:
             k = _mask_index(launches)
             self._run(launches[:k], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
             V = self.cfg.n_vocab
-            raw = self.buf["logits"].view(shape=(n, V)).numpy().copy()
+            raw = self.buf["logits"].view(shape=(n, V)).numpy()
             self._run(launches[k:], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
         elif gr is not None:
             gr.launch()
@@ -638,7 +638,7 @@ class Runner:
             if any(r.logits == "last" for r in rows):
                 # the raw logits, read before the tail: the mask kernel writes -inf into them
                 # in place, and a row's logits (log-probs) are the model's, not the mask's
-                raw = self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy().copy()
+                raw = self.buf["logits"].view(shape=(n, self.cfg.n_vocab)).numpy()
             self._upload_masks(n)
             if graph:
                 tail.launch()
@@ -779,8 +779,8 @@ class Runner:
         launches = self.plan.head(k, sampler, src="hsel")
         cut = _mask_index(launches) if sampler.endswith("+mask") else len(launches)
         self._run(launches[:cut], k, None, None, None, self._state(0, hist=False))
-        # the raw logits, read before the mask kernel writes -inf into them in place
-        lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy().copy()
+        # the raw logits (a host copy), read before the mask kernel writes -inf into them in place
+        lg = self.buf["logits"].view(shape=(k, c.n_vocab)).numpy()
         if cut < len(launches):
             self._run(launches[cut:], k, None, None, None, self._state(0, hist=False))
         for i, j in enumerate(part):

@@ -127,26 +127,28 @@ def compile_variants() -> list[tuple[str, dict]]:
     return out
 
 
-def _against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: bool, config=None,
-                    canary: int = 0):
-    """The GEMM on weight `w` (wf: its float64 dequantization) against the matvec's bits (same
-    q8 activations, y poisoned or holding the residual it aliases) and the float64 reference."""
+def against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: bool, config=None,
+                   canary: int = 0, launch=None):
+    """A tensor-core kernel (`launch`: gemm, or memra.gpu.ops.mvt's mvt — the same arguments)
+    on weight `w` (wf: its float64 dequantization) against the matvec's bits (same q8
+    activations, y poisoned or holding the residual it aliases) and the float64 reference."""
     from memra.gpu.compare import Outcome, compare
 
+    launch = launch or gemm
     N, K = (w.rows // 2 if glu else w.rows), w.K
     x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
     MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
     res = rng.standard_normal((nb, N)).astype(np.float32)
     outs = []
-    for kind in ("matvec", "gemm"):
+    for kind in ("matvec", "kernel"):
         y = g.to_device(res) if alias else g.empty((nb, N), np.float32)
         if not alias:
             y.poison()
         if kind == "matvec":
             MV.matvec(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu)
         else:
-            gemm(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=config, canary=canary)
+            launch(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=config, canary=canary)
         g.sync()
         outs.append(y.numpy())
     q, s = quantize_q8_ref(x)
@@ -160,29 +162,29 @@ def _against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: b
     return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)
 
 
-def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
-          K=_CHECK_K):
-    """A fresh random weight of type t, N x K, through _against_matvec."""
+def check_case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
+               K=_CHECK_K, launch=None, label: str = "gemm"):
+    """A fresh random weight of type t, N x K, through against_matvec."""
     raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
-    name = (f"gemm {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
+    name = (f"{label} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
             f"{' ' + ','.join(str(v) for v in config.values()) if config else ''}")
-    return _against_matvec(g, rng, name, MV.upload_weight(g, raw, t), MV.dequant_rows(raw, t), nb, glu, alias,
-                           config, canary)
+    return against_matvec(g, rng, name, MV.upload_weight(g, raw, t), MV.dequant_rows(raw, t), nb, glu, alias,
+                          config, canary, launch)
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
     for t in TYPES:
         for nb in _CHECK_NB:
             glu = (None, "silu", "gelu", None)[_CHECK_NB.index(nb)]
-            yield _case(g, rng, t, nb, glu, alias=glu is None and nb == 130)
+            yield check_case(g, rng, t, nb, glu, alias=glu is None and nb == 130)
     # the K-quant and Q6_K shapes of an 8B layer's matvecs at decode batches
     for t, N, K, glu in ((12, 512, 4096, "silu"), (14, 256, 14336, None)):
         for nb in (16, 64):
-            yield _case(g, rng, t, nb, glu, alias=glu is None, N=N, K=K)
+            yield check_case(g, rng, t, nb, glu, alias=glu is None, N=N, K=K)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
-    yield _case(g, rng, 12, 33, None, alias=False, canary=1)
+    yield check_case(g, rng, 12, 33, None, alias=False, canary=1)
 
 
 # -- tune hook (memra/tune/measure.py): kernel "gemm" | "gemm_glu", variant "q8", shape {type,
@@ -319,5 +321,5 @@ def check_launch(g, rng, case):
     cfg = {k: v for k, v in case["defines"].items() if k.startswith("GM_")}
     w, wf = MV._launch_weight(g, t, N, K, glu, rng)
     name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
-    return _against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg)
+    return against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg)
 

@@ -33,7 +33,7 @@ import numpy as np
 from memra.errors import MemraError
 from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import matvec as MV
-from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
+from memra.gpu.q8 import Q8_SCALE
 
 KERNEL_FILE = "mvt.cu"
 # the plan runs mvt from this many rows up to GEMM.GEMM_MIN_ROWS - 1 (fewer: mv_q8). On the
@@ -142,45 +142,14 @@ def compile_variants() -> list[tuple[str, dict]]:
 
 def _against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: bool, config=None,
                     canary: int = 0):
-    """mvt on weight `w` (wf: its float64 dequantization) against the matvec's bits (same q8
-    activations, y poisoned or holding the residual it aliases) and the float64 reference."""
-    from memra.gpu.compare import Outcome, compare
-
-    N, K = (w.rows // 2 if glu else w.rows), w.K
-    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
-    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
-    MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
-    res = rng.standard_normal((nb, N)).astype(np.float32)
-    outs = []
-    for kind in ("matvec", "mvt"):
-        y = g.to_device(res) if alias else g.empty((nb, N), np.float32)
-        if not alias:
-            y.poison()
-        if kind == "matvec":
-            MV.matvec(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu)
-        else:
-            mvt(g, w, y, xq=xq, xs=xs, nb=nb, residual=y if alias else None, glu=glu, config=config, canary=canary)
-        g.sync()
-        outs.append(y.numpy())
-    q, s = quantize_q8_ref(x)
-    xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
-    o = compare(name, outs[1], MV.matvec_ref(wf, xv, res if alias else None, glu), MV.TOL)
-    if not o.ok:
-        return o
-    bad = int(np.count_nonzero(outs[0].view(np.uint32) != outs[1].view(np.uint32)))
-    if bad:
-        return Outcome(name, False, f"{bad} of {outs[0].size} values differ from the matvec's bits", o.err)
-    return Outcome(name, True, o.detail + "; = matvec bit for bit", o.err)
+    """mvt against the matvec's bits and the float64 reference (memra.gpu.ops.gemm's check)."""
+    return GEMM.against_matvec(g, rng, name, w, wf, nb, glu, alias, config, canary, launch=mvt)
 
 
 def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
           K=_CHECK_K):
     """A fresh random weight of type t, N x K, through _against_matvec."""
-    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
-    name = (f"mvt {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
-            f"{' ' + ','.join(str(v) for v in config.values()) if config else ''}")
-    return _against_matvec(g, rng, name, MV.upload_weight(g, raw, t), MV.dequant_rows(raw, t), nb, glu, alias,
-                           config, canary)
+    return GEMM.check_case(g, rng, t, nb, glu, alias, config, canary, N, K, launch=mvt, label="mvt")
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
