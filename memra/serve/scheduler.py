@@ -468,9 +468,7 @@ class Scheduler:
             # path), the last sampled token then the forced ones, sampled after the last under
             # the mask fast_forward left (or one filled now)
             for r in ffw:
-                if r.ff_mask is None:
-                    r.matcher.fill(self._ff_row(r))
-                    r.ff_mask = r.ff_buf
+                self._ff_ready(r)
             ending = [r for r, n in chunks if r.pos + n == len(r.prompt)]
             masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
             masks.update((id(r), r.ff_mask) for r in ffw)
@@ -508,9 +506,7 @@ class Scheduler:
         would draw it: out[-1] is the token those paths give."""
         from memra.text.grammar import one_hot
 
-        if r.ff_mask is None:
-            r.matcher.fill(self._ff_row(r))
-            r.ff_mask = r.ff_buf
+        self._ff_ready(r)
         toks = [r.next_tok] + r.forced
         masks = np.concatenate([one_hot(r.forced, self.n_vocab), r.ff_mask[None, :]])
         t0 = time.perf_counter()
@@ -572,6 +568,12 @@ class Scheduler:
 
             r.ff_buf = new_masks(1, self.n_vocab)[0]
         return r.ff_buf
+
+    def _ff_ready(self, r: GenRequest) -> None:
+        """r.ff_mask: the mask of the position after r's forced run (fast_forward's, or filled now)."""
+        if r.ff_mask is None:
+            r.matcher.fill(self._ff_row(r))
+            r.ff_mask = r.ff_buf
 
     def _emit(self, r: GenRequest, token: int, lp=None):
         """One generated token of r to its text stream and its client; the finish, if it ends r."""
