@@ -295,15 +295,9 @@ def _forced_positions(tok, con, tokens):
 
 # -- the server's scheduler ----------------------------------------------------------------------
 
-def _serve(engine, tok, reqs, monkeypatch, forced: bool, budget: int = 64):
-    """Run GenRequests through a Scheduler; (token lists, steps, forced tokens, events in
-    order per request)."""
-    from memra.serve.scheduler import Scheduler
-
-    monkeypatch.setenv("MEMRA_FORCED", "always" if forced else "0")
-    sched = Scheduler(engine, tok, max_queue=8, max_batched_tokens=budget)
-    assert sched.fast_forward is forced
-
+def run_requests(sched, reqs):
+    """GenRequests through a Scheduler (started here, stopped after): each request's (token
+    ids, its "done" event); an "error" event fails the test."""
     async def go():
         for q in reqs:
             sched.submit(q)
@@ -315,18 +309,32 @@ def _serve(engine, tok, reqs, monkeypatch, forced: bool, budget: int = 64):
                     out.append(ev[1])
                 elif ev[0] == "done":
                     done = ev
-                else:
+                elif ev[0] == "error":
                     raise AssertionError(ev)
-            assert done[2]["completion_tokens"] == len(out)
-            return out, done[1]
+            return out, done
 
         return await asyncio.gather(*(one(q) for q in reqs))
 
     sched.start()
     try:
-        res = asyncio.run(go())
+        return asyncio.run(go())
     finally:
         sched.stop()
+
+
+def _serve(engine, tok, reqs, monkeypatch, forced: bool, budget: int = 64):
+    """Run GenRequests through a Scheduler; (token lists, steps, forced tokens, events in
+    order per request)."""
+    from memra.serve.scheduler import Scheduler
+
+    monkeypatch.setenv("MEMRA_FORCED", "always" if forced else "0")
+    sched = Scheduler(engine, tok, max_queue=8, max_batched_tokens=budget)
+    assert sched.fast_forward is forced
+
+    res = []
+    for out, done in run_requests(sched, reqs):
+        assert done is not None and done[2]["completion_tokens"] == len(out)
+        res.append((out, done[1]))
     return res, sched.steps, sched.forced_tokens
 
 

@@ -13,7 +13,6 @@ constraint makes the output valid)."""
 
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from memra.sampling import SamplingParams
 from memra.text.grammar import FeedCosts, allowed, compile_constraint, fill_masks, new_masks, one_hot
 from memra.text.tokenizer import Tokenizer
 
-from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _plain_host
+from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _plain_host, run_requests
 
 PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
 
@@ -190,26 +189,7 @@ def _serve(engine, tok, reqs, monkeypatch, forced: str, times=None):
         real = sched.costs.observe
         sched.costs.observe = lambda path, n, s: real(path, n, times[path])
 
-    async def go():
-        for q in reqs:
-            sched.submit(q)
-
-        async def one(q):
-            out = []
-            async for ev in q.events():
-                if ev[0] == "token":
-                    out.append(ev[1])
-                elif ev[0] == "error":
-                    raise AssertionError(ev)
-            return out
-
-        return await asyncio.gather(*(one(q) for q in reqs))
-
-    sched.start()
-    try:
-        res = asyncio.run(go())
-    finally:
-        sched.stop()
+    res = [out for out, _ in run_requests(sched, reqs)]
     return res, sched
 
 

@@ -11,7 +11,6 @@ different token (a rejection by verification) — so both paths are exercised.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema
@@ -24,7 +23,7 @@ from memra.spec.decode import SpecDecoder, cut_draft
 from memra.text.grammar import allowed, compile_constraint, new_masks
 from memra.text.tokenizer import CONTROL, Tokenizer
 
-from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _device_oracle, _plain_host
+from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _device_oracle, _plain_host, run_requests
 
 
 @pytest.fixture(scope="module")
@@ -181,26 +180,7 @@ def _sched_run(engine, tok, reqs, spec=None, metrics=None):
 
     sched = Scheduler(engine, tok, max_queue=8, max_batched_tokens=64, spec=spec, metrics=metrics)
 
-    async def go():
-        for q in reqs:
-            sched.submit(q)
-
-        async def one(q):
-            out = []
-            async for ev in q.events():
-                if ev[0] == "token":
-                    out.append(ev[1])
-                elif ev[0] == "error":
-                    raise AssertionError(ev)
-            return out
-
-        return await asyncio.gather(*(one(q) for q in reqs))
-
-    sched.start()
-    try:
-        return asyncio.run(go())
-    finally:
-        sched.stop()
+    return [out for out, _ in run_requests(sched, reqs)]
 
 
 @pytest.mark.parametrize("kw", [GREEDY, pytest.param(SEEDED, marks=pytest.mark.slow)], ids=["greedy", "seeded"])

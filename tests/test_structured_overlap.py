@@ -9,14 +9,13 @@ asynchronous upload from the runner's host buffer."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from memra.model.gguf import open_gguf
 from memra.text.grammar import allowed, compile_constraint, fill_masks, new_masks
 from memra.text.tokenizer import Tokenizer
+from test_forced import run_requests
 
 SCHEMA = {"type": "object", "properties": {
     "id": {"type": "integer", "minimum": 1, "maximum": 99},
@@ -160,26 +159,7 @@ def test_scheduler_overlap_on_and_off_agree(tiny_models, monkeypatch):
                 GenRequest(prompts[1], SamplingParams(temperature=0.9, seed=3, max_tokens=8), constraint=con),
                 GenRequest(prompts[2], SamplingParams(temperature=0, max_tokens=8), ignore_eos=True)]
 
-        async def go():
-            for q in reqs:
-                sched.submit(q)
-
-            async def one(q):
-                out = []
-                async for ev in q.events():
-                    if ev[0] == "token":
-                        out.append(ev[1])
-                    elif ev[0] == "error":
-                        raise AssertionError(ev)
-                return out
-
-            return await asyncio.gather(*(one(q) for q in reqs))
-
-        sched.start()
-        try:
-            return asyncio.run(go())
-        finally:
-            sched.stop()
+        return [out for out, _ in run_requests(sched, reqs)]
 
     runner = Runner(path, gpu=FakeGpu(1 << 28), max_len=64, max_seqs=4)
     on = run(runner, True)
