@@ -38,3 +38,16 @@ def test_profile_covers_the_plan_in_order(tiny_models):
     assert abs(sum(g["total_us"] for g in s) - doc["sum_us"]) < 1e-6
     # the sequences the profile opened are closed again
     assert r.kv.alloc.n_free == r.kv.alloc.n_blocks
+
+
+def test_prefill_profile_times_the_chunk_of_its_bucket(tiny_models):
+    """--prefill: one chunk of 20 token rows after 8 cached ones, profiled at its bucket
+    (32 rows, the captured graph the runner replays) launch by launch, with the eager cost."""
+    path = tiny_models("llama", "Q4_K_M")
+    r = Runner(path, max_len=96, max_seqs=1, kv_tokens=96, gpu=TimedGpu(1 << 28))
+    doc = profile(r, rows=20, depth=8, reps=2, prefill=True)
+    assert doc["prefill"] and doc["bucket"] == 32 and doc["step_us"] == 10.0 and doc["eager_us"] == 10.0
+    plan = r.plan.step(32, decode=False)
+    assert [x["name"] for x in doc["launches"]] == [L.name for L in plan]
+    assert not any(x["op"] in ("argmax", "sample") for x in doc["launches"])  # no head in a chunk
+    assert r.kv.alloc.n_free == r.kv.alloc.n_blocks

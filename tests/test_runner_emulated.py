@@ -49,6 +49,27 @@ def test_graph_replay_equals_eager_at_every_bucket(tiny_models):
     assert res["identical"], res
 
 
+def test_prefill_graph_replay_equals_eager_launches(tiny_models):
+    """Prefill chunks replayed as the captured step of their bucket (the rows past the
+    chunk padded) give the bits of the same chunks launched eagerly at their own row
+    count: a 20-token prompt (bucket 32, captured), a second one (replayed), a 3-token
+    continuation with every row's logits (bucket 4) and a 2-sequence mixed step."""
+    path = tiny_models("llama", "Q4_K_M")
+    runs = []
+    for graph in (True, False):
+        r = _runner(path, prefill_graph=graph)
+        a, b = r.open(), r.open()
+        out = [r.step([Row(a, PROMPT * 2, logits="last")])[0].logits,
+               r.step([Row(b, (PROMPT * 2)[::-1], logits="last")])[0].logits,
+               r.step([Row(a, PROMPT[:3], logits="all")])[0].logits,
+               *[o.logits for o in r.step([Row(a, PROMPT[3:5], logits="last"), Row(b, PROMPT[:7], logits="last")])]]
+        runs.append(out)
+        if graph:
+            assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", 32), ("prefill", 4), ("prefill", 16)}
+    for x, y in zip(*runs):
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
+
+
 def test_rows_sample_with_their_own_settings(tiny_models):
     """Three sequences in one decode step, each with its own temperature, top-k and seed:
     each token is the sampling rule applied to that row's own logits and position."""

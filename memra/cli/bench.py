@@ -285,7 +285,10 @@ def bench(
 def profile(
     model: Annotated[str, typer.Argument(help="GGUF path, alias or synth:SHAPE:QUANT (as memra bench).")],
     depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already cached per sequence.")] = 64,
-    rows: Annotated[int, typer.Option("--rows", "-np", help="Sequences decoded together (1..64).")] = 1,
+    rows: Annotated[int, typer.Option("--rows", "-np", help="Sequences decoded together (1..64), or "
+                                      "with --prefill the chunk's token rows (1..128).")] = 1,
+    prefill: Annotated[bool, typer.Option("--prefill", help="Profile one prefill chunk of --rows tokens of "
+                                          "one sequence after --depth tokens instead of a decode step.")] = False,
     reps: Annotated[int, typer.Option("--reps", help="Copies of each launch per timed graph.")] = 20,
     by_launch: Annotated[bool, typer.Option("--by-launch", help="One line per plan launch instead of "
                                             "per kernel and shape.")] = False,
@@ -295,7 +298,7 @@ def profile(
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies.")] = "smollm2-135m",
 ) -> None:
-    """Per-kernel µs and GB/s of one decode step, launch by launch of the launch plan."""
+    """Per-kernel µs and GB/s of one decode step (or one prefill chunk), launch by launch of the launch plan."""
     from memra.gpu import cuda
     from memra.gpu.runner import Runner
     from memra.tune import bench as B
@@ -308,8 +311,11 @@ def profile(
     name, path = B.resolve_model(model, synth_tokenizer)
     g = cuda.gpu()
     tbl, label = _open_table(table, g.info)
-    r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl)
-    doc = run_profile(r, rows=rows, depth=depth, reps=reps)
+    if prefill:
+        r = Runner(path, max_len=depth + rows + 32, max_seqs=1, kv_tokens=depth + rows + 48, tune_table=tbl)
+    else:
+        r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl)
+    doc = run_profile(r, rows=rows, depth=depth, reps=reps, prefill=prefill)
     doc.update(model=name, table=label, device=g.info.name, bw_gbps=round(g.copy_bandwidth() / 1e9, 1),
                summary=by_kernel(doc["launches"]))
     if as_json:
@@ -332,6 +338,8 @@ def profile(
                       f"{it['us_each']:.2f}", f"{it['total_us']:.1f}",
                       f"{100 * it['total_us'] / doc['sum_us']:.1f}", gbs)
     (err if err.is_terminal else Console(stderr=True, highlight=False, width=200)).print(t)
-    print(f"{name}: {rows} row(s) at depth {depth}: step {doc['step_us']:.1f} µs measured "
+    what = f"a prefill chunk of {rows} row(s) (bucket {doc['bucket']})" if prefill else f"{rows} row(s)"
+    eager = f", {doc['eager_us']:.1f} µs launched eagerly" if doc.get("eager_us") is not None else ""
+    print(f"{name}: {what} at depth {depth}: step {doc['step_us']:.1f} µs measured{eager} "
           f"({doc['tok_s']:.1f} tok/s), {doc['sum_us']:.1f} µs summed over {len(doc['launches'])} plan launches "
           f"· table {label} · {doc['device']}", file=sys.stderr, flush=True)

@@ -47,6 +47,9 @@ log = logging.getLogger("memra.plan")
 PREFILL_CHUNK = 128  # token rows per prefill launch set
 MAX_ROWS = 64        # decode rows per step (the largest CUDA-graph bucket)
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# row counts a prefill chunk's CUDA graph is captured at (a chunk of n rows replays the
+# smallest that holds it, the rows past n padded: position -1, nothing read or written)
+PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128)
 ATT_GROUP_ROWS = 16  # from this many rows an attention block takes the whole GQA group (MEMRA_ATT_GROUP_ROWS)
 
 
@@ -55,6 +58,13 @@ def graph_bucket(rows: int) -> int:
         if rows <= b:
             return b
     raise MemraError(f"a decode step holds at most {GRAPH_BUCKETS[-1]} rows, got {rows}")
+
+
+def prefill_bucket(rows: int) -> int:
+    for b in PREFILL_BUCKETS:
+        if rows <= b:
+            return b
+    raise MemraError(f"a prefill chunk holds at most {PREFILL_BUCKETS[-1]} rows, got {rows}")
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ plan's decode step for the graph bucket (1, 2, 4, ..., 64 rows) captured once as
 graph over static buffers, padded rows masked (position -1: no key read, no KV row
 written, no token committed), the next token chosen on the device and 4 bytes a row read
 back. Any other mix (prompt chunks, several tokens of one sequence, K+1 verification
-rows) runs the plan's prefill step eagerly over up to PREFILL_CHUNK token rows at a time:
-K/V rows appended first, then attention. A row's logits do not depend on the path, the
+rows) runs the plan's prefill step over up to PREFILL_CHUNK token rows at a time (K/V
+rows appended first, then attention), replayed as the CUDA graph of the smallest prefill
+bucket that holds the chunk (16, 32, 48, ... rows; padded like decode), then the head
+eagerly over the rows whose logits or token are wanted. A row's logits do not depend on the path, the
 rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
 shape; kernel-check compares the fused decode attention with the two-launch form and the
 GEMM and mvt with the matvec bit for bit).
@@ -121,7 +123,7 @@ class Runner:
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
                  kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
                  pdl: bool | None = None, tune_table=None, gemm: bool | None = None,
-                 mvt: bool | None = None):
+                 mvt: bool | None = None, prefill_graph: bool | None = None):
         """max_len: positions per sequence (default: the model's training context, at most
         32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
         kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
@@ -138,6 +140,8 @@ class Runner:
         fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
         use_gemm = (os.environ.get("MEMRA_GEMM", "1") != "0") if gemm is None else bool(gemm)
         use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
+        self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
+            else bool(prefill_graph)
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
             from dataclasses import replace
@@ -240,6 +244,9 @@ class Runner:
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
         # token rows of an eager step (prefill chunks, verification rows)
         self.p_tok, self.p_pos, self.p_seq = g.empty(R, i32), g.empty(R, i32), g.empty(R, i32)
+        # a prefill chunk's rows (token, position, block-table row), one upload: the graph of
+        # prefill bucket B reads them as three runs of B ints (memra.gpu.plan.prefill_bucket)
+        self.p_rows = g.empty(3 * R, i32)
         # row state of a decode step (the graphs' static buffers) and of the sampled rows of
         # an eager step: the token fed / chosen, its position, block-table row, draws made
         M = MAX_ROWS
@@ -730,10 +737,7 @@ class Runner:
         T = flat_tok.size
         for s in range(0, T, PREFILL_CHUNK):
             n = min(PREFILL_CHUNK, T - s)
-            self.p_tok.view(shape=(n,)).upload(flat_tok[s:s + n])
-            self.p_pos.view(shape=(n,)).upload(flat_pos[s:s + n])
-            self.p_seq.view(shape=(n,)).upload(flat_seq[s:s + n])
-            self._run(self.plan.step(n, decode=False), n, self.p_tok, self.p_pos, self.p_seq)
+            self._chunk(flat_tok[s:s + n], flat_pos[s:s + n], flat_seq[s:s + n])
             here = [j for j in need if s <= j < s + n]
             for k0 in range(0, len(here), MAX_ROWS):
                 part = here[k0:k0 + MAX_ROWS]
@@ -749,6 +753,37 @@ class Runner:
                 o.token = sampled[w[-1]]
             out.append(o)
         return out
+
+    def _chunk(self, tok, pos, seq) -> None:
+        """One prefill step over n <= PREFILL_CHUNK token rows (no head): the captured
+        step of the smallest prefill bucket that holds them, the rows past n padded
+        (position -1: their K/V not written, no key read; a row's bits do not depend on
+        the bucket), captured on a bucket's first use after an eager run of this chunk
+        (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly."""
+        n = tok.size
+        if not self.prefill_graph:
+            self.p_tok.view(shape=(n,)).upload(tok)
+            self.p_pos.view(shape=(n,)).upload(pos)
+            self.p_seq.view(shape=(n,)).upload(seq)
+            self._run(self.plan.step(n, decode=False), n, self.p_tok, self.p_pos, self.p_seq)
+            return
+        B = PLAN.prefill_bucket(n)
+        rows = np.zeros((3, B), np.int32)
+        rows[1] = -1
+        rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
+        self.p_rows.view(shape=(3, B)).upload(rows)
+        tk, ps, sq = (self.p_rows.view(shape=(B,), offset=4 * B * i) for i in range(3))
+        key = ("prefill", B)
+        gr = self._graphs.get(key)
+        if gr is not None:
+            gr.launch()
+            return
+        launches = self.plan.step(B, decode=False)
+        self._run(launches, B, tk, ps, sq)
+        with self.g.capture() as gr:
+            self._run(launches, B, tk, ps, sq)
+        gr.upload()
+        self._graphs[key] = gr
 
     def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h

@@ -1,6 +1,8 @@
-"""`memra profile`: where one decode step's time goes, launch by launch of the launch plan.
+"""`memra profile`: where one decode step's (or one prefill chunk's) time goes, launch by
+launch of the launch plan.
 
     rows = profile(runner, rows=1, depth=64)       # one dict per plan launch, plan order
+    rows = profile(runner, rows=128, prefill=True)  # a 128-row prefill chunk after 64 tokens
     summary = by_kernel(rows)                       # aggregated per (op, kernel, shape)
 
 `rows` sequences are filled to `depth` tokens (random ids; speed does not depend on them),
@@ -8,7 +10,8 @@ then one decode step of the plan's graph bucket runs eagerly, each plan launch u
 recorder that keeps the kernel launches it issued. Each plan launch is then timed as a CUDA
 graph of `reps` copies of its kernel launches (so the per-node cost inside a graph counts,
 as in the real step), median of 8 replays; the whole captured step is timed the same way
-and reported beside the sum. Bytes: the weights a matvec reads, the K/V rows attention
+and reported beside the sum (a prefill chunk: its bucket's captured graph, and `eager_us`, the
+same launches issued one by one from the host, MEMRA_PREFILL_GRAPH=0's way). Bytes: the weights a matvec reads, the K/V rows attention
 reads at this depth, and the activations the other launches read and write.
 """
 
@@ -75,53 +78,91 @@ def _bytes(runner, L, depth: int) -> int:
     return rows * n * 4 * 2
 
 
-def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 0) -> dict:
-    """The per-launch breakdown of one decode step of `rows` sequences at `depth`."""
+def _per_launch(runner, launches, bucket: int, feed, state, depth: int, reps: int) -> list[dict]:
+    """Each plan launch run once eagerly under a recorder, then timed alone (graph of reps copies)."""
+    g = runner.g
+    recs = []
+    for L in launches:
+        rec = _Recorder(g)
+        runner._run([L], bucket, *feed, state, g=rec)
+        recs.append(rec.calls)
+    g.sync()
+    out = []
+    for L, calls in zip(launches, recs):
+        t = _time(g, calls, reps)
+        nbytes = _bytes(runner, L, depth)
+        out.append({"name": L.name, "op": L.op, "kernel": L.kernel, "variant": L.variant,
+                    "shape": dict(L.shape), "rows": L.rows, "config": dict(L.config or {}),
+                    "layer": L.layer, "group": L.group, "launches": t.launches, "us": round(t.us, 3),
+                    "bytes": int(nbytes), "gb_s": round(nbytes / (t.us * 1e-6) / 1e9, 1) if t.us else None})
+    return out
+
+
+def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 0, prefill: bool = False) -> dict:
+    """The per-launch breakdown of one decode step of `rows` sequences at `depth`, or
+    (prefill) of one prefill chunk of `rows` token rows of one sequence after `depth`."""
     from memra.gpu import plan as PLAN
     from memra.gpu.runner import Row, Sampling
 
-    if not 1 <= rows <= PLAN.MAX_ROWS:
-        raise MemraError(f"--rows must be in 1..{PLAN.MAX_ROWS}, got {rows}")
-    if depth < 0 or depth + 2 > runner.max_len:
+    top = PLAN.PREFILL_CHUNK if prefill else PLAN.MAX_ROWS
+    if not 1 <= rows <= top:
+        raise MemraError(f"--rows must be in 1..{top}{' with --prefill' if prefill else ''}, got {rows}")
+    if depth < 0 or depth + rows + 1 > runner.max_len:
         raise MemraError(f"--depth {depth} does not fit a context of {runner.max_len}")
     rng = np.random.default_rng(seed)
     V = runner.cfg.n_vocab
-    seqs = [runner.open() for _ in range(rows)]
+    g = runner.g
+    seqs = [runner.open() for _ in range(1 if prefill else rows)]
+    eager_us = None
     try:
         if depth:
             for s in seqs:  # one sequence per step: the prefill chunks of a long depth stay small
                 runner.step([Row(s, rng.integers(0, V, depth).tolist())])
-        first = rng.integers(0, V, rows).tolist()
-        greedy = [Sampling(0.0)] * rows
-        # the state of one decode step, its graph captured; positions mapped for every replay below
-        gr = runner.decode_prepare(seqs, first, 16, greedy)
-        g = runner.g
-        step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
-        # the step was replayed: put its state back before the eager, recorded one
-        runner.decode_prepare(seqs, first, 16, greedy)
-        bucket = PLAN.graph_bucket(rows)
-        launches = runner.plan.step(bucket, decode=True, sampler="greedy")
-        recs = []
-        for L in launches:
-            rec = _Recorder(g)
-            runner._run([L], bucket, runner.r_tok, runner.r_pos, runner.r_seq, runner._state(1), g=rec)
-            recs.append(rec.calls)
-        g.sync()
-        out = []
-        for L, calls in zip(launches, recs):
-            t = _time(g, calls, reps)
-            nbytes = _bytes(runner, L, depth)
-            out.append({"name": L.name, "op": L.op, "kernel": L.kernel, "variant": L.variant,
-                        "shape": dict(L.shape), "rows": L.rows, "config": dict(L.config or {}),
-                        "layer": L.layer, "group": L.group, "launches": t.launches, "us": round(t.us, 3),
-                        "bytes": int(nbytes), "gb_s": round(nbytes / (t.us * 1e-6) / 1e9, 1) if t.us else None})
+        if prefill:
+            s = seqs[0]
+            # the chunk once through the runner (its bucket's graph captured), then its rows
+            # rewritten in place by every replay below (the same KV rows, the same values)
+            runner.step([Row(s, rng.integers(0, V, rows).tolist())])
+            bucket = PLAN.prefill_bucket(rows) if runner.prefill_graph else rows
+            launches = runner.plan.step(bucket, decode=False)
+            if runner.prefill_graph:
+                feed = tuple(runner.p_rows.view(shape=(bucket,), offset=4 * bucket * i) for i in range(3))
+                gr = runner._graphs[("prefill", bucket)]
+                step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
+            else:
+                feed = (runner.p_tok, runner.p_pos, runner.p_seq)
+                step_us = None
+
+            def eager():
+                runner._run(launches, bucket, *feed)
+
+            # the same launches issued one by one from the host (MEMRA_PREFILL_GRAPH=0's cost)
+            eager_us = float(np.median(g.time_ms(eager, reps=5, warmup=1))) * 1e3
+            if step_us is None:
+                step_us = eager_us
+            out = _per_launch(runner, launches, bucket, feed, None, depth, reps)
+        else:
+            first = rng.integers(0, V, rows).tolist()
+            greedy = [Sampling(0.0)] * rows
+            # the state of one decode step, its graph captured; positions mapped for every replay below
+            gr = runner.decode_prepare(seqs, first, 16, greedy)
+            step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
+            # the step was replayed: put its state back before the eager, recorded one
+            runner.decode_prepare(seqs, first, 16, greedy)
+            bucket = PLAN.graph_bucket(rows)
+            launches = runner.plan.step(bucket, decode=True, sampler="greedy")
+            out = _per_launch(runner, launches, bucket, (runner.r_tok, runner.r_pos, runner.r_seq),
+                              runner._state(1), depth, reps)
     finally:
         for s in seqs:
             runner.close(s)
     total = sum(r["us"] for r in out)
-    return {"rows": rows, "depth": depth, "bucket": bucket, "step_us": round(step_us, 2),
-            "sum_us": round(total, 2), "tok_s": round(rows * 1e6 / step_us, 1) if step_us else None,
-            "launches": out}
+    doc = {"rows": rows, "depth": depth, "bucket": bucket, "prefill": prefill, "step_us": round(step_us, 2),
+           "sum_us": round(total, 2), "tok_s": round(rows * 1e6 / step_us, 1) if step_us else None,
+           "launches": out}
+    if eager_us is not None:
+        doc["eager_us"] = round(eager_us, 2)
+    return doc
 
 
 def by_kernel(rows: list[dict]) -> list[dict]:
