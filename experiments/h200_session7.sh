@@ -4,6 +4,14 @@
 #   STAGE=prefill  pp512 with the prefill graphs and with MEMRA_PREFILL_GRAPH=0 (SmolLM2, the 1B
 #                  Q4_0, the 8B Q4_K_M), then memra profile --prefill of a 128-row chunk at depth
 #                  384 (the last chunk of pp512) of each
+#   STAGE=tune     (after the seven .models/ship-NN/take.sh calls) the h200-gemm-small campaign
+#                  (SmolLM2 and Gemma-3 shapes), memra tune freeze into tune/defaults, memra tune
+#                  show, kernel-check over the new launch set with its receipt and --status; the
+#                  campaign's receipts also kept in /tmp/s7-keep for STAGE=bench
+#   STAGE=bench    the same freeze again from /tmp/s7-keep (the tree's copy of the table is the
+#                  committed one), pp512 (SmolLM2, Gemma-3, the 1B, the 8B Q4_K_M / Q4_0 / Q8_0),
+#                  tg128 batch 1 (the same six), memra profile --prefill of SmolLM2 and Gemma-3,
+#                  every GPU test
 # Results tarred into $OUT/s7-$STAGE.tgz.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
@@ -26,5 +34,36 @@ if [ "$STAGE" = prefill ]; then
       >> $R/profile-prefill.jsonl 2> $R/profile-prefill-$f.txt
     log "profile prefill $m rc=$? $(el)"; tail -30 $R/profile-prefill-$f.txt | tee -a $R/log.txt
   done
+elif [ "$STAGE" = tune ]; then
+  mkdir -p /tmp/s7-keep
+  timeout 360 python3 -m memra tune run h200-gemm-small -m smollm2-135m -m gemma3-270m \
+    --out research/tune/h200-gemm-small-nvidia-h200.jsonl > $R/tune.txt 2>&1
+  log "tune rc=$? $(tail -1 $R/tune.txt) $(el)"
+  cp research/tune/h200-gemm-small-nvidia-h200.jsonl /tmp/s7-keep/
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
+  python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
+  cp research/tune/h200-gemm-small-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $R/
+  mkdir -p $R/kernel-check
+  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
+  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+elif [ "$STAGE" = bench ]; then
+  cp /tmp/s7-keep/h200-gemm-small-nvidia-h200.jsonl research/tune/
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
+  python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
+  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
+    f=$(echo $m | tr : _)
+    timeout 150 python3 -m memra bench $m -p 512 -n 128 --synth-tokenizer $TOK --out $R/bench.jsonl > $R/bench-$f.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "pp512|tg128" $R/bench-$f.txt | tail -2 | tee -a $R/log.txt
+  done
+  for m in smollm2-135m gemma3-270m; do
+    f=$(echo $m | tr : _)
+    timeout 120 python3 -m memra profile $m --prefill --rows 128 --depth 384 --synth-tokenizer $TOK --json \
+      >> $R/profile-prefill.jsonl 2> $R/profile-prefill-$f.txt
+    log "profile prefill $m rc=$? $(el)"; tail -14 $R/profile-prefill-$f.txt | tee -a $R/log.txt
+  done
+  timeout $(( 580 - ($(date +%s) - T0) )) python3 -m pytest -q -m gpu -p no:cacheprovider tests > $R/gpu-tests.txt 2>&1
+  log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
 fi
 tar czf $OUT/s7-$STAGE.tgz -C /tmp s7-$STAGE
