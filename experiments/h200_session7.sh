@@ -12,6 +12,9 @@
 #                  committed one), pp512 (SmolLM2, Gemma-3, the 1B, the 8B Q4_K_M / Q4_0 / Q8_0),
 #                  tg128 batch 1 (the same six), memra profile --prefill of SmolLM2 and Gemma-3,
 #                  every GPU test
+#   STAGE=fa       experiments/attn_mma/fa_check.py (the tensor-core attention experiment: bits of
+#                  prefill packing = decode packing, values, timing against attn_decode), then
+#                  pp512 + tg128 of the 1B and the 8B Q4_K_M on this tree
 # Results tarred into $OUT/s7-$STAGE.tgz.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
@@ -48,6 +51,20 @@ elif [ "$STAGE" = tune ]; then
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
   grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
   python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+elif [ "$STAGE" = fa ]; then
+  OUT=$R timeout 300 python3 experiments/attn_mma/fa_check.py > $R/fa-check.txt 2>&1
+  log "fa_check rc=$? $(tail -1 $R/fa-check.txt) $(el)"; grep -v '^{' $R/fa-check.txt | tail -20 | tee -a $R/log.txt
+  python3 - $R/fa-check.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print({k: r[k] for k in r if k not in ("kind",)})
+PY
+  for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    f=$(echo $m | tr : _)
+    timeout 150 python3 -m memra bench $m -p 512 -n 128 --synth-tokenizer $TOK --out $R/bench.jsonl > $R/bench-$f.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "pp512|tg128" $R/bench-$f.txt | tail -2 | tee -a $R/log.txt
+  done
 elif [ "$STAGE" = bench ]; then
   cp /tmp/s7-keep/h200-gemm-small-nvidia-h200.jsonl research/tune/
   python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
