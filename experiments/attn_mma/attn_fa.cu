@@ -1,0 +1,536 @@
+// attn_fa.cu — an experiment (experiments/attn_mma/README.md): one attention arithmetic for
+// decode rows and prefill rows alike, on the tensor cores (mma.sync m16n8k16 f16 -> f32),
+// whose per-row result does not depend on how rows are packed, so prefill and decode give
+// the same bits by construction.
+//
+// A query row is (token t, head h). Its keys: [lo, hi) with hi = pos[t] + 1, lo = window > 0
+// ? max(0, hi - window) : 0, read from the paged f16 cache (kv.cuh) of KV head h / qpk.
+// Keys are cut into absolute splits j = [j FA_SPLIT, (j + 1) FA_SPLIT) and, inside a split,
+// absolute tiles of 64 keys [64 i, 64 i + 64). For each split the row touches, in tile order:
+//   s_k  = (scale log2 e) (f16(q) . K[k]): an mma chain over the head's 16-wide k-steps in
+//          order, f32 accumulate from 0 (softcap: log2 e * softcap * tanh(scale (q.K) / softcap))
+//   s_k  = -inf for k outside [lo, hi)
+//   mx   = max_k s_k (the 64 keys), m' = max(m, mx)
+//   m' = -inf: alpha = 1, p_k = 0; else alpha = 2^(m - m'), p_k = 2^(s_k - m') (ex2.approx)
+//   t_g  = for each 16-key group g: ((p_a + p_b) + p_c) + p_d over a quad lane's four keys of
+//          the group, then + xor-shuffle 1, + xor-shuffle 2 (the quad's lanes);
+//   l    = l alpha + (((t_0 + t_1) + t_2) + t_3)
+//   o    = o alpha, then + f16(p) . V: an mma chain over the 4 key k-steps in order
+// then (m, l, o) is the split's partial; the row's output is
+//   M = max_j m_j, w_j = 2^(m_j - M), out = (sum_j w_j o_j) * (1 / sum_j w_j l_j), j ascending
+// (a row with one split: o * (1 / l), the same value, written by the split's block).
+// A tile outside the row's keys leaves m, l and o unchanged bit for bit (alpha = 1, p = 0: x *
+// 1 = x, x + 0 = x, and the mma adds exact zeros), every float operation is an explicitly
+// rounded intrinsic or asm, and the mma's element (i, j) depends only on A's row i and B's
+// column j: so a row's bits depend on its q, its keys and FA_SPLIT, not on its tile's other
+// rows, its block, the block's key range, or which warp computed which part.
+//
+// Two packings of the same arithmetic:
+//  - attn_fa (prefill): a block = (token group blockIdx.x of `tpb` consecutive tokens of ONE
+//    sequence, KV head blockIdx.y, split blockIdx.z); warp w holds the 16 rows of tokens
+//    t0 + w tpw .. + tpw (tpw = 16 / qpk; row r = token r / qpk, head kvh qpk + r % qpk) and
+//    computes all 64 keys and all HEAD_DIM outputs of a tile for them; the block's K/V tiles
+//    (cp.async, double-buffered) are shared by its warps. tpb = FA_WARPS * tpw.
+//  - attn_fa_dec (decode): a block = (token blockIdx.x, KV head, split); its one 16-row tile
+//    (the token's qpk heads) is shared by the FA_WARPS = 4 warps: warp w computes the scores of
+//    keys 16w .. 16w + 15 (its group t_w) and the outputs of dims [w D / 4, (w + 1) D / 4); the
+//    row maxima, the group sums and f16(p) meet in shared memory.
+//
+// Compile-time: HEAD_DIM (a multiple of 32 up to 256; attn_fa_dec: of 64), FA_WARPS (4; attn_fa_dec needs 4),
+// FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh).
+// Launch: attn_fa grid (ceil(n_tokens / tpb), n_kv, n_split), attn_fa_dec grid (n_tokens, n_kv,
+// n_split); block 32 * FA_WARPS, dynamic shared memory FA_SMEM (attn_fa) / FA_SMEM_DEC bytes;
+// part_o [n_tokens][n_head][n_split][HEAD_DIM] f32, part_ml [...][2]; then fa_combine (grid
+// (n_head, n_tokens), block HEAD_DIM) for the rows with more than one split.
+#include "common.cuh"
+#include "kv.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef FA_WARPS
+#define FA_WARPS 4
+#endif
+#ifndef FA_SPLIT
+#define FA_SPLIT 256
+#endif
+static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "HEAD_DIM: a multiple of 32, at most 256");
+static_assert(FA_SPLIT % 64 == 0, "FA_SPLIT must be a multiple of 64");
+
+#define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.4426950408889634f
+constexpr int D = HEAD_DIM;
+constexpr int NT = 32 * FA_WARPS;
+constexpr int TK = 64;                 // keys per tile
+constexpr int RS = D * 2 + 16;         // smem row stride (bytes) of K, V and Q: ldmatrix rows on distinct banks
+constexpr int KV_TILE = TK * RS;       // one K (or V) tile
+constexpr int Q_TILE = 16 * RS;        // 16 query rows
+constexpr int PS = TK * 2 + 16;        // row stride of the decode packing's f16(p) tile
+constexpr int FA_SMEM = 2 * 2 * KV_TILE + FA_WARPS * Q_TILE;
+constexpr int FA_SMEM_DEC = 2 * 2 * KV_TILE + Q_TILE + 16 * PS + 2 * 4 * 16 * 4;
+constexpr int CPR = D / 8;             // 16-byte chunks per row
+
+MEMRA_DEVICE uint32_t sa(const void* p) {
+    uint32_t a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes global -> shared, or zeros (ok false: nothing read). No memory clobber: the
+// compiler may issue the block-table loads of later copies first; cp.async.wait_group (with
+// one) orders the copies before their readers.
+MEMRA_DEVICE void cp16z(uint32_t dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+MEMRA_DEVICE void ldsm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+MEMRA_DEVICE void ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+MEMRA_DEVICE void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+MEMRA_DEVICE uint32_t pack_h2(float lo, float hi) {
+    uint32_t r;
+    asm("{ .reg .f16 a, b; cvt.rn.f16.f32 a, %1; cvt.rn.f16.f32 b, %2; mov.b32 %0, {a, b}; }"
+        : "=r"(r) : "f"(lo), "f"(hi));
+    return r;
+}
+// 2^x by the SFU (ex2.approx: -inf -> +0); the scores are kept in log2 units
+MEMRA_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// one K tile and one V tile (keys [k0, k0 + 64) of KV head kvh) into ks (K) and ks + KV_TILE
+// (V) by cp.async; keys outside [blo, bhi) are zero-filled, not read
+MEMRA_DEVICE void load_tile(unsigned char* ks, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
+                            const int* __restrict__ bt, size_t row_stride, int kvh, int k0, int blo, int bhi, int tid) {
+#pragma unroll 4
+    for (int c = tid; c < TK * CPR * 2; c += NT) {
+        const int which = c / (TK * CPR), rr = (c % (TK * CPR)) / CPR, ch = c % CPR;
+        const int key = k0 + rr;
+        const bool ok = key >= blo && key < bhi;
+        const uint16_t* base = which ? vcache : kcache;
+        const uint16_t* src = base + (ok ? kv_slot(bt, key) * row_stride : 0) + (size_t)kvh * D + ch * 8;
+        cp16z(sa(ks + which * KV_TILE + rr * RS + ch * 16), src, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+struct RowKeys { int lo, hi; };
+MEMRA_DEVICE RowKeys row_keys(int p, int window) {
+    RowKeys k;
+    k.hi = p + 1;  // p = -1 (a padded row): no keys
+    k.lo = window > 0 ? max(0, k.hi - window) : 0;
+    if (k.hi <= 0) k.lo = k.hi = 0;
+    return k;
+}
+
+// 16 query rows as f16 into q_s ([16][RS]): row r = (token t0 + r / qpk, head kvh qpk + r % qpk)
+// for r < nrow, zeros past it; lanes of one warp (lane, 32 apart)
+MEMRA_DEVICE void fill_q(unsigned char* q_s, const float* __restrict__ q, int t0, int nrow, int qpk, int kvh,
+                         int n_head, int lane) {
+#pragma unroll 8
+    for (int i = lane; i < 16 * (D / 2); i += 32) {
+        const int r = i / (D / 2), c = (i % (D / 2)) * 2;
+        float a = 0.f, b = 0.f;
+        if (r < nrow) {
+            const float* qr = q + (size_t)(t0 + r / qpk) * n_head * D + (size_t)(kvh * qpk + r % qpk) * D;
+            const float2 v = *reinterpret_cast<const float2*>(qr + c);
+            a = v.x;
+            b = v.y;
+        }
+        *(uint32_t*)(q_s + r * RS + c * 2) = pack_h2(a, b);
+    }
+}
+
+// scale (log2 units), softcap, mask of one score
+MEMRA_DEVICE float score(float acc, float scale, float scale_l2, float softcap, int key, const RowKeys& k) {
+    const float v = softcap > 0.f
+                        ? __fmul_rn(__fmul_rn(softcap, tanhf(__fdiv_rn(__fmul_rn(acc, scale), softcap))), LOG2E)
+                        : __fmul_rn(acc, scale_l2);
+    return (key >= k.lo && key < k.hi) ? v : NEG_INF;
+}
+
+// a quad lane's group partial, reduced over the quad
+MEMRA_DEVICE float group_sum(float a, float b, float c, float d) {
+    float t = __fadd_rn(__fadd_rn(__fadd_rn(a, b), c), d);
+    t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
+    return __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
+}
+
+// a row's split result: out directly (its only split) or the partial
+MEMRA_DEVICE void write_row(float* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml,
+                            const int* __restrict__ pos, int window, int t, int h, int n_head, int S, int j,
+                            const RowKeys& here, const float* ov, int d0, int nd, float m, float l, bool ml) {
+    const RowKeys full = row_keys(pos[t], window);
+    if (full.hi <= full.lo || here.hi <= here.lo) return;  // no keys in this split
+    const bool only = full.lo / FA_SPLIT == (full.hi - 1) / FA_SPLIT;
+    if (only) {
+        float* orow = out + ((size_t)t * n_head + h) * D;
+        const float inv = __frcp_rn(l);  // fa_combine's num * (1 / den) with the one weight 1
+        for (int i = 0; i < nd; i++) orow[d0 + i * 8] = __fmul_rn(ov[i], inv);
+    } else {
+        const size_t pr = ((size_t)t * n_head + h) * S + j;
+        float* po = part_o + pr * D;
+        for (int i = 0; i < nd; i++) po[d0 + i * 8] = ov[i];
+        if (ml) {
+            part_ml[pr * 2] = m;
+            part_ml[pr * 2 + 1] = l;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_fa(const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
+            float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ out,
+            const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
+            int max_blocks, int n_tokens, int n_kv, int qpk, int window, float scale, float softcap, int tpb) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int kvh = blockIdx.y, j = blockIdx.z, S = gridDim.z;
+    const int t0 = blockIdx.x * tpb;
+    const int t_end = min(n_tokens, t0 + tpb);
+    const int n_head = n_kv * qpk;
+    const int tpw = 16 / qpk;
+    const int split_lo = j * FA_SPLIT, split_hi = split_lo + FA_SPLIT;
+    const float scale_l2 = __fmul_rn(scale, LOG2E);
+
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+
+    // the block's key range in this split: the union of its rows'
+    int blo = 1 << 30, bhi = 0;
+    for (int t = t0; t < t_end; t++) {
+        const RowKeys k = row_keys(pos[t], window);
+        if (k.hi > k.lo) { blo = min(blo, k.lo); bhi = max(bhi, k.hi); }
+    }
+    blo = max(blo, split_lo);
+    bhi = min(bhi, split_hi);
+    const int* bt = block_table + (size_t)(seq ? seq[t0] : 0) * max_blocks;
+
+    // this warp's tokens; this thread's two rows (gid, gid + 8)
+    const int wt0 = t0 + warp * tpw;
+    const int wtok = max(0, min(tpw, t_end - wt0));
+    const int nrow = wtok * qpk;
+    int rt[2], rh[2];
+    RowKeys rk[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = gid + 8 * i;
+        const bool live = r < nrow;
+        rt[i] = live ? wt0 + r / qpk : -1;
+        rh[i] = kvh * qpk + r % qpk;
+        rk[i] = live ? row_keys(pos[rt[i]], window) : RowKeys{0, 0};
+        rk[i].lo = max(rk[i].lo, split_lo);
+        rk[i].hi = min(rk[i].hi, split_hi);
+    }
+
+    unsigned char* kv_s = smem;                               // [2 stages][K, V][TK][RS]
+    unsigned char* q_s = smem + 4 * KV_TILE + warp * Q_TILE;  // [16][RS]
+    fill_q(q_s, q, wt0, nrow, qpk, kvh, n_head, lane);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    const int tile_lo = blo < bhi ? blo / TK * TK : 0;
+    const int n_tiles = blo < bhi ? (bhi - tile_lo + TK - 1) / TK : 0;
+    const size_t row_stride = (size_t)n_kv * D;
+
+    if (n_tiles > 0) load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid);
+    for (int it = 0; it < n_tiles; it++) {
+        const int stage = it & 1;
+        if (it + 1 < n_tiles) {
+            load_tile(kv_s + (stage ^ 1) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh, tile_lo + (it + 1) * TK,
+                      blo, bhi, tid);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const int k0 = tile_lo + it * TK;
+        const unsigned char* ks = kv_s + stage * 2 * KV_TILE;
+        const unsigned char* vs = ks + KV_TILE;
+        if (nrow > 0) {
+            // S = Q K^T: 8 n-tiles of 8 keys, the k-steps in order (two per ldmatrix.x4)
+            float s[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                uint32_t a0[4], a1[4];
+                ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
+                ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    uint32_t b[4];
+                    ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
+                    mma16816(s[n], a0, b[0], b[1]);
+                    mma16816(s[n], a1, b[2], b[3]);
+                }
+            }
+            float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = e / 2;
+                    s[n][e] = score(s[n][e], scale, scale_l2, softcap, k0 + n * 8 + 2 * tig + (e % 2), rk[i]);
+                    mx[i] = fmaxf(mx[i], s[n][e]);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float mn = fmaxf(m[i], mx[i]);
+                alpha[i] = mn == NEG_INF ? 1.f : ex2(__fsub_rn(m[i], mn));
+                m[i] = mn;
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = e / 2;
+                    s[n][e] = m[i] == NEG_INF ? 0.f : ex2(__fsub_rn(s[n][e], m[i]));
+                }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float t[4];
+#pragma unroll
+                for (int g = 0; g < 4; g++)
+                    t[g] = group_sum(s[2 * g][2 * i], s[2 * g][2 * i + 1], s[2 * g + 1][2 * i], s[2 * g + 1][2 * i + 1]);
+                l[i] = __fadd_rn(__fmul_rn(l[i], alpha[i]), __fadd_rn(__fadd_rn(__fadd_rn(t[0], t[1]), t[2]), t[3]));
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                o[n][2] = __fmul_rn(o[n][2], alpha[1]); o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+            }
+            // O += P V: 4 k-steps of 16 keys, D / 8 n-tiles of 8 dims (two per ldmatrix.x4.trans)
+#pragma unroll
+            for (int kq = 0; kq < 4; kq++) {
+                const uint32_t a[4] = {pack_h2(s[2 * kq][0], s[2 * kq][1]), pack_h2(s[2 * kq][2], s[2 * kq][3]),
+                                       pack_h2(s[2 * kq + 1][0], s[2 * kq + 1][1]),
+                                       pack_h2(s[2 * kq + 1][2], s[2 * kq + 1][3])};
+#pragma unroll
+                for (int n = 0; n < D / 8; n += 2) {
+                    uint32_t b[4];
+                    ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + (n * 8 + 8 * (lane / 16)) * 2));
+                    mma16816(o[n], a, b[0], b[1]);
+                    mma16816(o[n + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // the stage is reloaded two tiles on
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (rt[i] < 0) continue;
+        // dims n * 8 + 2 tig and n * 8 + 2 tig + 1: two runs of stride 8
+        float ev[D / 8], od[D / 8];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) { ev[n] = o[n][2 * i]; od[n] = o[n][2 * i + 1]; }
+        write_row(out, part_o, part_ml, pos, window, rt[i], rh[i], n_head, S, j, rk[i], ev, 2 * tig, D / 8, m[i],
+                  l[i], tig == 0);
+        write_row(out, part_o, part_ml, pos, window, rt[i], rh[i], n_head, S, j, rk[i], od, 2 * tig + 1, D / 8, m[i],
+                  l[i], false);
+    }
+}
+
+#if FA_WARPS == 4 && HEAD_DIM % 64 == 0
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_fa_dec(const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
+                float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ out,
+                const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
+                int max_blocks, int n_kv, int qpk, int window, float scale, float softcap) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+    const int t = blockIdx.x, kvh = blockIdx.y, j = blockIdx.z, S = gridDim.z;
+    const int n_head = n_kv * qpk;
+    const int split_lo = j * FA_SPLIT, split_hi = split_lo + FA_SPLIT;
+    const float scale_l2 = __fmul_rn(scale, LOG2E);
+    constexpr int WD = D / 4;            // this warp's output dims
+    constexpr int WN = WD / 8;           // ... as n-tiles (even: HEAD_DIM % 64 == 0)
+
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+
+    RowKeys kr = row_keys(pos[t], window);
+    const int blo = max(kr.lo, split_lo), bhi = min(kr.hi, split_hi);
+    if (blo >= bhi) return;  // no keys in this split (block-uniform)
+    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
+    const RowKeys here{blo, bhi};
+
+    unsigned char* kv_s = smem;
+    unsigned char* q_s = smem + 4 * KV_TILE;
+    unsigned char* p_s = q_s + Q_TILE;                        // [16][PS] f16(p)
+    float* red_m = reinterpret_cast<float*>(p_s + 16 * PS);  // [4 warps][16 rows]
+    float* red_t = red_m + 4 * 16;                            // [4 warps][16 rows]
+    if (warp == 0) fill_q(q_s, q, t, qpk, qpk, kvh, n_head, lane);  // rows 0 .. qpk - 1: the token's heads
+
+    float o[WN][4];
+#pragma unroll
+    for (int n = 0; n < WN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int tile_lo = blo / TK * TK;
+    const int n_tiles = (bhi - tile_lo + TK - 1) / TK;
+    const size_t row_stride = (size_t)n_kv * D;
+    const RowKeys rk[2] = {gid < qpk ? here : RowKeys{0, 0}, gid + 8 < qpk ? here : RowKeys{0, 0}};
+
+    load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid);
+    for (int it = 0; it < n_tiles; it++) {
+        const int stage = it & 1;
+        if (it + 1 < n_tiles) {
+            load_tile(kv_s + (stage ^ 1) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh, tile_lo + (it + 1) * TK,
+                      blo, bhi, tid);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const int k0 = tile_lo + it * TK;
+        const unsigned char* ks = kv_s + stage * 2 * KV_TILE;
+        const unsigned char* vs = ks + KV_TILE;
+        // this warp's keys: n-tiles 2 warp, 2 warp + 1 (group g = warp)
+        float s[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk += 2) {
+            uint32_t a0[4], a1[4];
+            ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
+            ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
+#pragma unroll
+            for (int nn = 0; nn < 2; nn++) {
+                const int n = 2 * warp + nn;
+                uint32_t b[4];
+                ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
+                mma16816(s[nn], a0, b[0], b[1]);
+                mma16816(s[nn], a1, b[2], b[3]);
+            }
+        }
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e / 2;
+                s[nn][e] = score(s[nn][e], scale, scale_l2, softcap, k0 + (2 * warp + nn) * 8 + 2 * tig + (e % 2), rk[i]);
+                mx[i] = fmaxf(mx[i], s[nn][e]);
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            if (tig == 0) red_m[warp * 16 + gid + 8 * i] = mx[i];
+        }
+        __syncthreads();
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            const float tm = fmaxf(fmaxf(red_m[r], red_m[16 + r]), fmaxf(red_m[32 + r], red_m[48 + r]));
+            const float mn = fmaxf(m[i], tm);
+            alpha[i] = mn == NEG_INF ? 1.f : ex2(__fsub_rn(m[i], mn));
+            m[i] = mn;
+        }
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e / 2;
+                s[nn][e] = m[i] == NEG_INF ? 0.f : ex2(__fsub_rn(s[nn][e], m[i]));
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float tg = group_sum(s[0][2 * i], s[0][2 * i + 1], s[1][2 * i], s[1][2 * i + 1]);
+            if (tig == 0) red_t[warp * 16 + gid + 8 * i] = tg;
+        }
+        // f16(p) of this warp's keys into the shared tile (row gid / gid + 8, keys 16 warp + ...)
+#pragma unroll
+        for (int nn = 0; nn < 2; nn++) {
+            const int key = (2 * warp + nn) * 8 + 2 * tig;
+            *(uint32_t*)(p_s + gid * PS + key * 2) = pack_h2(s[nn][0], s[nn][1]);
+            *(uint32_t*)(p_s + (gid + 8) * PS + key * 2) = pack_h2(s[nn][2], s[nn][3]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            l[i] = __fadd_rn(__fmul_rn(l[i], alpha[i]),
+                             __fadd_rn(__fadd_rn(__fadd_rn(red_t[r], red_t[16 + r]), red_t[32 + r]), red_t[48 + r]));
+        }
+#pragma unroll
+        for (int n = 0; n < WN; n++) {
+            o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+            o[n][2] = __fmul_rn(o[n][2], alpha[1]); o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+        }
+        // O (this warp's dims) += P V
+#pragma unroll
+        for (int kq = 0; kq < 4; kq++) {
+            uint32_t a[4];
+            ldsm4(a, sa(p_s + qrow * PS + (kq * 16 + 8 * (lane / 16)) * 2));
+#pragma unroll
+            for (int n = 0; n < WN; n += 2) {
+                const int dn = warp * WN + n;
+                uint32_t b[4];
+                ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + (dn * 8 + 8 * (lane / 16)) * 2));
+                mma16816(o[n], a, b[0], b[1]);
+                mma16816(o[n + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // the stage, red_m / red_t and p_s are rewritten next tile
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = gid + 8 * i;
+        if (r >= qpk) continue;
+        float ev[WN], od[WN];
+#pragma unroll
+        for (int n = 0; n < WN; n++) { ev[n] = o[n][2 * i]; od[n] = o[n][2 * i + 1]; }
+        const int d0 = warp * WD + 2 * tig;
+        write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, ev, d0, WN, m[i], l[i],
+                  warp == 0 && tig == 0);
+        write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, od, d0 + 1, WN, m[i], l[i],
+                  false);
+    }
+}
+#endif
+
+// the rows with more than one split: out = (sum_j w_j o_j) * (1 / sum_j w_j l_j), w_j = 2^(m_j - M)
+extern "C" __global__ void fa_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                      float* __restrict__ out, const int* __restrict__ pos, int window, int n_split) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    const int h = blockIdx.x, t = blockIdx.y, n_head = gridDim.x;
+    const RowKeys k = row_keys(pos[t], window);
+    if (k.hi <= k.lo) return;
+    const int j0 = k.lo / FA_SPLIT, j1 = (k.hi - 1) / FA_SPLIT;
+    if (j0 == j1) return;  // written by the split's block
+    const size_t base = ((size_t)t * n_head + h) * n_split;
+    float M = NEG_INF;
+    for (int j = j0; j <= j1; j++) M = fmaxf(M, part_ml[(base + j) * 2]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float num = 0.f, den = 0.f;
+        for (int j = j0; j <= j1; j++) {
+            const float w = ex2(__fsub_rn(part_ml[(base + j) * 2], M));
+            den = __fadd_rn(den, __fmul_rn(w, part_ml[(base + j) * 2 + 1]));
+            num = __fadd_rn(num, __fmul_rn(w, part_o[(base + j) * D + d]));
+        }
+        out[((size_t)t * n_head + h) * D + d] = __fmul_rn(num, __frcp_rn(den));
+    }
+}
