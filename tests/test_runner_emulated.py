@@ -130,3 +130,33 @@ def test_the_pool_and_the_context_refuse_what_they_cannot_hold(tiny_models):
         r.step([Row(a, [10 ** 7])])
     r.close(a)
     r.step([Row(b, list(range(1, 20)))])  # a's blocks came back
+
+
+class _SmallGpu(FakeGpu):
+    """The emulator with a free-memory figure (the runner sizes its KV pool from it)."""
+
+    def __init__(self, free):
+        super().__init__(1 << 28)
+        self._free = free
+
+    def free_memory(self):
+        return self._free
+
+
+def test_a_context_that_cannot_fit_is_refused_before_any_work(tiny_models):
+    """A context whose KV cache for one sequence exceeds what the device memory left after
+    the weights holds is refused when the runner is built, naming the sizes; one that fits is
+    planned and runs. A pool given in tokens or bytes may be smaller than one context (the
+    server's admission refuses the requests that can never fit)."""
+    from memra.gpu.kv import bytes_per_block
+    from memra.model.config import read_config
+
+    path = tiny_models("llama", "Q4_K_M")
+    per_block = bytes_per_block(read_config(open_gguf(path)), 16)
+    with pytest.raises(ContextOverflowError, match=r"a context of 96 tokens needs .* holds 48 positions"):
+        Runner(path, gpu=_SmallGpu(int(3 * per_block / 0.9) + 1), max_len=96, max_seqs=1)  # 3 blocks, 6 needed
+    r = Runner(path, gpu=_SmallGpu(int(6 * per_block / 0.9) + per_block), max_len=96, max_seqs=1)
+    s = r.open()
+    r.step([Row(s, list(range(1, 90)))])
+    assert s.n == 89
+    assert Runner(path, gpu=FakeGpu(1 << 28), max_len=96, max_seqs=1, kv_tokens=64).kv.alloc.n_blocks == 4

@@ -169,6 +169,15 @@ class Runner:
                     n_blocks = min(n_blocks, int(0.9 * free) // per_block)
         else:
             n_blocks = -(-int(kv_tokens) // self.kv_block)
+        need = -(-self.max_len // self.kv_block)  # one sequence at the full context
+        if kv_tokens is None and kv_memory is None and n_blocks < need:
+            # the pool was sized from the device: refuse a context it cannot hold once, before any
+            # work (a pool given in tokens or bytes may be smaller: the server then refuses the
+            # requests that can never fit, one by one)
+            raise ContextOverflowError(
+                f"a context of {self.max_len} tokens needs {need * per_block / 2**30:.2f} GiB of KV cache for one "
+                f"sequence ({per_block} bytes per {self.kv_block} positions); 90 % of the device memory left "
+                f"after the weights holds {max(0, n_blocks) * self.kv_block} positions: lower the context size")
         self.kv = PagedKV(self.g, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
                           max_seqs=self.max_seqs, max_len=self.max_len)
         self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
