@@ -32,9 +32,10 @@
 //    computes all 64 keys and all HEAD_DIM outputs of a tile for them; the block's K/V tiles
 //    (cp.async, double-buffered) are shared by its warps. tpb = FA_WARPS * tpw.
 //  - attn_fa_dec (decode): a block = (token blockIdx.x, KV head, split); its one 16-row tile
-//    (the token's qpk heads) is shared by the FA_WARPS = 4 warps: warp w computes the scores of
-//    keys 16w .. 16w + 15 (its group t_w) and the outputs of dims [w D / 4, (w + 1) D / 4); the
-//    row maxima, the group sums and f16(p) meet in shared memory.
+//    (the token's qpk heads) is shared by the FA_WARPS = 4 warps: each computes the tile's
+//    scores and softmax for the 16 rows (the same code and values: no exchange, one barrier a
+//    tile) and the outputs of its quarter of the dims, [w D / 4, (w + 1) D / 4); K/V in three
+//    stages.
 //
 // Compile-time: HEAD_DIM (a multiple of 32 up to 256; attn_fa_dec: of 64), FA_WARPS (4; attn_fa_dec needs 4),
 // FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh).
@@ -65,9 +66,8 @@ constexpr int TK = 64;                 // keys per tile
 constexpr int RS = D * 2 + 16;         // smem row stride (bytes) of K, V and Q: ldmatrix rows on distinct banks
 constexpr int KV_TILE = TK * RS;       // one K (or V) tile
 constexpr int Q_TILE = 16 * RS;        // 16 query rows
-constexpr int PS = TK * 2 + 16;        // row stride of the decode packing's f16(p) tile
 constexpr int FA_SMEM = 2 * 2 * KV_TILE + FA_WARPS * Q_TILE;
-constexpr int FA_SMEM_DEC = 2 * 2 * KV_TILE + Q_TILE + 16 * PS + 2 * 4 * 16 * 4;
+constexpr int FA_SMEM_DEC = 3 * 2 * KV_TILE + Q_TILE;
 constexpr int CPR = D / 8;             // 16-byte chunks per row
 
 MEMRA_DEVICE uint32_t sa(const void* p) {
@@ -133,13 +133,13 @@ MEMRA_DEVICE RowKeys row_keys(int p, int window) {
     return k;
 }
 
-// 16 query rows as f16 into q_s ([16][RS]): row r = (token t0 + r / qpk, head kvh qpk + r % qpk)
-// for r < nrow, zeros past it; lanes of one warp (lane, 32 apart)
-MEMRA_DEVICE void fill_q(unsigned char* q_s, const float* __restrict__ q, int t0, int nrow, int qpk, int kvh,
-                         int n_head, int lane) {
-#pragma unroll 8
-    for (int i = lane; i < 16 * (D / 2); i += 32) {
-        const int r = i / (D / 2), c = (i % (D / 2)) * 2;
+// query rows [r0, r0 + nr) of a 16-row tile as f16 into q_s ([16][RS]): row r = (token t0 + r /
+// qpk, head kvh qpk + r % qpk) for r < nrow, zeros past it; the lanes of one warp
+MEMRA_DEVICE void fill_q_rows(unsigned char* q_s, const float* __restrict__ q, int t0, int nrow, int qpk, int kvh,
+                              int n_head, int lane, int r0, int nr) {
+#pragma unroll 4
+    for (int i = lane; i < nr * (D / 2); i += 32) {
+        const int r = r0 + i / (D / 2), c = (i % (D / 2)) * 2;
         float a = 0.f, b = 0.f;
         if (r < nrow) {
             const float* qr = q + (size_t)(t0 + r / qpk) * n_head * D + (size_t)(kvh * qpk + r % qpk) * D;
@@ -164,6 +164,88 @@ MEMRA_DEVICE float group_sum(float a, float b, float c, float d) {
     float t = __fadd_rn(__fadd_rn(__fadd_rn(a, b), c), d);
     t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 1));
     return __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 2));
+}
+
+// S = Q K^T of one tile for the 16 rows of q_s: 8 n-tiles of 8 keys, each an mma chain over the
+// head's k-steps in order (two k-steps per ldmatrix.x4)
+MEMRA_DEVICE void scores_tile(float (&s)[8][4], const unsigned char* q_s, const unsigned char* ks, int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t a0[4], a1[4];
+        ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
+        ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            uint32_t b[4];
+            ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
+            mma16816(s[n], a0, b[0], b[1]);
+            mma16816(s[n], a1, b[2], b[3]);
+        }
+    }
+}
+
+// the online softmax step of one tile for this thread's two rows: s (scores in) becomes p,
+// m and l are updated, alpha returned per row
+MEMRA_DEVICE void softmax_tile(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0, int tig,
+                               const RowKeys (&rk)[2], float scale, float scale_l2, float softcap) {
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = e / 2;
+            s[n][e] = score(s[n][e], scale, scale_l2, softcap, k0 + n * 8 + 2 * tig + (e % 2), rk[i]);
+            mx[i] = fmaxf(mx[i], s[n][e]);
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i]);
+        alpha[i] = mn == NEG_INF ? 1.f : ex2(__fsub_rn(m[i], mn));
+        m[i] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = e / 2;
+            s[n][e] = m[i] == NEG_INF ? 0.f : ex2(__fsub_rn(s[n][e], m[i]));
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float t[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+            t[g] = group_sum(s[2 * g][2 * i], s[2 * g][2 * i + 1], s[2 * g + 1][2 * i], s[2 * g + 1][2 * i + 1]);
+        l[i] = __fadd_rn(__fmul_rn(l[i], alpha[i]), __fadd_rn(__fadd_rn(__fadd_rn(t[0], t[1]), t[2]), t[3]));
+    }
+}
+
+// o (NN n-tiles of 8 dims from n-tile dn0) = o alpha + f16(p) V: 4 k-steps of 16 keys in order
+template <int NN>
+MEMRA_DEVICE void pv_tile(float (&o)[NN][4], const float (&s)[8][4], const float (&alpha)[2], const unsigned char* vs,
+                          int lane, int dn0) {
+#pragma unroll
+    for (int n = 0; n < NN; n++) {
+        o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+        o[n][2] = __fmul_rn(o[n][2], alpha[1]); o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+    }
+#pragma unroll
+    for (int kq = 0; kq < 4; kq++) {
+        const uint32_t a[4] = {pack_h2(s[2 * kq][0], s[2 * kq][1]), pack_h2(s[2 * kq][2], s[2 * kq][3]),
+                               pack_h2(s[2 * kq + 1][0], s[2 * kq + 1][1]), pack_h2(s[2 * kq + 1][2], s[2 * kq + 1][3])};
+#pragma unroll
+        for (int n = 0; n < NN; n += 2) {
+            uint32_t b[4];
+            ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + ((dn0 + n) * 8 + 8 * (lane / 16)) * 2));
+            mma16816(o[n], a, b[0], b[1]);
+            mma16816(o[n + 1], a, b[2], b[3]);
+        }
+    }
 }
 
 // a row's split result: out directly (its only split) or the partial
@@ -214,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     blo = max(blo, split_lo);
     bhi = min(bhi, split_hi);
+    if (blo >= bhi) return;  // no row of the block has keys in this split (block-uniform)
     const int* bt = block_table + (size_t)(seq ? seq[t0] : 0) * max_blocks;
 
     // this warp's tokens; this thread's two rows (gid, gid + 8)
@@ -235,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 
     unsigned char* kv_s = smem;                               // [2 stages][K, V][TK][RS]
     unsigned char* q_s = smem + 4 * KV_TILE + warp * Q_TILE;  // [16][RS]
-    fill_q(q_s, q, wt0, nrow, qpk, kvh, n_head, lane);
+    fill_q_rows(q_s, q, wt0, nrow, qpk, kvh, n_head, lane, 0, 16);
 
     float o[D / 8][4];
 #pragma unroll
@@ -261,76 +344,10 @@ extern "C" __global__ void __launch_bounds__(NT)
         const unsigned char* ks = kv_s + stage * 2 * KV_TILE;
         const unsigned char* vs = ks + KV_TILE;
         if (nrow > 0) {
-            // S = Q K^T: 8 n-tiles of 8 keys, the k-steps in order (two per ldmatrix.x4)
-            float s[8][4];
-#pragma unroll
-            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-            const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk += 2) {
-                uint32_t a0[4], a1[4];
-                ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
-                ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
-#pragma unroll
-                for (int n = 0; n < 8; n++) {
-                    uint32_t b[4];
-                    ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
-                    mma16816(s[n], a0, b[0], b[1]);
-                    mma16816(s[n], a1, b[2], b[3]);
-                }
-            }
-            float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = e / 2;
-                    s[n][e] = score(s[n][e], scale, scale_l2, softcap, k0 + n * 8 + 2 * tig + (e % 2), rk[i]);
-                    mx[i] = fmaxf(mx[i], s[n][e]);
-                }
-            float alpha[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                const float mn = fmaxf(m[i], mx[i]);
-                alpha[i] = mn == NEG_INF ? 1.f : ex2(__fsub_rn(m[i], mn));
-                m[i] = mn;
-            }
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int i = e / 2;
-                    s[n][e] = m[i] == NEG_INF ? 0.f : ex2(__fsub_rn(s[n][e], m[i]));
-                }
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float t[4];
-#pragma unroll
-                for (int g = 0; g < 4; g++)
-                    t[g] = group_sum(s[2 * g][2 * i], s[2 * g][2 * i + 1], s[2 * g + 1][2 * i], s[2 * g + 1][2 * i + 1]);
-                l[i] = __fadd_rn(__fmul_rn(l[i], alpha[i]), __fadd_rn(__fadd_rn(__fadd_rn(t[0], t[1]), t[2]), t[3]));
-            }
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-                o[n][2] = __fmul_rn(o[n][2], alpha[1]); o[n][3] = __fmul_rn(o[n][3], alpha[1]);
-            }
-            // O += P V: 4 k-steps of 16 keys, D / 8 n-tiles of 8 dims (two per ldmatrix.x4.trans)
-#pragma unroll
-            for (int kq = 0; kq < 4; kq++) {
-                const uint32_t a[4] = {pack_h2(s[2 * kq][0], s[2 * kq][1]), pack_h2(s[2 * kq][2], s[2 * kq][3]),
-                                       pack_h2(s[2 * kq + 1][0], s[2 * kq + 1][1]),
-                                       pack_h2(s[2 * kq + 1][2], s[2 * kq + 1][3])};
-#pragma unroll
-                for (int n = 0; n < D / 8; n += 2) {
-                    uint32_t b[4];
-                    ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + (n * 8 + 8 * (lane / 16)) * 2));
-                    mma16816(o[n], a, b[0], b[1]);
-                    mma16816(o[n + 1], a, b[2], b[3]);
-                }
-            }
+            float s[8][4], alpha[2];
+            scores_tile(s, q_s, ks, lane);
+            softmax_tile(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
+            pv_tile<D / 8>(o, s, alpha, vs, lane, 0);
         }
         __syncthreads();  // the stage is reloaded two tiles on
     }
@@ -361,24 +378,21 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int n_head = n_kv * qpk;
     const int split_lo = j * FA_SPLIT, split_hi = split_lo + FA_SPLIT;
     const float scale_l2 = __fmul_rn(scale, LOG2E);
-    constexpr int WD = D / 4;            // this warp's output dims
-    constexpr int WN = WD / 8;           // ... as n-tiles (even: HEAD_DIM % 64 == 0)
+    constexpr int WN = D / 32;           // this warp's output n-tiles (D / 4 dims; even: HEAD_DIM % 64 == 0)
 
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
 
-    RowKeys kr = row_keys(pos[t], window);
+    const RowKeys kr = row_keys(pos[t], window);
     const int blo = max(kr.lo, split_lo), bhi = min(kr.hi, split_hi);
     if (blo >= bhi) return;  // no keys in this split (block-uniform)
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
     const RowKeys here{blo, bhi};
 
-    unsigned char* kv_s = smem;
-    unsigned char* q_s = smem + 4 * KV_TILE;
-    unsigned char* p_s = q_s + Q_TILE;                        // [16][PS] f16(p)
-    float* red_m = reinterpret_cast<float*>(p_s + 16 * PS);  // [4 warps][16 rows]
-    float* red_t = red_m + 4 * 16;                            // [4 warps][16 rows]
-    if (warp == 0) fill_q(q_s, q, t, qpk, qpk, kvh, n_head, lane);  // rows 0 .. qpk - 1: the token's heads
+    unsigned char* kv_s = smem;                     // [3 stages][K, V][TK][RS]
+    unsigned char* q_s = smem + 6 * KV_TILE;        // [16][RS]
+    // rows 0 .. qpk - 1: the token's heads; each warp stages 4 rows
+    fill_q_rows(q_s, q, t, qpk, qpk, kvh, n_head, lane, 4 * warp, 4);
 
     float o[WN][4];
 #pragma unroll
@@ -389,110 +403,24 @@ extern "C" __global__ void __launch_bounds__(NT)
     const size_t row_stride = (size_t)n_kv * D;
     const RowKeys rk[2] = {gid < qpk ? here : RowKeys{0, 0}, gid + 8 < qpk ? here : RowKeys{0, 0}};
 
+    // three stages, one tile ahead: a stage is rewritten two barriers after its last reader
     load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid);
     for (int it = 0; it < n_tiles; it++) {
-        const int stage = it & 1;
         if (it + 1 < n_tiles) {
-            load_tile(kv_s + (stage ^ 1) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh, tile_lo + (it + 1) * TK,
-                      blo, bhi, tid);
+            load_tile(kv_s + ((it + 1) % 3) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh,
+                      tile_lo + (it + 1) * TK, blo, bhi, tid);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
-        const int k0 = tile_lo + it * TK;
-        const unsigned char* ks = kv_s + stage * 2 * KV_TILE;
-        const unsigned char* vs = ks + KV_TILE;
-        // this warp's keys: n-tiles 2 warp, 2 warp + 1 (group g = warp)
-        float s[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2) {
-            uint32_t a0[4], a1[4];
-            ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
-            ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
-#pragma unroll
-            for (int nn = 0; nn < 2; nn++) {
-                const int n = 2 * warp + nn;
-                uint32_t b[4];
-                ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
-                mma16816(s[nn], a0, b[0], b[1]);
-                mma16816(s[nn], a1, b[2], b[3]);
-            }
-        }
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = e / 2;
-                s[nn][e] = score(s[nn][e], scale, scale_l2, softcap, k0 + (2 * warp + nn) * 8 + 2 * tig + (e % 2), rk[i]);
-                mx[i] = fmaxf(mx[i], s[nn][e]);
-            }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            if (tig == 0) red_m[warp * 16 + gid + 8 * i] = mx[i];
-        }
-        __syncthreads();
-        float alpha[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = gid + 8 * i;
-            const float tm = fmaxf(fmaxf(red_m[r], red_m[16 + r]), fmaxf(red_m[32 + r], red_m[48 + r]));
-            const float mn = fmaxf(m[i], tm);
-            alpha[i] = mn == NEG_INF ? 1.f : ex2(__fsub_rn(m[i], mn));
-            m[i] = mn;
-        }
-#pragma unroll
-        for (int nn = 0; nn < 2; nn++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = e / 2;
-                s[nn][e] = m[i] == NEG_INF ? 0.f : ex2(__fsub_rn(s[nn][e], m[i]));
-            }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float tg = group_sum(s[0][2 * i], s[0][2 * i + 1], s[1][2 * i], s[1][2 * i + 1]);
-            if (tig == 0) red_t[warp * 16 + gid + 8 * i] = tg;
-        }
-        // f16(p) of this warp's keys into the shared tile (row gid / gid + 8, keys 16 warp + ...)
-#pragma unroll
-        for (int nn = 0; nn < 2; nn++) {
-            const int key = (2 * warp + nn) * 8 + 2 * tig;
-            *(uint32_t*)(p_s + gid * PS + key * 2) = pack_h2(s[nn][0], s[nn][1]);
-            *(uint32_t*)(p_s + (gid + 8) * PS + key * 2) = pack_h2(s[nn][2], s[nn][3]);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = gid + 8 * i;
-            l[i] = __fadd_rn(__fmul_rn(l[i], alpha[i]),
-                             __fadd_rn(__fadd_rn(__fadd_rn(red_t[r], red_t[16 + r]), red_t[32 + r]), red_t[48 + r]));
-        }
-#pragma unroll
-        for (int n = 0; n < WN; n++) {
-            o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-            o[n][2] = __fmul_rn(o[n][2], alpha[1]); o[n][3] = __fmul_rn(o[n][3], alpha[1]);
-        }
-        // O (this warp's dims) += P V
-#pragma unroll
-        for (int kq = 0; kq < 4; kq++) {
-            uint32_t a[4];
-            ldsm4(a, sa(p_s + qrow * PS + (kq * 16 + 8 * (lane / 16)) * 2));
-#pragma unroll
-            for (int n = 0; n < WN; n += 2) {
-                const int dn = warp * WN + n;
-                uint32_t b[4];
-                ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + (dn * 8 + 8 * (lane / 16)) * 2));
-                mma16816(o[n], a, b[0], b[1]);
-                mma16816(o[n + 1], a, b[2], b[3]);
-            }
-        }
-        __syncthreads();  // the stage, red_m / red_t and p_s are rewritten next tile
+        const unsigned char* ks = kv_s + (it % 3) * 2 * KV_TILE;
+        // every warp: the tile's scores and softmax for the 16 rows (the same values); then P V
+        // for its quarter of the dims
+        float s[8][4], alpha[2];
+        scores_tile(s, q_s, ks, lane);
+        softmax_tile(s, m, l, alpha, tile_lo + it * TK, tig, rk, scale, scale_l2, softcap);
+        pv_tile<WN>(o, s, alpha, ks + KV_TILE, lane, warp * WN);
     }
 
 #pragma unroll
@@ -502,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         float ev[WN], od[WN];
 #pragma unroll
         for (int n = 0; n < WN; n++) { ev[n] = o[n][2 * i]; od[n] = o[n][2 * i + 1]; }
-        const int d0 = warp * WD + 2 * tig;
+        const int d0 = warp * (D / 4) + 2 * tig;
         write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, ev, d0, WN, m[i], l[i],
                   warp == 0 && tig == 0);
         write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, od, d0 + 1, WN, m[i], l[i],

@@ -65,8 +65,8 @@ def defines(D: int) -> dict:
 
 def smem_bytes(D: int, dec: bool = False) -> int:
     rs = D * 2 + 16
-    if dec:  # attn_fa_dec: the K/V stages, one Q tile, the f16(p) tile, the row maxima and sums
-        return 4 * 64 * rs + 16 * rs + 16 * (64 * 2 + 16) + 2 * 4 * 16 * 4
+    if dec:  # attn_fa_dec: three K/V stages and one Q tile
+        return 6 * 64 * rs + 16 * rs
     return 4 * 64 * rs + FA_WARPS * 16 * rs
 
 
