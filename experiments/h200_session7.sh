@@ -15,10 +15,6 @@
 #   STAGE=fa       experiments/attn_mma/fa_check.py (the tensor-core attention experiment: bits of
 #                  prefill packing = decode packing, values, timing against attn_decode), then
 #                  pp512 + tg128 of the 1B and the 8B Q4_K_M on this tree
-#   STAGE=final    (after the seven .models/ship-NN/take.sh calls) kernel-check over the launch set
-#                  with the attn_fa family (its receipt copied to $OUT at once), then pp512 + tg128
-#                  of SmolLM2 and the 8B Q4_K_M with MEMRA_ATTN=fa and without (the argmax gate
-#                  of each run checks the engine path end to end)
 # Results tarred into $OUT/s7-$STAGE.tgz.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
@@ -55,23 +51,6 @@ elif [ "$STAGE" = tune ]; then
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
   grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
   python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
-elif [ "$STAGE" = final ]; then
-  mkdir -p $R/kernel-check
-  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
-  grep -E "attn_fa" $R/kernel-check.txt | head -12 | tee -a $R/log.txt
-  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
-  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; cp $R/kernel-check.txt $OUT/ 2>/dev/null
-  for m in smollm2-135m synth:llama3-8b:Q4_K_M; do
-    f=$(echo $m | tr : _)
-    for at in fa decode; do
-      MEMRA_ATTN=$at timeout 100 python3 -m memra bench $m -p 512 -n 128 --synth-tokenizer $TOK --tag MEMRA_ATTN=$at \
-        --out $R/bench-attn.jsonl > $R/bench-$f-$at.txt 2>&1
-      log "bench $m attn=$at rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f-$at.txt | tail -3 | tee -a $R/log.txt
-      cp $R/bench-attn.jsonl $OUT/ 2>/dev/null
-    done
-  done
 elif [ "$STAGE" = fa ]; then
   OUT=$R timeout 300 python3 experiments/attn_mma/fa_check.py > $R/fa-check.txt 2>&1
   log "fa_check rc=$? $(tail -1 $R/fa-check.txt) $(el)"; grep -v '^{' $R/fa-check.txt | tail -20 | tee -a $R/log.txt

@@ -65,8 +65,7 @@ def test_prefill_graph_replay_equals_eager_launches(tiny_models):
                *[o.logits for o in r.step([Row(a, PROMPT[3:5], logits="last"), Row(b, PROMPT[:7], logits="last")])]]
         runs.append(out)
         if graph:
-            # keyed by bucket and attn_fa's packing (one sequence's rows, or a mix: the last step)
-            assert {k[:2] for k in r._graphs if k[0] == "prefill"} == {("prefill", 32), ("prefill", 4), ("prefill", 16)}
+            assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", 32), ("prefill", 4), ("prefill", 16)}
     for x, y in zip(*runs):
         assert np.array_equal(x.view(np.uint32), y.view(np.uint32))
 
@@ -161,43 +160,3 @@ def test_a_context_that_cannot_fit_is_refused_before_any_work(tiny_models):
     r.step([Row(s, list(range(1, 90)))])
     assert s.n == 89
     assert Runner(path, gpu=FakeGpu(1 << 28), max_len=96, max_seqs=1, kv_tokens=64).kv.alloc.n_blocks == 4
-
-
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_attn_fa_runner_is_batch_invariant_and_matches_the_reference(tiny_models, arch):
-    """MEMRA_ATTN=fa (kernels/attn_fa.cu for prefill and decode): a sequence alone = among
-    co-runners, graph = eager, and the greedy tokens are the CPU reference's."""
-    path = tiny_models(arch, "Q4_K_M")
-    r = _runner(path, attn="fa")
-    assert r.plan.use_fa and any(L.op == "attention_fa" for L in r.plan.step(1, decode=True))
-    res = batch_invariance(r, PROMPT, n_steps=5, co=9)
-    assert res["identical"], res
-    m = ReferenceModel(open_gguf(path), numerics="q8")
-    cache = m.new_cache(64)
-    lg = m.forward(PROMPT, cache)
-    ref = []
-    for _ in range(5):
-        ref.append(int(np.argmax(lg)))
-        lg = m.forward([ref[-1]], cache)
-    assert res["tokens_alone"] == ref
-    assert graph_vs_eager(_runner(path, attn="fa"), PROMPT, buckets=(1, 2, 4))["identical"]
-
-
-def test_attn_fa_prefill_packs_only_one_sequences_rows(tiny_models):
-    """A step mixing two sequences' prompt chunks runs attn_fa one token a block (the
-    emulator refuses a prefill-packed block that mixes sequences); one sequence's chunk runs
-    the prefill packing; both give the logits of each sequence run alone."""
-    path = tiny_models("llama", "Q4_K_M")
-    r = _runner(path, attn="fa")
-    a, b = r.open(), r.open()
-    mixed = r.step([Row(a, PROMPT * 2, logits="last"), Row(b, PROMPT[::-1], logits="last")])
-    assert r._fa_packing == "token"
-    r2 = _runner(path, attn="fa")
-    a2, b2 = r2.open(), r2.open()
-    alone_a = r2.step([Row(a2, PROMPT * 2, logits="last")])[0].logits
-    assert r2._fa_packing == "prefill"
-    alone_b = r2.step([Row(b2, PROMPT[::-1], logits="last")])[0].logits
-    assert np.array_equal(mixed[0].logits.view(np.uint32), alone_a.view(np.uint32))
-    assert np.array_equal(mixed[1].logits.view(np.uint32), alone_b.view(np.uint32))
-    with pytest.raises(MemraError, match="MEMRA_ATTN"):
-        _runner(path, attn="flash")

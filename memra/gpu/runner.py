@@ -50,7 +50,6 @@ from memra.gpu import plan as PLAN
 from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops import act as ACT
 from memra.gpu.ops import attention as ATT
-from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import embed as EMB
 from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
@@ -124,7 +123,7 @@ class Runner:
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
                  kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
                  pdl: bool | None = None, tune_table=None, gemm: bool | None = None,
-                 mvt: bool | None = None, prefill_graph: bool | None = None, attn: str | None = None):
+                 mvt: bool | None = None, prefill_graph: bool | None = None):
         """max_len: positions per sequence (default: the model's training context, at most
         32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
         kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
@@ -143,19 +142,13 @@ class Runner:
         use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
         self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
             else bool(prefill_graph)
-        attn = (os.environ.get("MEMRA_ATTN") or "decode") if attn is None else attn
-        if attn not in ("decode", "fa"):
-            raise MemraError(f"MEMRA_ATTN must be decode or fa, got {attn!r}")
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
             from dataclasses import replace
 
             self.spec = replace(self.spec, cfg=self.cfg)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
-                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa")
-        if attn == "fa" and not self.plan.use_fa:
-            log.warning("MEMRA_ATTN=fa: head size %d / %d query heads per KV head not supported by attn_fa; "
-                        "decode attention used", self.cfg.head_dim, self.cfg.n_gqa)
+                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt)
         self.path = path
         t0 = time.perf_counter()
         self._load_weights()
@@ -258,11 +251,6 @@ class Runner:
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
-        if self.plan.use_fa:  # attn_fa's split partials: every row, head and split of the context
-            self.fa_n_split = FA.n_splits(self.max_len, self.plan.fa_split)
-            po, pml = FA.scratch_shapes(R, c.n_head, self.fa_n_split, c.head_dim)
-            self.fa_po, self.fa_pml = g.empty(po, f), g.empty(pml, f)
-        self._fa_packing = "token"  # attn_fa's packing of a prefill step's rows (_chunk sets it)
         # token rows of an eager step (prefill chunks, verification rows)
         self.p_tok, self.p_pos, self.p_seq = g.empty(R, i32), g.empty(R, i32), g.empty(R, i32)
         # a prefill chunk's rows (token, position, block-table row), one upload: the graph of
@@ -387,12 +375,6 @@ class Runner:
                               head_dim=c.head_dim, window=a["window"], scale=c.scale, n_splits=self.plan.n_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
-            elif op == "attention_fa":
-                packing = "decode" if a["packing"] == "decode" else self._fa_packing
-                FA.attn_fa(g, B["qr"], self.kv.k[L.layer], self.kv.v[L.layer], B["ao"], self.fa_po, self.fa_pml, pos,
-                           seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
-                           head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
-                           split=a["split"], packing=packing, pdl=pdl)
             elif op == "act_mul":
                 ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)
             elif op == "softcap":
@@ -556,7 +538,6 @@ class Runner:
             sampler += "+mask"
         key = ("verify", n, sampler)
         gr = self._graphs.get(key) if graph else None
-        self._fa_packing = "prefill"  # the rows are one sequence's
         raw = None
         if masks is not None and logits != "none":
             launches = self.plan.step(n, decode=False, sampler=sampler)
@@ -788,8 +769,6 @@ class Runner:
         the bucket), captured on a bucket's first use after an eager run of this chunk
         (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly."""
         n = tok.size
-        # attn_fa's prefill packing groups consecutive rows: only when they are one sequence
-        self._fa_packing = "prefill" if np.all(seq == seq[0]) else "token"
         if not self.prefill_graph:
             self.p_tok.view(shape=(n,)).upload(tok)
             self.p_pos.view(shape=(n,)).upload(pos)
@@ -802,7 +781,7 @@ class Runner:
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
         tk, ps, sq = (self.p_rows.view(shape=(B,), offset=4 * B * i) for i in range(3))
-        key = ("prefill", B, self._fa_packing)
+        key = ("prefill", B)
         gr = self._graphs.get(key)
         if gr is not None:
             gr.launch()

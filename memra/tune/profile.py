@@ -127,7 +127,7 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
             launches = runner.plan.step(bucket, decode=False)
             if runner.prefill_graph:
                 feed = tuple(runner.p_rows.view(shape=(bucket,), offset=4 * bucket * i) for i in range(3))
-                gr = runner._graphs[("prefill", bucket, runner._fa_packing)]
+                gr = runner._graphs[("prefill", bucket)]
                 step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
             else:
                 feed = (runner.p_tok, runner.p_pos, runner.p_seq)

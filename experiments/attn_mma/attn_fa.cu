@@ -1,4 +1,5 @@
-// attn_fa.cu — one attention arithmetic for decode rows and prefill rows alike, on the tensor cores (mma.sync m16n8k16 f16 -> f32),
+// attn_fa.cu — an experiment (experiments/attn_mma/README.md): one attention arithmetic for
+// decode rows and prefill rows alike, on the tensor cores (mma.sync m16n8k16 f16 -> f32),
 // whose per-row result does not depend on how rows are packed, so prefill and decode give
 // the same bits by construction.
 //
@@ -37,18 +38,7 @@
 //    stages.
 //
 // Compile-time: HEAD_DIM (a multiple of 32 up to 256; attn_fa_dec: of 64), FA_WARPS (4; attn_fa_dec needs 4),
-// FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh); MEMRA_CANARY: wrong variants
-// kernel-check must catch: 1, a token does not see itself; 2 (kv.cuh), the block table ignored.
-//
-// Variant history (H200, experiments/attn_mma/fa_check.py; research/2026-12-01-prefill §5):
-//   v1  decode rows through the prefill packing (one warp computing a tile): decode 0.2-0.5x
-//       attn_decode (one warp's ~4-5k dependent instructions: IEEE divisions, expf).
-//   v2  block-table lookups before the copies: no change.
-//   v3  a decode packing (warps split the keys, exchange maxima, sums and f16(p) in shared
-//       memory), ex2.approx in log2 units, one reciprocal a row: decode 0.54-1.01x, prefill
-//       2.9-8.4x over a 128-row chunk.
-//   v4  (this) the decode packing computes the tile's softmax in every warp (no exchange, one
-//       barrier a tile, three K/V stages): decode unchanged (8B @64 8.2 µs vs 5.9).
+// FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh).
 // Launch: attn_fa grid (ceil(n_tokens / tpb), n_kv, n_split), attn_fa_dec grid (n_tokens, n_kv,
 // n_split); block 32 * FA_WARPS, dynamic shared memory FA_SMEM (attn_fa) / FA_SMEM_DEC bytes;
 // part_o [n_tokens][n_head][n_split][HEAD_DIM] f32, part_ml [...][2]; then fa_combine (grid
@@ -137,11 +127,7 @@ MEMRA_DEVICE void load_tile(unsigned char* ks, const uint16_t* __restrict__ kcac
 struct RowKeys { int lo, hi; };
 MEMRA_DEVICE RowKeys row_keys(int p, int window) {
     RowKeys k;
-#if defined(MEMRA_CANARY) && MEMRA_CANARY == 1
-    k.hi = p;      // kernel-check canary: a token does not see itself
-#else
     k.hi = p + 1;  // p = -1 (a padded row): no keys
-#endif
     k.lo = window > 0 ? max(0, k.hi - window) : 0;
     if (k.hi <= 0) k.lo = k.hi = 0;
     return k;
