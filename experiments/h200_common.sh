@@ -35,3 +35,15 @@ breakdown() {
     log "profile rc=$?"
   done
 }
+# stage_begin PREFIX: a session driver's prelude after `source`: checks OUT and STAGE, makes the
+# stage folder R=/tmp/PREFIX-$STAGE, defines log (to R/log.txt) and el (seconds since the
+# start), links the shipped models and sets TOK (the synthetic models' tokenizer GGUF)
+stage_begin() {
+  export PYTHONUNBUFFERED=1 COLUMNS=200
+  : "${OUT:?}" "${STAGE:?}"
+  R=/tmp/$1-$STAGE; mkdir -p "$R"
+  log() { echo "[$(date +%T)] $*" | tee -a "$R/log.txt"; }
+  T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
+  link_models
+  TOK=.synthtok/smollm2-tokenizer.gguf
+}

@@ -20,14 +20,8 @@
 #                free / json / json-sync / json-ff, the 8B and SmolLM2)
 # Results tarred into $OUT/s6-$STAGE.tgz.
 set -u
-export PYTHONUNBUFFERED=1 COLUMNS=200
-: "${OUT:?}" "${STAGE:?}"
-R=/tmp/s6-$STAGE; mkdir -p $R
 source experiments/h200_common.sh
-log() { echo "[$(date +%T)] $*" | tee -a $R/log.txt; }
-link_models
-TOK=.synthtok/smollm2-tokenizer.gguf
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
+stage_begin s6
 if [ "$STAGE" = tune ]; then
   timeout 330 python3 -m memra tune run h200-gemm -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
     -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 --out research/tune/h200-gemm-nvidia-h200.jsonl > $R/tune.txt 2>&1

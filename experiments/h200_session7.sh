@@ -17,14 +17,8 @@
 #                  pp512 + tg128 of the 1B and the 8B Q4_K_M on this tree
 # Results tarred into $OUT/s7-$STAGE.tgz.
 set -u
-export PYTHONUNBUFFERED=1 COLUMNS=200
-: "${OUT:?}" "${STAGE:?}"
-R=/tmp/s7-$STAGE; mkdir -p $R
 source experiments/h200_common.sh
-log() { echo "[$(date +%T)] $*" | tee -a $R/log.txt; }
-link_models
-TOK=.synthtok/smollm2-tokenizer.gguf
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 ))s; }
+stage_begin s7
 if [ "$STAGE" = prefill ]; then
   for m in smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     f=$(echo $m | tr : _)
