@@ -160,3 +160,19 @@ def test_a_context_that_cannot_fit_is_refused_before_any_work(tiny_models):
     r.step([Row(s, list(range(1, 90)))])
     assert s.n == 89
     assert Runner(path, gpu=FakeGpu(1 << 28), max_len=96, max_seqs=1, kv_tokens=64).kv.alloc.n_blocks == 4
+
+
+def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
+    """memra serve's warm-up (memra.serve.scheduler.warm_up_gpu) leaves a captured graph for
+    every prefill bucket the context allows and every decode bucket its sequences reach, so
+    no request pays a capture; the sequences it opened are closed again."""
+    from memra.gpu.plan import PREFILL_BUCKETS
+    from memra.serve.scheduler import warm_up_gpu
+
+    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4)
+    free0 = r.kv.alloc.n_free
+    warm_up_gpu(r)
+    pre = {k[1] for k in r._graphs if k[0] == "prefill"}
+    assert pre == set(PREFILL_BUCKETS)
+    assert {k[0] for k in r._graphs if isinstance(k[0], int)} == {1, 2, 4}
+    assert r.kv.alloc.n_free == free0

@@ -694,19 +694,26 @@ def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: i
 
 
 def warm_up_gpu(eng) -> None:
-    """Compile and capture before serving: a prefill of a chunk and a half (the eager path,
-    its head and the sampler), then a decode step at every graph bucket for each sampler
-    kind (greedy, seeded sampling, logits only, and the first two with a constrained row's
-    vocabulary mask), through the runner's public step()."""
-    from memra.gpu.plan import graph_bucket
+    """Compile and capture before serving: a prefill of a chunk and a half (its head and the
+    sampler), a prompt of every other prefill bucket's size (each bucket's graph: a request's
+    first chunk of that size does not pay the capture), then a decode step at every graph
+    bucket for each sampler kind (greedy, seeded sampling, logits only, and the first two
+    with a constrained row's vocabulary mask), through the runner's public step()."""
+    from memra.gpu.plan import PREFILL_BUCKETS, PREFILL_CHUNK, graph_bucket
 
     t0 = time.perf_counter()
     tok = 1 if eng.cfg.n_vocab > 1 else 0
     n = min(eng.max_seqs, MAX_ROWS)
     seqs = [eng.open() for _ in range(n)]
     try:
-        eng.step([Row(seqs[0], [tok] * min(eng.max_len - 1, 192), sample=Sampling(0.0))])
+        first = min(eng.max_len - 1, PREFILL_CHUNK + PREFILL_CHUNK // 2)
+        eng.step([Row(seqs[0], [tok] * first, sample=Sampling(0.0))])
         eng.rewind(seqs[0], 0)
+        for b in PREFILL_BUCKETS:  # a one-row chunk is a prompt's last after full chunks
+            m = b if b > 1 else PREFILL_CHUNK + 1
+            if m < eng.max_len and b not in (PREFILL_CHUNK, first - PREFILL_CHUNK):
+                eng.step([Row(seqs[0], [tok] * m)])
+                eng.rewind(seqs[0], 0)
         buckets = sorted({graph_bucket(k) for k in range(1, n + 1)})
         every = np.full((eng.cfg.n_vocab + 31) // 32, -1, np.int32)  # a constrained row's graph (kernels/mask.cu)
         kinds = [(Sampling(0.0), None), (Sampling(0.8, 40, 0.95, 0.05, 1), None), (None, None),
