@@ -16,9 +16,9 @@ written, no token committed), the next token chosen on the device and 4 bytes a 
 back. Any other mix (prompt chunks, several tokens of one sequence, K+1 verification
 rows) runs the plan's prefill step over up to PREFILL_CHUNK token rows at a time (K/V
 rows appended first, then attention), replayed as the CUDA graph of the smallest prefill
-bucket that holds the chunk (16, 32, 48, ... rows; padded like decode), then the head
-eagerly over the rows whose logits or token are wanted. A row's logits do not depend on the path, the
-rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
+bucket that holds the chunk (1, 2, 4, 8, then 16 to 128 by 16 rows; padded like decode),
+then the head eagerly over the rows whose logits or token are wanted. A row's logits do
+not depend on the path, the rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
 shape; kernel-check compares the fused decode attention with the two-launch form and the
 GEMM and mvt with the matvec bit for bit).
 

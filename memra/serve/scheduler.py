@@ -728,4 +728,5 @@ def warm_up_gpu(eng) -> None:
     finally:
         for q in seqs:
             eng.close(q)
-    log.info("engine warm: decode graphs captured for %d buckets in %.1f s", len(buckets), time.perf_counter() - t0)
+    log.info("engine warm: prefill graphs and decode graphs for %d buckets captured in %.1f s", len(buckets),
+             time.perf_counter() - t0)
