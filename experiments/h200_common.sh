@@ -47,3 +47,12 @@ stage_begin() {
   link_models
   TOK=.synthtok/smollm2-tokenizer.gguf
 }
+# kernel_check: memra kernel-check over the launch set at this tree, its receipt under
+# $R/kernel-check/, the failures and missed canaries and `--status` of that receipt logged
+kernel_check() {
+  mkdir -p "$R/kernel-check"
+  timeout 200 python3 -m memra kernel-check --out "$R/kernel-check/" > "$R/kernel-check.txt" 2>&1
+  log "kernel-check rc=$? $(tail -1 "$R/kernel-check.txt") $(el)"
+  grep -E "^FAIL|MISSED|canary.*not caught" "$R/kernel-check.txt" | head -20 | tee -a "$R/log.txt"
+  python3 -m memra kernel-check --status --out "$R/kernel-check/nvidia-h200.json" | tail -1 | tee -a "$R/log.txt"
+}

@@ -29,17 +29,9 @@ if [ "$STAGE" = tune ]; then
   python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
   python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
   cp research/tune/h200-gemm-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $R/
-  mkdir -p $R/kernel-check
-  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|canary.*(MISSED|not caught)" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
-  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  kernel_check
 elif [ "$STAGE" = final1 ]; then
-  mkdir -p $R/kernel-check
-  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
-  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  kernel_check
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
     timeout 150 python3 -m memra bench $m -p 0 -n 128 -np 1,2,3,4,5,8,16,32,64 --synth-tokenizer $TOK --out $R/bench-np.jsonl > $R/bench-np-$(echo $m | tr : _).txt 2>&1
     log "bench np $m rc=$? $(el)"; grep -E "tg128" $R/bench-np-$(echo $m | tr : _).txt | tail -9 | tee -a $R/log.txt
@@ -68,10 +60,7 @@ elif [ "$STAGE" = final3 ]; then
   grep SUMMARY $R/structured.txt | tee -a $R/log.txt
   if [ -n "${EXTRA:-}" ]; then timeout 120 bash -c "$EXTRA" > $R/extra.txt 2>&1; log "extra rc=$? $(el)"; tail -5 $R/extra.txt | tee -a $R/log.txt; fi
 elif [ "$STAGE" = final2 ]; then
-  mkdir -p $R/kernel-check
-  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  kernel_check
   timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ > $R/gpu-tests.txt 2>&1
   log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
   timeout 60 python3 -m memra run gemma3-270m --prompt "The three primary colors are" -n 32 --temp 0 --device gpu > $R/run-gemma3.txt 2>&1

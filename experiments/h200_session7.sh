@@ -40,11 +40,7 @@ elif [ "$STAGE" = tune ]; then
   python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$? $(tail -1 $R/freeze.txt)"
   python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
   cp research/tune/h200-gemm-small-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $R/
-  mkdir -p $R/kernel-check
-  timeout 200 python3 -m memra kernel-check --out $R/kernel-check/ > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|MISSED" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
-  python3 -m memra kernel-check --status --out $R/kernel-check/nvidia-h200.json | tail -1 | tee -a $R/log.txt
+  kernel_check
 elif [ "$STAGE" = fa ]; then
   OUT=$R timeout 300 python3 experiments/attn_mma/fa_check.py > $R/fa-check.txt 2>&1
   log "fa_check rc=$? $(tail -1 $R/fa-check.txt) $(el)"; grep -v '^{' $R/fa-check.txt | tail -20 | tee -a $R/log.txt
