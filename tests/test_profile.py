@@ -51,3 +51,13 @@ def test_prefill_profile_times_the_chunk_of_its_bucket(tiny_models):
     assert [x["name"] for x in doc["launches"]] == [L.name for L in plan]
     assert not any(x["op"] in ("argmax", "sample") for x in doc["launches"])  # no head in a chunk
     assert r.kv.alloc.n_free == r.kv.alloc.n_blocks
+
+
+def test_decode_profile_of_many_rows_fits_the_cli_context(tiny_models):
+    """A decode step of `rows` sequences at `depth` needs depth + 2 positions per sequence
+    (and the 16 steps the decode graph reserves), not depth + rows: 16 sequences at depth 80
+    fit a context of 96."""
+    path = tiny_models("llama", "Q4_K_M")
+    r = Runner(path, max_len=96, max_seqs=16, kv_tokens=16 * 96, gpu=TimedGpu(1 << 28))
+    doc = profile(r, rows=16, depth=80, reps=1)
+    assert doc["rows"] == 16 and not doc["prefill"]

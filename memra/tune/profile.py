@@ -10,9 +10,10 @@ then one decode step of the plan's graph bucket runs eagerly, each plan launch u
 recorder that keeps the kernel launches it issued. Each plan launch is then timed as a CUDA
 graph of `reps` copies of its kernel launches (so the per-node cost inside a graph counts,
 as in the real step), median of 8 replays; the whole captured step is timed the same way
-and reported beside the sum (a prefill chunk: its bucket's captured graph, and `eager_us`, the
-same launches issued one by one from the host, MEMRA_PREFILL_GRAPH=0's way). Bytes: the weights a matvec reads, the K/V rows attention
-reads at this depth, and the activations the other launches read and write.
+and reported beside the sum (a prefill chunk: its bucket's captured graph, and `eager_us`,
+the same launches issued one by one from the host, MEMRA_PREFILL_GRAPH=0's way). Bytes: the
+weights a matvec reads, the K/V rows attention reads at this depth, and the activations the
+other launches read and write.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
     top = PLAN.PREFILL_CHUNK if prefill else PLAN.MAX_ROWS
     if not 1 <= rows <= top:
         raise MemraError(f"--rows must be in 1..{top}{' with --prefill' if prefill else ''}, got {rows}")
-    if depth < 0 or depth + rows + 1 > runner.max_len:
+    if depth < 0 or depth + (rows if prefill else 1) + 1 > runner.max_len:
         raise MemraError(f"--depth {depth} does not fit a context of {runner.max_len}")
     rng = np.random.default_rng(seed)
     V = runner.cfg.n_vocab
