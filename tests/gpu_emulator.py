@@ -125,6 +125,17 @@ class FakeInfo:
     cc: tuple = (9, 0)  # as sm_90a: the engine picks a tuning table by device name, else by cc
 
 
+def install(monkeypatch, g=None):
+    """Make memra.gpu.cuda report a GPU and hand out g (default: a FakeGpu of 256 MiB) as it,
+    for in-process `memra run / bench / kernel-check --device gpu`; returns g."""
+    import memra.gpu.cuda as cuda
+
+    g = FakeGpu(1 << 28) if g is None else g
+    monkeypatch.setattr(cuda, "has_gpu", lambda: True)
+    monkeypatch.setattr(cuda, "gpu", lambda index=0: g)
+    return g
+
+
 class FakeGpu:
     def __init__(self, heap_bytes=1 << 30):
         self.heap = np.zeros(heap_bytes, np.uint8)
@@ -134,6 +145,10 @@ class FakeGpu:
         self.launches = 0
         self.async_uploads = 0
         self.wcache = {}  # dequantized matvec weights by (bulk, meta, type, rows, K)
+
+    def copy_bandwidth(self, refresh=False):
+        """The measured copy bandwidth memra bench / run report against (an H200's order)."""
+        return 4e12
 
     # memory
     def mem(self, ptr, dtype, count):

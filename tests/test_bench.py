@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpu_emulator import FakeGpu
+from gpu_emulator import FakeGpu, install
 from memra.tune import bench as B
 from memra.gpu.engine import GPUEngine
 from memra.errors import MemraError
@@ -264,13 +264,9 @@ def emulated_cli(monkeypatch, tiny_models):
     """`memra bench` in-process on the emulated engine (the GPU and its engine patched in)."""
     from typer.testing import CliRunner
 
-    import memra.gpu.cuda
-    import memra.gpu.engine
     from memra.cli import app
 
-    g = BenchGpu()
-    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
+    install(monkeypatch, BenchGpu())
     monkeypatch.setenv("MEMRA_GIT_SHA", "feedbeef")
     return CliRunner(), app, tiny_models("llama", "Q4_K_M")
 

@@ -231,18 +231,9 @@ def test_cli_constrained_logprobs_are_raw_and_not_fast_forwarded(server, path, t
 @pytest.fixture
 def gpu_cli(monkeypatch, tiny_models):
     """`memra run --device gpu` in-process on the emulated engine (tests/test_gates.py's)."""
-    from gpu_emulator import FakeGpu
+    from gpu_emulator import install
 
-    import memra.gpu.cuda
-
-    class Gpu(FakeGpu):
-        def copy_bandwidth(self, refresh=False):
-            return 4e12
-
-    g = Gpu(1 << 28)
-    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
-    return g
+    return install(monkeypatch)
 
 
 def _scheduler_logprobs(runner, tok, prompt, params, k):

@@ -443,17 +443,19 @@ def server(path):
     s.stop()
 
 
-def test_server_json_schema_forced_tokens_stream_in_order(server, ref, tok, con):
-    """A json_schema completion, blocking and streamed: the oracle's tokens (the text of
-    every token, forced ones included, in order) and memra:forced_tokens_total counts them."""
+def _forced_total(server) -> float:
+    """memra:forced_tokens_total from the server's /metrics."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    def forced_total():
-        text = httpx.get(server.url + "/metrics", trust_env=False).text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "memra:forced_tokens_total")
+    text = httpx.get(server.url + "/metrics", trust_env=False).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "memra:forced_tokens_total")
 
+
+def test_server_json_schema_forced_tokens_stream_in_order(server, ref, tok, con):
+    """A json_schema completion, blocking and streamed: the oracle's tokens (the text of
+    every token, forced ones included, in order) and memra:forced_tokens_total counts them."""
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     prompt = "Order as JSON:"
     ids = tok.encode(prompt, add_special=True, parse_special=True)
@@ -462,36 +464,28 @@ def test_server_json_schema_forced_tokens_stream_in_order(server, ref, tok, con)
     kw = dict(model="tiny", prompt=prompt, max_tokens=120, temperature=SEEDED["temperature"],
               top_p=SEEDED["top_p"], seed=SEEDED["seed"],
               extra_body={"json_schema": SCHEMA, "top_k": SEEDED["top_k"], "min_p": SEEDED["min_p"]})
-    f0 = forced_total()
+    f0 = _forced_total(server)
     r = c.completions.create(**kw)
     assert r.choices[0].text == want_text
     assert r.usage.completion_tokens == len(want)
-    f1 = forced_total()
+    f1 = _forced_total(server)
     assert f1 - f0 >= len(want) // 2
     pieces = [ch.choices[0].text for ch in c.completions.create(stream=True, **kw) if ch.choices]
     assert "".join(pieces) == want_text
     assert len([p for p in pieces if p]) >= len(want) // 2  # token by token, not one late lump
-    assert forced_total() - f1 == f1 - f0
+    assert _forced_total(server) - f1 == f1 - f0
     jsonschema.validate(json.loads(want_text), SCHEMA)
 
 
 def test_server_penalized_request_forced_equals_plain(server, ref, tok, con):
     """Penalties: the server's host sampler (PCG64 stream, the history) under fast-forward
     gives the hand-written oracle's tokens; a limit cuts the document inside a forced run."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def forced_total():
-        text = httpx.get(server.url + "/metrics", trust_env=False).text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "memra:forced_tokens_total")
-
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     prompt = "Order as JSON:"
     ids = tok.encode(prompt, add_special=True, parse_special=True)
     params = SamplingParams(max_tokens=30, **PENALIZED)
     want = _plain_host(ref, tok, ids, con, params, 256, one_by_one=True)
-    f2 = forced_total()
+    f2 = _forced_total(server)
     r = c.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=params.temperature,
                              seed=params.seed, presence_penalty=params.presence_penalty,
                              frequency_penalty=params.frequency_penalty,
@@ -500,7 +494,7 @@ def test_server_penalized_request_forced_equals_plain(server, ref, tok, con):
     assert r.choices[0].text == tok.decode([t for t in want if t not in tok.eog_ids], skip_special=True)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 30
     assert {28, 29} <= _forced_positions(tok, con, want)  # the limit fell inside a forced run
-    assert forced_total() - f2 >= 10
+    assert _forced_total(server) - f2 >= 10
 
 
 # -- experiments/structured_speed.py's json-ff arm ----------------------------------------------------

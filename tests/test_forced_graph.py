@@ -19,27 +19,12 @@ import pytest
 
 from memra.model.gguf import open_gguf
 from memra.sampling import SamplingParams
-from memra.text.grammar import FeedCosts, allowed, compile_constraint, fill_masks, new_masks, one_hot
-from memra.text.tokenizer import Tokenizer
+from memra.text.grammar import FeedCosts, allowed, fill_masks, new_masks, one_hot
 
-from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _plain_host, run_requests
+# path, tok, con: test_forced's module fixtures (the tiny llama Q4_K_M, its tokenizer, the schema)
+from test_forced import GREEDY, PENALIZED, SEEDED, _plain_host, con, path, run_requests, tok  # noqa: F401
 
 PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
-
-
-@pytest.fixture(scope="module")
-def path(tiny_models):
-    return tiny_models("llama", "Q4_K_M")
-
-
-@pytest.fixture(scope="module")
-def tok(path):
-    return Tokenizer.from_gguf(open_gguf(path))
-
-
-@pytest.fixture(scope="module")
-def con(tok):
-    return compile_constraint(tok, "json_schema", SCHEMA)
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +127,8 @@ def test_feed_costs_choose_by_measured_time_per_token():
     each (path, size)'s first time dropped; every PROBE-th drip probes the joint call."""
     c = FeedCosts()
     assert c.choose([4], 0, "verify") == "verify"  # nothing measured
-    for path, n, t in (("graph", 1, 9.0), ("graph", 1, 0.55e-3), ("eager", 4, 9.0), ("eager", 4, 7e-3)):
-        c.observe(path, n, t)
+    for kind, n, t in (("graph", 1, 9.0), ("graph", 1, 0.55e-3), ("eager", 4, 9.0), ("eager", 4, 7e-3)):
+        c.observe(kind, n, t)
     assert c.estimate("graph", 1) == pytest.approx(0.55e-3) and c.estimate("eager", 4) == pytest.approx(7e-3)
     assert c.choose([4], 0, "eager") == "drip"  # 7 ms / 4 tokens > 0.55 ms / 1
     c.observe("verify", 4, 1.0)
@@ -161,8 +146,8 @@ def test_feed_costs_choose_by_measured_time_per_token():
     # an unmeasured bucket of decode rows takes the nearest measured one
     assert c.estimate("graph", 64) == c.estimate("graph", 16)
     slow = FeedCosts()
-    for path, n, t in (("graph", 1, 1.0), ("graph", 1, 1e-3), ("eager", 4, 1.0), ("eager", 4, 1.0)):
-        slow.observe(path, n, t)
+    for kind, n, t in (("graph", 1, 1.0), ("graph", 1, 1e-3), ("eager", 4, 1.0), ("eager", 4, 1.0)):
+        slow.observe(kind, n, t)
     picks = [slow.choose([4], 0, "eager") for _ in range(2 * FeedCosts.PROBE)]
     assert picks.count("eager") == 2 and picks[FeedCosts.PROBE - 1] == "eager"
     assert FeedCosts(fixed="joint").choose([4], 0, "eager") == "eager"
@@ -171,8 +156,8 @@ def test_feed_costs_choose_by_measured_time_per_token():
 def test_forced_always_fixes_the_joint_call(monkeypatch):
     monkeypatch.setenv("MEMRA_FORCED", "always")
     c = FeedCosts()
-    for path, n, t in (("graph", 1, 1.0), ("graph", 1, 1e-3), ("eager", 4, 1.0), ("eager", 4, 1.0)):
-        c.observe(path, n, t)
+    for kind, n, t in (("graph", 1, 1.0), ("graph", 1, 1e-3), ("eager", 4, 1.0), ("eager", 4, 1.0)):
+        c.observe(kind, n, t)
     assert c.choose([4], 0, "eager") == "eager"
 
 

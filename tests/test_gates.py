@@ -234,16 +234,10 @@ def run_cli(monkeypatch, tiny_models):
     """`memra run --device gpu` in-process on the emulated engine."""
     from typer.testing import CliRunner
 
-    import memra.gpu.cuda
+    from gpu_emulator import install
     from memra.cli import app
 
-    class Gpu(FakeGpu):
-        def copy_bandwidth(self, refresh=False):
-            return 4e12
-
-    g = Gpu(1 << 28)
-    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
+    install(monkeypatch)
     return CliRunner(), app, tiny_models("llama", "Q4_K_M")
 
 

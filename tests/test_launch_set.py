@@ -141,11 +141,7 @@ def test_every_entry_of_the_h200_table_is_executed():
 
 
 def _emulated_kernel_check(monkeypatch, **kw):
-    import memra.gpu.cuda as cuda
-
-    g = FakeGpu(1 << 28)
-    monkeypatch.setattr(cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(cuda, "gpu", lambda index=0: g)
+    EMU.install(monkeypatch)
     return list(KC.run_kernel_check(models=["synth:tiny-llama:Q4_K_M"], seed=1, **kw))
 
 

@@ -20,25 +20,12 @@ import pytest
 from memra.model.gguf import open_gguf
 from memra.sampling import Sampler, SamplingParams
 from memra.spec.decode import SpecDecoder, cut_draft
-from memra.text.grammar import allowed, compile_constraint, new_masks
-from memra.text.tokenizer import CONTROL, Tokenizer
+from memra.text.grammar import allowed, new_masks
+from memra.text.tokenizer import CONTROL
 
-from test_forced import GREEDY, PENALIZED, SCHEMA, SEEDED, _device_oracle, _plain_host, run_requests
-
-
-@pytest.fixture(scope="module")
-def path(tiny_models):
-    return tiny_models("llama", "Q4_K_M")
-
-
-@pytest.fixture(scope="module")
-def tok(path):
-    return Tokenizer.from_gguf(open_gguf(path))
-
-
-@pytest.fixture(scope="module")
-def con(tok):
-    return compile_constraint(tok, "json_schema", SCHEMA)
+# path, tok, con: test_forced's module fixtures (the tiny llama Q4_K_M, its tokenizer, the schema)
+from test_forced import (GREEDY, PENALIZED, SCHEMA, SEEDED, _device_oracle, _plain_host,  # noqa: F401
+                         con, path, run_requests, tok)
 
 
 def _bad(tok):

@@ -16,7 +16,7 @@ import logging
 
 import pytest
 
-from gpu_emulator import FakeGpu
+from gpu_emulator import FakeGpu, install
 from memra.tune import tables as T
 from memra.gpu.compile import source_hash
 from memra.gpu.engine import GPUEngine
@@ -203,7 +203,6 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
     """`memra bench --tune-table FILE` then `--tune-table builtin` in one session: each
     receipt names the table that ran (source and path) and the device; the tuned run
     launched the entry's configuration, the builtin run did not."""
-    import memra.gpu.cuda
     from typer.testing import CliRunner
 
     from memra.cli import app
@@ -214,9 +213,7 @@ def test_bench_pair_tuned_vs_builtin_records_the_table(model, tmp_path, monkeypa
         "1": _entry("matvec.cu", "q8", {"MV_NWARPS": 2})}}}, device="NVIDIA H200"), "nvidia-h200.json")
     g = RecordingGpu()
     g.info = type(g.info)(name="NVIDIA H200")
-    g.copy_bandwidth = lambda refresh=False: 4.0e12
-    monkeypatch.setattr(memra.gpu.cuda, "has_gpu", lambda: True)
-    monkeypatch.setattr(memra.gpu.cuda, "gpu", lambda index=0: g)
+    install(monkeypatch, g)
     out = tmp_path / "bench.jsonl"
     runner = CliRunner()
     launched = {}
