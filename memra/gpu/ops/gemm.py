@@ -18,6 +18,7 @@ and both with the float64 reference (memra.gpu.ops.matvec.matvec_ref) at the mat
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -187,48 +188,11 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield check_case(g, rng, 12, 33, None, alias=False, canary=1)
 
 
-# -- tune hook (memra/tune/measure.py): kernel "gemm" | "gemm_glu", variant "q8", shape {type,
-# rows (2N for gemm_glu: gate and up stacked), cols}, batch rows; config GM_* (laid over
-# default_config(batch), as the plan's table entries are); campaigns: tune/campaigns/h200-gemm.toml
-
-def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
-    """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown kernel,
-    variant, type or tunable, or a configuration launch_shape refuses."""
-    if kernel not in ("gemm", "gemm_glu") or variant != "q8":
-        raise MemraError(f"gemm tune: unknown kernel/variant {kernel}/{variant}")
-    t = MV.type_id(shape["type"])
-    if t not in _SMEM:
-        raise MemraError(f"gemm tune: {shape['type']} has no tensor-core kernel")
-    bad = sorted(set(config or {}) - set(_KEYS))
-    if bad:
-        raise MemraError(f"gemm tune: unknown tunables {bad} (known: {', '.join(_KEYS)})")
-    glu, rows, K, nb = kernel == "gemm_glu", int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
-    if glu and rows % 2:
-        raise MemraError(f"gemm tune: a gemm_glu weight stacks gate and up (an even row count, got {rows})")
-    cfg = launch_config(nb, config)
-    N = rows // 2 if glu else rows
-    launch_shape(t, cfg, N, nb, glu)  # a bad configuration fails here, before any compile
-    return t, glu, N, K, nb, cfg
-
-
-def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    t, glu, N, K, nb, cfg = _tune_args(kernel, variant, config, shape)
-    return _TuneCase(g, glu, t, int(shape["rows"]), K, nb, cfg, rng, rotate_bytes)
-
-
-def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
-    """Whether a tune job's configuration is what gemm() runs at its batch without a table."""
-    nb = int(shape.get("batch", 1))
-    return launch_config(nb, config) == default_config(nb)
-
-
-def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
-    """The module a tune job loads (gemm.cu at the job's type and launch configuration), for
-    the campaign's parallel precompile; a configuration the launcher refuses raises, so it is
-    never compiled (its job records why)."""
-    t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
-    return [(KERNEL_FILE, _defines(t, cfg))]
-
+# -- the tune hooks (memra/tune/measure.py) and the launch set's (memra.tune.launches) of a
+# tensor-core matvec family: kernel "<name>" | "<name>_glu", variant "q8", shape {type, rows
+# (2N for _glu: gate and up stacked), cols}, batch rows; config <the family's tunables> (laid
+# over default_config(batch), as the plan's table entries are). gemm here (campaigns:
+# tune/campaigns/h200-gemm*.toml) and mvt (memra.gpu.ops.mvt) share them: one Hooks each.
 
 # Per (weight, batch, glu): the q8 activations, the matvec's output bits and the float64
 # reference on them. A campaign measures the configurations of one shape and batch in a row
@@ -240,10 +204,12 @@ _INPUTS: dict[tuple, tuple] = {}
 
 class _TuneCase:
     """The shape's weight in the planes layout (random valid blocks, copies rotating past
-    the L2: memra.gpu.ops.matvec's shape cache), nb rows of q8 activations."""
+    the L2: memra.gpu.ops.matvec's shape cache), nb rows of q8 activations; the family's
+    launcher (gemm or mvt: `hooks`) runs the configuration."""
 
-    def __init__(self, g, glu, t, rows, K, nb, cfg, rng, rotate_bytes):
+    def __init__(self, g, glu, t, rows, K, nb, cfg, rng, rotate_bytes, hooks=None):
         self.g, self.glu, self.t, self.nb, self.K = g, glu, t, nb, K
+        self.hooks = hooks or HOOKS
         self.N = rows // 2 if glu else rows
         self.cfg = cfg
         self.ws, self.wf = MV._shape_weights(g, t, rows, K, rng, rotate_bytes)
@@ -270,8 +236,8 @@ class _TuneCase:
         return xq, xs, MV.matvec_ref(self.wf, xv, None, act), ym.numpy().view(np.uint32).copy()
 
     def launch(self, i: int) -> None:
-        gemm(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
-             glu="silu" if self.glu else None, config=self.cfg)
+        self.hooks.launcher()(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
+                      glu="silu" if self.glu else None, config=self.cfg)
 
     def check(self):
         """One launch on a poisoned y: the float64 reference at the matvec's TOL, then the
@@ -283,7 +249,7 @@ class _TuneCase:
         self.launch(0)
         self.g.sync()
         got = self.y.numpy()
-        o = compare("gemm", got, self.ref, MV.TOL)
+        o = compare(self.hooks.name, got, self.ref, MV.TOL)
         if not o.ok:
             return False, o.err, o.detail
         bad = int(np.count_nonzero(got.view(np.uint32) != self.mv_bits))
@@ -292,34 +258,90 @@ class _TuneCase:
         return True, o.err, o.detail + "; = matvec bit for bit"
 
 
-# -- the launch set (memra.tune.launches): a plan launch -> its module, and its check
-
 _LAUNCH_N = 259  # output rows checked of a larger weight: a partial last row tile
 
 
-def launch_cases(L, ctx) -> list[dict]:
-    """A plan launch of op "gemm" (the q8 path from GEMM_MIN_ROWS rows): the module gemm()
-    builds for its batch (default_config(nb) with the table's GM_* laid over it), the exact
-    batch, the K it loops over and whether the output aliases the residual."""
-    t = MV.type_id(L.shape["type"])
-    glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
-    N = int(L.shape["rows"]) // (2 if glu else 1)
-    cfg = launch_config(nb, L.config)
-    res = bool(L.args.get("res"))
-    return [{"file": KERNEL_FILE, "entry": "gemm_q8_glu" if glu else "gemm_q8", "defines": _defines(t, cfg),
-             "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
-             "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
+class Hooks:
+    """A family's tune hooks (tune_case, is_builtin, tune_modules) and launch-set hooks
+    (launch_cases, check_launch) from its module's launcher and configuration functions:
+    name ("gemm" / "mvt": kernels name / name_glu, entries name_q8 / name_q8_glu, and the
+    launcher module.<name>(g, w, y, xq=, xs=, nb=, glu=, config=), looked up at each launch),
+    keys (its -D tunables), launch_config(nb, config), default_config(nb), shape_check(type,
+    config, N, nb, glu) (raises for a configuration the launcher refuses), defines(type,
+    config) (its module's -D defines)."""
+
+    def __init__(self, name, module, kernel_file, keys, launch_config, default_config, shape_check, defines):
+        self.name, self.module, self.kernel_file, self.keys = name, module, kernel_file, tuple(keys)
+        self.launch_config, self.default_config = launch_config, default_config
+        self.shape_check, self.defines = shape_check, defines
+
+    def launcher(self):
+        return getattr(self.module, self.name)
+
+    def tune_args(self, kernel: str, variant: str, config: dict, shape: dict):
+        """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown
+        kernel, variant, type or tunable, or a configuration the launcher refuses."""
+        n = self.name
+        if kernel not in (n, n + "_glu") or variant != "q8":
+            raise MemraError(f"{n} tune: unknown kernel/variant {kernel}/{variant}")
+        t = MV.type_id(shape["type"])
+        if t not in TYPES:
+            raise MemraError(f"{n} tune: {shape['type']} has no tensor-core kernel")
+        bad = sorted(set(config or {}) - set(self.keys))
+        if bad:
+            raise MemraError(f"{n} tune: unknown tunables {bad} (known: {', '.join(self.keys)})")
+        glu, rows, K, nb = kernel == n + "_glu", int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
+        if glu and rows % 2:
+            raise MemraError(f"{n} tune: a {n}_glu weight stacks gate and up (an even row count, got {rows})")
+        cfg = self.launch_config(nb, config)
+        N = rows // 2 if glu else rows
+        self.shape_check(t, cfg, N, nb, glu)  # a bad configuration fails here, before any compile
+        return t, glu, N, K, nb, cfg
+
+    def tune_case(self, g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+        t, glu, N, K, nb, cfg = self.tune_args(kernel, variant, config, shape)
+        return _TuneCase(g, glu, t, int(shape["rows"]), K, nb, cfg, rng, rotate_bytes, self)
+
+    def is_builtin(self, kernel: str, variant: str, config: dict, shape: dict) -> bool:
+        """Whether a tune job's configuration is what the launcher runs at its batch without a table."""
+        nb = int(shape.get("batch", 1))
+        return self.launch_config(nb, config) == self.default_config(nb)
+
+    def tune_modules(self, kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+        """The module a tune job loads (the job's type and launch configuration), for the
+        campaign's parallel precompile; a configuration the launcher refuses raises, so it is
+        never compiled (its job records why)."""
+        t, _, _, _, _, cfg = self.tune_args(kernel, variant, config, shape)
+        return [(self.kernel_file, self.defines(t, cfg))]
+
+    def launch_cases(self, L, ctx) -> list[dict]:
+        """A plan launch of the family's op (the q8 path in its row range): the module the
+        launcher builds for its batch (default_config(nb) with the table's tunables laid over
+        it), the exact batch, the K it loops over and whether the output aliases the residual."""
+        t = MV.type_id(L.shape["type"])
+        glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
+        N = int(L.shape["rows"]) // (2 if glu else 1)
+        cfg = self.launch_config(nb, L.config)
+        res = bool(L.args.get("res"))
+        return [{"file": self.kernel_file, "entry": f"{self.name}_q8_glu" if glu else f"{self.name}_q8",
+                 "defines": self.defines(t, cfg), "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
+                 "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
+
+    def check_launch(self, g, rng, case):
+        """The launch's module at its batch, K and residual aliasing, on a weight shared with
+        the next cases of its shape (memra.gpu.ops.matvec's launch-set cache) and fresh
+        activations: the matvec's bits (the exactness contract's oracle) and the float64
+        reference."""
+        p = case["params"]
+        t, nb, K, glu, alias = p["type"], p["nb"], p["K"], p["glu"], p["res"]
+        N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
+        cfg = {k: v for k, v in case["defines"].items() if k in self.keys}
+        w, wf = MV._launch_weight(g, t, N, K, glu, rng)
+        name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
+        return against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg, launch=self.launcher())
 
 
-def check_launch(g, rng, case):
-    """The launch's module at its batch, K and residual aliasing, on a weight shared with the
-    next cases of its shape (memra.gpu.ops.matvec's launch-set cache) and fresh activations:
-    the matvec's bits (the exactness contract's oracle) and the float64 reference."""
-    p = case["params"]
-    t, nb, K, glu, alias = p["type"], p["nb"], p["K"], p["glu"], p["res"]
-    N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    cfg = {k: v for k, v in case["defines"].items() if k.startswith("GM_")}
-    w, wf = MV._launch_weight(g, t, N, K, glu, rng)
-    name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
-    return against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg)
-
+HOOKS = Hooks("gemm", sys.modules[__name__], KERNEL_FILE, _KEYS, launch_config, default_config, launch_shape,
+              _defines)
+tune_case, is_builtin, tune_modules = HOOKS.tune_case, HOOKS.is_builtin, HOOKS.tune_modules
+launch_cases, check_launch = HOOKS.launch_cases, HOOKS.check_launch

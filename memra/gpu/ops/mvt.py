@@ -26,6 +26,7 @@ both with the float64 reference (memra.gpu.ops.matvec.matvec_ref) at the matvec'
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -140,15 +141,10 @@ def compile_variants() -> list[tuple[str, dict]]:
     return out
 
 
-def _against_matvec(g, rng, name: str, w, wf, nb: int, glu: str | None, alias: bool, config=None,
-                    canary: int = 0):
-    """mvt against the matvec's bits and the float64 reference (memra.gpu.ops.gemm's check)."""
-    return GEMM.against_matvec(g, rng, name, w, wf, nb, glu, alias, config, canary, launch=mvt)
-
-
 def _case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0, N=_CHECK_N,
           K=_CHECK_K):
-    """A fresh random weight of type t, N x K, through _against_matvec."""
+    """A fresh random weight of type t, N x K, mvt against the matvec's bits and the float64
+    reference (memra.gpu.ops.gemm's check)."""
     return GEMM.check_case(g, rng, t, nb, glu, alias, config, canary, N, K, launch=mvt, label="mvt")
 
 
@@ -170,85 +166,11 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _case(g, rng, 12, 8, None, alias=False, canary=1)
 
 
-# -- tune hook (memra/tune/measure.py): kernel "mvt" | "mvt_glu", variant "q8", shape {type,
-# rows (2N for mvt_glu: gate and up stacked), cols}, batch rows; config MVT_* (laid over
-# default_config(batch), as the plan's table entries are)
+# -- the tune hooks (kernel "mvt" | "mvt_glu", config MVT_*) and the launch-set hooks (op
+# "mvt": the q8 path at MVT_MIN_ROWS..GEMM_MIN_ROWS - 1 rows): gemm's (memra.gpu.ops.gemm.Hooks)
+# on this family's launcher and configuration functions
 
-def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
-    """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown kernel,
-    variant, type or tunable, or a configuration launch_shape refuses."""
-    if kernel not in ("mvt", "mvt_glu") or variant != "q8":
-        raise MemraError(f"mvt tune: unknown kernel/variant {kernel}/{variant}")
-    t = MV.type_id(shape["type"])
-    if t not in TYPES:
-        raise MemraError(f"mvt tune: {shape['type']} has no tensor-core kernel")
-    bad = sorted(set(config or {}) - set(_KEYS))
-    if bad:
-        raise MemraError(f"mvt tune: unknown tunables {bad} (known: {', '.join(_KEYS)})")
-    glu, rows, K, nb = kernel == "mvt_glu", int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
-    if glu and rows % 2:
-        raise MemraError(f"mvt tune: a mvt_glu weight stacks gate and up (an even row count, got {rows})")
-    cfg = launch_config(nb, config)
-    N = rows // 2 if glu else rows
-    launch_shape(cfg, N, nb, glu)  # a bad configuration fails here, before any compile
-    return t, glu, N, K, nb, cfg
-
-
-class _TuneCase(GEMM._TuneCase):
-    """gemm's tune case (the shape's rotating weights, the matvec's bits and the float64
-    reference on one set of activations per shape and batch), launching mvt."""
-
-    def launch(self, i: int) -> None:
-        mvt(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
-            glu="silu" if self.glu else None, config=self.cfg)
-
-
-def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    t, glu, N, K, nb, cfg = _tune_args(kernel, variant, config, shape)
-    return _TuneCase(g, glu, t, int(shape["rows"]), K, nb, cfg, rng, rotate_bytes)
-
-
-def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
-    """Whether a tune job's configuration is what mvt() runs at its batch without a table."""
-    nb = int(shape.get("batch", 1))
-    return launch_config(nb, config) == default_config(nb)
-
-
-def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
-    """The module a tune job loads (mvt.cu at the job's type and launch configuration), for the
-    campaign's parallel precompile; a configuration the launcher refuses raises, so it is never
-    compiled (its job records why)."""
-    t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
-    return [(KERNEL_FILE, _defines(t, cfg))]
-
-
-# -- the launch set (memra.tune.launches): a plan launch -> its module, and its check
-
-_LAUNCH_N = 259  # output rows checked of a larger weight: a partial last row tile
-
-
-def launch_cases(L, ctx) -> list[dict]:
-    """A plan launch of op "mvt" (the q8 path at MVT_MIN_ROWS..GEMM_MIN_ROWS - 1 rows): the
-    module mvt() builds for its batch (default_config(nb) with the table's MVT_* laid over it),
-    the exact batch, the K it loops over and whether the output aliases the residual."""
-    t = MV.type_id(L.shape["type"])
-    glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
-    N = int(L.shape["rows"]) // (2 if glu else 1)
-    cfg = launch_config(nb, L.config)
-    res = bool(L.args.get("res"))
-    return [{"file": KERNEL_FILE, "entry": "mvt_q8_glu" if glu else "mvt_q8", "defines": _defines(t, cfg),
-             "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
-             "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
-
-
-def check_launch(g, rng, case):
-    """The launch's module at its batch, K and residual aliasing, on a weight shared with the
-    next cases of its shape (memra.gpu.ops.matvec's launch-set cache) and fresh activations:
-    the matvec's bits (the exactness contract's oracle) and the float64 reference."""
-    p = case["params"]
-    t, nb, K, glu, alias = p["type"], p["nb"], p["K"], p["glu"], p["res"]
-    N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    cfg = {k: v for k, v in case["defines"].items() if k.startswith("MVT_")}
-    w, wf = MV._launch_weight(g, t, N, K, glu, rng)
-    name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
-    return _against_matvec(g, rng, name, w, wf, nb, glu, alias, cfg)
+HOOKS = GEMM.Hooks("mvt", sys.modules[__name__], KERNEL_FILE, _KEYS, launch_config, default_config,
+                   lambda t, cfg, N, nb, glu: launch_shape(cfg, N, nb, glu), _defines)
+tune_case, is_builtin, tune_modules = HOOKS.tune_case, HOOKS.is_builtin, HOOKS.tune_modules
+launch_cases, check_launch = HOOKS.launch_cases, HOOKS.check_launch
