@@ -22,6 +22,15 @@
 set -u
 source experiments/h200_common.sh
 stage_begin s6
+# issue 13's structured speed (arms free / json / json-sync / json-ff) on the 8B and SmolLM2
+structured_speed() {
+  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
+    timeout 150 python3 experiments/structured_speed.py --model $m --tokenizer-from $TOK --batch 1,16 --steps 128 --reps 5 \
+      --out $R/structured.jsonl >> $R/structured.txt 2>&1
+    log "structured $m rc=$? $(el)"
+  done
+  grep SUMMARY $R/structured.txt | tee -a $R/log.txt
+}
 if [ "$STAGE" = tune ]; then
   timeout 330 python3 -m memra tune run h200-gemm -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
     -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 --out research/tune/h200-gemm-nvidia-h200.jsonl > $R/tune.txt 2>&1
@@ -52,12 +61,7 @@ elif [ "$STAGE" = final3 ]; then
   done
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_structured_gpu.py > $R/structured-gpu-tests.txt 2>&1
   log "structured gpu tests rc=$? $(tail -1 $R/structured-gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/structured-gpu-tests.txt | head | tee -a $R/log.txt
-  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
-    timeout 150 python3 experiments/structured_speed.py --model $m --tokenizer-from $TOK --batch 1,16 --steps 128 --reps 5 \
-      --out $R/structured.jsonl >> $R/structured.txt 2>&1
-    log "structured $m rc=$? $(el)"
-  done
-  grep SUMMARY $R/structured.txt | tee -a $R/log.txt
+  structured_speed
   if [ -n "${EXTRA:-}" ]; then timeout 120 bash -c "$EXTRA" > $R/extra.txt 2>&1; log "extra rc=$? $(el)"; tail -5 $R/extra.txt | tee -a $R/log.txt; fi
 elif [ "$STAGE" = final2 ]; then
   kernel_check
@@ -74,12 +78,7 @@ elif [ "$STAGE" = final2 ]; then
     log "pp512 $m rc=$? $(el)"; grep pp512 $R/bench-pp-$(echo $m | tr : _).txt | tail -1 | tee -a $R/log.txt
   done
   python3 -c "import llguidance" 2>/dev/null || log "no llguidance"
-  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
-    timeout 150 python3 experiments/structured_speed.py --model $m --tokenizer-from $TOK --batch 1,16 --steps 128 --reps 5 \
-      --out $R/structured.jsonl >> $R/structured.txt 2>&1
-    log "structured $m rc=$? $(el)"
-  done
-  grep SUMMARY $R/structured.txt | tee -a $R/log.txt
+  structured_speed
 else
   for rows in 1 8 16 64; do
     timeout 90 python3 -m memra profile synth:llama3-8b:Q4_K_M --depth 64 --rows $rows --synth-tokenizer $TOK --json >> $R/profile.jsonl 2>> $R/profile.err
