@@ -554,7 +554,7 @@ class Runner:
             if graph:  # every module is loaded now: capture this row count for next time
                 with self.g.capture() as gr:
                     self._run(launches, n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
-                self._graphs[key] = gr  # not uploaded: see _chunk
+                self._graphs[key] = gr
         seq.n += n
         out = [int(x) for x in self.r_tok.view(shape=(n,)).numpy()]
         if logits == "none":
@@ -696,7 +696,6 @@ class Runner:
             self.r_pos.upload(saved)
             with self.g.capture() as gr:
                 self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
-            gr.upload()
             self._graphs[key] = gr
         return gr
 
@@ -716,7 +715,6 @@ class Runner:
             for part in (launches[:k], launches[k:]):
                 with self.g.capture() as gr:
                     self._run(part, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
-                gr.upload()
                 parts.append(gr)
             parts = tuple(parts)
             self._graphs[key] = parts
@@ -790,10 +788,7 @@ class Runner:
         self._run(launches, B, tk, ps, sq)
         with self.g.capture() as gr:
             self._run(launches, B, tk, ps, sq)
-        # not uploaded ahead (its first launch uploads it): on the H200, a graph uploaded
-        # but not yet launched made every decode graph captured after it 9 % slower
-        # (SmolLM2 tg128 1905 vs 2082 t/s; experiments/prefill_graph_ab.py)
-        self._graphs[key] = gr
+        self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
 
     def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h
