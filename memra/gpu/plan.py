@@ -53,18 +53,19 @@ PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128)
 ATT_GROUP_ROWS = 16  # from this many rows an attention block takes the whole GQA group (MEMRA_ATT_GROUP_ROWS)
 
 
-def graph_bucket(rows: int) -> int:
-    for b in GRAPH_BUCKETS:
+def _bucket(rows: int, buckets: tuple, what: str) -> int:
+    for b in buckets:
         if rows <= b:
             return b
-    raise MemraError(f"a decode step holds at most {GRAPH_BUCKETS[-1]} rows, got {rows}")
+    raise MemraError(f"a {what} holds at most {buckets[-1]} rows, got {rows}")
+
+
+def graph_bucket(rows: int) -> int:
+    return _bucket(rows, GRAPH_BUCKETS, "decode step")
 
 
 def prefill_bucket(rows: int) -> int:
-    for b in PREFILL_BUCKETS:
-        if rows <= b:
-            return b
-    raise MemraError(f"a prefill chunk holds at most {PREFILL_BUCKETS[-1]} rows, got {rows}")
+    return _bucket(rows, PREFILL_BUCKETS, "prefill chunk")
 
 
 @dataclass(frozen=True)
