@@ -412,6 +412,25 @@ def check_geometry(kernel, grid, block, shmem, v):
         _block_is(k, grid, block, T, "MASK_THREADS")
         _no_dynamic_smem(k, grid, block, shmem)
         _ranges(k, grid, block, f"a row's mask words ({int(v[3])})", int(v[3]), np.arange(grid[0]) * T, T)
+    elif name in ("attn_fa", "attn_fa_dec"):
+        # attn_fa.cu: grid (ceil(n_tokens / tpb) or n_tokens, n_kv, n_split), block 32 * FA_WARPS,
+        # dynamic shared memory FA_SMEM / FA_SMEM_DEC (memra.gpu.ops.attn_fa.smem_bytes)
+        from memra.gpu.ops.attn_fa import smem_bytes
+
+        D, nw = _d(k, "HEAD_DIM", 0), _d(k, "FA_WARPS", 4)
+        _block_is(k, grid, block, 32 * nw, "32 * FA_WARPS")
+        if shmem != smem_bytes(D, name == "attn_fa_dec"):
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses "
+                                  f"{smem_bytes(D, name == 'attn_fa_dec')}")
+        n_kv, qpk = (v[11], v[12]) if name == "attn_fa" else (v[10], v[11])
+        if grid[1] != n_kv or not 1 <= qpk <= 16:
+            _fail(k, grid, block, f"grid y must be the {n_kv} KV heads, qpk {qpk} in 1..16")
+        if name == "attn_fa_dec" and D % 64:
+            _fail(k, grid, block, "attn_fa_dec needs HEAD_DIM % 64 == 0")
+    elif name == "fa_combine":
+        # attn_fa.cu: grid (n_head, n_tokens), block HEAD_DIM
+        _block_is(k, grid, block, _d(k, "HEAD_DIM", 0), "HEAD_DIM")
+        _no_dynamic_smem(k, grid, block, shmem)
     elif name.startswith("embed_"):
         # embed.cu: grid (n_tokens), block EMBED_THREADS (threads stride the row), no shared memory
         _block_is(k, grid, block, _d(k, "EMBED_THREADS", 256), "EMBED_THREADS")
@@ -605,6 +624,68 @@ def _attn_decode_rope(g, k, grid, v):
                               n_kv, qpk, window, scale, softcap))
 
 
+def _attn_fa(g, k, grid, v):
+    """attn_fa.cu's attn_fa / attn_fa_dec, as the runner sees them: every row with keys gets
+    softmax attention over them (float64, q rounded to f16 as the kernel reads it), written to
+    out whatever its splits (fa_combine, below, then has nothing left to merge); a row's
+    result does not depend on the packing. attn_fa's token groups are checked: at most
+    FA_WARPS * 16 / qpk rows each, of one sequence, every row with a position in exactly one."""
+    if k.name == "attn_fa":
+        q, kc, vc, _, _, out, pos, seq, bt, max_blocks, groups, n_kv, qpk, window, scale, softcap = v
+        tab = g.mem(groups, np.int32, 2 * grid[0]).reshape(-1, 2)
+        T = grid[0]
+        tpb = _d(k, "FA_WARPS", 4) * (16 // qpk)
+        P = g.mem(pos, np.int32, T)
+        SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
+        seen = np.zeros(T, int)
+        for t0, cnt in tab:
+            if cnt == 0:
+                continue
+            if not 1 <= cnt <= tpb or t0 < 0 or t0 + cnt > T:
+                raise CudaError(f"attn_fa: token group ({t0}, {cnt}) outside 1..{tpb} rows of {T}")
+            live = [int(SQ[t]) for t in range(t0, t0 + cnt) if P[t] >= 0]
+            if len(set(live)) > 1:
+                raise CudaError(f"attn_fa: a token group mixes sequences {sorted(set(live))}")
+            seen[t0:t0 + cnt] += 1
+        if np.any(seen[P >= 0] != 1) or np.any(seen > 1):
+            raise CudaError("attn_fa: the token groups do not cover each row with a position exactly once")
+        rows_of = [t for t in range(T) if seen[t]]
+    else:
+        q, kc, vc, _, _, out, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
+        T = grid[0]
+        P = g.mem(pos, np.int32, T)
+        SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
+        rows_of = range(T)
+    D = int(k.defines["HEAD_DIM"])
+    nh = n_kv * qpk
+    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D)
+    canary = int(k.defines.get("MEMRA_CANARY", 0))
+    if canary == 2:  # kv.cuh's canary: the block table ignored (pool rows in position order)
+        slot = lambda s, p: p  # noqa: E731
+    o = _f32(g, out, T * nh * D).reshape(T, nh, D)
+    for t in rows_of:
+        hi = int(P[t]) + (0 if canary == 1 else 1)  # canary 1: a token does not see itself
+        if canary == 1 and hi <= 0:
+            o[t] = 0.0
+            continue
+        if hi <= 0:
+            continue
+        lo = max(0, hi - window) if window > 0 else 0
+        rows = [slot(int(SQ[t]), p) for p in range(lo, hi)]
+        K = kpool[rows].reshape(-1, n_kv, D).astype(np.float64)
+        V = vpool[rows].reshape(-1, n_kv, D).astype(np.float64)
+        qt = _f32(g, q + 4 * t * nh * D, nh * D).reshape(n_kv, qpk, D).astype(np.float16).astype(np.float64)
+        sc = np.einsum("hgd,nhd->hgn", qt, K) * scale
+        if softcap > 0:
+            sc = softcap * np.tanh(sc / softcap)
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        o[t] = (np.einsum("hgn,nhd->hgd", e, V) / e.sum(-1, keepdims=True)).reshape(nh, D)
+
+
+def _fa_combine(g, k, grid, v):
+    """Nothing to merge: the emulated attn_fa wrote every row's output."""
+
+
 def _attn_combine(g, k, grid, v):
     part_o, part_ml, out, S = v
     D = int(k.defines["HEAD_DIM"])
@@ -742,7 +823,8 @@ def _quantize_q8(g, k, grid, v):
 _KERNELS = {
     "rmsnorm": _rmsnorm, "add_rmsnorm": _add_rmsnorm, "rope_norm_kv": _rope,
     "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode,
-    "attn_decode_rope": _attn_decode_rope, "act_mul": _act_mul,
+    "attn_decode_rope": _attn_decode_rope, "attn_fa": _attn_fa, "attn_fa_dec": _attn_fa, "fa_combine": _fa_combine,
+    "act_mul": _act_mul,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8, "apply_mask": _apply_mask,
 }

@@ -578,8 +578,8 @@ def test_warmup_compiles_a_models_kernels_into_the_cache(smol_path):
     # the families SmolLM2's launch plan runs (no act_mul: gate and up share a type, so the
     # activation is inside the matvec; no softcap), attention at its head size; the vocabulary
     # mask a constrained request's rows run before the sampler; mvt at 2..15 rows, the GEMM from 16
-    assert {x["family"] for x in rows} == {"matvec", "norm", "embed", "sample", "rope", "attention", "gemm", "mask",
-                                           "mvt"}
+    assert {x["family"] for x in rows} == {"matvec", "norm", "embed", "sample", "rope", "attention", "attn_fa",
+                                           "gemm", "mask", "mvt"}
     assert {x["defines"]["HEAD_DIM"] for x in rows if x["family"] == "attention"} == {64}
     for x in rows:  # each one in the cache, an ELF cubin
         assert cubin_path(x["file"], "sm_89", x["defines"]).read_bytes()[:4] == b"\x7fELF"

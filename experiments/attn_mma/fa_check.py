@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fa_check: experiments/attn_mma/attn_fa.cu — one tensor-core attention kernel for decode
+"""fa_check: kernels/attn_fa.cu — one tensor-core attention kernel for decode
 and prefill rows — checked and timed against the engine's attn_decode (kernels/attention.cu).
 
     python3 experiments/attn_mma/fa_check.py --compile-only   # CPU: NVRTC, every head size
@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,42 +39,25 @@ SHAPES = {  # name: (head_dim, n_head, n_kv, window)
     "gemma3-global": (256, 4, 1, 0),
     "gemma3-swa": (256, 4, 1, 512),
 }
-FA_WARPS = 4    # --warps
+FA_WARPS = 4    # memra.gpu.ops.attn_fa.FA_WARPS
 FA_SPLIT = 256  # --split
 KVB = 16
 
 
-def kernel_tree() -> Path:
-    """A kernel folder holding kernels/* and attn_fa.cu, for memra's NVRTC path."""
-    d = Path(tempfile.mkdtemp(prefix="attn_fa_"))
-    for f in (ROOT / "kernels").iterdir():
-        if f.suffix in (".cu", ".cuh"):
-            shutil.copy(f, d / f.name)
-    shutil.copy(HERE / "attn_fa.cu", d / "attn_fa.cu")
-    import memra.gpu.compile as C
-
-    C.kernel_dir = lambda: d
-    return d
-
-
 def defines(D: int) -> dict:
-    return {"HEAD_DIM": D, "FA_WARPS": FA_WARPS, "FA_SPLIT": FA_SPLIT, "KV_BLOCK": KVB}
+    from memra.gpu.ops.attn_fa import defines as d
 
-
-def smem_bytes(D: int, dec: bool = False) -> int:
-    rs = D * 2 + 16
-    if dec:  # attn_fa_dec: three K/V stages and one Q tile
-        return 6 * 64 * rs + 16 * rs
-    return 4 * 64 * rs + FA_WARPS * 16 * rs
+    return d(D, FA_SPLIT, KVB)
 
 
 def compile_only() -> int:
-    kernel_tree()
     from memra.gpu.compile import compile_cubin
+    from memra.gpu.ops.attn_fa import smem_bytes
 
     for D in (64, 128, 256):
         cub = compile_cubin("attn_fa.cu", "sm_90a", defines(D))
-        print(f"attn_fa HEAD_DIM={D}: {len(cub)} bytes of cubin, {smem_bytes(D)} bytes of shared memory")
+        print(f"attn_fa HEAD_DIM={D}: {len(cub)} bytes of cubin, {smem_bytes(D, False)} / {smem_bytes(D, True)} "
+              f"bytes of shared memory (prefill / decode packing)")
     return 0
 
 
@@ -125,26 +106,18 @@ class Case:
 
 
 def launch_fa(g, mod, c: Case, tpb: int) -> None:
-    """tpb 0: the decode packing (attn_fa_dec, one token a block); else attn_fa, tpb tokens a block."""
+    """tpb 0: the decode packing (attn_fa_dec); else attn_fa over groups of tpb tokens."""
+    from memra.gpu.ops.attn_fa import attn_fa, group_table
+
     d = c.d
-    G = c.n_head // c.n_kv
-    tail = (np.int32(c.window), np.float32(c.scale), np.float32(0.0))
-    if tpb == 0:
-        k = mod.kernel("attn_fa_dec")
-        k.allow_shared(smem_bytes(c.D, True))
-        g.launch(k, (c.T, c.n_kv, c.n_split), (32 * FA_WARPS,),
-                 (d["q"], d["k"], d["v"], d["po"], d["pml"], d["out"], d["pos"], d["seq"], d["bt"],
-                  np.int32(c.max_blocks), np.int32(c.n_kv), np.int32(G), *tail), smem_bytes(c.D, True))
-    else:
-        k = mod.kernel("attn_fa")
-        k.allow_shared(smem_bytes(c.D))
-        g.launch(k, (-(-c.T // tpb), c.n_kv, c.n_split), (32 * FA_WARPS,),
-                 (d["q"], d["k"], d["v"], d["po"], d["pml"], d["out"], d["pos"], d["seq"], d["bt"],
-                  np.int32(c.max_blocks), np.int32(c.T), np.int32(c.n_kv), np.int32(G), *tail, np.int32(tpb)),
-                 smem_bytes(c.D))
-    if c.n_split > 1:
-        g.launch(mod.kernel("fa_combine"), (c.n_head, c.T), (c.D,),
-                 (d["po"], d["pml"], d["out"], d["pos"], np.int32(c.window), np.int32(c.n_split)))
+    key = ("groups", tpb)
+    if tpb and key not in d:  # uploaded once, outside any capture
+        d[key] = g.to_device(group_table(c.seq, c.pos, tpb, size=c.T))
+    kc = d["k"].view(shape=(c.k16.shape[0], KVB, c.n_kv * c.D))
+    vc = d["v"].view(shape=(c.k16.shape[0], KVB, c.n_kv * c.D))
+    attn_fa(g, d["q"], kc, vc, d["out"], d["po"], d["pml"], d["pos"], d["seq"], d["bt"], c.max_blocks, n_tokens=c.T,
+            n_kv=c.n_kv, qpk=c.n_head // c.n_kv, head_dim=c.D, window=c.window, scale=c.scale, n_split=c.n_split,
+            split=FA_SPLIT, decode=tpb == 0, groups=d.get(key), n_groups=c.T)
 
 
 def prefill_tpb(c: Case) -> int:
@@ -182,22 +155,20 @@ def graph_us(g, fn, reps: int = 20) -> float:
 
 
 def main() -> int:
-    global FA_WARPS, FA_SPLIT
+    global FA_SPLIT
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
-    ap.add_argument("--warps", type=int, default=FA_WARPS)
     ap.add_argument("--split", type=int, default=FA_SPLIT)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--modes", default="prefill:384,prefill:4096,decode:64,decode:4096")
     ap.add_argument("--once", action="store_true", help="one launch of each timed case, untimed (for ncu)")
     a = ap.parse_args()
-    FA_WARPS, FA_SPLIT = a.warps, a.split
+    FA_SPLIT = a.split
     shapes = {k: SHAPES[k] for k in a.shapes.split(",")}
     if a.compile_only:
         return compile_only()
-    kernel_tree()
     from memra.gpu.cuda import gpu
 
     g = gpu()
@@ -210,7 +181,7 @@ def main() -> int:
             out_f.write(json.dumps(rec) + "\n")
 
     bad = 0
-    mods = {D: g.module("attn_fa.cu", defines(D)) for D in sorted({v[0] for v in shapes.values()})}
+    mods = {D: None for D in sorted({v[0] for v in shapes.values()})}  # attn_fa loads its modules
     for name, (D, nh, nkv, win) in ({} if a.no_checks else shapes).items():
         for depth in (384, 1000):
             c = Case(g, rng, D, nh, nkv, win, depth, 128)

@@ -33,6 +33,7 @@ from typing import Mapping
 
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
+from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import mvt as MVT
@@ -118,13 +119,18 @@ class Launch:
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
-                 mvt: bool = True):
+                 mvt: bool = True, fa: bool = False):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
         self.table = table or {}
         self.path, self.fuse_rope, self.sms, self.use_gemm = path, fuse_rope, int(sms), gemm
         self.use_mvt = bool(mvt)
+        # attention on kernels/attn_fa.cu (MEMRA_ATTN=fa): prefill and decode on one tensor-core
+        # arithmetic (RoPE its own launch, the q8 twin a quantize launch); its head sizes only
+        self.use_fa = bool(fa) and spec.cfg.head_dim % 32 == 0 and spec.cfg.head_dim <= 256 and \
+            1 <= spec.cfg.n_gqa <= 16
+        self.fa_split = FA.SPLIT
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
@@ -311,7 +317,7 @@ class Planner:
         c = self.cfg
         E = c.n_embd
         q8 = self.path == "q8"
-        att_q8 = q8 and c.head_dim % 32 == 0
+        att_q8 = q8 and c.head_dim % 32 == 0 and not self.use_fa
         out: list[Launch] = []
         emb_t = self.spec.type("token_embd.weight")
         out.append(Launch("embed", "embed", "embed", "default", {"type": emb_t, "n": E}, rows,
@@ -331,7 +337,13 @@ class Planner:
             att_shape = {**self.heads, "ctx": self.att_ctx}
             att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il),
                         "hpb": self.att_hpb_rows(rows)}
-            if decode and self.fuse_rope:
+            if self.use_fa:
+                out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
+                                  "heads", il, att_args))
+                out.append(Launch(p + "attention", "attention_fa", "attn_fa", "default", self.heads, rows, None,
+                                  "attention", il, {**att_args, "split": self.fa_split,
+                                                    "packing": "decode" if decode else "prefill"}))
+            elif decode and self.fuse_rope:
                 out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,
                                   self.att_cfg, "attention", il, att_args))
             else:

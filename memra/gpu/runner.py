@@ -50,6 +50,7 @@ from memra.gpu import plan as PLAN
 from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops import act as ACT
 from memra.gpu.ops import attention as ATT
+from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import embed as EMB
 from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
@@ -123,7 +124,7 @@ class Runner:
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
                  kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
                  pdl: bool | None = None, tune_table=None, gemm: bool | None = None,
-                 mvt: bool | None = None, prefill_graph: bool | None = None):
+                 mvt: bool | None = None, prefill_graph: bool | None = None, attn: str | None = None):
         """max_len: positions per sequence (default: the model's training context, at most
         32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
         kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
@@ -142,13 +143,19 @@ class Runner:
         use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
         self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
             else bool(prefill_graph)
+        attn = (os.environ.get("MEMRA_ATTN") or "decode") if attn is None else attn
+        if attn not in ("decode", "fa"):
+            raise MemraError(f"MEMRA_ATTN must be decode or fa, got {attn!r}")
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
             from dataclasses import replace
 
             self.spec = replace(self.spec, cfg=self.cfg)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
-                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt)
+                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa")
+        if attn == "fa" and not self.plan.use_fa:
+            log.warning("MEMRA_ATTN=fa: head size %d / %d query heads per KV head not supported by attn_fa; "
+                        "decode attention used", self.cfg.head_dim, self.cfg.n_gqa)
         self.path = path
         t0 = time.perf_counter()
         self._load_weights()
@@ -251,6 +258,13 @@ class Runner:
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
+        if self.plan.use_fa:  # attn_fa's split partials: every row, head and split of the context
+            self.fa_n_split = FA.n_splits(self.max_len, self.plan.fa_split)
+            po, pml = FA.scratch_shapes(R, c.n_head, self.fa_n_split, c.head_dim)
+            self.fa_po, self.fa_pml = g.empty(po, f), g.empty(pml, f)
+        # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
+        # table of up to R groups uploaded before the step (graphs read it at replay)
+        self.p_grp = g.to_device(np.zeros((R, 2), i32))
         # token rows of an eager step (prefill chunks, verification rows)
         self.p_tok, self.p_pos, self.p_seq = g.empty(R, i32), g.empty(R, i32), g.empty(R, i32)
         # a prefill chunk's rows (token, position, block-table row), one upload: the graph of
@@ -375,6 +389,12 @@ class Runner:
                               head_dim=c.head_dim, window=a["window"], scale=c.scale, n_splits=self.plan.n_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
+            elif op == "attention_fa":
+                FA.attn_fa(g, B["qr"], self.kv.k[L.layer], self.kv.v[L.layer], B["ao"], self.fa_po, self.fa_pml, pos,
+                           seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
+                           head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
+                           split=a["split"], decode=a["packing"] == "decode", groups=self.p_grp, n_groups=rows,
+                           pdl=pdl)
             elif op == "act_mul":
                 ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)
             elif op == "softcap":
@@ -538,6 +558,7 @@ class Runner:
             sampler += "+mask"
         key = ("verify", n, sampler)
         gr = self._graphs.get(key) if graph else None
+        self._upload_groups(np.full(n, seq.slot, np.int32), pos, n)
         raw = None
         if masks is not None and logits != "none":
             launches = self.plan.step(n, decode=False, sampler=sampler)
@@ -768,6 +789,7 @@ class Runner:
         (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly."""
         n = tok.size
         if not self.prefill_graph:
+            self._upload_groups(seq, pos, n)
             self.p_tok.view(shape=(n,)).upload(tok)
             self.p_pos.view(shape=(n,)).upload(pos)
             self.p_seq.view(shape=(n,)).upload(seq)
@@ -778,6 +800,7 @@ class Runner:
         rows[1] = -1
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
+        self._upload_groups(seq, pos, B)
         tk, ps, sq = (self.p_rows.view(shape=(B,), offset=4 * B * i) for i in range(3))
         key = ("prefill", B)
         gr = self._graphs.get(key)
@@ -789,6 +812,11 @@ class Runner:
         with self.g.capture() as gr:
             self._run(launches, B, tk, ps, sq)
         self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
+
+    def _upload_groups(self, seq, pos, size: int) -> None:
+        """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
+        if self.plan.use_fa:
+            self.p_grp.view(shape=(size, 2)).upload(FA.group_table(seq, pos, FA.prefill_tpb(self.cfg.n_gqa), size))
 
     def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h

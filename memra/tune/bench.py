@@ -283,10 +283,14 @@ SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "
          "MEMRA_PREFILL_GRAPH": "1"}
 
 
+# runtime parameters that choose another engine path than the default (docs/FLAGS.md)
+ENGINE_PATHS = {"MEMRA_ATTN": "decode"}
+
+
 def seams() -> dict:
-    """The rollback seams this run moved off their defaults ({} on the default paths);
-    `memra research board` leaves such runs off the boards."""
-    return {k: os.environ[k] for k, default in SEAMS.items()
+    """The rollback seams (and engine-path parameters) this run moved off their defaults ({}
+    on the default paths); `memra research board` leaves such runs off the boards."""
+    return {k: os.environ[k] for k, default in {**SEAMS, **ENGINE_PATHS}.items()
             if os.environ.get(k) and os.environ[k].strip().lower() != default}
 
 

@@ -47,6 +47,7 @@ FAMILIES: dict[str, str] = {
     "act": "memra.gpu.ops.act",
     "sample": "memra.gpu.ops.sample",
     "gemm": "memra.gpu.ops.gemm",
+    "attn_fa": "memra.gpu.ops.attn_fa",
     "mask": "memra.gpu.ops.mask",
     "mvt": "memra.gpu.ops.mvt",
 }

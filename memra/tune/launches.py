@@ -8,7 +8,7 @@ kernel-check` runs and compiles, and that its receipt records.
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, MEMRA_GEMM when the GEMM family
-exists, MEMRA_MVT when the mvt family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
+exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa when the attn_fa family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
 bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations), and the head over 1 to
@@ -53,11 +53,12 @@ SAMPLERS = ("none", "greedy", "sample")
 # the family module that maps each plan op
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
              "gemm": "gemm", "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
+             "attention_fa": "attn_fa",
              "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
 FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
                  "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
-                 "mvt": "memra.gpu.ops.mvt"}
+                 "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa"}
 
 
 def row_bucket(rows: int) -> int:
@@ -92,6 +93,11 @@ def family_module(fam: str):
 
 def gemm_available() -> bool:
     m = family_module("gemm")
+    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
+
+
+def fa_available() -> bool:
+    m = family_module("attn_fa")
     return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
 
 
@@ -135,6 +141,11 @@ def _plans(spec, table, sms: int):
                     seams += [(False, True)]
             for gemm, mvt in seams:
                 yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt)
+        # MEMRA_ATTN=fa: attention on attn_fa.cu (RoPE unfused either way), the default seams
+        gemm, mvt = (gemm_available(), mvt_available()) if path == "q8" else (False, False)
+        plan = Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, fa=fa_available())
+        if plan.use_fa:
+            yield path, gemm, plan
 
 
 def _plan_launches(plan, gemm: bool):
@@ -190,7 +201,7 @@ def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
                     a = L.args
                     sig = (L.op, L.kernel, L.variant, tuple(L.shape.values()), L.rows,
                            tuple((L.config or {}).items()), a.get("glu"), a.get("q8"), bool(a.get("res")),
-                           a.get("window"), a.get("twin"), bool(a.get("w_post")))
+                           a.get("window"), a.get("twin"), bool(a.get("w_post")), a.get("packing"))
                     if sig in seen:
                         continue
                     seen.add(sig)

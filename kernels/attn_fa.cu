@@ -1,5 +1,4 @@
-// attn_fa.cu — an experiment (experiments/attn_mma/README.md): one attention arithmetic for
-// decode rows and prefill rows alike, on the tensor cores (mma.sync m16n8k16 f16 -> f32),
+// attn_fa.cu — one attention arithmetic for decode rows and prefill rows alike, on the tensor cores (mma.sync m16n8k16 f16 -> f32),
 // whose per-row result does not depend on how rows are packed, so prefill and decode give
 // the same bits by construction.
 //
@@ -26,11 +25,13 @@
 // rows, its block, the block's key range, or which warp computed which part.
 //
 // Two packings of the same arithmetic:
-//  - attn_fa (prefill): a block = (token group blockIdx.x of `tpb` consecutive tokens of ONE
-//    sequence, KV head blockIdx.y, split blockIdx.z); warp w holds the 16 rows of tokens
-//    t0 + w tpw .. + tpw (tpw = 16 / qpk; row r = token r / qpk, head kvh qpk + r % qpk) and
-//    computes all 64 keys and all HEAD_DIM outputs of a tile for them; the block's K/V tiles
-//    (cp.async, double-buffered) are shared by its warps. tpb = FA_WARPS * tpw.
+//  - attn_fa (prefill): a block = (token group blockIdx.x, KV head blockIdx.y, split
+//    blockIdx.z); group x is count = groups[2x + 1] <= FA_WARPS * tpw consecutive tokens from
+//    first = groups[2x], all of ONE sequence (padded rows aside); warp w holds the 16 rows
+//    of tokens first + w tpw .. + tpw (tpw = 16 / qpk; row r = token r / qpk, head kvh qpk +
+//    r % qpk) and computes all 64 keys and all HEAD_DIM outputs of a tile for them; the
+//    block's K/V tiles (cp.async, double-buffered) are shared by its warps. memra.gpu.ops.attn_fa.groups makes the table: a step's runs of
+//    one sequence cut into groups of FA_WARPS * tpw tokens (or one token a group).
 //  - attn_fa_dec (decode): a block = (token blockIdx.x, KV head, split); its one 16-row tile
 //    (the token's qpk heads) is shared by the FA_WARPS = 4 warps: each computes the tile's
 //    scores and softmax for the 16 rows (the same code and values: no exchange, one barrier a
@@ -38,8 +39,20 @@
 //    stages.
 //
 // Compile-time: HEAD_DIM (a multiple of 32 up to 256; attn_fa_dec: of 64), FA_WARPS (4; attn_fa_dec needs 4),
-// FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh).
-// Launch: attn_fa grid (ceil(n_tokens / tpb), n_kv, n_split), attn_fa_dec grid (n_tokens, n_kv,
+// FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh); MEMRA_CANARY: wrong variants
+// kernel-check must catch: 1, a token does not see itself; 2 (kv.cuh), the block table ignored.
+//
+// Variant history (H200, experiments/attn_mma/fa_check.py; research/2026-12-01-prefill §5):
+//   v1  decode rows through the prefill packing (one warp computing a tile): decode 0.2-0.5x
+//       attn_decode (one warp's ~4-5k dependent instructions: IEEE divisions, expf).
+//   v2  block-table lookups before the copies: no change.
+//   v3  a decode packing (warps split the keys, exchange maxima, sums and f16(p) in shared
+//       memory), ex2.approx in log2 units, one reciprocal a row: decode 0.54-1.01x, prefill
+//       2.9-8.4x over a 128-row chunk.
+//   v4  (this) the decode packing computes the tile's softmax in every warp (no exchange, one
+//       barrier a tile, three K/V stages): decode unchanged (8B @64 8.2 µs vs 5.9).
+// Launch: attn_fa grid (n_groups, n_kv, n_split) (groups past the table's last: count 0),
+// attn_fa_dec grid (n_tokens, n_kv,
 // n_split); block 32 * FA_WARPS, dynamic shared memory FA_SMEM (attn_fa) / FA_SMEM_DEC bytes;
 // part_o [n_tokens][n_head][n_split][HEAD_DIM] f32, part_ml [...][2]; then fa_combine (grid
 // (n_head, n_tokens), block HEAD_DIM) for the rows with more than one split.
@@ -127,7 +140,11 @@ MEMRA_DEVICE void load_tile(unsigned char* ks, const uint16_t* __restrict__ kcac
 struct RowKeys { int lo, hi; };
 MEMRA_DEVICE RowKeys row_keys(int p, int window) {
     RowKeys k;
+#if defined(MEMRA_CANARY) && MEMRA_CANARY == 1
+    k.hi = p;      // kernel-check canary: a token does not see itself
+#else
     k.hi = p + 1;  // p = -1 (a padded row): no keys
+#endif
     k.lo = window > 0 ? max(0, k.hi - window) : 0;
     if (k.hi <= 0) k.lo = k.hi = 0;
     return k;
@@ -274,12 +291,14 @@ extern "C" __global__ void __launch_bounds__(NT)
     attn_fa(const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
             float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ out,
             const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
-            int max_blocks, int n_tokens, int n_kv, int qpk, int window, float scale, float softcap, int tpb) {
+            int max_blocks, const int* __restrict__ groups, int n_kv, int qpk, int window, float scale,
+            float softcap) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int kvh = blockIdx.y, j = blockIdx.z, S = gridDim.z;
-    const int t0 = blockIdx.x * tpb;
-    const int t_end = min(n_tokens, t0 + tpb);
+    // this block's tokens: groups[2 x], groups[2 x + 1] (first token, count; 0: no tokens)
+    const int t0 = groups[2 * blockIdx.x], t_end = t0 + groups[2 * blockIdx.x + 1];
+    if (t_end <= t0) return;
     const int n_head = n_kv * qpk;
     const int tpw = 16 / qpk;
     const int split_lo = j * FA_SPLIT, split_hi = split_lo + FA_SPLIT;

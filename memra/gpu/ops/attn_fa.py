@@ -1,0 +1,242 @@
+"""Tensor-core attention whose rows give the same bits in every packing (kernels/attn_fa.cu):
+prefill chunks and decode rows on one arithmetic, so prefill = decode by construction.
+
+    attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks,
+            n_tokens=..., n_kv=..., qpk=..., head_dim=..., window=..., scale=..., n_split=...,
+            groups=d_table, n_groups=...)                  # or decode=True
+
+q [n_tokens, n_head * head_dim] f32 (roped), the paged f16 pools and block table as
+memra.gpu.ops.attention; out [n_tokens, n_head * head_dim] f32. A row's keys are cut into
+splits of `split` keys at absolute positions (attn_fa.cu's FA_SPLIT, fixed per engine: part of
+a row's bits), `n_split` = ceil(context / split) blocks along the grid's z (those past a row's
+keys leave at once); `part_o` / `part_ml` are scratch of `scratch_shapes(...)` for the rows
+with more than one split, merged by fa_combine.
+
+Packings (the same bits): attn_fa over a table of token groups (`group_table`: a step's
+runs of one sequence cut into groups of FA_WARPS * 16 / qpk tokens, 16 / qpk per warp, the
+block's warps sharing the K/V tiles; any mix of sequences: a group never straddles two),
+and attn_fa_dec for decode rows (one token a block, its warps splitting the output dims;
+head_dim % 64 == 0).
+
+Reference: softmax attention in float64 with q rounded to f16 (the kernel's input rounding;
+the probabilities' f16 rounding stays in the tolerance): TOL = 1e-3 relative.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+
+KERNEL_FILE = "attn_fa.cu"
+FA_WARPS = 4
+SPLIT = 256  # keys per split (FA_SPLIT)
+TOL = 1e-3
+_NULL = np.uint64(0)
+
+
+def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0) -> dict:
+    if head_dim % 32 or head_dim > 256:
+        raise MemraError(f"attn_fa: head_dim {head_dim} must be a multiple of 32 up to 256")
+    if split % 64 or split < 64:
+        raise MemraError(f"attn_fa: split {split} must be a positive multiple of 64")
+    d = {"HEAD_DIM": head_dim, "FA_WARPS": FA_WARPS, "FA_SPLIT": split, "KV_BLOCK": kv_block}
+    if canary:
+        d["MEMRA_CANARY"] = int(canary)  # 1: a token does not see itself; 2 (kv.cuh): the block table ignored
+    return d
+
+
+def module(g, head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0):
+    return g.module(KERNEL_FILE, defines(head_dim, split, kv_block, canary))
+
+
+def smem_bytes(head_dim: int, decode: bool) -> int:
+    rs = head_dim * 2 + 16
+    return (6 * 64 * rs + 16 * rs) if decode else (4 * 64 * rs + FA_WARPS * 16 * rs)
+
+
+def n_splits(context: int, split: int = SPLIT) -> int:
+    return max(1, -(-int(context) // split))
+
+
+def scratch_shapes(n_tokens: int, n_head: int, n_split: int, head_dim: int):
+    return (n_tokens, n_head, n_split, head_dim), (n_tokens, n_head, n_split, 2)
+
+
+def prefill_tpb(qpk: int) -> int:
+    """Tokens per block of the prefill packing."""
+    if not 1 <= qpk <= 16:
+        raise MemraError(f"attn_fa: {qpk} query heads per KV head (1..16 supported)")
+    return FA_WARPS * (16 // qpk)
+
+
+def can_decode_pack(head_dim: int) -> bool:
+    return head_dim % 64 == 0
+
+
+def group_table(seq, pos, tpb: int, size: int | None = None) -> np.ndarray:
+    """attn_fa's token groups for rows with block-table rows `seq` and positions `pos`
+    (host arrays): int32 [size, 2] of (first row, count), each group at most tpb consecutive
+    rows of one sequence, padded rows (position < 0) in none; rows of the table past the
+    groups have count 0 (size: the launch's grid, default the number of groups)."""
+    seq, pos = np.asarray(seq), np.asarray(pos)
+    out: list[tuple[int, int]] = []
+    t, n = 0, seq.size
+    while t < n:
+        if pos[t] < 0:
+            t += 1
+            continue
+        e = t + 1
+        while e < n and e - t < tpb and pos[e] >= 0 and seq[e] == seq[t]:
+            e += 1
+        out.append((t, e - t))
+        t = e
+    size = len(out) if size is None else int(size)
+    if len(out) > size:
+        raise MemraError(f"attn_fa: {len(out)} token groups do not fit a table of {size}")
+    tab = np.zeros((max(size, 1), 2), np.int32)
+    if out:
+        tab[:len(out)] = out
+    return tab
+
+
+def attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks: int, *,
+            n_tokens: int, n_kv: int, qpk: int, head_dim: int, window: int, scale: float, n_split: int,
+            groups=None, n_groups: int = 0, softcap: float = 0.0, split: int = SPLIT, decode: bool = False,
+            pdl: bool = False, canary: int = 0) -> None:
+    """decode: attn_fa_dec over the n_tokens rows (one a block; head_dim % 64 == 0, else
+    attn_fa one token a group); else attn_fa over `groups` (device int32 [n_groups, 2],
+    group_table's), n_groups blocks along x. Then fa_combine when n_split > 1."""
+    n_head = n_kv * qpk
+    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
+        raise MemraError("attn_fa: the KV cache holds f16 bits (uint16); pos is int32")
+    if part_o.size < n_tokens * n_head * n_split * head_dim or part_ml.size < n_tokens * n_head * n_split * 2:
+        raise MemraError("attn_fa: scratch buffers too small for this many tokens / splits")
+    m = module(g, head_dim, split, kcache.shape[1], canary)
+    tail = (np.int32(window), np.float32(scale), np.float32(softcap))
+    head = (q, kcache, vcache, part_o, part_ml, out, pos, seq if seq is not None else _NULL, block_table,
+            np.int32(max_blocks))
+    if decode and can_decode_pack(head_dim):
+        g.launch(m.kernel("attn_fa_dec"), (n_tokens, n_kv, n_split), (32 * FA_WARPS,),
+                 (*head, np.int32(n_kv), np.int32(qpk), *tail), smem_bytes(head_dim, True), pdl=pdl)
+    else:
+        if groups is None or n_groups < 1:
+            raise MemraError("attn_fa: the prefill packing needs its token groups (group_table)")
+        g.launch(m.kernel("attn_fa"), (n_groups, n_kv, n_split), (32 * FA_WARPS,),
+                 (*head, groups, np.int32(n_kv), np.int32(qpk), *tail), smem_bytes(head_dim, False), pdl=pdl)
+    if n_split > 1:
+        g.launch(m.kernel("fa_combine"), (n_head, n_tokens), (head_dim,),
+                 (part_o, part_ml, out, pos, np.int32(window), np.int32(n_split)), pdl=pdl)
+
+
+def reference(q, kcache, vcache, pos, seq, n_kv: int, window: int, scale: float, softcap: float = 0.0):
+    """memra.gpu.ops.attention.reference with q rounded to f16, as the kernel reads it."""
+    from memra.gpu.ops.attention import reference as ref
+
+    return ref(np.asarray(q, np.float32).astype(np.float16).astype(np.float32), kcache, vcache, pos, seq, n_kv,
+               window, scale, softcap)
+
+
+# -- kernel-check ------------------------------------------------------------------------
+
+CASES = (  # (head_dim, qpk, n_kv, window, softcap, T, split)
+    (64, 3, 3, 0, 0.0, 24, 256),       # smollm2
+    (64, 4, 8, 0, 0.0, 20, 256),       # llama-1b
+    (128, 4, 2, 0, 0.0, 20, 256),      # llama3-8b head size
+    (256, 4, 1, 0, 0.0, 12, 256),      # gemma3 global layers
+    (256, 4, 1, 300, 0.0, 12, 256),    # gemma3 sliding window
+    (128, 4, 2, 0, 30.0, 8, 128),      # soft-capped scores, smaller splits
+    (64, 1, 4, 0, 0.0, 16, 64),        # no GQA, one tile a split
+    (64, 8, 1, 0, 0.0, 8, 512),        # wide GQA group
+)
+
+
+def _check(g, rng, case, canary: int = 0):
+    """A chunk of T consecutive tokens of one sequence (and T single tokens of other
+    sequences): the prefill packing, one token a block and (head_dim % 64 == 0) the decode
+    packing must give the same bits, within TOL of the float64 reference."""
+    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.paging import random_table, scatter
+
+    D, G, nkv, window, cap, T, split = case
+    n_ctx, n_seq, blk = 1100, 3, 16
+    nh = nkv * G
+    kc = (rng.standard_normal((n_seq, n_ctx, nkv, D)) * 0.7).astype(np.float16)
+    vc = rng.standard_normal((n_seq, n_ctx, nkv, D)).astype(np.float16)
+    table, n_blocks = random_table(rng, n_seq, n_ctx, blk)
+    kp = g.to_device(scatter(kc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF))
+    vp = g.to_device(scatter(vc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF))
+    d_table = g.to_device(table)
+    q = rng.standard_normal((T, nh, D)).astype(np.float32)
+    start = int(rng.integers(0, n_ctx - T))
+    pos = np.arange(start, start + T, dtype=np.int32)
+    seq = np.zeros(T, np.int32)
+    scale = 1.0 / math.sqrt(D)
+    n_split = n_splits(n_ctx, split)
+    po_shape, pml_shape = scratch_shapes(T, nh, n_split, D)
+    part_o, part_ml = g.empty(po_shape, np.float32), g.empty(pml_shape, np.float32)
+    out = g.empty((T, nh * D), np.float32)
+    d_q, d_pos, d_seq = g.to_device(q), g.to_device(pos), g.to_device(seq)
+    name = f"attn_fa D={D} qpk={G} n_kv={nkv} window={window} softcap={cap:g} T={T} split={split}"
+    runs = {}
+    packings = ("prefill", "token") + (("decode",) if can_decode_pack(D) else ())
+    for pk in packings:
+        for a in (part_o, part_ml, out):
+            a.poison()
+        tab = group_table(seq, pos, prefill_tpb(G) if pk == "prefill" else 1, size=T)
+        attn_fa(g, d_q, kp, vp, out, part_o, part_ml, d_pos, d_seq, d_table, table.shape[1], n_tokens=T, n_kv=nkv,
+                qpk=G, head_dim=D, window=window, scale=scale, n_split=n_split, groups=g.to_device(tab), n_groups=T,
+                softcap=cap, split=split, decode=pk == "decode", canary=canary)
+        runs[pk] = out.numpy()
+    ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
+    o = compare(name, runs["prefill"], ref, TOL)
+    if not o.ok:
+        return o
+    for pk in packings[1:]:
+        if not np.array_equal(runs[pk].view(np.uint32), runs["prefill"].view(np.uint32)):
+            return Outcome(name, False, f"the {pk} packing differs from the prefill packing")
+    return Outcome(name, True, o.detail + f"; packings {'/'.join(packings)} bit-identical", o.err)
+
+
+def compile_variants():
+    out = [(KERNEL_FILE, defines(c[0], c[6])) for c in CASES]
+    out += [(KERNEL_FILE, defines(64, SPLIT, canary=1)), (KERNEL_FILE, defines(128, SPLIT, canary=2))]
+    return list({(f, tuple(sorted(d.items()))): (f, d) for f, d in out}.values())
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for case in CASES:
+        yield _check(g, rng, case)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield _check(g, rng, CASES[0], canary=1)
+    yield _check(g, rng, CASES[2], canary=2)
+
+
+# -- the launch set (memra.tune.launches) ---------------------------------------------------
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op "attention_fa": the module of the model's head size and the plan's
+    split, the entry its packing launches (attn_fa_dec for decode rows, else attn_fa), the
+    layer's window."""
+    c = ctx.cfg
+    D = c.head_dim
+    split = int(L.args.get("split", SPLIT))
+    decode = L.args.get("packing") == "decode" and can_decode_pack(D)
+    rows = int(L.rows)
+    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    window = int(L.args.get("window", 0))
+    return [{"file": KERNEL_FILE, "entry": "attn_fa_dec+fa_combine" if decode else "attn_fa+fa_combine",
+             "defines": defines(D, split, ctx.kv_block), "bucket": b,
+             "tag": f"heads={c.n_head}/{c.n_head_kv} window={window}",
+             "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "window": window, "split": split,
+                        "T": max(b, 2)}}]
+
+
+def check_launch(g, rng, case):
+    p = case["params"]
+    return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["T"], p["split"]))
