@@ -571,3 +571,37 @@ def test_bench_serve_receipts(server, tmp_path):
     assert row["ttft_p50_s"] <= row["ttft_p95_s"] <= row["ttft_p99_s"] <= row["lat_p99_s"]
     bad = CliRunner().invoke(app, ["bench", "serve", "http://10.1.2.3:8080", "--out", str(out)])
     assert bad.exit_code == 1 and "loopback" in bad.output
+
+
+def test_bench_serve_counts_broken_streams_as_failed():
+    """A stream that carries an error event, or ends without `data: [DONE]`, is a failed request
+    (its tokens are not counted), as a server that fails mid-stream (an exception while it
+    writes a chunk) reports it; a whole stream is a success."""
+    import asyncio
+
+    from memra.serve.bench import run_cell
+
+    tok = 'data: {"choices": [{"text": "a"}]}\n\n'
+    usage = 'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n'
+    bodies = {"whole": tok * 3 + usage + "data: [DONE]\n\n",
+              "error": tok * 2 + 'data: {"error": {"message": "invalid UTF-8 byte", "code": 500}}\n\n',
+              "cut": tok * 2}
+
+    def handler(request):
+        kind = json.loads(request.content)["prompt"]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=bodies[kind].encode())
+
+    real = httpx.AsyncClient
+
+    class Client(real):
+        def __init__(self, **kw):
+            kw.pop("limits", None)
+            super().__init__(transport=httpx.MockTransport(handler), **kw)
+
+    try:
+        httpx.AsyncClient = Client
+        row = asyncio.run(run_cell("http://127.0.0.1:9", None, [("whole", 5), ("error", 5), ("cut", 5)], 1, 3, 10))
+    finally:
+        httpx.AsyncClient = real
+    assert row["completed"] == 1 and row["failed"] == 2 and row["output_tokens"] == 3
+    assert row["errors"] == ["stream ended before data: [DONE]", "stream error: invalid UTF-8 byte"]

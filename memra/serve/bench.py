@@ -130,7 +130,7 @@ async def _one(c, url: str, model: str | None, prompt: str, max_tokens: int) -> 
     if model:
         body["model"] = model
     t0 = time.perf_counter()
-    times, usage, err = [], None, None
+    times, usage, err, done = [], None, None, False
     try:
         async with c.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -140,8 +140,13 @@ async def _one(c, url: str, model: str | None, prompt: str, max_tokens: int) -> 
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 doc = json.loads(data)
+                if doc.get("error"):  # a server that fails mid-stream sends its error as an event
+                    e = doc["error"]
+                    err = "stream error: " + str(e.get("message", e) if isinstance(e, dict) else e)[:200]
+                    break
                 if doc.get("usage"):
                     usage = doc["usage"]
                 ch = doc.get("choices") or []
@@ -149,6 +154,8 @@ async def _one(c, url: str, model: str | None, prompt: str, max_tokens: int) -> 
                     times.append(time.perf_counter())
     except Exception as e:  # the cell records it; the run goes on
         err = f"{type(e).__name__}: {e}"
+    if not err and not done:
+        err = "stream ended before data: [DONE]"
     if err or not times:
         return {"ok": False, "error": err or "no token streamed"}
     n_out = int(usage["completion_tokens"]) if usage and usage.get("completion_tokens") else len(times)
