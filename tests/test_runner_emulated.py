@@ -21,6 +21,18 @@ from memra.tune.invariance import batch_invariance, graph_vs_eager
 PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
 
 
+def _reference_greedy(path, n: int) -> list[int]:
+    """The CPU reference's greedy continuation of PROMPT (the engine's q8 numerics)."""
+    m = ReferenceModel(open_gguf(path), numerics="q8")
+    cache = m.new_cache(64)
+    lg = m.forward(PROMPT, cache)
+    ref = []
+    for _ in range(n):
+        ref.append(int(np.argmax(lg)))
+        lg = m.forward([ref[-1]], cache)
+    return ref
+
+
 def _runner(path, **kw):
     kw.setdefault("max_len", 96)
     kw.setdefault("max_seqs", 16)
@@ -33,14 +45,7 @@ def test_batch_invariance_on_the_emulator(tiny_models, arch):
     res = batch_invariance(r, PROMPT, n_steps=6, co=9)
     assert res["identical"], res
     # and the tokens are the CPU reference's greedy continuation (the engine's q8 numerics)
-    m = ReferenceModel(open_gguf(tiny_models(arch, "Q4_K_M")), numerics="q8")
-    cache = m.new_cache(64)
-    lg = m.forward(PROMPT, cache)
-    ref = []
-    for _ in range(6):
-        ref.append(int(np.argmax(lg)))
-        lg = m.forward([ref[-1]], cache)
-    assert res["tokens_alone"] == ref
+    assert res["tokens_alone"] == _reference_greedy(tiny_models(arch, "Q4_K_M"), 6)
 
 
 def test_graph_replay_equals_eager_at_every_bucket(tiny_models):
@@ -188,14 +193,7 @@ def test_attn_fa_runner_is_batch_invariant_and_matches_the_reference(tiny_models
     assert r.plan.use_fa and any(L.op == "attention_fa" for L in r.plan.step(1, decode=True))
     res = batch_invariance(r, PROMPT, n_steps=5, co=9)
     assert res["identical"], res
-    m = ReferenceModel(open_gguf(path), numerics="q8")
-    cache = m.new_cache(64)
-    lg = m.forward(PROMPT, cache)
-    ref = []
-    for _ in range(5):
-        ref.append(int(np.argmax(lg)))
-        lg = m.forward([ref[-1]], cache)
-    assert res["tokens_alone"] == ref
+    assert res["tokens_alone"] == _reference_greedy(path, 5)
     assert graph_vs_eager(_runner(path, attn="fa"), PROMPT, buckets=(1, 2, 4))["identical"]
 
 
