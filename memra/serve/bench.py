@@ -9,7 +9,8 @@ prompt of about --prompt-tokens tokens, measured with the server's own /tokenize
 --requests are done. Per request: TTFT (send to the first streamed token), the gaps between
 streamed chunks (ITL, pooled over every request), the latency and the output tokens (the
 usage chunk's count, else one per chunk); TPOT = (latency - TTFT) / (output tokens - 1), as
-`vllm bench serve` defines them. Per cell: output tok/s and requests/s over the wall time,
+`vllm bench serve` defines them; a request whose stream carries an error event or ends
+without `data: [DONE]` failed (its tokens are not counted). Per cell: output tok/s and requests/s over the wall time,
 p50/p95/p99 of TTFT, TPOT and ITL, one receipt (kind "serve-bench", memra.tune.receipts)
 per server.
 
