@@ -9,6 +9,11 @@
 # tokenizer the synthetic model copies):
 #   bash ../shared/device/wheels.sh && bash ../shared/device/llamacpp.sh
 #   python3 -m memra synth .synthtok/smollm2-tokenizer.gguf --tokenizer-only
+#   python3 -m memra synth .synthtok/smollm2-utf8-tokenizer.gguf --tokenizer-only --utf8-safe
+# The served 8B copies the UTF-8-safe tokenizer (its byte-level pieces of multi-byte characters
+# renamed <0xHEX>): with SmolLM2's own, the random model's text held invalid UTF-8 in about a
+# third of the 128-token streams, and llama-server b10605 ended those with an error event
+# (research/2026-12-01-session8/README.md), so its throughput was not comparable.
 # Then two device calls back to back (llama.cpp's build lasts only while the machine is warm),
 # each carrying [".whl", ".llamacpp", ".synthtok"]:
 #   source .whl/setup.sh && STAGE=build MEMRA_GIT_SHA=<sha> bash experiments/h200_serve.sh
@@ -25,12 +30,13 @@ log() { echo "[$(date +%T) +$((SECONDS - START))s] $*" | tee -a "$OUT/serve-$STA
 source experiments/h200_common.sh
 link_models
 TOK=.synthtok/smollm2-tokenizer.gguf
+TOKS=.synthtok/smollm2-utf8-tokenizer.gguf   # the served 8B's (see above)
 BIN=/root/llama.cpp/build/bin
 synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
 
 case "$STAGE" in
 build)
-  ( synth llama3-8b Q4_K_M "$TOK" > /root/synth-8b.txt 2>&1; synth llama-1b Q4_0 "$TOK" > /root/synth-1b.txt 2>&1
+  ( synth llama3-8b Q4_K_M "$TOKS" > /root/synth-8b.txt 2>&1; synth llama-1b Q4_0 "$TOK" > /root/synth-1b.txt 2>&1
     python3 -m memra warmup "$(tail -1 /root/synth-8b.txt)" > /root/warmup.txt 2>&1; echo done > /root/synth-done ) &
   log "llama.cpp build"
   timeout 480 bash .llamacpp/build.sh >> "$OUT/serve-$STAGE.log" 2>&1; log "build rc=$?"
@@ -38,7 +44,7 @@ build)
   tail -2 /root/warmup.txt | tee -a "$OUT/serve-$STAGE.log" ;;
 evidence)
   [ -x $BIN/llama-server ] || { log "no llama-server: run STAGE=build in the call just before"; exit 1; }
-  M8=$(synth llama3-8b Q4_K_M "$TOK" | tail -1)
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
   if [ -f /root/models/smollm2.gguf ]; then TM=smollm2-135m; else TM=$(synth llama-1b Q4_0 "$TOK" | tail -1); fi
   log "GPU serve tests on $TM"
   MEMRA_SERVE_TEST_MODEL=$TM timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_serve_gpu.py \
@@ -50,7 +56,7 @@ evidence)
   LS=$!
   for _ in $(seq 240); do curl -sf http://127.0.0.1:8081/health > /dev/null && break; sleep 0.5; done
   log "llama-server: $(curl -s http://127.0.0.1:8081/health)"
-  timeout 360 python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer "$TOK" \
+  timeout 360 python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer "$TOKS" \
     --vs http://127.0.0.1:8081 -c 1,8,32,64 --prompt-tokens 100 --max-tokens 128 \
     --out "$OUT/serve-bench.jsonl" --tag issue11-h200 >> "$OUT/serve-$STAGE.log" 2>&1
   log "bench serve rc=$?"

@@ -236,3 +236,49 @@ def test_padded_vocabulary(tmp_path, monkeypatch, peer_cls):
         r = p.complete(p.tokenize("Hello"), 4, n_probs=2)
     assert len(r["ids"]) == 4
     assert all(math.isfinite(lp) for top in r["top"] if top for _, lp in top)
+
+
+@pytest.mark.parity
+def test_utf8_safe_tokenizer_streams_whole_utf8_and_tokenizes_ascii_as_before(tmp_path, peer_cls):
+    """`memra synth --tokenizer-only --utf8-safe`: the byte-level tokens that are not whole
+    UTF-8 on their own (checked here with Python's decoder on the source's token bytes) and
+    only those are renamed <0xHEX>; every token is then whole UTF-8; ASCII text tokenizes as
+    with the source, in memra and in llama.cpp, which detokenizes a renamed token to its name."""
+    from memra.text.tokenizer import Tokenizer
+
+    src = aliases.resolve("smollm2-135m")
+    doc = synth.write_tokenizer(tmp_path / "safe.gguf", "smollm2-135m", utf8_safe=True)
+    path = synth.synth(tmp_path / "tiny.gguf", "llama", "tiny-llama", "Q4_0", tokenizer_from=doc["path"])
+    tok = {}
+    for name, p in (("src", src), ("safe", path)):
+        g = open_gguf(p)
+        try:
+            tok[name] = Tokenizer.from_gguf(g)
+        finally:
+            g.close()
+
+    def whole(b: bytes) -> bool:
+        try:
+            b.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    n = len(tok["src"].tokens)
+    broken = [i for i in range(n) if not whole(tok["src"].token_bytes(i))]
+    renamed = [i for i in range(n) if tok["safe"].tokens[i] != tok["src"].tokens[i]]
+    assert broken and renamed == broken
+    assert all(tok["safe"].tokens[i] == f"<0x{tok['src'].token_bytes(i).hex().upper()}>" for i in renamed)
+    assert all(whole(tok["safe"].token_bytes(i)) for i in range(len(tok["safe"].tokens)))
+    text = "Request 7: river garden window, music (1999) & the lazy dog's engine!"
+    want = tok["src"].encode(text, add_special=False)
+    assert tok["safe"].encode(text, add_special=False) == want
+    with peer_cls(path, n_ctx=128) as p:
+        assert p.tokenize(text, add_special=False) == want
+        assert p.detokenize(renamed[:3]) == "".join(tok["safe"].tokens[i] for i in renamed[:3])
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+
+    r = CliRunner().invoke(app, ["synth", str(tmp_path / "x.gguf"), "--utf8-safe"])
+    assert r.exit_code == 1 and "--tokenizer-only" in r.output and not (tmp_path / "x.gguf").exists()

@@ -511,13 +511,18 @@ def synth(
                                                  "of --tokenizer-from (no tensors): a small file that "
                                                  "--tokenizer-from / --synth-tokenizer can name where "
                                                  "the aliases cannot be fetched.")] = False,
+    utf8_safe: Annotated[bool, typer.Option("--utf8-safe", help="With --tokenizer-only: rename the "
+                                            "byte-level tokens that are not whole UTF-8 to <0xHEX> "
+                                            "(a random model then streams valid text).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Write a synthetic GGUF with random but valid quantized weights and a real tokenizer."""
     from memra.model.synth import synth_main, write_tokenizer
 
+    if utf8_safe and not tokenizer_only:
+        raise MemraError("--utf8-safe goes with --tokenizer-only (a synthetic model copies that file's vocabulary)")
     if tokenizer_only:
-        doc = write_tokenizer(out_path, tokenizer_from)
+        doc = write_tokenizer(out_path, tokenizer_from, utf8_safe)
         if as_json:
             print(json.dumps(doc, ensure_ascii=False))
         else:
