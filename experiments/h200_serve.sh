@@ -11,9 +11,9 @@
 #   python3 -m memra synth .synthtok/smollm2-tokenizer.gguf --tokenizer-only
 #   python3 -m memra synth .synthtok/smollm2-utf8-tokenizer.gguf --tokenizer-only --utf8-safe
 # The served 8B copies the UTF-8-safe tokenizer (its byte-level pieces of multi-byte characters
-# renamed <0xHEX>): with SmolLM2's own, the random model's text held invalid UTF-8 in about a
-# third of the 128-token streams, and llama-server b10605 ended those with an error event
-# (research/2026-12-01-session8/README.md), so its throughput was not comparable.
+# renamed <0xHEX>): with SmolLM2's own, the random model's text held invalid UTF-8 in 64 of
+# 212 streams, and llama-server b10605's content parser threw on each, ending the stream with
+# an error event (research/2026-12-01-session8/README.md), so its throughput was not comparable.
 # Then two device calls back to back (llama.cpp's build lasts only while the machine is warm),
 # each carrying [".whl", ".llamacpp", ".synthtok"]:
 #   source .whl/setup.sh && STAGE=build MEMRA_GIT_SHA=<sha> bash experiments/h200_serve.sh
