@@ -199,6 +199,18 @@ def test_context_overflow(smollm):
         smollm.forward([5], cache)
 
 
+def test_a_cache_that_cannot_fit_is_refused_before_it_is_allocated(smollm, monkeypatch):
+    """SmolLM2's float32 KV cache: 30 layers x 3 KV heads x (64 + 64) x 4 bytes a position
+    (46,080: hand-computed), refused with the sizes when MemAvailable is smaller."""
+    assert R.kv_cache_bytes(smollm.cfg, 1) == 30 * 3 * 128 * 4
+    monkeypatch.setattr(R, "available_memory", lambda: 100 * 2**20)
+    with pytest.raises(ContextOverflowError, match=r"a context of 4096 tokens needs 0\.18 GiB .* 0\.10 GiB available"):
+        smollm.new_cache(4096)
+    assert smollm.new_cache(2048).n_ctx == 2048  # 94 MB: fits
+    monkeypatch.setattr(R, "available_memory", lambda: None)  # no /proc/meminfo: not checked
+    assert smollm.new_cache(4096).n_ctx == 4096
+
+
 @pytest.mark.parametrize("bad, msg", [
     ([1, -1], "token id -1 at index 1 is outside the vocabulary"),
     ([49152], "token id 49152 at index 0 is outside the vocabulary \\[0, 49152\\)"),

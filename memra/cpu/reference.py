@@ -214,14 +214,40 @@ def q8_gpu(x: np.ndarray) -> np.ndarray:
     return (q * d).reshape(x.shape).astype(np.float32)
 
 
+def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
+    """Bytes of a KVCache of n_ctx positions."""
+    return 4 * cfg.n_layer * cfg.n_head_kv * int(n_ctx) * (cfg.head_dim + cfg.head_dim_v)
+
+
+def available_memory() -> int | None:
+    """The memory the kernel says a new allocation can take without swapping (MemAvailable),
+    or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class KVCache:
-    """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored.
+    """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored. One
+    that cannot fit in the memory available is refused before anything is allocated.
 
     Setting `pos` lower rewinds (later positions are overwritten by the next forward)."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int):
         if n_ctx <= 0:
             raise MemraError(f"KV cache size must be positive, got {n_ctx}")
+        need = kv_cache_bytes(cfg, n_ctx)
+        avail = available_memory()
+        if avail is not None and need > avail:
+            raise ContextOverflowError(
+                f"a context of {n_ctx} tokens needs {need / 2**30:.2f} GiB of KV cache on the CPU "
+                f"({cfg.n_layer} layers, float32) and this machine has {avail / 2**30:.2f} GiB available: "
+                f"ask for a smaller context")
         self.n_ctx = int(n_ctx)
         self.pos = 0
         self.k = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim), np.float32) for _ in range(cfg.n_layer)]
