@@ -244,11 +244,15 @@ def test_utf8_safe_tokenizer_streams_whole_utf8_and_tokenizes_ascii_as_before(tm
     UTF-8 on their own (checked here with Python's decoder on the source's token bytes) and
     only those are renamed <0xHEX>; every token is then whole UTF-8; ASCII text tokenizes as
     with the source, in memra and in llama.cpp, which detokenizes a renamed token to its name."""
+    from typer.testing import CliRunner
+
+    from memra.cli import app
     from memra.text.tokenizer import Tokenizer
 
     src = aliases.resolve("smollm2-135m")
-    doc = synth.write_tokenizer(tmp_path / "safe.gguf", "smollm2-135m", utf8_safe=True)
-    path = synth.synth(tmp_path / "tiny.gguf", "llama", "tiny-llama", "Q4_0", tokenizer_from=doc["path"])
+    r = CliRunner().invoke(app, ["synth", str(tmp_path / "safe.gguf"), "--tokenizer-only", "--utf8-safe"])
+    assert r.exit_code == 0, r.output
+    path = synth.synth(tmp_path / "tiny.gguf", "llama", "tiny-llama", "Q4_0", tokenizer_from=str(tmp_path / "safe.gguf"))
     tok = {}
     for name, p in (("src", src), ("safe", path)):
         g = open_gguf(p)
@@ -276,9 +280,5 @@ def test_utf8_safe_tokenizer_streams_whole_utf8_and_tokenizes_ascii_as_before(tm
     with peer_cls(path, n_ctx=128) as p:
         assert p.tokenize(text, add_special=False) == want
         assert p.detokenize(renamed[:3]) == "".join(tok["safe"].tokens[i] for i in renamed[:3])
-    from typer.testing import CliRunner
-
-    from memra.cli import app
-
     r = CliRunner().invoke(app, ["synth", str(tmp_path / "x.gguf"), "--utf8-safe"])
     assert r.exit_code == 1 and "--tokenizer-only" in r.output and not (tmp_path / "x.gguf").exists()

@@ -522,7 +522,18 @@ def synth(
     if utf8_safe and not tokenizer_only:
         raise MemraError("--utf8-safe goes with --tokenizer-only (a synthetic model copies that file's vocabulary)")
     if tokenizer_only:
-        doc = write_tokenizer(out_path, tokenizer_from, utf8_safe)
+        tokens = None
+        if utf8_safe:
+            from memra.model.aliases import resolve
+            from memra.model.gguf import open_gguf
+            from memra.text.tokenizer import Tokenizer, utf8_safe_tokens
+
+            g = open_gguf(resolve(tokenizer_from))
+            try:
+                tokens = utf8_safe_tokens(Tokenizer.from_gguf(g))
+            finally:
+                g.close()
+        doc = write_tokenizer(out_path, tokenizer_from, tokens, "UTF-8-safe" if utf8_safe else "")
         if as_json:
             print(json.dumps(doc, ensure_ascii=False))
         else:

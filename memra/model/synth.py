@@ -438,43 +438,12 @@ def _encode(s: str) -> bytes:
     return s.encode("utf-8", errors="surrogateescape")  # token texts may hold raw bytes
 
 
-def utf8_safe_tokens(source: str) -> list[str]:
-    """`source`'s BPE vocabulary with every token whose bytes are not whole UTF-8 on their
-    own (byte-level pieces of multi-byte characters: 313 of SmolLM2's 49152) renamed to
-    "<0xHEX>" of its bytes (printable ASCII, which the byte-level alphabet maps to itself).
-    A random model then streams valid UTF-8 whatever it samples: a server that rejects
-    invalid UTF-8 mid-stream (llama-server b10605 ends such a stream with an error event)
-    completes every request. ASCII text tokenizes as before (those pieces only come from
-    non-ASCII bytes); a renamed token's merges no longer apply."""
-    from memra.model.aliases import resolve
-    from memra.model.gguf import open_gguf
-    from memra.text.tokenizer import Tokenizer
-
-    g = open_gguf(resolve(source))
-    try:
-        tok = Tokenizer.from_gguf(g)
-    finally:
-        g.close()
-    if tok.kind != "bpe":
-        raise SynthError(f"{source}: --utf8-safe rewrites byte-level BPE vocabularies, not {tok.kind!r}")
-    tokens = list(tok.tokens)
-    taken = set(tokens)
-    for i in range(len(tokens)):
-        b = tok.token_bytes(i)
-        try:
-            b.decode("utf-8")
-        except UnicodeDecodeError:
-            name = f"<0x{b.hex().upper()}>"
-            if name in taken:
-                raise SynthError(f"{source}: token {name!r} already exists") from None
-            tokens[i] = name
-            taken.add(name)
-    return tokens
-
-
-def _add_tokenizer(w: GGUFWriter, source: str, n_vocab: int, utf8_safe: bool = False) -> None:
+def _add_tokenizer(w: GGUFWriter, source: str, n_vocab: int, tokens: list[str] | None = None) -> None:
     kv = dict(tokenizer_metadata(source))
-    tokens = utf8_safe_tokens(source) if utf8_safe else list(kv["tokenizer.ggml.tokens"])
+    if tokens is not None and len(tokens) != len(kv["tokenizer.ggml.tokens"]):
+        raise SynthError(f"{source}: {len(tokens)} replacement tokens for a vocabulary of "
+                         f"{len(kv['tokenizer.ggml.tokens'])}")
+    tokens = list(kv["tokenizer.ggml.tokens"] if tokens is None else tokens)
     n_tok = len(tokens)
     if n_vocab < n_tok:
         raise SynthError(f"vocabulary {n_vocab} is smaller than the {source} tokenizer's {n_tok} tokens")
@@ -512,13 +481,15 @@ def _add_tokenizer(w: GGUFWriter, source: str, n_vocab: int, utf8_safe: bool = F
             log.warning("synth: tokenizer key %s (%s) not copied", key, type(v).__name__)
 
 
-def write_tokenizer(out_path, source: str = "smollm2-135m", utf8_safe: bool = False) -> dict:
+def write_tokenizer(out_path, source: str = "smollm2-135m", tokens: list[str] | None = None,
+                    note: str = "") -> dict:
     """A GGUF holding only `source`'s tokenizer (its tokenizer.* metadata, no tensors): what
     `--tokenizer-from` needs, a few MB instead of a model, for machines that cannot fetch
     the aliases (experiments/h200_*.sh carry it as .synthtok/smollm2-tokenizer.gguf). A
-    synthetic model made from it is byte-identical to one made from `source` itself (with
-    utf8_safe, its vocabulary is utf8_safe_tokens' instead). The file is written to a
-    temporary name and renamed, so it is whole or absent."""
+    synthetic model made from it is byte-identical to one made from `source` itself (tokens:
+    another vocabulary of the same size in its place, e.g. memra.text.tokenizer's
+    utf8_safe_tokens; note goes into the file's name). The file is written to a temporary
+    name and renamed, so it is whole or absent."""
     from memra.model.aliases import resolve
     from memra.model.gguf import open_gguf
 
@@ -532,8 +503,8 @@ def write_tokenizer(out_path, source: str = "smollm2-135m", utf8_safe: bool = Fa
     tmp = out_path.with_name(f".{out_path.name}.tmp{os.getpid()}")
     w = GGUFWriter(tmp, arch)
     try:
-        w.add_name(f"memra tokenizer of {Path(str(source)).name}" + (" (UTF-8-safe)" if utf8_safe else ""))
-        _add_tokenizer(w, source, n_tok, utf8_safe)
+        w.add_name(f"memra tokenizer of {Path(str(source)).name}" + (f" ({note})" if note else ""))
+        _add_tokenizer(w, source, n_tok, tokens)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()

@@ -577,3 +577,27 @@ class Tokenizer:
     def __repr__(self) -> str:
         kind = "SentencePiece" if self.kind == "spm" else f"BPE/{self.pre.name}"
         return f"Tokenizer({kind}, {self.n_vocab} tokens, bos={self.bos_id}, eos={self.eos_id})"
+
+
+def utf8_safe_tokens(tok: Tokenizer) -> list[str]:
+    """tok's byte-level BPE vocabulary with every token whose bytes are not whole UTF-8 on
+    their own (pieces of multi-byte characters: 313 of SmolLM2's 49152) renamed "<0xHEX>" of
+    its bytes (printable ASCII, which the byte-level alphabet maps to itself). A random model
+    over it streams valid UTF-8 whatever it samples, so a server that rejects invalid UTF-8
+    mid-stream (llama-server b10605 ends such a stream with an error event) completes every
+    request; ASCII text tokenizes as before (those pieces only come from non-ASCII bytes)."""
+    if tok.kind != "bpe":
+        raise TokenizerError(f"only byte-level BPE vocabularies are rewritten, not {tok.kind!r}")
+    tokens = list(tok.tokens)
+    taken = set(tokens)
+    for i in range(len(tokens)):
+        b = tok.token_bytes(i)
+        try:
+            b.decode("utf-8")
+        except UnicodeDecodeError:
+            name = f"<0x{b.hex().upper()}>"
+            if name in taken:
+                raise TokenizerError(f"token {name!r} already exists") from None
+            tokens[i] = name
+            taken.add(name)
+    return tokens
