@@ -6,7 +6,9 @@
 #     llama.cpp's prefill of 4,096 tokens (llama-bench -p 4096 -n 0: TTFT ~ 4096 / pp t/s);
 #   - a 32k-token prompt completes (`memra run --ctx 33000 -n 16`, TTFT and decode speed),
 #     with both attentions;
-#   - an impossible context (--ctx 100000000) is refused with a clear error before any work.
+#   - an impossible context (--ctx 100000000) is refused with a clear error before any work;
+#   - issue 14's long-context decode: tg128 at depth 0 and 4096 with the attention's split count
+#     at its default and MEMRA_ATT_SPLITS = 32, 64, 128 (SmolLM2 when shipped, and the 8B).
 # Everything under $OUT/long/ (run logs, llama-bench JSON); the summary in $OUT/long/log.txt.
 set -u
 source .whl/setup.sh > /dev/null 2>&1
@@ -50,3 +52,11 @@ done
 t0=$(date +%s.%N)
 timeout 60 python3 -m memra run "$M8" -p hello --ctx 100000000 -n 1 > $R/run-impossible.txt 2>&1
 log "impossible context rc=$? in $(python3 -c "import sys,time; print(round(time.time() - float(sys.argv[1]), 1))" $t0) s: $(tail -1 $R/run-impossible.txt)"
+SM=smollm2-135m; [ -f /root/models/smollm2.gguf ] || SM=
+for m in $SM "$M8"; do
+  for sp in "" 32 64 128; do
+    MEMRA_ATT_SPLITS=$sp timeout 150 python3 -m memra bench "$m" -p 0 -n 128 -d 0,4096 --synth-tokenizer $TOK \
+      --tag "MEMRA_ATT_SPLITS=${sp:-default}" --out $R/bench-att-splits.jsonl > $R/bench-splits-$sp.txt 2>&1
+    log "tg128 $(basename $m) splits=${sp:-default} rc=$? $(grep -E 'tg128' $R/bench-splits-$sp.txt | awk '{print $NF, $0}' | cut -c1-160 | tr '\n' ' ')"
+  done
+done

@@ -221,3 +221,19 @@ def test_attn_fa_groups_a_mixed_steps_rows_by_sequence(tiny_models):
     assert np.array_equal(mixed[1].logits.view(np.uint32), alone_b.view(np.uint32))
     with pytest.raises(MemraError, match="MEMRA_ATTN"):
         _runner(path, attn="flash")
+
+
+def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypatch):
+    """MEMRA_ATT_SPLITS sets the decode attention's split count (the plan's and the launch's);
+    a row's bits stay independent of the batch it runs in, and a bad value is refused."""
+    from memra.tune.bench import seams
+
+    path = tiny_models("llama", "Q4_K_M")
+    monkeypatch.setenv("MEMRA_ATT_SPLITS", "3")
+    r = _runner(path)
+    assert r.plan.n_splits == 3 and seams() == {"MEMRA_ATT_SPLITS": "3"}
+    res = batch_invariance(r, PROMPT, n_steps=4, co=5)
+    assert res["identical"], res
+    monkeypatch.setenv("MEMRA_ATT_SPLITS", "0")
+    with pytest.raises(MemraError, match="MEMRA_ATT_SPLITS must be an integer in 1..256"):
+        _runner(path)

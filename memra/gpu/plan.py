@@ -253,6 +253,16 @@ class Planner:
         self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
+        env = os.environ.get("MEMRA_ATT_SPLITS")
+        if env:  # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
+            try:
+                n = int(env)
+            except ValueError:
+                n = 0
+            if not 1 <= n <= ATT.MAX_SPLITS:
+                raise MemraError(f"MEMRA_ATT_SPLITS must be an integer in 1..{ATT.MAX_SPLITS}, got {env!r}")
+            log.info("attention: %d splits per head block (MEMRA_ATT_SPLITS; default %d)", n, self.n_splits)
+            self.n_splits = n
 
     def att_hpb_rows(self, rows: int) -> int:
         """Query heads per attention block for a launch over `rows` token rows: the batch-1
