@@ -55,8 +55,9 @@ log "impossible context rc=$? in $(python3 -c "import sys,time; print(round(time
 SM=smollm2-135m; [ -f /root/models/smollm2.gguf ] || SM=
 for m in $SM "$M8"; do
   for sp in "" 32 64 128; do
+    f=$R/bench-splits-$(basename $m .gguf)-${sp:-default}.txt
     MEMRA_ATT_SPLITS=$sp timeout 150 python3 -m memra bench "$m" -p 0 -n 128 -d 0,4096 --synth-tokenizer $TOK \
-      --tag "MEMRA_ATT_SPLITS=${sp:-default}" --out $R/bench-att-splits.jsonl > $R/bench-splits-$sp.txt 2>&1
-    log "tg128 $(basename $m) splits=${sp:-default} rc=$? $(grep -E 'tg128' $R/bench-splits-$sp.txt | awk '{print $NF, $0}' | cut -c1-160 | tr '\n' ' ')"
+      --tag "MEMRA_ATT_SPLITS=${sp:-default}" --out $R/bench-att-splits.jsonl > $f 2>&1
+    log "tg128 $(basename $m) splits=${sp:-default} rc=$? $(grep -E 'tg128' $f | tr -s ' ' | tr '\n' ';')"
   done
 done
