@@ -261,12 +261,7 @@ def test_utf8_safe_tokenizer_streams_whole_utf8_and_tokenizes_ascii_as_before(tm
         finally:
             g.close()
 
-    def whole(b: bytes) -> bool:
-        try:
-            b.decode("utf-8")
-            return True
-        except UnicodeDecodeError:
-            return False
+    from test_tokenizer import _valid_utf8 as whole
 
     n = len(tok["src"].tokens)
     broken = [i for i in range(n) if not whole(tok["src"].token_bytes(i))]
