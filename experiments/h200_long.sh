@@ -5,7 +5,7 @@
 #   - TTFT of a 4,096-token prompt: `memra run` (default attention and MEMRA_ATTN=fa) beside
 #     llama.cpp's prefill of 4,096 tokens (llama-bench -p 4096 -n 0: TTFT ~ 4096 / pp t/s);
 #   - a 32k-token prompt completes (`memra run --ctx 33000 -n 16`, TTFT and decode speed),
-#     with both attentions;
+#     with both attentions; pp512 at depth 4096 with both;
 #   - an impossible context (--ctx 100000000) is refused with a clear error before any work;
 #   - issue 14's long-context decode: tg128 at depth 0 and 4096 with the attention's split count
 #     at its default and MEMRA_ATT_SPLITS = 32, 64, 128 (SmolLM2 when shipped, and the 8B).
@@ -48,6 +48,11 @@ for at in fa decode; do
   MEMRA_ATTN=$at timeout 240 python3 -m memra run "$M8" -p - --ctx 33000 -n 16 --temp 0 --ignore-eos \
     < $R/prompt-32768.txt > $R/run-32k-$at.txt 2>&1
   log "32k prompt attn=$at rc=$? $(grep -E 'TTFT|gate' $R/run-32k-$at.txt | tail -2 | tr '\n' ' ')"
+done
+for at in fa decode; do
+  MEMRA_ATTN=$at timeout 150 python3 -m memra bench "$M8" -p 512 -n 0 -d 4096 --tag MEMRA_ATTN=$at \
+    --out $R/bench-pp-d4096.jsonl > $R/bench-pp-d4096-$at.txt 2>&1
+  log "pp512 @ d4096 attn=$at rc=$? $(grep -E 'pp512' $R/bench-pp-d4096-$at.txt | tr -s ' ' | tr '\n' ';')"
 done
 t0=$(date +%s.%N)
 timeout 60 python3 -m memra run "$M8" -p hello --ctx 100000000 -n 1 > $R/run-impossible.txt 2>&1
