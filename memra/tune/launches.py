@@ -61,14 +61,6 @@ FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed
                  "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa"}
 
 
-def row_bucket(rows: int) -> int:
-    """The bucket of a non-matvec launch of `rows` rows: 1, 2, 4 or 8 (8 and more)."""
-    for b in (1, 2, 4):
-        if rows <= b:
-            return b
-    return 8
-
-
 def case_key(case: Mapping) -> str:
     return json.dumps([case["family"], case["entry"], sorted(case["defines"].items()), case["bucket"],
                        case.get("tag", "")], separators=(",", ":"))
@@ -91,21 +83,6 @@ def family_module(fam: str):
         return None
 
 
-def gemm_available() -> bool:
-    m = family_module("gemm")
-    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
-
-
-def fa_available() -> bool:
-    m = family_module("attn_fa")
-    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
-
-
-def mvt_available() -> bool:
-    m = family_module("mvt")
-    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
-
-
 def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
     """(specs, missing): ModelSpec of each model that can be read here (a real model's
     header, a synthetic model's shapes), and 'name: why' for those that cannot. An alias
@@ -126,6 +103,12 @@ def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
     return specs, missing
 
 
+def family_available(family: str) -> bool:
+    """Whether a kernel family exists with its launch-set hooks (launch_cases, check_launch)."""
+    m = family_module(family)
+    return m is not None and hasattr(m, "launch_cases") and hasattr(m, "check_launch")
+
+
 def _plans(spec, table, sms: int):
     from memra.gpu.plan import Planner
 
@@ -135,15 +118,15 @@ def _plans(spec, table, sms: int):
         for fuse in (True, False):
             seams = [(False, False)]
             if path == "q8":
-                if gemm_available():
-                    seams += [(True, True), (True, False)] if mvt_available() else [(True, False)]
-                elif mvt_available():
+                if family_available("gemm"):
+                    seams += [(True, True), (True, False)] if family_available("mvt") else [(True, False)]
+                elif family_available("mvt"):
                     seams += [(False, True)]
             for gemm, mvt in seams:
                 yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt)
         # MEMRA_ATTN=fa: attention on attn_fa.cu (RoPE unfused either way), the default seams
-        gemm, mvt = (gemm_available(), mvt_available()) if path == "q8" else (False, False)
-        plan = Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, fa=fa_available())
+        gemm, mvt = (family_available("gemm"), family_available("mvt")) if path == "q8" else (False, False)
+        plan = Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, fa=family_available("attn_fa"))
         if plan.use_fa:
             yield path, gemm, plan
 
@@ -252,12 +235,12 @@ def table_cases(table: Mapping, sms: int = 132):
                                    {"glu": glu, "q8": q8, "res": None})
                         yield "matvec", L, ctx, src
                 elif kernel in ("mvt", "mvt_glu"):
-                    if mvt_available() and e["variant"] == "q8":
+                    if family_available("mvt") and e["variant"] == "q8":
                         L = Launch(kernel, "mvt", kernel, "q8", shape, rows, cfg, kernel, -1,
                                    {"glu": "silu" if kernel == "mvt_glu" else None, "q8": True, "res": None})
                         yield "mvt", L, PlanContext(SimpleNamespace(), None, "q8"), src
                 elif kernel in ("gemm", "gemm_glu"):
-                    if gemm_available() and e["variant"] == "q8":
+                    if family_available("gemm") and e["variant"] == "q8":
                         L = Launch(kernel, "gemm", kernel, "q8", shape, rows, cfg, kernel, -1,
                                    {"glu": "silu" if kernel == "gemm_glu" else None, "q8": True, "res": None})
                         yield "gemm", L, PlanContext(SimpleNamespace(), None, "q8"), src

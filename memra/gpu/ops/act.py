@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "act.cu"
 THREADS = 256
@@ -122,7 +123,7 @@ def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "act_mul" (gate and up apart: the activation written over the gate,
     as runner's act_mul(ff, ff2, ff)) or "softcap" (the logits, in place)."""
     rows = int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     if L.op == "softcap":
         n, cap = int(L.shape["n"]), float(ctx.cfg.final_logit_softcap)
         return [{"file": KERNEL_FILE, "entry": "softcap", "defines": {"ACT_THREADS": THREADS}, "bucket": b,

@@ -33,6 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "attention.cu"
 TILE = 64
@@ -375,7 +376,7 @@ def launch_cases(L, ctx) -> list[dict]:
     d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block}
     fused = L.op == "attention_rope"
     rows = int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     window, twin = int(L.args.get("window", 0)), bool(L.args.get("twin"))
     rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
     tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (

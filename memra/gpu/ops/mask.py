@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "mask.cu"
 THREADS = 256
@@ -126,7 +127,7 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
 def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "mask" over the vocabulary."""
     n, rows = int(L.shape["n"]), int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     return [{"file": KERNEL_FILE, "entry": "apply_mask", "defines": {"MASK_THREADS": THREADS}, "bucket": b,
              "tag": f"n{n}", "params": {"n": n, "rows": b}}]
 

@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError, UnsupportedModelError
+from memra.gpu.ops import launch_bucket
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 
 KERNEL_FILE = "matvec.cu"
@@ -502,10 +503,6 @@ def canaries(g, rng) -> Iterator:
 _LAUNCH_N = 259  # rows checked of a larger weight: a partial last block at every rows-per-block
 
 
-def _launch_bucket(rows: int) -> int:
-    return 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
-
-
 def launch_cases(L, ctx) -> list[dict]:
     """The case of a plan launch of op "matvec" (a chunk of <= 8 rows) or "quantize": the
     entry point and defines the runner's launcher builds for it (runner._matvec: the table's
@@ -513,7 +510,7 @@ def launch_cases(L, ctx) -> list[dict]:
     the engine aliases a residual with the output (attention output, down projection)."""
     if L.op == "quantize":
         warps = int((L.config or {}).get("Q8_WARPS", Q8_WARPS))
-        b = _launch_bucket(L.rows)
+        b = launch_bucket(L.rows)
         return [{"file": Q8_FILE, "entry": "quantize_q8", "defines": {"Q8_WARPS": warps}, "bucket": b,
                  "tag": f"K{int(L.shape['n'])}", "params": {"K": int(L.shape["n"]), "rows": b}}]
     t = type_id(L.shape["type"])

@@ -17,6 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "norm.cu"
 TOL = 1e-5
@@ -231,10 +232,6 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
 
 # -- the launch set (memra.tune.launches) ---------------------------------------------------
 
-def _launch_bucket(rows: int) -> int:
-    return 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
-
-
 def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "norm" (rmsnorm) or "add_norm" (add_rmsnorm): the module the
     launcher builds for this row length and the table's NORM_THREADS, with the runner's q8
@@ -243,7 +240,7 @@ def launch_cases(L, ctx) -> list[dict]:
     add = L.op == "add_norm"
     t, maxv, blocks = launch_config(n, not add, L.config)
     post, q8 = add and bool(L.args.get("w_post")), ctx.path == "q8"
-    b = _launch_bucket(L.rows)
+    b = launch_bucket(L.rows)
     return [{"file": KERNEL_FILE, "entry": "add_rmsnorm" if add else "rmsnorm",
              "defines": {"NORM_THREADS": t, "NORM_MAXV": maxv}, "bucket": b,
              "tag": f"n{n}" + (" post" if post else "") + (" q8" if q8 else ""),

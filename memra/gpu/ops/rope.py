@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "rope.cu"
 WARPS = 4
@@ -208,7 +209,7 @@ def launch_cases(L, ctx) -> list[dict]:
     c = ctx.cfg
     D = c.head_dim
     rows = int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     facts = (D, c.n_head, c.n_head_kv, c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.has_rope_freqs),
              bool(c.qkv_bias))
     return [{"file": KERNEL_FILE, "entry": "rope_norm_kv",

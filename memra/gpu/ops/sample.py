@@ -25,6 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "sample.cu"
 THREADS = 1024
@@ -249,7 +250,7 @@ def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "argmax" (argmax_partial + argmax_final, the table's
     SAMPLE_THREADS) or "sample" over the vocabulary."""
     n, rows = int(L.shape["n"]), int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     if L.op == "argmax":
         threads = int((L.config or {}).get("SAMPLE_THREADS", THREADS))
         return [{"file": KERNEL_FILE, "entry": "argmax_partial+argmax_final", "defines": {"SAMPLE_THREADS": threads},
