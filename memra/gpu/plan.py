@@ -128,8 +128,7 @@ class Planner:
         self.use_mvt = bool(mvt)
         # attention on kernels/attn_fa.cu (MEMRA_ATTN=fa): prefill and decode on one tensor-core
         # arithmetic (RoPE its own launch, the q8 twin a quantize launch); its head sizes only
-        self.use_fa = bool(fa) and spec.cfg.head_dim % 32 == 0 and spec.cfg.head_dim <= 256 and \
-            1 <= spec.cfg.n_gqa <= 16
+        self.use_fa = bool(fa) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa)
         self.fa_split = FA.SPLIT
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)

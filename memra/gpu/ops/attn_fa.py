@@ -30,12 +30,18 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "attn_fa.cu"
 FA_WARPS = 4
 SPLIT = 256  # keys per split (FA_SPLIT)
 TOL = 1e-3
 _NULL = np.uint64(0)
+
+
+def supports(head_dim: int, qpk: int) -> bool:
+    """Whether attn_fa runs a model of this head size and query heads per KV head."""
+    return head_dim % 32 == 0 and 0 < head_dim <= 256 and 1 <= qpk <= 16
 
 
 def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0) -> dict:
@@ -228,7 +234,7 @@ def launch_cases(L, ctx) -> list[dict]:
     split = int(L.args.get("split", SPLIT))
     decode = L.args.get("packing") == "decode" and can_decode_pack(D)
     rows = int(L.rows)
-    b = 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+    b = launch_bucket(rows)
     window = int(L.args.get("window", 0))
     return [{"file": KERNEL_FILE, "entry": "attn_fa_dec+fa_combine" if decode else "attn_fa+fa_combine",
              "defines": defines(D, split, ctx.kv_block), "bucket": b,
