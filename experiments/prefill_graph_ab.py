@@ -40,7 +40,7 @@ if mode in ("eager+cap", "eager+tiny", "eager+capup"):
     if mode == "eager+tiny":
         launches = launches[:1]
     with r.g.capture() as gr:
-        r._run(launches, 32, r.p_tok, r.p_pos, r.p_seq)
+        r._run(launches, 32, *r.step_rows(32))
     if mode == "eager+capup":
         gr.upload()
     gr.close()

@@ -265,10 +265,9 @@ class Runner:
         # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
         # table of up to R groups uploaded before the step (graphs read it at replay)
         self.p_grp = g.to_device(np.zeros((R, 2), i32))
-        # token rows of an eager step (prefill chunks, verification rows)
-        self.p_tok, self.p_pos, self.p_seq = g.empty(R, i32), g.empty(R, i32), g.empty(R, i32)
-        # a prefill chunk's rows (token, position, block-table row), one upload: the graph of
-        # prefill bucket B reads them as three runs of B ints (memra.gpu.plan.prefill_bucket)
+        # the rows of a step that is not a decode step (prefill chunks, verification rows):
+        # token, position and block-table row, one upload; a step of B rows (and its graph)
+        # reads them as three runs of B ints (step_rows)
         self.p_rows = g.empty(3 * R, i32)
         # row state of a decode step (the graphs' static buffers) and of the sampled rows of
         # an eager step: the token fed / chosen, its position, block-table row, draws made
@@ -541,9 +540,8 @@ class Runner:
         sm = sample or Sampling()
         sampler = "greedy" if sm.greedy else "sample"
         pos = np.arange(seq.n, seq.n + n, dtype=np.int32)
-        self.p_tok.view(shape=(n,)).upload(t)
-        self.p_pos.view(shape=(n,)).upload(pos)
-        self.p_seq.view(shape=(n,)).upload(np.full(n, seq.slot, np.int32))
+        self.p_rows.view(shape=(3, n)).upload(np.stack([t, pos, np.full(n, seq.slot, np.int32)]))
+        feed = self.step_rows(n)
         # the sampler's state: each row's chosen token takes the position after its own
         state = np.zeros((4, MAX_ROWS), np.int32)
         state[1] = -1
@@ -563,18 +561,18 @@ class Runner:
         if masks is not None and logits != "none":
             launches = self.plan.step(n, decode=False, sampler=sampler)
             k = _mask_index(launches)
-            self._run(launches[:k], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+            self._run(launches[:k], n, *feed, self._state(0, hist=False))
             V = self.cfg.n_vocab
             raw = self.buf["logits"].view(shape=(n, V)).numpy()
-            self._run(launches[k:], n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+            self._run(launches[k:], n, *feed, self._state(0, hist=False))
         elif gr is not None:
             gr.launch()
         else:
             launches = self.plan.step(n, decode=False, sampler=sampler)
-            self._run(launches, n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+            self._run(launches, n, *feed, self._state(0, hist=False))
             if graph:  # every module is loaded now: capture this row count for next time
                 with self.g.capture() as gr:
-                    self._run(launches, n, self.p_tok, self.p_pos, self.p_seq, self._state(0, hist=False))
+                    self._run(launches, n, *feed, self._state(0, hist=False))
                 self._graphs[key] = gr
         seq.n += n
         out = [int(x) for x in self.r_tok.view(shape=(n,)).numpy()]
@@ -788,30 +786,28 @@ class Runner:
         the bucket), captured on a bucket's first use after an eager run of this chunk
         (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly."""
         n = tok.size
-        if not self.prefill_graph:
-            self._upload_groups(seq, pos, n)
-            self.p_tok.view(shape=(n,)).upload(tok)
-            self.p_pos.view(shape=(n,)).upload(pos)
-            self.p_seq.view(shape=(n,)).upload(seq)
-            self._run(self.plan.step(n, decode=False), n, self.p_tok, self.p_pos, self.p_seq)
-            return
-        B = PLAN.prefill_bucket(n)
+        B = PLAN.prefill_bucket(n) if self.prefill_graph else n
         rows = np.zeros((3, B), np.int32)
         rows[1] = -1
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
         self._upload_groups(seq, pos, B)
-        tk, ps, sq = (self.p_rows.view(shape=(B,), offset=4 * B * i) for i in range(3))
-        key = ("prefill", B)
-        gr = self._graphs.get(key)
+        feed = self.step_rows(B)
+        gr = self._graphs.get(("prefill", B)) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
             return
         launches = self.plan.step(B, decode=False)
-        self._run(launches, B, tk, ps, sq)
-        with self.g.capture() as gr:
-            self._run(launches, B, tk, ps, sq)
-        self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
+        self._run(launches, B, *feed)
+        if self.prefill_graph:
+            with self.g.capture() as gr:
+                self._run(launches, B, *feed)
+            self._graphs[("prefill", B)] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
+
+    def step_rows(self, size: int):
+        """The (token, position, block-table row) views of a prefill or verification step of
+        `size` rows: three runs of `size` ints in p_rows, as _chunk and verify upload them."""
+        return tuple(self.p_rows.view(shape=(size,), offset=4 * size * i) for i in range(3))
 
     def _upload_groups(self, seq, pos, size: int) -> None:
         """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""

@@ -126,13 +126,11 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
             runner.step([Row(s, rng.integers(0, V, rows).tolist())])
             bucket = PLAN.prefill_bucket(rows) if runner.prefill_graph else rows
             launches = runner.plan.step(bucket, decode=False)
+            feed = runner.step_rows(bucket)
+            step_us = None
             if runner.prefill_graph:
-                feed = tuple(runner.p_rows.view(shape=(bucket,), offset=4 * bucket * i) for i in range(3))
                 gr = runner._graphs[("prefill", bucket)]
                 step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
-            else:
-                feed = (runner.p_tok, runner.p_pos, runner.p_seq)
-                step_us = None
 
             def eager():
                 runner._run(launches, bucket, *feed)
