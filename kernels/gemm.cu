@@ -95,7 +95,7 @@
 //     columns): the scheduler interleaves the tiles' IMMAs and epilogues and the nibble
 //     unpack is no longer redone per n tile. 8B Q4_K_M decode step at 64 rows 19.84 ->
 //     19.14 ms (down Q6_K 2.68 -> 2.53 ms), at 16 rows within noise.
-//  7. (this) Q4_K / Q5_K row scalars as floats d sc, dmin m (mma_frag.cuh RK4F, the same
+//  7. Q4_K / Q5_K row scalars as floats d sc, dmin m (mma_frag.cuh RK4F, the same
 //     bits as mv_q8's accum_k4: its exactness note), 9 float operations per output and unit
 //     instead of 15 plus 4 integer products, and (float)S once per column; and the sweep of
 //     4-n8-tile configurations (32 outputs a thread, ~220 registers, GM_MINB 1 or 2), never
@@ -107,6 +107,18 @@
 //     155 -> 131, Q4_K 6144 x 4096 66 -> 55, 4096 x 4096 46 -> 34; nb 512: glu 1485 -> 1300
 //     (92.5 TOPS), Q6_K 979 -> 807. The accum alone, same config: glu at 64 220 -> 211,
 //     at 512 1619 -> 1532 (research/2026-12-01-gemm-v7/).
+//  8. (this) the K-quants' and IQ4_XS's row scalars once per quad (LaneRS below): lane tig
+//     unpacks those of the quad's row tig (2 GM_TM rows, 4 lanes holding the same rows) and
+//     the quad shares them by shuffles, instead of every lane unpacking all of them; their A
+//     fragments read no meta. Static SASS of the glu module (Q4_K, 2,1,2,4,2,3,1,2): 5792 ->
+//     5408 instructions (SHF -152, LOP3 -126, IMAD -87; +32 SHFL), registers 219 -> 245 (the
+//     same 2 blocks an SM). Predicted ~10 % (v7's counters: ~100 of 731 instructions per warp
+//     and unit were row scalars); H200, v7 and v8 in one call, 321 checks bit-identical to
+//     mv_q8 each (research/2026-12-01-session9/gemm-ab/): best configuration per shape, us at
+//     16 / 64 / 128 / 512 rows: glu 95.9 / 194.6 / 345.1 / 1303.9 -> 95.7 / 185.8 / 327.0 /
+//     1246.4 (+0 / 5 / 6 / 5 %), Q6_K 4096 x 14336 +3 % at each, qkv 6144 x 4096 0 / 3 / 0 / 4
+//     %, 4096 x 4096 3 / -2 / 2 / 3 %. Less than predicted: the kernel is latency-bound (v7:
+//     45 % of issue slots), so instructions off the critical path buy less than their count.
 //  Withdrawn (research/2026-12-01-batch/, both bit-identical): the accum's int -> float
 //  conversions by a magic-number add instead of I2FP (1-7 % slower), and Q4_K / Q5_K row
 //  scalars d sc, dmin m per row with 9 float operations per output instead of 15 (gate+up
@@ -222,6 +234,32 @@ static_assert(OFF_S % 16 == 0 && OFF_M % 16 == 0, "stage regions must be 16-byte
 
 
 MEMRA_DEVICE int brev5(int i) { return (int)(__brev((unsigned)i) >> 27); }
+
+// Row scalars computed once per quad (variant 8): the four lanes of a quad (same gid) hold the
+// same 2 * GM_TM rows, so for the types whose row scalars cost most (the K-quants' scale
+// unpacking, IQ4_XS's 6-bit scales) lane tig computes those of the quad's rows tig, tig + 4, ...
+// (row t = m tile t / 2, half t % 2) and the quad shares them by shuffles; their A fragments
+// need no meta (Q5_K's only the unit's j). The same rowscal on the same bytes: the bits are
+// unchanged. The other types' row scalars are one or two f16 conversions: computed in place.
+template <class TT> struct LaneRS { static constexpr bool on = false; };
+template <> struct LaneRS<TQ4_K> { static constexpr bool on = true; };
+template <> struct LaneRS<TQ5_K> { static constexpr bool on = true; };
+template <> struct LaneRS<TQ6_K> { static constexpr bool on = true; };
+template <> struct LaneRS<TIQ4_XS> { static constexpr bool on = true; };
+constexpr bool LRS = LaneRS<T>::on;
+template <class U> MEMRA_DEVICE void unit_j(U&, int) {}
+MEMRA_DEVICE void unit_j(TQ5_K::U& w, int u) { w.j = u & 3; }
+constexpr int QRW = (2 * GM_TM + 3) / 4;   // rows a lane computes
+template <class RR>
+MEMRA_DEVICE RR shfl_rs(const RR& v, int src) {
+    static_assert(sizeof(RR) % 4 == 0, "row scalars are 32-bit words");
+    RR o;
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(&v);
+    uint32_t* b = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(RR) / 4); ++i) b[i] = __shfl_sync(0xffffffffu, a[i], src);
+    return o;
+}
 
 // Which weight row smem row r of the block holds (clamped: rows past N are loaded and
 // computed, never stored). GLU: warp wm's m tiles [0, TM/2) are gate rows, [TM/2, TM) the
@@ -428,6 +466,22 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                     }
                 }
             }
+            // LRS: this lane's rows of the quad (t = tig + 4 k: m tile t / 2, half t % 2)
+            typename GT::R rown[QRW];
+            if (LRS) {
+#pragma unroll
+                for (int k = 0; k < QRW; ++k) {
+                    const int t = tig + 4 * k;
+                    if (t < 2 * GM_TM) {
+                        const int r = (wm * GM_TM + (t >> 1)) * 16 + gid + 8 * (t & 1);
+                        const uint8_t* mp = stp + OFF_M + r * GT::MWS;
+                        if (K16) mp += ((size_t)weight_row_of<GLU>(r, ob, N) * mrs + T::moff(u)) & 3;
+                        typename T::U w;
+                        T::template load_meta<SLd>(w, mp, u);
+                        rown[k] = GT::rowscal(w);
+                    }
+                }
+            }
 #pragma unroll
             for (int mi = 0; mi < GM_TM; ++mi) {
                 const int r0 = (wm * GM_TM + mi) * 16;
@@ -445,18 +499,30 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                     q[GT::NCH - 1][0] = r2[0]; q[GT::NCH - 1][1] = r2[1];
                 }
                 typename T::U w[2];
+                typename GT::R rq[2];
+                if (LRS) {
+                    unit_j(w[0], u);   // all Q5_K's afrag reads of the meta
+                    unit_j(w[1], u);
 #pragma unroll
-                for (int rh = 0; rh < 2; ++rh) {
-                    const uint8_t* mp = stp + OFF_M + (r0 + gid + 8 * rh) * GT::MWS;
-                    if (K16) {   // Q6_K window: the meta bytes start 0 or 2 bytes in
-                        const size_t abs = (size_t)weight_row_of<GLU>(r0 + gid + 8 * rh, ob, N) * mrs + T::moff(u);
-                        mp += abs & 3;
+                    for (int rh = 0; rh < 2; ++rh) {
+                        const int t = 2 * mi + rh;
+                        rq[rh] = shfl_rs(rown[t >> 2], (lane & ~3) | (t & 3));
                     }
-                    T::template load_meta<SLd>(w[rh], mp, u);
+                } else {
+#pragma unroll
+                    for (int rh = 0; rh < 2; ++rh) {
+                        const uint8_t* mp = stp + OFF_M + (r0 + gid + 8 * rh) * GT::MWS;
+                        if (K16) {   // Q6_K window: the meta bytes start 0 or 2 bytes in
+                            const size_t abs = (size_t)weight_row_of<GLU>(r0 + gid + 8 * rh, ob, N) * mrs + T::moff(u);
+                            mp += abs & 3;
+                        }
+                        T::template load_meta<SLd>(w[rh], mp, u);
+                    }
+                    rq[0] = GT::rowscal(w[0]);   // once per row
+                    rq[1] = GT::rowscal(w[1]);
                 }
                 uint32_t a[GT::NK][AR];
                 GT::afrag(q, w, tig, a);
-                const typename GT::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
 #pragma unroll
                 for (int ni = 0; ni < GM_TN; ++ni) {
                     if (!FULL && cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column

@@ -210,8 +210,8 @@ def test_gemm_jobs_follow_the_plans_gemm_switch(monkeypatch):
 
 
 def test_gemm_batches_beyond_a_prefill_chunk_are_refused():
-    spec = {**GEMM_SPEC, "batches": [256]}
-    with pytest.raises(C.CampaignError, match="1..128 rows"):
+    spec = {**GEMM_SPEC, "batches": [1024]}
+    with pytest.raises(C.CampaignError, match="1..512 rows"):
         C.expand_campaign(spec, [llama_like()])
 
 
@@ -266,19 +266,20 @@ def test_h200_gemm_campaign_is_what_its_header_says():
 
 
 def test_prefill_chunk_has_its_own_table_bucket():
-    """A 128-row prefill chunk takes a GEMM entry frozen at 128 rows, a 64-row decode step the
-    one frozen at 64 (before, 65..128 rows shared the 64-row entry)."""
-    from memra.gpu.plan import PREFILL_CHUNK, Planner
+    """A prefill chunk (65 rows up to PREFILL_CHUNK) takes a GEMM entry frozen at 128 rows, a
+    64-row decode step the one frozen at 64 (before, 65..128 rows shared the 64-row entry)."""
+    from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
 
-    assert T.BATCH_BUCKETS[-1] == PREFILL_CHUNK
-    assert [T.batch_bucket(b) for b in (33, 64, 65, 100, 128, 500)] == [64, 64, 128, 128, 128, 128]
+    assert T.BATCH_BUCKETS[-2] == MAX_ROWS and T.BATCH_BUCKETS[-1] == 128 <= PREFILL_CHUNK
+    assert [T.batch_bucket(b) for b in (33, 64, 65, 100, 128, 500, PREFILL_CHUNK)] == [64, 64] + [128] * 5
     m = llama_like()
     s = "cols=512,rows=256,type=Q4_K"
     table = {"batch_buckets": list(T.BATCH_BUCKETS), "entries": {"gemm": {s: {
         "64": {"variant": "q8", "config": {"GM_WK": 4}}, "128": {"variant": "q8", "config": {"GM_STAGES": 4}}}}}}
     p = Planner(m, table)
     down = {rows: [L for L in (p.step(rows, decode=False)) if L.op == "gemm" and shape_key(L.shape) == s]
-            for rows in (64, 100, 128)}
+            for rows in (64, 100, 128, PREFILL_CHUNK)}
     assert [L.config for L in down[64]] == [{"GM_WK": 4}] * 2
     assert [L.config for L in down[100]] == [{"GM_STAGES": 4}] * 2
     assert [L.config for L in down[128]] == [{"GM_STAGES": 4}] * 2
+    assert [L.config for L in down[PREFILL_CHUNK]] == [{"GM_STAGES": 4}] * 2

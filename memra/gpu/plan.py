@@ -45,12 +45,28 @@ from memra.tune.receipts import shape_key, shape_of_key
 
 log = logging.getLogger("memra.plan")
 
-PREFILL_CHUNK = 128  # token rows per prefill launch set
 MAX_ROWS = 64        # decode rows per step (the largest CUDA-graph bucket)
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # row counts a prefill chunk's CUDA graph is captured at (a chunk of n rows replays the
 # smallest that holds it, the rows past n padded: position -1, nothing read or written)
-PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128)
+_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 320, 384, 448, 512)
+
+
+def _prefill_chunk() -> int:
+    """Token rows per prefill launch set: 512 (a 512-token prompt is one chunk: its GEMMs run
+    each weight tile over 512 rows at once and its ~10 launches a layer are paid once);
+    MEMRA_PREFILL_CHUNK (a rollback seam, read at import) sets 64..512, one of the buckets.
+    A row's bits do not depend on it (chunk invariance)."""
+    v = os.environ.get("MEMRA_PREFILL_CHUNK", "").strip()
+    if not v:
+        return 512
+    if not v.isdigit() or int(v) < MAX_ROWS or int(v) not in _BUCKETS:
+        raise MemraError(f"MEMRA_PREFILL_CHUNK must be one of {[b for b in _BUCKETS if b >= MAX_ROWS]}, got {v!r}")
+    return int(v)
+
+
+PREFILL_CHUNK = _prefill_chunk()
+PREFILL_BUCKETS = tuple(b for b in _BUCKETS if b <= PREFILL_CHUNK)
 ATT_GROUP_ROWS = 16  # from this many rows an attention block takes the whole GQA group (MEMRA_ATT_GROUP_ROWS)
 
 

@@ -16,7 +16,7 @@ written, no token committed), the next token chosen on the device and 4 bytes a 
 back. Any other mix (prompt chunks, several tokens of one sequence, K+1 verification
 rows) runs the plan's prefill step over up to PREFILL_CHUNK token rows at a time (K/V
 rows appended first, then attention), replayed as the CUDA graph of the smallest prefill
-bucket that holds the chunk (1, 2, 4, 8, then 16 to 128 by 16 rows; padded like decode),
+bucket that holds the chunk (1, 2, 4, 8, 16 to 128 by 16, then 192 to 512 by 64 rows; padded like decode),
 then the head eagerly over the rows whose logits or token are wanted. A row's logits do
 not depend on the path, the rows beside it or the bucket (every kernel keeps a row's reduction order fixed by its
 shape; kernel-check compares the fused decode attention with the two-launch form and the
@@ -166,6 +166,8 @@ class Runner:
         self.kv_block = int(kv_block or os.environ.get("MEMRA_KV_BLOCK", KV_BLOCK))
         self.max_seqs = int(max_seqs)
         per_block = bytes_per_block(self.cfg, self.kv_block)
+        # the step buffers first: the KV pool sized from the free memory must leave them room
+        self._alloc_activations()
         if kv_tokens is None:
             if kv_memory is not None:
                 n_blocks = int(kv_memory) // per_block
@@ -188,7 +190,6 @@ class Runner:
         self.kv = PagedKV(self.g, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
                           max_seqs=self.max_seqs, max_len=self.max_len)
         self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
-        self._alloc_activations()
         self._graphs: dict[tuple, object] = {}
 
     # -- set-up ---------------------------------------------------------------------------

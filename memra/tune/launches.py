@@ -11,7 +11,7 @@ so each tuned configuration is launched) and every rollback seam the runner read
 exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa when the attn_fa family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
 bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
-and 128 rows (the GEMM's configurations), and the head over 1 to
+and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
 8 and 64 gathered rows (with the quantize_q8
 launch that runner._head makes outside the plan). Each family module (memra/gpu/ops/) maps a
 plan launch to the cases that run exactly its module: `launch_cases(L, ctx)` gives the entry
@@ -45,8 +45,9 @@ MODELS = ("smollm2-135m", "gemma3-270m", "synth:llama3-8b:Q4_K_M", "synth:llama3
           "synth:tiny-qwen3:Q4_0", "synth:tiny-gemma3:Q4_K_M")
 # prefill chunks: 1..8 rows reach every matvec nb (and mvt's one-tile bucket); 9 and 15 mvt's
 # two-tile bucket (full and partial second tile); 16, 17, 64, 65 and 128 the GEMM's built-in
-# configurations (nb <= 16, <= 64, more) with full and partial batch tiles
-PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128)
+# configurations (nb <= 16, <= 64, more) with full and partial batch tiles; 512 the largest
+# chunk (memra.gpu.plan.PREFILL_CHUNK)
+PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128, 512)
 HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
 SAMPLERS = ("none", "greedy", "sample")
 

@@ -30,9 +30,10 @@ log = logging.getLogger("memra.tuning")
 TABLE_FORMAT = 1
 
 # Decode batch sizes the engine captures CUDA graphs for (a batch runs in the graph of the
-# smallest bucket that holds it, so tables are keyed by the same buckets), and the prefill
-# chunk (memra.gpu.plan.PREFILL_CHUNK, 128 token rows through the GEMM): a step of 65..128
-# rows is a prefill launch set, whose GEMM wants other tiles than a 64-row decode step.
+# smallest bucket that holds it, so tables are keyed by the same buckets), and prefill chunks
+# (up to memra.gpu.plan.PREFILL_CHUNK token rows through the GEMM): a step of more than 64
+# rows is a prefill launch set, whose GEMM wants other tiles than a 64-row decode step; the
+# 128 bucket's entries serve every chunk above 64 rows.
 BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
