@@ -126,11 +126,12 @@ class FakeInfo:
 
 
 def install(monkeypatch, g=None):
-    """Make memra.gpu.cuda report a GPU and hand out g (default: a FakeGpu of 256 MiB) as it,
-    for in-process `memra run / bench / kernel-check --device gpu`; returns g."""
+    """Make memra.gpu.cuda report a GPU and hand out g (default: a FakeGpu of 512 MiB, room
+    for a few runners' 512-row step buffers: its heap is never freed) as it, for in-process
+    `memra run / bench / kernel-check --device gpu`; returns g."""
     import memra.gpu.cuda as cuda
 
-    g = FakeGpu(1 << 28) if g is None else g
+    g = FakeGpu(1 << 29) if g is None else g
     monkeypatch.setattr(cuda, "has_gpu", lambda: True)
     monkeypatch.setattr(cuda, "gpu", lambda index=0: g)
     return g

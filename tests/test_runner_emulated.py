@@ -161,6 +161,16 @@ def test_a_context_that_cannot_fit_is_refused_before_any_work(tiny_models):
     per_block = bytes_per_block(read_config(open_gguf(path)), 16)
     with pytest.raises(ContextOverflowError, match=r"a context of 96 tokens needs .* holds 48 positions"):
         Runner(path, gpu=_SmallGpu(int(3 * per_block / 0.9) + 1), max_len=96, max_seqs=1)  # 3 blocks, 6 needed
+
+    class NoUpload(_SmallGpu):  # the refusal comes before any weight reaches the device
+        def to_device(self, *a, **k):
+            raise AssertionError("a weight was uploaded before the context was refused")
+
+        def empty(self, *a, **k):
+            raise AssertionError("device memory was allocated before the context was refused")
+
+    with pytest.raises(ContextOverflowError, match="before any weight is loaded"):
+        Runner(path, gpu=NoUpload(int(3 * per_block / 0.9) + 1), max_len=96, max_seqs=1)
     r = Runner(path, gpu=_SmallGpu(int(6 * per_block / 0.9) + per_block), max_len=96, max_seqs=1)
     s = r.open()
     r.step([Row(s, list(range(1, 90)))])

@@ -181,12 +181,66 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
         again = asyncio.run(_run(sched, reqs(prompts, salt="together")))
         assert [t for t, _ in again] == want
         assert [u["cached_tokens"] for _, u in again] == [(len(p) - 1) // 16 * 16 for p in prompts]
-        t_end = time.time() + 10
-        while sched.n_running and time.time() < t_end:
-            time.sleep(0.01)
-        assert (runner.kv.alloc.ref == 0).all()
+        _all_freed(sched, runner)
     finally:
         sched.stop()
+
+
+def _all_freed(sched, runner) -> None:
+    """Once the scheduler has nothing running, every KV block is back in the pool."""
+    t_end = time.time() + 10
+    while sched.n_running and time.time() < t_end:
+        time.sleep(0.01)
+    assert (runner.kv.alloc.ref == 0).all()
+
+
+def test_chained_decode_steps_give_the_step_by_step_tokens(tiny_models, monkeypatch):
+    """MEMRA_SERVE_CHAIN: while only decode rows run and nobody waits, the scheduler replays
+    up to 8 decode steps on the device between read-backs. The streams are the ones of one
+    runner call a step (greedy and seeded sampling; a stop token inside a chain ends its
+    request there, with no token after it), the chain is used, and every block is freed."""
+    from gpu_emulator import FakeGpu
+    from memra.gpu.runner import Runner
+
+    path = tiny_models("llama", "Q4_K_M")
+    g = open_gguf(path)
+    tok = Tokenizer.from_gguf(g)
+    rng = np.random.default_rng(7)
+    prompts = [[int(x) for x in rng.integers(3, 40000, n)] for n in (7, 12, 19)]
+
+    def reqs(stop_ids=()):
+        ps = [SamplingParams(temperature=0, max_tokens=13, stop_ids=list(stop_ids)),
+              SamplingParams(temperature=0.9, top_k=20, seed=77, max_tokens=11),
+              SamplingParams(temperature=0, max_tokens=9)]
+        return [GenRequest(p, q, ignore_eos=True) for p, q in zip(prompts, ps)]
+
+    def serve(chain: str, stop_ids=()):
+        monkeypatch.setenv("MEMRA_SERVE_CHAIN", chain)
+        runner = Runner(path, max_len=96, max_seqs=4, gpu=FakeGpu(1 << 28))
+        sched = Scheduler(runner, tok, max_queue=8, max_batched_tokens=64)
+        chained = []
+        real = sched._chain
+        sched._chain = lambda dec, n: (chained.append(n), real(dec, n))
+        sched.start()
+        try:
+            res = asyncio.run(_run(sched, reqs(stop_ids)))
+            _all_freed(sched, runner)
+        finally:
+            sched.stop()
+        return [t for t, _ in res], chained
+
+    plain, none = serve("0")
+    assert none == [] and [len(t) for t in plain] == [13, 11, 9]
+    chained, used = serve("8")
+    assert used and all(2 <= n <= 8 for n in used)
+    assert chained == plain
+    # a stop token in the middle of a chain: the first request ends at it (stop ids are
+    # left out of the text but reported as the last token), the others are unchanged
+    stop = plain[0][5]
+    cut = plain[0][:plain[0].index(stop) + 1]
+    stopped, used = serve("8", stop_ids=[stop])
+    assert used
+    assert stopped[0] == cut and stopped[1:] == plain[1:]
 
 
 @pytest.mark.slow

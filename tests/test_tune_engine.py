@@ -32,7 +32,7 @@ class RecordingGpu(FakeGpu):
     """FakeGpu that keeps (kernel, defines, grid, block) of every launch issued."""
 
     def __init__(self):
-        super().__init__(1 << 27)
+        super().__init__(1 << 28)
         self.issued = []
 
     def launch(self, kernel, grid, block, args, shmem=0, pdl=False):

@@ -286,7 +286,7 @@ def profile(
     model: Annotated[str, typer.Argument(help="GGUF path, alias or synth:SHAPE:QUANT (as memra bench).")],
     depth: Annotated[int, typer.Option("--depth", "-d", help="Tokens already cached per sequence.")] = 64,
     rows: Annotated[int, typer.Option("--rows", "-np", help="Sequences decoded together (1..64), or "
-                                      "with --prefill the chunk's token rows (1..128).")] = 1,
+                                      "with --prefill the chunk's token rows (1..512).")] = 1,
     prefill: Annotated[bool, typer.Option("--prefill", help="Profile one prefill chunk of --rows tokens of "
                                           "one sequence after --depth tokens instead of a decode step.")] = False,
     reps: Annotated[int, typer.Option("--reps", help="Copies of each launch per timed graph.")] = 20,

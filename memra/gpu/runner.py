@@ -157,15 +157,25 @@ class Runner:
             log.warning("MEMRA_ATTN=fa: head size %d / %d query heads per KV head not supported by attn_fa; "
                         "decode attention used", self.cfg.head_dim, self.cfg.n_gqa)
         self.path = path
-        t0 = time.perf_counter()
-        self._load_weights()
-        log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
         self.max_len = int(max_len or min(self.cfg.n_ctx_train, 32768))
         if self.max_len > self.cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", self.max_len, self.cfg.n_ctx_train)
         self.kv_block = int(kv_block or os.environ.get("MEMRA_KV_BLOCK", KV_BLOCK))
         self.max_seqs = int(max_seqs)
         per_block = bytes_per_block(self.cfg, self.kv_block)
+        need = -(-self.max_len // self.kv_block)  # one sequence at the full context
+        if kv_tokens is None and kv_memory is None and hasattr(self.g, "free_memory"):
+            # a context that cannot fit even with no weights on the device is refused before they
+            # load (the exact check, with the weights' bytes known, follows the upload)
+            free = int(0.9 * self.g.free_memory()) // per_block
+            if free < need:
+                raise ContextOverflowError(
+                    f"a context of {self.max_len} tokens needs {need * per_block / 2**30:.2f} GiB of KV cache for "
+                    f"one sequence ({per_block} bytes per {self.kv_block} positions); 90 % of the free device memory "
+                    f"holds {max(0, free) * self.kv_block} positions before any weight is loaded: lower the context size")
+        t0 = time.perf_counter()
+        self._load_weights()
+        log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
         # the step buffers first: the KV pool sized from the free memory must leave them room
         self._alloc_activations()
         if kv_tokens is None:
@@ -178,7 +188,6 @@ class Runner:
                     n_blocks = min(n_blocks, int(0.9 * free) // per_block)
         else:
             n_blocks = -(-int(kv_tokens) // self.kv_block)
-        need = -(-self.max_len // self.kv_block)  # one sequence at the full context
         if kv_tokens is None and kv_memory is None and n_blocks < need:
             # the pool was sized from the device: refuse a context it cannot hold once, before any
             # work (a pool given in tokens or bytes may be smaller: the server then refuses the

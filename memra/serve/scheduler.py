@@ -28,7 +28,11 @@ Each iteration of the engine thread:
      policy (memra.text.grammar.FeedCosts, from the measured times of this engine's calls)
      says is cheaper per token fed — one request's run alone as a verification step
      (engine.verify with masks: on the GPU a graph per row count), several as one eager
-     call, or a token a step as unsampled decode rows beside the others;
+     call, or a token a step as unsampled decode rows beside the others. When every
+     running request only decodes on the device sampler and nobody waits, up to
+     MEMRA_SERVE_CHAIN (8) steps run as one chain on the device (the runner's decode_run:
+     one read-back for the chain, no host round trip between its steps; the same tokens as
+     step by step);
   4. hands each row's token to its request: the text stream (memra.text.stream.TextStream:
      detokenization, stop strings, end of generation, length), log-probs when asked, an
      event to the request's asyncio queue; finished requests register their full blocks
@@ -192,6 +196,8 @@ class Scheduler:
         self.fast_forward = forced_enabled()
         # how forced runs are fed, from measured step times (memra.text.grammar.FeedCosts)
         self.costs = FeedCosts()
+        # decode steps chained on the device while nothing else is to be done (_chain)
+        self.chain = chain_steps()
         self.forced_tokens = 0
         self.thread = threading.Thread(target=self._loop, name="memra-engine", daemon=True)
 
@@ -403,10 +409,51 @@ class Scheduler:
             out[i] = self._masks[k]
         return out
 
+    def _chain_len(self, dec, ffw, pre) -> int:
+        """How many decode steps to chain on the device now (0: one ordinary step). Only when
+        every running request decodes a token a step on the device sampler (no prompt, forced
+        run, constraint, host sampler, logits or speculation) and has sent text already,
+        nobody waits, and each has at least two tokens left to make."""
+        if self.chain < 2 or pre or ffw or not dec or len(dec) > MAX_ROWS or self.waiting or self._inbox \
+                or not hasattr(self.engine, "decode_run") \
+                or (self.spec is not None and len(dec) <= self.spec.max_batch):
+            return 0
+        # no chain before a request's first text reaches its client: a token's text may wait
+        # for the next ones (part of a character, a possible stop string), and the first
+        # chunk (its client's time to first token) should not wait for a whole chain
+        if any(r.device is None or r.sampler is not None or r.matcher is not None or r.logprobs is not None
+               or r.wants_logits or r.cancelled or not r.ts.sent for r in dec):
+            return 0
+        n = min(self.chain, min(r.max_new - len(r.generated) for r in dec))
+        return n if n >= 2 else 0
+
+    def _chain(self, dec, n: int) -> None:
+        """n decode steps of `dec` replayed on the device (the runner's decode_run: the sampler
+        writes each row's next token and position back, one read-back of the n tokens a row),
+        then their tokens handed out in step order as n ordinary steps would. The same graph
+        on the same inputs and the sampler's draw a function of (logits, seed, position): each
+        row's tokens are the ordinary steps'. A row that finishes inside the chain (a stop, an
+        end of generation) drops the rest of its tokens; its sequence is closed, and the prefix
+        cache registers only blocks whose tokens it knows (memra.serve.prefix_cache.register)."""
+        t0 = time.perf_counter()
+        steps = list(self.engine.decode_run([r.seq for r in dec], [r.next_tok for r in dec], n,
+                                            [r.device for r in dec], chunk=n))
+        self.costs.observe("graph", len(dec), (time.perf_counter() - t0) / n)
+        for toks in steps:
+            for r, t in zip(dec, toks):
+                if r.finish is None:
+                    self._token(r, RowOut(token=t))
+        self.steps += n - 1
+
     def _step(self) -> None:
         dec = [r for r in self.running if r.next_tok is not None and not r.forced]
         ffw = [r for r in self.running if r.next_tok is not None and r.forced]
         pre = [r for r in self.running if r.next_tok is None]
+        n = self._chain_len(dec, ffw, pre)
+        if n:
+            self._chain(dec, n)
+            self.steps += 1
+            return
         if self.spec is not None and 0 < len(dec) <= self.spec.max_batch:
             dec = [r for r in dec if not self._spec_step(r)]
         # forced runs: with a prompt in progress they ride the step's eager call (its host
@@ -671,6 +718,17 @@ class Scheduler:
                                      "cached_tokens": r.n_cached}))
 
 
+def chain_steps() -> int:
+    """Decode steps the scheduler chains on the device when only plain decode rows run
+    (MEMRA_SERVE_CHAIN, default 8; 0 or 1: every step its own runner call)."""
+    v = os.environ.get("MEMRA_SERVE_CHAIN", "").strip()
+    if not v:
+        return 8
+    if not v.isdigit() or not 0 <= int(v) <= 64:
+        raise MemraError(f"MEMRA_SERVE_CHAIN must be an integer 0..64, got {v!r}")
+    return int(v)
+
+
 # -- opening an engine ---------------------------------------------------------------------------
 
 def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: int | None = None):
@@ -695,25 +753,43 @@ def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: i
 
 def warm_up_gpu(eng) -> None:
     """Compile and capture before serving: a prefill of a chunk and a half (its head and the
-    sampler), a prompt of every other prefill bucket's size (each bucket's graph: a request's
-    first chunk of that size does not pay the capture), then a decode step at every graph
-    bucket for each sampler kind (greedy, seeded sampling, logits only, and the first two
+    sampler), a step of every other prefill bucket's row count (each bucket's graph: a
+    request's first chunk of that size does not pay the capture), then a decode step at every
+    graph bucket for each sampler kind (greedy, seeded sampling, logits only, and the first two
     with a constrained row's vocabulary mask), through the runner's public step()."""
-    from memra.gpu.plan import PREFILL_BUCKETS, PREFILL_CHUNK, graph_bucket
+    from memra.gpu.plan import PREFILL_BUCKETS, PREFILL_CHUNK, graph_bucket, prefill_bucket
 
     t0 = time.perf_counter()
     tok = 1 if eng.cfg.n_vocab > 1 else 0
     n = min(eng.max_seqs, MAX_ROWS)
     seqs = [eng.open() for _ in range(n)]
+    cap = eng.max_len - 1  # a prompt's tokens (one position left to generate)
+
+    def prompt_rows(m: int):
+        """m prompt tokens over the open sequences, at most `cap` each, or None when they do
+        not fit or would all be one token (a decode step, not a prefill chunk)."""
+        rows, i = [], 0
+        while m > 0 and i < n:
+            k = min(m, cap)
+            rows.append(Row(seqs[i], [tok] * k))
+            m, i = m - k, i + 1
+        return rows if m == 0 and any(len(r.tokens) > 1 for r in rows) else None
+
     try:
-        first = min(eng.max_len - 1, PREFILL_CHUNK + PREFILL_CHUNK // 2)
+        first = min(cap, PREFILL_CHUNK + PREFILL_CHUNK // 2)
         eng.step([Row(seqs[0], [tok] * first, sample=Sampling(0.0))])
         eng.rewind(seqs[0], 0)
-        for b in PREFILL_BUCKETS:  # a one-row chunk is a prompt's last after full chunks
-            m = b if b > 1 else PREFILL_CHUNK + 1
-            if m < eng.max_len and b not in (PREFILL_CHUNK, first - PREFILL_CHUNK):
-                eng.step([Row(seqs[0], [tok] * m)])
-                eng.rewind(seqs[0], 0)
+        done = {prefill_bucket(min(PREFILL_CHUNK, first - s)) for s in range(0, first, PREFILL_CHUNK)}
+        for b in PREFILL_BUCKETS:
+            if b in done:
+                continue
+            # a step's rows are cut into chunks of PREFILL_CHUNK: a one-row chunk is the last
+            # of PREFILL_CHUNK + 1 rows (several sequences' prompts when one context is shorter)
+            rows = prompt_rows(b if b > 1 else PREFILL_CHUNK + 1)
+            if rows is not None:
+                eng.step(rows)
+                for r in rows:
+                    eng.rewind(r.seq, 0)
         buckets = sorted({graph_bucket(k) for k in range(1, n + 1)})
         every = np.full((eng.cfg.n_vocab + 31) // 32, -1, np.int32)  # a constrained row's graph (kernels/mask.cu)
         kinds = [(Sampling(0.0), None), (Sampling(0.8, 40, 0.95, 0.05, 1), None), (None, None),
