@@ -56,3 +56,20 @@ kernel_check() {
   grep -E "^FAIL|MISSED|canary.*not caught" "$R/kernel-check.txt" | head -20 | tee -a "$R/log.txt"
   python3 -m memra kernel-check --status --out "$R/kernel-check/nvidia-h200.json" | tail -1 | tee -a "$R/log.txt"
 }
+# bench_vs_llamacpp LLAMA_BENCH: `memra bench --vs llama.cpp` (pp512 + tg128) of every benchmark
+# model, one run each, then the 8B Q4_K_M at depth 4096; receipts in $R/bench-vs.jsonl (copied
+# to $OUT after each), one log per model, the gate and the cells in $R/log.txt
+bench_vs_llamacpp() {
+  local lb=$1 m f
+  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
+    f=$(echo $m | tr : _)
+    timeout 120 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench "$lb" --synth-tokenizer $TOK \
+      --out $R/bench-vs.jsonl > $R/bench-$f.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | tail -5 | tee -a $R/log.txt
+    cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+  done
+  timeout 150 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench "$lb" \
+    --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b-d4096.txt 2>&1
+  log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+}

@@ -40,17 +40,7 @@ elif [ "$STAGE" = evidence ]; then
   cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
 elif [ "$STAGE" = bench ]; then
   [ -x $LB ] || log "no llama-bench: STAGE=kc builds it"
-  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
-    f=$(echo $m | tr : _)
-    timeout 120 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench $LB --synth-tokenizer $TOK \
-      --out $R/bench-vs.jsonl > $R/bench-$f.txt 2>&1
-    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | tail -5 | tee -a $R/log.txt
-    cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
-  done
-  timeout 150 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench $LB \
-    --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b-d4096.txt 2>&1
-  log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
-  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+  bench_vs_llamacpp "$LB"
   for m in smollm2-135m gemma3-270m synth:llama3-8b:Q4_K_M; do
     f=$(echo $m | tr : _)
     MEMRA_ATTN=fa timeout 100 python3 -m memra bench $m -p 512 -n 128 --synth-tokenizer $TOK --tag MEMRA_ATTN=fa \

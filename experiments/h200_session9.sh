@@ -17,6 +17,8 @@
 #                  this session) and with MEMRA_ATTN=fa, interleaved with the default
 #   STAGE=evidence experiments/h200_serve.sh STAGE=evidence (serve GPU tests, `memra bench serve`
 #                  of the 8B against llama-server, c = 1, 8, 32, 64)
+#   STAGE=chain    (a fresh machine, SmolLM2 shipped by .models/sm-a and sm-b) tests/test_serve_gpu.py,
+#                  then `memra bench serve` of the 8B alone with MEMRA_SERVE_CHAIN=0 and 8
 # Results under /tmp/s9-$STAGE, tarred into $OUT/s9-$STAGE.tgz.
 set -u
 source experiments/h200_common.sh
@@ -62,17 +64,7 @@ elif [ "$STAGE" = kc ]; then
   log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
 elif [ "$STAGE" = bench ]; then
   [ -x $LB ] || log "no llama-bench: STAGE=prep builds it"
-  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
-    f=$(echo $m | tr : _)
-    timeout 120 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench $LB --synth-tokenizer $TOK \
-      --out $R/bench-vs.jsonl > $R/bench-$f.txt 2>&1
-    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | tail -5 | tee -a $R/log.txt
-    cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
-  done
-  timeout 150 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench $LB \
-    --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b-d4096.txt 2>&1
-  log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
-  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+  bench_vs_llamacpp "$LB"
   # the chunk before this session and the opt-in attention, memra alone, beside the default
   for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     f=$(echo $m | tr : _)
@@ -88,5 +80,20 @@ elif [ "$STAGE" = evidence ]; then
   OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
   log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
   cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
+elif [ "$STAGE" = chain ]; then
+  # the scheduler's chained decode steps (MEMRA_SERVE_CHAIN), after the SmolLM2 parts
+  # (.models/sm-a, sm-b) on a fresh machine: serve GPU tests, then memra alone, chain 0 / 8
+  ( synth llama3-8b Q4_K_M .synthtok/smollm2-utf8-tokenizer.gguf ) > $R/synth.txt 2>&1 &
+  SYN=$!
+  MEMRA_SERVE_TEST_MODEL=smollm2-135m timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_serve_gpu.py \
+    > $R/serve-gpu-tests.txt 2>&1; log "serve gpu tests rc=$? $(tail -1 $R/serve-gpu-tests.txt) $(el)"
+  wait $SYN; log "synth $(tail -1 $R/synth.txt) $(el)"
+  for ch in 0 8; do
+    MEMRA_SERVE_CHAIN=$ch timeout 150 python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
+      --synth-tokenizer .synthtok/smollm2-utf8-tokenizer.gguf -c 1,8,64 --prompt-tokens 100 --max-tokens 128 \
+      --out $R/serve-chain.jsonl --tag MEMRA_SERVE_CHAIN=$ch > $R/serve-chain-$ch.txt 2>&1
+    log "bench serve chain=$ch rc=$? $(el)"; grep -E "^memra " $R/serve-chain-$ch.txt | tee -a $R/log.txt
+    cp $R/serve-chain.jsonl $OUT/ 2>/dev/null
+  done
 fi
 tar czf $OUT/s9-$STAGE.tgz -C /tmp s9-$STAGE
