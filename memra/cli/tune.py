@@ -121,42 +121,99 @@ def tune_run(
         err.print(f"[dim]{len(jobs)} jobs[/dim]")
         return
 
+    _measure_jobs(jobs, spec["name"], reps=reps, resume=resume, out_path=out_path, seed=seed,
+                  precompile_jobs=precompile_jobs)
+
+
+def _measure_jobs(jobs, name: str, *, reps: int, resume: bool, out_path, seed, precompile_jobs: bool,
+                  family_job=None, src_hash=None) -> None:
+    """Time `jobs` on this GPU, appending one receipt each (memra tune run / dispatch).
+    family_job(job): the job a family's hooks time for it (dispatch jobs name three kernels)."""
     from memra.gpu import cuda
+    from memra.tune.campaign import run_campaign
     from memra.tune.measure import device_context, gpu_measure, precompile, require_hooks
+    from memra.tune.tables import device_slug
 
     if not cuda.has_gpu():
-        raise MemraError("memra tune run needs an NVIDIA GPU (use --dry-run to list the jobs)")
-    require_hooks(jobs)
+        raise MemraError(f"memra tune {'run' if family_job is None else 'dispatch'} needs an NVIDIA GPU "
+                         f"(use --dry-run to list the jobs)")
+    family_job = family_job or (lambda j: j)
+    timed = [family_job(j) for j in jobs]
+    require_hooks(timed)
     g = cuda.gpu()
     ctx = device_context(g)
-    path = out_path or tune_out_dir() / f"{spec['name']}-{device_slug(ctx['device'])}.jsonl"
-    log.info("tune: %d jobs of %s on %s → %s", len(jobs), spec["name"], ctx["device"], path)
+    path = out_path or tune_out_dir() / f"{name}-{device_slug(ctx['device'])}.jsonl"
+    log.info("tune: %d jobs of %s on %s → %s", len(jobs), name, ctx["device"], path)
     if precompile_jobs:
         import time
 
         t0 = time.perf_counter()
-        n, bad = precompile(jobs, g.info.arch)
+        n, bad = precompile(timed, g.info.arch)
         log.info("tune: %d modules compiled in %.1f s (%d failed: their jobs record why)", n,
                  time.perf_counter() - t0, bad)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[last]}"), TimeRemainingColumn())
+    measure = gpu_measure(g, reps=reps, seed=seed)
     with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(spec["name"], total=len(jobs), last="")
+        task = bar.add_task(name, total=len(jobs), last="")
 
         def progress(i, n, job, receipt):
             if receipt is None:
                 last = "skipped"
             elif receipt["ok"]:
-                last = f"{job.kernel} {receipt['median_us']:.2f} µs" + (
+                last = f"{job.kernel} {job.variant} {receipt['median_us']:.2f} µs" + (
                     f" {receipt['gbps']:.0f} GB/s" if receipt["gbps"] else "")
             else:
                 last = f"{job.kernel} failed"
             bar.update(task, completed=i, last=last)
 
-        counts = run_campaign(jobs, gpu_measure(g, reps=reps, seed=seed), path, context=ctx,
-                              resume=resume, progress=progress)
+        counts = run_campaign(jobs, lambda j: measure(family_job(j)), path, context=ctx, resume=resume,
+                              progress=progress, src_hash=src_hash)
     err.print(f"{counts['measured']} measured, {counts['failed']} failed, {counts['skipped']} "
               f"skipped → {path}")
+
+
+@tune_app.command("dispatch")
+@command
+def tune_dispatch(
+    model: Annotated[list[str], typer.Option("--model", "-m", help="Take the matvec shapes of this "
+                     "model (alias, GGUF path or synth:SHAPE:QUANT); repeatable.")],
+    rows: Annotated[str, typer.Option("--rows", help="Row counts (comma list): the table's buckets.")] =
+        "1,2,4,8,16,32,64,128",
+    ops: Annotated[Optional[str], typer.Option("--ops", help="Only these ops (comma list: qkv, "
+                   "attn_output, gate_up, down, output).")] = None,
+    reps: Annotated[int, typer.Option("--reps", help="Timed graph replays per job.")] = 50,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip jobs already measured here for "
+                                         "this device and these kernel sources.")] = False,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Receipts file (default: "
+                        "$MEMRA_HOME/receipts/tune/dispatch-<device>.jsonl).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the jobs and exit (no GPU needed).")] = False,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs.")] = None,
+) -> None:
+    """Time the q8 matvec's three bit-identical paths (mv_q8, mvt, GEMM) per shape and row
+    count, each with the device table's configuration; `memra tune freeze` then stores the
+    fastest per shape and bucket, which the planner follows (memra.tune.dispatch)."""
+    from memra.tune import dispatch as DISPATCH
+    from memra.tune.receipts import config_key, shape_key
+    from memra.tune.tables import _current_hash
+
+    table = None
+    if not dry_run:
+        from memra.gpu import cuda
+        from memra.tune.tables import load_table
+
+        if cuda.has_gpu():
+            g = cuda.gpu()
+            table, _ = load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
+    jobs = DISPATCH.jobs(model, table, [int(x) for x in rows.split(",") if x.strip()], _csv([ops] if ops else None))
+    if dry_run:
+        for j in jobs:
+            print(f"{j.kernel}\t{j.variant}\t{config_key(j.config) or '-'}\t{shape_key(j.shape)}\t"
+                  f"b{j.shape['batch']}\t{','.join(j.ops)}")
+        err.print(f"[dim]{len(jobs)} jobs[/dim]")
+        return
+    _measure_jobs(jobs, "dispatch", reps=reps, resume=resume, out_path=out_path, seed=seed,
+                  precompile_jobs=True, family_job=DISPATCH.path_job, src_hash=_current_hash)
 
 
 @tune_app.command("freeze")

@@ -77,6 +77,23 @@ def _bucket(rows: int, buckets: tuple, what: str) -> int:
     raise MemraError(f"a {what} holds at most {buckets[-1]} rows, got {rows}")
 
 
+# the table entries that choose a q8 matvec's path per shape and row bucket (matvec, mvt or
+# gemm: the same bits; measured by `memra tune dispatch`, memra.tune.dispatch)
+DISPATCH_KERNELS = ("dispatch", "dispatch_glu")
+
+
+def dispatch_kernel(glu: bool) -> str:
+    return DISPATCH_KERNELS[1] if glu else DISPATCH_KERNELS[0]
+
+
+def dispatch_rule(rows: int) -> str:
+    """A q8 matvec's path without a dispatch entry: the GEMM from GEMM_MIN_ROWS rows, mvt from
+    MVT_MIN_ROWS, else mv_q8."""
+    if rows >= GEMM.GEMM_MIN_ROWS:
+        return "gemm"
+    return "mvt" if rows >= MVT.MVT_MIN_ROWS else "matvec"
+
+
 def graph_bucket(rows: int) -> int:
     return _bucket(rows, GRAPH_BUCKETS, "decode step")
 
@@ -150,7 +167,7 @@ class Planner:
             else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
-        self._choices: dict[tuple, dict | None] = {}
+        self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
 
     # -- the model --------------------------------------------------------------------------
@@ -291,24 +308,24 @@ class Planner:
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
                 dst_offset: int = 0, res: str | None = None) -> None:
-        """The launches of one matvec over `rows` rows: one tensor-core GEMM launch from
-        GEMM_MIN_ROWS rows on the q8 path (the matvec's bits, kernels/gemm.cu), one skinny
-        tensor-core matvec launch from MVT_MIN_ROWS (3) to GEMM_MIN_ROWS - 1 rows on the q8 path
-        (the matvec's bits, kernels/mvt.cu; MEMRA_MVT=0: the runner's mvt=False), else matvec
-        launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on quantized
-        weights runs row by row)."""
+        """The launches of one matvec over `rows` rows: on the q8 path the one of _dispatch
+        (one tensor-core GEMM launch, kernels/gemm.cu; one skinny tensor-core matvec launch,
+        kernels/mvt.cu, MEMRA_MVT=0: the runner's mvt=False; both the matvec's bits), else
+        matvec launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on
+        quantized weights runs row by row)."""
         t = MV.type_id(w.type)
         q8 = self.path == "q8" and t not in MV.FLOAT_TYPES
         variant = "q8" if q8 else "f32"
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
-        if q8 and rows >= GEMM.GEMM_MIN_ROWS and self.use_gemm and t in GEMM.TYPES:
+        path = self._dispatch(t, shape, w.glu, rows) if q8 else "matvec"
+        if path == "gemm":
             gk = "gemm_glu" if w.glu else "gemm"
             out.append(Launch(name, "gemm", gk, variant, shape, rows, self.tuned(gk, shape, rows, variant),
                               group, il, {**base, "row0": 0}))
             return
-        if q8 and self.use_mvt and MVT.MVT_MIN_ROWS <= rows < GEMM.GEMM_MIN_ROWS and t in MVT.TYPES:
+        if path == "mvt":
             mk = "mvt_glu" if w.glu else "mvt"
             out.append(Launch(name, "mvt", mk, variant, shape, rows, self.tuned(mk, shape, rows, variant),
                               group, il, {**base, "row0": 0}))
@@ -318,6 +335,20 @@ class Planner:
             n = min(chunk, rows - r0)
             out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
                               group, il, {**base, "row0": r0}))
+
+    def _dispatch(self, t: int, shape: dict, glu: bool, rows: int) -> str:
+        """The q8 matvec's path at `rows` rows (matvec, mvt or gemm: the same bits): the table's
+        dispatch entry for this shape and row bucket (memra.tune.dispatch), else dispatch_rule's;
+        a path that is off (MEMRA_GEMM=0, MEMRA_MVT=0) or lacks the weight type falls back to
+        the rule, and the rule's to mv_q8's 8-row launches."""
+        want = dispatch_rule(rows)
+        key = ("dispatch", glu, tuple(sorted(shape.items())), TABLES.batch_bucket(rows), want)
+        if key not in self._choices:  # looked up once (not per step built)
+            on = {"matvec": True, "mvt": self.use_mvt and t in MVT.TYPES, "gemm": self.use_gemm and t in GEMM.TYPES}
+            ch = TABLES.lookup(self.table, dispatch_kernel(glu), shape, rows)
+            self._choices[key] = ch.variant if ch is not None and on.get(ch.variant) else \
+                want if on[want] else "matvec"
+        return self._choices[key]
 
     def _quantize(self, out: list, name: str, src: str, K: int, rows: int, group: str, il: int = -1) -> None:
         if self.path == "q8":

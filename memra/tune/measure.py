@@ -44,7 +44,12 @@ def family_module(src: str):
 def is_builtin(row) -> bool:
     """Whether a receipt row's configuration is its launcher's built-in default, as the
     family module's is_builtin(kernel, variant, config, shape) hook says (False for a family
-    without one): freeze's test for --min-gain."""
+    without one; a dispatch entry's: memra.tune.dispatch): freeze's test for --min-gain."""
+    from memra.tune import dispatch
+
+    if row["kernel"] in dispatch.KERNELS:
+        return dispatch.is_builtin(row["kernel"], row["variant"], dict(row["config"]),
+                                   {**dict(row["shape"]), "batch": int(row["batch"])})
     try:
         hook = getattr(family_module(row["src"]), "is_builtin", None)
     except ModuleNotFoundError:

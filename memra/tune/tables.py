@@ -67,12 +67,18 @@ def device_slug(device_name: str) -> str:
 
 
 def _current_hash(src: str) -> str | None:
+    """The hash of a kernel file and its headers; of several joined by "+" (an entry that
+    compares kernels, memra.tune.dispatch), the hash of their hashes."""
+    import hashlib
+
     from memra.gpu.compile import source_hash
 
     try:
-        return source_hash(src)
+        if "+" not in src:
+            return source_hash(src)
+        return hashlib.sha256("+".join(source_hash(f) for f in src.split("+")).encode()).hexdigest()[:16]
     except MemraError:
-        return None  # the kernel file is gone: every entry measured on it is stale
+        return None  # a kernel file is gone: every entry measured on it is stale
 
 
 # ---------------------------------------------------------------- load and look up

@@ -1,0 +1,109 @@
+"""Which of a matvec's three paths runs at a row count: measured per shape, frozen per device.
+
+The q8 path multiplies a quantized weight by a step's rows with one of three kernels that
+give the same bits for every row (kernels/gemm.cu's and kernels/mvt.cu's headers: their
+float operations are mv_q8's, in its order): mv_q8 in launches of at most 8 rows, the
+skinny tensor-core mvt (up to 15 rows), the tensor-core GEMM. So the choice is free per
+shape and row count, and the fastest one is a measurement, not a constant:
+
+    memra tune dispatch -m synth:llama3-8b:Q4_K_M --out research/tune/h200-dispatch-nvidia-h200.jsonl
+    memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults
+
+A dispatch job is one path at one shape and row bucket (1, 2, 4, ..., 64: the decode graph
+buckets; 128: every prefill chunk above 64 rows), timed with the path's own table
+configuration for that shape and bucket (what the engine would launch) through the path's
+family hooks. Its receipt is an ordinary tuning receipt: kernel `dispatch` (`dispatch_glu` for
+a gate+up pair), variant = the path, src = the three kernel files (a change to any of them
+makes the entry stale). `freeze` then keeps the fastest path per shape and bucket, and keeps
+the built-in rule's path (memra.gpu.plan.dispatch_rule) unless another is faster by
+--min-gain. The planner asks the table first (memra.gpu.plan.Planner._dispatch) and uses the
+rule where it has no entry, or where the entry's path is off (MEMRA_GEMM=0, MEMRA_MVT=0, a type
+the path lacks).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from memra.gpu.plan import DISPATCH_KERNELS as KERNELS
+from memra.gpu.plan import dispatch_kernel as kernel_of
+from memra.gpu.plan import dispatch_rule as rule
+
+SRC = "matvec.cu+mvt.cu+gemm.cu"   # the three kernels a dispatch entry compares
+PATHS = ("matvec", "mvt", "gemm")
+PATH_SRC = {"matvec": "matvec.cu", "mvt": "mvt.cu", "gemm": "gemm.cu"}
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+__all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "available", "is_builtin",
+           "shapes", "jobs", "path_job"]
+
+
+def available(path: str, ggml_type: int) -> bool:
+    """Whether `path` runs weights of this type (on the q8 path)."""
+    from memra.gpu.ops import gemm as GEMM
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.ops import mvt as MVT
+
+    if ggml_type in MV.FLOAT_TYPES:
+        return path == "matvec"
+    return path == "matvec" or (path == "gemm" and ggml_type in GEMM.TYPES) or \
+        (path == "mvt" and ggml_type in MVT.TYPES)
+
+
+def is_builtin(kernel: str, variant: str, config: Mapping, shape: Mapping) -> bool:
+    """freeze's --min-gain test: the rule's path at the receipt's row count."""
+    return kernel in KERNELS and variant == rule(int(shape["batch"]))
+
+
+def shapes(model: str, ops: Iterable[str] | None = None) -> list[tuple[str, bool, dict]]:
+    """(op, glu, shape) of a model's quantized matvecs (the decode step's, without the batch)."""
+    from memra.gpu.ops import matvec as MV
+    from memra.tune.campaign import model_info, plan_shapes
+
+    ops = set(ops or ())
+    out, seen = [], set()
+    for op, kernel, s in plan_shapes(model_info(model), 1):
+        if kernel not in ("matvec", "matvec_glu") or (ops and op not in ops):
+            continue
+        key = (kernel, s["type"], s["rows"], s["cols"])
+        if key in seen or MV.type_id(s["type"]) in MV.FLOAT_TYPES:
+            continue
+        seen.add(key)
+        out.append((op, kernel == "matvec_glu", {k: s[k] for k in ("type", "rows", "cols")}))
+    return out
+
+
+def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int] = ROWS,
+         ops: Iterable[str] | None = None, reps: int | None = None) -> list:
+    """One job per model shape, row count and available path, with the path's table
+    configuration (the launcher's built-in one where the table has none)."""
+    from memra.gpu.ops import matvec as MV
+    from memra.tune import tables as TABLES
+    from memra.tune.campaign import Job
+
+    out: dict[tuple, Job] = {}
+    for m in models:
+        for op, glu, s in shapes(m, ops):
+            t = MV.type_id(s["type"])
+            for r in rows:
+                for path in PATHS:
+                    if not available(path, t):
+                        continue
+                    pk = path + ("_glu" if glu else "")
+                    ch = TABLES.lookup(table, pk, s, min(r, 8) if path == "matvec" else r) if table else None
+                    cfg = dict(ch.config) if ch is not None and ch.variant == "q8" else {}
+                    j = Job(kernel=kernel_of(glu), variant=path, config=cfg, shape={**s, "batch": int(r)},
+                            src=SRC, ops=(f"{m}:{op}",), campaign="dispatch", reps=reps)
+                    out.setdefault(j.key(), j)
+    return list(out.values())
+
+
+def path_job(job):
+    """The path's own job behind a dispatch job (what its family hooks time)."""
+    from memra.tune.campaign import Job
+
+    glu = job.kernel == "dispatch_glu"
+    return Job(kernel=job.variant + ("_glu" if glu else ""), variant="q8", config=dict(job.config),
+               shape=dict(job.shape), src=PATH_SRC[job.variant], ops=job.ops, campaign=job.campaign,
+               reps=job.reps)
+
