@@ -30,11 +30,15 @@ def test_profile_covers_the_plan_in_order(tiny_models):
     w = r.W["output"]
     assert w.nbytes == w.rows * w.K // 256 * 210  # Q6_K blocks of 256 values in 210 bytes
     assert out["bytes"] >= w.nbytes
+    # and multiplies it by the 4 rows of the bucket: 2 * rows * K * 4 operations in 5 µs
+    assert out["ops"] == 2 * w.rows * w.K * 4 and out["tops"] == round(out["ops"] / 5.0 / 1e6, 2)
+    assert all(x["ops"] == 0 and x["tops"] is None for x in doc["launches"] if x["op"] not in ("matvec", "mvt", "gemm"))
     # attention at depth 20 reads 21 keys of K and V per row
     att = next(x for x in doc["launches"] if x["name"] == "blk.0.attention")
     assert att["bytes"] >= 4 * 21 * 2 * r.cfg.kv_dim * 2
     s = by_kernel(doc["launches"])
     assert sum(g["count"] for g in s) == len(plan)
+    assert sum(g["ops"] for g in s) == sum(x["ops"] for x in doc["launches"])
     assert abs(sum(g["total_us"] for g in s) - doc["sum_us"]) < 1e-6
     # the sequences the profile opened are closed again
     assert r.kv.alloc.n_free == r.kv.alloc.n_blocks

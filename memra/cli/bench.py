@@ -298,11 +298,11 @@ def profile(
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies.")] = "smollm2-135m",
 ) -> None:
-    """Per-kernel µs and GB/s of one decode step (or one prefill chunk), launch by launch of the launch plan."""
+    """Per-kernel µs, GB/s and (matrix launches) TOPS of one decode step (or one prefill chunk), launch by launch of the launch plan."""
     from memra.gpu import cuda
     from memra.gpu.runner import Runner
     from memra.tune import bench as B
-    from memra.tune.profile import by_kernel, profile as run_profile
+    from memra.tune.profile import by_kernel, int8_peak_tops, profile as run_profile
 
     if not cuda.has_gpu():
         raise CudaError("memra profile needs an NVIDIA GPU and its driver; none was found on this machine")
@@ -316,30 +316,34 @@ def profile(
     else:
         r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl)
     doc = run_profile(r, rows=rows, depth=depth, reps=reps, prefill=prefill)
+    peak = int8_peak_tops(g.info.name)
     doc.update(model=name, table=label, device=g.info.name, bw_gbps=round(g.copy_bandwidth() / 1e9, 1),
-               summary=by_kernel(doc["launches"]))
+               int8_peak_tops=peak, summary=by_kernel(doc["launches"]))
     if as_json:
         print(json.dumps(doc, sort_keys=True), flush=True)
     t = Table(header_style="bold", box=None, pad_edge=False)
     items = doc["launches"] if by_launch else doc["summary"]
-    cols = (["launch", "kernel", "shape", "rows", "µs", "GB/s"] if by_launch else
-            ["op", "kernel", "shape", "config", "rows", "count", "µs each", "total µs", "% step", "GB/s"])
+    cols = (["launch", "kernel", "shape", "rows", "µs", "GB/s", "TOPS"] if by_launch else
+            ["op", "kernel", "shape", "config", "rows", "count", "µs each", "total µs", "% step", "GB/s", "TOPS"])
     for c in cols:
         t.add_column(c, justify="left" if c in ("launch", "op", "kernel", "shape", "config") else "right",
                      no_wrap=True)
     for it in items:
         shape = ",".join(f"{k}={v}" for k, v in sorted(it["shape"].items()))
         gbs = "-" if it["gb_s"] is None else f"{it['gb_s']:.0f}"
+        tops = "-" if not it.get("tops") else f"{it['tops']:.1f}" + (f" ({100 * it['tops'] / peak:.1f} %)" if peak else "")
         if by_launch:
-            t.add_row(it["name"], it["kernel"], shape, str(it["rows"]), f"{it['us']:.2f}", gbs)
+            t.add_row(it["name"], it["kernel"], shape, str(it["rows"]), f"{it['us']:.2f}", gbs, tops)
         else:
             cfg = ",".join(f"{k}={v}" for k, v in sorted(it["config"].items())) or "built-in"
             t.add_row(it["group"], it["kernel"], shape, cfg, str(it["rows"]), str(it["count"]),
                       f"{it['us_each']:.2f}", f"{it['total_us']:.1f}",
-                      f"{100 * it['total_us'] / doc['sum_us']:.1f}", gbs)
+                      f"{100 * it['total_us'] / doc['sum_us']:.1f}", gbs, tops)
     (err if err.is_terminal else Console(stderr=True, highlight=False, width=200)).print(t)
     what = f"a prefill chunk of {rows} row(s) (bucket {doc['bucket']})" if prefill else f"{rows} row(s)"
     eager = f", {doc['eager_us']:.1f} µs launched eagerly" if doc.get("eager_us") is not None else ""
     print(f"{name}: {what} at depth {depth}: step {doc['step_us']:.1f} µs measured{eager} "
           f"({doc['tok_s']:.1f} tok/s), {doc['sum_us']:.1f} µs summed over {len(doc['launches'])} plan launches "
-          f"· table {label} · {doc['device']}", file=sys.stderr, flush=True)
+          f"· table {label} · {doc['device']}"
+          + (f" · TOPS: 2 x weight rows x K x rows per µs, % of the {peak:.0f} dense int8 peak" if peak else ""),
+          file=sys.stderr, flush=True)

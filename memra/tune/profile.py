@@ -13,7 +13,10 @@ as in the real step), median of 8 replays; the whole captured step is timed the 
 and reported beside the sum (a prefill chunk: its bucket's captured graph, and `eager_us`,
 the same launches issued one by one from the host, MEMRA_PREFILL_GRAPH=0's way). Bytes: the
 weights a matvec reads, the K/V rows attention reads at this depth, and the activations the
-other launches read and write.
+other launches read and write. Matrix launches (matvec, mvt, GEMM) also carry their integer
+operations, 2 x weight rows x K x the launch's rows (gate and up rows both; a padded chunk's
+rows too: the launch computes them), as `tops`, against `INT8_PEAK_TOPS` (the device's dense
+int8 tensor peak where known: its spec sheet's figure, which mma.sync does not reach).
 """
 
 from __future__ import annotations
@@ -79,6 +82,26 @@ def _bytes(runner, L, depth: int) -> int:
     return rows * n * 4 * 2
 
 
+# dense int8 tensor-core TOPS by device name (NVIDIA's spec sheets; SXM parts)
+INT8_PEAK_TOPS = {"NVIDIA H200": 1979.0, "NVIDIA H100 80GB HBM3": 1979.0}
+
+
+def int8_peak_tops(device_name: str) -> float | None:
+    return INT8_PEAK_TOPS.get(" ".join(str(device_name).split()))
+
+
+def _ops(runner, L) -> int:
+    """Integer (or float) multiply-adds x 2 of a matrix launch; 0 for the others."""
+    if L.op not in ("matvec", "gemm", "mvt"):
+        return 0
+    w = runner.W[L.args["weight"]]
+    return 2 * w.rows * w.K * L.rows
+
+
+def _tops(ops: int, us: float) -> float | None:
+    return round(ops / us / 1e6, 2) if ops and us else None
+
+
 def _per_launch(runner, launches, bucket: int, feed, state, depth: int, reps: int) -> list[dict]:
     """Each plan launch run once eagerly under a recorder, then timed alone (graph of reps copies)."""
     g = runner.g
@@ -91,11 +114,12 @@ def _per_launch(runner, launches, bucket: int, feed, state, depth: int, reps: in
     out = []
     for L, calls in zip(launches, recs):
         t = _time(g, calls, reps)
-        nbytes = _bytes(runner, L, depth)
+        nbytes, ops = _bytes(runner, L, depth), _ops(runner, L)
         out.append({"name": L.name, "op": L.op, "kernel": L.kernel, "variant": L.variant,
                     "shape": dict(L.shape), "rows": L.rows, "config": dict(L.config or {}),
                     "layer": L.layer, "group": L.group, "launches": t.launches, "us": round(t.us, 3),
-                    "bytes": int(nbytes), "gb_s": round(nbytes / (t.us * 1e-6) / 1e9, 1) if t.us else None})
+                    "bytes": int(nbytes), "gb_s": round(nbytes / (t.us * 1e-6) / 1e9, 1) if t.us else None,
+                    "ops": int(ops), "tops": _tops(ops, t.us)})
     return out
 
 
@@ -173,15 +197,17 @@ def by_kernel(rows: list[dict]) -> list[dict]:
                tuple(sorted(r["config"].items())), r["rows"])
         g = groups.setdefault(key, {"group": key[0], "kernel": r["kernel"], "variant": r["variant"],
                                     "shape": r["shape"], "config": r["config"], "rows": r["rows"],
-                                    "count": 0, "us_each": [], "total_us": 0.0, "bytes": 0})
+                                    "count": 0, "us_each": [], "total_us": 0.0, "bytes": 0, "ops": 0})
         g["count"] += 1
         g["us_each"].append(r["us"])
         g["total_us"] += r["us"]
         g["bytes"] += r["bytes"]
+        g["ops"] += r.get("ops", 0)
     out = []
     for g in groups.values():
         g["us_each"] = round(float(np.median(g["us_each"])), 3)
         g["total_us"] = round(g["total_us"], 2)
         g["gb_s"] = round(g["bytes"] / (g["total_us"] * 1e-6) / 1e9, 1) if g["total_us"] else None
+        g["tops"] = _tops(g["ops"], g["total_us"])
         out.append(g)
     return sorted(out, key=lambda g: -g["total_us"])
