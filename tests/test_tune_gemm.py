@@ -252,11 +252,11 @@ def test_h200_gemm_campaign_is_what_its_header_says():
         k = (j.kernel, shape_key(j.shape), j.shape["batch"])
         pairs[k] = pairs.get(k, 0) + G.is_builtin(j.kernel, j.variant, j.config, j.shape)
     assert set(pairs.values()) == {1}
-    assert {b for _, _, b in pairs} == {16, 32, 64, 128}
+    assert {b for _, _, b in pairs} == {16, 32, 64, 128, 512}
     v = "cols=4096,rows=1024,type=Q6_K"
-    assert {b for k, s, b in pairs if s == v and k == "gemm"} == {16, 32, 64, 128}
-    assert {b for k, _, b in pairs if k == "gemm_glu"} == {16, 32, 64, 128}
-    assert not any("rows=128256" in s for _, s, b in pairs if b == 128)
+    assert {b for k, s, b in pairs if s == v and k == "gemm"} == {16, 32, 64, 128, 512}
+    assert {b for k, _, b in pairs if k == "gemm_glu"} == {16, 32, 64, 128, 512}
+    assert not any("rows=128256" in s for _, s, b in pairs if b >= 128)
     # jobs run shape by shape (one random weight and float64 dequantization per shape)
     order = [(j.kernel, shape_key(j.shape)) for j in jobs]
     assert len([1 for a, b in zip(order, order[1:]) if a != b]) == len(set(order)) - 1
@@ -266,12 +266,15 @@ def test_h200_gemm_campaign_is_what_its_header_says():
 
 
 def test_prefill_chunk_has_its_own_table_bucket():
-    """A prefill chunk (65 rows up to PREFILL_CHUNK) takes a GEMM entry frozen at 128 rows, a
-    64-row decode step the one frozen at 64 (before, 65..128 rows shared the 64-row entry)."""
+    """A prefill step of 65..128 rows takes a GEMM entry frozen at 128 rows, a whole chunk
+    (129..PREFILL_CHUNK rows) the one frozen at 512, or the 128-row one when the shape has
+    none at 512 (a table frozen before that bucket: what the engine ran then); a 64-row
+    decode step the one frozen at 64."""
     from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
 
-    assert T.BATCH_BUCKETS[-2] == MAX_ROWS and T.BATCH_BUCKETS[-1] == 128 <= PREFILL_CHUNK
-    assert [T.batch_bucket(b) for b in (33, 64, 65, 100, 128, 500, PREFILL_CHUNK)] == [64, 64] + [128] * 5
+    assert T.BATCH_BUCKETS[-3:] == (MAX_ROWS, 128, PREFILL_CHUNK)
+    assert [T.batch_bucket(b) for b in (33, 64, 65, 100, 128, 129, 500, PREFILL_CHUNK)] == \
+        [64, 64, 128, 128, 128, 512, 512, 512]
     m = llama_like()
     s = "cols=512,rows=256,type=Q4_K"
     table = {"batch_buckets": list(T.BATCH_BUCKETS), "entries": {"gemm": {s: {
@@ -282,4 +285,10 @@ def test_prefill_chunk_has_its_own_table_bucket():
     assert [L.config for L in down[64]] == [{"GM_WK": 4}] * 2
     assert [L.config for L in down[100]] == [{"GM_STAGES": 4}] * 2
     assert [L.config for L in down[128]] == [{"GM_STAGES": 4}] * 2
-    assert [L.config for L in down[PREFILL_CHUNK]] == [{"GM_STAGES": 4}] * 2
+    assert [L.config for L in down[PREFILL_CHUNK]] == [{"GM_STAGES": 4}] * 2   # no 512 entry: the 128's
+    table["entries"]["gemm"][s]["512"] = {"variant": "q8", "config": {"GM_WK": 1}}
+    p = Planner(m, table)
+    assert [[L.config for L in p.step(rows, decode=False) if L.op == "gemm" and shape_key(L.shape) == s]
+            for rows in (100, 200, PREFILL_CHUNK)] == [[{"GM_STAGES": 4}] * 2] + [[{"GM_WK": 1}] * 2] * 2
+    # decode buckets do not borrow: 32 rows has no entry, so the built-in runs
+    assert [L.config for L in p.step(32, decode=True) if L.op == "gemm" and shape_key(L.shape) == s] == [None] * 2

@@ -234,7 +234,7 @@ def _table(device="NVIDIA H200", cc="9.0", sms=132, entries=None, src_hash="aaaa
 
 
 def test_batch_bucket():
-    assert [T.batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 64, 100, 300)] == [1, 2, 4, 4, 8, 8, 16, 64, 128, 128]
+    assert [T.batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 64, 100, 300, 600)] == [1, 2, 4, 4, 8, 8, 16, 64, 128, 512, 512]
     with pytest.raises(Exception):
         T.batch_bucket(0)
 

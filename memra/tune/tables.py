@@ -31,10 +31,14 @@ TABLE_FORMAT = 1
 
 # Decode batch sizes the engine captures CUDA graphs for (a batch runs in the graph of the
 # smallest bucket that holds it, so tables are keyed by the same buckets), and prefill chunks
-# (up to memra.gpu.plan.PREFILL_CHUNK token rows through the GEMM): a step of more than 64
-# rows is a prefill launch set, whose GEMM wants other tiles than a 64-row decode step; the
-# 128 bucket's entries serve every chunk above 64 rows.
-BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+# (more than 64 rows, up to memra.gpu.plan.PREFILL_CHUNK token rows through the GEMM, which
+# wants other tiles than a 64-row decode step): 65..128 rows (prompt tails, mixed server
+# steps) and 129..512 (whole chunks). A prefill bucket with no entry for a shape takes the
+# next smaller prefill bucket's (PREFILL_BUCKETS_FROM: a table frozen before the 512 bucket
+# existed, or a shape its campaign did not reach at 512 rows, keeps its 128-row choice
+# rather than falling to the launcher's default).
+BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+PREFILL_BUCKETS_FROM = 128
 
 
 class TableError(MemraError):
@@ -204,11 +208,18 @@ def resolve_table(which: str | None, device_name: str, cc, *, sms: int | None = 
 def lookup(table: Mapping, kernel: str, shape: Mapping | str, batch: int = 1) -> Choice | None:
     """The frozen choice for a kernel at a shape and batch, or None (launcher default).
 
-    An entry applies to the shape and batch bucket it was measured at only: no
-    extrapolation to other shapes or buckets."""
+    An entry applies to the shape and batch bucket it was measured at only (no extrapolation
+    to other shapes or decode buckets); a prefill bucket (from PREFILL_BUCKETS_FROM rows)
+    without one takes the next smaller prefill bucket's. A configuration never changes a
+    row's bits (the families refuse those that would), only its speed."""
     by_batch = table.get("entries", {}).get(kernel, {}).get(shape_key(shape))
     if not by_batch:
         return None
-    buckets = table.get("batch_buckets") or BATCH_BUCKETS
-    e = by_batch.get(str(batch_bucket(batch, buckets)))
+    buckets = sorted(table.get("batch_buckets") or BATCH_BUCKETS)
+    b = batch_bucket(batch, buckets)
+    e = by_batch.get(str(b))
+    for smaller in reversed([x for x in buckets if PREFILL_BUCKETS_FROM <= x < b]):
+        if e is not None:
+            break
+        e = by_batch.get(str(smaller))
     return None if e is None else Choice(e["variant"], dict(e["config"]))
