@@ -86,6 +86,11 @@ def dispatch_kernel(glu: bool) -> str:
     return DISPATCH_KERNELS[1] if glu else DISPATCH_KERNELS[0]
 
 
+def dispatch_paths(ggml_type: int) -> tuple[str, ...]:
+    """The q8 matvec paths whose kernels run weights of this type."""
+    return ("matvec",) + tuple(p for p, types in (("mvt", MVT.TYPES), ("gemm", GEMM.TYPES)) if ggml_type in types)
+
+
 def dispatch_rule(rows: int) -> str:
     """A q8 matvec's path without a dispatch entry: the GEMM from GEMM_MIN_ROWS rows, mvt from
     MVT_MIN_ROWS, else mv_q8."""
@@ -344,10 +349,11 @@ class Planner:
         want = dispatch_rule(rows)
         key = ("dispatch", glu, tuple(sorted(shape.items())), TABLES.batch_bucket(rows), want)
         if key not in self._choices:  # looked up once (not per step built)
-            on = {"matvec": True, "mvt": self.use_mvt and t in MVT.TYPES, "gemm": self.use_gemm and t in GEMM.TYPES}
+            off = {p for p, use in (("mvt", self.use_mvt), ("gemm", self.use_gemm)) if not use}
+            on = set(dispatch_paths(t)) - off
             ch = TABLES.lookup(self.table, dispatch_kernel(glu), shape, rows)
-            self._choices[key] = ch.variant if ch is not None and on.get(ch.variant) else \
-                want if on[want] else "matvec"
+            self._choices[key] = ch.variant if ch is not None and ch.variant in on else \
+                want if want in on else "matvec"
         return self._choices[key]
 
     def _quantize(self, out: list, name: str, src: str, K: int, rows: int, group: str, il: int = -1) -> None:

@@ -164,15 +164,12 @@ class Runner:
         self.max_seqs = int(max_seqs)
         per_block = bytes_per_block(self.cfg, self.kv_block)
         need = -(-self.max_len // self.kv_block)  # one sequence at the full context
-        if kv_tokens is None and kv_memory is None and hasattr(self.g, "free_memory"):
+        sized = kv_tokens is None and kv_memory is None and hasattr(self.g, "free_memory")
+        if sized:
             # a context that cannot fit even with no weights on the device is refused before they
             # load (the exact check, with the weights' bytes known, follows the upload)
-            free = int(0.9 * self.g.free_memory()) // per_block
-            if free < need:
-                raise ContextOverflowError(
-                    f"a context of {self.max_len} tokens needs {need * per_block / 2**30:.2f} GiB of KV cache for "
-                    f"one sequence ({per_block} bytes per {self.kv_block} positions); 90 % of the free device memory "
-                    f"holds {max(0, free) * self.kv_block} positions before any weight is loaded: lower the context size")
+            self._refuse_context(need, int(0.9 * self.g.free_memory()) // per_block, per_block,
+                                 "the free device memory before any weight is loaded")
         t0 = time.perf_counter()
         self._load_weights()
         log.info("weights on the device in %.2f s (%.0f MB)", time.perf_counter() - t0, self.weight_bytes / 1e6)
@@ -182,26 +179,32 @@ class Runner:
             if kv_memory is not None:
                 n_blocks = int(kv_memory) // per_block
             else:
-                n_blocks = self.max_seqs * -(-self.max_len // self.kv_block)
+                n_blocks = self.max_seqs * need
                 free = self.g.free_memory() if hasattr(self.g, "free_memory") else None
                 if free is not None:
                     n_blocks = min(n_blocks, int(0.9 * free) // per_block)
         else:
             n_blocks = -(-int(kv_tokens) // self.kv_block)
-        if kv_tokens is None and kv_memory is None and n_blocks < need:
+        if sized:
             # the pool was sized from the device: refuse a context it cannot hold once, before any
             # work (a pool given in tokens or bytes may be smaller: the server then refuses the
             # requests that can never fit, one by one)
-            raise ContextOverflowError(
-                f"a context of {self.max_len} tokens needs {need * per_block / 2**30:.2f} GiB of KV cache for one "
-                f"sequence ({per_block} bytes per {self.kv_block} positions); 90 % of the device memory left "
-                f"after the weights holds {max(0, n_blocks) * self.kv_block} positions: lower the context size")
+            self._refuse_context(need, n_blocks, per_block, "the device memory left after the weights")
         self.kv = PagedKV(self.g, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
                           max_seqs=self.max_seqs, max_len=self.max_len)
         self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
         self._graphs: dict[tuple, object] = {}
 
     # -- set-up ---------------------------------------------------------------------------
+    def _refuse_context(self, need: int, blocks: int, per_block: int, where: str) -> None:
+        """ContextOverflowError when `blocks` KV blocks (90 % of `where`) cannot hold the
+        `need` blocks of one sequence at the full context."""
+        if blocks < need:
+            raise ContextOverflowError(
+                f"a context of {self.max_len} tokens needs {need * per_block / 2**30:.2f} GiB of KV cache for one "
+                f"sequence ({per_block} bytes per {self.kv_block} positions); 90 % of {where} holds "
+                f"{max(0, blocks) * self.kv_block} positions: lower the context size")
+
     def _open_tune_table(self, which) -> None:
         if isinstance(which, dict):
             self.tune_table, self.tune_source = which, "given"

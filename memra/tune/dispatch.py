@@ -27,6 +27,7 @@ from typing import Iterable, Mapping
 
 from memra.gpu.plan import DISPATCH_KERNELS as KERNELS
 from memra.gpu.plan import dispatch_kernel as kernel_of
+from memra.gpu.plan import dispatch_paths
 from memra.gpu.plan import dispatch_rule as rule
 
 SRC = "matvec.cu+mvt.cu+gemm.cu"   # the three kernels a dispatch entry compares
@@ -40,14 +41,9 @@ __all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "
 
 def available(path: str, ggml_type: int) -> bool:
     """Whether `path` runs weights of this type (on the q8 path)."""
-    from memra.gpu.ops import gemm as GEMM
     from memra.gpu.ops import matvec as MV
-    from memra.gpu.ops import mvt as MVT
 
-    if ggml_type in MV.FLOAT_TYPES:
-        return path == "matvec"
-    return path == "matvec" or (path == "gemm" and ggml_type in GEMM.TYPES) or \
-        (path == "mvt" and ggml_type in MVT.TYPES)
+    return path == "matvec" if ggml_type in MV.FLOAT_TYPES else path in dispatch_paths(ggml_type)
 
 
 def is_builtin(kernel: str, variant: str, config: Mapping, shape: Mapping) -> bool:

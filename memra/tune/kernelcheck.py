@@ -18,8 +18,8 @@ Each kernel family lives in one module under memra/gpu/ops/ and offers five func
         each run with exactly the module the runner would load.
 
 A family that yields no check or no canary fails the run (a gate that checks nothing is
-red, not green). FAMILIES below is the whole list (a literal dict, no registration
-machinery): add a line when a family module appears.
+red, not green). FAMILIES is memra.tune.launches.FAMILY_MODULE, the whole list (a literal
+dict, no registration machinery): add a line there when a family module appears.
 
 On a GPU a complete run (no --only) fills `report`, from which `make_receipt` writes the
 receipt: the device, the hash of every kernel source, the launch set covered and the
@@ -38,19 +38,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-FAMILIES: dict[str, str] = {
-    "matvec": "memra.gpu.ops.matvec",
-    "embed": "memra.gpu.ops.embed",
-    "norm": "memra.gpu.ops.norm",
-    "rope": "memra.gpu.ops.rope",
-    "attention": "memra.gpu.ops.attention",
-    "act": "memra.gpu.ops.act",
-    "sample": "memra.gpu.ops.sample",
-    "gemm": "memra.gpu.ops.gemm",
-    "attn_fa": "memra.gpu.ops.attn_fa",
-    "mask": "memra.gpu.ops.mask",
-    "mvt": "memra.gpu.ops.mvt",
-}
+from memra.tune.launches import FAMILY_MODULE as FAMILIES
 
 RECEIPT_SCHEMA = "memra.kernel-check-receipt/1"
 STATUS_DEVICE = "nvidia-h200"  # the device whose committed receipt CI checks

@@ -51,7 +51,7 @@ PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128, 512)
 HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
 SAMPLERS = ("none", "greedy", "sample")
 
-# the family module that maps each plan op
+# the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
              "gemm": "gemm", "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
              "attention_fa": "attn_fa",

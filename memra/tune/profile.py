@@ -202,7 +202,7 @@ def by_kernel(rows: list[dict]) -> list[dict]:
         g["us_each"].append(r["us"])
         g["total_us"] += r["us"]
         g["bytes"] += r["bytes"]
-        g["ops"] += r.get("ops", 0)
+        g["ops"] += r["ops"]
     out = []
     for g in groups.values():
         g["us_each"] = round(float(np.median(g["us_each"])), 3)

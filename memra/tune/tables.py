@@ -217,9 +217,8 @@ def lookup(table: Mapping, kernel: str, shape: Mapping | str, batch: int = 1) ->
         return None
     buckets = sorted(table.get("batch_buckets") or BATCH_BUCKETS)
     b = batch_bucket(batch, buckets)
-    e = by_batch.get(str(b))
-    for smaller in reversed([x for x in buckets if PREFILL_BUCKETS_FROM <= x < b]):
+    for x in [b] + [x for x in reversed(buckets) if PREFILL_BUCKETS_FROM <= x < b]:
+        e = by_batch.get(str(x))
         if e is not None:
-            break
-        e = by_batch.get(str(smaller))
-    return None if e is None else Choice(e["variant"], dict(e["config"]))
+            return Choice(e["variant"], dict(e["config"]))
+    return None
