@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Hardware counters of gemm.cu on the H200 (ncu, --clock-control none): one launch per case
-# of experiments/gemm_check.py's timing, with the stall reasons per SASS line (SourceCounters).
+# Hardware counters of gemm.cu (or with KIND=mvt, mvt.cu) on the H200 (ncu, --clock-control none):
+# one launch per case of experiments/gemm_check.py's (experiments/mvt/mvt_check.py's) timing,
+# with the stall reasons per SASS line (SourceCounters).
 #   source .whl/setup.sh && CASES="glu:64:2,2,2,2,2,3,1,2:Q4_K 4096x14336:64:...:Q6_K" bash experiments/h200_ncu.sh
-# (a case: a substring of a gemm_check timing shape's name, nb, the config, the type)
+#   source .whl/setup.sh && KIND=mvt CASES="glu:8:1,8,1,2,0,2,1:Q4_K" bash experiments/h200_ncu.sh
+# (a case: a substring of a timing shape's name, nb, the config, the type)
 # Writes $OUT/ncu/<n>.{txt,src.csv} (details page; source page with per-instruction samples).
 set -u
 : "${OUT:?set OUT}"
@@ -13,8 +15,13 @@ for c in ${CASES:?}; do
   IFS=: read -r shape nb cfg ty <<< "$c"
   n=$((n+1))
   echo "== $n: shape '$shape' nb $nb cfg $cfg type $ty"
-  timeout 240 ncu --clock-control none -k regex:gemm_q8 --launch-count 1 $SECS --import-source yes \
-    -o "$OUT/ncu/$n" -f python3 experiments/gemm_check.py --no-checks --no-legacy --types "$ty" \
+  if [ "${KIND:-gemm}" = mvt ]; then
+    K=mvt_q8; CMD="experiments/mvt/mvt_check.py --no-checks --no-gemm"
+  else
+    K=gemm_q8; CMD="experiments/gemm_check.py --no-checks --no-legacy"
+  fi
+  timeout 240 ncu --clock-control none -k regex:$K --launch-count 1 $SECS --import-source yes \
+    -o "$OUT/ncu/$n" -f python3 $CMD --types "$ty" \
     --shapes "$shape" --nbs "$nb" --configs "$cfg" --reps 1 > "$OUT/ncu/$n.run.txt" 2>&1
   echo "rc=$?"; tail -3 "$OUT/ncu/$n.run.txt"
   ncu --import "$OUT/ncu/$n.ncu-rep" --page details > "$OUT/ncu/$n.txt" 2>&1

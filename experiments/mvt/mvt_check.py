@@ -10,8 +10,9 @@ device wrapper, q8 quantization on the device and the timing helpers are importe
     python3 experiments/mvt/mvt_check.py --compile-only  # CPU: every module through NVRTC
                                                          #      (+ ptxas -v registers / spills of mvt)
     python3 experiments/mvt/mvt_check.py --selftest      # CPU: numpy model of mvt.cu's index maps
+    MVT_SRC=experiments/mvt/v5/mvt.cu python3 ...        # a variant of mvt.cu instead of kernels/'s
     options: --types Q4_K,Q6_K  --no-timing  --no-checks  --reps 25  --jobs N
-             --configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM]]];...' (timed mvt configs; TN 0 = by nb)
+             --configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM[,XPF]]]];...' (timed mvt configs; TN 0 = by nb)
              --shapes Q4_K,Q6_K  --nbs 2,4,8,16  --no-gemm
 
 Device run (H200): compiles every module first (in parallel; a compile error prints the NVRTC
@@ -53,7 +54,7 @@ TYPES = gc.TYPES
 NAME2T = gc.NAME2T
 FLOOR_GBS = 4300.0        # a streaming kernel's bandwidth on the H200 (DESIGN.md: ~4.3-4.5 TB/s)
 
-MVT_KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB", "MVT_KPERM")
+MVT_KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB", "MVT_KPERM", "MVT_XPF")
 MVT_BUILTIN = {"MVT_TN": 2, "MVT_WK": 8, "MVT_WM": 1, "MVT_PREFETCH": 2, "MVT_WLOAD": 0, "MVT_MINB": 2, "MVT_KPERM": 0}
 CHECK_CFGS = (
     MVT_BUILTIN,
@@ -78,10 +79,12 @@ GEMM_SMALL = {"GM_WM": 1, "GM_WN": 1, "GM_TM": 2, "GM_TN": 2, "GM_WK": 8, "GM_ST
 
 def parse_cfg(text: str) -> dict:
     v = [int(x) for x in text.split(",")]
-    if not 4 <= len(v) <= 7:
-        raise SystemExit(f"--configs: need TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM]]], got {text!r}")
+    if not 4 <= len(v) <= 8:
+        raise SystemExit(f"--configs: need TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM[,XPF]]]], got {text!r}")
     d = dict(MVT_BUILTIN)
     d.update(zip(MVT_KEYS, v))
+    if len(v) < 8:
+        d.pop("MVT_XPF", None)   # only variants with the tunable (experiments/mvt/v5) take it
     return d
 
 
@@ -93,7 +96,7 @@ def cfg_for(cfg: dict, nb: int) -> dict:
 
 
 def cfg_name(cfg: dict) -> str:
-    return ",".join(str(cfg[k]) for k in MVT_KEYS)
+    return ",".join(str(cfg[k]) for k in MVT_KEYS if k in cfg)
 
 
 def mvt_launch(cfg: dict, N: int, nb: int, glu: bool):
@@ -120,7 +123,8 @@ def _compile_job(job):
     src, defines, verbose = job
     from cuda.core import Program, ProgramOptions
 
-    path = KDIR / src
+    # MVT_SRC=<file>: a variant of mvt.cu to check and time instead (its headers from kernels/)
+    path = Path(os.environ["MVT_SRC"]) if src == "mvt.cu" and os.environ.get("MVT_SRC") else KDIR / src
     code = path.read_text()
     kw = {"ptxas_options": ["-v"]} if verbose else {}
     # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treated the experiment's

@@ -22,6 +22,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KDIR = HERE.parents[1] / "kernels"
+# the mvt.cu to count: kernels/mvt.cu, or MVT_SRC=<file> (a variant beside it; headers from kernels/)
+import os  # noqa: E402
+SRC = Path(os.environ["MVT_SRC"]) if os.environ.get("MVT_SRC") else None
 
 
 def compile_cubin(defs: dict) -> tuple[bytes, str]:
@@ -30,7 +33,7 @@ def compile_cubin(defs: dict) -> tuple[bytes, str]:
     opts = ProgramOptions(name="mvt.cu", arch="sm_90a", std="c++17", lineinfo=True, include_path=[str(KDIR)],
                           define_macro=[(k, str(v)) for k, v in sorted(defs.items())], ptxas_options=["-v"])
     log = io.StringIO()
-    obj = Program((HERE / "mvt.cu").read_text(), "c++", opts).compile("cubin", logs=log)
+    obj = Program((SRC or KDIR / "mvt.cu").read_text(), "c++", opts).compile("cubin", logs=log)
     return bytes(obj.code), log.getvalue()
 
 
