@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# mvt.cu against a variant of it (MVT_SRC, default experiments/mvt/v5/mvt.cu) on the H200, in one call:
+# mvt.cu against a variant of it (MVT_SRC=<file>, its headers from kernels/) on the H200, in one call:
 # experiments/mvt/mvt_check.py times kernels/mvt.cu's configurations OLDCFGS (no bit checks: the
 # committed kernel is kernel-checked), then checks the variant bit for bit against mv_q8 (every
 # check case, and every timed configuration NEWCFGS on the timing shapes) and times it.
-#   source .whl/setup.sh && bash experiments/mvt/mvt_ab.sh
+#   source .whl/setup.sh && MVT_SRC=<file> bash experiments/mvt/mvt_ab.sh
 # $OUT/mvt-{old,new}.{jsonl,log}
 set -u
 : "${OUT:?}"
-SRC=${MVT_SRC:-experiments/mvt/v5/mvt.cu}
+SRC=${MVT_SRC:?the variant of mvt.cu to compare, e.g. one restored with git show e4151ee:experiments/mvt/v5/mvt.cu}
 TYPES=${TYPES:-Q4_K,Q6_K,Q4_0,Q8_0}
 NBS=${NBS:-2,4,8,16}
 OLDCFGS=${OLDCFGS:-"1,8,1,2,0,2,1"}
