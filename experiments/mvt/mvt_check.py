@@ -10,7 +10,7 @@ device wrapper, q8 quantization on the device and the timing helpers are importe
     python3 experiments/mvt/mvt_check.py --compile-only  # CPU: every module through NVRTC
                                                          #      (+ ptxas -v registers / spills of mvt)
     python3 experiments/mvt/mvt_check.py --selftest      # CPU: numpy model of mvt.cu's index maps
-    MVT_SRC=experiments/mvt/v5/mvt.cu python3 ...        # a variant of mvt.cu instead of kernels/'s
+    MVT_SRC=<file> [MVT_DEFS=K=V,..] [MVT_CHECK_CFGS=..] python3 ...   # a variant of mvt.cu instead
     options: --types Q4_K,Q6_K  --no-timing  --no-checks  --reps 25  --jobs N
              --configs 'TN,WK,WM,PREFETCH[,WLOAD[,MINB[,KPERM[,XPF]]]];...' (timed mvt configs; TN 0 = by nb)
              --shapes Q4_K,Q6_K  --nbs 2,4,8,16  --no-gemm
@@ -88,6 +88,12 @@ def parse_cfg(text: str) -> dict:
     return d
 
 
+# MVT_CHECK_CFGS='TN,WK,WM,PREFETCH[,...];...': the bit-check configurations instead of CHECK_CFGS
+# (a variant whose tunables differ, e.g. experiments/mvt/v6 has no WK 1)
+if os.environ.get("MVT_CHECK_CFGS"):
+    CHECK_CFGS = tuple(parse_cfg(c) for c in os.environ["MVT_CHECK_CFGS"].split(";") if c.strip())
+
+
 def cfg_for(cfg: dict, nb: int) -> dict:
     """TN 0 means: 1 n tile when nb <= 8, else 2."""
     if cfg["MVT_TN"] == 0:
@@ -107,12 +113,27 @@ def mvt_launch(cfg: dict, N: int, nb: int, glu: bool):
         (32 * cfg["MVT_WM"] * cfg["MVT_WK"], 1, 1)
 
 
+def v6_smem(t: int, cfg: dict) -> int:
+    """Dynamic shared memory of experiments/mvt/v6/mvt.cu (its launch contract); 0 unless MVT_SMEM=v6.
+    Its own tunables MVT_UPW (1) and MVT_STAGES (3) come from MVT_DEFS."""
+    if os.environ.get("MVT_SMEM") != "v6":
+        return 0
+    extra = dict(kv.split("=", 1) for kv in os.environ.get("MVT_DEFS", "").split(",") if kv.strip())
+    _, blk, bb, _, bulk = TYPES[t]
+    meta = bb - bulk
+    su = cfg["MVT_WK"] * int(extra.get("MVT_UPW", 1))
+    tr, bn = 16 * cfg["MVT_WM"], 8 * cfg["MVT_TN"]
+    bpu, mst = bulk * 64 // blk, su * 64 // blk * meta
+    stage = tr * (su * bpu + 16) + tr * ((mst + 4 + 15) // 16 * 16) + bn * (su * 64 + 16) + bn * 16 * su
+    return int(extra.get("MVT_STAGES", 3)) * stage
+
+
 def run_mvt(d, w, xq, xs, y, N, nb, glu, act, res, cfg, extra=None, target=None):
     defs = {"MV_TYPE": w.t, **cfg, **(extra or {})}
     k = d.kernel("mvt.cu", defs, "mvt_q8_glu" if glu else "mvt_q8")
     grid, block = mvt_launch(cfg, N, nb, glu)
     d.launch(k, grid, block, (w.bulk, w.meta, xq, xs, y, res or 0, np.int32(N), np.int32(w.K),
-                              np.int32(nb), np.int32(act)), target=target)
+                              np.int32(nb), np.int32(act)), shmem=v6_smem(w.t, cfg), target=target)
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,9 +150,12 @@ def _compile_job(job):
     kw = {"ptxas_options": ["-v"]} if verbose else {}
     # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treated the experiment's
     # generic lambdas as host functions without it (kernels/mvt.cu has none; kept harmless)
+    # MVT_DEFS="K=V,K=V": defines added to every mvt.cu module (a variant's own tunables)
+    extra = dict(kv.split("=", 1) for kv in os.environ.get("MVT_DEFS", "").split(",") if kv.strip()) \
+        if src == "mvt.cu" else {}
     opts = ProgramOptions(name=src, arch=ARCH, std="c++17", lineinfo=True, include_path=[str(KDIR)],
                           device_as_default_execution_space=True,
-                          define_macro=[(k, str(v)) for k, v in sorted(defines.items())], **kw)
+                          define_macro=[(k, str(v)) for k, v in sorted({**defines, **extra}.items())], **kw)
     t0 = time.perf_counter()
     log = io.StringIO()
     try:
