@@ -106,6 +106,31 @@ def test_dispatch_jobs_time_every_available_path_with_its_table_config():
     assert p.src == D.PATH_SRC[jobs[0].variant] and p.shape == jobs[0].shape
 
 
+def test_the_head_is_timed_and_frozen_at_decode_buckets_only(tmp_path):
+    """A prefill chunk computes no logits, so the output head is never multiplied over 128 rows:
+    no dispatch job times it there, and freeze leaves out an older receipt that did."""
+    from memra.gpu.plan import MAX_ROWS
+    from memra.tune.measure import reached
+
+    jobs = D.jobs(["synth:tiny-llama:Q4_K_M"], None, rows=(64, 128))
+    heads = [j for j in jobs if any(o.endswith(":output") for o in j.ops)]
+    assert heads and all(j.shape["batch"] <= MAX_ROWS for j in heads)
+    assert any(j.shape["batch"] == 128 for j in jobs)   # the layers' matvecs are timed there
+    assert D.launched("output", 64) and not D.launched("output", 128) and D.launched("down", 128)
+    head = {"type": "Q6_K", "rows": 4096, "cols": 256}
+    rows = [{**rec(p, us, 128, shape=head), "ops": ["m:output"]} for p, us in (("gemm", 5.0), ("mvt", 9.0))]
+    rows += [{**rec(p, us, 64, shape=head), "ops": ["m:output"]} for p, us in (("gemm", 5.0), ("mvt", 9.0))]
+    rows += [{**rec("gemm", 3.0, 128), "ops": ["m:down"]}]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = read_receipts([f], kinds=("tune",))
+    t = F.freeze(df, "NVIDIA H200", current_hashes={D.SRC: T._current_hash(D.SRC)}, keep=reached)
+    assert set(t["entries"]["dispatch"][shape_key(head)]) == {"64"}
+    assert set(t["entries"]["dispatch"][shape_key(DOWN)]) == {"128"}
+    assert set(F.freeze(df, "NVIDIA H200", current_hashes={D.SRC: T._current_hash(D.SRC)})
+               ["entries"]["dispatch"][shape_key(head)]) == {"64", "128"}
+
+
 def test_the_launch_set_leaves_dispatch_entries_to_the_plan():
     from memra.tune.launches import table_cases
 

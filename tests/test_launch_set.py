@@ -128,11 +128,28 @@ def test_every_entry_of_the_h200_table_is_executed():
                 "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
                 "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
                 "mvt_glu": "mvt_q8_glu"}
+    # a dispatch entry names the path (matvec, mvt, gemm) a shape runs at a row bucket: some case
+    # of that weight type, K and bucket runs that path's kernel with the entry's configuration
+    # (the launch set merges launches that differ only in N, so N is not compared)
+    path_of = {"dispatch": {"matvec": "mv_q8", "mvt": "mvt_q8", "gemm": "gemm_q8"},
+               "dispatch_glu": {"matvec": "mv_q8_glu", "mvt": "mvt_q8_glu", "gemm": "gemm_q8_glu"}}
+    from memra.gpu.ops.matvec import TYPES as MV_TYPES
+    type_id = {v[0]: k for k, v in MV_TYPES.items()}
     n = 0
     for kernel, shapes in table["entries"].items():
         for skey, by_batch in shapes.items():
             for b, e in by_batch.items():
                 want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items()}
+                if kernel in path_of:
+                    shp = dict(kv.split("=") for kv in skey.split(","))
+                    entry = path_of[kernel][e["variant"]]
+                    hit = [c for c in cases if c["entry"] == entry and c["bucket"] == int(b)
+                           and c["params"].get("type") == type_id[shp["type"]]
+                           and c["params"].get("K") == int(shp["cols"])
+                           and all(c["defines"].get(k) == v for k, v in want.items())]
+                    assert hit, f"{kernel} [{skey}] b{b} {e['variant']} {e['config']}: no case runs that path"
+                    n += 1
+                    continue
                 hit = [c for c in cases if c["entry"].startswith(entry_of[kernel])
                        and all(c["defines"].get(k) == v for k, v in want.items())]
                 assert hit, f"{kernel} [{skey}] b{b} {e['config']}: no case runs it"

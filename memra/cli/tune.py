@@ -233,7 +233,7 @@ def tune_freeze(
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune.receipts import read_receipts
-    from memra.tune.measure import is_builtin
+    from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
     from memra.tune.freeze import freeze, summarize_table, write_table
 
@@ -247,7 +247,8 @@ def tune_freeze(
     devices = [device] if device else sorted(set(df["device"]))
     tables = []
     for d in devices:
-        table = freeze(df, d, current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain)
+        table = freeze(df, d, current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
+                       keep=reached)
         path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

@@ -10,7 +10,8 @@ shape and row count, and the fastest one is a measurement, not a constant:
     memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults
 
 A dispatch job is one path at one shape and row bucket (1, 2, 4, ..., 64: the decode graph
-buckets; 128: every prefill chunk above 64 rows), timed with the path's own table
+buckets; 128: every prefill chunk above 64 rows; the output head at decode buckets only: a
+prefill chunk computes no logits), timed with the path's own table
 configuration for that shape and bucket (what the engine would launch) through the path's
 family hooks. Its receipt is an ordinary tuning receipt: kernel `dispatch` (`dispatch_glu` for
 a gate+up pair), variant = the path, src = the three kernel files (a change to any of them
@@ -23,6 +24,7 @@ the path lacks).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Mapping
 
 from memra.gpu.plan import DISPATCH_KERNELS as KERNELS
@@ -35,8 +37,22 @@ PATHS = ("matvec", "mvt", "gemm")
 PATH_SRC = {"matvec": "matvec.cu", "mvt": "mvt.cu", "gemm": "gemm.cu"}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-__all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "available", "is_builtin",
-           "shapes", "jobs", "path_job"]
+__all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "launched", "reached", "available",
+           "is_builtin", "shapes", "jobs", "path_job"]
+
+
+def launched(op: str, rows: int) -> bool:
+    """Whether the engine multiplies op's weights over `rows` rows at all: the output head runs in
+    decode steps only (at most memra.gpu.plan.MAX_ROWS rows; a prefill chunk computes no logits)."""
+    from memra.gpu.plan import MAX_ROWS
+
+    return not (op == "output" and rows > MAX_ROWS)
+
+
+def reached(ops: Iterable[str], rows: int) -> bool:
+    """Whether a dispatch receipt's row count is one the engine launches for any of its ops
+    ("model:op"): freeze leaves out entries no step reaches (a head at the prefill bucket)."""
+    return any(launched(str(o).rsplit(":", 1)[-1], int(rows)) for o in ops)
 
 
 def available(path: str, ggml_type: int) -> bool:
@@ -82,6 +98,8 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
         for op, glu, s in shapes(m, ops):
             t = MV.type_id(s["type"])
             for r in rows:
+                if not launched(op, r):
+                    continue
                 for path in PATHS:
                     if not available(path, t):
                         continue
@@ -90,7 +108,12 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
                     cfg = dict(ch.config) if ch is not None and ch.variant == "q8" else {}
                     j = Job(kernel=kernel_of(glu), variant=path, config=cfg, shape={**s, "batch": int(r)},
                             src=SRC, ops=(f"{m}:{op}",), campaign="dispatch", reps=reps)
-                    out.setdefault(j.key(), j)
+                    k = j.key()
+                    if k in out:   # the same job from another model or op: keep where it comes from
+                        if j.ops[0] not in out[k].ops:
+                            out[k] = replace(out[k], ops=out[k].ops + j.ops)
+                    else:
+                        out[k] = j
     return list(out.values())
 
 

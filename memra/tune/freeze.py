@@ -35,7 +35,7 @@ def _median(xs: list[float]) -> float:
 
 def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = None,
            buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None,
-           builtin=None, min_gain: float = 0.0) -> dict:
+           builtin=None, min_gain: float = 0.0, keep=None) -> dict:
     """The default table for `device` from a receipts DataFrame (memra.tune.receipts.read_receipts).
 
     Only receipts of `device` count, and only those measured on the kernel source that is
@@ -50,6 +50,9 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
     (`kept_builtin`: true, the harness's winner as `runner_up`): a campaign times kernels
     alone, and a lead smaller than its error against the kernel inside the decode graph is
     not evidence enough to leave the default.
+
+    keep(receipt row) -> bool, when given, leaves out the rows it rejects (memra.tune.measure.
+    reached: a dispatch job at a row count the engine never launches for its shape).
     """
     buckets = tuple(sorted(buckets))
     df = receipts[receipts["device"] == device]
@@ -64,6 +67,11 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
     if (~current).any():
         log.info("freeze: ignoring %d receipts measured on older kernel source", int((~current).sum()))
     df = df[current]
+    if keep is not None and len(df):
+        reach = df.apply(lambda r: bool(keep(r)), axis=1)
+        if (~reach).any():
+            log.info("freeze: leaving out %d receipts of launches no step makes", int((~reach).sum()))
+        df = df[reach]
 
     first = df.iloc[0] if len(df) else receipts[receipts["device"] == device].iloc[0]
     root = root or Path(__file__).resolve().parent.parent

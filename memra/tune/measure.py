@@ -58,6 +58,18 @@ def is_builtin(row) -> bool:
                               {**dict(row["shape"]), "batch": int(row["batch"])}))
 
 
+def reached(row) -> bool:
+    """freeze's keep test: False for a dispatch receipt at a row count the engine never launches
+    for its shape (memra.tune.dispatch.reached), True for every other receipt."""
+    from memra.tune import dispatch
+
+    if row["kernel"] not in dispatch.KERNELS:
+        return True
+    ops = row.get("ops")
+    ops = [ops] if isinstance(ops, str) else list(ops if ops is not None else ())
+    return not ops or dispatch.reached(ops, int(row["batch"]))
+
+
 def require_hooks(jobs: Iterable) -> None:
     """Refuse a campaign up front when a family cannot be measured (rather than recording
     every job of it as failed)."""
