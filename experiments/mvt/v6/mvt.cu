@@ -43,6 +43,8 @@
 // BPU = 64 BULK / BLK, MST = 64 SU META / BLK (experiments/mvt/mvt_check.py's v6_smem).
 // K a multiple of 256 for the K-quants (whole super-blocks), of 64 otherwise; planes and xq / xs
 // 16-byte aligned.
+// (The cp.async / ldmatrix wrappers and SLd below are gemm.cu's: if this variant lands in
+// kernels/, they move to a header both include.)
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
