@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The two A/Bs prepared in session 10, in one H200 call (~6 min; no models needed):
-#   source .whl/setup.sh && bash experiments/h200_ab11.sh
-# 1. experiments/gemm_free/ab.sh — what the matvec's reduction order costs the GEMM (gemm.cu
-#    against the same kernel in plain K order), the table's 512- and 128-row configurations,
-#    the 8B's GEMM shapes at 128 / 512 rows; $OUT/sweep-{new,old}.*: old = free order.
-# 2. experiments/mvt/v6/ab.sh — mvt variant 6 (stages in shared memory, plain K order, a
-#    partial per slot) against kernels/mvt.cu at 4 / 8 / 16 rows, with every bit check;
-#    $OUT/mvt-{old,v6u1,v6u2}.*.
-# Commit both outputs under research/ with the decision: the free-order number decides the GEMM's
-# next design (issue 10 item 3's 15 % rule), v6's decides whether mvt moves to it (then the mvt
-# campaign, `memra tune dispatch`, kernel-check).
+# The A/Bs prepared in session 10, for the next H200 calls (no models needed; each step <= ~5 min,
+# so two calls: STEPS="wg free" then STEPS=mvt, or one step a call):
+#   source .whl/setup.sh && STEPS="wg free" bash experiments/h200_ab11.sh
+#   source .whl/setup.sh && STEPS=mvt bash experiments/h200_ab11.sh
+# wg   experiments/gemm_wg/check.py — the wgmma warpgroup GEMM prototype: bit checks against
+#      mv_q8 for both descriptor field orders, the canary, then timing against gemm.cu at 128 and
+#      512 rows; $OUT/gemm-wg.jsonl, $OUT/gemm-wg.log.
+# free experiments/gemm_free/ab.sh — what the matvec's reduction order costs the GEMM;
+#      $OUT/sweep-{new,old}.*: old = free order.
+# mvt  experiments/mvt/v6/ab.sh — mvt variant 6 against kernels/mvt.cu at 4 / 8 / 16 rows;
+#      $OUT/mvt-{old,v6u1,v6u2}.*.
+# Commit the outputs under research/ with the decisions (experiments/gemm_wg/README.md,
+# experiments/gemm_free/README.md, experiments/mvt/README.md say what each result decides).
 set -u
 : "${OUT:?}"
 T0=$(date +%s)
-echo "== gemm_free"; timeout 270 bash experiments/gemm_free/ab.sh 2>&1 | tail -30
-echo "== mvt v6 ($(( $(date +%s) - T0 )) s)"; timeout 310 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60
+for s in ${STEPS:-wg free}; do
+  echo "== $s ($(( $(date +%s) - T0 )) s)"
+  case $s in
+    wg) timeout 240 python3 experiments/gemm_wg/check.py > "$OUT/gemm-wg.log" 2>&1; echo "rc=$?"
+        grep -E "FAIL|passed|ERR|compiled" "$OUT/gemm-wg.log" | head -30; sed -n '/wg us/,$p' "$OUT/gemm-wg.log" ;;
+    free) timeout 280 bash experiments/gemm_free/ab.sh 2>&1 | tail -30 ;;
+    mvt) timeout 310 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60 ;;
+  esac
+done
 echo "== done ($(( $(date +%s) - T0 )) s)"
