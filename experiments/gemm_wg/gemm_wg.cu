@@ -29,6 +29,8 @@
 // Launch: grid (ceil(N / OBM), ceil(nb / 64)), OBM 64 (gemm_q8) or 32 (_glu), block 128, dynamic
 // shared memory WG_SMEM bytes (below; check.py computes the same and the kernel asserts it when
 // given WG_EXPECT_SMEM).
+// (The cp.async wrappers, SLd, the slot walk's merge and the epilogue are gemm.cu's, copied so
+// the prototype stands alone: if it lands, they move to a header both include.)
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
