@@ -3,7 +3,9 @@
 # the 512-row prefill bucket, the row-count dispatch), then the evidence on the new table.
 # Each call carries [".whl", ".synthtok", ".llamacpp"] and starts with `source .whl/setup.sh`;
 # the seven .models/ship-NN/take.sh calls come first. Copy $OUT's table and receipts into the
-# tree between calls (the device's copy of the tree is replaced by this machine's each call).
+# tree between calls (the device's copy of the tree is replaced by this machine's each call):
+# $OUT/table-nvidia-h200.json -> tune/defaults/nvidia-h200.json, $OUT/nvidia-h200.json (kernel-check's
+# receipt) -> research/kernel-check/, the campaign receipts -> research/tune/.
 #   STAGE=tune1  in the background llama.cpp (llama-bench, llama-server) and the synthetic models
 #                (experiments/h200_serve.sh STAGE=build; the 8B's three mixes and the 1B),
 #                meanwhile the h200-mvt campaign (4- and 8-row buckets), the gemm campaigns'
@@ -41,7 +43,8 @@ if [ "$STAGE" = tune1 ]; then
   log "tune gemm rc=$? $(tail -1 $R/tune-gemm.txt) $(el)"
   freeze_show 1
   cp research/tune/h200-mvt-nvidia-h200.jsonl research/tune/h200-gemm-small-nvidia-h200.jsonl \
-    research/tune/h200-gemm-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $OUT/
+    research/tune/h200-gemm-nvidia-h200.jsonl $OUT/
+  cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   wait $SYN; log "synth: $(tail -4 $R/synth.txt | tr '\n' ' ') $(el)"
   wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
   ls /root/llama.cpp/build/bin/ | grep -E "llama-(bench|server)" | tee -a $R/log.txt
@@ -51,7 +54,10 @@ elif [ "$STAGE" = tune2 ]; then
   log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
   freeze_show 2
   grep -E "^│ (mvt|dispatch)" $R/show-2.txt | head -80 >> $R/log.txt
-  cp research/tune/h200-dispatch-nvidia-h200.jsonl tune/defaults/nvidia-h200.json $OUT/
+  cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
+  # the table under its own name: kernel-check's receipt below is also nvidia-h200.json (in session
+  # 10 it overwrote the table in $OUT; the table was re-frozen here from the dispatch receipts)
+  cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   kernel_check
   cp $R/kernel-check/nvidia-h200.json $R/kernel-check.txt $OUT/ 2>/dev/null
   left=$(( 585 - ($(date +%s) - T0) )); [ $left -gt 20 ] || left=20
