@@ -10,6 +10,10 @@
 #      $OUT/sweep-{new,old}.*: old = free order.
 # mvt  experiments/mvt/v6/ab.sh — mvt variant 6 against kernels/mvt.cu at 4 / 8 / 16 rows;
 #      $OUT/mvt-{old,v6u1,v6u2}.*.
+# attn experiments/attn_prefill_probe.py — the decode attention over a 512-row prefill chunk
+#      (SmolLM2, 1B, 8B shapes; depth 0 and 4096), then ncu of SmolLM2's launch: what a multi-row
+#      variant (docs/PERFORMANCE.md "Session 10") has to beat and what bounds it;
+#      $OUT/attn-prefill.jsonl, $OUT/ncu-attn.txt.
 # Commit the outputs under research/ with the decisions (experiments/gemm_wg/README.md,
 # experiments/gemm_free/README.md, experiments/mvt/README.md say what each result decides).
 set -u
@@ -22,6 +26,12 @@ for s in ${STEPS:-wg free}; do
         grep -E "FAIL|passed|ERR|compiled" "$OUT/gemm-wg.log" | head -30; sed -n '/wg us/,$p' "$OUT/gemm-wg.log" ;;
     free) timeout 280 bash experiments/gemm_free/ab.sh 2>&1 | tail -30 ;;
     mvt) timeout 310 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60 ;;
+    attn) for d in 0 4096; do timeout 90 python3 experiments/attn_prefill_probe.py --depth $d >> "$OUT/attn-prefill.jsonl"; done
+          cat "$OUT/attn-prefill.jsonl"
+          timeout 150 ncu --clock-control none -k regex:attn_decode --launch-count 1 --section SpeedOfLight \
+            --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis --section SchedulerStats \
+            python3 experiments/attn_prefill_probe.py smollm2 --once > "$OUT/ncu-attn.txt" 2>&1
+          grep -E "Duration|Issue Slots|Achieved Occupancy|L1/TEX Hit|L2 Hit|DRAM Through|Memory Through|Warp Cycles" "$OUT/ncu-attn.txt" ;;
   esac
 done
 echo "== done ($(( $(date +%s) - T0 )) s)"
