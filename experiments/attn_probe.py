@@ -35,8 +35,11 @@ def main():
         D, G, nkv = SHAPES[name]
         nh = nkv * G
         hpb0 = ATT.heads_per_block(nkv, G)
-        kc = g.to_device((rng.standard_normal((1, n_ctx, nkv, D)) * 0.5).astype(np.float16).view(np.uint16))
-        vc = g.to_device(rng.standard_normal((1, n_ctx, nkv, D)).astype(np.float16).view(np.uint16))
+        # the paged pool (blocks of 16 positions) with the identity block table
+        nblk = n_ctx // 16
+        kc = g.to_device((rng.standard_normal((nblk, 16, nkv * D)) * 0.5).astype(np.float16).view(np.uint16))
+        vc = g.to_device(rng.standard_normal((nblk, 16, nkv * D)).astype(np.float16).view(np.uint16))
+        bt = g.to_device(np.arange(nblk, dtype=np.int32)[None, :])
         q = g.to_device(rng.standard_normal((1, nh * D)).astype(np.float32))
         out = g.empty((1, nh * D), np.float32)
         xq, xs = g.empty(nh * D, np.int8), g.empty(nh * D // 32, Q8_SCALE)
@@ -50,8 +53,8 @@ def main():
                 part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
                 try:
                     def one():
-                        ATT.attention(g, q, kc, vc, out, part_o, part_ml, pos, None, n_tokens=1, n_kv=nkv, n_gqa=G,
-                                      head_dim=D, n_ctx=n_ctx, window=0, scale=1 / math.sqrt(D), n_splits=S,
+                        ATT.attention(g, q, kc, vc, out, part_o, part_ml, pos, None, bt, nblk, n_tokens=1,
+                                      n_kv=nkv, n_gqa=G, head_dim=D, window=0, scale=1 / math.sqrt(D), n_splits=S,
                                       counters=cnt, xq=xq if q8 else None, xs=xs if q8 else None, pdl=True, hpb=hpb,
                                       config=over)
                     one()
