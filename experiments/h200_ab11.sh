@@ -14,6 +14,9 @@
 #      (SmolLM2, 1B, 8B shapes; depth 0 and 4096), then ncu of SmolLM2's launch: what a multi-row
 #      variant (docs/PERFORMANCE.md "Session 10") has to beat and what bounds it;
 #      $OUT/attn-prefill.jsonl, $OUT/ncu-attn.txt.
+# l2   experiments/mv_l2all/ab.sh — small matrices' weights all prefetched into L2 before the PDL
+#      wait (tg128 of the 8B Q8_0 and the 1B, built-in configurations, before / after the edit);
+#      needs .synthtok carried; $OUT/mv-l2all.jsonl.
 # rows experiments/attn_rows/check.py — attn_decode with 2..16 token rows a block against the
 #      one-row launch over the same 512-row chunk (bits and us); $OUT/attn-rows.jsonl.
 # Commit the outputs under research/ with the decisions (experiments/gemm_wg/README.md,
@@ -28,6 +31,7 @@ for s in ${STEPS:-wg free}; do
         grep -E "FAIL|passed|ERR|compiled" "$OUT/gemm-wg.log" | head -30; sed -n '/wg us/,$p' "$OUT/gemm-wg.log" ;;
     free) timeout 280 bash experiments/gemm_free/ab.sh 2>&1 | tail -30 ;;
     mvt) timeout 310 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60 ;;
+    l2) timeout 330 bash experiments/mv_l2all/ab.sh ;;
     rows) timeout 200 python3 experiments/attn_rows/check.py > "$OUT/attn-rows.jsonl" 2> "$OUT/attn-rows.err"; echo "rc=$?"
           cat "$OUT/attn-rows.jsonl"; tail -5 "$OUT/attn-rows.err" ;;
     attn) for d in 0 4096; do timeout 90 python3 experiments/attn_prefill_probe.py --depth $d >> "$OUT/attn-prefill.jsonl"; done
