@@ -9,6 +9,7 @@
 set -u
 : "${OUT:?}"
 TOK=.synthtok/smollm2-tokenizer.gguf
+cp kernels/matvec.cu /tmp/matvec.cu.orig   # put back at the end: later steps of the call use it
 for arm in base l2all; do
   [ $arm = l2all ] && python3 experiments/mv_l2all/make.py kernels/matvec.cu
   for m in synth:llama3-8b:Q8_0 synth:llama-1b:Q4_0; do
@@ -28,3 +29,4 @@ with (out / "mv-l2all.jsonl").open("w") as f:
         f.write(json.dumps(r) + "\n")
 PY
 rm -f $OUT/mv-l2all-raw.jsonl
+cp /tmp/matvec.cu.orig kernels/matvec.cu
