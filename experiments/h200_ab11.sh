@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The A/Bs prepared in session 10, for the next H200 calls (no models needed; each step <= ~5 min,
-# so two calls: STEPS="wg free" then STEPS=mvt, or one step a call):
+# The A/Bs prepared in session 10, for the next H200 calls (no models needed except STEPS=l2, which
+# makes two synthetic ones; a call holds at most 600 s, so: STEPS="wg free" (~8 min), STEPS=mvt
+# (~6 min), STEPS="rows attn" (~6 min), STEPS=l2 (~5 min) — about 25 min for all: pick by what
+# the session will land; in expected value: wg + free, mvt, rows, l2, attn):
 #   source .whl/setup.sh && STEPS="wg free" bash experiments/h200_ab11.sh
 #   source .whl/setup.sh && STEPS=mvt bash experiments/h200_ab11.sh
 # wg   experiments/gemm_wg/check.py — the wgmma warpgroup GEMM prototype: bit checks against
@@ -30,7 +32,7 @@ for s in ${STEPS:-wg free}; do
     wg) timeout 240 python3 experiments/gemm_wg/check.py > "$OUT/gemm-wg.log" 2>&1; echo "rc=$?"
         grep -E "FAIL|passed|ERR|compiled" "$OUT/gemm-wg.log" | head -30; sed -n '/wg us/,$p' "$OUT/gemm-wg.log" ;;
     free) timeout 280 bash experiments/gemm_free/ab.sh 2>&1 | tail -30 ;;
-    mvt) timeout 310 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60 ;;
+    mvt) timeout 420 bash experiments/mvt/v6/ab.sh 2>&1 | tail -60 ;;
     l2) timeout 330 bash experiments/mv_l2all/ab.sh ;;
     rows) timeout 200 python3 experiments/attn_rows/check.py > "$OUT/attn-rows.jsonl" 2> "$OUT/attn-rows.err"; echo "rc=$?"
           cat "$OUT/attn-rows.jsonl"; tail -5 "$OUT/attn-rows.err" ;;
