@@ -10,8 +10,8 @@ shape and row count, and the fastest one is a measurement, not a constant:
     memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults
 
 A dispatch job is one path at one shape and row bucket (1, 2, 4, ..., 64: the decode graph
-buckets; 128: every prefill chunk above 64 rows; the output head at decode buckets only: a
-prefill chunk computes no logits), timed with the path's own table
+buckets; 128: every prefill chunk above 64 rows; at each, the shapes the plan's step launches:
+the output head at decode buckets only), timed with the path's own table
 configuration for that shape and bucket (what the engine would launch) through the path's
 family hooks. Its receipt is an ordinary tuning receipt: kernel `dispatch` (`dispatch_glu` for
 a gate+up pair), variant = the path, src = the three kernel files (a change to any of them
@@ -43,7 +43,9 @@ __all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "
 
 def launched(op: str, rows: int) -> bool:
     """Whether the engine multiplies op's weights over `rows` rows at all: the output head runs in
-    decode steps only (at most memra.gpu.plan.MAX_ROWS rows; a prefill chunk computes no logits)."""
+    decode steps only (at most memra.gpu.plan.MAX_ROWS rows; a prefill chunk computes no logits).
+    jobs() asks the plan itself (shapes at each row count); this is freeze's test for receipts of
+    jobs made before it did."""
     from memra.gpu.plan import MAX_ROWS
 
     return not (op == "output" and rows > MAX_ROWS)
@@ -67,39 +69,44 @@ def is_builtin(kernel: str, variant: str, config: Mapping, shape: Mapping) -> bo
     return kernel in KERNELS and variant == rule(int(shape["batch"]))
 
 
-def shapes(model: str, ops: Iterable[str] | None = None) -> list[tuple[str, bool, dict]]:
-    """(op, glu, shape) of a model's quantized matvecs (the decode step's, without the batch)."""
+# the plan kernels of a q8 matvec, whichever path the plan chose for it
+_MATVEC_KERNELS = {"matvec": False, "matvec_glu": True, "mvt": False, "mvt_glu": True, "gemm": False, "gemm_glu": True}
+
+
+def shapes(model: str, rows: int = 1, ops: Iterable[str] | None = None) -> list[tuple[str, bool, dict]]:
+    """(op, glu, shape) of the quantized matvecs the plan's step over `rows` rows launches
+    (memra.tune.campaign.plan_shapes: a decode step up to 64 rows, a prefill chunk above, which
+    has no head), without the batch."""
     from memra.gpu.ops import matvec as MV
     from memra.tune.campaign import model_info, plan_shapes
 
     ops = set(ops or ())
     out, seen = [], set()
-    for op, kernel, s in plan_shapes(model_info(model), 1):
-        if kernel not in ("matvec", "matvec_glu") or (ops and op not in ops):
+    for op, kernel, s in plan_shapes(model_info(model), rows):
+        if kernel not in _MATVEC_KERNELS or (ops and op not in ops):
             continue
-        key = (kernel, s["type"], s["rows"], s["cols"])
+        glu = _MATVEC_KERNELS[kernel]
+        key = (glu, s["type"], s["rows"], s["cols"])
         if key in seen or MV.type_id(s["type"]) in MV.FLOAT_TYPES:
             continue
         seen.add(key)
-        out.append((op, kernel == "matvec_glu", {k: s[k] for k in ("type", "rows", "cols")}))
+        out.append((op, glu, {k: s[k] for k in ("type", "rows", "cols")}))
     return out
 
 
 def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int] = ROWS,
          ops: Iterable[str] | None = None, reps: int | None = None) -> list:
-    """One job per model shape, row count and available path, with the path's table
-    configuration (the launcher's built-in one where the table has none)."""
+    """One job per shape the plan launches at each row count, and available path, with the
+    path's table configuration (the launcher's built-in one where the table has none)."""
     from memra.gpu.ops import matvec as MV
     from memra.tune import tables as TABLES
     from memra.tune.campaign import Job
 
     out: dict[tuple, Job] = {}
     for m in models:
-        for op, glu, s in shapes(m, ops):
-            t = MV.type_id(s["type"])
-            for r in rows:
-                if not launched(op, r):
-                    continue
+        for r in rows:
+            for op, glu, s in shapes(m, r, ops):
+                t = MV.type_id(s["type"])
                 for path in PATHS:
                     if not available(path, t):
                         continue
