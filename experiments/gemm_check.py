@@ -826,6 +826,19 @@ def chunk(t: int, u: int, c: int) -> int:
     return 32 * u + 16 * c
 
 
+def model_inputs(t: int, rows: int, K: int, nb: int, rng):
+    """The CPU models' inputs: random valid weights of type t in planes (bulk, meta), the integer
+    each weight contributes (quant_values), nb rows of q8 activations xq and their blocks xs."""
+    raw = random_weight(t, rows, K, rng)
+    bulk, meta = pack_planes(raw, t)
+    qv = quant_values(t, raw)
+    xq = rng.integers(-127, 128, (nb, K), dtype=np.int64).astype(np.int8)
+    xs = np.zeros((nb, K // 32), Q8_SCALE)
+    xs["d"] = rng.uniform(0.01, 1, (nb, K // 32)).astype(np.float32)
+    xs["s"] = xq.reshape(nb, -1, 32).astype(np.int32).sum(-1)
+    return bulk, meta, qv, xq, xs
+
+
 def quant_values(t: int, raw: np.ndarray) -> np.ndarray:
     """The integer each weight contributes to the kernel's dot products, from GGUF blocks
     as ggml defines them (independent of the planes and of the kernels): nibbles 0..15
@@ -1046,13 +1059,7 @@ def selftest_type(t, rng, cfg, glu=False):
     N = 23 if glu else 40          # partial tiles: rows clamp
     nb = BN - 5                    # columns clamp
     rows_w = 2 * N if glu else N
-    raw = random_weight(t, rows_w, K, rng)
-    bulk, meta = pack_planes(raw, t)
-    qv = quant_values(t, raw)
-    xq = rng.integers(-127, 128, (nb, K), dtype=np.int64).astype(np.int8)
-    xs = np.zeros((nb, K // 32), Q8_SCALE)
-    xs["d"] = rng.uniform(0.01, 1, (nb, K // 32)).astype(np.float32)
-    xs["s"] = xq.reshape(nb, -1, 32).astype(np.int32).sum(-1)
+    bulk, meta, qv, xq, xs = model_inputs(t, rows_w, K, nb, rng)
     NCH, WBS, MW, MCP, MWS, SB, NK = GT[t]
     k16 = NK == 4
     lanes = np.arange(32)

@@ -40,14 +40,8 @@ def check_type(t: int, rng, glu: bool, K: int = 768) -> int:
     N = 45 if glu else 83
     nb = 50
     rows_w = 2 * N if glu else N
-    raw = gc.random_weight(t, rows_w, K, rng)
-    bulk, meta = gc.pack_planes(raw, t)
+    bulk, meta, qv, xq, xs = gc.model_inputs(t, rows_w, K, nb, rng)
     bl, ml = bulk.ravel(), meta.ravel()
-    qv = gc.quant_values(t, raw)
-    xq = rng.integers(-127, 128, (nb, K), dtype=np.int64).astype(np.int8)
-    xs = np.zeros((nb, K // 32), gc.Q8_SCALE)
-    xs["d"] = rng.uniform(0.01, 1, (nb, K // 32)).astype(np.float32)
-    xs["s"] = xq.reshape(nb, -1, 32).astype(np.int32).sum(-1)
     xqb, xsb = xq.view(np.uint8).ravel(), xs.view(np.uint8).ravel()
     NCH, WBS, MW, MCP, MWS, SB, NK = gc.GT[t]
     nblk = K // gc.TYPES[t][1]

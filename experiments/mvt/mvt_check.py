@@ -113,12 +113,17 @@ def mvt_launch(cfg: dict, N: int, nb: int, glu: bool):
         (32 * cfg["MVT_WM"] * cfg["MVT_WK"], 1, 1)
 
 
+def mvt_defs() -> dict:
+    """MVT_DEFS="K=V,K=V": defines added to every mvt.cu module (a variant's own tunables)."""
+    return dict(kv.split("=", 1) for kv in os.environ.get("MVT_DEFS", "").split(",") if kv.strip())
+
+
 def v6_smem(t: int, cfg: dict) -> int:
     """Dynamic shared memory of experiments/mvt/v6/mvt.cu (its launch contract); 0 unless MVT_SMEM=v6.
     Its own tunables MVT_UPW (1) and MVT_STAGES (3) come from MVT_DEFS."""
     if os.environ.get("MVT_SMEM") != "v6":
         return 0
-    extra = dict(kv.split("=", 1) for kv in os.environ.get("MVT_DEFS", "").split(",") if kv.strip())
+    extra = mvt_defs()
     _, blk, bb, _, bulk = TYPES[t]
     meta = bb - bulk
     su = cfg["MVT_WK"] * int(extra.get("MVT_UPW", 1))
@@ -150,9 +155,7 @@ def _compile_job(job):
     kw = {"ptxas_options": ["-v"]} if verbose else {}
     # device_as_default_execution_space: NVRTC 13.0 (the H200 image's) treated the experiment's
     # generic lambdas as host functions without it (kernels/mvt.cu has none; kept harmless)
-    # MVT_DEFS="K=V,K=V": defines added to every mvt.cu module (a variant's own tunables)
-    extra = dict(kv.split("=", 1) for kv in os.environ.get("MVT_DEFS", "").split(",") if kv.strip()) \
-        if src == "mvt.cu" else {}
+    extra = mvt_defs() if src == "mvt.cu" else {}
     opts = ProgramOptions(name=src, arch=ARCH, std="c++17", lineinfo=True, include_path=[str(KDIR)],
                           device_as_default_execution_space=True,
                           define_macro=[(k, str(v)) for k, v in sorted({**defines, **extra}.items())], **kw)
@@ -410,6 +413,34 @@ def tile_weight_row(r: int, ob: int, N: int, glu: bool) -> int:
 KPERM_TYPES = (12, 13, 8)
 
 
+def tile_sums(t: int, a, xb, u: int, col0: int, nb: int, row_of, qv, xq) -> int:
+    """The mma of a unit's A fragments `a` and the B words `xb` of the n8 tile at column col0
+    (gemm_check's models), every element against its integer sum from GGUF semantics;
+    row_of(tile row) -> weight row. Returns the sums checked."""
+    nk = gc.GT[t][6]
+    k16 = nk == 4
+    lanes = np.arange(32)
+    gid, tig = lanes >> 2, lanes & 3
+    checked = 0
+    for k in range(nk):
+        breg = [xb[k]] if k16 else [xb[2 * k], xb[2 * k + 1]]
+        dv = gc.model_mma(a[k], breg, k16)
+        for e in range(4):
+            tr = gid + 8 * (e >> 1)            # C row (tile row)
+            col = col0 + 2 * tig + (e & 1)
+            for L in range(32):
+                if col[L] >= nb:
+                    continue
+                w_row = row_of(int(tr[L]))
+                el = gc.goff(t, u, k) + np.arange(16) if k16 else 64 * u + 32 * k + np.arange(32)
+                ref = int((qv[w_row, el].astype(np.int64) * xq[col[L], el]).sum())
+                if int(dv[e][L]) != ref:
+                    raise AssertionError(f"{TYPES[t][0]} u={u} row={w_row} col={col[L]} k={k}: "
+                                         f"model {int(dv[e][L])} != ref {ref}")
+                checked += 1
+    return checked
+
+
 def selftest_type(t: int, rng, glu: bool, TN: int = 2, kperm: bool = False) -> int:
     """Every (row, column, unit, k-chunk) integer sum of mvt.cu's tiles, modelled from the lane
     addresses the kernel computes, against sums from GGUF semantics. Returns sums checked."""
@@ -417,14 +448,8 @@ def selftest_type(t: int, rng, glu: bool, TN: int = 2, kperm: bool = False) -> i
     N = 21 if glu else 37             # partial tiles: rows clamp
     nb = 8 * TN - 3                   # columns clamp
     rows_w = 2 * N if glu else N
-    raw = gc.random_weight(t, rows_w, K, rng)
-    bulk, meta = gc.pack_planes(raw, t)
+    bulk, meta, qv, xq, xs = gc.model_inputs(t, rows_w, K, nb, rng)
     bl, ml = bulk.ravel(), meta.ravel()
-    qv = gc.quant_values(t, raw)
-    xq = rng.integers(-127, 128, (nb, K), dtype=np.int64).astype(np.int8)
-    xs = np.zeros((nb, K // 32), gc.Q8_SCALE)
-    xs["d"] = rng.uniform(0.01, 1, (nb, K // 32)).astype(np.float32)
-    xs["s"] = xq.reshape(nb, -1, 32).astype(np.int32).sum(-1)
     xqb = xq.view(np.uint8).ravel()
     xsw = xs.view(np.uint32).ravel()          # d, s as words
     nblk = K // TYPES[t][1]
@@ -470,22 +495,8 @@ def selftest_type(t: int, rng, glu: bool, TN: int = 2, kperm: bool = False) -> i
                         xb = [word(xqb, colB * K + gc.goff(t, u, g & ~1) + 8 * tig + 4 * (g & 1)) for g in range(4)]
                     else:
                         xb = [word(xqb, colB * K + gc.goff(t, u, g) + 4 * tig) for g in range(4)]
-                    for k in range(nk):
-                        breg = [xb[k]] if k16 else [xb[2 * k], xb[2 * k + 1]]
-                        dv = gc.model_mma(a[k], breg, k16)
-                        for e in range(4):
-                            tr = gid + 8 * (e >> 1)            # C row (tile row)
-                            col = cb + 8 * ni + 2 * tig + (e & 1)
-                            for L in range(32):
-                                if col[L] >= nb:
-                                    continue
-                                w_row = tile_weight_row(int(tr[L]), ob, N, glu)
-                                el = gc.goff(t, u, k) + np.arange(16) if k16 else 64 * u + 32 * k + np.arange(32)
-                                ref = int((qv[w_row, el].astype(np.int64) * xq[col[L], el]).sum())
-                                if int(dv[e][L]) != ref:
-                                    raise AssertionError(f"{TYPES[t][0]} u={u} row={w_row} col={col[L]} k={k}: "
-                                                         f"model {int(dv[e][L])} != ref {ref}")
-                                checked += 1
+                    checked += tile_sums(t, a, xb, u, cb + 8 * ni, nb,
+                                         lambda r: tile_weight_row(r, ob, N, glu), qv, xq)
                     # scales: columns 2 tig + cc, blocks sb, sb + 1 (+2, +3 for Q6_K), as uint4 loads
                     sb = gc.goff(t, u, 0) // 32
                     for cc in range(2):

@@ -89,14 +89,8 @@ def check_type(t: int, rng, glu: bool, WK: int, UPW: int, TN: int, K: int) -> in
     N = 21 if glu else 37
     nb = 8 * TN - 3
     rows_w = 2 * N if glu else N
-    raw = gc.random_weight(t, rows_w, K, rng)
-    bulk, meta = gc.pack_planes(raw, t)
+    bulk, meta, qv, xq, xs = gc.model_inputs(t, rows_w, K, nb, rng)
     bl, ml = bulk.ravel(), meta.ravel()
-    qv = gc.quant_values(t, raw)
-    xq = rng.integers(-127, 128, (nb, K), dtype=np.int64).astype(np.int8)
-    xs = np.zeros((nb, K // 32), gc.Q8_SCALE)
-    xs["d"] = rng.uniform(0.01, 1, (nb, K // 32)).astype(np.float32)
-    xs["s"] = xq.reshape(nb, -1, 32).astype(np.int32).sum(-1)
     xqb, xsb = xq.view(np.uint8).ravel(), xs.view(np.uint8).ravel()
     G = geometry(t, WK, UPW, TN)
     nblk = K // TYPES[t][1]
@@ -147,21 +141,8 @@ def check_type(t: int, rng, glu: bool, WK: int, UPW: int, TN: int, K: int) -> in
                             addr = G["OFF_X"] + (8 * ni + lr) * G["XROW"] + \
                                 np.array([gc.goff(t, u, m) for m in lm]) - 64 * u0
                             xb = gc.model_ldsm(sm, addr, 4)
-                            for k in range(nk):
-                                breg = [xb[k]] if k16 else [xb[2 * k], xb[2 * k + 1]]
-                                dv = gc.model_mma(a[k], breg, k16)
-                                for e in range(4):
-                                    tr = gid + 8 * (e >> 1)
-                                    col = cb + 8 * ni + 2 * tig + (e & 1)
-                                    for L in range(32):
-                                        if col[L] >= nb:
-                                            continue
-                                        w_row = wrow_of(int(tr[L]), ob0, N, glu)
-                                        el = gc.goff(t, u, k) + np.arange(16) if k16 else 64 * u + 32 * k + np.arange(32)
-                                        ref = int((qv[w_row, el].astype(np.int64) * xq[col[L], el]).sum())
-                                        assert int(dv[e][L]) == ref, \
-                                            f"{TYPES[t][0]} u={u} row={w_row} col={col[L]} k={k}: {int(dv[e][L])} != {ref}"
-                                        checked += 1
+                            checked += mc.tile_sums(t, a, xb, u, cb + 8 * ni, nb,
+                                                    lambda r: wrow_of(r, ob0, N, glu), qv, xq)
                             for cc in range(2):
                                 colS = np.minimum(cb + 8 * ni + 2 * tig + cc, nb - 1)
                                 sp = G["OFF_S"] + (8 * ni + 2 * tig + cc) * G["SROW"] + 8 * sb
