@@ -25,6 +25,26 @@ SHAPES = {  # name: (head_dim, query heads per KV head, KV heads)
 KV_BLOCK = 16
 
 
+def chunk_inputs(g, rng, name: str, T: int, depth: int) -> dict:
+    """A prefill chunk's attention inputs on the device: T rows of one sequence at positions
+    depth .. depth + T - 1 over a paged KV pool (identity block table) holding depth + T keys,
+    with the prefill step's heads per block (the whole GQA group) and default split count."""
+    D, G, nkv = SHAPES[name]
+    nh, n_ctx = nkv * G, depth + T
+    max_blocks = (n_ctx + KV_BLOCK - 1) // KV_BLOCK
+    S = ATT.default_splits(nkv, g.info.sm_count)
+    po, pml = ATT.scratch_shapes(T, nh, S, D)
+    return dict(
+        D=D, G=G, nkv=nkv, nh=nh, n_ctx=n_ctx, max_blocks=max_blocks, hpb=G, S=S,
+        kc=g.to_device((rng.standard_normal((max_blocks, KV_BLOCK, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)),
+        vc=g.to_device(rng.standard_normal((max_blocks, KV_BLOCK, nkv * D)).astype(np.float16).view(np.uint16)),
+        bt=g.to_device(np.arange(max_blocks, dtype=np.int32)[None, :]),
+        q=g.to_device(rng.standard_normal((T, nh * D)).astype(np.float32)),
+        pos=g.to_device(np.arange(depth, depth + T, dtype=np.int32)),
+        part_o=g.empty(po, np.float32), part_ml=g.empty(pml, np.float32),
+        cnt=g.to_device(np.zeros(T * nkv, np.int32)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["smollm2", "llama-1b", "llama3-8b"])
@@ -35,33 +55,20 @@ def main() -> None:
     g = gpu()
     rng = np.random.default_rng(0)
     T, depth = args.rows, args.depth
-    n_ctx = depth + T
-    max_blocks = (n_ctx + KV_BLOCK - 1) // KV_BLOCK
     for name in args.shapes:
-        D, G, nkv = SHAPES[name]
-        nh = nkv * G
-        row = nkv * D
-        kc = g.to_device((rng.standard_normal((max_blocks, KV_BLOCK, row)) * 0.5).astype(np.float16).view(np.uint16))
-        vc = g.to_device(rng.standard_normal((max_blocks, KV_BLOCK, row)).astype(np.float16).view(np.uint16))
-        bt = g.to_device(np.arange(max_blocks, dtype=np.int32)[None, :])
-        q = g.to_device(rng.standard_normal((T, nh * D)).astype(np.float32))
-        out = g.empty((T, nh * D), np.float32)
-        pos = g.to_device(np.arange(depth, depth + T, dtype=np.int32))
-        hpb = G   # the prefill step's blocks take the whole GQA group (MEMRA_ATT_GROUP_ROWS)
-        S = ATT.default_splits(nh // hpb, g.info.sm_count)
-        po, pml = ATT.scratch_shapes(T, nh, S, D)
-        part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
-        cnt = g.to_device(np.zeros(T * nh // hpb, np.int32))
+        c = chunk_inputs(g, rng, name, T, depth)
+        out = g.empty((T, c["nh"] * c["D"]), np.float32)
 
         def one():
-            ATT.attention(g, q, kc, vc, out, part_o, part_ml, pos, None, bt, max_blocks, n_tokens=T, n_kv=nkv,
-                          n_gqa=G, head_dim=D, window=0, scale=1 / math.sqrt(D), n_splits=S, counters=cnt, hpb=hpb)
+            ATT.attention(g, c["q"], c["kc"], c["vc"], out, c["part_o"], c["part_ml"], c["pos"], None, c["bt"],
+                          c["max_blocks"], n_tokens=T, n_kv=c["nkv"], n_gqa=c["G"], head_dim=c["D"], window=0,
+                          scale=1 / math.sqrt(c["D"]), n_splits=c["S"], counters=c["cnt"], hpb=c["hpb"])
 
         one()
         g.sync()
-        keys = int(sum(min(p + 1, n_ctx) for p in range(depth, depth + T)))
-        rec = {"shape": name, "rows": T, "depth": depth, "splits": S, "hpb": hpb, "keys": keys,
-               "gflop": round(4.0 * keys * nh * D * 1e-9, 3)}
+        keys = int(sum(p + 1 for p in range(depth, depth + T)))
+        rec = {"shape": name, "rows": T, "depth": depth, "splits": c["S"], "hpb": c["hpb"], "keys": keys,
+               "gflop": round(4.0 * keys * c["nh"] * c["D"] * 1e-9, 3)}
         if not args.once:
             with g.capture() as gr:
                 for _ in range(10):

@@ -27,9 +27,9 @@ from memra.gpu.ops import attention as ATT
 from memra.gpu.q8 import Q8_SCALE
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from attn_prefill_probe import KV_BLOCK, chunk_inputs  # noqa: E402  (the same chunk as the probe's)
 SRC = "../experiments/attn_rows/build/attention.cu"   # relative to kernels/ (memra's kernel_dir)
-SHAPES = {"smollm2": (64, 3, 3), "llama-1b": (64, 4, 8), "llama3-8b": (128, 4, 8), "gemma3": (256, 4, 1)}
-KV_BLOCK = 16
 
 
 def main() -> int:
@@ -45,21 +45,12 @@ def main() -> int:
     rng = np.random.default_rng(0)
     T, bad = args.rows, 0
     for depth in (int(x) for x in args.depth.split(",")):
-        n_ctx = depth + T
-        max_blocks = (n_ctx + KV_BLOCK - 1) // KV_BLOCK
         for name in args.shapes:
-            D, G, nkv = SHAPES[name]
-            nh, row = nkv * G, nkv * D
-            kc = g.to_device((rng.standard_normal((max_blocks, KV_BLOCK, row)) * 0.5).astype(np.float16).view(np.uint16))
-            vc = g.to_device(rng.standard_normal((max_blocks, KV_BLOCK, row)).astype(np.float16).view(np.uint16))
-            bt = g.to_device(np.arange(max_blocks, dtype=np.int32)[None, :])
-            q = g.to_device(rng.standard_normal((T, nh * D)).astype(np.float32))
-            pos = g.to_device(np.arange(depth, depth + T, dtype=np.int32))
-            hpb, S = G, ATT.default_splits(nkv, g.info.sm_count)
+            c = chunk_inputs(g, rng, name, T, depth)
+            D, G, nkv, nh, S, hpb = c["D"], c["G"], c["nkv"], c["nh"], c["S"], c["hpb"]
+            q, kc, vc, bt, pos, cnt = c["q"], c["kc"], c["vc"], c["bt"], c["pos"], c["cnt"]
+            part_o, part_ml, max_blocks = c["part_o"], c["part_ml"], c["max_blocks"]
             nhb = nh // hpb
-            po, pml = ATT.scratch_shapes(T, nh, S, D)
-            part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
-            cnt = g.to_device(np.zeros(T * nhb, np.int32))
             twin = D % 32 == 0
             outs = {k: g.empty((T, nh * D), np.float32) for k in ("ref", "var")}
             xqs = {k: g.empty(T * nh * D, np.int8) for k in ("ref", "var")}
