@@ -73,3 +73,10 @@ bench_vs_llamacpp() {
   log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
 }
+# freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
+# show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
+freeze_show() {
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
+  python3 -m memra tune show > "$R/show-$1.txt" 2>&1; log "show: $(grep -i stale "$R/show-$1.txt" | head -3)"
+}
+

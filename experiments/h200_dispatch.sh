@@ -22,8 +22,7 @@ else
   timeout 500 python3 -m memra tune dispatch $MODELS --resume --out $F > $R/tune.txt 2>&1
 fi
 log "$STAGE rc=$? $(tail -1 $R/tune.txt) $(el)"
-python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze.txt 2>&1; log "freeze rc=$?"
-python3 -m memra tune show > $R/show.txt 2>&1; log "show: $(grep -i stale $R/show.txt | head -3)"
-grep -E "^│ (mvt|dispatch)" $R/show.txt | head -60 >> $R/log.txt
+freeze_show "$STAGE"
+grep -E "^│ (mvt|dispatch)" "$R/show-$STAGE.txt" | head -60 >> $R/log.txt
 cp $F tune/defaults/nvidia-h200.json $OUT/
 tar czf $OUT/h200d-$STAGE.tgz -C /tmp h200d-$STAGE
