@@ -11,6 +11,9 @@ kernel each time (checked edits), so the variant differs in the row walk and not
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernel_edit import make_variant  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EDITS = (
     ("#define NEG_INF __int_as_float(0xff800000)\n",
@@ -66,17 +69,7 @@ HEADER = """// attention.cu with ATT_ROWS token rows a block in attn_decode, mad
 
 
 def main() -> int:
-    src = (ROOT / "kernels" / "attention.cu").read_text()
-    for old, new in EDITS:
-        if src.count(old) != 1:
-            print(f"make.py: kernels/attention.cu no longer holds exactly one {old.strip()[:70]!r}", file=sys.stderr)
-            return 1
-        src = src.replace(old, new)
-    out = Path(sys.argv[1])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(HEADER + src)
-    print(out)
-    return 0
+    return make_variant(ROOT / "kernels" / "attention.cu", Path(sys.argv[1]), EDITS, HEADER)
 
 
 if __name__ == "__main__":

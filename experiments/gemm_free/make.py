@@ -9,6 +9,9 @@ Made from the kernel each time, so the two arms differ in the order and nothing 
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernel_edit import make_variant  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EDITS = (   # (kernels/gemm.cu text, free-order text): each must occur exactly once
     ("constexpr int NLEAF = 1 << LV;       // slots per group",
@@ -26,17 +29,7 @@ HEADER = """// gemm.cu in plain K order, made by experiments/gemm_free/make.py f
 
 
 def main() -> int:
-    src = (ROOT / "kernels" / "gemm.cu").read_text()
-    for old, new in EDITS:
-        if src.count(old) != 1:
-            print(f"make.py: kernels/gemm.cu no longer holds exactly one {old.strip()[:60]!r}", file=sys.stderr)
-            return 1
-        src = src.replace(old, new)
-    out = Path(sys.argv[1]) / "gemm.cu"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(HEADER + src)
-    print(out)
-    return 0
+    return make_variant(ROOT / "kernels" / "gemm.cu", Path(sys.argv[1]) / "gemm.cu", EDITS, HEADER)
 
 
 if __name__ == "__main__":

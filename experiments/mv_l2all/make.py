@@ -12,6 +12,9 @@ moves no data into registers).
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernel_edit import make_variant  # noqa: E402
+
 OLD = """    if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -37,15 +40,7 @@ DEF = "#ifndef MV_L2ALL_MAX\n#define MV_L2ALL_MAX (32u << 20)\n#endif\n"
 
 def main() -> int:
     p = Path(sys.argv[1])
-    src = p.read_text()
-    if src.count(OLD) != 2:
-        print(f"make.py: {p} does not hold the two first-unit prefetch blocks", file=sys.stderr)
-        return 1
-    src = src.replace(OLD, NEW)
-    src = src.replace('#include "qtypes.cuh"\n', '#include "qtypes.cuh"\n' + DEF, 1)
-    p.write_text(src)
-    print(p)
-    return 0
+    return make_variant(p, p, ((OLD, NEW, 2), ('#include "qtypes.cuh"\n', '#include "qtypes.cuh"\n' + DEF)))
 
 
 if __name__ == "__main__":
