@@ -36,8 +36,9 @@
 //    (the token's qpk heads) is shared by the FA_WARPS = 4 warps: each computes the tile's
 //    scores and softmax for the 16 rows (the same code and values: no exchange, one barrier a
 //    tile) and the outputs of its quarter of the dims, [w D / 4, (w + 1) D / 4); K/V in three
-//    stages.
-//
+//    stages. It merges a row's splits itself (the last of its split blocks, fa_combine's
+//    arithmetic), writes the q8 twin of the heads it writes, and (fused) ropes Q and appends
+//    the row's K / V (rope.cuh: rope_norm_kv's bits), writing the new key into its own tile.
 // Compile-time: HEAD_DIM (a multiple of 32 up to 256; attn_fa_dec: of 64), FA_WARPS (4; attn_fa_dec needs 4),
 // FA_SPLIT (keys per split, a multiple of 64), KV_BLOCK (kv.cuh); MEMRA_CANARY: wrong variants
 // kernel-check must catch: 1, a token does not see itself; 2 (kv.cuh), the block table ignored.
@@ -49,15 +50,27 @@
 //   v3  a decode packing (warps split the keys, exchange maxima, sums and f16(p) in shared
 //       memory), ex2.approx in log2 units, one reciprocal a row: decode 0.54-1.01x, prefill
 //       2.9-8.4x over a 128-row chunk.
-//   v4  (this) the decode packing computes the tile's softmax in every warp (no exchange, one
+//   v4  the decode packing computes the tile's softmax in every warp (no exchange, one
 //       barrier a tile, three K/V stages): decode unchanged (8B @64 8.2 µs vs 5.9).
+//   v5  (this) attn_fa_dec takes RoPE and the KV append (fused), the split merge (counters, the
+//       last block) and the q8 twin in: three launches a decode layer fewer; the split's
+//       block-table entries staged once (kv_block) before the PDL wait. tg128 against
+//       MEMRA_ATTN=decode, same call (research/2026-12-02-session11/fa-v5/): SmolLM2 shape
+//       -8.3 % (v4 in the engine: -16 %), Gemma-3 -19 % (-23 %), 1B -6.2 %, 8B Q4_K_M -6.1 %
+//       (-6 %), 8B @ d4096 -3.2 %; pp512 +70 / +49 / +34 / +12.5 %, @ d4096 +102 %.
+//   v6  the first two tiles' copies issued before the PDL wait when fused (every copied key is
+//       an earlier step's): tg128 SmolLM2 -2.4 %, Gemma-3 -4.2 %, 1B -1.7 %, 8B +1.0 %, 8B @
+//       d4096 +1.8 % against v5 (fa-v6/): withdrawn (blocks that launch early hold an SM's
+//       shared memory while the matvec before them still runs).
 // Launch: attn_fa grid (n_groups, n_kv, n_split) (groups past the table's last: count 0),
-// attn_fa_dec grid (n_tokens, n_kv,
-// n_split); block 32 * FA_WARPS, dynamic shared memory FA_SMEM (attn_fa) / FA_SMEM_DEC bytes;
-// part_o [n_tokens][n_head][n_split][HEAD_DIM] f32, part_ml [...][2]; then fa_combine (grid
-// (n_head, n_tokens), block HEAD_DIM) for the rows with more than one split.
+// attn_fa_dec grid (n_tokens, n_kv, n_split); block 32 * FA_WARPS, dynamic shared memory
+// FA_SMEM (attn_fa) / FA_SMEM_DEC bytes; part_o [n_tokens][n_head][n_split][HEAD_DIM] f32,
+// part_ml [...][2]; after attn_fa, fa_combine (grid (n_head, n_tokens), block HEAD_DIM) for the
+// rows with more than one split; attn_fa_dec: counters [n_tokens][n_kv] int, zero (left zero).
 #include "common.cuh"
 #include "kv.cuh"
+#include "q8.cuh"
+#include "rope.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -80,7 +93,7 @@ constexpr int RS = D * 2 + 16;         // smem row stride (bytes) of K, V and Q:
 constexpr int KV_TILE = TK * RS;       // one K (or V) tile
 constexpr int Q_TILE = 16 * RS;        // 16 query rows
 constexpr int FA_SMEM = 2 * 2 * KV_TILE + FA_WARPS * Q_TILE;
-constexpr int FA_SMEM_DEC = 3 * 2 * KV_TILE + Q_TILE;
+constexpr int FA_SMEM_DEC = 3 * 2 * KV_TILE + Q_TILE + FA_WARPS * D * 4;
 constexpr int CPR = D / 8;             // 16-byte chunks per row
 
 MEMRA_DEVICE uint32_t sa(const void* p) {
@@ -122,16 +135,23 @@ MEMRA_DEVICE float ex2(float x) {
 }
 
 // one K tile and one V tile (keys [k0, k0 + 64) of KV head kvh) into ks (K) and ks + KV_TILE
-// (V) by cp.async; keys outside [blo, bhi) are zero-filled, not read
+// (V) by cp.async; keys outside [blo, bhi) are zero-filled, not read. bts: null (the block
+// table row bt looked up per chunk), or the row's entries from bt0 staged in shared memory
+// (kv_block's). skip: a key whose tile row is left alone (no copy, no zeros: the decode
+// packing writes the key it appends itself), or -1.
 MEMRA_DEVICE void load_tile(unsigned char* ks, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
-                            const int* __restrict__ bt, size_t row_stride, int kvh, int k0, int blo, int bhi, int tid) {
+                            const int* __restrict__ bt, size_t row_stride, int kvh, int k0, int blo, int bhi, int tid,
+                            const int* bts = nullptr, int bt0 = 0, int skip = -1) {
 #pragma unroll 4
     for (int c = tid; c < TK * CPR * 2; c += NT) {
         const int which = c / (TK * CPR), rr = (c % (TK * CPR)) / CPR, ch = c % CPR;
         const int key = k0 + rr;
+        if (key == skip) continue;
         const bool ok = key >= blo && key < bhi;
         const uint16_t* base = which ? vcache : kcache;
-        const uint16_t* src = base + (ok ? kv_slot(bt, key) * row_stride : 0) + (size_t)kvh * D + ch * 8;
+        size_t slot = 0;
+        if (ok) slot = bts ? (size_t)bts[key / KV_BLOCK - bt0] * KV_BLOCK + key % KV_BLOCK : kv_slot(bt, key);
+        const uint16_t* src = base + slot * row_stride + (size_t)kvh * D + ch * 8;
         cp16z(sa(ks + which * KV_TILE + rr * RS + ch * 16), src, ok);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -386,48 +406,136 @@ extern "C" __global__ void __launch_bounds__(NT)
 }
 
 #if FA_WARPS == 4 && HEAD_DIM % 64 == 0
+static_assert(FA_SPLIT % KV_BLOCK == 0, "attn_fa_dec stages a split's block-table entries: FA_SPLIT % KV_BLOCK == 0");
+constexpr int BT_N = FA_SPLIT / KV_BLOCK;  // block-table entries of one split
+
+// attn_fa_dec: decode rows, one token a block per (KV head, split); see the header. Two ways in:
+//  - q_raw null: q holds the roped query rows (after rope_norm_kv);
+//  - q_raw set (fused, decode rows of distinct sequences): the QKV matvec's rows, RoPE'd here by
+//    rope.cuh (rope_norm_kv's arithmetic: the same bits), and the block of the row's own
+//    position (its last split) appends the row's K and V to the cache — and writes them into its
+//    own K/V tile instead of copying them back.
+// The last of a row's split blocks (counters [n_tokens][n_kv], zero; put back to zero) merges
+// the partials with fa_combine's arithmetic, so no combine launch follows; the block that
+// writes a row's heads also writes their q8 twin when xq is set (q8.cuh's rule).
+// Before the PDL wait: pos, the block table's entries of the split, the RoPE constants.
 extern "C" __global__ void __launch_bounds__(NT)
-    attn_fa_dec(const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
-                float* __restrict__ part_o, float* __restrict__ part_ml, float* __restrict__ out,
+    attn_fa_dec(const float* __restrict__ q, const float* __restrict__ q_raw, const float* __restrict__ k_raw,
+                const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
+                const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+                const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows, int rope_dim,
+                int neox, float eps, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache,
+                float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
+                float* __restrict__ out, int8_t* __restrict__ xq, Q8Scale* __restrict__ xs,
                 const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
                 int max_blocks, int n_kv, int qpk, int window, float scale, float softcap) {
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int bts[BT_N];
+    __shared__ int s_last;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
     const int t = blockIdx.x, kvh = blockIdx.y, j = blockIdx.z, S = gridDim.z;
     const int n_head = n_kv * qpk;
-    const int split_lo = j * FA_SPLIT, split_hi = split_lo + FA_SPLIT;
-    const float scale_l2 = __fmul_rn(scale, LOG2E);
     constexpr int WN = D / 32;           // this warp's output n-tiles (D / 4 dims; even: HEAD_DIM % 64 == 0)
+
+    // pos is written two or more launches back and the block table by the host only (common.cuh):
+    // both readable before the wait, so the blocks of splits without keys leave at once
+    const int p = pos[t];
+    const RowKeys kr = row_keys(p, window);
+    if (kr.hi <= kr.lo) return;
+    const int j0 = kr.lo / FA_SPLIT, j1 = (kr.hi - 1) / FA_SPLIT;
+    if (j < j0 || j > j1) return;
+    const int split_lo = j * FA_SPLIT;
+    const int blo = max(kr.lo, split_lo), bhi = min(kr.hi, split_lo + FA_SPLIT);
+    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
+    const int bt0 = split_lo / KV_BLOCK;
+    for (int i = tid; i < BT_N; i += NT)
+        if (bt0 + i >= blo / KV_BLOCK && bt0 + i <= (bhi - 1) / KV_BLOCK) bts[i] = kv_block(bt, bt0 + i);
+    const bool fused = q_raw != nullptr;
+    const bool appends = fused && j == p / FA_SPLIT && kv_writable(bt, max_blocks, p);
+    RopeLane rq, rk;
+    if (fused) {
+        rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
+        rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+    }
+    const float scale_l2 = __fmul_rn(scale, LOG2E);
+    const RowKeys here{blo, bhi};
+    const int tile_lo = blo / TK * TK;
+    const int n_tiles = (bhi - tile_lo + TK - 1) / TK;
+    const size_t row_stride = (size_t)n_kv * D;
+    const int skip = appends ? p : -1;
+    unsigned char* kv_s = smem;                       // [3 stages][K, V][TK][RS]
+    unsigned char* q_s = smem + 6 * KV_TILE;          // [16][RS]
+    float* fbuf = (float*)(smem + 6 * KV_TILE + Q_TILE);  // [FA_WARPS][D]: a warp's roped head
+    __syncthreads();  // bts
 
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
+    load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid, bts, bt0, skip);
 
-    const RowKeys kr = row_keys(pos[t], window);
-    const int blo = max(kr.lo, split_lo), bhi = min(kr.hi, split_hi);
-    if (blo >= bhi) return;  // no keys in this split (block-uniform)
-    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
-    const RowKeys here{blo, bhi};
-
-    unsigned char* kv_s = smem;                     // [3 stages][K, V][TK][RS]
-    unsigned char* q_s = smem + 6 * KV_TILE;        // [16][RS]
-    // rows 0 .. qpk - 1: the token's heads; each warp stages 4 rows
-    fill_q_rows(q_s, q, t, qpk, qpk, kvh, n_head, lane, 4 * warp, 4);
+    // q rows 0 .. qpk - 1: the token's heads (rows past qpk: zeros); warp w stages rows w, w + 4, ...
+    if (fused) {
+        float* b = fbuf + warp * D;
+        for (int r = warp; r < 16; r += FA_WARPS) {
+            if (r < qpk) {
+                const int h = kvh * qpk + r;
+                rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
+                          q_norm_w != nullptr, rq, eps, rope_dim, neox, b);
+            }
+            for (int c = lane; c < D / 2; c += 32)
+                *(uint32_t*)(q_s + r * RS + c * 4) = r < qpk ? pack_h2(b[2 * c], b[2 * c + 1]) : 0u;
+            __syncwarp();
+        }
+    } else {
+        fill_q_rows(q_s, q, t, qpk, qpk, kvh, n_head, lane, 4 * warp, 4);
+    }
+    // the appended key: warp 3 ropes K, warp 2 takes V; both into the cache and kept as f16 in
+    // registers (lane d / 32 .. : dims lane + 32 i) for the tile that holds position p
+    constexpr int DPL = D / 32;
+    uint16_t knew[DPL], vnew[DPL];
+    if (appends) {
+        const size_t row = kv_slot(bt, p) * row_stride + (size_t)kvh * D;
+        if (warp == 3) {
+            float* b = fbuf + warp * D;
+            __syncwarp();
+            rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,
+                      bias ? bias + (size_t)(n_head + kvh) * D : nullptr, k_norm_w != nullptr, rk, eps, rope_dim,
+                      neox, b);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                knew[i] = f32_to_f16(b[lane + 32 * i]);
+                kcache[row + lane + 32 * i] = knew[i];
+            }
+        } else if (warp == 2) {
+            const float* src = v_raw + (size_t)t * v_stride + (size_t)kvh * D;
+            const float* bv = bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                const int d = lane + 32 * i;
+                vnew[i] = f32_to_f16(bv ? __fadd_rn(src[d], bv[d]) : src[d]);
+                vcache[row + d] = vnew[i];
+            }
+        }
+    }
 
     float o[WN][4];
 #pragma unroll
     for (int n = 0; n < WN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    const int tile_lo = blo / TK * TK;
-    const int n_tiles = (bhi - tile_lo + TK - 1) / TK;
-    const size_t row_stride = (size_t)n_kv * D;
-    const RowKeys rk[2] = {gid < qpk ? here : RowKeys{0, 0}, gid + 8 < qpk ? here : RowKeys{0, 0}};
+    const RowKeys rk2[2] = {gid < qpk ? here : RowKeys{0, 0}, gid + 8 < qpk ? here : RowKeys{0, 0}};
 
     // three stages, one tile ahead: a stage is rewritten two barriers after its last reader
-    load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid);
     for (int it = 0; it < n_tiles; it++) {
+        // the appended key's row of this tile (no copy touches it; the stage's last readers were
+        // two barriers ago): written by the warp that holds it, published by the barrier below
+        const int k_iss = tile_lo + it * TK;
+        if (appends && p >= k_iss && p < k_iss + TK && (warp == 2 || warp == 3)) {
+            unsigned char* row = kv_s + (it % 3) * 2 * KV_TILE + (warp == 2 ? KV_TILE : 0) + (p - k_iss) * RS;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) ((uint16_t*)row)[lane + 32 * i] = warp == 2 ? vnew[i] : knew[i];
+        }
         if (it + 1 < n_tiles) {
-            load_tile(kv_s + ((it + 1) % 3) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh,
-                      tile_lo + (it + 1) * TK, blo, bhi, tid);
+            load_tile(kv_s + ((it + 1) % 3) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh, k_iss + TK, blo, bhi,
+                      tid, bts, bt0, skip);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -438,22 +546,77 @@ extern "C" __global__ void __launch_bounds__(NT)
         // for its quarter of the dims
         float s[8][4], alpha[2];
         scores_tile(s, q_s, ks, lane);
-        softmax_tile(s, m, l, alpha, tile_lo + it * TK, tig, rk, scale, scale_l2, softcap);
+        softmax_tile(s, m, l, alpha, k_iss, tig, rk2, scale, scale_l2, softcap);
         pv_tile<WN>(o, s, alpha, ks + KV_TILE, lane, warp * WN);
     }
 
+    // the row's output: this split alone (o / l), or the partial and, in the last block, the merge
+    float* ob = (float*)smem;  // [qpk][D]: the heads' output, staged for the q8 twin (stage 0's K: read)
+    const size_t orow0 = ((size_t)t * n_head + (size_t)kvh * qpk) * D;
+    const int d0 = warp * (D / 4) + 2 * tig;
+    __syncthreads();  // every warp done with the stages
+    if (j0 == j1) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = gid + 8 * i;
-        if (r >= qpk) continue;
-        float ev[WN], od[WN];
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            if (r >= qpk) continue;
+            const float inv = __frcp_rn(l[i]);  // fa_combine's num * (1 / den) with the one weight 1
 #pragma unroll
-        for (int n = 0; n < WN; n++) { ev[n] = o[n][2 * i]; od[n] = o[n][2 * i + 1]; }
-        const int d0 = warp * (D / 4) + 2 * tig;
-        write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, ev, d0, WN, m[i], l[i],
-                  warp == 0 && tig == 0);
-        write_row(out, part_o, part_ml, pos, window, t, kvh * qpk + r, n_head, S, j, here, od, d0 + 1, WN, m[i], l[i],
-                  false);
+            for (int n = 0; n < WN; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float v = __fmul_rn(o[n][2 * i + e], inv);
+                    out[orow0 + (size_t)r * D + d0 + n * 8 + e] = v;
+                    ob[r * D + d0 + n * 8 + e] = v;
+                }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            if (r >= qpk) continue;
+            const size_t pr = ((size_t)t * n_head + kvh * qpk + r) * S + j;
+#pragma unroll
+            for (int n = 0; n < WN; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) part_o[pr * D + d0 + n * 8 + e] = o[n][2 * i + e];
+            if (warp == 0 && tig == 0) {
+                part_ml[pr * 2] = m[i];
+                part_ml[pr * 2 + 1] = l[i];
+            }
+        }
+        __threadfence();  // this block's partial, visible device-wide before it is counted
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(&counters[t * n_kv + kvh], 1) == j1 - j0;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        // fa_combine's arithmetic, splits j0 .. j1 in order
+        for (int i = tid; i < qpk * D; i += NT) {
+            const int r = i / D, d = i % D;
+            const size_t base = ((size_t)t * n_head + kvh * qpk + r) * S;
+            float M = NEG_INF;
+            for (int jj = j0; jj <= j1; jj++) M = fmaxf(M, __ldcg(part_ml + (base + jj) * 2));
+            float num = 0.f, den = 0.f;
+            for (int jj = j0; jj <= j1; jj++) {
+                const float w = ex2(__fsub_rn(__ldcg(part_ml + (base + jj) * 2), M));
+                den = __fadd_rn(den, __fmul_rn(w, __ldcg(part_ml + (base + jj) * 2 + 1)));
+                num = __fadd_rn(num, __fmul_rn(w, __ldcg(part_o + (base + jj) * D + d)));
+            }
+            const float v = __fmul_rn(num, __frcp_rn(den));
+            out[orow0 + i] = v;
+            ob[i] = v;
+        }
+        if (tid == 0) counters[t * n_kv + kvh] = 0;
+    }
+    if (xq) {  // the heads' q8 twin from the staged copy, 8 lanes per block of 32
+        __syncthreads();
+        for (int i0 = 0; i0 < qpk * D / 4; i0 += NT) {  // uniform trip count: every lane shuffles
+            const int i4 = i0 + tid;
+            const bool active = i4 < qpk * D / 4;
+            q8_store4(active ? reinterpret_cast<const float4*>(ob)[i4] : make_float4(0.f, 0.f, 0.f, 0.f), active, i4,
+                      xq + orow0, xs + orow0 / 32);
+        }
     }
 }
 #endif

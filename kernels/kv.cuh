@@ -1,5 +1,5 @@
 // kv.cuh — the paged KV cache's addressing, shared by every kernel that appends or reads
-// K/V (rope.cu's rope_norm_kv, attention.cu's attn_split / attn_decode / attn_decode_rope).
+// K/V (rope.cu's rope_norm_kv, attention.cu's attn_split / attn_decode / attn_decode_rope, attn_fa.cu).
 //
 // Layout (per layer, K and V alike): a pool of blocks [n_blocks][KV_BLOCK][n_kv * HEAD_DIM]
 // f16. A sequence owns a row of the block table, bt[slot * max_blocks + j] = the pool block
@@ -26,6 +26,16 @@ MEMRA_DEVICE size_t kv_slot(const int* __restrict__ bt, int p) {
 #else
     // an unmapped entry (-1: a host bug) reads block 0 rather than memory before the pool
     return (size_t)max(__ldg(bt + p / KV_BLOCK), 0) * KV_BLOCK + (p % KV_BLOCK);
+#endif
+}
+
+// The pool block of table entry j of row bt (kv_slot's lookup, for kernels that stage a row's
+// entries once: the pool row of position p is kv_block(bt, p / KV_BLOCK) * KV_BLOCK + p % KV_BLOCK).
+MEMRA_DEVICE int kv_block(const int* __restrict__ bt, int j) {
+#if defined(MEMRA_CANARY) && MEMRA_CANARY == 2
+    return j;  // the canary above: pool rows in position order
+#else
+    return max(__ldg(bt + j), 0);
 #endif
 }
 

@@ -423,7 +423,7 @@ def check_geometry(kernel, grid, block, shmem, v):
         if shmem != smem_bytes(D, name == "attn_fa_dec"):
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses "
                                   f"{smem_bytes(D, name == 'attn_fa_dec')}")
-        n_kv, qpk = (v[11], v[12]) if name == "attn_fa" else (v[10], v[11])
+        n_kv, qpk = (v[11], v[12]) if name == "attn_fa" else (v[27], v[28])
         if grid[1] != n_kv or not 1 <= qpk <= 16:
             _fail(k, grid, block, f"grid y must be the {n_kv} KV heads, qpk {qpk} in 1..16")
         if name == "attn_fa_dec" and D % 64:
@@ -652,11 +652,22 @@ def _attn_fa(g, k, grid, v):
             raise CudaError("attn_fa: the token groups do not cover each row with a position exactly once")
         rows_of = [t for t in range(T) if seen[t]]
     else:
-        q, kc, vc, _, _, out, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
+        (q, q_raw, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, _, _, counters, out,
+         xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v
         T = grid[0]
         P = g.mem(pos, np.int32, T)
         SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
-        rows_of = range(T)
+        rows_of = [t for t in range(T) if P[t] >= 0]
+        if g.mem(counters, np.int32, T * n_kv).any():
+            raise CudaError("attn_fa_dec: counters not zero at launch")
+        if q_raw:  # RoPE and the KV append fused: rope_norm_kv into a scratch q first
+            D, n_head = int(k.defines["HEAD_DIM"]), n_kv * qpk
+            key = ("rope_q", T * n_head * D)
+            if key not in g.wcache:
+                g.wcache[key] = g.empty((T, n_head * D), np.float32)
+            q = g.wcache[key].ptr
+            _rope(g, k, (1, T), (q_raw, kk, vv, qs, ks, vs, q, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt,
+                                 max_blocks, n_head, n_kv, rope_dim, neox, eps))
     D = int(k.defines["HEAD_DIM"])
     nh = n_kv * qpk
     kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D)
@@ -681,6 +692,14 @@ def _attn_fa(g, k, grid, v):
             sc = softcap * np.tanh(sc / softcap)
         e = np.exp(sc - sc.max(-1, keepdims=True))
         o[t] = (np.einsum("hgn,nhd->hgd", e, V) / e.sum(-1, keepdims=True)).reshape(nh, D)
+    if k.name == "attn_fa_dec" and xq:  # the q8 twin of the rows it wrote
+        W = nh * D
+        keep = [t for t in range(T) if t not in set(rows_of)]
+        tw = (g.mem(xq, np.int8, T * W).reshape(T, W)[keep].copy(),
+              g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[keep].copy())
+        _q8_twin(g, out, T * W, xq, xs)
+        g.mem(xq, np.int8, T * W).reshape(T, W)[keep] = tw[0]
+        g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[keep] = tw[1]
 
 
 def _fa_combine(g, k, grid, v):

@@ -165,7 +165,8 @@ class Planner:
         self.path, self.fuse_rope, self.sms, self.use_gemm = path, fuse_rope, int(sms), gemm
         self.use_mvt = bool(mvt)
         # attention on kernels/attn_fa.cu (MEMRA_ATTN=fa): prefill and decode on one tensor-core
-        # arithmetic (RoPE its own launch, the q8 twin a quantize launch); its head sizes only
+        # arithmetic (decode: RoPE, the merge and the q8 twin inside; prefill: their own
+        # launches); its head sizes only
         self.use_fa = bool(fa) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa)
         self.fa_split = FA.SPLIT
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
@@ -379,7 +380,10 @@ class Planner:
         c = self.cfg
         E = c.n_embd
         q8 = self.path == "q8"
-        att_q8 = q8 and c.head_dim % 32 == 0 and not self.use_fa
+        # attn_fa's decode packing merges its splits and writes the q8 twin itself (and ropes
+        # when fused); its prefill packing leaves RoPE, the merge and the twin to their launches
+        fa_dec = self.use_fa and decode and FA.can_decode_pack(c.head_dim)
+        att_q8 = q8 and c.head_dim % 32 == 0 and (not self.use_fa or fa_dec)
         out: list[Launch] = []
         emb_t = self.spec.type("token_embd.weight")
         out.append(Launch("embed", "embed", "embed", "default", {"type": emb_t, "n": E}, rows,
@@ -400,10 +404,12 @@ class Planner:
             att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il),
                         "hpb": self.att_hpb_rows(rows)}
             if self.use_fa:
-                out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
-                                  "heads", il, att_args))
+                fused = fa_dec and self.fuse_rope
+                if not fused:
+                    out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
+                                      "heads", il, att_args))
                 out.append(Launch(p + "attention", "attention_fa", "attn_fa", "default", self.heads, rows, None,
-                                  "attention", il, {**att_args, "split": self.fa_split,
+                                  "attention", il, {**att_args, "split": self.fa_split, "fused": fused,
                                                     "packing": "decode" if decode else "prefill"}))
             elif decode and self.fuse_rope:
                 out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,

@@ -402,10 +402,19 @@ class Runner:
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
             elif op == "attention_fa":
-                FA.attn_fa(g, B["qr"], self.kv.k[L.layer], self.kv.v[L.layer], B["ao"], self.fa_po, self.fa_pml, pos,
+                il = L.layer
+                rope = None
+                if a.get("fused"):
+                    q, k, v, qs, ks, vs = self._qkv_views(L, rows)
+                    rope = ATT.RopeIn(q, k, v, qs, ks, vs, self.rope_cs[a["rope_key"]], c.rope_dim, c.rope_neox,
+                                      c.norm_eps, self.bias.get(il), self.vec.get(f"blk.{il}.attn_q_norm.weight"),
+                                      self.vec.get(f"blk.{il}.attn_k_norm.weight"))
+                tw = self._twin(rows, c.q_dim) if a["twin"] else None
+                FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml, pos,
                            seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
                            head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
                            split=a["split"], decode=a["packing"] == "decode", groups=self.p_grp, n_groups=rows,
+                           counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, rope=rope,
                            pdl=pdl)
             elif op == "act_mul":
                 ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)

@@ -15,8 +15,9 @@ with more than one split, merged by fa_combine.
 Packings (the same bits): attn_fa over a table of token groups (`group_table`: a step's
 runs of one sequence cut into groups of FA_WARPS * 16 / qpk tokens, 16 / qpk per warp, the
 block's warps sharing the K/V tiles; any mix of sequences: a group never straddles two),
-and attn_fa_dec for decode rows (one token a block, its warps splitting the output dims;
-head_dim % 64 == 0).
+then fa_combine; and attn_fa_dec for decode rows (one token a block, its warps splitting
+the output dims; head_dim % 64 == 0), which merges its splits, writes the q8 twin and, given
+`rope`, ropes Q and appends K / V itself (one launch a decode layer, as attn_decode_rope).
 
 Reference: softmax attention in float64 with q rounded to f16 (the kernel's input rounding;
 the probabilities' f16 rounding stays in the tolerance): TOL = 1e-3 relative.
@@ -51,7 +52,9 @@ def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int =
         raise MemraError(f"attn_fa: split {split} must be a positive multiple of 64")
     d = {"HEAD_DIM": head_dim, "FA_WARPS": FA_WARPS, "FA_SPLIT": split, "KV_BLOCK": kv_block}
     if canary:
-        d["MEMRA_CANARY"] = int(canary)  # 1: a token does not see itself; 2 (kv.cuh): the block table ignored
+        # 1: a token does not see itself; 2 (kv.cuh): the block table ignored; 3 (rope.cuh): RoPE
+        # rotates the wrong way (the fused decode packing)
+        d["MEMRA_CANARY"] = int(canary)
     return d
 
 
@@ -60,8 +63,9 @@ def module(g, head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int
 
 
 def smem_bytes(head_dim: int, decode: bool) -> int:
+    """attn_fa.cu's FA_SMEM_DEC (decode) / FA_SMEM (prefill)."""
     rs = head_dim * 2 + 16
-    return (6 * 64 * rs + 16 * rs) if decode else (4 * 64 * rs + FA_WARPS * 16 * rs)
+    return (6 * 64 * rs + 16 * rs + FA_WARPS * head_dim * 4) if decode else (4 * 64 * rs + FA_WARPS * 16 * rs)
 
 
 def n_splits(context: int, split: int = SPLIT) -> int:
@@ -112,27 +116,51 @@ def group_table(seq, pos, tpb: int, size: int | None = None) -> np.ndarray:
 def attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks: int, *,
             n_tokens: int, n_kv: int, qpk: int, head_dim: int, window: int, scale: float, n_split: int,
             groups=None, n_groups: int = 0, softcap: float = 0.0, split: int = SPLIT, decode: bool = False,
-            pdl: bool = False, canary: int = 0) -> None:
+            counters=None, xq=None, xs=None, rope=None, pdl: bool = False, canary: int = 0) -> None:
     """decode: attn_fa_dec over the n_tokens rows (one a block; head_dim % 64 == 0, else
-    attn_fa one token a group); else attn_fa over `groups` (device int32 [n_groups, 2],
-    group_table's), n_groups blocks along x. Then fa_combine when n_split > 1."""
+    attn_fa one token a group); it merges a row's splits itself (counters: int32 [n_tokens *
+    n_kv], zero), writes the q8 twin when xq / xs are given, and with rope
+    (memra.gpu.ops.attention.RopeIn: rows of distinct sequences) ropes Q and appends each
+    row's K and V itself (q is then unused), rope_norm_kv's bits. Else attn_fa over `groups`
+    (device int32 [n_groups, 2], group_table's), n_groups blocks along x, then fa_combine
+    when n_split > 1."""
     n_head = n_kv * qpk
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
         raise MemraError("attn_fa: the KV cache holds f16 bits (uint16); pos is int32")
     if part_o.size < n_tokens * n_head * n_split * head_dim or part_ml.size < n_tokens * n_head * n_split * 2:
         raise MemraError("attn_fa: scratch buffers too small for this many tokens / splits")
+    dec = decode and can_decode_pack(head_dim)
+    if (rope is not None or xq is not None) and not dec:
+        raise MemraError("attn_fa: RoPE and the q8 twin fuse only into the decode packing (head_dim % 64 == 0)")
     m = module(g, head_dim, split, kcache.shape[1], canary)
     tail = (np.int32(window), np.float32(scale), np.float32(softcap))
-    head = (q, kcache, vcache, part_o, part_ml, out, pos, seq if seq is not None else _NULL, block_table,
-            np.int32(max_blocks))
-    if decode and can_decode_pack(head_dim):
+    rows = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks))
+    if dec:
+        if counters is None or counters.dtype != np.int32 or counters.size < n_tokens * n_kv:
+            raise MemraError("attn_fa: the decode packing needs int32 counters [n_tokens * n_kv] (zero)")
+        if xq is not None and (xq.dtype != np.int8 or xq.size < n_tokens * n_head * head_dim or xs is None):
+            raise MemraError("attn_fa: the q8 twin needs int8 xq [n_tokens, n_head * head_dim] and its scales")
+        if rope is not None:
+            from memra.gpu.ops.rope import check_table
+
+            r = rope
+            check_table("attn_fa", r.cs, r.rope_dim, head_dim)
+            rargs = (r.q, r.k, r.v, np.int32(r.q_stride), np.int32(r.k_stride), np.int32(r.v_stride),
+                     *(x if x is not None else _NULL for x in (r.bias, r.q_norm, r.k_norm)), r.cs,
+                     np.int32(r.cs.shape[0]), np.int32(r.rope_dim), np.int32(1 if r.neox else 0), np.float32(r.eps))
+        else:
+            rargs = (_NULL, _NULL, _NULL, np.int32(0), np.int32(0), np.int32(0), _NULL, _NULL, _NULL, _NULL,
+                     np.int32(0), np.int32(0), np.int32(0), np.float32(0))
         g.launch(m.kernel("attn_fa_dec"), (n_tokens, n_kv, n_split), (32 * FA_WARPS,),
-                 (*head, np.int32(n_kv), np.int32(qpk), *tail), smem_bytes(head_dim, True), pdl=pdl)
-    else:
-        if groups is None or n_groups < 1:
-            raise MemraError("attn_fa: the prefill packing needs its token groups (group_table)")
-        g.launch(m.kernel("attn_fa"), (n_groups, n_kv, n_split), (32 * FA_WARPS,),
-                 (*head, groups, np.int32(n_kv), np.int32(qpk), *tail), smem_bytes(head_dim, False), pdl=pdl)
+                 (q if q is not None else _NULL, *rargs, kcache, vcache, part_o, part_ml, counters, out,
+                  xq if xq is not None else _NULL, xs if xs is not None else _NULL, *rows, np.int32(n_kv),
+                  np.int32(qpk), *tail), smem_bytes(head_dim, True), pdl=pdl)
+        return
+    if groups is None or n_groups < 1:
+        raise MemraError("attn_fa: the prefill packing needs its token groups (group_table)")
+    g.launch(m.kernel("attn_fa"), (n_groups, n_kv, n_split), (32 * FA_WARPS,),
+             (q, kcache, vcache, part_o, part_ml, out, *rows, groups, np.int32(n_kv), np.int32(qpk), *tail),
+             smem_bytes(head_dim, False), pdl=pdl)
     if n_split > 1:
         g.launch(m.kernel("fa_combine"), (n_head, n_tokens), (head_dim,),
                  (part_o, part_ml, out, pos, np.int32(window), np.int32(n_split)), pdl=pdl)
@@ -189,14 +217,17 @@ def _check(g, rng, case, canary: int = 0):
     name = f"attn_fa D={D} qpk={G} n_kv={nkv} window={window} softcap={cap:g} T={T} split={split}"
     runs = {}
     packings = ("prefill", "token") + (("decode",) if can_decode_pack(D) else ())
+    counters = g.to_device(np.zeros(T * nkv, np.int32))
     for pk in packings:
         for a in (part_o, part_ml, out):
             a.poison()
         tab = group_table(seq, pos, prefill_tpb(G) if pk == "prefill" else 1, size=T)
         attn_fa(g, d_q, kp, vp, out, part_o, part_ml, d_pos, d_seq, d_table, table.shape[1], n_tokens=T, n_kv=nkv,
                 qpk=G, head_dim=D, window=window, scale=scale, n_split=n_split, groups=g.to_device(tab), n_groups=T,
-                softcap=cap, split=split, decode=pk == "decode", canary=canary)
+                softcap=cap, split=split, decode=pk == "decode", counters=counters, canary=canary)
         runs[pk] = out.numpy()
+    if "decode" in packings and np.any(counters.numpy()):
+        return Outcome(name, False, "the decode packing left its split counters non-zero")
     ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
     o = compare(name, runs["prefill"], ref, TOL)
     if not o.ok:
@@ -207,42 +238,124 @@ def _check(g, rng, case, canary: int = 0):
     return Outcome(name, True, o.detail + f"; packings {'/'.join(packings)} bit-identical", o.err)
 
 
+ROPE_CASES = (  # (head_dim, qpk, n_kv, window, rope_dim, neox, qk_norm, bias, split)
+    (64, 3, 3, 0, 64, False, False, False, 256),       # smollm2
+    (64, 4, 8, 0, 64, False, False, False, 256),       # llama-1b
+    (128, 4, 2, 0, 64, True, False, True, 256),        # partial rotary, QKV bias
+    (256, 4, 1, 300, 256, True, True, False, 256),     # gemma3: sliding window, Q/K norm
+    (64, 2, 2, 0, 64, False, False, False, 64),        # one tile a split: many splits
+)
+
+
+def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
+    """The decode packing with RoPE, the KV append, the split merge and the q8 twin inside
+    (attn_fa_dec fused) against rope_norm_kv + the one-token prefill packing (+ fa_combine)
+    + quantize_q8 on the same inputs: output, K/V rows and q8 twin must be the same bits. T
+    decode rows, each its own sequence, at positions with one split, two, many."""
+    from memra.cpu.reference import rope_inv_freq
+    from memra.gpu.compare import Outcome
+    from memra.gpu.ops import rope as ROPE
+    from memra.gpu.ops.attention import RopeIn
+    from memra.gpu.ops.matvec import quantize_q8
+    from memra.gpu.paging import random_table
+    from memra.gpu.q8 import Q8_SCALE
+
+    D, G, nkv, window, rd, neox, qkn, has_bias, split = case
+    nh, n_ctx, blk, f32 = nkv * G, 1100, 16, np.float32
+    table, n_blocks = random_table(rng, T, n_ctx, blk)
+    d_table = g.to_device(table)
+    n_split = n_splits(n_ctx, split)
+    stride = (nh + 2 * nkv) * D
+    qkv = g.to_device(rng.standard_normal((T, stride)).astype(f32))
+    pos_h = np.concatenate([[0, 63, split, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 4))])[:T].astype(np.int32)
+    pos, seq = g.to_device(pos_h), g.to_device(np.arange(T, dtype=np.int32))
+    cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
+    qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
+    bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
+    cache0 = [(rng.standard_normal((n_blocks, blk, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)
+              for _ in range(2)]
+    views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
+    po_shape, pml_shape = scratch_shapes(T, nh, n_split, D)
+    runs = []
+    for fused in (False, True):
+        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        out = g.empty((T, nh * D), f32)
+        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        part_o, part_ml = g.empty(po_shape, f32), g.empty(pml_shape, f32)
+        for a in (out, xq, xs, part_o, part_ml):
+            a.poison()
+        kw = dict(n_tokens=T, n_kv=nkv, qpk=G, head_dim=D, window=window, scale=1 / math.sqrt(D), n_split=n_split,
+                  split=split)
+        if fused:
+            r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
+            attn_fa(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], decode=True,
+                    counters=g.to_device(np.zeros(T * nkv, np.int32)), xq=xq, xs=xs, rope=r, canary=canary, **kw)
+        else:
+            qr = g.empty((T, nh * D), f32)
+            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, d_table, table.shape[1], n_tokens=T,
+                              n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd, neox=neox, q_stride=stride,
+                              k_stride=stride, v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            tab = g.to_device(group_table(np.arange(T), pos_h, 1, size=T))
+            attn_fa(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], groups=tab, n_groups=T,
+                    **kw)
+            quantize_q8(g, out, xq, xs, T)
+        runs.append([out.numpy(), kc.numpy(), vc.numpy(), xq.numpy(), xs.numpy().view(np.uint8)])
+    name = (f"attn_fa decode+rope fused D={D} qpk={G} n_kv={nkv} window={window} rope_dim={rd} split={split}"
+            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
+    for what, a, b in zip(("output", "K cache", "V cache", "q8 twin", "q8 scales"), runs[0], runs[1]):
+        if not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_fa + quantize_q8")
+    return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the three launches")
+
+
 def compile_variants():
     out = [(KERNEL_FILE, defines(c[0], c[6])) for c in CASES]
-    out += [(KERNEL_FILE, defines(64, SPLIT, canary=1)), (KERNEL_FILE, defines(128, SPLIT, canary=2))]
+    out += [(KERNEL_FILE, defines(c[0], c[8])) for c in ROPE_CASES]
+    out += [(KERNEL_FILE, defines(64, SPLIT, canary=k)) for k in (1, 3)] + [(KERNEL_FILE, defines(128, SPLIT, canary=2))]
     return list({(f, tuple(sorted(d.items()))): (f, d) for f, d in out}.values())
 
 
 def checks(g, rng: np.random.Generator) -> Iterator:
     for case in CASES:
         yield _check(g, rng, case)
+    for case in ROPE_CASES:
+        yield _check_rope_fused(g, rng, case)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[0], canary=1)
     yield _check(g, rng, CASES[2], canary=2)
+    yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=3)
 
 
 # -- the launch set (memra.tune.launches) ---------------------------------------------------
 
 def launch_cases(L, ctx) -> list[dict]:
     """A plan launch of op "attention_fa": the module of the model's head size and the plan's
-    split, the entry its packing launches (attn_fa_dec for decode rows, else attn_fa), the
-    layer's window."""
+    split, the entry its packing launches (attn_fa_dec for decode rows, RoPE fused or not;
+    else attn_fa and fa_combine), the layer's window."""
     c = ctx.cfg
     D = c.head_dim
     split = int(L.args.get("split", SPLIT))
     decode = L.args.get("packing") == "decode" and can_decode_pack(D)
+    fused = decode and bool(L.args.get("fused"))
     rows = int(L.rows)
     b = launch_bucket(rows)
     window = int(L.args.get("window", 0))
-    return [{"file": KERNEL_FILE, "entry": "attn_fa_dec+fa_combine" if decode else "attn_fa+fa_combine",
-             "defines": defines(D, split, ctx.kv_block), "bucket": b,
-             "tag": f"heads={c.n_head}/{c.n_head_kv} window={window}",
+    rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
+    return [{"file": KERNEL_FILE, "entry": ("attn_fa_dec+rope" if fused else "attn_fa_dec") if decode
+             else "attn_fa+fa_combine", "defines": defines(D, split, ctx.kv_block), "bucket": b,
+             "tag": f"heads={c.n_head}/{c.n_head_kv} window={window}" +
+             (" rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else ""),
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "window": window, "split": split,
-                        "T": max(b, 2)}}]
+                        "T": max(b, 2), "rope": rope}}]
 
 
 def check_launch(g, rng, case):
     p = case["params"]
+    if p.get("rope") is not None:
+        rd, neox, qkn, bias = p["rope"]
+        return _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], rd, neox, qkn, bias, p["split"]),
+                                 T=max(int(p["T"]), 4))
     return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["T"], p["split"]))
