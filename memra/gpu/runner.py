@@ -278,6 +278,9 @@ class Runner:
         # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
         # table of up to R groups uploaded before the step (graphs read it at replay)
         self.p_grp = g.to_device(np.zeros((R, 2), i32))
+        # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
+        # one row a group, fixed (rows of distinct sequences; a padded row has no keys)
+        self.d_grp = g.to_device(np.stack([np.arange(R), np.ones(R)], 1).astype(i32))
         # the rows of a step that is not a decode step (prefill chunks, verification rows):
         # token, position and block-table row, one upload; a step of B rows (and its graph)
         # reads them as three runs of B ints (step_rows)
@@ -413,7 +416,8 @@ class Runner:
                 FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml, pos,
                            seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
                            head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
-                           split=a["split"], decode=a["packing"] == "decode", groups=self.p_grp, n_groups=rows,
+                           split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
+                           groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
                            counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, rope=rope,
                            pdl=pdl)
             elif op == "act_mul":
