@@ -91,7 +91,7 @@ def test_verify_with_masks_is_masked_decode_at_every_position(runner, tok, con, 
         assert np.isfinite(lg).all()
         runner.rewind(a, n0)
         assert runner.verify(a, feed, s) == free
-        assert ("verify", len(feed), s.greedy and "greedy+mask" or "sample+mask") in runner._graphs
+        assert ("verify", len(feed), s.greedy and "greedy+mask" or "sample+mask") in {k[:3] for k in runner._graphs}
     finally:
         runner.close(a)
 

@@ -402,7 +402,7 @@ class Planner:
             window = c.swa_window if c.is_swa(il) else 0
             att_shape = {**self.heads, "ctx": self.att_ctx}
             att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il),
-                        "hpb": self.att_hpb_rows(rows)}
+                        "hpb": self.att_hpb_rows(rows), "prefill": not decode}
             if self.use_fa:
                 fused = fa_dec and self.fuse_rope
                 if not fused:

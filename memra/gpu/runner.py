@@ -278,6 +278,10 @@ class Runner:
         # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
         # table of up to R groups uploaded before the step (graphs read it at replay)
         self.p_grp = g.to_device(np.zeros((R, 2), i32))
+        # attn_decode's split count (grid y) in a prefill or verification step: the fewest that
+        # lay its rows out as plan.n_splits does (ATT.splits_for; set per step by _pre_splits)
+        self.pre_splits = self.plan.n_splits
+        self._last_prefill_key = None
         # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
         # one row a group, fixed (rows of distinct sequences; a padded row has no keys)
         self.d_grp = g.to_device(np.stack([np.arange(R), np.ones(R)], 1).astype(i32))
@@ -401,7 +405,8 @@ class Runner:
                 tw = self._twin(rows, c.q_dim) if a["twin"] else None
                 ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos, seq,
                               self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
-                              head_dim=c.head_dim, window=a["window"], scale=c.scale, n_splits=self.plan.n_splits,
+                              head_dim=c.head_dim, window=a["window"], scale=c.scale,
+                              n_splits=self.pre_splits if a.get("prefill") else self.plan.n_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
             elif op == "attention_fa":
@@ -580,7 +585,8 @@ class Runner:
             # these rows: every row live (positions >= 0), its mask read from r_mask[i]
             self._set_masks(list(masks))
             sampler += "+mask"
-        key = ("verify", n, sampler)
+        self.pre_splits = self._pre_splits(pos)
+        key = ("verify", n, sampler, self.pre_splits)
         gr = self._graphs.get(key) if graph else None
         self._upload_groups(np.full(n, seq.slot, np.int32), pos, n)
         raw = None
@@ -818,8 +824,10 @@ class Runner:
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
         self._upload_groups(seq, pos, B)
+        self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
-        gr = self._graphs.get(("prefill", B)) if self.prefill_graph else None
+        key = self._last_prefill_key = ("prefill", B, self.pre_splits)
+        gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
             return
@@ -828,7 +836,16 @@ class Runner:
         if self.prefill_graph:
             with self.g.capture() as gr:
                 self._run(launches, B, *feed)
-            self._graphs[("prefill", B)] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
+            self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
+
+    def _pre_splits(self, pos) -> int:
+        """attn_decode's grid y for a step of rows at positions pos (ATT.splits_for: the deepest
+        row's split count rounded up to a power of two, the bits of plan.n_splits; every split
+        otherwise). MEMRA_PREFILL_SPLITS=full: plan.n_splits always."""
+        pos = np.asarray(pos)
+        if self.plan.use_fa or os.environ.get("MEMRA_PREFILL_SPLITS", "") == "full" or not (pos >= 0).any():
+            return self.plan.n_splits
+        return ATT.splits_for(int(pos.max()) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
 
     def step_rows(self, size: int):
         """The (token, position, block-table row) views of a prefill or verification step of

@@ -83,6 +83,29 @@ def default_splits(n_kv: int, sm_count: int) -> int:
 
 
 
+MIN_CHUNK = 128  # attention.cu's ATT_MIN_CHUNK default
+
+
+def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> int:
+    """The split count (grid y) a launch over rows of at most max_keys keys needs for the bits
+    it would get from n_splits: key_range cuts a row of n keys into chunks of max(ATT_MIN_CHUNK,
+    roundup(ceil(n / S), ATT_TILE)), which is ATT_MIN_CHUNK for every S >= n / cap (cap =
+    ATT_MIN_CHUNK rounded down to ATT_TILE), so any S' with ceil(max_keys / cap) <= S' <=
+    n_splits lays every such row out as n_splits does. The smallest power of two in that range,
+    else n_splits (deeper rows' chunks depend on S). A prefill chunk's blocks past its deepest
+    row's splits only leave at once; at depth 0 they were most of the grid."""
+    d = defines(head_dim, config)
+    tile = int(d["ATT_TILE"])
+    cap = int(d.get("ATT_MIN_CHUNK", MIN_CHUNK)) // tile * tile
+    if cap < 1 or max_keys > cap * n_splits:
+        return n_splits
+    need = max(1, -(-int(max_keys) // cap))
+    s = 1
+    while s < need:
+        s *= 2
+    return min(s, n_splits)
+
+
 def heads_per_block(n_kv: int, n_gqa: int) -> int:
     """Query heads per block (N_GQA): the largest divisor of n_gqa that still gives at
     least 16 head blocks, so short contexts (one split) spread over SMs; K/V are read once
@@ -349,12 +372,60 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
     return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the two launches")
 
 
+SPLIT_CASES = (  # (head_dim, n_gqa, n_kv, splits, rows, depth, config): a prefill chunk at depth
+    (64, 3, 3, 88, 96, 0, None),                        # smollm2 at depth 0: 1 split of 88
+    (128, 4, 8, 33, 64, 700, None),                     # llama3-8b at depth: 8 splits of 33
+    (64, 4, 2, 16, 40, 400, {"ATT_MIN_CHUNK": 100}),    # ATT_MIN_CHUNK not a multiple of ATT_TILE
+)
+
+
+def _check_split_count(g, rng, case):
+    """A prefill chunk's rows (consecutive positions of one sequence) through attn_decode with
+    the plan's split count and with splits_for's smaller grid: the same bits (out and q8 twin)."""
+    from memra.gpu.compare import Outcome
+    from memra.gpu.paging import random_table, scatter
+    from memra.gpu.q8 import Q8_SCALE
+
+    D, G, nkv, S, T, depth, config = case
+    nh, blk = nkv * G, 16
+    n_ctx = depth + T
+    table, n_blocks = random_table(rng, 1, n_ctx, blk)
+    kv = [g.to_device(scatter((rng.standard_normal((1, n_ctx, nkv * D)) * 0.7).astype(np.float16).view(np.uint16),
+                              table, n_blocks, blk, 0xFFFF)) for _ in range(2)]
+    q = g.to_device(rng.standard_normal((T, nh * D)).astype(np.float32))
+    pos = np.arange(depth, depth + T, dtype=np.int32)
+    s_eff = splits_for(int(pos.max()) + 1, S, D, config)
+    runs = []
+    for n_splits in (S, s_eff):
+        po, pml = scratch_shapes(T, nh, n_splits, D)
+        out = g.empty((T, nh * D), np.float32)
+        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
+        for a in (out, xq, xs, part_o, part_ml):
+            a.poison()
+        attention(g, q, kv[0], kv[1], out, part_o, part_ml, g.to_device(pos), g.to_device(np.zeros(T, np.int32)),
+                  g.to_device(table), table.shape[1], n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=0,
+                  scale=1 / math.sqrt(D), n_splits=n_splits, counters=g.to_device(np.zeros(T * nh, np.int32)),
+                  xq=xq, xs=xs, hpb=G, config=config)
+        runs.append((out.numpy(), xq.numpy(), xs.numpy().view(np.uint8)))
+    name = f"attention split count D={D} gqa={G} n_kv={nkv} splits {S} -> {s_eff} rows {depth}..{depth + T - 1}" \
+           f"{' ' + str(config) if config else ''}"
+    if s_eff >= S:
+        return Outcome(name, False, f"splits_for kept all {S} splits for a chunk it should shrink")
+    for what, a, b in zip(("output", "q8 twin", "q8 scales"), runs[0], runs[1]):
+        if not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{what} differs between {S} and {s_eff} splits")
+    return Outcome(name, True, f"output and q8 twin bit-identical with {s_eff} of {S} splits")
+
+
 def checks(g, rng: np.random.Generator) -> Iterator:
     for case in CASES:
         yield _check(g, rng, case)
         yield _check(g, rng, case, fused=True)
     for case in ROPE_CASES:
         yield _check_rope_fused(g, rng, case)
+    for case in SPLIT_CASES:
+        yield _check_split_count(g, rng, case)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
