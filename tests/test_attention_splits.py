@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from memra.gpu.ops.attention import splits_for
+from memra.gpu.ops.attention import split_counts, splits_for
 
 
 def key_range(n: int, S: int, min_chunk: int, tile: int) -> tuple[int, int]:
@@ -31,3 +31,11 @@ def test_a_shallow_chunk_launches_few_splits_and_a_deep_one_all():
     assert splits_for(512, 88, 64) == 4       # SmolLM2's pp512 at depth 0: 4 of 88 splits
     assert splits_for(4608, 88, 64) == 64     # at depth 4096
     assert splits_for(4608, 33, 128) == 33    # the 8B at depth 4096: chunks grow past 128 keys
+
+
+@pytest.mark.parametrize("S,min_chunk,tile", [(88, 128, 64), (33, 128, 64), (16, 100, 64), (7, 192, 64)])
+def test_split_counts_lists_every_value_splits_for_takes(S, min_chunk, tile):
+    config = {"ATT_MIN_CHUNK": min_chunk, "ATT_TILE": tile}
+    for max_len in (1, 100, 4096, 8192, 40000):
+        want = sorted({splits_for(m, S, 64, config) for m in range(1, max_len + 1)})
+        assert split_counts(max_len, S, 64, config) == want

@@ -190,8 +190,23 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     warm_up_gpu(r)
     pre = {k[1] for k in r._graphs if k[0] == "prefill"}
     assert pre == set(PREFILL_BUCKETS)
+    # each bucket at every split count a deeper chunk's attention launches (the context's 160
+    # positions reach two)
+    counts = r.prefill_split_counts()
+    assert len(counts) == 2
+    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c) for b in PREFILL_BUCKETS for c in counts}
     assert {k[0] for k in r._graphs if isinstance(k[0], int)} == {1, 2, 4}
     assert r.kv.alloc.n_free == free0
+    # a chunk deep in the context replays a captured graph, and gives the bits of its eager run
+    n_graphs = len(r._graphs)
+    a = r.open()
+    r.step([Row(a, PROMPT * 13)])
+    deep = r.step([Row(a, PROMPT[:20], logits="all")])[0].logits
+    assert r.pre_splits == counts[-1] and len(r._graphs) == n_graphs
+    e = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4, prefill_graph=False)
+    b = e.open()
+    e.step([Row(b, PROMPT * 13)])
+    assert np.array_equal(e.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32), deep.view(np.uint32))
 
 
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M"), ("qwen2", "Q8_0")])

@@ -847,6 +847,34 @@ class Runner:
             return self.plan.n_splits
         return ATT.splits_for(int(pos.max()) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
 
+    def prefill_split_counts(self) -> list[int]:
+        """Every split count _pre_splits can choose for this runner's contexts."""
+        S = self.plan.n_splits
+        if self.plan.use_fa or os.environ.get("MEMRA_PREFILL_SPLITS", "") == "full":
+            return [S]
+        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg)
+
+    def capture_prefill_splits(self) -> int:
+        """For every prefill bucket already captured (its modules loaded by that eager run),
+        the graphs of its other split counts, captured without running: a chunk at any depth
+        then replays a graph. Returns how many were captured."""
+        if not self.prefill_graph:
+            return 0
+        n = 0
+        for B in sorted({k[1] for k in self._graphs if k[0] == "prefill"}):
+            launches = self.plan.step(B, decode=False)
+            feed = self.step_rows(B)
+            for sp in self.prefill_split_counts():
+                key = ("prefill", B, sp)
+                if key in self._graphs:
+                    continue
+                self.pre_splits = sp
+                with self.g.capture() as gr:
+                    self._run(launches, B, *feed)
+                self._graphs[key] = gr
+                n += 1
+        return n
+
     def step_rows(self, size: int):
         """The (token, position, block-table row) views of a prefill or verification step of
         `size` rows: three runs of `size` ints in p_rows, as _chunk and verify upload them."""

@@ -106,6 +106,23 @@ def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None 
     return min(s, n_splits)
 
 
+def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> list[int]:
+    """Every value splits_for takes for chunks whose deepest row has 1..max_keys keys: it steps
+    only where that row crosses cap x a power of two or cap x n_splits, so both sides of each
+    such point are evaluated."""
+    d = defines(head_dim, config)
+    tile = int(d["ATT_TILE"])
+    cap = int(d.get("ATT_MIN_CHUNK", MIN_CHUNK)) // tile * tile
+    marks = {1, int(max_keys)}
+    if cap >= 1:
+        k = 1
+        while k <= 2 * n_splits:
+            marks |= {cap * k, cap * k + 1}
+            k *= 2
+        marks |= {cap * n_splits, cap * n_splits + 1}
+    return sorted({splits_for(m, n_splits, head_dim, config) for m in marks if 1 <= m <= max_keys})
+
+
 def heads_per_block(n_kv: int, n_gqa: int) -> int:
     """Query heads per block (N_GQA): the largest divisor of n_gqa that still gives at
     least 16 head blocks, so short contexts (one split) spread over SMs; K/V are read once
