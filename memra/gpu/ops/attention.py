@@ -159,6 +159,12 @@ class RopeIn:
     k_norm: object = None
 
 
+def rope_in(x: dict, rope_dim: int, neox: bool) -> RopeIn:
+    """The RopeIn of memra.gpu.ops.rope.fused_inputs' rows (a fused launch's kernel-check)."""
+    s = x["stride"]
+    return RopeIn(*x["views"], s, s, s, x["cs"], rope_dim, neox, 1e-6, x["bias"], x["qn"], x["kn"])
+
+
 def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks: int, *,
               n_tokens: int, n_kv: int, n_gqa: int, head_dim: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
@@ -333,31 +339,16 @@ ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neo
 def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin=True):
     """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
     twin and the appended K/V rows must be the same bits. T rows, each its own sequence."""
-    from memra.gpu.compare import Outcome
     from memra.gpu.ops import rope as ROPE
     from memra.gpu.q8 import Q8_SCALE
-    from memra.cpu.reference import rope_inv_freq
-
-    from memra.gpu.paging import random_table
 
     D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
-    nh, n_ctx, blk = nkv * G, 700, 16
-    table, n_blocks = random_table(rng, T, n_ctx, blk)
-    d_table = g.to_device(table)
+    nh, n_ctx, f32 = nkv * G, 700, np.float32
     S = S or default_splits(nh // hpb, 132)
-    stride = (nh + 2 * nkv) * D
-    qkv = g.to_device(rng.standard_normal((T, stride)).astype(np.float32))
+    x = ROPE.fused_inputs(g, rng, T, n_ctx, nh, nkv, D, rd, qkn, has_bias)
+    table, d_table, seq, cache0 = x["table"], x["d_table"], x["seq"], x["cache0"]
     # one split, two, many, then anywhere
     pos = g.to_device(np.concatenate([[0, 64, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 3))])[:T].astype(np.int32))
-    seq = g.to_device(np.arange(T, dtype=np.int32))  # decode: one row per sequence
-    cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
-    f32 = np.float32
-    qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
-    kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
-    bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
-    cache0 = [(rng.standard_normal((n_blocks, blk, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)
-              for _ in range(2)]
-    views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
     runs = []
     for fused in (False, True):
         kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
@@ -371,22 +362,17 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
         kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=1 / math.sqrt(D),
                   n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb, config=config)
         if fused:
-            r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
+            r = rope_in(x, rd, neox)
             attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], rope=r,
                       canary=canary, **kw)
         else:
             qr = g.empty((T, nh * D), f32)
-            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, d_table, table.shape[1], n_tokens=T,
-                              n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd, neox=neox, q_stride=stride,
-                              k_stride=stride, v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            ROPE.unfused_rope(g, x, qr, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
             attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], **kw)
         runs.append([a.numpy() for a in (out, kc, vc)] + ([xq.numpy(), xs.numpy().view(np.uint8)] if twin else []))
     name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
             f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
-    for what, a, b in zip(("output", "K cache", "V cache", "q8 twin", "q8 scales"), runs[0], runs[1]):
-        if not np.array_equal(a, b, equal_nan=True):
-            return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_decode")
-    return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the two launches")
+    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_decode")
 
 
 SPLIT_CASES = (  # (head_dim, n_gqa, n_kv, splits, rows, depth, config): a prefill chunk at depth

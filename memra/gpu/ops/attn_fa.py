@@ -252,30 +252,18 @@ def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
     (attn_fa_dec fused) against rope_norm_kv + the one-token prefill packing (+ fa_combine)
     + quantize_q8 on the same inputs: output, K/V rows and q8 twin must be the same bits. T
     decode rows, each its own sequence, at positions with one split, two, many."""
-    from memra.cpu.reference import rope_inv_freq
-    from memra.gpu.compare import Outcome
     from memra.gpu.ops import rope as ROPE
-    from memra.gpu.ops.attention import RopeIn
+    from memra.gpu.ops.attention import rope_in
     from memra.gpu.ops.matvec import quantize_q8
-    from memra.gpu.paging import random_table
     from memra.gpu.q8 import Q8_SCALE
 
     D, G, nkv, window, rd, neox, qkn, has_bias, split = case
-    nh, n_ctx, blk, f32 = nkv * G, 1100, 16, np.float32
-    table, n_blocks = random_table(rng, T, n_ctx, blk)
-    d_table = g.to_device(table)
+    nh, n_ctx, f32 = nkv * G, 1100, np.float32
     n_split = n_splits(n_ctx, split)
-    stride = (nh + 2 * nkv) * D
-    qkv = g.to_device(rng.standard_normal((T, stride)).astype(f32))
+    x = ROPE.fused_inputs(g, rng, T, n_ctx, nh, nkv, D, rd, qkn, has_bias)
+    table, d_table, seq, cache0 = x["table"], x["d_table"], x["seq"], x["cache0"]
     pos_h = np.concatenate([[0, 63, split, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 4))])[:T].astype(np.int32)
-    pos, seq = g.to_device(pos_h), g.to_device(np.arange(T, dtype=np.int32))
-    cs = g.to_device(ROPE.rope_table(rope_inv_freq(rd, 1e4), n_ctx))
-    qn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
-    kn = g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qkn else None
-    bias = g.to_device(rng.standard_normal(stride).astype(f32)) if has_bias else None
-    cache0 = [(rng.standard_normal((n_blocks, blk, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)
-              for _ in range(2)]
-    views = (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4))
+    pos = g.to_device(pos_h)
     po_shape, pml_shape = scratch_shapes(T, nh, n_split, D)
     runs = []
     for fused in (False, True):
@@ -288,14 +276,12 @@ def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
         kw = dict(n_tokens=T, n_kv=nkv, qpk=G, head_dim=D, window=window, scale=1 / math.sqrt(D), n_split=n_split,
                   split=split)
         if fused:
-            r = RopeIn(*views, stride, stride, stride, cs, rd, neox, 1e-6, bias, qn, kn)
+            r = rope_in(x, rd, neox)
             attn_fa(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], decode=True,
                     counters=g.to_device(np.zeros(T * nkv, np.int32)), xq=xq, xs=xs, rope=r, canary=canary, **kw)
         else:
             qr = g.empty((T, nh * D), f32)
-            ROPE.rope_norm_kv(g, *views, qr, kc, vc, pos, seq, cs, d_table, table.shape[1], n_tokens=T,
-                              n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd, neox=neox, q_stride=stride,
-                              k_stride=stride, v_stride=stride, bias=bias, q_norm=qn, k_norm=kn, eps=1e-6)
+            ROPE.unfused_rope(g, x, qr, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
             tab = g.to_device(group_table(np.arange(T), pos_h, 1, size=T))
             attn_fa(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], groups=tab, n_groups=T,
                     **kw)
@@ -303,10 +289,7 @@ def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
         runs.append([out.numpy(), kc.numpy(), vc.numpy(), xq.numpy(), xs.numpy().view(np.uint8)])
     name = (f"attn_fa decode+rope fused D={D} qpk={G} n_kv={nkv} window={window} rope_dim={rd} split={split}"
             f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
-    for what, a, b in zip(("output", "K cache", "V cache", "q8 twin", "q8 scales"), runs[0], runs[1]):
-        if not np.array_equal(a, b, equal_nan=True):
-            return Outcome(name, False, f"{what} differs from rope_norm_kv + attn_fa + quantize_q8")
-    return Outcome(name, True, "output, q8 twin and K/V rows bit-identical to the three launches")
+    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_fa + quantize_q8")
 
 
 def compile_variants():

@@ -121,6 +121,53 @@ CASES = (  # (head_dim, n_head, n_kv, rope_dim, neox, qk_norm, freq factors, qkv
 )
 
 
+def fused_inputs(g, rng, T: int, n_ctx: int, nh: int, nkv: int, D: int, rope_dim: int, qk_norm: bool,
+                 bias: bool, blk: int = 16) -> dict:
+    """The inputs of a kernel-check comparing a launch with RoPE and the KV append fused in
+    (attention.cu's attn_decode_rope, attn_fa.cu's attn_fa_dec) against rope_norm_kv and the
+    unfused launch: T decode rows, each its own sequence (a random block table of n_ctx
+    positions); one QKV buffer (rows of `stride` floats) and its q / k / v views, the rope
+    table, the optional Q/K norm weights and QKV bias, and the initial K / V pools (host)."""
+    from memra.cpu.reference import rope_inv_freq
+    from memra.gpu.paging import random_table
+
+    f32 = np.float32
+    table, n_blocks = random_table(rng, T, n_ctx, blk)
+    stride = (nh + 2 * nkv) * D
+    qkv = g.to_device(rng.standard_normal((T, stride)).astype(f32))
+    return {
+        "table": table, "d_table": g.to_device(table), "stride": stride, "qkv": qkv,
+        "views": (qkv.view(shape=(T * stride,)), qkv.view(offset=nh * D * 4), qkv.view(offset=(nh + nkv) * D * 4)),
+        "seq": g.to_device(np.arange(T, dtype=np.int32)),  # decode: one row per sequence
+        "cs": g.to_device(rope_table(rope_inv_freq(rope_dim, 1e4), n_ctx)),
+        "qn": g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qk_norm else None,
+        "kn": g.to_device(rng.uniform(0.5, 1.5, D).astype(f32)) if qk_norm else None,
+        "bias": g.to_device(rng.standard_normal(stride).astype(f32)) if bias else None,
+        "cache0": [(rng.standard_normal((n_blocks, blk, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)
+                   for _ in range(2)],
+    }
+
+
+def unfused_rope(g, x: dict, q_out, kcache, vcache, pos, *, T: int, nh: int, nkv: int, D: int, rope_dim: int,
+                 neox: bool) -> None:
+    """The reference side of such a check: rope_norm_kv over fused_inputs' rows."""
+    s = x["stride"]
+    rope_norm_kv(g, *x["views"], q_out, kcache, vcache, pos, x["seq"], x["cs"], x["d_table"], x["table"].shape[1],
+                 n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rope_dim, neox=neox, q_stride=s, k_stride=s,
+                 v_stride=s, bias=x["bias"], q_norm=x["qn"], k_norm=x["kn"], eps=1e-6)
+
+
+def fused_verdict(name: str, runs, against: str, what=("output", "K cache", "V cache", "q8 twin", "q8 scales")):
+    """Outcome of such a check: runs = [unfused, fused], each a list of host arrays in `what`
+    order; every one must be the same bits."""
+    from memra.gpu.compare import Outcome
+
+    for w, a, b in zip(what, runs[0], runs[1]):
+        if not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{w} differs from {against}")
+    return Outcome(name, True, f"output, q8 twin and K/V rows bit-identical to {against}")
+
+
 def compile_variants():
     out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS, "KV_BLOCK": 16}) for d in sorted({c[0] for c in CASES})]
     out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
