@@ -245,7 +245,7 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
     NORM_MAXV = ceil(n / 4 / T), T * NORM_MAXV * 4 == n splits the row over NORM_MAXV blocks;
     rope.cu: ceil(heads / ROPE_WARPS) blocks of 32 * ROPE_WARPS; attention.cu: n_head / hpb
     head blocks, splits = default_splits of that count)."""
-    from memra.gpu.ops.attention import default_splits
+    from memra.gpu.ops.attention import default_splits, splits_for
 
     path = model[0]
     c, heads = _heads(path)
@@ -274,8 +274,11 @@ def test_norm_rope_attention_entries_apply_to_prefill_and_decode(model, builtin,
             assert (d["ROPE_WARPS"], grid[0], block) == (2, -(-(c.n_head + 2 * c.n_head_kv) // 2), (64,))
             rows_seen[name].add(grid[1])
         elif name in ("attn_decode", "attn_decode_rope"):
-            assert (d["N_GQA"], d["ATT_TILE"], grid[0], grid[1]) == \
-                (2, 32, c.n_head // 2, default_splits(c.n_head // 2, gpu.info.sm_count))
+            # decode launches the plan's split count; the prompt's chunk only its deepest row's
+            # (splits_for: the same layout of every row)
+            S = default_splits(c.n_head // 2, gpu.info.sm_count)
+            splits = S if name == "attn_decode_rope" else splits_for(len(PROMPT), S, c.head_dim, {"ATT_TILE": 32})
+            assert (d["N_GQA"], d["ATT_TILE"], grid[0], grid[1]) == (2, 32, c.n_head // 2, splits)
             rows_seen["attn_decode"].add(grid[2])
             if name == "attn_decode_rope":  # decode: RoPE runs inside the attention launch
                 rows_seen["rope_norm_kv"].add(grid[2])
