@@ -13,7 +13,8 @@
 #            attention with decode's bits)
 #   STAGE=b  kernel-check on the launch set (the re-frozen attention entries may change it), GPU tests
 #   STAGE=c  `memra bench --vs llama.cpp` per model (the same-run board: the split-count gain),
-#            then experiments/h200_serve.sh STAGE=evidence
+#            then experiments/h200_serve.sh STAGE=evidence, then tg128 on 2 attention splits
+#            against the plan's (what a decode step's empty split blocks cost)
 # Results under /tmp/s12-$STAGE, tarred into $OUT/s12-$STAGE.tgz.
 set -u
 source experiments/h200_common.sh
@@ -46,5 +47,17 @@ elif [ "$STAGE" = c ]; then
   OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
   log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
   cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
+  # what a decode step's empty split blocks cost: tg128 from depth 0 (at most 129 keys a row: one
+  # 128-key split, the same bits with 2 splits as with the plan's 33-88) on the plan's grid and
+  # on 2 splits (MEMRA_ATT_SPLITS; receipts carry the seam). A gain says: key decode graphs by
+  # the deepest row's split count too.
+  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    for sp in "" 2; do
+      MEMRA_ATT_SPLITS=$sp timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
+        --out $R/decode-splits.jsonl > $R/cur.txt 2>&1
+      log "tg128 $m splits=${sp:-plan} rc=$? $(grep -aE "tg128" $R/cur.txt | tail -1) $(el)"
+    done
+  done
+  cp $R/decode-splits.jsonl $OUT/ 2>/dev/null
 fi
 tar czf $OUT/s12-$STAGE.tgz -C /tmp s12-$STAGE
