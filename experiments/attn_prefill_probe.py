@@ -45,6 +45,19 @@ def chunk_inputs(g, rng, name: str, T: int, depth: int) -> dict:
         cnt=g.to_device(np.zeros(T * nkv, np.int32)))
 
 
+def graph_us(g, fn, n: int = 10, reps: int = 10) -> float:
+    """µs of one fn() launch: a graph of n launches (after an eager one), median of reps."""
+    fn()
+    g.sync()
+    with g.capture() as gr:
+        for _ in range(n):
+            fn()
+    gr.upload()
+    us = float(np.median(g.time_ms(gr.launch, reps=reps, warmup=3))) * 1e3 / n
+    gr.close()
+    return us
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["smollm2", "llama-1b", "llama3-8b"])
@@ -64,18 +77,14 @@ def main() -> None:
                           c["max_blocks"], n_tokens=T, n_kv=c["nkv"], n_gqa=c["G"], head_dim=c["D"], window=0,
                           scale=1 / math.sqrt(c["D"]), n_splits=c["S"], counters=c["cnt"], hpb=c["hpb"])
 
-        one()
-        g.sync()
         keys = int(sum(p + 1 for p in range(depth, depth + T)))
         rec = {"shape": name, "rows": T, "depth": depth, "splits": c["S"], "hpb": c["hpb"], "keys": keys,
                "gflop": round(4.0 * keys * c["nh"] * c["D"] * 1e-9, 3)}
-        if not args.once:
-            with g.capture() as gr:
-                for _ in range(10):
-                    one()
-            gr.upload()
-            us = float(np.median(g.time_ms(gr.launch, reps=10, warmup=3))) * 1e3 / 10
-            gr.close()
+        if args.once:
+            one()
+            g.sync()
+        else:
+            us = graph_us(g, one)
             rec.update(us=round(us, 1), tflops=round(rec["gflop"] / us * 1e3, 2))   # GFLOP / us = 1e3 TFLOP/s
         print(json.dumps(rec), flush=True)
 

@@ -27,7 +27,7 @@ from memra.gpu.q8 import Q8_SCALE
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from attn_prefill_probe import KV_BLOCK, chunk_inputs  # noqa: E402
+from attn_prefill_probe import KV_BLOCK, chunk_inputs, graph_us  # noqa: E402
 from make import make  # noqa: E402
 
 SRC = "../experiments/attn_rows2/build/attention.cu"  # relative to kernels/
@@ -88,18 +88,7 @@ def main() -> int:
                               n_kv=nkv, n_gqa=G, head_dim=D, window=args.window, scale=scale, n_splits=S,
                               counters=cnt, xq=xqs["ref"] if twin else None, xs=xss["ref"] if twin else None, hpb=G)
 
-            def timed(fn) -> float:
-                fn()
-                g.sync()
-                with g.capture() as gr:
-                    for _ in range(10):
-                        fn()
-                gr.upload()
-                us = float(np.median(g.time_ms(gr.launch, reps=10, warmup=3))) * 1e3 / 10
-                gr.close()
-                return us
-
-            ref_us = timed(ref)
+            ref_us = graph_us(g, ref)
             a = outs["ref"].numpy().view(np.uint32).copy()
             aq = xqs["ref"].numpy().copy() if twin else None
             for hpb in sorted({G, 1}, reverse=True):
@@ -125,7 +114,7 @@ def main() -> int:
                                   np.int32(args.window), np.float32(scale), np.float32(0.0), tab))
 
                     outs["var"].fill_bytes(0xFF)
-                    us = timed(var)
+                    us = graph_us(g, var)
                     b = outs["var"].numpy().view(np.uint32)
                     exact = bool(np.array_equal(a, b)) and (not twin or bool(np.array_equal(aq, xqs["var"].numpy())))
                     left = int(np.count_nonzero(cntv.numpy()))
