@@ -1171,6 +1171,17 @@ def slot_of(k: int, j: int, wk: int) -> int:
     return k + wk * (int(f"{j:0{lv}b}"[::-1], 2) if lv else 0)
 
 
+def meet_roots(roots: list, wk: int) -> np.float32:
+    """The wk warp groups' roots meeting in the butterfly's last log2(wk) levels (offsets
+    wk / 2 .. 1), as gemm.cu / mvt.cu add them through shared memory."""
+    off = wk // 2
+    while off:
+        for k in range(off):
+            roots[k] = np.float32(roots[k] + roots[k + off])
+        off //= 2
+    return roots[0]
+
+
 def gemm_order(c: np.ndarray, nu: int, wk: int) -> np.float32:
     """gemm.cu's reduction of unit contributions c (float32) with GM_WK = wk groups: each
     group folds its slots in leaf order, merging finished slots as a binary counter; then
@@ -1193,12 +1204,7 @@ def gemm_order(c: np.ndarray, nu: int, wk: int) -> np.float32:
             else:
                 L[tz] = v
         roots.append(root)
-    off = wk // 2
-    while off:
-        for k in range(off):
-            roots[k] = np.float32(roots[k] + roots[k + off])
-        off //= 2
-    return roots[0]
+    return meet_roots(roots, wk)
 
 
 def selftest_epilogue():

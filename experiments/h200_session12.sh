@@ -38,9 +38,7 @@ if [ "$STAGE" = a ]; then
 elif [ "$STAGE" = b ]; then
   kernel_check
   cp $R/kernel-check/nvidia-h200.json $R/kernel-check.txt $OUT/ 2>/dev/null
-  left=$(( 585 - ($(date +%s) - T0) )); [ $left -gt 20 ] || left=20
-  timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider tests > $R/gpu-tests.txt 2>&1
-  log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
+  gpu_tests 585
 elif [ "$STAGE" = c ]; then
   [ -x $LB ] || log "no llama-bench: STAGE=a builds it"
   bench_vs_llamacpp "$LB"

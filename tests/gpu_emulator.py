@@ -458,6 +458,19 @@ def _embed(g, k, grid, v):
         o[t] = Q.dequantize(raw.copy(), t_of, (1, n_embd))[0] * np.float32(scale)
 
 
+def _q8_twin_rows(g, src, T: int, W: int, xq, xs, skip) -> None:
+    """The q8 twin of a [T, W] output's rows, leaving the rows in `skip` (a launch writes
+    nothing there: padded rows) as they were."""
+    if not xq:
+        return
+    skip = list(skip)
+    kept = (g.mem(xq, np.int8, T * W).reshape(T, W)[skip].copy(),
+            g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[skip].copy())
+    _q8_twin(g, src, T * W, xq, xs)
+    g.mem(xq, np.int8, T * W).reshape(T, W)[skip] = kept[0]
+    g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[skip] = kept[1]
+
+
 def _q8_twin(g, src, n_values, xq, xs):
     """The q8 twin some kernels write next to their f32 output (q8.cuh's rule)."""
     if not xq:
@@ -598,30 +611,35 @@ def _attn_decode(g, k, grid, v):
     W = n_kv * qpk * D
     o = _f32(g, out, T * W).reshape(T, W)
     kept = o[pad].copy()
-    twin = (g.mem(xq, np.int8, T * W).reshape(T, W)[pad].copy(),
-            g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[pad].copy()) if xq else None
     with np.errstate(invalid="ignore", divide="ignore"):
         _attn_combine(g, k, (n_kv * qpk, T), (part_o, part_ml, out, grid[1]))
     o[pad] = kept
-    _q8_twin(g, out, T * W, xq, xs)
-    if twin is not None:
-        g.mem(xq, np.int8, T * W).reshape(T, W)[pad] = twin[0]
-        g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[pad] = twin[1]
+    _q8_twin_rows(g, out, T, W, xq, xs, pad)
+
+
+def _roped_q(g, k, T: int, n_kv: int, qpk: int, raw, rest):
+    """rope_norm_kv of a fused launch's raw QKV rows (it appends K / V) into a scratch q;
+    returns the scratch's address. raw: (q, k, v, q_stride, k_stride, v_stride); rest: (kcache,
+    vcache, pos, seq, bias, q_norm, k_norm, cs, cs_rows, block_table, max_blocks, rope_dim, neox,
+    eps)."""
+    kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks, rope_dim, neox, eps = rest
+    D, n_head = int(k.defines["HEAD_DIM"]), n_kv * qpk
+    key = ("rope_q", T * n_head * D)  # one scratch per size: replays must not grow the heap
+    if key not in g.wcache:
+        g.wcache[key] = g.empty((T, n_head * D), np.float32)
+    qr = g.wcache[key].ptr
+    _rope(g, k, (1, T), (*raw, qr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks, n_head, n_kv,
+                         rope_dim, neox, eps))
+    return qr
 
 
 def _attn_decode_rope(g, k, grid, v):
     """rope_norm_kv into a scratch q, then attn_decode, as attention.cu's attn_decode_rope."""
     (q, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, part_o, part_ml, counters,
      out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v
-    D = int(k.defines["HEAD_DIM"])
-    T, n_head = grid[2], n_kv * qpk
-    key = ("rope_q", T * n_head * D)  # one scratch per size: replays must not grow the heap
-    if key not in g.wcache:
-        g.wcache[key] = g.empty((T, n_head * D), np.float32)
-    qr = g.wcache[key]
-    _rope(g, k, (1, T), (q, kk, vv, qs, ks, vs, qr.ptr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks,
-                         n_head, n_kv, rope_dim, neox, eps))
-    _attn_decode(g, k, grid, (qr.ptr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks,
+    qr = _roped_q(g, k, grid[2], n_kv, qpk, (q, kk, vv, qs, ks, vs), (kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt,
+                                                                      max_blocks, rope_dim, neox, eps))
+    _attn_decode(g, k, grid, (qr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks,
                               n_kv, qpk, window, scale, softcap))
 
 
@@ -661,13 +679,8 @@ def _attn_fa(g, k, grid, v):
         if g.mem(counters, np.int32, T * n_kv).any():
             raise CudaError("attn_fa_dec: counters not zero at launch")
         if q_raw:  # RoPE and the KV append fused: rope_norm_kv into a scratch q first
-            D, n_head = int(k.defines["HEAD_DIM"]), n_kv * qpk
-            key = ("rope_q", T * n_head * D)
-            if key not in g.wcache:
-                g.wcache[key] = g.empty((T, n_head * D), np.float32)
-            q = g.wcache[key].ptr
-            _rope(g, k, (1, T), (q_raw, kk, vv, qs, ks, vs, q, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt,
-                                 max_blocks, n_head, n_kv, rope_dim, neox, eps))
+            q = _roped_q(g, k, T, n_kv, qpk, (q_raw, kk, vv, qs, ks, vs), (kc, vc, pos, seq, bias, qn, kn, cs,
+                                                                         cs_rows, bt, max_blocks, rope_dim, neox, eps))
     D = int(k.defines["HEAD_DIM"])
     nh = n_kv * qpk
     kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D)
@@ -692,14 +705,8 @@ def _attn_fa(g, k, grid, v):
             sc = softcap * np.tanh(sc / softcap)
         e = np.exp(sc - sc.max(-1, keepdims=True))
         o[t] = (np.einsum("hgn,nhd->hgd", e, V) / e.sum(-1, keepdims=True)).reshape(nh, D)
-    if k.name == "attn_fa_dec" and xq:  # the q8 twin of the rows it wrote
-        W = nh * D
-        keep = [t for t in range(T) if t not in set(rows_of)]
-        tw = (g.mem(xq, np.int8, T * W).reshape(T, W)[keep].copy(),
-              g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[keep].copy())
-        _q8_twin(g, out, T * W, xq, xs)
-        g.mem(xq, np.int8, T * W).reshape(T, W)[keep] = tw[0]
-        g.mem(xs, np.uint8, T * W // 32 * 8).reshape(T, -1)[keep] = tw[1]
+    if k.name == "attn_fa_dec":  # the q8 twin of the rows it wrote
+        _q8_twin_rows(g, out, T, nh * D, xq, xs, sorted(set(range(T)) - set(rows_of)))
 
 
 def _fa_combine(g, k, grid, v):

@@ -591,12 +591,7 @@ def mvt_order(c: np.ndarray, wk: int, pf: int, canary: bool = False) -> np.float
                 cj += 1
                 cu = slot(k, cj) if cj < nleaf else 0
         roots.append(P)
-    off = wk // 2
-    while off:
-        for k in range(off):
-            roots[k] = np.float32(roots[k] + roots[k + off])
-        off //= 2
-    return roots[0]
+    return gc.meet_roots(roots, wk)
 
 
 def selftest_order(rng) -> int:

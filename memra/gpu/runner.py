@@ -281,7 +281,7 @@ class Runner:
         # attn_decode's split count (grid y) in a prefill or verification step: the fewest that
         # lay its rows out as plan.n_splits does (ATT.splits_for; set per step by _pre_splits)
         self.pre_splits = self.plan.n_splits
-        self._last_prefill_key = None
+        self._split_prefill = not self.plan.use_fa and os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
         # one row a group, fixed (rows of distinct sequences; a padded row has no keys)
         self.d_grp = g.to_device(np.stack([np.arange(R), np.ones(R)], 1).astype(i32))
@@ -826,7 +826,7 @@ class Runner:
         self._upload_groups(seq, pos, B)
         self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
-        key = self._last_prefill_key = ("prefill", B, self.pre_splits)
+        key = ("prefill", B, self.pre_splits)
         gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
@@ -843,16 +843,14 @@ class Runner:
         row's split count rounded up to a power of two, the bits of plan.n_splits; every split
         otherwise). MEMRA_PREFILL_SPLITS=full: plan.n_splits always."""
         pos = np.asarray(pos)
-        if self.plan.use_fa or os.environ.get("MEMRA_PREFILL_SPLITS", "") == "full" or not (pos >= 0).any():
+        if not self._split_prefill or not (pos >= 0).any():
             return self.plan.n_splits
         return ATT.splits_for(int(pos.max()) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
 
     def prefill_split_counts(self) -> list[int]:
         """Every split count _pre_splits can choose for this runner's contexts."""
         S = self.plan.n_splits
-        if self.plan.use_fa or os.environ.get("MEMRA_PREFILL_SPLITS", "") == "full":
-            return [S]
-        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg)
+        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg) if self._split_prefill else [S]
 
     def capture_prefill_splits(self) -> int:
         """For every prefill bucket already captured (its modules loaded by that eager run),

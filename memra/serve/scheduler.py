@@ -790,9 +790,7 @@ def warm_up_gpu(eng) -> None:
                 eng.step(rows)
                 for r in rows:
                     eng.rewind(r.seq, 0)
-        # the same buckets' graphs at every split count a deeper chunk launches (no eager run)
-        if hasattr(eng, "capture_prefill_splits"):
-            eng.capture_prefill_splits()
+        eng.capture_prefill_splits()  # those buckets at every split count a deeper chunk launches
         buckets = sorted({graph_bucket(k) for k in range(1, n + 1)})
         every = np.full((eng.cfg.n_vocab + 31) // 32, -1, np.int32)  # a constrained row's graph (kernels/mask.cu)
         kinds = [(Sampling(0.0), None), (Sampling(0.8, 40, 0.95, 0.05, 1), None), (None, None),

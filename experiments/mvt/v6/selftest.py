@@ -173,12 +173,7 @@ def v6_order(c: np.ndarray, wk: int, upw: int) -> np.float32:
                 P[m] = np.float32(P[m] + P[m + h])
             h //= 2
         roots.append(P[0])
-    off = wk // 2
-    while off:
-        for k in range(off):
-            roots[k] = np.float32(roots[k] + roots[k + off])
-        off //= 2
-    return roots[0]
+    return gc.meet_roots(roots, wk)
 
 
 def main() -> int:

@@ -86,6 +86,14 @@ def default_splits(n_kv: int, sm_count: int) -> int:
 MIN_CHUNK = 128  # attention.cu's ATT_MIN_CHUNK default
 
 
+def _split_cap(head_dim: int, config: dict | None) -> int:
+    """The most keys a row may have per split for key_range to cut it into ATT_MIN_CHUNK-key
+    splits: ATT_MIN_CHUNK rounded down to ATT_TILE."""
+    d = defines(head_dim, config)
+    tile = int(d["ATT_TILE"])
+    return int(d.get("ATT_MIN_CHUNK", MIN_CHUNK)) // tile * tile
+
+
 def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> int:
     """The split count (grid y) a launch over rows of at most max_keys keys needs for the bits
     it would get from n_splits: key_range cuts a row of n keys into chunks of max(ATT_MIN_CHUNK,
@@ -94,9 +102,7 @@ def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None 
     n_splits lays every such row out as n_splits does. The smallest power of two in that range,
     else n_splits (deeper rows' chunks depend on S). A prefill chunk's blocks past its deepest
     row's splits only leave at once; at depth 0 they were most of the grid."""
-    d = defines(head_dim, config)
-    tile = int(d["ATT_TILE"])
-    cap = int(d.get("ATT_MIN_CHUNK", MIN_CHUNK)) // tile * tile
+    cap = _split_cap(head_dim, config)
     if cap < 1 or max_keys > cap * n_splits:
         return n_splits
     need = max(1, -(-int(max_keys) // cap))
@@ -110,9 +116,7 @@ def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | Non
     """Every value splits_for takes for chunks whose deepest row has 1..max_keys keys: it steps
     only where that row crosses cap x a power of two or cap x n_splits, so both sides of each
     such point are evaluated."""
-    d = defines(head_dim, config)
-    tile = int(d["ATT_TILE"])
-    cap = int(d.get("ATT_MIN_CHUNK", MIN_CHUNK)) // tile * tile
+    cap = _split_cap(head_dim, config)
     marks = {1, int(max_keys)}
     if cap >= 1:
         k = 1
