@@ -64,7 +64,7 @@ gpu_tests() {
   log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
 }
 # bench_vs_llamacpp LLAMA_BENCH: `memra bench --vs llama.cpp` (pp512 + tg128) of every benchmark
-# model, one run each, then the 8B Q4_K_M at depth 4096; receipts in $R/bench-vs.jsonl (copied
+# model, one run each, then the 8B Q4_K_M and SmolLM2 at depth 4096; receipts in $R/bench-vs.jsonl (copied
 # to $OUT after each), one log per model, the gate and the cells in $R/log.txt
 bench_vs_llamacpp() {
   local lb=$1 m f
@@ -78,6 +78,9 @@ bench_vs_llamacpp() {
   timeout 150 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench "$lb" \
     --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b-d4096.txt 2>&1
   log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
+  timeout 120 python3 -m memra bench smollm2-135m -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench "$lb" \
+    --out $R/bench-vs.jsonl > $R/bench-smollm2-d4096.txt 2>&1
+  log "bench SmolLM2 d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-smollm2-d4096.txt | tail -5 | tee -a $R/log.txt
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
 }
 # freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
