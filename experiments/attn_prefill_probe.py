@@ -28,14 +28,18 @@ KV_BLOCK = 16
 def chunk_inputs(g, rng, name: str, T: int, depth: int) -> dict:
     """A prefill chunk's attention inputs on the device: T rows of one sequence at positions
     depth .. depth + T - 1 over a paged KV pool (identity block table) holding depth + T keys,
-    with the prefill step's heads per block (the whole GQA group) and default split count."""
+    with the prefill step's heads per block (the whole GQA group) and the engine's split count S:
+    default_splits over the table's one-head blocks (the H200 table's attention entries all take
+    hpb 1: 9 on the 8B and 1B, 30 on SmolLM2, 66 on Gemma-3). Scratch is sized for S_group too,
+    the whole group's count (default_splits over the KV heads: 33 / 88 / 256)."""
     D, G, nkv = SHAPES[name]
     nh, n_ctx = nkv * G, depth + T
     max_blocks = (n_ctx + KV_BLOCK - 1) // KV_BLOCK
-    S = ATT.default_splits(nkv, g.info.sm_count)
-    po, pml = ATT.scratch_shapes(T, nh, S, D)
+    S = ATT.default_splits(nh, g.info.sm_count)
+    S_group = ATT.default_splits(nkv, g.info.sm_count)
+    po, pml = ATT.scratch_shapes(T, nh, max(S, S_group), D)
     return dict(
-        D=D, G=G, nkv=nkv, nh=nh, n_ctx=n_ctx, max_blocks=max_blocks, hpb=G, S=S,
+        D=D, G=G, nkv=nkv, nh=nh, n_ctx=n_ctx, max_blocks=max_blocks, hpb=G, S=S, S_group=S_group,
         kc=g.to_device((rng.standard_normal((max_blocks, KV_BLOCK, nkv * D)) * 0.5).astype(np.float16).view(np.uint16)),
         vc=g.to_device(rng.standard_normal((max_blocks, KV_BLOCK, nkv * D)).astype(np.float16).view(np.uint16)),
         bt=g.to_device(np.arange(max_blocks, dtype=np.int32)[None, :]),
