@@ -1,0 +1,74 @@
+// persist.cu (experiments/persist): what a launch boundary costs in a decode step, against a
+// grid barrier inside one persistent kernel: the opportunity of issue 14's persistent decode
+// kernel, before building one.
+//
+// phase(src, dst, words, region): one step's worth of streaming: the grid reads `words` 16-byte
+//   words of src from word region * words on (each block a contiguous share, 16-byte loads,
+//   summed), and each block writes its sum to dst[block] (so nothing is optimized away).
+//   Launched with PDL as the engine's kernels are (wait, then launch_dependents, then work).
+// persist(src, dst, words, nphase, bar): the same nphase phases in one launch, region k in phase
+//   k, with a grid barrier between phases (a sense-reversing barrier on bar[0..1]; every block
+//   resident: the launcher caps the grid at the co-resident count).
+#include "common.cuh"
+
+__device__ __forceinline__ float stream_sum(const uint4* __restrict__ src, long long begin, long long end) {
+    float s = 0.f;
+    for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const uint4 v = __ldcs(src + i);
+        s += __uint_as_float(v.x) + __uint_as_float(v.y) + __uint_as_float(v.z) + __uint_as_float(v.w);
+    }
+    return s;
+}
+
+__device__ __forceinline__ void phase_body(const uint4* __restrict__ src, float* __restrict__ dst, long long words,
+                                           int region, int block, int nblocks) {
+    __shared__ float red[32];
+    const long long base = (long long)region * words;
+    const long long per = (words + nblocks - 1) / nblocks;
+    const long long b0 = base + min((long long)block * per, words), b1 = base + min((long long)(block + 1) * per, words);
+    float s = stream_sum(src, b0, b1);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
+        dst[block] = t;
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void phase(const uint4* __restrict__ src, float* __restrict__ dst, long long words, int region) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    phase_body(src, dst, words, region, blockIdx.x, gridDim.x);
+}
+
+// sense-reversing grid barrier: bar[0] arrivals, bar[1] the generation
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned nblocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == nblocks - 1) {
+            bar[0] = 0;
+            __threadfence();
+            atomicExch(bar + 1, g + 1);
+        } else {
+            while (*gen == g) {}
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void persist(const uint4* __restrict__ src, float* __restrict__ dst, long long words,
+                                   int nphase, unsigned* bar) {
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    for (int k = 0; k < nphase; ++k) {
+        phase_body(src, dst, words, k, blockIdx.x, gridDim.x);
+        if (k + 1 < nphase) grid_barrier(bar, gridDim.x);
+    }
+}
