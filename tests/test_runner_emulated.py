@@ -264,3 +264,42 @@ def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypa
     monkeypatch.setenv("MEMRA_ATT_SPLITS", "0")
     with pytest.raises(MemraError, match="MEMRA_ATT_SPLITS must be an integer in 1..256"):
         _runner(path)
+
+
+def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monkeypatch):
+    """decode_run queues a chunk before handing out the previous one's tokens: the tokens are
+    those of one step() a token (greedy and seeded sampling, two sequences), with the rollback
+    (MEMRA_DECODE_AHEAD=0) too; more() returning False ends the run after the chunks already
+    computed, and a sequence's length counts only the steps handed out."""
+    path = tiny_models("llama", "Q4_K_M")
+    sets = [Sampling(0.0), Sampling(0.9, 40, 0.95, 0.05, 7)]
+
+    def start(r):
+        seqs = [r.open() for _ in range(2)]
+        out = r.step([Row(s, PROMPT[: 5 + 3 * i], sample=st) for i, (s, st) in enumerate(zip(seqs, sets))])
+        return seqs, [o.token for o in out]
+
+    r = _runner(path)
+    seqs, first = start(r)
+    want = [[t] for t in first]
+    for _ in range(11):
+        out = r.step([Row(s, [w[-1]], sample=st) for s, w, st in zip(seqs, want, sets)])
+        for w, o in zip(want, out):
+            w.append(o.token)
+    for ahead in ("1", "0"):
+        monkeypatch.setenv("MEMRA_DECODE_AHEAD", ahead)
+        r = _runner(path)
+        seqs, first = start(r)
+        assert first == [w[0] for w in want]
+        n0 = [s.n for s in seqs]
+        got = list(r.decode_run(seqs, first, 11, sets, chunk=4))
+        assert [[first[b]] + [st[b] for st in got] for b in range(2)] == want
+        assert [s.n for s in seqs] == [n + 11 for n in n0]
+        # more() allows one more chunk, then says stop: the run ends after that chunk
+        r = _runner(path)
+        seqs, first = start(r)
+        calls = []
+        got = list(r.decode_run(seqs, first, 11, sets, chunk=4, more=lambda: (calls.append(1), len(calls) < 2)[1]))
+        assert len(calls) == 2 and len(got) == 8
+        assert [[first[b]] + [st[b] for st in got] for b in range(2)] == [w[:9] for w in want]
+        assert [s.n for s in seqs] == [n + 8 for n in n0]

@@ -282,6 +282,8 @@ class Runner:
         # lay its rows out as plan.n_splits does (ATT.splits_for; set per step by _pre_splits)
         self.pre_splits = self.plan.n_splits
         self._split_prefill = not self.plan.use_fa and os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
+        # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
+        self._decode_ahead = os.environ.get("MEMRA_DECODE_AHEAD", "") != "0"
         # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
         # one row a group, fixed (rows of distinct sequences; a padded row has no keys)
         self.d_grp = g.to_device(np.stack([np.arange(R), np.ones(R)], 1).astype(i32))
@@ -948,29 +950,46 @@ class Runner:
         return gr
 
     def decode_run(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
-                   chunk: int = 16):
+                   chunk: int = 16, more=None):
         """Yield, for n steps, the tokens the sequences choose (a list per step), replaying
         the decode graph `chunk` steps between read-backs of their ids (4 bytes a row a
-        step). The sequences' positions advance as steps are yielded; a consumer that stops
-        early leaves at most a chunk of computed steps unread (their KV rows are rewritten
-        when those positions are revisited)."""
+        step). A chunk's ids are read back as soon as it ends and the next chunk is queued
+        before they are yielded, so the device computes it while the consumer handles them
+        (MEMRA_DECODE_AHEAD=0: queued after, the rollback). more (a callable, or None) is asked
+        before each further chunk is queued: False ends the run after the steps already
+        computed (fewer than n). The sequences' positions advance as steps are yielded; a
+        consumer that stops early leaves at most two chunks of computed steps unread (their
+        KV rows are rewritten when those positions are revisited)."""
         if n <= 0 or not seqs:
             return
         k = len(seqs)
         gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk)
-        done = 0
-        while done < n:
-            m = min(chunk, n - done)
-            if done:
+        ahead = self._decode_ahead
+        queued = 0
+
+        def queue() -> int:
+            nonlocal queued
+            m = min(chunk, n - queued)
+            if queued:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
             for _ in range(m):
                 gr.launch()
-            ids = self.r_hist.numpy()[:k, :m]
+            queued += m
+            return m
+
+        m = queue()
+        while m:
+            ids = self.r_hist.numpy()[:k, :m].copy()  # waits for this chunk (the only one queued)
+            nxt = 0
+            if ahead and queued < n and (more is None or more()):
+                nxt = queue()
             for j in range(m):
                 for s in seqs:
                     s.n += 1
-                done += 1
                 yield [int(x) for x in ids[:, j]]
+            if not ahead and queued < n and (more is None or more()):
+                nxt = queue()
+            m = nxt
 
     # -- facts --------------------------------------------------------------------------------
     def kv_bytes_read(self, depth: int) -> int:

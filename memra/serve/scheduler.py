@@ -29,10 +29,10 @@ Each iteration of the engine thread:
      says is cheaper per token fed — one request's run alone as a verification step
      (engine.verify with masks: on the GPU a graph per row count), several as one eager
      call, or a token a step as unsampled decode rows beside the others. When every
-     running request only decodes on the device sampler and nobody waits, up to
-     MEMRA_SERVE_CHAIN (8) steps run as one chain on the device (the runner's decode_run:
-     one read-back for the chain, no host round trip between its steps; the same tokens as
-     step by step);
+     running request only decodes on the device sampler and nobody waits, the steps run as
+     one chain on the device (the runner's decode_run: a read-back every MEMRA_SERVE_CHAIN
+     (8) steps, the next chunk queued before a chunk's tokens are handed out; the same
+     tokens as step by step) until a request arrives or one of them ends;
   4. hands each row's token to its request: the text stream (memra.text.stream.TextStream:
      detokenization, stop strings, end of generation, length), log-probs when asked, an
      event to the request's asyncio queue; finished requests register their full blocks
@@ -424,26 +424,37 @@ class Scheduler:
         if any(r.device is None or r.sampler is not None or r.matcher is not None or r.logprobs is not None
                or r.wants_logits or r.cancelled or not r.ts.sent for r in dec):
             return 0
-        n = min(self.chain, min(r.max_new - len(r.generated) for r in dec))
+        n = min(r.max_new - len(r.generated) for r in dec)
         return n if n >= 2 else 0
 
     def _chain(self, dec, n: int) -> None:
-        """n decode steps of `dec` replayed on the device (the runner's decode_run: the sampler
-        writes each row's next token and position back, one read-back of the n tokens a row),
-        then their tokens handed out in step order as n ordinary steps would. The same graph
-        on the same inputs and the sampler's draw a function of (logits, seed, position): each
-        row's tokens are the ordinary steps'. A row that finishes inside the chain (a stop, an
-        end of generation) drops the rest of its tokens; its sequence is closed, and the prefix
-        cache registers only blocks whose tokens it knows (memra.serve.prefix_cache.register)."""
+        """Up to n decode steps of `dec` replayed on the device, `self.chain` a read-back (the
+        runner's decode_run: the sampler writes each row's next token and position back, and
+        the next chunk is queued before a chunk's tokens are handed out, so the device computes
+        it while they are detokenized and sent), their tokens handed out in step order as
+        ordinary steps would, and sent after each chunk. The chain ends early, after the
+        chunks already computed, once a request arrives, one of these finishes or is
+        cancelled, or the server stops. The same graph on the same inputs and the sampler's
+        draw a function of (logits, seed, position): each row's tokens are the ordinary
+        steps'. A row that finishes inside the chain (a stop, an end of generation) drops the
+        rest of its tokens; its sequence is closed, and the prefix cache registers only blocks
+        whose tokens it knows (memra.serve.prefix_cache.register)."""
+        def more() -> bool:
+            return not (self._stop or self.waiting or self._inbox) and \
+                all(r.finish is None and not r.cancelled for r in dec)
+
         t0 = time.perf_counter()
-        steps = list(self.engine.decode_run([r.seq for r in dec], [r.next_tok for r in dec], n,
-                                            [r.device for r in dec], chunk=n))
-        self.costs.observe("graph", len(dec), (time.perf_counter() - t0) / n)
-        for toks in steps:
+        done = 0
+        for toks in self.engine.decode_run([r.seq for r in dec], [r.next_tok for r in dec], n,
+                                           [r.device for r in dec], chunk=self.chain, more=more):
             for r, t in zip(dec, toks):
                 if r.finish is None:
                     self._token(r, RowOut(token=t))
-        self.steps += n - 1
+            done += 1
+            if done % self.chain == 0:
+                self._flush()
+        self.costs.observe("graph", len(dec), (time.perf_counter() - t0) / max(done, 1))
+        self.steps += done - 1
 
     def _step(self) -> None:
         dec = [r for r in self.running if r.next_tok is not None and not r.forced]
