@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The three prepared probes that need no shipped model, one H200 call (~5 min), prepared in
+# The four prepared probes that need no shipped model, one H200 call (~8 min), prepared in
 # session 12:
 #   source .whl/setup.sh && bash experiments/h200_probes13.sh        (carry .whl)
 #   experiments/attn_walk/check.py  a prefill row's splits walked by one block: exact, and fast
 #                                   enough at the whole group's split count? ($OUT/attn-walk.jsonl)
 #   experiments/attn_rows2/check.py several rows a block with decode's bits ($OUT/attn-rows2.jsonl)
 #   experiments/persist/probe.py    a launch boundary against a grid barrier ($OUT/persist.jsonl)
+#   experiments/gemm_ablate/ab.sh   gemm.cu with parts of a unit's work taken out ($OUT/ablate-*)
 set -u
 : "${OUT:?}"
 export PYTHONUNBUFFERED=1
@@ -17,4 +18,5 @@ timeout 60 python3 experiments/persist/probe.py > $OUT/persist.jsonl 2> $OUT/per
 log "persist rc=$? $(wc -l < $OUT/persist.jsonl) lines"
 timeout 200 python3 experiments/attn_rows2/check.py > $OUT/attn-rows2.jsonl 2> $OUT/attn-rows2.err
 log "attn_rows2 rc=$? exact $(grep -c '"exact": true' $OUT/attn-rows2.jsonl) of $(wc -l < $OUT/attn-rows2.jsonl)"
+bash experiments/gemm_ablate/ab.sh 2>&1 | tee -a $OUT/probes.log
 tail -n 3 $OUT/*.err | tee -a $OUT/probes.log
