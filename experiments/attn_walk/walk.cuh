@@ -5,7 +5,7 @@
 // t (split_body) and the last of the row's n_active blocks merges them in split order
 // (decode_body). Here block (hb, 0, t) runs split_body for j = 0 .. n_active - 1 in turn, each
 // with the same (split, S) it would have as block (hb, j, t), so every partial is the same
-// bits, then merges them with decode_body's code (no counter: the block wrote them all). A
+// bits, then merges them with decode_body's merge_splits (no counter: the block wrote them all). A
 // row with one split writes out itself, as decode_body's short path does. So a row's result
 // is attn_decode's at the same S, bit for bit, while the grid no longer grows with S: the
 // split count (part of every row's bits) can be chosen for decode at depth without making
@@ -17,11 +17,8 @@ extern "C" __global__ void __launch_bounds__(NT)
               float* __restrict__ out, int8_t* __restrict__ xq, Q8Scale* __restrict__ xs,
               const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
               int max_blocks, int n_kv, int qpk, int window, float scale, float softcap, int S) {
-    __shared__ float w_s[G][MAX_SPLITS];
-    __shared__ float inv_den[G];
     __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
     const int hb = blockIdx.x, t = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_head = gridDim.x * G;
     const int n_act = key_range(pos[t], window, S).n_active;
     if (n_act == 0) return;  // a padded row
@@ -37,41 +34,10 @@ extern "C" __global__ void __launch_bounds__(NT)
                        scale, softcap, nullptr, nullptr, nullptr, j, S);
             __syncthreads();  // the partial written before the next split reuses shared memory
         }
-        // decode_body's merge, as its last block runs it
-        const size_t base = ((size_t)t * n_head + (size_t)hb * G) * S;  // head g: + g * S
-        for (int g = warp; g < G; g += ATT_WARPS) {
-            const float* ml = part_ml + (base + (size_t)g * S) * 2;
-            float M = NEG_INF;
-            for (int j = lane; j < n_act; j += 32) M = fmaxf(M, __ldcg(ml + 2 * j));
-            M = warp_max(M);
-            float den = 0.f;
-            for (int j = lane; j < n_act; j += 32) {
-                float w = expf(__ldcg(ml + 2 * j) - M);
-                w_s[g][j] = w;
-                den += w * __ldcg(ml + 2 * j + 1);
-            }
-            den = warp_sum(den);
-            if (lane == 0) inv_den[g] = 1.0f / den;
-        }
-        __syncthreads();
-        for (int i = tid; i < G * D; i += NT) {
-            const int g = i / D, d = i % D;
-            const float* po = part_o + (base + (size_t)g * S) * D + d;
-            float num = 0.f;
-            for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
-            orow[i] = num * inv_den[g];
-            ob[i] = num * inv_den[g];
-        }
+        merge_splits(part_o, part_ml, t, hb, S, n_act, orow, ob);  // decode_body's merge
     }
     if (xq) {  // decode_body's q8 twin
         __syncthreads();
-        int8_t* q8 = xq + (size_t)t * n_head * D + (size_t)hb * G * D;
-        Q8Scale* s8 = xs + ((size_t)t * n_head * D + (size_t)hb * G * D) / 32;
-        for (int i0 = 0; i0 < G * D / 4; i0 += NT) {
-            const int i4 = i0 + tid;
-            const bool active = i4 < G * D / 4;
-            q8_store4(active ? reinterpret_cast<const float4*>(ob)[i4] : make_float4(0.f, 0.f, 0.f, 0.f),
-                      active, i4, q8, s8);
-        }
+        twin_row(xq, xs, t, hb, ob);
     }
 }
