@@ -6,6 +6,9 @@ per model head shape. The number to beat for a multi-row variant (docs/PERFORMAN
 
     python3 experiments/attn_prefill_probe.py [smollm2 llama-1b llama3-8b] [--rows 512] [--depth 0]
     ncu -k regex:attn_decode --launch-count 1 --set full python3 experiments/attn_prefill_probe.py smollm2 --once
+    # a decode step's launch at depth (one row, the table's one head a block), outside any graph:
+    ncu -k regex:attn_decode --launch-count 1 --set full python3 experiments/attn_prefill_probe.py llama3-8b \
+        --rows 1 --depth 4096 --hpb 1 --once
 
 One JSON line per shape: us per launch (median of a graph of 10 launches), keys read, FLOPs.
 """
@@ -68,6 +71,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--once", action="store_true", help="one launch per shape, no timing (for ncu)")
+    ap.add_argument("--hpb", type=int, default=0, help="heads per block (default: the whole GQA group, as prefill)")
+    ap.add_argument("--splits", type=int, default=0, help="the grid's split count (default: the engine's, S)")
     args = ap.parse_args()
     g = gpu()
     rng = np.random.default_rng(0)
@@ -75,14 +80,17 @@ def main() -> None:
     for name in args.shapes:
         c = chunk_inputs(g, rng, name, T, depth)
         out = g.empty((T, c["nh"] * c["D"]), np.float32)
+        hpb = args.hpb or c["hpb"]
+        S = args.splits or c["S"]
+        cnt = g.to_device(np.zeros(T * c["nh"], np.int32)) if hpb != c["hpb"] else c["cnt"]
 
         def one():
             ATT.attention(g, c["q"], c["kc"], c["vc"], out, c["part_o"], c["part_ml"], c["pos"], None, c["bt"],
                           c["max_blocks"], n_tokens=T, n_kv=c["nkv"], n_gqa=c["G"], head_dim=c["D"], window=0,
-                          scale=1 / math.sqrt(c["D"]), n_splits=c["S"], counters=c["cnt"], hpb=c["hpb"])
+                          scale=1 / math.sqrt(c["D"]), n_splits=S, counters=cnt, hpb=hpb)
 
         keys = int(sum(p + 1 for p in range(depth, depth + T)))
-        rec = {"shape": name, "rows": T, "depth": depth, "splits": c["S"], "hpb": c["hpb"], "keys": keys,
+        rec = {"shape": name, "rows": T, "depth": depth, "splits": S, "hpb": hpb, "keys": keys,
                "gflop": round(4.0 * keys * c["nh"] * c["D"] * 1e-9, 3)}
         if args.once:
             one()
