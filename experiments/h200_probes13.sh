@@ -29,3 +29,6 @@ for m in llama3-8b smollm2; do
   log "ncu attention $m: $(grep -E 'Duration|DRAM Throughput' $OUT/ncu-attn-$m.txt | tr -s ' ' | tr '\n' ' ')"
 done
 tail -n 3 $OUT/*.err | tee -a $OUT/probes.log
+# a call returns at most 8 files: everything in one archive, the log beside it
+( cd $OUT && tar czf /tmp/probes13.tgz --exclude probes13.tgz . ) && find $OUT -mindepth 1 -delete \
+  && mv /tmp/probes13.tgz $OUT/ && tar xzf $OUT/probes13.tgz -C $OUT ./probes.log
