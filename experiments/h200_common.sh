@@ -57,8 +57,8 @@ kernel_check() {
   python3 -m memra kernel-check --status --out "$R/kernel-check/nvidia-h200.json" | tail -1 | tee -a "$R/log.txt"
 }
 # gpu_tests END: the GPU tests (pytest -m gpu) in what is left of END seconds since the stage
-# began (at least 20), their summary, failures and 15 slowest tests logged (the suite is a
-# quarter of a session's device time: the durations say where)
+# began (at least 20), their summary, failures and 15 slowest tests logged (the suite takes
+# ~190 s, a tenth of a session's device time: the durations say where)
 gpu_tests() {
   local left=$(( $1 - ($(date +%s) - T0) )); [ $left -gt 20 ] || left=20
   timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests > $R/gpu-tests.txt 2>&1
