@@ -303,3 +303,58 @@ def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monke
         assert len(calls) == 2 and len(got) == 8
         assert [[first[b]] + [st[b] for st in got] for b in range(2)] == [w[:9] for w in want]
         assert [s.n for s in seqs] == [n + 8 for n in n0]
+
+
+def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypatch):
+    """MEMRA_ATT_DEPTH=1: a decode step launches its deepest row's split count (graphs keyed by
+    it) and, once KV heads x splits fill the SMs (here 4, so from 2 splits), blocks of the whole
+    GQA group. Below 128 x the default split count every row is cut into the same 128-key splits
+    either way, so the logits are the default path's bit for bit: step by step across 128 keys
+    (one split, then two), and decode_run's chunks switching graphs mid-run give the same tokens;
+    capture_decode_splits leaves every later depth a captured graph."""
+    path = tiny_models("llama", "Q4_K_M")
+    rng = np.random.default_rng(3)
+    prompt = [int(x) for x in rng.integers(3, 400, 122)]
+
+    def runner(depth: str):
+        monkeypatch.setenv("MEMRA_ATT_DEPTH", depth)
+        r = _runner(path, max_len=400, max_seqs=4)
+        r.plan.sms = 4   # the whole group from 2 splits (2 KV heads x 2)
+        return r
+
+    def steps(r, n):
+        s = r.open()
+        out = r.step([Row(s, prompt, logits="last", sample=Sampling(0.0))])[0]
+        toks, logits = [out.token], [out.logits]
+        for _ in range(n):
+            o = r.step([Row(s, [toks[-1]], logits="last", sample=Sampling(0.0))])[0]
+            toks.append(o.token)
+            logits.append(o.logits)
+        return s, toks, logits
+
+    _, want, want_lg = steps(runner("0"), 12)
+    r = runner("1")
+    assert r.plan.att_depth and r.plan.n_splits >= 2
+    _, got, got_lg = steps(r, 12)
+    assert got == want
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
+    counts = {k[2] for k in r._graphs if isinstance(k[0], int) and len(k) == 3}
+    assert {1, 2} <= counts   # prompt + 12 tokens: 123 .. 134 keys
+    assert r.plan.att_hpb_at(1, 2) == r.cfg.n_gqa and r.plan.att_hpb_at(1, 1) == r.plan.att_hpb_rows(1)
+    # decode_run in chunks of 4 from the prompt: its graphs switch at the 128-key boundary
+    r = runner("1")
+    s = r.open()
+    first = r.step([Row(s, prompt, sample=Sampling(0.0))])[0].token
+    run = [t[0] for t in r.decode_run([s], [first], 12, [Sampling(0.0)], chunk=4)]
+    assert [first] + run == want
+    # the server's warm-up: the captured decode graphs at every split count up to the context
+    def decode_keys():
+        return {k for k in r._graphs if isinstance(k[0], int)}
+
+    assert r.capture_decode_splits() > 0
+    before = decode_keys()
+    assert {k[2] for k in before} >= {1, 2, 4}
+    s2 = r.open()
+    r.step([Row(s2, prompt + [5] * 150, sample=Sampling(0.0))])
+    r.step([Row(s2, [7], sample=Sampling(0.0))])   # 274 keys: 4 splits (3 needed), replayed
+    assert r.dec_splits == 4 and decode_keys() == before

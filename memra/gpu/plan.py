@@ -291,6 +291,13 @@ class Planner:
         self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
+        # MEMRA_ATT_DEPTH=1 (an engine path, opt-in): the split count the whole GQA group's blocks
+        # would get (more splits: part of every row's bits), decode grids of the deepest row's
+        # split count (keyed graphs) and the whole group a block once its KV heads x splits fill
+        # the SMs (att_hpb_at); research/2026-12-02-session12 (depth/) measured what it is for
+        self.att_depth = os.environ.get("MEMRA_ATT_DEPTH", "") == "1"
+        if self.att_depth:
+            self.n_splits = max(self.n_splits, ATT.default_splits(c.n_head_kv, self.sms))
         env = os.environ.get("MEMRA_ATT_SPLITS")
         if env:  # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
             try:
@@ -310,6 +317,14 @@ class Planner:
         split count stays the batch-1 one (the split layout is part of a row's reduction
         order), so the choice is free per launch."""
         return self.cfg.n_gqa if 0 < self.att_group_rows <= rows else self.att_hpb
+
+    def att_hpb_at(self, rows: int, splits: int) -> int:
+        """Query heads per block of a decode launch over `rows` rows on a grid of `splits`
+        splits: att_hpb_rows(rows); on the MEMRA_ATT_DEPTH path the whole group once n_kv x
+        splits blocks fill the SMs (K/V then read once for the group; bit-neutral)."""
+        if self.att_depth and self.cfg.n_head_kv * splits >= self.sms:
+            return self.cfg.n_gqa
+        return self.att_hpb_rows(rows)
 
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,

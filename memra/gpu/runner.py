@@ -281,6 +281,9 @@ class Runner:
         # attn_decode's split count (grid y) in a prefill or verification step: the fewest that
         # lay its rows out as plan.n_splits does (ATT.splits_for; set per step by _pre_splits)
         self.pre_splits = self.plan.n_splits
+        # attn_decode's grid y in a decode step: the plan's count, or on the MEMRA_ATT_DEPTH path the
+        # deepest row's (_dec_splits_for; decode graphs are keyed by it)
+        self.dec_splits = self.plan.n_splits
         self._split_prefill = not self.plan.use_fa and os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
         self._decode_ahead = os.environ.get("MEMRA_DECODE_AHEAD", "") != "0"
@@ -408,9 +411,10 @@ class Runner:
                 ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos, seq,
                               self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
                               head_dim=c.head_dim, window=a["window"], scale=c.scale,
-                              n_splits=self.pre_splits if a.get("prefill") else self.plan.n_splits,
+                              n_splits=self.pre_splits if a.get("prefill") else self.dec_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
-                              hpb=a.get("hpb", self.plan.att_hpb), config=L.config, rope=rope)
+                              hpb=a.get("hpb", self.plan.att_hpb) if a.get("prefill") or not self.plan.att_depth
+                              else self.plan.att_hpb_at(rows, self.dec_splits), config=L.config, rope=rope)
             elif op == "attention_fa":
                 il = L.layer
                 rope = None
@@ -681,6 +685,7 @@ class Runner:
     def _decode(self, rows, toks, graph: bool = True, fill=None) -> list[RowOut]:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
+        self.dec_splits = self._dec_splits_for(max(r.seq.n for r in rows))
         sampler = self._sampler_of(rows)
         raw = None
         self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])
@@ -738,8 +743,8 @@ class Runner:
         """The captured decode step of `bucket` rows. Before the first capture the step runs
         once eagerly with every row masked (position -1: nothing is read from or written to
         the KV cache, no token committed), so every module is compiled and loaded outside
-        the capture."""
-        key = (bucket, sampler)
+        the capture. Keyed by the split count dec_splits holds."""
+        key = (bucket, sampler, self.dec_splits)
         gr = self._graphs.get(key)
         if gr is None:
             launches = self.plan.step(bucket, decode=True, sampler=sampler)
@@ -755,7 +760,7 @@ class Runner:
     def _graph_parts(self, bucket: int, sampler: str):
         """(body, tail): the captured decode step of `bucket` rows with a masked sampler, cut
         before its mask launch, so the masks can be copied in between. Warmed up like _graph."""
-        key = (bucket, sampler, "parts")
+        key = (bucket, sampler, "parts", self.dec_splits)
         parts = self._graphs.get(key)
         if parts is None:
             launches = self.plan.step(bucket, decode=True, sampler=sampler)
@@ -840,6 +845,13 @@ class Runner:
                 self._run(launches, B, *feed)
             self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
 
+    def _dec_splits_for(self, max_pos: int) -> int:
+        """attn_decode's grid y for decode rows whose deepest feeds position max_pos: the plan's
+        count, or on the MEMRA_ATT_DEPTH path that row's (ATT.splits_for: the plan's bits)."""
+        if not self.plan.att_depth or max_pos < 0:
+            return self.plan.n_splits
+        return ATT.splits_for(int(max_pos) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
+
     def _pre_splits(self, pos) -> int:
         """attn_decode's grid y for a step of rows at positions pos (ATT.splits_for: the deepest
         row's split count rounded up to a power of two, the bits of plan.n_splits; every split
@@ -873,6 +885,26 @@ class Runner:
                     self._run(launches, B, *feed)
                 self._graphs[key] = gr
                 n += 1
+        return n
+
+    def capture_decode_splits(self) -> int:
+        """On the MEMRA_ATT_DEPTH path: every decode graph captured so far (its bucket and
+        sampler kind) at each other split count a deeper step launches (ATT.split_counts up to
+        the context), so a decode step at any depth replays a graph. Each capture's warm-up run
+        masks every row (nothing read from or written to the KV cache). Returns how many."""
+        if not self.plan.att_depth:
+            return 0
+        counts = ATT.split_counts(self.max_len, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
+        saved, n = self.dec_splits, 0
+        for key in [k for k in self._graphs if isinstance(k[0], int)]:
+            parts = len(key) == 4
+            for sp in counts:
+                if (key[:2] + (("parts",) if parts else ()) + (sp,)) in self._graphs:
+                    continue
+                self.dec_splits = sp
+                (self._graph_parts if parts else self._graph)(key[0], key[1])
+                n += 1
+        self.dec_splits = saved
         return n
 
     def step_rows(self, size: int):
@@ -928,13 +960,15 @@ class Runner:
 
     # -- several decode steps on the device --------------------------------------------------
     def decode_prepare(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
-                       hist: int = 16):
+                       hist: int = 16, last: int | None = None):
         """Set up `n` chained decode steps of up to 64 distinct sequences and return the
         graph whose replays run them: each replay feeds every row's token at its position
         and the sampler writes the next token and position back on the device (and into
         the history, r_hist[row, step], for `hist` steps before the step counter is reset
         by the caller). `first`: the token each sequence feeds first, at position seq.n.
-        Blocks for the n positions are mapped now; seq.n is the caller's to advance."""
+        Blocks for the n positions are mapped now; seq.n is the caller's to advance. The graph
+        has the split count of step `last` (default n - 1, the run's deepest: an earlier step
+        needs the same or fewer splits)."""
         k = len(seqs)
         if not 1 <= k <= MAX_ROWS or len({s.slot for s in seqs}) != k:
             raise MemraError(f"a decode step takes 1 to {MAX_ROWS} distinct sequences, got {k}")
@@ -943,6 +977,7 @@ class Runner:
         self.kv.sync()
         self._ensure_hist(hist)
         sampler = "greedy" if all(sm.greedy for sm in sampling) else "sample"
+        self.dec_splits = self._dec_splits_for(max(s.n for s in seqs) + (n - 1 if last is None else last))
         gr = self._graph(PLAN.graph_bucket(k), sampler)  # captured first (its warm-up masks every row)
         self._set_rows([(int(self._check_tokens([t])[0]), s.n, s.slot) for s, t in zip(seqs, first)])
         if sampler == "sample":
@@ -963,15 +998,21 @@ class Runner:
         if n <= 0 or not seqs:
             return
         k = len(seqs)
-        gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk)
+        p0 = max(s.n for s in seqs)
+        gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
+        bucket, sampler = PLAN.graph_bucket(k), "greedy" if all(sm.greedy for sm in sampling) else "sample"
         ahead = self._decode_ahead
         queued = 0
 
         def queue() -> int:
-            nonlocal queued
+            nonlocal queued, gr
             m = min(chunk, n - queued)
             if queued:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
+                sp = self._dec_splits_for(p0 + queued + m - 1)   # this chunk's deepest step
+                if sp != self.dec_splits:
+                    self.dec_splits = sp
+                    gr = self._graph(bucket, sampler)
             for _ in range(m):
                 gr.launch()
             queued += m

@@ -813,6 +813,7 @@ def warm_up_gpu(eng) -> None:
                         eng.rewind(q, 0)
                 eng.step([Row(q, [tok], logits="none" if s is not None else "last", sample=s, mask=m)
                           for q in seqs[:b]])
+        eng.capture_decode_splits()  # MEMRA_ATT_DEPTH: those graphs at every split count a deeper step launches
     finally:
         for q in seqs:
             eng.close(q)
