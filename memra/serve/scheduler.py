@@ -432,7 +432,7 @@ class Scheduler:
         runner's decode_run: the sampler writes each row's next token and position back, and
         the next chunk is queued before a chunk's tokens are handed out, so the device computes
         it while they are detokenized and sent), their tokens handed out in step order as
-        ordinary steps would, and sent after each chunk. The chain ends early, after the
+        ordinary steps would, and sent (and the gauges refreshed) after each chunk. The chain ends early, after the
         chunks already computed, once a request arrives, one of these finishes or is
         cancelled, or the server stops. The same graph on the same inputs and the sampler's
         draw a function of (logits, seed, position): each row's tokens are the ordinary
@@ -453,6 +453,7 @@ class Scheduler:
             done += 1
             if done % self.chain == 0:
                 self._flush()
+                self._gauges()
         self.costs.observe("graph", len(dec), (time.perf_counter() - t0) / max(done, 1))
         self.steps += done - 1
 
