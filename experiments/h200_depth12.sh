@@ -9,12 +9,8 @@
 #   group  a copy of the table whose attn_decode entries take the whole GQA group (hpb =
 #          n_gqa), which gives that split count by itself
 # Receipts (each with its seam) in $OUT/depth.jsonl, log in $OUT/depth.log.
-set -u
-: "${OUT:?}"
-export PYTHONUNBUFFERED=1 COLUMNS=200
-TOK=.synthtok/smollm2-tokenizer.gguf
-T0=$(date +%s)
-log() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/depth.log; }
+NAME=depth
+source experiments/h200_synth_bench.sh
 python3 - <<'PY'
 import json
 t = json.load(open("tune/defaults/nvidia-h200.json"))
@@ -24,11 +20,6 @@ for k, v in t["entries"]["attn_decode"].items():
         e["config"]["hpb"] = int(kv["n_head"]) // int(kv["n_head_kv"])
 json.dump(t, open("/tmp/t-group.json", "w"))
 PY
-bench() {  # tag model args...
-  local tag=$1 m=$2; shift 2
-  timeout 100 python3 -m memra bench $m --synth-tokenizer $TOK --out $OUT/depth.jsonl "$@" > /tmp/cur.txt 2>&1
-  log "$tag $m rc=$? $(grep -aE 'pp512|tg128' /tmp/cur.txt | tr -s ' ' | tr '\n' ' ')"
-}
 for spec in "synth:llama3-8b:Q4_K_M 33" "synth:smollm2-135m:Q4_1 88" "synth:llama-1b:Q4_0 33" "synth:gemma3-270m:Q4_K_M 256"; do
   set -- $spec; m=$1; S=$2
   bench d0-plan $m -p 0 -n 128 -r 3

@@ -8,17 +8,8 @@
 # SmolLM2 +2-3 %, Gemma-3 about 0 (its blocks stay one head below 132 splits); tg128 d0 within
 # 1 %; pp512 @ d4096 -13 to -21 % until prefill stops paying a block per split (experiments/attn_walk).
 # Receipts in $OUT/depth13.jsonl (the depth arm's seams name it), log $OUT/depth13.log.
-set -u
-: "${OUT:?}"
-export PYTHONUNBUFFERED=1 COLUMNS=200
-TOK=.synthtok/smollm2-tokenizer.gguf
-T0=$(date +%s)
-log() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/depth13.log; }
-bench() {  # tag model args...
-  local tag=$1 m=$2; shift 2
-  timeout 100 python3 -m memra bench $m --synth-tokenizer $TOK --out $OUT/depth13.jsonl "$@" > /tmp/cur.txt 2>&1
-  log "$tag $m rc=$? $(grep -aE 'pp512|tg128' /tmp/cur.txt | tr -s ' ' | cut -d' ' -f2- | tr '\n' ' ')"
-}
+NAME=depth13
+source experiments/h200_synth_bench.sh
 for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M; do
   for arm in 0 1 0 1; do MEMRA_ATT_DEPTH=$arm bench depth=$arm $m -p 0 -n 128 -r 3; done
   for arm in 0 1; do MEMRA_ATT_DEPTH=$arm bench depth=$arm $m -p 512 -n 128 -d 4096 -r 3; done

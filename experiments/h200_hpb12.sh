@@ -5,12 +5,8 @@
 # Per model, pp512 + tg128 at depth 4096 (-r 3): plan (the table: one head a block), then tables
 # whose attn_decode entries take hpb heads, with MEMRA_ATT_SPLITS = the plan's count (9 for the
 # 8B and 1B, 30 for SmolLM2). Receipts in $OUT/hpb.jsonl, log $OUT/hpb.log.
-set -u
-: "${OUT:?}"
-export PYTHONUNBUFFERED=1 COLUMNS=200
-TOK=.synthtok/smollm2-tokenizer.gguf
-T0=$(date +%s)
-log() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/hpb.log; }
+NAME=hpb
+source experiments/h200_synth_bench.sh
 for h in 2 3 4; do
   python3 - "$h" <<'PY'
 import json, sys
@@ -22,16 +18,11 @@ for e in t["entries"]["attn_decode"].values():
 json.dump(t, open(f"/tmp/t-hpb{h}.json", "w"))
 PY
 done
-bench() {  # tag model args...
-  local tag=$1 m=$2; shift 2
-  timeout 100 python3 -m memra bench $m --synth-tokenizer $TOK --out $OUT/hpb.jsonl -p 512 -n 128 -d 4096 -r 3 "$@" > /tmp/cur.txt 2>&1
-  log "$tag $m rc=$? $(grep -aE 'pp512|tg128' /tmp/cur.txt | tr -s ' ' | cut -d' ' -f2- | tr '\n' ' ')"
-}
 for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-  bench plan $m
-  MEMRA_ATT_SPLITS=9 bench hpb2-S9 $m --table /tmp/t-hpb2.json
-  MEMRA_ATT_SPLITS=9 bench hpb4-S9 $m --table /tmp/t-hpb4.json
+  bench plan $m -p 512 -n 128 -d 4096 -r 3
+  MEMRA_ATT_SPLITS=9 bench hpb2-S9 $m -p 512 -n 128 -d 4096 -r 3 --table /tmp/t-hpb2.json
+  MEMRA_ATT_SPLITS=9 bench hpb4-S9 $m -p 512 -n 128 -d 4096 -r 3 --table /tmp/t-hpb4.json
 done
-bench plan synth:smollm2-135m:Q4_1
-MEMRA_ATT_SPLITS=30 bench hpb3-S30 synth:smollm2-135m:Q4_1 --table /tmp/t-hpb3.json
+bench plan synth:smollm2-135m:Q4_1 -p 512 -n 128 -d 4096 -r 3
+MEMRA_ATT_SPLITS=30 bench hpb3-S30 synth:smollm2-135m:Q4_1 -p 512 -n 128 -d 4096 -r 3 --table /tmp/t-hpb3.json
 log done
