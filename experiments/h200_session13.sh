@@ -11,10 +11,10 @@
 #       STAGE=b  llama.cpp built in the background; the h200-mvt campaign (mvt.cu's hash changed:
 #                every job re-runs, the v6 configurations among them), freeze; `memra tune
 #                dispatch` (the mvt column now has both layouts), freeze; table and receipts to $OUT
-#       STAGE=c  kernel-check (receipt to $OUT), GPU tests, then experiments/h200_serve.sh
-#                STAGE=evidence (the serve GPU tests and `memra bench serve --vs` llama-server at
-#                c = 1 / 8 / 32 / 64: the chain queued ahead and mvt v6 together; issue 11's c = 8
-#                floor is 3x)
+#       STAGE=c  kernel-check (receipt to $OUT), GPU tests (~8 min together)
+#       STAGE=d  experiments/h200_serve.sh STAGE=evidence (~4 min: the serve GPU tests and `memra
+#                bench serve --vs` llama-server at c = 1 / 8 / 32 / 64: the chain queued ahead and
+#                mvt v6 together; issue 11's c = 8 floor is 3x)
 #     Between calls copy $OUT/table-nvidia-h200.json -> tune/defaults/nvidia-h200.json and the
 #     receipts -> research/tune/, research/kernel-check/.
 # Results under /tmp/s13-$STAGE, tarred into $OUT/s13-$STAGE.tgz.
@@ -42,7 +42,8 @@ elif [ "$STAGE" = c ]; then
   kernel_check
   cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
   gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
-  gpu_tests 330
+  gpu_tests 560
+elif [ "$STAGE" = d ]; then
   OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
   log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
   cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
