@@ -111,6 +111,11 @@ class RowOut:
     logits: np.ndarray | None = None  # [n_vocab] ("last") or [len(tokens), n_vocab] ("all")
 
 
+def _run_sampler(sampling) -> str:
+    """The device sampler of a chain of decode steps: greedy when every row is."""
+    return "greedy" if all(sm.greedy for sm in sampling) else "sample"
+
+
 def _mask_index(launches) -> int:
     """Where a masked step's tail (the mask launch, then the sampler) begins."""
     for i, L in enumerate(launches):
@@ -411,10 +416,10 @@ class Runner:
                 ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos, seq,
                               self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
                               head_dim=c.head_dim, window=a["window"], scale=c.scale,
-                              n_splits=self.pre_splits if a.get("prefill") else self.dec_splits,
+                              n_splits=self.pre_splits if a["prefill"] else self.dec_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
-                              hpb=a.get("hpb", self.plan.att_hpb) if a.get("prefill") or not self.plan.att_depth
-                              else self.plan.att_hpb_at(rows, self.dec_splits), config=L.config, rope=rope)
+                              hpb=a["hpb"] if a["prefill"] else self.plan.att_hpb_at(rows, self.dec_splits),
+                              config=L.config, rope=rope)
             elif op == "attention_fa":
                 il = L.layer
                 rope = None
@@ -845,26 +850,31 @@ class Runner:
                 self._run(launches, B, *feed)
             self._graphs[key] = gr  # not uploaded ahead: memra.gpu.cuda.Graph.upload says why
 
-    def _dec_splits_for(self, max_pos: int) -> int:
-        """attn_decode's grid y for decode rows whose deepest feeds position max_pos: the plan's
-        count, or on the MEMRA_ATT_DEPTH path that row's (ATT.splits_for: the plan's bits)."""
-        if not self.plan.att_depth or max_pos < 0:
+    def _splits_at(self, max_pos: int, trim: bool) -> int:
+        """attn_decode's grid y for rows whose deepest is at position max_pos: with trim, that
+        row's split count rounded up to a power of two (ATT.splits_for: the bits of
+        plan.n_splits), else (or with no live row) plan.n_splits."""
+        if not trim or max_pos < 0:
             return self.plan.n_splits
         return ATT.splits_for(int(max_pos) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
 
+    def _split_counts(self, trim: bool) -> list[int]:
+        """Every count _splits_at can choose for this runner's contexts."""
+        S = self.plan.n_splits
+        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg) if trim else [S]
+
+    def _dec_splits_for(self, max_pos: int) -> int:
+        """A decode step's grid y: trimmed on the MEMRA_ATT_DEPTH path, else the plan's count."""
+        return self._splits_at(max_pos, self.plan.att_depth)
+
     def _pre_splits(self, pos) -> int:
-        """attn_decode's grid y for a step of rows at positions pos (ATT.splits_for: the deepest
-        row's split count rounded up to a power of two, the bits of plan.n_splits; every split
-        otherwise). MEMRA_PREFILL_SPLITS=full: plan.n_splits always."""
-        pos = np.asarray(pos)
-        if not self._split_prefill or not (pos >= 0).any():
-            return self.plan.n_splits
-        return ATT.splits_for(int(pos.max()) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
+        """A prefill or verification step's grid y for rows at positions pos: trimmed unless
+        MEMRA_PREFILL_SPLITS=full."""
+        return self._splits_at(int(np.max(pos)), self._split_prefill)
 
     def prefill_split_counts(self) -> list[int]:
         """Every split count _pre_splits can choose for this runner's contexts."""
-        S = self.plan.n_splits
-        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg) if self._split_prefill else [S]
+        return self._split_counts(self._split_prefill)
 
     def capture_prefill_splits(self) -> int:
         """For every prefill bucket already captured (its modules loaded by that eager run),
@@ -894,15 +904,14 @@ class Runner:
         masks every row (nothing read from or written to the KV cache). Returns how many."""
         if not self.plan.att_depth:
             return 0
-        counts = ATT.split_counts(self.max_len, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
+        counts = self._split_counts(True)
         saved, n = self.dec_splits, 0
-        for key in [k for k in self._graphs if isinstance(k[0], int)]:
-            parts = len(key) == 4
+        for key in [k for k in self._graphs if isinstance(k[0], int)]:   # (bucket, sampler[, "parts"], splits)
             for sp in counts:
-                if (key[:2] + (("parts",) if parts else ()) + (sp,)) in self._graphs:
+                if key[:-1] + (sp,) in self._graphs:
                     continue
                 self.dec_splits = sp
-                (self._graph_parts if parts else self._graph)(key[0], key[1])
+                (self._graph_parts if len(key) == 4 else self._graph)(key[0], key[1])
                 n += 1
         self.dec_splits = saved
         return n
@@ -976,7 +985,7 @@ class Runner:
             self._reserve(s, n)
         self.kv.sync()
         self._ensure_hist(hist)
-        sampler = "greedy" if all(sm.greedy for sm in sampling) else "sample"
+        sampler = _run_sampler(sampling)
         self.dec_splits = self._dec_splits_for(max(s.n for s in seqs) + (n - 1 if last is None else last))
         gr = self._graph(PLAN.graph_bucket(k), sampler)  # captured first (its warm-up masks every row)
         self._set_rows([(int(self._check_tokens([t])[0]), s.n, s.slot) for s, t in zip(seqs, first)])
@@ -1000,9 +1009,12 @@ class Runner:
         k = len(seqs)
         p0 = max(s.n for s in seqs)
         gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
-        bucket, sampler = PLAN.graph_bucket(k), "greedy" if all(sm.greedy for sm in sampling) else "sample"
+        bucket, sampler = PLAN.graph_bucket(k), _run_sampler(sampling)
         ahead = self._decode_ahead
         queued = 0
+
+        def go_on() -> bool:
+            return queued < n and (more is None or more())
 
         def queue() -> int:
             nonlocal queued, gr
@@ -1020,15 +1032,13 @@ class Runner:
 
         m = queue()
         while m:
-            ids = self.r_hist.numpy()[:k, :m].copy()  # waits for this chunk (the only one queued)
-            nxt = 0
-            if ahead and queued < n and (more is None or more()):
-                nxt = queue()
+            ids = self.r_hist.numpy()[:k, :m]  # waits for this chunk (the only one queued)
+            nxt = queue() if ahead and go_on() else 0
             for j in range(m):
                 for s in seqs:
                     s.n += 1
                 yield [int(x) for x in ids[:, j]]
-            if not ahead and queued < n and (more is None or more()):
+            if not ahead and go_on():
                 nxt = queue()
             m = nxt
 

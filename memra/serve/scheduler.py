@@ -432,9 +432,9 @@ class Scheduler:
         runner's decode_run: the sampler writes each row's next token and position back, and
         the next chunk is queued before a chunk's tokens are handed out, so the device computes
         it while they are detokenized and sent), their tokens handed out in step order as
-        ordinary steps would, and sent (and the gauges refreshed) after each chunk. The chain ends early, after the
-        chunks already computed, once a request arrives, one of these finishes or is
-        cancelled, or the server stops. The same graph on the same inputs and the sampler's
+        ordinary steps would, sent (and the gauges refreshed) after each chunk. The chain ends
+        early, after the chunks already computed, once a request arrives, one of these
+        finishes or is cancelled, or the server stops. The same graph on the same inputs and the sampler's
         draw a function of (logits, seed, position): each row's tokens are the ordinary
         steps'. A row that finishes inside the chain (a stop, an end of generation) drops the
         rest of its tokens; its sequence is closed, and the prefix cache registers only blocks
