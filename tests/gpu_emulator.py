@@ -320,12 +320,27 @@ def check_geometry(kernel, grid, block, shmem, v):
     elif name.startswith("mvt_q8"):
         # mvt.cu: a warp owns one m16 tile (OBM = 16 outputs, or 8 for _glu: gate rows and their up
         # rows) and MVT_TN n8 tiles; grid (ceil(N / (OBM * MVT_WM)), ceil(nb / (8 * MVT_TN))), block
-        # 32 * MVT_WM * MVT_WK, no dynamic shared memory; block (x, y) writes outputs
-        # [x * OBM * WM, (x + 1) * OBM * WM) of batch columns [y * 8 TN, (y + 1) * 8 TN)
+        # 32 * MVT_WM * MVT_WK; block (x, y) writes outputs [x * OBM * WM, (x + 1) * OBM * WM) of
+        # batch columns [y * 8 TN, (y + 1) * 8 TN). Dynamic shared memory: none in layout 0
+        # (MVT_LAYOUT 0, the default); layout 1 MVT_STAGES * STAGE, STAGE = 16 WM (SU BPU + 16) +
+        # 16 WM roundup16(MST + 4) + 8 TN (64 SU + 16) + 8 TN 16 SU, SU = WK * MVT_UPW, BPU = 64 BULK
+        # / BLK, MST = 64 SU META / BLK (the type's block geometry)
         tn, wk, wm = _d(k, "MVT_TN", 2), _d(k, "MVT_WK", 8), _d(k, "MVT_WM", 1)
         N, K, nb = v[6:9]
         _block_is(k, grid, block, 32 * wm * wk, "32 * MVT_WM * MVT_WK")
-        _no_dynamic_smem(k, grid, block, shmem)
+        if _d(k, "MVT_LAYOUT", 0) == 1:
+            from memra.gpu.ops.matvec import TYPES
+
+            _, blk, bb, _, bulk = TYPES[_d(k, "MV_TYPE", 0)]
+            su = wk * _d(k, "MVT_UPW", 1)
+            mst = 64 * su // blk * (bb - bulk)
+            stage = 16 * wm * (su * (64 * bulk // blk) + 16) + 16 * wm * (-(-(mst + 4) // 16) * 16) + \
+                8 * tn * (64 * su + 16) + 8 * tn * 16 * su
+            want = _d(k, "MVT_STAGES", 3) * stage
+            if shmem != want:
+                _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
+        else:
+            _no_dynamic_smem(k, grid, block, shmem)
         if grid[2] != 1:
             _fail(k, grid, block, "a two-dimensional grid")
         if K % 64:

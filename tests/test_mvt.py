@@ -97,9 +97,15 @@ def _mvt_run(g, t=12, nb=5, glu=None, N=203, K=512, config=None):
     return y.numpy(), ym.numpy()
 
 
+L1 = {"MVT_LAYOUT": 1}  # mvt.cu's shared-memory stages (variant 6)
+
+
 @pytest.mark.parametrize("nb,glu,config", [(2, None, None), (8, "silu", None), (9, None, None), (15, "gelu", None),
                                            (13, None, {"MVT_WM": 4, "MVT_WK": 1, "MVT_TN": 2}),
-                                           (3, "silu", {"MVT_WM": 2, "MVT_WK": 4})])
+                                           (3, "silu", {"MVT_WM": 2, "MVT_WK": 4}),
+                                           (5, None, L1), (12, "silu", {**L1, "MVT_TN": 1}),
+                                           (15, None, {**L1, "MVT_WK": 16, "MVT_TN": 2, "MVT_MINB": 1, "MVT_STAGES": 4}),
+                                           (7, "gelu", {**L1, "MVT_WK": 4, "MVT_WM": 2, "MVT_UPW": 2, "MVT_STAGES": 2})])
 def test_mvt_geometry_passes_as_launched(nb, glu, config):
     got, ref = _mvt_run(FakeGpu(1 << 24), nb=nb, glu=glu, config=config)
     assert np.all(np.isfinite(got)) and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
@@ -108,16 +114,16 @@ def test_mvt_geometry_passes_as_launched(nb, glu, config):
 def test_tail_dropping_mvt_grid_is_caught(monkeypatch):
     real = MVT.launch_shape
 
-    def floor_rows(cfg, N, nb, glu):
-        (gx, gy), block, smem = real(cfg, N, nb, glu)
+    def floor_rows(t, cfg, N, nb, glu):
+        (gx, gy), block, smem = real(t, cfg, N, nb, glu)
         return (N // (16 * cfg["MVT_WM"]), gy), block, smem
 
     monkeypatch.setattr(MVT, "launch_shape", floor_rows)
     with pytest.raises(CudaError, match=r"mvt_q8 grid .* 11 of 203 elements of y's rows .* written by no block"):
         _mvt_run(FakeGpu(1 << 24))
 
-    def one_tile_of_columns(cfg, N, nb, glu):
-        (gx, gy), block, smem = real(cfg, N, nb, glu)
+    def one_tile_of_columns(t, cfg, N, nb, glu):
+        (gx, gy), block, smem = real(t, cfg, N, nb, glu)
         return (gx, 1), block, smem
 
     monkeypatch.setattr(MVT, "launch_shape", one_tile_of_columns)
@@ -127,16 +133,48 @@ def test_tail_dropping_mvt_grid_is_caught(monkeypatch):
 
 def test_mvt_block_follows_the_module(monkeypatch):
     real = MVT.launch_shape
-    monkeypatch.setattr(MVT, "launch_shape", lambda cfg, N, nb, glu: (real(cfg, N, nb, glu)[0], (256,), 0))
+    monkeypatch.setattr(MVT, "launch_shape", lambda t, cfg, N, nb, glu: (real(t, cfg, N, nb, glu)[0], (256,), 0))
     with pytest.raises(CudaError, match=r"the block must be \(128,\)"):
         _mvt_run(FakeGpu(1 << 24), config={"MVT_WK": 4})
+
+
+def test_mvt_layout1_shared_memory_follows_the_module(monkeypatch):
+    """Layout 1's dynamic shared memory is mvt.cu's stage formula (smem_bytes; the kernel asserts
+    the launcher's value at compile time, MVT_EXPECT_SMEM); the emulator refuses another size."""
+    cfg = MVT.launch_config(8, {**L1, "MVT_UPW": 2})
+    assert cfg["MVT_LAYOUT"] == 1 and cfg["MVT_STAGES"] == 3 and not {"MVT_PREFETCH", "MVT_KPERM"} & set(cfg)
+    # Q4_K, TN 1, WK 8, UPW 2: 16 units a stage of 16 rows (512 + 16 bulk, 80 meta bytes) and 8
+    # columns (1024 + 16 activation, 256 scale bytes)
+    assert MVT.smem_bytes(12, cfg) == 3 * (16 * 528 + 16 * 80 + 8 * 1040 + 8 * 256) > 48 * 1024
+    assert MVT.launch_shape(12, cfg, 203, 8, False)[2] == MVT.smem_bytes(12, cfg)
+    assert MVT._defines(12, cfg)["MVT_EXPECT_SMEM"] == MVT.smem_bytes(12, cfg)
+    assert "MVT_EXPECT_SMEM" not in MVT._defines(12, MVT.default_config(8))
+    real = MVT.launch_shape
+    monkeypatch.setattr(MVT, "launch_shape", lambda t, c, N, nb, glu: real(t, c, N, nb, glu)[:2] + (0,))
+    with pytest.raises(CudaError, match="dynamic shared memory, the kernel addresses"):
+        _mvt_run(FakeGpu(1 << 24), nb=8, config=cfg)
+
+
+def test_mvt_layout_keeps_only_its_tunables():
+    """launch_config drops the other layout's tunables: layout 0's modules keep the defines they
+    always had (an explicit MVT_LAYOUT 0 is the built-in), layout 1's carry MVT_UPW / MVT_STAGES."""
+    for nb in (4, 12):
+        assert MVT.launch_config(nb, {"MVT_LAYOUT": 0, "MVT_UPW": 2, "MVT_STAGES": 4}) == MVT.default_config(nb)
+        c = MVT.launch_config(nb, {"MVT_LAYOUT": 1, "MVT_WK": 4})
+        assert c == {"MVT_LAYOUT": 1, "MVT_UPW": 1, "MVT_STAGES": 3, "MVT_TN": 1 if nb <= 8 else 2, "MVT_WK": 4,
+                     "MVT_WM": 1, "MVT_MINB": 2}
+    shape = {"type": "Q4_K", "rows": 4096, "cols": 4096, "batch": 8}
+    assert MVT.is_builtin("mvt", "q8", {"MVT_LAYOUT": 0}, shape)
+    assert not MVT.is_builtin("mvt", "q8", L1, shape)
 
 
 def test_mvt_checks_run_on_the_emulator():
     g = FakeGpu(1 << 28)
     outs = list(MVT.checks(g, np.random.default_rng(0)))
     assert len(outs) >= 9 * 7 and all(o.ok for o in outs), [o for o in outs if not o.ok][:3]
-    assert len(list(MVT.compile_variants())) == 9 * 4 + 1
+    assert len(list(MVT.compile_variants())) == 9 * 7 + 2
+    layouts = [d.get("MVT_LAYOUT", 0) for _, d in MVT.compile_variants()]
+    assert layouts.count(1) == 9 * 3 + 1  # layout 1: three check configurations a type and a canary
     assert any("MEMRA_CANARY" in d for _, d in MVT.compile_variants())
 
 
@@ -154,6 +192,11 @@ def test_mvt_tune_hooks_refuse_what_the_kernel_cannot_run():
             ("mvt", "q8", {"MVT_WK": 3}, shape, "bad configuration"),
             ("mvt", "q8", {"MVT_WK": 16, "MVT_WM": 4}, shape, "bad configuration"),  # 2048 threads
             ("mvt", "q8", {"MVT_WK": 16, "MVT_WM": 2, "MVT_MINB": 3}, shape, "bad configuration"),  # 3 x 1024 an SM
+            ("mvt", "q8", {"MVT_LAYOUT": 2}, shape, "bad configuration"),
+            ("mvt", "q8", {**L1, "MVT_WK": 2}, shape, "bad configuration"),  # layout 1: WK 4, 8, 16
+            ("mvt", "q8", {**L1, "MVT_UPW": 3}, shape, "bad configuration"),
+            ("mvt", "q8", {**L1, "MVT_STAGES": 1}, shape, "bad configuration"),
+            ("mvt", "q8", {**L1, "MVT_WK": 16, "MVT_UPW": 4, "MVT_MINB": 1}, shape, "shared memory"),  # > 227 KiB
             ("mvt", "q8", {}, {**shape, "type": "F16"}, "no tensor-core kernel"),
             ("mvt_glu", "q8", {}, {**shape, "rows": 4095}, "even row count")):
         with pytest.raises(MemraError, match=msg):
@@ -228,6 +271,8 @@ TUNE_CASES = [  # kernel, config, shape
     ("mvt", {}, {"type": "Q6_K", "rows": 96, "cols": 512, "batch": 8}),
     ("mvt_glu", {"MVT_WK": 4, "MVT_WM": 2}, {"type": "Q4_K", "rows": 256, "cols": 512, "batch": 12}),
     ("mvt", {"MVT_TN": 1, "MVT_WK": 16, "MVT_MINB": 1}, {"type": "Q8_0", "rows": 130, "cols": 256, "batch": 15}),
+    ("mvt", {"MVT_LAYOUT": 1, "MVT_WK": 4, "MVT_MINB": 4}, {"type": "Q6_K", "rows": 96, "cols": 768, "batch": 4}),
+    ("mvt_glu", {"MVT_LAYOUT": 1, "MVT_UPW": 2}, {"type": "Q4_0", "rows": 64, "cols": 512, "batch": 8}),
 ]
 
 
