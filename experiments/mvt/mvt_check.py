@@ -119,7 +119,7 @@ def mvt_defs() -> dict:
 
 
 def v6_smem(t: int, cfg: dict) -> int:
-    """Dynamic shared memory of experiments/mvt/v6/mvt.cu (its launch contract); 0 unless MVT_SMEM=v6.
+    """Dynamic shared memory of kernels/mvt.cu layout 1 (variant 6; first experiments/mvt/v6/mvt.cu, in git history); 0 unless MVT_SMEM=v6.
     Its own tunables MVT_UPW (1) and MVT_STAGES (3) come from MVT_DEFS."""
     if os.environ.get("MVT_SMEM") != "v6":
         return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU selftest of experiments/mvt/v6/mvt.cu's index maps and order, before any device time.
+"""CPU selftest of kernels/mvt.cu layout 1's index maps and order (variant 6, first written for experiments/mvt/v6/mvt.cu, landed in session 13).
 
 1. Staging and fragments: the stage bytes as v6's produce_w / produce_x write them (numpy, from the
    addresses the kernel computes), then each warp's units read back as unit() reads them (ldmatrix
