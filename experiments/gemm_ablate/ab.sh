@@ -4,11 +4,12 @@
 # Each arm is a copy of kernels/ and experiments/ under /tmp with its gemm.cu; gemm_check times
 # the 8B's Q4_K glu, Q6_K down and Q4_0 4096 x 4096 shapes at 128 and 512 rows on the table's two
 # prefill configurations (--no-checks: the ablations' bits differ by design). $OUT/ablate-<arm>.{jsonl,log}
+# ARMS="base no-merge free skeleton" runs only those arms (make.py names them).
 set -u
 : "${OUT:?}"
 CFGS=${CFGS:-"2,2,2,4,1,3,1,1;2,1,2,4,2,3,1,2"}
 python3 experiments/gemm_ablate/make.py /tmp/ablate > /tmp/ablate.names || exit 1
-for arm in base $(cat /tmp/ablate.names); do
+for arm in ${ARMS:-base $(cat /tmp/ablate.names)}; do
   rm -rf /tmp/arm && mkdir -p /tmp/arm && cp -r kernels experiments /tmp/arm/
   [ "$arm" = base ] || cp /tmp/ablate/$arm/gemm.cu /tmp/arm/kernels/gemm.cu
   mkdir -p $OUT/tmp-$arm
