@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from memra.cli.common import _fail, app, command, err, log
+from memra.cli.common import CacheTypeK, CacheTypeV, _fail, app, check_cache_types, command, err, log
 from memra.errors import CudaError, MemraError
 
 
@@ -221,6 +221,8 @@ def bench(
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies (when it is first made).")] = "smollm2-135m",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.")] = 0,
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """llama-bench's pp/tg/depth cells on the GPU engine, with GB/s and a receipt per cell."""
     from memra.tune import bench as B
@@ -237,6 +239,7 @@ def bench(
                          B.parse_counts(n_depth, "-d", [0]), nps)
     if reps < 1:
         raise MemraError(f"-r must be at least 1, got {reps}")
+    check_cache_types("gpu", cache_type_k, cache_type_v)  # the GPU engine's cells: f16 until the q8_0 kernels
     if vs is not None:
         if vs.lower() not in ("llama.cpp", "llamacpp", "llama-cpp"):
             raise MemraError(f"--vs knows llama.cpp only, got {vs!r}")
@@ -264,6 +267,7 @@ def bench(
     if GATE.failed(*gates):  # a wrong engine's speed means nothing: no cell is timed
         _fail("exactness gate MISMATCH: the GPU engine is wrong on this model, so no cell was timed")
     common = B.common_fields(name, path, engine, label, tag)
+    common.update(cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     out = out or B.default_out(g.info.name)
     log.info("%s (%s): %d cells x %d reps, receipts to %s", name, path, len(cells), reps, out)
 

@@ -146,6 +146,25 @@ def _open(model: str | None):
     return name, path, open_gguf(path)
 
 
+# -- the KV cache's types (--cache-type-k / --cache-type-v, llama.cpp's spelling) ---------------
+
+CacheTypeK = Annotated[str, typer.Option("--cache-type-k", "-ctk", envvar="MEMRA_CACHE_TYPE_K", metavar="TYPE",
+                                         help="KV cache type of K: f16 or q8_0 (34 bytes per 32 values "
+                                              "instead of 64; --device cpu only until the GPU kernels "
+                                              "land). [env MEMRA_CACHE_TYPE_K]")]
+CacheTypeV = Annotated[str, typer.Option("--cache-type-v", "-ctv", envvar="MEMRA_CACHE_TYPE_V", metavar="TYPE",
+                                         help="KV cache type of V: f16 or q8_0 (as --cache-type-k). "
+                                              "[env MEMRA_CACHE_TYPE_V]")]
+
+
+def check_cache_types(device: str, cache_type_k: str, cache_type_v: str) -> None:
+    """Refuse an unknown cache type (naming its flag) or one the device cannot run, before
+    any model is read (memra.gpu.kv.check_cache_device)."""
+    from memra.gpu.kv import check_cache_device
+
+    check_cache_device(device, cache_type_k, cache_type_v)
+
+
 def _gpu_engine_available() -> bool:
     if importlib.util.find_spec("memra.gpu.engine") is None:
         return False

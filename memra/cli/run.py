@@ -16,16 +16,18 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from memra.cli.common import ModelArg, _default_device, _fail, _open, app, command, err, log, out
+from memra.cli.common import (CacheTypeK, CacheTypeV, ModelArg, _default_device, _fail, _open, app,
+                              check_cache_types, command, err, log, out)
 from memra.errors import CudaError, MemraError
 
 
-def _load_model(device: str, g, cfg, n_ctx: int):
+def _load_model(device: str, g, cfg, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16"):
     if device == "cpu":
         from memra.cpu.reference import ReferenceModel
 
-        # llama.cpp CPU's roundings (8-bit activations, f16 KV cache): greedy text as llama.cpp's
-        return ReferenceModel(g, cfg, numerics="llamacpp")
+        # llama.cpp CPU's roundings (8-bit activations, an f16 or q8_0 KV cache): greedy text as llama.cpp's
+        return ReferenceModel(g, cfg, numerics="llamacpp", cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    check_cache_types(device, cache_type_k, cache_type_v)
     if importlib.util.find_spec("memra.gpu.engine") is None:
         raise CudaError("--device gpu: this memra has no GPU engine yet; use --device cpu")
     from memra.gpu import cuda
@@ -149,6 +151,8 @@ def run(
                                                "prompt + n, at most the model's).")] = None,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads of the cpu "
                                                    "engine (default: all cores).")] = None,
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of "
                                           "streaming text.")] = False,
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Constrain the output to "
@@ -177,6 +181,7 @@ def run(
     device = device or _default_device()
     if device not in ("cpu", "gpu"):
         raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    check_cache_types(device, cache_type_k, cache_type_v)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                             repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                             frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
@@ -223,7 +228,7 @@ def run(
     t0 = time.perf_counter()
     with err.status(f"loading {name} on {device}…", spinner="dots") if err.is_terminal else nullcontext() as status:
         with _compile_progress(status, f"loading {name} on {device}…"):
-            engine = _load_model(device, g, cfg, n_ctx)
+            engine = _load_model(device, g, cfg, n_ctx, cache_type_k, cache_type_v)
     load_s = time.perf_counter() - t0
     log.info("loaded in %.2f s", load_s)
     gate = None

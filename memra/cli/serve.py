@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from memra.cli.common import ModelArg, _default_device, app, command, err, log
+from memra.cli.common import CacheTypeK, CacheTypeV, ModelArg, _default_device, app, check_cache_types, command, err, log
 from memra.errors import MemraError
 
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
@@ -74,6 +74,8 @@ def serve(
                                                      "cache (e.g. 16GiB; default: --parallel x --ctx-size "
                                                      "positions, on the GPU at most 90 % of free memory). "
                                                      "[env MEMRA_KV_MEMORY]")] = None,
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
     max_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens",
                                                               envvar="MEMRA_MAX_NUM_BATCHED_TOKENS",
                                                               help="Token budget of one scheduler step: decode "
@@ -104,6 +106,7 @@ def serve(
     device = device or _default_device()
     if device not in ("cpu", "gpu"):
         raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    check_cache_types(device, cache_type_k, cache_type_v)
     if device == "gpu":
         from memra.gpu import cuda
 
@@ -127,15 +130,18 @@ def serve(
     cfg = ServeConfig(model=model, host=host, port=port, alias=alias, api_keys=keys, device=device,
                       ctx_size=ctx_size, parallel=parallel, max_queue=max_queue, kv_memory=parse_bytes(kv_memory),
                       max_batched_tokens=max_batched_tokens, drain_timeout=drain_timeout, spec=spec,
-                      spec_k=spec_k, spec_max_batch=spec_max_batch)
+                      spec_k=spec_k, spec_max_batch=spec_max_batch, cache_type_k=cache_type_k,
+                      cache_type_v=cache_type_v)
     server = Server(cfg)
     print(f"memra serve: {server.state.alias} on {device} at {server.url} (loading; /readyz turns 200 when "
           f"ready)", file=sys.stderr, flush=True)
 
     def ready(st) -> None:
         kv = st.engine.kv
+        types = "" if (kv.cache_type_k, kv.cache_type_v) == ("f16", "f16") else \
+            f" (K {kv.cache_type_k}, V {kv.cache_type_v})"
         print(f"memra serve: ready at {server.url}: context {st.ctx}, {st.parallel} sequences, KV cache "
-              f"{kv.alloc.n_blocks} blocks of {kv.block} tokens, keys {'on' if st.keys.enabled else 'off'}",
+              f"{kv.alloc.n_blocks} blocks of {kv.block} tokens{types}, keys {'on' if st.keys.enabled else 'off'}",
               file=sys.stderr, flush=True)
 
     server.state.on_ready = ready
@@ -196,6 +202,8 @@ def bench_serve(
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer a "
                                                  "synth: model copies.")] = "smollm2-135m",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take.")] = 600.0,
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Streamed completions at each concurrency against memra (and --vs another server):
     output tok/s, requests/s, TTFT, TPOT and ITL p50/p95/p99 (vllm bench serve's
@@ -207,13 +215,16 @@ def bench_serve(
         raise MemraError(f"-c takes request counts >= 1, got {cs}")
     if rounds < 1 or prompt_tokens < 1 or max_tokens < 1:
         raise MemraError("--rounds, --prompt-tokens and --max-tokens must be at least 1")
+    device = device or _default_device()
     model_path = None
     if not (target and target.split(":", 1)[0] in ("http", "https")):
+        check_cache_types(device, cache_type_k, cache_type_v)  # the server started here takes them
         from memra.tune.bench import resolve_model
 
         target, model_path = resolve_model(target or "smollm2-135m", synth_tokenizer)
     rows = SB.run_bench(target, model_path=model_path, vs=vs, concurrency=cs, requests=requests, prompt_tokens=prompt_tokens,
-                        max_tokens=max_tokens, rounds=rounds, device=device or _default_device(), out=out, tag=tag,
+                        max_tokens=max_tokens, rounds=rounds, device=device, out=out, tag=tag,
+                        cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                         timeout=timeout, log=lambda s: print(s, file=sys.stderr,
                                                                                                flush=True))
     SB.print_table(rows, err)

@@ -9,6 +9,9 @@ AVX2/FMA/F16C build, whatever the host CPU) computes them:
   merge for decode over 512+ cells), ggml's SIMD expf in SwiGLU, its f16 GELU table, rms_norm,
   and rope (libm sinf/cosf, its FMA contraction).
 
+A q8_0 KV cache (--cache-type-k/-v q8_0): q8_0_quantize when a row is written and
+attention_quant_kv (llama.cpp's per-row flash attention over a quantized K and/or V).
+
 Fed llama.cpp's batches (tests/test_parity_models.py), the reference's logits come out
 bit-identical to the wheel's on SmolLM2 Q4_1 and Gemma-3 Q4_K_M (experiments/llamacpp_dump).
 Not emulated bit for bit: the tiled flash attention of 64+ query batches (a float32 softmax
@@ -411,6 +414,40 @@ def q8_llamacpp(x: np.ndarray, with_sum: bool = False):
     return xh, d16, q, s16
 
 
+def q8_0_quantize(x: np.ndarray):
+    """x [..., n] (n a multiple of 32) as q8_0 blocks, llama.cpp CPU's quantize_row_q8_0 as the
+    AVX2 build computes it (the from_float its set_rows uses to write a q8_0 KV cache, and its
+    flash attention to convert Q for a q8_0 K): per 32 consecutive values, in float32,
+        amax = max |x|;  d = f16(amax / 127)  (the quotient rounded to float32, then to f16
+        half to even);  id = 127 / amax (float32; 0 when amax = 0);
+        q = round-half-even(float32(x * id))   (|q| <= 127: |x * id| <= 127 rounds to at most
+                                                 127, so no clamp is ever reached)
+    id comes from amax, not from the f16 d, and the rounding is half to even (_mm256_round_ps),
+    unlike ggml's portable quantize_row_q8_0_ref (id = 1/d, roundf: half away from zero).
+    One corner as the kernel has it: where id overflows to inf (amax < 127 / FLT_MAX, about
+    3.7e-37) x * id is not finite and the int conversion's saturation stores q = -128.
+    Returns int8 q [..., n] and float32 d [..., n/32] (f16 values)."""
+    xb = split_blocks(x, 32)
+    amax = np.max(np.abs(xb), axis=-1)
+    d16 = round_f16(amax / np.float32(127))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        y = xb * inv[..., None]
+        q = np.where(np.isfinite(y), np.rint(y), np.float32(-128))
+    return q.reshape(np.shape(x)).astype(np.int8), d16.astype(np.float32)
+
+
+def q8_0_dequantize(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """float32(d) * q per 32 (dequantize_row_q8_0: exact, an f16 times an 8-bit integer)."""
+    qb = np.asarray(q).reshape(*np.shape(q)[:-1], np.shape(q)[-1] // 32, 32).astype(np.float32)
+    return (qb * np.asarray(d, np.float32)[..., None]).reshape(np.shape(q))
+
+
+def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
+    """x's values as a q8_0 cache holds them: q8_0_dequantize(*q8_0_quantize(x))."""
+    return q8_0_dequantize(*q8_0_quantize(x))
+
+
 def q8_k_llamacpp(x: np.ndarray) -> np.ndarray:
     """ggml quantize_row_q8_K(_ref): per 256, max = the signed value of largest magnitude
     (first one), iscale = -127/max, q = min(127, nearest_int(iscale * x)), d = 1/iscale (f32)."""
@@ -552,3 +589,108 @@ def _fa_rows_nb(q, pos, kc, vc, n_gqa, window, scale, n_kv, n_split, out):  # pr
             inv = np.float32(np.float32(1.0) / Sf) if Sf != 0 else np.float32(1.0)
             for d in range(dv):
                 out[t, h, d] = np.float32(fin[d] * inv)
+
+
+def attention_quant_kv(q, pos, kc, vc, k_codes, k_scales, n_gqa, window, scale, k_q8: bool, v_q8: bool):
+    """llama.cpp CPU's flash attention when its KV cache is not f16 for both K and V (a q8_0
+    K and/or V): ggml_compute_forward_flash_attn_ext_f16_one_chunk per query row for every
+    batch size (no split-KV decode, no tiles: both want f16 or f32 K and V of one type).
+    kc, vc: [n_head_kv, n_ctx, hd] the cache's values (f16 or q8_0 round trips);
+    k_codes int8 [n_head_kv, n_ctx, hd] and k_scales float32 [n_head_kv, n_ctx, hd/32]: a q8_0
+    K's blocks (read when k_q8). q [n, n_head, hd]; returns [n, n_head * hd_v]. See _fa_q_rows_nb."""
+    n, n_head, hd = q.shape
+    if not k_q8:
+        k_codes = np.zeros((1, 1, 32), np.int8)
+        k_scales = np.zeros((1, 1, 1), np.float32)
+    out = np.empty((n, n_head, vc.shape[2]), np.float32)
+    _fa_q_rows_nb(np.ascontiguousarray(q, np.float32), np.asarray(pos, np.int64),
+                  np.ascontiguousarray(kc, np.float32), np.ascontiguousarray(vc, np.float32),
+                  np.ascontiguousarray(k_codes, np.int8), np.ascontiguousarray(k_scales, np.float32),
+                  n_gqa, window, np.float32(scale), bool(k_q8), bool(v_q8), out)
+    return out.reshape(n, n_head * vc.shape[2])
+
+
+@numba.njit(cache=True)
+def _q8_0_row(x, q, d):  # pragma: no cover (compiled)
+    """q8_0_quantize of one row (AVX2 quantize_row_q8_0) into int8 q and float32 d."""
+    for b in range(x.shape[0] // 32):
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(x[32 * b + j]))
+        d[b] = _f16r(np.float32(amax / np.float32(127.0)))
+        inv = np.float32(np.float32(127.0) / amax) if amax != 0 else np.float32(0.0)
+        for j in range(32):
+            y = np.float32(x[32 * b + j] * inv)
+            q[32 * b + j] = np.int8(np.rint(y)) if np.isfinite(y) else np.int8(-128)
+
+
+@numba.njit(cache=True, inline="always")
+def _dot_q8_0_avx2(kq, kd, qq, qd):  # pragma: no cover (compiled)
+    """ggml_vec_dot_q8_0_q8_0 (AVX2): per 32-block, 8 lanes of exact 4-element integer sums,
+    lane = fma(f16 d_k * f16 d_q, float(sum), lane); then hsum_float_8."""
+    acc = np.zeros(8, np.float32)
+    for b in range(kq.shape[0] // 32):
+        d = np.float32(kd[b] * qd[b])
+        for j in range(8):
+            xy = 0
+            for k in range(4):
+                xy += np.int32(kq[32 * b + 4 * j + k]) * np.int32(qq[32 * b + 4 * j + k])
+            acc[j] = _fma(d, np.float32(xy), acc[j])
+    r0 = np.float32(acc[4] + acc[0])
+    r1 = np.float32(acc[5] + acc[1])
+    r2 = np.float32(acc[6] + acc[2])
+    r3 = np.float32(acc[7] + acc[3])
+    return np.float32(np.float32(r0 + r2) + np.float32(r1 + r3))
+
+
+@numba.njit(parallel=True, cache=True)
+def _fa_q_rows_nb(q, pos, kc, vc, kq, kd, n_gqa, window, scale, k_q8, v_q8, out):  # pragma: no cover
+    """One query row and head per iteration, cells 0..p (masked ones skipped), online softmax
+    with libm's expf. K: q8_0 -> Q quantized to q8_0 (_q8_0_row) and the integer dot; f16 ->
+    f16 Q and the f16 dot. V: f16 -> the f16 accumulator (as _fa_chunk); q8_0 -> a float32
+    accumulator, acc = acc * ms on a new maximum, then acc = fma(v, vs, acc) (ggml_vec_scale_f32,
+    ggml_vec_mad_f32 on the dequantized row). Out: acc * (1/S)."""
+    n, n_head, hd = q.shape
+    dv = vc.shape[2]
+    for th in numba.prange(n * n_head):
+        t = th // n_head
+        h = th % n_head
+        kvh = h // n_gqa
+        qh = np.empty(hd, np.float32)
+        qq = np.empty(hd, np.int8)
+        qd = np.empty(hd // 32, np.float32)
+        if k_q8:
+            _q8_0_row(q[t, h], qq, qd)
+        else:
+            for d in range(hd):
+                qh[d] = _f16r(q[t, h, d])
+        p = pos[t]
+        acc = np.zeros(dv, np.float32)
+        M = np.float32(-np.inf)
+        S = np.float32(0.0)
+        for j in range(p + 1):
+            if window > 0 and j <= p - window:
+                continue  # masked cell (-inf): skipped
+            if k_q8:
+                s = _dot_q8_0_avx2(kq[kvh, j], kd[kvh, j], qq, qd)
+            else:
+                s = _dot_f16_avx2(qh, kc[kvh, j])
+            s = np.float32(np.float32(s * scale) + np.float32(0.0))
+            V = vc[kvh, j]
+            if s > M:
+                Mold = M
+                M = s
+                ms = np.float32(np.exp(np.float32(Mold - M)))
+                for d in range(dv):
+                    acc[d] = np.float32(acc[d] * ms) if v_q8 else _f16r(np.float32(acc[d] * ms))
+                for d in range(dv):
+                    acc[d] = np.float32(V[d] + acc[d]) if v_q8 else _f16r(np.float32(V[d] + acc[d]))
+                S = np.float32(np.float32(S * ms) + np.float32(1.0))
+            else:
+                vs = np.float32(np.exp(np.float32(s - M)))
+                for d in range(dv):
+                    acc[d] = _fma(V[d], vs, acc[d]) if v_q8 else _f16r(_fma(V[d], vs, acc[d]))
+                S = np.float32(S + vs)
+        inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
+        for d in range(dv):
+            out[t, h, d] = np.float32(acc[d] * inv)

@@ -26,6 +26,32 @@ Numerics (`ReferenceModel(g, numerics=...)`):
       uses it.
   "q8": the GPU engine's q8 path (kernels/q8.cuh): quantized-weight matmuls take activations
       rounded per 32 with d = amax/127, q = rint(x/d); f16 KV cache; float weights unrounded.
+
+KV cache types (`ReferenceModel(g, cache_type_k=..., cache_type_v=...)`, llama.cpp's
+--cache-type-k / --cache-type-v), each of K and V on its own:
+  "f16" (default): K/V rows rounded to f16 when written (under "llamacpp" and "q8"; "f32"
+      keeps them whole, as before).
+  "q8_0": every K row (after RoPE) and V row is stored as q8_0 blocks when written, whatever
+      the numerics — llama.cpp CPU's quantize_row_q8_0 (AVX2 build, the one its KV-cache write
+      runs; memra.cpu.llamacpp.q8_0_quantize), per 32 consecutive values of one head row
+      (head_dim must be a multiple of 32), all in float32:
+          amax = max |x|
+          d    = f16(amax / 127)          quotient rounded to float32, then to f16 half to even
+          id   = 127 / amax               float32 division from amax (not 1/d); 0 when amax = 0
+          q    = round-half-even(x * id)  the product rounded to float32 first; |q| <= 127
+          stored value = float32(d) * q   exact (an f16 times an 8-bit integer)
+      (ggml's portable quantize_row_q8_0_ref differs: id = 1/d of the float32 d, roundf half
+      away from zero; the AVX2 kernel above is what xllamacpp, the CPU peer, runs.)
+      The cache keeps the codes and scales too (KVCache.kq/kd, vq/vd). Under "llamacpp" the
+      attention is then llama.cpp's per-row flash attention over a quantized cache for every
+      batch (memra.cpu.llamacpp.attention_quant_kv: Q quantized to q8_0 and the integer dot for
+      a q8_0 K, a float32 accumulator for a q8_0 V); under "f32" / "q8" the same attention
+      arithmetic as the f16 cache's on the stored values.
+      llama.cpp's own default differs in one respect: since its PR 21038 it rotates Q, K and V
+      by a Hadamard matrix (and the attention output back) whenever a cache type is quantized
+      and head_dim is a multiple of 64. memra's q8_0 cache does not rotate: its logits equal
+      xllamacpp's run with LLAMA_ATTN_ROT_DISABLE=1 (tests/test_kvq8.py), the plain q8_0 round
+      trip that experiments/kvq8/README.md specifies for the GPU kernels.
 """
 
 from __future__ import annotations
@@ -43,7 +69,9 @@ from memra.cpu.llamacpp import (
                                 FA_TILE_Q, Q8_0_ACT_TYPES, Q8_1_ACT_TYPES, attention_f16_acc, split_blocks,
                                 q4_k_dot, q6_k_dot, q8_dot_matvec, geglu_ggml,
                                 parse_q4_k, parse_q6_k, q8_k_blocks, q8_k_llamacpp, q8_llamacpp,
-                                rms_norm_ggml, rope_ggml, round_f16, swiglu_ggml)
+                                rms_norm_ggml, rope_ggml, round_f16, swiglu_ggml,
+                                attention_quant_kv, q8_0_dequantize, q8_0_quantize)
+from memra.gpu.kv import check_cache_type
 from memra.model.quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
 from memra.model.quants import F16, F32, BF16, IQ4_NL, Q4_K, Q6_K
 
@@ -214,9 +242,13 @@ def q8_gpu(x: np.ndarray) -> np.ndarray:
     return (q * d).reshape(x.shape).astype(np.float32)
 
 
-def kv_cache_bytes(cfg: ModelConfig, n_ctx: int) -> int:
-    """Bytes of a KVCache of n_ctx positions."""
-    return 4 * cfg.n_layer * cfg.n_head_kv * int(n_ctx) * (cfg.head_dim + cfg.head_dim_v)
+def kv_cache_bytes(cfg: ModelConfig, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """Bytes of a KVCache of n_ctx positions (float32 values, plus a q8_0 cache's codes and
+    scales)."""
+    per = 0
+    for dim, t in ((cfg.head_dim, cache_type_k), (cfg.head_dim_v, cache_type_v)):
+        per += 4 * dim + (dim + 4 * (dim // 32) if t == "q8_0" else 0)
+    return cfg.n_layer * cfg.n_head_kv * int(n_ctx) * per
 
 
 def available_memory() -> int | None:
@@ -234,14 +266,18 @@ def available_memory() -> int | None:
 
 class KVCache:
     """Per-layer K and V, [n_head_kv, n_ctx, head_dim] float32; `pos` tokens are stored. One
-    that cannot fit in the memory available is refused before anything is allocated.
+    that cannot fit in the memory available is refused before anything is allocated. A q8_0
+    K (V) also keeps its blocks: kq (vq) int8 [n_head_kv, n_ctx, head_dim] codes and kd (vd)
+    float32 [n_head_kv, n_ctx, head_dim / 32] f16 scales; k (v) holds their values d * q.
 
     Setting `pos` lower rewinds (later positions are overwritten by the next forward)."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int):
+    def __init__(self, cfg: ModelConfig, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16"):
         if n_ctx <= 0:
             raise MemraError(f"KV cache size must be positive, got {n_ctx}")
-        need = kv_cache_bytes(cfg, n_ctx)
+        self.cache_type_k = check_cache_type(cache_type_k, "cache_type_k")
+        self.cache_type_v = check_cache_type(cache_type_v, "cache_type_v")
+        need = kv_cache_bytes(cfg, n_ctx, cache_type_k, cache_type_v)
         avail = available_memory()
         if avail is not None and need > avail:
             raise ContextOverflowError(
@@ -252,14 +288,42 @@ class KVCache:
         self.pos = 0
         self.k = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim), np.float32) for _ in range(cfg.n_layer)]
         self.v = [np.zeros((cfg.n_head_kv, n_ctx, cfg.head_dim_v), np.float32) for _ in range(cfg.n_layer)]
+        self.kq = self.kd = self.vq = self.vd = None
+        if cache_type_k == "q8_0":
+            self.kq, self.kd = self._blocks(cfg, n_ctx, cfg.head_dim)
+        if cache_type_v == "q8_0":
+            self.vq, self.vd = self._blocks(cfg, n_ctx, cfg.head_dim_v)
+
+    @staticmethod
+    def _blocks(cfg: ModelConfig, n_ctx: int, dim: int):
+        codes = [np.zeros((cfg.n_head_kv, n_ctx, dim), np.int8) for _ in range(cfg.n_layer)]
+        scales = [np.zeros((cfg.n_head_kv, n_ctx, dim // 32), np.float32) for _ in range(cfg.n_layer)]
+        return codes, scales
+
+    def write(self, il: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store rows k [n, n_head_kv, head_dim] and v at positions [p0, p0 + n) of layer il,
+        a q8_0 side as its blocks (memra.cpu.llamacpp.q8_0_quantize) and their values."""
+        n = k.shape[0]
+        for rows, vals, codes, scales in ((k, self.k, self.kq, self.kd), (v, self.v, self.vq, self.vd)):
+            rows = rows.transpose(1, 0, 2)
+            if codes is not None:
+                q, d = q8_0_quantize(rows)
+                codes[il][:, p0:p0 + n] = q
+                scales[il][:, p0:p0 + n] = d
+                rows = q8_0_dequantize(q, d)
+            vals[il][:, p0:p0 + n] = rows
 
 
 class ReferenceModel:
     """A GGUF model evaluated in float32 on the CPU."""
 
-    def __init__(self, g: GGUFFile, cfg: ModelConfig | None = None, numerics: str = "f32"):
+    def __init__(self, g: GGUFFile, cfg: ModelConfig | None = None, numerics: str = "f32",
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
         if numerics not in NUMERICS:
             raise MemraError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+        # the KV cache's types (module docstring): "f16" or "q8_0", K and V each on its own
+        self.cache_type_k = check_cache_type(cache_type_k, "cache_type_k")
+        self.cache_type_v = check_cache_type(cache_type_v, "cache_type_v")
         # "f32": exact float32 (the math oracle); "llamacpp": llama.cpp CPU's roundings (8-bit
         # activations per weight type, f16 KV cache, f16 Q, f16 GELU table); "q8": the GPU
         # engine's q8 path (8-bit activations per 32 for quantized weights, f16 KV cache)
@@ -274,6 +338,7 @@ class ReferenceModel:
         self._w: dict[str, np.ndarray] = {}
         self._codes: dict[str, Codes] = {}
         self._kparts: dict[str, tuple] = {}  # raw Q4_K / Q6_K parts for the llamacpp numerics
+        self._check_cache_types()
         self._check_tensors()
         c = self.cfg
         self._freq_factors = self.weight("rope_freqs.weight") if c.has_rope_freqs else None
@@ -309,6 +374,18 @@ class ReferenceModel:
             if c.post_norms:
                 e.update({p + "post_attention_norm.weight": (c.n_embd,), p + "post_ffw_norm.weight": (c.n_embd,)})
         return e
+
+    def _check_cache_types(self) -> None:
+        """A q8_0 cache quantizes each head row in blocks of 32 values: head_dim must divide."""
+        for name, t, dim in (("K", self.cache_type_k, self.cfg.head_dim), ("V", self.cache_type_v, self.cfg.head_dim_v)):
+            if t == "q8_0" and dim % 32:
+                raise MemraError(f"a q8_0 {name} cache needs a head size that is a multiple of 32; "
+                                 f"this model's is {dim}: use f16")
+
+    @property
+    def quant_kv(self) -> bool:
+        """Whether K or V is cached as q8_0."""
+        return "q8_0" in (self.cache_type_k, self.cache_type_v)
 
     def _check_tensors(self) -> None:
         """Every tensor the forward pass reads exists with the shape the config implies."""
@@ -445,7 +522,7 @@ class ReferenceModel:
 
     # -- forward ---------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache(self.cfg, n_ctx)
+        return KVCache(self.cfg, n_ctx, self.cache_type_k, self.cache_type_v)
 
     def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Append `tokens` at cache.pos; float32 logits [len(tokens), n_vocab] if all_logits,
@@ -515,10 +592,9 @@ class ReferenceModel:
         k = self._rope(k, pos, il)
 
         if self.numerics != "f32":  # an f16 KV cache, as llama.cpp's default and the GPU engine's
-            k, v = round_f16(k), round_f16(v)
-        p0 = int(pos[0])
-        cache.k[il][:, p0:p0 + n] = k.transpose(1, 0, 2)
-        cache.v[il][:, p0:p0 + n] = v.transpose(1, 0, 2)
+            k = round_f16(k) if self.cache_type_k == "f16" else k
+            v = round_f16(v) if self.cache_type_v == "f16" else v
+        cache.write(il, int(pos[0]), k, v)  # a q8_0 side is quantized from the float32 rows
         a = self._attention(il, q, pos, cache)
 
         a = self._mm(a, p + "attn_output.weight")
@@ -559,6 +635,11 @@ class ReferenceModel:
             # gemma3's graph scales Q before the attention op (the others pass the scale in)
             if c.arch == "gemma3":
                 q, scale = q * scale, np.float32(1.0)
+            if self.quant_kv:  # per-row at every batch size, no split-KV decode
+                with _threads_for(n * c.n_head * c.head_dim_v * (int(pos[-1]) + 1)):
+                    return attention_quant_kv(q, pos, cache.k[il], cache.v[il], cache.kq[il] if cache.kq else None,
+                                              cache.kd[il] if cache.kd else None, c.n_gqa, window, scale,
+                                              self.cache_type_k == "q8_0", self.cache_type_v == "q8_0")
             if n < FA_TILE_Q:  # the per-row path converts Q to the f16 K cache's dot type
                 hi = int(pos[-1]) + 1
                 n_kv = max(256, -(-hi // 256) * 256)  # llama.cpp's cells in view, padded to 256

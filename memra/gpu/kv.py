@@ -38,9 +38,40 @@ class KVFullError(MemraError):
     """The pool has no free block left (the request needs fewer tokens, or more --kv-memory)."""
 
 
-def bytes_per_block(cfg, block: int) -> int:
-    """Device bytes one block takes over all layers (K and V, f16)."""
-    return 2 * cfg.n_layer * block * cfg.kv_dim * 2
+# KV cache types (llama.cpp's --cache-type-k / --cache-type-v spelling): f16, or q8_0 (per 32
+# values of a head row one f16 scale and 32 int8 codes: 34 bytes, ggml's block_q8_0)
+CACHE_TYPES = ("f16", "q8_0")
+_BYTES_PER_32 = {"f16": 64, "q8_0": 34}
+# until the kernels read it (experiments/kvq8/README.md), the q8_0 cache is the CPU engine's
+CACHE_TYPES_GPU = ("f16",)
+
+
+def check_cache_type(value, flag: str = "--cache-type-k") -> str:
+    """A KV cache type as given (f16 or q8_0), or a MemraError naming the flag."""
+    if value not in CACHE_TYPES:
+        raise MemraError(f"{flag} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
+    return value
+
+
+def check_cache_device(device: str, cache_type_k: str = "f16", cache_type_v: str = "f16") -> None:
+    """Refuse a KV cache type the device cannot run, before any work: the GPU kernels read an
+    f16 cache only."""
+    for flag, t in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
+        check_cache_type(t, flag)
+        if device == "gpu" and t not in CACHE_TYPES_GPU:
+            raise MemraError(f"{flag} {t}: the q8_0 KV cache runs on --device cpu only until the GPU "
+                             f"kernels land (experiments/kvq8/README.md); use f16 on the GPU")
+
+
+def row_bytes(n_values: int, cache_type: str = "f16") -> int:
+    """Bytes of n_values (a multiple of 32) cached as cache_type."""
+    check_cache_type(cache_type)
+    return n_values // 32 * _BYTES_PER_32[cache_type] if cache_type != "f16" else 2 * n_values
+
+
+def bytes_per_block(cfg, block: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """Bytes one block takes over all layers (K and V, each f16 or q8_0)."""
+    return cfg.n_layer * block * (row_bytes(cfg.kv_dim, cache_type_k) + row_bytes(cfg.kv_dim, cache_type_v))
 
 
 class BlockAllocator:
@@ -93,6 +124,10 @@ class BlockAllocator:
 
 
 class PagedKV:
+    # the cache types its pools hold (the GPU's: f16; memra.serve.cpu_engine.HostKV's: either)
+    cache_type_k = "f16"
+    cache_type_v = "f16"
+
     def __init__(self, g, cfg, *, n_blocks: int, block: int = 16, max_seqs: int = 64, max_len: int = 4096):
         if block < 1 or block & (block - 1):
             raise MemraError(f"KV block size must be a power of two, got {block}")
@@ -122,7 +157,7 @@ class PagedKV:
 
     @property
     def nbytes(self) -> int:
-        return self.alloc.n_blocks * bytes_per_block(self.cfg, self.block)
+        return self.alloc.n_blocks * bytes_per_block(self.cfg, self.block, self.cache_type_k, self.cache_type_v)
 
     @property
     def usage(self) -> float:

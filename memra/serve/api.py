@@ -79,6 +79,8 @@ class ServeConfig:
     parallel: int | None = None     # sequences at once (default gpu 64, cpu 4)
     max_queue: int = 256
     kv_memory: int | None = None    # bytes of KV cache (default: parallel x ctx positions)
+    cache_type_k: str = "f16"       # the KV cache's types: f16, or q8_0 (the cpu device only)
+    cache_type_v: str = "f16"
     max_batched_tokens: int | None = None  # tokens a step (default gpu 2048, cpu 64)
     drain_timeout: float = 30.0
     prefix_cache: bool = True
@@ -227,7 +229,8 @@ class State:
         t0 = time.perf_counter()
         try:
             self.engine = open_engine(self.gguf, self.mcfg, self.cfg.device, ctx=self.ctx, parallel=self.parallel,
-                                      kv_memory=self.cfg.kv_memory)
+                                      kv_memory=self.cfg.kv_memory, cache_type_k=self.cfg.cache_type_k,
+                                      cache_type_v=self.cfg.cache_type_v)
             if self.cfg.device == "gpu":
                 self.device_name = self.engine.g.info.name
             spec = None

@@ -218,10 +218,12 @@ def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
     raise MemraError(f"{url} was not ready within {timeout:.0f} s")
 
 
-def start_server(path: str, alias: str, device: str, parallel: int, ctx: int, log=print) -> tuple[str, subprocess.Popen]:
+def start_server(path: str, alias: str, device: str, parallel: int, ctx: int, log=print,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16") -> tuple[str, subprocess.Popen]:
     port = free_port()
     cmd = [sys.executable, "-m", "memra", "serve", str(path), "--alias", alias, "--device", device, "--port",
-           str(port), "--parallel", str(parallel), "--ctx-size", str(ctx), "--max-queue", "4096"]
+           str(port), "--parallel", str(parallel), "--ctx-size", str(ctx), "--max-queue", "4096",
+           "--cache-type-k", cache_type_k, "--cache-type-v", cache_type_v]
     log("starting: " + " ".join(cmd))
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
@@ -236,8 +238,9 @@ def start_server(path: str, alias: str, device: str, parallel: int, ctx: int, lo
 def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], requests: int | None,
               prompt_tokens: int, max_tokens: int, rounds: int = 1, device: str = "gpu", out=None,
               tag: str | None = None, model_path: str | None = None, timeout: float = 600.0,
-              log=print, **_) -> list[dict]:
-    """Every cell on memra (a URL, or `model_path` served here for the run) and on `vs`."""
+              log=print, cache_type_k: str = "f16", cache_type_v: str = "f16", **_) -> list[dict]:
+    """Every cell on memra (a URL, or `model_path` served here for the run, with KV cache types
+    cache_type_k / cache_type_v, which its receipts record) and on `vs`."""
     from memra.paths import receipts_dir
 
     proc = None
@@ -247,7 +250,9 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
         if model_path is None:
             raise MemraError("give a loopback URL or a model")
         url, proc = start_server(model_path, target or "smollm2-135m", device, max(concurrency),
-                                 prompt_tokens + max_tokens + 64, log)
+                                 prompt_tokens + max_tokens + 64, log, cache_type_k, cache_type_v)
+    # the cache types of the server started here (another's are not known)
+    served = {"cache_type_k": cache_type_k, "cache_type_v": cache_type_v} if proc is not None else {}
     arms = [url] + ([check_url(vs)] if vs else [])
     out = Path(out) if out else receipts_dir() / f"serve-bench-{time.strftime('%Y-%m-%d')}.jsonl"
     rows: list[dict] = []
@@ -267,7 +272,7 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
                     row = asyncio.run(run_cell(a, i["model"], ps, c, max_tokens, timeout))
                     row = {"schema": 1, "kind": "serve-bench", "ts": utc_now(), "date": time.strftime("%Y-%m-%d"),
                            "git_sha": sha, "engine": i["engine"], "url": a, "model": i["model"] or "?",
-                           "device": device_name, "round": rd, "tag": tag, **row}
+                           "device": device_name, "round": rd, "tag": tag, **(served if a == url else {}), **row}
                     append(out, row)
                     rows.append(row)
                     log(f"  {row['agg_tok_s']:.1f} tok/s, {row['req_s']:.2f} req/s, TTFT p50 "

@@ -21,7 +21,10 @@ argmax): a token is a function of (logits, seed, position), as on the GPU. A row
 
 The KV cache: `HostKV` is memra.gpu.kv.PagedKV's bookkeeping (slots, block tables,
 reference counts, copy-on-write, the free queue the prefix cache keeps blocks in) over host
-pools in f16 (the llamacpp numerics round K and V to f16, so nothing is lost). Each slot
+pools in f16 (the llamacpp numerics round K and V to f16, so nothing is lost), or for a q8_0
+side (`cache_type_k` / `cache_type_v`, --cache-type-k / -v) its blocks as llama.cpp lays them
+out in bytes: int8 codes plus one f16 scale per 32 values, 34 bytes per 32 against f16's 64,
+so --kv-memory holds 64/34 = 1.88x the positions (bytes_per_block counts them so). Each slot
 also keeps a contiguous working cache for the reference's forward pass; new K/V rows are
 written through to the pool blocks, and positions the slot adopted (a prefix-cache hit)
 are copied from the pool into the working cache before its next forward.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from memra.cpu.llamacpp import q8_0_dequantize
 from memra.cpu.reference import KVCache, ReferenceModel
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu.kv import PagedKV, bytes_per_block
@@ -41,19 +45,31 @@ from memra.text.grammar import masked
 
 
 class HostKV(PagedKV):
-    """PagedKV's bookkeeping over host pools: [n_blocks, block, kv_dim] per layer."""
+    """PagedKV's bookkeeping over host pools: [n_blocks, block, kv_dim] per layer (f16), or
+    for a q8_0 side int8 codes [n_blocks, block, kv_dim] with f16 scales [n_blocks, block,
+    kv_dim / 32] (k_scale / v_scale; None for an f16 side)."""
 
     dtype = np.float16
 
-    def _make_pools(self) -> None:
+    def __init__(self, *args, cache_type_k: str = "f16", cache_type_v: str = "f16", **kw):
+        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+        super().__init__(*args, **kw)
+
+    def _pools(self, dim: int, cache_type: str):
         c, n = self.cfg, self.alloc.n_blocks
         # np.zeros: pages are committed when first written
-        self.k = [np.zeros((n, self.block, c.kv_dim), self.dtype) for _ in range(c.n_layer)]
-        self.v = [np.zeros((n, self.block, c.v_dim), self.dtype) for _ in range(c.n_layer)]
+        if cache_type == "q8_0":
+            return ([np.zeros((n, self.block, dim), np.int8) for _ in range(c.n_layer)],
+                    [np.zeros((n, self.block, dim // 32), np.float16) for _ in range(c.n_layer)])
+        return [np.zeros((n, self.block, dim), self.dtype) for _ in range(c.n_layer)], None
+
+    def _make_pools(self) -> None:
+        self.k, self.k_scale = self._pools(self.cfg.kv_dim, self.cache_type_k)
+        self.v, self.v_scale = self._pools(self.cfg.v_dim, self.cache_type_v)
         self.d_table = None
 
     def _copy_block(self, dst: int, src: int) -> None:
-        for pool in (*self.k, *self.v):
+        for pool in (*self.k, *self.v, *(self.k_scale or ()), *(self.v_scale or ())):
             pool[dst] = pool[src]
 
     def sync(self) -> None:
@@ -62,20 +78,23 @@ class HostKV(PagedKV):
 
 class CpuRunner:
     """max_len: positions per sequence; max_seqs: sequences open at once; the pool holds
-    kv_tokens positions, or kv_memory bytes (f16 K and V), or max_seqs * max_len."""
+    kv_tokens positions, or kv_memory bytes (K and V as cache_type_k / cache_type_v: f16 or
+    q8_0), or max_seqs * max_len."""
 
     device = "cpu"
 
     def __init__(self, gguf, cfg=None, *, max_len: int, max_seqs: int = 4, kv_tokens: int | None = None,
-                 kv_memory: int | None = None, kv_block: int = KV_BLOCK, numerics: str = "llamacpp"):
+                 kv_memory: int | None = None, kv_block: int = KV_BLOCK, numerics: str = "llamacpp",
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
         self.gguf = gguf
         self.cfg = cfg or read_config(gguf)
-        self.model = ReferenceModel(gguf, self.cfg, numerics=numerics)
+        self.model = ReferenceModel(gguf, self.cfg, numerics=numerics, cache_type_k=cache_type_k,
+                                    cache_type_v=cache_type_v)
         self.max_len, self.max_seqs, self.kv_block = int(max_len), int(max_seqs), int(kv_block)
         if kv_tokens is not None:
             n_blocks = -(-int(kv_tokens) // self.kv_block)
         elif kv_memory is not None:
-            n_blocks = int(kv_memory) // bytes_per_block(self.cfg, self.kv_block)
+            n_blocks = int(kv_memory) // bytes_per_block(self.cfg, self.kv_block, cache_type_k, cache_type_v)
         else:
             n_blocks = self.max_seqs * -(-self.max_len // self.kv_block)
         if numerics == "f32":  # K and V are not f16-rounded: keep them whole
@@ -83,7 +102,8 @@ class CpuRunner:
         else:
             kv_cls = HostKV
         self.kv = kv_cls(None, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
-                         max_seqs=self.max_seqs, max_len=self.max_len)
+                         max_seqs=self.max_seqs, max_len=self.max_len, cache_type_k=cache_type_k,
+                         cache_type_v=cache_type_v)
         self.caches: dict[int, KVCache] = {}   # slot -> working cache (kept for the slot's next sequence)
         self.loaded = np.zeros(self.max_seqs, np.int64)  # positions of the working cache that are valid
 
@@ -130,30 +150,56 @@ class CpuRunner:
             yield int(self.kv.table[slot, j]), off, p, p + n
             p += n
 
+    def _sides(self, cache: KVCache, il: int):
+        """Per side (K, V) of layer il: the working cache's values, q8_0 codes and scales
+        (None for f16), the pool's values (codes) and scales (None for f16), the head size."""
+        c, kv = self.cfg, self.kv
+        return ((cache.k[il], cache.kq and cache.kq[il], cache.kd and cache.kd[il], kv.k[il],
+                 kv.k_scale and kv.k_scale[il], c.head_dim),
+                (cache.v[il], cache.vq and cache.vq[il], cache.vd and cache.vd[il], kv.v[il],
+                 kv.v_scale and kv.v_scale[il], c.head_dim_v))
+
     def _load(self, seq: Seq) -> None:
-        """Copy positions [loaded, seq.n) of the slot from the pool (an adopted prefix)."""
+        """Copy positions [loaded, seq.n) of the slot from the pool (an adopted prefix): f16
+        values, or q8_0 codes and scales and their values d * q."""
         slot, c = seq.slot, self.cfg
         p0 = int(self.loaded[slot])
         if p0 >= seq.n:
             return
         cache = self._cache(slot)
+
+        def heads(rows, n, dim):  # pool rows [n, n_head_kv * dim] -> [n_head_kv, n, dim]
+            return rows.reshape(n, c.n_head_kv, dim).transpose(1, 0, 2)
+
         for b, off, a, e in self._pool_rows(slot, p0, seq.n):
             n = e - a
             for il in range(c.n_layer):
-                cache.k[il][:, a:e] = self.kv.k[il][b, off:off + n].astype(np.float32) \
-                    .reshape(n, c.n_head_kv, c.head_dim).transpose(1, 0, 2)
-                cache.v[il][:, a:e] = self.kv.v[il][b, off:off + n].astype(np.float32) \
-                    .reshape(n, c.n_head_kv, c.head_dim_v).transpose(1, 0, 2)
+                for vals, codes, scales, pool, pool_scale, dim in self._sides(cache, il):
+                    if codes is None:
+                        vals[:, a:e] = heads(pool[b, off:off + n].astype(np.float32), n, dim)
+                        continue
+                    codes[:, a:e] = heads(pool[b, off:off + n], n, dim)
+                    scales[:, a:e] = heads(pool_scale[b, off:off + n].astype(np.float32), n, dim // 32)
+                    vals[:, a:e] = q8_0_dequantize(codes[:, a:e], scales[:, a:e])
         self.loaded[slot] = seq.n
 
     def _store(self, slot: int, p0: int, p1: int) -> None:
-        """Write positions [p0, p1) of the working cache through to the pool blocks."""
+        """Write positions [p0, p1) of the working cache through to the pool blocks (a q8_0
+        side: its codes and f16 scales)."""
         c, cache = self.cfg, self.caches[slot]
+
+        def rows(x, n):  # [n_head_kv, n, dim] -> pool rows [n, n_head_kv * dim]
+            return x.transpose(1, 0, 2).reshape(n, -1)
+
         for b, off, a, e in self._pool_rows(slot, p0, p1):
             n = e - a
             for il in range(c.n_layer):
-                self.kv.k[il][b, off:off + n] = cache.k[il][:, a:e].transpose(1, 0, 2).reshape(n, c.kv_dim)
-                self.kv.v[il][b, off:off + n] = cache.v[il][:, a:e].transpose(1, 0, 2).reshape(n, c.v_dim)
+                for vals, codes, scales, pool, pool_scale, _ in self._sides(cache, il):
+                    if codes is None:
+                        pool[b, off:off + n] = rows(vals[:, a:e], n)
+                    else:
+                        pool[b, off:off + n] = rows(codes[:, a:e], n)
+                        pool_scale[b, off:off + n] = rows(scales[:, a:e], n)
 
     # -- stepping ---------------------------------------------------------------------------------
     def step(self, rows, graph: bool = True, fill=None) -> list[RowOut]:

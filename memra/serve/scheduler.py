@@ -743,14 +743,20 @@ def chain_steps() -> int:
 
 # -- opening an engine ---------------------------------------------------------------------------
 
-def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: int | None = None):
+def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: int | None = None,
+                cache_type_k: str = "f16", cache_type_v: str = "f16"):
     """The runner for `device` ("gpu": memra.gpu.runner.Runner, weights on the device;
     "cpu": memra.serve.cpu_engine.CpuRunner), ready to step: kernels compiled and every
-    decode graph bucket captured (GPU), the reference's kernels compiled (CPU)."""
+    decode graph bucket captured (GPU), the reference's kernels compiled (CPU). A KV cache
+    type the device cannot run (q8_0 on the GPU, for now) is refused first."""
+    from memra.gpu.kv import check_cache_device
+
+    check_cache_device(device, cache_type_k, cache_type_v)
     if device == "cpu":
         from memra.serve.cpu_engine import CpuRunner
 
-        eng = CpuRunner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory)
+        eng = CpuRunner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory,
+                        cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         eng.warm_up()
         return eng
     from memra.gpu.runner import Runner
