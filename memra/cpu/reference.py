@@ -71,7 +71,7 @@ from memra.cpu.llamacpp import (
                                 parse_q4_k, parse_q6_k, q8_k_blocks, q8_k_llamacpp, q8_llamacpp,
                                 rms_norm_ggml, rope_ggml, round_f16, swiglu_ggml,
                                 attention_quant_kv, q8_0_dequantize, q8_0_quantize)
-from memra.gpu.kv import check_cache_type
+from memra.model.kvtypes import check_cache_type
 from memra.model.quants import SUPPORTED_TYPES, Codes, decompose, dequantize_rows, dequantize_tensor
 from memra.model.quants import F16, F32, BF16, IQ4_NL, Q4_K, Q6_K
 

@@ -32,25 +32,16 @@ from typing import Callable
 import numpy as np
 
 from memra.errors import MemraError
+from memra.model.kvtypes import check_cache_type, row_bytes
 
 
 class KVFullError(MemraError):
     """The pool has no free block left (the request needs fewer tokens, or more --kv-memory)."""
 
 
-# KV cache types (llama.cpp's --cache-type-k / --cache-type-v spelling): f16, or q8_0 (per 32
-# values of a head row one f16 scale and 32 int8 codes: 34 bytes, ggml's block_q8_0)
-CACHE_TYPES = ("f16", "q8_0")
-_BYTES_PER_32 = {"f16": 64, "q8_0": 34}
+# the KV cache's types and their bytes: memra.model.kvtypes (the CPU reference uses them too)
 # until the kernels read it (experiments/kvq8/README.md), the q8_0 cache is the CPU engine's
 CACHE_TYPES_GPU = ("f16",)
-
-
-def check_cache_type(value, flag: str = "--cache-type-k") -> str:
-    """A KV cache type as given (f16 or q8_0), or a MemraError naming the flag."""
-    if value not in CACHE_TYPES:
-        raise MemraError(f"{flag} must be one of {', '.join(CACHE_TYPES)}, got {value!r}")
-    return value
 
 
 def check_cache_device(device: str, cache_type_k: str = "f16", cache_type_v: str = "f16") -> None:
@@ -61,12 +52,6 @@ def check_cache_device(device: str, cache_type_k: str = "f16", cache_type_v: str
         if device == "gpu" and t not in CACHE_TYPES_GPU:
             raise MemraError(f"{flag} {t}: the q8_0 KV cache runs on --device cpu only until the GPU "
                              f"kernels land (experiments/kvq8/README.md); use f16 on the GPU")
-
-
-def row_bytes(n_values: int, cache_type: str = "f16") -> int:
-    """Bytes of n_values (a multiple of 32) cached as cache_type."""
-    check_cache_type(cache_type)
-    return n_values // 32 * _BYTES_PER_32[cache_type] if cache_type != "f16" else 2 * n_values
 
 
 def bytes_per_block(cfg, block: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
