@@ -73,6 +73,12 @@ GEMM_DEFAULT = {"GM_WM": 2, "GM_WN": 4, "GM_TM": 2, "GM_TN": 2, "GM_WK": 1, "GM_
                 "GM_MINB": 2}   # gemm.cu's built-in values, spelled out
 GEMM_ALT = {"GM_WM": 1, "GM_WN": 2, "GM_TM": 4, "GM_TN": 1, "GM_WK": 4, "GM_STAGES": 3, "GM_LREG": 5,
             "GM_MINB": 1}
+# GEMM_DEFS="K=V,K=V" (environment): extra gemm.cu defines for the checks' two configurations and the
+# canary (e.g. GEMM_DEFS=GM_STATIC=1, experiments/gemm_v9); timing configurations take theirs after
+# a colon: --configs "2,2,2,4,1,3,1,1;2,2,2,4,1,3,1,1:GM_STATIC=1"
+GEMM_EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("GEMM_DEFS", "").replace(" ", "").split(",") if kv)
+GEMM_DEFAULT = {**GEMM_DEFAULT, **GEMM_EXTRA}
+GEMM_ALT = {**GEMM_ALT, **GEMM_EXTRA}
 # timed by default: the built-in one (large batches), and the mid / small batch shapes
 TIME_CFGS = ("2,4,2,2,1,3,1,2", "2,2,2,2,2,3,1,2", "1,1,2,2,8,3,1,2")
 ALT_TYPES = tuple(TYPES)
@@ -666,15 +672,17 @@ CFG_DEFAULTS = {"GM_WK": 1, "GM_LREG": 5, "GM_MINB": 1}
 
 
 def parse_cfg(text: str) -> dict:
-    """"WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]]" -> gemm.cu defines."""
+    """"WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]][:K=V[,K=V...]]" -> gemm.cu defines."""
+    text, _, extra = text.partition(":")
     v = [int(x) for x in text.split(",")]
     if not 6 <= len(v) <= 8:
         raise SystemExit(f"--configs: need WM,WN,TM,TN,WK,STAGES[,LREG[,MINB]], got {text!r}")
-    return dict(zip(CFG_KEYS, v))
+    return {**dict(zip(CFG_KEYS, v)), **dict(kv.split("=", 1) for kv in extra.split(",") if kv)}
 
 
 def cfg_name(cfg: dict) -> str:
-    return ",".join(str(cfg.get(k, CFG_DEFAULTS.get(k, 1))) for k in CFG_KEYS)
+    extra = ",".join(f"{k}={v}" for k, v in cfg.items() if k not in CFG_KEYS)
+    return ",".join(str(cfg.get(k, CFG_DEFAULTS.get(k, 1))) for k in CFG_KEYS) + (":" + extra if extra else "")
 
 
 def timing(d: Dev, tally: Tally, types, reps: int, rng, jsonl, cfgs):
