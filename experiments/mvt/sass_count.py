@@ -54,7 +54,7 @@ def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
     for line in body.splitlines():
         if re.match(r"^\.L\w+:", line.strip()):
             ins.append(line.strip())
-        elif re.search(r"/\*[0-9a-f]{4}\*/", line):
+        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
             ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip())
     is_lab = lambda s: s.startswith(".L")
     imma = [i for i, s in enumerate(ins) if "IMMA" in s]

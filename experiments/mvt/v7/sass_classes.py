@@ -42,7 +42,7 @@ def disasm(cubin: bytes, fn: str) -> list[str]:
     for line in body.splitlines():
         if re.match(r"^\.L\w+:", line.strip()):
             ins.append(line.strip())
-        elif re.search(r"/\*[0-9a-f]{4}\*/", line):
+        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
             ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip().rstrip(" ;"))
     return ins
 
