@@ -21,13 +21,13 @@ from __future__ import annotations
 import io
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "mvt"))
+import sass_count as sc  # noqa: E402  (disasm, regs)
 KDIR = Path(os.environ.get("KDIR", ROOT / "kernels"))
 
 CLASSES = (
@@ -50,27 +50,8 @@ def compile_(defs: dict) -> tuple[bytes, str]:
     return bytes(obj.code), log.getvalue()
 
 
-def regs(log: str, fn: str) -> tuple[int, int]:
-    part = log.split(f"Compiling entry function '{fn}'")[1]
-    r = int(re.search(r"Used (\d+) registers", part).group(1))
-    sp = re.search(r"(\d+) bytes spill stores", part)
-    return r, int(sp.group(1)) if sp else 0
-
-
-def disasm(cub: bytes, fn: str) -> list[str]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cub)
-        f.flush()
-        out = subprocess.run(["nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
-    body = out.split(f".text.{fn}:")[1].split(".text.")[0]
-    ins = []
-    for line in body.splitlines():
-        t = line.strip()
-        if re.match(r"^\.L\w+:", t):
-            ins.append(t)
-        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip().rstrip(" ;"))
-    return ins
+regs = sc.regs
+disasm = sc.disasm
 
 
 def opcode(s: str) -> str:

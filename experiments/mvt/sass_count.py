@@ -44,7 +44,9 @@ def regs(log: str, fn: str = "mvt_q8") -> tuple[int, int]:
     return r, int(sp.group(1)) if sp else 0
 
 
-def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
+def disasm(cubin: bytes, fn: str) -> list[str]:
+    """The SASS of function fn, one entry per instruction (offset comments and the trailing ';'
+    stripped) or label ('.L_x_N:'), in order."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -55,7 +57,12 @@ def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
         if re.match(r"^\.L\w+:", line.strip()):
             ins.append(line.strip())
         elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip())
+            ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip().rstrip(" ;"))
+    return ins
+
+
+def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
+    ins = disasm(cubin, fn)
     is_lab = lambda s: s.startswith(".L")
     imma = [i for i, s in enumerate(ins) if "IMMA" in s]
     # loop head: a label before the first IMMA that a later branch jumps back to

@@ -13,9 +13,7 @@ loop overhead are included there. Prints registers / spills (ptxas -v) too.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,19 +30,7 @@ CLASSES = (
 )
 
 
-def disasm(cubin: bytes, fn: str) -> list[str]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run(["nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
-    body = out.split(f".text.{fn}:")[1].split(".text.")[0]
-    ins = []
-    for line in body.splitlines():
-        if re.match(r"^\.L\w+:", line.strip()):
-            ins.append(line.strip())
-        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            ins.append(re.sub(r"/\*[0-9a-f]*\*/|\s+", " ", line).strip().rstrip(" ;"))
-    return ins
+disasm = sc.disasm
 
 
 def opcode(s: str) -> str:
