@@ -27,7 +27,6 @@ def _load_model(device: str, g, cfg, n_ctx: int, cache_type_k: str = "f16", cach
 
         # llama.cpp CPU's roundings (8-bit activations, an f16 or q8_0 KV cache): greedy text as llama.cpp's
         return ReferenceModel(g, cfg, numerics="llamacpp", cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-    check_cache_types(device, cache_type_k, cache_type_v)
     if importlib.util.find_spec("memra.gpu.engine") is None:
         raise CudaError("--device gpu: this memra has no GPU engine yet; use --device cpu")
     from memra.gpu import cuda

@@ -512,11 +512,14 @@ def _dot_f16_avx2(a, b):  # pragma: no cover (compiled)
 
 
 @numba.njit(cache=True)
-def _fa_chunk(qh, K, V, j0, j1, p, window, scale, acc):  # pragma: no cover (compiled)
+def _fa_chunk(qh, K, V, j0, j1, p, window, scale, acc, qq=None, kq=None, kd=None, qd=None,
+              v_f16=True):  # pragma: no cover (compiled)
     """ggml_compute_forward_flash_attn_ext_f16_one_chunk for one query row and head over cells
-    [j0, j1) of an f16 cache: online softmax with libm's expf, the output accumulated in f16
-    (acc rounded after every scale and every fused multiply-add). Returns (M, S); acc holds
-    the unnormalized f16 accumulator."""
+    [j0, j1): online softmax with libm's expf. K f16 (qh: the f16-rounded query) or, when qq is
+    given, q8_0 (qq / qd: the query as q8_0 blocks, kq / kd: the cache's, the integer dot); the
+    output accumulated in f16 (v_f16: acc rounded after every scale and every fused
+    multiply-add) or, for a q8_0 V, in float32. Returns (M, S); acc holds the unnormalized
+    accumulator."""
     M = np.float32(-np.inf)
     S = np.float32(0.0)
     acc[:] = 0
@@ -524,21 +527,24 @@ def _fa_chunk(qh, K, V, j0, j1, p, window, scale, acc):  # pragma: no cover (com
     for j in range(j0, j1):
         if j > p or (window > 0 and j <= p - window):
             continue  # masked cell (-inf): skipped
-        s = np.float32(_dot_f16_avx2(qh, K[j]) * scale)
+        if qq is None:
+            s = np.float32(_dot_f16_avx2(qh, K[j]) * scale)
+        else:
+            s = np.float32(_dot_q8_0_avx2(kq[j], kd[j], qq, qd) * scale)
         s = np.float32(s + np.float32(0.0))
         if s > M:
             Mold = M
             M = s
             ms = np.float32(np.exp(np.float32(Mold - M)))
             for d in range(dv):
-                acc[d] = _f16r(np.float32(acc[d] * ms))
+                acc[d] = _f16r(np.float32(acc[d] * ms)) if v_f16 else np.float32(acc[d] * ms)
             for d in range(dv):
-                acc[d] = _f16r(np.float32(V[j, d] + acc[d]))
+                acc[d] = _f16r(np.float32(V[j, d] + acc[d])) if v_f16 else np.float32(V[j, d] + acc[d])
             S = np.float32(np.float32(S * ms) + np.float32(1.0))
         else:
             vs = np.float32(np.exp(np.float32(s - M)))
             for d in range(dv):
-                acc[d] = _f16r(_fma(V[j, d], vs, acc[d]))
+                acc[d] = _f16r(_fma(V[j, d], vs, acc[d])) if v_f16 else _fma(V[j, d], vs, acc[d])
             S = np.float32(S + vs)
     return M, S
 
@@ -645,11 +651,10 @@ def _dot_q8_0_avx2(kq, kd, qq, qd):  # pragma: no cover (compiled)
 
 @numba.njit(parallel=True, cache=True)
 def _fa_q_rows_nb(q, pos, kc, vc, kq, kd, n_gqa, window, scale, k_q8, v_q8, out):  # pragma: no cover
-    """One query row and head per iteration, cells 0..p (masked ones skipped), online softmax
-    with libm's expf. K: q8_0 -> Q quantized to q8_0 (_q8_0_row) and the integer dot; f16 ->
-    f16 Q and the f16 dot. V: f16 -> the f16 accumulator (as _fa_chunk); q8_0 -> a float32
-    accumulator, acc = acc * ms on a new maximum, then acc = fma(v, vs, acc) (ggml_vec_scale_f32,
-    ggml_vec_mad_f32 on the dequantized row). Out: acc * (1/S)."""
+    """One query row and head per iteration over cells 0..p, _fa_chunk's online softmax: K q8_0
+    -> Q quantized to q8_0 (_q8_0_row) and the integer dot, f16 -> f16 Q and the f16 dot; V q8_0
+    -> a float32 accumulator (ggml_vec_scale_f32, ggml_vec_mad_f32 on the dequantized row), f16
+    -> the f16 one. Out: acc * (1/S)."""
     n, n_head, hd = q.shape
     dv = vc.shape[2]
     for th in numba.prange(n * n_head):
@@ -657,40 +662,18 @@ def _fa_q_rows_nb(q, pos, kc, vc, kq, kd, n_gqa, window, scale, k_q8, v_q8, out)
         h = th % n_head
         kvh = h // n_gqa
         qh = np.empty(hd, np.float32)
-        qq = np.empty(hd, np.int8)
-        qd = np.empty(hd // 32, np.float32)
+        acc = np.empty(dv, np.float32)
+        p = pos[t]
         if k_q8:
+            qq = np.empty(hd, np.int8)
+            qd = np.empty(hd // 32, np.float32)
             _q8_0_row(q[t, h], qq, qd)
+            M, S = _fa_chunk(qh, kc[kvh], vc[kvh], 0, p + 1, p, window, scale, acc, qq, kq[kvh], kd[kvh], qd,
+                             not v_q8)
         else:
             for d in range(hd):
                 qh[d] = _f16r(q[t, h, d])
-        p = pos[t]
-        acc = np.zeros(dv, np.float32)
-        M = np.float32(-np.inf)
-        S = np.float32(0.0)
-        for j in range(p + 1):
-            if window > 0 and j <= p - window:
-                continue  # masked cell (-inf): skipped
-            if k_q8:
-                s = _dot_q8_0_avx2(kq[kvh, j], kd[kvh, j], qq, qd)
-            else:
-                s = _dot_f16_avx2(qh, kc[kvh, j])
-            s = np.float32(np.float32(s * scale) + np.float32(0.0))
-            V = vc[kvh, j]
-            if s > M:
-                Mold = M
-                M = s
-                ms = np.float32(np.exp(np.float32(Mold - M)))
-                for d in range(dv):
-                    acc[d] = np.float32(acc[d] * ms) if v_q8 else _f16r(np.float32(acc[d] * ms))
-                for d in range(dv):
-                    acc[d] = np.float32(V[d] + acc[d]) if v_q8 else _f16r(np.float32(V[d] + acc[d]))
-                S = np.float32(np.float32(S * ms) + np.float32(1.0))
-            else:
-                vs = np.float32(np.exp(np.float32(s - M)))
-                for d in range(dv):
-                    acc[d] = _fma(V[d], vs, acc[d]) if v_q8 else _f16r(_fma(V[d], vs, acc[d]))
-                S = np.float32(S + vs)
+            M, S = _fa_chunk(qh, kc[kvh], vc[kvh], 0, p + 1, p, window, scale, acc, v_f16=not v_q8)
         inv = np.float32(0.0) if S == 0 else np.float32(np.float32(1.0) / S)
         for d in range(dv):
             out[t, h, d] = np.float32(acc[d] * inv)
