@@ -320,6 +320,19 @@ def legacy_source() -> str:
     return s
 
 
+def jsonl_writer(name: str):
+    """A function appending one JSON line per record to $OUT/name, or doing nothing without OUT."""
+    out_dir = os.environ.get("OUT")
+    if not out_dir:
+        return lambda rec: None
+    path = Path(out_dir) / name
+
+    def write(rec):
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return write
+
+
 def module_key(src: str, defines: dict) -> tuple:
     return (src, tuple(sorted((k, str(v)) for k, v in defines.items())))
 
@@ -1310,13 +1323,7 @@ def main() -> int:
         print(f"{len(cubins)} passed, 0 failed")
         return 0
 
-    out_dir = os.environ.get("OUT")
-    fh = open(Path(out_dir) / "gemm-check.jsonl", "a") if out_dir else None
-
-    def jsonl(rec):
-        if fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+    jsonl = jsonl_writer("gemm-check.jsonl")
 
     d = Dev(cubins)
     props = d.dev.properties
@@ -1342,8 +1349,6 @@ def main() -> int:
         decode_timing(d, tally, types, args.reps, rng, jsonl)
     print(f"\n{tally.ok} passed, {tally.bad} failed")
     jsonl({"kind": "summary", "passed": tally.ok, "failed": tally.bad})
-    if fh:
-        fh.close()
     return 1 if tally.bad else 0
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import os
 import re
 import sys
@@ -707,13 +706,7 @@ def main() -> int:
         print(f"{len(cubins)} passed, 0 failed")
         return 0
 
-    out_dir = os.environ.get("OUT")
-    fh = open(Path(out_dir) / "mvt-check.jsonl", "a") if out_dir else None
-
-    def jsonl(rec):
-        if fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+    jsonl = gc.jsonl_writer("mvt-check.jsonl")
 
     d = gc.Dev(cubins)
     props = d.dev.properties
@@ -739,8 +732,6 @@ def main() -> int:
         timing(d, tally, types, args.reps, rng, jsonl, tcfgs, gemm=not args.no_gemm)
     print(f"\n{tally.ok} passed, {tally.bad} failed")
     jsonl({"kind": "summary", "passed": tally.ok, "failed": tally.bad})
-    if fh:
-        fh.close()
     return 1 if tally.bad else 0
 
 

@@ -61,8 +61,10 @@ def disasm(cubin: bytes, fn: str) -> list[str]:
     return ins
 
 
-def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
-    ins = disasm(cubin, fn)
+def unit_segment(ins: list[str]) -> tuple[list[str], list[str]]:
+    """The common path of one K-loop unit in disasm's list: the body (loop head to the first
+    label after the loop copy's last IMMA, the producer's empty-slot self-loops left out) and
+    the advance (from there to the next branch)."""
     is_lab = lambda s: s.startswith(".L")
     imma = [i for i, s in enumerate(ins) if "IMMA" in s]
     # loop head: a label before the first IMMA that a later branch jumps back to
@@ -84,18 +86,22 @@ def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
             for j in range(i + 1, end):
                 if "BRA" in ins[j] and f"({lab})" in ins[j]:
                     skip.update(range(i, j + 1))
-    body_n = sum(1 for i in range(head, end) if i not in skip and not is_lab(ins[i]))
-    adv = 0
+    body = [ins[i] for i in range(head, end) if i not in skip and not is_lab(ins[i])]
+    adv = []
     for i in range(end, back + 1):
         if is_lab(ins[i]):
             continue
-        adv += 1
+        adv.append(ins[i])
         if "BRA" in ins[i]:
             break
-    seg = [ins[i] for i in range(head, end) if i not in skip and not is_lab(ins[i])]
-    kinds = {k: sum(1 for s in seg if re.search(p, s)) for k, p in
+    return body, adv
+
+
+def unit_count(cubin: bytes, fn: str = "mvt_q8") -> dict:
+    body, adv = unit_segment(disasm(cubin, fn))
+    kinds = {k: sum(1 for s in body if re.search(p, s)) for k, p in
              (("IMMA", r"IMMA"), ("LDG", r"LDG"), ("float", r"^(@\S+ )?(FFMA|FMUL|FADD|I2FP|HADD2)"))}
-    return {"unit": body_n + adv, **kinds}
+    return {"unit": len(body) + len(adv), **kinds}
 
 
 TABLE = [  # (label, defines)

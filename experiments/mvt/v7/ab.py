@@ -20,7 +20,6 @@ to $OUT/mvt-q4k-ab.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -119,13 +118,7 @@ def main() -> int:
     if args.compile_only:
         return 0
 
-    out_dir = os.environ.get("OUT")
-    fh = open(Path(out_dir) / "mvt-q4k-ab.jsonl", "a") if out_dir else None
-
-    def jsonl(rec):
-        if fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+    jsonl = gc.jsonl_writer("mvt-q4k-ab.jsonl")
 
     d = gc.Dev(cubins)
     props = d.dev.properties
@@ -235,8 +228,6 @@ def main() -> int:
             print(line, flush=True)
     print(f"\nchecks: {ok_n} passed, {bad_n} failed; total {time.perf_counter() - t_start:.0f} s", flush=True)
     jsonl({"kind": "summary", "passed": ok_n, "failed": bad_n, "seconds": time.perf_counter() - t_start})
-    if fh:
-        fh.close()
     return 1 if bad_n else 0
 
 

@@ -68,33 +68,9 @@ def loop_segment(ins: list[str]) -> tuple[list[str], int]:
 
 
 def layout0_segment(ins: list[str]) -> list[str]:
-    """sass_count.unit_count's segment (common path of one unit)."""
-    is_lab = lambda s: s.startswith(".L")
-    imma = [i for i, s in enumerate(ins) if "IMMA" in s]
-    head = back = None
-    for h in reversed([i for i in range(imma[0]) if is_lab(ins[i])]):
-        lab = ins[h].rstrip(":")
-        be = [i for i in range(imma[0], len(ins)) if "BRA" in ins[i] and f"({lab})" in ins[i]]
-        if be:
-            head, back = h, be[-1]
-            break
-    last = max(i for i in imma if i < back)
-    end = next(i for i in range(last, back) if is_lab(ins[i]))
-    skip = set()
-    for i in range(head, end):
-        if is_lab(ins[i]):
-            lab = ins[i].rstrip(":")
-            for j in range(i + 1, end):
-                if "BRA" in ins[j] and f"({lab})" in ins[j]:
-                    skip.update(range(i, j + 1))
-    seg = [ins[i] for i in range(head, end) if i not in skip and not is_lab(ins[i])]
-    for i in range(end, back + 1):
-        if is_lab(ins[i]):
-            continue
-        seg.append(ins[i])
-        if "BRA" in ins[i]:
-            break
-    return seg
+    """sass_count.unit_count's segment (common path of one unit: body and advance)."""
+    body, adv = sc.unit_segment(ins)
+    return body + adv
 
 
 def count(defs: dict, fn: str = "mvt_q8") -> dict:
