@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "mvt"))
-import sass_count as sc  # noqa: E402  (disasm, regs)
+import sass_count as scount  # noqa: E402  (disasm, regs, opcode, classify)
 KDIR = Path(os.environ.get("KDIR", ROOT / "kernels"))
 
 CLASSES = (
@@ -50,29 +50,13 @@ def compile_(defs: dict) -> tuple[bytes, str]:
     return bytes(obj.code), log.getvalue()
 
 
-regs = sc.regs
-disasm = sc.disasm
-
-
-def opcode(s: str) -> str:
-    s = re.sub(r"^@!?U?P\w+\s+", "", s.strip())
-    return s.split()[0] if s else ""
+regs = scount.regs
+disasm = scount.disasm
+opcode = scount.opcode
 
 
 def classify(seg) -> dict:
-    c = {k: 0 for k in KEYS}
-    for s in seg:
-        if s.startswith(".L"):
-            continue
-        op = opcode(s)
-        for k, p in CLASSES:
-            if re.search(p, op):
-                c[k] += 1
-                break
-        else:
-            c["other"] += 1
-        c["total"] += 1
-    return c
+    return scount.classify(seg, CLASSES)
 
 
 def loops(ins):

@@ -61,6 +61,31 @@ def disasm(cubin: bytes, fn: str) -> list[str]:
     return ins
 
 
+def opcode(s: str) -> str:
+    """An instruction's opcode with its predicate guard dropped ("@!P0 BRA x" -> "BRA")."""
+    s = re.sub(r"^@!?U?P\w+\s+", "", s.strip())
+    return s.split()[0] if s else ""
+
+
+def classify(seg: list[str], classes) -> dict:
+    """Instructions of seg (labels skipped) by the first of classes ((name, opcode regex), ...)
+    that matches, plus "other" and "total"."""
+    c = {k: 0 for k, _ in classes}
+    c["other"] = c["total"] = 0
+    for s in seg:
+        if s.startswith(".L"):
+            continue
+        op = opcode(s)
+        for k, p in classes:
+            if re.search(p, op):
+                c[k] += 1
+                break
+        else:
+            c["other"] += 1
+        c["total"] += 1
+    return c
+
+
 def unit_segment(ins: list[str]) -> tuple[list[str], list[str]]:
     """The common path of one K-loop unit in disasm's list: the body (loop head to the first
     label after the loop copy's last IMMA, the producer's empty-slot self-loops left out) and

@@ -12,7 +12,6 @@ loop overhead are included there. Prints registers / spills (ptxas -v) too.
 """
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -33,23 +32,11 @@ CLASSES = (
 disasm = sc.disasm
 
 
-def opcode(s: str) -> str:
-    s = re.sub(r"^@!?U?P\w+\s+", "", s.strip())
-    return s.split()[0] if s else ""
+opcode = sc.opcode
 
 
 def classify(seg: list[str]) -> dict:
-    c = {k: 0 for k, _ in CLASSES}
-    c["other"] = 0
-    for s in seg:
-        op = opcode(s)
-        for k, p in CLASSES:
-            if re.search(p, op):
-                c[k] += 1
-                break
-        else:
-            c["other"] += 1
-    return c
+    return sc.classify(seg, CLASSES)
 
 
 def loop_segment(ins: list[str]) -> tuple[list[str], int]:
