@@ -574,6 +574,15 @@ class Tally:
         self.jsonl({"kind": "check", "name": name, "ok": bool(ok), "detail": detail, **rec})
 
 
+def prep_out(d: Dev, y, res, ny: int, alias: bool) -> None:
+    """An output buffer before a launch: the residual copied in when y aliases it, else 0xFF
+    bytes (NaNs), so an output the kernel never writes shows."""
+    if alias:
+        d.copy(y, res, ny)
+    else:
+        d.memset(y, 0xFF, ny)
+
+
 def diff_detail(a: np.ndarray, b: np.ndarray) -> str:
     au, bu = a.view(np.uint32), b.view(np.uint32)
     bad = np.flatnonzero(au != bu)
@@ -599,10 +608,7 @@ def check_case(d: Dev, tally: Tally, t: int, N: int, K: int, nb: int, rng, cfgs,
         variants = [("", False)] + ([("+res(alias y)", True)] if act != 2 else [])
         for vname, alias in variants:
             def prep(y):
-                if alias:
-                    d.copy(y, resd, ny)
-                else:
-                    d.memset(y, 0xFF, ny)
+                prep_out(d, y, resd, ny, alias)
             prep(ym)
             run_mv(d, w, xq, xs, ym, N, nb, glu, act, ym if alias else 0)
             a = d.download(ym, ny, np.float32)

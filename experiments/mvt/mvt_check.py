@@ -277,10 +277,7 @@ def check_case(d, tally, t, N, K, nb, rng):
         variants = [("", False)] + ([("+res(alias y)", True)] if act != 2 else [])
         for vname, alias in variants:
             def prep(y):
-                if alias:
-                    d.copy(y, resd, ny)
-                else:
-                    d.memset(y, 0xFF, ny)
+                gc.prep_out(d, y, resd, ny, alias)
             prep(ym)
             gc.run_mv(d, w, xq, xs, ym, N, nb, glu, act, ym if alias else 0)
             a = d.download(ym, ny, np.float32)

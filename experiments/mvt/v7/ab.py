@@ -138,10 +138,7 @@ def main() -> int:
         ym, yt = d.alloc(ny), d.alloc(ny)
 
         def prep(y):
-            if alias:
-                d.copy(y, resd, ny)
-            else:
-                d.memset(y, 0xFF, ny)
+            gc.prep_out(d, y, resd, ny, alias)
         prep(ym)
         gc.run_mv(d, w, xq, xs, ym, N, nb, glu, act, ym if alias else 0)
         a = d.download(ym, ny, np.float32)
