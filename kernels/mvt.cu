@@ -80,6 +80,14 @@
 //    (and as layout 0's counter). Slots without units (nu < 32) keep +0, as mv_q8's lanes
 //    without units do. experiments/mvt/v6/selftest.py models the staging, fragment reads and
 //    this order against GGUF sums and the mv_q8 order;
+//  - layout 0 with MVT_SB (variant 7; Q4_K / Q5_K, WK 8): warp k owns the slots 4k .. 4k + 3
+//    (unit u = 4 sb + j with sb = k (mod 8)), walks its super-blocks in increasing sb and folds
+//    unit j into slot 4k + j's partial, so each slot's units are folded in increasing u; unit j's
+//    row scalars are G<T>::rowscal of the same meta bytes with the same j (a constant here, u & 3
+//    there), so the same RK4F. After the K loop the 32 slot partials of an output meet in shared
+//    memory and are added t[m] + t[m + h], h = 16 .. 1, the butterfly's adds with the same
+//    operands (as layout 1's). experiments/mvt/v7/selftest.py replays this loop against the
+//    mv_q8 order bit for bit;
 //  - the WK groups' subtree roots meet through shared memory once, after the K loop, in the
 //    butterfly's last log2 WK levels: T(k) = T(k) + T(k + o), o = WK/2 .. 1 (gemm.cu's GM_WK);
 //  - the epilogue is finish()'s, with the same common.cuh activation functions.
@@ -93,7 +101,9 @@
 // 1, 2, 4, 8, 16; layout 1 4, 8, 16: its NS = 32 / WK partials a thread), MVT_WM tiles per block (1),
 // MVT_MINB the blocks per SM __launch_bounds__ asks for (2), MVT_JFIX (1: Q4_K / Q5_K loops
 // specialised on the warp-constant j = u & 3 when WK % 4 == 0, see kloop), MEMRA_CANARY=1 drops
-// unit 1 of every row (a deliberately wrong variant a check must catch). Layout 0 only:
+// unit 1 of every row (a deliberately wrong variant a check must catch), MVT_SB (0; 1: variant 7's
+// super-block walk for Q4_K / Q5_K, layout 0 with WK 8, PREFETCH then unused; ignored by the other
+// types and by layout 1). Layout 0 only:
 // MVT_PREFETCH units of weights held ahead in registers (2; 0..3), MVT_WLOAD weight bulk loads
 // (0: ld.global.nc.L1::no_allocate, 1: ld.global.nc, L1-allocating), MVT_KPERM (0; 1: 8-byte lane
 // loads for Q4_K, Q5_K, Q8_0 with the same k permutation in A and B, see KPERM below), MVT_PIN
@@ -140,6 +150,20 @@
 //     (qkv 6144 x 4096 20.6 -> 25.5, 4096 x 4096 13.6 -> 20.3, glu 2 x 14336 x 4096 61.4 -> 76.1)
 //     and 8 rows is about even. Not a replacement: the layout is chosen per shape and batch
 //     bucket by the tuning table (tune/campaigns/h200-mvt.toml, `memra tune dispatch`).
+//  7. MVT_SB=1 (layout 0, Q4_K / Q5_K, WK 8; off by default: the default modules' SASS is
+//     unchanged), the super-block walk (experiments/mvt/v7/): warp k walks super-blocks k, k + 8,
+//     ... and folds unit 4 sb + j into the partial of slot 4k + j (each slot still in increasing
+//     u); the row meta is loaded once a row and super-block, the four units' row scalars come
+//     from it with constant j, the bulk of unit j of the warp's next super-block is loaded into
+//     the slot unit j just left (4 units ahead, no ring moves, meta double-buffered), and the 32
+//     slots of an output meet in shared memory in the butterfly's order (mvt_body_sb). CPU
+//     (sm_90a, TN 1, KPERM 1): 128 registers, no spills; Q4_K 181 -> 126 SASS instructions a
+//     unit (glu and plain), Q5_K 148; TN 2 spills at MINB 2 (MINB 1 does not). H200 (session 14,
+//     research/2026-12-02-session14/, experiments/mvt/v7/ab.sh): bit-identical to mv_q8 in 297
+//     checks; against layout 0 at 4 / 8 rows, µs: Q4_K gate+up 2 x 14336 x 4096 61.4 -> 43.3 /
+//     63.3 -> 50.8, 6144 x 4096 20.5 -> 15.5 / 21.2 -> 18.1, 4096 x 4096 13.3 -> 11.3 / 13.6 ->
+//     12.2, 4096 x 14336 32.1 -> 22.8 / 33.2 -> 25.8 (layout 1 lost all eight). Chosen per shape
+//     and bucket by the tuning table (h200-mvt's MVT_SB configurations).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -185,9 +209,14 @@
 #ifndef MVT_STAGES
 #define MVT_STAGES 3
 #endif
+#ifndef MVT_SB
+#define MVT_SB 0
+#endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
 #endif
+// MVT_SB (variant 7): layout 0's super-block walk for Q4_K / Q5_K; ignored by the other types and layout 1
+#define MVT_SBW (MVT_SB && MVT_LAYOUT == 0 && (MV_TYPE == 12 || MV_TYPE == 13))
 #if MVT_LAYOUT != 0 && MVT_LAYOUT != 1
 #error "MVT_LAYOUT must be 0 or 1"
 #endif
@@ -858,15 +887,261 @@ MEMRA_DEVICE void mvt_body(const uint8_t* __restrict__ bulk, const uint8_t* __re
             y[yo] = v;
         }
 }
+#if MVT_SBW
+// ---------------------------------------------------------------------------------
+// MVT_SB 1 (variant 7; Q4_K / Q5_K, WK 8): the super-block walk. Warp k of a tile walks the
+// super-blocks sb = k, k + 8, k + 16, ... (4 units each) instead of the slots k, k + 8, .. in
+// bit-reversed order; unit u = 4 sb + j falls in slot u % 32 = 4 k + j (sb % 8 = k), so the warp
+// owns the four slots 4k .. 4k + 3 and folds unit j into partial P[j]: each slot's units in
+// increasing u, as mv_q8's lane does. The row meta (d, dmin, the 12 scale bytes) is loaded once
+// per row and super-block and the four units' row scalars come from it with constant j; a
+// super-block's bulk (128 / 160 bytes of a row) is fetched as one group, the next one of the
+// warp (sb + 8) while this one is consumed: a two-buffer ring unrolled by 2 (static indices, no
+// register moves), i.e. 4-8 units of weights in flight a warp instead of PF + 1. After the K loop
+// the 32 slot partials of each output meet in shared memory and one warp a (pair of) output(s)
+// adds them in warp_sum's butterfly order (t[m] + t[m + h], h = 16 .. 1: the same adds with the
+// same operands as the xor butterfly), then finish()'s epilogue. Q5_K's qh chunks (shared by a
+// super-block's units) are loaded once.
+static_assert(MVT_WK == 8, "MVT_SB: the super-block walk needs MVT_WK 8 (warp k owns slots 4k .. 4k+3)");
+static_assert(T::BLK == 256, "MVT_SB: K-quant super-blocks only");
+static_assert(MVT_WM * MVT_TN <= 2, "MVT_SB: the slot partials (32 x WM x 4 TN x 32 floats) must fit 48 KiB of static shared memory");
+
+// A super-block's words a lane holds: the rows' meta (and Q5_K's qh words, chunks 2, 3, shared
+// by the super-block's units), double-buffered; the units' own bulk words (chunks 0, 1), one
+// buffer refilled in place: unit j of the next super-block is loaded into slot j as soon as
+// unit j of this one is consumed (4 units ahead, as a second whole buffer would be, in half the
+// registers).
+constexpr int NCU = 2;                              // per-unit chunks (Q4_K: all; Q5_K: qs)
+static_assert(GT::NCH == NCU || (MV_TYPE == 13 && GT::NCH == 4), "MVT_SB: chunk split");
+struct SBM {
+    typename T::U w[2];
+    uint32_t h[2][2];                               // Q5_K: qh words [chunk 2, 3][row half]
+};
+struct SBQ { uint32_t q[4][NCU][2]; };
+MEMRA_DEVICE void fetch_meta(SBM& m, const uint8_t* const (&wb)[2], const uint8_t* const (&wm)[2], int sb) {
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) T::template load_meta<GLd>(m.w[rh], wm[rh] + T::moff(4 * sb), 4 * sb);
+    if (MV_TYPE == 13) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+            if (KPERM) {   // wb[] already carries + 4 tig: add the other 4 tig
+                const uint2 v = ldw2(wb[rh] + GT::chunk(4 * sb, 2) + 4 * (threadIdx.x & 3));
+                m.h[0][rh] = v.x; m.h[1][rh] = v.y;
+            } else {
+                m.h[0][rh] = ldw(wb[rh] + GT::chunk(4 * sb, 2));
+                m.h[1][rh] = ldw(wb[rh] + GT::chunk(4 * sb, 3));
+            }
+        }
+    }
+}
+template <int J>
+MEMRA_DEVICE void fetch_unit(SBQ& q, const uint8_t* const (&wb)[2], int u) {
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+        if (KPERM) {
+            const uint2 v = ldw2(wb[rh] + GT::chunk(u, 0) + 4 * (threadIdx.x & 3));
+            q.q[J][0][rh] = v.x; q.q[J][1][rh] = v.y;
+        } else {
+            q.q[J][0][rh] = ldw(wb[rh] + GT::chunk(u, 0));
+            q.q[J][1][rh] = ldw(wb[rh] + GT::chunk(u, 1));
+        }
+    }
+}
+
+// unit u = 4 sb + J, folded into P (kloop's unit body with J constant)
+template <int J>
+MEMRA_DEVICE void unit_sb(float (&P)[NO], const SBQ& sq, const SBM& m, int u, const int8_t* const (&xb_p)[MVT_TN],
+                          const Q8Scale* const (&xs_p)[MVT_TN][2], bool tile1, int tig, int nu) {
+    if (MEMRA_CANARY == 1 && u == 1) return;
+    typename T::U w[2] = {m.w[0], m.w[1]};
+    setj(w[0], J); setj(w[1], J);
+    uint32_t qq[GT::NCH][2];
+#pragma unroll
+    for (int c = 0; c < GT::NCH; ++c)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) qq[c][rh] = c < NCU ? sq.q[J][c][rh] : m.h[(c - NCU) & 1][rh];
+    uint32_t a[GT::NK][AR];
+    GT::afrag(qq, w, tig, a);
+    const typename GT::R rq[2] = {GT::rowscal(w[0]), GT::rowscal(w[1])};   // once per row
+    const int sb = T::goff(u, 0, nu) / 32;          // first scale block of the unit
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni) {
+        if (ni == 1 && !tile1) break;               // warp-uniform: no live column
+        uint32_t xb[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            if (KPERM) {
+                if (g % 2 == 0) {
+                    const uint2 v = __ldg(reinterpret_cast<const uint2*>(xb_p[ni] + T::goff(u, g, nu) + 4 * tig));
+                    xb[g] = v.x; xb[g + 1] = v.y;
+                }
+            } else {
+                xb[g] = ldx(xb_p[ni] + T::goff(u, g, nu));
+            }
+        }
+        Q8Scale sv[2][4];
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {   // groups 0, 1 in block 0; groups 2, 3 in block 1
+            const uint4 e01 = __ldg(reinterpret_cast<const uint4*>(xs_p[ni][cc] + sb));
+            sv[cc][0].d = sv[cc][1].d = __uint_as_float(e01.x);
+            sv[cc][0].s = sv[cc][1].s = (int)e01.y;
+            sv[cc][2].d = sv[cc][3].d = __uint_as_float(e01.z);
+            sv[cc][2].s = sv[cc][3].s = (int)e01.w;
+        }
+        int c[GT::NK][4];
+#pragma unroll
+        for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb, k);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int ints[T::NI];
+#pragma unroll
+            for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
+            P[4 * ni + e] = GT::accum(P[4 * ni + e], rq[e >> 1], ints, sv[e & 1]);
+        }
+    }
+}
+// super-block sb from (sq, m) into P; with nx, unit j of super-block sb + WK refills slot j
+// right after unit j is consumed
+MEMRA_DEVICE void consume_sb(float (&P)[4][NO], SBQ& sq, const SBM& m, int sb, bool nx,
+                             const uint8_t* const (&wb)[2], const int8_t* const (&xb_p)[MVT_TN],
+                             const Q8Scale* const (&xs_p)[MVT_TN][2], bool tile1, int tig, int nu) {
+    const int un = 4 * (sb + MVT_WK);
+    unit_sb<0>(P[0], sq, m, 4 * sb + 0, xb_p, xs_p, tile1, tig, nu);
+    if (nx) fetch_unit<0>(sq, wb, un + 0);
+    unit_sb<1>(P[1], sq, m, 4 * sb + 1, xb_p, xs_p, tile1, tig, nu);
+    if (nx) fetch_unit<1>(sq, wb, un + 1);
+    unit_sb<2>(P[2], sq, m, 4 * sb + 2, xb_p, xs_p, tile1, tig, nu);
+    if (nx) fetch_unit<2>(sq, wb, un + 2);
+    unit_sb<3>(P[3], sq, m, 4 * sb + 3, xb_p, xs_p, tile1, tig, nu);
+    if (nx) fetch_unit<3>(sq, wb, un + 3);
+}
+
+// one level of warp_sum's butterfly over slot values t[0 .. 2H): t[m] + t[m + H]
+template <int H> MEMRA_DEVICE void tree_level(float (&t)[16]) {
+#pragma unroll
+    for (int m = 0; m < H; ++m) t[m] = __fadd_rn(t[m], t[m + H]);
+}
+
+template <bool GLU>
+MEMRA_DEVICE void mvt_body_sb(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                              const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
+                              float* y, const float* res, int N, int K, int nb, int act) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wk = warp % MVT_WK, wm = warp / MVT_WK;
+    constexpr int OBM = GLU ? 8 : 16;
+    const int ob = (blockIdx.x * MVT_WM + wm) * OBM;
+    const int cb = blockIdx.y * BN;
+    const int nblk = K / T::BLK, nu = K / 64, nsb = K / 256;
+    const size_t brs = (size_t)nblk * T::BULK, mrs = (size_t)nblk * T::META;
+    int wr[2];
+    if (GLU) {
+        const int o = min(ob + gid, N - 1);
+        wr[0] = o; wr[1] = o + N;
+    } else {
+        wr[0] = min(ob + gid, N - 1); wr[1] = min(ob + gid + 8, N - 1);
+    }
+    const uint8_t* wb[2] = {bulk + wr[0] * brs + 4 * tig, bulk + wr[1] * brs + 4 * tig};
+    const uint8_t* wmp[2] = {meta + wr[0] * mrs, meta + wr[1] * mrs};
+    const int8_t* xb_p[MVT_TN];
+    const Q8Scale* xs_p[MVT_TN][2];
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni) {
+        xb_p[ni] = xq + (size_t)min(cb + 8 * ni + gid, nb - 1) * K + 4 * tig;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) xs_p[ni][cc] = xs + (size_t)min(cb + 8 * ni + 2 * tig + cc, nb - 1) * (K / 32);
+    }
+    const bool tile1 = MVT_TN > 1 && cb + 8 < nb;
+#if MVT_PIN
+    // as mvt_body, except the meta row pointers (one load a row and super-block) and the
+    // activation pointers: recomputed, so that the 128 registers of MINB 2 hold without spills
+    pin(wb[0]); pin(wb[1]);
+#pragma unroll
+    for (int ni = 0; ni < MVT_TN; ++ni) { pin(xs_p[ni][0]); pin(xs_p[ni][1]); }
+#endif
+
+    float P[4][NO];   // slot 4 wk + j's partial of output o (slots without units keep +0)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int o = 0; o < NO; ++o) P[j][o] = 0.f;
+
+    SBQ Q;            // the units' bulk words, refilled in place
+    SBM M0, M1;       // meta (+ Q5_K qh) of this and the next super-block
+    int sb = wk;
+    // weights are never written by kernels: the first super-block may be loaded before the PDL wait
+    if (sb < nsb) {
+        fetch_meta(M0, wb, wmp, sb);
+        fetch_unit<0>(Q, wb, 4 * sb); fetch_unit<1>(Q, wb, 4 * sb + 1);
+        fetch_unit<2>(Q, wb, 4 * sb + 2); fetch_unit<3>(Q, wb, 4 * sb + 3);
+    }
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    // unrolled by 2 so the meta buffers alternate at static indices (no register moves)
+    while (sb < nsb) {
+        bool nx = sb + MVT_WK < nsb;
+        if (nx) fetch_meta(M1, wb, wmp, sb + MVT_WK);
+        consume_sb(P, Q, M0, sb, nx, wb, xb_p, xs_p, tile1, tig, nu);
+        sb += MVT_WK;
+        if (!nx) break;
+        nx = sb + MVT_WK < nsb;
+        if (nx) fetch_meta(M0, wb, wmp, sb + MVT_WK);
+        consume_sb(P, Q, M1, sb, nx, wb, xb_p, xs_p, tile1, tig, nu);
+        sb += MVT_WK;
+        if (!nx) break;
+    }
+
+    // the 32 slots of each output meet in shared memory; warp_sum's butterfly over them
+    __shared__ float red[32][MVT_WM][NO][32];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int o = 0; o < NO; ++o) red[4 * wk + j][wm][o][lane] = P[j][o];
+    __syncthreads();
+    auto tree = [&](int o) {   // level 16 straight from shared memory, then 8, 4, 2, 1
+        float t[16];
+#pragma unroll
+        for (int m = 0; m < 16; ++m) t[m] = __fadd_rn(red[m][wm][o][lane], red[m + 16][wm][o][lane]);
+        tree_level<8>(t); tree_level<4>(t); tree_level<2>(t); tree_level<1>(t);
+        return t[0];
+    };
+    // warp wk finishes output o = wk (plain, wk < 4 TN) or the gate / up pair o, o + 2 with
+    // o = 4 (wk >> 1) + (wk & 1) (glu, wk < 2 TN): finish()'s operations
+    if (wk >= (GLU ? 2 : 4) * MVT_TN) return;
+    const int ni = GLU ? wk >> 1 : wk >> 2;
+    const int e = GLU ? wk & 1 : wk & 3;
+    const int o = 4 * ni + e;
+    const int row = ob + gid + 8 * (e >> 1);
+    const int col = cb + 8 * ni + 2 * tig + (e & 1);
+    if (ni == 1 && !tile1) return;   // warp-uniform: no live column in the second n tile
+    float v = tree(o);
+    if (GLU) {
+        const float up = tree(o + 2);   // C rows gid (gate), gid + 8 (up)
+        v = __fmul_rn(act == 2 ? gelu_tanh_f32(v) : silu_f32(v), up);
+    }
+    if (row >= N || col >= nb) return;
+    const size_t yo = (size_t)col * N + row;
+    if (res) v = __fadd_rn(v, res[yo]);
+    y[yo] = v;
+}
+#endif  // MVT_SB
 #endif  // MVT_LAYOUT
 
 extern "C" __global__ void __launch_bounds__(NTHR, MVT_MINB)
 mvt_q8(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
        const float* res, int N, int K, int nb, int act) {
+#if MVT_SBW
+    mvt_body_sb<false>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#else
     mvt_body<false>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#endif
 }
 extern "C" __global__ void __launch_bounds__(NTHR, MVT_MINB)
 mvt_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
            const float* res, int N, int K, int nb, int act) {
+#if MVT_SBW
+    mvt_body_sb<true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#else
     mvt_body<true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
+#endif
 }

@@ -105,7 +105,9 @@ L1 = {"MVT_LAYOUT": 1}  # mvt.cu's shared-memory stages (variant 6)
                                            (3, "silu", {"MVT_WM": 2, "MVT_WK": 4}),
                                            (5, None, L1), (12, "silu", {**L1, "MVT_TN": 1}),
                                            (15, None, {**L1, "MVT_WK": 16, "MVT_TN": 2, "MVT_MINB": 1, "MVT_STAGES": 4}),
-                                           (7, "gelu", {**L1, "MVT_WK": 4, "MVT_WM": 2, "MVT_UPW": 2, "MVT_STAGES": 2})])
+                                           (7, "gelu", {**L1, "MVT_WK": 4, "MVT_WM": 2, "MVT_UPW": 2, "MVT_STAGES": 2}),
+                                           (8, "silu", {"MVT_SB": 1}), (3, None, {"MVT_SB": 1, "MVT_KPERM": 0}),
+                                           (12, "gelu", {"MVT_SB": 1, "MVT_TN": 2, "MVT_MINB": 1})])
 def test_mvt_geometry_passes_as_launched(nb, glu, config):
     got, ref = _mvt_run(FakeGpu(1 << 24), nb=nb, glu=glu, config=config)
     assert np.all(np.isfinite(got)) and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
@@ -172,10 +174,34 @@ def test_mvt_checks_run_on_the_emulator():
     g = FakeGpu(1 << 28)
     outs = list(MVT.checks(g, np.random.default_rng(0)))
     assert len(outs) >= 9 * 7 and all(o.ok for o in outs), [o for o in outs if not o.ok][:3]
-    assert len(list(MVT.compile_variants())) == 9 * 7 + 2
+    assert len(list(MVT.compile_variants())) == 9 * 7 + 2 * 3 + 3
     layouts = [d.get("MVT_LAYOUT", 0) for _, d in MVT.compile_variants()]
     assert layouts.count(1) == 9 * 3 + 1  # layout 1: three check configurations a type and a canary
-    assert any("MEMRA_CANARY" in d for _, d in MVT.compile_variants())
+    sb = [d for _, d in MVT.compile_variants() if d.get("MVT_SB")]
+    assert sorted(d["MV_TYPE"] for d in sb) == [12] * 4 + [13] * 3  # variant 7: Q4_K / Q5_K, Q4_K's canary
+    assert sum("MEMRA_CANARY" in d for _, d in MVT.compile_variants()) == 3
+    # per type 5 built-in + 5 check-configuration + 1 layout-1 case, the 8B shapes' 4, variant 7's 4 a
+    # K-quant type and 2 at the 8B gate+up's K
+    assert len(outs) == 9 * 11 + 4 + 2 * 4 + 2
+
+
+def test_mvt_sb_is_a_k_quant_layout0_tunable():
+    """MVT_SB (variant 7) is read by layout 0 for Q4_K / Q5_K only: 0 is the built-in (left out of
+    the launch configuration), layout 1 drops it, and the other types' modules are the ones
+    without it (mvt.cu ignores it there) so a campaign's SB jobs reuse them."""
+    shape = {"type": "Q4_K", "rows": 4096, "cols": 4096, "batch": 8}
+    assert MVT.launch_config(8, {"MVT_SB": 0}) == MVT.default_config(8)
+    assert MVT.is_builtin("mvt", "q8", {"MVT_SB": 0}, shape)
+    assert not MVT.is_builtin("mvt", "q8", {"MVT_SB": 1}, shape)
+    assert "MVT_SB" not in MVT.launch_config(8, {**L1, "MVT_SB": 1})
+    sb = {"MVT_SB": 1}
+    (_, d12), = MVT.tune_modules("mvt", "q8", sb, shape)
+    (_, d13), = MVT.tune_modules("mvt", "q8", sb, {**shape, "type": "Q5_K"})
+    (_, d14), = MVT.tune_modules("mvt", "q8", sb, {**shape, "type": "Q6_K"})
+    (_, d14b), = MVT.tune_modules("mvt", "q8", {}, {**shape, "type": "Q6_K"})
+    assert d12["MVT_SB"] == 1 and d13["MVT_SB"] == 1 and d14 == d14b
+    # the other types take any WK with it (ignored)
+    MVT.tune_modules("mvt", "q8", {"MVT_SB": 1, "MVT_WK": 4}, {**shape, "type": "Q8_0"})
 
 
 def test_mvt_tune_hooks_refuse_what_the_kernel_cannot_run():
@@ -197,6 +223,9 @@ def test_mvt_tune_hooks_refuse_what_the_kernel_cannot_run():
             ("mvt", "q8", {**L1, "MVT_UPW": 3}, shape, "bad configuration"),
             ("mvt", "q8", {**L1, "MVT_STAGES": 1}, shape, "bad configuration"),
             ("mvt", "q8", {**L1, "MVT_WK": 16, "MVT_UPW": 4, "MVT_MINB": 1}, shape, "shared memory"),  # > 227 KiB
+            ("mvt", "q8", {"MVT_SB": 2}, shape, "bad configuration"),
+            ("mvt", "q8", {"MVT_SB": 1, "MVT_WK": 4}, shape, "MVT_WK 8"),  # warp k owns slots 4k .. 4k + 3
+            ("mvt", "q8", {"MVT_SB": 1, "MVT_TN": 2, "MVT_WM": 2}, shape, "MVT_TN x MVT_WM"),
             ("mvt", "q8", {}, {**shape, "type": "F16"}, "no tensor-core kernel"),
             ("mvt_glu", "q8", {}, {**shape, "rows": 4095}, "even row count")):
         with pytest.raises(MemraError, match=msg):

@@ -22,7 +22,9 @@ Launch contract (mvt.cu): grid (ceil(N / (OBM MVT_WM)), ceil(nb / (8 MVT_TN))) w
 (static (WK - 1) WM 32 TN 4 floats for the final merge), layout 1 MVT_STAGES stage buffers of it
 (smem_bytes; above 48 KiB the launch raises the kernel's limit, memra.gpu.cuda's Kernel
 .allow_shared, as for the GEMM). Tunables (-D): MVT_LAYOUT (0 or 1), MVT_TN, MVT_WK, MVT_WM,
-MVT_MINB; layout 0 only MVT_PREFETCH, MVT_WLOAD, MVT_KPERM; layout 1 only MVT_UPW, MVT_STAGES
+MVT_MINB; layout 0 only MVT_PREFETCH, MVT_WLOAD, MVT_KPERM, MVT_SB (variant 7, the Q4_K / Q5_K
+super-block walk: MVT_WK 8, MVT_TN x MVT_WM <= 2; off unless a configuration sets it); layout 1
+only MVT_UPW, MVT_STAGES
 (MVT_JFIX and MVT_PIN stay at the kernel's 1); built-in configurations per batch bucket below
 (layout 0), a tuning table's MVT_* laid over them (launch_config drops the other layout's
 tunables, so a module's defines are the ones its layout reads).
@@ -51,8 +53,9 @@ KERNEL_FILE = "mvt.cu"
 MVT_MIN_ROWS = 3
 TYPES = GEMM.TYPES  # the quantized types (mma_frag.cuh's)
 _KEYS = ("MVT_TN", "MVT_WK", "MVT_WM", "MVT_PREFETCH", "MVT_WLOAD", "MVT_MINB", "MVT_KPERM",
-         "MVT_LAYOUT", "MVT_UPW", "MVT_STAGES")
-_LAYOUT0_ONLY = ("MVT_PREFETCH", "MVT_WLOAD", "MVT_KPERM")  # the register ring's
+         "MVT_LAYOUT", "MVT_UPW", "MVT_STAGES", "MVT_SB")
+_LAYOUT0_ONLY = ("MVT_PREFETCH", "MVT_WLOAD", "MVT_KPERM", "MVT_SB")  # the register ring's
+_SB_TYPES = (12, 13)  # MVT_SB's super-block walk: Q4_K, Q5_K (mvt.cu ignores it for the others)
 _LAYOUT1_ONLY = ("MVT_UPW", "MVT_STAGES")                   # the shared-memory stages'
 _LAYOUT1_DEFAULTS = {"MVT_UPW": 1, "MVT_STAGES": 3}         # mvt.cu's
 _SMEM_MAX = 227 * 1024  # an H100 / H200 block's dynamic shared memory (mvt.cu's static_assert)
@@ -85,6 +88,11 @@ CONFIGS = ((8, _cfg("1,8,1,2,0,2,1")), (1 << 30, _cfg("2,8,1,2,0,2,1")))
 _CHECK_CONFIGS = (_cfg("1,16,1,3,1,1,1"), _cfg("2,1,4,0,0,1,0"),
                   _cfg1("1,8,1,2,1,3"), _cfg1("1,4,2,2,2,4"), _cfg1("2,16,1,1,1,2"))
 _CHECK_RUNS = ((8, None, False), (15, "silu", False), (9, None, True), (5, "silu", False), (15, "gelu", False))
+# variant 7 (MVT_SB, Q4_K / Q5_K only), each run at one (nb, glu, alias): the table's layout-0 tuple
+# with the super-block walk, KPERM 1 and 0, and two n tiles a warp (TN 2: the 9..15-row bucket)
+_SB_CONFIGS = ({**_cfg("1,8,1,2,0,2,1"), "MVT_SB": 1}, {**_cfg("1,8,1,2,0,2,0"), "MVT_SB": 1},
+               {**_cfg("2,8,1,2,0,1,1"), "MVT_SB": 1})
+_SB_RUNS = ((8, "silu", False), (3, None, True), (12, "gelu", False))
 
 
 def default_config(nb: int) -> dict:
@@ -97,13 +105,14 @@ def default_config(nb: int) -> dict:
 def launch_config(nb: int, config: dict | None = None) -> dict:
     """The MVT_* tunables of a launch over nb rows: default_config(nb) with `config`'s MVT_*
     (a tuning table's entry, a tune job's, kernel-check's) laid over it, keeping only the
-    tunables its layout reads: layout 0 without MVT_LAYOUT (the kernel's default), MVT_UPW and
+    tunables its layout reads: layout 0 without MVT_LAYOUT and MVT_SB 0 (the kernel's defaults), MVT_UPW and
     MVT_STAGES (so its modules are the ones the layout-0 kernel always had); layout 1 without
     MVT_PREFETCH, MVT_WLOAD and MVT_KPERM, with MVT_UPW and MVT_STAGES always set."""
     c = {**default_config(nb), **{k: int(v) for k, v in (config or {}).items() if k.startswith("MVT_")}}
     layout = c.get("MVT_LAYOUT", 0)
-    if layout == 0:
-        return {k: v for k, v in c.items() if k != "MVT_LAYOUT" and k not in _LAYOUT1_ONLY}
+    if layout == 0:  # MVT_SB 0 is the kernel's default: left out, as MVT_LAYOUT 0 is
+        return {k: v for k, v in c.items() if k != "MVT_LAYOUT" and k not in _LAYOUT1_ONLY
+                and not (k == "MVT_SB" and v == 0)}
     if layout == 1:
         return {**_LAYOUT1_DEFAULTS, **{k: v for k, v in c.items() if k not in _LAYOUT0_ONLY}}
     return c  # launch_shape refuses it
@@ -143,6 +152,10 @@ def launch_shape(ggml_type: int, config: dict, N: int, nb: int, glu: bool):
                              f"shared memory: {smem})")
     elif layout == 0:
         smem = 0
+        sb = c.get("MVT_SB", 0)
+        if sb not in (0, 1) or (sb and ggml_type in _SB_TYPES and (wk != 8 or tn * wm > 2)):
+            raise MemraError(f"mvt: bad configuration {c} (MVT_SB 0 or 1; the super-block walk of Q4_K / "
+                             f"Q5_K needs MVT_WK 8 and MVT_TN x MVT_WM <= 2)")
         if wk not in (1, 2, 4, 8, 16) or tn not in (1, 2) or not 0 <= c["MVT_PREFETCH"] <= 3 or \
                 c["MVT_WLOAD"] not in (0, 1) or c["MVT_KPERM"] not in (0, 1) or wm < 1 or minb < 1 or \
                 nthr > 1024 or nthr * minb > 2048:
@@ -157,6 +170,8 @@ def launch_shape(ggml_type: int, config: dict, N: int, nb: int, glu: bool):
 
 def _defines(ggml_type: int, config: dict, canary: int = 0) -> dict:
     d = {"MV_TYPE": ggml_type, **config}
+    if ggml_type not in _SB_TYPES or not d.get("MVT_SB"):
+        d.pop("MVT_SB", None)  # the kernel ignores it: the same module as without
     if config.get("MVT_LAYOUT", 0) == 1:
         # the kernel asserts at compile time that its stages take what the launch passes
         d["MVT_EXPECT_SMEM"] = smem_bytes(ggml_type, config)
@@ -208,7 +223,11 @@ def compile_variants() -> list[tuple[str, dict]]:
     for t in TYPES:
         for cfg in [c for _, c in CONFIGS] + [launch_config(nb, c) for c, (nb, _, _) in zip(_CHECK_CONFIGS, _CHECK_RUNS)]:
             out.append((KERNEL_FILE, _defines(t, cfg)))
+    for t in _SB_TYPES:
+        for cfg, (nb, _, _) in zip(_SB_CONFIGS, _SB_RUNS):
+            out.append((KERNEL_FILE, _defines(t, launch_config(nb, cfg))))
     out.append((KERNEL_FILE, _defines(12, default_config(8), canary=1)))
+    out.append((KERNEL_FILE, _defines(12, launch_config(8, _SB_CONFIGS[0]), canary=1)))
     out.append((KERNEL_FILE, _defines(12, launch_config(8, _CHECK_CONFIGS[2]), canary=1)))
     return out
 
@@ -231,15 +250,24 @@ def checks(g, rng: np.random.Generator) -> Iterator:
         # layout 1 on 12 units a row (nu < 32: empty slots; one full and one partial stage) and,
         # for Q6_K, an odd count of 18-byte super-block metas (rows' meta windows 2 bytes in)
         yield _case(g, rng, t, 7, None, alias=False, config=_CHECK_CONFIGS[2], N=72, K=768)
+    # variant 7 on 40 units a row (10 super-blocks over 8 warps: uneven), on 12 (3 super-blocks:
+    # warps without one) and, for Q4_K, on an 8B gate+up's K at 4 and 8 rows
+    for t in _SB_TYPES:
+        for cfg, (nb, glu, alias) in zip(_SB_CONFIGS, _SB_RUNS):
+            yield _case(g, rng, t, nb, glu, alias=alias, config=cfg)
+        yield _case(g, rng, t, 7, None, alias=False, config=_SB_CONFIGS[0], N=72, K=768)
     # the K-quant and Q6_K shapes of an 8B layer's matvecs at decode batches
     for t, N, K, glu in ((12, 512, 4096, "silu"), (14, 256, 14336, None)):
         for nb in (4, 12):
             yield _case(g, rng, t, nb, glu, alias=glu is None, N=N, K=K)
+    for nb in (4, 8):
+        yield _case(g, rng, 12, nb, "silu", alias=False, config=_SB_CONFIGS[0], N=512, K=4096)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _case(g, rng, 12, 8, None, alias=False, canary=1)
     yield _case(g, rng, 12, 8, None, alias=False, canary=1, config=_CHECK_CONFIGS[2])  # layout 1
+    yield _case(g, rng, 12, 8, None, alias=False, canary=1, config=_SB_CONFIGS[0])     # variant 7
 
 
 # -- the tune hooks (kernel "mvt" | "mvt_glu", config MVT_*) and the launch-set hooks (op
