@@ -8,6 +8,7 @@
 #            job re-runs, the two MVT_SB configurations among them), freeze; `memra tune dispatch`
 #            until ~570 s (it resumes in STAGE=c), freeze; table and receipts to $OUT
 #   STAGE=c  the rest of the dispatch, freeze; kernel-check (receipt to $OUT); GPU tests
+#   STAGE=e  (the machine given back after c) the GPU tests while llama.cpp builds, then d's evidence
 #   STAGE=d  experiments/h200_serve.sh STAGE=evidence (the serve GPU tests, `memra bench serve
 #            --vs` llama-server at c = 1 / 8 / 32 / 64; issue 11's c = 8 floor is 3x)
 # Between calls copy $OUT/table-nvidia-h200.json -> tune/defaults/nvidia-h200.json and the
@@ -43,6 +44,14 @@ elif [ "$STAGE" = c ]; then
   cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
   gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   gpu_tests 570
+elif [ "$STAGE" = e ]; then   # a fresh machine after the ship calls: c's GPU tests beside d's build, then d
+  ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
+  BUILD=$!
+  gpu_tests 250
+  wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
+  OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
+  log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
+  cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
 elif [ "$STAGE" = d ]; then
   OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
   log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
