@@ -92,11 +92,45 @@ def test_the_planner_follows_the_table_and_falls_back_to_the_rule():
     assert _paths(Planner(m, table, gemm=False), 64)[down] == ("matvec", [8] * 16)
 
 
+def test_dispatch_receipts_name_their_path_and_entries_all_three(tmp_path):
+    """A dispatch receipt names its path's kernel file, so a change to gemm.cu leaves the matvec
+    and mvt receipts current (--resume keeps them: the same job key and src_hash) and only the
+    gemm path is re-timed; the frozen entry names the three files and the hash of their hashes,
+    so the table calls it stale when any of them changes."""
+    def prec(path, us, batch):
+        return {**rec(path, us, batch), "src": D.PATH_SRC[path], "src_hash": T._current_hash(D.PATH_SRC[path])}
+
+    rows = [prec("matvec", 10.0, 8), prec("mvt", 6.0, 8), prec("gemm", 7.0, 8)]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df = read_receipts([f], kinds=("tune",))
+    hashes = {src: T._current_hash(src) for src in D.PATH_SRC.values()}
+    t = F.freeze(df, "NVIDIA H200", current_hashes=hashes, entry_src=D.entry_src(T._current_hash))
+    e = t["entries"]["dispatch"][shape_key(DOWN)]["8"]
+    assert e["variant"] == "mvt" and e["src"] == D.SRC and e["src_hash"] == T._current_hash(D.SRC)
+    assert t["sources"][D.SRC] == T._current_hash(D.SRC)
+    assert T.stale_entries(t) == []
+    assert T.stale_entries(t, lambda src: "changed" if "gemm.cu" in src else T._current_hash(src))
+    # gemm.cu changed: its receipt is no longer current, the other two still compete
+    t2 = F.freeze(df, "NVIDIA H200", current_hashes={**hashes, "gemm.cu": "new"},
+                  entry_src=D.entry_src(T._current_hash))
+    e2 = t2["entries"]["dispatch"][shape_key(DOWN)]["8"]
+    assert e2["variant"] == "mvt" and e2["runner_up"]["variant"] == "matvec"
+    # and --resume's done keys (memra.tune.campaign) still hold the matvec / mvt jobs
+    from memra.tune.campaign import _done_keys
+    done = _done_keys(f, "NVIDIA H200")
+    jobs = [j for j in D.jobs(["synth:tiny-llama:Q4_K_M"], None, rows=(8,))
+            if shape_key(j.shape) == shape_key(DOWN) and j.kernel == "dispatch"]
+    assert sorted(j.variant for j in jobs) == ["gemm", "matvec", "mvt"]
+    assert all(j.key() + (T._current_hash(j.src),) in done for j in jobs)
+
+
 def test_dispatch_jobs_time_every_available_path_with_its_table_config():
     m = "synth:tiny-llama:Q4_K_M"
     table = {"batch_buckets": list(T.BATCH_BUCKETS), "entries": {}}
     jobs = D.jobs([m], table, rows=(1, 16))
-    assert jobs and {j.kernel for j in jobs} <= set(D.KERNELS) and {j.src for j in jobs} == {D.SRC}
+    assert jobs and {j.kernel for j in jobs} <= set(D.KERNELS)
+    assert all(j.src == D.PATH_SRC[j.variant] for j in jobs)  # a path's time depends on its kernel only
     by = {}
     for j in jobs:
         by.setdefault((j.kernel, shape_key(j.shape), j.shape["batch"]), set()).add(j.variant)

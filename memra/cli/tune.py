@@ -128,7 +128,7 @@ def tune_run(
 def _measure_jobs(jobs, name: str, *, reps: int, resume: bool, out_path, seed, precompile_jobs: bool,
                   family_job=None, src_hash=None) -> None:
     """Time `jobs` on this GPU, appending one receipt each (memra tune run / dispatch).
-    family_job(job): the job a family's hooks time for it (dispatch jobs name three kernels)."""
+    family_job(job): the job a family's hooks time for it (a dispatch job: its path's)."""
     from memra.gpu import cuda
     from memra.tune.campaign import run_campaign
     from memra.tune.measure import device_context, gpu_measure, precompile, require_hooks
@@ -232,6 +232,7 @@ def tune_freeze(
                         "whose module says which configuration is built in: matvec, gemm).")] = 0.03,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
+    from memra.tune import dispatch as DISPATCH
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
@@ -248,7 +249,7 @@ def tune_freeze(
     tables = []
     for d in devices:
         table = freeze(df, d, current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
-                       keep=reached)
+                       keep=reached, entry_src=DISPATCH.entry_src(_current_hash))
         path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

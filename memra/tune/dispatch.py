@@ -14,8 +14,11 @@ buckets; 128: every prefill chunk above 64 rows; at each, the shapes the plan's 
 the output head at decode buckets only), timed with the path's own table
 configuration for that shape and bucket (what the engine would launch) through the path's
 family hooks. Its receipt is an ordinary tuning receipt: kernel `dispatch` (`dispatch_glu` for
-a gate+up pair), variant = the path, src = the three kernel files (a change to any of them
-makes the entry stale). `freeze` then keeps the fastest path per shape and bucket, and keeps
+a gate+up pair), variant = the path, src = the path's own kernel file (PATH_SRC: a path's time
+depends on its kernel and its configuration only, so after a change to one kernel `--resume`
+re-times that path's jobs and keeps the others'). `freeze` then keeps the fastest path per
+shape and bucket under src = the three kernel files (SRC: the choice depends on all three, so a
+change to any of them makes the entry stale; entry_src), and keeps
 the built-in rule's path (memra.gpu.plan.dispatch_rule) unless another is faster by
 --min-gain. The planner asks the table first (memra.gpu.plan.Planner._dispatch) and uses the
 rule where it has no entry, or where the entry's path is off (MEMRA_GEMM=0, MEMRA_MVT=0, a type
@@ -38,7 +41,7 @@ PATH_SRC = {"matvec": "matvec.cu", "mvt": "mvt.cu", "gemm": "gemm.cu"}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 __all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "launched", "reached", "available",
-           "is_builtin", "shapes", "jobs", "path_job"]
+           "is_builtin", "shapes", "jobs", "entry_src", "path_job"]
 
 
 def launched(op: str, rows: int) -> bool:
@@ -114,7 +117,7 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
                     ch = TABLES.lookup(table, pk, s, min(r, 8) if path == "matvec" else r) if table else None
                     cfg = dict(ch.config) if ch is not None and ch.variant == "q8" else {}
                     j = Job(kernel=kernel_of(glu), variant=path, config=cfg, shape={**s, "batch": int(r)},
-                            src=SRC, ops=(f"{m}:{op}",), campaign="dispatch", reps=reps)
+                            src=PATH_SRC[path], ops=(f"{m}:{op}",), campaign="dispatch", reps=reps)
                     k = j.key()
                     if k in out:   # the same job from another model or op: keep where it comes from
                         if j.ops[0] not in out[k].ops:
@@ -122,6 +125,13 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
                     else:
                         out[k] = j
     return list(out.values())
+
+
+def entry_src(current_hash) -> dict:
+    """freeze's entry_src for the dispatch kernels: their entries name all three kernel files (SRC)
+    and the hash of their hashes (current_hash: memra.tune.tables._current_hash), whichever
+    path's receipt won."""
+    return {k: (SRC, current_hash(SRC)) for k in KERNELS}
 
 
 def path_job(job):

@@ -35,7 +35,8 @@ def _median(xs: list[float]) -> float:
 
 def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = None,
            buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None,
-           builtin=None, min_gain: float = 0.0, keep=None) -> dict:
+           builtin=None, min_gain: float = 0.0, keep=None,
+           entry_src: Mapping[str, tuple[str, str | None]] | None = None) -> dict:
     """The default table for `device` from a receipts DataFrame (memra.tune.receipts.read_receipts).
 
     Only receipts of `device` count, and only those measured on the kernel source that is
@@ -53,6 +54,10 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
 
     keep(receipt row) -> bool, when given, leaves out the rows it rejects (memra.tune.measure.
     reached: a dispatch job at a row count the engine never launches for its shape).
+
+    entry_src maps a kernel whose entries compare receipts of several kernel files to the
+    (src, src_hash) its entries carry instead of the winner's (memra.tune.dispatch.entry_src:
+    a dispatch receipt names its path's file, the entry all three).
     """
     buckets = tuple(sorted(buckets))
     df = receipts[receipts["device"] == device]
@@ -110,6 +115,8 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                 "measurements": n_meas, "candidates": len(cands), "failed": failed,
                 "margin": None, "runner_up": None,
             }
+            if entry_src and kernel in entry_src:
+                entry["src"], entry["src_hash"] = entry_src[kernel]
             if kept:
                 entry["kept_builtin"] = True
             if len(cands) > 1:
@@ -119,6 +126,9 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                                       "median_us": r_score}
             entries.setdefault(kernel, {}).setdefault(skey, {})[str(bucket)] = entry
     sources = {src: h for src, h in sorted(current_hashes.items()) if src in set(df["src"])}
+    for kernel, (src, h) in (entry_src or {}).items():
+        if kernel in entries:
+            sources[src] = h
     return {
         "format": TABLE_FORMAT,
         "device": device,
