@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from memra.cli.common import CacheTypeK, CacheTypeV, ModelArg, _default_device, app, check_cache_types, command, err, log
+from memra.cli.common import CacheTypeK, CacheTypeV, _default_device, app, check_cache_types, command, err, log
 from memra.errors import MemraError
 
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,

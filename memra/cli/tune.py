@@ -107,9 +107,8 @@ def tune_run(
                                "campaign's modules in parallel processes before timing.")] = True,
 ) -> None:
     """Measure every job of a campaign on this GPU and append receipts."""
-    from memra.tune.campaign import expand_campaign, load_campaign, model_info, run_campaign
+    from memra.tune.campaign import expand_campaign, load_campaign, model_info
     from memra.tune.receipts import config_key, shape_key
-    from memra.tune.tables import device_slug
 
     spec = load_campaign(_campaign_path(campaign))
     models = [model_info(m) for m in (model or [])]

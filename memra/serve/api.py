@@ -31,14 +31,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError

@@ -550,7 +550,7 @@ class _TuneCase:
                   hpb=self.hpb, config=self.config, rope=rope)
 
     def launch(self, i: int) -> None:
-        T, nh, nkv, D, ctx = self.T, self.nh, self.nkv, self.D, self.ctx
+        T, nh, nkv, D = self.T, self.nh, self.nkv, self.D
         nq, nk = T * nh * D, T * self.nblk * _TUNE_BLOCK * nkv * D
         cache = (T * self.nblk, _TUNE_BLOCK, nkv * D)
         q8 = (self.xq.view(np.int8, (nq,), nq * i), self.xs.view(None, (nq // 32,), nq // 32 * i * self.xs.dtype.itemsize)) \
