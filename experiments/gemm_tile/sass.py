@@ -14,7 +14,6 @@ Per IMMA, so it compares with gemm_v9's "total / IMMA" (gemm.cu's unit loop + it
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -44,15 +43,7 @@ CLASSES = (
 KEYS = [k for k, _ in CLASSES] + ["other", "total"]
 
 
-def loops(ins):
-    out = []
-    for h, s in enumerate(ins):
-        if s.startswith(".L"):
-            lab = s.rstrip(":")
-            be = [i for i in range(h + 1, len(ins)) if re.search(r"\bBRA\b", ins[i]) and f"({lab})" in ins[i]]
-            if be:
-                out.append((h, be[-1]))
-    return out
+loops = scount.loops
 
 
 def stage(ins):

@@ -29,17 +29,7 @@ def main() -> int:
     inner = [(h, b) for h, b in lp if any(h < i < b for i in imma) and not any(
         h < h2 and b2 <= b and (h2, b2) != (h, b) and any(h2 < i < b2 for i in imma) for h2, b2 in lp)]
     h, b = inner[0]
-    cur, blocks = [], []
-    for s in ins[h:b + 1]:
-        if s.startswith(".L") and cur:
-            blocks.append(cur)
-            cur = []
-        cur.append(s)
-        if re.search(r"\b(BRA|BRX|EXIT)\b", s):
-            blocks.append(cur)
-            cur = []
-    if cur:
-        blocks.append(cur)
+    blocks = v9.scount.basic_blocks(ins[h:b + 1])
     tot = 0
     for bl in blocks:
         n = sum(1 for s in bl if not s.startswith(".L") and v9.opcode(s) != "NOP")

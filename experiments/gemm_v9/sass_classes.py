@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -59,16 +58,7 @@ def classify(seg) -> dict:
     return scount.classify(seg, CLASSES)
 
 
-def loops(ins):
-    """(head, back-edge) index pairs: a label and the last branch back to it from below."""
-    out = []
-    for h, s in enumerate(ins):
-        if s.startswith(".L"):
-            lab = s.rstrip(":")
-            be = [i for i in range(h + 1, len(ins)) if re.search(r"\bBRA\b", ins[i]) and f"({lab})" in ins[i]]
-            if be:
-                out.append((h, be[-1]))
-    return out
+loops = scount.loops
 
 
 def analyse(ins):
@@ -101,18 +91,7 @@ def analyse(ins):
 
 def blocks(ins, idx):
     """Per basic block (split at labels and after branches) of the slot code: compact class counts."""
-    out, cur = [], []
-    for i in idx:
-        s = ins[i]
-        if s.startswith(".L") and cur:
-            out.append(cur)
-            cur = []
-        cur.append(s)
-        if re.search(r"\b(BRA|BRX|EXIT)\b", s):
-            out.append(cur)
-            cur = []
-    if cur:
-        out.append(cur)
+    out = scount.basic_blocks([ins[i] for i in idx])
     rows = []
     for b in out:
         c = Counter(opcode(s) for s in b if not s.startswith(".L"))

@@ -86,6 +86,34 @@ def classify(seg: list[str], classes) -> dict:
     return c
 
 
+def loops(ins: list[str]) -> list[tuple[int, int]]:
+    """(head, back-edge) index pairs of nvdisasm lines: a label and the last branch back to it from below."""
+    out = []
+    for h, s in enumerate(ins):
+        if s.startswith(".L"):
+            lab = s.rstrip(":")
+            be = [i for i in range(h + 1, len(ins)) if re.search(r"\bBRA\b", ins[i]) and f"({lab})" in ins[i]]
+            if be:
+                out.append((h, be[-1]))
+    return out
+
+
+def basic_blocks(lines: list[str]) -> list[list[str]]:
+    """Split nvdisasm lines into basic blocks: at labels and after branches / exits."""
+    out, cur = [], []
+    for s in lines:
+        if s.startswith(".L") and cur:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+        if re.search(r"\b(BRA|BRX|EXIT)\b", s):
+            out.append(cur)
+            cur = []
+    if cur:
+        out.append(cur)
+    return out
+
+
 def unit_segment(ins: list[str]) -> tuple[list[str], list[str]]:
     """The common path of one K-loop unit in disasm's list: the body (loop head to the first
     label after the loop copy's last IMMA, the producer's empty-slot self-loops left out) and
