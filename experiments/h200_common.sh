@@ -86,6 +86,16 @@ bench_vs_llamacpp() {
 }
 # freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
+# the benchmark models of the campaigns and the dispatch (memra tune run / dispatch -m ...)
+MALL="-m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
+# dispatch_freeze LIMIT_S N: `memra tune dispatch --resume` of $MALL within LIMIT_S seconds (appending to
+# research/tune/h200-dispatch-nvidia-h200.jsonl; a later call resumes it), then freeze_show N
+dispatch_freeze() {
+  timeout $1 python3 -m memra tune dispatch $MALL --resume \
+    --out research/tune/h200-dispatch-nvidia-h200.jsonl >> $R/tune-dispatch.txt 2>&1
+  log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
+  freeze_show $2
+}
 freeze_show() {
   python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
   python3 -m memra tune show > "$R/show-$1.txt" 2>&1; log "show: $(grep -i stale "$R/show-$1.txt" | head -3)"

@@ -16,13 +16,6 @@
 set -u
 source experiments/h200_common.sh
 stage_begin s14
-MALL="-m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
-dispatch() {  # dispatch LIMIT_S: `memra tune dispatch --resume` within LIMIT_S, freeze
-  timeout $1 python3 -m memra tune dispatch $MALL --resume \
-    --out research/tune/h200-dispatch-nvidia-h200.jsonl >> $R/tune-dispatch.txt 2>&1
-  log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
-  freeze_show $2
-}
 if [ "$STAGE" = b ]; then
   ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
   BUILD=$!
@@ -31,12 +24,12 @@ if [ "$STAGE" = b ]; then
   log "tune mvt rc=$? $(tail -1 $R/tune-mvt.txt) $(el)"
   freeze_show 1
   left=$(( 560 - ($(date +%s) - T0) )); [ $left -gt 30 ] || left=30
-  dispatch $left 2
+  dispatch_freeze $left 2
   cp research/tune/h200-mvt-nvidia-h200.jsonl research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
 elif [ "$STAGE" = c ]; then
-  dispatch 200 3
+  dispatch_freeze 200 3
   grep -E "^│ (mvt|dispatch)" $R/show-3.txt | head -80 >> $R/log.txt
   cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json

@@ -32,14 +32,7 @@
 set -u
 source experiments/h200_common.sh
 stage_begin s15
-MALL="-m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
 M8="-m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
-dispatch() {  # dispatch LIMIT_S FREEZE_N
-  timeout $1 python3 -m memra tune dispatch $MALL --resume \
-    --out research/tune/h200-dispatch-nvidia-h200.jsonl >> $R/tune-dispatch.txt 2>&1
-  log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
-  freeze_show $2
-}
 case "$STAGE" in
 a)
   OUT=$R timeout 170 bash experiments/gemm_v10/ab.sh > $R/gemm-v10-ab.txt 2>&1
@@ -58,13 +51,13 @@ b)
     --out research/tune/h200-gemm-nvidia-h200.jsonl > $R/tune-gemm.txt 2>&1
   log "tune gemm rc=$? $(tail -1 $R/tune-gemm.txt) $(el)"
   freeze_show 1
-  left=$(( 565 - ($(date +%s) - T0) )); [ $left -gt 20 ] && dispatch $left 2
+  left=$(( 565 - ($(date +%s) - T0) )); [ $left -gt 20 ] && dispatch_freeze $left 2
   cp research/tune/h200-gemm-small-nvidia-h200.jsonl research/tune/h200-gemm-nvidia-h200.jsonl \
     research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)" ;;
 c)
-  dispatch 450 3
+  dispatch_freeze 450 3
   cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   if [ $(( $(date +%s) - T0 )) -lt 430 ]; then

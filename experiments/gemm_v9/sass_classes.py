@@ -29,14 +29,7 @@ sys.path.insert(0, str(ROOT / "experiments" / "mvt"))
 import sass_count as scount  # noqa: E402  (disasm, regs, opcode, classify)
 KDIR = Path(os.environ.get("KDIR", ROOT / "kernels"))
 
-CLASSES = (
-    ("IMMA", r"^IMMA"), ("LDS", r"^LDS(\.|$)"), ("LDSM", r"^LDSM"), ("LDGSTS", r"^LDGSTS"), ("STS", r"^STS"),
-    ("I2F", r"^I2F"), ("FFMA", r"^FFMA"), ("FMUL", r"^FMUL"), ("FADD", r"^FADD"), ("f16cvt", r"^(HADD2|F2F|HMUL2)"),
-    ("SHFL", r"^SHFL"), ("BAR", r"^(BAR|DEPBAR|LDGDEPBAR)"),
-    ("BRA", r"^(BRA|BRX|BSSY|BSYNC|BREAK|WARPSYNC|EXIT|CALL|RET)"),
-    ("intALU", r"^(LOP3|SHF|IADD3|IMAD|PRMT|SGXT|BMSK|ISETP|LEA|SEL|IMNMX|FLO|POPC|BREV|IABS|VIADD|VIMNMX|P2R|R2P|PLOP3|FSEL|FSETP|UIADD3|ULOP3|USHF|UIMAD|ULEA|USEL|UISETP|UMOV|ULDC|S2R|S2UR|R2UR)"),
-    ("MOV", r"^(MOV|CS2R)"),
-)
+CLASSES = scount.GEMM_CLASSES
 KEYS = [k for k, _ in CLASSES] + ["other", "total"]
 
 

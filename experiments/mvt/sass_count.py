@@ -14,16 +14,24 @@ every nu / 32 units) are left out. With both n tiles live (nb > 8 at TN 2).
 from __future__ import annotations
 
 import io
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# nvdisasm: the CUDA toolkit's, else the nvidia-cuda wheel's (pip)
+if not shutil.which("nvdisasm"):
+    try:
+        import nvidia.cu13 as _cu  # the pip wheel's binaries
+        os.environ["PATH"] = str(Path(list(_cu.__path__)[0]) / "bin") + os.pathsep + os.environ["PATH"]
+    except Exception:
+        pass
 KDIR = HERE.parents[1] / "kernels"
 # the mvt.cu to count: kernels/mvt.cu, or MVT_SRC=<file> (a variant beside it; headers from kernels/)
-import os  # noqa: E402
 SRC = Path(os.environ["MVT_SRC"]) if os.environ.get("MVT_SRC") else None
 
 
@@ -84,6 +92,17 @@ def classify(seg: list[str], classes) -> dict:
             c["other"] += 1
         c["total"] += 1
     return c
+
+
+# SASS classes of a GEMM-like K loop (experiments/gemm_v9, gemm_v10, gemm_tile): (name, opcode regex)
+GEMM_CLASSES = (
+    ("IMMA", r"^IMMA"), ("LDS", r"^LDS(\.|$)"), ("LDSM", r"^LDSM"), ("LDGSTS", r"^LDGSTS"), ("STS", r"^STS"),
+    ("I2F", r"^I2F"), ("FFMA", r"^FFMA"), ("FMUL", r"^FMUL"), ("FADD", r"^FADD"), ("f16cvt", r"^(HADD2|F2F|HMUL2)"),
+    ("SHFL", r"^SHFL"), ("BAR", r"^(BAR|DEPBAR|LDGDEPBAR)"),
+    ("BRA", r"^(BRA|BRX|BSSY|BSYNC|BREAK|WARPSYNC|EXIT|CALL|RET)"),
+    ("intALU", r"^(LOP3|SHF|IADD3|IMAD|PRMT|SGXT|BMSK|ISETP|LEA|SEL|IMNMX|FLO|POPC|BREV|IABS|VIADD|VIMNMX|P2R|R2P|PLOP3|FSEL|FSETP|UIADD3|ULOP3|USHF|UIMAD|ULEA|USEL|UISETP|UMOV|ULDC|S2R|S2UR|R2UR)"),
+    ("MOV", r"^(MOV|CS2R)"),
+)
 
 
 def loops(ins: list[str]) -> list[tuple[int, int]]:
