@@ -48,13 +48,15 @@ stage_begin() {
   TOK=.synthtok/smollm2-tokenizer.gguf
 }
 # kernel_check: memra kernel-check over the launch set at this tree, its receipt under
-# $R/kernel-check/, the failures and missed canaries and `--status` of that receipt logged
+# $R/kernel-check/ (and $OUT/), the failures and missed canaries and `--status` of that receipt logged
 kernel_check() {
   mkdir -p "$R/kernel-check"
   timeout 200 python3 -m memra kernel-check --out "$R/kernel-check/" > "$R/kernel-check.txt" 2>&1
   log "kernel-check rc=$? $(tail -1 "$R/kernel-check.txt") $(el)"
   grep -E "^FAIL|MISSED|canary.*not caught" "$R/kernel-check.txt" | head -20 | tee -a "$R/log.txt"
   python3 -m memra kernel-check --status --out "$R/kernel-check/nvidia-h200.json" | tail -1 | tee -a "$R/log.txt"
+  cp "$R/kernel-check/nvidia-h200.json" "$OUT/" 2>/dev/null   # the receipt and the log come back
+  gzip -c "$R/kernel-check.txt" > "$OUT/kernel-check.txt.gz"
 }
 # gpu_tests END: the GPU tests (pytest -m gpu) in what is left of END seconds since the stage
 # began (at least 20), their summary, failures and 15 slowest tests logged (the suite takes
@@ -86,6 +88,30 @@ bench_vs_llamacpp() {
 }
 # freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
+# tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,
+# receipts appended to research/tune/NAME-nvidia-h200.jsonl, its output in $R/tune-NAME.txt
+tune_campaign() {
+  local name=$1 lim=$2; shift 2
+  timeout $lim python3 -m memra tune run $name "$@" --resume \
+    --out research/tune/$name-nvidia-h200.jsonl > $R/tune-$name.txt 2>&1
+  log "tune $name rc=$? $(tail -1 $R/tune-$name.txt) $(el)"
+}
+# serve_build_start / serve_build_wait: llama.cpp (llama-server) and the served 8B built in the
+# background (experiments/h200_serve.sh STAGE=build) while the call does other work
+serve_build_start() {
+  ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
+  BUILD=$!
+}
+serve_build_wait() {
+  wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
+}
+# serve_evidence: experiments/h200_serve.sh STAGE=evidence (the serve GPU tests, `memra bench serve
+# --vs` llama-server at c = 1 / 8 / 32 / 64; needs serve_build in this call or the one before)
+serve_evidence() {
+  OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
+  log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
+  cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
+}
 # the benchmark models of the campaigns and the dispatch (memra tune run / dispatch -m ...)
 MALL="-m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
 # dispatch_freeze LIMIT_S N: `memra tune dispatch --resume` of $MALL within LIMIT_S seconds (appending to

@@ -17,37 +17,27 @@ set -u
 source experiments/h200_common.sh
 stage_begin s14
 if [ "$STAGE" = b ]; then
-  ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
-  BUILD=$!
-  timeout 240 python3 -m memra tune run h200-mvt $MALL --resume \
-    --out research/tune/h200-mvt-nvidia-h200.jsonl > $R/tune-mvt.txt 2>&1
-  log "tune mvt rc=$? $(tail -1 $R/tune-mvt.txt) $(el)"
+  serve_build_start
+  tune_campaign h200-mvt 240 $MALL
   freeze_show 1
   left=$(( 560 - ($(date +%s) - T0) )); [ $left -gt 30 ] || left=30
   dispatch_freeze $left 2
   cp research/tune/h200-mvt-nvidia-h200.jsonl research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
-  wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
+  serve_build_wait
 elif [ "$STAGE" = c ]; then
   dispatch_freeze 200 3
   grep -E "^│ (mvt|dispatch)" $R/show-3.txt | head -80 >> $R/log.txt
   cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   kernel_check
-  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
-  gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   gpu_tests 570
 elif [ "$STAGE" = e ]; then   # a fresh machine after the ship calls: c's GPU tests beside d's build, then d
-  ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
-  BUILD=$!
+  serve_build_start
   gpu_tests 250
-  wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)"
-  OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
-  log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
-  cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
+  serve_build_wait
+  serve_evidence
 elif [ "$STAGE" = d ]; then
-  OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
-  log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
-  cp $R/serve-bench.jsonl $OUT/ 2>/dev/null
+  serve_evidence
 fi
 tar czf $OUT/s14-$STAGE.tgz -C /tmp s14-$STAGE

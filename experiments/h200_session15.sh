@@ -41,39 +41,28 @@ a)
   log "gemm tile ab rc=$? $(el)"; tail -40 $R/gemm-tile-ab.txt | tee -a $R/log.txt
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 b)
-  ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
-  BUILD=$!
-  timeout 260 python3 -m memra tune run h200-gemm-small -m smollm2-135m -m gemma3-270m --resume \
-    --out research/tune/h200-gemm-small-nvidia-h200.jsonl > $R/tune-small.txt 2>&1
-  log "tune gemm-small rc=$? $(tail -1 $R/tune-small.txt) $(el)"
+  serve_build_start
+  tune_campaign h200-gemm-small 260 -m smollm2-135m -m gemma3-270m
   left=$(( 500 - ($(date +%s) - T0) )); [ $left -gt 30 ] || left=30
-  timeout $left python3 -m memra tune run h200-gemm $M8 --resume \
-    --out research/tune/h200-gemm-nvidia-h200.jsonl > $R/tune-gemm.txt 2>&1
-  log "tune gemm rc=$? $(tail -1 $R/tune-gemm.txt) $(el)"
+  tune_campaign h200-gemm $left $M8
   freeze_show 1
   left=$(( 565 - ($(date +%s) - T0) )); [ $left -gt 20 ] && dispatch_freeze $left 2
   cp research/tune/h200-gemm-small-nvidia-h200.jsonl research/tune/h200-gemm-nvidia-h200.jsonl \
     research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
-  wait $BUILD; log "serve build: $(tail -2 $R/serve-build.log 2>/dev/null | tr '\n' ' ') $(el)" ;;
+  serve_build_wait ;;
 c)
   dispatch_freeze 450 3
   cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   if [ $(( $(date +%s) - T0 )) -lt 430 ]; then
     kernel_check
-    cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
-    gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   fi ;;
 d)
-  if ! python3 -m memra kernel-check --status 2>/dev/null | grep -q "current"; then
+  if ! python3 -m memra kernel-check --status > /dev/null 2>&1; then   # exit 1 unless the receipt covers HEAD
     kernel_check
-    cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
-    gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   fi
   gpu_tests 400
-  OUT=$R STAGE=evidence bash experiments/h200_serve.sh > $R/serve-evidence.txt 2>&1
-  log "serve evidence rc=$? $(el)"; tail -8 $R/serve-evidence.log | tee -a $R/log.txt
-  cp $R/serve-bench.jsonl $OUT/ 2>/dev/null ;;
+  serve_evidence ;;
 esac
 tar czf $OUT/s15-$STAGE.tgz -C /tmp s15-$STAGE
