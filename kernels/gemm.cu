@@ -60,6 +60,13 @@
 // (2), GM_WK warp groups splitting the slots (1; 1, 2, 4, 8, 16), GM_STAGES cp.async
 // pipeline depth (3; >= 2), GM_LREG stack levels kept in registers (1; 0..5), GM_MINB the
 // blocks per SM __launch_bounds__ asks for (2: at most 128 registers for 256 threads),
+// GM_STATIC=1 the static slot structure of variant 9 (GM_WK 1 with GM_LREG >= 1; other
+// configurations keep the slot walk; the default; 0 compiles exactly the slot walk), GM_RSS=1
+// (variant 10 a, the default: Q4_K / Q5_K row scalars staged once per block row; with
+// GM_STATIC_ON only, else ignored), GM_AOFF=1 (variant 10 b, the default: Q4_0 / Q5_0's offset
+// in the A fragment; other types ignore it); the three are rollback seams (0: variant 8's
+// code), not tunables. GM_SASS_FULL=1
+// (SASS counting only: the partial-block consume path left out),
 // MEMRA_CANARY=1 drops unit 1 of every row (as mv_q8's canary: a deliberately wrong variant
 // that a check must catch). Measured on the H200 (WM,WN,TM,TN,WK,STAGES,LREG,MINB; variant 7,
 // experiments/gemm_sweep.sh): 4 n8 tiles a warp win at every batch: nb 16 2,1,2,4,4,3,1,1,
@@ -119,6 +126,55 @@
 //     1246.4 (+0 / 5 / 6 / 5 %), Q6_K 4096 x 14336 +3 % at each, qkv 6144 x 4096 0 / 3 / 0 / 4
 //     %, 4096 x 4096 3 / -2 / 2 / 3 %. Less than predicted: the kernel is latency-bound (v7:
 //     45 % of issue slots), so instructions off the critical path buy less than their count.
+//  9. (GM_STATIC=1, the default; GM_WK 1 only) a static slot structure instead of the
+//     run-time slot walk and its jump-table merge: the consumer loop is a nest "pair i = 0..15 ->
+//     leaf 2i's units, leaf 2i + 1's units" with leaf 2i = slot brev4(i), leaf 2i + 1 = slot
+//     brev4(i) + 16 (brev5(2i) and brev5(2i + 1) differ in bit 4 only); leaf 2i folds into the
+//     stack's level 0 (registers) and leaf 2i + 1 into P directly, so merge(2i), which parked P at
+//     level 0 and zeroed it, is gone (no copy: the two register sets swap roles statically); then
+//     P = L0 + P and, for l = 1.., while bit l - 1 of i is set, P = L_l + P, parking P at the first
+//     level whose bit is clear (the root after i = 15): warp-uniform branches, one per level, no
+//     jump table and no per-slot MOVs. Every add is merge(2i + 1)'s on the same operands, in the
+//     same order; a slot with no unit (nu = K / 64 not a multiple of 32, or < 32) loops zero times
+//     and contributes the +0 it starts from, merged by the same adds, as the slot walk's leading /
+//     trailing empty slots and mv_q8's idle lanes; units within a slot in increasing u, and the
+//     producer's walk (and so the staged sequence: the slot walk's leaf order) is unchanged, one
+//     unit a stage and a barrier. experiments/gemm_v9/selftest.py replays this loop against
+//     mv_q8's lane order and butterfly (nu = 1..300, signed zeros) bit for bit. Static SASS
+//     (Q4_K glu, 2,2,2,4,1,3,1,1, experiments/gemm_v9/): a unit 36.0 -> 34.8 instructions an
+//     IMMA, the merge ~5.8 -> ~3.3 an IMMA at K = 4096 (weighted by how often each level runs),
+//     registers 251 -> 255, no spills: predicted -3 to -6 % at 512 rows (latency-bound).
+//     H200 (session 14, experiments/gemm_v9/ab.sh, bits = mv_q8's everywhere), us at 512 rows
+//     base -> GM_STATIC=1: glu 1249.2 -> 1146.7 (0.918; 0.923 at 128 rows), Q6_K 4096 x 14336
+//     786.9 -> 748.7 (0.951), Q4_0 4096 x 4096 145.3 -> 132.5 (0.912), qkv 0.919; 16 rows ~1.0.
+// 10. (GM_RSS=1, GM_AOFF=1, the defaults since session 15; with both 0 every module's SASS is
+//     variant 9's) step 2 of experiments/gemm_plan, the parts inside
+//     gemm.cu, exact. (a) GM_RSS=1 (with GM_STATIC_ON; Q4_K, Q5_K): a unit's row scalars (RK4F:
+//     d sc, dmin m of its two sub-blocks) computed once per block row and unit by a cooperative
+//     pass (threads r < BM) into the free 16-byte pad of the staged bulk row (WBS - 16 NCH),
+//     instead of per warp and quad lane with 16 shuffles; the consumer loads them (one LDS.128 a
+//     row). The pass for position t + 1 of the staged sequence runs after barrier t (its own copy
+//     of the producer's walk gives the unit), so a unit's meta is staged one step early (issued
+//     with the previous unit's bulk, into its own stage's meta window, which the consumer no
+//     longer reads); position 0's come from global memory in the prologue. The same rowscal on
+//     the same bytes: the same bits. (b) GM_AOFF=1 (Q4_0, Q5_0): the offset 8 S
+//     (16 S) inside the integer dot: A bytes q - 8 ((q + 0x78) ^ 0x80; Q5_0 q - 16), so the mma
+//     returns I - 8 S, the int accum_r converted before (q8.cuh: S is the sum of the block's
+//     stored q). No float operation changes; shared-memory layout and size are unchanged
+//     (memra/gpu/ops/gemm.py's formula holds). experiments/gemm_v10/selftest.py: the staging
+//     schedule race-free with each unit's own scalars (2..5 stages, nu = 1..300), Q4_K against
+//     mv_q8 (f16 subnormals, exponents over 2^+-40), the offset bytes exhaustively. Static SASS
+//     (2,2,2,4,1,3,1,1, unit loop per IMMA, v9 -> v10): Q4_K glu 34.8 -> 33.1 (registers 255 ->
+//     252; executed, the pass running in 2 of 4 warps and one switch case: ~32.3 -> ~29.2), Q4_0
+//     28.1 -> 26.6, Q6_K unchanged; no spills. Predicted 512 rows vs v9: glu / qkv -5 to -9 %,
+//     Q4_0 -3 to -5 %, Q6_K 0 (experiments/gemm_v10/README.md). H200 (session 15,
+//     experiments/gemm_v10/ab.sh, 2,2,2,4,1,3,1,1, every output bit-equal to mv_q8, us at 16 /
+//     128 / 512 rows, v9 -> v10): glu 240.3 / 303.4 / 1144.1 -> 257.7 / 287.8 / 1077.1 (1.072 /
+//     0.949 / 0.941), qkv 6144 x 4096 62.7 / 87.5 / 248.4 -> 60.8 / 81.6 / 231.0 (0.97 / 0.93 /
+//     0.93), Q4_0 4096 x 4096 53.7 / 49.8 / 135.7 -> 51.6 / 45.6 / 127.3 (0.96 / 0.92 / 0.94),
+//     Q6_K 1.00; against variant 8: 0.83-0.88 at 128 and 512 rows. Withdrawn with it: GM_XSF
+//     (the activation sums as floats once per block column through the same pass): 0.978-1.021
+//     of (a) + (b), neutral (research/2026-12-02-session15/gemm-v10-ab.jsonl).
 //  Withdrawn (research/2026-12-01-batch/, both bit-identical): the accum's int -> float
 //  conversions by a magic-number add instead of I2FP (1-7 % slower), and Q4_K / Q5_K row
 //  scalars d sc, dmin m per row with 9 float operations per output instead of 15 (gate+up
@@ -173,6 +229,20 @@ constexpr int NLEAF = 1 << LV;       // slots per group
 #endif
 #ifndef GM_MINB
 #define GM_MINB 2
+#endif
+#ifndef GM_STATIC
+#define GM_STATIC 1
+#endif
+// variant 9: the static slot structure (GM_WK 1 with GM_LREG >= 1 only; otherwise the slot walk)
+#define GM_STATIC_ON (GM_STATIC && GM_WK == 1 && GM_LREG >= 1)
+#ifndef GM_SASS_FULL
+#define GM_SASS_FULL 0   // SASS counting only (experiments/gemm_v9/sass_classes.py): no partial-block path
+#endif
+#ifndef GM_RSS
+#define GM_RSS 1   // variant 10 (a): row scalars staged once per block row (needs GM_STATIC_ON; see RSS)
+#endif
+#ifndef GM_AOFF
+#define GM_AOFF 1  // variant 10 (b): Q4_0 / Q5_0's activation offset (8 S, 16 S) inside the integer dot
 #endif
 constexpr int NOUT = GM_TM * GM_TN * 4;                       // outputs per thread
 constexpr int LSM = LV > GM_LREG ? LV - GM_LREG : 0;         // stack levels in shared memory
@@ -261,6 +331,52 @@ MEMRA_DEVICE RR shfl_rs(const RR& v, int src) {
     return o;
 }
 
+// Variant 10 (a), GM_RSS=1: the row scalars of the LRS types whose G<T>::R fits the 16-byte pad
+// of a staged bulk row (Q4_K, Q5_K: RK4F, WBS - 16 NCH = 16 bytes; IQ4_XS would fit, but its
+// row scalars are cheap, no switch, and the static count rose 37.8 -> 38.6 an IMMA: left out) are
+// computed once per block row and unit by a cooperative pass (thread r < BM: row r) into that
+// pad, instead of once per warp (and quad lane) with 16 shuffles a unit; the consumer reads them
+// with one 16-byte shared load per row. The pass for the unit at position t + 1 of the staged
+// sequence runs at step t (after its barrier; the consumer reads it after barrier t + 1), so that
+// unit's meta is staged one step early: the producer issues unit n's meta with unit n - 1's bulk,
+// into unit n's stage's meta window (read only by the pass at step n - 1, never by the
+// consumer); the pass follows the staged sequence with its own copy of the producer's walk
+// (rj, ru). Position 0's row scalars come from global memory in the prologue. The same rowscal
+// on the same meta bytes: the bits are unchanged. GM_STATIC_ON only (GM_WK 1).
+template <class TT> struct RSFit { static constexpr bool on = false; };
+template <> struct RSFit<TQ4_K> { static constexpr bool on = true; };
+template <> struct RSFit<TQ5_K> { static constexpr bool on = true; };
+constexpr bool RSS = GM_RSS && GM_STATIC_ON && LRS && RSFit<T>::on;
+constexpr int OFF_RS = 16 * GT::NCH;             // the row scalars' place in a staged bulk row
+static_assert(!RSS || (GT::WBS - OFF_RS >= (int)sizeof(typename GT::R) && sizeof(typename GT::R) % 8 == 0),
+              "GM_RSS: the row scalars must fit the bulk row's pad");
+
+// Variant 10 (b), GM_AOFF=1: Q4_0's (Q5_0's) float part takes (float)(I - 8 S) ((I - 16 S)) per
+// output and block, I the block's integer dot and S its activation sum (q8.cuh: s is the sum of
+// the block's 32 stored int8 q, exactly). With the offset in the A fragment (each weight byte
+// q in 0..15 (0..31) becomes the signed byte q - 8 (q - 16): (q + 0x78) ^ 0x80, (q + 0x70) ^ 0x80,
+// no carry between bytes) the mma's integer sum is sum (q - 8) x = I - 8 S exactly, the same
+// int the float part converted before; the float operations and operands are unchanged.
+template <class TT> struct AOffK { static constexpr int k = 0; };
+template <> struct AOffK<TQ4_0> { static constexpr int k = 8; };
+template <> struct AOffK<TQ5_0> { static constexpr int k = 16; };
+constexpr bool AOF = GM_AOFF && AOffK<T>::k != 0;
+MEMRA_DEVICE uint32_t aoff(uint32_t v) {
+    return (v + (uint32_t)(128 - AOffK<T>::k) * 0x01010101u) ^ 0x80808080u;
+}
+// the float part of a unit with the offset already in ints: T::accum_r's operations on
+// T::accum_r's operands (ints[k] here = ints[k] - k S there)
+template <class TT> MEMRA_DEVICE float accum_aoff(float acc, const typename TT::R& q, const int* ints, const Q8Scale* s) {
+    float r = 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) r = __fmaf_rn(__fmul_rn(q.d[k], s[2 * k].d), (float)ints[k], r);
+    return __fadd_rn(acc, r);
+}
+template <class TT> MEMRA_DEVICE float accum_sel(float acc, const typename G<TT>::R& q, const int* ints, const Q8Scale* s) {
+    if constexpr (GM_AOFF && AOffK<TT>::k != 0) return accum_aoff<TT>(acc, q, ints, s);
+    else return G<TT>::accum(acc, q, ints, s);
+}
+
 // Which weight row smem row r of the block holds (clamped: rows past N are loaded and
 // computed, never stored). GLU: warp wm's m tiles [0, TM/2) are gate rows, [TM/2, TM) the
 // up rows (N further down) of the same outputs.
@@ -272,6 +388,8 @@ MEMRA_DEVICE int weight_row_of(int r, int ob, int N) {
     return min(o, N - 1) + (mi >= GM_TM / 2 ? N : 0);
 }
 
+template <bool GLU>
+MEMRA_DEVICE void produce_meta(uint32_t st, int u, const uint8_t* __restrict__ meta, int N, int ob, size_t mrs);
 // Stage the operands of unit u into stage buffer `st` (shared address).
 template <bool GLU>
 MEMRA_DEVICE void produce(uint32_t st, int u, const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
@@ -308,7 +426,12 @@ MEMRA_DEVICE void produce(uint32_t st, int u, const uint8_t* __restrict__ bulk, 
             cp16(st + OFF_S + col * SSB + 16 * c, xs + b * (K / 32) + T::goff(u, 0, 0) / 32 + 2 * c);
         }
     }
-    // meta window: MW bytes from the aligned start of the unit's meta bytes
+    if (!RSS) produce_meta<GLU>(st, u, meta, N, ob, mrs);
+}
+// the meta window of unit u into stage `st`: MW bytes from the aligned start of its meta bytes
+template <bool GLU>
+MEMRA_DEVICE void produce_meta(uint32_t st, int u, const uint8_t* __restrict__ meta, int N, int ob, size_t mrs) {
+    const int tid = threadIdx.x;
     constexpr int NP = GT::MW / GT::MCP;
 #pragma unroll
     for (int i0 = 0; i0 < BM * NP; i0 += NTHR) {
@@ -411,21 +534,214 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
                 produce<GLU>(sbase + (pst * GM_WK + k) * STAGE, pu[k], bulk, meta, xq, xs, N, K, nb, ob, cb, brs, mrs);
                 pu[k] += 32;
                 while (pu[k] >= nu && pj[k] < NLEAF) { ++pj[k]; pu[k] = pj[k] < NLEAF ? slot(k, pj[k]) : 0; }
+                if (RSS && pj[k] < NLEAF) {   // the next unit's meta into the next stage
+                    const int nst = pst + 1 == GM_STAGES ? 0 : pst + 1;
+                    produce_meta<GLU>(sbase + nst * STAGE, pu[k], meta, N, ob, mrs);
+                }
             }
         }
         pst = pst + 1 == GM_STAGES ? 0 : pst + 1;
     };
     const int nsteps = (nu + GM_WK - 1) / GM_WK;   // group 0 has the most units
+    int rj = pj[0], ru = pu[0];   // GM_RSS: the pass's position in the staged sequence (position 0)
 #pragma unroll
     for (int s = 0; s < GM_STAGES - 1; ++s) {
         if (s < nsteps) produce_step();
         cp_commit();
     }
+    // GM_RSS: the row scalars of row r of the unit in stage `stg` into its bulk row pad
+    auto rs_pass = [&](const int stg, const int u, const bool from_global) {
+#pragma unroll
+        for (int r0 = 0; r0 < BM; r0 += NTHR) {
+            const int r = r0 + tid;
+            if (BM % NTHR == 0 || r < BM) {
+                typename T::U w;
+                if (from_global)
+                    T::template load_meta<GLd>(w, meta + (size_t)weight_row_of<GLU>(r, ob, N) * mrs + T::moff(u), u);
+                else
+                    T::template load_meta<SLd>(w, gm_smem + stg * STAGE + OFF_M + r * GT::MWS, u);
+                *reinterpret_cast<typename GT::R*>(gm_smem + stg * STAGE + r * GT::WBS + OFF_RS) = GT::rowscal(w);
+            }
+        }
+        ru += 32;   // the producer's walk: the next position
+        while (ru >= nu && rj < NLEAF) { ++rj; ru = rj < NLEAF ? slot(0, rj) : 0; }
+    };
+    if (RSS && nsteps > 0) rs_pass(0, ru, true);
 
     // consumer: this warp's group, its leaf and unit (leading empty slots merged as zeros)
+#if !GM_STATIC_ON
     int cj = 0, cu = wk;
     while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot(wk, cj) : 0; }
+#endif
     const int lr = lane & 7, lm = lane >> 3;   // ldmatrix: lanes 8m..8m+7 give matrix m's rows
+    // the unit's work; FULL: every n tile of the block has live columns, so no tile is
+    // skipped and its (mi, ni) blocks are one straight line the compiler interleaves
+    auto consume = [&](const bool FULL, float (&acc)[NO], const int u, const uint32_t st, const uint8_t* stp) {
+        // called with constants: inlined twice (four times with GM_STATIC: two accumulators)
+        // B fragments and scales of the warp's n tiles
+        uint32_t xb[GM_TN][4];
+        Q8Scale sv[GM_TN][2][4];
+#pragma unroll
+        for (int ni = 0; ni < GM_TN; ++ni) {
+            const int c0 = (wn * GM_TN + ni) * 8;
+            ldsm4(xb[ni], st + OFF_X + (c0 + lr) * XS + 16 * lm);
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const uint8_t* sp = stp + OFF_S + (c0 + 2 * tig + cc) * SSB;
+                const uint4 e01 = *reinterpret_cast<const uint4*>(sp);
+                if (K16) {
+                    const uint4 e23 = *reinterpret_cast<const uint4*>(sp + 16);
+                    sv[ni][cc][0].d = __uint_as_float(e01.x); sv[ni][cc][0].s = (int)e01.y;
+                    sv[ni][cc][1].d = __uint_as_float(e01.z); sv[ni][cc][1].s = (int)e01.w;
+                    sv[ni][cc][2].d = __uint_as_float(e23.x); sv[ni][cc][2].s = (int)e23.y;
+                    sv[ni][cc][3].d = __uint_as_float(e23.z); sv[ni][cc][3].s = (int)e23.w;
+                } else {   // groups 0, 1 in block 0; groups 2, 3 in block 1
+                    sv[ni][cc][0].d = sv[ni][cc][1].d = __uint_as_float(e01.x);
+                    sv[ni][cc][0].s = sv[ni][cc][1].s = (int)e01.y;
+                    sv[ni][cc][2].d = sv[ni][cc][3].d = __uint_as_float(e01.z);
+                    sv[ni][cc][2].s = sv[ni][cc][3].s = (int)e01.w;
+                }
+            }
+        }
+        // LRS: this lane's rows of the quad (t = tig + 4 k: m tile t / 2, half t % 2)
+        typename GT::R rown[QRW];
+        if (LRS && !RSS) {
+#pragma unroll
+            for (int k = 0; k < QRW; ++k) {
+                const int t = tig + 4 * k;
+                if (t < 2 * GM_TM) {
+                    const int r = (wm * GM_TM + (t >> 1)) * 16 + gid + 8 * (t & 1);
+                    const uint8_t* mp = stp + OFF_M + r * GT::MWS;
+                    if (K16) mp += ((size_t)weight_row_of<GLU>(r, ob, N) * mrs + T::moff(u)) & 3;
+                    typename T::U w;
+                    T::template load_meta<SLd>(w, mp, u);
+                    rown[k] = GT::rowscal(w);
+                }
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < GM_TM; ++mi) {
+            const int r0 = (wm * GM_TM + mi) * 16;
+            // raw bulk words: q[c][rh] = word tig of chunk c of row r0 + gid + 8 rh
+            uint32_t q[GT::NCH][2];
+#pragma unroll
+            for (int c = 0; c + 1 < GT::NCH; c += 2) {
+                uint32_t r4[4];
+                ldsm4(r4, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (c + (lm >> 1)));
+                q[c][0] = r4[0]; q[c][1] = r4[1]; q[c + 1][0] = r4[2]; q[c + 1][1] = r4[3];
+            }
+            if (GT::NCH % 2) {
+                uint32_t r2[2];
+                ldsm2(r2, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (GT::NCH - 1));
+                q[GT::NCH - 1][0] = r2[0]; q[GT::NCH - 1][1] = r2[1];
+            }
+            typename T::U w[2];
+            typename GT::R rq[2];
+            if (RSS) {   // staged by rs_pass
+                unit_j(w[0], u);
+                unit_j(w[1], u);
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh)
+                    rq[rh] = *reinterpret_cast<const typename GT::R*>(stp + (r0 + gid + 8 * rh) * GT::WBS + OFF_RS);
+            } else if (LRS) {
+                unit_j(w[0], u);   // all Q5_K's afrag reads of the meta
+                unit_j(w[1], u);
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh) {
+                    const int t = 2 * mi + rh;
+                    rq[rh] = shfl_rs(rown[t >> 2], (lane & ~3) | (t & 3));
+                }
+            } else {
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh) {
+                    const uint8_t* mp = stp + OFF_M + (r0 + gid + 8 * rh) * GT::MWS;
+                    if (K16) {   // Q6_K window: the meta bytes start 0 or 2 bytes in
+                        const size_t abs = (size_t)weight_row_of<GLU>(r0 + gid + 8 * rh, ob, N) * mrs + T::moff(u);
+                        mp += abs & 3;
+                    }
+                    T::template load_meta<SLd>(w[rh], mp, u);
+                }
+                rq[0] = GT::rowscal(w[0]);   // once per row
+                rq[1] = GT::rowscal(w[1]);
+            }
+            uint32_t a[GT::NK][AR];
+            GT::afrag(q, w, tig, a);
+            if (AOF) {
+#pragma unroll
+                for (int k = 0; k < GT::NK; ++k)
+#pragma unroll
+                    for (int i = 0; i < AR; ++i) a[k][i] = aoff(a[k][i]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < GM_TN; ++ni) {
+                if (!FULL && cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
+                int c[GT::NK][4];
+#pragma unroll
+                for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb[ni], k);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int ints[T::NI];
+#pragma unroll
+                    for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
+                    const int o = (mi * GM_TN + ni) * 4 + e;
+                    acc[o] = accum_sel<T>(acc[o], rq[e >> 1], ints, sv[ni][e & 1]);
+                }
+            }
+        }
+    };
+#if GM_STATIC_ON
+    // variant 9, the static slot structure: pair i = 0..15 holds leaves 2i, 2i + 1, i.e. slots
+    // a = brev4(i) and a + 16 (brev5(2i) = brev4(i), brev5(2i + 1) = brev4(i) + 16). Leaf 2i
+    // folds into Lr[0] (the stack's level 0, in registers), leaf 2i + 1 into P, each slot's units
+    // in increasing u (a slot with no unit folds nothing: its partial is the +0 it starts with,
+    // as mv_q8's lane with no unit); then the pair's merge is the binary counter's, unrolled:
+    // P = L0 + P, and for l = 1, 2, ... while bit l - 1 of i is set P = L_l + P; P is parked at
+    // the first level l whose bit l - 1 of i is clear, or (i = 15) is the root. The same adds on
+    // the same operands as merge(2i) and merge(2i + 1) of the slot walk, with no jump table.
+    // Stages, the producer's walk and the barrier per unit are the slot walk's.
+    {
+        int cst = 0, s = 0;
+        const bool full = cb + BN <= nb;   // block-uniform
+        auto step = [&](float (&acc)[NO], const int u) {
+            cp_wait<GM_STAGES - 2>();
+            __syncthreads();
+            if (s + GM_STAGES - 1 < nsteps) produce_step();
+            cp_commit();
+            const uint32_t st = sbase + cst * STAGE;
+            const uint8_t* stp = gm_smem + cst * STAGE;
+            cst = cst + 1 == GM_STAGES ? 0 : cst + 1;
+            ++s;
+            if (RSS && s < nsteps) rs_pass(cst, ru, false);
+            if (!(MEMRA_CANARY == 1 && u == 1)) {
+                if (GM_SASS_FULL || full) consume(true, acc, u, st, stp); else consume(false, acc, u, st, stp);
+            }
+        };
+        float (&A)[NO] = Lr[0];
+#pragma unroll 1
+        for (int i = 0; i < NLEAF / 2; ++i) {
+            const int sa = (int)(__brev((unsigned)i) >> 28);   // brev4(i): leaf 2i's slot
+#pragma unroll
+            for (int o = 0; o < NO; ++o) { A[o] = 0.f; P[o] = 0.f; }
+#pragma unroll 1
+            for (int u = sa; u < nu; u += 32) step(A, u);
+#pragma unroll 1
+            for (int u = sa + 16; u < nu; u += 32) step(P, u);
+#pragma unroll
+            for (int o = 0; o < NO; ++o) P[o] = __fadd_rn(A[o], P[o]);   // level 0: L0 + v
+            // levels 1..4 (warp-uniform branches): add while i's bit l - 1 is set, park at the first clear one
+#pragma unroll
+            for (int l = 1; l < LV; ++l) {
+                if (!((i >> (l - 1)) & 1)) {
+#pragma unroll
+                    for (int o = 0; o < NO; ++o) Lset(l, o, P[o]);
+                    break;
+                }
+#pragma unroll
+                for (int o = 0; o < NO; ++o) P[o] = __fadd_rn(Lget(l, o), P[o]);
+            }
+        }
+    }
+#else
     int cst = 0;
     for (int s = 0; s < nsteps; ++s) {
         cp_wait<GM_STAGES - 2>();
@@ -438,115 +754,14 @@ MEMRA_DEVICE void gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __r
         const int u = cu;
         const uint32_t st = sbase + stage * STAGE;
         const uint8_t* stp = gm_smem + stage * STAGE;
-        // the unit's work; FULL: every n tile of the block has live columns, so no tile is
-        // skipped and its (mi, ni) blocks are one straight line the compiler interleaves
-        auto consume = [&](const bool FULL) {   // called with constants: inlined twice
-            // B fragments and scales of the warp's n tiles
-            uint32_t xb[GM_TN][4];
-            Q8Scale sv[GM_TN][2][4];
-#pragma unroll
-            for (int ni = 0; ni < GM_TN; ++ni) {
-                const int c0 = (wn * GM_TN + ni) * 8;
-                ldsm4(xb[ni], st + OFF_X + (c0 + lr) * XS + 16 * lm);
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const uint8_t* sp = stp + OFF_S + (c0 + 2 * tig + cc) * SSB;
-                    const uint4 e01 = *reinterpret_cast<const uint4*>(sp);
-                    if (K16) {
-                        const uint4 e23 = *reinterpret_cast<const uint4*>(sp + 16);
-                        sv[ni][cc][0].d = __uint_as_float(e01.x); sv[ni][cc][0].s = (int)e01.y;
-                        sv[ni][cc][1].d = __uint_as_float(e01.z); sv[ni][cc][1].s = (int)e01.w;
-                        sv[ni][cc][2].d = __uint_as_float(e23.x); sv[ni][cc][2].s = (int)e23.y;
-                        sv[ni][cc][3].d = __uint_as_float(e23.z); sv[ni][cc][3].s = (int)e23.w;
-                    } else {   // groups 0, 1 in block 0; groups 2, 3 in block 1
-                        sv[ni][cc][0].d = sv[ni][cc][1].d = __uint_as_float(e01.x);
-                        sv[ni][cc][0].s = sv[ni][cc][1].s = (int)e01.y;
-                        sv[ni][cc][2].d = sv[ni][cc][3].d = __uint_as_float(e01.z);
-                        sv[ni][cc][2].s = sv[ni][cc][3].s = (int)e01.w;
-                    }
-                }
-            }
-            // LRS: this lane's rows of the quad (t = tig + 4 k: m tile t / 2, half t % 2)
-            typename GT::R rown[QRW];
-            if (LRS) {
-#pragma unroll
-                for (int k = 0; k < QRW; ++k) {
-                    const int t = tig + 4 * k;
-                    if (t < 2 * GM_TM) {
-                        const int r = (wm * GM_TM + (t >> 1)) * 16 + gid + 8 * (t & 1);
-                        const uint8_t* mp = stp + OFF_M + r * GT::MWS;
-                        if (K16) mp += ((size_t)weight_row_of<GLU>(r, ob, N) * mrs + T::moff(u)) & 3;
-                        typename T::U w;
-                        T::template load_meta<SLd>(w, mp, u);
-                        rown[k] = GT::rowscal(w);
-                    }
-                }
-            }
-#pragma unroll
-            for (int mi = 0; mi < GM_TM; ++mi) {
-                const int r0 = (wm * GM_TM + mi) * 16;
-                // raw bulk words: q[c][rh] = word tig of chunk c of row r0 + gid + 8 rh
-                uint32_t q[GT::NCH][2];
-#pragma unroll
-                for (int c = 0; c + 1 < GT::NCH; c += 2) {
-                    uint32_t r4[4];
-                    ldsm4(r4, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (c + (lm >> 1)));
-                    q[c][0] = r4[0]; q[c][1] = r4[1]; q[c + 1][0] = r4[2]; q[c + 1][1] = r4[3];
-                }
-                if (GT::NCH % 2) {
-                    uint32_t r2[2];
-                    ldsm2(r2, st + (r0 + 8 * (lm & 1) + lr) * GT::WBS + 16 * (GT::NCH - 1));
-                    q[GT::NCH - 1][0] = r2[0]; q[GT::NCH - 1][1] = r2[1];
-                }
-                typename T::U w[2];
-                typename GT::R rq[2];
-                if (LRS) {
-                    unit_j(w[0], u);   // all Q5_K's afrag reads of the meta
-                    unit_j(w[1], u);
-#pragma unroll
-                    for (int rh = 0; rh < 2; ++rh) {
-                        const int t = 2 * mi + rh;
-                        rq[rh] = shfl_rs(rown[t >> 2], (lane & ~3) | (t & 3));
-                    }
-                } else {
-#pragma unroll
-                    for (int rh = 0; rh < 2; ++rh) {
-                        const uint8_t* mp = stp + OFF_M + (r0 + gid + 8 * rh) * GT::MWS;
-                        if (K16) {   // Q6_K window: the meta bytes start 0 or 2 bytes in
-                            const size_t abs = (size_t)weight_row_of<GLU>(r0 + gid + 8 * rh, ob, N) * mrs + T::moff(u);
-                            mp += abs & 3;
-                        }
-                        T::template load_meta<SLd>(w[rh], mp, u);
-                    }
-                    rq[0] = GT::rowscal(w[0]);   // once per row
-                    rq[1] = GT::rowscal(w[1]);
-                }
-                uint32_t a[GT::NK][AR];
-                GT::afrag(q, w, tig, a);
-#pragma unroll
-                for (int ni = 0; ni < GM_TN; ++ni) {
-                    if (!FULL && cb + (wn * GM_TN + ni) * 8 >= nb) continue;   // warp-uniform: no live column
-                    int c[GT::NK][4];
-#pragma unroll
-                    for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb[ni], k);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        int ints[T::NI];
-#pragma unroll
-                        for (int k = 0; k < T::NI; ++k) ints[k] = c[k][e];
-                        const int o = (mi * GM_TN + ni) * 4 + e;
-                        P[o] = GT::accum(P[o], rq[e >> 1], ints, sv[ni][e & 1]);
-                    }
-                }
-            }
-        };
         if (!(MEMRA_CANARY == 1 && u == 1)) {
-            if (cb + BN <= nb) consume(true); else consume(false);
+            if (GM_SASS_FULL || cb + BN <= nb) consume(true, P, u, st, stp); else consume(false, P, u, st, stp);
         }
         // next unit of the slot, or the slot is complete: merge it (and any empty ones after)
         cu += 32;
         while (cu >= nu && cj < NLEAF) { merge(cj); ++cj; cu = cj < NLEAF ? slot(wk, cj) : 0; }
     }
+#endif
     cp_wait<0>();
 
     // the groups' subtree roots T(k) meet in the butterfly's last SK levels: for offset
