@@ -58,6 +58,12 @@
 #ifndef GT_MINB
 #define GT_MINB 1
 #endif
+// GT_ABL (timing ablations only, wrong results; prof.py): bit 0 no weight staging in the K loop
+// (stage 0's tile reused), bit 1 no float formula (the IMMAs accumulate the int sums in place;
+// no FFMA, no min-term HMMA), bit 2 no activation copies in the K loop
+#ifndef GT_ABL
+#define GT_ABL 0
+#endif
 
 constexpr int WM = GT_WM, WN = GT_WN, NS = GT_STAGES;
 constexpr int NT = 32 * WM * WN;          // threads
@@ -98,6 +104,14 @@ MEMRA_DEVICE void cp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) :
 MEMRA_DEVICE void ldsm4(uint32_t a, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+MEMRA_DEVICE void mma_s8_acc(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    int c0 = __float_as_int(d[0]), c1 = __float_as_int(d[1]), c2 = __float_as_int(d[2]), c3 = __float_as_int(d[3]);
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    d[0] = __int_as_float(c0); d[1] = __int_as_float(c1); d[2] = __int_as_float(c2); d[3] = __int_as_float(c3);
 }
 MEMRA_DEVICE void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int c0 = 0) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
@@ -307,11 +321,11 @@ MEMRA_DEVICE void gemm_tile_body(const uint8_t* __restrict__ bulk, const uint8_t
         __syncthreads();
         {   // the next activation stage into the slot stage s - 1 used
             const int sn = s + NS - 1;
-            if (sn < nsb) load_x(s_base + OFF_X + xwr, src, sb0 + sn);
+            if (sn < nsb && !(GT_ABL & 4)) load_x(s_base + OFF_X + xwr, src, sb0 + sn);
             cp_commit();
         }
         const int cur = s & 1, nxt = cur ^ 1;
-        if (s + 1 < nsb) {
+        if (s + 1 < nsb && !(GT_ABL & 1)) {
             store_w(R, smem + OFF_W + nxt * WT_BYTES, reinterpret_cast<float2*>(smem + OFF_RS + nxt * RS_BYTES),
                     reinterpret_cast<float2*>(smem + OFF_CS + nxt * CS_BYTES));
             if (s + 2 < nsb) load_w(R, src, sb0 + s + 2);
@@ -369,6 +383,10 @@ MEMRA_DEVICE void gemm_tile_body(const uint8_t* __restrict__ bulk, const uint8_t
             for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
+                    if (GT_ABL & 2) {
+                        mma_s8_acc(acc[mi][ni], A[mi], B[ni][0], B[ni][1]);
+                        continue;
+                    }
                     int c[4];
                     mma_s8(c, A[mi], B[ni][0], B[ni][1], GT_MAGIC ? MAGIC : 0);
 #pragma unroll
@@ -393,7 +411,7 @@ MEMRA_DEVICE void gemm_tile_body(const uint8_t* __restrict__ bulk, const uint8_t
             }
         }
 #if GT_MINTC
-        {   // the stage's min terms, sum_j ndmm[row, j] sx[j, col], as a k = 8 tf32 product (3xTF32:
+        if (!(GT_ABL & 2)) {   // the stage's min terms, sum_j ndmm[row, j] sx[j, col], as a k = 8 tf32 product (3xTF32:
             // hi hi + hi lo + lo hi) accumulated into acc. A (16 x 8): a0 (g, tig), a1 (g + 8, tig),
             // a2 (g, tig + 4), a3 (g + 8, tig + 4); B (8 x 8): b0 (tig, g), b1 (tig + 4, g)
             const float4* rm = reinterpret_cast<const float4*>(smem + OFF_RS + cur * RS_BYTES + 8 * BM * (GT_MAGIC ? 8 : 4)) + (wm * 64 + 8 * g) / 2;
