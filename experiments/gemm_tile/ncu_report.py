@@ -132,7 +132,7 @@ def classify(df: pd.DataFrame, tile: bool) -> pd.Series:
     inner = sorted(t for t in L if t != outer and t[1] - t[0] > 50)   # the k32 / unit loops
     reg = []
     for i, r in df.iterrows():
-        x, op, base = r["idx"], r["op"], r["base"]
+        x, base = r["idx"], r["base"]
         bar = base in ("BAR", "DEPBAR") or (r["samples"] > 20 and r["barrier"] > 0.5 * r["samples"])
         if x < outer[0]:
             reg.append("prologue"); continue

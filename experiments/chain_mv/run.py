@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""run.py — chain_mv.cu on the device: bit-exact checks against the chain reference, timing vs memra's matvec.
+
+    python3 experiments/chain_mv/run.py --compile-only   # CPU: NVRTC every configuration (regs, spills, smem)
+    python3 experiments/chain_mv/run.py --mock           # CPU: the whole device run on a mock device (small shapes)
+    python3 experiments/chain_mv/run.py                  # device (H200), via ab.sh
+
+Device run: random valid Q4_K weights (memra's MV.random_weight) uploaded in planes (MV.upload_weight),
+activations quantized on the device by memra's quantize_q8 and read back (the chain reference takes the
+kernel's exact inputs). Checks, y poisoned (NaN) first: every configuration on small shapes (partial
+row blocks, a partial K tile, batch configurations at nb < CM_B) and on the 8B shapes (a subset of
+rows: the first and last REF_ROWS): bit-exact against chain_ref.chain_ref (the float32 chain in
+numpy, exact fma) and, as a sanity check, within 1e-5 of the float64 product. Timing (batch 1): CUDA
+events around each launch, weights rotated over copies > 3x the 60 MB L2, median of --reps, beside
+memra's matvec with the H200 table's configuration for the shape (tune/defaults/nvidia-h200.json,
+'matvec'; for the 28672 x 4096 gate + up: 'matvec_glu', i.e. mv_q8_glu, plus the plain mv_q8 on the
+same 28672 rows). JSON lines to $OUT/chain-mv.jsonl. Exit 1 on a failed check, 2 on an error.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+import chain_ref as CR  # noqa: E402
+
+SRC = HERE / "chain_mv.cu"
+Q4_K = 12
+L2_BYTES = 60 << 20
+REF_ROWS = 256
+# (name, defines): batch 1 configurations, then batched ones (checked; timed at nb = CM_B)
+CONFIGS = (("nw8", {"CM_NW": 8}), ("nw16", {"CM_NW": 16}), ("nw16cr16", {"CM_NW": 16, "CM_CR": 16}),
+           ("nw8pf0", {"CM_NW": 8, "CM_PF": 0}), ("nw8slow", {"CM_NW": 8, "CM_FAST": 0}),
+           ("b4nw4", {"CM_NW": 4, "CM_B": 4}), ("b8nw4", {"CM_NW": 4, "CM_B": 8}))
+# 8B shapes (rows, K, memra table kernel): q/k/v o 4096x4096, fused qkv 6144x4096, down 4096x14336,
+# gate + up 28672x4096 (memra: matvec_glu)
+SHAPES = ((4096, 4096, "matvec"), (6144, 4096, "matvec"), (4096, 14336, "matvec"), (28672, 4096, "matvec_glu"))
+MOCK_SHAPES = ((96, 1024, "matvec"), (64, 2304, "matvec"), (64, 1024, "matvec_glu"))
+
+
+def compile_module(defs: dict) -> tuple[bytes, str]:
+    from cuda.core import Program, ProgramOptions
+    opts = ProgramOptions(name="chain_mv.cu", arch="sm_90a", std="c++17", lineinfo=True,
+                          include_path=[str(ROOT / "kernels")],
+                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None, ptxas_options=["-v"])
+    log = io.StringIO()
+    obj = Program(SRC.read_text(), "c++", opts).compile("cubin", logs=log)
+    return bytes(obj.code), log.getvalue()
+
+
+def ptx_info(log: str) -> dict:
+    part = log.split("Compiling entry function 'chain_mv'")[1]
+    sp = re.search(r"(\d+) bytes spill stores", part)
+    sm = re.search(r"(\d+) bytes smem", part)
+    return {"regs": int(re.search(r"Used (\d+) registers", part).group(1)), "spill": int(sp.group(1)) if sp else 0,
+            "smem": int(sm.group(1)) if sm else 0}
+
+
+def table_config(kernel: str, rows: int, K: int) -> dict | None:
+    """The H200 table's tunables for memra's matvec at batch 1 (None: memra's built-in default)."""
+    d = json.loads((ROOT / "tune" / "defaults" / "nvidia-h200.json").read_text())["entries"]
+    N = rows // 2 if kernel == "matvec_glu" else rows
+    for key in (f"cols={K},rows={N},type=Q4_K", f"cols={K},rows={rows},type=Q4_K"):
+        e = d.get(kernel, {}).get(key, {}).get("1")
+        if e:
+            return e["config"]
+    return None
+
+
+def launch_shape(defs: dict, N: int) -> tuple[tuple, tuple]:
+    nw, b, cr, _ = CR.kdefs(defs)
+    return (-(-N // cr),), (32 * (nw + 1),)
+
+
+# ---------------------------------------------------------------------------------------
+# the mock device (CPU): memra's gemm_tile MockGpu plus chain_mv (chain_ref) and mv_q8 (float64)
+
+def mock_gpu():
+    from mock_gpu import MockGpu, MockModule
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.q8 import Q8_SCALE
+
+    class ChainMock(MockGpu):
+        def module(self, file, defines=None):
+            if file in ("matvec.cu", "q8.cu", "chain_mv.cu"):
+                return MockModule(file, defines)
+            return super().module(file, defines)
+
+        def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+            n = kernel.name
+            if n not in ("chain_mv", "mv_q8", "mv_q8_glu"):
+                return super().launch(kernel, grid, block, args, shmem, pdl)
+            if shmem > 232448 or int(np.prod(block)) > 1024:
+                raise RuntimeError(f"mock: {n} block {block} shmem {shmem} over the limits")
+            self.launches.append((n, tuple(grid), tuple(block), int(shmem)))
+            if not self.emulate:
+                return
+            if n == "chain_mv":
+                bulk, meta, xq, xs, y, N, K, nb = args
+                N, K, nb = int(N), int(K), int(nb)
+                b = self._arr(bulk, N * K // 2, np.uint8).reshape(N, K // 2)
+                m = self._arr(meta, N * K // 16, np.uint8).reshape(N, K // 16)
+                raw = MV.unpack_planes(b, m, Q4_K)
+                q = self._arr(xq, nb * K, np.int8).reshape(nb, K)
+                s = self._arr(xs, nb * K // 32, Q8_SCALE).reshape(nb, K // 32)
+                self._arr(y, nb * N, np.float32)[:] = CR.chain_ref(raw, q, s).ravel()
+            else:
+                bulk, meta, xq, xs, y, res, N, K, nb, act = args
+                N, K, nb = int(N), int(K), int(nb)
+                glu = n.endswith("glu")
+                w = self._weight(bulk, meta, 2 * N if glu else N, K)
+                out = MV.matvec_ref(w, self._acts(xq, xs, nb, K), None, "silu" if glu else None)
+                self._arr(y, nb * N, np.float32)[:] = out.astype(np.float32).ravel()
+
+    return ChainMock()
+
+
+# ---------------------------------------------------------------------------------------
+# device run
+
+def time_us(g, fns, reps: int) -> float:
+    from cuda.core import EventOptions
+    emu = getattr(g, "emulate", None)
+    if emu is not None:
+        g.emulate = False
+    for f in fns:
+        for _ in range(2):
+            f()
+    g.sync()
+    opts = EventOptions(timing_enabled=True)
+    pairs = []
+    for r in range(reps):
+        a = g.stream.record(options=opts)
+        fns[r % len(fns)]()
+        b = g.stream.record(options=opts)
+        pairs.append((a, b))
+    g.sync()
+    if emu is not None:
+        g.emulate = emu
+    return float(np.median([b - a for a, b in pairs])) * 1e3
+
+
+def device_main(args, jsonl) -> int:
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.q8 import Q8_SCALE
+
+    t0 = time.perf_counter()
+    cub = {}
+    for name, defs in CONFIGS:
+        c, log = compile_module(defs)
+        inf = ptx_info(log)
+        cub[name] = c
+        jsonl({"kind": "compile", "config": name, "defs": defs, **inf})
+        print(f"compiled {name} {defs}: {inf['regs']} regs, {inf['spill']} B spill, {inf['smem']} B smem", flush=True)
+        if inf["spill"]:
+            print(f"FAIL  {name} spills", flush=True)
+            return 1
+    if args.mock:
+        from mock_gpu import MockModule
+        g = mock_gpu()
+        mods = {name: MockModule("chain_mv.cu", defs) for name, defs in CONFIGS}
+    else:
+        from memra.gpu.cuda import Module, gpu
+        g = gpu(0)
+        mods = {name: Module(g, "chain_mv.cu", dict(defs), cub[name]) for name, defs in CONFIGS}
+    defs_of = dict(CONFIGS)
+    print(f"device {g.info.name}; compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+    jsonl({"kind": "run", "device": g.info.name, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    rng = np.random.default_rng(2468)
+    fails = 0
+
+    def launch(cfg, w, xq, xs, y, nb):
+        grid, block = launch_shape(defs_of[cfg], w.rows)
+        g.launch(mods[cfg].kernel("chain_mv"), grid, block,
+                 (w.bulk, w.meta, xq, xs, y, np.int32(w.rows), np.int32(w.K), np.int32(nb)))
+
+    def acts(nb, K):
+        x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+        x[0, :32] = 0.0
+        xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+        MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
+        g.sync()
+        return xq, xs, xq.numpy().reshape(nb, K), xs.numpy().reshape(nb, K // 32)
+
+    def check(name, y, nb, N, raw_sub, outs, q, s, **rec):
+        nonlocal fails
+        got = y.numpy().reshape(-1)[:nb * N].reshape(nb, N)[:, outs]
+        ref = CR.chain_ref(raw_sub, q, s)
+        same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+        ndiff = int((got.view(np.uint32) != ref.view(np.uint32)).sum())
+        wf = MV.dequant_rows(raw_sub, Q4_K).astype(np.float64)
+        xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, -1)
+        r64 = xv @ wf.T
+        err = float(np.linalg.norm(got.astype(np.float64) - r64) / np.linalg.norm(r64)) if np.all(np.isfinite(got)) else float("inf")
+        ok = same and err <= 1e-5
+        fails += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: bit-exact vs chain_ref {'yes' if same else f'NO ({ndiff} differ)'}, "
+              f"float64 rel err {err:.2e}", flush=True)
+        jsonl({"kind": "check", "name": name, "ok": ok, "bit_exact": same, "ndiff": ndiff, "err64": err, **rec})
+
+    # small shapes: partial row blocks, a partial K tile, batched configurations at nb < CM_B
+    for (N, K) in ((203, 2816), (64, 1024)):
+        raw = MV.random_weight(Q4_K, N, K, rng)
+        w = MV.upload_weight(g, raw, Q4_K)
+        for cfg, defs in CONFIGS:
+            B = int(defs.get("CM_B", 1))
+            for nb in sorted({1, max(1, B - 1), B}):
+                xq, xs, q, s = acts(nb, K)
+                y = g.empty((nb, N), np.float32)
+                y.poison()
+                launch(cfg, w, xq, xs, y, nb)
+                g.sync()
+                check(f"chain_mv {cfg} N={N} K={K} nb={nb}", y, nb, N, raw, np.arange(N), q, s, config=cfg, rows=N, cols=K, batch=nb)
+    print(f"small checks done at {time.perf_counter() - t0:.1f} s", flush=True)
+
+    results = []
+    for rows, K, mk in (MOCK_SHAPES if args.mock else SHAPES):
+        sname = f"Q4_K {rows}x{K}"
+        raw = MV.random_weight(Q4_K, rows, K, rng)
+        w0 = MV.upload_weight(g, raw, Q4_K)
+        sets = 3 if args.mock else max(2, -(-3 * L2_BYTES // w0.nbytes))
+        ws = [w0] + [MV.upload_weight(g, raw, Q4_K) for _ in range(sets - 1)]
+        k = min(REF_ROWS, rows // 2)
+        outs = np.concatenate([np.arange(k), np.arange(rows - k, rows)])
+        xq8, xs8, q8, s8 = acts(8, K)
+        y = g.empty((8, rows), np.float32)
+        gb = w0.nbytes / 1e3
+        for cfg, defs in CONFIGS:
+            B = int(defs.get("CM_B", 1))
+            y.poison()
+            launch(cfg, w0, xq8, xs8, y, B)
+            g.sync()
+            check(f"chain_mv {cfg} {sname} nb={B}", y, B, rows, raw[outs], outs, q8[:B], s8[:B], config=cfg, shape=sname, batch=B)
+            us = time_us(g, [lambda i=i, cfg=cfg, B=B: launch(cfg, ws[i], xq8, xs8, y, B) for i in range(sets)], args.reps)
+            results.append((sname, B, f"chain_mv {cfg}", us))
+            jsonl({"kind": "time", "impl": "chain_mv", "config": cfg, "shape": sname, "nb": B, "us": us,
+                   "gbps": gb / us, "sets": sets})
+            print(f"time  chain_mv {cfg:9s} {sname} nb={B}: {us:8.2f} us  {gb / us:7.0f} GB/s", flush=True)
+        # memra: the table's configuration at batch 1 (and for the gate + up both its glu and plain kernels)
+        variants = [("mv_q8_glu" if mk == "matvec_glu" else "mv_q8", "silu" if mk == "matvec_glu" else None,
+                     table_config(mk, rows, K))]
+        if mk == "matvec_glu":
+            variants.append(("mv_q8 (plain, default cfg)", None, None))
+        for nb in (1, 8):
+            for vname, glu, cfg in variants:
+                N = rows // 2 if glu else rows
+                fn = lambda i, glu=glu, cfg=cfg, nb=nb: MV.matvec(g, ws[i], y, xq=xq8, xs=xs8, nb=nb, glu=glu, config=cfg)
+                us = time_us(g, [lambda i=i: fn(i) for i in range(sets)], args.reps)
+                results.append((sname, nb, f"memra {vname}", us))
+                jsonl({"kind": "time", "impl": "memra", "variant": vname, "config": cfg, "shape": sname, "nb": nb,
+                       "us": us, "gbps": gb / us, "sets": sets})
+                print(f"time  memra {vname} {cfg} {sname} nb={nb}: {us:8.2f} us  {gb / us:7.0f} GB/s", flush=True)
+        del ws
+        print(f"{sname} done at {time.perf_counter() - t0:.1f} s", flush=True)
+
+    print(f"\n{'shape':20s} {'nb':>3s} {'impl':34s} {'us':>8s} {'GB/s':>7s} {'memra/this':>10s}")
+    base = {(s, nb): us for s, nb, n, us in results if n.startswith("memra mv_q8") and "plain" not in n}
+    for s, nb, n, us in results:
+        b = base.get((s, nb))
+        gbps = [r for r in (MOCK_SHAPES if args.mock else SHAPES) if f"Q4_K {r[0]}x{r[1]}" == s][0]
+        nbytes = gbps[0] * gbps[1] // 256 * 144
+        print(f"{s:20s} {nb:3d} {n:34s} {us:8.2f} {nbytes / us / 1e3:7.0f} {(b / us if b else float('nan')):10.2f}")
+        jsonl({"kind": "table", "shape": s, "nb": nb, "impl": n, "us": us, "memra_over_this": b / us if b else None})
+    print(f"\n{'passed' if not fails else f'{fails} FAILED'} in {time.perf_counter() - t0:.1f} s")
+    jsonl({"kind": "summary", "failed": fails})
+    return 1 if fails else 0
+
+
+def jsonl_writer(name: str):
+    out = os.environ.get("OUT")
+    path = Path(out) / name if out else None
+
+    def write(rec):
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
+    return write
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--mock", action="store_true")
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    try:
+        if args.compile_only:
+            bad = 0
+            for name, defs in CONFIGS:
+                _, log = compile_module(defs)
+                inf = ptx_info(log)
+                bad += inf["spill"] > 0
+                print(f"{'ok  ' if not inf['spill'] else 'SPILL'} {name:9s} {str(defs):36s} {inf['regs']} regs, "
+                      f"{inf['spill']} B spill, {inf['smem']} B smem", flush=True)
+            return 1 if bad else 0
+        return device_main(args, jsonl_writer("chain-mv.jsonl"))
+    except Exception:   # noqa: BLE001
+        traceback.print_exc()
+        print("ERROR (see the traceback above)", flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
