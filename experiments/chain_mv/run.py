@@ -132,25 +132,10 @@ def mock_gpu():
 # device run
 
 def time_us(g, fns, reps: int) -> float:
-    from cuda.core import EventOptions
-    emu = getattr(g, "emulate", None)
-    if emu is not None:
-        g.emulate = False
-    for f in fns:
-        for _ in range(2):
-            f()
-    g.sync()
-    opts = EventOptions(timing_enabled=True)
-    pairs = []
-    for r in range(reps):
-        a = g.stream.record(options=opts)
-        fns[r % len(fns)]()
-        b = g.stream.record(options=opts)
-        pairs.append((a, b))
-    g.sync()
-    if emu is not None:
-        g.emulate = emu
-    return float(np.median([b - a for a, b in pairs])) * 1e3
+    """experiments/gemm_tile/tile.py's timer (median us between two events, 2 warm-ups each)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_tile"))
+    import tile
+    return tile.time_us(g, fns, reps)
 
 
 def device_main(args, jsonl) -> int:
