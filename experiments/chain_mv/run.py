@@ -248,7 +248,7 @@ def device_main(args, jsonl) -> int:
                 jsonl({"kind": "time", "impl": "memra", "variant": vname, "config": cfg, "shape": sname, "nb": nb,
                        "us": us, "gbps": gb / us, "sets": sets})
                 print(f"time  memra {vname} {cfg} {sname} nb={nb}: {us:8.2f} us  {gb / us:7.0f} GB/s", flush=True)
-        del ws
+        ws.clear()   # the weight copies freed before the next shape
         print(f"{sname} done at {time.perf_counter() - t0:.1f} s", flush=True)
 
     print(f"\n{'shape':20s} {'nb':>3s} {'impl':34s} {'us':>8s} {'GB/s':>7s} {'memra/this':>10s}")

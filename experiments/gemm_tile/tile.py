@@ -526,7 +526,7 @@ def device_main(args, jsonl) -> int:
                 jsonl({"kind": "time", "impl": "memra", "config": mcfg or "default", "shape": sname, "nb": nb,
                        "us": us, "tops": 2 * N * (2 if glu else 1) * K * nb / us / 1e6, "sets": sets})
                 print(f"time  {name:14s} {sname} nb={nb}: {us:8.1f} us", flush=True)
-        del ws
+        ws.clear()   # the weight copies freed before the next shape
         print(f"{sname} done at {time.perf_counter() - t0:.1f} s", flush=True)
 
     print(f"\n{'shape':24s} {'nb':>4s} {'impl':22s} {'us':>9s} {'vs memra 2,2,2,4,1,3,1,1':>24s}")

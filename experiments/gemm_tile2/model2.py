@@ -490,7 +490,6 @@ class Block:
                 raise Race(f"scalar pass in interval {i} writes {len(bad)} float-area words read in that interval")
 
     def outputs(self):
-        c = self.c
         out = {}
         if self.ks > 1:   # raw partials by weight row (the kernel's ws[z][col][wrow])
             for w, (wm, wn) in enumerate(self.warps()):
@@ -600,7 +599,7 @@ def q4k_row_scalars(meta_row: np.ndarray):
 def chain_ref(raw: np.ndarray, rows: np.ndarray, q: np.ndarray, xsd: np.ndarray, xss: np.ndarray) -> np.ndarray:
     """y[b, r] (float32) of the GT_FORM 1 chain for weight rows `rows` (plain, no activation): for each
     k32 block i in increasing k: p = fl(I dsc), acc = fma(p, dx, acc), acc = fma(ndmm, sx, acc), sx = fl(dx S)."""
-    from memra.gpu.ops.matvec import dequant_rows, pack_planes  # noqa: F401  (pack_planes: the meta plane)
+    from memra.gpu.ops.matvec import pack_planes
     bulk, meta = pack_planes(raw[rows], Q4_K)
     nb, K = q.shape
     nblk = K // 32

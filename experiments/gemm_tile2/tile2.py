@@ -298,7 +298,7 @@ def device_main(args, jsonl) -> int:
             jsonl({"kind": "time", "impl": "memra", "config": MEMRA_CFG, "shape": sname, "nb": nb, "us": us,
                    "tops": 2 * rows * K * nb / us / 1e6, "sets": sets})
             print(f"time  {name:22s} {sname} nb={nb}: {us:8.1f} us", flush=True)
-        del ws
+        ws.clear()   # the weight copies freed before the next shape
         print(f"{sname} done at {time.perf_counter() - t0:.1f} s", flush=True)
 
     print(f"\n{'shape':24s} {'nb':>4s} {'impl':28s} {'us':>9s} {'vs memra':>9s} {'vs tile tcm':>11s}")
