@@ -7,7 +7,8 @@
 #            and experiments/gemm_tile2_q40/ab.sh (the same design for Q6_K, Q4_0 / Q8_0; <= 60 s
 #            each, if they exist), experiments/chain_mv/ab.sh (a decode matvec in the chain order,
 #            against mv_q8; <= 55 s). ~4-5 min. Their JSONL + the logs' tgz come back (<= 8 files).
-#            HERE: commit the JSONL under research/2026-12-NN-session16/ and compare with each
+#            (Rehearsed here on the mock device: MOCK=1 LIMIT_S=500 AB_LIMIT=600 OUT=/tmp/x STAGE=a: all
+#            four rc 0, their JSONL back.) HERE: commit the JSONL under research/2026-12-NN-session16/ and compare with each
 #            README's prediction before anything else; a second A/B round of a prototype fits.
 #   Then the q8_0 KV cache (issue 14 item 4), whose GPU patch still applies (checked in session
 #   15 at b2b31b4: tests/test_kvq8*.py, the emulated engine / runner / launch-set / split tests: 111 passed, only the receipt test red, as a kernel change makes it):
@@ -30,7 +31,7 @@ case "$STAGE" in
 a)
   for d in gemm_tile2 gemm_tile2_q6k gemm_tile2_q40 chain_mv; do
     [ -f experiments/$d/ab.sh ] || { log "$d: no ab.sh"; continue; }
-    OUT=$R timeout 100 bash experiments/$d/ab.sh > $R/$d-ab.txt 2>&1
+    OUT=$R timeout ${AB_LIMIT:-100} bash experiments/$d/ab.sh > $R/$d-ab.txt 2>&1
     log "$d ab rc=$? $(el)"; tail -30 $R/$d-ab.txt | tee -a $R/log.txt
   done
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;

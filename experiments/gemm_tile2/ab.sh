@@ -15,7 +15,7 @@ set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/../.." || exit 2
 rm -f "$OUT/gemm-tile2.jsonl"
-timeout -k 5 "${LIMIT_S:-85}" python3 experiments/gemm_tile2/tile2.py --reps "${REPS:-20}" ${SHAPES:+--shapes "$SHAPES"} \
+timeout -k 5 "${LIMIT_S:-85}" python3 experiments/gemm_tile2/tile2.py --reps "${REPS:-20}" ${SHAPES:+--shapes "$SHAPES"} ${MOCK:+--mock} \
   ${TILE2_ARGS:-} > "$OUT/gemm-tile2.log" 2>&1
 rc=$?
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "tile2.py TIMED OUT after ${LIMIT_S:-85} s (partial results in the log / jsonl)"

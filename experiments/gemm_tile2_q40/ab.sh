@@ -16,7 +16,7 @@ set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/../.." || exit 2
 rm -f "$OUT/gemm-tile2-q40.jsonl"
-timeout -k 2 "${LIMIT_S:-50}" python3 experiments/gemm_tile2_q40/run.py --reps "${REPS:-10}" ${SHAPES:+--shapes "$SHAPES"} \
+timeout -k 2 "${LIMIT_S:-50}" python3 experiments/gemm_tile2_q40/run.py --reps "${REPS:-10}" ${SHAPES:+--shapes "$SHAPES"} ${MOCK:+--mock} \
   ${RUN_ARGS:-} > "$OUT/gemm-tile2-q40.log" 2>&1
 rc=$?
 { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && echo "run.py TIMED OUT after ${LIMIT_S:-50} s (partial results in the log / jsonl)"

@@ -15,7 +15,7 @@ set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/../.." || exit 2
 rm -f "$OUT/gemm-tile2-q6k.jsonl"
-timeout -k 5 "${LIMIT_S:-55}" python3 experiments/gemm_tile2_q6k/run.py --reps "${REPS:-20}" ${SHAPES:+--shapes "$SHAPES"} \
+timeout -k 5 "${LIMIT_S:-55}" python3 experiments/gemm_tile2_q6k/run.py --reps "${REPS:-20}" ${SHAPES:+--shapes "$SHAPES"} ${MOCK:+--mock} \
   ${RUN_ARGS:-} > "$OUT/gemm-tile2-q6k.log" 2>&1
 rc=$?
 { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && echo "run.py TIMED OUT after ${LIMIT_S:-55} s (partial results in the log / jsonl)"
