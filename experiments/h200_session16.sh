@@ -37,9 +37,7 @@ a)
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 k)
   serve_build_start
-  timeout 200 python3 -m memra tune run h200 $MALL --kernels attn_decode,rope_norm_kv \
-    --out research/tune/h200-nvidia-h200.jsonl > $R/tune-att.txt 2>&1
-  log "tune attention/rope rc=$? $(tail -1 $R/tune-att.txt) $(el)"
+  tune_campaign h200 200 $MALL --kernels attn_decode,rope_norm_kv
   freeze_show k
   cp research/tune/h200-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json

@@ -19,9 +19,7 @@ same 28672 rows). JSON lines to $OUT/chain-mv.jsonl. Exit 1 on a failed check, 2
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import re
 import sys
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
 import chain_ref as CR  # noqa: E402
+import tile as T  # noqa: E402  (gemm_tile's host code: compile_module, time_us, jsonl_writer)
 
 SRC = HERE / "chain_mv.cu"
 Q4_K = 12
@@ -52,13 +51,7 @@ MOCK_SHAPES = ((96, 1024, "matvec"), (64, 2304, "matvec"), (64, 1024, "matvec_gl
 
 
 def compile_module(defs: dict) -> tuple[bytes, str]:
-    from cuda.core import Program, ProgramOptions
-    opts = ProgramOptions(name="chain_mv.cu", arch="sm_90a", std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels")],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None, ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(SRC.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
+    return T.compile_module(defs, SRC)
 
 
 def ptx_info(log: str) -> dict:
@@ -130,13 +123,6 @@ def mock_gpu():
 
 # ---------------------------------------------------------------------------------------
 # device run
-
-def time_us(g, fns, reps: int) -> float:
-    """experiments/gemm_tile/tile.py's timer (median us between two events, 2 warm-ups each)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_tile"))
-    import tile
-    return tile.time_us(g, fns, reps)
-
 
 def device_main(args, jsonl) -> int:
     from memra.gpu.ops import matvec as MV
@@ -229,7 +215,7 @@ def device_main(args, jsonl) -> int:
             launch(cfg, w0, xq8, xs8, y, B)
             g.sync()
             check(f"chain_mv {cfg} {sname} nb={B}", y, B, rows, raw[outs], outs, q8[:B], s8[:B], config=cfg, shape=sname, batch=B)
-            us = time_us(g, [lambda i=i, cfg=cfg, B=B: launch(cfg, ws[i], xq8, xs8, y, B) for i in range(sets)], args.reps)
+            us = T.time_us(g, [lambda i=i, cfg=cfg, B=B: launch(cfg, ws[i], xq8, xs8, y, B) for i in range(sets)], args.reps)
             results.append((sname, B, f"chain_mv {cfg}", us))
             jsonl({"kind": "time", "impl": "chain_mv", "config": cfg, "shape": sname, "nb": B, "us": us,
                    "gbps": gb / us, "sets": sets})
@@ -243,7 +229,7 @@ def device_main(args, jsonl) -> int:
             for vname, glu, cfg in variants:
                 N = rows // 2 if glu else rows
                 fn = lambda i, glu=glu, cfg=cfg, nb=nb: MV.matvec(g, ws[i], y, xq=xq8, xs=xs8, nb=nb, glu=glu, config=cfg)
-                us = time_us(g, [lambda i=i: fn(i) for i in range(sets)], args.reps)
+                us = T.time_us(g, [lambda i=i: fn(i) for i in range(sets)], args.reps)
                 results.append((sname, nb, f"memra {vname}", us))
                 jsonl({"kind": "time", "impl": "memra", "variant": vname, "config": cfg, "shape": sname, "nb": nb,
                        "us": us, "gbps": gb / us, "sets": sets})
@@ -264,17 +250,6 @@ def device_main(args, jsonl) -> int:
     return 1 if fails else 0
 
 
-def jsonl_writer(name: str):
-    out = os.environ.get("OUT")
-    path = Path(out) / name if out else None
-
-    def write(rec):
-        if path:
-            with open(path, "a") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
-    return write
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compile-only", action="store_true")
@@ -291,7 +266,7 @@ def main() -> int:
                 print(f"{'ok  ' if not inf['spill'] else 'SPILL'} {name:9s} {str(defs):36s} {inf['regs']} regs, "
                       f"{inf['spill']} B spill, {inf['smem']} B smem", flush=True)
             return 1 if bad else 0
-        return device_main(args, jsonl_writer("chain-mv.jsonl"))
+        return device_main(args, T.jsonl_writer("chain-mv.jsonl"))
     except Exception:   # noqa: BLE001
         traceback.print_exc()
         print("ERROR (see the traceback above)", flush=True)

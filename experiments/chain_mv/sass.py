@@ -14,7 +14,6 @@ pair at batch 1 (= warp instructions per 32 such pairs):
 """
 from __future__ import annotations
 
-import io
 import re
 import sys
 from pathlib import Path
@@ -22,22 +21,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "mvt"))
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+sys.path.insert(0, str(ROOT))
 import sass_count as SC  # noqa: E402  (nvdisasm on PATH, disasm, loops, classify)
+import tile as T  # noqa: E402  (compile_module)
 
 CLASSES = (("IDP4A", r"^IDP"), ("LDG", r"^LDG"), ("LDS", r"^LDS"), ("STS", r"^STS"), ("I2F", r"^I2F"),
            ("FFMA", r"^FFMA"), ("FMUL", r"^FMUL"), ("FADD", r"^FADD"), ("SHFL", r"^SHFL"), ("BAR", r"^BAR"),
            ("BRA", r"^(BRA|BSSY|BSYNC|EXIT|WARPSYNC)"),
            ("intALU", r"^(LOP3|SHF|IADD3|IMAD|PRMT|SGXT|BMSK|ISETP|LEA|SEL|IMNMX|VIADD|VIMNMX|PLOP3|FSEL|FSETP|UIADD3|ULOP3|USHF|UIMAD|ULEA|USEL|UISETP|UMOV|ULDC|S2R|S2UR|R2UR|P2R|R2P)"),
            ("MOV", r"^(MOV|CS2R)"))
-
-
-def compile_cubin(src: Path, name: str, defs: dict) -> tuple[bytes, str]:
-    from cuda.core import Program, ProgramOptions
-    opts = ProgramOptions(name=name, arch="sm_90a", std="c++17", lineinfo=True, include_path=[str(ROOT / "kernels")],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())], ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(src.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
 
 
 def info(log: str, fn: str) -> tuple[int, int, int]:
@@ -63,7 +56,7 @@ def fmt(c):
 def main() -> int:
     rows = []
     mv_defs = {"MV_TYPE": 12, "MV_B": 1, "MV_NWARPS": 4, "MV_ROWS": 2, "MV_UNROLL": 2}   # the H200 table's 4096x14336 entry
-    cub, log = compile_cubin(ROOT / "kernels" / "matvec.cu", "matvec.cu", mv_defs)
+    cub, log = T.compile_module(mv_defs, ROOT / "kernels" / "matvec.cu")
     r, sp, sm = info(log, "mv_q8")
     ins = SC.disasm(cub, "mv_q8")
     print(f"mv_q8 {mv_defs}: {r} regs, {sp} B spill")
@@ -78,7 +71,7 @@ def main() -> int:
     print(f"  unit loop: {best['total']} instr for {units} (row, unit)s -> {mv_per32:.1f} thread instr per (row, k32 block)")
     rows.append(("mv_q8 " + ",".join(f"{k}={v}" for k, v in mv_defs.items() if k != "MV_TYPE"), r, sp, mv_per32, best))
     for defs in ({"CM_NW": 8}, {"CM_NW": 16}, {"CM_NW": 16, "CM_CR": 16}, {"CM_NW": 8, "CM_PF": 0}, {"CM_NW": 8, "CM_FAST": 0}):
-        cub, log = compile_cubin(HERE / "chain_mv.cu", "chain_mv.cu", defs)
+        cub, log = T.compile_module(defs, HERE / "chain_mv.cu")
         r, sp, sm = info(log, "chain_mv")
         ins = SC.disasm(cub, "chain_mv")
         nw = defs["CM_NW"]

@@ -102,17 +102,18 @@ def launch_shape(defs: dict, rows: int, K: int, nb: int, glu: bool, ks: int = 1)
 # ---------------------------------------------------------------------------------------
 # compile
 
-def compile_module(defs: dict) -> tuple[bytes, str]:
-    """gemm_tile.cu through NVRTC with memra's options (memra.gpu.compile.options_for: sm_90a,
-    c++17, -lineinfo, -I kernels/) plus -I here and ptxas -v; (cubin, log)."""
+def compile_module(defs: dict, src: Path = SRC) -> tuple[bytes, str]:
+    """A prototype's .cu (gemm_tile.cu unless `src`) through NVRTC with memra's options
+    (memra.gpu.compile.options_for: sm_90a, c++17, -lineinfo, -I kernels/) plus -I its folder and
+    ptxas -v; (cubin, log). The other prototypes' host scripts compile through this too."""
     from cuda.core import Program, ProgramOptions
 
-    opts = ProgramOptions(name="gemm_tile.cu", arch=ARCH, std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(HERE)],
+    opts = ProgramOptions(name=src.name, arch=ARCH, std="c++17", lineinfo=True,
+                          include_path=[str(ROOT / "kernels"), str(src.parent)],
                           define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
                           ptxas_options=["-v"])
     log = io.StringIO()
-    obj = Program(SRC.read_text(), "c++", opts).compile("cubin", logs=log)
+    obj = Program(src.read_text(), "c++", opts).compile("cubin", logs=log)
     return bytes(obj.code), log.getvalue()
 
 
@@ -577,7 +578,7 @@ def jsonl_writer(name: str):
     def write(rec):
         if path:
             with open(path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+                f.write(json.dumps(rec, default=str) + "\n")
     return write
 
 

@@ -20,7 +20,13 @@ wrong maps (mutation_tests()).
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chain_mv"))
+from chain_ref import fma32  # noqa: E402  (the correctly rounded float32 fma; chain_ref.py checks it against rationals)
 
 Q4_K = 12
 WS, TS = 144, 272
@@ -560,23 +566,6 @@ def replay(defs, glu, K=1024, nb=40, seed=5, mut=(), ks=1):
 
 # ---------------------------------------------------------------------------------------
 # the exact float32 chain of GT_FORM 1 (CPU reference for a bitwise device check)
-
-def fma32(a, b, c):
-    """Correctly rounded float32 fma of float32 arrays: a b is exact in float64, TwoSum gives the
-    rounding error of the float64 sum, and a float32 tie of that sum is broken by the error's sign."""
-    p = a.astype(np.float64) * b.astype(np.float64)
-    c64 = c.astype(np.float64)
-    s = p + c64
-    bb = s - p
-    e = (p - (s - bb)) + (c64 - bb)
-    r = s.astype(np.float32)
-    r64 = r.astype(np.float64)
-    other = np.nextafter(r, np.where(s > r64, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
-    tie = (s != r64) & (s == (r64 + other) / 2) & (e != 0)
-    # at a tie the exact value lies on the side of e: take the neighbour on that side
-    toward_other = tie & (np.sign(e) == np.sign(other - r64))
-    return np.where(toward_other, other, r64).astype(np.float32)
-
 
 def q4k_row_scalars(meta_row: np.ndarray):
     """(dsc [nsb, 8], ndmm [nsb, 8]) float32 of one row's meta plane (16 bytes per super-block)."""

@@ -17,7 +17,6 @@ Exit 1 on a failed check, 2 on an error.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
 import traceback
@@ -98,16 +97,8 @@ def launch_shape(src: str, defs: dict, rows: int, K: int, nb: int, glu: bool, ks
 
 
 def compile_module(src: str, defs: dict) -> tuple[bytes, str]:
-    """NVRTC with memra's options (sm_90a, c++17, -lineinfo, -I kernels/) + ptxas -v: (cubin, log)."""
-    from cuda.core import Program, ProgramOptions
-    path = SRCS[src]
-    opts = ProgramOptions(name=path.name, arch=T.ARCH, std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(path.parent)],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(path.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
+    """SRCS[src] through gemm_tile/tile.py's compile_module: (cubin, ptxas log)."""
+    return T.compile_module(defs, SRCS[src])
 
 
 def _compile_one(item):
@@ -370,27 +361,13 @@ def model_selftest() -> int:
         bad += not ok
         print(f"{'PASS' if ok else 'FAIL'}  model of gemm_tile2{'_glu' if glu else ''} {defs} N={N} K={K} nb={nb}: "
               f"races none, every output once, float64 rel err {err:.1e} ({time.perf_counter() - t:.0f} s)", flush=True)
-    # the exact float32 chain (GT_FORM 1's bitwise device check): fma32 against exact rational rounding,
-    # chain_ref against the float64 reference
-    from fractions import Fraction
+    # the exact float32 chain (GT_FORM 1's bitwise device check): model2's fma32 (experiments/chain_mv/
+    # chain_ref.py's) against exact rational rounding, chain_ref against the float64 reference
+    import chain_ref
     from memra.gpu.ops import matvec as MV
     from memra.gpu.q8 import quantize_q8_ref
     rng = np.random.default_rng(3)
-    a = (rng.standard_normal(20000) * 4).astype(np.float32)
-    b_ = rng.standard_normal(20000).astype(np.float32)
-    c_ = (rng.standard_normal(20000) * 8).astype(np.float32)
-    b_[:5000] = np.float32(2.0) ** -rng.integers(20, 30, 5000).astype(np.float32)
-    r = model2.fma32(a, b_, c_)
-    mism = 0
-    idx = range(0, 20000, 7)
-    for i in idx:
-        ex = Fraction(float(a[i])) * Fraction(float(b_[i])) + Fraction(float(c_[i]))
-        cand = [r[i], np.nextafter(r[i], np.float32(np.inf)), np.nextafter(r[i], np.float32(-np.inf))]
-        best = min(cand, key=lambda v: (abs(Fraction(float(v)) - ex), int(np.float32(v).view(np.int32)) & 1))
-        mism += best != r[i]
-    bad += mism > 0
-    print(f"{'PASS' if not mism else 'FAIL'}  fma32 (exact float32 fma) vs exact rational rounding: {mism} of {len(idx)} differ",
-          flush=True)
+    bad += chain_ref.fma_selftest(rng)
     import tile as T
     raw = MV.random_weight(Q4_K, 64, 1024, rng)
     x = T.make_x(rng, 9, 1024)

@@ -18,7 +18,6 @@ Exit 1 on a failed check, 2 on an error.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import time
@@ -100,15 +99,8 @@ def launch_shape(defs: dict, rows: int, K: int, nb: int, glu: bool, ks: int = 1,
 
 
 def compile_module(defs: dict) -> tuple[bytes, str]:
-    """NVRTC with memra's options (sm_90a, c++17, -lineinfo, -I kernels/) + ptxas -v: (cubin, log)."""
-    from cuda.core import Program, ProgramOptions
-    opts = ProgramOptions(name=SRC.name, arch=T.ARCH, std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(HERE)],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(SRC.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
+    """SRC through gemm_tile/tile.py's compile_module: (cubin, ptxas log)."""
+    return T.compile_module(defs, SRC)
 
 
 def fns_of(defs) -> tuple[str, str]:
@@ -432,23 +424,10 @@ def model_selftest() -> int:
         chain = f", chain bits {bits} of {N * nb} differ" if bits >= 0 else ""
         print(f"{'PASS' if ok else 'FAIL'}  model of {KFN[defs['GT_QT']]}{'_glu' if glu else ''} {tag} N={N} K={K} nb={nb}: "
               f"races none, every output once, float64 rel err {err:.1e}{chain} ({time.perf_counter() - t:.0f} s)", flush=True)
-    # fma32 (the chain's exact float32 fma) against exact rational rounding, again
-    from fractions import Fraction
+    # fma32 (the chain's exact float32 fma: experiments/chain_mv/chain_ref.py's) against exact rational rounding
+    import chain_ref
     rng = np.random.default_rng(3)
-    a = (rng.standard_normal(20000) * 4).astype(np.float32)
-    b_ = rng.standard_normal(20000).astype(np.float32)
-    c_ = (rng.standard_normal(20000) * 8).astype(np.float32)
-    b_[:5000] = np.float32(2.0) ** -rng.integers(20, 30, 5000).astype(np.float32)
-    r = MQ.fma32(a, b_, c_)
-    mism = 0
-    idx = range(0, 20000, 7)
-    for i in idx:
-        ex = Fraction(float(a[i])) * Fraction(float(b_[i])) + Fraction(float(c_[i]))
-        cand = [r[i], np.nextafter(r[i], np.float32(np.inf)), np.nextafter(r[i], np.float32(-np.inf))]
-        best = min(cand, key=lambda v: (abs(Fraction(float(v)) - ex), int(np.float32(v).view(np.int32)) & 1))
-        mism += best != r[i]
-    bad += mism > 0
-    print(f"{'PASS' if not mism else 'FAIL'}  fma32 vs exact rational rounding: {mism} of {len(idx)} differ", flush=True)
+    bad += chain_ref.fma_selftest(rng)
     # the magic-bias product: fma(M + I', d', -M d') == fl(I d) for the extreme I of each type, random d
     from memra.gpu.q8 import quantize_q8_ref
     for qt, imax in ((Q4_0, 32 * 8 * 128), (Q8_0, 32 * 128 * 127)):

@@ -19,7 +19,6 @@ an error.
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
 import traceback
@@ -97,15 +96,8 @@ def launch_shape(defs, N: int, K: int, nb: int, ks: int = 1):
 
 
 def compile_module(defs: dict) -> tuple[bytes, str]:
-    """NVRTC with memra's options (memra.gpu.compile: sm_90a, c++17, -lineinfo, -I kernels/) + ptxas -v."""
-    from cuda.core import Program, ProgramOptions
-    opts = ProgramOptions(name=SRC.name, arch=T.ARCH, std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(HERE)],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(SRC.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
+    """SRC through gemm_tile/tile.py's compile_module: (cubin, ptxas log)."""
+    return T.compile_module(defs, SRC)
 
 
 def _compile_one(item):
