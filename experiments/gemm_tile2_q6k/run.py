@@ -19,6 +19,8 @@ an error.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 import traceback
@@ -247,6 +249,10 @@ def device_main(args, jsonl) -> int:
             run.launch_tile(cfg, w, xq, xs, y, nb, ks, wsb)
             g.sync()
             check(f"{cfg} N={N} K={K} nb={nb} ks={ks}", y, ref, None, nb, TOL, config=cfg, N=N, K=K, nb=nb, ks=ks)
+            if os.environ.get("Q6_DUMP") and not args.mock and ks == 1 and cfg in ("q6 F0 2,4,2", "q6 F0 2,4,2 coop"):   # the inputs and outputs of a case, for a CPU post-mortem
+                tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{cfg}_N{N}_K{K}_nb{nb}_ks{ks}")
+                np.savez_compressed(f"{os.environ['Q6_DUMP']}/q6dump_{tag}.npz", raw=raw, q=q, d=s["d"],
+                                    got=y.numpy().reshape(-1, N)[:nb], ref=ref)
             if ks == 1:
                 chain_check(f"{cfg} N={N} K={K} nb={nb}", y, chains[int(defs.get("GT_FORM", 0))], nb, rows)
     print(f"small checks done at {time.perf_counter() - t0:.1f} s", flush=True)
