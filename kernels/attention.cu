@@ -23,8 +23,12 @@
 // Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64),
 //   KV_BLOCK (positions per KV-cache block, kv.cuh);
+//   KV_K_Q8 / KV_V_Q8 (kv.cuh, default 0): that side of the cache is q8_0 planes (int8 codes,
+//   f16 scales per 32; kscale / vscale, the kernels' last two parameters): read as d * q in
+//   fp32 (exact), then split_body's arithmetic unchanged, so the bits are the f16 kernel's on
+//   the q8_0 round trip of every K/V value; attn_decode_rope appends q8_0 (kv_q8_store_row);
 //   MEMRA_CANARY: wrong variants kernel-check must catch: 1, a token does not attend to
-//   itself; 2 (kv.cuh), the block table ignored.
+//   itself; 2 (kv.cuh), the block table ignored; 4 (kv.cuh, q8_0), the scale plane ignored.
 // Launch contract:
 //   attn_split:   grid (n_head / N_GQA, S, n_tokens), block (32 * ATT_WARPS), static
 //     shared memory.
@@ -91,6 +95,15 @@
 #define NEG_INF __int_as_float(0xff800000)
 
 constexpr int D = HEAD_DIM;
+// the scale pointers through the device functions (kv.cuh's KV_SCALE_PARAMS on the kernels)
+#if KV_ANY_Q8
+static_assert(HEAD_DIM % 32 == 0, "a q8_0 KV cache needs HEAD_DIM % 32 == 0");
+#define KV_SP , const uint16_t* __restrict__ kscale, const uint16_t* __restrict__ vscale
+#define KV_SA , kscale, vscale
+#else
+#define KV_SP
+#define KV_SA
+#endif
 constexpr int G = N_GQA;
 constexpr int NT = ATT_WARPS * 32;
 constexpr int NCH = D / 8;  // 16-byte chunks (8 halves) per K/V row
@@ -123,6 +136,32 @@ static __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
     }
 }
 
+// A K / V chunk (8 values, ch: its index in the head row) of pool row `slot` as a uint4, and
+// its 8 floats: f16 bits (unpack8), or q8_0 (kv.cuh: codes, scale bits; d * q exact). Inside
+// split_body (kbase / vbase, row_stride, and the scale rows ksbase / vsbase, srow_stride).
+#if KV_K_Q8
+#define K_LD(slot, ch) kv_q8_chunk(kbase, ksbase, (slot), row_stride, srow_stride, (ch))
+#define K_UNPACK kv_q8_unpack8
+#else
+#define K_LD(slot, ch) *(const uint4*)(kbase + (slot) * row_stride + (ch) * 8)
+#define K_UNPACK unpack8
+#endif
+#if KV_V_Q8
+#define V_LD(slot, ch) kv_q8_chunk(vbase, vsbase, (slot), row_stride, srow_stride, (ch))
+#define V_UNPACK kv_q8_unpack8
+#else
+#define V_LD(slot, ch) *(const uint4*)(vbase + (slot) * row_stride + (ch) * 8)
+#define V_UNPACK unpack8
+#endif
+
+#if KV_ANY_Q8
+// kv_q8_ld8 of pool row `slot` (the table lookup evaluated once for both planes)
+static __device__ __forceinline__ uint4 kv_q8_chunk(const int8_t* __restrict__ base, const uint16_t* __restrict__ sbase,
+                                                    size_t slot, size_t row_stride, size_t srow_stride, int ch) {
+    return kv_q8_ld8(base + slot * row_stride, sbase + slot * srow_stride, ch);
+}
+#endif
+
 // The keys of token t: [lo, lo + n); the splits: `chunk` keys each, `n_active` non-empty.
 struct KeyRange { int lo, n, chunk, n_active; };
 
@@ -143,8 +182,8 @@ static __device__ __forceinline__ KeyRange key_range(int p, int window, int S) {
 
 // One block's split: writes its partial (o, m, l) for the G heads of its KV head.
 static __device__ __forceinline__ void split_body(
-    const float* __restrict__ q, const uint16_t* __restrict__ kcache,
-    const uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+    const float* __restrict__ q, const kv_k_t* __restrict__ kcache,
+    const kv_v_t* __restrict__ vcache KV_SP, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
     int max_blocks, int n_kv, int qpk, int window, float scale, float softcap, float* __restrict__ out_direct,
     float* ob, const float* qsm = nullptr) {
@@ -173,8 +212,17 @@ static __device__ __forceinline__ void split_body(
     }
 
     const size_t row_stride = (size_t)n_kv * D;
-    const uint16_t* kbase = kcache + (size_t)kvh * D;  // + kv_slot(bt, key) * row_stride
-    const uint16_t* vbase = vcache + (size_t)kvh * D;
+    const kv_k_t* kbase = kcache + (size_t)kvh * D;  // + kv_slot(bt, key) * row_stride
+    const kv_v_t* vbase = vcache + (size_t)kvh * D;
+#if KV_ANY_Q8
+    const size_t srow_stride = row_stride / 32;  // the scale planes' row: one f16 per 32 values
+#endif
+#if KV_K_Q8
+    const uint16_t* ksbase = kscale + (size_t)kvh * D / 32;
+#endif
+#if KV_V_Q8
+    const uint16_t* vsbase = vscale + (size_t)kvh * D / 32;
+#endif
     const int* bt = block_table + (size_t)s * max_blocks;
 
     // this lane's 16-byte chunks of every query head
@@ -215,7 +263,7 @@ static __device__ __forceinline__ void split_body(
         for (int i = 0; i < VB; i++) {
             const int k = kg + i * KG;
             vpre[i] = (v_active && i < VITER && k < nt)
-                          ? *(const uint4*)(vbase + kv_slot(bt, tile0 + k) * row_stride + vc * 8)
+                          ? V_LD(kv_slot(bt, tile0 + k), vc)
                           : make_uint4(0u, 0u, 0u, 0u);
         }
         // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
@@ -230,7 +278,7 @@ static __device__ __forceinline__ void split_body(
                 for (int c = 0; c < CPL; c++) {
                     const int ch = c * LPK + sl;
                     kraw[i][c] = (i0 + i < SITER && key < nt && ch < NCH)
-                                     ? *(const uint4*)(kbase + kv_slot(bt, tile0 + key) * row_stride + ch * 8)
+                                     ? K_LD(kv_slot(bt, tile0 + key), ch)
                                      : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
@@ -248,7 +296,7 @@ static __device__ __forceinline__ void split_body(
                         const int ch = c * LPK + sl;
                         if (ch < NCH) {
                             float kf[8];
-                            unpack8(kraw[i][c], kf);
+                            K_UNPACK(kraw[i][c], kf);
 #pragma unroll
                             for (int g = 0; g < G; g++)
 #pragma unroll
@@ -313,7 +361,7 @@ static __device__ __forceinline__ void split_body(
                     const int k = kg + (i0 + i) * KG;
                     vraw[i] = i0 == 0 ? vpre[i]
                               : (i0 + i < VITER && k < nt)
-                                  ? *(const uint4*)(vbase + kv_slot(bt, tile0 + k) * row_stride + vc * 8)
+                                  ? V_LD(kv_slot(bt, tile0 + k), vc)
                                   : make_uint4(0u, 0u, 0u, 0u);
                 }
 #pragma unroll
@@ -321,7 +369,7 @@ static __device__ __forceinline__ void split_body(
                     const int k = kg + (i0 + i) * KG;
                     if (i0 + i < VITER && k < nt) {
                         float vf[8];
-                        unpack8(vraw[i], vf);
+                        V_UNPACK(vraw[i], vf);
 #pragma unroll
                         for (int g = 0; g < G; g++) {
                             float pk = sc[g][k];
@@ -385,21 +433,21 @@ static __device__ __forceinline__ void split_body(
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-    attn_split(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
-               const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+    attn_split(const float* __restrict__ q, const kv_k_t* __restrict__ kcache,
+               const kv_v_t* __restrict__ vcache, float* __restrict__ part_o,
                float* __restrict__ part_ml, const int* __restrict__ pos,
                const int* __restrict__ seq, const int* __restrict__ block_table, int max_blocks, int n_kv,
-               int qpk, int window, float scale, float softcap) {
+               int qpk, int window, float scale, float softcap KV_SCALE_PARAMS) {
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+    split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
                softcap, nullptr, nullptr);
 }
 
 // The body of attn_decode after the PDL wait (n_act: the token's non-empty splits, this
 // block among them); qsm: the block's roped query heads in shared memory, or null (q).
 static __device__ __forceinline__ void decode_body(
-    const float* __restrict__ q, const uint16_t* __restrict__ kcache, const uint16_t* __restrict__ vcache,
+    const float* __restrict__ q, const kv_k_t* __restrict__ kcache, const kv_v_t* __restrict__ vcache KV_SP,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
     int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window, float scale,
@@ -413,10 +461,10 @@ static __device__ __forceinline__ void decode_body(
     const int n_head = gridDim.x * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+        split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
                    softcap, out, xq ? ob : nullptr, qsm);
     } else {
-        split_body(q, kcache, vcache, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
+        split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
                    softcap, nullptr, nullptr, qsm);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
@@ -474,12 +522,12 @@ static __device__ __forceinline__ void decode_body(
 // the last block puts its counter back to zero, so the buffer stays ready for the next
 // launch and graph replay.
 extern "C" __global__ void __launch_bounds__(NT)
-    attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kcache,
-                const uint16_t* __restrict__ vcache, float* __restrict__ part_o,
+    attn_decode(const float* __restrict__ q, const kv_k_t* __restrict__ kcache,
+                const kv_v_t* __restrict__ vcache, float* __restrict__ part_o,
                 float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
                 int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos,
                 const int* __restrict__ seq, const int* __restrict__ block_table, int max_blocks, int n_kv,
-                int qpk, int window, float scale, float softcap) {
+                int qpk, int window, float scale, float softcap KV_SCALE_PARAMS) {
     const int t = blockIdx.z, S = gridDim.y;
     // pos is written two or more launches back (common.cuh: safe before the wait), so an
     // empty split leaves without waiting: nothing to add, nothing to count
@@ -487,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     if ((int)blockIdx.y >= n_act) return;
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    decode_body(q, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks, n_kv,
+    decode_body(q, kcache, vcache KV_SA, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks, n_kv,
                 qpk, window, scale, softcap, n_act, nullptr);
 }
 
@@ -505,12 +553,12 @@ extern "C" __global__ void __launch_bounds__(NT)
                      const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
                      const float* __restrict__ bias, const float* __restrict__ q_norm_w,
                      const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows,
-                     int rope_dim, int neox, float eps, uint16_t* __restrict__ kcache,
-                     uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+                     int rope_dim, int neox, float eps, kv_k_t* __restrict__ kcache,
+                     kv_v_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
                      int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
                      Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
                      const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
-                     float scale, float softcap) {
+                     float scale, float softcap KV_SCALE_PARAMS) {
     __shared__ __align__(16) float qsm[G * D];
     __shared__ float kvb[D];
     const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
@@ -536,18 +584,30 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     if (appends) {
         const size_t row = kv_slot(bt, p) * (size_t)(n_kv * D) + (size_t)kvh * D;
+#if KV_ANY_Q8
+        const size_t srow = row / 32;  // the scale planes' entry of the row's first group
+#endif
         if (warp == ATT_WARPS - 1) {
             rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,
                       bias ? bias + (size_t)(n_head + kvh) * D : nullptr, k_norm_w != nullptr, rk, eps, rope_dim,
                       neox, kvb);
+#if KV_K_Q8
+            kv_q8_store_row(kvb, nullptr, D, kcache + row, kscale + srow);
+#else
             for (int d = threadIdx.x % 32; d < D; d += 32) kcache[row + d] = f32_to_f16(kvb[d]);
+#endif
         }
         if (warp == (ATT_WARPS >= 2 ? ATT_WARPS - 2 : 0))
+#if KV_V_Q8
+            kv_q8_store_row(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
+                            bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, D, vcache + row, vscale + srow);
+#else
             v_append(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
                      bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, vcache + row);
+#endif
     }
     __syncthreads();  // q in shared memory; the appended K/V rows visible to the block
-    decode_body(nullptr, kcache, vcache, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks,
+    decode_body(nullptr, kcache, vcache KV_SA, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks,
                 n_kv, qpk, window, scale, softcap, n_act, qsm);
 }
 

@@ -69,6 +69,9 @@
 // rows with more than one split; attn_fa_dec: counters [n_tokens][n_kv] int, zero (left zero).
 #include "common.cuh"
 #include "kv.cuh"
+#if KV_K_Q8 || KV_V_Q8
+#error "attn_fa reads an f16 KV cache only (a q8_0 cache runs on attention.cu; memra/gpu/plan.py turns fa off)"
+#endif
 #include "q8.cuh"
 #include "rope.cuh"
 

@@ -34,6 +34,9 @@
 //   [n_rows][max_blocks] (kv.cuh); cs: [cs_rows][rope_dim / 2] float2 with every pos in
 //   [0, cs_rows) (others read row 0 or the last). Positions the table does not map (p < 0
 //   for padded rows) are not written to the cache.
+//   KV_K_Q8 / KV_V_Q8 (kv.cuh): that side's pool is q8_0 planes (int8 codes, f16 scales), the
+//   row quantized by kv_q8_store_row (one warp a head: each 32-group's amax by shuffles);
+//   kscale / vscale, the scale planes, are then the kernel's last two parameters.
 
 // PDL: each kernel waits for the previous one before touching memory, then lets the
 // next one launch (both no-ops when launched without programmatic dependent launch).
@@ -49,16 +52,19 @@
 #ifndef ROPE_WARPS
 #define ROPE_WARPS 4
 #endif
+#if KV_ANY_Q8
+static_assert(HEAD_DIM % 32 == 0, "a q8_0 KV cache needs HEAD_DIM % 32 == 0");
+#endif
 
 extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     rope_norm_kv(const float* __restrict__ q, const float* __restrict__ k,
                  const float* __restrict__ v, int q_stride, int k_stride, int v_stride,
-                 float* __restrict__ q_out, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache,
+                 float* __restrict__ q_out, kv_k_t* __restrict__ kcache, kv_v_t* __restrict__ vcache,
                  const int* __restrict__ pos, const int* __restrict__ seq,
                  const float* __restrict__ bias, const float* __restrict__ q_norm_w,
                  const float* __restrict__ k_norm_w,
                  const float2* __restrict__ cs, int cs_rows, const int* __restrict__ block_table,
-                 int max_blocks, int n_head, int n_kv, int rope_dim, int neox, float eps) {
+                 int max_blocks, int n_head, int n_kv, int rope_dim, int neox, float eps KV_SCALE_PARAMS) {
     __shared__ float buf[ROPE_WARPS][HEAD_DIM];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.x * ROPE_WARPS + warp;
@@ -70,6 +76,9 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;  // host-written
     const bool in_ctx = kv_writable(bt, max_blocks, p);
     const size_t kv_row = in_ctx ? kv_slot(bt, p) * (size_t)(n_kv * HEAD_DIM) : 0;
+#if KV_ANY_Q8
+    const size_t kv_srow = kv_row / 32;  // the scale plane's row (n_kv * HEAD_DIM / 32 a position)
+#endif
     RopeLane rl;
     rope_lane_load(rl, cs, cs_rows, p, rope_dim, h < n_head + n_kv ? (h < n_head ? q_norm_w : k_norm_w) : nullptr);
     MEMRA_PDL_WAIT();
@@ -79,7 +88,11 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
         const int hv = h - n_head - n_kv;
         const float* src = v + (size_t)t * v_stride + hv * HEAD_DIM;
         const float* bv = bias ? bias + (n_head + n_kv + hv) * HEAD_DIM : nullptr;
+#if KV_V_Q8
+        if (in_ctx) kv_q8_store_row(src, bv, HEAD_DIM, vcache + kv_row + hv * HEAD_DIM, vscale + kv_srow + hv * HEAD_DIM / 32);
+#else
         if (in_ctx) v_append(src, bv, vcache + kv_row + hv * HEAD_DIM);
+#endif
         return;
     }
     const bool is_q = h < n_head;
@@ -93,7 +106,11 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
         float* qo = q_out + (size_t)t * n_head * HEAD_DIM + hh * HEAD_DIM;
         for (int d = lane; d < HEAD_DIM; d += 32) qo[d] = b[d];
     } else if (in_ctx) {
+#if KV_K_Q8
+        kv_q8_store_row(b, nullptr, HEAD_DIM, kcache + kv_row + hh * HEAD_DIM, kscale + kv_srow + hh * HEAD_DIM / 32);
+#else
         uint16_t* ko = kcache + kv_row + hh * HEAD_DIM;
         for (int d = lane; d < HEAD_DIM; d += 32) ko[d] = f32_to_f16(b[d]);
+#endif
     }
 }

@@ -521,9 +521,39 @@ def _add_rmsnorm(g, k, grid, v):
     _q8_twin(g, out, R * n, xq_, xs_)
 
 
+def _kv_scales(k, v):
+    """A launch's arguments without the q8_0 scale planes and those planes: kernels/kv.cuh's
+    KV_SCALE_PARAMS are the last two parameters of a module with KV_K_Q8 or KV_V_Q8."""
+    if _d(k, "KV_K_Q8", 0) or _d(k, "KV_V_Q8", 0):
+        return tuple(v[:-2]), tuple(v[-2:])
+    return tuple(v), (0, 0)
+
+
+class _Q8Pool:
+    """A q8_0 side of the paged cache (kernels/kv.cuh): codes [n_rows, row] int8 and f16
+    scales [n_rows, row / 32]. Reading gives d * q (float32, exact); writing a float32 row
+    quantizes it by llama.cpp's rule (memra.cpu.llamacpp.q8_0_quantize), as the kernels do."""
+
+    def __init__(self, codes, scales, ignore_scales=False):
+        self.q, self.d, self.ignore = codes, scales, ignore_scales
+
+    def __getitem__(self, rows):
+        from memra.cpu.llamacpp import q8_0_dequantize
+
+        d = np.ones(self.d[rows].shape, np.float32) if self.ignore else self.d[rows].astype(np.float32)
+        return q8_0_dequantize(self.q[rows], d)
+
+    def __setitem__(self, r, x):
+        from memra.cpu.llamacpp import q8_0_quantize
+
+        q, d = q8_0_quantize(np.asarray(x, np.float32))
+        self.q[r], self.d[r] = q, d.astype(np.float16)
+
+
 def _rope(g, k, grid, v):
     from memra.cpu.reference import _rotate, rms_norm
 
+    v, scales = _kv_scales(k, v)
     (q, kk, vv, qs, ks, vs, q_out, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks, n_head, n_kv,
      rope_dim, neox, eps) = v
     D = int(k.defines["HEAD_DIM"])
@@ -532,7 +562,7 @@ def _rope(g, k, grid, v):
     S = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
     table = g.mem(cs, np.float32, cs_rows * rope_dim).reshape(cs_rows, rope_dim // 2, 2)
     b = _f32(g, bias, (n_head + 2 * n_kv) * D).reshape(-1, D) if bias else None
-    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, S, n_kv * D)
+    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, S, n_kv * D, scales)
     for t in range(T):
         qh = _f32(g, q + 4 * t * qs, n_head * D).reshape(n_head, D).copy()
         kh = _f32(g, kk + 4 * t * ks, n_kv * D).reshape(n_kv, D).copy()
@@ -548,21 +578,31 @@ def _rope(g, k, grid, v):
         kh = _rotate(kh[None], c[None], s[None], bool(neox))[0]
         _f32(g, q_out + 4 * t * n_head * D, n_head * D)[:] = qh.reshape(-1)
         r = slot(int(S[t]), int(P[t]), write=True)
-        if r is not None:
-            kpool[r] = kh.astype(np.float16).reshape(-1)
-            vpool[r] = vh.astype(np.float16).reshape(-1)
+        if r is not None:  # a q8_0 side quantizes the float32 row (_Q8Pool)
+            kpool[r] = (kh if isinstance(kpool, _Q8Pool) else kh.astype(np.float16)).reshape(-1)
+            vpool[r] = (vh if isinstance(vpool, _Q8Pool) else vh.astype(np.float16)).reshape(-1)
 
 
-def _paged(g, k, kc, vc, bt, max_blocks, seqs, row):
-    """The K and V pools as [n_blocks * KV_BLOCK, row] f16 arrays and slot(s, p, write) ->
-    the pool row of position p of block-table row s (kernels/kv.cuh); with write=True, None
-    where the kernel drops the append (p outside the table or an unmapped block)."""
+def _paged(g, k, kc, vc, bt, max_blocks, seqs, row, scales=(0, 0)):
+    """The K and V pools as [n_blocks * KV_BLOCK, row] f16 arrays (a q8_0 side, KV_K_Q8 /
+    KV_V_Q8: a _Q8Pool over its codes and scales planes) and slot(s, p, write) -> the pool row
+    of position p of block-table row s (kernels/kv.cuh); with write=True, None where the kernel
+    drops the append (p outside the table or an unmapped block)."""
     B = int(k.defines.get("KV_BLOCK", 16))
     n_seq = int(np.max(seqs)) + 1 if len(seqs) else 1
     table = g.mem(bt, np.int32, n_seq * max_blocks).reshape(n_seq, max_blocks)
     n_rows = (int(table.max()) + 1) * B if table.size else 0
-    kpool = g.mem(kc, np.uint16, n_rows * row).view(np.float16).reshape(n_rows, row)
-    vpool = g.mem(vc, np.uint16, n_rows * row).view(np.float16).reshape(n_rows, row)
+    pools = []
+    for ptr, sc, q8 in ((kc, scales[0], _d(k, "KV_K_Q8", 0)), (vc, scales[1], _d(k, "KV_V_Q8", 0))):
+        if q8:
+            if row % 32 or not sc:
+                raise CudaError(f"{k.name}: a q8_0 KV side needs row % 32 == 0 and its scale plane")
+            pools.append(_Q8Pool(g.mem(ptr, np.int8, n_rows * row).reshape(n_rows, row),
+                                 g.mem(sc, np.uint16, n_rows * row // 32).view(np.float16).reshape(n_rows, row // 32),
+                                 ignore_scales=_d(k, "MEMRA_CANARY", 0) == 4))
+        else:
+            pools.append(g.mem(ptr, np.uint16, n_rows * row).view(np.float16).reshape(n_rows, row))
+    kpool, vpool = pools
 
     def slot(s, p, write=False):
         if write and not (0 <= p < max_blocks * B and table[s, p // B] >= 0):
@@ -575,6 +615,7 @@ def _paged(g, k, kc, vc, bt, max_blocks, seqs, row):
 
 
 def _attn_split(g, k, grid, v):
+    v, scales = _kv_scales(k, v)
     q, kc, vc, part_o, part_ml, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
     D, G = int(k.defines["HEAD_DIM"]), int(k.defines["N_GQA"])  # G: query heads per block
     TILE = int(k.defines.get("ATT_TILE", 64))
@@ -584,7 +625,7 @@ def _attn_split(g, k, grid, v):
     assert nh == n_kv * qpk and qpk % G == 0, "attention grid does not cover the heads"
     P = g.mem(pos, np.int32, T)
     SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)
-    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D)
+    kpool, vpool, slot = _paged(g, k, kc, vc, bt, max_blocks, SQ, n_kv * D, scales)
     po = _f32(g, part_o, T * nh * S * D).reshape(T, nh, S, D)
     pml = _f32(g, part_ml, T * nh * S * 2).reshape(T, nh, S, 2)
     for t in range(T):
@@ -614,9 +655,10 @@ def _attn_split(g, k, grid, v):
 
 def _attn_decode(g, k, grid, v):
     """attn_split + the merge of the last block, as attention.cu's attn_decode."""
+    v, scales = _kv_scales(k, v)
     q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
     _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, bt, max_blocks, n_kv, qpk, window, scale,
-                             softcap))
+                             softcap, *_q8_tail(k, scales)))
     D = int(k.defines["HEAD_DIM"])
     T = grid[2]
     if g.mem(counters, np.int32, T * grid[0]).any():
@@ -632,7 +674,12 @@ def _attn_decode(g, k, grid, v):
     _q8_twin_rows(g, out, T, W, xq, xs, pad)
 
 
-def _roped_q(g, k, T: int, n_kv: int, qpk: int, raw, rest):
+def _q8_tail(k, scales):
+    """The scale planes as trailing arguments again, for a module that takes them."""
+    return tuple(scales) if _d(k, "KV_K_Q8", 0) or _d(k, "KV_V_Q8", 0) else ()
+
+
+def _roped_q(g, k, T: int, n_kv: int, qpk: int, raw, rest, scales=(0, 0)):
     """rope_norm_kv of a fused launch's raw QKV rows (it appends K / V) into a scratch q;
     returns the scratch's address. raw: (q, k, v, q_stride, k_stride, v_stride); rest: (kcache,
     vcache, pos, seq, bias, q_norm, k_norm, cs, cs_rows, block_table, max_blocks, rope_dim, neox,
@@ -644,18 +691,19 @@ def _roped_q(g, k, T: int, n_kv: int, qpk: int, raw, rest):
         g.wcache[key] = g.empty((T, n_head * D), np.float32)
     qr = g.wcache[key].ptr
     _rope(g, k, (1, T), (*raw, qr, kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt, max_blocks, n_head, n_kv,
-                         rope_dim, neox, eps))
+                         rope_dim, neox, eps, *_q8_tail(k, scales)))
     return qr
 
 
 def _attn_decode_rope(g, k, grid, v):
     """rope_norm_kv into a scratch q, then attn_decode, as attention.cu's attn_decode_rope."""
+    v, scales = _kv_scales(k, v)
     (q, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, part_o, part_ml, counters,
      out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v
     qr = _roped_q(g, k, grid[2], n_kv, qpk, (q, kk, vv, qs, ks, vs), (kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt,
-                                                                      max_blocks, rope_dim, neox, eps))
+                                                                      max_blocks, rope_dim, neox, eps), scales)
     _attn_decode(g, k, grid, (qr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks,
-                              n_kv, qpk, window, scale, softcap))
+                              n_kv, qpk, window, scale, softcap, *_q8_tail(k, scales)))
 
 
 def _attn_fa(g, k, grid, v):

@@ -17,7 +17,8 @@
   another sequence, behind an adopted prefix), greedy tokens alone = together, the pools'
   real bytes (int8 codes + f16 scales), and --kv-memory holding 64/34 x the positions; the
   server's ServeConfig cache types reaching that engine.
-* The flags: unknown types and q8_0 on the GPU refused, naming the flag.
+* The flags: unknown types refused, naming the flag (q8_0 runs on the GPU too since the kernels'
+  q8_0 planes: tests/test_kvq8_gpu.py).
 """
 
 from __future__ import annotations
@@ -141,18 +142,17 @@ def test_cache_type_validation_names_the_flag():
             check_cache_type(bad, "--cache-type-v")
     check_cache_device("cpu", "q8_0", "q8_0")
     check_cache_device("gpu", "f16", "f16")
-    with pytest.raises(MemraError, match=r"--cache-type-v q8_0: the q8_0 KV cache runs on --device cpu only"):
-        check_cache_device("gpu", "f16", "q8_0")
+    check_cache_device("gpu", "f16", "q8_0")  # the GPU kernels' q8_0 planes (tests/test_kvq8_gpu.py)
     with pytest.raises(MemraError, match="--cache-type-k must be one of"):
         check_cache_device("cpu", "q5_1", "f16")
 
 
-def test_gpu_open_engine_refuses_q8_0_before_any_work():
+def test_gpu_open_engine_refuses_an_unknown_type_before_any_work():
     from memra.serve.scheduler import open_engine
 
     # no model, no device touched: the refusal comes first
-    with pytest.raises(MemraError, match="--device cpu only until the GPU kernels land"):
-        open_engine(None, None, "gpu", ctx=64, parallel=1, cache_type_k="q8_0")
+    with pytest.raises(MemraError, match="--cache-type-k must be one of f16, q8_0"):
+        open_engine(None, None, "gpu", ctx=64, parallel=1, cache_type_k="q4_0")
 
 
 def _memra(*args, env=None):
@@ -166,8 +166,8 @@ def _memra(*args, env=None):
 @pytest.mark.parametrize("args, env, needle", [
     (["serve", "--device", "cpu", "-ctk", "q4_0"], None, "--cache-type-k must be one of f16, q8_0, got 'q4_0'"),
     (["serve", "--device", "cpu"], {"MEMRA_CACHE_TYPE_V": "bf16"}, "--cache-type-v must be one of f16, q8_0"),
-    (["run", "--device", "gpu", "-ctk", "q8_0", "-p", "hi"], None, "runs on --device cpu only"),
-    (["bench", "smollm2-135m", "--cache-type-v", "q8_0"], None, "runs on --device cpu only"),
+    (["run", "--device", "gpu", "-ctk", "q5_0", "-p", "hi"], None, "--cache-type-k must be one of f16, q8_0"),
+    (["bench", "smollm2-135m", "--cache-type-v", "q4_0"], None, "--cache-type-v must be one of f16, q8_0"),
 ])
 def test_cli_refuses_in_one_line(args, env, needle):
     r = _memra(*args, env=env)

@@ -161,12 +161,12 @@ def _open_table(which: str, info):
     return table, ("builtin" if source == "builtin" else f"{source}:{table['path']}")
 
 
-def _engine(path: Path, n_ctx: int, table: dict, label: str, batch: int = 1):
+def _engine(path: Path, n_ctx: int, table: dict, label: str, batch: int = 1, **kv):
     """The GPU engine on `path` with `batch` sequences of n_ctx positions, running the
     tuning table `table` (already resolved, so the receipts' label names exactly what ran)."""
     from memra.gpu.engine import GPUEngine
 
-    return GPUEngine(path, n_ctx=n_ctx, batch=batch, tune_table=table), label
+    return GPUEngine(path, n_ctx=n_ctx, batch=batch, tune_table=table, **kv), label
 
 
 def _ratio_key(r: dict) -> tuple:
@@ -239,7 +239,7 @@ def bench(
                          B.parse_counts(n_depth, "-d", [0]), nps)
     if reps < 1:
         raise MemraError(f"-r must be at least 1, got {reps}")
-    check_cache_types("gpu", cache_type_k, cache_type_v)  # the GPU engine's cells: f16 until the q8_0 kernels
+    check_cache_types("gpu", cache_type_k, cache_type_v)
     if vs is not None:
         if vs.lower() not in ("llama.cpp", "llamacpp", "llama-cpp"):
             raise MemraError(f"--vs knows llama.cpp only, got {vs!r}")
@@ -259,7 +259,8 @@ def bench(
     from memra.gpu import gate as GATE
     from memra.text.tokenizer import Tokenizer
 
-    engine, label = _engine(path, max(n_ctx, 64), tbl, label, max(nps))
+    engine, label = _engine(path, max(n_ctx, 64), tbl, label, max(nps), cache_type_k=cache_type_k,
+                            cache_type_v=cache_type_v)
     gate_ids = Tokenizer.from_gguf(engine.gguf).encode(B.GATE_PROMPT, add_special=True, parse_special=True)
     gates = GATE.run_gates(engine, gate_ids)
     for g_res in gates:

@@ -150,8 +150,7 @@ def _open(model: str | None):
 
 CacheTypeK = Annotated[str, typer.Option("--cache-type-k", "-ctk", envvar="MEMRA_CACHE_TYPE_K", metavar="TYPE",
                                          help="KV cache type of K: f16 or q8_0 (34 bytes per 32 values "
-                                              "instead of 64; --device cpu only until the GPU kernels "
-                                              "land). [env MEMRA_CACHE_TYPE_K]")]
+                                              "instead of 64). [env MEMRA_CACHE_TYPE_K]")]
 CacheTypeV = Annotated[str, typer.Option("--cache-type-v", "-ctv", envvar="MEMRA_CACHE_TYPE_V", metavar="TYPE",
                                          help="KV cache type of V: f16 or q8_0 (as --cache-type-k). "
                                               "[env MEMRA_CACHE_TYPE_V]")]

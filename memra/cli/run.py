@@ -35,7 +35,7 @@ def _load_model(device: str, g, cfg, n_ctx: int, cache_type_k: str = "f16", cach
         raise CudaError("--device gpu: no NVIDIA GPU (or driver) found on this machine; use --device cpu")
     from memra.gpu.engine import Engine
 
-    return Engine(g, cfg, n_ctx=n_ctx)
+    return Engine(g, cfg, n_ctx=n_ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
 
 
 # -- run --------------------------------------------------------------------------------------

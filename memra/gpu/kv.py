@@ -10,7 +10,9 @@ and reference counts for blocks shared read-only between sequences.
     kv.adopt(t, [b0, b1])          # map given blocks (a prefix-cache hit) at t's first positions
 
 Device layout (kernels/kv.cuh): per layer, K and V pools [n_blocks][block][n_kv * head_dim]
-f16, and one int32 block table [max_seqs][max_blocks]: entry j of a sequence's row is the
+f16 (uint16 bits), or for a q8_0 side (cache_type_k / cache_type_v) int8 codes of that shape
+and f16 scales [n_blocks][block][n_kv * head_dim / 32] (k_scale / v_scale, uint16 bits; None
+for an f16 side), and one int32 block table [max_seqs][max_blocks]: entry j of a sequence's row is the
 pool block holding its positions [j * block, (j + 1) * block), the same block id in every
 layer; unmapped entries are -1 (kernels never write there). A block with a reference
 count above one is read-only: writing a position inside it first copies it
@@ -40,13 +42,12 @@ class KVFullError(MemraError):
 
 
 # the KV cache's types and their bytes: memra.model.kvtypes (the CPU reference uses them too)
-# until the kernels read it (experiments/kvq8/README.md), the q8_0 cache is the CPU engine's
-CACHE_TYPES_GPU = ("f16",)
+# the GPU kernels read and append both (kernels/kv.cuh's q8_0 planes; experiments/kvq8/README.md)
+CACHE_TYPES_GPU = ("f16", "q8_0")
 
 
 def check_cache_device(device: str, cache_type_k: str = "f16", cache_type_v: str = "f16") -> None:
-    """Refuse a KV cache type the device cannot run, before any work: the GPU kernels read an
-    f16 cache only."""
+    """Refuse a KV cache type the device cannot run, before any work."""
     for flag, t in (("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
         check_cache_type(t, flag)
         if device == "gpu" and t not in CACHE_TYPES_GPU:
@@ -109,11 +110,16 @@ class BlockAllocator:
 
 
 class PagedKV:
-    # the cache types its pools hold (the GPU's: f16; memra.serve.cpu_engine.HostKV's: either)
+    # the cache types its pools hold (f16 or q8_0, each side on its own)
     cache_type_k = "f16"
     cache_type_v = "f16"
+    k_scale = None  # per layer, the q8_0 scale planes (None for an f16 side)
+    v_scale = None
 
-    def __init__(self, g, cfg, *, n_blocks: int, block: int = 16, max_seqs: int = 64, max_len: int = 4096):
+    def __init__(self, g, cfg, *, n_blocks: int, block: int = 16, max_seqs: int = 64, max_len: int = 4096,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
+        self.cache_type_k = check_cache_type(cache_type_k, "--cache-type-k")
+        self.cache_type_v = check_cache_type(cache_type_v, "--cache-type-v")
         if block < 1 or block & (block - 1):
             raise MemraError(f"KV block size must be a power of two, got {block}")
         self.g, self.cfg, self.block = g, cfg, int(block)
@@ -126,19 +132,30 @@ class PagedKV:
         self.free_slots = deque(range(self.max_seqs))
         self.dirty = False
 
+    def _device_pools(self, cache_type: str):
+        """One side's pools per layer: f16 bits (uint16), or q8_0 int8 codes and their uint16
+        scale planes (kernels/kv.cuh)."""
+        n, c = self.alloc.n_blocks, self.cfg
+        if cache_type == "q8_0":
+            if c.kv_dim % 32 or c.head_dim % 32:
+                raise MemraError(f"a q8_0 KV cache needs a head size that is a multiple of 32, got {c.head_dim}")
+            return ([self.g.empty((n, self.block, c.kv_dim), np.int8) for _ in range(c.n_layer)],
+                    [self.g.empty((n, self.block, c.kv_dim // 32), np.uint16) for _ in range(c.n_layer)])
+        return [self.g.empty((n, self.block, c.kv_dim), np.uint16) for _ in range(c.n_layer)], None
+
     def _make_pools(self) -> None:
-        """The device's K and V pools (f16 bits) per layer and the block table's device copy."""
-        shape = (self.alloc.n_blocks, self.block, self.cfg.kv_dim)
-        self.k = [self.g.empty(shape, np.uint16) for _ in range(self.cfg.n_layer)]
-        self.v = [self.g.empty(shape, np.uint16) for _ in range(self.cfg.n_layer)]
+        """The device's K and V pools per layer (by cache type) and the block table's device copy."""
+        self.k, self.k_scale = self._device_pools(self.cache_type_k)
+        self.v, self.v_scale = self._device_pools(self.cache_type_v)
         self.d_table = self.g.to_device(self.table)
 
     def _copy_block(self, dst: int, src: int) -> None:
-        """Every layer's K and V rows of block src into block dst."""
-        nbytes = self.block * self.cfg.kv_dim * 2
-        for pool in (*self.k, *self.v):
-            self.g.copy(pool.view(offset=dst * nbytes, shape=(nbytes // 2,)),
-                        pool.view(offset=src * nbytes, shape=(nbytes // 2,)), nbytes)
+        """Every layer's K and V rows (and q8_0 scales) of block src into block dst."""
+        for pool in (*self.k, *self.v, *(self.k_scale or ()), *(self.v_scale or ())):
+            nbytes = pool.nbytes // self.alloc.n_blocks
+            n = nbytes // pool.dtype.itemsize
+            self.g.copy(pool.view(offset=dst * nbytes, shape=(n,)), pool.view(offset=src * nbytes, shape=(n,)),
+                        nbytes)
 
     @property
     def nbytes(self) -> int:

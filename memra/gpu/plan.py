@@ -157,7 +157,7 @@ class Launch:
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
-                 mvt: bool = True, fa: bool = False):
+                 mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
@@ -167,7 +167,11 @@ class Planner:
         # attention on kernels/attn_fa.cu (MEMRA_ATTN=fa): prefill and decode on one tensor-core
         # arithmetic (decode: RoPE, the merge and the q8 twin inside; prefill: their own
         # launches); its head sizes only
-        self.use_fa = bool(fa) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa)
+        # KV cache types (memra.gpu.kv): a q8_0 side builds the rope / attention modules with
+        # KV_K_Q8 / KV_V_Q8 (kernels/kv.cuh); attn_fa reads f16 only, so q8_0 turns it off
+        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+        self.kv_q8 = cache_type_k == "q8_0" or cache_type_v == "q8_0"
+        self.use_fa = bool(fa) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa) and not self.kv_q8
         self.fa_split = FA.SPLIT
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
@@ -183,6 +187,8 @@ class Planner:
             raise UnsupportedModelError(f"head sizes K {c.head_dim} != V {c.head_dim_v} are not supported on the GPU")
         if c.head_dim % 8 or c.head_dim > 1024:
             raise UnsupportedModelError(f"head size {c.head_dim} is not supported on the GPU (multiple of 8, <= 1024)")
+        if self.kv_q8 and c.head_dim % 32:
+            raise UnsupportedModelError(f"a q8_0 KV cache needs a head size that is a multiple of 32, got {c.head_dim}")
         for dim, what in ((c.n_embd, "n_embd"), (c.n_ff, "n_ff"), (c.q_dim, "n_head * head_dim")):
             if dim % 64:
                 raise UnsupportedModelError(f"{what} = {dim} is not a multiple of 64 (the GPU matvec's unit)")

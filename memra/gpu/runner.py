@@ -47,7 +47,7 @@ import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu import plan as PLAN
-from memra.gpu.kv import PagedKV, bytes_per_block
+from memra.gpu.kv import PagedKV, bytes_per_block, check_cache_device
 from memra.gpu.ops import act as ACT
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import attn_fa as FA
@@ -129,12 +129,15 @@ class Runner:
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
                  kv_block: int | None = None, gpu=None, matvec_path: str | None = None,
                  pdl: bool | None = None, tune_table=None, gemm: bool | None = None,
-                 mvt: bool | None = None, prefill_graph: bool | None = None, attn: str | None = None):
+                 mvt: bool | None = None, prefill_graph: bool | None = None, attn: str | None = None,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
         """max_len: positions per sequence (default: the model's training context, at most
         32768); max_seqs: sequences open at once; the KV pool holds kv_tokens positions, or
         kv_memory bytes, or (neither given) max_seqs * max_len positions, at most 90 % of
         the free device memory. tune_table: None (MEMRA_TUNE_TABLE, else "auto"), "auto",
-        "builtin", a table file, or a loaded table."""
+        "builtin", a table file, or a loaded table. cache_type_k / cache_type_v: f16 or q8_0
+        (memra.gpu.kv; the pools sized by type, the rope / attention modules built for it;
+        q8_0 turns MEMRA_ATTN=fa off)."""
         from memra.gpu.cuda import gpu as get_gpu
 
         self.gguf: GGUFFile = model if isinstance(model, GGUFFile) else open_gguf(model)
@@ -156,9 +159,14 @@ class Runner:
             from dataclasses import replace
 
             self.spec = replace(self.spec, cfg=self.cfg)
+        check_cache_device("gpu", cache_type_k, cache_type_v)
+        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
-                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa")
-        if attn == "fa" and not self.plan.use_fa:
+                                 sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa",
+                                 cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+        if attn == "fa" and self.plan.kv_q8:
+            log.warning("MEMRA_ATTN=fa: attn_fa reads an f16 KV cache only; decode attention used with the q8_0 cache")
+        elif attn == "fa" and not self.plan.use_fa:
             log.warning("MEMRA_ATTN=fa: head size %d / %d query heads per KV head not supported by attn_fa; "
                         "decode attention used", self.cfg.head_dim, self.cfg.n_gqa)
         self.path = path
@@ -167,7 +175,7 @@ class Runner:
             log.warning("context %d exceeds the model's training context %d", self.max_len, self.cfg.n_ctx_train)
         self.kv_block = int(kv_block or os.environ.get("MEMRA_KV_BLOCK", KV_BLOCK))
         self.max_seqs = int(max_seqs)
-        per_block = bytes_per_block(self.cfg, self.kv_block)
+        per_block = bytes_per_block(self.cfg, self.kv_block, cache_type_k, cache_type_v)
         need = -(-self.max_len // self.kv_block)  # one sequence at the full context
         sized = kv_tokens is None and kv_memory is None and hasattr(self.g, "free_memory")
         if sized:
@@ -196,11 +204,17 @@ class Runner:
             # requests that can never fit, one by one)
             self._refuse_context(need, n_blocks, per_block, "the device memory left after the weights")
         self.kv = PagedKV(self.g, self.cfg, n_blocks=max(1, n_blocks), block=self.kv_block,
-                          max_seqs=self.max_seqs, max_len=self.max_len)
+                          max_seqs=self.max_seqs, max_len=self.max_len, cache_type_k=cache_type_k,
+                          cache_type_v=cache_type_v)
         self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
         self._graphs: dict[tuple, object] = {}
 
     # -- set-up ---------------------------------------------------------------------------
+    def _kv_scales(self, il: int) -> dict:
+        """Layer il's q8_0 scale planes as the launchers' kscale / vscale (none for f16)."""
+        return {"kscale": self.kv.k_scale[il] if self.kv.k_scale else None,
+                "vscale": self.kv.v_scale[il] if self.kv.v_scale else None}
+
     def _refuse_context(self, need: int, blocks: int, per_block: int, where: str) -> None:
         """ContextOverflowError when `blocks` KV blocks (90 % of `where`) cannot hold the
         `need` blocks of one sequence at the full context."""
@@ -403,7 +417,7 @@ class Runner:
                     head_dim=c.head_dim, rope_dim=c.rope_dim, neox=c.rope_neox, q_stride=qs, k_stride=ks,
                     v_stride=vs, bias=self.bias.get(il), q_norm=self.vec.get(f"blk.{il}.attn_q_norm.weight"),
                     k_norm=self.vec.get(f"blk.{il}.attn_k_norm.weight"), eps=c.norm_eps, pdl=pdl,
-                    config=L.config)
+                    config=L.config, **self._kv_scales(il))
             elif op in ("attention", "attention_rope"):
                 il = L.layer
                 rope = None
@@ -419,7 +433,7 @@ class Runner:
                               n_splits=self.pre_splits if a["prefill"] else self.dec_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a["hpb"] if a["prefill"] else self.plan.att_hpb_at(rows, self.dec_splits),
-                              config=L.config, rope=rope)
+                              config=L.config, rope=rope, **self._kv_scales(il))
             elif op == "attention_fa":
                 il = L.layer
                 rope = None

@@ -52,8 +52,7 @@ class HostKV(PagedKV):
     dtype = np.float16
 
     def __init__(self, *args, cache_type_k: str = "f16", cache_type_v: str = "f16", **kw):
-        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
-        super().__init__(*args, **kw)
+        super().__init__(*args, cache_type_k=cache_type_k, cache_type_v=cache_type_v, **kw)
 
     def _pools(self, dim: int, cache_type: str):
         c, n = self.cfg, self.alloc.n_blocks

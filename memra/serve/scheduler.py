@@ -748,7 +748,7 @@ def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: i
     """The runner for `device` ("gpu": memra.gpu.runner.Runner, weights on the device;
     "cpu": memra.serve.cpu_engine.CpuRunner), ready to step: kernels compiled and every
     decode graph bucket captured (GPU), the reference's kernels compiled (CPU). A KV cache
-    type the device cannot run (q8_0 on the GPU, for now) is refused first."""
+    type the device cannot run is refused first."""
     from memra.gpu.kv import check_cache_device
 
     check_cache_device(device, cache_type_k, cache_type_v)
@@ -761,7 +761,8 @@ def open_engine(gguf, cfg, device: str, *, ctx: int, parallel: int, kv_memory: i
         return eng
     from memra.gpu.runner import Runner
 
-    eng = Runner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory)
+    eng = Runner(gguf, cfg, max_len=ctx, max_seqs=parallel, kv_memory=kv_memory, cache_type_k=cache_type_k,
+                 cache_type_v=cache_type_v)
     if eng.kv.alloc.n_blocks < eng.kv.max_blocks:
         log.warning("the KV pool (%d blocks) cannot hold one full context (%d blocks): long requests get 400",
                     eng.kv.alloc.n_blocks, eng.kv.max_blocks)

@@ -22,6 +22,14 @@ token and gets the same bits as decode. `n_splits` is fixed per engine (the spli
 depends only on the number of keys), `part_o`/`part_ml` are scratch of
 `scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
 Tolerance: 1e-5 relative.
+
+A q8_0 KV cache (kernels/kv.cuh; either side alone): int8 kcache / vcache code pools with
+kscale / vscale, their uint16 (f16 bits) scale planes [n_blocks, kv_block, n_kv * head_dim /
+32]; the module is built with KV_K_Q8 / KV_V_Q8 and reads d * q in fp32, then the f16 path's
+arithmetic, so a q8_0 launch computes what an f16 one would on the q8_0 round trip of every
+K/V value; the fused variant appends by llama.cpp's q8_0 rule (memra.cpu.llamacpp). Reference:
+the same float64 attention over the round-tripped values, same tolerance; the fused launch's
+appended codes and scales bit for bit against rope_norm_kv's (itself checked bit for bit).
 """
 
 from __future__ import annotations
@@ -65,10 +73,15 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
     return d
 
 
-def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16):
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config), "KV_BLOCK": kv_block}
+def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
+           kv_q8=(False, False)):
+    from memra.gpu.ops.rope import kv_defines
+
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config), "KV_BLOCK": kv_block,
+         **kv_defines(kv_q8)}
     if canary:
-        d["MEMRA_CANARY"] = int(canary)  # 1: a token does not see itself; 2: the block table ignored
+        # 1: a token does not see itself; 2: the block table ignored; 4 (q8_0): the scale plane ignored
+        d["MEMRA_CANARY"] = int(canary)
     return g.module(KERNEL_FILE, d)
 
 
@@ -173,19 +186,22 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
               n_tokens: int, n_kv: int, n_gqa: int, head_dim: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
               canary: bool = False, hpb: int | None = None, config: dict | None = None,
-              rope: RopeIn | None = None) -> None:
+              rope: RopeIn | None = None, kscale=None, vscale=None) -> None:
     """n_splits: per head block; counters: int32 [n_tokens * n_kv * n_gqa / hpb] (zero);
     hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
-    config: see the module doc; rope: RoPE and the KV append fused in (q is then unused)."""
+    config: see the module doc; rope: RoPE and the KV append fused in (q is then unused);
+    kscale / vscale: the scale planes of a q8_0 (int8) kcache / vcache (module doc)."""
+    from memra.gpu.ops.rope import cache_kinds
+
     n_head = n_kv * n_gqa
     hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
     if hpb < 1 or n_gqa % hpb:
         raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
     nhb = n_head // hpb
     nt = 32 * defines(head_dim, config)["ATT_WARPS"]
-    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32 or len(kcache.shape) != 3:
-        raise MemraError("attention: the KV cache holds f16 bits (uint16) in [n_blocks, block, row] pools; "
-                         "pos is int32")
+    kv_q8 = cache_kinds(kcache, vcache, kscale, vscale, "attention", head_dim)
+    if pos.dtype != np.int32:
+        raise MemraError("attention: pos is int32")
     if block_table.dtype != np.int32:
         raise MemraError("attention: the block table is int32")
     if part_o.size < n_tokens * n_head * n_splits * head_dim or part_ml.size < n_tokens * n_head * n_splits * 2:
@@ -194,9 +210,10 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
         raise MemraError("attention: q or out too small")
     if rope is not None and counters is None:
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
-    m = module(g, head_dim, hpb, canary, config, kcache.shape[1])
+    m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8)
     tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
-            np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap))
+            np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap),
+            *(tuple(x if x is not None else _NULL for x in (kscale, vscale)) if any(kv_q8) else ()))
     if counters is not None:
         if n_splits > MAX_SPLITS or counters.dtype != np.int32 or counters.size < n_tokens * nhb:
             raise MemraError(f"attention: fused variant needs n_splits <= {MAX_SPLITS} and int32 counters "
@@ -270,10 +287,36 @@ def compile_variants():
                                   "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
     out.append((KERNEL_FILE, {"HEAD_DIM": 128, "N_GQA": 2, "ATT_WARPS": warps_for(128), "ATT_TILE": TILE,
                               "KV_BLOCK": 16, "MEMRA_CANARY": 2}))
+    # the q8_0 cache (kernels/kv.cuh): every case's module with K and V q8_0, each side alone
+    # once, and the canary (the scale plane ignored)
+    from memra.gpu.ops.rope import kv_defines
+
+    q8 = sorted({(c[0], c[7], (True, True)) for c in CASES} | {(c[0], c[3], (True, True)) for c in ROPE_CASES}
+                | {(CASES[i][0], CASES[i][7], kv) for i, kv in Q8_SIDE_CASES})
+    out += [(KERNEL_FILE, {"HEAD_DIM": d, "N_GQA": gq, "ATT_WARPS": warps_for(d), "ATT_TILE": TILE, "KV_BLOCK": 16,
+                           **kv_defines(kv)}) for d, gq, kv in q8]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 64, "N_GQA": 1, "ATT_WARPS": warps_for(64), "ATT_TILE": TILE,
+                              "KV_BLOCK": 16, **kv_defines((True, True)), "MEMRA_CANARY": 4}))
     return out
 
 
-def _check(g, rng, case, canary=False, fused=False, config=None, twin=None):
+Q8_SIDE_CASES = ((4, (True, False)), (7, (False, True)))  # (index in CASES, (K q8_0, V q8_0)): one side alone
+
+
+def _q8_side(g, vals, table, n_blocks, blk):
+    """A q8_0 pool of vals (float [n_seq, n_ctx, n_kv, D], as the f16 cache holds them) on the
+    device: (codes on the host, scales on the device, round-tripped vals as float32)."""
+    from memra.cpu.llamacpp import q8_0_dequantize
+    from memra.gpu.ops.rope import q8_codes
+    from memra.gpu.paging import scatter
+
+    n_seq, n_ctx = vals.shape[:2]
+    q, d = q8_codes(vals.astype(np.float32).reshape(n_seq, n_ctx, -1))
+    rt = q8_0_dequantize(q, d.view(np.float16).astype(np.float32)).reshape(vals.shape)
+    return scatter(q, table, n_blocks, blk, -128), g.to_device(scatter(d, table, n_blocks, blk, 0xFFFF)), rt
+
+
+def _check(g, rng, case, canary=False, fused=False, config=None, twin=None, kv_q8=(False, False)):
     from memra.gpu.compare import Outcome, compare
     from memra.gpu.q8 import Q8_SCALE, q8_twin_matches
 
@@ -288,6 +331,11 @@ def _check(g, rng, case, canary=False, fused=False, config=None, twin=None):
     kp = scatter(kc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF)
     vp = scatter(vc.view(np.uint16).reshape(n_seq, n_ctx, -1), table, n_blocks, blk, 0xFFFF)
     q = rng.standard_normal((T, nh, D)).astype(np.float32)
+    sc_args = {}
+    if kv_q8[0]:
+        kp, sc_args["kscale"], kc = _q8_side(g, kc, table, n_blocks, blk)
+    if kv_q8[1]:
+        vp, sc_args["vscale"], vc = _q8_side(g, vc, table, n_blocks, blk)
     # short and long contexts, the first position, the last
     pos = np.concatenate([[0, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 2))])[:T].astype(np.int32)
     seq = rng.integers(0, n_seq, T).astype(np.int32)
@@ -304,11 +352,13 @@ def _check(g, rng, case, canary=False, fused=False, config=None, twin=None):
     args = (g.to_device(q), g.to_device(kp), g.to_device(vp), out,
             part_o, part_ml, g.to_device(pos), g.to_device(seq), g.to_device(table), table.shape[1])
     kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=scale,
-              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb, config=config)
+              n_splits=S, softcap=cap, counters=counters, xq=xq, xs=xs, canary=canary, hpb=hpb, config=config,
+              **sc_args)
     attention(g, *args, **kw)
     ref = reference(q, kc.astype(np.float32), vc.astype(np.float32), pos, seq, nkv, window, scale, cap)
     name = f"attention{' fused' if fused else ''} D={D} gqa={G} n_kv={nkv} window={window} softcap={cap:g} " \
-           f"splits={S} T={T} heads/block={hpb}{' ' + str(config) if config else ''}"
+           f"splits={S} T={T} heads/block={hpb}{' ' + str(config) if config else ''}" + \
+           (" q8_0 " + "+".join(n for n, x in zip("KV", kv_q8) if x) if any(kv_q8) else "")
     first = out.numpy()
     o = compare(name, first, ref, TOL)
     if not fused or not o.ok:
@@ -340,9 +390,11 @@ ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neo
 )
 
 
-def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin=True):
+def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin=True, kv_q8=(False, False)):
     """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
-    twin and the appended K/V rows must be the same bits. T rows, each its own sequence."""
+    twin and the appended K/V rows must be the same bits. T rows, each its own sequence.
+    kv_q8: a q8_0 side (its initial pool: the f16 cache's values quantized), its codes and
+    scales compared too."""
     from memra.gpu.ops import rope as ROPE
     from memra.gpu.q8 import Q8_SCALE
 
@@ -353,9 +405,13 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
     table, d_table, seq, cache0 = x["table"], x["d_table"], x["seq"], x["cache0"]
     # one split, two, many, then anywhere
     pos = g.to_device(np.concatenate([[0, 64, n_ctx - 1], rng.integers(1, n_ctx, max(0, T - 3))])[:T].astype(np.int32))
+    init = []
+    for c0, q8 in zip(cache0, kv_q8):
+        init.append(ROPE.q8_codes(c0.view(np.float16).astype(f32)) if q8 else (c0, None))
     runs = []
     for fused in (False, True):
-        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        kc, vc = g.to_device(init[0][0]), g.to_device(init[1][0])
+        scl = {n: g.to_device(i[1]) for n, i in zip(("kscale", "vscale"), init) if i[1] is not None}
         out = g.empty((T, nh * D), f32)
         xq, xs = (g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)) if twin else (None, None)
         po, pml = scratch_shapes(T, nh, S, D)
@@ -364,19 +420,24 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
             if a is not None:
                 a.poison()
         kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=1 / math.sqrt(D),
-                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb, config=config)
+                  n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb, config=config,
+                  **scl)
         if fused:
             r = rope_in(x, rd, neox)
             attention(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], rope=r,
                       canary=canary, **kw)
         else:
             qr = g.empty((T, nh * D), f32)
-            ROPE.unfused_rope(g, x, qr, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
+            ROPE.unfused_rope(g, x, qr, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox, **scl)
             attention(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], **kw)
-        runs.append([a.numpy() for a in (out, kc, vc)] + ([xq.numpy(), xs.numpy().view(np.uint8)] if twin else []))
+        runs.append([a.numpy() for a in (out, kc, vc, *scl.values())]
+                    + ([xq.numpy(), xs.numpy().view(np.uint8)] if twin else []))
     name = (f"attention+rope fused D={D} gqa={G} n_kv={nkv} heads/block={hpb} window={window} rope_dim={rd}"
-            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
-    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_decode")
+            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}"
+            + (" q8_0 " + "+".join(n for n, x in zip("KV", kv_q8) if x) if any(kv_q8) else ""))
+    what = ("output", "K cache", "V cache") + tuple(f"{n} scales" for n, x in zip("KV", kv_q8) if x) \
+        + ("q8 twin", "q8 scales")
+    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_decode", what)
 
 
 SPLIT_CASES = (  # (head_dim, n_gqa, n_kv, splits, rows, depth, config): a prefill chunk at depth
@@ -433,6 +494,15 @@ def checks(g, rng: np.random.Generator) -> Iterator:
         yield _check_rope_fused(g, rng, case)
     for case in SPLIT_CASES:
         yield _check_split_count(g, rng, case)
+    # the q8_0 cache: every case with K and V q8_0 (two launches and one), each side alone, the
+    # fused RoPE + append
+    for case in CASES:
+        yield _check(g, rng, case, kv_q8=(True, True))
+        yield _check(g, rng, case, fused=True, kv_q8=(True, True))
+    for i, kv in Q8_SIDE_CASES:
+        yield _check(g, rng, CASES[i], fused=True, kv_q8=kv)
+    for case in ROPE_CASES:
+        yield _check_rope_fused(g, rng, case, kv_q8=(True, True))
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
@@ -440,6 +510,7 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
     yield _check(g, rng, CASES[4], canary=2, fused=True)
     yield _check(g, rng, CASES[2], canary=True, fused=True)
     yield _check_rope_fused(g, rng, ROPE_CASES[0], canary=True)
+    yield _check(g, rng, CASES[7], canary=4, fused=True, kv_q8=(True, True))  # the scale plane ignored
 
 
 # -- the launch set (memra.tune.launches) ---------------------------------------------------
@@ -449,9 +520,12 @@ def launch_cases(L, ctx) -> list[dict]:
     with MEMRA_FUSED_ROPE=0) or "attention_rope" (attn_decode_rope: decode): the module of
     the model's head size, the launch's heads per block and the table's ATT_* tunables; the
     layer's window, the q8 twin on the q8 path, the plan's split count."""
+    from memra.gpu.ops.rope import kv_defines, plan_kv_q8
+
     c, plan = ctx.cfg, ctx.plan
     D, hpb = c.head_dim, int(L.args.get("hpb", plan.att_hpb))
-    d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block}
+    kv = plan_kv_q8(plan)
+    d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block, **kv_defines(kv)}
     fused = L.op == "attention_rope"
     rows = int(L.rows)
     b = launch_bucket(rows)
@@ -463,19 +537,20 @@ def launch_cases(L, ctx) -> list[dict]:
              "bucket": b, "tag": tag,
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
                         "splits": plan.n_splits, "T": b, "rope": rope,
-                        "config": dict(L.config) if L.config else None}}]
+                        "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {})}}]
 
 
 def check_launch(g, rng, case):
     """attn_decode against the float64 reference (relaunch, counters, one head per block
     and the q8 twin checked too); attn_decode_rope against rope_norm_kv + attn_decode."""
     p = case["params"]
+    kv = tuple(p.get("kv_q8") or (False, False))
     if p["rope"] is not None:
         rd, neox, qkn, bias = p["rope"]
         return _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
-                                 config=p["config"], T=p["T"], S=p["splits"], twin=p["twin"])
+                                 config=p["config"], T=p["T"], S=p["splits"], twin=p["twin"], kv_q8=kv)
     return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["splits"], p["T"], p["hpb"]), fused=True,
-                  config=p["config"], twin=p["twin"])
+                  config=p["config"], twin=p["twin"], kv_q8=kv)
 
 
 # -- tune hook (memra/tune/measure.py): kernel "attn_decode" (the fused launch the engine runs),

@@ -10,6 +10,13 @@ every position, rounded from float64 exactly as memra.cpu.reference.rope rounds 
 rows go into the paged cache through the block table (kernels/kv.cuh, memra.gpu.paging). The
 reference is memra.cpu.reference's rms_norm and rope; the caches hold f16. Tolerances: q 1e-5
 relative; cached K/V within one f16 rounding.
+
+A q8_0 side (int8 kcache / vcache, kscale / vscale its f16 scale planes [n_blocks, kv_block,
+n_kv * head_dim / 32] as uint16; kernels/kv.cuh): the module is built with KV_K_Q8 / KV_V_Q8 and
+the row is quantized by llama.cpp CPU's q8_0 rule (memra.cpu.llamacpp.q8_0_quantize). Its
+kernel-check is bit for bit: V's codes and scales against q8_0_quantize of the reference V
+(exact), K's against q8_0_quantize of the kernel's own roped q output for a K head given the
+same inputs as a Q head (the same rope.cuh arithmetic, so the same float32 bits).
 """
 
 from __future__ import annotations
@@ -37,8 +44,33 @@ def warps(config: dict | None) -> int:
     return w
 
 
-def module(g, head_dim: int, canary: bool = False, config: dict | None = None, kv_block: int = 16):
-    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config), "KV_BLOCK": kv_block}
+def kv_defines(kv_q8=(False, False)) -> dict:
+    """The defines of a KV cache's types (kernels/kv.cuh): KV_K_Q8 / KV_V_Q8 for a q8_0 side,
+    nothing for f16 (an f16 module's defines, and so its SASS, are unchanged)."""
+    return {**({"KV_K_Q8": 1} if kv_q8[0] else {}), **({"KV_V_Q8": 1} if kv_q8[1] else {})}
+
+
+def cache_kinds(kcache, vcache, kscale, vscale, who: str, head_dim: int):
+    """(k is q8_0, v is q8_0) of a launch's pools, checked: uint16 (f16 bits) or int8 (q8_0
+    codes) [n_blocks, block, row] pools, a q8_0 side with its uint16 scale plane [n_blocks,
+    block, row / 32] and head_dim % 32 == 0."""
+    kinds = []
+    for name, c, sc in (("K", kcache, kscale), ("V", vcache, vscale)):
+        if c.dtype not in (np.uint16, np.int8) or len(c.shape) != 3:
+            raise MemraError(f"{who}: the {name} cache holds f16 bits (uint16) or q8_0 codes (int8) in "
+                             f"[n_blocks, block, row] pools")
+        q8 = c.dtype == np.int8
+        if q8 and (sc is None or sc.dtype != np.uint16 or tuple(sc.shape) != (*c.shape[:2], c.shape[2] // 32)
+                   or head_dim % 32):
+            raise MemraError(f"{who}: a q8_0 {name} cache needs head_dim % 32 == 0 and its uint16 scale plane "
+                             f"[n_blocks, block, row / 32]")
+        kinds.append(q8)
+    return tuple(kinds)
+
+
+def module(g, head_dim: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
+           kv_q8=(False, False)):
+    d = {"HEAD_DIM": head_dim, "ROPE_WARPS": warps(config), "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
     if canary:
         d["MEMRA_CANARY"] = 1
     return g.module(KERNEL_FILE, d)
@@ -62,30 +94,32 @@ def check_table(who: str, cs, rope_dim: int, head_dim: int) -> None:
 def rope_norm_kv(g, q, k, v, q_out, kcache, vcache, pos, seq, cs, block_table, max_blocks: int, *,
                  n_tokens: int, n_head: int, n_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  q_stride: int, k_stride: int, v_stride: int, bias=None, q_norm=None, k_norm=None,
-                 eps: float = 1e-6, pdl: bool = False, canary: bool = False, config: dict | None = None) -> None:
+                 eps: float = 1e-6, pdl: bool = False, canary: bool = False, config: dict | None = None,
+                 kscale=None, vscale=None) -> None:
     """q/k/v: float32 with token rows of q_stride/k_stride/v_stride floats (views into one
     fused QKV buffer are fine); q_out: [n_tokens, n_head * head_dim] f32;
     kcache/vcache: uint16 (f16 bits) pools [n_blocks, kv_block, n_kv * head_dim]; block_table:
     int32 [n_seq, max_blocks]; pos/seq: int32 [n_tokens] (seq: the block-table row, None: 0;
     pos -1: a padded row, nothing appended), every pos below cs's rows; cs: float32 device array
     [n_pos, rope_dim/2, 2] from rope_table; bias: float32 [(n_head + 2 n_kv) * head_dim] (q, k, v
-    biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS)."""
-    if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or len(kcache.shape) != 3:
-        raise MemraError("rope_norm_kv: the KV cache holds f16 bits (uint16) in [n_blocks, block, row] pools")
+    biases concatenated) or None. config: {"ROPE_WARPS": w} (default WARPS). kscale / vscale:
+    the scale planes of a q8_0 (int8) kcache / vcache (module doc)."""
+    kv_q8 = cache_kinds(kcache, vcache, kscale, vscale, "rope_norm_kv", head_dim)
     if block_table.dtype != np.int32:
         raise MemraError("rope_norm_kv: the block table is int32")
     if pos.dtype != np.int32 or q_out.dtype != np.float32:
         raise MemraError("rope_norm_kv: pos int32, q_out float32")
     check_table("rope_norm_kv", cs, rope_dim, head_dim)
     w = warps(config)
-    kern = module(g, head_dim, canary, config, kcache.shape[1]).kernel("rope_norm_kv")
+    kern = module(g, head_dim, canary, config, kcache.shape[1], kv_q8).kernel("rope_norm_kv")
+    sargs = tuple(x if x is not None else _NULL for x in (kscale, vscale)) if any(kv_q8) else ()
     n_units = n_head + 2 * n_kv
     g.launch(kern, ((n_units + w - 1) // w, n_tokens), (32 * w,),
              (q, k, v, np.int32(q_stride), np.int32(k_stride), np.int32(v_stride), q_out, kcache, vcache,
               pos, seq if seq is not None else _NULL, bias if bias is not None else _NULL,
               q_norm if q_norm is not None else _NULL, k_norm if k_norm is not None else _NULL,
               cs, np.int32(cs.shape[0]), block_table, np.int32(max_blocks), np.int32(n_head), np.int32(n_kv),
-              np.int32(rope_dim), np.int32(1 if neox else 0), np.float32(eps)), pdl=pdl)
+              np.int32(rope_dim), np.int32(1 if neox else 0), np.float32(eps), *sargs), pdl=pdl)
 
 
 def reference(q, k, v, pos, inv_freq, neox: bool, q_norm=None, k_norm=None, eps=1e-6, bias=None):
@@ -149,12 +183,12 @@ def fused_inputs(g, rng, T: int, n_ctx: int, nh: int, nkv: int, D: int, rope_dim
 
 
 def unfused_rope(g, x: dict, q_out, kcache, vcache, pos, *, T: int, nh: int, nkv: int, D: int, rope_dim: int,
-                 neox: bool) -> None:
+                 neox: bool, kscale=None, vscale=None) -> None:
     """The reference side of such a check: rope_norm_kv over fused_inputs' rows."""
     s = x["stride"]
     rope_norm_kv(g, *x["views"], q_out, kcache, vcache, pos, x["seq"], x["cs"], x["d_table"], x["table"].shape[1],
                  n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rope_dim, neox=neox, q_stride=s, k_stride=s,
-                 v_stride=s, bias=x["bias"], q_norm=x["qn"], k_norm=x["kn"], eps=1e-6)
+                 v_stride=s, bias=x["bias"], q_norm=x["qn"], k_norm=x["kn"], eps=1e-6, kscale=kscale, vscale=vscale)
 
 
 def fused_verdict(name: str, runs, against: str, what=("output", "K cache", "V cache", "q8 twin", "q8 scales")):
@@ -171,7 +205,14 @@ def fused_verdict(name: str, runs, against: str, what=("output", "K cache", "V c
 def compile_variants():
     out = [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS, "KV_BLOCK": 16}) for d in sorted({c[0] for c in CASES})]
     out.append((KERNEL_FILE, {"HEAD_DIM": 64, "ROPE_WARPS": WARPS, "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
+    # the q8_0 cache (kernels/kv.cuh): K and V, and each side alone
+    out += [(KERNEL_FILE, {"HEAD_DIM": d, "ROPE_WARPS": WARPS, "KV_BLOCK": 16, **kv_defines(kv)})
+            for d, kv in Q8_VARIANTS]
     return out
+
+
+Q8_VARIANTS = ((32, (True, True)), (64, (True, True)), (128, (True, True)), (256, (True, True)),
+               (64, (True, False)), (64, (False, True)))
 
 
 def _check(g, rng, case, canary=False, config=None, T=5):
@@ -239,9 +280,115 @@ def _check(g, rng, case, canary=False, config=None, T=5):
     return Outcome(name, True, f"{oq.detail}; k {ok_k.detail}", oq.err)
 
 
+def q8_pools(g, n_blocks: int, blk: int, row: int, kv_q8) -> tuple:
+    """(kcache, vcache, kscale, vscale) on the device, poisoned: int8 codes and uint16 scale
+    planes for a q8_0 side, uint16 f16 bits (and None) for an f16 one."""
+    out = []
+    for q8 in kv_q8:
+        c = g.empty((n_blocks, blk, row), np.int8 if q8 else np.uint16)
+        sc = g.empty((n_blocks, blk, row // 32), np.uint16) if q8 else None
+        for a in (c, sc):
+            if a is not None:
+                a.poison()
+        out.append((c, sc))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def q8_codes(x: np.ndarray):
+    """q8_0_quantize of x [..., n] as the pools hold it: int8 codes and f16 scale bits (uint16)."""
+    from memra.cpu.llamacpp import q8_0_quantize
+
+    q, d = q8_0_quantize(np.asarray(x, np.float32))
+    return q, d.astype(np.float16).view(np.uint16)
+
+
+def _check_q8(g, rng, case, kv_q8=(True, True), canary=False, config=None, T=5):
+    """rope_norm_kv with a q8_0 side: q against the reference at TOL; the appended rows' codes
+    and scales bit for bit (V: q8_0 of the reference V; K: q8_0 of the kernel's own q output
+    for the Q head whose inputs the K head was given, the same float32 bits by rope.cuh); every
+    other pool element untouched."""
+    from memra.gpu.compare import Outcome, compare
+    from memra.cpu.reference import rope_inv_freq
+    from memra.gpu.paging import pool_row, random_table
+
+    D, nh, nkv, rd, neox, qkn, ff, has_bias = case
+    n_ctx, n_seq, blk = 300, 2, 16
+    table, n_blocks = random_table(rng, n_seq, n_ctx, blk)
+    q = rng.standard_normal((T, nh, D)).astype(np.float32)
+    q[:, 0] *= np.float32(1e-3)  # a small head: its scales far from the others'
+    k = q[:, :nkv].copy()        # K head j = Q head j's inputs
+    v = (rng.standard_normal((T, nkv, D)) * rng.choice([0.01, 1.0, 30.0], (T, nkv, 1))).astype(np.float32)
+    v[0, 0, :32] = 0.0           # an all-zero group (amax 0: id 0, codes 0, scale 0)
+    if not has_bias:  # amax < 127 / FLT_MAX (denormals): id overflows, x * id is not finite, codes -128
+        v[-1, -1, :32] = rng.choice([-1e-38, 1e-38, 0.0], 32).astype(np.float32)
+    qkv = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=1)
+    stride = qkv.shape[1]
+    pos = np.concatenate([rng.choice(n_ctx // 2, T - 1, replace=False),
+                          rng.integers(n_ctx // 2, n_ctx, 1)]).astype(np.int32)
+    seq = rng.integers(0, n_seq, T).astype(np.int32)
+    factors = rng.uniform(1, 4, rd // 2).astype(np.float32) if ff else None
+    inv = rope_inv_freq(rd, 1e4, 1.0, factors)
+    qn = rng.uniform(0.5, 1.5, D).astype(np.float32) if qkn else None
+    bias = None
+    if has_bias:
+        bq = rng.standard_normal((nh, D)).astype(np.float32)
+        bias = np.concatenate([bq, bq[:nkv], rng.standard_normal((nkv, D)).astype(np.float32)]).reshape(-1)
+    d_qkv = g.to_device(qkv)
+    q_out = g.empty((T, nh * D), np.float32)
+    q_out.poison()
+    kc, vc, ks, vs = q8_pools(g, n_blocks, blk, nkv * D, kv_q8)
+    sides = ([kc] + ([ks] if ks is not None else []), [vc] + ([vs] if vs is not None else []))
+    before = [[a.numpy().copy() for a in side] for side in sides]
+    rope_norm_kv(g, d_qkv.view(shape=(T * stride,)), d_qkv.view(offset=nh * D * 4), d_qkv.view(offset=(nh + nkv) * D * 4),
+                 q_out, kc, vc, g.to_device(pos), g.to_device(seq), g.to_device(rope_table(inv, n_ctx)),
+                 g.to_device(table), table.shape[1], n_tokens=T, n_head=nh, n_kv=nkv, head_dim=D, rope_dim=rd,
+                 neox=neox, q_stride=stride, k_stride=stride, v_stride=stride,
+                 bias=g.to_device(bias) if has_bias else None, q_norm=g.to_device(qn) if qkn else None,
+                 k_norm=g.to_device(qn) if qkn else None, eps=1e-6, canary=canary, config=config,
+                 kscale=ks, vscale=vs)
+    rq, rk, rv = reference(q, k, v, pos, inv, neox, qn, qn, 1e-6, bias)
+    kinds = "+".join(n for n, x in zip(("K", "V"), kv_q8) if x)
+    name = f"rope q8_0 {kinds} D={D} heads={nh}/{nkv} rope_dim={rd} {'neox' if neox else 'normal'}" + \
+           (" qk_norm" if qkn else "") + (" factors" if ff else "") + (" bias" if has_bias else "")
+    qo = q_out.numpy().reshape(T, nh, D)
+    oq = compare(name + " q", qo, rq, TOL)
+    if not oq.ok:
+        return oq
+    rows = [pool_row(table, int(seq[t]), int(pos[t]), blk) for t in range(T)]
+    for side, q8, src, arrs, olds in (("K", kv_q8[0], qo[:, :nkv], sides[0], before[0]),
+                                      ("V", kv_q8[1], rv, sides[1], before[1])):
+        planes = [a.numpy() for a in arrs]
+        want = q8_codes(src.reshape(T, -1)) if q8 else \
+            (src.reshape(T, -1).astype(np.float16).view(np.uint16),)
+        for what, plane, old, w in zip(("codes" if q8 else "f16 bits", "scales"), planes, olds, want):
+            flat = plane.reshape(n_blocks * blk, -1)
+            got = flat[rows]
+            if side == "K" and not q8:  # an f16 K: within one f16 rounding of the reference
+                c = compare(name + " kcache", got.view(np.float16).astype(np.float32),
+                            rk.reshape(T, -1).astype(np.float16).astype(np.float32), 1e-3, kind="max")
+                if not c.ok:
+                    return c
+            elif not np.array_equal(got, w):
+                n = int(np.count_nonzero(got != w))
+                return Outcome(name, False, f"{side} {what}: {n} of {w.size} differ from q8_0_quantize")
+            mask = np.ones(n_blocks * blk, bool)
+            mask[rows] = False
+            if not np.array_equal(flat[mask], old.reshape(n_blocks * blk, -1)[mask]):
+                return Outcome(name, False, f"{side} {what}: pool elements written outside the appended rows")
+    return Outcome(name, True, f"{oq.detail}; q8_0 codes and scales bit-exact", oq.err)
+
+
+Q8_CASES = (  # (case index in CASES, (K q8_0, V q8_0))
+    (0, (True, True)), (2, (True, True)), (3, (True, True)), (4, (True, True)), (5, (True, True)),
+    (1, (True, False)), (0, (False, True)),
+)
+
+
 def checks(g, rng: np.random.Generator) -> Iterator:
     for case in CASES:
         yield _check(g, rng, case)
+    for i, kv in Q8_CASES:
+        yield _check_q8(g, rng, CASES[i], kv)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
@@ -259,16 +406,28 @@ def launch_cases(L, ctx) -> list[dict]:
     b = launch_bucket(rows)
     facts = (D, c.n_head, c.n_head_kv, c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.has_rope_freqs),
              bool(c.qkv_bias))
+    kv = plan_kv_q8(ctx.plan)
+    params = {"case": list(facts), "T": b, "config": dict(L.config) if L.config else None}
+    if any(kv):
+        params["kv_q8"] = list(kv)
     return [{"file": KERNEL_FILE, "entry": "rope_norm_kv",
-             "defines": {"HEAD_DIM": D, "ROPE_WARPS": warps(L.config), "KV_BLOCK": ctx.kv_block}, "bucket": b,
+             "defines": {"HEAD_DIM": D, "ROPE_WARPS": warps(L.config), "KV_BLOCK": ctx.kv_block, **kv_defines(kv)},
+             "bucket": b,
              "tag": "heads={1}/{2} rope_dim={3} neox={4} qk_norm={5} factors={6} bias={7}".format(*facts),
-             "params": {"case": list(facts), "T": b, "config": dict(L.config) if L.config else None}}]
+             "params": params}]
+
+
+def plan_kv_q8(plan) -> tuple:
+    """(K q8_0, V q8_0) of a plan's KV cache (memra.gpu.plan.Planner's cache types)."""
+    return (getattr(plan, "cache_type_k", "f16") == "q8_0", getattr(plan, "cache_type_v", "f16") == "q8_0")
 
 
 def check_launch(g, rng, case):
     p = case["params"]
     if case["defines"].get("KV_BLOCK", 16) != 16:
         raise MemraError("rope check_launch: the checks use 16-position KV blocks")
+    if p.get("kv_q8"):
+        return _check_q8(g, rng, tuple(p["case"]), tuple(p["kv_q8"]), config=p["config"], T=p["T"])
     return _check(g, rng, tuple(p["case"]), config=p["config"], T=p["T"])
 
 
