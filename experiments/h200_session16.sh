@@ -36,14 +36,12 @@ a)
   done
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 k)
-  serve_build_start
   tune_campaign h200 200 $MALL --kernels attn_decode,rope_norm_kv
   freeze_show k
   cp research/tune/h200-nvidia-h200.jsonl $OUT/
   cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
   kernel_check
-  gpu_tests 480
-  serve_build_wait ;;
+  gpu_tests 480 ;;
 m)
   for ct in f16 q8_0; do
     for dev in gpu cpu; do
