@@ -158,10 +158,13 @@ MEMRA_DEVICE uint32_t sel_nib(uint32_t T, uint32_t lo) {
     asm("lop3.b32 %0, %1, %2, %3, 0xD8;" : "=r"(r) : "r"(T), "r"(lo), "r"(0x0F0F0F0Fu));
     return r;
 }
-// H & m through an opaque lop3 (so ptxas keeps mask-then-shift and fuses shift + add into one LEA)
+// H & m through an opaque lop3 (so ptxas keeps mask-then-shift and fuses shift + add into one LEA).
+// The LUT is F(a = 0xF0, b = 0xCC, c = 0xAA) of the operands (a, b, c) = (H, m, 0): a & b = 0xC0. (0x88 is
+// b & c = m & 0 = 0: it dropped every qh bit, so every weight came out as lo - 32; model_q6k.lop3 now
+// evaluates these LUTs from this file.)
 MEMRA_DEVICE uint32_t and_m(uint32_t H, uint32_t m) {
     uint32_t r;
-    asm("lop3.b32 %0, %1, %2, 0, 0x88;" : "=r"(r) : "r"(H), "r"(m));
+    asm("lop3.b32 %0, %1, %2, 0, 0xC0;" : "=r"(r) : "r"(H), "r"(m));
     return r;
 }
 MEMRA_DEVICE uint32_t build_s(uint32_t L, uint32_t H, int g) {

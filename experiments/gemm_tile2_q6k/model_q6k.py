@@ -74,22 +74,95 @@ def cperm(c):
     return 32 * w + 8 * ((l >> 1) & 3) + 2 * (l >> 3) + (l & 1)
 
 
+# The kernel's inline-asm LOP3 helpers, evaluated from gemm_tile2_q6k.cu's own text (their LUT immediates
+# and operand order), not from their intent: ptxas executes the LUT, so a LUT that does not compute what
+# its comment says must show up here. (It did: and_m's 0x88 is b & c = m & 0 = 0, which dropped every qh
+# bit on the H200 while this model, which wrote H & m, passed.)
+SRC = HERE / "gemm_tile2_q6k.cu"
+
+
+def lop3(a, b, c, lut):
+    """PTX lop3.b32: bit i of the result = bit (4 a_i + 2 b_i + c_i) of lut (lut = F(0xF0, 0xCC, 0xAA))."""
+    a, b, c = u32(a), u32(b), u32(c)
+    r = np.zeros_like(a)
+    for idx in range(8):
+        if (lut >> idx) & 1:
+            ma = a if idx & 4 else ~a
+            mb = b if idx & 2 else ~b
+            mc = c if idx & 1 else ~c
+            r |= ma & mb & mc
+    return r & 0xFFFFFFFF
+
+
+def kernel_lop3(src=None):
+    """{helper name: (operand tokens, lut)} of the one-lop3 helpers sel_nib / and_m in the kernel source.
+    Operand tokens: '%1'.. the helper's asm inputs in order, or a literal."""
+    import re
+    text = (src or SRC).read_text() if not isinstance(src, str) else src
+    out = {}
+    for name in ("sel_nib", "and_m"):
+        m = re.search(r"uint32_t " + name + r"\([^)]*\)\s*\{[^}]*?asm\(\"lop3\.b32 %0, ([^,]+), ([^,]+), ([^,]+), "
+                      r"(0x[0-9A-Fa-f]+);\"\s*:\s*\"=r\"\(r\)\s*:([^;]*)\);", text, re.S)
+        assert m, f"model_q6k: no single-lop3 helper {name} in {SRC.name}"
+        ins = re.findall(r'"r"\(([^)]*)\)', m.group(5))
+        ops = []
+        for tok in m.group(1, 2, 3):
+            tok = tok.strip()
+            if tok.startswith("%"):
+                e = ins[int(tok[1:]) - 1].strip().rstrip("u").rstrip("U")
+                ops.append(int(e, 0) if e[:1].isdigit() else e)   # a literal, or the helper's argument name
+            else:
+                ops.append(int(tok, 0))
+        out[name] = (ops, int(m.group(4), 16))
+    return out
+
+
+_LOP3 = None
+
+
+def _helper(name, args, mut=()):
+    """Evaluate helper `name` with its arguments {arg name: value} by the kernel's lop3."""
+    global _LOP3
+    if _LOP3 is None:
+        _LOP3 = kernel_lop3()
+    ops, lut = _LOP3[name]
+    if name == "and_m" and "andlut" in mut:
+        lut = 0x88
+    return lop3(*[args[o] if isinstance(o, str) else o for o in ops], lut)
+
+
+def sel_nib(T, lo, mut=()):
+    return _helper("sel_nib", {"T": T, "lo": lo}, mut)
+
+
+def and_m(H, m, mut=()):
+    return _helper("and_m", {"H": H, "m": m}, mut)
+
+
 def build_s(L, H, g, mut=()):
+    """The kernel's build_s as written: sel_nib(and_m(H, mask) (shifted) + off, L (>> 4))."""
     L, H = u32(L), u32(H)
     off = 0xF0F0F0F0 if "offset16" in mut else 0xE0E0E0E0
     if g == 0:
-        T = ((H & 0x03030303) * 16 + off) & 0xFFFFFFFF
-        lo = L & 0x0F0F0F0F
-    elif g == 1:
-        T = ((H & 0x0C0C0C0C) * 4 + off) & 0xFFFFFFFF
-        lo = L & 0x0F0F0F0F
-    elif g == 2:
-        T = ((H & 0x30303030) + off) & 0xFFFFFFFF
-        lo = (L >> 4) & 0x0F0F0F0F
-    else:
-        T = (((H >> (4 if "qhshift" in mut else 2)) & 0x30303030) + off) & 0xFFFFFFFF
-        lo = (L >> 4) & 0x0F0F0F0F
-    return (T & 0xF0F0F0F0) | lo
+        return sel_nib((and_m(H, 0x03030303, mut) * 16 + off) & 0xFFFFFFFF, L, mut)
+    if g == 1:
+        return sel_nib((and_m(H, 0x0C0C0C0C, mut) * 4 + off) & 0xFFFFFFFF, L, mut)
+    if g == 2:
+        return sel_nib((and_m(H, 0x30303030, mut) + off) & 0xFFFFFFFF, L >> 4, mut)
+    if "qhshift" in mut:   # quarter 3 takes quarter 2's qh bits 4-5
+        return sel_nib((and_m(H, 0x30303030, mut) + off) & 0xFFFFFFFF, L >> 4, mut)
+    return sel_nib(((and_m(H, 0xC0C0C0C0, mut) >> 2) + off) & 0xFFFFFFFF, L >> 4, mut)
+
+
+def build_s_intent(L, H, g):
+    """build_s as its comment defines it: the bytes q - 32 (s8) of quarter g, q = lo | hi << 4, byte by byte."""
+    L, H = u32(L), u32(H)
+    r = np.zeros_like(L)
+    for k in range(4):
+        lo = (L >> (8 * k + 4 * (g >> 1))) & 15
+        hi = (H >> (8 * k + 2 * g)) & 3
+        r |= (((lo | hi << 4) + 224) & 0xFF) << (8 * k)
+    return r
 
 
 def build_u(L, H, g):

@@ -5,6 +5,7 @@ chains and memra's gemm. Host helpers from experiments/gemm_tile/tile.py (timing
     python3 experiments/gemm_tile2_q6k/run.py --compile-only   # CPU: NVRTC every module, regs / spills / smem
     python3 experiments/gemm_tile2_q6k/run.py --dry-run        # CPU: launch shapes + model_q6k replays + mutations
     python3 experiments/gemm_tile2_q6k/run.py --mock           # CPU: the device run on mock_gpu.py (emulated launches)
+    python3 experiments/gemm_tile2_q6k/run.py --postmortem DIR # CPU: Q6_DUMP dumps against the chain and hypotheses
     python3 experiments/gemm_tile2_q6k/run.py                  # device (H200): checks, then timing (ab.sh)
 
 Device run: every configuration checked against the float64 reference at TOL 1e-5 (small shapes with
@@ -363,12 +364,28 @@ MUTATIONS = (   # (tag, description, defs): each must be caught (error > 1e-3, a
     ("pfearly", "next half's ql plane 0 loaded after quarter 1 (quarter 2 still reads it)", {}),
     ("coopbar", "GT_COOP: no barrier between the unpack and the next stage's A loads", {"GT_COOP": 1}),
     ("offset16", "(GT_COOP: the unpack's build)", {"GT_COOP": 1}),
+    ("andlut", "and_m's lop3 LUT 0x88 (b & c = m & 0: no qh bits; the bug the H200 found)", {}),
+    ("andlut", "(GT_COOP: the unpack's build)", {"GT_COOP": 1}),
 )
+
+
+def lop3_selftest() -> int:
+    """The kernel's inline-asm lop3 helpers as the hardware runs them (LUT immediates and operand order
+    parsed from gemm_tile2_q6k.cu by model_q6k.kernel_lop3): build_s must give the bytes q - 32 of its
+    comment for every quarter, on random words."""
+    import model_q6k as MQ
+    rng = np.random.default_rng(5)
+    L, H = (rng.integers(0, 2 ** 32, 1 << 14, dtype=np.uint64) for _ in range(2))
+    bad = [g for g in range(4) if not np.array_equal(MQ.build_s(L, H, g), MQ.build_s_intent(L, H, g))]
+    ok = not bad
+    print(f"{'PASS' if ok else 'FAIL'}  lop3 LUTs of {SRC.name} {MQ._LOP3}: build_s = q - 32 bytes "
+          f"{'for quarters 0-3' if ok else f'WRONG for quarters {bad}'}", flush=True)
+    return 0 if ok else 1
 
 
 def model_selftest() -> int:
     import model_q6k as MQ
-    bad = 0
+    bad = lop3_selftest()
     for defs, N, K, nb, ks in MODEL_CASES:
         t = time.perf_counter()
         form = int(defs.get("GT_FORM", 0))
@@ -409,6 +426,34 @@ def model_selftest() -> int:
     return bad
 
 
+def postmortem(ddir: str) -> int:
+    """CPU: each Q6_DUMP file (run.py's device dumps: raw, q, d, got, ref) against the exact chain of its
+    form and against emulated failure hypotheses (the chain of a weight decoded with the slip), printing the
+    differing bits of each. A bit-exact hypothesis is the device's behaviour."""
+    import glob
+    import model_q6k as MQ
+
+    def zero(raw, lo, hi):   # the chain's weights with bytes [lo, hi) of every super-block zeroed
+        r = raw.copy()
+        r.reshape(r.shape[0], -1, 210)[..., lo:hi] = 0
+        return r
+
+    hyps = (("as specified", lambda r: r), ("qh ignored (and_m LUT 0x88)", lambda r: zero(r, 128, 192)))
+    files = sorted(glob.glob(f"{ddir}/q6dump_*.npz"))
+    for f in files:
+        z = np.load(f)
+        raw, got = z["raw"], z["got"]
+        form = 1 if "_F1_" in f else 0
+        rows = np.arange(raw.shape[0])
+        res = []
+        for name, h in hyps:
+            ch = MQ.chain_ref(h(raw), rows, z["q"], z["d"], form)
+            res.append(f"{name}: {int(np.count_nonzero(got.view(np.uint32) != ch.view(np.uint32)))}")
+        err = float(np.linalg.norm(got - z["ref"]) / np.linalg.norm(z["ref"]))
+        print(f"{Path(f).name}: rel err {err:.2g}; bits differing of {got.size}: " + ", ".join(res), flush=True)
+    return 0 if files else 2
+
+
 def dry_run(args) -> int:
     for sname, N, K, kss in SHAPES:
         for nb in NBS:
@@ -426,6 +471,7 @@ def main() -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--mock", action="store_true")
+    ap.add_argument("--postmortem", metavar="DIR", default="", help="CPU: replay Q6_DUMP dumps in DIR")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--shapes", default="")
     ap.add_argument("--jobs", type=int, default=2)
@@ -444,6 +490,8 @@ def main() -> int:
                           flush=True)
             print(f"{len(res)} modules in {time.perf_counter() - t0:.1f} s, {bad} timed configurations spilling")
             return 1 if bad else 0
+        if args.postmortem:
+            return postmortem(args.postmortem)
         if args.dry_run:
             return 1 if dry_run(args) else 0
         return device_main(args, T.jsonl_writer("gemm-tile2-q6k.jsonl"))
