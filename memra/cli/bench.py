@@ -302,6 +302,8 @@ def profile(
                                        "table file.")] = "auto",
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies.")] = "smollm2-135m",
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Per-kernel µs, GB/s and (matrix launches) TOPS of one decode step (or one prefill chunk), launch by launch of the launch plan."""
     from memra.gpu import cuda
@@ -313,16 +315,19 @@ def profile(
         raise CudaError("memra profile needs an NVIDIA GPU and its driver; none was found on this machine")
     if reps < 1:
         raise MemraError(f"--reps must be at least 1, got {reps}")
+    check_cache_types("gpu", cache_type_k, cache_type_v)
     name, path = B.resolve_model(model, synth_tokenizer)
     g = cuda.gpu()
     tbl, label = _open_table(table, g.info)
+    kv = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     if prefill:
-        r = Runner(path, max_len=depth + rows + 32, max_seqs=1, kv_tokens=depth + rows + 48, tune_table=tbl)
+        r = Runner(path, max_len=depth + rows + 32, max_seqs=1, kv_tokens=depth + rows + 48, tune_table=tbl, **kv)
     else:
-        r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl)
+        r = Runner(path, max_len=max(64, depth + 32), max_seqs=rows, kv_tokens=rows * (depth + 48), tune_table=tbl,
+                   **kv)
     doc = run_profile(r, rows=rows, depth=depth, reps=reps, prefill=prefill)
     peak = int8_peak_tops(g.info.name)
-    doc.update(model=name, table=label, device=g.info.name, bw_gbps=round(g.copy_bandwidth() / 1e9, 1),
+    doc.update(model=name, table=label, device=g.info.name, **kv, bw_gbps=round(g.copy_bandwidth() / 1e9, 1),
                int8_peak_tops=peak, summary=by_kernel(doc["launches"]))
     if as_json:
         print(json.dumps(doc, sort_keys=True), flush=True)
