@@ -1,0 +1,113 @@
+"""The chain: a quantized product's outputs as one float32 chain each, on the CPU, bit for bit.
+
+The tensor-core tile GEMM (experiments/tile_land, measured in research/2026-12-02-session16) computes
+every output y[b, n] = W[n, :] . x[b, :] of int8-quantized activations (q8: 32 codes qx and a scale
+dx a block, S = sum qx) as one accumulator over the k32 blocks i in increasing k, I_i the block's exact
+integer dot (weights' integer codes q times qx):
+
+    Q4_0, Q8_0   p = fl(I d)                    acc = fma(p, dx, acc)            (Q4_0: q - 8)
+    Q4_K         p = fl(I (d sc_j))             acc = fma(p, dx, acc)
+                                                acc = fma(-(dmin m_j), fl(dx S), acc)
+    Q6_K         J = sc_a Ia + sc_b Ib (int)    acc = fma(fl(J d), dx, acc)      (Ia, Ib: the 16-halves)
+
+from acc = +0, each product and sum rounded once to float32 (round to nearest even); d sc and
+dmin m are exact in float32. `chain(raw, t, qx, dx, S)` is that, vectorized over rows and
+activation rows with an exact float32 fma (`fma32`: the product is exact in float64, TwoSum gives
+the error of the float64 sum, and a float64 sum lying exactly on a float32 rounding midpoint is
+resolved by the error's sign). `chain_out` adds the epilogues: act(gate) * up for a [gate; up]
+weight and + residual, each one rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memra.errors import MemraError
+from memra.model import quants as Q
+
+TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """Correctly rounded float32 fma(a, b, c), elementwise (float32 arrays or scalars)."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    ab = a * b                                   # exact: two 24-bit significands
+    s = ab + c
+    bb = s - ab                                  # TwoSum: s + e == ab + c exactly
+    e = (ab - (s - bb)) + (c - bb)
+    r = s.astype(np.float32)
+    rd = r.astype(np.float64)
+    toward = np.where(s > rd, np.inf, -np.inf).astype(np.float32)
+    nbr = np.nextafter(r, toward)                # r's float32 neighbour on s's side
+    mid = (rd != s) & ((rd + nbr.astype(np.float64)) * 0.5 == s) & (e != 0)
+    lo, hi = np.minimum(r, nbr), np.maximum(r, nbr)
+    return np.where(mid, np.where(e > 0, hi, lo), r).astype(np.float32)
+
+
+def _f16(raw: np.ndarray, off: int, size: int) -> np.ndarray:
+    """The f16 at byte `off` of every `size`-byte block of each row, as float32 [rows, blocks]."""
+    rows = raw.shape[0]
+    b = raw.reshape(rows, -1, size)[:, :, off:off + 2]
+    return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
+
+
+def _ints(raw: np.ndarray, t: int, K: int) -> np.ndarray:
+    """The weights' integer codes (int64 [rows, K]; Q4_0 with its -8, Q6_K with its -32)."""
+    return Q.decompose(raw, t, (raw.shape[0], K)).q.astype(np.int64)
+
+
+def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
+    against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32])."""
+    if t not in TYPES:
+        raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
+    raw = np.ascontiguousarray(raw, np.uint8)
+    nb, K = qx.shape
+    rows, nblk = raw.shape[0], K // 32
+    bs, ts = Q.block_info(t)
+    if K % bs or raw.shape[1] != K // bs * ts:
+        raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
+    w = _ints(raw, t, K)
+    x = qx.astype(np.int64)
+    dx = np.asarray(dx, np.float32)
+    acc = np.zeros((rows, nb), np.float32)
+    if t == Q.Q6_K:
+        I16 = np.einsum("rhk,bhk->rbh", w.reshape(rows, -1, 16), x.reshape(nb, -1, 16))   # [rows, nb, K / 16]
+        sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.int64).reshape(rows, -1)
+        d = _f16(raw, 208, ts)
+        for i in range(nblk):
+            J = sc[:, 2 * i, None] * I16[:, :, 2 * i] + sc[:, 2 * i + 1, None] * I16[:, :, 2 * i + 1]
+            p = (J.astype(np.float64) * d[:, i // 8, None].astype(np.float64)).astype(np.float32)
+            acc = fma32(p, dx[None, :, i], acc)
+        return acc.T
+    I = np.einsum("rik,bik->rbi", w.reshape(rows, nblk, 32), x.reshape(nb, nblk, 32))   # [rows, nb, K / 32]
+    if t == Q.Q4_K:
+        d, dmin = _f16(raw, 0, ts), _f16(raw, 2, ts)
+        sc, mn = Q._k4_scales(raw.reshape(-1, ts)[:, 4:16])
+        dsc = (np.repeat(d, 8, axis=1) * sc.reshape(rows, -1)).astype(np.float32)       # exact
+        ndmm = (-(np.repeat(dmin, 8, axis=1) * mn.reshape(rows, -1))).astype(np.float32)  # exact
+        sx = (dx.astype(np.float64) * np.asarray(S, np.float64)).astype(np.float32)      # fl(dx S)
+        for i in range(nblk):
+            p = (I[:, :, i].astype(np.float64) * dsc[:, i, None].astype(np.float64)).astype(np.float32)
+            acc = fma32(p, dx[None, :, i], acc)
+            acc = fma32(ndmm[:, i, None], sx[None, :, i], acc)
+        return acc.T
+    d = _f16(raw, 0, ts)   # Q4_0, Q8_0: d first in the block
+    for i in range(nblk):
+        p = (I[:, :, i].astype(np.float64) * d[:, i, None].astype(np.float64)).astype(np.float32)
+        acc = fma32(p, dx[None, :, i], acc)
+    return acc.T
+
+
+def chain_out(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray, *, act=None,
+              residual: np.ndarray | None = None) -> np.ndarray:
+    """The kernel's outputs [nb, N]: the chain, or with act (a float32 function of the gate's
+    values, the device's own, e.g. act_mul run on the chain) fl(act(gate) * up) for a [gate; up]
+    weight (2N rows), then fl(v + residual)."""
+    y = chain(raw, t, qx, dx, S)
+    if act is not None:
+        n = y.shape[1] // 2
+        y = (np.asarray(act(y[:, :n], y[:, n:]), np.float32))
+    if residual is not None:
+        y = (y + np.asarray(residual, np.float32)).astype(np.float32)   # numpy float32 add: one rounding
+    return y
