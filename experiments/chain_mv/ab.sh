@@ -9,7 +9,7 @@
 set -u
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/../.." || exit 2
-rm -f "$OUT/chain-mv.jsonl"
+mkdir -p "$OUT" && rm -f "$OUT/chain-mv.jsonl"
 timeout -k 3 "${LIMIT_S:-55}" python3 experiments/chain_mv/run.py --reps "${REPS:-30}" ${MOCK:+--mock} > "$OUT/chain-mv.log" 2>&1
 rc=$?
 [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "run.py TIMED OUT after ${LIMIT_S:-55} s (partial results in the log / jsonl)"

@@ -16,6 +16,8 @@
   lanes' byte offsets into bulk / meta / xq / xs, qtypes.cuh's idots nibble pattern and
   rowscal_k4 byte selection, the float4 stores into the flat P / X shared arrays (stride CM_PS), the
   barrier / double-buffer schedule, and the chain warp's reads; compared bit for bit with chain_ref.
+- replay_v2(raw, q, xs, defs, nb, grid): the CM_V2 kernel (persistent (group, tile) stream, the
+  CM_PF + 1 slot weight ring with step tags, CM_GLU row maps and epilogues); bit for bit with chain_ref.
 """
 from __future__ import annotations
 
@@ -318,6 +320,207 @@ def replay(raw: np.ndarray, xq: np.ndarray, xs: np.ndarray, defs: dict, nb: int 
     return y.reshape(nb, N)
 
 
+def replay_v2(raw: np.ndarray, xq: np.ndarray, xs: np.ndarray, defs: dict, nb: int | None = None,
+              grid: int | None = None, _mut: str = "") -> np.ndarray:
+    """chain_mv.cu's CM_V2 kernel transcribed, block by block: the grid-strided (group, tile) stream
+    s = 0 .. ns - 1 of each block (group gi s / nt of the block = group blockIdx + gi gridDim), v2_row's
+    weight rows (CM_GLU: block row rr < CR/2 the gate row o, else the up row o + N), the CM_PF + 1 slot
+    weight ring (registers or the cp.async stages: one model, since each lane reads back only its own
+    slot): written for step s + PF during step s (steps 0 .. PF - 1 in the prologue), read at step s
+    from slot s % NBUF, each slot tagged with its step (a read of a wrong / stale slot raises) and
+    poisoned after the read; the P / X double buffer by s & 1 (poisoned after the chain warp's tile),
+    the chain reset at t = 0, the store at t = nt - 1 (CM_GLU 1: silu(gate) up from the lane
+    CR/2 B above, float32 numpy; CM_GLU 2: both raw chains, y [nb, 2N]).
+    raw: the weight rows (CM_GLU: 2N rows). Returns y [nb, N] (CM_GLU 2: [nb, 2N]); NaN where unstored."""
+    from memra.gpu.ops.matvec import pack_planes
+    NW, B, CR, RPW = kdefs(defs)
+    PF = int(defs.get("CM_PF", 1))
+    NBUF = PF + 1
+    glu = int(defs.get("CM_GLU", 0))
+    NCW, XS = int(defs.get("CM_NCW", 1)), int(defs.get("CM_XS", 0))
+    NL = 32 * NCW                                   # chain lanes (CM_NCW chain warps)
+    CRO = CR // 2 if glu else CR
+    NWR, K = raw.shape[0], raw.shape[1] // 144 * 256
+    N = NWR // 2 if glu else NWR
+    nb = xq.shape[0] if nb is None else nb
+    assert nb <= B
+    bulk, meta = pack_planes(raw, Q4_K)
+    bflat, mflat = bulk.reshape(-1), meta.reshape(-1)
+    xqf, xsf = xq.reshape(-1), xs.reshape(-1)
+    nu, nt = K >> 6, -(-(K >> 6) // TU)
+    brs, mrs = nu * 32, (K >> 8) * 16
+    ng = -(-N // CRO)
+    G = grid if grid is not None else ng
+    y = np.full(nb * (2 * N if glu == 2 else N), np.nan, np.float32)
+    lanes = np.arange(32)
+    hij = (lanes & 2) != 0
+
+    def v2_row(g, rr):
+        if glu:
+            o = min(g * CRO + rr % CRO, N - 1)
+            return o + N if rr % CR >= CRO else o
+        return min(g * CRO + min(rr, CR - 1), N - 1)
+
+    for bx in range(G):
+        ngb = (ng - 1 - bx) // G + 1 if bx < ng else 0
+        ns = ngb * nt
+        ring = [dict() for _ in range(NBUF)]        # slot -> {"step": s, (warp, r): (qs [32, 32], meta [32, 16])}
+
+        def load(slot, s):
+            if s >= ns:
+                return
+            gi, t = divmod(s, nt)
+            g = bx + gi * G
+            u = np.minimum(TU * t + lanes, nu - 1)
+            ring[slot].clear()
+            ring[slot]["step"] = s
+            for warp in range(NW):
+                for r in range(RPW):
+                    row = v2_row(g, warp + NW * r)
+                    qb = np.stack([bflat[row * brs + 32 * u + o] for o in range(32)], 1).astype(np.int64)
+                    mm = np.stack([mflat[row * mrs + 16 * (u >> 2) + o] for o in range(16)], 1)
+                    ring[slot][(warp, r)] = (qb, mm)
+
+        xtag = [0, None]                             # CM_XS: the step whose x tile each buffer holds
+        for k in range(PF):
+            load(k, k)
+        sP = np.full((2, CR * B * PS), np.nan, np.float32)
+        sX = np.full((2, B * PS), np.nan, np.float32)
+        acc = np.zeros(NL, np.float32)
+        c = np.minimum(np.arange(NL), CR * B - 1)
+        for s in range(ns):
+            k = s % NBUF
+            if XS:
+                xtag[(s + 1) & 1] = s + 1 if s + 1 < ns else None   # xload(s + 1): the other buffer
+                if xtag[s & 1] != s:
+                    raise AssertionError(f"block {bx} step {s}: x buffer {s & 1} holds step {xtag[s & 1]}")
+            load((k + PF) % NBUF, s + PF)
+            if _mut == "ring":
+                k = (k + 1) % NBUF
+            if ring[k].get("step") != s:
+                raise AssertionError(f"block {bx} step {s}: ring slot {k} holds step {ring[k].get('step')}")
+            gi, t = divmod(s, nt)
+            g = bx + gi * G
+            u = TU * t + lanes
+            valid = u < nu
+            ul = np.minimum(u, nu - 1)
+            for warp in range(NW):
+                for r in range(RPW):
+                    rr = warp + NW * r
+                    qb, mm = ring[k][(warp, r)]
+                    d, dmin = _f16(mm, 0), _f16(mm, 2)
+                    for b in range(B):
+                        if b >= nb:
+                            continue
+                        xv = np.stack([xqf[b * K + 64 * ul + o] for o in range(64)], 1).astype(np.int64)
+                        sc = np.stack([xsf[b * (K >> 5) + 2 * ul + o] for o in range(2)], 1)
+                        if warp == 0 and r == 0:
+                            d0, d1 = sc["d"][:, 0].astype(np.float32), sc["d"][:, 1].astype(np.float32)
+                            for ln in np.nonzero(valid)[0]:
+                                o = b * PS + 4 * ln
+                                sX[s & 1, o:o + 4] = (d0[ln], d0[ln] * np.float32(sc["s"][ln, 0]),
+                                                      d1[ln], d1[ln] * np.float32(sc["s"][ln, 1]))
+                        if rr >= CR:
+                            continue
+                        i0 = ((qb & 15) * xv[:, 0:32]).sum(1)
+                        i1 = ((qb >> 4) * xv[:, 32:64]).sum(1)
+                        p0, n0, p1, n1 = _fast_unit(mm, lanes, i0, i1, d, dmin)
+                        for ln in np.nonzero(valid)[0]:
+                            o = (rr * B + b) * PS + 4 * ln
+                            sP[s & 1, o:o + 4] = (p0[ln], n0[ln], p1[ln], n1[ln])
+            ring[k] = {"step": None}                 # consumed: a later read of it without a refill raises
+            # barrier s; the chain warp: tile t of group g from buffer s % 2
+            if t == 0 and _mut != "noreset":
+                acc = np.zeros(NL, np.float32)
+            nbk = 2 * min(TU, nu - TU * t)
+            P, X = sP[s & 1], sX[s & 1]
+            for i in range(0, nbk, 2):
+                pv = np.stack([P[c * PS + 2 * i + o] for o in range(4)], 1)
+                xv4 = np.stack([X[(c % B) * PS + 2 * i + o] for o in range(4)], 1)
+                for o in range(4):
+                    acc = fma32(pv[:, o], xv4[:, o], acc)
+            sP[s & 1] = np.nan
+            sX[s & 1] = np.nan
+            if t == nt - 1:
+                for ln in range(NL):
+                    rr, b = ln // B, ln % B
+                    if glu == 1:
+                        o = g * CRO + rr
+                        if ln < CRO * B and o < N and b < nb:
+                            gt, up = acc[ln], acc[ln + CRO * B]
+                            with np.errstate(over="ignore"):
+                                y[b * N + o] = np.float32(gt / (np.float32(1) + np.exp(-gt)) * up)
+                    elif glu == 2:
+                        o = g * CRO + rr % CRO
+                        if ln < CR * B and o < N and b < nb:
+                            y[b * 2 * N + (N if rr >= CRO else 0) + o] = acc[ln]
+                    else:
+                        o = g * CRO + rr
+                        if ln < CR * B and o < N and b < nb:
+                            y[b * N + o] = acc[ln]
+    return y.reshape(nb, -1)
+
+
+def replay_v2_selftest(rng) -> int:
+    """replay_v2 vs chain_ref: plain / persistent grids (several groups a block, a group boundary
+    inside the prefetch window), CM_PF 1 / 2, partial row groups and K tiles, batch, glu 2 (bit-exact)
+    and glu 1 (float32 silu of the bit-exact chains)."""
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.q8 import quantize_q8_ref
+    bad = 0
+    V2 = {"CM_V2": 1}
+    cases = ((37, 2048 + 768, 1, {**V2, "CM_NW": 8, "CM_CR": 16, "CM_MINB": 2}, None),
+             (37, 2048 + 768, 1, {**V2, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_ASYNC": 1}, 2),
+             (41, 1024, 1, {**V2, "CM_NW": 8, "CM_CR": 8, "CM_PF": 2, "CM_ASYNC": 1}, 3),
+             (40, 4096 + 256, 1, {**V2, "CM_NW": 8, "CM_CR": 32}, 1),
+             (11, 1280, 7, {**V2, "CM_NW": 4, "CM_B": 8, "CM_CR": 4, "CM_PF": 2, "CM_ASYNC": 1}, 2),
+             (13, 2304, 8, {**V2, "CM_NW": 8, "CM_B": 8, "CM_CR": 8, "CM_NCW": 2, "CM_PF": 2, "CM_ASYNC": 1, "CM_XS": 1}, 1),
+             (9, 1280, 5, {**V2, "CM_NW": 4, "CM_B": 8, "CM_CR": 4, "CM_PF": 2, "CM_ASYNC": 1, "CM_XS": 1}, None),
+             (2 * 19, 2304, 1, {**V2, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_ASYNC": 1, "CM_GLU": 2}, 2),
+             (2 * 19, 2304, 1, {**V2, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_ASYNC": 1, "CM_GLU": 1}, 2))
+    for (NR, K, nb, defs, grid) in cases:
+        raw = MV.random_weight(Q4_K, NR, K, rng)
+        x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+        x[0, :32] = 0.0
+        q, s = quantize_q8_ref(x)
+        ref = chain_ref(raw, q, s)
+        got = replay_v2(raw, q, s, defs, nb, grid)
+        glu = int(defs.get("CM_GLU", 0))
+        if glu == 1:
+            h = NR // 2
+            with np.errstate(over="ignore"):
+                gt = ref[:, :h]
+                want = (gt / (np.float32(1) + np.exp(-gt)) * ref[:, h:]).astype(np.float32)
+            same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        else:
+            same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+        bad += not same
+        print(f"{'PASS' if same else 'FAIL'}  replay_v2 of chain_mv {defs} rows={NR} K={K} nb={nb} grid={grid}: "
+              f"bit-equal to chain_ref{' (glu 1: its float32 silu(gate) up)' if glu == 1 else ''} ({'yes' if same else 'NO'})",
+              flush=True)
+    # mutations: the chain not reset at a group boundary (acc carried on) must change bits; the ring
+    # read one slot off must be caught by the slot tags
+    N, K = 24, 1024
+    raw = MV.random_weight(Q4_K, N, K, rng)
+    q, s = quantize_q8_ref(rng.standard_normal((1, K)).astype(np.float32))
+    ref = chain_ref(raw, q, s)
+    d8 = {**V2, "CM_NW": 8, "CM_CR": 8, "CM_PF": 2}
+    got = replay_v2(raw, q, s, d8, 1, 1)
+    ok = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    mut = replay_v2(raw, q, s, d8, 1, 1, _mut="noreset")
+    caught = not np.array_equal(mut.view(np.uint32), ref.view(np.uint32))
+    try:
+        replay_v2(raw, q, s, d8, 1, 1, _mut="ring")
+        caught_ring = False
+    except AssertionError:
+        caught_ring = True
+    bad += not (ok and caught and caught_ring)
+    print(f"{'PASS' if ok and caught and caught_ring else 'FAIL'}  replay_v2 on a 1-block grid (3 groups in one stream): "
+          f"bit-equal ({'yes' if ok else 'NO'}); mutations caught: no chain reset at a group boundary "
+          f"({'yes' if caught else 'NO'}), ring slot off by one ({'yes' if caught_ring else 'NO'})", flush=True)
+    return bad
+
+
 def replay_selftest(rng) -> int:
     from memra.gpu.ops import matvec as MV
     from memra.gpu.q8 import quantize_q8_ref
@@ -364,6 +567,7 @@ def main() -> int:
     rng = np.random.default_rng(7)
     bad = fma_selftest(rng)
     bad += replay_selftest(rng)
+    bad += replay_v2_selftest(rng)
     print(f"{'passed' if not bad else f'{bad} FAILED'} in {time.perf_counter() - t0:.1f} s")
     return 1 if bad else 0
 

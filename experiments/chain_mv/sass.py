@@ -70,7 +70,15 @@ def main() -> int:
     mv_per32 = best["total"] / (2 * units)
     print(f"  unit loop: {best['total']} instr for {units} (row, unit)s -> {mv_per32:.1f} thread instr per (row, k32 block)")
     rows.append(("mv_q8 " + ",".join(f"{k}={v}" for k, v in mv_defs.items() if k != "MV_TYPE"), r, sp, mv_per32, best))
-    for defs in ({"CM_NW": 8}, {"CM_NW": 16}, {"CM_NW": 16, "CM_CR": 16}, {"CM_NW": 8, "CM_PF": 0}, {"CM_NW": 8, "CM_FAST": 0}):
+    V2 = {"CM_V2": 1}
+    for defs in ({"CM_NW": 8}, {"CM_NW": 16}, {"CM_NW": 16, "CM_CR": 16}, {"CM_NW": 8, "CM_PF": 0}, {"CM_NW": 8, "CM_FAST": 0},
+                 {**V2, "CM_NW": 8}, {**V2, "CM_NW": 8, "CM_CR": 16, "CM_MINB": 2},
+                 {**V2, "CM_ASYNC": 1, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_MINB": 2},
+                 {**V2, "CM_ASYNC": 1, "CM_NW": 8, "CM_CR": 16, "CM_PF": 1, "CM_MINB": 3},
+                 {**V2, "CM_ASYNC": 1, "CM_NW": 8, "CM_CR": 32, "CM_PF": 2},
+                 {**V2, "CM_ASYNC": 1, "CM_NW": 8, "CM_CR": 8, "CM_PF": 2, "CM_MINB": 4},
+                 {**V2, "CM_ASYNC": 1, "CM_XS": 1, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_MINB": 2},
+                 {**V2, "CM_ASYNC": 1, "CM_NW": 8, "CM_CR": 16, "CM_PF": 2, "CM_MINB": 2, "CM_GLU": 1}):
         cub, log = T.compile_module(defs, HERE / "chain_mv.cu")
         r, sp, sm = info(log, "chain_mv")
         ins = SC.disasm(cub, "chain_mv")
@@ -85,7 +93,9 @@ def main() -> int:
                 ld = c if ld is None or c["total"] > ld["total"] else ld
             elif c["FFMA"] >= 8 and not c["IDP4A"]:
                 ch = c if ch is None or c["FFMA"] > ch["FFMA"] else ch
-        ld_per32 = ld["total"] / (2 * rpw)
+        # v2 unrolls the loader loop by CM_PF + 1 steps: the steps a trip = IDP4A / (16 x rows a lane)
+        steps = ld["IDP4A"] / (16 * rpw)
+        ld_per32 = ld["total"] / steps / (2 * rpw)
         # chain loop: c['FFMA'] / 2 blocks per trip, 64 blocks a tile: trips = 64 / (FFMA / 2)
         trips = 64 / (ch["FFMA"] / 2)
         ch_tile = ch["total"] * trips
@@ -93,12 +103,12 @@ def main() -> int:
         ch_per32 = ch_tile / (cr * 64 / 32) * (cr / 32) if cr else 0
         ch_per32 = ch_tile / 64 if cr == 32 else ch_tile / (cr * 64 / 32)   # warp instr per 32 pairs
         tot = ld_per32 + ch_per32
-        print(f"  loader tile: {ld['total']} instr / (2 x {rpw} rows) = {ld_per32:.1f}; chain tile {ch_tile:.0f} instr "
+        print(f"  loader tile: {ld['total']} instr / {steps:.0f} steps / (2 x {rpw} rows) = {ld_per32:.1f}; chain tile {ch_tile:.0f} instr "
               f"for {cr} chains x 64 blocks = {ch_per32:.2f} per 32 pairs; total {tot:.1f} per (row, k32 block)")
         rows.append(("chain_mv " + ",".join(f"{k}={v}" for k, v in defs.items()), r, sp, tot, ld))
-    print(f"\n{'module':48s} {'regs':>4s} {'spill':>5s} {'instr / (row, k32)':>18s}")
+    print(f"\n{'module':90s} {'regs':>4s} {'spill':>5s} {'instr / (row, k32)':>18s}")
     for n, r, sp, t, _ in rows:
-        print(f"{n:48s} {r:4d} {sp:5d} {t:18.1f}")
+        print(f"{n:90s} {r:4d} {sp:5d} {t:18.1f}")
     return 0
 
 
