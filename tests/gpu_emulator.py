@@ -447,6 +447,26 @@ def check_geometry(kernel, grid, block, shmem, v):
         # attn_fa.cu: grid (n_head, n_tokens), block HEAD_DIM
         _block_is(k, grid, block, _d(k, "HEAD_DIM", 0), "HEAD_DIM")
         _no_dynamic_smem(k, grid, block, shmem)
+    elif name.startswith("gemm_tile"):
+        # gemm_tile.cu: BM = 64 GT_WM weight rows (OBM outputs: BM, or BM / 2 for _glu) by BN = 32 GT_WN
+        # activation columns a block, grid exactly (N / OBM, ceil(nb / BN), 1) (no partial row tile),
+        # block 32 GT_WM GT_WN, dynamic shared memory GT_STAGES (BM WS + BN 272 + BM MS + BN 64) +
+        # 2 (RS BM + CS BN) with (WS, MS, RS, CS) per type; K a multiple of 256 (Q6_K 512)
+        wm, wn, ns = _d(k, "GT_WM", 2), _d(k, "GT_WN", 4), _d(k, "GT_STAGES", 2)
+        t = _d(k, "MV_TYPE", 0)
+        ws, ms, rs, cs, kmul = {2: (144, 16, 64, 32, 256), 8: (272, 16, 64, 32, 256), 12: (144, 16, 96, 64, 256),
+                                14: (208, 20, 68, 32, 512)}[t]
+        N, K, nb = v[6:9]
+        bm, bn = 64 * wm, 32 * wn
+        obm = bm // 2 if name.endswith("_glu") else bm
+        _block_is(k, grid, block, 32 * wm * wn, "32 * GT_WM * GT_WN")
+        if N % obm or K % kmul:
+            _fail(k, grid, block, f"N = {N} not a multiple of {obm} or K = {K} of {kmul}")
+        if grid != (N // obm, -(-nb // bn), 1):
+            _fail(k, grid, block, f"the grid must be (N / {obm}, ceil(nb / {bn}), 1)")
+        want = ns * (bm * ws + bn * 272 + bm * ms + bn * 64) + 2 * (rs * bm + cs * bn)
+        if shmem != want:
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
     elif name.startswith("embed_"):
         # embed.cu: grid (n_tokens), block EMBED_THREADS (threads stride the row), no shared memory
         _block_is(k, grid, block, _d(k, "EMBED_THREADS", 256), "EMBED_THREADS")
@@ -800,6 +820,34 @@ def _act_mul(g, k, grid, v):
                                                      "gelu_tanh" if act else "silu")
 
 
+def _gemm_tile(g, k, grid, v):
+    """gemm_tile.cu: every output the chain (memra.gpu.chain) of the q8 activations, then
+    act(gate) * up (act.cu's model: act's reference in float32) and + res, one rounding each.
+    MEMRA_CANARY=1 stages block 1's dx and S as 0 (the kernel's canary)."""
+    from memra.gpu import chain as CH
+    from memra.gpu.ops import act as ACT
+    from memra.gpu.ops import matvec as MV
+
+    bulk, meta, xq, xs, y, res, N, K, nb, act = v
+    t = int(k.defines["MV_TYPE"])
+    glu = k.name.endswith("_glu")
+    rows = 2 * N if glu else N
+    _, blk, bb, bo, bl = MV.TYPES[t]
+    nblk = K // blk
+    raw = MV.unpack_planes(g.mem(bulk, np.uint8, rows * nblk * bl).reshape(rows, -1),
+                           g.mem(meta, np.uint8, rows * nblk * (bb - bl)).reshape(rows, -1), t)
+    q = g.mem(xq, np.int8, nb * K).reshape(nb, K)
+    sc = g.mem(xs, MV.Q8_SCALE, nb * K // 32).reshape(nb, K // 32).copy()
+    if int(k.defines.get("MEMRA_CANARY", 0)) == 1:
+        sc["d"][:, 1], sc["s"][:, 1] = 0, 0
+    yy = CH.chain(raw, t, q, sc["d"], sc["s"])
+    if glu:
+        yy = ACT.reference(yy[:, :N], yy[:, N:], "gelu_tanh" if act == 2 else "silu").astype(np.float32)
+    if res:
+        yy = (yy + _f32(g, res, nb * N).reshape(nb, N)).astype(np.float32)
+    _f32(g, y, nb * N)[:] = yy.reshape(-1)
+
+
 def _softcap(g, k, grid, v):
     x, n, cap = v
     a = _f32(g, x, n)
@@ -914,7 +962,7 @@ _KERNELS = {
     "rmsnorm": _rmsnorm, "add_rmsnorm": _add_rmsnorm, "rope_norm_kv": _rope,
     "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode,
     "attn_decode_rope": _attn_decode_rope, "attn_fa": _attn_fa, "attn_fa_dec": _attn_fa, "fa_combine": _fa_combine,
-    "act_mul": _act_mul,
+    "act_mul": _act_mul, "gemm_tile": _gemm_tile, "gemm_tile_glu": _gemm_tile,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8, "apply_mask": _apply_mask,
 }

@@ -65,18 +65,22 @@ def launch_config(t: int, config: dict | None = None) -> dict:
 
 
 def launch_shape(t: int, config: dict, N: int, nb: int, glu: bool):
-    return _L.launch_shape(t, config, N, nb, glu)
+    try:
+        return _L.launch_shape(t, config, N, nb, glu)
+    except ValueError as e:
+        raise MemraError(str(e)) from None
 
 
-def check_shape(t: int, N: int, K: int, glu: bool) -> None:
-    """The host contract (kernels/gemm_tile.cu's header): the types, K a whole number of the
-    type's K step, N of its row step."""
+def check_shape(t: int, config: dict, N: int, K: int, nb: int, glu: bool) -> None:
+    """The host contract (kernels/gemm_tile.cu's header): the types, N a multiple of the output
+    tile (no partial row tile), K of the type's K step (256; Q6_K 512), 32-bit offsets."""
     if t not in TYPES:
         raise MemraError(f"gemm_tile: no tile kernel for {MV.TYPES[t][0]} weights "
                          f"(it has {', '.join(MV.TYPES[v][0] for v in TYPES)})")
-    ks = _L.K_STEP[t]
-    if K % ks:
-        raise MemraError(f"gemm_tile: {MV.TYPES[t][0]} needs K % {ks} == 0 (got K = {K})")
+    try:
+        _L.check(t, config, N, K, nb, glu)
+    except ValueError as e:
+        raise MemraError(str(e)) from None
 
 
 def _defines(t: int, config: dict, canary: int = 0) -> dict:
@@ -95,12 +99,12 @@ def gemm_tile(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None
     if glu and w.rows % 2:
         raise MemraError("gemm_tile: a GLU weight stacks gate and up (an even row count)")
     N, K = (w.rows // 2 if glu else w.rows), w.K
-    check_shape(t, N, K, bool(glu))
+    cfg = launch_config(t, config)
+    check_shape(t, cfg, N, K, nb, bool(glu))
     if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
         raise MemraError("gemm_tile: xq/xs must be int8 / Q8_SCALE with nb rows of K")
     if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
         raise MemraError(f"gemm_tile: y (and residual) must be f32 with >= {nb}x{N} values")
-    cfg = launch_config(t, config)
     grid, block, smem = launch_shape(t, cfg, N, nb, bool(glu))
     k = g.module(KERNEL_FILE, _defines(t, cfg, canary)).kernel("gemm_tile_glu" if glu else "gemm_tile")
     g.launch(k, grid, block, (w.bulk, w.meta, xq, xs, y, residual if residual is not None else _NULL,
@@ -110,7 +114,9 @@ def gemm_tile(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None
 # -- kernel-check -----------------------------------------------------------------------
 
 TOL = MV.TOL
-_CHECK = ((9, None, False), (64, "silu", False), (130, None, True), (33, "gelu", False))
+# (nb, glu, residual aliasing y): one row, partial column tiles, a full 128-column tile
+_CHECK = ((1, None, False), (9, None, False), (64, "silu", False), (130, None, True), (33, "gelu", False),
+          (128, None, False))
 
 
 def compile_variants() -> list[tuple[str, dict]]:
@@ -177,8 +183,8 @@ def against_chain(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str 
 
 
 def check_case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0,
-               N: int = 200, K: int | None = None):
-    K = K or 4 * _L.K_STEP[t]
+               N: int = 256, K: int | None = None):
+    K = K or 4 * _L.GEOM[t]["KMUL"]
     raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
     name = (f"gemm_tile {MV.TYPES[t][0]} nb={nb} {N}x{K}{' glu-' + glu if glu else ''}{' +res(alias y)' if alias else ''}"
             f"{' ' + ','.join(f'{k}={v}' for k, v in config.items()) if config else ''}")
@@ -190,7 +196,7 @@ def checks(g, rng: np.random.Generator) -> Iterator:
         for nb, glu, alias in _CHECK:
             yield check_case(g, rng, t, nb, glu, alias)
     # an 8B layer's shapes at a prefill chunk and a decode batch (partial row and column tiles)
-    for t, N, K, glu in ((12, 520, 4096, "silu"), (14, 264, 14336, None)):
+    for t, N, K, glu in ((12, 512, 4096, "silu"), (14, 256, 14336, None)):
         for nb in (16, 512):
             yield check_case(g, rng, t, nb, glu, alias=glu is None, N=N, K=K)
 
