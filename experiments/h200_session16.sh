@@ -61,5 +61,13 @@ m)
     done
   done
   cp $R/kvq8-bench.jsonl $OUT/ ;;
+z)   # the session's last call (carry [".whl"]): the tile landing candidate, chain_mv v2, attention at depth
+  OUT=$R TILE_S=110 timeout 120 bash experiments/tile_land/ab.sh > $R/tile-land-ab.txt 2>&1
+  log "tile_land rc=$? $(el)"; tail -32 $R/tile-land-ab.txt | tee -a $R/log.txt
+  OUT=$R timeout 60 bash experiments/chain_mv/ab.sh > $R/chain_mv-ab.txt 2>&1
+  log "chain_mv rc=$? $(el)"; grep -A60 "^shape" $R/chain_mv-ab.txt | tee -a $R/log.txt
+  OUT=$R SWEEP_S=45 NCU_CASES="4096:8:64:1:9" timeout 95 bash experiments/attn_depth/ab.sh > $R/attn-depth-ab.txt 2>&1
+  log "attn_depth rc=$? $(el)"; tail -20 $R/attn-depth-ab.txt | tee -a $R/log.txt
+  cp $R/*.jsonl $R/attn-ncu.tgz $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s16-$STAGE.tgz -C /tmp s16-$STAGE
