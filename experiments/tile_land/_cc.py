@@ -1,18 +1,14 @@
-import io, sys, time
+"""One NVRTC compile with ptxas -v (experiments/gemm_tile/tile.py's compile_module):
+    python3 experiments/tile_land/_cc.py experiments/tile_land/gemm_tile.cu MV_TYPE=12 GT_PF=2"""
+import sys
+import time
 from pathlib import Path
-ROOT = Path(__file__).resolve().parents[2]
-def compile_module(src, defs):
-    from cuda.core import Program, ProgramOptions
-    src = Path(src)
-    opts = ProgramOptions(name=src.name, arch="sm_90a", std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(src.parent)],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(src.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_tile"))
+from tile import compile_module  # noqa: E402
+
 if __name__ == "__main__":
-    d = dict(a.split("=") for a in sys.argv[2:])
     t = time.time()
-    cub, log = compile_module(sys.argv[1], d)
-    print(log[-3000:]); print(time.time() - t, "s")
+    cub, log = compile_module(dict(a.split("=") for a in sys.argv[2:]), Path(sys.argv[1]))
+    print(log[-3000:])
+    print(f"{time.time() - t:.1f} s")

@@ -19,7 +19,6 @@ entry is compared with the prototype's plain kernel).
 from __future__ import annotations
 
 import collections
-import io
 import os
 import re
 import shutil
@@ -32,6 +31,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import launch  # noqa: E402
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+from tile import ptxas_info  # noqa: E402
+from tile import compile_module as _compile  # noqa: E402
+
+
+def compile_module(src: Path, defs: dict) -> tuple[bytes, str]:
+    return _compile(defs, src)
 
 if not shutil.which("nvdisasm"):
     try:
@@ -55,25 +61,6 @@ CLASSES = (
     ("MOV", r"^(MOV|CS2R)"), ("LDL/STL", r"^(LDL|STL)"),
 )
 KEYS = [k for k, _ in CLASSES] + ["pad", "other", "total"]
-
-
-def compile_module(src: Path, defs: dict) -> tuple[bytes, str]:
-    from cuda.core import Program, ProgramOptions
-
-    opts = ProgramOptions(name=src.name, arch="sm_90a", std="c++17", lineinfo=True,
-                          include_path=[str(ROOT / "kernels"), str(src.parent)],
-                          define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
-    log = io.StringIO()
-    obj = Program(src.read_text(), "c++", opts).compile("cubin", logs=log)
-    return bytes(obj.code), log.getvalue()
-
-
-def ptxas_info(log: str, fn: str) -> tuple[int, int]:
-    part = log.split(f"Compiling entry function '{fn}'")[1]
-    r = int(re.search(r"Used (\d+) registers", part).group(1))
-    sp = re.search(r"(\d+) bytes spill stores", part)
-    return r, int(sp.group(1)) if sp else 0
 
 
 def disasm(cubin: bytes, fn: str) -> list[str]:
@@ -212,7 +199,6 @@ def main() -> int:
                 cn, cp = classify(ns[seg]), classify(ps[seg])
                 if seg == "loop":
                     summary.append((tn, name, kind, cp, cn))
-                tag = "" if pfn != pfns[0] or kind == "plain" else ""
                 print(f"{tn:5s} {name:16s} {kind:5s} {seg:5s} proto | {fmt(cp)}")
                 print(f"{tn:5s} {name:16s} {kind:5s} {seg:5s} new   | {fmt(cn)}")
                 dl = {k: cn[k] - cp[k] for k in KEYS if cn[k] != cp[k]}
