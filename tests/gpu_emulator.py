@@ -974,8 +974,8 @@ _KERNELS.update({name: _embed for name in
 class ModuleLog(FakeGpu):
     """A FakeGpu that records every module loaded: (kernel file, sorted defines)."""
 
-    def __init__(self):
-        super().__init__(1 << 26)
+    def __init__(self, mem: int = 1 << 26):
+        super().__init__(mem)
         self.loaded = set()
 
     def module(self, kernel_file, defines=None):

@@ -14,33 +14,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpu_emulator import FakeGpu
-from memra.cpu.reference import ReferenceModel
+from gpu_emulator import ModuleLog
 from memra.errors import MemraError
 from memra.gpu.kv import bytes_per_block, check_cache_device
 from memra.gpu.runner import Row, Runner
 from memra.model.gguf import open_gguf
 from memra.tune.invariance import batch_invariance
-
-PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
-
-
-def _runner(path, **kw):
-    kw.setdefault("max_len", 96)
-    kw.setdefault("max_seqs", 16)
-    return Runner(path, gpu=FakeGpu(1 << 28), **kw)
-
-
-def _reference_greedy(path, n: int, ctk: str, ctv: str) -> list[int]:
-    m = ReferenceModel(open_gguf(path), numerics="q8", cache_type_k=ctk, cache_type_v=ctv)
-    cache = m.new_cache(64)
-    lg = m.forward(PROMPT, cache)
-    ref = []
-    for _ in range(n):
-        ref.append(int(np.argmax(lg)))
-        lg = m.forward([ref[-1]], cache)
-    return ref
-
+from test_runner_emulated import PROMPT, _reference_greedy, _runner  # the emulated runner, PROMPT and its reference continuation
 
 def test_gpu_accepts_q8_0():
     check_cache_device("gpu", "q8_0", "q8_0")
@@ -48,7 +28,7 @@ def test_gpu_accepts_q8_0():
 
 
 def test_pools_hold_codes_and_scales(tiny_models):
-    r = Runner(tiny_models("llama", "Q4_K_M"), gpu=_Log(), max_len=96, max_seqs=4, cache_type_k="q8_0",
+    r = Runner(tiny_models("llama", "Q4_K_M"), gpu=ModuleLog(1 << 28), max_len=96, max_seqs=4, cache_type_k="q8_0",
                cache_type_v="f16", kv_tokens=64)
     c, kv = r.cfg, r.kv
     assert kv.k[0].dtype == np.int8 and kv.k[0].shape == (4, 16, c.kv_dim)
@@ -59,24 +39,8 @@ def test_pools_hold_codes_and_scales(tiny_models):
     # the modules are built for the cache: KV_K_Q8 only
     s = r.open()
     r.step([Row(s, PROMPT, logits="last")])
-    mods = [d for (f, d) in _modules(r.g) if f in ("rope.cu", "attention.cu")]
-    assert mods and all(d.get("KV_K_Q8") == 1 and "KV_V_Q8" not in d for d in mods)
-
-
-class _Log(FakeGpu):
-    """A FakeGpu that records each module asked for: (kernel file, defines)."""
-
-    def __init__(self):
-        super().__init__(1 << 28)
-        self.loaded = []
-
-    def module(self, kernel_file, defines=None):
-        self.loaded.append((kernel_file, dict(defines or {})))
-        return super().module(kernel_file, defines)
-
-
-def _modules(g):
-    return g.loaded
+    mods = [dict(d) for (f, d) in r.g.loaded if f in ("rope.cu", "attention.cu")]
+    assert mods and all(d.get("KV_K_Q8") == "1" and "KV_V_Q8" not in d for d in mods)
 
 
 @pytest.mark.parametrize("arch, ctk, ctv", [("llama", "q8_0", "q8_0"), ("gemma3", "q8_0", "q8_0"),

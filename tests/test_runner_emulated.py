@@ -21,9 +21,9 @@ from memra.tune.invariance import batch_invariance, graph_vs_eager
 PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
 
 
-def _reference_greedy(path, n: int) -> list[int]:
-    """The CPU reference's greedy continuation of PROMPT (the engine's q8 numerics)."""
-    m = ReferenceModel(open_gguf(path), numerics="q8")
+def _reference_greedy(path, n: int, ctk: str = "f16", ctv: str = "f16") -> list[int]:
+    """The CPU reference's greedy continuation of PROMPT (the engine's q8 numerics; KV cache types)."""
+    m = ReferenceModel(open_gguf(path), numerics="q8", cache_type_k=ctk, cache_type_v=ctv)
     cache = m.new_cache(64)
     lg = m.forward(PROMPT, cache)
     ref = []
