@@ -608,6 +608,9 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
         # run 3 (newest): a rollback seam set: not on the board
         _bench_line(999.0, model="small", sha="3333333", date="2026-12-03T10:00:00Z", model_size=1,
                     seams={"MEMRA_FUSED_ROPE": "0"}),
+        # run 4 (newest): a q8_0 KV cache (a runtime choice): not on the board either
+        _bench_line(888.0, model="small", sha="4444444", date="2026-12-04T10:00:00Z", model_size=1,
+                    cache_type_k="q8_0", cache_type_v="q8_0"),
     ]
     (research / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "PERF.md"
@@ -622,7 +625,7 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     big, small = rows
     assert "| 200.0 ± 0.5 (3) |" in big and "| 100.0 (3) |" in big and "| 2.00x |" in big and "1111111" in big
     assert "| 50.0 ± 0.5 (3) |" in small and "not in the run" in small and "2222222" in small
-    assert "999" not in text
+    assert "999" not in text and "888" not in text
     assert memra("research", "board", doc, "--research", research, "--check").returncode == 0
 
 

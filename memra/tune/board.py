@@ -14,7 +14,8 @@ For each device, model and cell (pp512, tg128, depth cells) a row shows memra's 
 (with its sample standard deviation and N), % of the measured copy bandwidth (tg cells),
 llama.cpp's median from the same run and the ratio, and the run's date, device, commit and
 tag. A run is one `memra bench` invocation: its receipts share a file, commit, tag, device
-and model; runs made with a rollback seam set (their receipts' `seams`) are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
+and model; runs made with a rollback seam set (their receipts' `seams`) or a KV cache type other
+than f16 (`cache_type_k` / `cache_type_v`: a runtime choice, not the default engine) are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
 when no run has the llama.cpp arm, the newest memra run is shown and the table says so:
 ratios are only taken within a run (research/benchmarks.md). `check` reports the boards that
 differ from what the receipts give (CI runs `memra research board --check`).
@@ -101,6 +102,9 @@ def rows(df, spec: Spec) -> list[dict]:
                 mem = dt[dt["engine"] == "memra"]
                 if "seams" in mem.columns:  # a rollback seam set: not the default engine
                     mem = mem[[not (isinstance(v, dict) and v) for v in mem["seams"]]]
+                for c in ("cache_type_k", "cache_type_v"):  # a quantized KV cache: not the default either
+                    if c in mem.columns:
+                        mem = mem[[not isinstance(v, str) or v == "f16" for v in mem[c]]]
                 if mem.empty:
                     continue
                 lc_runs = set(dt.loc[dt["engine"] == "llama.cpp", "run"])
