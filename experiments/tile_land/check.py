@@ -77,7 +77,7 @@ def main() -> int:
                 print(f"time  {name:14s} nb={nb:4d} {impl:11s} {us:9.1f} us {tops:7.1f} TOPS", flush=True)
                 out.write(json.dumps({"kind": "time", "shape": name, "type": MV.TYPES[t][0], "rows": rows, "K": K,
                                       "glu": glu, "nb": nb, "impl": impl, "us": us, "tops": tops,
-                                      "config": mcfg if impl != "tile" else GT.launch_config(t)}) + "\n")
+                                      "config": mcfg if impl != "tile" else GT.launch_config(t, nb)}) + "\n")
         ws.clear()
     print(f"\n{'passed' if not fails else f'{fails} FAILED'} in {time.perf_counter() - t0:.1f} s")
     return 1 if fails else 0

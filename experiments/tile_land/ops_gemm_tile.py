@@ -53,15 +53,24 @@ def _launch_module():
 _L = _launch_module()
 
 
-def default_config(t: int) -> dict:
-    return dict(_L.default_config(t))
+# up to this many rows the 2 x 2-warp tile with 3 stages (64 activation columns a block) is the
+# built-in: at 64 rows it ran the Q4_K gate + up in 156.0 µs against 371.1 for the 2 x 4 tile, Q6_K
+# 4096 x 14336 in 308.2 against 504.8, Q8_0 6144 x 4096 in 65.2 against 147.8; at 128 rows the 2 x 4
+# tile wins (Q4_K gate + up 216.7 against 304.1; research/2026-12-02-session16/ab/)
+SMALL_ROWS = 64
+_SMALL = {"GT_WM": 2, "GT_WN": 2, "GT_STAGES": 3}
 
 
-def launch_config(t: int, config: dict | None = None) -> dict:
-    """default_config(t) with `config`'s GT_* (a table entry, a tune job's, kernel-check's) over it.
-    The configuration never depends on the row count: a row's bits do not either way (the chain),
-    and one module serves every batch."""
-    return {**default_config(t), **{k: int(v) for k, v in (config or {}).items() if k.startswith("GT_")}}
+def default_config(t: int, nb: int = 512) -> dict:
+    """The built-in tunables of a launch over nb rows (a table entry per row bucket overrides them).
+    The chain does not depend on the configuration, so it may change with the row count."""
+    c = dict(_L.default_config(t))
+    return {**c, **_SMALL} if nb <= SMALL_ROWS else c
+
+
+def launch_config(t: int, nb: int = 512, config: dict | None = None) -> dict:
+    """default_config(t, nb) with `config`'s GT_* (a table entry, a tune job's, kernel-check's) over it."""
+    return {**default_config(t, nb), **{k: int(v) for k, v in (config or {}).items() if k.startswith("GT_")}}
 
 
 def launch_shape(t: int, config: dict, N: int, nb: int, glu: bool):
@@ -99,7 +108,7 @@ def gemm_tile(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None
     if glu and w.rows % 2:
         raise MemraError("gemm_tile: a GLU weight stacks gate and up (an even row count)")
     N, K = (w.rows // 2 if glu else w.rows), w.K
-    cfg = launch_config(t, config)
+    cfg = launch_config(t, nb, config)
     check_shape(t, cfg, N, K, nb, bool(glu))
     if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
         raise MemraError("gemm_tile: xq/xs must be int8 / Q8_SCALE with nb rows of K")
@@ -120,7 +129,7 @@ _CHECK = ((1, None, False), (9, None, False), (64, "silu", False), (130, None, T
 
 
 def compile_variants() -> list[tuple[str, dict]]:
-    out = [(KERNEL_FILE, _defines(t, launch_config(t))) for t in TYPES]
+    out = [(KERNEL_FILE, _defines(t, launch_config(t, nb))) for t in TYPES for nb in (SMALL_ROWS, 512)]
     out.append((KERNEL_FILE, _defines(12, launch_config(12), canary=1)))
     return out
 
