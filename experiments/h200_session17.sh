@@ -20,7 +20,7 @@ a)
   OUT=$R timeout 150 bash experiments/chain_mv/prof.sh > $R/chain-mv-prof.txt 2>&1
   log "chain_mv prof rc=$? $(el)"; cat $R/chain-mv-prof.txt | tee -a $R/log.txt
   if [ -f experiments/attn_ring/ab.sh ]; then
-    OUT=$R timeout 90 bash experiments/attn_ring/ab.sh > $R/attn-ring-ab.txt 2>&1
+    OUT=$R CHECK_S=85 timeout 95 bash experiments/attn_ring/ab.sh > $R/attn-ring-ab.txt 2>&1
     log "attn_ring rc=$? $(el)"; tail -30 $R/attn-ring-ab.txt | tee -a $R/log.txt
   fi
   cp $R/*.jsonl $R/*.tgz $OUT/ 2>/dev/null ;;
