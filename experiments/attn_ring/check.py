@@ -115,7 +115,6 @@ def main() -> int:
     rng = np.random.default_rng(7)
     bad, rows = 0, []
     for name, nh, nkv, D in shapes:
-        G = nh // nkv
         cfgs = configs(ATT, nh, nkv, D, sms)
         for ctx in ctxs:
             c = ATT._TuneCase(g, {"hpb": 1}, nh, nkv, D, ctx, 1, rng, rotate)
