@@ -160,7 +160,6 @@ class Runner:
 
             self.spec = replace(self.spec, cfg=self.cfg)
         check_cache_device("gpu", cache_type_k, cache_type_v)
-        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa",
                                  cache_type_k=cache_type_k, cache_type_v=cache_type_v)
