@@ -51,11 +51,6 @@ def _f16(raw: np.ndarray, off: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
 
 
-def _ints(raw: np.ndarray, t: int, K: int) -> np.ndarray:
-    """The weights' integer codes (int64 [rows, K]; Q4_0 with its -8, Q6_K with its -32)."""
-    return Q.decompose(raw, t, (raw.shape[0], K)).q.astype(np.int64)
-
-
 def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
     """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
     against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32])."""
@@ -67,7 +62,8 @@ def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray
     bs, ts = Q.block_info(t)
     if K % bs or raw.shape[1] != K // bs * ts:
         raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
-    w = _ints(raw, t, K)
+    codes = Q.decompose(raw, t, (rows, K))   # the dequantizer's integer codes and per-group scalars
+    w = codes.q.astype(np.int64)
     x = qx.astype(np.int64)
     dx = np.asarray(dx, np.float32)
     acc = np.zeros((rows, nb), np.float32)
@@ -81,21 +77,14 @@ def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray
             acc = fma32(p, dx[None, :, i], acc)
         return acc.T
     I = np.einsum("rik,bik->rbi", w.reshape(rows, nblk, 32), x.reshape(nb, nblk, 32))   # [rows, nb, K / 32]
-    if t == Q.Q4_K:
-        d, dmin = _f16(raw, 0, ts), _f16(raw, 2, ts)
-        sc, mn = Q._k4_scales(raw.reshape(-1, ts)[:, 4:16])
-        dsc = (np.repeat(d, 8, axis=1) * sc.reshape(rows, -1)).astype(np.float32)       # exact
-        ndmm = (-(np.repeat(dmin, 8, axis=1) * mn.reshape(rows, -1))).astype(np.float32)  # exact
+    scale, ndmm = codes.scale, codes.minv   # d (Q4_0, Q8_0) or d sc_j and -(dmin m_j) (Q4_K): exact
+    if ndmm is not None:
         sx = (dx.astype(np.float64) * np.asarray(S, np.float64)).astype(np.float32)      # fl(dx S)
-        for i in range(nblk):
-            p = (I[:, :, i].astype(np.float64) * dsc[:, i, None].astype(np.float64)).astype(np.float32)
-            acc = fma32(p, dx[None, :, i], acc)
-            acc = fma32(ndmm[:, i, None], sx[None, :, i], acc)
-        return acc.T
-    d = _f16(raw, 0, ts)   # Q4_0, Q8_0: d first in the block
     for i in range(nblk):
-        p = (I[:, :, i].astype(np.float64) * d[:, i, None].astype(np.float64)).astype(np.float32)
+        p = (I[:, :, i].astype(np.float64) * scale[:, i, None].astype(np.float64)).astype(np.float32)
         acc = fma32(p, dx[None, :, i], acc)
+        if ndmm is not None:
+            acc = fma32(ndmm[:, i, None], sx[None, :, i], acc)
     return acc.T
 
 
