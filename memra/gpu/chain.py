@@ -51,9 +51,8 @@ def _f16(raw: np.ndarray, off: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
 
 
-def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
-    against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32])."""
+def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray):
+    """(step, rows, nb, nblk): step(acc, i) is acc [rows, nb] with k32 block i chained in."""
     if t not in TYPES:
         raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -66,26 +65,55 @@ def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray
     w = codes.q.astype(np.int64)
     x = qx.astype(np.int64)
     dx = np.asarray(dx, np.float32)
-    acc = np.zeros((rows, nb), np.float32)
     if t == Q.Q6_K:
         I16 = np.einsum("rhk,bhk->rbh", w.reshape(rows, -1, 16), x.reshape(nb, -1, 16))   # [rows, nb, K / 16]
         sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.int64).reshape(rows, -1)
         d = _f16(raw, 208, ts)
-        for i in range(nblk):
+
+        def step(acc, i):
             J = sc[:, 2 * i, None] * I16[:, :, 2 * i] + sc[:, 2 * i + 1, None] * I16[:, :, 2 * i + 1]
             p = (J.astype(np.float64) * d[:, i // 8, None].astype(np.float64)).astype(np.float32)
-            acc = fma32(p, dx[None, :, i], acc)
-        return acc.T
+            return fma32(p, dx[None, :, i], acc)
+        return step, rows, nb, nblk
     I = np.einsum("rik,bik->rbi", w.reshape(rows, nblk, 32), x.reshape(nb, nblk, 32))   # [rows, nb, K / 32]
     scale, ndmm = codes.scale, codes.minv   # d (Q4_0, Q8_0) or d sc_j and -(dmin m_j) (Q4_K): exact
-    if ndmm is not None:
-        sx = (dx.astype(np.float64) * np.asarray(S, np.float64)).astype(np.float32)      # fl(dx S)
-    for i in range(nblk):
+    sx = None if ndmm is None else (dx.astype(np.float64) * np.asarray(S, np.float64)).astype(np.float32)  # fl(dx S)
+
+    def step(acc, i):
         p = (I[:, :, i].astype(np.float64) * scale[:, i, None].astype(np.float64)).astype(np.float32)
         acc = fma32(p, dx[None, :, i], acc)
-        if ndmm is not None:
-            acc = fma32(ndmm[:, i, None], sx[None, :, i], acc)
+        return acc if ndmm is None else fma32(ndmm[:, i, None], sx[None, :, i], acc)
+    return step, rows, nb, nblk
+
+
+def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
+    against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32])."""
+    step, rows, nb, nblk = _block_step(raw, t, qx, dx, S)
+    acc = np.zeros((rows, nb), np.float32)
+    for i in range(nblk):
+        acc = step(acc, i)
     return acc.T
+
+
+SLOTS = 32
+
+
+def slot_chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """y [nb, rows] float32 in the slot order: unit u (64 weights: k32 blocks 2u, 2u + 1) belongs to
+    slot u % 32 (a decode matvec lane's units); slot l's value is the chain (above) over its units'
+    blocks in increasing k from +0; the output is the left fold of the 32 slot values,
+    ((s_0 + s_1) + s_2) + ... + s_31, each add one rounding (empty slots are +0)."""
+    step, rows, nb, nblk = _block_step(raw, t, qx, dx, S)
+    if nblk % 2:
+        raise MemraError(f"slot_chain: K = {32 * nblk} is not a multiple of the 64-weight unit")
+    tot = None
+    for l in range(SLOTS):
+        acc = np.zeros((rows, nb), np.float32)
+        for u in range(l, nblk // 2, SLOTS):
+            acc = step(step(acc, 2 * u), 2 * u + 1)
+        tot = acc if tot is None else (tot + acc).astype(np.float32)   # float32 add: one rounding
+    return tot.T
 
 
 def chain_out(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray, *, act=None,

@@ -170,6 +170,11 @@ class DeviceArray:
         self.fill_bytes(0)
 
 
+def _attr(v) -> int:
+    """A kernel attribute: a method in some cuda.core releases, a property in others."""
+    return int(v() if callable(v) else v)
+
+
 class Kernel:
     """A kernel function of a loaded module."""
 
@@ -181,12 +186,12 @@ class Kernel:
 
     @property
     def num_regs(self) -> int:
-        return self._k.attributes.num_regs()
+        return _attr(self._k.attributes.num_regs)
 
     @property
     def local_bytes(self) -> int:
         """Stack frame / spill bytes per thread (0 for a healthy kernel)."""
-        return self._k.attributes.local_size_bytes()
+        return _attr(self._k.attributes.local_size_bytes)
 
     def allow_shared(self, nbytes: int) -> None:
         """Raise the dynamic shared memory limit (needed above 48 KiB)."""
