@@ -1,0 +1,21 @@
+"""ptxas registers / spills of experiments/slot_order/tile/gemm_tile.cu builds (NVRTC, sm_90a):
+    python3 experiments/slot_order/tile/_regs.py MV_TYPE=12 GT_ORDER=1 [GT_TOT=1 GT_WN=2 ...]"""
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "gemm_tile"))
+from tile import compile_module, ptxas_info  # noqa: E402
+
+
+def regs(defs: dict) -> dict:
+    _, log = compile_module(defs, HERE / "gemm_tile.cu")
+    return {fn: ptxas_info(log, fn) for fn in ("gemm_tile", "gemm_tile_glu")}
+
+
+if __name__ == "__main__":
+    d = dict(a.split("=") for a in sys.argv[1:])
+    try:
+        print(" ".join(sys.argv[1:]), regs(d))
+    except Exception as e:   # the NVRTC log
+        print(" ".join(sys.argv[1:]), "FAILED", str(e)[-3000:])
