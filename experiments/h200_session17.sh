@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next session's first H200 call (prepared in session 16), model-free, carry [".whl"], ~4 min:
+# STAGE a: the first H200 call (prepared in session 16), model-free, carry [".whl"], ~4 min:
 #   experiments/tile_land/ab.sh    the tile GEMM landing candidate again, now with its built-in
 #                                  configuration per row count (2 x 2 warps up to 64 rows): checks,
 #                                  canary, the 8B shapes at 64 / 512 rows against gemm.cu
@@ -24,5 +24,12 @@ a)
     log "attn_ring rc=$? $(el)"; tail -30 $R/attn-ring-ab.txt | tee -a $R/log.txt
   fi
   cp $R/*.jsonl $R/*.tgz $OUT/ 2>/dev/null ;;
+b)  # the slot order (experiments/slot_order): what it costs decode (mv) and prefill (tile); GPU tests
+  OUT=$R LIMIT_S=85 timeout 95 bash experiments/slot_order/mv/ab.sh > $R/slot-mv-ab.txt 2>&1
+  log "slot mv rc=$? $(el)"; tail -40 $R/slot-mv-ab.txt | tee -a $R/log.txt
+  OUT=$R SLOT_S=100 timeout 110 bash experiments/slot_order/tile/ab.sh > $R/slot-tile-ab.txt 2>&1
+  log "slot tile rc=$? $(el)"; tail -40 $R/slot-tile-ab.txt | tee -a $R/log.txt
+  gpu_tests 420
+  cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s17-$STAGE.tgz -C /tmp s17-$STAGE
