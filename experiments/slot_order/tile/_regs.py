@@ -1,5 +1,7 @@
-"""ptxas registers / spills of experiments/slot_order/tile/gemm_tile.cu builds (NVRTC, sm_90a):
+"""ptxas registers / spills of the slot-order tile (experiments/tile_land/gemm_tile.cu + gemm_tile.patch,
+written to build/gemm_tile.cu; needs `patch`) builds (NVRTC, sm_90a):
     python3 experiments/slot_order/tile/_regs.py MV_TYPE=12 GT_ORDER=1 [GT_TOT=1 GT_WN=2 ...]"""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,8 +10,17 @@ sys.path.insert(0, str(HERE.parents[1] / "gemm_tile"))
 from tile import compile_module, ptxas_info  # noqa: E402
 
 
+def source() -> Path:
+    """build/gemm_tile.cu: tile_land's kernel with the slot order patched in."""
+    out = HERE / "build" / "gemm_tile.cu"
+    out.parent.mkdir(exist_ok=True)
+    subprocess.run(["patch", "-s", "-o", str(out), str(HERE.parents[1] / "tile_land" / "gemm_tile.cu"),
+                    str(HERE / "gemm_tile.patch")], check=True)
+    return out
+
+
 def regs(defs: dict) -> dict:
-    _, log = compile_module(defs, HERE / "gemm_tile.cu")
+    _, log = compile_module(defs, source())
     return {fn: ptxas_info(log, fn) for fn in ("gemm_tile", "gemm_tile_glu")}
 
 

@@ -1,4 +1,4 @@
-"""The slot order in the tile GEMM on a GPU (experiments/slot_order/tile/gemm_tile.cu, copied by ab.sh into
+"""The slot order in the tile GEMM on a GPU (tile_land/gemm_tile.cu + gemm_tile.patch, written by ab.sh into
 the call's kernels/ as gemm_tile.cu): bit checks of GT_ORDER 1 against memra.gpu.chain.slot_chain and of
 GT_ORDER 0 against memra.gpu.chain.chain (tile_land's kernel-check cases), the canary, then the 8B shapes
 at 64 and 512 rows: GT_ORDER 0, GT_ORDER 1 (per type its register-safe variant) and memra's gemm.cu.

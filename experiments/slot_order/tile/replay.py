@@ -1,4 +1,4 @@
-"""CPU evidence for GT_ORDER 1 of experiments/slot_order/tile/gemm_tile.cu: a numpy/python transcription
+"""CPU evidence for GT_ORDER 1 of the slot-order tile (gemm_tile.patch): a numpy/python transcription
 of its position table (build_table), stage gather (load_group / load_meta / load_xs: which K bytes land in
 which stage chunk) and K-loop fold points (fold_mask), replayed per type and K:
 
