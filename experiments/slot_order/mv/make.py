@@ -6,6 +6,8 @@
 kernels/ is not touched: the copy is edited by anchors, each of which must match exactly once.
 
 MV_FOLD   0 (default): warp_sum's xor butterfly (today's mv_q8).
+          2: the same left fold by 31 broadcast __shfl_sync + 31 __fadd_rn an output, no shared memory
+             (added in session 17 after the device run: is the fold's cost the transpose's round trip?).
           1: the 32 lane partials (slots) combined by a left fold ((s_0 + s_1) + s_2) + ... + s_31,
              each add __fadd_rn. How: a shared-memory transpose. Every lane stores its NR x B partials
              (one column of a [output][lane] tile, row stride 36 floats: stores and the float4 loads
@@ -109,7 +111,20 @@ MEMRA_DEVICE float slot_accum(float acc, const T::U& w, const int* ints, const Q
 #endif
 """
 
-FOLD = r"""#if MV_FOLD
+FOLD = r"""#if MV_FOLD == 2
+    // left fold of the 32 slots by broadcast shuffles: every lane adds lane 0, 1, .., 31's partial in order
+    // (the 31 SHFL of an output are independent, so they issue back to back ahead of the dependent adds)
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const float v = acc[r][b];
+            float t = __shfl_sync(0xffffffffu, v, 0);
+#pragma unroll
+            for (int i = 1; i < 32; ++i) t = __fadd_rn(t, __shfl_sync(0xffffffffu, v, i));
+            acc[r][b] = t;
+        }
+#elif MV_FOLD
     // left fold of the 32 slots through a shared-memory transpose (make.py's docstring)
     {
         constexpr int NO = NR * B, NP = NO < 32 ? NO : 32;
