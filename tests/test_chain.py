@@ -109,19 +109,26 @@ def _scalar_slots(raw: np.ndarray, t: int, q: np.ndarray, dx: np.ndarray, S: np.
     return y
 
 
-@pytest.mark.parametrize("t", C.TYPES)
-def test_chain_bit_for_bit(t):
-    rng = np.random.default_rng(10 + t)
-    K = 512
-    raw = MV.random_weight(t, 5, K, rng)
-    x = (rng.standard_normal((3, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+def _against_oracles(order, scalar, t: int, rows: int, nb: int, K: int, seed: int):
+    """order(...) on random weights and activations: bit for bit its scalar Fraction transcription,
+    within 1e-5 of the float64 product. Returns raw, q, s, the outputs and the float64 product."""
+    rng = np.random.default_rng(seed)
+    raw = MV.random_weight(t, rows, K, rng)
+    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     q, s = quantize_q8_ref(x)
-    got = C.chain(raw, t, q, s["d"], s["s"])
-    want = _scalar_chain(raw, t, q, s["d"], s["s"])
+    got = order(raw, t, q, s["d"], s["s"])
+    want = scalar(raw, t, q, s["d"], s["s"])
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    xv = (q.reshape(3, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(3, K)
+    xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
     y64 = xv @ MV.dequant_rows(raw, t).astype(np.float64).T
     assert np.abs(got - y64).max() <= 1e-5 * np.abs(y64).max()
+    return raw, q, s, got, y64
+
+
+@pytest.mark.parametrize("t", C.TYPES)
+def test_chain_bit_for_bit(t):
+    K = 512
+    raw, q, s, got, y64 = _against_oracles(C.chain, _scalar_chain, t, 5, 3, K, 10 + t)
     # the order is part of the contract: the blocks summed in reverse give other bits
     rev = C.chain(raw.reshape(5, -1, Q.block_info(t)[1])[:, ::-1].reshape(5, -1), t,
                   q.reshape(3, -1, Q.block_info(t)[0])[:, ::-1].reshape(3, K),
@@ -152,17 +159,7 @@ def test_chain_refuses_other_types():
 @pytest.mark.parametrize("t", C.TYPES)
 def test_slot_chain_bit_for_bit(t):
     """K = 2,560: 40 units, so slots 0-7 chain two units and 8-31 one."""
-    rng = np.random.default_rng(20 + t)
-    K = 2560
-    raw = MV.random_weight(t, 3, K, rng)
-    x = (rng.standard_normal((2, K)) * rng.uniform(0.5, 4)).astype(np.float32)
-    q, s = quantize_q8_ref(x)
-    got = C.slot_chain(raw, t, q, s["d"], s["s"])
-    want = _scalar_slots(raw, t, q, s["d"], s["s"])
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    xv = (q.reshape(2, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(2, K)
-    y64 = xv @ MV.dequant_rows(raw, t).astype(np.float64).T
-    assert np.abs(got - y64).max() <= 1e-5 * np.abs(y64).max()
+    _against_oracles(C.slot_chain, _scalar_slots, t, 3, 2, 2560, 20 + t)
 
 
 def test_slot_chain_is_its_own_order():
