@@ -31,5 +31,29 @@ b)  # the slot order (experiments/slot_order): what it costs decode (mv) and pre
   log "slot tile rc=$? $(el)"; tail -40 $R/slot-tile-ab.txt | tee -a $R/log.txt
   gpu_tests 420
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
+r1) # ATT_RING landed (kernels/attention.cu v7): kernel-check, the GPU tests, the 8B at depth 0 / 4096
+    # with the ring and without (MEMRA_ATT_RING=0), arms alternating (models shipped first)
+  kernel_check
+  gpu_tests 380
+  for d in 0 4096; do
+    for ring in 2 0; do
+      MEMRA_ATT_RING=$ring timeout 60 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d $d -r 3 \
+        --synth-tokenizer $TOK --out $R/ring-bench.jsonl > $R/bench-8b-d$d-ring$ring.txt 2>&1
+      log "bench 8B d$d ring$ring rc=$? $(grep -E 'tg128|pp512' $R/bench-8b-d$d-ring$ring.txt | grep memra | tr -s ' ' | tr '\n' ' ') $(el)"
+    done
+  done
+  cp $R/ring-bench.jsonl $OUT/ 2>/dev/null ;;
+r2) # the campaign of the changed kernel (attn_decode), freeze, SmolLM2 at depth 0 / 4096 with and without
+  tune_campaign h200 200 $MALL --kernels attn_decode
+  freeze_show r2
+  cp research/tune/h200-nvidia-h200.jsonl $OUT/; cp tune/defaults/nvidia-h200.json $OUT/table-nvidia-h200.json
+  for d in 0 4096; do
+    for ring in 2 0; do
+      MEMRA_ATT_RING=$ring timeout 40 python3 -m memra bench smollm2-135m -p 512 -n 128 -d $d -r 3 \
+        --out $R/ring-bench.jsonl > $R/bench-smol-d$d-ring$ring.txt 2>&1
+      log "bench smollm2 d$d ring$ring rc=$? $(grep -E 'tg128|pp512' $R/bench-smol-d$d-ring$ring.txt | grep memra | tr -s ' ' | tr '\n' ' ') $(el)"
+    done
+  done
+  cp $R/ring-bench.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s17-$STAGE.tgz -C /tmp s17-$STAGE

@@ -22,7 +22,9 @@
 //
 // Compile-time: HEAD_DIM (multiple of 8, <= 8 * ATT_WARPS * 32), N_GQA (query heads per
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64),
-//   KV_BLOCK (positions per KV-cache block, kv.cuh);
+//   KV_BLOCK (positions per KV-cache block, kv.cuh); ATT_RING (attn_ring.cuh; 0 default:
+//   K/V loaded to registers tile by tile; 2..4: a cp.async ring of that many K/V tiles in
+//   dynamic shared memory; bit-neutral; f16 KV only);
 //   KV_K_Q8 / KV_V_Q8 (kv.cuh, default 0): that side of the cache is q8_0 planes (int8 codes,
 //   f16 scales per 32; kscale / vscale, the kernels' last two parameters): read as d * q in
 //   fp32 (exact), then split_body's arithmetic unchanged, so the bits are the f16 kernel's on
@@ -31,7 +33,8 @@
 //   itself; 2 (kv.cuh), the block table ignored; 4 (kv.cuh, q8_0), the scale plane ignored.
 // Launch contract:
 //   attn_split:   grid (n_head / N_GQA, S, n_tokens), block (32 * ATT_WARPS), static
-//     shared memory.
+//     shared memory plus, with ATT_RING, RING_BYTES = ATT_RING * 2 * ATT_TILE * HEAD_DIM * 2
+//     dynamic (attn_decode and attn_decode_rope alike; memra.gpu.ops.attention.ring_bytes).
 //     q: [n_tokens][n_kv * N_GQA * HEAD_DIM] f32 (roped); kcache, vcache: paged pools
 //     [n_blocks][KV_BLOCK][n_kv * HEAD_DIM] f16 read through block_table [n_rows][max_blocks]
 //     (kv.cuh), n_kv = n_head / qpk; part_o: [n_tokens][n_head][S][HEAD_DIM] f32;
@@ -59,18 +62,27 @@
 //   v4  blocks of N_GQA (heads_per_block) query heads, bit-neutral: Gemma-3 (one KV head)
 //       4.4 at hpb 1 against 6.9 with the whole group; 8B 3.5 vs 3.9 (hpb 1 vs 2), but 22.9
 //       vs 15.4 at 4096 keys.
-//   v5  (this) attn_decode_rope: RoPE and the KV append folded in at decode (one launch
+//   v5  attn_decode_rope: RoPE and the KV append folded in at decode (one launch
 //       less a layer): 1B 4.6 against 4.1 + 1.2 for attention + rope_norm_kv; tg128 1B
 //       1892 -> 1919 t/s, SmolLM2 shape 2047 -> 2116, 8B Q4_K_M 474 -> 481, Gemma-3 shape
 //       within noise (research/bench-fused-h200-2026-11-30-aea1c24.jsonl).
-//   v6  (this) the paged KV cache: K/V rows addressed through a per-sequence block table
+//   v6  the paged KV cache: K/V rows addressed through a per-sequence block table
 //       (kv.cuh's kv_slot, one table lookup per key row loaded); the split layout and every
 //       float operation unchanged, so a token's bits equal v5's.
+//   v7  (this) ATT_RING (attn_ring.cuh): split_body's K/V tiles staged by cp.async into a ring of
+//       ATT_RING tiles in shared memory, the block-table entries looked up a tile ahead, the
+//       key-group sums' red in the ring after the loop; every float operation unchanged (120 of
+//       120 device cases bit-identical to v6; research/2026-12-02-session17 section 3). 8B
+//       (8 warps, one head a block, 9 splits) 29.1 -> 25.4 µs at 4,096 keys, 90.2 -> 76.9 at
+//       16,384; 1B 1.16-1.31x, SmolLM2 1.08-1.22x there; within +-2 % at 64-1,024 keys; 3 stages
+//       no better (2 blocks an SM at head 128). Predicted 19-22 µs at 4,096: missed, the tile's
+//       compute and barriers bound it once the loads are in flight.
 
 #include "common.cuh"
 #include "q8.cuh"
 #include "rope.cuh"
 #include "kv.cuh"
+#include "smem_stage.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -126,6 +138,7 @@ constexpr int SMEM_OTHER = 4 * (G * ATT_TILE + 3 * G + G * MAX_SPLITS + G + G * 
 constexpr int RED_CAP = (48 * 1024 - SMEM_OTHER) / 4;
 static_assert(RED_CAP >= G * D, "N_GQA * HEAD_DIM too large for the shared-memory budget");
 constexpr int RED_R = KG * G * D <= RED_CAP ? KG : RED_CAP / (G * D);
+#include "attn_ring.cuh"
 
 static __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -189,7 +202,7 @@ static __device__ __forceinline__ void split_body(
     float* ob, const float* qsm = nullptr) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
-    __shared__ __align__(16) float red[RED_R][G * D];
+    RING_RED;
 
     const int hb = blockIdx.x, split = blockIdx.y, t = blockIdx.z, S = gridDim.y;
     const int n_head = gridDim.x * G;
@@ -224,6 +237,7 @@ static __device__ __forceinline__ void split_body(
     const uint16_t* vsbase = vscale + (size_t)kvh * D / 32;
 #endif
     const int* bt = block_table + (size_t)s * max_blocks;
+    RING_PROLOGUE;
 
     // this lane's 16-byte chunks of every query head
     const int sl = lane % LPK, ks = lane / LPK;
@@ -256,14 +270,15 @@ static __device__ __forceinline__ void split_body(
 
     for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
         const int nt = min(ATT_TILE, k1 - tile0);
+        RING_TILE_HEAD;
         // this thread's first VB V rows of the tile, loaded with the K rows: their latency
         // overlaps the scores and the softmax
         uint4 vpre[VB];
 #pragma unroll
-        for (int i = 0; i < VB; i++) {
+        for (int i = 0; i < (ATT_RING ? 0 : VB); i++) {
             const int k = kg + i * KG;
             vpre[i] = (v_active && i < VITER && k < nt)
-                          ? V_LD(kv_slot(bt, tile0 + k), vc)
+                          ? V_SRC(k, vc)
                           : make_uint4(0u, 0u, 0u, 0u);
         }
         // scores: LPK lanes per key, KPW keys per warp step; the K rows of SB steps are
@@ -278,7 +293,7 @@ static __device__ __forceinline__ void split_body(
                 for (int c = 0; c < CPL; c++) {
                     const int ch = c * LPK + sl;
                     kraw[i][c] = (i0 + i < SITER && key < nt && ch < NCH)
-                                     ? K_LD(kv_slot(bt, tile0 + key), ch)
+                                     ? K_SRC(key, ch)
                                      : make_uint4(0u, 0u, 0u, 0u);
                 }
             }
@@ -359,9 +374,9 @@ static __device__ __forceinline__ void split_body(
 #pragma unroll
                 for (int i = 0; i < VB; i++) {
                     const int k = kg + (i0 + i) * KG;
-                    vraw[i] = i0 == 0 ? vpre[i]
+                    vraw[i] = i0 == 0 && !ATT_RING ? vpre[i]
                               : (i0 + i < VITER && k < nt)
-                                  ? V_LD(kv_slot(bt, tile0 + k), vc)
+                                  ? V_SRC(k, vc)
                                   : make_uint4(0u, 0u, 0u, 0u);
                 }
 #pragma unroll
@@ -380,8 +395,9 @@ static __device__ __forceinline__ void split_body(
                 }
             }
         }
-        __syncthreads();
+        RING_TILE_TAIL;
     }
+    RING_AFTER_LOOP;
 
     // sum the key groups in a fixed order: output i = ((0 + acc_0) + acc_1) + ... over the
     // KG groups, RED_R groups staged in shared memory per pass (one pass when they fit)
@@ -521,7 +537,7 @@ static __device__ __forceinline__ void decode_body(
 // non-null (HEAD_DIM % 32 == 0). counters: [n_tokens][n_kv] int, zero before the launch;
 // the last block puts its counter back to zero, so the buffer stays ready for the next
 // launch and graph replay.
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void RING_LB
     attn_decode(const float* __restrict__ q, const kv_k_t* __restrict__ kcache,
                 const kv_v_t* __restrict__ vcache, float* __restrict__ part_o,
                 float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
@@ -548,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 // by kernel-check). q_raw/k_raw/v_raw: the QKV matvec's rows (strides q_stride, k_stride,
 // v_stride floats); bias, q_norm_w, k_norm_w, cs, cs_rows, rope_dim, neox, eps: as
 // rope_norm_kv; the rest as attn_decode.
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void RING_LB
     attn_decode_rope(const float* __restrict__ q_raw, const float* __restrict__ k_raw,
                      const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
                      const float* __restrict__ bias, const float* __restrict__ q_norm_w,

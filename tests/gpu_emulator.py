@@ -379,13 +379,18 @@ def check_geometry(kernel, grid, block, shmem, v):
         _ranges(k, grid, block, f"the head units ({n_units})", n_units, np.arange(grid[0]) * w, w)
     elif name in ("attn_split", "attn_decode", "attn_decode_rope"):
         # attention.cu: grid (n_head / N_GQA, S, n_tokens), block 32 * ATT_WARPS, static shared
-        # memory; block x holds query heads [x * N_GQA, (x + 1) * N_GQA) (n_head = gridDim.x *
-        # N_GQA must be the model's n_kv * qpk); attn_decode*: S <= MAX_SPLITS
+        # memory plus ATT_RING's ring (ATT_RING * 2 * ATT_TILE * HEAD_DIM * 2 bytes, dynamic);
+        # block x holds query heads [x * N_GQA, (x + 1) * N_GQA) (n_head = gridDim.x * N_GQA must
+        # be the model's n_kv * qpk); attn_decode*: S <= MAX_SPLITS
         G, nw = _d(k, "N_GQA", 1), _d(k, "ATT_WARPS", 4)
         n_kv, qpk = (v[9], v[10]) if name == "attn_split" else (v[13], v[14]) if name == "attn_decode" \
             else (v[26], v[27])
         _block_is(k, grid, block, 32 * nw, "32 * ATT_WARPS")
-        _no_dynamic_smem(k, grid, block, shmem)
+        ring = _d(k, "ATT_RING", 0) * 2 * _d(k, "ATT_TILE", 64) * _d(k, "HEAD_DIM", 0) * 2
+        if shmem != ring:
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, ATT_RING's ring is {ring}")
+        if ring and (_d(k, "KV_K_Q8", 0) or _d(k, "KV_V_Q8", 0)):
+            _fail(k, grid, block, "ATT_RING with a q8_0 KV cache (attn_ring.cuh refuses it)")
         if _d(k, "HEAD_DIM", 0) > 8 * 32 * nw:
             _fail(k, grid, block, "HEAD_DIM > 8 * 32 * ATT_WARPS")
         if name != "attn_split" and grid[1] > _d(k, "MAX_SPLITS", 256):

@@ -183,10 +183,18 @@ class Kernel:
         self.name = name
         self._k = ck
         self._smem_limit = _SMEM_DEFAULT_LIMIT
+        self._static: int | None = None
 
     @property
     def num_regs(self) -> int:
         return _attr(self._k.attributes.num_regs)
+
+    @property
+    def static_shared(self) -> int:
+        """The kernel's static shared memory bytes (asked once)."""
+        if self._static is None:
+            self._static = _attr(self._k.attributes.shared_size_bytes)
+        return self._static
 
     @property
     def local_bytes(self) -> int:
@@ -194,11 +202,14 @@ class Kernel:
         return _attr(self._k.attributes.local_size_bytes)
 
     def allow_shared(self, nbytes: int) -> None:
-        """Raise the dynamic shared memory limit (needed above 48 KiB)."""
+        """Raise the dynamic shared memory limit: needed when the dynamic bytes, or the dynamic
+        and the static bytes together, pass 48 KiB (set then to at least 48 KiB, once)."""
         from cuda.bindings import driver
 
-        if nbytes <= self._smem_limit:
+        if nbytes <= self._smem_limit and (self._smem_limit > _SMEM_DEFAULT_LIMIT
+                                           or nbytes + self.static_shared <= _SMEM_DEFAULT_LIMIT):
             return
+        nbytes = max(int(nbytes), _SMEM_DEFAULT_LIMIT + 1)
         attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         # cuda.core loads modules as libraries: the handle is a CUkernel, set per device
         h = self._k.handle
@@ -397,7 +408,7 @@ class Gpu:
             else:
                 raise TypeError(f"kernel {kernel.name}: argument {a!r} must be a DeviceArray "
                                 f"or a numpy scalar")
-        if shmem > _SMEM_DEFAULT_LIMIT:
+        if shmem:
             kernel.allow_shared(shmem)
         cfg = LaunchConfig(grid=grid, block=block, shmem_size=int(shmem),
                            programmatic_stream_serialization=bool(pdl))

@@ -5,8 +5,10 @@
               counters=None, xq=None, xs=None, config=None)
 
 config (a tuning table's choice): {"ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK"} (-D tunables;
-the three change a head's reduction order, so one engine uses one value for every launch)
-and "hpb" (query heads per block; never changes results).
+the three change a head's reduction order, so one engine uses one value for every launch),
+"ATT_RING" (K/V tiles through a cp.async ring of that many stages in dynamic shared memory, 0:
+registers; bit-neutral; ring_for gives the default) and "hpb" (query heads per block; never
+changes results).
 
 With `counters` (int32 [n_tokens * n_kv], zeroed once, left zeroed) it is one launch
 (attn_decode: the last split block of each KV head merges), else two (attn_split +
@@ -56,7 +58,26 @@ def warps_for(head_dim: int) -> int:
     return 8 if head_dim >= 128 else 4
 
 
-TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK")
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING")
+RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
+
+
+def ring_for(head_dim: int, kv_q8=(False, False)) -> int:
+    """ATT_RING's default: RING stages (MEMRA_ATT_RING, the rollback seam of docs/FLAGS.md: 0 or
+    2..4) for an f16 cache up to head 128 (1.08-1.31x at 4,096-16,384 keys, within +-2 % at
+    64-1,024: research/2026-12-02-session17); 0 for a q8_0 cache (not staged) and above head 128
+    (a stage of 64 keys would be 64 KiB: not measured)."""
+    import os
+
+    v = os.environ.get("MEMRA_ATT_RING", "").strip() or str(RING)
+    if v not in ("0", "2", "3", "4"):
+        raise MemraError(f"MEMRA_ATT_RING={v!r}: 0 (K/V through registers) or 2..4 ring stages")
+    return 0 if any(kv_q8) or head_dim > 128 else int(v)
+
+
+def ring_bytes(defines: dict) -> int:
+    """The dynamic shared memory of a module's split kernels: ATT_RING f16 K and V tiles."""
+    return int(defines.get("ATT_RING", 0)) * 2 * int(defines["ATT_TILE"]) * int(defines["HEAD_DIM"]) * 2
 
 
 def defines(head_dim: int, config: dict | None = None) -> dict:
@@ -70,15 +91,27 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
         raise MemraError(f"attention: ATT_TILE and ATT_MIN_CHUNK must be positive ({d})")
     if head_dim % 8 or head_dim > 8 * 32 * d["ATT_WARPS"]:
         raise MemraError(f"attention: head_dim {head_dim} must be a multiple of 8 and <= {8 * 32 * d['ATT_WARPS']}")
+    if not 0 <= d.get("ATT_RING", 0) <= 4 or d.get("ATT_RING") == 1:
+        raise MemraError(f"attention: ATT_RING must be 0 or 2..4 stages, got {d['ATT_RING']}")
+    return d
+
+
+def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_block: int = 16,
+                   kv_q8=(False, False)) -> dict:
+    """A module's -D macros: head size, heads per block, the tunables (ring_for's ATT_RING unless
+    the config names one; 0 always for a q8_0 cache, which attn_ring.cuh refuses), the KV layout."""
+    from memra.gpu.ops.rope import kv_defines
+
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim, kv_q8), **defines(head_dim, config),
+         "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
+    if any(kv_q8):
+        d["ATT_RING"] = 0
     return d
 
 
 def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
            kv_q8=(False, False)):
-    from memra.gpu.ops.rope import kv_defines
-
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config), "KV_BLOCK": kv_block,
-         **kv_defines(kv_q8)}
+    d = module_defines(head_dim, n_gqa, config, kv_block, kv_q8)
     if canary:
         # 1: a token does not see itself; 2: the block table ignored; 4 (q8_0): the scale plane ignored
         d["MEMRA_CANARY"] = int(canary)
@@ -211,6 +244,7 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
     if rope is not None and counters is None:
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
     m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8)
+    shm = ring_bytes(m.defines)
     tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
             np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap),
             *(tuple(x if x is not None else _NULL for x in (kscale, vscale)) if any(kv_q8) else ()))
@@ -230,13 +264,14 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
             g.launch(m.kernel("attn_decode_rope"), (nhb, n_splits, n_tokens), (nt,),
                      (r.q, r.k, r.v, np.int32(r.q_stride), np.int32(r.k_stride), np.int32(r.v_stride), *opt,
                       r.cs, np.int32(r.cs.shape[0]), np.int32(r.rope_dim), np.int32(1 if r.neox else 0),
-                      np.float32(r.eps), kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
+                      np.float32(r.eps), kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail),
+                     shmem=shm, pdl=pdl)
             return
         g.launch(m.kernel("attn_decode"), (nhb, n_splits, n_tokens), (nt,),
-                 (q, kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), pdl=pdl)
+                 (q, kcache, vcache, part_o, part_ml, counters, out, *xargs, *tail), shmem=shm, pdl=pdl)
         return
     g.launch(m.kernel("attn_split"), (nhb, n_splits, n_tokens), (nt,),
-             (q, kcache, vcache, part_o, part_ml, *tail), pdl=pdl)
+             (q, kcache, vcache, part_o, part_ml, *tail), shmem=shm, pdl=pdl)
     g.launch(m.kernel("attn_combine"), (n_head, n_tokens), (min(head_dim, 256),),
              (part_o, part_ml, out, np.int32(n_splits)), pdl=pdl)
 
@@ -287,6 +322,10 @@ def compile_variants():
                                   "KV_BLOCK": 16, "MEMRA_CANARY": 1}))
     out.append((KERNEL_FILE, {"HEAD_DIM": 128, "N_GQA": 2, "ATT_WARPS": warps_for(128), "ATT_TILE": TILE,
                               "KV_BLOCK": 16, "MEMRA_CANARY": 2}))
+    # ATT_RING (the default up to head 128): every such case module, its canaries, and 32-key tiles
+    out += [(f, {**d, "ATT_RING": RING}) for f, d in list(out) if d["HEAD_DIM"] <= 128]
+    out.append((KERNEL_FILE, {"HEAD_DIM": 128, "N_GQA": 1, "ATT_WARPS": 8, "ATT_TILE": 32, "KV_BLOCK": 16,
+                              "ATT_RING": RING}))
     # the q8_0 cache (kernels/kv.cuh): every case's module with K and V q8_0, each side alone
     # once, and the canary (the scale plane ignored)
     from memra.gpu.ops.rope import kv_defines
@@ -376,10 +415,17 @@ def _check(g, rng, case, canary=False, fused=False, config=None, twin=None, kv_q
         attention(g, *args, **one)
         if not np.array_equal(out.numpy(), first, equal_nan=True):
             return Outcome(name, False, "one head per block gives different bits")
+    ring = module_defines(D, hpb, config, blk, kv_q8)["ATT_RING"]
+    if ring:  # the K/V ring moves loads only: the register path's bits
+        out.poison()
+        attention(g, *args, **dict(kw, config={**(config or {}), "ATT_RING": 0},
+                                   counters=g.to_device(np.zeros(T * nh // hpb, np.int32))))
+        if not np.array_equal(out.numpy(), first, equal_nan=True):
+            return Outcome(name, False, f"ATT_RING {ring} and ATT_RING 0 give different bits")
     if q8 and not q8_twin_matches(xq, xs, first):
         return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
     return Outcome(name, True, o.detail + "; relaunch identical" + ("; = 1 head/block" if hpb != 1 else "")
-                   + ("; q8 twin bit-exact" if q8 else ""))
+                   + (f"; ring {ring} = registers" if ring else "") + ("; q8 twin bit-exact" if q8 else ""))
 
 
 ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neox, qk_norm, bias)
@@ -520,12 +566,12 @@ def launch_cases(L, ctx) -> list[dict]:
     with MEMRA_FUSED_ROPE=0) or "attention_rope" (attn_decode_rope: decode): the module of
     the model's head size, the launch's heads per block and the table's ATT_* tunables; the
     layer's window, the q8 twin on the q8 path, the plan's split count."""
-    from memra.gpu.ops.rope import kv_defines, plan_kv_q8
+    from memra.gpu.ops.rope import plan_kv_q8
 
     c, plan = ctx.cfg, ctx.plan
     D, hpb = c.head_dim, int(L.args.get("hpb", plan.att_hpb))
     kv = plan_kv_q8(plan)
-    d = {"HEAD_DIM": D, "N_GQA": hpb, **defines(D, L.config), "KV_BLOCK": ctx.kv_block, **kv_defines(kv)}
+    d = module_defines(D, hpb, L.config, ctx.kv_block, kv)
     fused = L.op == "attention_rope"
     rows = int(L.rows)
     b = launch_bucket(rows)
