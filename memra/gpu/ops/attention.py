@@ -104,9 +104,20 @@ def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_blo
 
     d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim, kv_q8), **defines(head_dim, config),
          "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
-    if any(kv_q8):
-        d["ATT_RING"] = 0
+    if any(kv_q8) or ("ATT_RING" not in (config or {}) and ring_bytes(d) < red_bytes(d)):
+        d["ATT_RING"] = 0   # a ring too small for the key-group sums it hosts after the loop: registers
     return d
+
+
+def red_bytes(d: dict) -> int:
+    """attention.cu's key-group sum buffer `red` (RED_R x N_GQA x HEAD_DIM floats: its constants
+    KG, SMEM_OTHER, RED_CAP, RED_R, with MAX_SPLITS 256), which ATT_RING hosts in its ring after
+    the key loop (attn_ring.cuh's static_assert: the ring must hold it)."""
+    D, G, T, nt = int(d["HEAD_DIM"]), int(d["N_GQA"]), int(d["ATT_TILE"]), 32 * int(d["ATT_WARPS"])
+    kg = nt // (D // 8)
+    other = 4 * (G * T + 3 * G + G * MAX_SPLITS + G + G * D + G * D + D) + 64
+    cap = (48 * 1024 - other) // 4
+    return (kg if kg * G * D <= cap else cap // (G * D)) * G * D * 4
 
 
 def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
