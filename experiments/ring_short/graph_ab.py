@@ -90,6 +90,9 @@ def _compile(d: dict):
     cub, log = T.compile_module(d, _src(d))
     info = {}
     for fn in FNS:
+        if f"Compiling entry function '{fn}'" not in (log or ""):   # no ptxas -v log (the device's NVRTC)
+            info[fn] = (-1, -1, -1)
+            continue
         r, sp = T.ptxas_info(log, fn)
         part = log.split(f"Compiling entry function '{fn}'")[1]
         smem = part.split("bytes smem")[0].rsplit(",", 1)[-1].strip() if "bytes smem" in part.split("Compiling")[0] else "0"
