@@ -2,7 +2,7 @@
 # ring_short on one H200, <= 90 s, synthetic 8B Q4_K_M (README.md):
 #   source .whl/setup.sh && OUT=$OUT bash experiments/ring_short/ab.sh     (carry .whl and .synthtok; repo root)
 # $OUT/ring-short.jsonl, $OUT/ring-short.log; exit 1 on a failed check, 2 on an error, 124 on the timeout.
-# Knobs: MODEL (synth:llama3-8b:Q4_K_M; synth:llama-1b:Q4_0 is ~5x smaller), DEPTHS (40,64,4096,512,1024),
+# Knobs: MODEL (synth:llama3-8b:Q4_K_M; synth:llama-1b:Q4_0 is ~5x smaller), DEPTHS (40,64,4096,512,1024), CONFIGS (graph_ab.py),
 # ROUNDS (5), LIMIT_S (85), MOCK=1 (CPU: compile table, arm swap, plan plumbing).
 set -u
 : "${OUT:?set OUT}"

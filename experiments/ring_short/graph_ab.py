@@ -52,9 +52,24 @@ ARMS = {"reg": {"ATT_RING": 0}, "ring": {"ATT_RING": 2},
 # (arm, PDL, carveout): carveout None leaves every kernel's preferred shared-memory carveout alone; 100
 # sets it to the maximum shared memory on every kernel of the step while that config is captured and
 # replayed (hypothesis B's carveout mechanism: README.md), -1 (the default) again afterwards
-CONFIGS = (("reg", True, None), ("ring", True, None), ("min2", True, None), ("min3", True, None),
-           ("min2b", True, None), ("reg", False, None), ("ring", False, None), ("ring", True, 100),
-           ("reg", True, 100))
+# Session 17's run had min2 / min3 / min2b and carveout 100 (research/2026-12-02-session17 section 8: the
+# variants lost, 100 % halved the gap and slowed the step 10 %); the default now sweeps the carveouts that
+# hold 2 (~59 %) or 3 (~88 %) ring blocks an SM at head 128 while leaving the matvecs some L1.
+# CONFIGS env: "arm:pdl:carveout,..." (pdl 1/0, carveout a percent or -), e.g. "reg:1:-,ring:1:-,min2:1:-".
+_DEFAULT_CONFIGS = "reg:1:-,ring:1:-,ring:1:60,reg:1:60,ring:1:90,reg:1:90,reg:0:-,ring:0:-"
+
+
+def _configs(spec: str) -> tuple:
+    out = []
+    for item in spec.split(","):
+        arm, pdl, crv = item.strip().split(":")
+        if arm not in ARMS:
+            raise SystemExit(f"CONFIGS: unknown arm {arm!r} ({', '.join(ARMS)})")
+        out.append((arm, pdl == "1", None if crv == "-" else int(crv)))
+    return tuple(out)
+
+
+CONFIGS = _configs(os.environ.get("CONFIGS", _DEFAULT_CONFIGS))
 # compile table: (label, HEAD_DIM, N_GQA): the 8B (32 q / 8 KV heads, head 128), the 1B (32 / 8, head 64),
 # SmolLM2 (9 / 3, head 64), one head a block (the tables' hpb 1) and the whole group
 SHAPES = (("8B hpb1", 128, 1), ("8B group", 128, 4), ("1B/Smol hpb1", 64, 1), ("1B group", 64, 4),
@@ -303,7 +318,8 @@ def device_main(args, jsonl) -> int:
             print(f"ERROR compiling {w['file']} {w['defines']}: {str(w['error'])[-400:]}")
     print(f"memra modules: {len(done)}, {sum(not w['cached'] for w in done)} compiled, "
           f"{sum(bool(w['error']) for w in done)} failed ({el()})", flush=True)
-    mins = [a for a in ARMS if "ATT_RING_MIN_TILES" in ARMS[a]]
+    used = {c[0] for c in CONFIGS}
+    mins = [a for a in ARMS if "ATT_RING_MIN_TILES" in ARMS[a] and a in used]   # only the variants timed
     base = [d for _, fi, d in mods if fi == ATT.KERNEL_FILE and int(d.get("ATT_RING", 0))]
     base += checks
     cubs = compile_all(jsonl, table=False, extra=[{**d, **ARMS[a]} for d in base for a in mins])
