@@ -62,17 +62,18 @@ TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING")
 RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
 
 
-def ring_for(head_dim: int, kv_q8=(False, False)) -> int:
+def ring_for(head_dim: int) -> int:
     """ATT_RING's default: RING stages (MEMRA_ATT_RING, the rollback seam of docs/FLAGS.md: 0 or
-    2..4) for an f16 cache up to head 128 (1.08-1.31x at 4,096-16,384 keys, within +-2 % at
-    64-1,024: research/2026-12-02-session17); 0 for a q8_0 cache (not staged) and above head 128
-    (a stage of 64 keys would be 64 KiB: not measured)."""
+    2..4) up to head 128 (1.08-1.31x at 4,096-16,384 keys, within +-2 % at 64-1,024 a launch:
+    research/2026-12-02-session17); 0 above (a stage of 64 keys would be 64 KiB: not measured).
+    module_defines adds the cases that hold whatever the config says (a q8_0 cache, a ring too
+    small for the key-group sums)."""
     import os
 
     v = os.environ.get("MEMRA_ATT_RING", "").strip() or str(RING)
     if v not in ("0", "2", "3", "4"):
         raise MemraError(f"MEMRA_ATT_RING={v!r}: 0 (K/V through registers) or 2..4 ring stages")
-    return 0 if any(kv_q8) or head_dim > 128 else int(v)
+    return 0 if head_dim > 128 else int(v)
 
 
 def ring_bytes(defines: dict) -> int:
@@ -102,10 +103,10 @@ def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_blo
     the config names one; 0 always for a q8_0 cache, which attn_ring.cuh refuses), the KV layout."""
     from memra.gpu.ops.rope import kv_defines
 
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim, kv_q8), **defines(head_dim, config),
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim), **defines(head_dim, config),
          "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
     if any(kv_q8) or ("ATT_RING" not in (config or {}) and ring_bytes(d) < red_bytes(d)):
-        d["ATT_RING"] = 0   # a ring too small for the key-group sums it hosts after the loop: registers
+        d["ATT_RING"] = 0   # q8_0 is never staged; a default ring too small for the key-group sums: registers
     return d
 
 
