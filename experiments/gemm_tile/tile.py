@@ -117,6 +117,18 @@ def compile_module(defs: dict, src: Path = SRC) -> tuple[bytes, str]:
     return bytes(obj.code), log.getvalue()
 
 
+def prebuilt_module(g, cache: dict, k, kernel_file: str, defines: dict, cubin, mock: bool = False):
+    """memra's Module of a cubin built outside memra.gpu.compile (a generated kernel copy), cached in
+    `cache` under the caller's key k; cubin: a callable giving the bytes, called once (mock: g.module)."""
+    if k not in cache:
+        if mock:
+            cache[k] = g.module(kernel_file, defines)
+        else:
+            from memra.gpu.cuda import Module
+            cache[k] = Module(g, kernel_file, defines, cubin())
+    return cache[k]
+
+
 def ptxas_info(log: str, fn: str) -> tuple[int, int]:
     import re
     part = log.split(f"Compiling entry function '{fn}'")[1]

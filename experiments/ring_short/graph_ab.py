@@ -185,13 +185,8 @@ class ArmGpu:
             return self.g.module(file, d)
         d.update(a)
         k = key(d)
-        if k not in self.mods:
-            if self.mock:
-                self.mods[k] = self.g.module(file, d)
-            else:
-                from memra.gpu.cuda import Module
-                self.mods[k] = Module(self.g, "attention.cu", d, self.cubs[k] if k in self.cubs else _compile(d)[1])
-        return self.mods[k]
+        return T.prebuilt_module(self.g, self.mods, k, file, d,
+                                 lambda: self.cubs[k] if k in self.cubs else _compile(d)[1], self.mock)
 
     def __getattr__(self, n):
         return getattr(self.g, n)

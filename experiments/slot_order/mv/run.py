@@ -141,13 +141,8 @@ class BuildGpu:
         if file != MV.KERNEL_FILE or "MV_FOLD" not in d:
             return self.g.module(file, d)
         k = key(d)
-        if k not in self.mods:
-            if self.mock:
-                self.mods[k] = self.g.module(file, d)
-            else:
-                from memra.gpu.cuda import Module
-                self.mods[k] = Module(self.g, "matvec.cu", d, self.cubs[k] if k in self.cubs else _compile(d)[1])
-        return self.mods[k]
+        return T.prebuilt_module(self.g, self.mods, k, file, d,
+                                 lambda: self.cubs[k] if k in self.cubs else _compile(d)[1], self.mock)
 
     def __getattr__(self, n):
         return getattr(self.g, n)
