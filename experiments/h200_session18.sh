@@ -24,12 +24,13 @@ b)
   python3 experiments/mv_l2pf/summary.py research/tune/h200-nvidia-h200.jsonl | tee $R/l2pf-summary.txt | tee -a $R/log.txt
   freeze_show b
   cp tune/defaults/nvidia-h200.json $R/table-after.json
-  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    for t in after before after before; do
+  for mt in synth:llama3-8b:Q4_K_M:after synth:llama3-8b:Q4_K_M:before synth:llama-1b:Q4_0:after \
+            synth:llama-1b:Q4_0:before synth:llama3-8b:Q4_K_M:after synth:llama3-8b:Q4_K_M:before; do
+    m=${mt%:*}; t=${mt##*:}; {
       timeout 60 python3 -m memra bench -m $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
         --tune-table $R/table-$t.json --out $R/bench-l2pf.jsonl > $R/bench-$t.txt 2>&1
       log "bench $m $t rc=$? $(grep -E 'tg128' $R/bench-$t.txt | tail -1) $(el)"
-    done
+    }
   done
   cp research/tune/h200-nvidia-h200.jsonl $R/bench-l2pf.jsonl $R/table-after.json $OUT/ 2>/dev/null ;;
 esac
