@@ -27,7 +27,7 @@ b)
   for mt in synth:llama3-8b:Q4_K_M:after synth:llama3-8b:Q4_K_M:before synth:llama-1b:Q4_0:after \
             synth:llama-1b:Q4_0:before synth:llama3-8b:Q4_K_M:after synth:llama3-8b:Q4_K_M:before; do
     m=${mt%:*}; t=${mt##*:}; {
-      timeout 60 python3 -m memra bench -m $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
+      timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
         --tune-table $R/table-$t.json --out $R/bench-l2pf.jsonl > $R/bench-$t.txt 2>&1
       log "bench $m $t rc=$? $(grep -E 'tg128' $R/bench-$t.txt | tail -1) $(el)"
     }
