@@ -4,6 +4,7 @@
 #                                  registers vs ring at shared-memory carveouts 60 / 90 %, with and without
 #                                  PDL, on the synthetic 8B's whole decode step and its one-layer chain
 # STAGE b: matvec.cu variant 6 (MV_L2PF) campaign on the synthetic models, freeze, tg128 table A/B (~7 min)
+# STAGE c: MV_L2PF engine A/B (table override), attn_fa vs attn_decode per launch, pp512 @ d4096 profiles (~4 min)
 # Logs under /tmp/s18-$STAGE -> $OUT/s18-$STAGE.tgz; the JSONL to $OUT.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session18.sh
 set -u
@@ -33,5 +34,28 @@ b)
     }
   done
   cp research/tune/h200-nvidia-h200.jsonl $R/bench-l2pf.jsonl $R/table-after.json $OUT/ 2>/dev/null ;;
+c)
+  # (1) matvec.cu variant 6 in the engine: tg128 with the table as frozen against the same table
+  # with MV_L2PF 1 on the two shapes that gained alone (1B down, 8B attn_v); (2) attn_fa against
+  # attn_decode per launch (decode 64 / 1,024 / 4,096 keys, a 128-row prefill chunk at 4,096);
+  # (3) where a 512-row prefill chunk at depth 4,096 goes on the 8B, MEMRA_ATTN decode and fa
+  python3 experiments/mv_l2pf/table_pf.py tune/defaults/nvidia-h200.json $R/table-pf.json | tee -a $R/log.txt
+  cp tune/defaults/nvidia-h200.json $R/table-base.json
+  for mt in synth:llama-1b:Q4_0:pf synth:llama-1b:Q4_0:base synth:llama-1b:Q4_0:pf synth:llama-1b:Q4_0:base \
+            synth:llama3-8b:Q4_K_M:pf synth:llama3-8b:Q4_K_M:base; do
+    m=${mt%:*}; t=${mt##*:}
+    timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
+      --tune-table $R/table-$t.json --out $R/bench-pf.jsonl > $R/bench-$t.txt 2>&1
+    log "bench $m $t rc=$? $(grep -E 'tg128' $R/bench-$t.txt | tail -1) $(el)"
+  done
+  OUT=$R timeout 150 python3 experiments/attn_mma/fa_check.py --no-checks --shapes llama3-8b,llama-1b,smollm2 \
+    --modes decode:64,decode:1024,decode:4096,decode:16384,prefill:4096 > $R/fa-time.txt 2>&1
+  log "fa_check rc=$? $(el)"; grep fa-time $R/fa-time.txt | tee -a $R/log.txt
+  for a in decode fa; do
+    MEMRA_ATTN=$a timeout 120 python3 -m memra profile synth:llama3-8b:Q4_K_M --prefill -np 512 -d 4096 \
+      --synth-tokenizer $TOK > $R/profile-pp512-d4096-$a.txt 2>&1
+    log "profile $a rc=$? $(el)"; head -40 $R/profile-pp512-d4096-$a.txt | tee -a $R/log.txt
+  done
+  cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s18-$STAGE.tgz -C /tmp s18-$STAGE
