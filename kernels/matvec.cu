@@ -40,9 +40,6 @@
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
-// MV_L2PF (0) units a lane's weight lines are requested into L2 ahead of their load: units
-// 1..MV_L2PF of the lane before the PDL wait (with the first unit's prefetch or load), and
-// unit j + MV_L2PF + 1 while unit j loads (prefetch hints only: bit-neutral),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
 // MV_XSMEM (0; q8 family) stages the block's activations in shared memory, tile-interleaved
@@ -64,9 +61,6 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
-//  6. MV_L2PF: L2 prefetch of the lane's next units, the first ones before the PDL wait (more
-//     bytes in flight per SM than one unit's loads; the short rows of the mid-size matvecs
-//     requested whole while the previous kernel still runs). Measured: see the tune receipts.
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -94,9 +88,6 @@
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
-#endif
-#ifndef MV_L2PF
-#define MV_L2PF 0
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -261,19 +252,6 @@ MEMRA_DEVICE int weight_row(int r, int row0, int N) {
     return r < MV_ROWS ? rr : rr + N;
 }
 
-// MV_L2PF: the lines of the lane's unit v (bulk and meta) requested into L2 (a hint: no value
-// read changes, so the bits cannot).
-template <class TT, int NR>
-MEMRA_DEVICE void prefetch_unit(const uint8_t* const (&wb)[NR], const uint8_t* const (&wm)[NR], int v, int nu) {
-    if (v < nu) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            prefetch_l2(wb[r] + (size_t)v * 64 * TT::BULK / TT::BLK);
-            if (TT::META) prefetch_l2(wm[r] + (size_t)v * 64 * TT::META / TT::BLK);
-        }
-    }
-}
-
 #if !MV_FLOAT_ONLY
 template <int B, bool GLU>
 MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
@@ -308,10 +286,14 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
 #else
-    prefetch_unit<T, NR>(wb, wm, u, nu);
-#endif
+    if (u < nu) {
 #pragma unroll
-    for (int j = 1; j <= MV_L2PF; ++j) prefetch_unit<T, NR>(wb, wm, u + j * ustep, nu);
+        for (int r = 0; r < NR; ++r) {
+            prefetch_l2(wb[r] + (size_t)u * 64 * T::BULK / T::BLK);
+            if (T::META) prefetch_l2(wm[r] + (size_t)u * 64 * T::META / T::BLK);
+        }
+    }
+#endif
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
@@ -347,7 +329,6 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
 #endif
-        if (MV_L2PF) prefetch_unit<T, NR>(wb, wm, u + (MV_L2PF + 1) * ustep, nu);
         if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
@@ -418,10 +399,14 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
 #else
-    prefetch_unit<T, NR>(wb, wm, u, nu);
-#endif
+    if (u < nu) {
 #pragma unroll
-    for (int j = 1; j <= MV_L2PF; ++j) prefetch_unit<T, NR>(wb, wm, u + j * ustep, nu);
+        for (int r = 0; r < NR; ++r) {
+            prefetch_l2(wb[r] + (size_t)u * 64 * T::BULK / T::BLK);
+            if (T::META) prefetch_l2(wm[r] + (size_t)u * 64 * T::META / T::BLK);
+        }
+    }
+#endif
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
@@ -439,7 +424,6 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
 #endif
-        if (MV_L2PF) prefetch_unit<T, NR>(wb, wm, u + (MV_L2PF + 1) * ustep, nu);
         if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
