@@ -194,7 +194,7 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     # positions reach two)
     counts = r.prefill_split_counts()
     assert len(counts) == 2
-    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c) for b in PREFILL_BUCKETS for c in counts}
+    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c, "p") for b in PREFILL_BUCKETS for c in counts}
     assert {k[0] for k in r._graphs if isinstance(k[0], int)} == {1, 2, 4}
     assert r.kv.alloc.n_free == free0
     # a chunk deep in the context replays a captured graph, and gives the bits of its eager run
@@ -248,6 +248,56 @@ def test_attn_fa_groups_a_mixed_steps_rows_by_sequence(tiny_models):
     assert np.array_equal(mixed[1].logits.view(np.uint32), alone_b.view(np.uint32))
     with pytest.raises(MemraError, match="MEMRA_ATTN"):
         _runner(path, attn="flash")
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M")])
+def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(tiny_models, arch, quant):
+    """MEMRA_ATTN=hybrid: a prompt's rows give attn_fa's bits (MEMRA_ATTN=fa's prefill), every
+    generated row decode's (MEMRA_ATTN=decode's, whether a decode step, a verification step or
+    a generated run fed beside a prompt chunk); alone = among co-runners, graph = eager, and
+    the greedy tokens are the CPU reference's."""
+    path = tiny_models(arch, quant)
+    r = _runner(path, attn="hybrid")
+    assert r.plan.hybrid and not r.prefill_exact and _runner(path).prefill_exact
+    assert not any(L.op == "attention_fa" for L in r.plan.step(1, decode=True))
+    ops = [L.op for L in r.plan.step(4, decode=False, kinds="pg") if L.layer == 0]
+    assert ops.count("attention_fa") == 1 and ops.count("attention") == 1
+    assert "attention" not in [L.op for L in r.plan.step(4, decode=False) if L.layer == 0]
+    res = batch_invariance(r, PROMPT, n_steps=5, co=9)
+    assert res["identical"], res
+    assert res["tokens_alone"] == _reference_greedy(path, 5)
+    assert graph_vs_eager(_runner(path, attn="hybrid"), PROMPT, buckets=(1, 2, 4))["identical"]
+
+    def logits(attn, rows_of):
+        e = _runner(path, attn=attn)
+        s = e.open()
+        return rows_of(e, s)
+
+    # the prompt's logits: attn_fa's
+    pre = lambda e, s: e.step([Row(s, PROMPT, logits="all")])[0].logits  # noqa: E731
+    assert np.array_equal(logits("hybrid", pre).view(np.uint32), logits("fa", pre).view(np.uint32))
+    # generated rows after a prompt: decode's, in a decode step, in a verification step and as a
+    # generated run in an eager step beside another sequence's prompt chunk (the prompt itself
+    # computed with attn_fa in both runners, so the cache the generated rows read is the same)
+    nxt = [5, 9, 300]
+
+    def gen_rows(e, s, how):
+        e.step([Row(s, PROMPT)])
+        if how == "decode":
+            return np.stack([e.step([Row(s, [t], logits="last")])[0].logits for t in nxt])
+        if how == "verify":
+            return e.verify(s, nxt, logits="all")[1]
+        other = e.open()
+        outs = e.step([Row(s, nxt, logits="all", gen=True), Row(other, PROMPT[::-1], logits="last")])
+        return outs[0].logits
+
+    ref = logits("hybrid", lambda e, s: gen_rows(e, s, "decode"))
+    for how in ("verify", "eager"):
+        got = logits("hybrid", lambda e, s: gen_rows(e, s, how))
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), how
+    # and they are not attn_fa's (the two arithmetics differ somewhere in these rows)
+    fa = logits("fa", lambda e, s: gen_rows(e, s, "decode"))
+    assert not np.array_equal(fa.view(np.uint32), ref.view(np.uint32))
 
 
 def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypatch):

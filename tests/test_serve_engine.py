@@ -186,6 +186,40 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
         sched.stop()
 
 
+def test_hybrid_attention_shares_only_prompt_blocks(tiny_models):
+    """With MEMRA_ATTN=hybrid a prompt row and a decode row at one position differ in bits, so
+    the prefix cache shares only blocks of prompt rows: a second turn (the first prompt, its
+    decoded reply, a new message) hits the first prompt's full blocks, not the reply's, and
+    its greedy tokens equal an uncached run's."""
+    from gpu_emulator import FakeGpu
+    from memra.gpu.runner import Runner
+
+    path = tiny_models("llama", "Q4_K_M")
+    tok = Tokenizer.from_gguf(open_gguf(path))
+    runner = Runner(path, max_len=128, max_seqs=4, gpu=FakeGpu(1 << 28), attn="hybrid")
+    assert not runner.prefill_exact
+    sched = Scheduler(runner, tok, max_queue=8, max_batched_tokens=12)
+    rng = np.random.default_rng(11)
+    p1 = [int(x) for x in rng.integers(3, 40000, 37)]
+
+    def req(p, ns, n):
+        return GenRequest(p, SamplingParams(temperature=0, max_tokens=n), namespace=ns, ignore_eos=True)
+
+    try:
+        sched.start()
+        (reply, u1), = asyncio.run(_run(sched, [req(p1, "a", 20)]))
+        p2 = p1 + reply + [7, 8, 9]
+        assert len(p1 + reply) // 16 == 3 and len(p1) // 16 == 2  # the reply completes a third block
+        (cached, u2), = asyncio.run(_run(sched, [req(p2, "a", 6)]))
+        (fresh, u3), = asyncio.run(_run(sched, [req(p2, "b", 6)]))
+        assert u1["cached_tokens"] == 0 and u3["cached_tokens"] == 0
+        assert u2["cached_tokens"] == 32  # the first prompt's two blocks; not the reply's
+        assert cached == fresh
+        _all_freed(sched, runner)
+    finally:
+        sched.stop()
+
+
 def _all_freed(sched, runner) -> None:
     """Once the scheduler has nothing running, every KV block is back in the pool."""
     t_end = time.time() + 10

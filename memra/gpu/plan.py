@@ -157,7 +157,8 @@ class Launch:
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
-                 mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
+                 mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 hybrid: bool = False):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
@@ -171,7 +172,12 @@ class Planner:
         # KV_K_Q8 / KV_V_Q8 (kernels/kv.cuh); attn_fa reads f16 only, so q8_0 turns it off
         self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
         self.kv_q8 = cache_type_k == "q8_0" or cache_type_v == "q8_0"
-        self.use_fa = bool(fa) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa) and not self.kv_q8
+        self.use_fa = (bool(fa) or bool(hybrid)) and FA.supports(spec.cfg.head_dim, spec.cfg.n_gqa) and not self.kv_q8
+        # MEMRA_ATTN=hybrid: prompt rows on attn_fa's prefill packing, generated rows (decode steps,
+        # verification rows, forced runs) on attn_decode: each row's arithmetic is fixed by its
+        # kind, so both stay batch-invariant, but a prompt row and a decode row at one position
+        # differ in bits (step's kinds; docs/FLAGS.md)
+        self.hybrid = bool(hybrid) and self.use_fa
         self.fa_split = FA.SPLIT
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
@@ -393,18 +399,26 @@ class Planner:
             out.append(Launch(name, "add_norm", "add_rmsnorm", "default", {"n": E}, rows,
                               self.norm_cfg["add_rmsnorm"], "rows", il, {"w": w, "delta": delta, "w_post": w_post}))
 
-    def step(self, rows: int, decode: bool, sampler: str = "none") -> list[Launch]:
+    def step(self, rows: int, decode: bool, sampler: str = "none", kinds: str = "p") -> list[Launch]:
         """Every launch of one forward step over `rows` token rows: decode (one row per
         sequence; RoPE and the KV append inside attention when fused) or a prefill chunk
         (rows may share a sequence: RoPE + append first, then attention). sampler: "none"
-        (logits only), "greedy" or "sample" (the next token chosen on the device)."""
+        (logits only), "greedy" or "sample" (the next token chosen on the device). kinds
+        (hybrid plans' steps that are not decode steps): which row kinds the step holds, "p"
+        (prompt rows: attn_fa over the rows the runner's prompt positions name), "g" (generated
+        rows: attn_decode over its generated positions) or "pg" (both launches); ignored
+        elsewhere."""
+        if kinds not in ("p", "g", "pg"):
+            raise MemraError(f"step kinds must be p, g or pg, got {kinds!r}")
         c = self.cfg
         E = c.n_embd
         q8 = self.path == "q8"
-        # attn_fa's decode packing merges its splits and writes the q8 twin itself (and ropes
-        # when fused); its prefill packing leaves RoPE, the merge and the twin to their launches
-        fa_dec = self.use_fa and decode and FA.can_decode_pack(c.head_dim)
-        att_q8 = q8 and c.head_dim % 32 == 0 and (not self.use_fa or fa_dec)
+        # attn_fa in this step (a hybrid plan's decode steps run attn_decode); its decode packing
+        # merges its splits and writes the q8 twin itself (and ropes when fused); its prefill
+        # packing leaves RoPE, the merge and the twin to their launches
+        fa_step = self.use_fa and not (self.hybrid and decode)
+        fa_dec = fa_step and decode and FA.can_decode_pack(c.head_dim)
+        att_q8 = q8 and c.head_dim % 32 == 0 and (not fa_step or fa_dec)
         out: list[Launch] = []
         emb_t = self.spec.type("token_embd.weight")
         out.append(Launch("embed", "embed", "embed", "default", {"type": emb_t, "n": E}, rows,
@@ -424,14 +438,19 @@ class Planner:
             att_shape = {**self.heads, "ctx": self.att_ctx}
             att_args = {"views": tuple(views), "window": window, "twin": att_q8, "rope_key": self.rope_key(il),
                         "hpb": self.att_hpb_rows(rows), "prefill": not decode}
-            if self.use_fa:
+            if fa_step:
                 fused = fa_dec and self.fuse_rope
                 if not fused:
                     out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
                                       "heads", il, att_args))
-                out.append(Launch(p + "attention", "attention_fa", "attn_fa", "default", self.heads, rows, None,
-                                  "attention", il, {**att_args, "split": self.fa_split, "fused": fused,
-                                                    "packing": "decode" if decode else "prefill"}))
+                if not self.hybrid or "p" in kinds:
+                    out.append(Launch(p + "attention", "attention_fa", "attn_fa", "default", self.heads, rows, None,
+                                      "attention", il, {**att_args, "split": self.fa_split, "fused": fused,
+                                                        "packing": "decode" if decode else "prefill",
+                                                        "rows": "prompt" if self.hybrid else "all"}))
+                if self.hybrid and "g" in kinds:
+                    out.append(Launch(p + "attention_gen", "attention", "attn_decode", "default", att_shape, rows,
+                                      self.att_cfg, "attention", il, {**att_args, "rows": "gen"}))
             elif decode and self.fuse_rope:
                 out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,
                                   self.att_cfg, "attention", il, att_args))

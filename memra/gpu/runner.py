@@ -103,6 +103,10 @@ class Row:
     sample: Sampling | None = None
     # int32 [ceil(n_vocab / 32)]: tokens the sampler may choose (bit set); LATER: step()'s fill writes it
     mask: np.ndarray | str | None = None
+    # the tokens were generated (a forced run fed with its sampled token), not prompt: with
+    # MEMRA_ATTN=hybrid they take decode's attention arithmetic; one-token steps of distinct
+    # sequences (decode steps) and verify() always do
+    gen: bool = False
 
 
 @dataclass
@@ -152,8 +156,8 @@ class Runner:
         self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
             else bool(prefill_graph)
         attn = (os.environ.get("MEMRA_ATTN") or "decode") if attn is None else attn
-        if attn not in ("decode", "fa"):
-            raise MemraError(f"MEMRA_ATTN must be decode or fa, got {attn!r}")
+        if attn not in ("decode", "fa", "hybrid"):
+            raise MemraError(f"MEMRA_ATTN must be decode, fa or hybrid, got {attn!r}")
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
         if cfg is not None and cfg != self.spec.cfg:  # e.g. the first L layers (memra.spec's trim drafter)
             from dataclasses import replace
@@ -162,12 +166,16 @@ class Runner:
         check_cache_device("gpu", cache_type_k, cache_type_v)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa",
-                                 cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-        if attn == "fa" and self.plan.kv_q8:
-            log.warning("MEMRA_ATTN=fa: attn_fa reads an f16 KV cache only; decode attention used with the q8_0 cache")
-        elif attn == "fa" and not self.plan.use_fa:
-            log.warning("MEMRA_ATTN=fa: head size %d / %d query heads per KV head not supported by attn_fa; "
-                        "decode attention used", self.cfg.head_dim, self.cfg.n_gqa)
+                                 cache_type_k=cache_type_k, cache_type_v=cache_type_v, hybrid=attn == "hybrid")
+        if attn != "decode" and self.plan.kv_q8:
+            log.warning("MEMRA_ATTN=%s: attn_fa reads an f16 KV cache only; decode attention used with the q8_0 cache",
+                        attn)
+        elif attn != "decode" and not self.plan.use_fa:
+            log.warning("MEMRA_ATTN=%s: head size %d / %d query heads per KV head not supported by attn_fa; "
+                        "decode attention used", attn, self.cfg.head_dim, self.cfg.n_gqa)
+        # whether a prompt row and a decode row at one position give the same bits (the gates'
+        # prefill = decode check asks bits of exact engines, log-probs within a bound of others)
+        self.prefill_exact = not self.plan.hybrid
         self.path = path
         self.max_len = int(max_len or min(self.cfg.n_ctx_train, 32768))
         if self.max_len > self.cfg.n_ctx_train:
@@ -302,7 +310,8 @@ class Runner:
         # attn_decode's grid y in a decode step: the plan's count, or on the MEMRA_ATT_DEPTH path the
         # deepest row's (_dec_splits_for; decode graphs are keyed by it)
         self.dec_splits = self.plan.n_splits
-        self._split_prefill = not self.plan.use_fa and os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
+        self._split_prefill = (not self.plan.use_fa or self.plan.hybrid) and \
+            os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
         self._decode_ahead = os.environ.get("MEMRA_DECODE_AHEAD", "") != "0"
         # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
@@ -312,6 +321,10 @@ class Runner:
         # token, position and block-table row, one upload; a step of B rows (and its graph)
         # reads them as three runs of B ints (step_rows)
         self.p_rows = g.empty(3 * R, i32)
+        # a hybrid plan's step of B rows that is not a decode step: the prompt rows' positions
+        # (generated rows -1: attn_fa's rows) then the generated rows' (prompt rows -1:
+        # attn_decode's), two runs of B ints (_kind_pos)
+        self.p_kpos = g.empty(2 * R, i32)
         # row state of a decode step (the graphs' static buffers) and of the sampled rows of
         # an eager step: the token fed / chosen, its position, block-table row, draws made
         M = MAX_ROWS
@@ -379,6 +392,33 @@ class Runner:
         (yq, wq), (yk, wk), (yv, wv) = v
         return yq, yk, yv, wq, wk, wv
 
+    def _kind_pos(self, a, rows: int, pos):
+        """The positions an attention launch reads: a hybrid step's prompt rows ("prompt") or
+        generated rows ("gen"), the others -1 (p_kpos), else the step's own."""
+        which = a.get("rows", "all")
+        if which == "all":
+            return pos
+        return self.p_kpos.view(shape=(rows,), offset=0 if which == "prompt" else 4 * rows)
+
+    def _upload_kinds(self, seq, pos, gen, size: int) -> str:
+        """A step's rows by kind (gen: bool per row, None: all prompt rows) into p_kpos and
+        attn_fa's group table (of the prompt rows), padded to `size`; returns the step's
+        kinds ("p", "g" or "pg": which attention launches a hybrid plan makes). Plans that are
+        not hybrid: the groups of every row, kinds "p"."""
+        n = len(pos)
+        if not self.plan.hybrid:
+            self._upload_groups(seq, pos, size)
+            return "p"
+        gen = np.zeros(n, bool) if gen is None else np.asarray(gen, bool)
+        kp = np.full((2, size), -1, np.int32)
+        kp[0, :n] = np.where(gen, -1, pos)
+        kp[1, :n] = np.where(gen, pos, -1)
+        self.p_kpos.view(shape=(2, size)).upload(kp)
+        self._upload_groups(seq, kp[0, :n], size)
+        live = np.asarray(pos) >= 0
+        kinds = ("p" if np.any(live & ~gen) else "") + ("g" if np.any(live & gen) else "")
+        return kinds or "p"
+
     def _run(self, launches, rows: int, tok, pos, seq, state=None, g=None) -> None:
         """Issue the launches of one plan step over `rows` token rows (tok/pos/seq device
         arrays); state: the sampler's SeqState (decode and sampled rows); g: where the
@@ -420,13 +460,14 @@ class Runner:
             elif op in ("attention", "attention_rope"):
                 il = L.layer
                 rope = None
+                pos_l = self._kind_pos(a, rows, pos)
                 if op == "attention_rope":
                     q, k, v, qs, ks, vs = self._qkv_views(L, rows)
                     rope = ATT.RopeIn(q, k, v, qs, ks, vs, self.rope_cs[a["rope_key"]], c.rope_dim, c.rope_neox,
                                       c.norm_eps, self.bias.get(il), self.vec.get(f"blk.{il}.attn_q_norm.weight"),
                                       self.vec.get(f"blk.{il}.attn_k_norm.weight"))
                 tw = self._twin(rows, c.q_dim) if a["twin"] else None
-                ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos, seq,
+                ATT.attention(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.part_o, self.part_ml, pos_l, seq,
                               self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, n_gqa=c.n_gqa,
                               head_dim=c.head_dim, window=a["window"], scale=c.scale,
                               n_splits=self.pre_splits if a["prefill"] else self.dec_splits,
@@ -442,8 +483,8 @@ class Runner:
                                       c.norm_eps, self.bias.get(il), self.vec.get(f"blk.{il}.attn_q_norm.weight"),
                                       self.vec.get(f"blk.{il}.attn_k_norm.weight"))
                 tw = self._twin(rows, c.q_dim) if a["twin"] else None
-                FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml, pos,
-                           seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
+                FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml,
+                           self._kind_pos(a, rows, pos), seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
                            head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
                            split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
                            groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
@@ -612,10 +653,11 @@ class Runner:
         self.pre_splits = self._pre_splits(pos)
         key = ("verify", n, sampler, self.pre_splits)
         gr = self._graphs.get(key) if graph else None
-        self._upload_groups(np.full(n, seq.slot, np.int32), pos, n)
+        # generated rows: decode's arithmetic (a hybrid plan's attn_decode launch alone)
+        kinds = self._upload_kinds(np.full(n, seq.slot, np.int32), pos, np.ones(n, bool), n)
         raw = None
         if masks is not None and logits != "none":
-            launches = self.plan.step(n, decode=False, sampler=sampler)
+            launches = self.plan.step(n, decode=False, sampler=sampler, kinds=kinds)
             k = _mask_index(launches)
             self._run(launches[:k], n, *feed, self._state(0, hist=False))
             V = self.cfg.n_vocab
@@ -624,7 +666,7 @@ class Runner:
         elif gr is not None:
             gr.launch()
         else:
-            launches = self.plan.step(n, decode=False, sampler=sampler)
+            launches = self.plan.step(n, decode=False, sampler=sampler, kinds=kinds)
             self._run(launches, n, *feed, self._state(0, hist=False))
             if graph:  # every module is loaded now: capture this row count for next time
                 with self.g.capture() as gr:
@@ -802,6 +844,7 @@ class Runner:
         flat_tok = np.concatenate(toks)
         flat_pos = np.concatenate([np.arange(r.seq.n, r.seq.n + t.size, dtype=np.int32) for r, t in zip(rows, toks)])
         flat_seq = np.concatenate([np.full(t.size, r.seq.slot, np.int32) for r, t in zip(rows, toks)])
+        flat_gen = np.concatenate([np.full(t.size, bool(r.gen)) for r, t in zip(rows, toks)])
         ends = np.cumsum([t.size for t in toks])
         # the flat index of every token row whose logits are needed, per row
         want: list[list[int]] = []
@@ -819,7 +862,7 @@ class Runner:
         T = flat_tok.size
         for s in range(0, T, PREFILL_CHUNK):
             n = min(PREFILL_CHUNK, T - s)
-            self._chunk(flat_tok[s:s + n], flat_pos[s:s + n], flat_seq[s:s + n])
+            self._chunk(flat_tok[s:s + n], flat_pos[s:s + n], flat_seq[s:s + n], flat_gen[s:s + n])
             here = [j for j in need if s <= j < s + n]
             for k0 in range(0, len(here), MAX_ROWS):
                 part = here[k0:k0 + MAX_ROWS]
@@ -836,27 +879,29 @@ class Runner:
             out.append(o)
         return out
 
-    def _chunk(self, tok, pos, seq) -> None:
+    def _chunk(self, tok, pos, seq, gen=None) -> None:
         """One prefill step over n <= PREFILL_CHUNK token rows (no head): the captured
         step of the smallest prefill bucket that holds them, the rows past n padded
         (position -1: their K/V not written, no key read; a row's bits do not depend on
         the bucket), captured on a bucket's first use after an eager run of this chunk
-        (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly."""
+        (which loads every module). MEMRA_PREFILL_GRAPH=0: n rows launched eagerly.
+        gen: which rows are generated tokens (a hybrid plan's attn_decode rows)."""
         n = tok.size
         B = PLAN.prefill_bucket(n) if self.prefill_graph else n
         rows = np.zeros((3, B), np.int32)
         rows[1] = -1
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
-        self._upload_groups(seq, pos, B)
-        self.pre_splits = self._pre_splits(pos)
+        kinds = self._upload_kinds(seq, pos, gen, B)
+        # attn_decode's grid: its rows' (a hybrid step's generated rows)
+        self.pre_splits = self._pre_splits(pos if gen is None or not self.plan.hybrid else np.where(gen, pos, -1))
         feed = self.step_rows(B)
-        key = ("prefill", B, self.pre_splits)
+        key = ("prefill", B, self.pre_splits, kinds)
         gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
             return
-        launches = self.plan.step(B, decode=False)
+        launches = self.plan.step(B, decode=False, kinds=kinds)
         self._run(launches, B, *feed)
         if self.prefill_graph:
             with self.g.capture() as gr:
@@ -896,11 +941,11 @@ class Runner:
         if not self.prefill_graph:
             return 0
         n = 0
-        for B in sorted({k[1] for k in self._graphs if k[0] == "prefill"}):
-            launches = self.plan.step(B, decode=False)
+        for B, kinds in sorted({(k[1], k[3]) for k in self._graphs if k[0] == "prefill"}):
+            launches = self.plan.step(B, decode=False, kinds=kinds)
             feed = self.step_rows(B)
             for sp in self.prefill_split_counts():
-                key = ("prefill", B, sp)
+                key = ("prefill", B, sp, kinds)
                 if key in self._graphs:
                     continue
                 self.pre_splits = sp

@@ -174,6 +174,7 @@ class Scheduler:
         self.max_queue, self.budget = int(max_queue), int(max_batched_tokens)
         self.metrics = metrics
         self.pc = PrefixCache(self.kv) if prefix_cache else None
+        self.prefill_exact = bool(getattr(engine, "prefill_exact", True))
         self.max_len, self.max_seqs = int(engine.max_len), int(engine.max_seqs)
         self.n_vocab = int(engine.cfg.n_vocab)
         self._lock = threading.Lock()
@@ -385,12 +386,13 @@ class Scheduler:
             with self._lock:
                 self._n_running = len(self.running)
 
-    def _row(self, r: GenRequest, tokens, last: bool, mask=None) -> Row:
+    def _row(self, r: GenRequest, tokens, last: bool, mask=None, gen: bool = False) -> Row:
         """A row of r; last: it ends at the position whose next token r takes now; mask:
-        its vocabulary mask (a constrained request)."""
+        its vocabulary mask (a constrained request); gen: generated tokens (a forced run and
+        the sampled token before it), not prompt."""
         if not last:
-            return Row(r.seq, tokens)
-        return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device, mask=mask)
+            return Row(r.seq, tokens, gen=gen)
+        return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device, mask=mask, gen=gen)
 
     def _fill_masks(self, reqs, host_only: bool = False) -> list:
         """Each request's mask row for this step (None for unconstrained ones): the
@@ -531,7 +533,7 @@ class Scheduler:
             ending = [r for r, n in chunks if r.pos + n == len(r.prompt)]
             masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
             masks.update((id(r), r.ff_mask) for r in ffw)
-            rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask) for r in ffw]
+            rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask, gen=True) for r in ffw]
             rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
                      for r, n in chunks]
             t0 = time.perf_counter()
@@ -618,7 +620,11 @@ class Scheduler:
     def _register(self, r: GenRequest) -> None:
         if self.pc is not None and r.seq is not None:
             toks = r.prompt + r.generated
-            r.registered = self.pc.register(r.namespace, toks, r.seq.slot, r.seq.n, r.registered)
+            # an engine whose prompt rows and decode rows differ in bits (MEMRA_ATTN=hybrid)
+            # shares only blocks of prompt rows: a later request recomputes a reply's blocks as
+            # prompt rows, so a hit gives the tokens a recomputation gives
+            n = r.seq.n if self.prefill_exact else min(r.seq.n, len(r.prompt))
+            r.registered = self.pc.register(r.namespace, toks, r.seq.slot, n, r.registered)
 
     def _ff_row(self, r: GenRequest) -> np.ndarray:
         """r's own mask row for fast_forward (kept for its next step's sampler)."""

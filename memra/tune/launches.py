@@ -8,7 +8,7 @@ kernel-check` runs and compiles, and that its receipt records.
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
-exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa when the attn_fa family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
+exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
 bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
@@ -130,6 +130,11 @@ def _plans(spec, table, sms: int):
         plan = Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, fa=family_available("attn_fa"))
         if plan.use_fa:
             yield path, gemm, plan
+            # MEMRA_ATTN=hybrid: prompt rows on attn_fa, generated rows on attn_decode (both
+            # launches in a step holding both kinds: _plan_launches)
+            for fuse in (True, False):
+                yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt,
+                                          hybrid=True)
         # a q8_0 KV cache (K and V; --cache-type-k/-v q8_0): the rope and attention modules built
         # for it (KV_K_Q8 / KV_V_Q8), RoPE fused and not, the default seams
         if spec.cfg.head_dim % 32 == 0:
@@ -152,7 +157,7 @@ def _plan_launches(plan, gemm: bool):
         for sampler in SAMPLERS[1:]:  # the sampler after the head's logits (and a constrained row's mask)
             yield from (L for L in plan.head(rows, sampler + "+mask") if L.op in ("argmax", "sample", "mask"))
     for rows in prefill:
-        yield from plan.step(rows, decode=False)
+        yield from plan.step(rows, decode=False, kinds="pg" if plan.hybrid else "p")
     for k in HEAD_ROWS:
         if plan.path == "q8":  # runner._head re-quantizes the gathered rows
             yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,
