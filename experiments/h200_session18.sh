@@ -5,6 +5,7 @@
 #                                  PDL, on the synthetic 8B's whole decode step and its one-layer chain
 # STAGE b: matvec.cu variant 6 (MV_L2PF) campaign on the synthetic models, freeze, tg128 table A/B (~7 min)
 # STAGE c: MV_L2PF engine A/B (table override), attn_fa vs attn_decode per launch, pp512 @ d4096 profiles (~4 min)
+# STAGE d: MEMRA_ATTN=hybrid vs decode (8B, 1B: pp512 / tg128 at d0 / d4096), kernel-check (~7 min)
 # Logs under /tmp/s18-$STAGE -> $OUT/s18-$STAGE.tgz; the JSONL to $OUT.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session18.sh
 set -u
@@ -56,6 +57,18 @@ c)
       --synth-tokenizer $TOK > $R/profile-pp512-d4096-$a.txt 2>&1
     log "profile $a rc=$? $(el)"; head -40 $R/profile-pp512-d4096-$a.txt | tee -a $R/log.txt
   done
+  cp $R/*.jsonl $OUT/ 2>/dev/null ;;
+d)
+  # MEMRA_ATTN=hybrid against decode (the 8B and the 1B: pp512 and tg128 at depth 0 and 4096,
+  # the two arms alternating on one machine), then kernel-check over the new launch set
+  for mt in synth:llama3-8b:Q4_K_M:hybrid synth:llama3-8b:Q4_K_M:decode synth:llama-1b:Q4_0:hybrid \
+            synth:llama-1b:Q4_0:decode; do
+    m=${mt%:*}; a=${mt##*:}
+    MEMRA_ATTN=$a timeout 150 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 --synth-tokenizer $TOK \
+      --out $R/bench-hybrid.jsonl > $R/bench-$a.txt 2>&1
+    log "bench $m $a rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$a.txt | cut -c1-160 | tee -a $R/log.txt
+  done
+  kernel_check
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s18-$STAGE.tgz -C /tmp s18-$STAGE
