@@ -306,6 +306,27 @@ def test_cli_bench_without_out_writes_into_memra_home_not_the_checkout(emulated_
     assert [json.loads(x)["test"] for x in written.read_text().splitlines()] == ["tg4"]
 
 
+def test_cli_bench_near_tie_times_the_cells_and_receipts_record_it(emulated_cli, tmp_path, monkeypatch):
+    """A NEAR-TIE cross-check (two attention arithmetics) passes: the cells are timed and
+    every receipt records the verdict."""
+    import memra.gpu.gate as G
+
+    runner, app, path = emulated_cli
+    real = G.run_gates
+
+    def near_tie(engine, ids, reference="auto", n=G.TF_POSITIONS):
+        x, t = real(engine, ids, reference, n)
+        return dataclasses.replace(x, verdict="NEAR-TIE", exact=False, bound=0.5, first_diff=4, n_top1_diff=1), t
+
+    monkeypatch.setattr(G, "run_gates", near_tie)
+    out = tmp_path / "bench.jsonl"
+    r = runner.invoke(app, ["bench", str(path), "-p", "0", "-n", "4", "-r", "1", "--table", "builtin",
+                            "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "NEAR-TIE" in r.output and "MISMATCH" not in r.output
+    assert [json.loads(x)["gate"] for x in out.read_text().splitlines()] == ["NEAR-TIE"]
+
+
 @pytest.mark.parametrize("which", ["cross_check", "teacher_forced"])
 def test_cli_bench_mismatch_times_nothing(emulated_cli, tmp_path, monkeypatch, which):
     """Either gate's MISMATCH ends the run before any cell: exit 1, no figure, no receipt."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -227,6 +228,133 @@ def test_run_gates_skips_the_reference_for_large_models(tiny_models, monkeypatch
     assert not G.failed(x, t)
 
 
+# -- two attention arithmetics (prefill_exact = False) ----------------------------------------
+
+N_VOCAB = 40
+
+
+class PositionEngine:
+    """An engine whose logits depend on the position only: decode gives table[p], prefill
+    gives moved.get(p, table[p]) (the rows a second attention arithmetic changes)."""
+
+    path = "q8"
+    max_len = 64
+
+    def __init__(self, table, moved=None, prefill_exact=None):
+        from types import SimpleNamespace
+
+        self.table, self.moved, self.n = table, moved or {}, 0
+        self.cfg = SimpleNamespace(n_vocab=table.shape[1])
+        self.kv = SimpleNamespace(k=[], v=[])
+        if prefill_exact is not None:
+            self.prefill_exact = prefill_exact
+
+    def reset(self):
+        self.n = 0
+
+    def decode(self, tok):
+        self.n += 1
+        return self.table[self.n - 1].copy()
+
+    def prefill(self, toks, all_logits=False):
+        rows = [self.moved.get(p, self.table[p]).copy() for p in range(self.n, self.n + len(toks))]
+        self.n += len(toks)
+        return np.stack(rows)
+
+
+def _table():
+    """32 positions of logits in [-2, 2] with one clear top-1 (margin >= 3) each."""
+    rng = np.random.default_rng(1)
+    t = np.clip(rng.standard_normal((G.TF_POSITIONS, N_VOCAB)), -2, 2).astype(np.float32)
+    t[np.arange(len(t)), rng.integers(0, N_VOCAB, len(t))] = 5.0
+    return t
+
+
+def _moved(row, changes):
+    out = row.copy()
+    for tok, v in changes.items():
+        out[tok] = v
+    return out
+
+
+def test_exact_engine_one_ulp_is_still_a_mismatch():
+    t = _table()
+    moved = {5: _moved(t[5], {3: np.nextafter(t[5, 3], np.float32(np.inf))})}
+    for eng in (PositionEngine(t, moved), PositionEngine(t, moved, prefill_exact=True)):
+        x, dec = G.cross_check(eng, PROMPT)
+        assert (x.verdict, x.first_diff, x.n_diff, x.positions, x.exact) == ("MISMATCH", 5, 1, 32, True), x.line()
+        assert x.max_abs_diff == float(moved[5][3]) - float(t[5, 3]) > 0
+        assert x.line().startswith("gate prefill=decode: MISMATCH at position 5 of 32 (1 positions differ")
+        assert np.array_equal(dec, t) and G.failed(x)
+    x, _ = G.cross_check(PositionEngine(t), PROMPT)
+    assert x.line() == "gate prefill=decode: MATCH (32 positions, logits bit-identical and finite)"
+
+
+def test_two_arithmetics_small_delta_is_a_match_with_the_delta_reported():
+    """Position 5: the top-1's logit + d; position 9: every logit + 0.25 (log-probs kept,
+    bits not). Hand-computed: with p1 the decode's top-1 probability and
+    L = log(1 + p1 (e^d - 1)), the top-1's log-prob moves by d - L, every other by -L."""
+    t = _table()
+    top = int(np.argmax(t[5]))
+    moved = {5: _moved(t[5], {top: t[5, top] + np.float32(0.05)}), 9: t[9] + np.float32(0.25)}
+    eng = PositionEngine(t, moved, prefill_exact=False)
+    x, dec = G.cross_check(eng, PROMPT)
+    d = float(moved[5][top]) - float(t[5, top])
+    e = np.exp(t[5].astype(np.float64))
+    p1 = e[top] / e.sum()
+    L = math.log(1 + p1 * math.expm1(d))
+    assert (x.verdict, x.exact, x.positions, x.n_bits_diff, x.n_top1_diff, x.n_diff) == ("MATCH", False, 32, 2, 0, 0)
+    assert x.worst == 5 and abs(x.max_delta - max(d - L, L)) < 1e-9 and 0.001 < x.max_delta < 0.05, x.line()
+    assert x.bound == G.TF_BOUND["q8"] and x.first_diff is None and not G.failed(x)
+    assert x.line() == ("gate prefill=decode (two attention arithmetics: argmax and |Δ log-prob| <= 0.5): MATCH, "
+                        f"32 positions, max |Δ log-prob| {x.max_delta:.3g} at position 5, 2 positions' bits differ")
+    assert np.array_equal(dec, t)  # the teacher-forced gate's input: the decode rows, as for exact engines
+    x, _ = G.cross_check(PositionEngine(t, prefill_exact=False), PROMPT)
+    assert (x.verdict, x.max_delta, x.n_bits_diff) == ("MATCH", 0.0, 0)
+
+
+def _swap_at_7(margin, path="q8"):
+    """Position 7's two best tokens 3 and 11 at logits 5 and 5 - margin; prefill swaps them
+    (log-probs move by exactly the margin, the sum of exponentials is unchanged)."""
+    t = _table()
+    t[7] = np.clip(t[7], -2, 2)
+    t[7, 3], t[7, 11] = 5.0, np.float32(5 - margin)
+    eng = PositionEngine(t, {7: _moved(t[7], {3: t[7, 11], 11: t[7, 3]})}, prefill_exact=False)
+    eng.path = path
+    return G.cross_check(eng, PROMPT)[0], float(t[7, 3]) - float(t[7, 11])
+
+
+def test_two_arithmetics_a_flip_at_a_near_tie_is_near_tie():
+    x, m = _swap_at_7(0.1)  # margin 0.1 < 2 x 0.5
+    assert (x.verdict, x.first_diff, x.n_top1_diff, x.n_diff, x.n_bits_diff) == ("NEAR-TIE", 7, 1, 0, 1), x.line()
+    assert (x.prefill_argmax, x.decode_argmax, x.worst) == (11, 3, 7)
+    assert abs(x.max_delta - m) < 1e-9 and abs(x.margin - m) < 1e-9 and not G.failed(x)
+    assert "NEAR-TIE" in x.line() and "top-1 differs at 1 positions" in x.line() and "< 1" in x.line()
+
+
+def test_two_arithmetics_a_flip_at_a_wide_margin_or_a_delta_over_the_bound_is_a_mismatch():
+    x, m = _swap_at_7(1.2)  # margin 1.2 >= 2 x 0.5, |Δ| 1.2 > 0.5
+    assert (x.verdict, x.first_diff, x.n_top1_diff, x.n_diff) == ("MISMATCH", 7, 1, 1), x.line()
+    assert abs(x.max_delta - m) < 1e-9 and G.failed(x) and "over the bound 0.5" in x.detail
+    x, _ = _swap_at_7(0.1, path="f32")  # margin 0.1 >= 2 x 0.03
+    assert (x.verdict, x.first_diff, x.n_top1_diff) == ("MISMATCH", 7, 1) and x.bound == 0.03, x.line()
+    # no flip, but the second token's log-prob moves by about 0.8 (> 0.5)
+    t = _table()
+    second = int(np.argsort(t[12])[-2])
+    eng = PositionEngine(t, {12: _moved(t[12], {second: t[12, second] + np.float32(0.8)})}, prefill_exact=False)
+    x, _ = G.cross_check(eng, PROMPT)
+    assert (x.verdict, x.first_diff, x.n_top1_diff, x.n_diff, x.worst) == ("MISMATCH", 12, 0, 1, 12), x.line()
+    assert 0.7 < x.max_delta < 0.8 and "1 positions break the rule, the first 12" in x.line()
+
+
+def test_two_arithmetics_non_finite_logits_are_a_mismatch():
+    t = _table()
+    eng = PositionEngine(t, {3: _moved(t[3], {0: np.nan})}, prefill_exact=False)
+    x, _ = G.cross_check(eng, PROMPT)
+    assert (x.verdict, x.first_diff, x.n_diff, x.worst) == ("MISMATCH", 3, 1, 3) and x.max_delta == math.inf
+    assert "not finite" in x.detail and G.failed(x), x.line()
+
+
 # -- memra run --device gpu -------------------------------------------------------------------
 
 @pytest.fixture
@@ -260,3 +388,24 @@ def test_cli_run_exits_on_a_mismatch_before_any_text_or_figure(run_cli, monkeypa
     assert r.exit_code == 1
     assert "gate teacher-forced: MISMATCH" in r.output and "memra: error: exactness gate MISMATCH" in r.output
     assert not r.stdout.strip() and "tok/s" not in r.output
+
+
+def test_cli_run_passes_a_near_tie_and_records_it(run_cli, monkeypatch):
+    """A NEAR-TIE (two attention arithmetics) is a passing gate: the run goes on, its JSON
+    records the verdict."""
+    runner, app, path = run_cli
+    real = G.cross_check
+
+    def near_tie(engine, ids, min_positions=G.TF_POSITIONS, keep=G.TF_POSITIONS):
+        x, dec = real(engine, ids, min_positions, keep)
+        return dataclasses.replace(x, verdict="NEAR-TIE", exact=False, bound=0.5, first_diff=4, n_top1_diff=1,
+                                   margin=0.2, max_delta=0.2, worst=4, n_bits_diff=30), dec
+
+    monkeypatch.setattr(G, "cross_check", near_tie)
+    r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
+                            "--device", "gpu", "--json"])
+    assert r.exit_code == 0, r.output
+    assert "gate prefill=decode (two attention arithmetics: argmax and |Δ log-prob| <= 0.5): NEAR-TIE" in r.output
+    doc = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("{")))
+    assert doc["gate"]["cross_check"]["verdict"] == "NEAR-TIE" and doc["gate"]["cross_check"]["n_top1_diff"] == 1
+    assert len(doc["tokens"]) == 6

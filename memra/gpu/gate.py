@@ -12,9 +12,24 @@ gpu`, `memra bench`; DESIGN.md "The exactness contract"), and the GPU tests' com
    decode steps and once as a prefill returning the logits of every position, with the KV
    cache poisoned (NaN) before each pass, so a row read before it is written shows. MATCH
    only when every position's logits are finite and the same bits in both passes; else
-   MISMATCH, naming the first position that differs. There is no near-tie verdict: within
-   one engine no difference is allowed (a top-2 margin bound belongs to comparisons across
-   engines).
+   MISMATCH, naming the first position that differs. There is no near-tie verdict for such an
+   engine: within one arithmetic no difference is allowed (a top-2 margin bound belongs to
+   comparisons across arithmetics or engines).
+   An engine whose prefill rows and decode rows run two attention arithmetics
+   (MEMRA_ATTN=hybrid: attn_fa's tensor cores and f16 probabilities for prompt rows,
+   attention.cu for generated ones) says `prefill_exact = False`; each path stays batch
+   invariant, but a prefill row and the decode row of its position no longer give the same
+   bits, and cannot be asked to: on the q8 path a 1e-7 difference can flip one activation's
+   8-bit rounding and move every later log-prob (below). Its two passes are compared by
+   log-prob instead, with the teacher-forced gate's bound B = TF_BOUND[path]: the decode
+   pass keeps each position's top-TOP_K token ids and log-probs; at each position
+   Δ = max over those ids of |log-prob prefill - log-prob decode|, and the prefill's top-1
+   must be among them. MISMATCH when a position's logits are not finite, Δ > B, the
+   prefill's top-1 is outside the decode's top-K, or the two top-1s differ where the
+   decode's top-2 margin is >= 2B; NEAR-TIE when the top-1s differ only where that margin
+   is below 2B (a tie the two arithmetics may break either way); MATCH when the top-1s
+   agree everywhere (the bits may differ). NEAR-TIE passes, as MATCH does. The line says
+   which comparison was made.
    A bug both paths share (a weight, a dequantization, a norm weight, a rope table used by
    both) passes this gate; hence the second one.
 
@@ -58,6 +73,7 @@ import numpy as np
 
 MAX_POSITIONS = 256   # prompt positions the cross-check runs (memory: one digest a position)
 TF_POSITIONS = 32     # positions of the teacher-forced gate (and the sequence's minimum length)
+TOP_K = 8             # decode top-K kept a position when prefill and decode are two arithmetics
 # |Δ log-prob| bounds (module doc): every position's, and the median over the positions
 TF_BOUND = {"q8": 0.5, "f32": 0.03}
 TF_MEDIAN_BOUND = {"q8": 0.15, "f32": 0.01}
@@ -76,23 +92,53 @@ def _poison_kv(engine) -> None:
 
 @dataclass
 class CrossCheck:
-    verdict: str                 # MATCH | MISMATCH
+    verdict: str                 # MATCH | NEAR-TIE (two arithmetics only) | MISMATCH
     positions: int               # positions compared
-    first_diff: int | None = None
-    n_diff: int = 0              # positions whose logits differ (or are not finite)
-    max_abs_diff: float = 0.0    # max |Δlogit| at first_diff (inf when a side is not finite)
+    first_diff: int | None = None  # same bits: the first differing position; by log-prob: the
+    #                              first position breaking the rule (MISMATCH), or the first
+    #                              top-1 disagreement (NEAR-TIE)
+    n_diff: int = 0              # positions whose logits differ (or are not finite); by log-prob:
+    #                              positions breaking the rule
+    max_abs_diff: float = 0.0    # max |Δlogit| at first_diff (inf when a side is not finite; same bits only)
     prefill_argmax: int = -1     # at first_diff (MATCH: at the last position)
     decode_argmax: int = -1
     detail: str = ""
     tokens: list = field(default_factory=list, repr=False)  # the gate's sequence
+    exact: bool = True           # same bits asked (True) or compared by log-prob (two arithmetics)
+    bound: float = 0.0           # by log-prob: the |Δ log-prob| bound (TF_BOUND of the path)
+    max_delta: float = 0.0       # by log-prob: max over positions of Δ (inf: not finite)
+    worst: int | None = None     # by log-prob: the position of max_delta
+    margin: float | None = None  # by log-prob: the decode's top-2 log-prob margin at first_diff
+    n_bits_diff: int = 0         # positions whose logits' bits differ between the two passes
+    n_top1_diff: int = 0         # positions whose two top-1s differ
 
     def line(self) -> str:
+        if not self.exact:
+            return self._line_by_logprob()
         if self.verdict == "MATCH":
             return (f"gate prefill=decode: MATCH ({self.positions} positions, logits bit-identical and "
                     f"finite)")
         return (f"gate prefill=decode: MISMATCH at position {self.first_diff} of {self.positions} "
                 f"({self.n_diff} positions differ; there max |Δlogit| {self.max_abs_diff:.3g}, argmax prefill "
                 f"{self.prefill_argmax} vs decode {self.decode_argmax}{'; ' + self.detail if self.detail else ''})")
+
+    def _line_by_logprob(self) -> str:
+        head = (f"gate prefill=decode (two attention arithmetics: argmax and |Δ log-prob| <= {self.bound:g}): "
+                f"{self.verdict}, {self.positions} positions, max |Δ log-prob| {self.max_delta:.3g} at position "
+                f"{self.worst}, {self.n_bits_diff} positions' bits differ")
+        if self.n_top1_diff:
+            head += f", top-1 differs at {self.n_top1_diff} positions"
+        if self.verdict in ("NEAR-TIE", "MISMATCH"):
+            if self.verdict == "NEAR-TIE":
+                head += f"; the first at position {self.first_diff}"
+            else:
+                head += f"; {self.n_diff} positions break the rule, the first {self.first_diff}"
+            if self.prefill_argmax >= 0:
+                head += f": argmax prefill {self.prefill_argmax} vs decode {self.decode_argmax}"
+            if self.margin is not None and math.isfinite(self.margin):
+                head += f", decode's top-2 margin {self.margin:.3g}"
+                head += f" < {2 * self.bound:g}" if self.verdict == "NEAR-TIE" else ""
+        return head + (f"; {self.detail}" if self.detail else "")
 
 
 @dataclass
@@ -134,13 +180,46 @@ def _logits_rows(engine, seq, p: int, path: str) -> np.ndarray:
     return out
 
 
+def _top_k(row: np.ndarray, k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """The row's k most likely token ids and their log-probs (float64), best first (a tie:
+    the lower id first, as np.argmax)."""
+    lp = log_softmax(row)
+    k = min(k, lp.size)
+    ids = np.argpartition(-lp, k - 1)[:k]
+    ids = ids[np.lexsort((ids, -lp[ids]))]
+    return ids, lp[ids]
+
+
+def _by_logprob(row: np.ndarray, top, bound: float) -> tuple[float, int, int, float | None, str]:
+    """A prefill row against its decode row's top-K (None: not finite), by the module doc's
+    two-arithmetic rule: (Δ, prefill top-1, decode top-1, decode's top-2 margin, why the
+    position breaks the rule, "" when it does not)."""
+    if top is None or not np.all(np.isfinite(row)):
+        return math.inf, -1, -1, None, "logits not finite (a NaN from a K/V row read before it was written?)"
+    ids, dec_lp = top
+    lp = log_softmax(row)
+    delta = float(np.max(np.abs(lp[ids] - dec_lp)))
+    pre1, dec1 = int(np.argmax(lp)), int(ids[0])
+    margin = float(dec_lp[0] - dec_lp[1]) if ids.size > 1 else math.inf
+    why = ""
+    if pre1 not in ids:
+        why = f"the prefill's top-1 is not among the decode's top-{ids.size}"
+    elif delta > bound:
+        why = f"|Δ log-prob| {delta:.3g} over the bound {bound:g}"
+    elif pre1 != dec1 and margin >= 2 * bound:
+        why = f"the top-1s differ where the decode's top-2 margin is {margin:.3g} >= {2 * bound:g}"
+    return delta, pre1, dec1, margin, why
+
+
 def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSITIONS,
                 keep: int = TF_POSITIONS) -> tuple[CrossCheck, np.ndarray]:
     """Prefill vs token-by-token decode at every position of the gate's sequence (module
-    doc). Returns the verdict and the decode pass's logits of the first `keep` positions
+    doc): the same bits, or by log-prob when the engine says `prefill_exact = False`.
+    Returns the verdict and the decode pass's logits of the first `keep` positions
     ([n, n_vocab], the teacher-forced gate's input). Leaves the engine's cache reset."""
     from memra.gpu.runner import PREFILL_CHUNK
 
+    exact = bool(getattr(engine, "prefill_exact", True))
     seq = [int(t) for t in prompt_ids][:min(MAX_POSITIONS, engine.max_len)]
     if not seq:
         from memra.errors import MemraError
@@ -150,7 +229,7 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     # decode pass: graph replays, extended greedily (host argmax of the decode logits)
     engine.reset()
     _poison_kv(engine)
-    dec_digest, kept = [], []
+    dec_digest, kept, dec_top = [], [], []
     bad_dec = set()
     i = 0
     while i < target:
@@ -158,6 +237,8 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
         dec_digest.append(_digest(lg))
         if not np.all(np.isfinite(lg)):
             bad_dec.add(i)
+        if not exact:  # enough of every row to compare by log-prob
+            dec_top.append(None if i in bad_dec else _top_k(lg))
         if i < keep:
             kept.append(np.array(lg, np.float32))
         if i + 1 == len(seq) and len(seq) < target:
@@ -167,17 +248,26 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     engine.reset()
     _poison_kv(engine)
     diff, first, pre_first, last = [], None, None, None
+    rows_by_logprob = []  # two arithmetics: _by_logprob's answer a position
+    n_bits_diff = 0
+    bound = TF_BOUND[getattr(engine, "path", "q8")]
     for s in range(0, len(seq), PREFILL_CHUNK):
         rows = engine.prefill(seq[s:s + PREFILL_CHUNK], all_logits=True)
         last = rows[-1]
         for j, row in enumerate(rows):
             p = s + j
-            if p in bad_dec or not np.all(np.isfinite(row)) or _digest(row) != dec_digest[p]:
+            same_bits = _digest(row) == dec_digest[p]
+            n_bits_diff += not same_bits
+            if not exact:
+                rows_by_logprob.append(_by_logprob(row, dec_top[p], bound))
+            elif p in bad_dec or not np.all(np.isfinite(row)) or not same_bits:
                 diff.append(p)
                 if first is None:
                     first, pre_first = p, np.array(row, np.float32)
     engine.reset()
     dec = np.stack(kept) if kept else np.zeros((0, engine.cfg.n_vocab), np.float32)
+    if not exact:
+        return _verdict_by_logprob(rows_by_logprob, bound, n_bits_diff, seq), dec
     if first is None:
         a = int(np.argmax(last))
         return CrossCheck("MATCH", len(seq), prefill_argmax=a, decode_argmax=a, tokens=seq), dec
@@ -188,7 +278,23 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     detail = "" if finite else "logits not finite (a NaN from a K/V row read before it was written?)"
     return CrossCheck("MISMATCH", len(seq), first, len(diff), d, int(np.nanargmax(pre_first)) if
                       np.any(np.isfinite(pre_first)) else -1,
-                      int(np.nanargmax(dec_first)) if np.any(np.isfinite(dec_first)) else -1, detail, seq), dec
+                      int(np.nanargmax(dec_first)) if np.any(np.isfinite(dec_first)) else -1, detail, seq,
+                      n_bits_diff=n_bits_diff), dec
+
+
+def _verdict_by_logprob(rows, bound: float, n_bits_diff: int, seq: list) -> CrossCheck:
+    """The two-arithmetic verdict (module doc) from _by_logprob's answer at every position."""
+    deltas = [r[0] for r in rows]
+    worst = int(np.argmax(deltas))
+    broken = [p for p, r in enumerate(rows) if r[4]]
+    flips = [p for p, r in enumerate(rows) if r[1] != r[2]]
+    verdict = "MISMATCH" if broken else "NEAR-TIE" if flips else "MATCH"
+    at = broken[0] if broken else flips[0] if flips else None
+    _, pre1, dec1, margin, why = rows[len(rows) - 1 if at is None else at]
+    return CrossCheck(verdict, len(seq), at, len(broken), prefill_argmax=pre1, decode_argmax=dec1, detail=why,
+                      tokens=seq, exact=False, bound=bound, max_delta=float(deltas[worst]), worst=worst,
+                      margin=margin if at is not None else None, n_bits_diff=n_bits_diff,
+                      n_top1_diff=len(flips))
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -276,5 +382,6 @@ def run_gates(engine, prompt_ids: Sequence[int], reference="auto",
 
 
 def failed(*results) -> bool:
-    """Whether any gate said MISMATCH (its figures are then void)."""
+    """Whether any gate said MISMATCH (its figures are then void; MATCH, NEAR-TIE and
+    SKIPPED pass)."""
     return any(r.verdict == "MISMATCH" for r in results)
