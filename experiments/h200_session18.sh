@@ -6,6 +6,7 @@
 # STAGE b: matvec.cu variant 6 (MV_L2PF) campaign on the synthetic models, freeze, tg128 table A/B (~7 min)
 # STAGE c: MV_L2PF engine A/B (table override), attn_fa vs attn_decode per launch, pp512 @ d4096 profiles (~4 min)
 # STAGE d: MEMRA_ATTN=hybrid vs decode (8B, 1B: pp512 / tg128 at d0 / d4096), kernel-check (~7 min)
+# STAGE e (models shipped first): hybrid vs decode on every benchmark model, kernel-check, GPU tests (~9.5 min)
 # Logs under /tmp/s18-$STAGE -> $OUT/s18-$STAGE.tgz; the JSONL to $OUT.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session18.sh
 set -u
@@ -69,6 +70,22 @@ d)
     log "bench $m $a rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$a.txt | cut -c1-160 | tee -a $R/log.txt
   done
   kernel_check
+  cp $R/*.jsonl $OUT/ 2>/dev/null ;;
+e)
+  # after the models are shipped: MEMRA_ATTN hybrid against decode (every benchmark model, pp512
+  # and tg128 at depth 0 and 4096; the 8B and SmolLM2 at 4096), kernel-check, the GPU tests
+  link_models "kernel-check and the GPU tests need them"
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 smollm2-135m gemma3-270m; do
+    for a in hybrid decode; do
+      f=$(echo $m | tr : _)-$a; d=0,4096; [ $m = gemma3-270m ] && d=0
+      MEMRA_ATTN=$a timeout 100 python3 -m memra bench $m -p 512 -n 128 -d $d -r 3 --synth-tokenizer $TOK \
+        --out $R/bench-hybrid.jsonl > $R/bench-$f.txt 2>&1
+      log "bench $m $a rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | cut -c1-170 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-hybrid.jsonl $OUT/
+  kernel_check
+  gpu_tests 585
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s18-$STAGE.tgz -C /tmp s18-$STAGE

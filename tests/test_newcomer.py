@@ -611,6 +611,10 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
         # run 4 (newest): a q8_0 KV cache (a runtime choice): not on the board either
         _bench_line(888.0, model="small", sha="4444444", date="2026-12-04T10:00:00Z", model_size=1,
                     cache_type_k="q8_0", cache_type_v="q8_0"),
+        # run 5 (newest): a tuning table given as an experiment's file (an A/B arm): not either;
+        # the committed default table named as a file is the default engine
+        _bench_line(777.0, model="small", sha="5555555", date="2026-12-05T10:00:00Z", model_size=1,
+                    table="file:/tmp/arm/table-after.json"),
     ]
     (research / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "PERF.md"
@@ -625,7 +629,7 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     big, small = rows
     assert "| 200.0 ± 0.5 (3) |" in big and "| 100.0 (3) |" in big and "| 2.00x |" in big and "1111111" in big
     assert "| 50.0 ± 0.5 (3) |" in small and "not in the run" in small and "2222222" in small
-    assert "999" not in text and "888" not in text
+    assert "999" not in text and "888" not in text and "777" not in text
     assert memra("research", "board", doc, "--research", research, "--check").returncode == 0
 
 

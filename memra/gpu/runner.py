@@ -893,8 +893,10 @@ class Runner:
         rows[0, :n], rows[1, :n], rows[2, :n] = tok, pos, seq
         self.p_rows.view(shape=(3, B)).upload(rows)
         kinds = self._upload_kinds(seq, pos, gen, B)
-        # attn_decode's grid: its rows' (a hybrid step's generated rows)
-        self.pre_splits = self._pre_splits(pos if gen is None or not self.plan.hybrid else np.where(gen, pos, -1))
+        if self.plan.hybrid:  # attn_decode's grid: the generated rows' (no attn_decode without them)
+            self.pre_splits = self._pre_splits(np.where(gen, pos, -1)) if "g" in kinds else self.plan.n_splits
+        else:
+            self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
         key = ("prefill", B, self.pre_splits, kinds)
         gr = self._graphs.get(key) if self.prefill_graph else None
@@ -944,7 +946,9 @@ class Runner:
         for B, kinds in sorted({(k[1], k[3]) for k in self._graphs if k[0] == "prefill"}):
             launches = self.plan.step(B, decode=False, kinds=kinds)
             feed = self.step_rows(B)
-            for sp in self.prefill_split_counts():
+            # a hybrid plan's prompt-only steps launch no attn_decode: its split count is moot
+            counts = [self.plan.n_splits] if self.plan.hybrid and "g" not in kinds else self.prefill_split_counts()
+            for sp in counts:
                 key = ("prefill", B, sp, kinds)
                 if key in self._graphs:
                     continue

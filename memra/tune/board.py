@@ -14,8 +14,9 @@ For each device, model and cell (pp512, tg128, depth cells) a row shows memra's 
 (with its sample standard deviation and N), % of the measured copy bandwidth (tg cells),
 llama.cpp's median from the same run and the ratio, and the run's date, device, commit and
 tag. A run is one `memra bench` invocation: its receipts share a file, commit, tag, device
-and model; runs made with a rollback seam set (their receipts' `seams`) or a KV cache type other
-than f16 (`cache_type_k` / `cache_type_v`: a runtime choice, not the default engine) are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
+and model; runs made with a rollback seam set (their receipts' `seams`), a KV cache type other
+than f16 (`cache_type_k` / `cache_type_v`: a runtime choice, not the default engine) or a
+tuning table given as an experiment's file (`table` "file:..." outside tune/defaults/) are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
 when no run has the llama.cpp arm, the newest memra run is shown and the table says so:
 ratios are only taken within a run (research/benchmarks.md). `check` reports the boards that
 differ from what the receipts give (CI runs `memra research board --check`).
@@ -105,6 +106,8 @@ def rows(df, spec: Spec) -> list[dict]:
                 for c in ("cache_type_k", "cache_type_v"):  # a quantized KV cache: not the default either
                     if c in mem.columns:
                         mem = mem[[not isinstance(v, str) or v == "f16" for v in mem[c]]]
+                if "table" in mem.columns:  # a table given as an experiment's file: not the default
+                    mem = mem[[not _experiment_table(v) for v in mem["table"]]]
                 if mem.empty:
                     continue
                 lc_runs = set(dt.loc[dt["engine"] == "llama.cpp", "run"])
@@ -115,6 +118,12 @@ def rows(df, spec: Spec) -> list[dict]:
                 lc = lc.sort_values(["date", "line"]).iloc[-1] if len(lc) else None
                 out.append({"device": device, "model": model, "test": test, "memra": pick, "llama": lc})
     return out
+
+
+def _experiment_table(table) -> bool:
+    """Whether a receipt's tuning table is a file other than a device's committed default
+    (`--tune-table FILE` for an A/B): such runs measure an experiment, not the default engine."""
+    return isinstance(table, str) and table.startswith("file:") and "tune/defaults/" not in table
 
 
 def _num(v, nd: int = 1) -> str:
