@@ -299,6 +299,17 @@ def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(ti
     fa = logits("fa", lambda e, s: gen_rows(e, s, "decode"))
     assert not np.array_equal(fa.view(np.uint32), ref.view(np.uint32))
 
+    # a prompt's last token alone in a step (a prefix-cache hit's remainder) stays a prompt row
+    # when the caller says so (gen=False); a one-token row by default is a decode step
+    def last_alone(gen):
+        def run(e, s):
+            e.step([Row(s, PROMPT[:-1])])
+            return e.step([Row(s, PROMPT[-1:], logits="last", gen=gen)])[0].logits
+        return run
+    whole = logits("hybrid", lambda e, s: e.step([Row(s, PROMPT, logits="last")])[0].logits)
+    assert np.array_equal(logits("hybrid", last_alone(False)).view(np.uint32), whole.view(np.uint32))
+    assert not np.array_equal(logits("hybrid", last_alone(None)).view(np.uint32), whole.view(np.uint32))
+
 
 def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypatch):
     """MEMRA_ATT_SPLITS sets the decode attention's split count (the plan's and the launch's);

@@ -200,7 +200,15 @@ def test_hybrid_attention_shares_only_prompt_blocks(tiny_models):
     assert not runner.prefill_exact
     sched = Scheduler(runner, tok, max_queue=8, max_batched_tokens=12)
     rng = np.random.default_rng(11)
-    p1 = [int(x) for x in rng.integers(3, 40000, 37)]
+    seen = []  # (tokens, gen) of every row the scheduler hands the runner
+    real_step = runner.step
+
+    def step(rows, *a, **kw):
+        seen.extend((len(r.tokens), r.gen) for r in rows)
+        return real_step(rows, *a, **kw)
+
+    runner.step = step
+    p1 = [int(x) for x in rng.integers(3, 40000, 33)]  # a hit leaves one prompt token to compute
 
     def req(p, ns, n):
         return GenRequest(p, SamplingParams(temperature=0, max_tokens=n), namespace=ns, ignore_eos=True)
@@ -208,6 +216,9 @@ def test_hybrid_attention_shares_only_prompt_blocks(tiny_models):
     try:
         sched.start()
         (reply, u1), = asyncio.run(_run(sched, [req(p1, "a", 20)]))
+        (again, u0), = asyncio.run(_run(sched, [req(p1, "a", 20)]))
+        assert u0["cached_tokens"] == 32 and again == reply
+        assert (1, False) in seen  # the hit's one-token remainder went as a prompt row, not a decode step
         p2 = p1 + reply + [7, 8, 9]
         assert len(p1 + reply) // 16 == 3 and len(p1) // 16 == 2  # the reply completes a third block
         (cached, u2), = asyncio.run(_run(sched, [req(p2, "a", 6)]))

@@ -76,7 +76,7 @@ class GPUEngine(Runner):
         if s.n + toks.size > self.max_len:
             raise ContextOverflowError(f"{s.n} cached + {toks.size} new tokens exceed the context of "
                                        f"{self.max_len} tokens")
-        return self.step([Row(s, toks, logits="all" if all_logits else "last")])[0].logits
+        return self.step([Row(s, toks, logits="all" if all_logits else "last", gen=False)])[0].logits
 
     def decode(self, token: int, graph: bool = True, seq: int = 0) -> np.ndarray:
         """Append one token to sequence `seq` and return its float32 logits [n_vocab].
@@ -102,7 +102,7 @@ class GPUEngine(Runner):
         if longest > self.max_len:
             raise ContextOverflowError(f"prompt + {n} tokens need {longest} positions, the context holds "
                                        f"{self.max_len}")
-        first = self.step([Row(s, p, sample=sampling) for s, p in zip(self.seqs, prompts)])
+        first = self.step([Row(s, p, sample=sampling, gen=False) for s, p in zip(self.seqs, prompts)])
         toks = [[o.token] for o in first]
         for step in self.decode_run(self.seqs, [t[0] for t in toks], n - 1, [sampling] * self.batch):
             for b, t in enumerate(step):
@@ -120,7 +120,7 @@ class GPUEngine(Runner):
         sm = Sampling(temperature, top_k, top_p, min_p, seed)
         self.reset()
         s = self.seqs[0]
-        first = self.step([Row(s, prompt_ids, sample=sm)])[0].token
+        first = self.step([Row(s, prompt_ids, sample=sm, gen=False)])[0].token
         yield first
         for step in self.decode_run([s], [first], n - 1, [sm], chunk=chunk):
             yield step[0]
@@ -138,7 +138,7 @@ class GPUEngine(Runner):
         sm = Sampling(temperature, top_k, top_p, min_p, seed)
         self.reset()
         s = self.seqs[0]
-        o = self.step([Row(s, prompt_ids, logits="last", sample=sm)])[0]
+        o = self.step([Row(s, prompt_ids, logits="last", sample=sm, gen=False)])[0]
         for i in range(n):
             yield o.token, np.array(o.logits, np.float32)
             if i + 1 < n:

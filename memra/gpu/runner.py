@@ -103,10 +103,12 @@ class Row:
     sample: Sampling | None = None
     # int32 [ceil(n_vocab / 32)]: tokens the sampler may choose (bit set); LATER: step()'s fill writes it
     mask: np.ndarray | str | None = None
-    # the tokens were generated (a forced run fed with its sampled token), not prompt: with
-    # MEMRA_ATTN=hybrid they take decode's attention arithmetic; one-token steps of distinct
-    # sequences (decode steps) and verify() always do
-    gen: bool = False
+    # which arithmetic the rows take with MEMRA_ATTN=hybrid: True, generated tokens (decode's
+    # attention, e.g. a forced run fed with its sampled token); False, prompt tokens (attn_fa,
+    # even a one-token row alone, which would otherwise be a decode step); None, by the step's
+    # shape: a decode step's rows are generated, the rows of any other step prompt rows.
+    # verify() rows are always generated
+    gen: bool | None = None
 
 
 @dataclass
@@ -589,11 +591,11 @@ class Runner:
             self._reserve(r.seq, t.size)
         self.kv.sync()
         decode = len(rows) <= MAX_ROWS and all(t.size == 1 for t in toks) and len(set(slots)) == len(slots) \
-            and all(r.logits != "all" for r in rows)
+            and all(r.logits != "all" for r in rows) and not (self.plan.hybrid and any(r.gen is False for r in rows))
         if not decode and later:  # the eager path reads the masks as it goes: fill them now
             buf = np.full((len(rows), self.mask_words), -1, np.int32)
             fill(buf)
-            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask)
+            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask, r.gen)
                     for i, r in enumerate(rows)]
         if not decode:
             outs = self._eager(rows, toks)
@@ -844,7 +846,7 @@ class Runner:
         flat_tok = np.concatenate(toks)
         flat_pos = np.concatenate([np.arange(r.seq.n, r.seq.n + t.size, dtype=np.int32) for r, t in zip(rows, toks)])
         flat_seq = np.concatenate([np.full(t.size, r.seq.slot, np.int32) for r, t in zip(rows, toks)])
-        flat_gen = np.concatenate([np.full(t.size, bool(r.gen)) for r, t in zip(rows, toks)])
+        flat_gen = np.concatenate([np.full(t.size, r.gen is True) for r, t in zip(rows, toks)])
         ends = np.cumsum([t.size for t in toks])
         # the flat index of every token row whose logits are needed, per row
         want: list[list[int]] = []

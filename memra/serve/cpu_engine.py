@@ -213,7 +213,7 @@ class CpuRunner:
                 raise MemraError("rows with mask LATER need step(..., fill=...)")
             buf = np.full((len(rows), (self.cfg.n_vocab + 31) // 32), -1, np.int32)
             fill(buf)
-            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask)
+            rows = [Row(r.seq, r.tokens, r.logits, r.sample, buf[i] if i in later else r.mask, r.gen)
                     for i, r in enumerate(rows)]
         toks = []
         for r in rows:

@@ -386,10 +386,10 @@ class Scheduler:
             with self._lock:
                 self._n_running = len(self.running)
 
-    def _row(self, r: GenRequest, tokens, last: bool, mask=None, gen: bool = False) -> Row:
+    def _row(self, r: GenRequest, tokens, last: bool, mask=None, gen: bool | None = None) -> Row:
         """A row of r; last: it ends at the position whose next token r takes now; mask:
-        its vocabulary mask (a constrained request); gen: generated tokens (a forced run and
-        the sampled token before it), not prompt."""
+        its vocabulary mask (a constrained request); gen: runner.Row.gen (True: a forced run
+        and the sampled token before it; False: a prompt chunk; None: a decode row)."""
         if not last:
             return Row(r.seq, tokens, gen=gen)
         return Row(r.seq, tokens, logits="last" if r.wants_logits else "none", sample=r.device, mask=mask, gen=gen)
@@ -534,7 +534,7 @@ class Scheduler:
             masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
             masks.update((id(r), r.ff_mask) for r in ffw)
             rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask, gen=True) for r in ffw]
-            rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)))
+            rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)), gen=False)
                      for r, n in chunks]
             t0 = time.perf_counter()
             outs = self.engine.step(rows)

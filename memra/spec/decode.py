@@ -118,7 +118,7 @@ class DeviceTarget:
     def prefill(self, prompt, mask=None) -> int:
         from memra.gpu.runner import Row
 
-        return self.runner.step([Row(self.seq, list(prompt), sample=self.sampling, mask=mask)])[0].token
+        return self.runner.step([Row(self.seq, list(prompt), sample=self.sampling, mask=mask, gen=False)])[0].token
 
     def verify(self, tokens: list[int], masks=None) -> list[int]:
         if len(tokens) == 1:  # nothing drafted: a plain decode step (the decode graph)
