@@ -7,6 +7,7 @@
 # STAGE c: MV_L2PF engine A/B (table override), attn_fa vs attn_decode per launch, pp512 @ d4096 profiles (~4 min)
 # STAGE d: MEMRA_ATTN=hybrid vs decode (8B, 1B: pp512 / tg128 at d0 / d4096), kernel-check (~7 min)
 # STAGE e (models shipped first): hybrid vs decode on every benchmark model, kernel-check, GPU tests (~9.5 min)
+# STAGE f (models shipped first): the serve / runner GPU tests with MEMRA_ATTN=hybrid (~1.5 min)
 # Logs under /tmp/s18-$STAGE -> $OUT/s18-$STAGE.tgz; the JSONL to $OUT.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session18.sh
 set -u
@@ -93,5 +94,13 @@ e)
   log "gpu tests (hybrid) rc=$? $(tail -1 $R/gpu-tests-hybrid.txt) $(el)"
   grep -E "^(FAILED|ERROR)" $R/gpu-tests-hybrid.txt | head | tee -a $R/log.txt
   cp $R/*.jsonl $OUT/ 2>/dev/null ;;
+f)
+  # the hybrid's prefix-cache fix on the GPU: the server and runner GPU tests with MEMRA_ATTN=hybrid
+  # (models shipped in the same warm lease, else they skip)
+  link_models "the serve tests need them"
+  MEMRA_ATTN=hybrid timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_serve_gpu.py \
+    tests/test_gpu_runner.py > $R/gpu-tests-hybrid.txt 2>&1
+  log "gpu tests (hybrid) rc=$? $(tail -1 $R/gpu-tests-hybrid.txt) $(el)"
+  grep -E "^(FAILED|ERROR)" $R/gpu-tests-hybrid.txt | head | tee -a $R/log.txt ;;
 esac
 tar czf $OUT/s18-$STAGE.tgz -C /tmp s18-$STAGE
