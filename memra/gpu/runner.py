@@ -486,7 +486,8 @@ class Runner:
                                       self.vec.get(f"blk.{il}.attn_k_norm.weight"))
                 tw = self._twin(rows, c.q_dim) if a["twin"] else None
                 FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml,
-                           self._kind_pos(a, rows, pos), seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows, n_kv=c.n_head_kv, qpk=c.n_gqa,
+                           self._kind_pos(a, rows, pos), seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows,
+                           n_kv=c.n_head_kv, qpk=c.n_gqa,
                            head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
                            split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
                            groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
