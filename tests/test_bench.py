@@ -307,7 +307,7 @@ def test_cli_bench_without_out_writes_into_memra_home_not_the_checkout(emulated_
 
 
 def test_cli_bench_near_tie_times_the_cells_and_receipts_record_it(emulated_cli, tmp_path, monkeypatch):
-    """A NEAR-TIE cross-check (two attention arithmetics) passes: the cells are timed and
+    """A NEAR-TIE cross-check (any verdict but MISMATCH) passes: the cells are timed and
     every receipt records the verdict."""
     import memra.gpu.gate as G
 
@@ -316,7 +316,7 @@ def test_cli_bench_near_tie_times_the_cells_and_receipts_record_it(emulated_cli,
 
     def near_tie(engine, ids, reference="auto", n=G.TF_POSITIONS):
         x, t = real(engine, ids, reference, n)
-        return dataclasses.replace(x, verdict="NEAR-TIE", exact=False, bound=0.5, first_diff=4, n_top1_diff=1), t
+        return dataclasses.replace(x, verdict="NEAR-TIE", first_diff=4), t
 
     monkeypatch.setattr(G, "run_gates", near_tie)
     out = tmp_path / "bench.jsonl"
