@@ -176,7 +176,7 @@ class Runner:
             log.warning("MEMRA_ATTN=%s: head size %d / %d query heads per KV head not supported by attn_fa; "
                         "decode attention used", attn, self.cfg.head_dim, self.cfg.n_gqa)
         # whether a prompt row and a decode row at one position give the same bits (the gates'
-        # prefill = decode check asks bits of exact engines, log-probs within a bound of others)
+        # prefill = decode check; without it, batched prompt rows = prompt rows one at a time)
         self.prefill_exact = not self.plan.hybrid
         self.path = path
         self.max_len = int(max_len or min(self.cfg.n_ctx_train, 32768))
