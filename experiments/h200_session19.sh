@@ -6,6 +6,8 @@
 #   models' longer sequences included; then the default's GPU tests once more. If both pass, the
 #   default can flip to hybrid (memra/gpu/runner.py's MEMRA_ATTN default, docs/FLAGS.md, bench's
 #   ENGINE_PATHS) and a `memra bench --vs llama.cpp` run per model measures the floors.
+# STAGE b (carry .whl + .synthtok; no models needed): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 with hybrid,
+#   pp512 at depth 0 and 4096 on the 8B and the 1B.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session19.sh
 set -u
 source experiments/h200_common.sh
@@ -18,5 +20,16 @@ a)
   log "gpu tests (hybrid) rc=$? $(tail -1 $R/gpu-tests-hybrid.txt) $(el)"
   grep -E "^(FAILED|ERROR)" $R/gpu-tests-hybrid.txt | head -20 | tee -a $R/log.txt
   gpu_tests 580 ;;
+b)
+  # attn_fa's split size for prompt rows (MEMRA_ATTN=hybrid; MEMRA_FA_SPLIT, docs/FLAGS.md): pp512 at
+  # depth 0 and 4096 per size (split partials written and merged against parallelism), ~4 min
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    for sp in 256 512 1024 2048 256; do
+      MEMRA_ATTN=hybrid MEMRA_FA_SPLIT=$sp timeout 80 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
+        --synth-tokenizer $TOK --out $R/bench-fa-split.jsonl > $R/bench.txt 2>&1
+      log "bench $m split $sp rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-fa-split.jsonl $OUT/ ;;
 esac
 tar czf $OUT/s19-$STAGE.tgz -C /tmp s19-$STAGE

@@ -327,6 +327,33 @@ def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypa
         _runner(path)
 
 
+def test_fa_split_override_keeps_prompt_rows_chunk_invariant(tiny_models, monkeypatch):
+    """MEMRA_FA_SPLIT sets attn_fa's split size (the plan's and its launches'): with
+    MEMRA_ATTN=hybrid a prompt of more keys than one split gives the same bits in one chunk as
+    token by token (the rows merge their splits), and a bad value is refused."""
+    from memra.tune.bench import seams
+
+    path = tiny_models("llama", "Q4_K_M")
+    prompt = PROMPT * 8  # 80 keys: two splits of 64
+
+    def run(one_at_a_time):
+        e = _runner(path, attn="hybrid")
+        s = e.open()
+        if not one_at_a_time:
+            return e.step([Row(s, prompt, logits="all")])[0].logits
+        return np.stack([e.step([Row(s, [t], logits="last", gen=False)])[0].logits for t in prompt])
+
+    monkeypatch.setenv("MEMRA_FA_SPLIT", "64")
+    plan = _runner(path, attn="hybrid").plan
+    assert seams() == {"MEMRA_FA_SPLIT": "64"}
+    assert {L.args["split"] for L in plan.step(4, decode=False) if L.op == "attention_fa"} == {64}
+    whole, single = run(False), run(True)
+    assert np.array_equal(whole.view(np.uint32), single.view(np.uint32))
+    monkeypatch.setenv("MEMRA_FA_SPLIT", "100")
+    with pytest.raises(MemraError, match="MEMRA_FA_SPLIT must be a multiple of 64"):
+        _runner(path, attn="hybrid")
+
+
 def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monkeypatch):
     """decode_run queues a chunk before handing out the previous one's tokens: the tokens are
     those of one step() a token (greedy and seeded sampling, two sequences), with the rollback

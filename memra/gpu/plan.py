@@ -179,6 +179,15 @@ class Planner:
         # differ in bits (step's kinds; docs/FLAGS.md)
         self.hybrid = bool(hybrid) and self.use_fa
         self.fa_split = FA.SPLIT
+        env = os.environ.get("MEMRA_FA_SPLIT")
+        if env:  # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
+            try:
+                n = int(env)
+            except ValueError:
+                n = 0
+            if n < 64 or n % 64 or n > 32768:
+                raise MemraError(f"MEMRA_FA_SPLIT must be a multiple of 64 in 64..32768, got {env!r}")
+            self.fa_split = n
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
