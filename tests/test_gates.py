@@ -37,8 +37,8 @@ from memra.model.gguf import open_gguf
 PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
 
 
-def _gates(path, matvec_path="q8"):
-    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), matvec_path=matvec_path)
+def _gates(path, matvec_path="q8", attn="decode"):
+    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), matvec_path=matvec_path, attn=attn)
     return G.run_gates(eng, PROMPT, reference=ReferenceModel(open_gguf(path), numerics=matvec_path))
 
 
@@ -145,12 +145,16 @@ def test_gates_pass_the_engine_as_it_is(tiny_models, arch, matvec_path):
         assert_not_flat(G.reference_logits(ref, x.tokens), f"tiny {arch}")
 
 
+@pytest.mark.parametrize("attn", ["decode", "hybrid"])
 @pytest.mark.parametrize("matvec_path", ["q8", "f32"])
 @pytest.mark.parametrize("mutation,arch,tf_q8", MUTATIONS, ids=[m.__name__ for m, _, _ in MUTATIONS])
-def test_an_injected_engine_bug_turns_the_gates_red(tiny_models, monkeypatch, mutation, arch, tf_q8, matvec_path):
+def test_an_injected_engine_bug_turns_the_gates_red(tiny_models, monkeypatch, mutation, arch, tf_q8, matvec_path,
+                                                    attn):
+    """Each bug of decode steps turns the cross-check red, with one attention arithmetic
+    (prefill = decode) and with two (decode steps = the same rows batched as generated rows)."""
     path = tiny_models(arch, QUANT[arch])
     mutation(monkeypatch)
-    x, t = _gates(path, matvec_path)
+    x, t = _gates(path, matvec_path, attn)
     assert x.verdict == "MISMATCH", x.line()
     if matvec_path == "f32" or tf_q8:
         assert t.verdict == "MISMATCH", t.line()
@@ -236,15 +240,17 @@ N_VOCAB = 40
 class PositionEngine:
     """An engine whose logits depend on the position only: a one-token prompt row gives
     prompt[p], a decode step dec[p] (default: prompt[p]), a row of a batched prefill chunk
-    batched.get(p, prompt[p]) (a bug of batched prompt chunks)."""
+    batched.get(p, prompt[p]) (a bug of batched prompt chunks), a row of a batched chunk of
+    generated rows gen_batched.get(p, dec[p]) (a bug of decode steps or of batched rows)."""
 
     path = "q8"
     max_len = 64
 
-    def __init__(self, prompt, dec=None, batched=None, prefill_exact=None):
+    def __init__(self, prompt, dec=None, batched=None, prefill_exact=None, gen_batched=None):
         from types import SimpleNamespace
 
         self.prompt, self.dec, self.batched, self.n = prompt, prompt if dec is None else dec, batched or {}, 0
+        self.gen_batched = gen_batched or {}
         self.cfg = SimpleNamespace(n_vocab=prompt.shape[1])
         self.kv = SimpleNamespace(k=[], v=[])
         if prefill_exact is not None:
@@ -257,9 +263,12 @@ class PositionEngine:
         self.n += 1
         return self.dec[self.n - 1].copy()
 
-    def prefill(self, toks, all_logits=False):
-        rows = [(self.batched.get(p, self.prompt[p]) if len(toks) > 1 else self.prompt[p]).copy()
-                for p in range(self.n, self.n + len(toks))]
+    def prefill(self, toks, all_logits=False, gen=False):
+        if gen:  # generated rows batched: decode's rows unless gen_batched says otherwise
+            rows = [self.gen_batched.get(p, self.dec[p]).copy() for p in range(self.n, self.n + len(toks))]
+        else:
+            rows = [(self.batched.get(p, self.prompt[p]) if len(toks) > 1 else self.prompt[p]).copy()
+                    for p in range(self.n, self.n + len(toks))]
         self.n += len(toks)
         return np.stack(rows) if all_logits else rows[-1]
 
@@ -315,8 +324,8 @@ def test_two_arithmetics_prompt_rows_equal_batched_is_a_match_whatever_decode_gi
     assert (x.verdict, x.exact, x.positions, x.first_diff, x.n_diff, x.n_top1_diff) == \
         ("MATCH", False, 32, None, 0, 1), x.line()
     assert abs(x.max_delta - m) < 1e-9 and not G.failed(x)
-    assert x.line() == ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, bit "
-                        "for bit): MATCH (32 positions); decode rows vs prompt rows: max |Δ log-prob| 1.2, top-1 "
+    assert x.line() == ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode "
+                        "steps = generated rows batched, bit for bit): MATCH (32 positions); decode rows vs prompt rows: max |Δ log-prob| 1.2, top-1 "
                         "differs at 1 positions")
     assert np.array_equal(got, dec)  # the teacher-forced gate's input: the decode rows
     x, _ = G.cross_check(PositionEngine(t, prefill_exact=False), PROMPT)
@@ -333,8 +342,25 @@ def test_two_arithmetics_batched_one_ulp_from_one_at_a_time_is_a_mismatch():
     a = int(np.argmax(t[12]))
     assert (x.prefill_argmax, x.decode_argmax) == (a, a) and G.failed(x)
     assert x.line().startswith("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, "
-                               "bit for bit): MISMATCH at position 12 of 32 (1 positions differ; there max |Δlogit| ")
+                               "decode steps = generated rows batched, bit for bit): MISMATCH at position 12 of 32 (1 "
+                               "positions differ; there max |Δlogit| ")
     assert f"argmax prefill {a} vs one at a time {a})" in x.line()
+
+
+def test_two_arithmetics_decode_steps_one_ulp_from_batched_generated_rows_is_a_mismatch():
+    """Prompt rows batched = one at a time everywhere; the decode step at position 6 is 1 ulp
+    off the same row batched as a generated row (a bug of decode steps: their graph, their
+    plan) and the generated rows' batch differs at 9 too: MISMATCH at 6, both counted."""
+    t = _table()
+    dec = t.copy()
+    dec[6] = _one_ulp_up(t[6], 2)
+    eng = PositionEngine(t, dec, prefill_exact=False, gen_batched={6: t[6], 9: _one_ulp_up(t[9], 1)})
+    x, got = G.cross_check(eng, PROMPT)
+    assert (x.verdict, x.exact, x.first_diff, x.n_diff) == ("MISMATCH", False, 6, 2), x.line()
+    assert x.max_abs_diff == float(dec[6, 2]) - float(t[6, 2]) > 0 and G.failed(x)
+    assert "decode steps against the same rows batched as generated rows" in x.line()
+    a = int(np.argmax(t[6]))
+    assert f"argmax prefill {a} vs decode {a}" in x.line() and np.array_equal(got, dec)
 
 
 @pytest.mark.parametrize("where", ["both prompt passes", "batched", "decode"])
@@ -370,7 +396,8 @@ def test_two_arithmetics_on_the_emulated_gpu(tiny_models, monkeypatch):
     assert (x.verdict, x.exact, x.positions) == ("MATCH", False, 32), x.line()
     assert x.max_delta > 0 and dec.shape == (32, eng.cfg.n_vocab), x.line()
     assert x.line().startswith("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, "
-                               "bit for bit): MATCH (32 positions); decode rows vs prompt rows: max |Δ log-prob| ")
+                               "decode steps = generated rows batched, bit for bit): MATCH (32 positions); decode rows "
+                               "vs prompt rows: max |Δ log-prob| ")
     real = Runner._upload_kinds
 
     def _upload_kinds(self, seq, pos, gen, size):
@@ -429,7 +456,8 @@ def test_cli_run_with_two_attention_arithmetics_prints_and_records_the_report(ru
     r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
                             "--device", "gpu", "--json"])
     assert r.exit_code == 0, r.output
-    assert ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, bit for bit): "
+    assert ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode steps = "
+            "generated rows batched, bit for bit): "
             "MATCH") in r.output and "gate teacher-forced: MATCH" in r.output
     doc = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("{")))
     x = doc["gate"]["cross_check"]

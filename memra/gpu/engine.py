@@ -68,15 +68,16 @@ class GPUEngine(Runner):
         for s in self.seqs:
             self.rewind(s, 0)
 
-    def prefill(self, ids: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, ids: Sequence[int], seq: int = 0, all_logits: bool = False, gen: bool = False) -> np.ndarray:
         """Append `ids` to sequence `seq`; returns the float32 logits of the last token
-        ([n_vocab]) or of every token ([len(ids), n_vocab]) with all_logits."""
+        ([n_vocab]) or of every token ([len(ids), n_vocab]) with all_logits. gen: feed them as
+        generated rows (runner.Row.gen; with MEMRA_ATTN=hybrid decode's attention), not prompt."""
         toks = self._check_tokens(ids)
         s = self.seqs[seq]
         if s.n + toks.size > self.max_len:
             raise ContextOverflowError(f"{s.n} cached + {toks.size} new tokens exceed the context of "
                                        f"{self.max_len} tokens")
-        return self.step([Row(s, toks, logits="all" if all_logits else "last", gen=False)])[0].logits
+        return self.step([Row(s, toks, logits="all" if all_logits else "last", gen=gen)])[0].logits
 
     def decode(self, token: int, graph: bool = True, seq: int = 0) -> np.ndarray:
         """Append one token to sequence `seq` and return its float32 logits [n_vocab].

@@ -23,18 +23,19 @@ gpu`, `memra bench`; DESIGN.md "The exactness contract"), and the GPU tests' com
    positions) the two differ by up to 0.70 and 1.02 in log-prob, on the q8 path a 1e-7
    difference flipping one activation's 8-bit rounding and moving every later log-prob
    (below), so no bound measured for summation-order noise separates them from a bug. What
-   can be asked in bits is the prompt arithmetic's chunk invariance: such an engine runs a
-   third pass, the sequence fed one token at a time as one-token prompt rows
-   (`engine.prefill([tok])`, the prompt arithmetic), and MATCH asks every position's batched
-   prefill logits to be finite and the same bits as that pass's (and the decode rows to be
-   finite); else MISMATCH, naming the first position that differs. The decode pass against
-   the prefill is reported as information only: max |Δ log-prob| over the decode's top-TOP_K
-   token ids and the positions whose top-1s differ. The decode rows are the teacher-forced
-   gate's (below) to check; for models above its reference's size limit, kernel-check's and
-   those of the exact mode, MEMRA_ATTN=decode, whose decode path is the same code.
+   can be asked in bits is each arithmetic's own invariance, so such an engine runs two more
+   passes: the sequence fed one token at a time as one-token prompt rows (`engine.prefill([tok])`,
+   the prompt arithmetic), and the sequence batched as generated rows (`engine.prefill(...,
+   all_logits=True, gen=True)`, decode's attention over a chunk: the prefill's matvec / GEMM
+   paths). MATCH asks every position's batched prefill logits to be finite and the same bits
+   as the one-token prompt rows, and every decode step's the same bits as its row batched as a
+   generated row; else MISMATCH, naming the first position that differs and which pair. So a
+   bug of decode steps alone (their plan, their graphs) still turns it red. The decode pass
+   against the prefill is reported as information only: max |Δ log-prob| over the decode's
+   top-TOP_K token ids and the positions whose top-1s differ.
    A bug both paths share (a weight, a dequantization, a norm weight, a rope table used by
-   both) passes this gate, as does, with two arithmetics, a bug of the decode rows alone;
-   hence the second one.
+   both) passes this gate, as does, with two arithmetics, a bug of one attention arithmetic
+   in every packing; hence the second one.
 
 2. The teacher-forced gate. The decode pass's logits at the first TF_POSITIONS positions
    against the CPU reference (memra.cpu.reference.ReferenceModel) fed the same tokens, in
@@ -112,7 +113,8 @@ class CrossCheck:
 
     def line(self) -> str:
         if not self.exact:
-            head = "gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, bit for bit)"
+            head = ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode "
+                    "steps = generated rows batched, bit for bit)")
             return (f"{head}: {self._verdict_line()}; decode rows vs prompt rows: max |Δ log-prob| "
                     f"{self.max_delta:.3g}, top-1 differs at {self.n_top1_diff} positions")
         if self.verdict == "MATCH":
@@ -123,7 +125,7 @@ class CrossCheck:
     def _verdict_line(self) -> str:
         if self.verdict == "MATCH":
             return f"MATCH ({self.positions} positions)"
-        one = "decode" if self.exact else "one at a time"
+        one = "decode" if self.exact or self.detail.startswith("decode steps") else "one at a time"
         return (f"{self.verdict} at position {self.first_diff} of {self.positions} ({self.n_diff} positions differ; "
                 f"there max |Δlogit| {self.max_abs_diff:.3g}, argmax prefill {self.prefill_argmax} vs {one} "
                 f"{self.decode_argmax}{'; ' + self.detail if self.detail else ''})")
@@ -248,9 +250,33 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
                 diff.append(p)
                 if first is None:
                     first, pre_first = p, np.array(row, np.float32)
+    # two arithmetics: the decode rows' own invariance, decode steps = the same rows batched as
+    # generated rows (decode's attention over a chunk: the other passes' matvec / GEMM paths)
+    gen_first = None
+    if not exact:
+        engine.reset()
+        _poison_kv(engine)
+        for s in range(0, len(seq), PREFILL_CHUNK):
+            rows = engine.prefill(seq[s:s + PREFILL_CHUNK], all_logits=True, gen=True)
+            for j, row in enumerate(rows):
+                p = s + j
+                if p in bad_dec or not np.all(np.isfinite(row)) or _digest(row) != dec_digest[p]:
+                    diff.append(p)
+                    if gen_first is None:
+                        gen_first, gen_row = p, np.array(row, np.float32)
     engine.reset()
     dec = np.stack(kept) if kept else np.zeros((0, engine.cfg.n_vocab), np.float32)
     info = {} if exact else {"exact": False, "max_delta": max_delta, "n_top1_diff": n_top1_diff}
+    if gen_first is not None and (first is None or gen_first < first):
+        ref = dec[gen_first] if gen_first < len(kept) else _logits_rows(engine, seq, gen_first, "decode")
+        finite = bool(np.all(np.isfinite(ref)) and np.all(np.isfinite(gen_row)))
+        with np.errstate(invalid="ignore"):
+            d = float(np.max(np.abs(ref.astype(np.float64) - gen_row))) if finite else math.inf
+        detail = "decode steps against the same rows batched as generated rows" + \
+            ("" if finite else "; logits not finite")
+        return CrossCheck("MISMATCH", len(seq), gen_first, len(set(diff)), d,
+                          int(np.nanargmax(gen_row)) if np.any(np.isfinite(gen_row)) else -1,
+                          int(np.nanargmax(ref)) if np.any(np.isfinite(ref)) else -1, detail, seq, **info), dec
     if first is None:
         a = int(np.argmax(last))
         return CrossCheck("MATCH", len(seq), prefill_argmax=a, decode_argmax=a, tokens=seq, **info), dec
@@ -264,7 +290,7 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     detail = "" if finite else "logits not finite (a NaN from a K/V row read before it was written?)"
     if finite and first in bad_dec:  # two arithmetics: prefill = prompt rows, the decode row not finite
         detail = "the decode row's logits not finite"
-    return CrossCheck("MISMATCH", len(seq), first, len(diff), d, int(np.nanargmax(pre_first)) if
+    return CrossCheck("MISMATCH", len(seq), first, len(set(diff)), d, int(np.nanargmax(pre_first)) if
                       np.any(np.isfinite(pre_first)) else -1,
                       int(np.nanargmax(ref_first)) if np.any(np.isfinite(ref_first)) else -1, detail, seq,
                       **info), dec
