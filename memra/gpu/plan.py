@@ -427,7 +427,8 @@ class Planner:
         # packing leaves RoPE, the merge and the twin to their launches
         fa_step = self.use_fa and not (self.hybrid and decode)
         fa_dec = fa_step and decode and FA.can_decode_pack(c.head_dim)
-        att_q8 = q8 and c.head_dim % 32 == 0 and (not fa_step or fa_dec)
+        # (a hybrid step of generated rows alone: attn_decode, which writes the twin itself)
+        att_q8 = q8 and c.head_dim % 32 == 0 and (not fa_step or fa_dec or (self.hybrid and kinds == "g"))
         out: list[Launch] = []
         emb_t = self.spec.type("token_embd.weight")
         out.append(Launch("embed", "embed", "embed", "default", {"type": emb_t, "n": E}, rows,
