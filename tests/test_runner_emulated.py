@@ -263,6 +263,10 @@ def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(ti
     ops = [L.op for L in r.plan.step(4, decode=False, kinds="pg") if L.layer == 0]
     assert ops.count("attention_fa") == 1 and ops.count("attention") == 1
     assert "attention" not in [L.op for L in r.plan.step(4, decode=False) if L.layer == 0]
+    # attn_fa's prefill packing leaves the q8 twin to a quantize launch; generated rows alone get
+    # it from attn_decode, as a decode step does
+    twin_launch = lambda kinds: any(L.name.endswith("attn_q8") for L in r.plan.step(4, False, kinds=kinds))  # noqa: E731
+    assert twin_launch("pg") and twin_launch("p") and not twin_launch("g")
     res = batch_invariance(r, PROMPT, n_steps=5, co=9)
     assert res["identical"], res
     assert res["tokens_alone"] == _reference_greedy(path, 5)
