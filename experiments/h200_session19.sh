@@ -6,6 +6,9 @@
 #   models' longer sequences included; then the default's GPU tests once more. If both pass, the
 #   default can flip to hybrid (memra/gpu/runner.py's MEMRA_ATTN default, docs/FLAGS.md, bench's
 #   ENGINE_PATHS) and a `memra bench --vs llama.cpp` run per model measures the floors.
+# STAGE a carries .llamacpp too (llama.cpp built in the background for STAGE c).
+# STAGE c (right after a, same lease; carry .whl + .synthtok): `memra bench --vs llama.cpp` per model,
+#   ATTN=hybrid once the default has flipped (or to measure it as the opt-in).
 # STAGE b (carry .whl + .synthtok; no models needed): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 with hybrid,
 #   pp512 at depth 0 and 4096 on the 8B and the 1B.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session19.sh
@@ -15,11 +18,13 @@ stage_begin s19
 case "$STAGE" in
 a)
   link_models "the GPU tests need them"
+  serve_build_start  # llama.cpp (llama-bench, llama-server) in the background, for STAGE c
   MEMRA_ATTN=hybrid timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=10 tests \
     > $R/gpu-tests-hybrid.txt 2>&1
   log "gpu tests (hybrid) rc=$? $(tail -1 $R/gpu-tests-hybrid.txt) $(el)"
   grep -E "^(FAILED|ERROR)" $R/gpu-tests-hybrid.txt | head -20 | tee -a $R/log.txt
-  gpu_tests 580 ;;
+  gpu_tests 560
+  serve_build_wait ;;
 b)
   # attn_fa's split size for prompt rows (MEMRA_ATTN=hybrid; MEMRA_FA_SPLIT, docs/FLAGS.md): pp512 at
   # depth 0 and 4096 per size (split partials written and merged against parallelism), ~4 min
@@ -31,5 +36,11 @@ b)
     done
   done
   cp $R/bench-fa-split.jsonl $OUT/ ;;
+c)
+  # `memra bench --vs llama.cpp` of every benchmark model (pp512 + tg128, then the 8B and SmolLM2 at
+  # depth 4096) in the same warm lease as STAGE a (its llama.cpp build), with MEMRA_ATTN=${ATTN:-decode}
+  LB=/root/llama.cpp/build/bin/llama-bench
+  [ -x $LB ] || log "no llama-bench: STAGE=a builds it (same lease)"
+  MEMRA_ATTN=${ATTN:-decode} bench_vs_llamacpp "$LB" ;;
 esac
 tar czf $OUT/s19-$STAGE.tgz -C /tmp s19-$STAGE
