@@ -41,6 +41,6 @@ c)
   # depth 4096) in the same warm lease as STAGE a (its llama.cpp build), with MEMRA_ATTN=${ATTN:-decode}
   LB=/root/llama.cpp/build/bin/llama-bench
   [ -x $LB ] || log "no llama-bench: STAGE=a builds it (same lease)"
-  MEMRA_ATTN=${ATTN:-decode} bench_vs_llamacpp "$LB" ;;
+  export MEMRA_ATTN=${ATTN:-decode}; bench_vs_llamacpp "$LB" ;;
 esac
 tar czf $OUT/s19-$STAGE.tgz -C /tmp s19-$STAGE
