@@ -185,7 +185,7 @@ def test_q8_reference_differs_from_f32(tiny_models):
     cache = m.new_cache(len(PROMPT))
     for t in PROMPT:
         q8 = m.forward([t], cache)
-    got = GPUEngine(path, n_ctx=48, gpu=FakeGpu(1 << 28), matvec_path="q8").prefill(PROMPT)
+    got = GPUEngine(path, n_ctx=48, gpu=FakeGpu(1 << 28), matvec_path="q8", attn="decode").prefill(PROMPT)
     scale = np.max(np.abs(f32))
     assert np.max(np.abs(got - q8)) / scale < 1e-5
     assert np.max(np.abs(got - f32)) / scale > 1e-3

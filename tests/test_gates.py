@@ -427,8 +427,9 @@ def run_cli(monkeypatch, tiny_models):
     return CliRunner(), app, tiny_models("llama", "Q4_K_M")
 
 
-def test_cli_run_prints_both_gates_first(run_cli):
+def test_cli_run_prints_both_gates_first(run_cli, monkeypatch):
     runner, app, path = run_cli
+    monkeypatch.setenv("MEMRA_ATTN", "decode")  # one attention arithmetic: the exact lines
     r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
                             "--device", "gpu", "--json"])
     assert r.exit_code == 0, r.output

@@ -646,7 +646,7 @@ def test_bench_knows_every_rollback_seam_of_the_flags_doc(monkeypatch):
         if len(cells) >= 3 and cells[1] == "rollback seam" and cells[0].startswith("`MEMRA_"):
             doc[cells[0].strip("`")] = cells[2].strip("`")
     assert doc == TB.SEAMS
-    for k in TB.SEAMS:
+    for k in (*TB.SEAMS, *TB.ENGINE_PATHS):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("MEMRA_MVT", "0")
     assert TB.seams() == {"MEMRA_MVT": "0"}

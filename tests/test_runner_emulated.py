@@ -185,7 +185,7 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     from memra.gpu.plan import PREFILL_BUCKETS
     from memra.serve.scheduler import warm_up_gpu
 
-    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4)
+    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4, attn="decode")
     free0 = r.kv.alloc.n_free
     warm_up_gpu(r)
     pre = {k[1] for k in r._graphs if k[0] == "prefill"}
@@ -203,7 +203,7 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     r.step([Row(a, PROMPT * 13)])
     deep = r.step([Row(a, PROMPT[:20], logits="all")])[0].logits
     assert r.pre_splits == counts[-1] and len(r._graphs) == n_graphs
-    e = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4, prefill_graph=False)
+    e = _runner(tiny_models("llama", "Q4_K_M"), max_len=160, max_seqs=4, prefill_graph=False, attn="decode")
     b = e.open()
     e.step([Row(b, PROMPT * 13)])
     assert np.array_equal(e.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32), deep.view(np.uint32))
@@ -258,7 +258,7 @@ def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(ti
     the greedy tokens are the CPU reference's."""
     path = tiny_models(arch, quant)
     r = _runner(path, attn="hybrid")
-    assert r.plan.hybrid and not r.prefill_exact and _runner(path).prefill_exact
+    assert r.plan.hybrid and not r.prefill_exact and _runner(path, attn="decode").prefill_exact
     assert not any(L.op == "attention_fa" for L in r.plan.step(1, decode=True))
     ops = [L.op for L in r.plan.step(4, decode=False, kinds="pg") if L.layer == 0]
     assert ops.count("attention_fa") == 1 and ops.count("attention") == 1
@@ -321,8 +321,9 @@ def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypa
     from memra.tune.bench import seams
 
     path = tiny_models("llama", "Q4_K_M")
+    monkeypatch.delenv("MEMRA_ATTN", raising=False)
     monkeypatch.setenv("MEMRA_ATT_SPLITS", "3")
-    r = _runner(path)
+    r = _runner(path, attn="decode")
     assert r.plan.n_splits == 3 and seams() == {"MEMRA_ATT_SPLITS": "3"}
     res = batch_invariance(r, PROMPT, n_steps=4, co=5)
     assert res["identical"], res
@@ -347,6 +348,7 @@ def test_fa_split_override_keeps_prompt_rows_chunk_invariant(tiny_models, monkey
             return e.step([Row(s, prompt, logits="all")])[0].logits
         return np.stack([e.step([Row(s, [t], logits="last", gen=False)])[0].logits for t in prompt])
 
+    monkeypatch.delenv("MEMRA_ATTN", raising=False)
     monkeypatch.setenv("MEMRA_FA_SPLIT", "64")
     plan = _runner(path, attn="hybrid").plan
     assert seams() == {"MEMRA_FA_SPLIT": "64"}

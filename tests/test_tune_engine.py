@@ -68,9 +68,10 @@ def model(tiny_models):
     return path, shape, n_vocab, n_ff
 
 
-def _run(path, table):
+def _run(path, table, attn="decode"):
+    # decode attention for prompt rows too: the entries' reach into prefill is what is checked
     gpu = RecordingGpu()
-    eng = GPUEngine(path, n_ctx=32, gpu=gpu, tune_table=table)
+    eng = GPUEngine(path, n_ctx=32, gpu=gpu, tune_table=table, attn=attn)
     toks = eng.generate_greedy(PROMPT, N_GEN)
     return eng, gpu, toks
 
