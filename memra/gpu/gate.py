@@ -267,33 +267,31 @@ def cross_check(engine, prompt_ids: Sequence[int], min_positions: int = TF_POSIT
     engine.reset()
     dec = np.stack(kept) if kept else np.zeros((0, engine.cfg.n_vocab), np.float32)
     info = {} if exact else {"exact": False, "max_delta": max_delta, "n_top1_diff": n_top1_diff}
+    def mismatch(p: int, row: np.ndarray, ref: np.ndarray, detail: str, nan_detail: str) -> CrossCheck:
+        """Position p's MISMATCH: `row` (the batched pass) against `ref` (the pass it is held to);
+        `detail` when both are finite, else `nan_detail`."""
+        finite = bool(np.all(np.isfinite(ref)) and np.all(np.isfinite(row)))
+        with np.errstate(invalid="ignore"):
+            d = float(np.max(np.abs(ref.astype(np.float64) - row))) if finite else math.inf
+        detail = detail if finite else nan_detail
+        argmax = lambda x: int(np.nanargmax(x)) if np.any(np.isfinite(x)) else -1  # noqa: E731
+        return CrossCheck("MISMATCH", len(seq), p, len(set(diff)), d, argmax(row), argmax(ref), detail, seq, **info)
+
     if gen_first is not None and (first is None or gen_first < first):
         ref = dec[gen_first] if gen_first < len(kept) else _logits_rows(engine, seq, gen_first, "decode")
-        finite = bool(np.all(np.isfinite(ref)) and np.all(np.isfinite(gen_row)))
-        with np.errstate(invalid="ignore"):
-            d = float(np.max(np.abs(ref.astype(np.float64) - gen_row))) if finite else math.inf
-        detail = "decode steps against the same rows batched as generated rows" + \
-            ("" if finite else "; logits not finite")
-        return CrossCheck("MISMATCH", len(seq), gen_first, len(set(diff)), d,
-                          int(np.nanargmax(gen_row)) if np.any(np.isfinite(gen_row)) else -1,
-                          int(np.nanargmax(ref)) if np.any(np.isfinite(ref)) else -1, detail, seq, **info), dec
+        what = "decode steps against the same rows batched as generated rows"
+        return mismatch(gen_first, gen_row, ref, what, what + "; logits not finite"), dec
     if first is None:
         a = int(np.argmax(last))
         return CrossCheck("MATCH", len(seq), prefill_argmax=a, decode_argmax=a, tokens=seq, **info), dec
     if exact:
-        ref_first = dec[first] if first < len(kept) else _logits_rows(engine, seq, first, "decode")
+        ref = dec[first] if first < len(kept) else _logits_rows(engine, seq, first, "decode")
     else:
-        ref_first = _logits_rows(engine, seq, first, "prompt")
-    finite = bool(np.all(np.isfinite(ref_first)) and np.all(np.isfinite(pre_first)))
-    with np.errstate(invalid="ignore"):
-        d = float(np.max(np.abs(ref_first.astype(np.float64) - pre_first))) if finite else math.inf
-    detail = "" if finite else "logits not finite (a NaN from a K/V row read before it was written?)"
-    if finite and first in bad_dec:  # two arithmetics: prefill = prompt rows, the decode row not finite
-        detail = "the decode row's logits not finite"
-    return CrossCheck("MISMATCH", len(seq), first, len(set(diff)), d, int(np.nanargmax(pre_first)) if
-                      np.any(np.isfinite(pre_first)) else -1,
-                      int(np.nanargmax(ref_first)) if np.any(np.isfinite(ref_first)) else -1, detail, seq,
-                      **info), dec
+        ref = _logits_rows(engine, seq, first, "prompt")
+    # two arithmetics: prefill = prompt rows, but the decode row not finite
+    detail = "the decode row's logits not finite" if first in bad_dec else ""
+    return mismatch(first, pre_first, ref, detail,
+                    "logits not finite (a NaN from a K/V row read before it was written?)"), dec
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -154,6 +154,20 @@ class Launch:
         return f"{self.name} {self.kernel}/{self.variant} {shape_key(self.shape)} x{self.rows}"
 
 
+def _env_int(name: str, default: int, ok, what: str) -> int:
+    """The integer environment variable `name` (unset or empty: `default`), refused unless ok(n)."""
+    env = os.environ.get(name)
+    if not env:
+        return default
+    try:
+        n = int(env)
+    except ValueError:
+        n = None
+    if n is None or not ok(n):
+        raise MemraError(f"{name} must be {what}, got {env!r}")
+    return n
+
+
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
@@ -179,15 +193,9 @@ class Planner:
         # differ in bits (step's kinds; docs/FLAGS.md)
         self.hybrid = bool(hybrid) and self.use_fa
         self.fa_split = FA.SPLIT
-        env = os.environ.get("MEMRA_FA_SPLIT")
-        if env:  # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
-            try:
-                n = int(env)
-            except ValueError:
-                n = 0
-            if n < 64 or n % 64 or n > 32768:
-                raise MemraError(f"MEMRA_FA_SPLIT must be a multiple of 64 in 64..32768, got {env!r}")
-            self.fa_split = n
+        # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
+        self.fa_split = _env_int("MEMRA_FA_SPLIT", self.fa_split, lambda n: 64 <= n <= 32768 and n % 64 == 0,
+                                 "a multiple of 64 in 64..32768")
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
@@ -319,14 +327,10 @@ class Planner:
         self.att_depth = os.environ.get("MEMRA_ATT_DEPTH", "") == "1"
         if self.att_depth:
             self.n_splits = max(self.n_splits, ATT.default_splits(c.n_head_kv, self.sms))
-        env = os.environ.get("MEMRA_ATT_SPLITS")
-        if env:  # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
-            try:
-                n = int(env)
-            except ValueError:
-                n = 0
-            if not 1 <= n <= ATT.MAX_SPLITS:
-                raise MemraError(f"MEMRA_ATT_SPLITS must be an integer in 1..{ATT.MAX_SPLITS}, got {env!r}")
+        # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
+        n = _env_int("MEMRA_ATT_SPLITS", self.n_splits, lambda n: 1 <= n <= ATT.MAX_SPLITS,
+                     f"an integer in 1..{ATT.MAX_SPLITS}")
+        if n != self.n_splits:
             log.info("attention: %d splits per head block (MEMRA_ATT_SPLITS; default %d)", n, self.n_splits)
             self.n_splits = n
 
