@@ -35,7 +35,14 @@ b)
       log "bench $m split $sp rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
     done
   done
-  cp $R/bench-fa-split.jsonl $OUT/ ;;
+  cp $R/bench-fa-split.jsonl $OUT/
+  # where a 512-row prompt chunk's time goes with hybrid (d0 for both, d4096 for the 1B)
+  for spec in "synth:llama3-8b:Q4_K_M 0" "synth:llama-1b:Q4_0 0" "synth:llama-1b:Q4_0 4096"; do
+    set -- $spec
+    MEMRA_ATTN=hybrid timeout 90 python3 -m memra profile $1 --prefill -np 512 -d $2 --synth-tokenizer $TOK \
+      > $R/profile-$(echo $1 | tr : _)-d$2.txt 2>&1
+    log "profile $1 d$2 rc=$?"; cp $R/profile-*.txt $OUT/
+  done ;;
 c)
   # `memra bench --vs llama.cpp` of every benchmark model (pp512 + tg128, then the 8B and SmolLM2 at
   # depth 4096) in the same warm lease as STAGE a (its llama.cpp build), with MEMRA_ATTN=${ATTN:-decode}
