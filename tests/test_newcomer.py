@@ -615,6 +615,17 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
         # the committed default table named as a file is the default engine
         _bench_line(777.0, model="small", sha="5555555", date="2026-12-05T10:00:00Z", model_size=1,
                     table="file:/tmp/arm/table-after.json"),
+        # run 6: both arms for "big", made with MEMRA_ATTN=hybrid set when it was not yet the
+        # default: today's default engine, so on the board; run 7 (newest): MEMRA_ATTN=decode
+        # set, a path other than today's default: not on the board
+        _bench_line(400.0, model="big", sha="6666666", date="2026-12-06T10:00:00Z", model_size=100,
+                    seams={"MEMRA_ATTN": "hybrid"}),
+        _bench_line(100.0, model="big", engine="llama.cpp", sha="6666666", date="2026-12-06T10:00:05Z",
+                    model_size=100),
+        _bench_line(555.0, model="big", sha="7777777", date="2026-12-07T10:00:00Z", model_size=100,
+                    seams={"MEMRA_ATTN": "decode"}),
+        _bench_line(100.0, model="big", engine="llama.cpp", sha="7777777", date="2026-12-07T10:00:05Z",
+                    model_size=100),
     ]
     (research / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "PERF.md"
@@ -627,9 +638,9 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     assert text.startswith("# prose kept\n") and text.endswith("<!-- /board -->\n\nmore prose\n")
     rows = [l for l in text.splitlines() if l.startswith("| big") or l.startswith("| small")]
     big, small = rows
-    assert "| 200.0 ± 0.5 (3) |" in big and "| 100.0 (3) |" in big and "| 2.00x |" in big and "1111111" in big
+    assert "| 400.0 ± 0.5 (3) |" in big and "| 100.0 (3) |" in big and "| 4.00x |" in big and "6666666" in big
     assert "| 50.0 ± 0.5 (3) |" in small and "not in the run" in small and "2222222" in small
-    assert "999" not in text and "888" not in text and "777" not in text
+    assert "999" not in text and "888" not in text and "777" not in text and "555" not in text
     assert memra("research", "board", doc, "--research", research, "--check").returncode == 0
 
 

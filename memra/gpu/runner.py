@@ -157,7 +157,8 @@ class Runner:
         use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
         self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
             else bool(prefill_graph)
-        attn = (os.environ.get("MEMRA_ATTN") or "decode") if attn is None else attn
+        asked = attn or os.environ.get("MEMRA_ATTN")  # None: the default, hybrid
+        attn = asked or "hybrid"
         if attn not in ("decode", "fa", "hybrid"):
             raise MemraError(f"MEMRA_ATTN must be decode, fa or hybrid, got {attn!r}")
         self.spec = PLAN.ModelSpec.from_gguf(self.gguf)
@@ -169,12 +170,13 @@ class Runner:
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa",
                                  cache_type_k=cache_type_k, cache_type_v=cache_type_v, hybrid=attn == "hybrid")
+        # the default falls back quietly where attn_fa cannot run; a path asked for says so
+        say = log.warning if asked else log.info
         if attn != "decode" and self.plan.kv_q8:
-            log.warning("MEMRA_ATTN=%s: attn_fa reads an f16 KV cache only; decode attention used with the q8_0 cache",
-                        attn)
+            say("MEMRA_ATTN=%s: attn_fa reads an f16 KV cache only; decode attention used with the q8_0 cache", attn)
         elif attn != "decode" and not self.plan.use_fa:
-            log.warning("MEMRA_ATTN=%s: head size %d / %d query heads per KV head not supported by attn_fa; "
-                        "decode attention used", attn, self.cfg.head_dim, self.cfg.n_gqa)
+            say("MEMRA_ATTN=%s: head size %d / %d query heads per KV head not supported by attn_fa; "
+                "decode attention used", attn, self.cfg.head_dim, self.cfg.n_gqa)
         # whether a prompt row and a decode row at one position give the same bits (the gates'
         # prefill = decode check; without it, batched prompt rows = prompt rows one at a time)
         self.prefill_exact = not self.plan.hybrid

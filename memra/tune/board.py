@@ -102,7 +102,7 @@ def rows(df, spec: Spec) -> list[dict]:
                 dt = dm[dm["test"] == test]
                 mem = dt[dt["engine"] == "memra"]
                 if "seams" in mem.columns:  # a rollback seam set: not the default engine
-                    mem = mem[[not (isinstance(v, dict) and v) for v in mem["seams"]]]
+                    mem = mem[[_default_seams(v) for v in mem["seams"]]]
                 for c in ("cache_type_k", "cache_type_v"):  # a quantized KV cache: not the default either
                     if c in mem.columns:
                         mem = mem[[not isinstance(v, str) or v == "f16" for v in mem[c]]]
@@ -118,6 +118,18 @@ def rows(df, spec: Spec) -> list[dict]:
                 lc = lc.sort_values(["date", "line"]).iloc[-1] if len(lc) else None
                 out.append({"device": device, "model": model, "test": test, "memra": pick, "llama": lc})
     return out
+
+
+def _default_seams(seams) -> bool:
+    """Whether a receipt's `seams` (the flags its run moved off the defaults of its day) name
+    today's default engine: none set, or each at today's default (a run made with
+    MEMRA_ATTN=hybrid before hybrid became the default is a run of the default engine now)."""
+    from memra.tune.bench import ENGINE_PATHS, SEAMS
+
+    if not isinstance(seams, dict):
+        return True
+    defaults = {**SEAMS, **ENGINE_PATHS}
+    return all(defaults.get(k) and str(v).strip().lower() == defaults[k] for k, v in seams.items())
 
 
 def _experiment_table(table) -> bool:
