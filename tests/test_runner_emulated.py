@@ -315,6 +315,66 @@ def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(ti
     assert not np.array_equal(logits("hybrid", last_alone(None)).view(np.uint32), whole.view(np.uint32))
 
 
+def test_hybrid_prompt_rows_take_the_tile_gemm(tiny_models, monkeypatch):
+    """MEMRA_ATTN=hybrid with the prompt tile (kernels/gemm_tile.cu, emulated by memra.gpu.chain;
+    MIN_ROW_TILES lowered so the tiny model's weights qualify): prompt steps launch it for every
+    layer weight, decode steps, generated rows and the head do not, a step holds one row kind;
+    prompt rows are chunk- and batch-invariant, a generated run fed beside another sequence's
+    prompt keeps decode's bits, the tokens stay the CPU reference's, and MEMRA_TILE=0 turns it off."""
+    from memra.gpu.ops import gemm_tile as GT
+
+    monkeypatch.setattr(GT, "MIN_ROW_TILES", 1)
+    monkeypatch.delenv("MEMRA_TILE", raising=False)
+    path = tiny_models("llama", "Q4_K_M")
+    r = _runner(path, attn="hybrid")
+    assert r.plan.use_tile
+    n_weights = len(r.plan.layer_weights(0))
+    ops = lambda **kw: [L.op for L in r.plan.step(4, **kw)]  # noqa: E731
+    assert ops(decode=False, kinds="p").count("gemm_tile") == n_weights * r.cfg.n_layer
+    assert "gemm_tile" not in ops(decode=False, kinds="g") + ops(decode=True) + [L.op for L in r.plan.head(4)]
+    with pytest.raises(MemraError, match="one row kind"):
+        r.plan.step(4, decode=False, kinds="pg")
+    res = batch_invariance(r, PROMPT, n_steps=5, co=9)
+    assert res["identical"], res
+    assert res["tokens_alone"] == _reference_greedy(path, 5)
+    assert graph_vs_eager(_runner(path, attn="hybrid"), PROMPT, buckets=(1, 2, 4))["identical"]
+
+    def prompt_logits(e, chunks):
+        s = e.open()
+        out = []
+        for i in range(0, len(PROMPT), chunks):
+            out.append(e.step([Row(s, PROMPT[i:i + chunks], logits="all", gen=False)])[0].logits)
+        return np.concatenate(out).view(np.uint32)
+
+    whole = prompt_logits(r, len(PROMPT))
+    for chunks in (1, 3):
+        assert np.array_equal(prompt_logits(_runner(path, attn="hybrid"), chunks), whole), chunks
+    # a generated run beside another sequence's prompt (one step call, two kinds): the runner
+    # splits it by kind; the generated rows keep decode's bits, the prompt its own
+    nxt = [5, 9, 300]
+
+    def after_prompt(e, mixed):
+        s = e.open()
+        e.step([Row(s, PROMPT)])
+        if not mixed:
+            return np.stack([e.step([Row(s, [t], logits="last")])[0].logits for t in nxt]), None
+        o = e.open()
+        outs = e.step([Row(s, nxt, logits="all", gen=True), Row(o, PROMPT[::-1], logits="last")])
+        return outs[0].logits, outs[1].logits
+
+    dec, _ = after_prompt(_runner(path, attn="hybrid"), False)
+    gen, other = after_prompt(_runner(path, attn="hybrid"), True)
+    assert np.array_equal(gen.view(np.uint32), dec.view(np.uint32))
+    alone = _runner(path, attn="hybrid")
+    want = alone.step([Row(alone.open(), PROMPT[::-1], logits="last")])[0].logits
+    assert np.array_equal(other.view(np.uint32), want.view(np.uint32))
+    # MEMRA_TILE=0: no tile launch, and the prompt rows' bits change with it
+    monkeypatch.setenv("MEMRA_TILE", "0")
+    off = _runner(path, attn="hybrid")
+    assert not off.plan.use_tile and "gemm_tile" not in [L.op for L in off.plan.step(4, decode=False)]
+    assert not np.array_equal(prompt_logits(off, len(PROMPT)), whole)
+
+
 def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypatch):
     """MEMRA_ATT_SPLITS sets the decode attention's split count (the plan's and the launch's);
     a row's bits stay independent of the batch it runs in, and a bad value is refused."""

@@ -35,6 +35,7 @@ from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import gemm as GEMM
+from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import mvt as MVT
 from memra.gpu.ops import norm as NORM
@@ -172,7 +173,7 @@ class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
                  mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 hybrid: bool = False):
+                 hybrid: bool = False, tile: bool = True):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
@@ -200,6 +201,12 @@ class Planner:
             else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
+        # MEMRA_ATTN=hybrid's prompt rows' layer matmuls on kernels/gemm_tile.cu (the chain order)
+        # on the weights it supports (GT.supports: by the weight alone), generated rows' on
+        # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
+        # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
+        # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
+        self.use_tile = self.hybrid and bool(tile) and path == "q8" and any(self._tile_ok(w) for w in self.weights())
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
 
@@ -353,18 +360,24 @@ class Planner:
 
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
-                dst_offset: int = 0, res: str | None = None) -> None:
-        """The launches of one matvec over `rows` rows: on the q8 path the one of _dispatch
-        (one tensor-core GEMM launch, kernels/gemm.cu; one skinny tensor-core matvec launch,
-        kernels/mvt.cu, MEMRA_MVT=0: the runner's mvt=False; both the matvec's bits), else
-        matvec launches of at most 8 rows each (MV_B buckets 1/4/8; the f32 family on
-        quantized weights runs row by row)."""
+                dst_offset: int = 0, res: str | None = None, prompt: bool = False) -> None:
+        """The launches of one matvec over `rows` rows: prompt rows of a plan with the tile
+        (use_tile) on a weight it supports, one kernels/gemm_tile.cu launch (the chain order);
+        else on the q8 path the one of _dispatch (one tensor-core GEMM launch, kernels/gemm.cu;
+        one skinny tensor-core matvec launch, kernels/mvt.cu, MEMRA_MVT=0: the runner's
+        mvt=False; both the matvec's bits), else matvec launches of at most 8 rows each (MV_B
+        buckets 1/4/8; the f32 family on quantized weights runs row by row)."""
         t = MV.type_id(w.type)
         q8 = self.path == "q8" and t not in MV.FLOAT_TYPES
         variant = "q8" if q8 else "f32"
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
+        if prompt and self.tile_weight(w):
+            tk = "gemm_tile_glu" if w.glu else "gemm_tile"
+            out.append(Launch(name, "gemm_tile", tk, "chain", shape, rows, self.tuned(tk, shape, rows, "chain"),
+                              group, il, {**base, "row0": 0}))
+            return
         path = self._dispatch(t, shape, w.glu, rows) if q8 else "matvec"
         if path == "gemm":
             gk = "gemm_glu" if w.glu else "gemm"
@@ -381,6 +394,14 @@ class Planner:
             n = min(chunk, rows - r0)
             out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
                               group, il, {**base, "row0": r0}))
+
+    @staticmethod
+    def _tile_ok(w: Weight) -> bool:
+        return GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
+
+    def tile_weight(self, w: Weight) -> bool:
+        """Whether prompt rows take kernels/gemm_tile.cu on weight w (the weight alone decides)."""
+        return self.use_tile and self._tile_ok(w)
 
     def _dispatch(self, t: int, shape: dict, glu: bool, rows: int) -> str:
         """The q8 matvec's path at `rows` rows (matvec, mvt or gemm: the same bits): the table's
@@ -423,6 +444,10 @@ class Planner:
         elsewhere."""
         if kinds not in ("p", "g", "pg"):
             raise MemraError(f"step kinds must be p, g or pg, got {kinds!r}")
+        if self.use_tile and not decode and kinds == "pg":
+            raise MemraError("a step of a plan with the prompt tile holds one row kind (p or g), got pg")
+        # the layer matmuls of prompt rows (not the head: every row's logits take mv_q8's order)
+        pr = self.use_tile and not decode and kinds == "p"
         c = self.cfg
         E = c.n_embd
         q8 = self.path == "q8"
@@ -445,7 +470,7 @@ class Planner:
             qkv = [w for k, w in lw.items() if k.startswith("qkv")]
             views = []
             for w in qkv:
-                self._matvec(out, p + "qkv", "qkv", il, w, rows, "h", "qkv", dst_offset=off)
+                self._matvec(out, p + "qkv", "qkv", il, w, rows, "h", "qkv", dst_offset=off, prompt=pr)
                 views.append((off, w.rows))
                 off += rows * w.rows * 4
             window = c.swa_window if c.is_swa(il) else 0
@@ -476,27 +501,28 @@ class Planner:
             if not att_q8:
                 self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
             if c.post_norms:
-                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "t1")
+                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "t1", prompt=pr)
                 self._norm(out, p + "ffn_norm", p + "ffn_norm.weight", rows, il, delta="t1",
                            w_post=p + "post_attention_norm.weight")
             else:
-                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "x", res="x")
+                self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "x", res="x",
+                             prompt=pr)
                 self._norm(out, p + "ffn_norm", p + "ffn_norm.weight", rows, il)
             if "gate_up" in lw:
-                self._matvec(out, p + "gate_up", "gate_up", il, lw["gate_up"], rows, "h", "ff")
+                self._matvec(out, p + "gate_up", "gate_up", il, lw["gate_up"], rows, "h", "ff", prompt=pr)
             else:
-                self._matvec(out, p + "gate", "gate_up", il, lw["gate"], rows, "h", "ff")
-                self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2")
+                self._matvec(out, p + "gate", "gate_up", il, lw["gate"], rows, "h", "ff", prompt=pr)
+                self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2", prompt=pr)
                 out.append(Launch(p + "act_mul", "act_mul", "act_mul", "default", {"n": c.n_ff}, rows,
                                   self.tuned("act_mul", {"n": c.n_ff}, rows), "ffn", il))
             self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
             nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight"
             nname = f"blk.{il + 1}.attn_norm" if il + 1 < c.n_layer else "output_norm"
             if c.post_norms:
-                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "t1")
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "t1", prompt=pr)
                 self._norm(out, nname, nxt, rows, il, delta="t1", w_post=p + "post_ffw_norm.weight")
             else:
-                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "x", res="x")
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "x", res="x", prompt=pr)
                 self._norm(out, nname, nxt, rows, il)
         if sampler != "none" or decode:
             out.extend(self.head(rows, sampler))

@@ -155,6 +155,7 @@ class Runner:
         fuse_rope = os.environ.get("MEMRA_FUSED_ROPE", "1") != "0"
         use_gemm = (os.environ.get("MEMRA_GEMM", "1") != "0") if gemm is None else bool(gemm)
         use_mvt = (os.environ.get("MEMRA_MVT", "1") != "0") if mvt is None else bool(mvt)
+        use_tile = os.environ.get("MEMRA_TILE", "1") != "0"
         self.prefill_graph = (os.environ.get("MEMRA_PREFILL_GRAPH", "1") != "0") if prefill_graph is None \
             else bool(prefill_graph)
         asked = attn or os.environ.get("MEMRA_ATTN")  # None: the default, hybrid
@@ -169,7 +170,8 @@ class Runner:
         check_cache_device("gpu", cache_type_k, cache_type_v)
         self.plan = PLAN.Planner(self.spec, self.tune_table, path=path, fuse_rope=fuse_rope,
                                  sms=self.g.info.sm_count, gemm=use_gemm, mvt=use_mvt, fa=attn == "fa",
-                                 cache_type_k=cache_type_k, cache_type_v=cache_type_v, hybrid=attn == "hybrid")
+                                 cache_type_k=cache_type_k, cache_type_v=cache_type_v, hybrid=attn == "hybrid",
+                                 tile=use_tile)
         # the default falls back quietly where attn_fa cannot run; a path asked for says so
         say = log.warning if asked else log.info
         if attn != "decode" and self.plan.kv_q8:
@@ -445,7 +447,7 @@ class Runner:
                     NORM.add_rmsnorm(g, B["x"], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
                                      w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
                                      pdl=pdl, config=L.config)
-            elif op in ("matvec", "gemm", "mvt"):
+            elif op in ("matvec", "gemm", "mvt", "gemm_tile"):
                 self._matvec(L, g)
             elif op == "quantize":
                 K = a["K"]
@@ -524,7 +526,11 @@ class Runner:
 
         if a["q8"]:
             xq, xs = self._twin(n, K, r0)
-            if L.op == "gemm":
+            if L.op == "gemm_tile":
+                from memra.gpu.ops import gemm_tile as GT
+
+                GT.gemm_tile(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
+            elif L.op == "gemm":
                 from memra.gpu.ops import gemm as GEMM
 
                 GEMM.gemm(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
@@ -864,9 +870,7 @@ class Runner:
         need = sorted({j for w in want for j in w})
         hrows: dict[int, np.ndarray] = {}   # flat index -> logits (host)
         sampled: dict[int, int] = {}
-        T = flat_tok.size
-        for s in range(0, T, PREFILL_CHUNK):
-            n = min(PREFILL_CHUNK, T - s)
+        for s, n in self._chunks(flat_gen):
             self._chunk(flat_tok[s:s + n], flat_pos[s:s + n], flat_seq[s:s + n], flat_gen[s:s + n])
             here = [j for j in need if s <= j < s + n]
             for k0 in range(0, len(here), MAX_ROWS):
@@ -882,6 +886,20 @@ class Runner:
             if r.sample is not None:
                 o.token = sampled[w[-1]]
             out.append(o)
+        return out
+
+    def _chunks(self, gen) -> list[tuple[int, int]]:
+        """(start, rows) of the prefill steps over the flat token rows, in order: at most
+        PREFILL_CHUNK rows each and, with the prompt tile (plan.use_tile: prompt rows' matmuls in
+        another order than generated rows'), one row kind each (a new step where the kind changes)."""
+        T, out, s = len(gen), [], 0
+        while s < T:
+            e = min(s + PREFILL_CHUNK, T)
+            if self.plan.use_tile:
+                change = np.flatnonzero(gen[s + 1:e] != gen[s])
+                e = s + 1 + int(change[0]) if change.size else e
+            out.append((s, e - s))
+            s = e
         return out
 
     def _chunk(self, tok, pos, seq, gen=None) -> None:

@@ -8,7 +8,7 @@ kernel-check` runs and compiles, and that its receipt records.
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
-exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
+exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists, hybrid with MEMRA_TILE=0 when the gemm_tile family exists too), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
 bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
@@ -53,13 +53,15 @@ SAMPLERS = ("none", "greedy", "sample")
 
 # the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
-             "gemm": "gemm", "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
+             "gemm": "gemm", "gemm_tile": "gemm_tile",
+             "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
              "attention_fa": "attn_fa",
              "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
 FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
                  "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
-                 "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa"}
+                 "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa",
+                 "gemm_tile": "memra.gpu.ops.gemm_tile"}
 
 
 def case_key(case: Mapping) -> str:
@@ -134,7 +136,10 @@ def _plans(spec, table, sms: int):
             # launches in a step holding both kinds: _plan_launches)
             for fuse in (True, False):
                 yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt,
-                                          hybrid=True)
+                                          hybrid=True, tile=family_available("gemm_tile"))
+            # MEMRA_TILE=0: hybrid with every row's matmuls in mv_q8's order
+            if family_available("gemm_tile") and path == "q8":
+                yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True, tile=False)
         # a q8_0 KV cache (K and V; --cache-type-k/-v q8_0): the rope and attention modules built
         # for it (KV_K_Q8 / KV_V_Q8), RoPE fused and not, the default seams
         if spec.cfg.head_dim % 32 == 0:
@@ -156,8 +161,12 @@ def _plan_launches(plan, gemm: bool):
         yield from plan.step(rows, decode=True, sampler="none")  # the layers and the head
         for sampler in SAMPLERS[1:]:  # the sampler after the head's logits (and a constrained row's mask)
             yield from (L for L in plan.head(rows, sampler + "+mask") if L.op in ("argmax", "sample", "mask"))
+    # a hybrid plan's chunks of each row kind (and both kinds in one step where its plan allows:
+    # without the prompt tile)
+    kinds = (("p", "g") + (() if plan.use_tile else ("pg",))) if plan.hybrid else ("p",)
     for rows in prefill:
-        yield from plan.step(rows, decode=False, kinds="pg" if plan.hybrid else "p")
+        for k in kinds:
+            yield from plan.step(rows, decode=False, kinds=k)
     for k in HEAD_ROWS:
         if plan.path == "q8":  # runner._head re-quantizes the gathered rows
             yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,

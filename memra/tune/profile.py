@@ -63,7 +63,7 @@ def _time(g, calls, reps: int) -> _Timed:
 def _bytes(runner, L, depth: int) -> int:
     """Device bytes one plan launch reads and writes (weights, K/V rows, activations)."""
     c, rows = runner.cfg, L.rows
-    if L.op in ("matvec", "gemm", "mvt"):
+    if L.op in ("matvec", "gemm", "mvt", "gemm_tile"):
         w = runner.W[L.args["weight"]]
         n_out = w.rows // 2 if L.args["glu"] else w.rows
         act = w.K * (1 if L.args["q8"] else 4)
@@ -92,7 +92,7 @@ def int8_peak_tops(device_name: str) -> float | None:
 
 def _ops(runner, L) -> int:
     """Integer (or float) multiply-adds x 2 of a matrix launch; 0 for the others."""
-    if L.op not in ("matvec", "gemm", "mvt"):
+    if L.op not in ("matvec", "gemm", "mvt", "gemm_tile"):
         return 0
     w = runner.W[L.args["weight"]]
     return 2 * w.rows * w.K * L.rows
