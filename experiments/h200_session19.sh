@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The next session's H200 calls (prepared in session 18).
+# STAGE d (session 19's second half; ship the models, carry .whl + .synthtok + .llamacpp): kernel-check and
+#   the GPU tests with the prompt tile, llama.cpp built in the background; then STAGE c, ATTN unset.
 # STAGE a (ship the models first: experiments/ship_models.py, .models/ship-0N/take.sh; carry .whl +
 #   .synthtok, ~5 min): every GPU test with MEMRA_ATTN=hybrid (prompt rows on attn_fa, generated rows
 #   on attn_decode; research/2026-12-03-session18 section 4), the two-arithmetic gate over the real
@@ -16,6 +18,14 @@ set -u
 source experiments/h200_common.sh
 stage_begin s19
 case "$STAGE" in
+d)
+  # the prompt tile (kernels/gemm_tile.cu for hybrid's prompt rows): kernel-check over the grown
+  # launch set (its chain references on the CPU: ~1 min more), every GPU test; llama.cpp built
+  # in the background for STAGE c
+  link_models "kernel-check and the GPU tests need them"
+  serve_build_start
+  KC_LIMIT=400 kernel_check
+  gpu_tests 580 ;;
 a)
   link_models "the GPU tests need them"
   serve_build_start  # llama.cpp (llama-bench, llama-server) in the background, for STAGE c
