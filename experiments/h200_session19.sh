@@ -25,7 +25,8 @@ d)
   link_models "kernel-check and the GPU tests need them"
   serve_build_start
   KC_LIMIT=400 kernel_check
-  gpu_tests 580 ;;
+  gpu_tests 560
+  serve_build_wait ;;
 a)
   link_models "the GPU tests need them"
   serve_build_start  # llama.cpp (llama-bench, llama-server) in the background, for STAGE c
