@@ -56,9 +56,12 @@ b)
   done ;;
 c)
   # `memra bench --vs llama.cpp` of every benchmark model (pp512 + tg128, then the 8B and SmolLM2 at
-  # depth 4096) in the same warm lease as STAGE a (its llama.cpp build), with MEMRA_ATTN=${ATTN:-decode}
+  # depth 4096) in the same warm lease as STAGE a / d (their llama.cpp build); MEMRA_ATTN=$ATTN when
+  # ATTN is set, else the engine's default (session 19's first STAGE c after the flip ran with
+  # MEMRA_ATTN=decode because this line once defaulted to it: c2/bench-vs-decode.jsonl)
   LB=/root/llama.cpp/build/bin/llama-bench
   [ -x $LB ] || log "no llama-bench: STAGE=a builds it (same lease)"
-  export MEMRA_ATTN=${ATTN:-decode}; bench_vs_llamacpp "$LB" ;;
+  if [ -n "${ATTN:-}" ]; then export MEMRA_ATTN=$ATTN; else unset MEMRA_ATTN; fi
+  bench_vs_llamacpp "$LB" ;;
 esac
 tar czf $OUT/s19-$STAGE.tgz -C /tmp s19-$STAGE

@@ -324,7 +324,7 @@ def test_two_arithmetics_prompt_rows_equal_batched_is_a_match_whatever_decode_gi
     assert (x.verdict, x.exact, x.positions, x.first_diff, x.n_diff, x.n_top1_diff) == \
         ("MATCH", False, 32, None, 0, 1), x.line()
     assert abs(x.max_delta - m) < 1e-9 and not G.failed(x)
-    assert x.line() == ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode "
+    assert x.line() == ("gate prefill=decode (two arithmetics: prompt rows batched = one at a time, decode "
                         "steps = generated rows batched, bit for bit): MATCH (32 positions); decode rows vs prompt rows: max |Δ log-prob| 1.2, top-1 "
                         "differs at 1 positions")
     assert np.array_equal(got, dec)  # the teacher-forced gate's input: the decode rows
@@ -341,7 +341,7 @@ def test_two_arithmetics_batched_one_ulp_from_one_at_a_time_is_a_mismatch():
     assert x.max_abs_diff == float(np.nextafter(t[12, 4], np.float32(np.inf))) - float(t[12, 4]) > 0
     a = int(np.argmax(t[12]))
     assert (x.prefill_argmax, x.decode_argmax) == (a, a) and G.failed(x)
-    assert x.line().startswith("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, "
+    assert x.line().startswith("gate prefill=decode (two arithmetics: prompt rows batched = one at a time, "
                                "decode steps = generated rows batched, bit for bit): MISMATCH at position 12 of 32 (1 "
                                "positions differ; there max |Δlogit| ")
     assert f"argmax prefill {a} vs one at a time {a})" in x.line()
@@ -395,7 +395,7 @@ def test_two_arithmetics_on_the_emulated_gpu(tiny_models, monkeypatch):
     x, dec = G.cross_check(eng, PROMPT)
     assert (x.verdict, x.exact, x.positions) == ("MATCH", False, 32), x.line()
     assert x.max_delta > 0 and dec.shape == (32, eng.cfg.n_vocab), x.line()
-    assert x.line().startswith("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, "
+    assert x.line().startswith("gate prefill=decode (two arithmetics: prompt rows batched = one at a time, "
                                "decode steps = generated rows batched, bit for bit): MATCH (32 positions); decode rows "
                                "vs prompt rows: max |Δ log-prob| ")
     real = Runner._upload_kinds
@@ -480,7 +480,7 @@ def test_cli_run_with_two_attention_arithmetics_prints_and_records_the_report(ru
     r = runner.invoke(app, ["run", str(path), "--prompt", "The capital of France is", "-n", "6", "--temp", "0",
                             "--device", "gpu", "--json"])
     assert r.exit_code == 0, r.output
-    assert ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode steps = "
+    assert ("gate prefill=decode (two arithmetics: prompt rows batched = one at a time, decode steps = "
             "generated rows batched, bit for bit): "
             "MATCH") in r.output and "gate teacher-forced: MATCH" in r.output
     doc = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("{")))

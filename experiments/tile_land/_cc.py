@@ -1,5 +1,5 @@
 """One NVRTC compile with ptxas -v (experiments/gemm_tile/tile.py's compile_module):
-    python3 experiments/tile_land/_cc.py experiments/tile_land/gemm_tile.cu MV_TYPE=12 GT_PF=2"""
+    python3 experiments/tile_land/_cc.py kernels/gemm_tile.cu MV_TYPE=12 GT_PF=2"""
 import sys
 import time
 from pathlib import Path

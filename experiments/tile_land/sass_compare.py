@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""sass_compare: experiments/tile_land/gemm_tile.cu against the prototypes' exact-chain builds (CPU only).
+"""sass_compare: kernels/gemm_tile.cu against the prototypes' exact-chain builds (CPU only).
 
 For every weight type x timed configuration x {plain, glu}: NVRTC (sm_90a, memra's options, -I kernels/
 and the source's folder, ptxas -v) of gemm_tile.cu and of the prototype's GT_FORM 1 (split-K 1) build of
@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(ROOT)]
 import launch  # noqa: E402
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
 from tile import ptxas_info  # noqa: E402
@@ -46,7 +46,7 @@ if not shutil.which("nvdisasm"):
     except Exception:
         pass
 
-NEW = HERE / "gemm_tile.cu"
+NEW = ROOT / "kernels" / "gemm_tile.cu"
 P_K4 = ROOT / "experiments/gemm_tile2/gemm_tile2.cu"
 P_Q40 = ROOT / "experiments/gemm_tile2_q40/gemm_tile2_q40.cu"
 P_Q6K = ROOT / "experiments/gemm_tile2_q6k/gemm_tile2_q6k.cu"
@@ -174,7 +174,7 @@ def diff_ops(a: list[str], b: list[str]) -> str:
 def main() -> int:
     verbose = "-v" in sys.argv
     head = " ".join(f"{k[:5]:>5s}" for k in KEYS)
-    print("SASS classes (static instruction counts; sm_90a) — new = experiments/tile_land/gemm_tile.cu, "
+    print("SASS classes (static instruction counts; sm_90a) — new = kernels/gemm_tile.cu, "
           "proto = the prototype's GT_FORM 1 split-K-1 build of the same configuration")
     print(f"{'type':5s} {'config':16s} {'kind':5s} {'seg':5s} {'build':5s} | {head}")
     compile_rows = []

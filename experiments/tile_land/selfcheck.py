@@ -17,6 +17,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile2_q6k"))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile2"))
 import launch  # noqa: E402
@@ -24,7 +25,7 @@ import model_q6k as M6  # noqa: E402
 
 
 def lop3_check() -> int:
-    M6._LOP3 = M6.kernel_lop3(HERE / "gemm_tile.cu")
+    M6._LOP3 = M6.kernel_lop3(ROOT / "kernels" / "gemm_tile.cu")
     print("gemm_tile.cu LOP3 helpers:", {k: (v[0], hex(v[1])) for k, v in M6._LOP3.items()})
     rng = np.random.default_rng(1)
     L = np.concatenate([rng.integers(0, 2 ** 32, 200000, dtype=np.uint64),

@@ -15,9 +15,10 @@ gpu`, `memra bench`; DESIGN.md "The exactness contract"), and the GPU tests' com
    MISMATCH, naming the first position that differs. There is no near-tie verdict: within one
    arithmetic no difference is allowed (a bound on log-probs belongs to comparisons across
    engines: the teacher-forced gate).
-   An engine whose prompt rows and decode rows run two attention arithmetics
+   An engine whose prompt rows and decode rows run two arithmetics
    (MEMRA_ATTN=hybrid: attn_fa's tensor cores and f16 probabilities for prompt rows,
-   attention.cu for generated ones) says `prefill_exact = False`; each path stays batch and
+   attention.cu for generated ones; with the prompt tile also kernels/gemm_tile.cu's chain order
+   for the prompt rows' matmuls, mv_q8's for generated ones) says `prefill_exact = False`; each path stays batch and
    chunk invariant, but a prompt row and the decode row of its position no longer give the
    same bits, and cannot be asked to: measured on the H200 (SmolLM2, Gemma-3, 76-77
    positions) the two differ by up to 0.70 and 1.02 in log-prob, on the q8 path a 1e-7
@@ -113,7 +114,7 @@ class CrossCheck:
 
     def line(self) -> str:
         if not self.exact:
-            head = ("gate prefill=decode (two attention arithmetics: prompt rows batched = one at a time, decode "
+            head = ("gate prefill=decode (two arithmetics: prompt rows batched = one at a time, decode "
                     "steps = generated rows batched, bit for bit)")
             return (f"{head}: {self._verdict_line()}; decode rows vs prompt rows: max |Δ log-prob| "
                     f"{self.max_delta:.3g}, top-1 differs at {self.n_top1_diff} positions")

@@ -1,4 +1,4 @@
-"""ptxas registers / spills of the slot-order tile (experiments/tile_land/gemm_tile.cu + gemm_tile.patch,
+"""ptxas registers / spills of the slot-order tile (kernels/gemm_tile.cu + gemm_tile.patch,
 written to build/gemm_tile.cu; needs `patch`) builds (NVRTC, sm_90a):
     python3 experiments/slot_order/tile/_regs.py MV_TYPE=12 GT_ORDER=1 [GT_TOT=1 GT_WN=2 ...]"""
 import subprocess
@@ -14,7 +14,7 @@ def source() -> Path:
     """build/gemm_tile.cu: tile_land's kernel with the slot order patched in."""
     out = HERE / "build" / "gemm_tile.cu"
     out.parent.mkdir(exist_ok=True)
-    subprocess.run(["patch", "-s", "-o", str(out), str(HERE.parents[1] / "tile_land" / "gemm_tile.cu"),
+    subprocess.run(["patch", "-s", "-o", str(out), str(HERE.parents[2] / "kernels" / "gemm_tile.cu"),
                     str(HERE / "gemm_tile.patch")], check=True)
     return out
 
