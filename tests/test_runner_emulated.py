@@ -373,6 +373,13 @@ def test_hybrid_prompt_rows_take_the_tile_gemm(tiny_models, monkeypatch):
     off = _runner(path, attn="hybrid")
     assert not off.plan.use_tile and "gemm_tile" not in [L.op for L in off.plan.step(4, decode=False)]
     assert not np.array_equal(prompt_logits(off, len(PROMPT)), whole)
+    # MEMRA_TILE_MIN (a measurement knob): more output tiles than any weight has turns it off
+    monkeypatch.setenv("MEMRA_TILE", "1")
+    monkeypatch.setenv("MEMRA_TILE_MIN", "1000")
+    assert not _runner(path, attn="hybrid").plan.use_tile
+    monkeypatch.setenv("MEMRA_TILE_MIN", "0")
+    with pytest.raises(MemraError, match="MEMRA_TILE_MIN must be a positive integer"):
+        _runner(path, attn="hybrid")
 
 
 def test_att_splits_override_keeps_prefill_equal_to_decode(tiny_models, monkeypatch):

@@ -206,6 +206,9 @@ class Planner:
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
+        # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
+        # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
+        self.tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
         self.use_tile = self.hybrid and bool(tile) and path == "q8" and any(self._tile_ok(w) for w in self.weights())
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
@@ -395,9 +398,8 @@ class Planner:
             out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
                               group, il, {**base, "row0": r0}))
 
-    @staticmethod
-    def _tile_ok(w: Weight) -> bool:
-        return GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
+    def _tile_ok(self, w: Weight) -> bool:
+        return GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), self.tile_min)
 
     def tile_weight(self, w: Weight) -> bool:
         """Whether prompt rows take kernels/gemm_tile.cu on weight w (the weight alone decides)."""

@@ -196,12 +196,12 @@ def check_shape(t: int, config: dict, N: int, K: int, nb: int, glu: bool) -> Non
 MIN_ROW_TILES = 16
 
 
-def supports(t: int, N: int, K: int, glu: bool) -> bool:
+def supports(t: int, N: int, K: int, glu: bool, min_tiles: int | None = None) -> bool:
     """Whether the engine's prompt rows take the tile for a weight of type t with N output rows
     (glu: 2N weight rows) of K: a type it has, the host contract of the 512-row configuration and
     of the small one (N a multiple of both output tiles, K of the type's step), and at least
-    MIN_ROW_TILES output tiles. A function of the weight alone, never of the row count: a prompt
-    row's bits must not depend on the chunk it is in."""
+    MIN_ROW_TILES output tiles (min_tiles: the planner's MEMRA_TILE_MIN). A function of the weight
+    alone, never of the row count: a prompt row's bits must not depend on the chunk it is in."""
     if t not in TYPES:
         return False
     try:
@@ -210,7 +210,7 @@ def supports(t: int, N: int, K: int, glu: bool) -> bool:
     except MemraError:
         return False
     bm = tile(t, launch_config(t, 512))[0]
-    return N // (bm // 2 if glu else bm) >= MIN_ROW_TILES
+    return N // (bm // 2 if glu else bm) >= (MIN_ROW_TILES if min_tiles is None else min_tiles)
 
 
 def _defines(t: int, config: dict, canary: int = 0) -> dict:
