@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 19: the prompt tile landed, measured on the 8B
+# Q4_K_M and 1B pp512 only; research/2026-12-03-session19 section 4).
+# Ship the models first (experiments/ship_models.py; .models/ship-0N/take.sh, six calls), then:
+# STAGE a (carry .whl + .synthtok + .llamacpp, ~9 min): llama.cpp (llama-bench, llama-server) and the
+#   served 8B built in the background; `memra profile --prefill -np 512` of the 1B and the 8B (where a
+#   prompt chunk goes with the tile), the 1B's pp512 with MEMRA_TILE_MIN 16 / 32 alternating (its
+#   2,048-row weights on the tile or on gemm.cu); then `memra bench --vs llama.cpp` of every model
+#   (the default engine: hybrid + tile) once the build is done.
+# STAGE s (right after a, same lease; carry .whl + .synthtok): the serve GPU tests and `memra bench
+#   serve --vs` llama-server (issue 11's table) with the default engine.
+# STAGE b (carry .whl + .synthtok; no models): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 at pp512 depth 0
+#   and 4096 on the 8B and the 1B.
+#   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
+set -u
+source experiments/h200_common.sh
+stage_begin s20
+case "$STAGE" in
+a)
+  link_models "the real models' bench cells need them"
+  serve_build_start
+  for spec in "synth:llama-1b:Q4_0 0" "synth:llama3-8b:Q4_K_M 0" "synth:llama3-8b:Q4_K_M 4096"; do
+    set -- $spec
+    timeout 100 python3 -m memra profile $1 --prefill -np 512 -d $2 --synth-tokenizer $TOK \
+      > $R/profile-$(echo $1 | tr : _)-d$2.txt 2>&1
+    log "profile $1 d$2 rc=$? $(el)"; cp $R/profile-*.txt $OUT/
+  done
+  for mn in 16 32 16 32; do
+    MEMRA_TILE_MIN=$mn timeout 60 python3 -m memra bench synth:llama-1b:Q4_0 -p 512 -n 0 -r 3 \
+      --synth-tokenizer $TOK --out $R/bench-tile-min.jsonl > $R/bench.txt 2>&1
+    log "1B MEMRA_TILE_MIN=$mn rc=$? $(el)"; grep -E "pp512" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+  done
+  cp $R/bench-tile-min.jsonl $OUT/
+  serve_build_wait
+  unset MEMRA_ATTN
+  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+s)
+  serve_evidence ;;
+b)
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    for sp in 256 512 1024 2048 256; do
+      MEMRA_FA_SPLIT=$sp timeout 80 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
+        --synth-tokenizer $TOK --out $R/bench-fa-split.jsonl > $R/bench.txt 2>&1
+      log "bench $m split $sp rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-fa-split.jsonl $OUT/ ;;
+esac
+tar czf $OUT/s20-$STAGE.tgz -C /tmp s20-$STAGE
