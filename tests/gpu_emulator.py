@@ -757,6 +757,12 @@ def _attn_fa(g, k, grid, v):
         if np.any(seen[P >= 0] != 1) or np.any(seen > 1):
             raise CudaError("attn_fa: the token groups do not cover each row with a position exactly once")
         rows_of = [t for t in range(T) if seen[t]]
+        # grid z: a row's keys [lo, hi) are cut into absolute splits of FA_SPLIT; the blocks of
+        # split j compute it, so the grid must reach the deepest row's last split
+        split = _d(k, "FA_SPLIT", 256)
+        deepest = max((int(P[t]) // split for t in rows_of), default=-1)
+        if deepest >= grid[2]:
+            raise CudaError(f"attn_fa: a row's keys reach split {deepest}, the grid has {grid[2]}")
     else:
         (q, q_raw, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, _, _, counters, out,
          xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v

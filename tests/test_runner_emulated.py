@@ -194,7 +194,8 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     # positions reach two)
     counts = r.prefill_split_counts()
     assert len(counts) == 2
-    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c, "p") for b in PREFILL_BUCKETS for c in counts}
+    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c, "p", 1) for b in PREFILL_BUCKETS
+                                                           for c in counts}
     assert {k[0] for k in r._graphs if isinstance(k[0], int)} == {1, 2, 4}
     assert r.kv.alloc.n_free == free0
     # a chunk deep in the context replays a captured graph, and gives the bits of its eager run
@@ -207,6 +208,41 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     b = e.open()
     e.step([Row(b, PROMPT * 13)])
     assert np.array_equal(e.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32), deep.view(np.uint32))
+
+
+def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypatch):
+    """attn_fa's prefill packing runs a grid z of the splits its deepest row reaches (a power of
+    two, at most the context's), not the whole context's: the serve warm-up captures each
+    prompt bucket at every such count, a chunk at depth replays one, and its bits are those of
+    a runner whose grid is always the context's (the emulator refuses a grid short of a row's
+    split). MEMRA_FA_SPLIT 64 makes the 600-position context 10 splits."""
+    from memra.gpu.plan import PREFILL_BUCKETS
+    from memra.serve.scheduler import warm_up_gpu
+
+    monkeypatch.setenv("MEMRA_FA_SPLIT", "64")
+    path = tiny_models("llama", "Q4_K_M")
+    r = _runner(path, max_len=600, max_seqs=4, attn="hybrid")
+    assert r.fa_n_split == 10 and r.fa_split_counts() == [1, 2, 4, 8, 10]
+    warm_up_gpu(r)
+    keys = {k for k in r._graphs if k[0] == "prefill" and k[3] == "p"}
+    assert {(k[1], k[4]) for k in keys} == {(b, z) for b in PREFILL_BUCKETS for z in (1, 2, 4, 8, 10)}
+    n_graphs = len(r._graphs)
+    a = r.open()
+    r.step([Row(a, PROMPT * 30)])          # 300 positions: splits 0..4, grid 8
+    deep = r.step([Row(a, PROMPT[:20], logits="all")])[0].logits
+    assert r.fa_splits == 8 and len(r._graphs) == n_graphs
+    full = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
+    full._fa_splits = lambda pos: full.fa_n_split  # the whole context's grid, as before
+    b = full.open()
+    full.step([Row(b, PROMPT * 30)])
+    assert np.array_equal(full.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32),
+                          deep.view(np.uint32))
+    # a grid short of the deepest row's split is refused by the emulated kernel
+    short = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
+    short._fa_splits = lambda pos: 1
+    c = short.open()
+    with pytest.raises(Exception, match="reach split"):
+        short.step([Row(c, PROMPT * 30)])
 
 
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M"), ("qwen2", "Q8_0")])

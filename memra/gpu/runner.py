@@ -307,6 +307,11 @@ class Runner:
             self.fa_n_split = FA.n_splits(self.max_len, self.plan.fa_split)
             po, pml = FA.scratch_shapes(R, c.n_head, self.fa_n_split, c.head_dim)
             self.fa_po, self.fa_pml = g.empty(po, f), g.empty(pml, f)
+        # attn_fa's grid z in a prefill or verification step (its prefill packing): the splits its
+        # deepest attn_fa row reaches, rounded up to a power of two (_fa_splits; set per step by
+        # _upload_kinds, graphs keyed by it). A row's bits do not depend on it; the grid of the
+        # whole context (fa_n_split: 128 splits at 32k) launched blocks that only left at once
+        self.fa_splits = 1
         # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
         # table of up to R groups uploaded before the step (graphs read it at replay)
         self.p_grp = g.to_device(np.zeros((R, 2), i32))
@@ -414,6 +419,7 @@ class Runner:
         n = len(pos)
         if not self.plan.hybrid:
             self._upload_groups(seq, pos, size)
+            self.fa_splits = self._fa_splits(pos)
             return "p"
         gen = np.zeros(n, bool) if gen is None else np.asarray(gen, bool)
         kp = np.full((2, size), -1, np.int32)
@@ -421,6 +427,7 @@ class Runner:
         kp[1, :n] = np.where(gen, pos, -1)
         self.p_kpos.view(shape=(2, size)).upload(kp)
         self._upload_groups(seq, kp[0, :n], size)
+        self.fa_splits = self._fa_splits(kp[0, :n])
         live = np.asarray(pos) >= 0
         kinds = ("p" if np.any(live & ~gen) else "") + ("g" if np.any(live & gen) else "")
         return kinds or "p"
@@ -492,7 +499,8 @@ class Runner:
                 FA.attn_fa(g, B["qr"], self.kv.k[il], self.kv.v[il], B["ao"], self.fa_po, self.fa_pml,
                            self._kind_pos(a, rows, pos), seq, self.kv.d_table, self.kv.max_blocks, n_tokens=rows,
                            n_kv=c.n_head_kv, qpk=c.n_gqa,
-                           head_dim=c.head_dim, window=a["window"], scale=c.scale, n_split=self.fa_n_split,
+                           head_dim=c.head_dim, window=a["window"], scale=c.scale,
+                           n_split=self.fa_n_split if a["packing"] == "decode" else self.fa_splits,
                            split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
                            groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
                            counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, rope=rope,
@@ -662,10 +670,10 @@ class Runner:
             self._set_masks(list(masks))
             sampler += "+mask"
         self.pre_splits = self._pre_splits(pos)
-        key = ("verify", n, sampler, self.pre_splits)
-        gr = self._graphs.get(key) if graph else None
         # generated rows: decode's arithmetic (a hybrid plan's attn_decode launch alone)
         kinds = self._upload_kinds(np.full(n, seq.slot, np.int32), pos, np.ones(n, bool), n)
+        key = ("verify", n, sampler, self.pre_splits, self.fa_splits)
+        gr = self._graphs.get(key) if graph else None
         raw = None
         if masks is not None and logits != "none":
             launches = self.plan.step(n, decode=False, sampler=sampler, kinds=kinds)
@@ -921,7 +929,7 @@ class Runner:
         else:
             self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
-        key = ("prefill", B, self.pre_splits, kinds)
+        key = ("prefill", B, self.pre_splits, kinds, self.fa_splits)
         gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
@@ -966,20 +974,25 @@ class Runner:
         if not self.prefill_graph:
             return 0
         n = 0
+        saved = self.pre_splits, self.fa_splits
         for B, kinds in sorted({(k[1], k[3]) for k in self._graphs if k[0] == "prefill"}):
             launches = self.plan.step(B, decode=False, kinds=kinds)
             feed = self.step_rows(B)
-            # a hybrid plan's prompt-only steps launch no attn_decode: its split count is moot
-            counts = [self.plan.n_splits] if self.plan.hybrid and "g" not in kinds else self.prefill_split_counts()
-            for sp in counts:
-                key = ("prefill", B, sp, kinds)
-                if key in self._graphs:
-                    continue
-                self.pre_splits = sp
-                with self.g.capture() as gr:
-                    self._run(launches, B, *feed)
-                self._graphs[key] = gr
-                n += 1
+            # a step without attn_decode (a hybrid plan's prompt rows, MEMRA_ATTN=fa) has no use
+            # for its split count, one without attn_fa's prefill packing none for attn_fa's
+            dec = not self.plan.use_fa or (self.plan.hybrid and "g" in kinds)
+            fa = self.plan.use_fa and (not self.plan.hybrid or "p" in kinds)
+            for sp in self.prefill_split_counts() if dec else [self.plan.n_splits]:
+                for fz in self.fa_split_counts() if fa else [1]:
+                    key = ("prefill", B, sp, kinds, fz)
+                    if key in self._graphs:
+                        continue
+                    self.pre_splits, self.fa_splits = sp, fz
+                    with self.g.capture() as gr:
+                        self._run(launches, B, *feed)
+                    self._graphs[key] = gr
+                    n += 1
+        self.pre_splits, self.fa_splits = saved
         return n
 
     def capture_decode_splits(self) -> int:
@@ -1005,6 +1018,26 @@ class Runner:
         """The (token, position, block-table row) views of a prefill or verification step of
         `size` rows: three runs of `size` ints in p_rows, as _chunk and verify upload them."""
         return tuple(self.p_rows.view(shape=(size,), offset=4 * size * i) for i in range(3))
+
+    def _fa_splits(self, pos) -> int:
+        """attn_fa's grid z for prefill-packing rows at positions pos (-1: not such a row): the
+        splits of its deepest row's keys, rounded up to a power of two, at most fa_n_split."""
+        pos = np.asarray(pos)
+        live = pos[pos >= 0]
+        if not self.plan.use_fa or live.size == 0:
+            return 1
+        need = int(live.max()) // self.plan.fa_split + 1
+        return min(1 << (need - 1).bit_length(), self.fa_n_split)
+
+    def fa_split_counts(self) -> list[int]:
+        """Every grid z _fa_splits can choose for this runner's contexts."""
+        if not self.plan.use_fa:
+            return [1]
+        out, z = [], 1
+        while z < self.fa_n_split:
+            out.append(z)
+            z *= 2
+        return out + [self.fa_n_split]
 
     def _upload_groups(self, seq, pos, size: int) -> None:
         """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
