@@ -6,8 +6,8 @@ shapes: explicit ones, and/or `ops` taken from models (`--model`): every matvec 
 decodes with (fused QKV, attention output, fused gate+up, down, output — each with its
 tensor's GGUF type), its attention shapes at the campaign's context lengths, its
 n_embd-wide row ops and its vocabulary-wide ops, each at the decode batch buckets. The
-GEMM kernels (PLAN_BATCH_KERNELS) take theirs per batch from the plan's step at that many
-rows: the (shape, batch) pairs the engine launches through the GEMM.
+GEMM kernels and the prompt tile (PLAN_BATCH_KERNELS) take theirs per batch from the plan's
+step at that many rows: the (shape, batch) pairs the engine launches through each.
 
 `run_campaign` is the CPU half of `memra tune`: it skips what was already measured (same
 device, kernel source hash, job) when resuming, calls the injected `measure(job)` (the
@@ -46,7 +46,9 @@ DEFAULT_CTX = (512, 4096)
 # matvec (memra.gpu.ops.mvt) from 2 rows below that, on quantized weights. Their
 # model-derived jobs are the (shape, batch) pairs the plan's step at that many rows launches
 # (plan_shapes), not every op shape at every batch.
-PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu")
+# The prompt tile (memra.gpu.ops.gemm_tile: the prompt rows of MEMRA_ATTN=hybrid plans) likewise:
+# the weights a hybrid plan's prompt step at that many rows runs through it.
+PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu", "gemm_tile", "gemm_tile_glu")
 
 
 class CampaignError(MemraError):
@@ -126,7 +128,9 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
     rows, read off the launch plan (built-in configurations): a decode step (greedy sampler)
     up to the largest CUDA-graph bucket, a prefill chunk (no head) above it, up to
     PREFILL_CHUNK rows (the most one step runs). The step's row count decides some kernels:
-    the q8 path's matvecs run as the tensor-core GEMM from GEMM_MIN_ROWS rows."""
+    the q8 path's matvecs run as the tensor-core GEMM from GEMM_MIN_ROWS rows. Then the
+    gemm_tile launches of a MEMRA_ATTN=hybrid plan's prompt step of `rows` rows (none when the
+    model has no weight the tile takes), which no other kernel's list depends on."""
     from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
 
     if not 1 <= rows <= PREFILL_CHUNK:
@@ -137,6 +141,10 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
     seen: dict[tuple, tuple[str, str, dict]] = {}
     for L in steps:
         if L.rows == rows:  # a matvec's 8-row chunks are launches of their own row count
+            seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
+    hybrid = Planner(m, hybrid=True)
+    for L in hybrid.step(rows, decode=False, kinds="p") if hybrid.use_tile else ():
+        if L.op == "gemm_tile" and L.rows == rows:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
     return list(seen.values())
 

@@ -265,6 +265,11 @@ def table_cases(table: Mapping, sms: int = 132):
                         L = Launch(kernel, "gemm", kernel, "q8", shape, rows, cfg, kernel, -1,
                                    {"glu": "silu" if kernel == "gemm_glu" else None, "q8": True, "res": None})
                         yield "gemm", L, PlanContext(SimpleNamespace(), None, "q8"), src
+                elif kernel in ("gemm_tile", "gemm_tile_glu"):
+                    if family_available("gemm_tile") and e["variant"] == "chain":
+                        L = Launch(kernel, "gemm_tile", kernel, "chain", shape, rows, cfg, kernel, -1,
+                                   {"glu": "silu" if kernel == "gemm_tile_glu" else None, "q8": True, "res": None})
+                        yield "gemm_tile", L, PlanContext(SimpleNamespace(), None, "q8"), src
                 elif kernel in ("rope_norm_kv", "attn_decode"):
                     # a model of these heads with the plain facts (full rotary, no Q/K norm or bias)
                     from memra.gpu.ops import attention as ATT

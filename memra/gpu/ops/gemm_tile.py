@@ -20,6 +20,11 @@ The oracle (kernel-check): plain outputs bit for bit memra.gpu.chain.chain on th
 activations (and the float64 product at matvec's TOL); with a residual, fl(chain + r); glu outputs
 bit for bit act_mul (kernels/act.cu, the engine's own activation) of the plain kernel's gate and up
 outputs, which are themselves checked against the chain.
+
+The tune hooks (memra/tune/measure.py): tune_case, is_builtin, tune_modules for kernels gemm_tile /
+gemm_tile_glu, variant "chain" (the planner's table lookup for the prompt tile), GT_* configurations
+laid over default_config(type, batch); a job's check holds it to the float64 product and to the
+chain's bits (tune/campaigns/h200-gemm-tile.toml).
 """
 
 from __future__ import annotations
@@ -365,3 +370,126 @@ def check_launch(g, rng, case):
     raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
     name = f"{case['entry']} {MV.TYPES[t][0]} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
     return against_chain(g, rng, name, t, raw, nb, glu, alias, cfg)
+
+
+# -- the tune hooks (memra/tune/measure.py; campaign tune/campaigns/h200-gemm-tile.toml): kernel
+# "gemm_tile" | "gemm_tile_glu", variant "chain", shape {type, rows (2N for _glu: gate and up
+# stacked), cols, batch}; config GT_* laid over default_config(type, batch) (launch_config, as the
+# plan's table entries are). The outputs do not depend on the configuration, so every one is
+# checked against the same bits.
+
+VARIANT = "chain"
+_TUNE_ROWS = 128   # output rows whose bits a tune check takes from the chain on the host (~2.6 ns an element)
+# Per (batch, glu) of the cached weight (memra.gpu.ops.matvec's shape cache): the q8 activations,
+# the float64 product and the reference bits, made once for all the configurations of a shape
+# and batch (a campaign runs them in a row; the host chain is the costly part)
+_INPUTS: dict[tuple, tuple] = {}
+
+
+def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
+    """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown kernel,
+    variant, type or tunable, or a configuration check_shape refuses (before any compile)."""
+    if kernel not in ("gemm_tile", "gemm_tile_glu") or variant != VARIANT:
+        raise MemraError(f"gemm_tile tune: unknown kernel/variant {kernel}/{variant}")
+    t = MV.type_id(shape["type"])
+    if t not in TYPES:
+        raise MemraError(f"gemm_tile tune: {shape['type']} has no tile kernel")
+    bad = sorted(set(config or {}) - set(KEYS))
+    if bad:
+        raise MemraError(f"gemm_tile tune: unknown tunables {bad} (known: {', '.join(KEYS)})")
+    glu, rows, K, nb = kernel == "gemm_tile_glu", int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
+    if glu and rows % 2:
+        raise MemraError(f"gemm_tile tune: a gemm_tile_glu weight stacks gate and up (an even row count, got {rows})")
+    N = rows // 2 if glu else rows
+    cfg = launch_config(t, nb, config)
+    check_shape(t, cfg, N, K, nb, glu)
+    return t, glu, N, K, nb, cfg
+
+
+class _TuneCase:
+    """The shape's weight in the planes layout (copies rotating past the L2: memra.gpu.ops.matvec's
+    shape cache), nb rows of q8 activations, the job's configuration. The reference bits: the
+    chain (act_mul of its gate and up rows for glu, as against_chain) for the first _TUNE_ROWS
+    outputs, the built-in configuration's launch for the rest (the outputs do not depend on the
+    configuration, and kernel-check holds the built-in one to the chain)."""
+
+    def __init__(self, g, t, glu, N, K, nb, cfg, rng, rotate_bytes):
+        self.g, self.t, self.glu, self.N, self.K, self.nb, self.cfg = g, t, glu, N, K, nb, cfg
+        self.ws, self.wf, raw = MV._shape_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes, raw=True)
+        self.sets = len(self.ws)
+        hit = _INPUTS.get((nb, glu))
+        if hit is None or hit[0] is not self.ws[0]:  # the weight object itself: ids are reused
+            _INPUTS.clear()
+            hit = _INPUTS[(nb, glu)] = (self.ws[0], self._inputs(raw, rng))
+        self.xq, self.xs, self.ref, self.bits = hit[1]
+        self.y = g.empty((nb, N), np.float32)
+        self.bytes = self.ws[0].nbytes + nb * (K + K // 32 * Q8_SCALE.itemsize + N * 4)
+
+    def _inputs(self, raw, rng):
+        from memra.gpu.ops import act as ACT
+
+        g, t, nb, K, N, act = self.g, self.t, self.nb, self.K, self.N, "silu" if self.glu else None
+        x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+        xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+        MV.quantize_q8(g, g.to_device(x), xq, xs, nb)
+        q, s = quantize_q8_ref(x)
+        xv = (q.reshape(nb, -1, 32).astype(np.float64) * s["d"][..., None]).reshape(nb, K)
+        R = min(N, _TUNE_ROWS)
+        want = CH.chain(raw[np.r_[0:R, N:N + R]] if act else raw[:R], t, q, s["d"], s["s"])  # [nb, R (gate, up)]
+        if act:
+            gu, out = g.to_device(np.ascontiguousarray(want)), g.empty((nb, R), np.float32)
+            ACT.act_mul(g, gu.view(np.float32, (nb * 2 * R,), 0), gu.view(np.float32, (nb * 2 * R - R,), 4 * R),
+                        out, R, nb, _ACT_MUL[act], gate_stride=2 * R, up_stride=2 * R, out_stride=R)
+            g.sync()
+            want = out.numpy()
+        bits = np.empty((nb, N), np.uint32)
+        bits[:, :R] = want.view(np.uint32)
+        if R < N:
+            yb = g.empty((nb, N), np.float32)
+            yb.poison()
+            gemm_tile(g, self.ws[0], yb, xq=xq, xs=xs, nb=nb, glu=act)
+            g.sync()
+            bits[:, R:] = yb.numpy().view(np.uint32)[:, R:]
+        return xq, xs, MV.matvec_ref(self.wf, xv, None, act), bits
+
+    def launch(self, i: int) -> None:
+        gemm_tile(self.g, self.ws[i % self.sets], self.y, xq=self.xq, xs=self.xs, nb=self.nb,
+                  glu="silu" if self.glu else None, config=self.cfg)
+
+    def check(self):
+        """One launch on a poisoned y: the float64 product at TOL, then the reference bits."""
+        from memra.gpu.compare import compare
+
+        self.y.poison()
+        self.launch(0)
+        self.g.sync()
+        got = self.y.numpy()
+        o = compare("gemm_tile", got, self.ref, TOL)
+        if not o.ok:
+            return False, o.err, o.detail
+        diff = got.view(np.uint32) != self.bits
+        R = min(self.N, _TUNE_ROWS)
+        if diff.any():
+            rest = f", {int(diff[:, R:].sum())} of {self.nb * (self.N - R)} from the built-in configuration's" \
+                if R < self.N else ""
+            return False, o.err, f"{int(diff[:, :R].sum())} of {self.nb * R} values differ from the chain's bits{rest}"
+        rest = f" ({R} rows; the rest = the built-in configuration's)" if R < self.N else ""
+        return True, o.err, o.detail + "; = chain bit for bit" + rest
+
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    t, glu, N, K, nb, cfg = _tune_args(kernel, variant, config, shape)
+    return _TuneCase(g, t, glu, N, K, nb, cfg, rng, rotate_bytes)
+
+
+def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
+    """Whether a tune job's configuration is what the launcher runs at its batch without a table."""
+    t, nb = MV.type_id(shape["type"]), int(shape.get("batch", 1))
+    return t in TYPES and launch_config(t, nb, config) == default_config(t, nb)
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """The module a tune job loads, for the campaign's parallel precompile (a refused
+    configuration raises: never compiled, its job records why)."""
+    t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
+    return [(KERNEL_FILE, _defines(t, cfg))]

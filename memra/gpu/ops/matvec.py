@@ -640,19 +640,20 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
 _SHAPE_CACHE: dict[tuple, tuple] = {}
 
 
-def _shape_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int):
-    """(weight copies, float64 dequantized weight) of a random weight of this shape."""
+def _shape_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int, raw: bool = False):
+    """(weight copies, float64 dequantized weight) of a random weight of this shape; raw: and
+    its GGUF rows (memra.gpu.ops.gemm_tile's chain reference)."""
     key = (id(g), t, rows, K, rotate_bytes)
     hit = _SHAPE_CACHE.get(key)
     if hit is None:
         _SHAPE_CACHE.clear()
-        raw = random_weight(t, rows, K, rng)
-        w0 = upload_weight(g, raw, t)
+        r = random_weight(t, rows, K, rng)
+        w0 = upload_weight(g, r, t)
         sets = max(1, -(-rotate_bytes // w0.nbytes))
         # the other copies hold the same bytes: only their addresses matter (L2 rotation)
-        ws = [w0] + [upload_weight(g, raw, t) for _ in range(sets - 1)]
-        hit = _SHAPE_CACHE[key] = (ws, dequant_rows(raw, t).astype(np.float64))
-    return hit
+        ws = [w0] + [upload_weight(g, r, t) for _ in range(sets - 1)]
+        hit = _SHAPE_CACHE[key] = (ws, dequant_rows(r, t).astype(np.float64), r)
+    return hit if raw else hit[:2]
 
 
 class _TuneCase:
