@@ -9,6 +9,11 @@
 #   (the default engine: hybrid + tile) once the build is done.
 # STAGE s (right after a, same lease; carry .whl + .synthtok): the serve GPU tests and `memra bench
 #   serve --vs` llama-server (issue 11's table) with the default engine.
+# STAGE t (carry .whl + .synthtok; no models, ~6 min): the tile's campaign (tune/campaigns/h200-gemm-tile.toml,
+#   432 jobs on the four synthetic models), freeze; the new table entries are launched by kernel-check, so
+#   STAGE k follows (ship the models first; ~8 min): kernel-check, every GPU test. Commit research/tune/ and
+#   tune/defaults/ from $OUT (the campaign's receipts and table come back as files).
+# Priority with 30 device minutes: a, then t + k, then s, then b.
 # STAGE b (carry .whl + .synthtok; no models): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 at pp512 depth 0
 #   and 4096 on the 8B and the 1B.
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
@@ -36,6 +41,16 @@ a)
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 s)
   serve_evidence ;;
+t)
+  tune_campaign h200-gemm-tile 420 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
+    -m synth:llama-1b:Q4_0
+  freeze_show tile
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/ ;;
+k)
+  link_models "kernel-check and the GPU tests need them"
+  KC_LIMIT=420 kernel_check
+  gpu_tests 580 ;;
 b)
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
     for sp in 256 512 1024 2048 256; do
