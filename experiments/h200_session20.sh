@@ -11,8 +11,9 @@
 #   serve --vs` llama-server (issue 11's table) with the default engine.
 # STAGE t (carry .whl + .synthtok; no models, ~6 min): the tile's campaign (tune/campaigns/h200-gemm-tile.toml,
 #   432 jobs on the four synthetic models), freeze; the new table entries are launched by kernel-check, so
-#   STAGE k follows (ship the models first; ~8 min): kernel-check, every GPU test. Commit research/tune/ and
-#   tune/defaults/ from $OUT (the campaign's receipts and table come back as files).
+#   STAGE k follows (ship the models first; ~8 min): kernel-check, every GPU test. Between t and k copy
+#   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
+#   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
 # Priority with 30 device minutes: a, then t + k, then s, then b.
 # STAGE b (carry .whl + .synthtok; no models): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 at pp512 depth 0
 #   and 4096 on the 8B and the 1B.
