@@ -15,8 +15,8 @@
 #   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
 #   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
 # Priority with 30 device minutes: a, then t + k, then s, then b.
-# STAGE b (carry .whl + .synthtok; no models): MEMRA_FA_SPLIT 256 / 512 / 1024 / 2048 at pp512 depth 0
-#   and 4096 on the 8B and the 1B.
+# STAGE b (carry .whl + .synthtok; no models, ~6 min): MEMRA_FA_SPLIT 256 / 1024 / 4096 x MEMRA_FA_WARPS 4 / 8
+#   at pp512 depth 0 and 4096 on the 8B and the 1B (FA_WARPS 8's bits: kernel-check's prefill8 packing, STAGE k).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
 set -u
 source experiments/h200_common.sh
@@ -53,11 +53,13 @@ k)
   KC_LIMIT=420 kernel_check
   gpu_tests 580 ;;
 b)
+  # attn_fa's prefill packing: split size (part of the prompt rows' bits) x warps a block (bit-neutral)
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    for sp in 256 512 1024 2048 256; do
-      MEMRA_FA_SPLIT=$sp timeout 80 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
+    for cfg in "256 4" "1024 4" "4096 4" "256 8" "1024 8" "4096 8" "256 4"; do
+      set -- $cfg
+      MEMRA_FA_SPLIT=$1 MEMRA_FA_WARPS=$2 timeout 80 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
         --synth-tokenizer $TOK --out $R/bench-fa-split.jsonl > $R/bench.txt 2>&1
-      log "bench $m split $sp rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
+      log "bench $m split $1 warps $2 rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
     done
   done
   cp $R/bench-fa-split.jsonl $OUT/ ;;

@@ -440,9 +440,11 @@ def check_geometry(kernel, grid, block, shmem, v):
 
         D, nw = _d(k, "HEAD_DIM", 0), _d(k, "FA_WARPS", 4)
         _block_is(k, grid, block, 32 * nw, "32 * FA_WARPS")
-        if shmem != smem_bytes(D, name == "attn_fa_dec"):
+        if shmem != smem_bytes(D, name == "attn_fa_dec", nw):
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses "
-                                  f"{smem_bytes(D, name == 'attn_fa_dec')}")
+                                  f"{smem_bytes(D, name == 'attn_fa_dec', nw)}")
+        if name == "attn_fa_dec" and nw != 4:
+            _fail(k, grid, block, "attn_fa_dec is built with FA_WARPS 4 only")
         n_kv, qpk = (v[11], v[12]) if name == "attn_fa" else (v[27], v[28])
         if grid[1] != n_kv or not 1 <= qpk <= 16:
             _fail(k, grid, block, f"grid y must be the {n_kv} KV heads, qpk {qpk} in 1..16")

@@ -210,6 +210,26 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     assert np.array_equal(e.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32), deep.view(np.uint32))
 
 
+def test_fa_warps_knob_groups_more_tokens_a_block(tiny_models, monkeypatch):
+    """MEMRA_FA_WARPS=8: attn_fa's prefill packing built with 8 warps, token groups of 8 * 16 / qpk
+    (the emulator checks each group's size against the module's FA_WARPS and its shared memory);
+    the rows' bits are the 4-warp packing's (on the device: kernel-check's prefill8 packing), and
+    a value outside 1, 2, 4, 8 is refused."""
+    path = tiny_models("llama", "Q4_K_M")
+    r4 = _runner(path, attn="hybrid")
+    monkeypatch.setenv("MEMRA_FA_WARPS", "8")
+    r8 = _runner(path, attn="hybrid")
+    assert r8.plan.fa_warps == 8
+    assert {L.args["warps"] for L in r8.plan.step(16, decode=False) if L.op == "attention_fa"} == {8}
+    long = PROMPT * 5
+    want = r4.step([Row(r4.open(), long, logits="all")])[0].logits
+    got = r8.step([Row(r8.open(), long, logits="all")])[0].logits
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    monkeypatch.setenv("MEMRA_FA_WARPS", "3")
+    with pytest.raises(MemraError, match="MEMRA_FA_WARPS must be 1 or 2 or 4 or 8"):
+        _runner(path, attn="hybrid")
+
+
 def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypatch):
     """attn_fa's prefill packing runs a grid z of the splits its deepest row reaches (a power of
     two, at most the context's), not the whole context's: the serve warm-up captures each

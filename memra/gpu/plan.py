@@ -197,6 +197,10 @@ class Planner:
         # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
         self.fa_split = _env_int("MEMRA_FA_SPLIT", self.fa_split, lambda n: 64 <= n <= 32768 and n % 64 == 0,
                                  "a multiple of 64 in 64..32768")
+        # a measurement knob (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 / qpk
+        # tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
+        self.fa_warps = _env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS,
+                                 " or ".join(map(str, FA.WARPS)))
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
@@ -487,6 +491,7 @@ class Planner:
                 if not self.hybrid or "p" in kinds:
                     out.append(Launch(p + "attention", "attention_fa", "attn_fa", "default", self.heads, rows, None,
                                       "attention", il, {**att_args, "split": self.fa_split, "fused": fused,
+                                                        "warps": self.fa_warps,
                                                         "packing": "decode" if decode else "prefill",
                                                         "rows": "prompt" if self.hybrid else "all"}))
                 if self.hybrid and "g" in kinds:

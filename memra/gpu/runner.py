@@ -504,7 +504,7 @@ class Runner:
                            split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
                            groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
                            counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, rope=rope,
-                           pdl=pdl)
+                           pdl=pdl, warps=a.get("warps", FA.FA_WARPS))
             elif op == "act_mul":
                 ACT.act_mul(g, B["ff"], B["ff2"], B["ff"], c.n_ff, rows, c.act, pdl=pdl, config=L.config)
             elif op == "softcap":
@@ -1042,7 +1042,8 @@ class Runner:
     def _upload_groups(self, seq, pos, size: int) -> None:
         """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
         if self.plan.use_fa:
-            self.p_grp.view(shape=(size, 2)).upload(FA.group_table(seq, pos, FA.prefill_tpb(self.cfg.n_gqa), size))
+            tpb = FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps)
+            self.p_grp.view(shape=(size, 2)).upload(FA.group_table(seq, pos, tpb, size))
 
     def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h

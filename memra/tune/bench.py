@@ -278,14 +278,16 @@ def common_fields(name: str, path: Path, engine, table_label: str, tag: str | No
 
 
 # the rollback seams of docs/FLAGS.md: a run with one of them set is not the default engine
-SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "MEMRA_GEMM": "1", "MEMRA_MVT": "1", "MEMRA_TILE": "1",
+SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "MEMRA_GEMM": "1", "MEMRA_MVT": "1",
+         "MEMRA_TILE": "1",
          "MEMRA_ATT_GROUP_ROWS": "16", "MEMRA_MASK_OVERLAP": "1", "MEMRA_FORCED": "1",
          "MEMRA_PREFILL_GRAPH": "1", "MEMRA_PREFILL_CHUNK": "512", "MEMRA_PREFILL_SPLITS": "auto",
          "MEMRA_DECODE_AHEAD": "1", "MEMRA_ATT_RING": "2"}
 
 
 # runtime parameters that choose another engine path than the default (docs/FLAGS.md)
-ENGINE_PATHS = {"MEMRA_ATTN": "hybrid", "MEMRA_ATT_SPLITS": "", "MEMRA_ATT_DEPTH": "0", "MEMRA_FA_SPLIT": "", "MEMRA_TILE_MIN": ""}   # "": any value set counts
+ENGINE_PATHS = {"MEMRA_ATTN": "hybrid", "MEMRA_ATT_SPLITS": "", "MEMRA_ATT_DEPTH": "0",   # "": any value set counts
+                "MEMRA_FA_SPLIT": "", "MEMRA_TILE_MIN": "", "MEMRA_FA_WARPS": ""}
 
 
 def seams() -> dict:

@@ -35,6 +35,7 @@ from memra.gpu.ops import launch_bucket
 
 KERNEL_FILE = "attn_fa.cu"
 FA_WARPS = 4
+WARPS = (1, 2, 4, 8)  # FA_WARPS the prefill packing builds with (the decode packing: 4 only)
 SPLIT = 256  # keys per split (FA_SPLIT)
 TOL = 1e-3
 _NULL = np.uint64(0)
@@ -45,12 +46,14 @@ def supports(head_dim: int, qpk: int) -> bool:
     return head_dim % 32 == 0 and 0 < head_dim <= 256 and 1 <= qpk <= 16
 
 
-def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0) -> dict:
+def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0, warps: int = FA_WARPS) -> dict:
     if head_dim % 32 or head_dim > 256:
         raise MemraError(f"attn_fa: head_dim {head_dim} must be a multiple of 32 up to 256")
     if split % 64 or split < 64:
         raise MemraError(f"attn_fa: split {split} must be a positive multiple of 64")
-    d = {"HEAD_DIM": head_dim, "FA_WARPS": FA_WARPS, "FA_SPLIT": split, "KV_BLOCK": kv_block}
+    if warps not in WARPS:
+        raise MemraError(f"attn_fa: FA_WARPS {warps} must be one of {', '.join(map(str, WARPS))}")
+    d = {"HEAD_DIM": head_dim, "FA_WARPS": warps, "FA_SPLIT": split, "KV_BLOCK": kv_block}
     if canary:
         # 1: a token does not see itself; 2 (kv.cuh): the block table ignored; 3 (rope.cuh): RoPE
         # rotates the wrong way (the fused decode packing)
@@ -58,14 +61,14 @@ def defines(head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int =
     return d
 
 
-def module(g, head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0):
-    return g.module(KERNEL_FILE, defines(head_dim, split, kv_block, canary))
+def module(g, head_dim: int, split: int = SPLIT, kv_block: int = 16, canary: int = 0, warps: int = FA_WARPS):
+    return g.module(KERNEL_FILE, defines(head_dim, split, kv_block, canary, warps))
 
 
-def smem_bytes(head_dim: int, decode: bool) -> int:
-    """attn_fa.cu's FA_SMEM_DEC (decode) / FA_SMEM (prefill)."""
+def smem_bytes(head_dim: int, decode: bool, warps: int = FA_WARPS) -> int:
+    """attn_fa.cu's FA_SMEM_DEC (decode) / FA_SMEM (prefill) of a module built with FA_WARPS = warps."""
     rs = head_dim * 2 + 16
-    return (6 * 64 * rs + 16 * rs + FA_WARPS * head_dim * 4) if decode else (4 * 64 * rs + FA_WARPS * 16 * rs)
+    return (6 * 64 * rs + 16 * rs + warps * head_dim * 4) if decode else (4 * 64 * rs + warps * 16 * rs)
 
 
 def n_splits(context: int, split: int = SPLIT) -> int:
@@ -76,11 +79,11 @@ def scratch_shapes(n_tokens: int, n_head: int, n_split: int, head_dim: int):
     return (n_tokens, n_head, n_split, head_dim), (n_tokens, n_head, n_split, 2)
 
 
-def prefill_tpb(qpk: int) -> int:
-    """Tokens per block of the prefill packing."""
+def prefill_tpb(qpk: int, warps: int = FA_WARPS) -> int:
+    """Tokens per block of the prefill packing (FA_WARPS = warps)."""
     if not 1 <= qpk <= 16:
         raise MemraError(f"attn_fa: {qpk} query heads per KV head (1..16 supported)")
-    return FA_WARPS * (16 // qpk)
+    return warps * (16 // qpk)
 
 
 def can_decode_pack(head_dim: int) -> bool:
@@ -116,14 +119,16 @@ def group_table(seq, pos, tpb: int, size: int | None = None) -> np.ndarray:
 def attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, max_blocks: int, *,
             n_tokens: int, n_kv: int, qpk: int, head_dim: int, window: int, scale: float, n_split: int,
             groups=None, n_groups: int = 0, softcap: float = 0.0, split: int = SPLIT, decode: bool = False,
-            counters=None, xq=None, xs=None, rope=None, pdl: bool = False, canary: int = 0) -> None:
+            counters=None, xq=None, xs=None, rope=None, pdl: bool = False, canary: int = 0,
+            warps: int = FA_WARPS) -> None:
     """decode: attn_fa_dec over the n_tokens rows (one a block; head_dim % 64 == 0, else
     attn_fa one token a group); it merges a row's splits itself (counters: int32 [n_tokens *
     n_kv], zero), writes the q8 twin when xq / xs are given, and with rope
     (memra.gpu.ops.attention.RopeIn: rows of distinct sequences) ropes Q and appends each
     row's K and V itself (q is then unused), rope_norm_kv's bits. Else attn_fa over `groups`
     (device int32 [n_groups, 2], group_table's), n_groups blocks along x, then fa_combine
-    when n_split > 1."""
+    when n_split > 1. warps: the prefill packing's FA_WARPS (groups of warps * 16 / qpk tokens:
+    group_table's tpb must be prefill_tpb(qpk, warps)); the decode packing builds with 4."""
     n_head = n_kv * qpk
     if kcache.dtype != np.uint16 or vcache.dtype != np.uint16 or pos.dtype != np.int32:
         raise MemraError("attn_fa: the KV cache holds f16 bits (uint16); pos is int32")
@@ -132,7 +137,7 @@ def attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, m
     dec = decode and can_decode_pack(head_dim)
     if (rope is not None or xq is not None) and not dec:
         raise MemraError("attn_fa: RoPE and the q8 twin fuse only into the decode packing (head_dim % 64 == 0)")
-    m = module(g, head_dim, split, kcache.shape[1], canary)
+    m = module(g, head_dim, split, kcache.shape[1], canary, FA_WARPS if dec else warps)
     tail = (np.int32(window), np.float32(scale), np.float32(softcap))
     rows = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks))
     if dec:
@@ -158,9 +163,9 @@ def attn_fa(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table, m
         return
     if groups is None or n_groups < 1:
         raise MemraError("attn_fa: the prefill packing needs its token groups (group_table)")
-    g.launch(m.kernel("attn_fa"), (n_groups, n_kv, n_split), (32 * FA_WARPS,),
+    g.launch(m.kernel("attn_fa"), (n_groups, n_kv, n_split), (32 * warps,),
              (q, kcache, vcache, part_o, part_ml, out, *rows, groups, np.int32(n_kv), np.int32(qpk), *tail),
-             smem_bytes(head_dim, False), pdl=pdl)
+             smem_bytes(head_dim, False, warps), pdl=pdl)
     if n_split > 1:
         g.launch(m.kernel("fa_combine"), (n_head, n_tokens), (head_dim,),
                  (part_o, part_ml, out, pos, np.int32(window), np.int32(n_split)), pdl=pdl)
@@ -216,15 +221,17 @@ def _check(g, rng, case, canary: int = 0):
     d_q, d_pos, d_seq = g.to_device(q), g.to_device(pos), g.to_device(seq)
     name = f"attn_fa D={D} qpk={G} n_kv={nkv} window={window} softcap={cap:g} T={T} split={split}"
     runs = {}
-    packings = ("prefill", "token") + (("decode",) if can_decode_pack(D) else ())
+    # "prefill8": the prefill packing built with 8 warps (MEMRA_FA_WARPS=8: 128 rows a block)
+    packings = ("prefill", "token", "prefill8") + (("decode",) if can_decode_pack(D) else ())
     counters = g.to_device(np.zeros(T * nkv, np.int32))
     for pk in packings:
         for a in (part_o, part_ml, out):
             a.poison()
-        tab = group_table(seq, pos, prefill_tpb(G) if pk == "prefill" else 1, size=T)
+        w = 8 if pk == "prefill8" else FA_WARPS
+        tab = group_table(seq, pos, prefill_tpb(G, w) if pk.startswith("prefill") else 1, size=T)
         attn_fa(g, d_q, kp, vp, out, part_o, part_ml, d_pos, d_seq, d_table, table.shape[1], n_tokens=T, n_kv=nkv,
                 qpk=G, head_dim=D, window=window, scale=scale, n_split=n_split, groups=g.to_device(tab), n_groups=T,
-                softcap=cap, split=split, decode=pk == "decode", counters=counters, canary=canary)
+                softcap=cap, split=split, decode=pk == "decode", counters=counters, canary=canary, warps=w)
         runs[pk] = out.numpy()
     if "decode" in packings and np.any(counters.numpy()):
         return Outcome(name, False, "the decode packing left its split counters non-zero")
@@ -293,7 +300,7 @@ def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
 
 
 def compile_variants():
-    out = [(KERNEL_FILE, defines(c[0], c[6])) for c in CASES]
+    out = [(KERNEL_FILE, defines(c[0], c[6], warps=w)) for c in CASES for w in (FA_WARPS, 8)]
     out += [(KERNEL_FILE, defines(c[0], c[8])) for c in ROPE_CASES]
     out += [(KERNEL_FILE, defines(64, SPLIT, canary=k)) for k in (1, 3)] + [(KERNEL_FILE, defines(128, SPLIT, canary=2))]
     return list({(f, tuple(sorted(d.items()))): (f, d) for f, d in out}.values())
@@ -328,7 +335,10 @@ def launch_cases(L, ctx) -> list[dict]:
     window = int(L.args.get("window", 0))
     rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
     return [{"file": KERNEL_FILE, "entry": ("attn_fa_dec+rope" if fused else "attn_fa_dec") if decode
-             else "attn_fa+fa_combine", "defines": defines(D, split, ctx.kv_block), "bucket": b,
+             else "attn_fa+fa_combine",
+             "defines": defines(D, split, ctx.kv_block,
+                                warps=FA_WARPS if decode else int(L.args.get("warps", FA_WARPS))),
+             "bucket": b,
              "tag": f"heads={c.n_head}/{c.n_head_kv} window={window}" +
              (" rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else ""),
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "window": window, "split": split,
