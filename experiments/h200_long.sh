@@ -2,7 +2,7 @@
 # Issue 10's long-prompt cells on the H200 (the synthetic llama3-8b Q4_K_M; carries .whl,
 # .synthtok; llama-bench from experiments/h200_serve.sh STAGE=build in the call before, else
 # its arm is skipped):
-#   - TTFT of a 4,096-token prompt: `memra run` (default attention and MEMRA_ATTN=fa) beside
+#   - TTFT of a 4,096-token prompt: `memra run` (the default, hybrid, and MEMRA_ATTN=decode) beside
 #     llama.cpp's prefill of 4,096 tokens (llama-bench -p 4096 -n 0: TTFT ~ 4096 / pp t/s);
 #   - a 32k-token prompt completes (`memra run --ctx 33000 -n 16`, TTFT and decode speed),
 #     with both attentions; pp512 at depth 4096 with both;
@@ -32,7 +32,7 @@ ids = tok.encode(text, add_special=False)
 for n in (4096, 32768):
     open(f"{sys.argv[2]}/prompt-{n}.txt", "w").write(tok.decode(ids[:n - 1]))
 PY
-for at in decode fa; do
+for at in hybrid decode; do   # hybrid: the default since session 19 (prompt rows on attn_fa and the tile)
   MEMRA_ATTN=$at timeout 120 python3 -m memra run "$M8" -p - --ctx 4200 -n 1 --temp 0 --ignore-eos \
     < $R/prompt-4096.txt > $R/run-4k-$at.txt 2>&1
   log "4k prompt attn=$at rc=$? $(grep -E 'TTFT' $R/run-4k-$at.txt | tail -1)"
@@ -44,12 +44,12 @@ if [ -x $LB ]; then
 else
   log "no llama-bench (run experiments/h200_serve.sh STAGE=build first): llama.cpp's 4k arm skipped"
 fi
-for at in fa decode; do
+for at in hybrid; do
   MEMRA_ATTN=$at timeout 240 python3 -m memra run "$M8" -p - --ctx 33000 -n 16 --temp 0 --ignore-eos \
     < $R/prompt-32768.txt > $R/run-32k-$at.txt 2>&1
   log "32k prompt attn=$at rc=$? $(grep -E 'TTFT|gate' $R/run-32k-$at.txt | tail -2 | tr '\n' ' ')"
 done
-for at in fa decode; do
+for at in hybrid decode; do
   MEMRA_ATTN=$at timeout 150 python3 -m memra bench "$M8" -p 512 -n 0 -d 4096 --tag MEMRA_ATTN=$at \
     --out $R/bench-pp-d4096.jsonl > $R/bench-pp-d4096-$at.txt 2>&1
   log "pp512 @ d4096 attn=$at rc=$? $(grep -E 'pp512' $R/bench-pp-d4096-$at.txt | tr -s ' ' | tr '\n' ';')"

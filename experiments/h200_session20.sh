@@ -14,7 +14,8 @@
 #   STAGE k follows (ship the models first; ~8 min): kernel-check, every GPU test. Between t and k copy
 #   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
 #   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
-# Priority with 30 device minutes: a, then t + k, then s, then b.
+# STAGE l (after a, same lease): the 4k prompt's TTFT beside llama.cpp, the 32k prompt (experiments/h200_long.sh).
+# Priority with 30 device minutes: a, then t + k, then l, s, b.
 # STAGE b (carry .whl + .synthtok; no models, ~6 min): MEMRA_FA_SPLIT 256 / 1024 / 4096 x MEMRA_FA_WARPS 4 / 8
 #   at pp512 depth 0 and 4096 on the 8B and the 1B (FA_WARPS 8's bits: kernel-check's prefill8 packing, STAGE k).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
@@ -42,6 +43,11 @@ a)
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 s)
   serve_evidence ;;
+l)
+  # issue 10's long prompts with the default engine (llama-bench from STAGE a's build, same lease):
+  # the 4k prompt's TTFT beside llama.cpp's pp4096, the 32k prompt, the impossible context
+  OUT=$R SPLITS=0 bash experiments/h200_long.sh > $R/long.txt 2>&1; log "long rc=$?"; cat $R/long/log.txt
+  cp -r $R/long $OUT/ ;;
 t)
   tune_campaign h200-gemm-tile 420 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
     -m synth:llama-1b:Q4_0
