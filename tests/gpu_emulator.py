@@ -741,8 +741,12 @@ def _attn_fa(g, k, grid, v):
     FA_WARPS * 16 / qpk rows each, of one sequence, every row with a position in exactly one."""
     if k.name == "attn_fa":
         q, kc, vc, _, _, out, pos, seq, bt, max_blocks, groups, n_kv, qpk, window, scale, softcap = v
-        tab = g.mem(groups, np.int32, 2 * grid[0]).reshape(-1, 2)
-        T = grid[0]
+        tab = g.mem(groups, np.int32, 2 * grid[0] + 2).reshape(-1, 2)
+        # the step's row count: the runner's (rows, GROUPS_END) after the launched groups, else grid x
+        from memra.gpu.ops.attn_fa import GROUPS_END
+
+        T = int(tab[-1, 0]) if tab[-1, 1] == GROUPS_END else grid[0]
+        tab = tab[:-1]
         tpb = _d(k, "FA_WARPS", 4) * (16 // qpk)
         P = g.mem(pos, np.int32, T)
         SQ = g.mem(seq, np.int32, T) if seq else np.zeros(T, np.int32)

@@ -194,7 +194,7 @@ def test_the_servers_warm_up_captures_every_prefill_bucket(tiny_models):
     # positions reach two)
     counts = r.prefill_split_counts()
     assert len(counts) == 2
-    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c, "p", 1) for b in PREFILL_BUCKETS
+    assert {k for k in r._graphs if k[0] == "prefill"} == {("prefill", b, c, "p", 1, 1) for b in PREFILL_BUCKETS
                                                            for c in counts}
     assert {k[0] for k in r._graphs if isinstance(k[0], int)} == {1, 2, 4}
     assert r.kv.alloc.n_free == free0
@@ -263,6 +263,22 @@ def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypat
     c = short.open()
     with pytest.raises(Exception, match="reach split"):
         short.step([Row(c, PROMPT * 30)])
+    # grid x: the chunk's token groups (32 tokens each here), a power of two; one group short of
+    # them leaves rows uncovered, which the emulated kernel refuses
+    tpb = 32
+    assert r.p_grp.numpy()[r.fa_groups, 1] == -31249 and r.fa_groups == 1   # the 20-row chunk: one group
+    x = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
+    real = x._upload_groups
+
+    def fewer(seq, pos, size):
+        real(seq, pos, size)
+        x.fa_groups = max(1, x.fa_groups // 2)
+
+    x._upload_groups = fewer
+    d = x.open()
+    with pytest.raises(Exception, match="attn_fa: (token group|the token groups do not cover)"):
+        x.step([Row(d, PROMPT * 30)])       # 300 rows: 10 groups of up to tpb, grid 16 -> 8
+    assert -(-300 // tpb) == 10
 
 
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M"), ("qwen2", "Q8_0")])

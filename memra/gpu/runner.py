@@ -312,9 +312,12 @@ class Runner:
         # _upload_kinds, graphs keyed by it). A row's bits do not depend on it; the grid of the
         # whole context (fa_n_split: 128 splits at 32k) launched blocks that only left at once
         self.fa_splits = 1
+        # and its grid x: the step's token groups rounded up to a power of two (at most the step's
+        # rows; set by _upload_groups, graphs keyed by it), not one block a row
+        self.fa_groups = 1
         # attn_fa's token groups of a prefill step's rows (memra.gpu.ops.attn_fa.group_table), one
         # table of up to R groups uploaded before the step (graphs read it at replay)
-        self.p_grp = g.to_device(np.zeros((R, 2), i32))
+        self.p_grp = g.to_device(np.zeros((R + 1, 2), i32))
         # attn_decode's split count (grid y) in a prefill or verification step: the fewest that
         # lay its rows out as plan.n_splits does (ATT.splits_for; set per step by _pre_splits)
         self.pre_splits = self.plan.n_splits
@@ -501,7 +504,8 @@ class Runner:
                            n_kv=c.n_head_kv, qpk=c.n_gqa,
                            head_dim=c.head_dim, window=a["window"], scale=c.scale,
                            n_split=self.fa_n_split if a["packing"] == "decode" else self.fa_splits,
-                           split=a["split"], decode=a["packing"] == "decode", n_groups=rows,
+                           split=a["split"], decode=a["packing"] == "decode",
+                           n_groups=rows if a["packing"] == "decode" else self.fa_groups,
                            groups=self.d_grp if a["packing"] == "decode" else self.p_grp,
                            counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, rope=rope,
                            pdl=pdl, warps=a.get("warps", FA.FA_WARPS))
@@ -672,7 +676,7 @@ class Runner:
         self.pre_splits = self._pre_splits(pos)
         # generated rows: decode's arithmetic (a hybrid plan's attn_decode launch alone)
         kinds = self._upload_kinds(np.full(n, seq.slot, np.int32), pos, np.ones(n, bool), n)
-        key = ("verify", n, sampler, self.pre_splits, self.fa_splits)
+        key = ("verify", n, sampler, self.pre_splits, self.fa_splits, self.fa_groups)
         gr = self._graphs.get(key) if graph else None
         raw = None
         if masks is not None and logits != "none":
@@ -929,7 +933,7 @@ class Runner:
         else:
             self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
-        key = ("prefill", B, self.pre_splits, kinds, self.fa_splits)
+        key = ("prefill", B, self.pre_splits, kinds, self.fa_splits, self.fa_groups)
         gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
@@ -974,8 +978,8 @@ class Runner:
         if not self.prefill_graph:
             return 0
         n = 0
-        saved = self.pre_splits, self.fa_splits
-        for B, kinds in sorted({(k[1], k[3]) for k in self._graphs if k[0] == "prefill"}):
+        saved = self.pre_splits, self.fa_splits, self.fa_groups
+        for B, kinds, gx in sorted({(k[1], k[3], k[5]) for k in self._graphs if k[0] == "prefill"}):
             launches = self.plan.step(B, decode=False, kinds=kinds)
             feed = self.step_rows(B)
             # a step without attn_decode (a hybrid plan's prompt rows, MEMRA_ATTN=fa) has no use
@@ -984,15 +988,15 @@ class Runner:
             fa = self.plan.use_fa and (not self.plan.hybrid or "p" in kinds)
             for sp in self.prefill_split_counts() if dec else [self.plan.n_splits]:
                 for fz in self.fa_split_counts() if fa else [1]:
-                    key = ("prefill", B, sp, kinds, fz)
+                    key = ("prefill", B, sp, kinds, fz, gx)
                     if key in self._graphs:
                         continue
-                    self.pre_splits, self.fa_splits = sp, fz
+                    self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
                     with self.g.capture() as gr:
                         self._run(launches, B, *feed)
                     self._graphs[key] = gr
                     n += 1
-        self.pre_splits, self.fa_splits = saved
+        self.pre_splits, self.fa_splits, self.fa_groups = saved
         return n
 
     def capture_decode_splits(self) -> int:
@@ -1043,7 +1047,14 @@ class Runner:
         """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
         if self.plan.use_fa:
             tpb = FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps)
-            self.p_grp.view(shape=(size, 2)).upload(FA.group_table(seq, pos, tpb, size))
+            n = len(FA.group_table(seq, pos, tpb)) if np.any(np.asarray(pos) >= 0) else 1
+            self.fa_groups = min(1 << (n - 1).bit_length(), size)
+            tab = np.zeros((self.fa_groups + 1, 2), np.int32)
+            tab[:self.fa_groups] = FA.group_table(seq, pos, tpb, self.fa_groups)
+            # after the launched groups, (rows, GROUPS_END): the step's row count, which the kernel
+            # does not read (tests/gpu_emulator.py checks the groups' coverage of the step's rows with it)
+            tab[self.fa_groups] = (size, FA.GROUPS_END)
+            self.p_grp.view(shape=(self.fa_groups + 1, 2)).upload(tab)
 
     def _head(self, part, s, rows, want, flat_pos, hrows, sampled) -> None:
         """Logits of the flat token rows `part` (inside the chunk starting at s): their h

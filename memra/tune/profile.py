@@ -153,7 +153,8 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
             feed = runner.step_rows(bucket)
             step_us = None
             if runner.prefill_graph:
-                gr = runner._graphs[("prefill", bucket, runner.pre_splits, "p", runner.fa_splits)]  # Runner._chunk's
+                gr = runner._graphs[("prefill", bucket, runner.pre_splits, "p", runner.fa_splits,
+                                            runner.fa_groups)]  # Runner._chunk's
                 step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
 
             def eager():

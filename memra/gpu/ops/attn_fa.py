@@ -36,6 +36,9 @@ from memra.gpu.ops import launch_bucket
 KERNEL_FILE = "attn_fa.cu"
 FA_WARPS = 4
 WARPS = (1, 2, 4, 8)  # FA_WARPS the prefill packing builds with (the decode packing: 4 only)
+# the count of the entry a runner writes after a step's launched token groups, (rows, GROUPS_END):
+# the kernel never reads it; tests/gpu_emulator.py takes the step's row count from it
+GROUPS_END = -31249
 SPLIT = 256  # keys per split (FA_SPLIT)
 TOL = 1e-3
 _NULL = np.uint64(0)
