@@ -251,12 +251,15 @@ def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypat
     r.step([Row(a, PROMPT * 30)])          # 300 positions: splits 0..4, grid 8
     deep = r.step([Row(a, PROMPT[:20], logits="all")])[0].logits
     assert r.fa_splits == 8 and len(r._graphs) == n_graphs
+    monkeypatch.setenv("MEMRA_FA_GRID", "full")   # the rollback seam: the whole context's grid, as before
     full = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
-    full._fa_splits = lambda pos: full.fa_n_split  # the whole context's grid, as before
+    monkeypatch.delenv("MEMRA_FA_GRID")
+    assert full.fa_split_counts() == [10]
     b = full.open()
     full.step([Row(b, PROMPT * 30)])
     assert np.array_equal(full.step([Row(b, PROMPT[:20], logits="all")])[0].logits.view(np.uint32),
                           deep.view(np.uint32))
+    assert (full.fa_splits, full.fa_groups) == (10, 10)   # the last chunk: 10 rows, one block each
     # a grid short of the deepest row's split is refused by the emulated kernel
     short = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
     short._fa_splits = lambda pos: 1
@@ -266,7 +269,7 @@ def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypat
     # grid x: the chunk's token groups (32 tokens each here), a power of two; one group short of
     # them leaves rows uncovered, which the emulated kernel refuses
     tpb = 32
-    assert r.p_grp.numpy()[r.fa_groups, 1] == -31249 and r.fa_groups == 1   # the 20-row chunk: one group
+    assert r.p_grp.numpy()[r.fa_groups, 1] == -31249 and r.fa_groups == 1   # the last chunk (10 rows): one group
     x = _runner(path, max_len=600, max_seqs=4, attn="hybrid", prefill_graph=False)
     real = x._upload_groups
 

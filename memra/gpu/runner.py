@@ -312,6 +312,9 @@ class Runner:
         # _upload_kinds, graphs keyed by it). A row's bits do not depend on it; the grid of the
         # whole context (fa_n_split: 128 splits at 32k) launched blocks that only left at once
         self.fa_splits = 1
+        # MEMRA_FA_GRID=full (rollback seam, docs/FLAGS.md): both grids the whole context's / the
+        # step's rows, as before session 19
+        self.fa_grid_full = os.environ.get("MEMRA_FA_GRID", "trim") == "full"
         # and its grid x: the step's token groups rounded up to a power of two (at most the step's
         # rows; set by _upload_groups, graphs keyed by it), not one block a row
         self.fa_groups = 1
@@ -1028,7 +1031,11 @@ class Runner:
         splits of its deepest row's keys, rounded up to a power of two, at most fa_n_split."""
         pos = np.asarray(pos)
         live = pos[pos >= 0]
-        if not self.plan.use_fa or live.size == 0:
+        if not self.plan.use_fa:
+            return 1
+        if self.fa_grid_full:
+            return self.fa_n_split
+        if live.size == 0:
             return 1
         need = int(live.max()) // self.plan.fa_split + 1
         return min(1 << (need - 1).bit_length(), self.fa_n_split)
@@ -1037,6 +1044,8 @@ class Runner:
         """Every grid z _fa_splits can choose for this runner's contexts."""
         if not self.plan.use_fa:
             return [1]
+        if self.fa_grid_full:
+            return [self.fa_n_split]
         out, z = [], 1
         while z < self.fa_n_split:
             out.append(z)
@@ -1048,7 +1057,7 @@ class Runner:
         if self.plan.use_fa:
             tpb = FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps)
             n = len(FA.group_table(seq, pos, tpb)) if np.any(np.asarray(pos) >= 0) else 1
-            self.fa_groups = min(1 << (n - 1).bit_length(), size)
+            self.fa_groups = size if self.fa_grid_full else min(1 << (n - 1).bit_length(), size)
             tab = np.zeros((self.fa_groups + 1, 2), np.int32)
             tab[:self.fa_groups] = FA.group_table(seq, pos, tpb, self.fa_groups)
             # after the launched groups, (rows, GROUPS_END): the step's row count, which the kernel

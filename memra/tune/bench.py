@@ -279,7 +279,7 @@ def common_fields(name: str, path: Path, engine, table_label: str, tag: str | No
 
 # the rollback seams of docs/FLAGS.md: a run with one of them set is not the default engine
 SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "MEMRA_GEMM": "1", "MEMRA_MVT": "1",
-         "MEMRA_TILE": "1",
+         "MEMRA_TILE": "1", "MEMRA_FA_GRID": "trim",
          "MEMRA_ATT_GROUP_ROWS": "16", "MEMRA_MASK_OVERLAP": "1", "MEMRA_FORCED": "1",
          "MEMRA_PREFILL_GRAPH": "1", "MEMRA_PREFILL_CHUNK": "512", "MEMRA_PREFILL_SPLITS": "auto",
          "MEMRA_DECODE_AHEAD": "1", "MEMRA_ATT_RING": "2"}
