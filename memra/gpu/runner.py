@@ -1055,11 +1055,11 @@ class Runner:
     def _upload_groups(self, seq, pos, size: int) -> None:
         """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
         if self.plan.use_fa:
-            tpb = FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps)
-            n = len(FA.group_table(seq, pos, tpb)) if np.any(np.asarray(pos) >= 0) else 1
+            groups = FA.group_table(seq, pos, FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps))
+            n = len(groups)  # at least 1 (a zero-count row when no row has a position)
             self.fa_groups = size if self.fa_grid_full else min(1 << (n - 1).bit_length(), size)
             tab = np.zeros((self.fa_groups + 1, 2), np.int32)
-            tab[:self.fa_groups] = FA.group_table(seq, pos, tpb, self.fa_groups)
+            tab[:n] = groups
             # after the launched groups, (rows, GROUPS_END): the step's row count, which the kernel
             # does not read (tests/gpu_emulator.py checks the groups' coverage of the step's rows with it)
             tab[self.fa_groups] = (size, FA.GROUPS_END)
