@@ -21,7 +21,9 @@ configurations may differ per batch bucket (their row order depends on K only), 
 is refused, and the norm, RoPE and attention tunables are looked up once (batch 1) and
 used at every row count (they set a row's reduction order). Attention's heads per block
 are the exception: they never change a head's bits, so from ATT_GROUP_ROWS rows a block
-takes the whole GQA group (att_hpb_rows).
+takes the whole GQA group (att_hpb_rows). With MEMRA_ATTN=hybrid a row's arithmetic is also
+chosen by its kind, never by what runs beside it: prompt rows take attn_fa and (on the weights
+it supports) kernels/gemm_tile.cu's chain order, generated rows attn_decode and mv_q8's order.
 """
 
 from __future__ import annotations
@@ -205,14 +207,14 @@ class Planner:
             else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
+        # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
+        # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
+        self.tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
         # MEMRA_ATTN=hybrid's prompt rows' layer matmuls on kernels/gemm_tile.cu (the chain order)
         # on the weights it supports (GT.supports: by the weight alone), generated rows' on
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
-        # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
-        # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
-        self.tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
         self.use_tile = self.hybrid and bool(tile) and path == "q8" and any(self._tile_ok(w) for w in self.weights())
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
