@@ -15,7 +15,8 @@
 #   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
 #   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
 # STAGE l (after a, same lease): the 4k prompt's TTFT beside llama.cpp, the 32k prompt (experiments/h200_long.sh).
-# Priority with 30 device minutes: a, then t + k, then l, s, b.
+# STAGE d (models shipped; ~6 min): MEMRA_ATT_DEPTH 0 / 1 alternating with hybrid (issue 14's depth-4096 decode).
+# Priority with 30 device minutes: a, then t + k, then d, l, s, b.
 # STAGE b (carry .whl + .synthtok; no models, ~6 min): MEMRA_FA_SPLIT 256 / 1024 / 4096 x MEMRA_FA_WARPS 4 / 8
 #   at pp512 depth 0 and 4096 on the 8B and the 1B (FA_WARPS 8's bits: kernel-check's prefill8 packing, STAGE k).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
@@ -43,6 +44,19 @@ a)
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 s)
   serve_evidence ;;
+d)
+  # MEMRA_ATT_DEPTH=1 (decode attention laid out for long contexts) now that prompt rows run attn_fa:
+  # session 12 measured tg128 @ d4096 +12.7 % (8B), +17.7 % (1B), +2 % (SmolLM2), -12.9 % (Gemma-3) but
+  # pp512 @ d4096 -13 to -21 % from attn_decode's prompt rows, which hybrid no longer has. Arms alternating.
+  link_models "the real models' cells need them"
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 smollm2-135m gemma3-270m; do
+    for dep in 0 1 0 1; do
+      MEMRA_ATT_DEPTH=$dep timeout 100 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 \
+        --synth-tokenizer $TOK --out $R/bench-att-depth.jsonl > $R/bench.txt 2>&1
+      log "$m ATT_DEPTH=$dep rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-att-depth.jsonl $OUT/ ;;
 l)
   # issue 10's long prompts with the default engine (llama-bench from STAGE a's build, same lease):
   # the 4k prompt's TTFT beside llama.cpp's pp4096, the 32k prompt, the impossible context
