@@ -2,11 +2,12 @@
 # The next session's H200 calls (prepared in session 19: the prompt tile landed, measured on the 8B
 # Q4_K_M and 1B pp512 only; research/2026-12-03-session19 section 4).
 # Ship the models first (experiments/ship_models.py; .models/ship-0N/take.sh, six calls), then:
-# STAGE a (carry .whl + .synthtok + .llamacpp, ~9 min): llama.cpp (llama-bench, llama-server) and the
+# STAGE a (carry .whl + .synthtok + .llamacpp, ~10 min): llama.cpp (llama-bench, llama-server) and the
 #   served 8B built in the background; `memra profile --prefill -np 512` of the 1B and the 8B (where a
 #   prompt chunk goes with the tile), the 1B's pp512 with MEMRA_TILE_MIN 16 / 32 alternating (its
-#   2,048-row weights on the tile or on gemm.cu); then `memra bench --vs llama.cpp` of every model
-#   (the default engine: hybrid + tile) once the build is done.
+#   2,048-row weights on the tile or on gemm.cu), MEMRA_ATT_DEPTH 0 / 1 on the 8B and 1B (STAGE d's
+#   question, while the build runs); then `memra bench --vs llama.cpp` of every model (the default
+#   engine: hybrid + tile) once the build is done.
 # STAGE s (right after a, same lease; carry .whl + .synthtok): the serve GPU tests and `memra bench
 #   serve --vs` llama-server (issue 11's table) with the default engine.
 # STAGE t (carry .whl + .synthtok; no models, ~6 min): the tile's campaign (tune/campaigns/h200-gemm-tile.toml,
@@ -15,8 +16,10 @@
 #   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
 #   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
 # STAGE l (after a, same lease): the 4k prompt's TTFT beside llama.cpp, the 32k prompt (experiments/h200_long.sh).
-# STAGE d (models shipped; ~6 min): MEMRA_ATT_DEPTH 0 / 1 alternating with hybrid (issue 14's depth-4096 decode).
-# Priority with 30 device minutes: a, then t + k, then d, l, s, b.
+# STAGE d (models shipped; ~6 min): MEMRA_ATT_DEPTH 0 / 1 alternating with hybrid on all four models
+#   (STAGE a runs the 8B and 1B half).
+# Priority with 30 device minutes: a, then t + k (decide any flip measured in a before k: k's
+# kernel-check must cover the launch set that lands), then l, d, s, b.
 # STAGE b (carry .whl + .synthtok; no models, ~6 min): MEMRA_FA_SPLIT 256 / 1024 / 4096 x MEMRA_FA_WARPS 4 / 8
 #   at pp512 depth 0 and 4096 on the 8B and the 1B (FA_WARPS 8's bits: kernel-check's prefill8 packing, STAGE k).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session20.sh
@@ -39,6 +42,15 @@ a)
     log "1B MEMRA_TILE_MIN=$mn rc=$? $(el)"; grep -E "pp512" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
   done
   cp $R/bench-tile-min.jsonl $OUT/
+  # while llama.cpp builds: MEMRA_ATT_DEPTH 0 / 1 alternating on the 8B and the 1B (STAGE d's question)
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    for dep in 0 1 0 1; do
+      MEMRA_ATT_DEPTH=$dep timeout 100 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 \
+        --synth-tokenizer $TOK --out $R/bench-att-depth.jsonl > $R/bench.txt 2>&1
+      log "$m ATT_DEPTH=$dep rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-att-depth.jsonl $OUT/
   serve_build_wait
   unset MEMRA_ATTN
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
