@@ -443,10 +443,14 @@ def test_hybrid_prompt_rows_take_the_tile_gemm(tiny_models, monkeypatch):
     alone = _runner(path, attn="hybrid")
     want = alone.step([Row(alone.open(), PROMPT[::-1], logits="last")])[0].logits
     assert np.array_equal(other.view(np.uint32), want.view(np.uint32))
+    # the eager path's steps: at most PREFILL_CHUNK rows, cut where the row kind changes
+    gen = np.array([False, False, True, True] + [False] * 601)
+    assert r._chunks(gen) == [(0, 2), (2, 2), (4, 512), (516, 89)]
     # MEMRA_TILE=0: no tile launch, and the prompt rows' bits change with it
     monkeypatch.setenv("MEMRA_TILE", "0")
     off = _runner(path, attn="hybrid")
     assert not off.plan.use_tile and "gemm_tile" not in [L.op for L in off.plan.step(4, decode=False)]
+    assert off._chunks(gen) == [(0, 512), (512, 93)]   # one step may hold both kinds without the tile
     assert not np.array_equal(prompt_logits(off, len(PROMPT)), whole)
     # MEMRA_TILE_MIN (a measurement knob): more output tiles than any weight has turns it off
     monkeypatch.setenv("MEMRA_TILE", "1")
