@@ -8,8 +8,9 @@ kernel-check` runs and compiles, and that its receipt records.
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
-exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists, hybrid with MEMRA_TILE=0 when the gemm_tile family exists too), the planner (memra.gpu.plan) lists its launches: decode steps at every CUDA-graph
-bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
+exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists,
+hybrid with MEMRA_TILE=0 when the gemm_tile family exists too), the planner (memra.gpu.plan) lists
+its launches: decode steps at every CUDA-graph bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
 8 and 64 gathered rows (with the quantize_q8
