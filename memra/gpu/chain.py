@@ -21,6 +21,7 @@ weight and + residual, each one rounding.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from memra.errors import MemraError
 from memra.model import quants as Q
@@ -88,12 +89,92 @@ def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.n
 
 def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
     """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
-    against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32])."""
-    step, rows, nb, nblk = _block_step(raw, t, qx, dx, S)
+    against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32]).
+    The same operations as _block_step's, compiled (numba): each output's blocks in a loop with a
+    scalar fma32, the integer dots as float64 matrix products (exact: |I| < 2^22)."""
+    if t not in TYPES:
+        raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
+    raw = np.ascontiguousarray(raw, np.uint8)
+    nb, K = qx.shape
+    rows, nblk = raw.shape[0], K // 32
+    bs, ts = Q.block_info(t)
+    if K % bs or raw.shape[1] != K // bs * ts:
+        raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
+    codes = Q.decompose(raw, t, (rows, K))
+    dx = np.ascontiguousarray(dx, np.float32).reshape(nb, nblk)
+    g = 16 if t == Q.Q6_K else 32
+    # I[r, b, j] = sum over group j of the codes times the activations (float64: exact integers)
+    w = codes.q.astype(np.float64).reshape(rows, K // g, g).transpose(1, 0, 2)
+    x = np.asarray(qx, np.float64).reshape(nb, K // g, g).transpose(1, 2, 0)
+    I = np.ascontiguousarray(np.matmul(w, x).transpose(1, 2, 0))      # [rows, nb, K / g]
+    if t == Q.Q6_K:
+        sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.float64).reshape(rows, -1)
+        d = np.repeat(_f16(raw, 208, ts), 8, axis=1)                     # [rows, nblk]: d of block i
+        return _chain_q6k(I, np.ascontiguousarray(sc), np.ascontiguousarray(d), dx).T
+    scale = np.ascontiguousarray(codes.scale, np.float32)
+    if codes.minv is None:
+        ndmm = np.zeros((0, 0), np.float32)
+        sx = np.zeros((0, 0), np.float32)
+    else:
+        ndmm = np.ascontiguousarray(codes.minv, np.float32)
+        sx = (dx.astype(np.float64) * np.asarray(S, np.float64).reshape(nb, nblk)).astype(np.float32)
+    return _chain_blocks(I, scale, dx, ndmm, sx).T
+
+
+@njit(cache=True)
+def _fma32s(a, b, c):
+    """fma32 on float32 scalars (the same algorithm: an exact product, TwoSum, the double
+    rounding's midpoint resolved by the error's sign)."""
+    ab = np.float64(a) * np.float64(b)
+    cd = np.float64(c)
+    s = ab + cd
+    bb = s - ab
+    e = (ab - (s - bb)) + (cd - bb)
+    r = np.float32(s)
+    rd = np.float64(r)
+    if rd == s or e == 0:
+        return r
+    nbr = np.nextafter(r, np.float32(np.inf) if s > rd else np.float32(-np.inf))
+    if (rd + np.float64(nbr)) * 0.5 != s:
+        return r
+    lo, hi = (r, nbr) if r < nbr else (nbr, r)
+    return hi if e > 0 else lo
+
+
+@njit(cache=True, parallel=True)
+def _chain_blocks(I, scale, dx, ndmm, sx):
+    """Q4_0 / Q8_0 / Q4_K: acc [rows, nb] over blocks i: p = fl(I d'), acc = fma(p, dx, acc) (and
+    acc = fma(ndmm, sx, acc) when ndmm has rows)."""
+    rows, nb, nblk = I.shape
+    mins = ndmm.shape[0] > 0
     acc = np.zeros((rows, nb), np.float32)
-    for i in range(nblk):
-        acc = step(acc, i)
-    return acc.T
+    for r in prange(rows):
+        for b in range(nb):
+            a = np.float32(0.0)
+            for i in range(nblk):
+                p = np.float32(I[r, b, i] * np.float64(scale[r, i]))
+                a = _fma32s(p, dx[b, i], a)
+                if mins:
+                    a = _fma32s(ndmm[r, i], sx[b, i], a)
+            acc[r, b] = a
+    return acc
+
+
+@njit(cache=True, parallel=True)
+def _chain_q6k(I16, sc, d, dx):
+    """Q6_K: acc [rows, nb] over blocks i: J = sc_2i I_2i + sc_2i+1 I_2i+1 (exact), p = fl(J d),
+    acc = fma(p, dx, acc)."""
+    rows, nb, n16 = I16.shape
+    acc = np.zeros((rows, nb), np.float32)
+    for r in prange(rows):
+        for b in range(nb):
+            a = np.float32(0.0)
+            for i in range(n16 // 2):
+                J = sc[r, 2 * i] * I16[r, b, 2 * i] + sc[r, 2 * i + 1] * I16[r, b, 2 * i + 1]
+                p = np.float32(J * np.float64(d[r, i]))
+                a = _fma32s(p, dx[b, i], a)
+            acc[r, b] = a
+    return acc
 
 
 SLOTS = 32
