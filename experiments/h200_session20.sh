@@ -26,6 +26,17 @@
 set -u
 source experiments/h200_common.sh
 stage_begin s20
+# att_depth_ab MODEL...: `memra bench -p 512 -n 128 -d 0,4096 -r 3` with MEMRA_ATT_DEPTH 0 / 1 / 0 / 1
+att_depth_ab() {
+  for m in "$@"; do
+    for dep in 0 1 0 1; do
+      MEMRA_ATT_DEPTH=$dep timeout 100 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 \
+        --synth-tokenizer $TOK --out $R/bench-att-depth.jsonl > $R/bench.txt 2>&1
+      log "$m ATT_DEPTH=$dep rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-att-depth.jsonl $OUT/
+}
 case "$STAGE" in
 a)
   link_models "the real models' bench cells need them"
@@ -43,14 +54,7 @@ a)
   done
   cp $R/bench-tile-min.jsonl $OUT/
   # while llama.cpp builds: MEMRA_ATT_DEPTH 0 / 1 alternating on the 8B and the 1B (STAGE d's question)
-  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    for dep in 0 1 0 1; do
-      MEMRA_ATT_DEPTH=$dep timeout 100 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 \
-        --synth-tokenizer $TOK --out $R/bench-att-depth.jsonl > $R/bench.txt 2>&1
-      log "$m ATT_DEPTH=$dep rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
-    done
-  done
-  cp $R/bench-att-depth.jsonl $OUT/
+  att_depth_ab synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0
   serve_build_wait
   unset MEMRA_ATTN
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
@@ -61,14 +65,7 @@ d)
   # session 12 measured tg128 @ d4096 +12.7 % (8B), +17.7 % (1B), +2 % (SmolLM2), -12.9 % (Gemma-3) but
   # pp512 @ d4096 -13 to -21 % from attn_decode's prompt rows, which hybrid no longer has. Arms alternating.
   link_models "the real models' cells need them"
-  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 smollm2-135m gemma3-270m; do
-    for dep in 0 1 0 1; do
-      MEMRA_ATT_DEPTH=$dep timeout 100 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 \
-        --synth-tokenizer $TOK --out $R/bench-att-depth.jsonl > $R/bench.txt 2>&1
-      log "$m ATT_DEPTH=$dep rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
-    done
-  done
-  cp $R/bench-att-depth.jsonl $OUT/ ;;
+  att_depth_ab smollm2-135m gemma3-270m synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 ;;
 l)
   # issue 10's long prompts with the default engine (llama-bench from STAGE a's build, same lease):
   # the 4k prompt's TTFT beside llama.cpp's pp4096, the 32k prompt, the impossible context

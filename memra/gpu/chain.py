@@ -52,8 +52,9 @@ def _f16(raw: np.ndarray, off: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
 
 
-def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray):
-    """(step, rows, nb, nblk): step(acc, i) is acc [rows, nb] with k32 block i chained in."""
+def _operands(raw: np.ndarray, t: int, qx: np.ndarray):
+    """(raw as contiguous uint8, nb, K, rows, nblk, type size, the dequantizer's integer codes and
+    per-group scalars), or MemraError for a type without a chain or rows that do not hold K."""
     if t not in TYPES:
         raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -62,7 +63,12 @@ def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.n
     bs, ts = Q.block_info(t)
     if K % bs or raw.shape[1] != K // bs * ts:
         raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
-    codes = Q.decompose(raw, t, (rows, K))   # the dequantizer's integer codes and per-group scalars
+    return raw, nb, K, rows, nblk, ts, Q.decompose(raw, t, (rows, K))
+
+
+def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray):
+    """(step, rows, nb, nblk): step(acc, i) is acc [rows, nb] with k32 block i chained in."""
+    raw, nb, K, rows, nblk, ts, codes = _operands(raw, t, qx)
     w = codes.q.astype(np.int64)
     x = qx.astype(np.int64)
     dx = np.asarray(dx, np.float32)
@@ -92,15 +98,7 @@ def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray
     against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32]).
     The same operations as _block_step's, compiled (numba): each output's blocks in a loop with a
     scalar fma32, the integer dots as float64 matrix products (exact: |I| < 2^22)."""
-    if t not in TYPES:
-        raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
-    raw = np.ascontiguousarray(raw, np.uint8)
-    nb, K = qx.shape
-    rows, nblk = raw.shape[0], K // 32
-    bs, ts = Q.block_info(t)
-    if K % bs or raw.shape[1] != K // bs * ts:
-        raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
-    codes = Q.decompose(raw, t, (rows, K))
+    raw, nb, K, rows, nblk, ts, codes = _operands(raw, t, qx)
     dx = np.ascontiguousarray(dx, np.float32).reshape(nb, nblk)
     g = 16 if t == Q.Q6_K else 32
     # I[r, b, j] = sum over group j of the codes times the activations (float64: exact integers)
