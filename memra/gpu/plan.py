@@ -85,6 +85,10 @@ def _bucket(rows: int, buckets: tuple, what: str) -> int:
 DISPATCH_KERNELS = ("dispatch", "dispatch_glu")
 
 
+# the plan ops that are a weight's product (the runner's _matvec handles them; profile counts their ops)
+MATRIX_OPS = ("matvec", "gemm", "mvt", "gemm_tile")
+
+
 def dispatch_kernel(glu: bool) -> str:
     return DISPATCH_KERNELS[1] if glu else DISPATCH_KERNELS[0]
 
@@ -195,9 +199,8 @@ class Planner:
         # kind, so both stay batch-invariant, but a prompt row and a decode row at one position
         # differ in bits (step's kinds; docs/FLAGS.md)
         self.hybrid = bool(hybrid) and self.use_fa
-        self.fa_split = FA.SPLIT
         # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
-        self.fa_split = _env_int("MEMRA_FA_SPLIT", self.fa_split, lambda n: 64 <= n <= 32768 and n % 64 == 0,
+        self.fa_split = _env_int("MEMRA_FA_SPLIT", FA.SPLIT, lambda n: 64 <= n <= 32768 and n % 64 == 0,
                                  "a multiple of 64 in 64..32768")
         # a measurement knob (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 / qpk
         # tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
@@ -209,13 +212,17 @@ class Planner:
         self._weights = self._plan_weights()
         # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
         # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
-        self.tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
+        tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
         # MEMRA_ATTN=hybrid's prompt rows' layer matmuls on kernels/gemm_tile.cu (the chain order)
         # on the weights it supports (GT.supports: by the weight alone), generated rows' on
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
-        self.use_tile = self.hybrid and bool(tile) and path == "q8" and any(self._tile_ok(w) for w in self.weights())
+        self.tile_keys = frozenset(  # the layer weights it takes (the head keeps mv_q8's order)
+            w.key for k, ws in self._weights.items() if k != "output" for w in ws
+            if GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), tile_min)
+        ) if self.hybrid and tile and path == "q8" else frozenset()
+        self.use_tile = bool(self.tile_keys)
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
 
@@ -382,7 +389,7 @@ class Planner:
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
-        if prompt and self.tile_weight(w):
+        if prompt and w.key in self.tile_keys:
             tk = "gemm_tile_glu" if w.glu else "gemm_tile"
             out.append(Launch(name, "gemm_tile", tk, "chain", shape, rows, self.tuned(tk, shape, rows, "chain"),
                               group, il, {**base, "row0": 0}))
@@ -403,13 +410,6 @@ class Planner:
             n = min(chunk, rows - r0)
             out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
                               group, il, {**base, "row0": r0}))
-
-    def _tile_ok(self, w: Weight) -> bool:
-        return GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), self.tile_min)
-
-    def tile_weight(self, w: Weight) -> bool:
-        """Whether prompt rows take kernels/gemm_tile.cu on weight w (the weight alone decides)."""
-        return self.use_tile and self._tile_ok(w)
 
     def _dispatch(self, t: int, shape: dict, glu: bool, rows: int) -> str:
         """The q8 matvec's path at `rows` rows (matvec, mvt or gemm: the same bits): the table's

@@ -425,7 +425,6 @@ class Runner:
         n = len(pos)
         if not self.plan.hybrid:
             self._upload_groups(seq, pos, size)
-            self.fa_splits = self._fa_splits(pos)
             return "p"
         gen = np.zeros(n, bool) if gen is None else np.asarray(gen, bool)
         kp = np.full((2, size), -1, np.int32)
@@ -433,7 +432,6 @@ class Runner:
         kp[1, :n] = np.where(gen, pos, -1)
         self.p_kpos.view(shape=(2, size)).upload(kp)
         self._upload_groups(seq, kp[0, :n], size)
-        self.fa_splits = self._fa_splits(kp[0, :n])
         live = np.asarray(pos) >= 0
         kinds = ("p" if np.any(live & ~gen) else "") + ("g" if np.any(live & gen) else "")
         return kinds or "p"
@@ -460,7 +458,7 @@ class Runner:
                     NORM.add_rmsnorm(g, B["x"], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
                                      w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
                                      pdl=pdl, config=L.config)
-            elif op in ("matvec", "gemm", "mvt", "gemm_tile"):
+            elif op in PLAN.MATRIX_OPS:
                 self._matvec(L, g)
             elif op == "quantize":
                 K = a["K"]
@@ -936,7 +934,7 @@ class Runner:
         else:
             self.pre_splits = self._pre_splits(pos)
         feed = self.step_rows(B)
-        key = ("prefill", B, self.pre_splits, kinds, self.fa_splits, self.fa_groups)
+        key = self.prefill_key(B, kinds)
         gr = self._graphs.get(key) if self.prefill_graph else None
         if gr is not None:
             gr.launch()
@@ -974,6 +972,11 @@ class Runner:
         """Every split count _pre_splits can choose for this runner's contexts."""
         return self._split_counts(self._split_prefill)
 
+    def prefill_key(self, B: int, kinds: str) -> tuple:
+        """The captured graph of a prefill step of bucket B and row kinds at this step's grids
+        (attn_decode's split count, attn_fa's grid z and x): the graph _chunk replays."""
+        return ("prefill", B, self.pre_splits, kinds, self.fa_splits, self.fa_groups)
+
     def capture_prefill_splits(self) -> int:
         """For every prefill bucket already captured (its modules loaded by that eager run),
         the graphs of its other split counts, captured without running: a chunk at any depth
@@ -991,10 +994,10 @@ class Runner:
             fa = self.plan.use_fa and (not self.plan.hybrid or "p" in kinds)
             for sp in self.prefill_split_counts() if dec else [self.plan.n_splits]:
                 for fz in self.fa_split_counts() if fa else [1]:
-                    key = ("prefill", B, sp, kinds, fz, gx)
+                    self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
+                    key = self.prefill_key(B, kinds)
                     if key in self._graphs:
                         continue
-                    self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
                     with self.g.capture() as gr:
                         self._run(launches, B, *feed)
                     self._graphs[key] = gr
@@ -1031,8 +1034,6 @@ class Runner:
         splits of its deepest row's keys, rounded up to a power of two, at most fa_n_split."""
         pos = np.asarray(pos)
         live = pos[pos >= 0]
-        if not self.plan.use_fa:
-            return 1
         if self.fa_grid_full:
             return self.fa_n_split
         if live.size == 0:
@@ -1053,8 +1054,10 @@ class Runner:
         return out + [self.fa_n_split]
 
     def _upload_groups(self, seq, pos, size: int) -> None:
-        """attn_fa's token groups of a prefill step's rows (a table of `size`: the launch's grid)."""
+        """attn_fa's token groups of a prefill step's rows at positions pos (-1: not an attn_fa
+        row), and its prefill grid: x their groups (fa_groups), z their splits (fa_splits)."""
         if self.plan.use_fa:
+            self.fa_splits = self._fa_splits(pos)
             groups = FA.group_table(seq, pos, FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps))
             n = len(groups)  # at least 1 (a zero-count row when no row has a position)
             self.fa_groups = size if self.fa_grid_full else min(1 << (n - 1).bit_length(), size)

@@ -62,8 +62,10 @@ def _time(g, calls, reps: int) -> _Timed:
 
 def _bytes(runner, L, depth: int) -> int:
     """Device bytes one plan launch reads and writes (weights, K/V rows, activations)."""
+    from memra.gpu.plan import MATRIX_OPS
+
     c, rows = runner.cfg, L.rows
-    if L.op in ("matvec", "gemm", "mvt", "gemm_tile"):
+    if L.op in MATRIX_OPS:
         w = runner.W[L.args["weight"]]
         n_out = w.rows // 2 if L.args["glu"] else w.rows
         act = w.K * (1 if L.args["q8"] else 4)
@@ -92,7 +94,9 @@ def int8_peak_tops(device_name: str) -> float | None:
 
 def _ops(runner, L) -> int:
     """Integer (or float) multiply-adds x 2 of a matrix launch; 0 for the others."""
-    if L.op not in ("matvec", "gemm", "mvt", "gemm_tile"):
+    from memra.gpu.plan import MATRIX_OPS
+
+    if L.op not in MATRIX_OPS:
         return 0
     w = runner.W[L.args["weight"]]
     return 2 * w.rows * w.K * L.rows
@@ -153,8 +157,7 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
             feed = runner.step_rows(bucket)
             step_us = None
             if runner.prefill_graph:
-                gr = runner._graphs[("prefill", bucket, runner.pre_splits, "p", runner.fa_splits,
-                                            runner.fa_groups)]  # Runner._chunk's
+                gr = runner._graphs[runner.prefill_key(bucket, "p")]  # the chunk's (Runner._chunk)
                 step_us = float(np.median(g.time_ms(gr.launch, reps=8, warmup=2))) * 1e3
 
             def eager():

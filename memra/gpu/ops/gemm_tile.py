@@ -66,7 +66,8 @@ _DEFAULTS = {
 
 def type_config(ggml_type: int) -> dict:
     if ggml_type not in _DEFAULTS:
-        raise ValueError(f"gemm_tile: ggml type {ggml_type} not supported (2, 8, 12, 14)")
+        raise MemraError(f"gemm_tile: no tile kernel for {MV.TYPES[ggml_type][0]} weights "
+                         f"(it has {', '.join(TYPE_NAMES.values())})")
     return dict(_DEFAULTS[ggml_type])
 
 
@@ -74,10 +75,6 @@ def _cfg(ggml_type: int, config: dict | None) -> dict:
     c = type_config(ggml_type)
     c.update(config or {})
     return c
-
-
-def defines(ggml_type: int, config: dict | None = None) -> dict:
-    return {"MV_TYPE": ggml_type, **_cfg(ggml_type, config)}
 
 
 def tile(ggml_type: int, config: dict | None = None) -> tuple[int, int, int]:
@@ -113,11 +110,13 @@ def check_config(ggml_type: int, config: dict | None = None) -> None:
     if smem_bytes(ggml_type, c) > SMEM_MAX:
         bad.append(f"shared memory {smem_bytes(ggml_type, c)} > {SMEM_MAX}")
     if bad:
-        raise ValueError(f"gemm_tile {TYPE_NAMES[ggml_type]} {c}: " + "; ".join(bad))
+        raise MemraError(f"gemm_tile {TYPE_NAMES[ggml_type]} {c}: " + "; ".join(bad))
 
 
-def _check(ggml_type: int, config: dict | None, N: int, K: int, nb: int, glu: bool) -> None:
-    """The host contract: N % OBM == 0 (OBM = BM, glu BM / 2), K % 256 (Q6_K 512) == 0, nb >= 1, 32-bit offsets."""
+def check_shape(ggml_type: int, config: dict | None, N: int, K: int, nb: int, glu: bool) -> None:
+    """The host contract (the kernel's header): a type it has, N a multiple of the output tile
+    (OBM = BM, glu BM / 2: no partial row tile), K of the type's step (256; Q6_K 512), nb >= 1,
+    32-bit offsets."""
     check_config(ggml_type, config)
     bm, bn, _ = tile(ggml_type, config)
     obm = bm // 2 if glu else bm
@@ -134,16 +133,16 @@ def _check(ggml_type: int, config: dict | None, N: int, K: int, nb: int, glu: bo
     if nb * K >= 2 ** 32 or rows * bulk_row >= 2 ** 32 or nb * (K // 32) * 8 >= 2 ** 32:
         bad.append("32-bit element offsets overflow")
     if bad:
-        raise ValueError(f"gemm_tile {TYPE_NAMES[ggml_type]}{' glu' if glu else ''}: " + "; ".join(bad))
+        raise MemraError(f"gemm_tile {TYPE_NAMES[ggml_type]}{' glu' if glu else ''}: " + "; ".join(bad))
 
 
-def _launch_shape(ggml_type: int, config: dict | None, N: int, nb: int, glu: bool):
+def launch_shape(ggml_type: int, config: dict | None, N: int, nb: int, glu: bool):
     """((N / OBM, ceil(nb / BN), 1), (NT, 1, 1), smem bytes). N = output rows."""
     check_config(ggml_type, config)
     bm, bn, nt = tile(ggml_type, config)
     obm = bm // 2 if glu else bm
     if N % obm or nb < 1:
-        raise ValueError(f"gemm_tile: N = {N} must be a multiple of {obm}, nb >= 1")
+        raise MemraError(f"gemm_tile: N = {N} must be a multiple of {obm}, nb >= 1")
     return (N // obm, -(-nb // bn), 1), (nt, 1, 1), smem_bytes(ggml_type, config)
 
 
@@ -173,25 +172,6 @@ def default_config(t: int, nb: int = 512) -> dict:
 def launch_config(t: int, nb: int = 512, config: dict | None = None) -> dict:
     """default_config(t, nb) with `config`'s GT_* (a table entry, a tune job's, kernel-check's) over it."""
     return {**default_config(t, nb), **{k: int(v) for k, v in (config or {}).items() if k.startswith("GT_")}}
-
-
-def launch_shape(t: int, config: dict, N: int, nb: int, glu: bool):
-    try:
-        return _launch_shape(t, config, N, nb, glu)
-    except ValueError as e:
-        raise MemraError(str(e)) from None
-
-
-def check_shape(t: int, config: dict, N: int, K: int, nb: int, glu: bool) -> None:
-    """The host contract (kernels/gemm_tile.cu's header): the types, N a multiple of the output
-    tile (no partial row tile), K of the type's K step (256; Q6_K 512), 32-bit offsets."""
-    if t not in TYPES:
-        raise MemraError(f"gemm_tile: no tile kernel for {MV.TYPES[t][0]} weights "
-                         f"(it has {', '.join(MV.TYPES[v][0] for v in TYPES)})")
-    try:
-        _check(t, config, N, K, nb, glu)
-    except ValueError as e:
-        raise MemraError(str(e)) from None
 
 
 # the fewest output-row tiles (N / OBM at the 512-row configuration) a weight needs for the prompt
