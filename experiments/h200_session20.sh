@@ -11,7 +11,7 @@
 # STAGE s (right after a, same lease; carry .whl + .synthtok): the serve GPU tests and `memra bench
 #   serve --vs` llama-server (issue 11's table) with the default engine.
 # STAGE t (carry .whl + .synthtok; no models, ~6 min): the tile's campaign (tune/campaigns/h200-gemm-tile.toml,
-#   432 jobs on the four synthetic models), freeze; the new table entries are launched by kernel-check, so
+#   360 jobs on the four synthetic models), freeze; the new table entries are launched by kernel-check, so
 #   STAGE k follows (ship the models first; ~8 min): kernel-check, every GPU test. Between t and k copy
 #   $OUT/defaults/*.json into tune/defaults/ and $OUT/tune/ into research/tune/ here (each call's tree is
 #   this checkout's: a table frozen on the device and not copied back is gone) and commit them.
@@ -77,6 +77,21 @@ t)
   freeze_show tile
   mkdir -p $OUT/tune $OUT/defaults
   cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/ ;;
+f)
+  # the defaults flipped after STAGE a / d / b (MEMRA_TILE_MIN 32, MEMRA_ATT_DEPTH 1, attn_fa's prefill
+  # split 4096 and 8 warps with hybrid): llama.cpp built in the background for STAGE v, kernel-check
+  # and the GPU tests side by side (bits only: neither times anything)
+  link_models "kernel-check and the GPU tests need them"
+  serve_build_start
+  ( KC_LIMIT=500 kernel_check ) &
+  KC=$!
+  gpu_tests 540
+  wait $KC ;;
+v)
+  # after STAGE f in the same lease: its llama.cpp build, then `memra bench --vs llama.cpp` of every model
+  link_models "the real models' bench cells need them"
+  for i in $(seq 40); do [ -x /root/llama.cpp/build/bin/llama-bench ] && break; sleep 5; done
+  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 k)
   link_models "kernel-check and the GPU tests need them"
   KC_LIMIT=420 kernel_check
@@ -84,9 +99,9 @@ k)
 b)
   # attn_fa's prefill packing: split size (part of the prompt rows' bits) x warps a block (bit-neutral)
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    for cfg in "256 4" "1024 4" "4096 4" "256 8" "1024 8" "4096 8" "256 4"; do
+    for cfg in "256 4" "1024 4" "2048 4" "4096 4" "1024 8" "2048 8" "4096 8" "256 8" "256 4"; do
       set -- $cfg
-      MEMRA_FA_SPLIT=$1 MEMRA_FA_WARPS=$2 timeout 80 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
+      MEMRA_FA_SPLIT=$1 MEMRA_FA_WARPS=$2 timeout 60 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 \
         --synth-tokenizer $TOK --out $R/bench-fa-split.jsonl > $R/bench.txt 2>&1
       log "bench $m split $1 warps $2 rc=$? $(el)"; grep -E "gate|pp512" $R/bench.txt | cut -c1-170 | tee -a $R/log.txt
     done
