@@ -82,11 +82,31 @@ f)
   # split 4096 and 8 warps with hybrid): llama.cpp built in the background for STAGE v, kernel-check
   # and the GPU tests side by side (bits only: neither times anything)
   link_models "kernel-check and the GPU tests need them"
-  serve_build_start
-  ( KC_LIMIT=500 kernel_check ) &
+  # the dispatch's 512-row bucket (the table had none: a 512-row prompt step took the 128-row
+  # entry's path, e.g. mvt for the 8B's Q6_K attn_v, 125 µs against gemm.cu's 63.7 at 512 rows):
+  # the real models' shapes and the 8B Q4_K_M's QKV (its other weights run on the tile), then freeze
+  timeout 100 python3 -m memra tune dispatch -m smollm2-135m -m gemma3-270m --rows 512 --resume \
+    --out research/tune/h200-dispatch-nvidia-h200.jsonl > $R/tune-dispatch.txt 2>&1
+  log "dispatch 512 (real models) rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
+  timeout 60 python3 -m memra tune dispatch -m synth:llama3-8b:Q4_K_M --ops qkv --rows 512 --resume \
+    --out research/tune/h200-dispatch-nvidia-h200.jsonl >> $R/tune-dispatch.txt 2>&1
+  log "dispatch 512 (8B qkv) rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
+  freeze_show d512
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/*.json $OUT/defaults/
+  cp $R/freeze-d512.txt $R/show-d512.txt $R/tune-dispatch.txt $OUT/ 2>/dev/null
+  ( KC_LIMIT=${KC_LIMIT:-420} kernel_check ) &
   KC=$!
-  gpu_tests 540
-  wait $KC ;;
+  gpu_tests ${GT_END:-430}
+  wait $KC
+  # what is left of the call: the defaults' pp512 / tg128 at depths 0 and 4096 (memra alone)
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    [ $(( $(date +%s) - T0 )) -lt ${BENCH_BEFORE:-440} ] || break
+    timeout 40 python3 -m memra bench $m -p 512 -n 128 -d 0,4096 -r 3 --synth-tokenizer $TOK \
+      --out $R/bench-defaults.jsonl > $R/bench.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+  done
+  cp $R/bench-defaults.jsonl $OUT/ 2>/dev/null ;;
 v)
   # after STAGE f in the same lease: its llama.cpp build, then `memra bench --vs llama.cpp` of every model
   link_models "the real models' bench cells need them"
