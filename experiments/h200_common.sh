@@ -51,7 +51,10 @@ stage_begin() {
 # $R/kernel-check/ (and $OUT/), the failures and missed canaries and `--status` of that receipt logged
 kernel_check() {
   mkdir -p "$R/kernel-check"
-  timeout ${KC_LIMIT:-200} python3 -m memra kernel-check --out "$R/kernel-check/" > "$R/kernel-check.txt" 2>&1
+  # KC_ADD=<receipt>: only the launch cases that receipt lacks (memra kernel-check --add-to; the
+  # kernel sources unchanged since it)
+  timeout ${KC_LIMIT:-200} python3 -m memra kernel-check --out "$R/kernel-check/" ${KC_ADD:+--add-to "$KC_ADD"} \
+    > "$R/kernel-check.txt" 2>&1
   log "kernel-check rc=$? $(tail -1 "$R/kernel-check.txt") $(el)"
   grep -E "^FAIL|MISSED|canary.*not caught" "$R/kernel-check.txt" | head -20 | tee -a "$R/log.txt"
   python3 -m memra kernel-check --status --out "$R/kernel-check/nvidia-h200.json" | tail -1 | tee -a "$R/log.txt"

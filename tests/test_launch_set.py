@@ -296,6 +296,76 @@ def test_cli_status_json(receipt, monkeypatch):
     assert res.exit_code == 1 and "NOT current" in res.stdout
 
 
+def _incremental_base(monkeypatch, drop_families=("matvec", "attention", "norm")):
+    """A green base receipt of the emulated device over the tiny llama's launch set, less the
+    first case of each family in drop_families; the cases it dropped; the whole set."""
+    from memra.tune import tables as TABLES
+
+    EMU.install(monkeypatch)
+    monkeypatch.setattr(LS, "MODELS", TINY)
+    specs, _ = LS.model_specs(TINY)
+    table, source = TABLES.load_table("emulated", (9, 0), sms=132)
+    cases = LS.launch_set(specs, [table] if source != "builtin" else [], sms=132)
+    dropped = [next(k for k, c in sorted(cases.items()) if c["family"] == f) for f in drop_families]
+    fams = {f: {"checks": 5, "launch_cases": 3, "canaries": 1, "failed": 0} for f in KC.FAMILIES}
+    report = {"device": "emulated", "cc": "9.0", "sms": 132, "arch": "sm_90a", "nvrtc": "13.0", "seed": 7,
+              "all_green": True, "failures": 0, "families": fams, "models": list(TINY), "models_missing": [],
+              "tables": [], "launch_set": sorted(set(cases) - set(dropped))}
+    return KC.make_receipt(report), dropped, cases
+
+
+def test_an_incremental_run_checks_only_the_cases_its_base_lacks(monkeypatch, tmp_path):
+    """`kernel-check --add-to`: the launch cases the base receipt lacks, each against its
+    reference (here on the emulator), none of the base's, no family checks or canaries (the
+    base's stand: same sources); the receipt covers both and is current."""
+    base, dropped, cases = _incremental_base(monkeypatch)
+    report = {}
+    lines = list(KC.run_kernel_check(models=TINY, seed=1, report=report, base=base))
+    assert KC.all_green(lines), lines[-5:]
+    assert any(ln.startswith(f"incremental: 3 of the {len(cases)} launch cases") for ln in lines)
+    launched = [ln for ln in lines if " launch " in ln and ln.startswith(("PASS", "FAIL"))]
+    assert len(launched) == 3 and all(ln.startswith("PASS") for ln in launched)
+    assert not any(" canary " in ln for ln in lines)
+    assert report["launch_set"] == sorted(cases) and report["incremental"]["new_cases"] == 3
+    assert report["families"]["matvec"]["checks"] == 6 and report["families"]["matvec"]["canaries"] == 1
+    r = KC.make_receipt(report)
+    assert r["incremental"]["base_seed"] == 7
+    path = KC.write_receipt(r, tmp_path / "inc.json")
+    st = KC.status("emulated", path)
+    assert st["uncovered"] == [] and st["stale"] == [] and st["incremental"]["new_cases"] == 3
+
+
+def test_an_incremental_run_refuses_a_base_it_cannot_extend(monkeypatch):
+    base, _, _ = _incremental_base(monkeypatch)
+
+    def run(b, **kw):
+        return list(KC.run_kernel_check(models=TINY, seed=1, base=b, **kw))
+
+    red = run(dict(base, all_green=False))[-1]
+    assert red.startswith("FAILED: the base receipt cannot be extended") and "its run was not ALL GREEN" in red
+    assert "this device is 'emulated'" in run(dict(base, device="NVIDIA H200"))[-1]
+    changed = dict(base, sources={**base["sources"], "matvec.cu": "0" * 16})
+    assert "kernel sources changed since (matvec.cu): a full run is needed" in run(changed)[-1]
+    assert run(base, only="matvec")[-1].startswith("FAILED: an incremental run")
+    # a family whose canaries the base never ran: its new cases cannot stand on it
+    no_canary = dict(base, families={**base["families"], "matvec": {"checks": 1, "canaries": 0}})
+    lines = run(no_canary)
+    assert "FAIL  matvec: the base receipt ran no canary of it (a full run is needed)" in lines
+    assert lines[-1].startswith("FAILED")
+
+
+def test_cli_add_to_takes_a_readable_receipt_and_every_family(tmp_path):
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+
+    res = CliRunner().invoke(app, ["kernel-check", "--add-to", str(tmp_path / "absent.json")])
+    assert res.exit_code != 0 and "--add-to" in res.output and "not a readable receipt" in res.output
+    (tmp_path / "r.json").write_text("{}")
+    res = CliRunner().invoke(app, ["kernel-check", "--add-to", str(tmp_path / "r.json"), "--only", "matvec"])
+    assert res.exit_code != 0 and "no --only or --compile-only" in res.output
+
+
 def test_committed_kernel_check_receipt_is_current():
     """CI's view of the GPU evidence: the H200 receipt committed in research/kernel-check/
     covers the kernel sources and every launch the engine can make at HEAD (a missing receipt

@@ -47,6 +47,11 @@ def kernel_check(
     device: Annotated[str, typer.Option("--device", help="With --status: the device (name or slug) whose "
                                         "receipt to check.")] = "nvidia-h200",
     as_json: Annotated[bool, typer.Option("--json", help="With --status: print one JSON object.")] = False,
+    add_to: Annotated[Optional[Path], typer.Option("--add-to", help="A green receipt of this device made on the "
+                                                   "kernel sources here now (e.g. research/kernel-check/"
+                                                   "nvidia-h200.json): check only the launch cases it lacks (its "
+                                                   "own checks and canaries stand) and write a receipt covering "
+                                                   "both, marked incremental.")] = None,
 ) -> None:
     """Check every kernel module the engine can launch against its CPU reference, with canaries;
     ends ALL GREEN or exits 1. A complete run on a GPU writes a receipt (source hashes, launch set)."""
@@ -66,6 +71,14 @@ def kernel_check(
         return
     if as_json:
         raise MemraError("--json applies to --status")
+    base = None
+    if add_to is not None:
+        if only or compile_only:
+            raise MemraError("--add-to checks every family's new cases: no --only or --compile-only")
+        try:
+            base = json.loads(Path(add_to).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise MemraError(f"--add-to {add_to}: not a readable receipt ({e})") from None
     archs = _csv(arch) or None
     if archs and not compile_only:
         raise MemraError("--arch applies to --compile-only (on a GPU the kernels are built for its own arch)")
@@ -73,7 +86,8 @@ def kernel_check(
         if not re.fullmatch(r"sm_\d{2,3}[a-z]?", a):
             raise MemraError(f"--arch {a!r} is not an NVRTC target such as sm_90a, sm_120a or sm_89")
     lines, report = [], {}
-    for line in run_kernel_check(only=only, compile_only=compile_only, seed=seed, archs=archs, report=report):
+    for line in run_kernel_check(only=only, compile_only=compile_only, seed=seed, archs=archs, report=report,
+                                 base=base):
         print(line, flush=True)
         lines.append(line)
     if report.get("complete"):

@@ -62,8 +62,13 @@ def _case_label(c: dict) -> str:
 
 def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: int | None = None,
                      archs: Sequence[str] | None = None, models: Sequence[str] | None = None,
-                     report: dict | None = None) -> Iterator[str]:
+                     report: dict | None = None, base: dict | None = None) -> Iterator[str]:
     """Yield one line per check; the last line is 'ALL GREEN ...' or 'FAILED ...'.
+
+    base (a green receipt of this device made on the same kernel sources): check only the
+    launch cases it lacks; its families' own checks and canaries stand for this run (same
+    sources, same modules), and `report` receives the union of both launch sets (see
+    base_problem for what a base must satisfy).
 
     The families' own checks and canaries, then every case of the engine's launch set
     (memra.tune.launches over `models`, default launches.MODELS, and the device's tuning
@@ -76,6 +81,9 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     from memra.tune import tables as TABLES
 
     failures = passed = caught = 0
+    if base is not None and (only is not None or compile_only):
+        yield "FAILED: an incremental run (base receipt) checks every family's new cases: no --only or --compile-only"
+        return
     try:
         fams = list(_family_modules(only))
     except KeyError as e:
@@ -90,6 +98,10 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
             return
         g = gpu()
         yield f"device: {g.info.name} ({g.info.arch}, {g.info.sm_count} SMs)"
+        why = base_problem(base, g.info.name) if base is not None else ""
+        if why:
+            yield f"FAILED: the base receipt cannot be extended: {why}"
+            return
     # the launch set: every plan launch over the models and tables
     specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
@@ -111,8 +123,14 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     yield (f"launch set: {len(cases)} cases ({', '.join(f'{k} {v}' for k, v in LS.summary(cases).items())}) "
            f"over {len(specs)} models, {len(LS.launch_modules(cases))} modules; tables: builtin"
            + "".join(f", {t.get('device')} ({t.get('path')})" for t in tables))
+    covered = set(base.get("launch_set", [])) if base is not None else set()
+    todo = {k: c for k, c in cases.items() if k not in covered}
+    if base is not None:
+        yield (f"incremental: {len(todo)} of the {len(cases)} launch cases are not in the base receipt "
+               f"({base.get('git_sha')}, {base.get('ts')}, {len(covered)} cases); its families' own checks "
+               f"and canaries stand (the same kernel sources)")
     by_family: dict[str, list] = {f: [] for f in fam_names}
-    for key, c in cases.items():
+    for key, c in todo.items():
         by_family[c["family"]].append((key, c))
     for items in by_family.values():  # cases of one weight shape together: its random weight is reused
         items.sort(key=lambda kc: (kc[1]["params"].get("type", 0), kc[1]["params"].get("K", 0),
@@ -133,7 +151,8 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         # before the checks load them, reported there only when it fails
         jobs, seen = [], set()
         for fam, mod in mods.items():
-            mine = list(mod.compile_variants()) + [(c["file"], c["defines"]) for _, c in by_family[fam]]
+            own = [] if base is not None else list(mod.compile_variants())
+            mine = own + [(c["file"], c["defines"]) for _, c in by_family[fam]]
             for f, d in mine:
                 for arch in (archs or ARCHS) if compile_only else (g.info.arch,):
                     k = (f, arch, tuple(sorted(d.items())))
@@ -157,8 +176,11 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     per_family = {}
     for fam, mod in mods.items():
         n_checks = n_canaries = fam_fail = 0
+        if base is not None and not by_family[fam]:
+            per_family[fam] = dict(base.get("families", {}).get(fam, {}))
+            continue
         try:
-            for o in mod.checks(g, rng):
+            for o in (() if base is not None else mod.checks(g, rng)):
                 n_checks += 1
                 fam_fail += not o.ok
                 yield f"{'PASS' if o.ok else 'FAIL'}  {fam} {o.name}: {o.detail}"
@@ -174,6 +196,17 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
             n_checks += 1
             fam_fail += not ok
             yield f"{'PASS' if ok else 'FAIL'}  {fam} launch {_case_label(c)}: {detail}"
+        if base is not None:  # the base run's canaries of these sources stand
+            b = base.get("families", {}).get(fam, {})
+            if int(b.get("canaries", 0)) < 1:
+                fam_fail += 1
+                yield f"FAIL  {fam}: the base receipt ran no canary of it (a full run is needed)"
+            failures += fam_fail
+            passed += n_checks - min(fam_fail, n_checks)
+            per_family[fam] = {"checks": int(b.get("checks", 0)) + n_checks,
+                               "launch_cases": int(b.get("launch_cases", 0)) + len(by_family[fam]),
+                               "canaries": int(b.get("canaries", 0)), "failed": fam_fail, "new_checks": n_checks}
+            continue
         try:
             for o in mod.canaries(g, rng):
                 n_canaries += 1
@@ -204,11 +237,35 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                       models=[s.name for s in specs], models_missing=missing,
                       tables=[{"device": t.get("device"), "path": t.get("path"), "frozen_at": t.get("frozen_at")}
                               for t in tables],
-                      launch_set=sorted(cases))
+                      launch_set=sorted(set(cases) | covered))
+        if base is not None:
+            report["incremental"] = {"base_git_sha": base.get("git_sha"), "base_ts": base.get("ts"),
+                                     "base_seed": base.get("seed"), "base_cases": len(covered),
+                                     "new_cases": len(todo)}
     if not green:
         yield f"FAILED: {failures} failed, {passed} passed, {caught} canaries caught"
+    elif base is not None:
+        yield (f"ALL GREEN ({passed} checks passed: the {len(todo)} launch cases the base receipt lacked; "
+               f"with its {len(covered)} the receipt covers {len(set(cases) | covered)})")
     else:
         yield f"ALL GREEN ({passed} checks passed, {len(cases)} of them the engine's launches, {caught} canaries caught)"
+
+
+def base_problem(base: dict, device: str) -> str:
+    """Why a receipt cannot be the base of an incremental run on `device` ("" when it can): it
+    must be a green receipt of this schema, of this device, and of the kernel sources here now
+    (a changed source changes modules the base checked: a full run is needed)."""
+    if base.get("schema") != RECEIPT_SCHEMA:
+        return f"schema {base.get('schema')!r} is not {RECEIPT_SCHEMA}"
+    if not base.get("all_green"):
+        return "its run was not ALL GREEN"
+    if base.get("device") != device:
+        return f"it is of {base.get('device')!r}, this device is {device!r}"
+    now = kernel_sources()
+    changed = sorted(n for n in set(base.get("sources", {})) | set(now) if base.get("sources", {}).get(n) != now.get(n))
+    if changed:
+        return f"kernel sources changed since ({', '.join(changed)}): a full run is needed"
+    return ""
 
 
 def all_green(lines: list[str]) -> bool:
@@ -250,7 +307,8 @@ def make_receipt(report: dict) -> dict:
             "nvrtc": report["nvrtc"], "seed": report["seed"], "all_green": report["all_green"],
             "failures": report["failures"], "families": report["families"], "sources": src,
             "sources_hash": sources_hash(src), "models": report["models"], "models_missing": report["models_missing"],
-            "tables": report["tables"], "launch_set_hash": launch_set_hash(keys), "launch_set": keys}
+            "tables": report["tables"], "launch_set_hash": launch_set_hash(keys), "launch_set": keys,
+            **({"incremental": report["incremental"]} if report.get("incremental") else {})}
 
 
 def receipt_path(device: str, out: str | Path | None = None) -> Path:
@@ -299,7 +357,8 @@ def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
         return out
     r = json.loads(p.read_text(encoding="utf-8"))
     out.update(receipt=str(p), receipt_sources_hash=r.get("sources_hash"), git_sha=r.get("git_sha"),
-               ts=r.get("ts"), all_green=bool(r.get("all_green")), launch_cases=len(r.get("launch_set", [])))
+               ts=r.get("ts"), all_green=bool(r.get("all_green")), launch_cases=len(r.get("launch_set", [])),
+               incremental=r.get("incremental"))
     old = r.get("sources", {})
     out["stale"] = sorted(n for n in set(old) | set(src) if old.get(n) != src.get(n))
     specs, missing = LS.model_specs(r.get("models") or LS.MODELS, fetch=True)
