@@ -4,6 +4,9 @@
 # with the stall reasons per SASS line (SourceCounters).
 #   source .whl/setup.sh && CASES="glu:64:2,2,2,2,2,3,1,2:Q4_K 4096x14336:64:...:Q6_K" bash experiments/h200_ncu.sh
 #   source .whl/setup.sh && KIND=mvt CASES="glu:8:1,8,1,2,0,2,1:Q4_K" bash experiments/h200_ncu.sh
+#   source .whl/setup.sh && KIND=fa CASES="llama3-8b:4096:4096:8" bash experiments/h200_ncu.sh
+# (KIND=fa: attn_fa's prefill packing over a chunk of ROWS (512) rows, experiments/attn_mma/fa_check.py;
+#  a case: its shape, the chunk's depth, FA_SPLIT, the warps a block)
 # (a case: a substring of a timing shape's name, nb, the config, the type)
 # Writes $OUT/ncu/<n>.{txt,src.csv} (details page; source page with per-instruction samples).
 set -u
@@ -15,6 +18,17 @@ for c in ${CASES:?}; do
   IFS=: read -r shape nb cfg ty <<< "$c"
   n=$((n+1))
   echo "== $n: shape '$shape' nb $nb cfg $cfg type $ty"
+  if [ "${KIND:-gemm}" = fa ]; then
+    # nb: the depth, cfg: the split, ty: the warps
+    timeout 240 ncu --clock-control none -k regex:'^attn_fa$' --launch-count 1 $SECS --import-source yes \
+      -o "$OUT/ncu/$n" -f python3 experiments/attn_mma/fa_check.py --no-checks --once --shapes "$shape" \
+      --modes "prefill:$nb" --split "$cfg" --warps "$ty" --rows "${ROWS:-512}" > "$OUT/ncu/$n.run.txt" 2>&1
+    echo "rc=$?"; tail -3 "$OUT/ncu/$n.run.txt"
+    ncu --import "$OUT/ncu/$n.ncu-rep" --page details > "$OUT/ncu/$n.txt" 2>&1
+    ncu --import "$OUT/ncu/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/$n.src.csv" 2>&1
+    rm -f "$OUT/ncu/$n.ncu-rep"
+    continue
+  fi
   if [ "${KIND:-gemm}" = mvt ]; then
     K=mvt_q8; CMD="experiments/mvt/mvt_check.py --no-checks --no-gemm"
   else

@@ -39,7 +39,7 @@ SHAPES = {  # name: (head_dim, n_head, n_kv, window)
     "gemma3-global": (256, 4, 1, 0),
     "gemma3-swa": (256, 4, 1, 512),
 }
-FA_WARPS = 4    # memra.gpu.ops.attn_fa.FA_WARPS
+FA_WARPS = 4    # --warps: the prefill packing's (memra.gpu.ops.attn_fa.FA_WARPS; the decode packing: 4)
 FA_SPLIT = 256  # --split
 KVB = 16
 
@@ -87,6 +87,7 @@ class Case:
         self.d["po"] = g.empty((T, n_head, self.n_split, D), np.float32)
         self.d["pml"] = g.empty((T, n_head, self.n_split, 2), np.float32)
         self.d["out"] = g.empty((T, n_head * D), np.float32)
+        self.d["cnt"] = g.to_device(np.zeros(T * n_kv, np.int32))  # the decode packing's (left zero)
 
     def reference(self):
         """float64 attention with q rounded to f16, keys gathered through the table."""
@@ -117,7 +118,8 @@ def launch_fa(g, mod, c: Case, tpb: int) -> None:
     vc = d["v"].view(shape=(c.k16.shape[0], KVB, c.n_kv * c.D))
     attn_fa(g, d["q"], kc, vc, d["out"], d["po"], d["pml"], d["pos"], d["seq"], d["bt"], c.max_blocks, n_tokens=c.T,
             n_kv=c.n_kv, qpk=c.n_head // c.n_kv, head_dim=c.D, window=c.window, scale=c.scale, n_split=c.n_split,
-            split=FA_SPLIT, decode=tpb == 0, groups=d.get(key), n_groups=c.T)
+            split=FA_SPLIT, decode=tpb == 0, groups=d.get(key), n_groups=c.T,
+            warps=FA_WARPS if tpb == prefill_tpb(c) else 4, counters=d["cnt"] if tpb == 0 else None)
 
 
 def prefill_tpb(c: Case) -> int:
@@ -155,17 +157,19 @@ def graph_us(g, fn, reps: int = 20) -> float:
 
 
 def main() -> int:
-    global FA_SPLIT
+    global FA_SPLIT, FA_WARPS
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--split", type=int, default=FA_SPLIT)
+    ap.add_argument("--warps", type=int, default=FA_WARPS, help="the prefill packing's warps a block (1, 2, 4, 8)")
+    ap.add_argument("--rows", type=int, default=128, help="prefill rows a timed case (a chunk)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--modes", default="prefill:384,prefill:4096,decode:64,decode:4096")
     ap.add_argument("--once", action="store_true", help="one launch of each timed case, untimed (for ncu)")
     a = ap.parse_args()
-    FA_SPLIT = a.split
+    FA_SPLIT, FA_WARPS = a.split, a.warps
     shapes = {k: SHAPES[k] for k in a.shapes.split(",")}
     if a.compile_only:
         return compile_only()
@@ -205,7 +209,7 @@ def main() -> int:
                 continue
             for md in a.modes.split(","):
                 mode, depth = md.split(":")
-                depth, T = int(depth), (128 if mode == "prefill" else 1)
+                depth, T = int(depth), (a.rows if mode == "prefill" else 1)
                 c = Case(g, rng, D, nh, nkv, win, depth, T)
                 tpb = prefill_tpb(c) if mode == "prefill" else 0
                 if a.once:

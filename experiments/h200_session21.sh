@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 20; research/2026-12-03-session20 section 7).
+# Before any call: land experiments/s21/defaults.patch on this checkout as its README says (git apply,
+# docs/FLAGS.md's default column), run the CPU tests, ship the models (experiments/ship_models.py), then:
+# STAGE k (carry .whl + .synthtok; ~6 min): the launch cases the committed kernel-check receipt lacks
+#   (memra kernel-check --add-to: 40 attn_fa cases with the patch; the kernel sources unchanged), then
+#   every GPU test, one after the other (session 20 ran them side by side: neither finished). Copy
+#   $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch's files.
+# STAGE v (carry .whl + .synthtok + .llamacpp, same lease; ~8 min): llama.cpp built in the background;
+#   meanwhile ncu of attn_fa's prefill packing (512 rows of the 8B at depth 4096 and 0, split 4096, 8
+#   warps: where its ~310 µs a layer at depth 4096 go, against ~144 µs for llama.cpp's extra) and
+#   fa_check's timing of the split x warps grid at 512 rows; then `memra bench --vs llama.cpp` of
+#   every model with the new defaults (the floors' receipts).
+# STAGE t (carry .whl + .synthtok; ~7 min): the tile campaign (360 jobs), freeze, then kernel-check
+#   --add-to for the new table entries (the sources unchanged: only the new cases run).
+# STAGE l / s: experiments/h200_session20.sh's (long prompts; serve evidence against llama-server).
+#   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session21.sh
+set -u
+source experiments/h200_common.sh
+stage_begin s21
+case "$STAGE" in
+k)
+  link_models "kernel-check and the GPU tests need them"
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-200} kernel_check
+  gpu_tests 570 ;;
+v)
+  link_models "the real models' bench cells need them"
+  serve_build_start
+  OUT=$R KIND=fa ROWS=512 CASES="llama3-8b:4096:4096:8 llama3-8b:0:4096:8 llama3-8b:4096:256:4" \
+    bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
+  log "ncu attn_fa rc=$? $(el)"; cp $R/ncu.tgz $OUT/ 2>/dev/null
+  for cfg in "256 4" "4096 4" "4096 8" "2048 8"; do
+    set -- $cfg
+    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --no-checks --shapes llama3-8b,llama-1b,smollm2 \
+      --modes prefill:0,prefill:4096 --rows 512 --split $1 --warps $2 >> $R/fa-time.txt 2>&1
+    log "fa_check split $1 warps $2 rc=$? $(el)"
+  done
+  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep fa-time $R/fa-time.txt | cut -c1-200 | tee -a $R/log.txt
+  serve_build_wait
+  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+t)
+  tune_campaign h200-gemm-tile 400 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
+    -m synth:llama-1b:Q4_0
+  freeze_show tile
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
+  link_models "kernel-check's launch set covers the real models"
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check ;;
+esac
+tar czf $OUT/s21-$STAGE.tgz -C /tmp s21-$STAGE
