@@ -9,7 +9,8 @@
 # STAGE v (carry .whl + .synthtok + .llamacpp, same lease; ~8 min): llama.cpp built in the background;
 #   meanwhile ncu of attn_fa's prefill packing (512 rows of the 8B at depth 4096 and 0, split 4096, 8
 #   warps: where its ~310 µs a layer at depth 4096 go, against ~144 µs for llama.cpp's extra) and
-#   fa_check's timing of the split x warps grid at 512 rows; then `memra bench --vs llama.cpp` of
+#   fa_check's timing of the split x warps grid at 512 rows and of attn_fa v7 against the stock kernel
+#   (experiments/attn_fa_v7: bits and times); then `memra bench --vs llama.cpp` of
 #   every model with the new defaults (the floors' receipts).
 # STAGE t (carry .whl + .synthtok; ~7 min): the tile campaign (360 jobs), freeze, then kernel-check
 #   --add-to for the new table entries (the sources unchanged: only the new cases run).
@@ -35,7 +36,17 @@ v)
       --modes prefill:0,prefill:4096 --rows 512 --split $1 --warps $2 >> $R/fa-time.txt 2>&1
     log "fa_check split $1 warps $2 rc=$? $(el)"
   done
-  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep fa-time $R/fa-time.txt | cut -c1-200 | tee -a $R/log.txt
+  # attn_fa v7 (experiments/attn_fa_v7: the prefill packing's instructions a tile halved): bits against the
+  # stock kernel, times alternating
+  OUT=$R timeout 120 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+    --shapes llama3-8b,llama-1b,smollm2 --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps 8 \
+    >> $R/fa-v7.txt 2>&1
+  log "fa_check v7 rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
+  OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+    --shapes gemma3-global,gemma3-swa --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps 4 \
+    >> $R/fa-v7.txt 2>&1
+  log "fa_check v7 gemma rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
+  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt $R/fa-v7.txt | cut -c1-230 | tee -a $R/log.txt
   serve_build_wait
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 t)

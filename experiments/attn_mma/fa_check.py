@@ -165,11 +165,20 @@ def main() -> int:
     ap.add_argument("--split", type=int, default=FA_SPLIT)
     ap.add_argument("--warps", type=int, default=FA_WARPS, help="the prefill packing's warps a block (1, 2, 4, 8)")
     ap.add_argument("--rows", type=int, default=128, help="prefill rows a timed case (a chunk)")
+    ap.add_argument("--src", help="a variant of kernels/attn_fa.cu (a path): checked against the stock file's "
+                    "bits too, and timed beside it")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--modes", default="prefill:384,prefill:4096,decode:64,decode:4096")
     ap.add_argument("--once", action="store_true", help="one launch of each timed case, untimed (for ncu)")
     a = ap.parse_args()
     FA_SPLIT, FA_WARPS = a.split, a.warps
+    import memra.gpu.ops.attn_fa as FA
+
+    stock = FA.KERNEL_FILE
+    variant = str(Path(a.src).resolve()) if a.src else stock
+
+    def use(src):
+        FA.KERNEL_FILE = src
     shapes = {k: SHAPES[k] for k in a.shapes.split(",")}
     if a.compile_only:
         return compile_only()
@@ -190,11 +199,16 @@ def main() -> int:
         for depth in (384, 1000):
             c = Case(g, rng, D, nh, nkv, win, depth, 128)
             outs = []
-            for tpb in (prefill_tpb(c), 1, 0):  # prefill packing, one token a block, decode packing
+            runs = [(variant, prefill_tpb(c)), (variant, 1), (variant, 0)]  # prefill, one token a block, decode
+            if variant != stock:
+                runs.append((stock, prefill_tpb(c)))  # the variant's bits = the stock kernel's
+            for src, tpb in runs:
+                use(src)
                 c.d["out"].fill_bytes(0xFF)
                 c.d["po"].fill_bytes(0xFF)
                 launch_fa(g, mods[D], c, tpb)
                 outs.append(c.d["out"].numpy().copy())
+            use(variant)
             pre = outs[0]
             same = all(bool(np.array_equal(pre.view(np.uint32), x.view(np.uint32))) for x in outs[1:])
             ref = c.reference()
@@ -218,11 +232,23 @@ def main() -> int:
                     continue
                 extra: dict = {}
                 us_fa = graph_us(g, lambda: launch_fa(g, mods[D], c, tpb))
-                us_dec = graph_us(g, lambda: launch_decode_kernel(g, c, extra))
-                emit({"kind": "record", "what": "fa-time", "shape": name, "mode": mode, "depth": depth, "T": T,
-                      "fa_warps": FA_WARPS, "fa_split": FA_SPLIT,
-                      "us_attn_fa": round(us_fa, 2), "us_attn_decode": round(us_dec, 2),
-                      "speedup": round(us_dec / us_fa, 2)})
+                rec = {"kind": "record", "what": "fa-time", "shape": name, "mode": mode, "depth": depth, "T": T,
+                       "fa_warps": FA_WARPS, "fa_split": FA_SPLIT, "src": Path(variant).name if variant == stock
+                       else a.src, "us_attn_fa": round(us_fa, 2)}
+                if variant != stock:  # arms alternating: stock, variant, stock, variant
+                    arms = {"stock": [], "variant": []}
+                    for _ in range(2):
+                        for arm, src in (("stock", stock), ("variant", variant)):
+                            use(src)
+                            arms[arm].append(graph_us(g, lambda: launch_fa(g, mods[D], c, tpb)))
+                    use(variant)
+                    rec.update(us_stock=[round(x, 2) for x in arms["stock"]],
+                               us_variant=[round(x, 2) for x in arms["variant"]],
+                               speedup_vs_stock=round(min(arms["stock"]) / min(arms["variant"]), 3))
+                else:
+                    us_dec = graph_us(g, lambda: launch_decode_kernel(g, c, extra))
+                    rec.update(us_attn_decode=round(us_dec, 2), speedup=round(us_dec / us_fa, 2))
+                emit(rec)
     print(f"{'ALL OK' if not bad else f'{bad} FAILED'}")
     return 1 if bad else 0
 
