@@ -8,7 +8,8 @@
 #   $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch's files.
 # STAGE v (carry .whl + .synthtok + .llamacpp, same lease; ~8 min): llama.cpp built in the background;
 #   meanwhile ncu of attn_fa's prefill packing (512 rows of the 8B at depth 4096 and 0, split 4096, 8
-#   warps: where its ~310 µs a layer at depth 4096 go, against ~144 µs for llama.cpp's extra) and
+#   warps: where its ~310 µs a layer at depth 4096 go, against ~144 µs for llama.cpp's extra), ncu of
+#   the tile's gate+up in the engine (experiments/h200_ncu.sh KIND=engine), and
 #   fa_check's timing of the split x warps grid at 512 rows and of attn_fa v7 against the stock kernel
 #   (experiments/attn_fa_v7: bits and times); then `memra bench --vs llama.cpp` of
 #   every model with the new defaults (the floors' receipts).
@@ -29,7 +30,11 @@ v)
   serve_build_start
   OUT=$R KIND=fa ROWS=512 CASES="llama3-8b:4096:4096:8 llama3-8b:0:4096:8 llama3-8b:4096:256:4" \
     bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
-  log "ncu attn_fa rc=$? $(el)"; cp $R/ncu.tgz $OUT/ 2>/dev/null
+  log "ncu attn_fa rc=$? $(el)"; cp $R/ncu.tgz $OUT/ncu-fa.tgz 2>/dev/null
+  # the prompt tile's gate+up in the engine (its 165 int8 TOPS: 42.8 % of the 8B's chunk)
+  OUT=$R KIND=engine ROWS=512 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_tile_glu/0" \
+    bash experiments/h200_ncu.sh > $R/ncu-tile.txt 2>&1
+  log "ncu gemm_tile_glu rc=$? $(el)"; cp $R/ncu.tgz $OUT/ncu-tile.tgz 2>/dev/null
   for cfg in "256 4" "4096 4" "4096 8" "2048 8"; do
     set -- $cfg
     OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --no-checks --shapes llama3-8b,llama-1b,smollm2 \
