@@ -43,16 +43,16 @@ v)
   done
   # attn_fa v7 (experiments/attn_fa_v7: the prefill packing's instructions a tile halved): bits against the
   # stock kernel, times alternating
-  # and v8 (experiments/attn_fa_v8: v7 + one barrier a tile + Q in registers)
-  for v in v7 v8; do
-    OUT=$R timeout 120 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_$v/attn_fa.cu \
-      --shapes llama3-8b,llama-1b,smollm2 --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps 8 \
-      >> $R/fa-v7.txt 2>&1
-    log "fa_check $v rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
-    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_$v/attn_fa.cu \
-      --shapes gemma3-global,gemma3-swa --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps 4 \
-      >> $R/fa-v7.txt 2>&1
-    log "fa_check $v gemma rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
+  # and v8 (the same file with -DFA_V8=1: v7 + one barrier a tile + Q in registers)
+  for v in 0 1; do
+    OUT=$R timeout 120 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+      --define FA_V8=$v --shapes llama3-8b,llama-1b,smollm2 --modes prefill:0,prefill:4096 --rows 512 \
+      --split 4096 --warps 8 >> $R/fa-v7.txt 2>&1
+    log "fa_check FA_V8=$v rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
+    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+      --define FA_V8=$v --shapes gemma3-global,gemma3-swa --modes prefill:0,prefill:4096 --rows 512 \
+      --split 4096 --warps 4 >> $R/fa-v7.txt 2>&1
+    log "fa_check FA_V8=$v gemma rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
   done
   cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt $R/fa-v7.txt | cut -c1-230 | tee -a $R/log.txt
   serve_build_wait

@@ -69,6 +69,11 @@
 //       sees whole skips the mask (softmax_tile<true>). Static SASS of the 8B's module (HEAD_DIM
 //       128, 8 warps, split 4096) a tile a warp: see experiments/attn_fa_v7/README.md. The same
 //       arithmetic: every row's bits as v6.
+//   v8  (-DFA_V8=1 on this file; not yet run on a device) v7 plus: one barrier a tile instead of
+//       two (the next tile's copies issued after the barrier that ends the previous tile's reads
+//       of their stage), and a warp's Q fragments held in registers across the tiles (head sizes
+//       up to 128: D / 16 x 4 registers) instead of ldmatrix'd from shared memory each tile.
+//       The same arithmetic.
 // Launch: attn_fa grid (n_groups, n_kv, n_split) (groups past the table's last: count 0),
 // attn_fa_dec grid (n_tokens, n_kv, n_split); block 32 * FA_WARPS, dynamic shared memory
 // FA_SMEM (attn_fa) / FA_SMEM_DEC bytes; part_o [n_tokens][n_head][n_split][HEAD_DIM] f32,
@@ -260,6 +265,27 @@ MEMRA_DEVICE void scores_tile(float (&s)[8][4], uint32_t q_a, uint32_t k_a, int 
 
 // the online softmax step of one tile for this thread's two rows: s (scores in) becomes p,
 // m and l are updated, alpha returned per row
+#ifndef FA_V8
+#define FA_V8 0
+#endif
+// (v8) the scores from Q fragments held in registers (qf[k-step]: ldmatrix.x4 of the warp's 16 rows)
+MEMRA_DEVICE void scores_tile_qf(float (&s)[8][4], const uint32_t (&qf)[D / 16][4], uint32_t k_a, int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const uint32_t ka = k_a + (lane % 8) * RS + 16 * (lane / 8);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            uint32_t b[4];
+            ldsm4(b, ka + n * 8 * RS + kk * 32);
+            mma16816(s[n], qf[kk], b[0], b[1]);
+            mma16816(s[n], qf[kk + 1], b[2], b[3]);
+        }
+    }
+}
+constexpr bool QREG = FA_V8 && D <= 128;  // the fragments' D / 4 registers fit beside o's D / 2 up to 128
+
 // (v7) FULL: every key of the tile lies in every live row's range (warp-uniform, the caller's
 // test): the mask is the identity there and is left out; a dead row's values are never written
 template <bool FULL = false>
@@ -423,9 +449,27 @@ extern "C" __global__ void __launch_bounds__(NT)
         f_hi = min(f_hi, __shfl_xor_sync(0xffffffffu, f_hi, o2));
     }
 
+    // (v8) the warp's Q fragments, once (its lanes wrote q_s: a warp barrier first)
+    uint32_t qf[D / 16][4];  // (used when QREG)
+    if constexpr (QREG) {
+        __syncwarp();
+        const uint32_t qa = q_a + ((lane % 8) + 8 * ((lane / 8) % 2)) * RS + 16 * (lane / 16);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) ldsm4(qf[kk], qa + kk * 32);
+    }
+
     if (n_tiles > 0) load_tile_pf(ld_a, kb, vb, bt, row_stride, tile_lo + r0, blo, bhi);
     for (int it = 0; it < n_tiles; it++) {
         const int stage = it & 1;
+#if FA_V8
+        // tile it's copies (the only group in flight) landed; after the barrier every warp is done
+        // with tile it - 1, whose stage the next tile's copies then refill: one barrier a tile
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        if (it + 1 < n_tiles)
+            load_tile_pf(ld_a + (stage ^ 1) * 2 * KV_TILE, kb, vb, bt, row_stride, tile_lo + (it + 1) * TK + r0,
+                         blo, bhi);
+#else
         if (it + 1 < n_tiles) {
             load_tile_pf(ld_a + (stage ^ 1) * 2 * KV_TILE, kb, vb, bt, row_stride, tile_lo + (it + 1) * TK + r0,
                          blo, bhi);
@@ -434,18 +478,22 @@ extern "C" __global__ void __launch_bounds__(NT)
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
+#endif
         const int k0 = tile_lo + it * TK;
         const uint32_t ks_a = kv_a + stage * 2 * KV_TILE;
         if (nrow > 0) {
             float s[8][4], alpha[2];
-            scores_tile(s, q_a, ks_a, lane);
+            if constexpr (QREG) scores_tile_qf(s, qf, ks_a, lane);
+            else scores_tile(s, q_a, ks_a, lane);
             if (k0 >= f_lo && k0 + TK <= f_hi)
                 softmax_tile<true>(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
             else
                 softmax_tile<false>(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
             pv_tile<D / 8>(o, s, alpha, ks_a + KV_TILE, lane, 0);
         }
+#if !FA_V8
         __syncthreads();  // the stage is reloaded two tiles on
+#endif
     }
 
 #pragma unroll

@@ -167,6 +167,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=128, help="prefill rows a timed case (a chunk)")
     ap.add_argument("--src", help="a variant of kernels/attn_fa.cu (a path): checked against the stock file's "
                     "bits too, and timed beside it")
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE: a -D of the variant's modules")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--modes", default="prefill:384,prefill:4096,decode:64,decode:4096")
     ap.add_argument("--once", action="store_true", help="one launch of each timed case, untimed (for ncu)")
@@ -177,8 +178,17 @@ def main() -> int:
     stock = FA.KERNEL_FILE
     variant = str(Path(a.src).resolve()) if a.src else stock
 
+    extra = dict(kv.split("=", 1) for kv in a.define)
+    stock_defines = FA.defines
+
+    def variant_defines(*args, **kw):
+        return {**stock_defines(*args, **kw), **extra}
+
     def use(src):
         FA.KERNEL_FILE = src
+        FA.defines = variant_defines if src != stock else stock_defines
+
+    use(variant)
     shapes = {k: SHAPES[k] for k in a.shapes.split(",")}
     if a.compile_only:
         return compile_only()
@@ -234,7 +244,7 @@ def main() -> int:
                 us_fa = graph_us(g, lambda: launch_fa(g, mods[D], c, tpb))
                 rec = {"kind": "record", "what": "fa-time", "shape": name, "mode": mode, "depth": depth, "T": T,
                        "fa_warps": FA_WARPS, "fa_split": FA_SPLIT, "src": Path(variant).name if variant == stock
-                       else a.src, "us_attn_fa": round(us_fa, 2)}
+                       else a.src, "defines": extra, "us_attn_fa": round(us_fa, 2)}
                 if variant != stock:  # arms alternating: stock, variant, stock, variant
                     arms = {"stock": [], "variant": []}
                     for _ in range(2):
