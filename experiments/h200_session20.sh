@@ -79,8 +79,9 @@ t)
   cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/ ;;
 f)
   # the defaults flipped after STAGE a / d / b (MEMRA_TILE_MIN 32, MEMRA_ATT_DEPTH 1, attn_fa's prefill
-  # split 4096 and 8 warps with hybrid): llama.cpp built in the background for STAGE v, kernel-check
-  # and the GPU tests side by side (bits only: neither times anything)
+  # split 4096 and 8 warps with hybrid), kernel-check and the GPU tests side by side (bits only: neither
+  # times anything). As run in session 20 neither finished in 480 s (kernel-check alone takes ~230 s,
+  # the GPU tests ~300 s): experiments/h200_session21.sh runs them one after the other
   link_models "kernel-check and the GPU tests need them"
   # the dispatch's 512-row bucket (the table had none: a 512-row prompt step took the 128-row
   # entry's path, e.g. mvt for the 8B's Q6_K attn_v, 125 µs against gemm.cu's 63.7 at 512 rows):
