@@ -15,6 +15,8 @@
 #   every model with the new defaults (the floors' receipts).
 # STAGE t (carry .whl + .synthtok; ~7 min): the tile campaign (360 jobs), freeze, then kernel-check
 #   --add-to for the new table entries (the sources unchanged: only the new cases run).
+# STAGE x (carry .whl + .synthtok; ~3 min): MEMRA_ATT_SPLITS 33 / 66 / 132 at depth 4096 with the patch's
+#   ATT_DEPTH (the 8B's tg128 @ d4096 is 16.9 % below depth 0; issue 14's floor is 15 %).
 # STAGE l / s: experiments/h200_session20.sh's (long prompts; serve evidence against llama-server).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session21.sh
 set -u
@@ -57,6 +59,18 @@ v)
   cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt $R/fa-v7.txt | cut -c1-230 | tee -a $R/log.txt
   serve_build_wait
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+x)
+  # issue 14's depth cell with MEMRA_ATT_DEPTH on (the patch): the decode split count at depth 4096
+  # (the default 33 on the 8B and 1B: 2 x 132 SMs / 8 KV heads), arms alternating; part of the decode
+  # rows' bits (kernel-check covers the default only)
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    for sp in 33 66 132 33 66 132; do
+      MEMRA_ATT_SPLITS=$sp timeout 60 python3 -m memra bench $m -p 0 -n 128 -d 0,4096 -r 3 --synth-tokenizer $TOK \
+        --out $R/bench-att-splits.jsonl > $R/bench.txt 2>&1
+      log "$m ATT_SPLITS=$sp rc=$? $(el)"; grep -E "tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-att-splits.jsonl $OUT/ ;;
 t)
   tune_campaign h200-gemm-tile 400 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
     -m synth:llama-1b:Q4_0
