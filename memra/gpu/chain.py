@@ -52,9 +52,13 @@ def _f16(raw: np.ndarray, off: int, size: int) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
 
 
-def _operands(raw: np.ndarray, t: int, qx: np.ndarray):
-    """(raw as contiguous uint8, nb, K, rows, nblk, type size, the dequantizer's integer codes and
-    per-group scalars), or MemraError for a type without a chain or rows that do not hold K."""
+def _operands(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> dict:
+    """The chain's per-block operands, for the compiled chain and the numpy step alike:
+    I [rows, nb, groups] (float64, exact integers: |I| < 2^22) the groups' integer dots (32-wide;
+    Q6_K: 16-wide), dx [nb, nblk]; Q4_0 / Q8_0 / Q4_K: scale [rows, nblk] (d or d sc_j) and, for
+    Q4_K, ndmm [rows, nblk] = -(dmin m_j) and sx [nb, nblk] = fl(dx S) (else empty [0, 0]); Q6_K:
+    sc [rows, 2 nblk] (int8 scales as float64) and d [rows, nblk] (the super-block's d of block i).
+    MemraError for a type without a chain or rows that do not hold K."""
     if t not in TYPES:
         raise MemraError(f"chain: no chain for {Q.type_name(t)} (it has {', '.join(Q.type_name(v) for v in TYPES)})")
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -63,60 +67,55 @@ def _operands(raw: np.ndarray, t: int, qx: np.ndarray):
     bs, ts = Q.block_info(t)
     if K % bs or raw.shape[1] != K // bs * ts:
         raise MemraError(f"chain: {Q.type_name(t)} rows of {raw.shape[1]} bytes do not hold K = {K}")
-    return raw, nb, K, rows, nblk, ts, Q.decompose(raw, t, (rows, K))
+    codes = Q.decompose(raw, t, (rows, K))   # the dequantizer's integer codes and per-group scalars
+    g = 16 if t == Q.Q6_K else 32
+    w = codes.q.astype(np.float64).reshape(rows, K // g, g).transpose(1, 0, 2)
+    x = np.asarray(qx, np.float64).reshape(nb, K // g, g).transpose(1, 2, 0)
+    op = {"I": np.ascontiguousarray(np.matmul(w, x).transpose(1, 2, 0)),       # [rows, nb, K / g]
+          "dx": np.ascontiguousarray(dx, np.float32).reshape(nb, nblk)}
+    if t == Q.Q6_K:
+        sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.float64).reshape(rows, -1)
+        op.update(sc=np.ascontiguousarray(sc), d=np.ascontiguousarray(np.repeat(_f16(raw, 208, ts), 8, axis=1)))
+    else:
+        op["scale"] = np.ascontiguousarray(codes.scale, np.float32)
+        if codes.minv is None:
+            op["ndmm"] = op["sx"] = np.zeros((0, 0), np.float32)
+        else:
+            op["ndmm"] = np.ascontiguousarray(codes.minv, np.float32)
+            op["sx"] = (op["dx"].astype(np.float64) * np.asarray(S, np.float64).reshape(nb, nblk)).astype(np.float32)
+    return op
 
 
 def _block_step(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray):
-    """(step, rows, nb, nblk): step(acc, i) is acc [rows, nb] with k32 block i chained in."""
-    raw, nb, K, rows, nblk, ts, codes = _operands(raw, t, qx)
-    w = codes.q.astype(np.int64)
-    x = qx.astype(np.int64)
-    dx = np.asarray(dx, np.float32)
+    """(step, rows, nb, nblk): step(acc, i) is acc [rows, nb] with k32 block i chained in (numpy,
+    vectorized over the outputs: slot_chain's order is built from it)."""
+    op = _operands(raw, t, qx, dx, S)
+    I, dx = op["I"], op["dx"]
+    rows, nb = I.shape[:2]
     if t == Q.Q6_K:
-        I16 = np.einsum("rhk,bhk->rbh", w.reshape(rows, -1, 16), x.reshape(nb, -1, 16))   # [rows, nb, K / 16]
-        sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.int64).reshape(rows, -1)
-        d = _f16(raw, 208, ts)
+        sc, d = op["sc"], op["d"]
 
         def step(acc, i):
-            J = sc[:, 2 * i, None] * I16[:, :, 2 * i] + sc[:, 2 * i + 1, None] * I16[:, :, 2 * i + 1]
-            p = (J.astype(np.float64) * d[:, i // 8, None].astype(np.float64)).astype(np.float32)
-            return fma32(p, dx[None, :, i], acc)
-        return step, rows, nb, nblk
-    I = np.einsum("rik,bik->rbi", w.reshape(rows, nblk, 32), x.reshape(nb, nblk, 32))   # [rows, nb, K / 32]
-    scale, ndmm = codes.scale, codes.minv   # d (Q4_0, Q8_0) or d sc_j and -(dmin m_j) (Q4_K): exact
-    sx = None if ndmm is None else (dx.astype(np.float64) * np.asarray(S, np.float64)).astype(np.float32)  # fl(dx S)
+            J = sc[:, 2 * i, None] * I[:, :, 2 * i] + sc[:, 2 * i + 1, None] * I[:, :, 2 * i + 1]
+            return fma32((J * d[:, i, None].astype(np.float64)).astype(np.float32), dx[None, :, i], acc)
+        return step, rows, nb, dx.shape[1]
+    scale, ndmm, sx = op["scale"], op["ndmm"], op["sx"]
 
     def step(acc, i):
-        p = (I[:, :, i].astype(np.float64) * scale[:, i, None].astype(np.float64)).astype(np.float32)
+        p = (I[:, :, i] * scale[:, i, None].astype(np.float64)).astype(np.float32)
         acc = fma32(p, dx[None, :, i], acc)
-        return acc if ndmm is None else fma32(ndmm[:, i, None], sx[None, :, i], acc)
-    return step, rows, nb, nblk
+        return acc if not ndmm.size else fma32(ndmm[:, i, None], sx[None, :, i], acc)
+    return step, rows, nb, dx.shape[1]
 
 
 def chain(raw: np.ndarray, t: int, qx: np.ndarray, dx: np.ndarray, S: np.ndarray) -> np.ndarray:
     """y [nb, rows] float32: the chain of GGUF rows `raw` (uint8 [rows, row bytes]) of type t
     against q8 activations qx (int8 [nb, K]), dx (float32 [nb, K / 32]) and S (int [nb, K / 32]).
-    The same operations as _block_step's, compiled (numba): each output's blocks in a loop with a
-    scalar fma32, the integer dots as float64 matrix products (exact: |I| < 2^22)."""
-    raw, nb, K, rows, nblk, ts, codes = _operands(raw, t, qx)
-    dx = np.ascontiguousarray(dx, np.float32).reshape(nb, nblk)
-    g = 16 if t == Q.Q6_K else 32
-    # I[r, b, j] = sum over group j of the codes times the activations (float64: exact integers)
-    w = codes.q.astype(np.float64).reshape(rows, K // g, g).transpose(1, 0, 2)
-    x = np.asarray(qx, np.float64).reshape(nb, K // g, g).transpose(1, 2, 0)
-    I = np.ascontiguousarray(np.matmul(w, x).transpose(1, 2, 0))      # [rows, nb, K / g]
+    _block_step's operations, compiled (numba): each output's blocks in a loop with a scalar fma32."""
+    op = _operands(raw, t, qx, dx, S)
     if t == Q.Q6_K:
-        sc = raw.reshape(rows, -1, ts)[:, :, 192:208].view(np.int8).astype(np.float64).reshape(rows, -1)
-        d = np.repeat(_f16(raw, 208, ts), 8, axis=1)                     # [rows, nblk]: d of block i
-        return _chain_q6k(I, np.ascontiguousarray(sc), np.ascontiguousarray(d), dx).T
-    scale = np.ascontiguousarray(codes.scale, np.float32)
-    if codes.minv is None:
-        ndmm = np.zeros((0, 0), np.float32)
-        sx = np.zeros((0, 0), np.float32)
-    else:
-        ndmm = np.ascontiguousarray(codes.minv, np.float32)
-        sx = (dx.astype(np.float64) * np.asarray(S, np.float64).reshape(nb, nblk)).astype(np.float32)
-    return _chain_blocks(I, scale, dx, ndmm, sx).T
+        return _chain_q6k(op["I"], op["sc"], op["d"], op["dx"]).T
+    return _chain_blocks(op["I"], op["scale"], op["dx"], op["ndmm"], op["sx"]).T
 
 
 @njit(cache=True)
