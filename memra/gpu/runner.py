@@ -130,6 +130,11 @@ def _mask_index(launches) -> int:
     raise MemraError("a masked step without a mask launch")
 
 
+def _pow2_at_most(n: int, cap: int) -> int:
+    """n rounded up to a power of two, at most cap (attn_fa's trimmed prefill grid)."""
+    return min(1 << (n - 1).bit_length(), cap)
+
+
 class Runner:
     def __init__(self, model, cfg: ModelConfig | None = None, *, max_len: int | None = None,
                  max_seqs: int = MAX_ROWS, kv_tokens: int | None = None, kv_memory: int | None = None,
@@ -1032,14 +1037,10 @@ class Runner:
     def _fa_splits(self, pos) -> int:
         """attn_fa's grid z for prefill-packing rows at positions pos (-1: not such a row): the
         splits of its deepest row's keys, rounded up to a power of two, at most fa_n_split."""
-        pos = np.asarray(pos)
-        live = pos[pos >= 0]
         if self.fa_grid_full:
             return self.fa_n_split
-        if live.size == 0:
-            return 1
-        need = int(live.max()) // self.plan.fa_split + 1
-        return min(1 << (need - 1).bit_length(), self.fa_n_split)
+        deepest = int(np.max(pos, initial=-1))
+        return 1 if deepest < 0 else _pow2_at_most(deepest // self.plan.fa_split + 1, self.fa_n_split)
 
     def fa_split_counts(self) -> list[int]:
         """Every grid z _fa_splits can choose for this runner's contexts."""
@@ -1060,7 +1061,7 @@ class Runner:
             self.fa_splits = self._fa_splits(pos)
             groups = FA.group_table(seq, pos, FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps))
             n = len(groups)  # at least 1 (a zero-count row when no row has a position)
-            self.fa_groups = size if self.fa_grid_full else min(1 << (n - 1).bit_length(), size)
+            self.fa_groups = size if self.fa_grid_full else _pow2_at_most(n, size)
             tab = np.zeros((self.fa_groups + 1, 2), np.int32)
             tab[:n] = groups
             # after the launched groups, (rows, GROUPS_END): the step's row count, which the kernel
