@@ -46,12 +46,13 @@ v)
   # attn_fa v7 (experiments/attn_fa_v7: the prefill packing's instructions a tile halved): bits against the
   # stock kernel, times alternating
   # and v8 (the same file with -DFA_V8=1: v7 + one barrier a tile + Q in registers)
+  bash experiments/attn_fa_v7/make.sh $R/attn_fa_v7.cu
   for v in 0 1; do
-    OUT=$R timeout 120 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+    OUT=$R timeout 120 python3 experiments/attn_mma/fa_check.py --src $R/attn_fa_v7.cu \
       --define FA_V8=$v --shapes llama3-8b,llama-1b,smollm2 --modes prefill:0,prefill:4096 --rows 512 \
       --split 4096 --warps 8 >> $R/fa-v7.txt 2>&1
     log "fa_check FA_V8=$v rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
-    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --src experiments/attn_fa_v7/attn_fa.cu \
+    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --src $R/attn_fa_v7.cu \
       --define FA_V8=$v --shapes gemma3-global,gemma3-swa --modes prefill:0,prefill:4096 --rows 512 \
       --split 4096 --warps 4 >> $R/fa-v7.txt 2>&1
     log "fa_check FA_V8=$v gemma rc=$? $(tail -1 $R/fa-v7.txt) $(el)"
