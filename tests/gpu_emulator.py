@@ -125,6 +125,32 @@ class FakeInfo:
     cc: tuple = (9, 0)  # as sm_90a: the engine picks a tuning table by device name, else by cc
 
 
+def check_tune_hook(g, case, bits: str, rotate: int) -> None:
+    """A tune hook's contract (memra/tune/measure.py) on the emulator: its check passes within
+    1e-5 of the float64 reference and says `bits` ("matvec bit for bit", "chain bit for bit"),
+    its copies cover half the rotation footprint, and each copy launches once (the emulator
+    checks each launch's grid, block and shared memory)."""
+    ok, err, detail = case.check()
+    assert ok and err is not None and err <= 1e-5 and bits in detail, detail
+    assert case.bytes > 0 and case.sets * case.bytes >= rotate * 0.5
+    n = g.launches
+    for i in range(case.sets):
+        case.launch(i)
+    assert g.launches == n + case.sets
+
+
+def drop_launches(monkeypatch, prefix: str) -> None:
+    """Launches of kernels named prefix* do nothing (a kernel that writes nothing: a check on
+    poisoned outputs must fail)."""
+    real = FakeGpu.launch
+
+    def launch(self, k, grid, block, args, **kw):
+        if not k.name.startswith(prefix):
+            return real(self, k, grid, block, args, **kw)
+
+    monkeypatch.setattr(FakeGpu, "launch", launch)
+
+
 def install(monkeypatch, g=None):
     """Make memra.gpu.cuda report a GPU and hand out g (default: a FakeGpu of 512 MiB, room
     for a few runners' 512-row step buffers: its heap is never freed) as it, for in-process

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_emulator import FakeGpu, ModuleLog
+from gpu_emulator import FakeGpu, ModuleLog, check_tune_hook, drop_launches
 from memra.errors import MemraError
 from memra.gpu.ops import gemm as G
 from memra.model.config import ModelConfig
@@ -44,25 +44,12 @@ def _case(kernel, config, shape, g=None, seed=0):
 
 @pytest.mark.parametrize("kernel,config,shape", CASES, ids=[f"{c[0]}-b{c[2]['batch']}" for c in CASES])
 def test_gemm_hook_checks_rotates_and_launches(kernel, config, shape):
-    g, case = _case(kernel, config, shape)
-    ok, err, detail = case.check()
-    assert ok and err is not None and err <= 1e-5 and "matvec bit for bit" in detail, detail
-    assert case.bytes > 0 and case.sets * case.bytes >= ROTATE * 0.5
-    n = g.launches
-    for i in range(case.sets):
-        case.launch(i)  # the emulator checks each launch's grid, block and shared memory
-    assert g.launches == n + case.sets
+    check_tune_hook(*_case(kernel, config, shape), "matvec bit for bit", ROTATE)
 
 
 def test_gemm_check_fails_when_the_kernel_writes_nothing(monkeypatch):
     kernel, config, shape = CASES[1]
-    real = FakeGpu.launch
-
-    def launch(self, k, grid, block, args, **kw):
-        if not k.name.startswith("gemm_q8"):
-            return real(self, k, grid, block, args, **kw)
-
-    monkeypatch.setattr(FakeGpu, "launch", launch)
+    drop_launches(monkeypatch, "gemm_q8")
     _, case = _case(kernel, config, shape, seed=3)
     ok, _, detail = case.check()
     assert not ok, detail
