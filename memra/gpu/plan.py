@@ -199,13 +199,14 @@ class Planner:
         # kind, so both stay batch-invariant, but a prompt row and a decode row at one position
         # differ in bits (step's kinds; docs/FLAGS.md)
         self.hybrid = bool(hybrid) and self.use_fa
-        # a measurement knob (docs/FLAGS.md): attn_fa's split size is part of its rows' bits
-        self.fa_split = _env_int("MEMRA_FA_SPLIT", FA.SPLIT, lambda n: 64 <= n <= 32768 and n % 64 == 0,
-                                 "a multiple of 64 in 64..32768")
-        # a measurement knob (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 / qpk
-        # tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
-        self.fa_warps = _env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS,
-                                 " or ".join(map(str, FA.WARPS)))
+        # a runtime parameter (docs/FLAGS.md): attn_fa's split size is part of its rows' bits;
+        # hybrid (prompt rows only) takes the large split, MEMRA_ATTN=fa the decode rows' one
+        self.fa_split = _env_int("MEMRA_FA_SPLIT", FA.PREFILL_SPLIT if self.hybrid else FA.SPLIT,
+                                 lambda n: 64 <= n <= 32768 and n % 64 == 0, "a multiple of 64 in 64..32768")
+        # a runtime parameter (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 /
+        # qpk tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
+        warps = FA.PREFILL_WARPS if self.hybrid and spec.cfg.head_dim <= FA.PREFILL_WARPS_MAX_D else FA.FA_WARPS
+        self.fa_warps = _env_int("MEMRA_FA_WARPS", warps, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
@@ -343,11 +344,15 @@ class Planner:
         self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
-        # MEMRA_ATT_DEPTH=1 (an engine path, opt-in): the split count the whole GQA group's blocks
-        # would get (more splits: part of every row's bits), decode grids of the deepest row's
-        # split count (keyed graphs) and the whole group a block once its KV heads x splits fill
-        # the SMs (att_hpb_at); research/2026-12-02-session12 (depth/) measured what it is for
-        self.att_depth = os.environ.get("MEMRA_ATT_DEPTH", "") == "1"
+        # MEMRA_ATT_DEPTH (docs/FLAGS.md; on by default with hybrid, whose prompt rows do not run
+        # attn_decode): the split count the whole GQA group's blocks would get (more splits: part
+        # of every row's bits), decode grids of the deepest row's split count (keyed graphs) and
+        # the whole group a block once its KV heads x splits fill the SMs (att_hpb_at);
+        # research/2026-12-02-session12 (depth/) and 2026-12-03-session20 measured it
+        depth = os.environ.get("MEMRA_ATT_DEPTH", "")
+        if depth not in ("", "0", "1"):
+            raise MemraError(f"MEMRA_ATT_DEPTH must be 0 or 1, got {depth!r}")
+        self.att_depth = depth == "1" or (depth == "" and self.hybrid)
         if self.att_depth:
             self.n_splits = max(self.n_splits, ATT.default_splits(c.n_head_kv, self.sms))
         # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits

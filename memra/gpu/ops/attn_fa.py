@@ -40,6 +40,15 @@ WARPS = (1, 2, 4, 8)  # FA_WARPS the prefill packing builds with (the decode pac
 # the kernel never reads it; tests/gpu_emulator.py takes the step's row count from it
 GROUPS_END = -31249
 SPLIT = 256  # keys per split (FA_SPLIT)
+# MEMRA_ATTN=hybrid's defaults (attn_fa there runs prompt rows only; MEMRA_ATTN=fa's decode rows
+# need SPLIT's parallelism): pp512 on the H200 across FA_SPLIT 256 .. 4096 x 4 / 8 warps
+# (research/2026-12-03-session20, b/): 8B Q4_K_M @ d4096 7,025 t/s (256, 4) -> 8,163 (4096, 8),
+# @ d0 9,203 -> 9,395; 1B @ d4096 35,797 -> 40,605, @ d0 51,318 -> 51,001 (within its runs'
+# spread). A split's partials (rows x heads x splits x head size floats) and the block's K/V
+# tiles, read once per 16 / qpk x warps tokens, were what the small split and 4 warps cost.
+PREFILL_SPLIT = 4096
+PREFILL_WARPS = 8  # head sizes up to PREFILL_WARPS_MAX_D (larger heads: FA_WARPS, unmeasured at 8)
+PREFILL_WARPS_MAX_D = 128
 TOL = 1e-3
 _NULL = np.uint64(0)
 

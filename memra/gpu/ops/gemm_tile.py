@@ -175,10 +175,13 @@ def launch_config(t: int, nb: int = 512, config: dict | None = None) -> dict:
 
 
 # the fewest output-row tiles (N / OBM at the 512-row configuration) a weight needs for the prompt
-# rows to take the tile: a 512-row chunk then runs >= 4 x 16 = 64 blocks. Below it the grid leaves
-# most of the 132 SMs idle (Q6_K attn_v 1024 x 4096, 8 tiles: 136.4 µs against gemm.cu's 77.3 at
-# 512 rows; the 1B's 2048 x 8192 Q4_0, 16 tiles: 118.1 against 117.2, parity; session 16, ab/)
-MIN_ROW_TILES = 16
+# rows to take the tile: a 512-row chunk then runs >= 4 x 32 = 128 blocks. Below it the grid leaves
+# SMs idle (Q6_K attn_v 1024 x 4096, 8 tiles: 136.4 µs against gemm.cu's 77.3 at 512 rows; the
+# 1B's 2048 x 8192 Q4_0, 16 tiles: 118.1 against 117.2, parity; session 16, ab/). 16 -> 32 in
+# session 20: the 1B's 2,048- and 3,072-row weights (16 and 24 tiles) back on gemm.cu, pp512
+# 50,610 / 50,809 -> 58,042 / 56,121 t/s, arms alternating (research/2026-12-03-session20, a/);
+# the 8B's weights all have >= 32
+MIN_ROW_TILES = 32
 
 
 def supports(t: int, N: int, K: int, glu: bool, min_tiles: int | None = None) -> bool:
