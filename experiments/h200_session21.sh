@@ -60,6 +60,29 @@ v)
   cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt $R/fa-v7.txt | cut -c1-230 | tee -a $R/log.txt
   serve_build_wait
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+g)
+  # the prompt tile's loader (kernels/gemm_tile.cu GT_LD, default 1): A/B at 512 rows (28 jobs, each
+  # checked against the chain's bits), then the whole kernel-check of the changed sources
+  timeout 150 python3 -m memra tune run h200-gemm-tile-ld -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
+    -m synth:llama3-8b:Q8_0 --out $OUT/h200-gemm-tile-ld-nvidia-h200.jsonl > $R/tune-h200-gemm-tile-ld.txt 2>&1
+  log "tune h200-gemm-tile-ld rc=$? $(el)"
+  grep -E "GT_LD|µs" $R/tune-h200-gemm-tile-ld.txt | tail -30 | cut -c1-200 | tee -a $R/log.txt
+  KC_LIMIT=300 kernel_check ;;
+h)
+  # the GPU tests of the engine, runner, serve and tune (the kernel-check families ran in stage g),
+  # then attn_fa v8's times (experiments/attn_fa_v7 with -DFA_V8=1; its bits checked in stage v)
+  timeout 250 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=10 tests/test_gpu_engine.py \
+    tests/test_gpu_runner.py tests/test_serve_gpu.py tests/test_tune_gpu.py tests/test_structured_gpu.py > $R/gpu-tests.txt 2>&1
+  log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
+  bash experiments/attn_fa_v7/make.sh $R/attn_fa_v7.cu
+  for cfg in "1 8" "0 4" "1 4"; do
+    set -- $cfg
+    OUT=$R timeout 45 python3 experiments/attn_mma/fa_check.py --no-checks --src $R/attn_fa_v7.cu --define FA_V8=$1 \
+      --shapes llama3-8b,smollm2,gemma3-global --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps $2 \
+      >> $R/fa-v8.txt 2>&1
+    log "fa_check FA_V8=$1 warps $2 rc=$? $(el)"
+  done
+  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-v8.txt | cut -c1-260 | tee -a $R/log.txt ;;
 x)
   # issue 14's depth cell with MEMRA_ATT_DEPTH on (the patch): the decode split count at depth 4096
   # (the default 33 on the 8B and 1B: 2 x 132 SMs / 8 KV heads), arms alternating; part of the decode

@@ -46,7 +46,8 @@
 // (fragment prefetch; Q4_K / Q4_0 / Q8_0: 2 = the raw A words and B one step ahead, the scalars at the
 // start of their own step (default), 1 = the scalars too, 0 = none; Q6_K: 1 = B and the next half's raw
 // words ahead (default), 0 = none), GT_PU (Q4_K: unroll of the 4-pair loop, 1; Q6_K: unroll of the
-// 2-half loop, 1), GT_SU (Q4_0 / Q8_0: unroll of the 8-step loop, 2). MEMRA_CANARY=1: a deliberately
+// 2-half loop, 1), GT_SU (Q4_0 / Q8_0: unroll of the 8-step loop, 2), GT_LD (the loader: 1 = lane pairs on
+// 32-byte sectors where a row / column splits over two threads (default), 0 = v5's). MEMRA_CANARY=1: a deliberately
 // wrong variant (block 1 of every row dropped: its dx, sx staged as 0, so acc = fma(p, 0, acc) = acc)
 // that a check must catch.
 //
@@ -103,6 +104,14 @@
 //     2,2,3 pf1 glu (4 B at 255 registers; pf2: 0). Default configuration per type (launch.py
 //     default_config; GT_PF defaults to the timed best, the prototypes' default was 1): Q4_K 2,4,2 pf2,
 //     Q4_0 2,4,2 pf2, Q8_0 2,4,2 pf2, Q6_K 2,4,2 pf1 (GT_MINB 1). Not yet run on a device.
+//  6. GT_LD 1 (session 21): the loader's lane pairs (pair_row below). ncu of the 8B's Q4_K gate + up at
+//     512 rows (v5, research/2026-12-03-session21): 721.8 µs, 254 registers (one block of 8 warps an
+//     SM), issue slots 39.6 % busy, 49 % of the L2 sectors and 55 % of the shared wavefronts
+//     excessive, all on the loader's LDGSTS (a lane's 16-byte chunks 64 B apart in an instruction),
+//     23 % of the stall samples around them (long scoreboard on the LDGSTS address registers).
+//     Static loop: Q4_K glu 851 -> 839 instructions, Q4_0 605 -> 593, Q8_0 560 -> 542, Q6_K 2017 -> 2005.
+//     GT_LD 0 keeps v5's mapping (the A/B of tune/campaigns/h200-gemm-tile-ld.toml); a row a thread
+//     (GT_WN 2: the weights) always takes it.
 #include "common.cuh"
 #include "q8.cuh"
 
@@ -136,6 +145,9 @@
 #endif
 #ifndef GT_MINB
 #define GT_MINB 1
+#endif
+#ifndef GT_LD
+#define GT_LD 1
 #endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
@@ -221,6 +233,18 @@ MEMRA_DEVICE uint4 lds128u(uint32_t a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
     return v;
+}
+// GT_LD 1 (the loader's lane pairs): where a stage's raw weight row / activation column splits over two
+// threads, lanes 2p and 2p + 1 copy the two 16-byte halves of one 32-byte sector an instruction (the
+// other mapping, GT_LD 0, gives a lane 64-128 contiguous bytes: each instruction touched twice the L2
+// sectors it used, ncu: 49 % excessive sectors on the 8B's gate + up). The pair's row is
+// pair_row(p): a warp's 16 pairs take rows 0, 2, 4, 6 | 1, 3, 5, 7 | 8, 10, .. (one parity in each
+// 8-lane phase), so the four 32-byte stores of a phase land on distinct banks (the row strides 144,
+// 208, 272 B are 4 or 20 words mod 32: rows of one parity start 8 banks apart). The bytes land where
+// GT_LD 0 puts them: the outputs' bits do not depend on it.
+constexpr bool LD_PAIR = GT_LD != 0;
+MEMRA_DEVICE int pair_row(int p) {
+    return (p & ~15) | (p & 8) | ((p & 3) << 1) | ((p >> 2) & 1);
 }
 // %tid.x through a volatile asm: not hoisted out of the K loop, so the cp.async sources are recomputed
 // (~15 integer ops a stage) where they are used instead of holding ~8 registers across the loop
@@ -372,7 +396,13 @@ MEMRA_DEVICE void load_group(uint32_t s_base, const Ptr& P, int t_, int nsb, int
     const int t = tid_v();
     if (t_ < nsb) {
         const int sb = t_, slot = t_ % NS;
-        {   // raw weights: row (WCH t) / CPR, chunks (WCH t) % CPR ..; a 16-chunk row split over two threads
+        if (LD_PAIR && 2 * WCH == CPR) {   // GT_LD 1: lanes 2p, 2p + 1 on row pair_row(p), chunks 2 i, 2 i + 1
+            const int r = pair_row(t >> 1), h = t & 1;
+            const uint32_t wq = (uint32_t)wrow<GLU>(r, ob, N) * (uint32_t)(K / 256 * RB) + RB * sb + 16 * h;
+#pragma unroll
+            for (int i = 0; i < WCH; ++i)
+                cp_async16(s_base + OFF_W + slot * WT_BYTES + r * WS + 16 * h + 32 * i, P.bulk + (wq + 32 * i));
+        } else {   // raw weights: row (WCH t) / CPR, chunks (WCH t) % CPR ..; a 16-chunk row split over two threads
             // (Q8_0, WCH 8) has the second thread's chunks rotated by 4 (conflict-free LDGSTS phases)
             const int r = (WCH * t) / CPR, part = (WCH * t) % CPR;
             const uint32_t wq = (uint32_t)wrow<GLU>(r, ob, N) * (uint32_t)(K / 256 * RB) + RB * sb + 16 * part;
@@ -383,7 +413,13 @@ MEMRA_DEVICE void load_group(uint32_t s_base, const Ptr& P, int t_, int nsb, int
                 cp_async16(s_base + OFF_W + slot * WT_BYTES + r * WS + 16 * part + wr + 16 * i, P.bulk + (wq + wr + 16 * i));
             }
         }
-        {   // activations: column (XCH t) / 16 (clamped to nb - 1), chunks (XCH t) % 16 ..; XCH 8: the
+        if (LD_PAIR && XCH == 8) {   // GT_LD 1: lanes 2p, 2p + 1 on column pair_row(p), chunks 2 i, 2 i + 1
+            const int xcol = pair_row(t >> 1), h = t & 1;
+            const uint32_t xq = (uint32_t)min(cb + xcol, nb - 1) * K + 256 * sb + 16 * h;
+#pragma unroll
+            for (int i = 0; i < XCH; ++i)
+                cp_async16(s_base + OFF_X + slot * XT_BYTES + xcol * TS + 16 * h + 32 * i, P.xq + (xq + 32 * i));
+        } else {   // activations: column (XCH t) / 16 (clamped to nb - 1), chunks (XCH t) % 16 ..; XCH 8: the
             // second thread of a column starts at its 5th chunk (lanes 2c, 2c + 1 on distinct bank slots)
             const int xcol = (XCH * t) >> 4, xpart = (XCH * t) & 15;
             const uint32_t xq = (uint32_t)min(cb + xcol, nb - 1) * K + 256 * sb + 16 * xpart;

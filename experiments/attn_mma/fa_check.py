@@ -240,7 +240,7 @@ def main() -> int:
                     launch_fa(g, mods[D], c, tpb)
                     g.sync()
                     continue
-                extra: dict = {}
+                dec_extra: dict = {}
                 us_fa = graph_us(g, lambda: launch_fa(g, mods[D], c, tpb))
                 rec = {"kind": "record", "what": "fa-time", "shape": name, "mode": mode, "depth": depth, "T": T,
                        "fa_warps": FA_WARPS, "fa_split": FA_SPLIT, "src": Path(variant).name if variant == stock
@@ -256,7 +256,7 @@ def main() -> int:
                                us_variant=[round(x, 2) for x in arms["variant"]],
                                speedup_vs_stock=round(min(arms["stock"]) / min(arms["variant"]), 3))
                 else:
-                    us_dec = graph_us(g, lambda: launch_decode_kernel(g, c, extra))
+                    us_dec = graph_us(g, lambda: launch_decode_kernel(g, c, dec_extra))
                     rec.update(us_attn_decode=round(us_dec, 2), speedup=round(us_dec / us_fa, 2))
                 emit(rec)
     print(f"{'ALL OK' if not bad else f'{bad} FAILED'}")

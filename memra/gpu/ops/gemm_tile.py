@@ -7,7 +7,7 @@ bits do not depend on the batch, the tile or the configuration.
         glu="silu"|"gelu"   W holds [gate; up] (2N rows): y = fl(act(gate x) * (up x))
 
 Weight types: Q4_0, Q8_0, Q4_K, Q6_K (memra.gpu.chain.TYPES), in memra.gpu.ops.matvec's planes
-layout. Tunables (-D): GT_WM, GT_WN, GT_STAGES, GT_PF, GT_MINB; per type the configuration the H200
+layout. Tunables (-D): GT_WM, GT_WN, GT_STAGES, GT_PF, GT_MINB, GT_LD (the loader's mapping); per type the configuration the H200
 measured fastest at 512 rows (research/2026-12-02-session16, ab/), the 2 x 2-warp tile with 3 stages
 up to SMALL_ROWS rows.
 
@@ -148,7 +148,7 @@ def launch_shape(ggml_type: int, config: dict | None, N: int, nb: int, glu: bool
 
 KERNEL_FILE = "gemm_tile.cu"
 TYPES = CH.TYPES
-KEYS = ("GT_WM", "GT_WN", "GT_STAGES", "GT_PF", "GT_MINB")
+KEYS = ("GT_WM", "GT_WN", "GT_STAGES", "GT_PF", "GT_MINB", "GT_LD")
 _NULL = np.uint64(0)
 _ACT = {None: 0, "silu": 1, "gelu": 2}   # gemm.cu's act argument: 1 SiLU, 2 GELU-tanh
 _ACT_MUL = {"silu": "silu", "gelu": "gelu_tanh"}
