@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Session 21 ran k, v, x, g, h (research/2026-12-03-session21). Stages v and h built attn_fa v7 / v8 from
+# session 20's experiments/attn_fa_v7/attn_fa.patch (`git show 34339ce:experiments/attn_fa_v7/attn_fa.patch`),
+# since replaced by landing.patch (v8 only): rerunning them now times v8 in both arms.
 # The next session's H200 calls (prepared in session 20; research/2026-12-03-session20 section 7).
 # Before any call: land experiments/s21/defaults.patch on this checkout as its README says (git apply,
 # docs/FLAGS.md's default column), run the CPU tests, ship the models (experiments/ship_models.py), then:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 21; research/2026-12-03-session21).
+# Before any call: `git apply experiments/attn_fa_v7/landing.patch` (attn_fa v8, hybrid's prefill
+# packing at 4 warps), the CPU tests, ship the models (experiments/ship_models.py), then:
+# STAGE k (carry .whl + .synthtok + .llamacpp; ~8 min): llama.cpp built in the background while the
+#   whole kernel-check runs (kernels/attn_fa.cu changed: ~220 s), then `memra bench --vs llama.cpp` of
+#   every model (the floors' receipts: issue 10's 8B @ d4096 cell is predicted ~0.98x with v8).
+#   Copy $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch.
+# STAGE t (carry .whl + .synthtok; ~6 min): every GPU test.
+# STAGE f (carry .whl + .synthtok; ~1 min): attn_fa v8's times in the engine's module at 4 and 8 warps
+#   for the shapes session 21 did not time at 4 (the 1B) and all the others again (the stock kernel is
+#   v8 once the patch is applied).
+#   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session22.sh
+set -u
+source experiments/h200_common.sh
+stage_begin s22
+case "$STAGE" in
+k)
+  link_models "kernel-check's launch set and the real models' bench cells need them"
+  serve_build_start
+  KC_LIMIT=300 kernel_check
+  serve_build_wait
+  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+t)
+  link_models "the GPU tests need them"
+  gpu_tests 500 ;;
+f)
+  for w in 4 8; do
+    OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --no-checks --shapes llama3-8b,llama-1b,smollm2,gemma3-global \
+      --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps $w >> $R/fa-time.txt 2>&1
+    log "fa_check warps $w rc=$? $(el)"
+  done
+  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt | cut -c1-230 | tee -a $R/log.txt ;;
+esac
+tar czf $OUT/s22-$STAGE.tgz -C /tmp s22-$STAGE
