@@ -6,7 +6,13 @@
 #   whole kernel-check runs (kernels/attn_fa.cu changed: ~220 s), then `memra bench --vs llama.cpp` of
 #   every model (the floors' receipts: issue 10's 8B @ d4096 cell is predicted ~0.98x with v8).
 #   Copy $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch.
+# STAGE r (carry .whl + .synthtok; ~1.5 min; first, with experiments/gemm_tile_rpad/rpad.patch applied
+#   too): the tile's row-record padding A/B (GT_RPAD 0 / 1, 28 jobs); keep the patch only if it wins,
+#   then STAGE k checks the final sources.
 # STAGE t (carry .whl + .synthtok; ~6 min): every GPU test.
+# STAGE c (carry .whl + .synthtok; ~7 min; after k's receipt is committed): the tile campaign (never
+#   run: 360 jobs, e.g. the QKV shapes' 160-192 blocks are 1.2-1.5 waves of 132 SMs at the built-in
+#   2 x 4 tile), freeze, then kernel-check --add-to for the new table entries (sources unchanged).
 # STAGE f (carry .whl + .synthtok; ~1 min): attn_fa v8's times in the engine's module at 4 and 8 warps
 #   for the shapes session 21 did not time at 4 (the 1B) and all the others again (the stock kernel is
 #   v8 once the patch is applied).
@@ -21,6 +27,30 @@ k)
   KC_LIMIT=300 kernel_check
   serve_build_wait
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+r)
+  timeout 150 python3 -m memra tune run h200-gemm-tile-rpad -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
+    -m synth:llama3-8b:Q8_0 --out $OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl > $R/tune-rpad.txt 2>&1
+  log "tune h200-gemm-tile-rpad rc=$? $(el)"
+  python3 - $OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault((r["kernel"], json.dumps(r["shape"], sort_keys=True)), {})[r["config"].get("GT_RPAD")] = r
+for (k, sh), d in sorted(by.items()):
+    a, b = d.get(0), d.get(1)
+    if a and b and a["ok"] and b["ok"]:
+        print(f"{k} {sh}: {a['median_us']:.1f} -> {b['median_us']:.1f} us ({b['median_us'] / a['median_us'] - 1:+.1%})")
+PY
+  ;;
+c)
+  tune_campaign h200-gemm-tile 400 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
+    -m synth:llama-1b:Q4_0
+  freeze_show tile
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
+  link_models "kernel-check's launch set covers the real models"
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check ;;
 t)
   link_models "the GPU tests need them"
   gpu_tests 500 ;;
