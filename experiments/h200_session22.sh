@@ -7,7 +7,8 @@
 #   every model (the floors' receipts: issue 10's 8B @ d4096 cell is predicted ~0.98x with v8).
 #   Copy $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch.
 # STAGE r (carry .whl + .synthtok; ~1.5 min; first, with experiments/gemm_tile_rpad/rpad.patch applied
-#   too): the tile's row-record padding A/B (GT_RPAD 0 / 1, 28 jobs); keep the patch only if it wins,
+#   too): the tile's row-record padding x loader addressing (GT_RPAD, GT_LDA 0 / 1, 56 jobs); keep
+#   each default only if it wins (a lost one: its default 0 in the patch before STAGE k),
 #   then STAGE k checks the final sources.
 # STAGE t (carry .whl + .synthtok; ~6 min): every GPU test.
 # STAGE c (carry .whl + .synthtok; ~7 min; after k's receipt is committed): the tile campaign (never
@@ -36,11 +37,14 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    by.setdefault((r["kernel"], json.dumps(r["shape"], sort_keys=True)), {})[r["config"].get("GT_RPAD")] = r
+    c = r["config"]
+    by.setdefault((r["kernel"], json.dumps(r["shape"], sort_keys=True)), {})[(c.get("GT_RPAD"), c.get("GT_LDA"))] = r
 for (k, sh), d in sorted(by.items()):
-    a, b = d.get(0), d.get(1)
-    if a and b and a["ok"] and b["ok"]:
-        print(f"{k} {sh}: {a['median_us']:.1f} -> {b['median_us']:.1f} us ({b['median_us'] / a['median_us'] - 1:+.1%})")
+    base = d.get((0, 0))
+    if base and base["ok"]:
+        arms = "  ".join(f"rpad {a} lda {b} {r['median_us']:.1f} ({r['median_us'] / base['median_us'] - 1:+.1%})"
+                         for (a, b), r in sorted(d.items()) if r["ok"])
+        print(f"{k} {sh}: {arms}")
 PY
   ;;
 c)
