@@ -11,9 +11,9 @@
 #   each default only if it wins (a lost one: its default 0 in the patch before STAGE k),
 #   then STAGE k checks the final sources.
 # STAGE t (carry .whl + .synthtok; ~6 min): every GPU test.
-# STAGE c (carry .whl + .synthtok; ~7 min; after k's receipt is committed): the tile campaign (never
-#   run: 360 jobs, e.g. the QKV shapes' 160-192 blocks are 1.2-1.5 waves of 132 SMs at the built-in
-#   2 x 4 tile), freeze, then kernel-check --add-to for the new table entries (sources unchanged).
+# Then, with k's receipt committed: experiments/h200_session21.sh STAGE t, the tile campaign (never run:
+#   360 jobs; e.g. the 8B QKV shapes' 160-192 blocks are 1.2-1.5 waves of 132 SMs at the built-in 2 x 4
+#   tile), the freeze and kernel-check --add-to for the new table entries (~7 min).
 # STAGE f (carry .whl + .synthtok; ~1 min): attn_fa v8's times in the engine's module at 4 and 8 warps
 #   for the shapes session 21 did not time at 4 (the 1B) and all the others again (the stock kernel is
 #   v8 once the patch is applied).
@@ -47,14 +47,6 @@ for (k, sh), d in sorted(by.items()):
         print(f"{k} {sh}: {arms}")
 PY
   ;;
-c)
-  tune_campaign h200-gemm-tile 400 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
-    -m synth:llama-1b:Q4_0
-  freeze_show tile
-  mkdir -p $OUT/tune $OUT/defaults
-  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
-  link_models "kernel-check's launch set covers the real models"
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check ;;
 t)
   link_models "the GPU tests need them"
   gpu_tests 500 ;;
