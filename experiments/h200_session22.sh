@@ -15,7 +15,7 @@
 #   360 jobs; e.g. the 8B QKV shapes' 160-192 blocks are 1.2-1.5 waves of 132 SMs at the built-in 2 x 4
 #   tile), the freeze and kernel-check --add-to for the new table entries (~7 min).
 # Then, same lease as k (llama-bench built there): experiments/h200_session20.sh STAGE l (issue 10's 4k
-#   prompt TTFT beside llama.cpp, the 32k prompt, the impossible context; not run since session 19)
+#   prompt TTFT beside llama.cpp, the 32k prompt, the impossible context; last run in session 9)
 #   and STAGE s (issue 11's serve evidence against llama-server; last run in session 15).
 # STAGE f (carry .whl + .synthtok; ~1 min): attn_fa v8's times in the engine's module at 4 and 8 warps
 #   for the shapes session 21 did not time at 4 (the 1B) and all the others again (the stock kernel is
