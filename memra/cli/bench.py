@@ -47,11 +47,12 @@ def kernel_check(
     device: Annotated[str, typer.Option("--device", help="With --status: the device (name or slug) whose "
                                         "receipt to check.")] = "nvidia-h200",
     as_json: Annotated[bool, typer.Option("--json", help="With --status: print one JSON object.")] = False,
-    add_to: Annotated[Optional[Path], typer.Option("--add-to", help="A green receipt of this device made on the "
-                                                   "kernel sources here now (e.g. research/kernel-check/"
-                                                   "nvidia-h200.json): check only the launch cases it lacks (its "
-                                                   "own checks and canaries stand) and write a receipt covering "
-                                                   "both, marked incremental.")] = None,
+    add_to: Annotated[Optional[Path], typer.Option("--add-to", help="A green receipt of this device (e.g. "
+                                                   "research/kernel-check/nvidia-h200.json): check only the launch "
+                                                   "cases it lacks (its own checks and canaries stand) and write a "
+                                                   "receipt covering both, marked incremental. Where kernel sources "
+                                                   "changed since it, the families whose recorded kernel files "
+                                                   "reach a changed one run whole.")] = None,
 ) -> None:
     """Check every kernel module the engine can launch against its CPU reference, with canaries;
     ends ALL GREEN or exits 1. A complete run on a GPU writes a receipt (source hashes, launch set)."""

@@ -22,10 +22,11 @@ red, not green). FAMILIES is memra.tune.launches.FAMILY_MODULE, the whole list (
 dict, no registration machinery): add a line there when a family module appears.
 
 On a GPU a complete run (no --only) fills `report`, from which `make_receipt` writes the
-receipt: the device, the hash of every kernel source, the launch set covered and the
-verdict. `status(device)` compares the committed receipt (research/kernel-check/<device>.json)
-with the sources and the launch set at HEAD: current only when it was green, no source
-changed and every launch the engine can make now is in it.
+receipt: the device, the hash of every kernel source, the launch set covered, the kernel
+files each family loaded and the verdict (an incremental run: see run_kernel_check's base).
+`status(device)` compares the committed receipt (research/kernel-check/<device>.json) with the
+sources and the launch set at HEAD: current only when it was green, no source changed and
+every launch the engine can make now is in it.
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                      report: dict | None = None, base: dict | None = None) -> Iterator[str]:
     """Yield one line per check; the last line is 'ALL GREEN ...' or 'FAILED ...'.
 
-    base (a green receipt of this device made on the same kernel sources): check only the
-    launch cases it lacks; its families' own checks and canaries stand for this run (same
-    sources, same modules), and `report` receives the union of both launch sets (see
-    base_problem for what a base must satisfy).
+    base (a green receipt of this device): check only the launch cases it lacks; its
+    families' own checks and canaries stand for this run (same sources, same modules), and
+    `report` receives the union of both launch sets (see base_problem for what a base must
+    satisfy). Where kernel sources changed since the base, a family whose recorded kernel
+    files (what its checks, canaries and launches loaded, with what those include) reach a
+    changed one runs whole: its checks, its canaries and every launch case of it.
 
     The families' own checks and canaries, then every case of the engine's launch set
     (memra.tune.launches over `models`, default launches.MODELS, and the device's tuning
@@ -102,6 +105,7 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         if why:
             yield f"FAILED: the base receipt cannot be extended: {why}"
             return
+    changed = changed_sources(base) if base is not None else []
     # the launch set: every plan launch over the models and tables
     specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
@@ -124,11 +128,20 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
            f"over {len(specs)} models, {len(LS.launch_modules(cases))} modules; tables: builtin"
            + "".join(f", {t.get('device')} ({t.get('path')})" for t in tables))
     covered = set(base.get("launch_set", [])) if base is not None else set()
-    todo = {k: c for k, c in cases.items() if k not in covered}
+    # the families a changed source reaches: their base checks no longer stand, they run whole
+    recheck = set()
+    for f in fam_names if changed else ():
+        files = set(base.get("families", {}).get(f, {}).get("files", []))
+        files |= {c["file"] for c in cases.values() if c["family"] == f}
+        if include_closure(files) & set(changed):
+            recheck.add(f)
+    todo = {k: c for k, c in cases.items() if k not in covered or c["family"] in recheck}
     if base is not None:
-        yield (f"incremental: {len(todo)} of the {len(cases)} launch cases are not in the base receipt "
-               f"({base.get('git_sha')}, {base.get('ts')}, {len(covered)} cases); its families' own checks "
-               f"and canaries stand (the same kernel sources)")
+        yield (f"incremental: {len(todo)} of the {len(cases)} launch cases to check (the base receipt "
+               f"{base.get('git_sha')}, {base.get('ts')}: {len(covered)}); "
+               + (f"kernel sources changed since it ({', '.join(changed)}): families run whole: "
+                  f"{', '.join(sorted(recheck)) or 'none'}; the others' own checks and canaries stand"
+                  if changed else "its families' own checks and canaries stand (the same kernel sources)"))
     by_family: dict[str, list] = {f: [] for f in fam_names}
     for key, c in todo.items():
         by_family[c["family"]].append((key, c))
@@ -151,7 +164,7 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         # before the checks load them, reported there only when it fails
         jobs, seen = [], set()
         for fam, mod in mods.items():
-            own = [] if base is not None else list(mod.compile_variants())
+            own = [] if base is not None and fam not in recheck else list(mod.compile_variants())
             mine = own + [(c["file"], c["defines"]) for _, c in by_family[fam]]
             for f, d in mine:
                 for arch in (archs or ARCHS) if compile_only else (g.info.arch,):
@@ -174,58 +187,77 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                f"ALL GREEN ({passed} compiled; checks and canaries need a GPU)")
         return
     per_family = {}
-    for fam, mod in mods.items():
-        n_checks = n_canaries = fam_fail = 0
-        if base is not None and not by_family[fam]:
-            per_family[fam] = dict(base.get("families", {}).get(fam, {}))
-            continue
-        try:
-            for o in (() if base is not None else mod.checks(g, rng)):
-                n_checks += 1
-                fam_fail += not o.ok
-                yield f"{'PASS' if o.ok else 'FAIL'}  {fam} {o.name}: {o.detail}"
-        except Exception as e:
-            fam_fail += 1
-            yield f"FAIL  {fam} checks: {type(e).__name__}: {e}"
-        for key, c in by_family[fam]:
+    # the kernel files each family loads (through g.module), recorded in the receipt: a later
+    # incremental run reads which families a changed source reaches from them
+    loaded: dict[str, set] = {f: set() for f in mods}
+    current = [""]
+    module = g.module
+
+    def tracked(kernel_file, defines=None):
+        loaded[current[0]].add(kernel_file)
+        return module(kernel_file, defines)
+
+    g.module = tracked
+    try:
+        for fam, mod in mods.items():
+            current[0] = fam
+            n_checks = n_canaries = fam_fail = 0
+            whole = base is None or fam in recheck
+            base_fam = dict(base.get("families", {}).get(fam, {})) if base is not None else {}
+            if not whole and not by_family[fam]:
+                per_family[fam] = base_fam
+                continue
             try:
-                o = mod.check_launch(g, rng, c)
-                ok, detail = o.ok, o.detail
+                for o in (mod.checks(g, rng) if whole else ()):
+                    n_checks += 1
+                    fam_fail += not o.ok
+                    yield f"{'PASS' if o.ok else 'FAIL'}  {fam} {o.name}: {o.detail}"
             except Exception as e:
-                ok, detail = False, f"{type(e).__name__}: {e}"
-            n_checks += 1
-            fam_fail += not ok
-            yield f"{'PASS' if ok else 'FAIL'}  {fam} launch {_case_label(c)}: {detail}"
-        if base is not None:  # the base run's canaries of these sources stand
-            b = base.get("families", {}).get(fam, {})
-            if int(b.get("canaries", 0)) < 1:
                 fam_fail += 1
-                yield f"FAIL  {fam}: the base receipt ran no canary of it (a full run is needed)"
+                yield f"FAIL  {fam} checks: {type(e).__name__}: {e}"
+            for key, c in by_family[fam]:
+                try:
+                    o = mod.check_launch(g, rng, c)
+                    ok, detail = o.ok, o.detail
+                except Exception as e:
+                    ok, detail = False, f"{type(e).__name__}: {e}"
+                n_checks += 1
+                fam_fail += not ok
+                yield f"{'PASS' if ok else 'FAIL'}  {fam} launch {_case_label(c)}: {detail}"
+            if not whole:  # the base run's canaries of these sources stand
+                b = base_fam
+                if int(b.get("canaries", 0)) < 1:
+                    fam_fail += 1
+                    yield f"FAIL  {fam}: the base receipt ran no canary of it (a full run is needed)"
+                failures += fam_fail
+                passed += n_checks - min(fam_fail, n_checks)
+                per_family[fam] = {"checks": int(b.get("checks", 0)) + n_checks,
+                                   "launch_cases": int(b.get("launch_cases", 0)) + len(by_family[fam]),
+                                   "canaries": int(b.get("canaries", 0)), "failed": fam_fail, "new_checks": n_checks}
+                if "files" in b:  # a base without them: this run saw only the new cases' files
+                    per_family[fam]["files"] = sorted(set(b["files"]) | loaded[fam])
+                continue
+            try:
+                for o in mod.canaries(g, rng):
+                    n_canaries += 1
+                    if o.ok:
+                        fam_fail += 1
+                        yield f"FAIL  {fam} canary {o.name} was NOT caught: {o.detail}"
+                    else:
+                        caught += 1
+                        yield f"PASS  {fam} canary {o.name} caught: {o.detail}"
+            except Exception as e:
+                fam_fail += 1
+                yield f"FAIL  {fam} canaries: {type(e).__name__}: {e}"
+            if n_checks == 0 or n_canaries == 0:
+                fam_fail += 1
+                yield f"FAIL  {fam}: {n_checks} checks and {n_canaries} canaries (a family needs at least one of each)"
             failures += fam_fail
             passed += n_checks - min(fam_fail, n_checks)
-            per_family[fam] = {"checks": int(b.get("checks", 0)) + n_checks,
-                               "launch_cases": int(b.get("launch_cases", 0)) + len(by_family[fam]),
-                               "canaries": int(b.get("canaries", 0)), "failed": fam_fail, "new_checks": n_checks}
-            continue
-        try:
-            for o in mod.canaries(g, rng):
-                n_canaries += 1
-                if o.ok:
-                    fam_fail += 1
-                    yield f"FAIL  {fam} canary {o.name} was NOT caught: {o.detail}"
-                else:
-                    caught += 1
-                    yield f"PASS  {fam} canary {o.name} caught: {o.detail}"
-        except Exception as e:
-            fam_fail += 1
-            yield f"FAIL  {fam} canaries: {type(e).__name__}: {e}"
-        if n_checks == 0 or n_canaries == 0:
-            fam_fail += 1
-            yield f"FAIL  {fam}: {n_checks} checks and {n_canaries} canaries (a family needs at least one of each)"
-        failures += fam_fail
-        passed += n_checks - min(fam_fail, n_checks)
-        per_family[fam] = {"checks": n_checks, "launch_cases": len(by_family[fam]), "canaries": n_canaries,
-                           "failed": fam_fail}
+            per_family[fam] = {"checks": n_checks, "launch_cases": len(by_family[fam]), "canaries": n_canaries,
+                               "failed": fam_fail, "files": sorted(loaded[fam])}
+    finally:
+        del g.module  # the method again
     green = failures == 0
     if report is not None:
         from memra.gpu.compile import nvrtc_version
@@ -241,31 +273,59 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         if base is not None:
             report["incremental"] = {"base_git_sha": base.get("git_sha"), "base_ts": base.get("ts"),
                                      "base_seed": base.get("seed"), "base_cases": len(covered),
-                                     "new_cases": len(todo)}
+                                     "new_cases": len(todo), "changed_sources": changed,
+                                     "rechecked_families": sorted(recheck)}
     if not green:
         yield f"FAILED: {failures} failed, {passed} passed, {caught} canaries caught"
     elif base is not None:
-        yield (f"ALL GREEN ({passed} checks passed: the {len(todo)} launch cases the base receipt lacked; "
-               f"with its {len(covered)} the receipt covers {len(set(cases) | covered)})")
+        yield (f"ALL GREEN ({passed} checks passed: {len(todo)} launch cases"
+               + (f" and the whole of {', '.join(sorted(recheck))}" if recheck else "")
+               + f"; with the base receipt's {len(covered)} the receipt covers {len(set(cases) | covered)})")
     else:
         yield f"ALL GREEN ({passed} checks passed, {len(cases)} of them the engine's launches, {caught} canaries caught)"
 
 
 def base_problem(base: dict, device: str) -> str:
     """Why a receipt cannot be the base of an incremental run on `device` ("" when it can): it
-    must be a green receipt of this schema, of this device, and of the kernel sources here now
-    (a changed source changes modules the base checked: a full run is needed)."""
+    must be a green receipt of this schema and of this device; where kernel sources changed
+    since it, every family of it must record the kernel files it loaded (receipts without them
+    need a full run)."""
     if base.get("schema") != RECEIPT_SCHEMA:
         return f"schema {base.get('schema')!r} is not {RECEIPT_SCHEMA}"
     if not base.get("all_green"):
         return "its run was not ALL GREEN"
     if base.get("device") != device:
         return f"it is of {base.get('device')!r}, this device is {device!r}"
-    now = kernel_sources()
-    changed = sorted(n for n in set(base.get("sources", {})) | set(now) if base.get("sources", {}).get(n) != now.get(n))
-    if changed:
-        return f"kernel sources changed since ({', '.join(changed)}): a full run is needed"
+    changed = changed_sources(base)
+    blind = sorted(f for f in FAMILIES if "files" not in base.get("families", {}).get(f, {}))
+    if changed and blind:
+        return (f"kernel sources changed since ({', '.join(changed)}) and it does not record the kernel files of "
+                f"{', '.join(blind)}: a full run is needed")
     return ""
+
+
+def changed_sources(base: dict) -> list[str]:
+    """The kernel sources added, removed or changed since `base` (a receipt)."""
+    now, old = kernel_sources(), base.get("sources", {})
+    return sorted(n for n in set(old) | set(now) if old.get(n) != now.get(n))
+
+
+def include_closure(files) -> set[str]:
+    """`files` (kernel file names) and every kernel source they include, transitively
+    (`#include "x"` lines of kernels/)."""
+    from memra.paths import kernel_dir
+
+    d, out, todo = kernel_dir(), set(), list(files)
+    while todo:
+        f = todo.pop()
+        if f in out:
+            continue
+        out.add(f)
+        p = d / f
+        if p.is_file():
+            todo += [ln.split('"')[1] for ln in p.read_text(encoding="utf-8").splitlines()
+                     if ln.startswith("#include \"")]
+    return out
 
 
 def all_green(lines: list[str]) -> bool:
