@@ -5,7 +5,9 @@
 # STAGE k (carry .whl + .synthtok + .llamacpp; ~8 min): llama.cpp built in the background while the
 #   whole kernel-check runs (kernels/attn_fa.cu changed: ~220 s), then `memra bench --vs llama.cpp` of
 #   every model (the floors' receipts: issue 10's 8B @ d4096 cell is predicted ~0.98x with v8).
-#   Copy $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch.
+#   Copy $OUT/nvidia-h200.json to research/kernel-check/ and commit it with the patch. A whole run: the
+#   committed receipt predates the kernel files each family records; from that receipt on, a change
+#   to one family's sources is `memra kernel-check --add-to` (that family whole, the rest standing).
 # STAGE r (carry .whl + .synthtok; ~1.5 min; first, with experiments/gemm_tile_rpad/rpad.patch applied
 #   too): the tile's row-record padding x loader addressing (GT_RPAD, GT_LDA 0 / 1, 56 jobs); keep
 #   each default only if it wins (a lost one: its default 0 in the patch before STAGE k),
