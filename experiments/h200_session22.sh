@@ -19,9 +19,12 @@
 # Then, same lease as k (llama-bench built there): experiments/h200_session20.sh STAGE l (issue 10's 4k
 #   prompt TTFT beside llama.cpp, the 32k prompt, the impossible context; last run in session 9)
 #   and STAGE s (issue 11's serve evidence against llama-server; last run in session 15).
-# STAGE f (carry .whl + .synthtok; ~1 min): attn_fa v8's times in the engine's module at 4 and 8 warps
-#   for the shapes session 21 did not time at 4 (the 1B) and all the others again (the stock kernel is
-#   v8 once the patch is applied).
+# STAGE f (carry .whl + .synthtok; ~3 min): attn_fa v8's times at 4 and 8 warps on the engine's grid (fa_check
+#   now trims grid x to the groups as the runner does; sessions 20-21 timed one block a row along x,
+#   512 for 16-32 groups, the rest exiting at once: the same overhead in both arms, but not the
+#   engine's µs, and biased between 4 and 8 warps), then the engine's pp512 @ d0 / d4096 with
+#   MEMRA_FA_WARPS 4 / 8 alternating on the 8B and the 1B (the landing patch's 4 rests on the biased
+#   timing: keep it only if the engine agrees).
 #   source .whl/setup.sh && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session22.sh
 set -u
 source experiments/h200_common.sh
@@ -61,6 +64,14 @@ f)
       --modes prefill:0,prefill:4096 --rows 512 --split 4096 --warps $w >> $R/fa-time.txt 2>&1
     log "fa_check warps $w rc=$? $(el)"
   done
-  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt | cut -c1-230 | tee -a $R/log.txt ;;
+  cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt | cut -c1-230 | tee -a $R/log.txt
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+    for w in 4 8 4 8; do
+      MEMRA_FA_WARPS=$w timeout 60 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 --synth-tokenizer $TOK \
+        --out $R/bench-fa-warps.jsonl > $R/bench.txt 2>&1
+      log "$m MEMRA_FA_WARPS=$w rc=$? $(el)"; grep -E "pp512" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp $R/bench-fa-warps.jsonl $OUT/ ;;
 esac
 tar czf $OUT/s22-$STAGE.tgz -C /tmp s22-$STAGE

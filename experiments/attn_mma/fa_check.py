@@ -41,6 +41,7 @@ SHAPES = {  # name: (head_dim, n_head, n_kv, window)
 }
 FA_WARPS = 4    # --warps: the prefill packing's (memra.gpu.ops.attn_fa.FA_WARPS; the decode packing: 4)
 FA_SPLIT = 256  # --split
+FULL_GRID = False  # --full-grid
 KVB = 16
 
 
@@ -107,18 +108,25 @@ class Case:
 
 
 def launch_fa(g, mod, c: Case, tpb: int) -> None:
-    """tpb 0: the decode packing (attn_fa_dec); else attn_fa over groups of tpb tokens."""
+    """tpb 0: the decode packing (attn_fa_dec); else attn_fa over groups of tpb tokens, on the
+    engine's grid x (the groups rounded up to a power of two: memra.gpu.runner._pow2_at_most),
+    or one block a row with --full-grid (sessions 20-21's timings: 512 rows of the 8B at 8 warps
+    launched 512 blocks along x for 16 groups, the rest exiting at count 0)."""
     from memra.gpu.ops.attn_fa import attn_fa, group_table
+    from memra.gpu.runner import _pow2_at_most
 
     d = c.d
     key = ("groups", tpb)
     if tpb and key not in d:  # uploaded once, outside any capture
-        d[key] = g.to_device(group_table(c.seq, c.pos, tpb, size=c.T))
+        n = len(group_table(c.seq, c.pos, tpb))
+        size = c.T if FULL_GRID else _pow2_at_most(n, c.T)
+        d[key] = (g.to_device(group_table(c.seq, c.pos, tpb, size=size)), size)
     kc = d["k"].view(shape=(c.k16.shape[0], KVB, c.n_kv * c.D))
     vc = d["v"].view(shape=(c.k16.shape[0], KVB, c.n_kv * c.D))
     attn_fa(g, d["q"], kc, vc, d["out"], d["po"], d["pml"], d["pos"], d["seq"], d["bt"], c.max_blocks, n_tokens=c.T,
             n_kv=c.n_kv, qpk=c.n_head // c.n_kv, head_dim=c.D, window=c.window, scale=c.scale, n_split=c.n_split,
-            split=FA_SPLIT, decode=tpb == 0, groups=d.get(key), n_groups=c.T,
+            split=FA_SPLIT, decode=tpb == 0, groups=d[key][0] if tpb else None,
+            n_groups=d[key][1] if tpb else c.T,
             warps=FA_WARPS if tpb == prefill_tpb(c) else 4, counters=d["cnt"] if tpb == 0 else None)
 
 
@@ -157,7 +165,7 @@ def graph_us(g, fn, reps: int = 20) -> float:
 
 
 def main() -> int:
-    global FA_SPLIT, FA_WARPS
+    global FA_SPLIT, FA_WARPS, FULL_GRID
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
@@ -171,8 +179,10 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--modes", default="prefill:384,prefill:4096,decode:64,decode:4096")
     ap.add_argument("--once", action="store_true", help="one launch of each timed case, untimed (for ncu)")
+    ap.add_argument("--full-grid", action="store_true", help="the prefill packing's grid x one block a row (as "
+                    "sessions 20-21 timed it) instead of the engine's trimmed grid")
     a = ap.parse_args()
-    FA_SPLIT, FA_WARPS = a.split, a.warps
+    FA_SPLIT, FA_WARPS, FULL_GRID = a.split, a.warps, a.full_grid
     import memra.gpu.ops.attn_fa as FA
 
     stock = FA.KERNEL_FILE
@@ -243,7 +253,7 @@ def main() -> int:
                 dec_extra: dict = {}
                 us_fa = graph_us(g, lambda: launch_fa(g, mods[D], c, tpb))
                 rec = {"kind": "record", "what": "fa-time", "shape": name, "mode": mode, "depth": depth, "T": T,
-                       "fa_warps": FA_WARPS, "fa_split": FA_SPLIT, "src": Path(variant).name if variant == stock
+                       "fa_warps": FA_WARPS, "fa_split": FA_SPLIT, "full_grid": FULL_GRID, "src": Path(variant).name if variant == stock
                        else a.src, "defines": extra, "us_attn_fa": round(us_fa, 2)}
                 if variant != stock:  # arms alternating: stock, variant, stock, variant
                     arms = {"stock": [], "variant": []}
