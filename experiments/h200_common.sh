@@ -89,6 +89,22 @@ bench_vs_llamacpp() {
   log "bench SmolLM2 d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-smollm2-d4096.txt | tail -5 | tee -a $R/log.txt
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
 }
+# bench_arms VAR "V1 V2 .." JSONL MODEL.. -- BENCH-ARGS..: `memra bench` of each model with VAR set to each
+# value in turn (arms alternating when the list repeats), receipts in $R/JSONL (copied to $OUT), the
+# pp / tg lines logged
+bench_arms() {
+  local var=$1 vals=$2 out=$3 m v models=()
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do models+=("$1"); shift; done
+  shift
+  for m in "${models[@]}"; do
+    for v in $vals; do
+      env "$var=$v" timeout 60 python3 -m memra bench "$m" "$@" --synth-tokenizer $TOK --out "$R/$out" > $R/bench.txt 2>&1
+      log "$m $var=$v rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+    done
+  done
+  cp "$R/$out" $OUT/
+}
 # freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
 # tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,

@@ -65,13 +65,7 @@ f)
     log "fa_check warps $w rc=$? $(el)"
   done
   cp $R/fa-check.jsonl $OUT/ 2>/dev/null; grep -h fa-time $R/fa-time.txt | cut -c1-230 | tee -a $R/log.txt
-  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-    for w in 4 8 4 8; do
-      MEMRA_FA_WARPS=$w timeout 60 python3 -m memra bench $m -p 512 -n 0 -d 0,4096 -r 3 --synth-tokenizer $TOK \
-        --out $R/bench-fa-warps.jsonl > $R/bench.txt 2>&1
-      log "$m MEMRA_FA_WARPS=$w rc=$? $(el)"; grep -E "pp512" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
-    done
-  done
-  cp $R/bench-fa-warps.jsonl $OUT/ ;;
+  bench_arms MEMRA_FA_WARPS "4 8 4 8" bench-fa-warps.jsonl synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 -- \
+    -p 512 -n 0 -d 0,4096 -r 3 ;;
 esac
 tar czf $OUT/s22-$STAGE.tgz -C /tmp s22-$STAGE
