@@ -108,11 +108,12 @@ bench_arms() {
 # freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
 # tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,
-# receipts appended to research/tune/NAME-nvidia-h200.jsonl, its output in $R/tune-NAME.txt
+# receipts appended to research/tune/NAME-nvidia-h200.jsonl (TUNE_OUT=<file>: there instead, e.g. an
+# A/B that is not a table's campaign), its output in $R/tune-NAME.txt
 tune_campaign() {
   local name=$1 lim=$2; shift 2
   timeout $lim python3 -m memra tune run $name "$@" --resume \
-    --out research/tune/$name-nvidia-h200.jsonl > $R/tune-$name.txt 2>&1
+    --out "${TUNE_OUT:-research/tune/$name-nvidia-h200.jsonl}" > $R/tune-$name.txt 2>&1
   log "tune $name rc=$? $(tail -1 $R/tune-$name.txt) $(el)"
 }
 # serve_build_start / serve_build_wait: llama.cpp (llama-server) and the served 8B built in the

@@ -66,9 +66,8 @@ v)
 g)
   # the prompt tile's loader (kernels/gemm_tile.cu GT_LD, default 1): A/B at 512 rows (28 jobs, each
   # checked against the chain's bits), then the whole kernel-check of the changed sources
-  timeout 150 python3 -m memra tune run h200-gemm-tile-ld -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
-    -m synth:llama3-8b:Q8_0 --out $OUT/h200-gemm-tile-ld-nvidia-h200.jsonl > $R/tune-h200-gemm-tile-ld.txt 2>&1
-  log "tune h200-gemm-tile-ld rc=$? $(el)"
+  TUNE_OUT=$OUT/h200-gemm-tile-ld-nvidia-h200.jsonl tune_campaign h200-gemm-tile-ld 150 \
+    -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0
   grep -E "GT_LD|µs" $R/tune-h200-gemm-tile-ld.txt | tail -30 | cut -c1-200 | tee -a $R/log.txt
   KC_LIMIT=300 kernel_check ;;
 h)

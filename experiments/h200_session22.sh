@@ -37,9 +37,8 @@ k)
   serve_build_wait
   bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
 r)
-  timeout 150 python3 -m memra tune run h200-gemm-tile-rpad -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
-    -m synth:llama3-8b:Q8_0 --out $OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl > $R/tune-rpad.txt 2>&1
-  log "tune h200-gemm-tile-rpad rc=$? $(el)"
+  TUNE_OUT=$OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl tune_campaign h200-gemm-tile-rpad 150 \
+    -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0
   python3 - $OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl <<'PY' | tee -a $R/log.txt
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

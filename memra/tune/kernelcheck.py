@@ -101,11 +101,11 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
             return
         g = gpu()
         yield f"device: {g.info.name} ({g.info.arch}, {g.info.sm_count} SMs)"
-        why = base_problem(base, g.info.name) if base is not None else ""
-        if why:
-            yield f"FAILED: the base receipt cannot be extended: {why}"
-            return
-    changed = changed_sources(base) if base is not None else []
+    changed = changed_sources(base) if base is not None else []   # a base comes without compile_only
+    why = base_problem(base, g.info.name, changed) if base is not None else ""
+    if why:
+        yield f"FAILED: the base receipt cannot be extended: {why}"
+        return
     # the launch set: every plan launch over the models and tables
     specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
@@ -285,18 +285,17 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         yield f"ALL GREEN ({passed} checks passed, {len(cases)} of them the engine's launches, {caught} canaries caught)"
 
 
-def base_problem(base: dict, device: str) -> str:
+def base_problem(base: dict, device: str, changed: Sequence[str]) -> str:
     """Why a receipt cannot be the base of an incremental run on `device` ("" when it can): it
     must be a green receipt of this schema and of this device; where kernel sources changed
     since it, every family of it must record the kernel files it loaded (receipts without them
-    need a full run)."""
+    need a full run). changed: changed_sources(base)."""
     if base.get("schema") != RECEIPT_SCHEMA:
         return f"schema {base.get('schema')!r} is not {RECEIPT_SCHEMA}"
     if not base.get("all_green"):
         return "its run was not ALL GREEN"
     if base.get("device") != device:
         return f"it is of {base.get('device')!r}, this device is {device!r}"
-    changed = changed_sources(base)
     blind = sorted(f for f in FAMILIES if "files" not in base.get("families", {}).get(f, {}))
     if changed and blind:
         return (f"kernel sources changed since ({', '.join(changed)}) and it does not record the kernel files of "
