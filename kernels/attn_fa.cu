@@ -62,6 +62,25 @@
 //       an earlier step's): tg128 SmolLM2 -2.4 %, Gemma-3 -4.2 %, 1B -1.7 %, 8B +1.0 %, 8B @
 //       d4096 +1.8 % against v5 (fa-v6/): withdrawn (blocks that launch early hold an SM's
 //       shared memory while the matvec before them still runs).
+//   v7  (session 20) the prefill packing's instructions a tile: its loader walks a thread's fixed
+//       rows (load_tile_pf: NPASS block-table lookups a tile shared by K and V, no per-chunk index
+//       arithmetic), every ldmatrix takes a 32-bit base plus an immediate, and a tile that every
+//       live row of a warp sees whole skips the mask (softmax_tile<true>). Static SASS of the 8B's
+//       module (HEAD_DIM 128, 8 warps, split 4096) a tile a warp: 1,373 -> 699 instructions, 230 ->
+//       178 registers; Gemma-3's head-256 module loses its 220 B of spills (experiments/attn_fa_v7/
+//       README.md). The same arithmetic: every row's bits as v6 (fa_check --src, on the H200).
+//   v8  (this) v7 plus one barrier a tile instead of two (the next tile's copies issued after the
+//       barrier that ends the previous tile's reads of their stage) and a warp's Q fragments held
+//       in registers across the tiles (head sizes up to 128: D / 16 x 4 registers) instead of
+//       ldmatrix'd from shared memory each tile. The same arithmetic. 512 prompt rows, split 4096,
+//       µs against v6 alternating (research/2026-12-03-session21 §5), v6 at its engine default (8
+//       warps up to head 128) -> v7 / v8 at 4 warps: 8B d0 64.7 -> 46.1 / 45.1, d4096 319.2 ->
+//       257.9 / 248.8; SmolLM2 d0 29.7 -> 21.3 / 21.2, d4096 160.4 -> 128.1 / 127.1; Gemma-3 global
+//       (4 warps both) d0 81.4 -> 48.0 / 47.4, d4096 494.8 -> 213.1 / 215.3. v7 at 8 warps spills at
+//       head 64 (SmolLM2 d4096 182.1 µs, slower than v6); v8 at 8 warps 267.8 on the 8B at d4096.
+//       (Those timings launched one block a row along x, 512 for the 16-32 groups, the rest exiting
+//       at count 0: the engine trims x to the groups. The same overhead in both arms, not the
+//       engine's µs; experiments/h200_session22.sh STAGE f re-times on the engine's grid.)
 // Launch: attn_fa grid (n_groups, n_kv, n_split) (groups past the table's last: count 0),
 // attn_fa_dec grid (n_tokens, n_kv, n_split); block 32 * FA_WARPS, dynamic shared memory
 // FA_SMEM (attn_fa) / FA_SMEM_DEC bytes; part_o [n_tokens][n_head][n_split][HEAD_DIM] f32,
@@ -160,6 +179,27 @@ MEMRA_DEVICE void load_tile(unsigned char* ks, const uint16_t* __restrict__ kcac
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+// (v7) load_tile for the prefill packing: a thread's 16-byte chunks of a tile are NPASS rows
+// r0 + i RPT at one column chunk ch (r0 = tid / CPR, ch = tid % CPR), so its copies need NPASS
+// block-table lookups (shared by K and V) and no per-chunk index arithmetic. dst: the shared
+// address of this stage's K tile plus the thread's (r0, ch) offset; kb / vb: the caches at KV
+// head kvh and column chunk ch. The same bytes land where load_tile puts them.
+constexpr int RPT = NT / CPR;   // tile rows one pass of the block's threads covers
+constexpr int NPASS = TK / RPT;
+static_assert(NT % CPR == 0 && TK % RPT == 0, "attn_fa: the prefill loader's passes");
+MEMRA_DEVICE void load_tile_pf(uint32_t dst, const uint16_t* __restrict__ kb, const uint16_t* __restrict__ vb,
+                               const int* __restrict__ bt, size_t row_stride, int key0, int blo, int bhi) {
+#pragma unroll
+    for (int i = 0; i < NPASS; i++) {
+        const int key = key0 + i * RPT;
+        const bool ok = key >= blo && key < bhi;
+        const size_t off = ok ? kv_slot(bt, key) * row_stride : 0;
+        cp16z(dst + i * RPT * RS, kb + off, ok);
+        cp16z(dst + KV_TILE + i * RPT * RS, vb + off, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 struct RowKeys { int lo, hi; };
 MEMRA_DEVICE RowKeys row_keys(int p, int window) {
     RowKeys k;
@@ -208,19 +248,22 @@ MEMRA_DEVICE float group_sum(float a, float b, float c, float d) {
 
 // S = Q K^T of one tile for the 16 rows of q_s: 8 n-tiles of 8 keys, each an mma chain over the
 // head's k-steps in order (two k-steps per ldmatrix.x4)
-MEMRA_DEVICE void scores_tile(float (&s)[8][4], const unsigned char* q_s, const unsigned char* ks, int lane) {
+// (v7: shared addresses as one 32-bit base a lane plus compile-time offsets, so each ldmatrix
+// takes its offset as an immediate: no address arithmetic a load)
+MEMRA_DEVICE void scores_tile(float (&s)[8][4], uint32_t q_a, uint32_t k_a, int lane) {
 #pragma unroll
     for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    const int qrow = (lane % 8) + 8 * ((lane / 8) % 2);
+    const uint32_t qa = q_a + ((lane % 8) + 8 * ((lane / 8) % 2)) * RS + 16 * (lane / 16);
+    const uint32_t ka = k_a + (lane % 8) * RS + 16 * (lane / 8);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
         uint32_t a0[4], a1[4];
-        ldsm4(a0, sa(q_s + qrow * RS + (kk * 16 + 8 * (lane / 16)) * 2));
-        ldsm4(a1, sa(q_s + qrow * RS + ((kk + 1) * 16 + 8 * (lane / 16)) * 2));
+        ldsm4(a0, qa + kk * 32);
+        ldsm4(a1, qa + kk * 32 + 32);
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             uint32_t b[4];
-            ldsm4(b, sa(ks + (n * 8 + lane % 8) * RS + (kk * 16 + 8 * (lane / 8)) * 2));
+            ldsm4(b, ka + n * 8 * RS + kk * 32);
             mma16816(s[n], a0, b[0], b[1]);
             mma16816(s[n], a1, b[2], b[3]);
         }
@@ -229,6 +272,27 @@ MEMRA_DEVICE void scores_tile(float (&s)[8][4], const unsigned char* q_s, const 
 
 // the online softmax step of one tile for this thread's two rows: s (scores in) becomes p,
 // m and l are updated, alpha returned per row
+// (v8) the scores from Q fragments held in registers (qf[k-step]: ldmatrix.x4 of the warp's 16 rows)
+MEMRA_DEVICE void scores_tile_qf(float (&s)[8][4], const uint32_t (&qf)[D / 16][4], uint32_t k_a, int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const uint32_t ka = k_a + (lane % 8) * RS + 16 * (lane / 8);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            uint32_t b[4];
+            ldsm4(b, ka + n * 8 * RS + kk * 32);
+            mma16816(s[n], qf[kk], b[0], b[1]);
+            mma16816(s[n], qf[kk + 1], b[2], b[3]);
+        }
+    }
+}
+constexpr bool QREG = D <= 128;  // the fragments' D / 4 registers fit beside o's D / 2 up to 128
+
+// (v7) FULL: every key of the tile lies in every live row's range (warp-uniform, the caller's
+// test): the mask is the identity there and is left out; a dead row's values are never written
+template <bool FULL = false>
 MEMRA_DEVICE void softmax_tile(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0, int tig,
                                const RowKeys (&rk)[2], float scale, float scale_l2, float softcap) {
     float mx[2] = {NEG_INF, NEG_INF};
@@ -237,7 +301,8 @@ MEMRA_DEVICE void softmax_tile(float (&s)[8][4], float (&m)[2], float (&l)[2], f
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = e / 2;
-            s[n][e] = score(s[n][e], scale, scale_l2, softcap, k0 + n * 8 + 2 * tig + (e % 2), rk[i]);
+            s[n][e] = FULL ? score(s[n][e], scale, scale_l2, softcap, 0, RowKeys{0, 1})
+                           : score(s[n][e], scale, scale_l2, softcap, k0 + n * 8 + 2 * tig + (e % 2), rk[i]);
             mx[i] = fmaxf(mx[i], s[n][e]);
         }
 #pragma unroll
@@ -267,8 +332,9 @@ MEMRA_DEVICE void softmax_tile(float (&s)[8][4], float (&m)[2], float (&l)[2], f
 
 // o (NN n-tiles of 8 dims from n-tile dn0) = o alpha + f16(p) V: 4 k-steps of 16 keys in order
 template <int NN>
-MEMRA_DEVICE void pv_tile(float (&o)[NN][4], const float (&s)[8][4], const float (&alpha)[2], const unsigned char* vs,
+MEMRA_DEVICE void pv_tile(float (&o)[NN][4], const float (&s)[8][4], const float (&alpha)[2], uint32_t v_a,
                           int lane, int dn0) {
+    const uint32_t va = v_a + ((lane % 8) + 8 * ((lane / 8) % 2)) * RS + 16 * (lane / 16) + dn0 * 16;
 #pragma unroll
     for (int n = 0; n < NN; n++) {
         o[n][0] = __fmul_rn(o[n][0], alpha[0]); o[n][1] = __fmul_rn(o[n][1], alpha[0]);
@@ -281,7 +347,7 @@ MEMRA_DEVICE void pv_tile(float (&o)[NN][4], const float (&s)[8][4], const float
 #pragma unroll
         for (int n = 0; n < NN; n += 2) {
             uint32_t b[4];
-            ldsm4t(b, sa(vs + (kq * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * RS + ((dn0 + n) * 8 + 8 * (lane / 16)) * 2));
+            ldsm4t(b, va + kq * 16 * RS + n * 16);
             mma16816(o[n], a, b[0], b[1]);
             mma16816(o[n + 1], a, b[2], b[3]);
         }
@@ -370,28 +436,54 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int tile_lo = blo < bhi ? blo / TK * TK : 0;
     const int n_tiles = blo < bhi ? (bhi - tile_lo + TK - 1) / TK : 0;
     const size_t row_stride = (size_t)n_kv * D;
+    // the loader's thread constants (load_tile_pf)
+    const int r0 = tid / CPR, ch = tid % CPR;
+    const uint32_t kv_a = sa(kv_s), q_a = sa(q_s);
+    const uint32_t ld_a = kv_a + r0 * RS + ch * 16;
+    const uint16_t* kb = kcache + (size_t)kvh * D + ch * 8;
+    const uint16_t* vb = vcache + (size_t)kvh * D + ch * 8;
+    // the tiles every live row of this warp sees whole: [f_lo, f_hi) (warp-uniform)
+    int f_lo = -(1 << 30), f_hi = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        if (rt[i] >= 0) { f_lo = max(f_lo, rk[i].lo); f_hi = min(f_hi, rk[i].hi); }
+#pragma unroll
+    for (int o2 = 1; o2 < 32; o2 *= 2) {
+        f_lo = max(f_lo, __shfl_xor_sync(0xffffffffu, f_lo, o2));
+        f_hi = min(f_hi, __shfl_xor_sync(0xffffffffu, f_hi, o2));
+    }
 
-    if (n_tiles > 0) load_tile(kv_s, kcache, vcache, bt, row_stride, kvh, tile_lo, blo, bhi, tid);
+    // (v8) the warp's Q fragments, once (its lanes wrote q_s: a warp barrier first)
+    uint32_t qf[D / 16][4];  // (used when QREG)
+    if constexpr (QREG) {
+        __syncwarp();
+        const uint32_t qa = q_a + ((lane % 8) + 8 * ((lane / 8) % 2)) * RS + 16 * (lane / 16);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) ldsm4(qf[kk], qa + kk * 32);
+    }
+
+    if (n_tiles > 0) load_tile_pf(ld_a, kb, vb, bt, row_stride, tile_lo + r0, blo, bhi);
     for (int it = 0; it < n_tiles; it++) {
         const int stage = it & 1;
-        if (it + 1 < n_tiles) {
-            load_tile(kv_s + (stage ^ 1) * 2 * KV_TILE, kcache, vcache, bt, row_stride, kvh, tile_lo + (it + 1) * TK,
-                      blo, bhi, tid);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        }
+        // tile it's copies (the only group in flight) landed; after the barrier every warp is done
+        // with tile it - 1, whose stage the next tile's copies then refill: one barrier a tile
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
+        if (it + 1 < n_tiles)
+            load_tile_pf(ld_a + (stage ^ 1) * 2 * KV_TILE, kb, vb, bt, row_stride, tile_lo + (it + 1) * TK + r0,
+                         blo, bhi);
         const int k0 = tile_lo + it * TK;
-        const unsigned char* ks = kv_s + stage * 2 * KV_TILE;
-        const unsigned char* vs = ks + KV_TILE;
+        const uint32_t ks_a = kv_a + stage * 2 * KV_TILE;
         if (nrow > 0) {
             float s[8][4], alpha[2];
-            scores_tile(s, q_s, ks, lane);
-            softmax_tile(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
-            pv_tile<D / 8>(o, s, alpha, vs, lane, 0);
+            if constexpr (QREG) scores_tile_qf(s, qf, ks_a, lane);
+            else scores_tile(s, q_a, ks_a, lane);
+            if (k0 >= f_lo && k0 + TK <= f_hi)
+                softmax_tile<true>(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
+            else
+                softmax_tile<false>(s, m, l, alpha, k0, tig, rk, scale, scale_l2, softcap);
+            pv_tile<D / 8>(o, s, alpha, ks_a + KV_TILE, lane, 0);
         }
-        __syncthreads();  // the stage is reloaded two tiles on
     }
 
 #pragma unroll
@@ -548,9 +640,9 @@ extern "C" __global__ void __launch_bounds__(NT)
         // every warp: the tile's scores and softmax for the 16 rows (the same values); then P V
         // for its quarter of the dims
         float s[8][4], alpha[2];
-        scores_tile(s, q_s, ks, lane);
+        scores_tile(s, sa(q_s), sa(ks), lane);
         softmax_tile(s, m, l, alpha, k_iss, tig, rk2, scale, scale_l2, softcap);
-        pv_tile<WN>(o, s, alpha, ks + KV_TILE, lane, warp * WN);
+        pv_tile<WN>(o, s, alpha, sa(ks + KV_TILE), lane, warp * WN);
     }
 
     // the row's output: this split alone (o / l), or the partial and, in the last block, the merge

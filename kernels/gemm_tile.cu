@@ -47,7 +47,8 @@
 // start of their own step (default), 1 = the scalars too, 0 = none; Q6_K: 1 = B and the next half's raw
 // words ahead (default), 0 = none), GT_PU (Q4_K: unroll of the 4-pair loop, 1; Q6_K: unroll of the
 // 2-half loop, 1), GT_SU (Q4_0 / Q8_0: unroll of the 8-step loop, 2), GT_LD (the loader: 1 = lane pairs on
-// 32-byte sectors where a row / column splits over two threads (default), 0 = v5's). MEMRA_CANARY=1: a deliberately
+// 32-byte sectors where a row / column splits over two threads (default), 0 = v5's), GT_RPAD (1 = the row
+// records' groups padded where they fit (default), 0 = v6's layout). MEMRA_CANARY=1: a deliberately
 // wrong variant (block 1 of every row dropped: its dx, sx staged as 0, so acc = fma(p, 0, acc) = acc)
 // that a check must catch.
 //
@@ -112,6 +113,16 @@
 //     Static loop: Q4_K glu 851 -> 839 instructions, Q4_0 605 -> 593, Q8_0 560 -> 542, Q6_K 2017 -> 2005.
 //     GT_LD 0 keeps v5's mapping (the A/B of tune/campaigns/h200-gemm-tile-ld.toml); a row a thread
 //     (GT_WN 2: the weights) always takes it.
+//  7. GT_RPAD 1 (session 22; A/B tune/campaigns/h200-gemm-tile-rpad.toml, research/2026-12-03-session22/r/):
+//     a lane's group of 8 row records padded by 16 bytes where it fits (rrec). ncu of v6's Q4_K gate + up:
+//     the K loop's 6 LDS.128 of row records a step ran 2-way bank conflicts (3.67 M wavefronts for 1.84 M
+//     ideal; Q4_0 / Q8_0 / Q6_K's 64-byte groups: 4-way by the same arithmetic). Loop instructions
+//     unchanged (Q4_K 839 -> 840), registers unchanged; the padded buffers do not fit Q4_K / Q8_0 /
+//     Q6_K at 2 x 4 warps with 3 stages or Q8_0 at 4 x 2 (those stay unpadded). Measured at 512 rows on
+//     the 14 8B tile shapes: -0.1 % (Q6_K) to -2.5 % (Q8_0 6144 x 4096), Q4_K gate + up 715.7 -> 711.1 µs,
+//     Q4_0 598.6 -> 587.9, Q8_0 626.1 -> 615.5. The losing arm, GT_LDA 1 (the lane pairs' copies from one
+//     64-bit base at immediate offsets: static loop Q4_K 839 -> 810 instructions, Q8_0 542 -> 503):
+//     +0.3 to +1.5 % alone on 11 of the 14 shapes, with RPAD slower than RPAD alone on 12; removed.
 #include "common.cuh"
 #include "q8.cuh"
 
@@ -149,6 +160,9 @@
 #ifndef GT_LD
 #define GT_LD 1
 #endif
+#ifndef GT_RPAD
+#define GT_RPAD 1
+#endif
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
 #endif
@@ -163,18 +177,18 @@ constexpr int NT = 32 * WM * WN;          // threads
 constexpr int BM = 64 * WM, BN = 32 * WN; // weight rows, activation columns of a block
 #if MV_TYPE == 12        // Q4_K: bulk = qs (128 B a super-block), meta = d | dmin | scales[12] (16 B)
 constexpr int RB = 128, MS = 16, RSTR = 12, CSTR = 8;   // rows (dsc', -M dsc', ndmm); columns (dx, sx)
-constexpr int RS_BYTES = 8 * BM * RSTR;
+constexpr int RD_BYTES = 0;
 static_assert(GT_PF >= 0 && GT_PF <= 2, "GT_PF 0, 1, 2");
 #elif MV_TYPE == 2 || MV_TYPE == 8   // Q4_0: 16 B a block of 32 / Q8_0: 32 B; meta = f16 d a block (16 B a stage)
 constexpr bool Q4 = MV_TYPE == 2;
 constexpr int RB = Q4 ? 128 : 256, MS = 16, RSTR = 8, CSTR = 4;   // rows (d', -M d'); columns dx
-constexpr int RS_BYTES = 8 * BM * RSTR;
+constexpr int RD_BYTES = 0;
 constexpr int RAWN = Q4 ? 2 : 4;          // raw A words a lane holds per m tile and step
 constexpr float DSCALE = Q4 ? 0.0625f : 1.0f;
 static_assert(GT_PF >= 0 && GT_PF <= 2, "GT_PF 0, 1, 2");
 #else                    // Q6_K: bulk = ql[128] | qh[64] (192 B), meta = scales[16] | d (18 B, 2-aligned)
 constexpr int RB = 192, MS = 20, RSTR = 8, CSTR = 4;      // rows int2 (sc_a, sc_b), then [BM] float d
-constexpr int RS_BYTES = 8 * BM * RSTR + BM * 4;
+constexpr int RD_BYTES = BM * 4;
 static_assert(GT_PF == 0 || GT_PF == 1, "GT_PF 0, 1 (Q6_K)");
 #endif
 constexpr int WS = RB + 16;               // raw tile row stride (+16: conflict-free ldmatrix)
@@ -187,6 +201,16 @@ constexpr int OFF_X = OFF_W + NS * WT_BYTES;
 constexpr int OFF_M = OFF_X + NS * XT_BYTES;
 constexpr int OFF_S = OFF_M + NS * MT_BYTES;
 constexpr int OFF_F = OFF_S + NS * ST_BYTES;
+// the row records of a k32 step: a lane's 8 row positions (rperm) contiguous, groups of 8 GSTR bytes
+// apart. GT_RPAD 1 pads a group by 16 bytes where the padded buffers fit (112 / 80 B: 28 / 20 words,
+// so the 8 groups one load instruction reads start on distinct 4-bank sets; unpadded, 96 / 64 B put
+// 2 / 4 of them on one set); memra.gpu.ops.gemm_tile.smem_bytes makes the same choice
+constexpr int RS_UNPAD = 8 * BM * RSTR + RD_BYTES, RS_PAD = RS_UNPAD + 8 * (BM / 8) * 16;   // 8 k32 steps, then (Q6_K) d
+constexpr bool RPAD = GT_RPAD && OFF_F + 2 * (RS_PAD + CS_BYTES) <= 232448;
+constexpr int GSTR = 8 * RSTR + (RPAD ? 16 : 0);
+constexpr int JSTR = (BM / 8) * GSTR;
+constexpr int RS_BYTES = RPAD ? RS_PAD : RS_UNPAD;
+MEMRA_DEVICE constexpr int rrec(int j, int p) { return j * JSTR + (p >> 3) * GSTR + (p & 7) * RSTR; }
 constexpr int F_BYTES = RS_BYTES + CS_BYTES;
 constexpr int SMEM_TOTAL = OFF_F + 2 * F_BYTES;   // = launch.py smem_bytes()
 static_assert(SMEM_TOTAL <= 232448, "shared memory (227 KiB)");
@@ -321,9 +345,9 @@ MEMRA_DEVICE void row_pass(int slot, int sb, uint8_t* f, int t) {
     for (int jj = 0; jj < JR; ++jj) {
         const int j = j0 + jj;
         const uint16_t sc2 = *reinterpret_cast<const uint16_t*>(m + 2 * j);
-        reinterpret_cast<int2*>(f)[j * BM + p] = make_int2((int)(int8_t)(sc2 & 0xFF), (int)(int8_t)(sc2 >> 8));
+        *reinterpret_cast<int2*>(f + rrec(j, p)) = make_int2((int)(int8_t)(sc2 & 0xFF), (int)(int8_t)(sc2 >> 8));
     }
-    if (j0 == 0) reinterpret_cast<float*>(f + 8 * BM * 8)[p] = d;
+    if (j0 == 0) reinterpret_cast<float*>(f + 8 * JSTR)[p] = d;
 }
 #else
 // one 16-byte cp.async a row (threads < BM): Q4_K's d | dmin | scales[12], or Q4_0 / Q8_0's 8 f16 d
@@ -356,7 +380,7 @@ MEMRA_DEVICE void row_pass_k4(const uint4 m, uint8_t* f, int r) {
         }
         const float dsc = (j & 1) ? d * (float)sc * 0.0625f : d * (float)sc;   // exact (<= 17 bits, 2^-4)
         const float ndmm = -(dmin * (float)mn);
-        float* q = reinterpret_cast<float*>(f) + 3 * (j * BM + p);
+        float* q = reinterpret_cast<float*>(f + rrec(j, p));
         q[0] = dsc; q[1] = -MAGF * dsc; q[2] = ndmm;
     }
 }
@@ -379,7 +403,7 @@ MEMRA_DEVICE void row_pass(int slot, int sb, uint8_t* f, int t) {
 #pragma unroll
     for (int jj = 0; jj < JR; ++jj) {
         const float d = f16_to_f32(m[jj]) * DSCALE;   // exact
-        reinterpret_cast<float2*>(f)[(j0 + jj) * BM + p] = make_float2(d, -MAGF * d);
+        *reinterpret_cast<float2*>(f + rrec(j0 + jj, p)) = make_float2(d, -MAGF * d);
     }
 }
 #endif
@@ -517,7 +541,7 @@ MEMRA_DEVICE void load_b(Frag& F, const Addr& a, int j) { load_bfrag(F.B, a.x, j
 MEMRA_DEVICE void load_s(Frag& F, const Addr& a, int j) {
 #pragma unroll
     for (int q = 0; q < 6; ++q) {
-        const float4 v = lds128(a.r + j * BM * 12 + 16 * q);
+        const float4 v = lds128(a.r + j * JSTR + 16 * q);
         F.rs[4 * q] = v.x; F.rs[4 * q + 1] = v.y; F.rs[4 * q + 2] = v.z; F.rs[4 * q + 3] = v.w;
     }
 #pragma unroll
@@ -631,7 +655,7 @@ MEMRA_DEVICE void load_b(Frag& F, const Addr& a, int j) { load_bfrag(F.B, a.x, j
 MEMRA_DEVICE void load_s(Frag& F, const Addr& a, int j) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const float4 v = lds128(a.r + j * BM * 8 + 16 * q);
+        const float4 v = lds128(a.r + j * JSTR + 16 * q);
         F.rs[4 * q] = v.x; F.rs[4 * q + 1] = v.y; F.rs[4 * q + 2] = v.z; F.rs[4 * q + 3] = v.w;
     }
 #pragma unroll
@@ -766,7 +790,7 @@ MEMRA_DEVICE void load_s(Scal& S, const Addr& a, int j) {
         S.cs[4 * q] = __uint_as_float(v.x); S.cs[4 * q + 1] = __uint_as_float(v.y);
         S.cs[4 * q + 2] = __uint_as_float(v.z); S.cs[4 * q + 3] = __uint_as_float(v.w);
     }
-    S.r = a.r + (j * BM) * 8;
+    S.r = a.r + j * JSTR;
 }
 // m tile mi of one k32 step: J = sc_a Ia + sc_b Ib; p = fl((float)J d); acc = fma(p, dx, acc)
 MEMRA_DEVICE void compute_mi(float (&acc)[4][4][4], const uint32_t (&A)[4], const uint32_t (&B)[4][2], const Scal& S,
@@ -895,9 +919,9 @@ MEMRA_DEVICE void gemm_tile_body(const uint8_t* __restrict__ bulk, const uint8_t
     Ring R;
     R.w0 = s_base + OFF_W + (wm * 64 + (lane & 7) + 8 * ((lane >> 3) & 1)) * WS + A_HI * 16 * (lane >> 4);
     R.x0 = s_base + OFF_X + (wn * 32 + (lane & 7) + 8 * (lane >> 4)) * TS + 16 * ((lane >> 3) & 1);
-    R.r0 = s_base + OFF_F + (wm * 64 + 8 * g) * RSTR;
+    R.r0 = s_base + OFF_F + (wm * 8 + g) * GSTR;
     R.c0 = s_base + OFF_F + RS_BYTES + (wn * 32 + 8 * tig) * CSTR;
-    R.d0 = s_base + OFF_F + 8 * BM * 8 + (wm * 64 + 8 * g) * 4;   // Q6_K: a lane's 8 row d's
+    R.d0 = s_base + OFF_F + 8 * JSTR + (wm * 64 + 8 * g) * 4;   // Q6_K: a lane's 8 row d's
     kloop<GLU>(acc, R, P, s_base, nsb, ob, cb, N, K, nb);
 
     // epilogue (gemm.cu's finish()): glu v = fl(act(gate) * up); v = fl(v + res); y[col * N + row] = v

@@ -484,20 +484,24 @@ def check_geometry(kernel, grid, block, shmem, v):
         # gemm_tile.cu: BM = 64 GT_WM weight rows (OBM outputs: BM, or BM / 2 for _glu) by BN = 32 GT_WN
         # activation columns a block, grid exactly (N / OBM, ceil(nb / BN), 1) (no partial row tile),
         # block 32 GT_WM GT_WN, dynamic shared memory GT_STAGES (BM WS + BN 272 + BM MS + BN 64) +
-        # 2 (RS BM + CS BN) with (WS, MS, RS, CS) per type; K a multiple of 256 (Q6_K 512)
+        # 2 (RS BM + CS BN) with (WS, MS, RS, CS) per type, RS + 16 with GT_RPAD (default 1) where that
+        # fits 227 KiB (a lane's group of 8 row records padded by 16 bytes); K a multiple of 256 (Q6_K 512)
         wm, wn, ns = _d(k, "GT_WM", 2), _d(k, "GT_WN", 4), _d(k, "GT_STAGES", 2)
         t = _d(k, "MV_TYPE", 0)
         ws, ms, rs, cs, kmul = {2: (144, 16, 64, 32, 256), 8: (272, 16, 64, 32, 256), 12: (144, 16, 96, 64, 256),
                                 14: (208, 20, 68, 32, 512)}[t]
         N, K, nb = v[6:9]
         bm, bn = 64 * wm, 32 * wn
+        stages = ns * (bm * ws + bn * 272 + bm * ms + bn * 64)
+        if _d(k, "GT_RPAD", 1) and stages + 2 * ((rs + 16) * bm + cs * bn) <= 232448:
+            rs += 16
         obm = bm // 2 if name.endswith("_glu") else bm
         _block_is(k, grid, block, 32 * wm * wn, "32 * GT_WM * GT_WN")
         if N % obm or K % kmul:
             _fail(k, grid, block, f"N = {N} not a multiple of {obm} or K = {K} of {kmul}")
         if grid != (N // obm, -(-nb // bn), 1):
             _fail(k, grid, block, f"the grid must be (N / {obm}, ceil(nb / {bn}), 1)")
-        want = ns * (bm * ws + bn * 272 + bm * ms + bn * 64) + 2 * (rs * bm + cs * bn)
+        want = stages + 2 * (rs * bm + cs * bn)
         if shmem != want:
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
     elif name.startswith("embed_"):

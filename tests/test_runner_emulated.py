@@ -217,6 +217,7 @@ def test_fa_warps_knob_groups_more_tokens_a_block(tiny_models, monkeypatch):
     a value outside 1, 2, 4, 8 is refused."""
     path = tiny_models("llama", "Q4_K_M")
     r4 = _runner(path, attn="hybrid")
+    assert r4.plan.fa_warps == 4
     monkeypatch.setenv("MEMRA_FA_WARPS", "8")
     r8 = _runner(path, attn="hybrid")
     assert r8.plan.fa_warps == 8

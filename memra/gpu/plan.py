@@ -205,8 +205,7 @@ class Planner:
                                  lambda n: 64 <= n <= 32768 and n % 64 == 0, "a multiple of 64 in 64..32768")
         # a runtime parameter (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 /
         # qpk tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
-        warps = FA.PREFILL_WARPS if self.hybrid and spec.cfg.head_dim <= FA.PREFILL_WARPS_MAX_D else FA.FA_WARPS
-        self.fa_warps = _env_int("MEMRA_FA_WARPS", warps, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
+        self.fa_warps = _env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()

@@ -45,10 +45,11 @@ SPLIT = 256  # keys per split (FA_SPLIT)
 # (research/2026-12-03-session20, b/): 8B Q4_K_M @ d4096 7,025 t/s (256, 4) -> 8,163 (4096, 8),
 # @ d0 9,203 -> 9,395; 1B @ d4096 35,797 -> 40,605, @ d0 51,318 -> 51,001 (within its runs'
 # spread). A split's partials (rows x heads x splits x head size floats) and the block's K/V
-# tiles, read once per 16 / qpk x warps tokens, were what the small split and 4 warps cost.
+# tiles, read once per 16 / qpk x warps tokens, were what the small split and 4 warps cost with
+# v6; attn_fa.cu v8 (fewer instructions and one barrier a tile) runs fastest with FA_WARPS = 4 at
+# split 4096 (research/2026-12-03-session21 §5: the 8B's 512 rows at depth 4096 248.8 µs at 4
+# warps, 267.8 at 8; v6 at 8 warps 319.2), so hybrid keeps FA_WARPS.
 PREFILL_SPLIT = 4096
-PREFILL_WARPS = 8  # head sizes up to PREFILL_WARPS_MAX_D (larger heads: FA_WARPS, unmeasured at 8)
-PREFILL_WARPS_MAX_D = 128
 TOL = 1e-3
 _NULL = np.uint64(0)
 

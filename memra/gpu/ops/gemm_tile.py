@@ -7,9 +7,10 @@ bits do not depend on the batch, the tile or the configuration.
         glu="silu"|"gelu"   W holds [gate; up] (2N rows): y = fl(act(gate x) * (up x))
 
 Weight types: Q4_0, Q8_0, Q4_K, Q6_K (memra.gpu.chain.TYPES), in memra.gpu.ops.matvec's planes
-layout. Tunables (-D): GT_WM, GT_WN, GT_STAGES, GT_PF, GT_MINB, GT_LD (the loader's mapping); per
-type the configuration the H200 measured fastest at 512 rows (research/2026-12-02-session16, ab/),
-the 2 x 2-warp tile with 3 stages up to SMALL_ROWS rows.
+layout. Tunables (-D): GT_WM, GT_WN, GT_STAGES, GT_PF, GT_MINB, GT_LD (the loader's mapping), GT_RPAD
+(the row records' padding); per type the configuration the H200
+measured fastest at 512 rows (research/2026-12-02-session16, ab/), the 2 x 2-warp tile with 3 stages
+up to SMALL_ROWS rows.
 
 Where the engine uses it: the prompt rows of MEMRA_ATTN=hybrid (memra.gpu.plan: a row's arithmetic
 is fixed by its kind, prompt or generated) on the weights `supports` accepts — the chain is not the
@@ -51,6 +52,7 @@ GEOM = {
     Q6_K: dict(WS=208, MS=20, RS=68, CS=32, KMUL=512),
 }
 SMEM_MAX = 232448   # 227 KiB: the sm_90 opt-in limit a block
+RPAD = 1   # kernels/gemm_tile.cu's GT_RPAD default (smem_bytes follows it)
 # best timed configurations (research/2026-12-02-session16/ab/*.txt, 512 rows, exact chain):
 #   Q4_K gate + up 2 x 14336 x 4096: "t2 F1 2,4,2 pf2" 740.7 us (F1 pf1 spilled); 4096 x 14336 350.8
 #   Q4_0: "2,4,2 pf2" gate + up 626.1, 4096 x 14336 312.3, 4096 x 4096 95.1 (pf1 94.9)
@@ -85,12 +87,17 @@ def tile(ggml_type: int, config: dict | None = None) -> tuple[int, int, int]:
 
 
 def smem_bytes(ggml_type: int, config: dict | None = None) -> int:
-    """GT_STAGES (BM WS + BN 272 + BM MS + BN 64) + 2 (RS BM + CS BN)."""
+    """GT_STAGES (BM WS + BN 272 + BM MS + BN 64) + 2 (RS BM + CS BN), RS + 16 with GT_RPAD where
+    that fits SMEM_MAX (a lane's group of 8 row records padded by 16 bytes: gemm_tile.cu's RPAD)."""
     g = GEOM[ggml_type]
     c = _cfg(ggml_type, config)
     bm, bn, _ = tile(ggml_type, c)
     ns = int(c["GT_STAGES"])
-    return ns * (bm * g["WS"] + bn * 272 + bm * g["MS"] + bn * 64) + 2 * (g["RS"] * bm + g["CS"] * bn)
+    stages = ns * (bm * g["WS"] + bn * 272 + bm * g["MS"] + bn * 64)
+    padded = stages + 2 * ((g["RS"] + 16) * bm + g["CS"] * bn)
+    if int(c.get("GT_RPAD", RPAD)) and padded <= SMEM_MAX:
+        return padded
+    return stages + 2 * (g["RS"] * bm + g["CS"] * bn)
 
 
 def check_config(ggml_type: int, config: dict | None = None) -> None:
@@ -148,7 +155,7 @@ def launch_shape(ggml_type: int, config: dict | None, N: int, nb: int, glu: bool
 
 KERNEL_FILE = "gemm_tile.cu"
 TYPES = CH.TYPES
-KEYS = ("GT_WM", "GT_WN", "GT_STAGES", "GT_PF", "GT_MINB", "GT_LD")
+KEYS = ("GT_WM", "GT_WN", "GT_STAGES", "GT_PF", "GT_MINB", "GT_LD", "GT_RPAD")
 _NULL = np.uint64(0)
 _ACT = {None: 0, "silu": 1, "gelu": 2}   # gemm.cu's act argument: 1 SiLU, 2 GELU-tanh
 _ACT_MUL = {"silu": "silu", "gelu": "gelu_tanh"}
