@@ -66,7 +66,8 @@ kernel_check() {
 # ~190 s, a tenth of a session's device time: the durations say where)
 gpu_tests() {
   local left=$(( $1 - ($(date +%s) - T0) )); [ $left -gt 20 ] || left=20
-  timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests > $R/gpu-tests.txt 2>&1
+  # GPU_TESTS_EXTRA: more pytest arguments (e.g. --ignore of a file a serve_evidence call already ran)
+  timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS_EXTRA:-} tests > $R/gpu-tests.txt 2>&1
   log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
 }
 # bench_vs_llamacpp LLAMA_BENCH: `memra bench --vs llama.cpp` (pp512 + tg128) of every benchmark

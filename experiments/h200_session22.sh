@@ -57,6 +57,11 @@ PY
 t)
   link_models "the GPU tests need them"
   gpu_tests 500 ;;
+s)
+  # issue 11's serve evidence (tests/test_serve_gpu.py, then `memra bench serve --vs` llama-server),
+  # in STAGE k's lease (llama-server built there); STAGE t then runs with
+  # GPU_TESTS_EXTRA="--ignore=tests/test_serve_gpu.py"
+  serve_evidence ;;
 f)
   for w in 4 8; do
     OUT=$R timeout 60 python3 experiments/attn_mma/fa_check.py --no-checks --shapes llama3-8b,llama-1b,smollm2,gemma3-global \
