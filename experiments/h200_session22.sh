@@ -35,7 +35,12 @@ k)
   serve_build_start
   KC_LIMIT=300 kernel_check
   serve_build_wait
-  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench ;;
+  bench_vs_llamacpp /root/llama.cpp/build/bin/llama-bench
+  # where an 8B decode step goes now, one sequence (issue 14) and 64 (issue 11's c = 64 is 64-row steps)
+  for np in 1 64; do
+    timeout 60 python3 -m memra profile synth:llama3-8b:Q4_K_M -np $np -d 128 --synth-tokenizer $TOK \
+      > $R/profile-8b-np$np.txt 2>&1; log "profile 8B np$np rc=$? $(el)"; cp $R/profile-8b-np$np.txt $OUT/
+  done ;;
 r)
   TUNE_OUT=$OUT/h200-gemm-tile-rpad-nvidia-h200.jsonl tune_campaign h200-gemm-tile-rpad 150 \
     -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0
