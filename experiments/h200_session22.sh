@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next session's H200 calls (prepared in session 21; research/2026-12-03-session21).
-# Before any call: `git apply experiments/attn_fa_v7/landing.patch` (attn_fa v8, hybrid's prefill
-# packing at 4 warps), the CPU tests, ship the models (experiments/ship_models.py), then:
+# Ran in session 22 (research/2026-12-03-session22): r and f on 7f34f72 with session 21's attn_fa v8
+# landing patch and experiments/gemm_tile_rpad's patch applied, then (both landed as 2b66c2d, GT_LDA
+# removed) k, s, t; the models shipped (experiments/ship_models.py) before k.
 # STAGE k (carry .whl + .synthtok + .llamacpp; ~8 min): llama.cpp built in the background while the
 #   whole kernel-check runs (kernels/attn_fa.cu changed: ~220 s), then `memra bench --vs llama.cpp` of
 #   every model (the floors' receipts: issue 10's 8B @ d4096 cell is predicted ~0.98x with v8).

@@ -4,8 +4,7 @@ with --lines, the non-FFMA / IMMA / HMMA instructions per source line. NVRTC her
 PyPI's nvidia-cuda-nvdisasm; no GPU.
 
     python3 experiments/sass_loops.py attn_fa.cu attn_fa HEAD_DIM=128 FA_WARPS=8 FA_SPLIT=4096 KV_BLOCK=16
-    bash experiments/attn_fa_v7/make.sh /tmp/attn_fa_v7.cu
-    python3 experiments/sass_loops.py /tmp/attn_fa_v7.cu attn_fa HEAD_DIM=128 FA_WARPS=8 \
+    python3 experiments/sass_loops.py kernels/attn_fa.cu attn_fa HEAD_DIM=128 FA_WARPS=8 \
         FA_SPLIT=4096 KV_BLOCK=16 --fold 'const float v = softcap > 0.f::const float v = false'
     python3 experiments/sass_loops.py gemm_tile.cu gemm_tile_glu --tile 12 --lines
 
