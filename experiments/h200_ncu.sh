@@ -9,7 +9,9 @@
 #  a case: its shape, the chunk's depth, FA_SPLIT, the warps a block)
 #   source .whl/setup.sh && KIND=engine CASES="synth:llama3-8b:Q4_K_M/gemm_tile_glu/0" bash experiments/h200_ncu.sh
 # (KIND=engine: the first launch of a kernel (a regex) in `memra profile MODEL --prefill -np ROWS -d DEPTH`,
-#  the engine's own module and launch; a case: MODEL/KERNEL/DEPTH; TOK: a synthetic model's tokenizer)
+#  the engine's own module and launch; a case: MODEL/KERNEL/DEPTH; TOK: a synthetic model's tokenizer;
+#  KIND=decode: the same in a decode step of ROWS rows (default 1), `memra profile MODEL -np ROWS -d DEPTH`)
+#   source .whl/setup.sh && KIND=decode CASES="synth:llama3-8b:Q4_K_M/attn_decode_rope/64" bash experiments/h200_ncu.sh
 # (a case: a substring of a timing shape's name, nb, the config, the type)
 # Writes $OUT/ncu/<n>.{txt,src.csv} (details page; source page with per-instruction samples).
 set -u
@@ -18,12 +20,13 @@ mkdir -p "$OUT/ncu"
 SECS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters"
 n=0
 for c in ${CASES:?}; do
-  if [ "${KIND:-gemm}" = engine ]; then
+  if [ "${KIND:-gemm}" = engine ] || [ "${KIND:-gemm}" = decode ]; then
     IFS=/ read -r model kern depth <<< "$c"
     n=$((n+1))
-    echo "== $n: $model kernel $kern depth $depth rows ${ROWS:-512}"
+    if [ "$KIND" = engine ]; then pre=--prefill; rows=${ROWS:-512}; else pre=; rows=${ROWS:-1}; fi
+    echo "== $n: $model kernel $kern depth $depth rows $rows ${pre:-decode}"
     timeout 300 ncu --clock-control none -k "regex:^${kern}\$" --launch-count 1 $SECS --import-source yes \
-      -o "$OUT/ncu/$n" -f python3 -m memra profile "$model" --prefill -np "${ROWS:-512}" -d "$depth" --reps 1 \
+      -o "$OUT/ncu/$n" -f python3 -m memra profile "$model" $pre -np "$rows" -d "$depth" --reps 1 \
       ${TOK:+--synth-tokenizer "$TOK"} > "$OUT/ncu/$n.run.txt" 2>&1
     echo "rc=$?"; tail -3 "$OUT/ncu/$n.run.txt"
     ncu --import "$OUT/ncu/$n.ncu-rep" --page details > "$OUT/ncu/$n.txt" 2>&1

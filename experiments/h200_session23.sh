@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 22; research/2026-12-03-session22 §7-§9).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session23.sh
+# STAGE n (carry .whl + .synthtok; ~4 min, no shipped models): ncu with per-instruction stall samples of
+#   (1) attn_decode_rope in a decode step at depth 0 and 64, the 8B and SmolLM2's shape: 4.7-5.7 µs at ONE
+#   key against 1.7 for a RMSNorm launch (§9) — which of the two dependent global round trips, the
+#   ~10 barriers, the one-warp softmax or the q8 twin holds it; and (2) gemm.cu's 64-row gate+up
+#   (gemm_glu, 154 µs a layer at 3-5 % of the int8 peak and 7-12 % of the bandwidth: c = 64's TPOT, §7).
+# STAGE c (carry .whl; ~1 min): experiments/chain_mv's v2 (never run on a device): can the decode matvec
+#   produce the tile's chain order at mv_q8's speed (issue 10 item 3's one reduction order)?
+# STAGE t (carry .whl + .synthtok; ~7 min; models shipped for the --add-to): the tile campaign (360 jobs,
+#   never run), the freeze, and kernel-check --add-to for the new table entries: experiments/h200_session21.sh
+#   STAGE t as written there.
+set -u
+source experiments/h200_common.sh
+stage_begin s23
+case "$STAGE" in
+n)
+  OUT=$R KIND=decode TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/attn_decode_rope/0 synth:llama3-8b:Q4_K_M/attn_decode_rope/64 \
+    synth:smollm2-135m:Q8_0/attn_decode_rope/0 synth:smollm2-135m:Q8_0/attn_decode_rope/64" \
+    timeout 400 bash experiments/h200_ncu.sh > $R/ncu-attn.txt 2>&1
+  log "ncu attention rc=$? $(el)"; mv $R/ncu.tgz $OUT/ncu-attn.tgz 2>/dev/null
+  OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_glu/128" \
+    timeout 150 bash experiments/h200_ncu.sh > $R/ncu-gemm64.txt 2>&1
+  log "ncu gemm_glu 64 rows rc=$? $(el)"; mv $R/ncu.tgz $OUT/ncu-gemm64.tgz 2>/dev/null ;;
+c)
+  OUT=$R bash experiments/chain_mv/ab.sh > $R/chain-mv.txt 2>&1; log "chain_mv rc=$? $(el)"
+  cp $R/chain-mv.jsonl $R/chain-mv.log $OUT/ 2>/dev/null; tail -30 $R/chain-mv.txt | tee -a $R/log.txt ;;
+esac
+tar czf $OUT/s23-$STAGE.tgz -C /tmp s23-$STAGE
