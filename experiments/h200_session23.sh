@@ -8,6 +8,8 @@
 #   (gemm_glu, 154 µs a layer at 3-5 % of the int8 peak and 7-12 % of the bandwidth: c = 64's TPOT, §7).
 # STAGE c (carry .whl; ~1 min): experiments/chain_mv's v2 (never run on a device): can the decode matvec
 #   produce the tile's chain order at mv_q8's speed (issue 10 item 3's one reduction order)?
+# STAGE e (carry .whl + .synthtok; ~1.5 min): experiments/attn_early (attention.cu v8, ATT_EARLY: the ring
+#   prologue before the PDL wait) A/B at 1-512 keys, patch applied in the device's copy only.
 # STAGE t (carry .whl + .synthtok; ~7 min; models shipped for the --add-to): the tile campaign (360 jobs,
 #   never run), the freeze, and kernel-check --add-to for the new table entries: experiments/h200_session21.sh
 #   STAGE t as written there.
@@ -23,6 +25,24 @@ n)
   OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_glu/128" \
     timeout 150 bash experiments/h200_ncu.sh > $R/ncu-gemm64.txt 2>&1
   log "ncu gemm_glu 64 rows rc=$? $(el)"; mv $R/ncu.tgz $OUT/ncu-gemm64.tgz 2>/dev/null ;;
+e)
+  git apply experiments/attn_early/early.patch && log "early.patch applied" || { log "early.patch does not apply"; exit 1; }
+  TUNE_OUT=$OUT/h200-attn-early-nvidia-h200.jsonl tune_campaign h200-attn-early 150 \
+    -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
+  python3 - $OUT/h200-attn-early-nvidia-h200.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+by = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l); s = r["shape"]
+    by.setdefault((s["head_dim"], s["n_head"], s["ctx"]), {})[r["config"].get("ATT_EARLY", 0)] = r
+for k, d in sorted(by.items()):
+    a, b = d.get(0), d.get(1)
+    if a and b and a["ok"] and b["ok"]:
+        print(k, f"v7 {a['median_us']:.2f}  early {b['median_us']:.2f}  {b['median_us'] / a['median_us'] - 1:+.1%}")
+    else:
+        print(k, {e: (r["ok"], r.get("error", "")[:80]) for e, r in d.items()})
+PY
+  git apply -R experiments/attn_early/early.patch; log "early.patch reverted" ;;
 c)
   OUT=$R bash experiments/chain_mv/ab.sh > $R/chain-mv.txt 2>&1; log "chain_mv rc=$? $(el)"
   cp $R/chain-mv.jsonl $R/chain-mv.log $OUT/ 2>/dev/null; tail -30 $R/chain-mv.txt | tee -a $R/log.txt ;;
