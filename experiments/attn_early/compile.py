@@ -11,7 +11,7 @@ for D, G, W, T, ring in itertools.product([64, 128, 256], [1, 3, 4], [4, 8], [32
     try:
         d = ATT.module_defines(D, G, cfg)
         compile_cubin("attention.cu", "sm_90a", {**d, "ATT_EARLY": 0})
-    except Exception as e:
+    except Exception:
         skip += 1
         continue
     try:

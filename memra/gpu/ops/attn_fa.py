@@ -48,7 +48,10 @@ SPLIT = 256  # keys per split (FA_SPLIT)
 # tiles, read once per 16 / qpk x warps tokens, were what the small split and 4 warps cost with
 # v6; attn_fa.cu v8 (fewer instructions and one barrier a tile) runs fastest with FA_WARPS = 4 at
 # split 4096 (research/2026-12-03-session21 §5: the 8B's 512 rows at depth 4096 248.8 µs at 4
-# warps, 267.8 at 8; v6 at 8 warps 319.2), so hybrid keeps FA_WARPS.
+# warps, 267.8 at 8; v6 at 8 warps 319.2), so hybrid keeps FA_WARPS. On the engine's grid
+# (research/2026-12-03-session22 §2): the 8B / 1B equal at 4 and 8 (238.6 / 241.4 µs at depth
+# 4096), SmolLM2 100.7 / 119.8, Gemma-3's global layers 210.0 / 328.8; the engine's pp512 at 4
+# +0.5-1.5 % on the 8B and 1B.
 PREFILL_SPLIT = 4096
 TOL = 1e-3
 _NULL = np.uint64(0)

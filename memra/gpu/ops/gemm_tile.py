@@ -8,9 +8,8 @@ bits do not depend on the batch, the tile or the configuration.
 
 Weight types: Q4_0, Q8_0, Q4_K, Q6_K (memra.gpu.chain.TYPES), in memra.gpu.ops.matvec's planes
 layout. Tunables (-D): GT_WM, GT_WN, GT_STAGES, GT_PF, GT_MINB, GT_LD (the loader's mapping), GT_RPAD
-(the row records' padding); per type the configuration the H200
-measured fastest at 512 rows (research/2026-12-02-session16, ab/), the 2 x 2-warp tile with 3 stages
-up to SMALL_ROWS rows.
+(the row records' padding); per type the configuration the H200 measured fastest at 512 rows
+(research/2026-12-02-session16, ab/), the 2 x 2-warp tile with 3 stages up to SMALL_ROWS rows.
 
 Where the engine uses it: the prompt rows of MEMRA_ATTN=hybrid (memra.gpu.plan: a row's arithmetic
 is fixed by its kind, prompt or generated) on the weights `supports` accepts — the chain is not the
