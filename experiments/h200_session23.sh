@@ -10,6 +10,10 @@
 #   produce the tile's chain order at mv_q8's speed (issue 10 item 3's one reduction order)?
 # STAGE e (carry .whl + .synthtok; ~1.5 min): experiments/attn_early (attention.cu v8, ATT_EARLY: the ring
 #   prologue before the PDL wait) A/B at 1-512 keys, patch applied in the device's copy only.
+# STAGE m (carry .whl + .synthtok; ~6 min; models shipped for the --add-to): the decode matvec's
+#   MV_PREFETCH beside the table's axes (tune/campaigns/h200-mv-prefetch.toml, 340 jobs; the 8B's Q6_K
+#   down runs at 52 % of the bandwidth, §7), the freeze, kernel-check --add-to for the new entries, then
+#   tg128 of the 8B and the 1B with the old table (a copy) and the new one alternating.
 # STAGE t (carry .whl + .synthtok; ~7 min; models shipped for the --add-to): the tile campaign (360 jobs,
 #   never run), the freeze, and kernel-check --add-to for the new table entries: experiments/h200_session21.sh
 #   STAGE t as written there.
@@ -43,6 +47,21 @@ for k, d in sorted(by.items()):
         print(k, {e: (r["ok"], r.get("error", "")[:80]) for e, r in d.items()})
 PY
   git apply -R experiments/attn_early/early.patch; log "early.patch reverted" ;;
+m)
+  cp tune/defaults/nvidia-h200.json $R/table-before.json
+  tune_campaign h200-mv-prefetch 240 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama-1b:Q4_0 \
+    -m synth:smollm2-135m:Q8_0
+  freeze_show mv
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-mv-prefetch-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=120 kernel_check
+  for tb in $R/table-before.json auto $R/table-before.json auto; do
+    for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
+      timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $OUT/bench-mv-prefetch.jsonl > $R/bench.txt 2>&1
+      log "$m table $(basename $tb) rc=$? $(grep tg128 $R/bench.txt | tail -1)"
+    done
+  done ;;
 c)
   OUT=$R bash experiments/chain_mv/ab.sh > $R/chain-mv.txt 2>&1; log "chain_mv rc=$? $(el)"
   cp $R/chain-mv.jsonl $R/chain-mv.log $OUT/ 2>/dev/null; tail -30 $R/chain-mv.txt | tee -a $R/log.txt ;;
