@@ -2,7 +2,7 @@
 # The next session's H200 calls (prepared in session 22; research/2026-12-03-session22 §7-§9).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session23.sh
 # Order for one 30-minute budget (~1,300 s with a cold start): n, e, c (no models), then ship the
-# models (experiments/ship_models.py's six calls) and m, then t in the same lease.
+# models (experiments/ship_models.py's six calls) and m, then experiments/h200_session21.sh STAGE t in the same lease.
 # STAGE n (carry .whl + .synthtok; ~4 min, no shipped models): ncu with per-instruction stall samples of
 #   (1) attn_decode_rope in a decode step at depth 0 and 64, the 8B and SmolLM2's shape: 4.7-5.7 µs at ONE
 #   key against 1.7 for a RMSNorm launch (§9) — which of the two dependent global round trips, the
