@@ -67,13 +67,8 @@ a)
   # decode attention at 1-512 keys, warps x tile x ring (tune/campaigns/h200-attn-short.toml; 96 jobs)
   TUNE_OUT=$OUT/h200-attn-short-nvidia-h200.jsonl tune_campaign h200-attn-short 150 \
     -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
-  python3 - $OUT/h200-attn-short-nvidia-h200.jsonl <<'PY' | tee -a $R/log.txt
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l); c = r["config"]; s = r["shape"]
-    print(s["head_dim"], s["n_head"], s["ctx"], c.get("ATT_WARPS"), c.get("ATT_TILE"), c.get("ATT_RING"),
-          round(r["median_us"], 2) if r.get("ok") else r.get("error", "failed")[:80])
-PY
+  python3 -m memra research summarize $OUT/h200-attn-short-nvidia-h200.jsonl \
+    --by shape_key,config.ATT_WARPS,config.ATT_TILE,config.ATT_RING 2>&1 | tee -a $R/log.txt
   ;;
 s)
   # issue 11's serve evidence (tests/test_serve_gpu.py, then `memra bench serve --vs` llama-server),

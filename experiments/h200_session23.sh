@@ -35,19 +35,8 @@ e)
   git apply experiments/attn_early/early.patch && log "early.patch applied" || { log "early.patch does not apply"; exit 1; }
   TUNE_OUT=$OUT/h200-attn-early-nvidia-h200.jsonl tune_campaign h200-attn-early 150 \
     -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
-  python3 - $OUT/h200-attn-early-nvidia-h200.jsonl <<'PY' | tee -a $R/log.txt
-import json, sys
-by = {}
-for l in open(sys.argv[1]):
-    r = json.loads(l); s = r["shape"]
-    by.setdefault((s["head_dim"], s["n_head"], s["ctx"]), {})[r["config"].get("ATT_EARLY", 0)] = r
-for k, d in sorted(by.items()):
-    a, b = d.get(0), d.get(1)
-    if a and b and a["ok"] and b["ok"]:
-        print(k, f"v7 {a['median_us']:.2f}  early {b['median_us']:.2f}  {b['median_us'] / a['median_us'] - 1:+.1%}")
-    else:
-        print(k, {e: (r["ok"], r.get("error", "")[:80]) for e, r in d.items()})
-PY
+  python3 -m memra research summarize $OUT/h200-attn-early-nvidia-h200.jsonl --by shape_key,config.ATT_EARLY \
+    2>&1 | tee -a $R/log.txt
   git apply -R experiments/attn_early/early.patch; log "early.patch reverted" ;;
 m)
   cp tune/defaults/nvidia-h200.json $R/table-before.json

@@ -69,6 +69,12 @@ def _sources(kernel_file: str) -> list[tuple[str, bytes]]:
     return sorted(seen.items())
 
 
+def source_names(kernel_file: str) -> list[str]:
+    """The kernel file and every header it includes (transitively): the files its module is built
+    from (and its cache key hashes)."""
+    return [name for name, _ in _sources(kernel_file)]
+
+
 def options_for(arch: str, defines: Mapping[str, object] | None = None,
                 extra: tuple[str, ...] = ()) -> list[str]:
     """The full NVRTC option list. No --use_fast_math: kernels must match their CPU

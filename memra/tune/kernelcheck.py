@@ -130,11 +130,12 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     covered = set(base.get("launch_set", [])) if base is not None else set()
     # the families a changed source reaches: their base checks no longer stand, they run whole
     recheck = set()
-    for f in fam_names if changed else ():
-        files = set(base.get("families", {}).get(f, {}).get("files", []))
-        files |= {c["file"] for c in cases.values() if c["family"] == f}
-        if include_closure(files) & set(changed):
-            recheck.add(f)
+    if changed:
+        files = {f: set(base.get("families", {}).get(f, {}).get("files", [])) for f in fam_names}
+        for c in cases.values():
+            files.get(c["family"], set()).add(c["file"])
+        reach = {n for n in set().union(*files.values()) if include_closure([n]) & set(changed)}
+        recheck = {f for f in fam_names if files[f] & reach}
     todo = {k: c for k, c in cases.items() if k not in covered or c["family"] in recheck}
     if base is not None:
         yield (f"incremental: {len(todo)} of the {len(cases)} launch cases to check (the base receipt "
@@ -311,19 +312,16 @@ def changed_sources(base: dict) -> list[str]:
 
 def include_closure(files) -> set[str]:
     """`files` (kernel file names) and every kernel source they include, transitively
-    (`#include "x"` lines of kernels/)."""
-    from memra.paths import kernel_dir
+    (memra.gpu.compile.source_names); a file no longer there stands for itself."""
+    from memra.errors import MemraError
+    from memra.gpu.compile import source_names
 
-    d, out, todo = kernel_dir(), set(), list(files)
-    while todo:
-        f = todo.pop()
-        if f in out:
-            continue
-        out.add(f)
-        p = d / f
-        if p.is_file():
-            todo += [ln.split('"')[1] for ln in p.read_text(encoding="utf-8").splitlines()
-                     if ln.startswith("#include \"")]
+    out = set()
+    for f in files:
+        try:
+            out.update(source_names(f))
+        except MemraError:  # removed since the base: a changed source itself
+            out.add(f)
     return out
 
 
