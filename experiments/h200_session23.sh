@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# The next session's H200 calls (prepared in session 22; research/2026-12-03-session22 §7-§9).
+# Session 23's H200 calls.
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session23.sh
-# Order for one 30-minute budget (~1,300 s with a cold start): n, e, c (no models), then ship the
-# models (experiments/ship_models.py's six calls) and m, then experiments/h200_session21.sh STAGE t in the same lease.
-# STAGE n (carry .whl + .synthtok; ~4 min, no shipped models): ncu with per-instruction stall samples of
-#   (1) attn_decode_rope in a decode step at depth 0 and 64, the 8B and SmolLM2's shape: 4.7-5.7 µs at ONE
-#   key against 1.7 for a RMSNorm launch (§9) — which of the two dependent global round trips, the
-#   ~10 barriers, the one-warp softmax or the q8 twin holds it; and (2) gemm.cu's 64-row gate+up
-#   (gemm_glu, 154 µs a layer at 3-5 % of the int8 peak and 7-12 % of the bandwidth: c = 64's TPOT, §7).
-# STAGE c (carry .whl; ~1 min): experiments/chain_mv's v2 (never run on a device): can the decode matvec
-#   produce the tile's chain order at mv_q8's speed (issue 10 item 3's one reduction order)?
-# STAGE e (carry .whl + .synthtok; ~1.5 min): experiments/attn_early (attention.cu v8, ATT_EARLY: the ring
-#   prologue before the PDL wait) A/B at 1-512 keys, patch applied in the device's copy only.
-# STAGE m (carry .whl + .synthtok; ~6 min; models shipped for the --add-to): the decode matvec's
-#   MV_PREFETCH beside the table's axes (tune/campaigns/h200-mv-prefetch.toml, 340 jobs; the 8B's Q6_K
-#   down runs at 52 % of the bandwidth, §7), the freeze, kernel-check --add-to for the new entries, then
-#   tg128 of the 8B and the 1B with the old table (a copy) and the new one alternating.
-# STAGE t (carry .whl + .synthtok; ~7 min; models shipped for the --add-to): the tile campaign (360 jobs,
-#   never run), the freeze, and kernel-check --add-to for the new table entries: experiments/h200_session21.sh
-#   STAGE t as written there.
+# First lease (no models): n, e, c. Second lease: ship the models (experiments/ship_models.py's six
+# calls), then a, m, b, each call's receipts, table and kernel-check receipt copied into this tree
+# before the next (a call runs on a fresh copy of the tree's tracked files).
+# STAGE n (carry .whl + .synthtok; ~2 min): ncu with per-instruction stall samples of attn_decode_rope
+#   in a decode step at depth 0 and 64, the 8B and SmolLM2's shape (4.7-5.7 µs at ONE key against 1.7
+#   for a RMSNorm launch), and gemm.cu's 64-row gate+up (session 23's run named the kernel gemm_glu, the
+#   profile's op name, and caught nothing: its CUDA name is gemm_q8_glu, fixed since).
+# STAGE e (carry .whl + .synthtok; ~1 min): ATT_EARLY 0 / 1 at 1-512 keys (tune/campaigns/h200-attn-early.toml;
+#   run with session 22's experiments/attn_early/early.patch applied in the device's copy, since landed).
+# STAGE c (carry .whl; ~20 s): experiments/chain_mv's v2 (never run on a device before).
+# STAGE a (models shipped; ~7 min): the h200 campaign's attn_decode jobs again (attention.cu changed:
+#   its table entries' source hash), the freeze, kernel-check --add-to (the attention family whole),
+#   the GPU tests but the serve ones.
+# STAGE m (models shipped; ~6 min): the decode matvec's MV_PREFETCH beside the table's axes
+#   (tune/campaigns/h200-mv-prefetch.toml; the 8B's Q6_K down runs at 52 % of the bandwidth), the
+#   freeze, kernel-check --add-to for the new entries.
+# STAGE b (models shipped; ~5 min): tg128 of session 22's engine (its committed table, MEMRA_ATT_EARLY=0)
+#   and this one's, alternating, on every benchmark model; the 8B and SmolLM2 at depth 4096; profiles of
+#   SmolLM2 and the 8B Q8_0 decode step.
 set -u
 source experiments/h200_common.sh
 stage_begin s23
@@ -28,30 +29,56 @@ n)
     synth:smollm2-135m:Q8_0/attn_decode_rope/0 synth:smollm2-135m:Q8_0/attn_decode_rope/64" \
     timeout 400 bash experiments/h200_ncu.sh > $R/ncu-attn.txt 2>&1
   log "ncu attention rc=$? $(el)"; mv $R/ncu.tgz $OUT/ncu-attn.tgz 2>/dev/null
-  OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_glu/128" \
+  OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_q8_glu/128" \
     timeout 150 bash experiments/h200_ncu.sh > $R/ncu-gemm64.txt 2>&1
   log "ncu gemm_glu 64 rows rc=$? $(el)"; mv $R/ncu.tgz $OUT/ncu-gemm64.tgz 2>/dev/null ;;
 e)
-  git apply experiments/attn_early/early.patch && log "early.patch applied" || { log "early.patch does not apply"; exit 1; }
+  # session 23 ran this with experiments/attn_early/early.patch applied here; attention.cu v8 has it
   TUNE_OUT=$OUT/h200-attn-early-nvidia-h200.jsonl tune_campaign h200-attn-early 150 \
     -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
   python3 -m memra research summarize $OUT/h200-attn-early-nvidia-h200.jsonl --by shape_key,config.ATT_EARLY \
     2>&1 | tee -a $R/log.txt
-  git apply -R experiments/attn_early/early.patch; log "early.patch reverted" ;;
+  ;;
+a)
+  link_models "kernel-check's launch set, the campaign's and the GPU tests' real models need them"
+  tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
+    -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 --kernels attn_decode
+  freeze_show a
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/*.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=200 kernel_check
+  GPU_TESTS_EXTRA="--ignore=tests/test_serve_gpu.py" gpu_tests 585 ;;
 m)
-  cp tune/defaults/nvidia-h200.json $R/table-before.json
-  tune_campaign h200-mv-prefetch 240 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama-1b:Q4_0 \
-    -m synth:smollm2-135m:Q8_0
+  link_models "kernel-check's launch set covers the real models"
+  tune_campaign h200-mv-prefetch 330 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
+    -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
   freeze_show mv
   mkdir -p $OUT/tune $OUT/defaults
   cp research/tune/h200-mv-prefetch-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=120 kernel_check
-  for tb in $R/table-before.json auto $R/table-before.json auto; do
-    for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0; do
-      timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
-        --out $OUT/bench-mv-prefetch.jsonl > $R/bench.txt 2>&1
-      log "$m table $(basename $tb) rc=$? $(grep tg128 $R/bench.txt | tail -1)"
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check ;;
+b)
+  link_models "the real models' cells need them"
+  git show ${BASE:-5012084}:tune/defaults/nvidia-h200.json > $R/table-s22.json
+  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0; do
+    for arm in s22 s23 s22 s23; do
+      if [ $arm = s22 ]; then tb=$R/table-s22.json; early=0; else tb=auto; early=1; fi
+      MEMRA_ATT_EARLY=$early timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb \
+        --synth-tokenizer $TOK --out $OUT/bench-s22-s23.jsonl > $R/bench.txt 2>&1
+      log "$m $arm rc=$? $(grep tg128 $R/bench.txt | grep memra | tr -s ' ' | cut -c1-140) $(el)"
     done
+  done
+  for m in synth:llama3-8b:Q4_K_M smollm2-135m; do
+    for arm in s22 s23; do
+      if [ $arm = s22 ]; then tb=$R/table-s22.json; early=0; else tb=auto; early=1; fi
+      MEMRA_ATT_EARLY=$early timeout 60 python3 -m memra bench $m -p 0 -n 128 -d 4096 -r 3 --tune-table $tb \
+        --synth-tokenizer $TOK --out $OUT/bench-s22-s23.jsonl > $R/bench.txt 2>&1
+      log "$m d4096 $arm rc=$? $(grep tg128 $R/bench.txt | grep memra | tr -s ' ' | cut -c1-140) $(el)"
+    done
+  done
+  for m in smollm2-135m synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_K_M; do
+    f=profile-$(echo $m | tr : _).txt
+    timeout 60 python3 -m memra profile $m -np 1 -d 64 --synth-tokenizer $TOK > $R/$f 2>&1
+    log "profile $m rc=$? $(el)"; cp $R/$f $OUT/
   done ;;
 c)
   OUT=$R bash experiments/chain_mv/ab.sh > $R/chain-mv.txt 2>&1; log "chain_mv rc=$? $(el)"

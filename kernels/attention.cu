@@ -47,7 +47,10 @@
 // attn_decode_rope: rope.cu's rope_norm_kv and attn_decode in one launch (decode only; see
 //   the kernel).
 // PDL: attn_decode reads pos before its wait (written two or more launches back, see
-//   common.cuh) so empty splits leave at once; everything else waits.
+//   common.cuh) so empty splits leave at once; everything else waits, except with ATT_EARLY
+//   (attn_decode_rope, ring only): the K/V rows below the row's own position, which earlier
+//   steps wrote (a decode row's sequence gets no other key in its step), are copied into the
+//   ring before the wait.
 //
 // Variant history (H200, µs a layer in the decode graph; research/gpu-engine-breakdown-*,
 // research/attn-probe-*):
@@ -77,6 +80,22 @@
 //       16,384; 1B 1.16-1.31x, SmolLM2 1.08-1.22x there; within +-2 % at 64-1,024 keys; 3 stages
 //       no better (2 blocks an SM at head 128). Predicted 19-22 µs at 4,096: missed, the tile's
 //       compute and barriers bound it once the loads are in flight.
+//   v8  (this; ATT_EARLY 1, the default since session 23; 0 is v7's code) ATT_EARLY:
+//       attn_decode_rope issues the ring prologue (block-table lookups and cp.async of the first
+//       ATT_RING - 1 tiles, keys below p) before the PDL wait, and the appending warps write key
+//       p's f16 row into its ring stage as well as the cache, so after the wait the block waits on
+//       no global load but the QKV rows (v7: QKV rows -> append -> barrier -> table lookup ->
+//       copy -> wait). The same values in the same places: bit-neutral. Measured at 1 / 64 / 128
+//       keys, v7 (8 warps, tile 64, ring 2; research/2026-12-03-session22/a): 8B 5.72 / 6.91 /
+//       8.71 µs, 1B 4.81 / 5.58 / 6.67, SmolLM2 4.72 / 5.40 / 6.50. Predicted -0.3 to -0.8 µs.
+//       H200, v7 -> v8 in one campaign (tune/campaigns/h200-attn-early.toml, the engine's launch;
+//       research/2026-12-03-session23/e), µs at 1 / 64 / 128 / 512 keys: 8B 5.75 / 6.98 / 8.69 /
+//       11.18 -> 5.81 / 6.79 / 8.30 / 10.85, 1B 4.82 / 5.58 / 6.67 / 9.17 -> 4.79 / 5.23 / 6.31 /
+//       8.78, SmolLM2 4.69 / 5.39 / 6.53 / 9.11 -> 4.64 / 5.09 / 6.16 / 8.58: -0.2 to -0.5 µs
+//       from 64 keys, as predicted; nothing at one key, where the predicted L2 round trip (key
+//       p's row) was not on the critical path: the fixed ~3 µs over a RMSNorm launch is not in
+//       the loads (ncu at one key, SmolLM2: 82 instructions a warp, 19.6 cycles each, 5,575
+//       cycles elapsed: the warps live for under a third of the kernel's duration).
 
 #include "common.cuh"
 #include "q8.cuh"
@@ -102,6 +121,9 @@
 #endif
 #ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 128
+#endif
+#ifndef ATT_EARLY
+#define ATT_EARLY 1
 #endif
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -139,6 +161,10 @@ constexpr int RED_CAP = (48 * 1024 - SMEM_OTHER) / 4;
 static_assert(RED_CAP >= G * D, "N_GQA * HEAD_DIM too large for the shared-memory budget");
 constexpr int RED_R = KG * G * D <= RED_CAP ? KG : RED_CAP / (G * D);
 #include "attn_ring.cuh"
+#if !ATT_RING  // ATT_EARLY stages through the ring: without one it is off
+#undef ATT_EARLY
+#define ATT_EARLY 0
+#endif
 
 static __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -199,7 +225,7 @@ static __device__ __forceinline__ void split_body(
     const kv_v_t* __restrict__ vcache KV_SP, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
     int max_blocks, int n_kv, int qpk, int window, float scale, float softcap, float* __restrict__ out_direct,
-    float* ob, const float* qsm = nullptr) {
+    float* ob, const float* qsm = nullptr, const int* pre_blk = nullptr) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     RING_RED;
@@ -467,7 +493,7 @@ static __device__ __forceinline__ void decode_body(
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
     int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window, float scale,
-    float softcap, int n_act, const float* qsm) {
+    float softcap, int n_act, const float* qsm, const int* pre_blk = nullptr) {
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
@@ -478,10 +504,10 @@ static __device__ __forceinline__ void decode_body(
     float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
         split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
-                   softcap, out, xq ? ob : nullptr, qsm);
+                   softcap, out, xq ? ob : nullptr, qsm, pre_blk);
     } else {
         split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
-                   softcap, nullptr, nullptr, qsm);
+                   softcap, nullptr, nullptr, qsm, pre_blk);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
@@ -591,6 +617,22 @@ extern "C" __global__ void RING_LB
     RopeLane rq, rk;
     rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
     rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+#if ATT_EARLY
+    // ATT_EARLY: the ring's first ATT_RING - 1 tiles of this block's keys below p, written by
+    // earlier steps (a decode row's sequence gets no other key in this step), copied before the
+    // wait; key p's row goes into its stage from the append below, not back through the cache
+    const KeyRange e_kr = key_range(p, window, S);
+    const int e_k0 = e_kr.lo + (int)blockIdx.y * e_kr.chunk, e_k1 = min(e_kr.lo + e_kr.n, e_k0 + e_kr.chunk);
+    const int e_row = threadIdx.x / NCH, e_ch = threadIdx.x % NCH;
+    const size_t e_stride = (size_t)n_kv * D;
+    int e_blk[RPT] = {};
+    ring_prologue(bt, kcache + (size_t)kvh * D, vcache + (size_t)kvh * D, e_stride, e_k0, e_k1, min(e_k1, p), e_row,
+                  e_ch, e_blk);
+    // key p's place in the ring: stage e_pr / ATT_TILE, row e_pr % ATT_TILE, when it is in the
+    // prologue's tiles (e_pr < 0: another tile or split, loaded as before)
+    const int e_pr = (p >= e_k0 && p < e_k1 && p - e_k0 < (ATT_RING - 1) * ATT_TILE) ? p - e_k0 : -1;
+    uint16_t* e_ks = e_pr >= 0 ? attn_ring_smem + (e_pr / ATT_TILE) * RING_STAGE + (e_pr % ATT_TILE) * D : nullptr;
+#endif
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     for (int g = warp; g < G; g += ATT_WARPS) {
@@ -610,7 +652,13 @@ extern "C" __global__ void RING_LB
 #if KV_K_Q8
             kv_q8_store_row(kvb, nullptr, D, kcache + row, kscale + srow);
 #else
-            for (int d = threadIdx.x % 32; d < D; d += 32) kcache[row + d] = f32_to_f16(kvb[d]);
+            for (int d = threadIdx.x % 32; d < D; d += 32) {
+                const uint16_t h = f32_to_f16(kvb[d]);
+                kcache[row + d] = h;
+#if ATT_EARLY
+                if (e_ks) e_ks[d] = h;  // the same bits as the ring's copy of the cache row
+#endif
+            }
 #endif
         }
         if (warp == (ATT_WARPS >= 2 ? ATT_WARPS - 2 : 0))
@@ -618,13 +666,40 @@ extern "C" __global__ void RING_LB
             kv_q8_store_row(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
                             bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, D, vcache + row, vscale + srow);
 #else
-            v_append(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
-                     bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, vcache + row);
+        {
+            const float* vsrc = v_raw + (size_t)t * v_stride + (size_t)kvh * D;
+            const float* vb = bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr;
+            v_append(vsrc, vb, vcache + row);
+#if ATT_EARLY
+            if (e_ks)  // rope.cuh's v_append value again, into the ring stage's V row
+                for (int d = threadIdx.x % 32; d < D; d += 32)
+                    e_ks[ATT_TILE * D + d] = f32_to_f16(vb ? __fadd_rn(vsrc[d], vb[d]) : vsrc[d]);
+#endif
+        }
 #endif
     }
+#if ATT_EARLY
+    else if (e_ks) {  // key p not appended here (its table entry unmapped): its cache row, as before
+#pragma unroll
+        for (int j = 0; j < RPT; j++)
+            if (e_row + j * RSTEP == e_pr % ATT_TILE) {
+                const size_t off = kv_slot(bt, p) * e_stride + (size_t)kvh * D + e_ch * 8;
+                cp16(smem_u32(e_ks + e_ch * 8), kcache + off);
+                cp16(smem_u32(e_ks + ATT_TILE * D + e_ch * 8), vcache + off);
+            }
+        cp_commit();
+        cp_wait<0>();
+    }
+#endif
     __syncthreads();  // q in shared memory; the appended K/V rows visible to the block
     decode_body(nullptr, kcache, vcache KV_SA, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks,
-                n_kv, qpk, window, scale, softcap, n_act, qsm);
+                n_kv, qpk, window, scale, softcap, n_act, qsm,
+#if ATT_EARLY
+                e_blk
+#else
+                nullptr
+#endif
+    );
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ part_o,

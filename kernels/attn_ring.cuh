@@ -19,9 +19,11 @@
 // attn_decode / attn_decode_rope's launch bounds: ATT_RING_MINB blocks an SM when non-zero. Left
 // to itself ptxas gave the ring at 2 heads a block 80 registers and 8 spilled bytes (HEAD_DIM 128
 // ring 2, HEAD_DIM 64 with 8 warps ring 3; cpu.py); a minimum of 2 blocks (what attention.cu's
-// registers give there) lets it take 91-96 without spills.
+// registers give there) lets it take 91-96 without spills. ATT_EARLY too: left to itself ptxas
+// gave attn_decode_rope at 4 heads a block, HEAD_DIM 128, 154 registers (one 8-warp block an SM,
+// 127 without it); at 2 blocks 128, no spill (experiments/attn_early).
 #ifndef ATT_RING_MINB
-#if ATT_RING && N_GQA == 2
+#if ATT_RING && (N_GQA == 2 || ATT_EARLY)
 #define ATT_RING_MINB 2
 #else
 #define ATT_RING_MINB 0
@@ -87,14 +89,28 @@ static __device__ __forceinline__ void ring_issue(const uint16_t* __restrict__ k
     cp_commit();
 }
 
+// The prologue's copies: tiles 0 .. ATT_RING - 2 of [k0, k1) into stages 0 .. ATT_RING - 2, keys
+// below k1c only (ATT_EARLY: attn_decode_rope issues them before the PDL wait with k1c = its own
+// position, whose row it writes into the stage itself); blk ends holding tile ATT_RING - 1's entries.
+static __device__ __forceinline__ void ring_prologue(const int* __restrict__ bt, const uint16_t* __restrict__ kbase,
+                                                     const uint16_t* __restrict__ vbase, size_t row_stride, int k0,
+                                                     int k1, int k1c, int r_row, int r_ch, int (&blk)[RPT]) {
+    ring_lookup(bt, k0, k1, r_row, blk);
+#pragma unroll
+    for (int s_ = 0; s_ < ATT_RING - 1; s_++) {
+        ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1c, s_, r_row, r_ch, blk);
+        ring_lookup(bt, k0 + (s_ + 1) * ATT_TILE, k1, r_row, blk);
+    }
+}
+
 #define RING_RED float(*red)[G * D] = reinterpret_cast<float(*)[G * D]>(attn_ring_smem)
 #define RING_PROLOGUE                                                                                 \
     const int r_ch = tid % NCH, r_row = tid / NCH;                                                    \
     int r_blk[RPT] = {};                                                                              \
-    ring_lookup(bt, k0, k1, r_row, r_blk);                                                            \
-    _Pragma("unroll") for (int s_ = 0; s_ < ATT_RING - 1; s_++) {                                     \
-        ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1, s_, r_row, r_ch, r_blk);         \
-        ring_lookup(bt, k0 + (s_ + 1) * ATT_TILE, k1, r_row, r_blk);                                  \
+    if (pre_blk) {  /* ATT_EARLY: issued before the wait by attn_decode_rope */                      \
+        _Pragma("unroll") for (int j_ = 0; j_ < RPT; j_++) r_blk[j_] = pre_blk[j_];                   \
+    } else {                                                                                          \
+        ring_prologue(bt, kbase, vbase, row_stride, k0, k1, k1, r_row, r_ch, r_blk);                  \
     }                                                                                                 \
     int r_t = 0
 #define RING_TILE_HEAD                                                                                \

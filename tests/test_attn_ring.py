@@ -53,3 +53,16 @@ def test_red_bytes_agrees_with_the_kernels_static_assert(D, G, W, T):
         assert "red must fit in the ring" in str(e), e
         compiled = False
     assert compiled == fits
+
+
+def test_att_early_default_and_its_seam(monkeypatch):
+    """ATT_EARLY (attention.cu v8) is on by default, MEMRA_ATT_EARLY=0 builds v7, a config's own value wins."""
+    monkeypatch.delenv("MEMRA_ATT_EARLY", raising=False)
+    assert A.module_defines(128, 1)["ATT_EARLY"] == 1
+    assert A.module_defines(128, 1, {"ATT_EARLY": 0})["ATT_EARLY"] == 0
+    monkeypatch.setenv("MEMRA_ATT_EARLY", "0")
+    assert A.module_defines(64, 3)["ATT_EARLY"] == 0
+    assert A.module_defines(64, 3, {"ATT_EARLY": 1})["ATT_EARLY"] == 1
+    monkeypatch.setenv("MEMRA_ATT_EARLY", "2")
+    with pytest.raises(MemraError, match="MEMRA_ATT_EARLY"):
+        A.module_defines(64, 1)

@@ -1,7 +1,7 @@
 """Compile kernels/attention.cu with ATT_EARLY 1 in every valid configuration (NVRTC, sm_90a, no GPU):
 head 64 / 128 / 256 x heads a block 1 / 3 / 4 x 4 / 8 warps x tile 32 / 64 x ring 0 / 2 / 3; a
-configuration that does not build with ATT_EARLY 0 either is skipped. Run from the repository root
-with experiments/attn_early/early.patch applied:  PYTHONPATH=. python3 experiments/attn_early/compile.py"""
+configuration that does not build with ATT_EARLY 0 either is skipped. Run from the repository root:
+PYTHONPATH=. python3 experiments/attn_early/compile.py"""
 import itertools, sys
 from memra.gpu.compile import compile_cubin
 from memra.gpu.ops import attention as ATT

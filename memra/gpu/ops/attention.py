@@ -7,8 +7,9 @@
 config (a tuning table's choice): {"ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK"} (-D tunables;
 the three change a head's reduction order, so one engine uses one value for every launch),
 "ATT_RING" (K/V tiles through a cp.async ring of that many stages in dynamic shared memory, 0:
-registers; bit-neutral; ring_for gives the default) and "hpb" (query heads per block; never
-changes results).
+registers; bit-neutral; ring_for gives the default), "ATT_EARLY" (attn_decode_rope issues the
+ring's first tiles before the PDL wait and writes its own key's row into the ring; bit-neutral;
+0 / 1, default 1, only with a ring) and "hpb" (query heads per block; never changes results).
 
 With `counters` (int32 [n_tokens * n_kv], zeroed once, left zeroed) it is one launch
 (attn_decode: the last split block of each KV head merges), else two (attn_split +
@@ -58,7 +59,7 @@ def warps_for(head_dim: int) -> int:
     return 8 if head_dim >= 128 else 4
 
 
-TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING")
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY")
 RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
 
 
@@ -74,6 +75,18 @@ def ring_for(head_dim: int) -> int:
     if v not in ("0", "2", "3", "4"):
         raise MemraError(f"MEMRA_ATT_RING={v!r}: 0 (K/V through registers) or 2..4 ring stages")
     return 0 if head_dim > 128 else int(v)
+
+
+def early_default() -> int:
+    """ATT_EARLY's default: 1 (attention.cu v8: attn_decode_rope's ring prologue before the PDL
+    wait; -0.2 to -0.5 µs a launch from 64 keys, research/2026-12-03-session23); MEMRA_ATT_EARLY=0,
+    the rollback seam of docs/FLAGS.md, builds v7's code. Bit-neutral either way."""
+    import os
+
+    v = os.environ.get("MEMRA_ATT_EARLY", "").strip() or "1"
+    if v not in ("0", "1"):
+        raise MemraError(f"MEMRA_ATT_EARLY={v!r}: 1 (the ring prologue before the PDL wait) or 0 (v7)")
+    return int(v)
 
 
 def ring_bytes(defines: dict) -> int:
@@ -99,11 +112,13 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
 
 def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_block: int = 16,
                    kv_q8=(False, False)) -> dict:
-    """A module's -D macros: head size, heads per block, the tunables (ring_for's ATT_RING unless
-    the config names one; 0 always for a q8_0 cache, which attn_ring.cuh refuses), the KV layout."""
+    """A module's -D macros: head size, heads per block, the tunables (ring_for's ATT_RING and
+    early_default's ATT_EARLY unless the config names them; ATT_RING 0 always for a q8_0 cache,
+    which attn_ring.cuh refuses), the KV layout."""
     from memra.gpu.ops.rope import kv_defines
 
-    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim), **defines(head_dim, config),
+    d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim), "ATT_EARLY": early_default(),
+         **defines(head_dim, config),
          "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
     if any(kv_q8) or ("ATT_RING" not in (config or {}) and ring_bytes(d) < red_bytes(d)):
         d["ATT_RING"] = 0   # q8_0 is never staged; a default ring too small for the key-group sums: registers
