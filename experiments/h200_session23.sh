@@ -17,9 +17,14 @@
 # STAGE m (models shipped; ~6 min): the decode matvec's MV_PREFETCH beside the table's axes
 #   (tune/campaigns/h200-mv-prefetch.toml; the 8B's Q6_K down runs at 52 % of the bandwidth), the
 #   freeze, kernel-check --add-to for the new entries.
-# STAGE b (models shipped; ~5 min): tg128 of session 22's engine (its committed table, MEMRA_ATT_EARLY=0)
+# STAGE b (models shipped; ~4 min): tg128 of session 22's engine (its committed table, MEMRA_ATT_EARLY=0)
 #   and this one's, alternating, on every benchmark model; the 8B and SmolLM2 at depth 4096; profiles of
 #   SmolLM2 and the 8B Q8_0 decode step.
+# STAGE v (~3 min): tg128 with the table after a against m's; SmolLM2 @ d4096 with MEMRA_ATT_EARLY 0 / 1.
+# STAGE p (~1 min): profiles with m's table, the serve GPU tests, gemm_q8_glu at 64 rows under ncu.
+# STAGE t (~2 min a model): the prompt tile's campaign on MODELS, the freeze, kernel-check --add-to,
+#   pp128 / pp512 of the 8B before / after. (Session 23 ran v, p and t's steps as separate commands
+#   of the same lease, in the order b, m, v, p, t; their receipts: research/2026-12-03-session23.)
 set -u
 source experiments/h200_common.sh
 stage_begin s23
@@ -50,16 +55,16 @@ a)
   GPU_TESTS_EXTRA="--ignore=tests/test_serve_gpu.py" gpu_tests 585 ;;
 m)
   link_models "kernel-check's launch set covers the real models"
-  tune_campaign h200-mv-prefetch 330 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
+  tune_campaign h200-mv-prefetch 300 -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 \
     -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
   freeze_show mv
   mkdir -p $OUT/tune $OUT/defaults
   cp research/tune/h200-mv-prefetch-nvidia-h200.jsonl $OUT/tune/ 2>/dev/null; cp tune/defaults/*.json $OUT/defaults/
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check ;;
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=120 kernel_check ;;
 b)
   link_models "the real models' cells need them"
   git show ${BASE:-5012084}:tune/defaults/nvidia-h200.json > $R/table-s22.json
-  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0; do
+  for m in smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M gemma3-270m synth:llama3-8b:Q8_0; do
     for arm in s22 s23 s22 s23; do
       if [ $arm = s22 ]; then tb=$R/table-s22.json; early=0; else tb=auto; early=1; fi
       MEMRA_ATT_EARLY=$early timeout 60 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb \
@@ -79,6 +84,51 @@ b)
     f=profile-$(echo $m | tr : _).txt
     timeout 60 python3 -m memra profile $m -np 1 -d 64 --synth-tokenizer $TOK > $R/$f 2>&1
     log "profile $m rc=$? $(el)"; cp $R/$f $OUT/
+  done ;;
+v)
+  # run after m as one call (the table after STAGE a carried as research/2026-12-03-session23/a/table-after-a.json):
+  # tg128 with it and with m's, alternating; SmolLM2 @ d4096 with MEMRA_ATT_EARLY 0 / 1 on one table
+  link_models "SmolLM2's cells"
+  A=research/2026-12-03-session23/a/table-after-a.json; [ -f $A ] || { gunzip -k $A.gz 2>/dev/null; }
+  for m in synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0 synth:llama-1b:Q4_0 smollm2-135m; do
+    for tb in $A auto $A auto; do
+      timeout 40 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $OUT/bench-mv-table.jsonl > $R/bench.txt 2>&1
+      log "$m $(basename $tb) rc=$? $(grep tg128 $R/bench.txt | grep memra | tr -s ' ' | cut -c1-120)"
+    done
+  done
+  for e in 0 1 0 1; do
+    MEMRA_ATT_EARLY=$e timeout 40 python3 -m memra bench smollm2-135m -p 0 -n 128 -d 4096 -r 3 \
+      --out $OUT/bench-early-d4096.jsonl > $R/bench.txt 2>&1
+    log "smollm2 d4096 early=$e rc=$? $(grep tg128 $R/bench.txt | grep memra | tr -s ' ' | cut -c1-120)"
+  done ;;
+p)
+  # the 8B / 1B decode step's profile with m's table, the serve GPU tests, then gemm_q8_glu at 64 rows under ncu
+  link_models "the serve GPU tests' SmolLM2"
+  for m in synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama-1b:Q4_0; do
+    f=profile-$(echo $m | tr : _)-np1-d128.txt
+    timeout 50 python3 -m memra profile $m -np 1 -d 128 --synth-tokenizer $TOK > $OUT/$f 2>&1; log "profile $m rc=$?"
+  done
+  timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_serve_gpu.py > $OUT/serve-gpu-tests.txt 2>&1
+  log "serve gpu tests rc=$? $(tail -1 $OUT/serve-gpu-tests.txt)"
+  OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_q8_glu/128" \
+    timeout 170 bash experiments/h200_ncu.sh > $R/ncu-gemm64.txt 2>&1
+  log "ncu gemm_q8_glu 64 rows rc=$?"; mv $R/ncu.tgz $OUT/ncu-gemm64.tgz 2>/dev/null ;;
+t)
+  # the prompt tile's campaign (tune/campaigns/h200-gemm-tile.toml) on MODELS (session 23: the 8B Q4_K_M
+  # alone, 144 jobs, 54 s; next: synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 synth:llama-1b:Q4_0), the
+  # freeze, kernel-check --add-to, then pp128 / pp512 of the 8B with the table before (a copy) and after
+  link_models "kernel-check's launch set covers the real models"
+  cp tune/defaults/nvidia-h200.json $R/table-before.json
+  tune_campaign h200-gemm-tile 300 $(for m in ${MODELS:-synth:llama3-8b:Q4_K_M}; do echo -m $m; done)
+  freeze_show tile
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/*.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=140 kernel_check
+  for tb in $R/table-before.json auto $R/table-before.json auto; do
+    timeout 40 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 128,512 -n 0 -r 3 --tune-table $tb \
+      --synth-tokenizer $TOK --out $OUT/bench-tile-table.jsonl > $R/bench.txt 2>&1
+    log "$(basename $tb) rc=$? $(grep -E 'pp128|pp512' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-100 | tr '\n' ' ')"
   done ;;
 c)
   OUT=$R bash experiments/chain_mv/ab.sh > $R/chain-mv.txt 2>&1; log "chain_mv rc=$? $(el)"
