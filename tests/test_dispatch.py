@@ -140,6 +140,46 @@ def test_dispatch_jobs_time_every_available_path_with_its_table_config():
     assert p.src == D.PATH_SRC[jobs[0].variant] and p.shape == jobs[0].shape
 
 
+def test_a_choice_timed_with_a_replaced_path_configuration_is_left_to_the_rule(tmp_path):
+    """A dispatch receipt times a path with the configuration the path launched then; after a
+    later campaign changes that path's table entry, its receipts time a launch the engine no
+    longer makes, so the (shape, row count) has no measured choice until the path is re-timed:
+    freeze's second pass leaves it to the rule. A bucket whose paths all carry the current
+    configurations keeps its entry, and one re-timed receipt decides it again."""
+    old, new = {"MV_NWARPS": 4, "MV_ROWS": 1}, {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_PREFETCH": 1}
+
+    def r(path, us, batch, config):
+        return {**rec(path, us, batch), "config": config}
+
+    # the matvec path's own table entries: bucket 1 re-tuned (new), bucket 8 as it was timed (old)
+    mv = [make_receipt(kernel="matvec", variant="q8", config=c, shape={**DOWN, "batch": b}, src=D.SRC,
+                       src_hash=T._current_hash(D.SRC), ok=True, median_us=us, p20_us=us, p80_us=us, reps=50,
+                       max_err=0.0, git_sha="0" * 40, **H200)
+          for c, b, us in ((new, 1, 2.0), (old, 1, 3.0), (old, 8, 9.0))]
+    rows = mv + [r("matvec", 3.0, 1, old), r("mvt", 5.0, 1, {}), r("gemm", 6.0, 1, {}),
+                 r("matvec", 10.0, 8, old), r("mvt", 6.0, 8, {}), r("gemm", 7.0, 8, {})]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    df = read_receipts([f], kinds=("tune",))
+    kw = dict(current_hashes={D.SRC: T._current_hash(D.SRC)})
+    first = F.freeze(df, "NVIDIA H200", **kw)
+    assert first["entries"]["matvec"][shape_key(DOWN)]["1"]["config"] == new
+    assert first["entries"]["dispatch"][shape_key(DOWN)]["1"]["config"] == old   # timed on the old launch
+    keep, left = D.launched_keep(df, first)
+    assert left == [("dispatch", shape_key(DOWN), 1)]
+    t = F.freeze(df, "NVIDIA H200", keep=keep, **kw)
+    e = t["entries"]["dispatch"][shape_key(DOWN)]
+    assert set(e) == {"8"} and e["8"]["variant"] == "mvt"            # bucket 1: the rule (matvec)
+    assert t["entries"]["matvec"] == first["entries"]["matvec"]       # the paths' own entries unchanged
+    # `memra tune dispatch --resume` re-times the matvec path with the new configuration: decided again
+    f.write_text(f.read_text() + json.dumps(r("matvec", 2.0, 1, new)) + "\n")
+    df = read_receipts([f], kinds=("tune",))
+    keep, left = D.launched_keep(df, F.freeze(df, "NVIDIA H200", **kw))
+    assert left == []
+    e = F.freeze(df, "NVIDIA H200", keep=keep, **kw)["entries"]["dispatch"][shape_key(DOWN)]
+    assert e["1"]["variant"] == "matvec" and e["1"]["config"] == new and e["1"]["candidates"] == 3
+
+
 def test_the_head_is_timed_and_frozen_at_decode_buckets_only(tmp_path):
     """A prefill chunk computes no logits, so the output head is never multiplied over 128 rows:
     no dispatch job times it there, and freeze leaves out an older receipt that did."""

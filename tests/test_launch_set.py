@@ -127,7 +127,7 @@ def test_every_entry_of_the_h200_table_is_executed():
     entry_of = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", "rope_norm_kv": "rope_norm_kv",
                 "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
                 "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
-                "mvt_glu": "mvt_q8_glu"}
+                "mvt_glu": "mvt_q8_glu", "gemm_tile": "gemm_tile", "gemm_tile_glu": "gemm_tile_glu"}
     # a dispatch entry names the path (matvec, mvt, gemm) a shape runs at a row bucket: some case
     # of that weight type, K and bucket runs that path's kernel with the entry's configuration
     # (the launch set merges launches that differ only in N, so N is not compared)

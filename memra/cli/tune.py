@@ -247,8 +247,16 @@ def tune_freeze(
     devices = [device] if device else sorted(set(df["device"]))
     tables = []
     for d in devices:
-        table = freeze(df, d, current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
-                       keep=reached, entry_src=DISPATCH.entry_src(_current_hash))
+        kw = dict(current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
+                  entry_src=DISPATCH.entry_src(_current_hash))
+        table = freeze(df, d, keep=reached, **kw)
+        # a dispatch choice measured with a path configuration the table has replaced since: no choice
+        keep, left_out = DISPATCH.launched_keep(df[df["device"] == d], table, reached)
+        if left_out:
+            table = freeze(df, d, keep=keep, **kw)
+            err.print(f"{d}: {len(left_out)} dispatch choices left to the rule, their paths' configurations "
+                      f"changed since they were timed (re-time them: memra tune dispatch --resume): "
+                      + "; ".join(f"{k} {shape} rows {b}" for k, shape, b in left_out), markup=False)
         path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

@@ -20,7 +20,9 @@ re-times that path's jobs and keeps the others'). `freeze` then keeps the fastes
 shape and bucket under src = the three kernel files (SRC: the choice depends on all three, so a
 change to any of them makes the entry stale; entry_src), and keeps
 the built-in rule's path (memra.gpu.plan.dispatch_rule) unless another is faster by
---min-gain. The planner asks the table first (memra.gpu.plan.Planner._dispatch) and uses the
+--min-gain; a second pass (launched_keep) leaves to the rule any choice whose receipts of some
+path timed a configuration that path's own frozen entry has replaced since (a later mv_q8, mvt
+or gemm campaign), until `--resume` re-times it with the current one. The planner asks the table first (memra.gpu.plan.Planner._dispatch) and uses the
 rule where it has no entry, or where the entry's path is off (MEMRA_GEMM=0, MEMRA_MVT=0, a type
 the path lacks).
 """
@@ -41,7 +43,7 @@ PATH_SRC = {"matvec": "matvec.cu", "mvt": "mvt.cu", "gemm": "gemm.cu"}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 __all__ = ["KERNELS", "kernel_of", "rule", "SRC", "PATHS", "PATH_SRC", "ROWS", "launched", "reached", "available",
-           "is_builtin", "shapes", "jobs", "entry_src", "path_job"]
+           "is_builtin", "shapes", "jobs", "path_config", "launched_keep", "entry_src", "path_job"]
 
 
 def launched(op: str, rows: int) -> bool:
@@ -102,7 +104,6 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
     """One job per shape the plan launches at each row count, and available path, with the
     path's table configuration (the launcher's built-in one where the table has none)."""
     from memra.gpu.ops import matvec as MV
-    from memra.tune import tables as TABLES
     from memra.tune.campaign import Job
 
     out: dict[tuple, Job] = {}
@@ -113,9 +114,7 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
                 for path in PATHS:
                     if not available(path, t):
                         continue
-                    pk = path + ("_glu" if glu else "")
-                    ch = TABLES.lookup(table, pk, s, min(r, 8) if path == "matvec" else r) if table else None
-                    cfg = dict(ch.config) if ch is not None and ch.variant == "q8" else {}
+                    cfg = path_config(table, path, glu, s, r)
                     j = Job(kernel=kernel_of(glu), variant=path, config=cfg, shape={**s, "batch": int(r)},
                             src=PATH_SRC[path], ops=(f"{m}:{op}",), campaign="dispatch", reps=reps)
                     k = j.key()
@@ -125,6 +124,52 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
                     else:
                         out[k] = j
     return list(out.values())
+
+
+def path_config(table: Mapping | None, path: str, glu: bool, shape: Mapping, rows: int) -> dict:
+    """The configuration `path` launches at `rows` rows of `shape` under `table`: its q8 entry
+    (mv_q8's at min(rows, 8): the engine's launches of at most 8 rows), {} (the launcher's built-in
+    one) where the table has none."""
+    from memra.tune import tables as TABLES
+
+    pk = path + ("_glu" if glu else "")
+    ch = TABLES.lookup(table, pk, {k: shape[k] for k in ("type", "rows", "cols")},
+                       min(int(rows), 8) if path == "matvec" else int(rows)) if table else None
+    return dict(ch.config) if ch is not None and ch.variant == "q8" else {}
+
+
+def launched_keep(receipts, table: Mapping, keep=None):
+    """freeze's second keep test, once the paths' own entries are frozen (`table`): a dispatch
+    receipt measured a path with the configuration the path launched then; when a path's table
+    entry has changed since (a later campaign of mv_q8, mvt or gemm), its receipts time a launch
+    the engine no longer makes. A (kernel, shape, row count) whose receipts of some path are all
+    of such configurations has no measured choice: all its receipts are left out and the planner
+    takes the rule (memra.gpu.plan.dispatch_rule) until `memra tune dispatch --resume` re-times
+    it (its jobs carry the current configurations). Returns (keep, the groups left out)."""
+    from memra.tune.receipts import config_key
+
+    def cur(r) -> bool:
+        shape = dict(r["shape"])
+        want = path_config(table, r["variant"], r["kernel"] == "dispatch_glu", shape, int(r["batch"]))
+        return config_key(dict(r["config"])) == config_key(want)
+
+    paths: dict[tuple, dict[str, bool]] = {}
+    for _, r in receipts.iterrows():
+        if r["kernel"] not in KERNELS or (keep is not None and not keep(r)):
+            continue
+        g = (r["kernel"], r["shape_key"], int(r["batch"]))
+        paths.setdefault(g, {})
+        paths[g][r["variant"]] = paths[g].get(r["variant"], False) or cur(r)
+    open_ = {g for g, by in paths.items() if not all(by.values())}
+
+    def keep2(r) -> bool:
+        if keep is not None and not keep(r):
+            return False
+        if r["kernel"] not in KERNELS:
+            return True
+        return (r["kernel"], r["shape_key"], int(r["batch"])) not in open_ and cur(r)
+
+    return keep2, sorted(open_)
 
 
 def entry_src(current_hash) -> dict:
