@@ -7,14 +7,17 @@
 # files). ~1,000 s with the cold start.
 # STAGE k (carry .whl .synthtok .llamacpp; ~8 min): llama.cpp built in the background while the prompt
 #   tile's campaign runs on the three models session 23 left out (the 8B Q4_0 and Q8_0, the 1B; session
-#   23's 8B Q4_K_M shapes: 36-38 % faster at 128 rows off the built-in 2 x 4 tile), the freeze,
+#   23's 8B Q4_K_M shapes: 36-38 % faster at 128 rows off the built-in 2 x 4 tile), `memra tune dispatch
+#   --resume` (the ten one-row choices session 23's freeze left to the rule), the freeze,
 #   kernel-check --add-to and pp128 / pp512 of those models before (a copy) / after; then one `memra
 #   bench --vs llama.cpp` run of every model (pp512 + tg128, the 8B and SmolLM2 at depth 4096): the
 #   floors with session 23's tables (v8, MV_PREFETCH, the tile); the 8B's decode profile at 1 and 64 rows.
 # STAGE s (~2 min, in k's lease: llama-server built there): tests/test_serve_gpu.py, then `memra bench
 #   serve --vs` llama-server at c = 1 / 8 / 32 / 64 (a ~100-token prompt is one 128-row tile chunk now).
-# STAGE e (~1 min): ATT_EARLY 0 / 1 per launch at 1,024 and 4,096 keys (tune/campaigns/h200-attn-early.toml):
-#   where SmolLM2's tg128 @ d4096 loses 0.8 % with v8 while the 8B's gains 1.4 %.
+# STAGE e (~2 min): experiments/persist/probe.py --tail (what a RMSNorm-shaped one-block op saves when its
+#   producer's last block does it instead of its own PDL launch: the small models' next design, session
+#   23 README "Next"), then ATT_EARLY 0 / 1 per launch at 1,024 and 4,096 keys
+#   (tune/campaigns/h200-attn-early.toml): where SmolLM2's tg128 @ d4096 loses 0.8 % with v8.
 set -u
 source experiments/h200_common.sh
 stage_begin s24
@@ -24,9 +27,12 @@ k)
   serve_build_start
   cp tune/defaults/nvidia-h200.json $R/table-before.json
   tune_campaign h200-gemm-tile 240 -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0
-  freeze_show tile
+  # the one-row dispatch choices session 23's MV_PREFETCH freeze left to the rule (their mv_q8 receipts
+  # timed the replaced configurations): --resume times the jobs carrying the current ones
+  dispatch_freeze 120 tile
   mkdir -p $OUT/tune $OUT/defaults
-  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/*.json $OUT/defaults/
+  cp research/tune/h200-gemm-tile-nvidia-h200.jsonl research/tune/h200-dispatch-nvidia-h200.jsonl $OUT/tune/
+  cp tune/defaults/*.json $OUT/defaults/
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=120 kernel_check
   for m in synth:llama3-8b:Q4_0 synth:llama-1b:Q4_0; do
     for tb in $R/table-before.json auto; do
@@ -42,6 +48,10 @@ k)
 s)
   serve_evidence ;;
 e)
+  # a one-block RMSNorm-shaped op in its producer's tail against its own PDL launch (experiments/persist)
+  timeout 120 python3 experiments/persist/probe.py --tail --bytes 0,524288 --blocks 132,264 --rows 576,4096 \
+    > $OUT/persist-tail.jsonl 2> $R/persist-tail.err; log "persist --tail rc=$? $(el)"
+  cat $OUT/persist-tail.jsonl | tee -a $R/log.txt
   TUNE_OUT=$OUT/h200-attn-early-nvidia-h200.jsonl tune_campaign h200-attn-early 150 \
     -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
   python3 -m memra research summarize $OUT/h200-attn-early-nvidia-h200.jsonl --by shape_key,config.ATT_EARLY \

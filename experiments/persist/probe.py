@@ -5,6 +5,8 @@ phase streams `bytes` from its own region of a buffer larger than the L2 (as a d
 matvecs stream their weights), over the same grid in both arms.
 
     python3 experiments/persist/probe.py [--phases 240] [--bytes 0,65536,524288,4194304] [--blocks 132,264]
+    python3 experiments/persist/probe.py --tail [--rows 576,4096]   # session 23: a one-block op
+                                                                  # in its producer's tail
 
 One JSON line per (bytes, blocks): µs per phase in each arm (medians of graph replays), the
 difference (what removing a launch boundary saves, per boundary), GB/s of the streaming. A
@@ -30,9 +32,13 @@ def main() -> int:
     ap.add_argument("--bytes", default="0,65536,524288,4194304")
     ap.add_argument("--blocks", default="132,264")
     ap.add_argument("--threads", type=int, default=256)
+    ap.add_argument("--tail", action="store_true", help="N x (phase, rowop) launches against N phase_tail")
+    ap.add_argument("--rows", default="576,4096", help="--tail: the one-block op's row lengths")
     args = ap.parse_args()
     g = gpu()
     m = g.module(SRC, {})
+    if args.tail:
+        return tail(g, m, args)
     k_phase, k_persist = m.kernel("phase"), m.kernel("persist")
     N = args.phases
     dst = g.empty(4096, np.float32)
@@ -69,6 +75,53 @@ def main() -> int:
                               "saved_us_per_boundary": round(out["launches"] - out["persist"], 3),
                               "gbps_launches": gbps["launches"] and round(gbps["launches"], 1),
                               "gbps_persist": gbps["persist"] and round(gbps["persist"], 1)}), flush=True)
+    return 0
+
+
+def tail(g, m, args) -> int:
+    """A RMSNorm-shaped one-block op (rowop) as its own PDL launch after each phase, against the same
+    work done by the phase's last block (phase_tail: a fence and a count per block, the last one
+    reads the row back). Checks that both arms write the same row, then times the two graphs."""
+    k_phase, k_row, k_tail = m.kernel("phase"), m.kernel("rowop"), m.kernel("phase_tail")
+    N, T = args.phases, 256
+    dst = g.empty(4096, np.float32)
+    cnt = g.to_device(np.zeros(1, np.uint32))
+    row = g.to_device(np.random.default_rng(0).standard_normal(4096).astype(np.float32))
+    outs = {a: g.empty(4096, np.float32) for a in ("pairs", "tail")}
+    for nbytes in (int(x) for x in args.bytes.split(",")):
+        words = max(1, nbytes // 16) if nbytes else 0
+        src = g.empty(max(16, words * 16 * N), np.uint8)
+        src.fill_bytes(0)
+        for nb in (int(x) for x in args.blocks.split(",")):
+            for n in (int(x) for x in args.rows.split(",")):
+                def pairs():
+                    for k in range(N):
+                        g.launch(k_phase, (nb,), (T,), (src, dst, np.int64(words), np.int32(k)), pdl=True)
+                        g.launch(k_row, (1,), (T,), (dst, row, outs["pairs"], np.int32(n), np.int32(nb)), pdl=True)
+
+                def tails():
+                    for k in range(N):
+                        g.launch(k_tail, (nb,), (T,), (src, dst, np.int64(words), np.int32(k), row, outs["tail"],
+                                                       np.int32(n), cnt), pdl=True)
+
+                res = {}
+                for name, fn in (("pairs", pairs), ("tail", tails)):
+                    fn()
+                    g.sync()
+                    with g.capture() as gr:
+                        fn()
+                    gr.upload()
+                    res[name] = float(np.median(g.time_ms(gr.launch, reps=20, warmup=3))) * 1e3 / N
+                    gr.close()
+                a, b = outs["pairs"].numpy()[:n], outs["tail"].numpy()[:n]
+                same = bool(np.array_equal(a, b))
+                if int(cnt.numpy()[0]) != 0 or not same:
+                    print(json.dumps({"error": "tail counter left non-zero or rows differ", "same": same}))
+                    return 1
+                print(json.dumps({"mode": "tail", "phases": N, "bytes": nbytes, "blocks": nb, "row": n,
+                                  "us_per_phase_pairs": round(res["pairs"], 3),
+                                  "us_per_phase_tail": round(res["tail"], 3),
+                                  "saved_us_per_launch": round(res["pairs"] - res["tail"], 3)}), flush=True)
     return 0
 
 
