@@ -2,7 +2,7 @@
 # The next session's H200 calls (prepared in session 23; research/2026-12-03-session23).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session24.sh
 # Here first: `bash ../shared/device/llamacpp.sh` (-> .llamacpp/). One lease: ship the models
-# (experiments/ship_models.py's six calls, ~4 s each), then k, s, e; after k, its table, tile receipts
+# (experiments/ship_models.py's six calls, ~4 s each), then k, s, p, e; after k, its table, tile receipts
 # and kernel-check receipt copied into this tree (a call runs on a fresh copy of the tree's tracked
 # files). ~1,000 s with the cold start.
 # STAGE k (carry .whl .synthtok .llamacpp; ~8 min): llama.cpp built in the background while the prompt
@@ -12,6 +12,9 @@
 #   kernel-check --add-to and pp128 / pp512 of those models before (a copy) / after; then one `memra
 #   bench --vs llama.cpp` run of every model (pp512 + tg128, the 8B and SmolLM2 at depth 4096): the
 #   floors with session 23's tables (v8, MV_PREFETCH, the tile); the 8B's decode profile at 1 and 64 rows.
+# STAGE p (~3 min): the decode matvec's and the attention's campaigns timed with PDL (memra tune run --pdl,
+#   session 23: the harness timed every campaign with plain launches, the engine launches with PDL)
+#   beside the plain receipts: whether the table's winners move (then --pdl campaigns and freeze --pdl).
 # STAGE s (~2 min, in k's lease: llama-server built there): tests/test_serve_gpu.py, then `memra bench
 #   serve --vs` llama-server at c = 1 / 8 / 32 / 64 (a ~100-token prompt is one 128-row tile chunk now).
 # STAGE e (~2 min): experiments/persist/probe.py --tail (what a RMSNorm-shaped one-block op saves when its
@@ -47,6 +50,19 @@ k)
     > $R/profile-8b-np64.txt 2>&1; log "profile 8B np64 rc=$? $(el)"; cp $R/profile-8b-np64.txt $OUT/ ;;
 s)
   serve_evidence ;;
+p)
+  # the tune harness's timing as the engine launches (memra tune run --pdl): the decode matvec's and the
+  # attention's campaigns timed with PDL beside session 23's plain receipts; do the winners move?
+  TUNE_OUT=$OUT/h200-mv-prefetch-pdl-nvidia-h200.jsonl tune_campaign h200-mv-prefetch 200 --pdl \
+    -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 \
+    -m synth:smollm2-135m:Q8_0
+  python3 -m memra research compare research/tune/h200-mv-prefetch-nvidia-h200.jsonl \
+    $OUT/h200-mv-prefetch-pdl-nvidia-h200.jsonl > $R/compare-mv.txt 2>&1; tail -40 $R/compare-mv.txt | tee -a $R/log.txt
+  TUNE_OUT=$OUT/h200-attn-early-pdl-nvidia-h200.jsonl tune_campaign h200-attn-early 120 --pdl \
+    -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 -m synth:smollm2-135m:Q8_0
+  python3 -m memra research summarize $OUT/h200-attn-early-pdl-nvidia-h200.jsonl --by shape_key,config.ATT_EARLY \
+    2>&1 | tee -a $R/log.txt
+  cp $R/compare-mv.txt $OUT/ ;;
 e)
   # a one-block RMSNorm-shaped op in its producer's tail against its own PDL launch (experiments/persist)
   timeout 120 python3 experiments/persist/probe.py --tail --bytes 0,524288 --blocks 132,264 --rows 576,4096 \

@@ -105,6 +105,9 @@ def tune_run(
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the random inputs.")] = None,
     precompile_jobs: Annotated[bool, typer.Option("--precompile/--no-precompile", help="Compile the "
                                "campaign's modules in parallel processes before timing.")] = True,
+    pdl: Annotated[bool, typer.Option("--pdl", help="Time every launch as a programmatic dependent launch, "
+                   "as the engine launches (receipts say timing: pdl; freeze keeps the two timings apart; "
+                   "default file <campaign>-pdl-<device>.jsonl).")] = False,
 ) -> None:
     """Measure every job of a campaign on this GPU and append receipts."""
     from memra.tune.campaign import expand_campaign, load_campaign, model_info
@@ -121,13 +124,14 @@ def tune_run(
         return
 
     _measure_jobs(jobs, spec["name"], reps=reps, resume=resume, out_path=out_path, seed=seed,
-                  precompile_jobs=precompile_jobs)
+                  precompile_jobs=precompile_jobs, pdl=pdl)
 
 
 def _measure_jobs(jobs, name: str, *, reps: int, resume: bool, out_path, seed, precompile_jobs: bool,
-                  family_job=None, src_hash=None) -> None:
+                  family_job=None, src_hash=None, pdl: bool = False) -> None:
     """Time `jobs` on this GPU, appending one receipt each (memra tune run / dispatch).
-    family_job(job): the job a family's hooks time for it (a dispatch job: its path's)."""
+    family_job(job): the job a family's hooks time for it (a dispatch job: its path's);
+    pdl: every launch a programmatic dependent one (memra.tune.measure), receipts timing "pdl"."""
     from memra.gpu import cuda
     from memra.tune.campaign import run_campaign
     from memra.tune.measure import device_context, gpu_measure, precompile, require_hooks
@@ -141,7 +145,9 @@ def _measure_jobs(jobs, name: str, *, reps: int, resume: bool, out_path, seed, p
     require_hooks(timed)
     g = cuda.gpu()
     ctx = device_context(g)
-    path = out_path or tune_out_dir() / f"{name}-{device_slug(ctx['device'])}.jsonl"
+    if pdl:
+        ctx["timing"] = "pdl"
+    path = out_path or tune_out_dir() / f"{name}{'-pdl' if pdl else ''}-{device_slug(ctx['device'])}.jsonl"
     log.info("tune: %d jobs of %s on %s → %s", len(jobs), name, ctx["device"], path)
     if precompile_jobs:
         import time
@@ -152,7 +158,7 @@ def _measure_jobs(jobs, name: str, *, reps: int, resume: bool, out_path, seed, p
                  time.perf_counter() - t0, bad)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[last]}"), TimeRemainingColumn())
-    measure = gpu_measure(g, reps=reps, seed=seed)
+    measure = gpu_measure(g, reps=reps, seed=seed, pdl=pdl)
     with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task(name, total=len(jobs), last="")
 
@@ -229,20 +235,23 @@ def tune_freeze(
     min_gain: Annotated[float, typer.Option("--min-gain", help="Keep a family's built-in "
                         "configuration unless the fastest one beats it by this fraction (families "
                         "whose module says which configuration is built in: matvec, gemm).")] = 0.03,
+    pdl: Annotated[bool, typer.Option("--pdl", help="Freeze the receipts timed with PDL (memra tune run "
+                   "--pdl) instead of the plain ones; the two are never compared.")] = False,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import dispatch as DISPATCH
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
-    from memra.tune.freeze import freeze, summarize_table, write_table
+    from memra.tune.freeze import freeze, summarize_table, timing_of, write_table
 
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
     df = read_receipts(sources, kinds=("tune",))
+    df = df[timing_of(df) == ("pdl" if pdl else "")] if len(df) else df
     if df.empty:
-        raise MemraError("no receipts to freeze")
+        raise MemraError(f"no {'PDL-timed ' if pdl else ''}receipts to freeze")
     hashes = {src: _current_hash(src) for src in sorted(set(df["src"]))}
     devices = [device] if device else sorted(set(df["device"]))
     tables = []

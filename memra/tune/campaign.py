@@ -351,11 +351,11 @@ def expand_campaign(spec: Mapping, models: Iterable[ModelSpec] = (), *,
 # ---------------------------------------------------------------- runner
 
 
-def _done_keys(path: Path, device: str) -> set[tuple]:
+def _done_keys(path: Path, device: str, timing: str | None = None) -> set[tuple]:
     done = set()
     if path.exists():
         for _, r in iter_receipts(path):
-            if r["device"] == device:
+            if r["device"] == device and r.get("timing") == timing:
                 done.add((r["kernel"], r["variant"], config_key(r["config"]), shape_key(r["shape"]),
                           shape_batch(r["shape"]), r["src_hash"]))
     return done
@@ -368,12 +368,13 @@ def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_pat
     """Measure each job and append its receipt to `out_path`.
 
     context: the device facts every receipt carries — device, cc, sms, nvrtc, and
-    optionally peak_gbps (the measured copy bandwidth) and git_sha.
+    optionally peak_gbps (the measured copy bandwidth), git_sha and timing ("pdl": measured
+    with programmatic dependent launches, memra.tune.measure; absent: plain launches).
     measure(job) -> {ok, max_err, error, median_us, p20_us, p80_us, reps, bytes}: it checks
     the configuration against the CPU reference first and times it only when the check
     passes. A MemraError it raises (e.g. CompileError) is recorded as a failed receipt.
-    resume: skip jobs already in `out_path` for this device and kernel source hash (failed
-    ones too: the same source fails the same way).
+    resume: skip jobs already in `out_path` for this device, kernel source hash and timing
+    (failed ones too: the same source fails the same way).
     progress(done, total, job, receipt or None when skipped) is called after each job.
     Returns counts: measured, failed, skipped."""
     from memra.gpu.compile import source_hash
@@ -381,7 +382,7 @@ def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_pat
     src_hash = src_hash or source_hash
     jobs = list(jobs)
     out_path = Path(out_path)
-    done = _done_keys(out_path, context["device"]) if resume else set()
+    done = _done_keys(out_path, context["device"], context.get("timing")) if resume else set()
     hashes: dict[str, str] = {}
     counts = {"measured": 0, "failed": 0, "skipped": 0}
     for i, job in enumerate(jobs, 1):
@@ -407,6 +408,7 @@ def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_pat
             src=job.src, src_hash=h, device=context["device"], cc=context["cc"],
             sms=context["sms"], nvrtc=context["nvrtc"], peak_gbps=context.get("peak_gbps"),
             git_sha=context.get("git_sha"), campaign=job.campaign, ops=list(job.ops),
+            **({"timing": context["timing"]} if context.get("timing") else {}),
             **{k: result.get(k) for k in ("ok", "median_us", "p20_us", "p80_us", "reps",
                                           "bytes", "max_err", "error")})
         append_receipts(out_path, [receipt])

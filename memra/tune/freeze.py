@@ -27,6 +27,16 @@ from memra.tune.tables import (BATCH_BUCKETS, TABLE_FORMAT, _current_hash, batch
 log = logging.getLogger("memra.tuning")
 
 
+def timing_of(receipts):
+    """Each receipt's timing ("pdl": launched with programmatic dependent launches, memra tune run
+    --pdl; "": plain launches, every receipt before the field existed) as a Series of strings."""
+    import pandas as pd
+
+    if "timing" not in receipts:
+        return pd.Series("", index=receipts.index)
+    return receipts["timing"].map(lambda v: v if isinstance(v, str) else "")
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)

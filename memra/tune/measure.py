@@ -20,7 +20,12 @@ the modules a job loads, so `precompile` can build a whole campaign's in paralle
 A configuration is timed only after its check passed. Timing captures `LAUNCHES` launches
 (cycling through the copies) in one CUDA graph and times whole replays with CUDA events, so
 the per-launch time includes the graph-node cost the engine pays, not the ~7 µs of a Python
-launch; median, p20 and p80 are over the replays.
+launch; median, p20 and p80 are over the replays. The launches are plain (each waits for the
+previous one to finish) unless `pdl`: then every launch of the case is a programmatic dependent
+launch, as the engine's are (memra.gpu.runner: MEMRA_PDL), so what a kernel does before its
+MEMRA_PDL_WAIT overlaps the previous copy's run as it overlaps the previous op's in a decode
+step. The two timings are different measurements: their receipts say which (`timing`), and
+freeze never compares one with the other.
 """
 
 from __future__ import annotations
@@ -121,13 +126,28 @@ def device_context(g) -> dict:
             "git_sha": git_sha()}
 
 
-def gpu_measure(g, *, reps: int = 100, seed: int | None = None) -> Callable:
-    """measure(job) on GPU `g` (memra.gpu.cuda.gpu()); `job.reps` overrides `reps`."""
+class PdlLaunches:
+    """`g` with every kernel launch a programmatic dependent launch (gpu_measure's `pdl`)."""
+
+    def __init__(self, g):
+        self._g = g
+
+    def launch(self, kernel, grid, block, args, shmem: int = 0, pdl: bool = False) -> None:
+        self._g.launch(kernel, grid, block, args, shmem, True)
+
+    def __getattr__(self, name):
+        return getattr(self._g, name)
+
+
+def gpu_measure(g, *, reps: int = 100, seed: int | None = None, pdl: bool = False) -> Callable:
+    """measure(job) on GPU `g` (memra.gpu.cuda.gpu()); `job.reps` overrides `reps`; `pdl`: every
+    launch of a case with PDL (the module doc)."""
     rng = np.random.default_rng(seed)
     rotate = 2 * int(g.info.l2_bytes)
+    gc = PdlLaunches(g) if pdl else g
 
     def measure(job) -> dict:
-        case = family_module(job.src).tune_case(g, job.kernel, job.variant, dict(job.config),
+        case = family_module(job.src).tune_case(gc, job.kernel, job.variant, dict(job.config),
                                                 dict(job.shape), rng, rotate)
         ok, max_err, detail = case.check()
         max_err = None if max_err is None or not math.isfinite(max_err) else float(max_err)

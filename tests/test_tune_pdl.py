@@ -1,0 +1,93 @@
+"""`memra tune run --pdl`: a campaign timed with programmatic dependent launches, as the engine
+launches (memra.tune.measure), its receipts marked `timing: pdl`, never compared with plain-timed
+ones (resume, freeze). CPU only: the GPU emulator records each launch's PDL flag."""
+
+from __future__ import annotations
+
+import json
+
+from gpu_emulator import FakeGpu
+from memra.gpu.compile import source_hash
+from memra.tune import campaign as C
+from memra.tune.freeze import timing_of
+from memra.tune.receipts import append_receipts, make_receipt, read_receipts
+
+CTX = {"device": "emulated", "cc": (9, 0), "sms": 132, "nvrtc": "13.0"}
+SPEC = {"name": "t", "batches": [16], "reps": 3, "kernels": [{
+    "name": "gemm", "src": "gemm.cu", "variants": ["q8"],
+    "shapes": [{"type": "Q4_0", "rows": 96, "cols": 256}],
+    "configs": [{"GM_WK": 8}, {"GM_WK": 4}]}]}
+
+
+class PdlLog(FakeGpu):
+    """The emulator, each launch's pdl flag recorded."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.flags = []
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        self.flags.append(bool(pdl))
+        return super().launch(kernel, grid, block, args, shmem, pdl)
+
+
+def _gpu():
+    g = PdlLog(1 << 26)
+    g.info.l2_bytes = 1 << 19
+    g.time_ms = lambda fn, reps=50, warmup=5: [fn() or 0.05 for _ in range(reps)]
+    return g
+
+
+def test_pdl_timing_launches_with_pdl_and_marks_the_receipts(tmp_path):
+    from memra.tune.measure import gpu_measure
+
+    for pdl in (False, True):
+        g = _gpu()
+        out = tmp_path / f"r{int(pdl)}.jsonl"
+        ctx = {**CTX, "timing": "pdl"} if pdl else CTX
+        counts = C.run_campaign(C.expand_campaign(SPEC), gpu_measure(g, seed=0, pdl=pdl), out, context=ctx)
+        assert counts == {"measured": 2, "failed": 0, "skipped": 0}
+        assert g.flags and set(g.flags) == {pdl}          # every launch of the case, check included
+        df = read_receipts(out)
+        assert list(timing_of(df)) == ["pdl" if pdl else ""] * 2
+        assert df["ok"].all()
+
+
+def test_resume_counts_only_receipts_of_the_same_timing(tmp_path):
+    from memra.tune.measure import gpu_measure
+
+    out = tmp_path / "r.jsonl"
+    C.run_campaign(C.expand_campaign(SPEC), gpu_measure(_gpu(), seed=0), out, context=CTX)
+    pdl_ctx = {**CTX, "timing": "pdl"}
+    again = C.run_campaign(C.expand_campaign(SPEC), gpu_measure(_gpu(), seed=0, pdl=True), out, context=pdl_ctx,
+                           resume=True)
+    assert again == {"measured": 2, "failed": 0, "skipped": 0}  # the plain receipts do not count
+    for ctx, pdl in ((pdl_ctx, True), (CTX, False)):
+        assert C.run_campaign(C.expand_campaign(SPEC), gpu_measure(_gpu(), seed=0, pdl=pdl), out, context=ctx,
+                              resume=True) == {"measured": 0, "failed": 0, "skipped": 2}
+
+
+def test_freeze_keeps_the_two_timings_apart(tmp_path):
+    """The plain receipt is slower, the PDL one faster: `freeze` takes the plain one alone,
+    `freeze --pdl` the PDL one alone."""
+    import subprocess
+    import sys
+
+    now = source_hash("norm.cu")
+    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
+
+    def rec(us, threads, **extra):
+        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
+                            shape={"n": 4096, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
+                            p20_us=us, p80_us=us, reps=10, bytes=32768, **H200, **extra)
+
+    f = tmp_path / "r.jsonl"
+    append_receipts(f, [rec(3.0, 256), rec(4.0, 512), rec(1.0, 512, timing="pdl"), rec(2.0, 256, timing="pdl")])
+    for flag, want in (([], 256), (["--pdl"], 512)):
+        d = tmp_path / f"d{len(flag)}"
+        r = subprocess.run([sys.executable, "-m", "memra", "tune", "freeze", str(f), "--out-dir", str(d), "--json",
+                            *flag], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        (table,) = json.loads(r.stdout)
+        e = table["entries"]["rmsnorm"]["n=4096"]["1"]
+        assert e["config"] == {"NORM_THREADS": want} and e["candidates"] == 2
