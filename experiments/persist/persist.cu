@@ -27,21 +27,25 @@ __device__ __forceinline__ float stream_sum(const uint4* __restrict__ src, long 
     return s;
 }
 
+// the block's sum of v (blockDim.x a multiple of 32), in thread 0 (0 elsewhere)
+__device__ __forceinline__ float block_total(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.f;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
+    return t;
+}
+
 __device__ __forceinline__ void phase_body(const uint4* __restrict__ src, float* __restrict__ dst, long long words,
                                            int region, int block, int nblocks) {
     __shared__ float red[32];
     const long long base = (long long)region * words;
     const long long per = (words + nblocks - 1) / nblocks;
     const long long b0 = base + min((long long)block * per, words), b1 = base + min((long long)(block + 1) * per, words);
-    float s = stream_sum(src, b0, b1);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
-        dst[block] = t;
-    }
+    const float t = block_total(stream_sum(src, b0, b1), red);
+    if (threadIdx.x == 0) dst[block] = t;
     __syncthreads();
 }
 
@@ -93,14 +97,8 @@ __device__ __forceinline__ void rowop_body(const float* __restrict__ dst, const 
         a[j] = i < n ? (i < nsum ? __ldcg(dst + i) : __ldcg(row + i)) : 0.f;
         ss += a[j] * a[j];
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) red2[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red2[w];
-        scale = rsqrtf(t / (float)max(n, 1) + 1e-6f);
-    }
+    const float t = block_total(ss, red2);
+    if (threadIdx.x == 0) scale = rsqrtf(t / (float)max(n, 1) + 1e-6f);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < 16; ++j) {

@@ -26,6 +26,18 @@ from memra.gpu.cuda import gpu
 SRC = "../experiments/persist/persist.cu"  # relative to kernels/
 
 
+def graph_us(g, fn) -> float:
+    """fn's launches run once, then captured in a graph: µs a replay (median of 20)."""
+    fn()
+    g.sync()
+    with g.capture() as gr:
+        fn()
+    gr.upload()
+    us = float(np.median(g.time_ms(gr.launch, reps=20, warmup=3))) * 1e3
+    gr.close()
+    return us
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", type=int, default=240)
@@ -55,16 +67,7 @@ def main() -> int:
             def one():
                 g.launch(k_persist, (nb,), (args.threads,), (src, dst, np.int64(words), np.int32(N), bar), pdl=True)
 
-            out = {}
-            for name, fn in (("launches", launches), ("persist", one)):
-                fn()
-                g.sync()
-                with g.capture() as gr:
-                    fn()
-                gr.upload()
-                ms = np.median(g.time_ms(gr.launch, reps=20, warmup=3))
-                gr.close()
-                out[name] = float(ms) * 1e3 / N
+            out = {name: graph_us(g, fn) / N for name, fn in (("launches", launches), ("persist", one))}
             if int(bar.numpy()[0]) != 0:
                 print(json.dumps({"error": "barrier counter left non-zero"}))
                 return 1
@@ -104,15 +107,7 @@ def tail(g, m, args) -> int:
                         g.launch(k_tail, (nb,), (T,), (src, dst, np.int64(words), np.int32(k), row, outs["tail"],
                                                        np.int32(n), cnt), pdl=True)
 
-                res = {}
-                for name, fn in (("pairs", pairs), ("tail", tails)):
-                    fn()
-                    g.sync()
-                    with g.capture() as gr:
-                        fn()
-                    gr.upload()
-                    res[name] = float(np.median(g.time_ms(gr.launch, reps=20, warmup=3))) * 1e3 / N
-                    gr.close()
+                res = {name: graph_us(g, fn) / N for name, fn in (("pairs", pairs), ("tail", tails))}
                 a, b = outs["pairs"].numpy()[:n], outs["tail"].numpy()[:n]
                 same = bool(np.array_equal(a, b))
                 if int(cnt.numpy()[0]) != 0 or not same:
