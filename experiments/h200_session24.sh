@@ -17,7 +17,8 @@
 #   beside the plain receipts: whether the table's winners move (then --pdl campaigns and freeze --pdl).
 # STAGE s (~2 min, in k's lease: llama-server built there): tests/test_serve_gpu.py, then `memra bench
 #   serve --vs` llama-server at c = 1 / 8 / 32 / 64 (a ~100-token prompt is one 128-row tile chunk now).
-# STAGE e (~2 min): experiments/persist/probe.py --tail (what a RMSNorm-shaped one-block op saves when its
+# STAGE e (~3 min): experiments/attn_fixed/probe.py (the short-context attention's fixed cost: resources,
+#   rope + append, the split's body, plain and PDL), experiments/persist/probe.py --tail (what a RMSNorm-shaped one-block op saves when its
 #   producer's last block does it instead of its own PDL launch: the small models' next design, session
 #   23 README "Next"), then ATT_EARLY 0 / 1 per launch at 1,024 and 4,096 keys
 #   (tune/campaigns/h200-attn-early.toml): where SmolLM2's tg128 @ d4096 loses 0.8 % with v8.
@@ -64,6 +65,9 @@ p)
     2>&1 | tee -a $R/log.txt
   cp $R/compare-mv.txt $OUT/ ;;
 e)
+  # the short-context attention's fixed cost taken apart (experiments/attn_fixed)
+  timeout 150 python3 experiments/attn_fixed/probe.py > $OUT/attn-fixed.jsonl 2> $R/attn-fixed.err
+  log "attn_fixed rc=$? $(el)"; cat $OUT/attn-fixed.jsonl | tee -a $R/log.txt
   # a one-block RMSNorm-shaped op in its producer's tail against its own PDL launch (experiments/persist)
   timeout 120 python3 experiments/persist/probe.py --tail --bytes 0,524288 --blocks 132,264 --rows 576,4096 \
     > $OUT/persist-tail.jsonl 2> $R/persist-tail.err; log "persist --tail rc=$? $(el)"
