@@ -70,8 +70,7 @@ def test_resume_counts_only_receipts_of_the_same_timing(tmp_path):
 def test_freeze_keeps_the_two_timings_apart(tmp_path):
     """The plain receipt is slower, the PDL one faster: `freeze` takes the plain one alone,
     `freeze --pdl` the PDL one alone."""
-    import subprocess
-    import sys
+    from test_research import memra
 
     now = source_hash("norm.cu")
     H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
@@ -85,8 +84,7 @@ def test_freeze_keeps_the_two_timings_apart(tmp_path):
     append_receipts(f, [rec(3.0, 256), rec(4.0, 512), rec(1.0, 512, timing="pdl"), rec(2.0, 256, timing="pdl")])
     for flag, want in (([], 256), (["--pdl"], 512)):
         d = tmp_path / f"d{len(flag)}"
-        r = subprocess.run([sys.executable, "-m", "memra", "tune", "freeze", str(f), "--out-dir", str(d), "--json",
-                            *flag], capture_output=True, text=True, timeout=300)
+        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
         assert r.returncode == 0, r.stderr
         (table,) = json.loads(r.stdout)
         e = table["entries"]["rmsnorm"]["n=4096"]["1"]

@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from memra.env import env_int
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import attn_fa as FA
@@ -161,20 +162,6 @@ class Launch:
         return f"{self.name} {self.kernel}/{self.variant} {shape_key(self.shape)} x{self.rows}"
 
 
-def _env_int(name: str, default: int, ok, what: str) -> int:
-    """The integer environment variable `name` (unset or empty: `default`), refused unless ok(n)."""
-    env = os.environ.get(name)
-    if not env:
-        return default
-    try:
-        n = int(env)
-    except ValueError:
-        n = None
-    if n is None or not ok(n):
-        raise MemraError(f"{name} must be {what}, got {env!r}")
-    return n
-
-
 class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
@@ -201,18 +188,18 @@ class Planner:
         self.hybrid = bool(hybrid) and self.use_fa
         # a runtime parameter (docs/FLAGS.md): attn_fa's split size is part of its rows' bits;
         # hybrid (prompt rows only) takes the large split, MEMRA_ATTN=fa the decode rows' one
-        self.fa_split = _env_int("MEMRA_FA_SPLIT", FA.PREFILL_SPLIT if self.hybrid else FA.SPLIT,
+        self.fa_split = env_int("MEMRA_FA_SPLIT", FA.PREFILL_SPLIT if self.hybrid else FA.SPLIT,
                                  lambda n: 64 <= n <= 32768 and n % 64 == 0, "a multiple of 64 in 64..32768")
         # a runtime parameter (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 /
         # qpk tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
-        self.fa_warps = _env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
+        self.fa_warps = env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
         self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
             else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
         # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
         # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
-        tile_min = _env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
+        tile_min = env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
         # MEMRA_ATTN=hybrid's prompt rows' layer matmuls on kernels/gemm_tile.cu (the chain order)
         # on the weights it supports (GT.supports: by the weight alone), generated rows' on
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
@@ -355,7 +342,7 @@ class Planner:
         if self.att_depth:
             self.n_splits = max(self.n_splits, ATT.default_splits(c.n_head_kv, self.sms))
         # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
-        n = _env_int("MEMRA_ATT_SPLITS", self.n_splits, lambda n: 1 <= n <= ATT.MAX_SPLITS,
+        n = env_int("MEMRA_ATT_SPLITS", self.n_splits, lambda n: 1 <= n <= ATT.MAX_SPLITS,
                      f"an integer in 1..{ATT.MAX_SPLITS}")
         if n != self.n_splits:
             log.info("attention: %d splits per head block (MEMRA_ATT_SPLITS; default %d)", n, self.n_splits)

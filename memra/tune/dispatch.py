@@ -153,21 +153,20 @@ def launched_keep(receipts, table: Mapping, keep=None):
         want = path_config(table, r["variant"], r["kernel"] == "dispatch_glu", shape, int(r["batch"]))
         return config_key(dict(r["config"])) == config_key(want)
 
+    current: dict = {}                     # receipt (its index) -> timed the current configuration
     paths: dict[tuple, dict[str, bool]] = {}
-    for _, r in receipts.iterrows():
+    for i, r in receipts.iterrows():
         if r["kernel"] not in KERNELS or (keep is not None and not keep(r)):
             continue
-        g = (r["kernel"], r["shape_key"], int(r["batch"]))
-        paths.setdefault(g, {})
-        paths[g][r["variant"]] = paths[g].get(r["variant"], False) or cur(r)
+        current[i] = cur(r)
+        by = paths.setdefault((r["kernel"], r["shape_key"], int(r["batch"])), {})
+        by[r["variant"]] = by.get(r["variant"], False) or current[i]
     open_ = {g for g, by in paths.items() if not all(by.values())}
 
     def keep2(r) -> bool:
-        if keep is not None and not keep(r):
-            return False
         if r["kernel"] not in KERNELS:
-            return True
-        return (r["kernel"], r["shape_key"], int(r["batch"])) not in open_ and cur(r)
+            return keep is None or bool(keep(r))
+        return current.get(r.name, False) and (r["kernel"], r["shape_key"], int(r["batch"])) not in open_
 
     return keep2, sorted(open_)
 

@@ -69,24 +69,19 @@ def ring_for(head_dim: int) -> int:
     research/2026-12-02-session17); 0 above (a stage of 64 keys would be 64 KiB: not measured).
     module_defines adds the cases that hold whatever the config says (a q8_0 cache, a ring too
     small for the key-group sums)."""
-    import os
+    from memra.env import env_int
 
-    v = os.environ.get("MEMRA_ATT_RING", "").strip() or str(RING)
-    if v not in ("0", "2", "3", "4"):
-        raise MemraError(f"MEMRA_ATT_RING={v!r}: 0 (K/V through registers) or 2..4 ring stages")
-    return 0 if head_dim > 128 else int(v)
+    v = env_int("MEMRA_ATT_RING", RING, lambda n: n in (0, 2, 3, 4), "0 (K/V through registers) or 2..4 ring stages")
+    return 0 if head_dim > 128 else v
 
 
 def early_default() -> int:
     """ATT_EARLY's default: 1 (attention.cu v8: attn_decode_rope's ring prologue before the PDL
     wait; -0.2 to -0.5 µs a launch from 64 keys, research/2026-12-03-session23); MEMRA_ATT_EARLY=0,
     the rollback seam of docs/FLAGS.md, builds v7's code. Bit-neutral either way."""
-    import os
+    from memra.env import env_int
 
-    v = os.environ.get("MEMRA_ATT_EARLY", "").strip() or "1"
-    if v not in ("0", "1"):
-        raise MemraError(f"MEMRA_ATT_EARLY={v!r}: 1 (the ring prologue before the PDL wait) or 0 (v7)")
-    return int(v)
+    return env_int("MEMRA_ATT_EARLY", 1, lambda n: n in (0, 1), "1 (the ring prologue before the PDL wait) or 0 (v7)")
 
 
 def ring_bytes(defines: dict) -> int:

@@ -1,0 +1,22 @@
+"""Reading memra's MEMRA_* environment settings (docs/FLAGS.md): a value out of range is refused
+with the setting's name, never silently replaced."""
+
+from __future__ import annotations
+
+import os
+
+from memra.errors import MemraError
+
+
+def env_int(name: str, default: int, ok, what: str) -> int:
+    """The integer environment variable `name` (unset or empty: `default`), refused unless ok(n)."""
+    env = os.environ.get(name, "").strip()
+    if not env:
+        return default
+    try:
+        n = int(env)
+    except ValueError:
+        n = None
+    if n is None or not ok(n):
+        raise MemraError(f"{name} must be {what}, got {env!r}")
+    return n
