@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 24's second lease (research/2026-12-03-session24). Its first call (h200_session24.sh STAGE k)
+# brought back eight files of nine: the call returns at most 8 files from $OUT, and the prompt tile's
+# campaign receipts were the ninth. Its dispatch receipts came back (committed); so:
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session24b.sh
+# STAGE r (models shipped first): the tile campaign on the 8B Q4_0 / Q8_0 and the 1B again, the freeze,
+#   kernel-check --add-to; the 8B's prefill chunk of 512 rows profiled (Q4_K_M, Q4_0, Q8_0: where pp512's
+#   time goes against issue 10's 1.2x); then the two probes of STAGE e (attn_fixed, persist --tail).
+# STAGE p: h200_session24.sh's STAGE p (the matvec and attention campaigns timed with PDL).
+# Everything but the receipts the tree needs goes into one tarball ($OUT holds at most 8 files).
+set -u
+source experiments/h200_common.sh
+stage_begin s24b
+case "$STAGE" in
+r)
+  link_models "kernel-check's launch set needs them"
+  tune_campaign h200-gemm-tile 200 -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0
+  mkdir -p $OUT/defaults; cp research/tune/h200-gemm-tile-nvidia-h200.jsonl $OUT/
+  freeze_show tile; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+  for q in Q4_K_M Q4_0 Q8_0; do
+    timeout 60 python3 -m memra profile synth:llama3-8b:$q --prefill -np 512 -d 0 --synth-tokenizer $TOK \
+      > $R/profile-8b-$q-pp512.txt 2>&1; log "profile 8B $q pp512 rc=$? $(el)"; tail -1 $R/profile-8b-$q-pp512.txt | tee -a $R/log.txt
+  done
+  timeout 150 python3 experiments/attn_fixed/probe.py > $R/attn-fixed.jsonl 2> $R/attn-fixed.err
+  log "attn_fixed rc=$? $(el)"; cat $R/attn-fixed.jsonl | tee -a $R/log.txt
+  timeout 120 python3 experiments/persist/probe.py --tail --bytes 0,524288 --blocks 132,264 --rows 576,4096 \
+    > $R/persist-tail.jsonl 2> $R/persist-tail.err; log "persist --tail rc=$? $(el)"
+  cat $R/persist-tail.jsonl | tee -a $R/log.txt ;;
+p)
+  STAGE=p bash experiments/h200_session24.sh; cp /tmp/s24-p/log.txt $R/p-log.txt 2>/dev/null ;;
+esac
+tar czf $OUT/s24b-$STAGE.tgz -C /tmp s24b-$STAGE
