@@ -31,3 +31,34 @@ p)
   STAGE=p bash experiments/h200_session24.sh; cp /tmp/s24-p/log.txt $R/p-log.txt 2>/dev/null ;;
 esac
 tar czf $OUT/s24b-$STAGE.tgz -C /tmp s24b-$STAGE
+# STAGE q (models shipped first; ~8 min): the batch-1 decode families timed with PDL over the six
+#   models (tune/campaigns/h200-pdl.toml, 916 jobs), `memra tune freeze --pdl` (those receipts where a
+#   kernel, shape and batch have them, the plain ones elsewhere) into tune/defaults, kernel-check
+#   --add-to, then tg128 of every model (and the 8B and SmolLM2 at depth 4096) with the plain-timed
+#   table and the PDL-timed one, arms alternating, twice while time allows.
+if [ "$STAGE" = q ]; then
+  link_models "the real models' shapes and bench cells need them"
+  cp tune/defaults/nvidia-h200.json $R/table-plain.json
+  tune_campaign h200-pdl 240 --pdl $MALL
+  cp research/tune/h200-pdl-nvidia-h200.jsonl $OUT/
+  python3 -m memra tune freeze --pdl --device "NVIDIA H200" --out-dir tune/defaults > $R/freeze-pdl.txt 2>&1
+  log "freeze --pdl rc=$? $(grep -E 'entries|left to the rule' $R/freeze-pdl.txt | cut -c1-300)"
+  python3 -m memra tune show > $R/show-pdl.txt 2>&1; log "show: $(grep -i stale $R/show-pdl.txt | head -3)"
+  mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+  for pass in 1 2; do
+    [ $pass = 2 ] && [ $(( $(date +%s) - T0 )) -gt 400 ] && { log "pass 2 skipped $(el)"; break; }
+    for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 \
+             synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_K_M@4096 smollm2-135m@4096; do
+      d=0; case $m in *@4096) d=4096; m=${m%@4096} ;; esac
+      tabs="$R/table-plain.json auto"; [ $pass = 2 ] && tabs="auto $R/table-plain.json"
+      for tb in $tabs; do
+        timeout 60 python3 -m memra bench $m -p 0 -n 128 -d $d -r 3 --tune-table $tb --synth-tokenizer $TOK \
+          --out $R/bench-pdl-table.jsonl > $R/bench.txt 2>&1
+        log "$m d$d $(basename $tb) rc=$? $(grep -E 'gate|tg128' $R/bench.txt | grep -E 'gate|memra' | tr -s ' ' | cut -c1-110 | tr '\n' ' ')"
+      done
+    done
+    cp $R/bench-pdl-table.jsonl $OUT/
+  done
+  tar czf $OUT/s24b-$STAGE.tgz -C /tmp s24b-$STAGE
+fi

@@ -89,3 +89,31 @@ def test_freeze_keeps_the_two_timings_apart(tmp_path):
         (table,) = json.loads(r.stdout)
         e = table["entries"]["rmsnorm"]["n=4096"]["1"]
         assert e["config"] == {"NORM_THREADS": want} and e["candidates"] == 2
+
+
+def test_freeze_pdl_takes_the_plain_receipts_where_no_pdl_ones_are(tmp_path):
+    """`freeze --pdl` over a PDL campaign that timed one shape of two: that shape's entry from its
+    PDL receipts alone (the plain ones there, faster here, not compared with them), the other
+    shape's from its plain receipts; plain `freeze` ignores the PDL receipts."""
+    from test_research import memra
+
+    now = source_hash("norm.cu")
+    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
+
+    def rec(n, us, threads, **extra):
+        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
+                            shape={"n": n, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
+                            p20_us=us, p80_us=us, reps=10, bytes=2 * n, **H200, **extra)
+
+    f = tmp_path / "r.jsonl"
+    append_receipts(f, [rec(4096, 1.0, 256), rec(4096, 1.5, 512), rec(576, 2.0, 128), rec(576, 1.0, 256),
+                        rec(4096, 3.0, 256, timing="pdl"), rec(4096, 2.5, 512, timing="pdl")])
+    for flag, want in (([], {"n=4096": (256, 1.0), "n=576": (256, 1.0)}),
+                       (["--pdl"], {"n=4096": (512, 2.5), "n=576": (256, 1.0)})):
+        d = tmp_path / f"d{len(flag)}"
+        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
+        assert r.returncode == 0, r.stderr
+        (table,) = json.loads(r.stdout)
+        got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
+               for s, e in table["entries"]["rmsnorm"].items()}
+        assert got == want

@@ -235,21 +235,22 @@ def tune_freeze(
     min_gain: Annotated[float, typer.Option("--min-gain", help="Keep a family's built-in "
                         "configuration unless the fastest one beats it by this fraction (families "
                         "whose module says which configuration is built in: matvec, gemm).")] = 0.03,
-    pdl: Annotated[bool, typer.Option("--pdl", help="Freeze the receipts timed with PDL (memra tune run "
-                   "--pdl) instead of the plain ones; the two are never compared.")] = False,
+    pdl: Annotated[bool, typer.Option("--pdl", help="Where a kernel, shape and batch have receipts timed "
+                   "with PDL (memra tune run --pdl), freeze those instead of the plain ones (the two are "
+                   "never compared); the plain ones elsewhere.")] = False,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import dispatch as DISPATCH
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
-    from memra.tune.freeze import freeze, summarize_table, timing_of, write_table
+    from memra.tune.freeze import freeze, select_timing, summarize_table, write_table
 
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
     df = read_receipts(sources, kinds=("tune",))
-    df = df[timing_of(df) == ("pdl" if pdl else "")] if len(df) else df
+    df = select_timing(df, pdl) if len(df) else df
     if df.empty:
         raise MemraError(f"no {'PDL-timed ' if pdl else ''}receipts to freeze")
     hashes = {src: _current_hash(src) for src in sorted(set(df["src"]))}

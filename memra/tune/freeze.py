@@ -37,6 +37,20 @@ def timing_of(receipts):
     return receipts["timing"].map(lambda v: v if isinstance(v, str) else "")
 
 
+def select_timing(receipts, pdl: bool):
+    """The receipts a freeze compares. Plain (`pdl` false): the plain-timed ones alone. PDL: for
+    each device, kernel, shape and batch that has PDL-timed receipts, those alone; elsewhere the
+    plain ones (a table needs every family, a PDL campaign times some). Within one entry the two
+    timings are never compared."""
+    t = timing_of(receipts)
+    if not pdl or receipts.empty:
+        return receipts[t == ""]
+    key = receipts[["device", "kernel", "shape_key"]].astype(str).agg("|".join, axis=1) \
+        + "|" + receipts["batch"].astype(str)
+    timed = set(key[t == "pdl"])
+    return receipts[(t == "pdl") | ((t == "") & ~key.isin(timed))]
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)
