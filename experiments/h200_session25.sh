@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The next session's first H200 call (prepared in session 24; research/2026-12-03-session24 "Next").
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session25.sh
+# Ship the models first (experiments/ship_models.py's six calls), carry .whl and .synthtok. $OUT gets
+# at most five files (a call returns eight).
+# STAGE a (~6 min):
+#  1. experiments/attn_fixed/probe.py with the cuts inside the split (ATT_PROBE 3..7): where the
+#     short-context attention's 1.8-1.9 µs split body goes (session 24 §4), step by step.
+#  2. experiments/mv_l2pf: the decode matvec with MV_L2PF 0 / 1 / 7 (the next units' lines sent to L2
+#     before the PDL wait; 0 = kernels/matvec.cu's code) in the engine, tg128, arms alternating: the
+#     8B Q8_0 and Q4_K_M twice, the Q4_0, the 1B and SmolLM2 once. Predicted: attn_output (4096 x 4096,
+#     45-50 % of the bandwidth after a latency-bound attention) and QKV toward L2 speed: 8B Q8_0 +2..4 %,
+#     Q4_K_M +1..3 %, the small models nothing (their rows are one unit a lane: already prefetched).
+#     A win lands next: MV_L2PF into kernels/matvec.cu (bit-neutral), its axis in the matvec campaigns,
+#     freeze, kernel-check --add-to, the GPU tests.
+set -u
+source experiments/h200_common.sh
+stage_begin s25
+case "$STAGE" in
+a)
+  link_models "SmolLM2's bench cells need it"
+  timeout 150 python3 experiments/attn_fixed/probe.py > $R/attn-fixed-cuts.jsonl 2> $R/attn-fixed.err
+  log "attn_fixed rc=$? $(el)"; cat $R/attn-fixed-cuts.jsonl | tee -a $R/log.txt; cp $R/attn-fixed-cuts.jsonl $OUT/
+  python3 experiments/mv_l2pf/make.py > $R/mv-l2pf-make.txt 2>&1; log "mv_l2pf make rc=$? $(el)"
+  ab() {  # MODEL ARMS...
+    local m=$1 n; shift
+    for n in "$@"; do
+      MV_L2PF_AB=$n timeout 60 python3 experiments/mv_l2pf/ab.py bench $m -p 0 -n 128 -r 3 --synth-tokenizer $TOK \
+        --tag "MV_L2PF=$n (experiments/mv_l2pf)" --out $R/bench-mv-l2pf.jsonl > $R/bench.txt 2>&1
+      log "$m MV_L2PF=$n rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+    done
+    cp $R/bench-mv-l2pf.jsonl $OUT/
+  }
+  ab synth:llama3-8b:Q8_0 0 1 7; ab synth:llama3-8b:Q4_K_M 0 1 7
+  ab synth:llama3-8b:Q4_0 0 1 7; ab synth:llama-1b:Q4_0 0 1 7; ab smollm2-135m 0 1 7
+  ab synth:llama3-8b:Q8_0 7 1 0; ab synth:llama3-8b:Q4_K_M 7 1 0 ;;
+esac
+tar czf $OUT/s25-$STAGE.tgz -C /tmp s25-$STAGE
