@@ -13,6 +13,8 @@
 #     Q4_K_M +1..3 %, the small models nothing (their rows are one unit a lane: already prefetched).
 #     A win lands next: MV_L2PF into kernels/matvec.cu (bit-neutral), its axis in the matvec campaigns,
 #     freeze, kernel-check --add-to, the GPU tests.
+#  3. experiments/pdl_1b: the 1B's batch-1 matvec entries from session 24's PDL-timed table against the
+#     committed table, tg128, three pairs alternating (session 24 §5's +3.1 % was one pair).
 set -u
 source experiments/h200_common.sh
 stage_begin s25
@@ -21,7 +23,6 @@ a)
   link_models "SmolLM2's bench cells need it"
   timeout 150 python3 experiments/attn_fixed/probe.py > $R/attn-fixed-cuts.jsonl 2> $R/attn-fixed.err
   log "attn_fixed rc=$? $(el)"; cat $R/attn-fixed-cuts.jsonl | tee -a $R/log.txt; cp $R/attn-fixed-cuts.jsonl $OUT/
-  python3 experiments/mv_l2pf/make.py > $R/mv-l2pf-make.txt 2>&1; log "mv_l2pf make rc=$? $(el)"
   ab() {  # MODEL ARMS...
     local m=$1 n; shift
     for n in "$@"; do
@@ -33,6 +34,16 @@ a)
   }
   ab synth:llama3-8b:Q8_0 0 1 7; ab synth:llama3-8b:Q4_K_M 0 1 7
   ab synth:llama3-8b:Q4_0 0 1 7; ab synth:llama-1b:Q4_0 0 1 7; ab smollm2-135m 0 1 7
-  ab synth:llama3-8b:Q8_0 7 1 0; ab synth:llama3-8b:Q4_K_M 7 1 0 ;;
+  ab synth:llama3-8b:Q8_0 7 1 0; ab synth:llama3-8b:Q4_K_M 7 1 0
+  # 3. the 1B's PDL-timed matvec entries alone (experiments/pdl_1b; session 24 §5: +3.1 % in one pair)
+  python3 experiments/pdl_1b/make_table.py > $R/pdl-1b.txt 2>&1; log "pdl_1b table rc=$?"
+  for tb in tune/defaults/nvidia-h200.json experiments/pdl_1b/build/table-1b-pdl.json \
+            experiments/pdl_1b/build/table-1b-pdl.json tune/defaults/nvidia-h200.json \
+            tune/defaults/nvidia-h200.json experiments/pdl_1b/build/table-1b-pdl.json; do
+    timeout 40 python3 -m memra bench synth:llama-1b:Q4_0 -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+      --out $R/bench-pdl-1b.jsonl > $R/bench.txt 2>&1
+    log "1B $(basename $tb) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+  done
+  cp $R/bench-pdl-1b.jsonl $OUT/ ;;
 esac
 tar czf $OUT/s25-$STAGE.tgz -C /tmp s25-$STAGE
