@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The next session's first H200 call (prepared in session 24; research/2026-12-03-session24 "Next").
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session25.sh
-# Ship the models first (experiments/ship_models.py's six calls), carry .whl and .synthtok. $OUT gets
-# at most five files (a call returns eight).
+# Here first: `bash ../shared/device/llamacpp.sh` (-> .llamacpp/). Ship the models first
+# (experiments/ship_models.py's six calls); carry .whl, .synthtok and .llamacpp. $OUT gets at most
+# five files (a call returns eight).
+# STAGE s (~5 min, right after a): tests/test_serve_gpu.py and `memra bench serve --vs` llama-server.
 # STAGE a (~6 min):
 #  1. experiments/attn_fixed/probe.py with the cuts inside the split (ATT_PROBE 3..7): where the
 #     short-context attention's 1.8-1.9 µs split body goes (session 24 §4), step by step.
@@ -13,6 +15,7 @@
 #     Q4_K_M +1..3 %, the small models nothing (their rows are one unit a lane: already prefetched).
 #     A win lands next: MV_L2PF into kernels/matvec.cu (bit-neutral), its axis in the matvec campaigns,
 #     freeze, kernel-check --add-to, the GPU tests.
+#  (in the background: llama-server's build for STAGE s)
 #  3. experiments/pdl_1b: the 1B's batch-1 matvec entries from session 24's PDL-timed table against the
 #     committed table, tg128, three pairs alternating (session 24 §5's +3.1 % was one pair).
 set -u
@@ -21,6 +24,7 @@ stage_begin s25
 case "$STAGE" in
 a)
   link_models "SmolLM2's bench cells need it"
+  serve_build_start   # llama-server and the served 8B, in the background for STAGE s (carry .llamacpp)
   timeout 150 python3 experiments/attn_fixed/probe.py > $R/attn-fixed-cuts.jsonl 2> $R/attn-fixed.err
   log "attn_fixed rc=$? $(el)"; cat $R/attn-fixed-cuts.jsonl | tee -a $R/log.txt; cp $R/attn-fixed-cuts.jsonl $OUT/
   ab() {  # MODEL ARMS...
@@ -44,6 +48,12 @@ a)
       --out $R/bench-pdl-1b.jsonl > $R/bench.txt 2>&1
     log "1B $(basename $tb) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
   done
-  cp $R/bench-pdl-1b.jsonl $OUT/ ;;
+  cp $R/bench-pdl-1b.jsonl $OUT/
+  serve_build_wait ;;
+s)
+  # issue 11's table with this session's tables (session 22's run predates the 128-row tile entries:
+  # a ~100-token prompt is one 128-row chunk); in the call right after STAGE a (the build lives while
+  # the machine stays warm)
+  serve_evidence ;;
 esac
 tar czf $OUT/s25-$STAGE.tgz -C /tmp s25-$STAGE
