@@ -19,5 +19,5 @@ def make_variant(src: Path, dst: Path, edits, header: str = "") -> int:
         text = text.replace(old, new)
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(header + text)
-    print(dst)
+    print(dst, file=sys.stderr)   # stderr: a probe's stdout is its JSONL receipt
     return 0
