@@ -35,7 +35,9 @@ tar czf $OUT/s24b-$STAGE.tgz -C /tmp s24b-$STAGE
 #   models (tune/campaigns/h200-pdl.toml, 916 jobs), `memra tune freeze --pdl` (those receipts where a
 #   kernel, shape and batch have them, the plain ones elsewhere) into tune/defaults, kernel-check
 #   --add-to, then tg128 of every model (and the 8B and SmolLM2 at depth 4096) with the plain-timed
-#   table and the PDL-timed one, arms alternating, twice while time allows.
+#   table and the PDL-timed one, arms alternating, twice while time allows. Run in session 24: the
+#   campaign hit its 240 s limit at 868 jobs, the second pass did not fit, the PDL-timed table lost
+#   on six of eight cells and was not adopted (research/2026-12-03-session24 §5).
 if [ "$STAGE" = q ]; then
   link_models "the real models' shapes and bench cells need them"
   cp tune/defaults/nvidia-h200.json $R/table-plain.json
