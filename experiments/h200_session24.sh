@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The next session's H200 calls (prepared in session 23; research/2026-12-03-session23).
+# The next session's H200 calls (prepared in session 23; research/2026-12-03-session23). Run in session
+# 24: STAGE k and STAGE p (p through h200_session24b.sh); STAGE e's probes ran in h200_session24b.sh STAGE
+# r; STAGE s (the serve evidence) did not fit the device time and moved to h200_session25.sh STAGE s.
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=<x> bash experiments/h200_session24.sh
 # Here first: `bash ../shared/device/llamacpp.sh` (-> .llamacpp/). One lease: ship the models
 # (experiments/ship_models.py's six calls, ~4 s each), then k, s, p, e; after k, its table, tile receipts
