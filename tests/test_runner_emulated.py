@@ -507,6 +507,26 @@ def test_fa_split_override_keeps_prompt_rows_chunk_invariant(tiny_models, monkey
         _runner(path, attn="hybrid")
 
 
+def test_bad_integer_settings_are_refused_by_name(tiny_models, monkeypatch):
+    """MEMRA_KV_BLOCK, MEMRA_ATT_GROUP_ROWS and MEMRA_MASK_THREADS (docs/FLAGS.md) go through
+    memra.env.env_int: a value that is not one of theirs is refused naming the setting (before,
+    a non-integer raised a bare ValueError, and a bad mask thread count was silently taken as 1)."""
+    from memra.text.grammar import mask_threads
+
+    path = tiny_models("llama", "Q4_K_M")
+    monkeypatch.setenv("MEMRA_KV_BLOCK", "32")
+    assert _runner(path).kv_block == 32
+    for name, bad, what in (("MEMRA_KV_BLOCK", "12", "a power of two"), ("MEMRA_KV_BLOCK", "x", "a power of two"),
+                            ("MEMRA_ATT_GROUP_ROWS", "-1", "a non-negative integer")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(MemraError, match=f"{name} must be {what}, got '{bad}'"):
+            _runner(path)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MEMRA_MASK_THREADS", "0")
+    with pytest.raises(MemraError, match="MEMRA_MASK_THREADS must be a positive integer"):
+        mask_threads()
+
+
 def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monkeypatch):
     """decode_run queues a chunk before handing out the previous one's tokens: the tokens are
     those of one step() a token (greedy and seeded sampling, two sequences), with the rollback

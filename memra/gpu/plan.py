@@ -193,8 +193,8 @@ class Planner:
         # a runtime parameter (docs/FLAGS.md): warps a block of attn_fa's prefill packing (16 /
         # qpk tokens each, sharing the block's K/V tiles); bit-neutral (kernel-check compares packings)
         self.fa_warps = env_int("MEMRA_FA_WARPS", FA.FA_WARPS, lambda n: n in FA.WARPS, " or ".join(map(str, FA.WARPS)))
-        self.att_group_rows = int(os.environ.get("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS)) if att_group_rows is None \
-            else int(att_group_rows)
+        self.att_group_rows = env_int("MEMRA_ATT_GROUP_ROWS", ATT_GROUP_ROWS, lambda n: n >= 0,
+                                      "a non-negative integer") if att_group_rows is None else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
         # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile

@@ -45,6 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
+from memra.env import env_int
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu import plan as PLAN
 from memra.gpu.kv import PagedKV, bytes_per_block, check_cache_device
@@ -191,7 +192,8 @@ class Runner:
         self.max_len = int(max_len or min(self.cfg.n_ctx_train, 32768))
         if self.max_len > self.cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", self.max_len, self.cfg.n_ctx_train)
-        self.kv_block = int(kv_block or os.environ.get("MEMRA_KV_BLOCK", KV_BLOCK))
+        self.kv_block = int(kv_block or env_int("MEMRA_KV_BLOCK", KV_BLOCK, lambda n: n >= 1 and not n & (n - 1),
+                                                "a power of two"))
         self.max_seqs = int(max_seqs)
         per_block = bytes_per_block(self.cfg, self.kv_block, cache_type_k, cache_type_v)
         need = -(-self.max_len // self.kv_block)  # one sequence at the full context

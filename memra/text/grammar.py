@@ -388,10 +388,9 @@ def mask_threads() -> int:
     """Threads of the batch fill: MEMRA_MASK_THREADS (default 1: the rows one after another
     on the calling thread; measured faster than llguidance's pool on the CI box and, by the
     H200 session's fill times, on its host too: experiments/structured_host.py)."""
-    try:
-        return max(1, int(os.environ.get("MEMRA_MASK_THREADS", "1")))
-    except ValueError:
-        return 1
+    from memra.env import env_int
+
+    return env_int("MEMRA_MASK_THREADS", 1, lambda n: n >= 1, "a positive integer")
 
 
 def fill_masks(pairs, masks: np.ndarray) -> None:
