@@ -5,6 +5,7 @@ stderr, as everywhere in the CLI."""
 from __future__ import annotations
 
 import json
+import re
 import math
 from pathlib import Path
 from typing import Annotated, Optional
@@ -238,6 +239,9 @@ def tune_freeze(
     pdl: Annotated[bool, typer.Option("--pdl", help="Where a kernel, shape and batch have receipts timed "
                    "with PDL (memra tune run --pdl), freeze those instead of the plain ones (the two are "
                    "never compared); the plain ones elsewhere.")] = False,
+    pdl_match: Annotated[Optional[str], typer.Option("--pdl-match", help="With --pdl: take the PDL-timed "
+                         "receipts only for the entries this regular expression names, whole-matched "
+                         "against 'KERNEL SHAPE_KEY' (e.g. 'matvec cols=2048,rows=2048,type=Q4_0').")] = None,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import dispatch as DISPATCH
@@ -250,7 +254,12 @@ def tune_freeze(
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
     df = read_receipts(sources, kinds=("tune",))
-    df = select_timing(df, pdl) if len(df) else df
+    if pdl_match is not None and not pdl:
+        raise MemraError("--pdl-match needs --pdl")
+    try:
+        df = select_timing(df, pdl, pdl_match) if len(df) else df
+    except re.error as e:
+        raise MemraError(f"--pdl-match {pdl_match!r}: not a regular expression ({e})") from None
     if df.empty:
         raise MemraError(f"no {'PDL-timed ' if pdl else ''}receipts to freeze")
     hashes = {src: _current_hash(src) for src in sorted(set(df["src"]))}

@@ -37,14 +37,23 @@ def timing_of(receipts):
     return receipts["timing"].map(lambda v: v if isinstance(v, str) else "")
 
 
-def select_timing(receipts, pdl: bool):
+def select_timing(receipts, pdl: bool, match: str | None = None):
     """The receipts a freeze compares. Plain (`pdl` false): the plain-timed ones alone. PDL: for
     each device, kernel, shape and batch that has PDL-timed receipts, those alone; elsewhere the
     plain ones (a table needs every family, a PDL campaign times some). Within one entry the two
-    timings are never compared."""
+    timings are never compared. `match` (a regular expression, whole-matched against "kernel
+    shape_key", e.g. "matvec cols=2048,rows=2048,type=Q4_0") limits the PDL-timed receipts to the
+    entries it names; the plain ones everywhere else."""
+    import re
+
     t = timing_of(receipts)
     if not pdl or receipts.empty:
         return receipts[t == ""]
+    if match is not None:
+        rx = re.compile(match)
+        named = (receipts["kernel"].astype(str) + " " + receipts["shape_key"].astype(str)).map(
+            lambda k: rx.fullmatch(k) is not None)
+        t = t.where(named | (t != "pdl"), "pdl-unused")
     key = receipts[["device", "kernel", "shape_key"]].astype(str).agg("|".join, axis=1) \
         + "|" + receipts["batch"].astype(str)
     timed = set(key[t == "pdl"])
