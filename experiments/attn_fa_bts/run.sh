@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# attn_fa's prefill packing with the block's block-table entries staged in shared memory once (FA_BTS), on the H200:
+# bits against the stock kernel (fa_check: every shape, split 256 and 4096), then timing alternating
+# with the stock file (512 rows, depth 0 and 4096, the engine's split 4096 and 4 warps),
+# and ncu of both at depth 4096 on the 8B shape.
+#   source .whl/setup.sh >/dev/null && bash experiments/attn_fa_pipe/run.sh     # $OUT set
+set -u
+: "${OUT:?set OUT}"
+V=experiments/attn_fa_bts/attn_fa_bts.cu
+R=/tmp/fa-bts; mkdir -p $R
+cd "$(dirname "$0")/../.."
+for sp in 256 4096; do
+  timeout 150 python3 experiments/attn_mma/fa_check.py --src $V --split $sp --no-timing > $R/check-$sp.txt 2>&1
+  echo "check split $sp rc=$? $(tail -1 $R/check-$sp.txt)"
+done
+for w in 4; do
+  OUT=$R timeout 200 python3 experiments/attn_mma/fa_check.py --src $V --split 4096 --warps $w --rows 512 --no-checks \
+    --shapes llama3-8b,llama-1b,smollm2 --modes prefill:0,prefill:4096 > $R/time-w$w.txt 2>&1
+  echo "timing warps $w rc=$?"; grep fa-time $R/time-w$w.txt | python3 -c "
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(' ', r['shape'], r['depth'], 'stock', r['us_stock'], 'pipe', r['us_variant'], 'x', r['speedup_vs_stock'])"
+done
+SECS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis"
+mkdir -p $R/ncu
+for arm in stock bts; do
+  src=""; [ $arm = bts ] && src="--src $V"
+  timeout 200 ncu --clock-control none -k regex:'^attn_fa$' --launch-count 1 $SECS -o $R/ncu/$arm -f \
+    python3 experiments/attn_mma/fa_check.py $src --no-checks --once --shapes llama3-8b --modes prefill:4096 \
+    --split 4096 --warps 4 --rows 512 > $R/ncu/$arm.run.txt 2>&1
+  echo "ncu $arm rc=$?"
+  ncu --import $R/ncu/$arm.ncu-rep --page details > $R/ncu/$arm.txt 2>&1
+  ncu --import $R/ncu/$arm.ncu-rep --page raw > $R/ncu/$arm.raw.txt 2>&1; rm -f $R/ncu/$arm.ncu-rep
+  grep -E "smsp__average_warp(s_issue|_latency_issue)_stalled_[a-z_]+(_per_issue_active)?.ratio " $R/ncu/$arm.raw.txt | sort -k3 -g -r | head -8
+  grep -E "Duration|Issue Slots Busy|Achieved Occupancy|Registers Per|L2 Cache Throughput|Compute \(SM\) Throughput|Memory Throughput|No Eligible|Active Warps Per Scheduler|Eligible Warps" $R/ncu/$arm.txt | head -14
+done
+cp $R/time-w*.txt $OUT/ 2>/dev/null
+tar czf $OUT/fa-bts.tgz -C /tmp fa-bts
