@@ -106,7 +106,7 @@ bench_arms() {
   done
   cp "$R/$out" $OUT/
 }
-# freeze_show TAG: `memra tune freeze` of the H200 receipts into tune/defaults, then `memra tune
+# freeze_show TAG: `memra tune freeze --pdl` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
 # tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,
 # receipts appended to research/tune/NAME-nvidia-h200.jsonl (TUNE_OUT=<file>: there instead, e.g. an
@@ -144,7 +144,8 @@ dispatch_freeze() {
   freeze_show $2
 }
 freeze_show() {
-  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
+  # --pdl: the shipped table adopts the PDL-timed receipts of research/tune/ (tune/defaults/README.md)
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults --pdl > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
   python3 -m memra tune show > "$R/show-$1.txt" 2>&1; log "show: $(grep -i stale "$R/show-$1.txt" | head -3)"
 }
 

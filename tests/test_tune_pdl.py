@@ -117,3 +117,38 @@ def test_freeze_pdl_takes_the_plain_receipts_where_no_pdl_ones_are(tmp_path):
         got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
                for s, e in table["entries"]["rmsnorm"].items()}
         assert got == want
+
+
+def test_freeze_pdl_match_takes_pdl_receipts_only_where_named(tmp_path):
+    """`freeze --pdl --pdl-match EXPR`: PDL-timed receipts for the entries EXPR names ("KERNEL
+    SHAPE_KEY", whole-matched), the plain ones elsewhere even where PDL ones exist; a bad
+    expression and --pdl-match without --pdl are refused by name."""
+    from test_research import memra
+
+    now = source_hash("norm.cu")
+    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
+
+    def rec(n, us, threads, **extra):
+        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
+                            shape={"n": n, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
+                            p20_us=us, p80_us=us, reps=10, bytes=2 * n, **H200, **extra)
+
+    f = tmp_path / "r.jsonl"
+    append_receipts(f, [rec(4096, 1.0, 256), rec(4096, 1.5, 512), rec(576, 1.0, 256), rec(576, 2.0, 128),
+                        rec(4096, 3.0, 256, timing="pdl"), rec(4096, 2.5, 512, timing="pdl"),
+                        rec(576, 3.0, 256, timing="pdl"), rec(576, 2.0, 128, timing="pdl")])
+    cases = ((["--pdl"], {"n=4096": (512, 2.5), "n=576": (128, 2.0)}),
+             (["--pdl", "--pdl-match", "rmsnorm n=4096"], {"n=4096": (512, 2.5), "n=576": (256, 1.0)}),
+             (["--pdl", "--pdl-match", "rmsnorm n=40"], {"n=4096": (256, 1.0), "n=576": (256, 1.0)}))
+    for i, (flag, want) in enumerate(cases):
+        d = tmp_path / f"d{i}"
+        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
+        assert r.returncode == 0, r.stderr
+        (table,) = json.loads(r.stdout)
+        got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
+               for s, e in table["entries"]["rmsnorm"].items()}
+        assert got == want, flag
+    r = memra("tune", "freeze", str(f), "--out-dir", str(tmp_path / "x"), "--pdl", "--pdl-match", "rmsnorm (")
+    assert r.returncode != 0 and "--pdl-match" in r.stderr and "regular expression" in r.stderr
+    r = memra("tune", "freeze", str(f), "--out-dir", str(tmp_path / "y"), "--pdl-match", "rmsnorm n=4096")
+    assert r.returncode != 0 and "--pdl-match needs --pdl" in r.stderr
