@@ -5,6 +5,8 @@
 # (experiments/ship_models.py's six calls); carry .whl, .synthtok and .llamacpp. $OUT gets at most
 # five files (a call returns eight).
 # STAGE s (~5 min, right after a): tests/test_serve_gpu.py and `memra bench serve --vs` llama-server.
+# STAGE f (~7 min, models shipped): kernel-check --add-to of the table frozen with --pdl, the GPU tests,
+# the 1B's `--vs llama.cpp` run.
 # STAGE a (~6 min):
 #  1. experiments/attn_fixed/probe.py with the cuts inside the split (ATT_PROBE 3..7): where the
 #     short-context attention's 1.8-1.9 µs split body goes (session 24 §4), step by step.
@@ -62,5 +64,17 @@ s)
   # a ~100-token prompt is one 128-row chunk); in the call right after STAGE a (the build lives while
   # the machine stays warm)
   serve_evidence ;;
+f)
+  # the table frozen with --pdl (the 1B's batch-1 matvec entries PDL-timed): kernel-check of the launch
+  # cases it adds, the GPU tests while llama.cpp builds, then the 1B's `--vs llama.cpp` run
+  link_models "kernel-check's launch set needs them"
+  serve_build_start
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+  gpu_tests 330
+  serve_build_wait
+  timeout 120 python3 -m memra bench synth:llama-1b:Q4_0 -p 512 -n 128 --vs llama.cpp \
+    --llama-bench /root/llama.cpp/build/bin/llama-bench --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-1b.txt 2>&1
+  log "bench 1B rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-1b.txt | tail -5 | tee -a $R/log.txt
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s25-$STAGE.tgz -C /tmp s25-$STAGE
