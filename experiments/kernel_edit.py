@@ -21,3 +21,35 @@ def make_variant(src: Path, dst: Path, edits, header: str = "") -> int:
     dst.write_text(header + text)
     print(dst, file=sys.stderr)   # stderr: a probe's stdout is its JSONL receipt
     return 0
+
+
+def diff_edits(patch: str) -> list[tuple[str, str]]:
+    """A unified diff (`diff -u KERNEL VARIANT`) as make_variant edits: each hunk's context and
+    removed lines become `old`, its context and added lines `new` (each must occur once)."""
+    edits, old, new, in_hunk = [], [], [], False
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("@@"):
+            if in_hunk:
+                edits.append(("".join(old), "".join(new)))
+            old, new, in_hunk = [], [], True
+        elif in_hunk and line.startswith((" ", "-", "+")) and not line.startswith(("--- ", "+++ ")):
+            if line[0] in " -":
+                old.append(line[1:])
+            if line[0] in " +":
+                new.append(line[1:])
+        elif in_hunk and line.startswith("\\"):
+            continue
+    if in_hunk:
+        edits.append(("".join(old), "".join(new)))
+    return edits
+
+
+def build_from_patch(kernel: str, patch: Path, dst: Path) -> int:
+    """dst = kernels/<kernel> with `patch` (a unified diff against it) applied by make_variant;
+    `python3 experiments/kernel_edit.py KERNEL PATCH DST` from the shell."""
+    root = Path(__file__).resolve().parents[1]
+    return make_variant(root / "kernels" / kernel, dst, diff_edits(patch.read_text()))
+
+
+if __name__ == "__main__":
+    sys.exit(build_from_patch(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))

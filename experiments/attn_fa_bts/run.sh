@@ -6,9 +6,10 @@
 #   source .whl/setup.sh >/dev/null && bash experiments/attn_fa_pipe/run.sh     # $OUT set
 set -u
 : "${OUT:?set OUT}"
-V=experiments/attn_fa_bts/attn_fa_bts.cu
 R=/tmp/fa-bts; mkdir -p $R
 cd "$(dirname "$0")/../.."
+V=experiments/attn_fa_bts/build/attn_fa_bts.cu   # kernels/attn_fa.cu + attn_fa_bts.patch
+python3 experiments/kernel_edit.py attn_fa.cu experiments/attn_fa_bts/attn_fa_bts.patch $V || exit 1
 for sp in 256 4096; do
   timeout 150 python3 experiments/attn_mma/fa_check.py --src $V --split $sp --no-timing > $R/check-$sp.txt 2>&1
   echo "check split $sp rc=$? $(tail -1 $R/check-$sp.txt)"

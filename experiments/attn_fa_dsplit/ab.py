@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "attn_mma"))
-SRC = str(HERE / "attn_fa_dsplit.cu")
+SRC = str(HERE / "build" / "attn_fa_dsplit.cu")  # kernels/attn_fa.cu + attn_fa_dsplit.patch (main builds it)
 VARIANTS = {  # name: extra defines
     "dsplit2": {"FA_DSPLIT": 2, "FA_QREG": 0, "FA_MINB": 2},
     "dsplit2-qreg": {"FA_DSPLIT": 2, "FA_QREG": 1, "FA_MINB": 1},
@@ -83,6 +83,11 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--no-timing", action="store_true")
     a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from kernel_edit import build_from_patch
+
+    if build_from_patch("attn_fa.cu", HERE / "attn_fa_dsplit.patch", Path(SRC)):
+        return 1
     if a.compile_only:
         return compile_only(a.split)
     import fa_check as FC

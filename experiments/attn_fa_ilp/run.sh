@@ -6,9 +6,10 @@
 #   source .whl/setup.sh >/dev/null && bash experiments/attn_fa_ilp/run.sh     # $OUT set
 set -u
 : "${OUT:?set OUT}"
-V=experiments/attn_fa_ilp/attn_fa_ilp.cu
 R=/tmp/fa-ilp; mkdir -p $R
 cd "$(dirname "$0")/../.."
+V=experiments/attn_fa_ilp/build/attn_fa_ilp.cu   # kernels/attn_fa.cu + attn_fa_ilp.patch
+python3 experiments/kernel_edit.py attn_fa.cu experiments/attn_fa_ilp/attn_fa_ilp.patch $V || exit 1
 for arm in ilp ilpbts; do
   def=""; [ $arm = ilpbts ] && def="--define FA_BTS=1"
   for sp in 256 4096; do
