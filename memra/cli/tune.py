@@ -5,8 +5,8 @@ stderr, as everywhere in the CLI."""
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 

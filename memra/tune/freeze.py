@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -44,8 +45,6 @@ def select_timing(receipts, pdl: bool, match: str | None = None):
     timings are never compared. `match` (a regular expression, whole-matched against "kernel
     shape_key", e.g. "matvec cols=2048,rows=2048,type=Q4_0") limits the PDL-timed receipts to the
     entries it names; the plain ones everywhere else."""
-    import re
-
     t = timing_of(receipts)
     if not pdl or receipts.empty:
         return receipts[t == ""]
