@@ -91,20 +91,21 @@ def test_freeze_keeps_the_two_timings_apart(tmp_path):
         assert e["config"] == {"NORM_THREADS": want} and e["candidates"] == 2
 
 
+def _norm_receipt(n, us, threads, **extra):
+    """A passing H200 rmsnorm receipt measured on today's norm.cu."""
+    return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
+                        shape={"n": n, "batch": 1}, src="norm.cu", src_hash=source_hash("norm.cu"), ok=True,
+                        median_us=us, p20_us=us, p80_us=us, reps=10, bytes=2 * n, device="NVIDIA H200", cc="9.0",
+                        sms=132, nvrtc="13.0", **extra)
+
+
 def test_freeze_pdl_takes_the_plain_receipts_where_no_pdl_ones_are(tmp_path):
     """`freeze --pdl` over a PDL campaign that timed one shape of two: that shape's entry from its
     PDL receipts alone (the plain ones there, faster here, not compared with them), the other
     shape's from its plain receipts; plain `freeze` ignores the PDL receipts."""
     from test_research import memra
 
-    now = source_hash("norm.cu")
-    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
-
-    def rec(n, us, threads, **extra):
-        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
-                            shape={"n": n, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
-                            p20_us=us, p80_us=us, reps=10, bytes=2 * n, **H200, **extra)
-
+    rec = _norm_receipt
     f = tmp_path / "r.jsonl"
     append_receipts(f, [rec(4096, 1.0, 256), rec(4096, 1.5, 512), rec(576, 2.0, 128), rec(576, 1.0, 256),
                         rec(4096, 3.0, 256, timing="pdl"), rec(4096, 2.5, 512, timing="pdl")])
@@ -125,14 +126,7 @@ def test_freeze_pdl_match_takes_pdl_receipts_only_where_named(tmp_path):
     expression and --pdl-match without --pdl are refused by name."""
     from test_research import memra
 
-    now = source_hash("norm.cu")
-    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
-
-    def rec(n, us, threads, **extra):
-        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
-                            shape={"n": n, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
-                            p20_us=us, p80_us=us, reps=10, bytes=2 * n, **H200, **extra)
-
+    rec = _norm_receipt
     f = tmp_path / "r.jsonl"
     append_receipts(f, [rec(4096, 1.0, 256), rec(4096, 1.5, 512), rec(576, 1.0, 256), rec(576, 2.0, 128),
                         rec(4096, 3.0, 256, timing="pdl"), rec(4096, 2.5, 512, timing="pdl"),
