@@ -142,6 +142,9 @@ def test_freeze_pdl_match_takes_pdl_receipts_only_where_named(tmp_path):
         got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
                for s, e in table["entries"]["rmsnorm"].items()}
         assert got == want, flag
+        # an entry frozen from PDL-timed receipts says so (the table's provenance), the others do not
+        timed = {s: e["1"].get("timing") for s, e in table["entries"]["rmsnorm"].items()}
+        assert timed == {s: ("pdl" if us in (2.0, 2.5) else None) for s, (_, us) in want.items()}, flag
     r = memra("tune", "freeze", str(f), "--out-dir", str(tmp_path / "x"), "--pdl", "--pdl-match", "rmsnorm (")
     assert r.returncode != 0 and "--pdl-match" in r.stderr and "regular expression" in r.stderr
     r = memra("tune", "freeze", str(f), "--out-dir", str(tmp_path / "y"), "--pdl-match", "rmsnorm n=4096")

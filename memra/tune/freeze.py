@@ -151,6 +151,8 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                 entry["src"], entry["src_hash"] = entry_src[kernel]
             if kept:
                 entry["kept_builtin"] = True
+            if win.get("timing") == "pdl":  # timed as programmatic dependent launches (tune run --pdl)
+                entry["timing"] = "pdl"
             if len(cands) > 1:
                 r_score, r_variant, _, r_row, _ = cands[1]
                 entry["margin"] = r_score / score - 1.0
@@ -225,5 +227,6 @@ def summarize_table(table: Mapping) -> list[dict]:
                 rows.append({"kernel": kernel, "shape": skey, "batch": int(b),
                              "variant": e["variant"], "config": config_key(e["config"]),
                              "median_us": e.get("median_us"), "gbps": e.get("gbps"),
-                             "margin": e.get("margin"), "candidates": e.get("candidates")})
+                             "margin": e.get("margin"), "candidates": e.get("candidates"),
+                             "timing": e.get("timing", "plain")})
     return rows
