@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memra.env import env_int
 from memra.errors import MemraError
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -388,8 +389,6 @@ def mask_threads() -> int:
     """Threads of the batch fill: MEMRA_MASK_THREADS (default 1: the rows one after another
     on the calling thread; measured faster than llguidance's pool on the CI box and, by the
     H200 session's fill times, on its host too: experiments/structured_host.py)."""
-    from memra.env import env_int
-
     return env_int("MEMRA_MASK_THREADS", 1, lambda n: n >= 1, "a positive integer")
 
 

@@ -48,15 +48,14 @@ def select_timing(receipts, pdl: bool, match: str | None = None):
     t = timing_of(receipts)
     if not pdl or receipts.empty:
         return receipts[t == ""]
+    use = t == "pdl"
     if match is not None:
         rx = re.compile(match)
-        named = (receipts["kernel"].astype(str) + " " + receipts["shape_key"].astype(str)).map(
+        use &= (receipts["kernel"].astype(str) + " " + receipts["shape_key"].astype(str)).map(
             lambda k: rx.fullmatch(k) is not None)
-        t = t.where(named | (t != "pdl"), "pdl-unused")
     key = receipts[["device", "kernel", "shape_key"]].astype(str).agg("|".join, axis=1) \
         + "|" + receipts["batch"].astype(str)
-    timed = set(key[t == "pdl"])
-    return receipts[(t == "pdl") | ((t == "") & ~key.isin(timed))]
+    return receipts[use | ((t == "") & ~key.isin(set(key[use])))]
 
 
 def _median(xs: list[float]) -> float:
