@@ -32,7 +32,6 @@ link_models
 TOK=.synthtok/smollm2-tokenizer.gguf
 TOKS=.synthtok/smollm2-utf8-tokenizer.gguf   # the served 8B's (see above)
 BIN=/root/llama.cpp/build/bin
-synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
 
 case "$STAGE" in
 build)

@@ -21,7 +21,6 @@ stage_begin s10
 LB=/root/llama.cpp/build/bin/llama-bench
 M8="-m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
 MALL="-m smollm2-135m -m gemma3-270m $M8"
-synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
 if [ "$STAGE" = tune1 ]; then
   ( OUT=$R STAGE=build nice -n 10 bash experiments/h200_serve.sh > $R/serve-build.txt 2>&1 ) &
   BUILD=$!

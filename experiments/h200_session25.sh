@@ -42,17 +42,13 @@ a)
   ab synth:llama3-8b:Q4_0 0 1 7; ab synth:llama-1b:Q4_0 0 1 7; ab smollm2-135m 0 1 7
   ab synth:llama3-8b:Q8_0 7 1 0; ab synth:llama3-8b:Q4_K_M 7 1 0
   # bit-neutral by construction; checked: 64 greedy tokens of the 8B Q8_0 at MV_L2PF 0 and 7, same ids
-  M8Q8=$(python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model('llama3-8b', 'Q8_0', sys.argv[1]))" $TOK | tail -1)
-  for n in 0 7; do
-    MV_L2PF_AB=$n timeout 60 python3 experiments/mv_l2pf/ab.py run "$M8Q8" -p "The history of the" -n 64 --temp 0 \
-      --ignore-eos --json 2> $R/run-l2pf-$n.err | tail -1 > $R/run-l2pf-$n.json
-  done
-  log "MV_L2PF 0 vs 7, 64 greedy ids: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" $R/run-l2pf-0.json $R/run-l2pf-7.json 2>&1 | tail -1)"
+  greedy_ids_arms MV_L2PF_AB "0 7" experiments/mv_l2pf/ab.py llama3-8b Q8_0
   # 3. the 1B's PDL-timed matvec entries alone (experiments/pdl_1b; session 24 §5: +3.1 % in one pair)
-  python3 experiments/pdl_1b/make_table.py > $R/pdl-1b.txt 2>&1; log "pdl_1b table rc=$?"
-  for tb in tune/defaults/nvidia-h200.json experiments/pdl_1b/build/table-1b-pdl.json \
-            experiments/pdl_1b/build/table-1b-pdl.json tune/defaults/nvidia-h200.json \
-            tune/defaults/nvidia-h200.json experiments/pdl_1b/build/table-1b-pdl.json; do
+  # (run at 8e183dd with the table experiments/pdl_1b built; that table is now the shipped one, frozen
+  #  with --pdl: the plain-timed freeze of research/tune/ is the table before)
+  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir $R/plain > $R/pdl-1b.txt 2>&1; log "plain table rc=$?"
+  for tb in $R/plain/nvidia-h200.json tune/defaults/nvidia-h200.json tune/defaults/nvidia-h200.json \
+            $R/plain/nvidia-h200.json $R/plain/nvidia-h200.json tune/defaults/nvidia-h200.json; do
     timeout 40 python3 -m memra bench synth:llama-1b:Q4_0 -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
       --out $R/bench-pdl-1b.jsonl > $R/bench.txt 2>&1
     log "1B $(basename $tb) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"

@@ -39,12 +39,7 @@ for l in open(sys.argv[1]):
     done
   done
   cp $R/bench-twin.jsonl $OUT/
-  M1=$(python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model('llama-1b', 'Q4_0', sys.argv[1]))" $TOK | tail -1)
-  for n in 0 1; do
-    ATT_TWINREG_AB=$n timeout 60 python3 experiments/attn_twin/ab.py run "$M1" -p "The history of the" -n 64 --temp 0 \
-      --ignore-eos --json 2> $R/run-twin-$n.err | tail -1 > $R/run-twin-$n.json
-  done
-  log "ATT_TWINREG 0 vs 1, 64 greedy ids: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" $R/run-twin-0.json $R/run-twin-1.json 2>&1 | tail -1)"
+  greedy_ids_arms ATT_TWINREG_AB "0 1" experiments/attn_twin/ab.py llama-1b Q4_0
   mkdir -p $R/dsplit
   OUT=$R/dsplit timeout 400 bash experiments/attn_fa_dsplit/run.sh 2>&1 | tee -a $R/log.txt
   cp $R/dsplit/fa-dsplit.jsonl $OUT/ 2>/dev/null ;;

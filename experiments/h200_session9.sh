@@ -25,7 +25,6 @@ source experiments/h200_common.sh
 stage_begin s9
 LB=/root/llama.cpp/build/bin/llama-bench
 M8="-m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"
-synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
 if [ "$STAGE" = ab ]; then
   [ -f .old/gemm.cu ] || { log "no .old/gemm.cu"; exit 1; }
   OUT=$R OLD=.old CFGS="2,1,2,4,2,3,1,2;2,2,2,4,1,3,1,1;1,1,2,4,4,3,1,2;2,1,2,4,4,3,1,1;1,1,2,2,8,3,1,2" \
