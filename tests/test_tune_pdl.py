@@ -67,30 +67,6 @@ def test_resume_counts_only_receipts_of_the_same_timing(tmp_path):
                               resume=True) == {"measured": 0, "failed": 0, "skipped": 2}
 
 
-def test_freeze_keeps_the_two_timings_apart(tmp_path):
-    """The plain receipt is slower, the PDL one faster: `freeze` takes the plain one alone,
-    `freeze --pdl` the PDL one alone."""
-    from test_research import memra
-
-    now = source_hash("norm.cu")
-    H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
-
-    def rec(us, threads, **extra):
-        return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
-                            shape={"n": 4096, "batch": 1}, src="norm.cu", src_hash=now, ok=True, median_us=us,
-                            p20_us=us, p80_us=us, reps=10, bytes=32768, **H200, **extra)
-
-    f = tmp_path / "r.jsonl"
-    append_receipts(f, [rec(3.0, 256), rec(4.0, 512), rec(1.0, 512, timing="pdl"), rec(2.0, 256, timing="pdl")])
-    for flag, want in (([], 256), (["--pdl"], 512)):
-        d = tmp_path / f"d{len(flag)}"
-        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
-        assert r.returncode == 0, r.stderr
-        (table,) = json.loads(r.stdout)
-        e = table["entries"]["rmsnorm"]["n=4096"]["1"]
-        assert e["config"] == {"NORM_THREADS": want} and e["candidates"] == 2
-
-
 def _norm_receipt(n, us, threads, **extra):
     """A passing H200 rmsnorm receipt measured on today's norm.cu."""
     return make_receipt(kernel="rmsnorm", variant="default", config={"NORM_THREADS": threads},
@@ -99,24 +75,41 @@ def _norm_receipt(n, us, threads, **extra):
                         sms=132, nvrtc="13.0", **extra)
 
 
+def _frozen_norms(receipts, out_dir, *flags) -> dict:
+    """`memra tune freeze RECEIPTS --json FLAGS...`: its table's batch-1 rmsnorm entries by shape."""
+    from test_research import memra
+
+    r = memra("tune", "freeze", str(receipts), "--out-dir", str(out_dir), "--json", *flags)
+    assert r.returncode == 0, r.stderr
+    (table,) = json.loads(r.stdout)
+    return {s: e["1"] for s, e in table["entries"]["rmsnorm"].items()}
+
+
+def test_freeze_keeps_the_two_timings_apart(tmp_path):
+    """The plain receipt is slower, the PDL one faster: `freeze` takes the plain one alone,
+    `freeze --pdl` the PDL one alone."""
+    def rec(us, threads, **extra):
+        return _norm_receipt(4096, us, threads, **extra)
+
+    f = tmp_path / "r.jsonl"
+    append_receipts(f, [rec(3.0, 256), rec(4.0, 512), rec(1.0, 512, timing="pdl"), rec(2.0, 256, timing="pdl")])
+    for flag, want in (([], 256), (["--pdl"], 512)):
+        e = _frozen_norms(f, tmp_path / f"d{len(flag)}", *flag)["n=4096"]
+        assert e["config"] == {"NORM_THREADS": want} and e["candidates"] == 2
+
+
 def test_freeze_pdl_takes_the_plain_receipts_where_no_pdl_ones_are(tmp_path):
     """`freeze --pdl` over a PDL campaign that timed one shape of two: that shape's entry from its
     PDL receipts alone (the plain ones there, faster here, not compared with them), the other
     shape's from its plain receipts; plain `freeze` ignores the PDL receipts."""
-    from test_research import memra
-
     rec = _norm_receipt
     f = tmp_path / "r.jsonl"
     append_receipts(f, [rec(4096, 1.0, 256), rec(4096, 1.5, 512), rec(576, 2.0, 128), rec(576, 1.0, 256),
                         rec(4096, 3.0, 256, timing="pdl"), rec(4096, 2.5, 512, timing="pdl")])
     for flag, want in (([], {"n=4096": (256, 1.0), "n=576": (256, 1.0)}),
                        (["--pdl"], {"n=4096": (512, 2.5), "n=576": (256, 1.0)})):
-        d = tmp_path / f"d{len(flag)}"
-        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
-        assert r.returncode == 0, r.stderr
-        (table,) = json.loads(r.stdout)
-        got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
-               for s, e in table["entries"]["rmsnorm"].items()}
+        got = {s: (e["config"]["NORM_THREADS"], e["median_us"])
+               for s, e in _frozen_norms(f, tmp_path / f"d{len(flag)}", *flag).items()}
         assert got == want
 
 
@@ -135,15 +128,11 @@ def test_freeze_pdl_match_takes_pdl_receipts_only_where_named(tmp_path):
              (["--pdl", "--pdl-match", "rmsnorm n=4096"], {"n=4096": (512, 2.5), "n=576": (256, 1.0)}),
              (["--pdl", "--pdl-match", "rmsnorm n=40"], {"n=4096": (256, 1.0), "n=576": (256, 1.0)}))
     for i, (flag, want) in enumerate(cases):
-        d = tmp_path / f"d{i}"
-        r = memra("tune", "freeze", str(f), "--out-dir", str(d), "--json", *flag)
-        assert r.returncode == 0, r.stderr
-        (table,) = json.loads(r.stdout)
-        got = {s: (e["1"]["config"]["NORM_THREADS"], e["1"]["median_us"])
-               for s, e in table["entries"]["rmsnorm"].items()}
+        entries = _frozen_norms(f, tmp_path / f"d{i}", *flag)
+        got = {s: (e["config"]["NORM_THREADS"], e["median_us"]) for s, e in entries.items()}
         assert got == want, flag
         # an entry frozen from PDL-timed receipts says so (the table's provenance), the others do not
-        timed = {s: e["1"].get("timing") for s, e in table["entries"]["rmsnorm"].items()}
+        timed = {s: e.get("timing") for s, e in entries.items()}
         assert timed == {s: ("pdl" if us in (2.0, 2.5) else None) for s, (_, us) in want.items()}, flag
     r = memra("tune", "freeze", str(f), "--out-dir", str(tmp_path / "x"), "--pdl", "--pdl-match", "rmsnorm (")
     assert r.returncode != 0 and "--pdl-match" in r.stderr and "regular expression" in r.stderr
