@@ -15,6 +15,9 @@
 #     an SM), bits against the stock kernel, timing at 512 rows, depth 0 and 4096. Predicted ~1.2x on the
 #     8B at depth 4096 (issue 10's pp512 @ d4096, 0.99x in session 24), worse if the 128-register cap's
 #     spills sit in the tile loop.
+# STAGE l (~9 min, models shipped: experiments/ship_models.py's six calls): attention.cu v9 (stage a's
+#  twinreg, landed) — the h200 campaign's attn_decode jobs again (the four table entries went stale),
+#  the freeze (--pdl), kernel-check --add-to (the attention family runs whole), the GPU tests.
 set -u
 source experiments/h200_common.sh
 stage_begin s26
@@ -43,5 +46,14 @@ for l in open(sys.argv[1]):
   mkdir -p $R/dsplit
   OUT=$R/dsplit timeout 400 bash experiments/attn_fa_dsplit/run.sh 2>&1 | tee -a $R/log.txt
   cp $R/dsplit/fa-dsplit.jsonl $OUT/ 2>/dev/null ;;
+l)
+  link_models "kernel-check's launch set and the campaign's real models need them"
+  tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
+    --kernels attn_decode
+  freeze_show l
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=200 kernel_check
+  GPU_TESTS_EXTRA="--ignore=tests/test_serve_gpu.py" gpu_tests 585 ;;
 esac
 tar czf $OUT/s26-$STAGE.tgz -C /tmp s26-$STAGE

@@ -72,7 +72,7 @@
 //   v6  the paged KV cache: K/V rows addressed through a per-sequence block table
 //       (kv.cuh's kv_slot, one table lookup per key row loaded); the split layout and every
 //       float operation unchanged, so a token's bits equal v5's.
-//   v7  (this) ATT_RING (attn_ring.cuh): split_body's K/V tiles staged by cp.async into a ring of
+//   v7  ATT_RING (attn_ring.cuh): split_body's K/V tiles staged by cp.async into a ring of
 //       ATT_RING tiles in shared memory, the block-table entries looked up a tile ahead, the
 //       key-group sums' red in the ring after the loop; every float operation unchanged (120 of
 //       120 device cases bit-identical to v6; research/2026-12-02-session17 section 3). 8B
@@ -80,7 +80,7 @@
 //       16,384; 1B 1.16-1.31x, SmolLM2 1.08-1.22x there; within +-2 % at 64-1,024 keys; 3 stages
 //       no better (2 blocks an SM at head 128). Predicted 19-22 µs at 4,096: missed, the tile's
 //       compute and barriers bound it once the loads are in flight.
-//   v8  (this; ATT_EARLY 1, the default since session 23; 0 is v7's code) ATT_EARLY:
+//   v8  (ATT_EARLY 1, the default since session 23; 0 is v7's code) ATT_EARLY:
 //       attn_decode_rope issues the ring prologue (block-table lookups and cp.async of the first
 //       ATT_RING - 1 tiles, keys below p) before the PDL wait, and the appending warps write key
 //       p's f16 row into its ring stage as well as the cache, so after the wait the block waits on
@@ -96,6 +96,15 @@
 //       p's row) was not on the critical path: the fixed ~3 µs over a RMSNorm launch is not in
 //       the loads (ncu at one key, SmolLM2: 82 instructions a warp, 19.6 cycles each, 5,575
 //       cycles elapsed: the warps live for under a third of the kernel's duration).
+//   v9  (this) with one non-empty split (short contexts), the q8 twin is quantized from the
+//       output values in registers, a warp a block of 32 (q8_quantize_warp: the same max,
+//       divisions and integer sum as q8_store4, bit-exact), instead of staging the row in shared
+//       memory and quantizing it after a barrier; the merge path keeps v8's staged twin. H200,
+//       PDL, µs a launch at 1 / 64 keys (experiments/attn_fixed arm twinreg,
+//       research/2026-12-04-session26): 8B 3.87 / 4.50 -> 3.80 / 4.41, 1B 3.55 / 3.79 -> 3.21 /
+//       3.47, SmolLM2 3.51 / 3.75 -> 3.17 / 3.41 (predicted -0.2 to -0.4 at head 64); tg128 in the
+//       engine, alternating arms: SmolLM2 shape +2.4 %, 1B +1.7 %, Gemma-3 shape +1.3 %, 8B Q4_K_M
+//       +0.8 %, 64 greedy ids of the 1B identical.
 
 #include "common.cuh"
 #include "q8.cuh"
@@ -225,7 +234,7 @@ static __device__ __forceinline__ void split_body(
     const kv_v_t* __restrict__ vcache KV_SP, float* __restrict__ part_o, float* __restrict__ part_ml,
     const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
     int max_blocks, int n_kv, int qpk, int window, float scale, float softcap, float* __restrict__ out_direct,
-    float* ob, const float* qsm = nullptr, const int* pre_blk = nullptr) {
+    int8_t* tw_q, Q8Scale* tw_s, const float* qsm = nullptr, const int* pre_blk = nullptr) {
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_s[G], l_s[G], alpha_s[G];
     RING_RED;
@@ -450,7 +459,9 @@ static __device__ __forceinline__ void split_body(
     if (out_direct) {
         // The only non-empty split: the merge would weigh it by expf(m - m) = 1 and divide
         // by 1 * l, so writing o * (1 / l) here gives the merge's bits without the partials'
-        // round trip through global memory, the fence and the counter.
+        // round trip through global memory, the fence and the counter. Thread i holds output
+        // i and G * D and NT are multiples of 32, so each warp holds whole q8 blocks of the
+        // row and quantizes its q8 twin (tw_q / tw_s, or null) from registers.
         float* orow = out_direct + (size_t)t * n_head * D + (size_t)hb * G * D;
 #pragma unroll
         for (int o = 0; o < OPT; o++) {
@@ -458,7 +469,7 @@ static __device__ __forceinline__ void split_body(
             if (i < G * D) {
                 const float v = tot[o] * (1.0f / l_s[i / D]);
                 orow[i] = v;
-                if (ob) ob[i] = v;
+                if (tw_q) q8_quantize_warp(v, tw_q + (i & ~31), tw_s + i / 32);
             }
         }
         return;
@@ -483,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
-               softcap, nullptr, nullptr);
+               softcap, nullptr, nullptr, nullptr);
 }
 
 // The body of attn_decode after the PDL wait (n_act: the token's non-empty splits, this
@@ -497,17 +508,19 @@ static __device__ __forceinline__ void decode_body(
     __shared__ float w_s[G][MAX_SPLITS];
     __shared__ float inv_den[G];
     __shared__ int s_last;
-    __shared__ __align__(16) float ob[G * D];  // the output row, staged for its q8 twin
+    __shared__ __align__(16) float ob[G * D];  // the merged output row, staged for its q8 twin
     const int hb = blockIdx.x, t = blockIdx.z, S = gridDim.y;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int n_head = gridDim.x * G;
     float* orow = out + (size_t)t * n_head * D + (size_t)hb * G * D;
+    int8_t* q8 = xq ? xq + (size_t)t * n_head * D + (size_t)hb * G * D : nullptr;
+    Q8Scale* s8 = xq ? xs + ((size_t)t * n_head * D + (size_t)hb * G * D) / 32 : nullptr;
     if (n_act == 1) {  // short context: one block holds every key, no merge (counter untouched)
         split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
-                   softcap, out, xq ? ob : nullptr, qsm, pre_blk);
+                   softcap, out, q8, s8, qsm, pre_blk);
     } else {
         split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
-                   softcap, nullptr, nullptr, qsm, pre_blk);
+                   softcap, nullptr, nullptr, nullptr, qsm, pre_blk);
 
         __threadfence();  // this block's partial, visible device-wide before it is counted
         __syncthreads();
@@ -541,16 +554,14 @@ static __device__ __forceinline__ void decode_body(
             ob[i] = num * inv_den[g];
         }
         if (tid == 0) counters[t * gridDim.x + hb] = 0;
-    }
-    if (xq) {  // from the block's staged copy of the row it wrote, 8 lanes per block of 32
-        __syncthreads();
-        int8_t* q8 = xq + (size_t)t * n_head * D + (size_t)hb * G * D;
-        Q8Scale* s8 = xs + ((size_t)t * n_head * D + (size_t)hb * G * D) / 32;
-        for (int i0 = 0; i0 < G * D / 4; i0 += NT) {  // uniform trip count: every lane shuffles
-            const int i4 = i0 + tid;
-            const bool active = i4 < G * D / 4;
-            q8_store4(active ? reinterpret_cast<const float4*>(ob)[i4] : make_float4(0.f, 0.f, 0.f, 0.f),
-                      active, i4, q8, s8);
+        if (q8) {  // from the block's staged copy of the merged row, 8 lanes per block of 32
+            __syncthreads();
+            for (int i0 = 0; i0 < G * D / 4; i0 += NT) {  // uniform trip count: every lane shuffles
+                const int i4 = i0 + tid;
+                const bool active = i4 < G * D / 4;
+                q8_store4(active ? reinterpret_cast<const float4*>(ob)[i4] : make_float4(0.f, 0.f, 0.f, 0.f),
+                          active, i4, q8, s8);
+            }
         }
     }
 }
