@@ -27,6 +27,14 @@ scores, softmax, V, the output and its twin).
 
     python3 experiments/attn_fixed/probe.py --compile-only     # CPU: generate + NVRTC every arm
     python3 experiments/attn_fixed/probe.py > $OUT/attn-fixed.jsonl   # device
+    python3 experiments/attn_fixed/probe.py --rows 64 > $OUT/attn-rows64.jsonl   # device, session 27
+
+--rows T (session 27): the same cuts over a decode step of T rows, one sequence a row (issue 11's 64-row
+step: session 24's profile had the 8B's attention at 44.7 µs a layer at depth 128, 804 GB/s), as the engine
+launches it there: the split count its deepest row needs (ATT.splits_for), heads a block 1 and the whole GQA
+group (the engine's from 16 rows; bit-neutral), PDL only, at 128 and 512 keys, for the 8B and 1B head shapes;
+`phase` streams nothing on the same grid; `gbps` = the case's bytes (the QKV rows and K/V read, the output and
+its twin written) over `full`.
 """
 from __future__ import annotations
 
@@ -154,10 +162,13 @@ def compile_only() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--rows", type=int, default=0, help="time a decode step of this many rows instead")
     args = ap.parse_args()
     generate()
     if args.compile_only:
         return compile_only()
+    if args.rows:
+        return rows_main(args.rows)
     from memra.gpu.cuda import gpu
     from memra.gpu.ops import norm as NORM
 
@@ -194,6 +205,52 @@ def main() -> int:
                 row["kgskip_saves"] = round(row["full"] - row["kgskip"], 3)
                 prev = "append"   # each cut's increment over the one before it
                 for arm in ("scores", "softmax", "pv", "reduce", "full"):
+                    row["d_" + arm] = round(row[arm] - row[prev], 3)
+                    prev = arm
+                print(json.dumps(row), flush=True)
+    return 0
+
+
+ROWS_CTX = (128, 512)
+ROWS_SHAPES = ("llama3-8b", "llama-1b")
+
+
+def rows_main(T: int) -> int:
+    from memra.gpu.cuda import gpu
+
+    g = gpu()
+    rng = np.random.default_rng(0)
+    rotate = 2 * int(g.info.l2_bytes)
+    k_phase = g.module(PERSIST, {}).kernel("phase")
+    dst, src = g.empty(4096, np.float32), g.empty(16, np.uint8)
+    for name in ROWS_SHAPES:
+        s = SHAPES[name]
+        G = s["n_head"] // s["n_head_kv"]
+        for ctx in ROWS_CTX:
+            for hpb in sorted({1, G}):
+                cfg = {**CONFIG, "hpb": hpb}
+                row = {"shape": name, "ctx": ctx, "rows": T, "hpb": hpb, "pdl": True}
+                for arm, probe in ARMS.items():
+                    if arm == "kgskip":
+                        continue
+                    case = ATT.tune_case(ArmGpu(g, probe, True), "attn_decode", "default", cfg,
+                                         {**s, "ctx": ctx, "batch": T}, rng, rotate)
+                    case.S = ATT.splits_for(ctx, case.S, s["head_dim"], cfg)   # the engine's launch
+                    if probe is None:
+                        ok, err, detail = case.check()
+                        if not ok:
+                            print(json.dumps({**row, "error": detail}))
+                            return 1
+                        row["splits"], row["bytes"] = case.S, case.bytes
+                    row[arm] = round(graph_us(g, lambda i: case.launch(i % case.sets)), 3)
+                blocks = s["n_head"] // hpb * row["splits"] * T
+
+                def phase(i):
+                    g.launch(k_phase, (blocks,), (256,), (src, dst, np.int64(0), np.int32(0)), pdl=True)
+                row["phase"] = round(graph_us(g, phase), 3)
+                row["gbps"] = round(row["bytes"] / row["full"] / 1e3, 1)
+                prev = "wait"
+                for arm in ("append", "scores", "softmax", "pv", "reduce", "full"):
                     row["d_" + arm] = round(row[arm] - row[prev], 3)
                     prev = arm
                 print(json.dumps(row), flush=True)
