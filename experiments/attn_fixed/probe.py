@@ -35,6 +35,8 @@ launches it there: the split count its deepest row needs (ATT.splits_for), heads
 group (the engine's from 16 rows; bit-neutral), PDL only, at 128 and 512 keys, for the 8B and 1B head shapes;
 `phase` streams nothing on the same grid; `gbps` = the case's bytes (the QKV rows and K/V read, the output and
 its twin written) over `full`.
+--rows T --sweep: the whole launch only, over the bit-neutral choices a T-row step could make differently from
+batch 1 (heads a block 2 / the group, ATT_RING 0 / 2 / 3 / 4 stages, ATT_EARLY 0 / 1), at 128, 512 and 2048 keys.
 """
 from __future__ import annotations
 
@@ -163,12 +165,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--rows", type=int, default=0, help="time a decode step of this many rows instead")
+    ap.add_argument("--sweep", action="store_true", help="with --rows: the bit-neutral configurations, whole launches")
     args = ap.parse_args()
     generate()
     if args.compile_only:
         return compile_only()
     if args.rows:
-        return rows_main(args.rows)
+        return rows_sweep(args.rows) if args.sweep else rows_main(args.rows)
     from memra.gpu.cuda import gpu
     from memra.gpu.ops import norm as NORM
 
@@ -254,6 +257,38 @@ def rows_main(T: int) -> int:
                     row["d_" + arm] = round(row[arm] - row[prev], 3)
                     prev = arm
                 print(json.dumps(row), flush=True)
+    return 0
+
+
+def rows_sweep(T: int) -> int:
+    from memra.gpu.cuda import gpu
+
+    g = gpu()
+    rng = np.random.default_rng(0)
+    rotate = 2 * int(g.info.l2_bytes)
+    arms = [(0, 0)] + [(ring, early) for ring in (2, 3, 4) for early in (0, 1)]
+    for name in ROWS_SHAPES:
+        s = SHAPES[name]
+        G = s["n_head"] // s["n_head_kv"]
+        for ctx in ROWS_CTX + (2048,):
+            for hpb in (2, G):
+                for ring, early in arms:
+                    cfg = {**CONFIG, "hpb": hpb, "ATT_RING": ring, "ATT_EARLY": early}
+                    row = {"shape": name, "ctx": ctx, "rows": T, "hpb": hpb, "ring": ring, "early": early, "pdl": True}
+                    try:
+                        case = ATT.tune_case(ArmGpu(g, None, True), "attn_decode", "default", cfg,
+                                             {**s, "ctx": ctx, "batch": T}, rng, rotate)
+                        case.S = ATT.splits_for(ctx, case.S, s["head_dim"], cfg)
+                        ok, err, detail = case.check()
+                        if not ok:
+                            print(json.dumps({**row, "error": detail}), flush=True)
+                            continue
+                        row["splits"] = case.S
+                        row["full"] = round(graph_us(g, lambda i: case.launch(i % case.sets)), 3)
+                        row["gbps"] = round(case.bytes / row["full"] / 1e3, 1)
+                    except Exception as e:   # a configuration the kernel refuses (shared memory, ring size)
+                        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    print(json.dumps(row), flush=True)
     return 0
 
 
