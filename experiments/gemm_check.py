@@ -92,6 +92,11 @@ TIME_SHAPES = (   # name, type, rows of y (N), K, glu
     ("Q8_0 4096x4096", 8, 4096, 4096, False),
 )
 TIME_NBS = (8, 16, 32, 64, 128, 512)
+# GEMM_TIME_SHAPES="NAME:TYPE:N:K:GLU;..." (environment) replaces the timing shapes (session 27: the glu
+# at 64 rows over output-row counts that fill 0.5 / 1 / 1.7 / 2 waves of the table's tile)
+if os.environ.get("GEMM_TIME_SHAPES"):
+    TIME_SHAPES = tuple((f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1")
+                        for f in (x.split(":") for x in os.environ["GEMM_TIME_SHAPES"].split(";") if x))
 
 # per type: (WBS, SSB, MWS), as gemm.cu's header states (stage bytes)
 GEMM_SMEM = {2: (48, 16, 4), 3: (48, 16, 8), 6: (48, 16, 12), 7: (48, 16, 16), 8: (80, 16, 4),

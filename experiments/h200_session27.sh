@@ -14,6 +14,13 @@
 #  choices a 64-row step could make apart from batch 1: heads a block, ring stages, the early prologue; 128,
 #  512, 2048 keys), then ncu of the 8B's 64-row step (memra profile -np 64 -d 128): gemm_q8_glu (34 % of
 #  the step in session 24's profile, 97 TOPS) and attn_decode_rope.
+# STAGE g (~7 min, no real models; carry .llamacpp too): experiments/gemm_check.py timing only, 64 rows, the
+#  table's 64-row configurations of the 8B's gate+up (2,2,2,4,1,3,1,1), Q6_K down (2,1,2,4,4,3,1,1) and Q4_K
+#  down (1,1,2,4,4,3,1,2) over output-row counts that fill half a wave to two waves of blocks: is the
+#  64-row step's GEMM time whole waves (gate+up: 448 blocks at 2 an SM = 1.7 waves, ncu)? Then llama.cpp's
+#  build for STAGE v.
+# STAGE v (~3 min, right after g): `memra bench --vs llama.cpp` of the 8B Q4_K_M at depth 0 and 4096 with
+#  attention.cu v9.
 set -u
 source experiments/h200_common.sh
 stage_begin s27
@@ -44,5 +51,20 @@ for l in open(sys.argv[1]):
   OUT=$R KIND=decode ROWS=64 TOK=$TOK CASES="synth:llama3-8b:Q4_K_M/gemm_q8_glu/128 synth:llama3-8b:Q4_K_M/attn_decode_rope/128" \
     timeout 300 bash experiments/h200_ncu.sh > $R/ncu.log 2>&1
   log "ncu rc=$? $(el)"; tail -8 $R/ncu.log | tee -a $R/log.txt ;;
+g)
+  G="glu n4224:12:4224:4096:1;glu n8448:12:8448:4096:1;glu n14336:12:14336:4096:1;glu n16896:12:16896:4096:1"
+  G="$G;q6k n2048:14:2048:14336:0;q6k n4096:14:4096:14336:0;q6k n8448:14:8448:14336:0"
+  G="$G;q4k n2048:12:2048:14336:0;q4k n4096:12:4096:14336:0;q4k n8448:12:8448:14336:0"
+  OUT=$R GEMM_TIME_SHAPES="$G" timeout 200 python3 experiments/gemm_check.py --no-checks --no-legacy --types Q4_K,Q6_K \
+    --nbs 64 --configs "2,2,2,4,1,3,1,1;2,1,2,4,4,3,1,1;1,1,2,4,4,3,1,2" > $R/gemm-waves.txt 2>&1
+  log "gemm waves rc=$? $(el)"; grep -E "us|TOPS" $R/gemm-waves.txt | tail -40 | tee -a $R/log.txt
+  cp $R/gemm-check.jsonl $OUT/gemm-waves.jsonl 2>/dev/null
+  timeout 360 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
+  log "llama.cpp build rc=$? $(el)"; tail -2 $R/llamacpp-build.txt | tee -a $R/log.txt ;;
+v)
+  timeout 300 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 0,4096 --vs llama.cpp \
+    --llama-bench /root/llama.cpp/build/bin/llama-bench --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b.txt 2>&1
+  log "bench 8B rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b.txt | tail -8 | tee -a $R/log.txt
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s27-$STAGE.tgz -C /tmp s27-$STAGE
