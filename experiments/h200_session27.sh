@@ -59,6 +59,7 @@ g)
     --nbs 64 --configs "2,2,2,4,1,3,1,1;2,1,2,4,4,3,1,1;1,1,2,4,4,3,1,2" > $R/gemm-waves.txt 2>&1
   log "gemm waves rc=$? $(el)"; grep -E "us|TOPS" $R/gemm-waves.txt | tail -40 | tee -a $R/log.txt
   cp $R/gemm-check.jsonl $OUT/gemm-waves.jsonl 2>/dev/null
+  [ "${BUILD:-1}" = 1 ] || exit 0
   timeout 360 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
   log "llama.cpp build rc=$? $(el)"; tail -2 $R/llamacpp-build.txt | tee -a $R/log.txt ;;
 v)
