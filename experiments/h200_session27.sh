@@ -19,7 +19,7 @@
 #  down (1,1,2,4,4,3,1,2) over output-row counts that fill half a wave to two waves of blocks: is the
 #  64-row step's GEMM time whole waves (gate+up: 448 blocks at 2 an SM = 1.7 waves, ncu)? Then llama.cpp's
 #  build for STAGE v.
-# STAGE v (~3 min, right after g): `memra bench --vs llama.cpp` of the 8B Q4_K_M at depth 0 and 4096 with
+# STAGE v (~8 min; carry .llamacpp): llama.cpp's build (when STAGE g's is gone), then `memra bench --vs llama.cpp` of the 8B Q4_K_M at depth 0 and 4096 with
 #  attention.cu v9.
 set -u
 source experiments/h200_common.sh
@@ -63,7 +63,9 @@ g)
   timeout 360 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
   log "llama.cpp build rc=$? $(el)"; tail -2 $R/llamacpp-build.txt | tee -a $R/log.txt ;;
 v)
-  timeout 300 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 0,4096 --vs llama.cpp \
+  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
+  log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
+  timeout 170 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 0,4096 --vs llama.cpp \
     --llama-bench /root/llama.cpp/build/bin/llama-bench --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b.txt 2>&1
   log "bench 8B rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b.txt | tail -8 | tee -a $R/log.txt
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
