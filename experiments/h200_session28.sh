@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The next session's first H200 call (prepared in session 27; research/2026-12-04-session27 "Next").
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session28.sh
+# Carry .whl and .synthtok (no real models needed).
+# STAGE a (~4 min): the 8B Q8_0's tg128 was 1.49x llama.cpp in session 27 (issue 14's floor 1.5x, 0.5 % short).
+#  experiments/pdl_q8/make_table.sh: the shipped table with the 8B Q8_0's five batch-1 matvec entries from
+#  session 24's PDL-timed campaign (session 24's whole PDL table: Q8_0 +0.4 % in one pass; the 1B's entries
+#  alone: +3.3 %, adopted in session 25). tg128 with the tables alternating (shipped, candidate, candidate,
+#  shipped, shipped, candidate), then 64 greedy ids under each (the entries are bit-neutral: the same ids).
+#  A win of >= 1 % in every pair is frozen as the 1B's was (research/tune/h200-pdl-nvidia-h200.jsonl gains
+#  those receipts; freeze --pdl; kernel-check --add-to; the GPU tests) and the 8B Q8_0 gets its --vs run.
+set -u
+source experiments/h200_common.sh
+stage_begin s28
+case "$STAGE" in
+a)
+  bash experiments/pdl_q8/make_table.sh $R/cand > $R/make-table.txt 2>&1; log "candidate table rc=$?"
+  for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json $R/cand/nvidia-h200.json \
+            tune/defaults/nvidia-h200.json tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json; do
+    timeout 60 python3 -m memra bench synth:llama3-8b:Q8_0 -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+      --out $R/bench-pdl-q8.jsonl > $R/bench.txt 2>&1
+    log "8B Q8_0 $(dirname $tb | xargs basename) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+  done
+  cp $R/bench-pdl-q8.jsonl $OUT/
+  m=$(synth llama3-8b Q8_0 "$TOK" | tail -1)
+  for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json; do
+    MEMRA_TUNE_TABLE=$tb timeout 60 python3 -m memra run "$m" -p "The history of the" -n 64 --temp 0 --ignore-eos --json \
+      2> /dev/null | tail -1 > $R/run-$(dirname $tb | xargs basename).json
+  done
+  log "greedy ids shipped vs candidate: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" $R/run-defaults.json $R/run-cand.json 2>&1 | tail -1)" ;;
+esac
+tar czf $OUT/s28-$STAGE.tgz -C /tmp s28-$STAGE
