@@ -14,13 +14,13 @@
 #  choices a 64-row step could make apart from batch 1: heads a block, ring stages, the early prologue; 128,
 #  512, 2048 keys), then ncu of the 8B's 64-row step (memra profile -np 64 -d 128): gemm_q8_glu (34 % of
 #  the step in session 24's profile, 97 TOPS) and attn_decode_rope.
-# STAGE g (~7 min, no real models; carry .llamacpp too): experiments/gemm_check.py timing only, 64 rows, the
-#  table's 64-row configurations of the 8B's gate+up (2,2,2,4,1,3,1,1), Q6_K down (2,1,2,4,4,3,1,1) and Q4_K
-#  down (1,1,2,4,4,3,1,2) over output-row counts that fill half a wave to two waves of blocks: is the
-#  64-row step's GEMM time whole waves (gate+up: 448 blocks at 2 an SM = 1.7 waves, ncu)? Then llama.cpp's
-#  build for STAGE v.
-# STAGE v (~8 min; carry .llamacpp): llama.cpp's build (when STAGE g's is gone), then `memra bench --vs llama.cpp` of the 8B Q4_K_M at depth 0 and 4096 with
-#  attention.cu v9.
+# STAGE g (~1 min, no real models): experiments/gemm_check.py timing only, 64 rows, the table's 64-row
+#  configurations of the 8B's gate+up (2,2,2,4,1,3,1,1), Q6_K down (2,1,2,4,4,3,1,1) and Q4_K down
+#  (1,1,2,4,4,3,1,2) over output-row counts that fill half a wave to two waves of blocks: is the 64-row
+#  step's GEMM time whole waves (gate+up: 448 blocks at 2 an SM = 1.7 waves, ncu)?
+# STAGE v (~6 min; carry .llamacpp): llama.cpp's build, then `memra bench --vs llama.cpp` with attention.cu
+#  v9: the 8B Q4_K_M at depth 0 and 4096, the 1B, the 8B Q4_0 and Q8_0 (in session 27 the last three ran as
+#  the same command in three calls right after the first).
 set -u
 source experiments/h200_common.sh
 stage_begin s27
@@ -57,17 +57,16 @@ g)
   G="$G;q4k n2048:12:2048:14336:0;q4k n4096:12:4096:14336:0;q4k n8448:12:8448:14336:0"
   OUT=$R GEMM_TIME_SHAPES="$G" timeout 200 python3 experiments/gemm_check.py --no-checks --no-legacy --types Q4_K,Q6_K \
     --nbs 64 --configs "2,2,2,4,1,3,1,1;2,1,2,4,4,3,1,1;1,1,2,4,4,3,1,2" > $R/gemm-waves.txt 2>&1
-  log "gemm waves rc=$? $(el)"; grep -E "us|TOPS" $R/gemm-waves.txt | tail -40 | tee -a $R/log.txt
-  cp $R/gemm-check.jsonl $OUT/gemm-waves.jsonl 2>/dev/null
-  [ "${BUILD:-1}" = 1 ] || exit 0
-  timeout 360 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
-  log "llama.cpp build rc=$? $(el)"; tail -2 $R/llamacpp-build.txt | tee -a $R/log.txt ;;
+  log "gemm waves rc=$? $(el)"
+  cp $R/gemm-check.jsonl $OUT/gemm-waves.jsonl 2>/dev/null ;;
 v)
   timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
   log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
-  timeout 170 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 0,4096 --vs llama.cpp \
-    --llama-bench /root/llama.cpp/build/bin/llama-bench --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b.txt 2>&1
-  log "bench 8B rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b.txt | tail -8 | tee -a $R/log.txt
+  for m in "synth:llama3-8b:Q4_K_M -d 0,4096" synth:llama-1b:Q4_0 synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
+    timeout 170 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
+      --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -8 | tee -a $R/log.txt
+  done
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s27-$STAGE.tgz -C /tmp s27-$STAGE

@@ -218,6 +218,14 @@ ROWS_CTX = (128, 512)
 ROWS_SHAPES = ("llama3-8b", "llama-1b")
 
 
+def rows_case(g, probe, cfg: dict, shape: dict, ctx: int, T: int, rng, rotate: int):
+    """The tune case of a T-row decode step at ctx keys with the split count the engine launches."""
+    case = ATT.tune_case(ArmGpu(g, probe, True), "attn_decode", "default", cfg, {**shape, "ctx": ctx, "batch": T},
+                         rng, rotate)
+    case.S = ATT.splits_for(ctx, case.S, shape["head_dim"], cfg)
+    return case
+
+
 def rows_main(T: int) -> int:
     from memra.gpu.cuda import gpu
 
@@ -236,9 +244,7 @@ def rows_main(T: int) -> int:
                 for arm, probe in ARMS.items():
                     if arm == "kgskip":
                         continue
-                    case = ATT.tune_case(ArmGpu(g, probe, True), "attn_decode", "default", cfg,
-                                         {**s, "ctx": ctx, "batch": T}, rng, rotate)
-                    case.S = ATT.splits_for(ctx, case.S, s["head_dim"], cfg)   # the engine's launch
+                    case = rows_case(g, probe, cfg, s, ctx, T, rng, rotate)
                     if probe is None:
                         ok, err, detail = case.check()
                         if not ok:
@@ -276,9 +282,7 @@ def rows_sweep(T: int) -> int:
                     cfg = {**CONFIG, "hpb": hpb, "ATT_RING": ring, "ATT_EARLY": early}
                     row = {"shape": name, "ctx": ctx, "rows": T, "hpb": hpb, "ring": ring, "early": early, "pdl": True}
                     try:
-                        case = ATT.tune_case(ArmGpu(g, None, True), "attn_decode", "default", cfg,
-                                             {**s, "ctx": ctx, "batch": T}, rng, rotate)
-                        case.S = ATT.splits_for(ctx, case.S, s["head_dim"], cfg)
+                        case = rows_case(g, None, cfg, s, ctx, T, rng, rotate)
                         ok, err, detail = case.check()
                         if not ok:
                             print(json.dumps({**row, "error": detail}), flush=True)
