@@ -9,6 +9,10 @@
 #  shipped, shipped, candidate), then 64 greedy ids under each (the entries are bit-neutral: the same ids).
 #  A win of >= 1 % in every pair is frozen as the 1B's was (research/tune/h200-pdl-nvidia-h200.jsonl gains
 #  those receipts; freeze --pdl; kernel-check --add-to; the GPU tests) and the 8B Q8_0 gets its --vs run.
+# STAGE b (~7 min; the real models shipped first, carry .llamacpp too: ../shared/device/llamacpp.sh here):
+#  llama.cpp's build, then `memra bench --vs llama.cpp` of SmolLM2 and Gemma-3 (the models v9 moved most: +2.4 /
+#  +1.3 % on their synthetic shapes; issue 14's floor 3x, 2.37x / 2.15x in session 24) and SmolLM2 at depth
+#  4096 (floor 2.5x, 1.73x); then the GPU tests' attention family (kernel-check, the real models' gates).
 set -u
 source experiments/h200_common.sh
 stage_begin s28
@@ -28,5 +32,15 @@ a)
       2> /dev/null | tail -1 > $R/run-$(dirname $tb | xargs basename).json
   done
   log "greedy ids shipped vs candidate: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" $R/run-defaults.json $R/run-cand.json 2>&1 | tail -1)" ;;
+b)
+  link_models "the real models' benchmarks need them"
+  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
+  log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
+  for m in smollm2-135m gemma3-270m "smollm2-135m -d 4096"; do
+    timeout 150 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
+      --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -6 | tee -a $R/log.txt
+  done
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s28-$STAGE.tgz -C /tmp s28-$STAGE
