@@ -12,7 +12,7 @@
 # STAGE b (~7 min; the real models shipped first, carry .llamacpp too: ../shared/device/llamacpp.sh here):
 #  llama.cpp's build, then `memra bench --vs llama.cpp` of SmolLM2 and Gemma-3 (the models v9 moved most: +2.4 /
 #  +1.3 % on their synthetic shapes; issue 14's floor 3x, 2.37x / 2.15x in session 24) and SmolLM2 at depth
-#  4096 (floor 2.5x, 1.73x); then the GPU tests' attention family (kernel-check, the real models' gates).
+#  4096 (floor 2.5x, 1.73x).
 set -u
 source experiments/h200_common.sh
 stage_begin s28
