@@ -2,13 +2,14 @@
 # The next session's first H200 call (prepared in session 27; research/2026-12-04-session27 "Next").
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session28.sh
 # Carry .whl and .synthtok (no real models needed).
-# STAGE a (~4 min): the 8B Q8_0's tg128 was 1.49x llama.cpp in session 27 (issue 14's floor 1.5x, 0.5 % short).
-#  experiments/pdl_q8/make_table.sh: the shipped table with the 8B Q8_0's five batch-1 matvec entries from
-#  session 24's PDL-timed campaign (session 24's whole PDL table: Q8_0 +0.4 % in one pass; the 1B's entries
-#  alone: +3.3 %, adopted in session 25). tg128 with the tables alternating (shipped, candidate, candidate,
-#  shipped, shipped, candidate), then 64 greedy ids under each (the entries are bit-neutral: the same ids).
-#  A win of >= 1 % in every pair is frozen as the 1B's was (research/tune/h200-pdl-nvidia-h200.jsonl gains
-#  those receipts; freeze --pdl; kernel-check --add-to; the GPU tests) and the 8B Q8_0 gets its --vs run.
+# STAGE a (~7 min): the 8B's tg128 was Q8_0 1.49x / Q4_0 1.74x / Q4_K_M 1.85x llama.cpp in session 27 (issue 14's
+#  floors 1.5x / 1.9x / 2.1x). experiments/pdl_8b/make_table.sh: the shipped table with the 8B's batch-1 matvec
+#  entries from session 24's PDL-timed campaign (16 entries differ, mostly the mid-size matvecs; session 24's whole
+#  PDL table: Q8_0 +0.4 %, Q4_K_M -0.8 %, Q4_0 -3.0 %, one pass; the 1B's matvec entries alone: +3.3 %, adopted in
+#  session 25). tg128 of each 8B model with the tables alternating (shipped, candidate, candidate, shipped), then
+#  64 greedy ids of the Q8_0 under each (the entries are bit-neutral: the same ids). A win of >= 1 % in both
+#  pairs is frozen as the 1B's was (research/tune/h200-pdl-nvidia-h200.jsonl gains those receipts; freeze --pdl;
+#  kernel-check --add-to; the GPU tests) and the model gets its --vs run.
 # STAGE b (~7 min; the real models shipped first, carry .llamacpp too: ../shared/device/llamacpp.sh here):
 #  llama.cpp's build, then `memra bench --vs llama.cpp` of SmolLM2 and Gemma-3 (the models v9 moved most: +2.4 /
 #  +1.3 % on their synthetic shapes; issue 14's floor 3x, 2.37x / 2.15x in session 24) and SmolLM2 at depth
@@ -18,14 +19,15 @@ source experiments/h200_common.sh
 stage_begin s28
 case "$STAGE" in
 a)
-  bash experiments/pdl_q8/make_table.sh $R/cand > $R/make-table.txt 2>&1; log "candidate table rc=$?"
-  for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json $R/cand/nvidia-h200.json \
-            tune/defaults/nvidia-h200.json tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json; do
-    timeout 60 python3 -m memra bench synth:llama3-8b:Q8_0 -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
-      --out $R/bench-pdl-q8.jsonl > $R/bench.txt 2>&1
-    log "8B Q8_0 $(dirname $tb | xargs basename) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+  bash experiments/pdl_8b/make_table.sh $R/cand > $R/make-table.txt 2>&1; log "candidate table rc=$?"
+  for q in Q8_0 Q4_0 Q4_K_M; do
+    for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json $R/cand/nvidia-h200.json tune/defaults/nvidia-h200.json; do
+      timeout 60 python3 -m memra bench synth:llama3-8b:$q -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $R/bench-pdl-8b.jsonl > $R/bench.txt 2>&1
+      log "8B $q $(dirname $tb | xargs basename) rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+    done
   done
-  cp $R/bench-pdl-q8.jsonl $OUT/
+  cp $R/bench-pdl-8b.jsonl $OUT/
   m=$(synth llama3-8b Q8_0 "$TOK" | tail -1)
   for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json; do
     MEMRA_TUNE_TABLE=$tb timeout 60 python3 -m memra run "$m" -p "The history of the" -n 64 --temp 0 --ignore-eos --json \
