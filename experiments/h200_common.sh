@@ -135,17 +135,18 @@ serve_evidence() {
 }
 # synth SHAPE QUANT TOKENIZER: the path of the synthetic model (memra.tune.bench.synth_model; made once)
 synth() { python3 -c "import sys; from memra.tune.bench import synth_model; print(synth_model(sys.argv[1], sys.argv[2], sys.argv[3]))" "$@"; }
-# greedy_ids_arms VAR "V0 V1" SCRIPT SHAPE QUANT: 64 greedy ids of the synthetic SHAPE QUANT model from
-# `python3 SCRIPT run` (an experiment's ab.py) with VAR set to V0, then V1, compared (SAME / DIFFER) in the log
+# greedy_ids_arms VAR "V0 V1" RUNNER SHAPE QUANT: 64 greedy ids of the synthetic SHAPE QUANT model from
+# `python3 RUNNER run` (an experiment's ab.py, or "-m memra") with VAR set to V0, then V1 (values may be paths:
+# the files are named by the arm's index), compared (SAME / DIFFER) in the log
 greedy_ids_arms() {
-  local var=$1 vals=$2 script=$3 m v
+  local var=$1 vals=$2 runner=$3 m v i=0
   m=$(synth "$4" "$5" "$TOK" | tail -1)
   for v in $vals; do
-    env "$var=$v" timeout 60 python3 "$script" run "$m" -p "The history of the" -n 64 --temp 0 --ignore-eos --json \
-      2> "$R/run-$var-$v.err" | tail -1 > "$R/run-$var-$v.json"
+    env "$var=$v" timeout 60 python3 $runner run "$m" -p "The history of the" -n 64 --temp 0 --ignore-eos --json \
+      2> "$R/run-$var-$i.err" | tail -1 > "$R/run-$var-$i.json"
+    i=$((i + 1))
   done
-  set -- $vals
-  log "$var $1 vs $2, 64 greedy ids: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" "$R/run-$var-$1.json" "$R/run-$var-$2.json" 2>&1 | tail -1)"
+  log "$var $vals, 64 greedy ids: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" "$R/run-$var-0.json" "$R/run-$var-1.json" 2>&1 | tail -1)"
 }
 # the benchmark models of the campaigns and the dispatch (memra tune run / dispatch -m ...)
 MALL="-m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0"

@@ -28,12 +28,7 @@ a)
     done
   done
   cp $R/bench-pdl-8b.jsonl $OUT/
-  m=$(synth llama3-8b Q8_0 "$TOK" | tail -1)
-  for tb in tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json; do
-    MEMRA_TUNE_TABLE=$tb timeout 60 python3 -m memra run "$m" -p "The history of the" -n 64 --temp 0 --ignore-eos --json \
-      2> /dev/null | tail -1 > $R/run-$(dirname $tb | xargs basename).json
-  done
-  log "greedy ids shipped vs candidate: $(python3 -c "import json,sys; a,b=(json.load(open(f))['tokens'] for f in sys.argv[1:]); print('SAME' if a==b and len(a)==64 else 'DIFFER', len(a), len(b))" $R/run-defaults.json $R/run-cand.json 2>&1 | tail -1)" ;;
+  greedy_ids_arms MEMRA_TUNE_TABLE "tune/defaults/nvidia-h200.json $R/cand/nvidia-h200.json" "-m memra" llama3-8b Q8_0 ;;
 b)
   link_models "the real models' benchmarks need them"
   timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
