@@ -145,6 +145,14 @@ def graph_us(g, launch, n: int = 20) -> float:
     return us
 
 
+def device():
+    """The GPU, the probe's random generator and the bytes a case's copies rotate over (2 x L2)."""
+    from memra.gpu.cuda import gpu
+
+    g = gpu()
+    return g, np.random.default_rng(0), 2 * int(g.info.l2_bytes)
+
+
 def compile_only() -> int:
     from memra.gpu.compile import compile_cubin
 
@@ -172,12 +180,9 @@ def main() -> int:
         return compile_only()
     if args.rows:
         return rows_sweep(args.rows) if args.sweep else rows_main(args.rows)
-    from memra.gpu.cuda import gpu
     from memra.gpu.ops import norm as NORM
 
-    g = gpu()
-    rng = np.random.default_rng(0)
-    rotate = 2 * int(g.info.l2_bytes)
+    g, rng, rotate = device()
     k_phase = g.module(PERSIST, {}).kernel("phase")
     dst, src = g.empty(4096, np.float32), g.empty(16, np.uint8)
     for pdl in (False, True):
@@ -227,11 +232,7 @@ def rows_case(g, probe, cfg: dict, shape: dict, ctx: int, T: int, rng, rotate: i
 
 
 def rows_main(T: int) -> int:
-    from memra.gpu.cuda import gpu
-
-    g = gpu()
-    rng = np.random.default_rng(0)
-    rotate = 2 * int(g.info.l2_bytes)
+    g, rng, rotate = device()
     k_phase = g.module(PERSIST, {}).kernel("phase")
     dst, src = g.empty(4096, np.float32), g.empty(16, np.uint8)
     for name in ROWS_SHAPES:
@@ -267,11 +268,7 @@ def rows_main(T: int) -> int:
 
 
 def rows_sweep(T: int) -> int:
-    from memra.gpu.cuda import gpu
-
-    g = gpu()
-    rng = np.random.default_rng(0)
-    rotate = 2 * int(g.info.l2_bytes)
+    g, rng, rotate = device()
     arms = [(0, 0)] + [(ring, early) for ring in (2, 3, 4) for early in (0, 1)]
     for name in ROWS_SHAPES:
         s = SHAPES[name]
