@@ -39,5 +39,26 @@ b)
     log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -6 | tee -a $R/log.txt
   done
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
+c)
+  # MV_PRELOAD (kernels/matvec.cu: the lane's first n units loaded before the PDL wait; carry
+  # experiments/mv_preload/build too). Arms per model: base (matvec.cu before MV_PRELOAD, shipped table), new
+  # (this tree, shipped table), mid / all (experiments/mv_preload/tables.py), ABBA.
+  python3 experiments/mv_preload/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
+  timeout 200 python3 experiments/mv_preload/bits.py > $R/bits.jsonl 2> $R/bits.err; log "bits rc=$? $(tail -1 $R/bits.err) $(el)"
+  timeout 200 python3 -m memra kernel-check --only matvec > $R/kc-matvec.txt 2>&1
+  log "kernel-check matvec rc=$? $(tail -1 $R/kc-matvec.txt) $(grep -c PRELOAD $R/kc-matvec.txt) PRELOAD lines $(el)"
+  ship=tune/defaults/nvidia-h200.json
+  for q in Q8_0 Q4_K_M Q4_0; do
+    for arm in base new mid all all mid new base; do
+      case $arm in base) run="experiments/mv_preload/ab.py"; tb=$ship ;; new) run="-m memra"; tb=$ship ;;
+        *) run="-m memra"; tb=$R/t/$arm/nvidia-h200.json ;; esac
+      timeout 90 python3 $run bench synth:llama3-8b:$q -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $R/bench-preload-$arm.jsonl > $R/bench.txt 2>&1
+      log "8B $q $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+    done
+  done
+  cat $R/bench-preload-*.jsonl > $OUT/bench-preload.jsonl
+  greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q8_0
+  greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q4_K_M ;;
 esac
 tar czf $OUT/s28-$STAGE.tgz -C /tmp s28-$STAGE
