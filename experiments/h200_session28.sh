@@ -49,7 +49,8 @@ c)
   log "kernel-check matvec rc=$? $(tail -1 $R/kc-matvec.txt) $(grep -c PRELOAD $R/kc-matvec.txt) PRELOAD lines $(el)"
   ship=tune/defaults/nvidia-h200.json
   for q in Q8_0 Q4_K_M Q4_0; do
-    for arm in base new mid all all mid new base; do
+    arms="new mid all all mid new"; [ $q = Q8_0 ] && arms="base $arms base"
+    for arm in $arms; do
       case $arm in base) run="experiments/mv_preload/ab.py"; tb=$ship ;; new) run="-m memra"; tb=$ship ;;
         *) run="-m memra"; tb=$R/t/$arm/nvidia-h200.json ;; esac
       timeout 90 python3 $run bench synth:llama3-8b:$q -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
