@@ -37,9 +37,6 @@
 // MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
 // MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
 // registers; MV_UNROLL 2 lets the compiler hoist the same loads),
-// MV_PRELOAD (0) loads the lane's first n units (every row's) into registers before the PDL
-// wait, so a small matrix's whole slice can be in flight while the previous kernel runs (at
-// K = 4096 a lane has 2 units a row); the loop continues after them. The same bits.
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
@@ -64,8 +61,6 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
-//  6. MV_PRELOAD (q8 family): the lane's first n units before the PDL wait; the unit's work is one
-//     lambda shared by the preloaded units and the loop (experiments/mv_preload).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -90,9 +85,6 @@
 #endif
 #ifndef MV_XSMEM
 #define MV_XSMEM 0
-#endif
-#ifndef MV_PRELOAD
-#define MV_PRELOAD 0
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -286,21 +278,8 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const int nu = K / 64, ustep = 32 * MV_KSPLIT;
     int u = (warp % MV_KSPLIT) * 32 + lane;
     // Weights are never written by kernels, so they may be touched before the PDL wait:
-    // the lane's first MV_PRELOAD units are loaded (MV_PRELOAD), else the first unit is loaded
-    // (MV_PREFETCH) or its lines prefetched into L2.
-#if MV_PRELOAD
-    typename T::U wp[MV_PRELOAD][NR];
-#pragma unroll
-    for (int i = 0; i < MV_PRELOAD; ++i) {
-        if (u + i * ustep < nu) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) T::load(wp[i][r], wb[r], wm[r], u + i * ustep, nu);
-        }
-    }
+    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
 #if MV_PREFETCH
-    typename T::U w[NR];
-#endif
-#elif MV_PREFETCH
     typename T::U w[NR];
     if (u < nu) {
 #pragma unroll
@@ -337,9 +316,19 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     }
     __syncthreads();
 #endif
-    // One unit u of every row: its activations' groups, then acc = accum(acc, unit) per row and
-    // batch row (the order of a row's units is the loop's, whichever way the weights arrived).
-    auto consume = [&](const typename T::U (&w)[NR], int u) {
+#pragma unroll MV_UNROLL
+    for (; u < nu; u += ustep) {
+#if MV_PREFETCH
+        typename T::U wn[NR];
+        if (u + ustep < nu) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
+        }
+#else
+        typename T::U w[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
+#endif
         if (!(MEMRA_CANARY == 1 && u == 1)) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
@@ -368,33 +357,6 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
             }
         }
         }
-    };
-#if MV_PRELOAD
-#pragma unroll
-    for (int i = 0; i < MV_PRELOAD; ++i, u += ustep) {
-        if (u < nu) consume(wp[i], u);
-    }
-#if MV_PREFETCH
-    if (u < nu) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
-    }
-#endif
-#endif
-#pragma unroll MV_UNROLL
-    for (; u < nu; u += ustep) {
-#if MV_PREFETCH
-        typename T::U wn[NR];
-        if (u + ustep < nu) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) T::load(wn[r], wb[r], wm[r], u + ustep, nu);
-        }
-#else
-        typename T::U w[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
-#endif
-        consume(w, u);
 #if MV_PREFETCH
 #pragma unroll
         for (int r = 0; r < NR; ++r) w[r] = wn[r];

@@ -361,8 +361,6 @@ def compile_variants() -> list[tuple[str, dict]]:
     for t, b, cfg in _XS_RUNS:
         out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **_ALT}))
-    for t, b, cfg in _PRE_RUNS:
-        out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": b, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", 96, 2048, 1),
                               "MV_PREFETCH": 0, "MV_PDL_TRIGGER": 0}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", _CHECK_N, _CHECK_K, 1),
@@ -379,14 +377,6 @@ _XS = {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_XSMEM":
 _XS_KS = {"MV_NWARPS": 8, "MV_ROWS": 1, "MV_KSPLIT": 2, "MV_UNROLL": 1, "MV_XSMEM": 1}
 # (type, bucket, config) the XSMEM checks launch
 _XS_RUNS = ((12, 1, _XS), (12, 4, _XS), (14, 1, _XS), (2, 8, _XS), (8, 1, _XS_KS))
-# a lane's first units loaded before the PDL wait (MV_PRELOAD), alone and with the prefetch after them
-_PRE = {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 2, "MV_PRELOAD": 2}
-_PRE_PF = {"MV_NWARPS": 8, "MV_ROWS": 1, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_PRELOAD": 2, "MV_PREFETCH": 1}
-# (type, bucket, config, N, K, glu, nb) the MV_PRELOAD checks launch: K = 2048 (one unit a lane: the second
-# preload slot empty), 4096 (both), 8192 and 14336 (the loop continues after them), batch and GLU
-_PRE_CASES = ((12, 1, _PRE, 77, 2048, False, 1), (8, 1, _PRE_PF, 96, 8192, True, 1),
-              (14, 1, _PRE_PF, 64, 14336, False, 1), (2, 1, _PRE, 77, 4096, False, 1), (12, 4, _PRE, 77, 8192, False, 3))
-_PRE_RUNS = tuple((t, b, cfg) for t, b, cfg, *_ in _PRE_CASES)
 
 
 class _Case:
@@ -474,10 +464,6 @@ def checks(g, rng) -> Iterator:
                 c = _Case(g, t, n, k, rng, nb=nb)
                 for path in (("f32",) if t in FLOAT_TYPES else ("q8", "f32") if nb == 1 else ("q8",)):
                     yield c.run(f"{tname} {path} nb={nb} {n}x{k}", path, nb)
-    for t, b, cfg, n, k, glu, nb in _PRE_CASES:
-        c = _Case(g, t, n, k, rng, glu=glu, nb=nb)
-        yield c.run(f"{TYPES[t][0]} q8 B{b} nb={nb}{' glu-silu' if glu else ''} {n}x{k} {cfg}", "q8", b,
-                    act="silu" if glu else None, residual=not glu, config=cfg)
     c = _Case(g, 12, 96, 2048, rng, nb=1)
     cfg = dict(default_config(12, "q8", 96, 2048, 1), MV_PREFETCH=0, MV_PDL_TRIGGER=0)
     yield c.run(f"Q4_K q8 B1 96x2048 {cfg}", "q8", 1, config=cfg)
