@@ -43,8 +43,10 @@ c)
   # MV_PRELOAD (kernels/matvec.cu: the lane's first n units loaded before the PDL wait; carry
   # experiments/mv_preload/build too). Arms per model: base (matvec.cu before MV_PRELOAD, shipped table), new
   # (this tree, shipped table), mid / all (experiments/mv_preload/tables.py), ABBA.
+  # (as run: kernels/matvec.cu with experiments/mv_preload/preload.patch applied, and its bits.py, since
+  # generalized as experiments/mv_bits.py)
   python3 experiments/mv_preload/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
-  timeout 200 python3 experiments/mv_preload/bits.py > $R/bits.jsonl 2> $R/bits.err; log "bits rc=$? $(tail -1 $R/bits.err) $(el)"
+  timeout 200 python3 experiments/mv_bits.py experiments/mv_preload/tables.py all > $R/bits.jsonl 2> $R/bits.err; log "bits rc=$? $(tail -1 $R/bits.err) $(el)"
   timeout 200 python3 -m memra kernel-check --only matvec > $R/kc-matvec.txt 2>&1
   log "kernel-check matvec rc=$? $(tail -1 $R/kc-matvec.txt) $(grep -c PRELOAD $R/kc-matvec.txt) PRELOAD lines $(el)"
   ship=tune/defaults/nvidia-h200.json
@@ -61,5 +63,23 @@ c)
   cat $R/bench-preload-*.jsonl > $OUT/bench-preload.jsonl
   greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q8_0
   greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q4_K_M ;;
+d)
+  # MV_EARLY 0 (kernels/matvec.cu: nothing issued before the PDL wait; session 28's STAGE c found more weights
+  # before the wait slower, -3 %): the shipped table against mid / all (experiments/mv_early/tables.py).
+  python3 experiments/mv_early/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
+  timeout 120 python3 experiments/mv_bits.py experiments/mv_early/tables.py mid > $R/bits.jsonl 2> $R/bits.err
+  log "bits rc=$? $(tail -1 $R/bits.err) $(el)"
+  ship=tune/defaults/nvidia-h200.json
+  for m in llama3-8b:Q8_0 llama3-8b:Q4_K_M llama3-8b:Q4_0 llama-1b:Q4_0; do
+    arms="ship mid all all mid ship"; case $m in *Q4_0) arms="ship all mid ship" ;; esac
+    for arm in $arms; do
+      tb=$ship; [ $arm != ship ] && tb=$R/t/$arm/nvidia-h200.json
+      timeout 90 python3 -m memra bench synth:$m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $R/bench-early-$arm.jsonl > $R/bench.txt 2>&1
+      log "$m $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+    done
+  done
+  cat $R/bench-early-*.jsonl > $OUT/bench-early.jsonl
+  greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q8_0 ;;
 esac
 tar czf $OUT/s28-$STAGE.tgz -C /tmp s28-$STAGE

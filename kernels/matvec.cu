@@ -37,6 +37,9 @@
 // MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
 // MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
 // registers; MV_UNROLL 2 lets the compiler hoist the same loads),
+// MV_EARLY (1; q8 family): the first unit's weights (MV_PREFETCH) or their L2 prefetch are
+// issued before the PDL wait; 0 issues nothing before it (the weights then compete with no
+// running predecessor). The same bits.
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
@@ -85,6 +88,9 @@
 #endif
 #ifndef MV_XSMEM
 #define MV_XSMEM 0
+#endif
+#ifndef MV_EARLY
+#define MV_EARLY 1
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -281,11 +287,13 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
 #if MV_PREFETCH
     typename T::U w[NR];
+#if MV_EARLY
     if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
-#else
+#endif
+#elif MV_EARLY
     if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -297,6 +305,12 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
+#endif
+#if MV_PREFETCH && !MV_EARLY
+    if (u < nu) {
+#pragma unroll
+        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
+    }
 #endif
 #if MV_XSMEM
     // Stage x in shared memory, tile-interleaved: the 16 values of unit u, group g sit at

@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""Candidate tables for the MV_PRELOAD engine A/B: the shipped H200 table with MV_PRELOAD set on the
-batch-1 matvec entries a group names, nothing else changed (MV_PRELOAD only moves loads before the
-PDL wait: the same bits).
+"""Candidate tables for the MV_PRELOAD engine A/B (experiments/mv_preload/preload.patch applied to
+kernels/matvec.cu; session 28, withdrawn: README.md).
 
     python3 experiments/mv_preload/tables.py OUT_DIR     -> OUT_DIR/{mid,all}/nvidia-h200.json
 
@@ -11,46 +10,24 @@ all: mid, plus gate+up (4096-wide GLU, MV_PRELOAD 2) and ffn_down (14,336-wide, 
 """
 from __future__ import annotations
 
-import json
-import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "tune" / "defaults" / "nvidia-h200.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mv_tables  # noqa: E402
 
 
-def shape(key: str) -> dict:
-    return {k: (v if k == "type" else int(v)) for k, v in re.findall(r"(\w+)=(\w+)", key)}
+def mid(kernel: str, s: dict) -> dict:
+    return {"MV_PRELOAD": 2} if kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000 else {}
 
 
-def pick(kernel: str, key: str, group: str) -> int:
-    s = shape(key)
-    if kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000:
-        return 2
-    if group == "all" and kernel == "matvec_glu" and s["cols"] == 4096:
-        return 2
-    if group == "all" and kernel == "matvec" and s["cols"] == 14336:
-        return 2
-    return 0
+def every(kernel: str, s: dict) -> dict:
+    big = (kernel == "matvec_glu" and s["cols"] == 4096) or (kernel == "matvec" and s["cols"] == 14336)
+    return {"MV_PRELOAD": 2} if big else mid(kernel, s)
 
 
-def main(out: Path) -> None:
-    for group in ("mid", "all"):
-        t = json.loads(SHIPPED.read_text())
-        n = 0
-        for kernel in ("matvec", "matvec_glu"):
-            for key, buckets in t["entries"][kernel].items():
-                e = buckets.get("1")
-                if e and (p := pick(kernel, key, group)):
-                    e["config"] = {**e["config"], "MV_PRELOAD": p}
-                    n += 1
-                    print(f"{group}: {kernel} {key} {e['config']}")
-        d = out / group
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
-        print(f"{group}: {n} entries -> {d / 'nvidia-h200.json'}")
-
+GROUPS = {"mid": mid, "all": every}
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    mv_tables.write(Path(sys.argv[1]), GROUPS)

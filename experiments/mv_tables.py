@@ -1,0 +1,35 @@
+"""Candidate tables for decode-matvec engine A/Bs (experiments/mv_preload, experiments/mv_early): the shipped H200
+table with extra -D tunables laid over the batch-1 matvec / matvec_glu entries a group picks, nothing else changed.
+
+    write(out_dir, {"group": pick})   -> out_dir/<group>/nvidia-h200.json
+pick(kernel, shape) returns the tunables to add to that entry ({} or None: leave it)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+SHIPPED = Path(__file__).resolve().parents[1] / "tune" / "defaults" / "nvidia-h200.json"
+
+
+def shape(key: str) -> dict:
+    """'cols=4096,rows=6144,type=Q8_0' -> {'cols': 4096, 'rows': 6144, 'type': 'Q8_0'}"""
+    return {k: (v if k == "type" else int(v)) for k, v in re.findall(r"(\w+)=(\w+)", key)}
+
+
+def write(out: Path, groups: dict[str, Callable[[str, dict], dict | None]]) -> None:
+    for group, pick in groups.items():
+        t = json.loads(SHIPPED.read_text())
+        n = 0
+        for kernel in ("matvec", "matvec_glu"):
+            for key, buckets in t["entries"][kernel].items():
+                e = buckets.get("1")
+                if e and (extra := pick(kernel, shape(key))):
+                    e["config"] = {**e["config"], **extra}
+                    n += 1
+                    print(f"{group}: {kernel} {key} {e['config']}")
+        d = out / group
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
+        print(f"{group}: {n} entries -> {d / 'nvidia-h200.json'}")
