@@ -2,11 +2,13 @@
 """Candidate tables for the MV_EARLY engine A/B (kernels/matvec.cu MV_EARLY 0: nothing issued before the PDL
 wait; the same bits).
 
-    python3 experiments/mv_early/tables.py OUT_DIR     -> OUT_DIR/{mid,all}/nvidia-h200.json
+    python3 experiments/mv_early/tables.py OUT_DIR     -> OUT_DIR/{mid,all,kbig}/nvidia-h200.json
 
 mid: the 4096-wide non-GLU matvecs short of the LM head (attn_output, QKV and its parts: the launches after the
      attention and after a RMSNorm), MV_EARLY 0.
 all: every batch-1 matvec and matvec_glu entry, MV_EARLY 0.
+kbig: the K-quant entries outside mid (gate+up, ffn_down, the Q6_K heads, the small models' K-quant matvecs),
+     MV_EARLY 0: session 28's 8B Q4_K_M gained +0.7 % with all and lost 1.3 % with mid (research/2026-12-04-session28).
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ def mid(kernel: str, s: dict) -> dict:
     return {"MV_EARLY": 0} if kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000 else {}
 
 
-GROUPS = {"mid": mid, "all": lambda kernel, s: {"MV_EARLY": 0}}
+def kbig(kernel: str, s: dict) -> dict:
+    return {"MV_EARLY": 0} if s["type"] in ("Q4_K", "Q5_K", "Q6_K") and not mid(kernel, s) else {}
+
+
+GROUPS = {"mid": mid, "all": lambda kernel, s: {"MV_EARLY": 0}, "kbig": kbig}
 
 if __name__ == "__main__":
     mv_tables.write(Path(sys.argv[1]), GROUPS)
