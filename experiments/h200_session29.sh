@@ -7,7 +7,7 @@
 #  kbig: gate+up, ffn_down, the Q6_K heads, Gemma-3's Q4_K / Q6_K matvecs): session 28's 8B Q4_K_M gained +0.7 %
 #  with every entry at 0 and lost 1.3 % with the mid-size ones alone, so kbig is predicted ~+2 % there; the 1B
 #  (its Q6_K head only) and Gemma-3 (real file) beside it. tg128, tables alternating; 64 greedy ids of the Q4_K_M.
-#  A win of >= 1 % in every pair: a rule for those shapes (memra/gpu/ops/matvec.py launch_config), since an
+#  u2 beside it on the Q4_K_M (one entry's unroll, see below). A win of >= 1 % in every pair: a rule for those shapes (memra/gpu/ops/matvec.py launch_config), since an
 #  isolated campaign cannot see what a launch's early loads cost its predecessor; the A/B's receipts are its basis.
 set -u
 source experiments/h200_common.sh
@@ -17,9 +17,12 @@ a)
   timeout 200 python3 -m memra kernel-check --only matvec > $R/kc-matvec.txt 2>&1
   log "kernel-check matvec rc=$? $(tail -1 $R/kc-matvec.txt) $(grep -c MV_EARLY $R/kc-matvec.txt) MV_EARLY lines $(el)"
   python3 experiments/mv_early/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
+  # u2: the uniform 6,144-row Q4_K QKV at MV_UNROLL 2 (the table's 1: 6.98 against 7.70 µs timed alone, yet in
+  # session 23's profile 6.94 µs against 4.95 for the 5,120-row Q+K at 2, 20 % fewer bytes)
+  python3 experiments/mv_tables.py $R/t u2 'matvec cols=4096,rows=6144,type=Q4_K' MV_UNROLL=2 >> $R/tables.txt 2>&1
   ship=tune/defaults/nvidia-h200.json
   for m in synth:llama3-8b:Q4_K_M gemma3-270m synth:llama-1b:Q4_0; do
-    arms="ship kbig kbig ship"; [ $m = synth:llama3-8b:Q4_K_M ] && arms="ship kbig kbig ship ship kbig"
+    arms="ship kbig kbig ship"; [ $m = synth:llama3-8b:Q4_K_M ] && arms="ship kbig u2 u2 kbig ship"
     for arm in $arms; do
       tb=$ship; [ $arm != ship ] && tb=$R/t/$arm/nvidia-h200.json
       timeout 90 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \

@@ -33,3 +33,19 @@ def write(out: Path, groups: dict[str, Callable[[str, dict], dict | None]]) -> N
         d.mkdir(parents=True, exist_ok=True)
         (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
         print(f"{group}: {n} entries -> {d / 'nvidia-h200.json'}")
+
+
+def main(argv: list[str]) -> None:
+    """python3 experiments/mv_tables.py OUT_DIR GROUP 'KERNEL SHAPE_REGEX' KEY=VALUE...: one candidate group whose
+    batch-1 entries of KERNEL (matvec or matvec_glu) with a shape key matching SHAPE_REGEX whole get KEY=VALUE."""
+    out, group, sel, *sets = argv
+    kernel, rx = sel.split(" ", 1)
+    extra = {k: int(v) for k, v in (s.split("=", 1) for s in sets)}
+    key = lambda s: ",".join(f"{k}={s[k]}" for k in sorted(s))   # noqa: E731
+    write(Path(out), {group: lambda kn, s: extra if kn == kernel and re.fullmatch(rx, key(s)) else {}})
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
