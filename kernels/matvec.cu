@@ -38,8 +38,8 @@
 // MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
 // registers; MV_UNROLL 2 lets the compiler hoist the same loads),
 // MV_EARLY (1; q8 family): the first unit's weights (MV_PREFETCH) or their L2 prefetch are
-// issued before the PDL wait; 0 issues nothing before it (the weights then compete with no
-// running predecessor). The same bits.
+// issued before the PDL wait; 0 issues nothing before it, so its loads start once the
+// predecessor has finished instead of queueing beside that kernel's own. The same bits.
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
@@ -64,6 +64,8 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
+//  6. MV_EARLY (q8 family): 0 issues no weight load before the PDL wait (experiments/mv_early; a lane's
+//     whole slice before it, MV_PRELOAD, lost 3 % and was withdrawn: experiments/mv_preload).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -284,7 +286,7 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const int nu = K / 64, ustep = 32 * MV_KSPLIT;
     int u = (warp % MV_KSPLIT) * 32 + lane;
     // Weights are never written by kernels, so they may be touched before the PDL wait:
-    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
+    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2 (MV_EARLY 0: neither).
 #if MV_PREFETCH
     typename T::U w[NR];
 #if MV_EARLY
