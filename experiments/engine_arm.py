@@ -10,9 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def run(kernel_file: str, arm_file: str, defines: dict, seams: dict, argv: list[str]) -> None:
+def route(kernel_file: str, arm_file: str, defines: dict) -> None:
+    """From now on every module this process asks of `kernel_file` comes from `arm_file`, `defines` added."""
     from memra.gpu import cuda
-    from memra.tune import bench as TB
 
     module = cuda.Gpu.module
 
@@ -22,6 +22,12 @@ def run(kernel_file: str, arm_file: str, defines: dict, seams: dict, argv: list[
         return module(self, name, d)
 
     cuda.Gpu.module = arm_module
+
+
+def run(kernel_file: str, arm_file: str, defines: dict, seams: dict, argv: list[str]) -> None:
+    from memra.tune import bench as TB
+
+    route(kernel_file, arm_file, defines)
     base = TB.seams
     TB.seams = lambda: {**base(), **seams}
 

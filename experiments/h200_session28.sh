@@ -64,7 +64,7 @@ c)
   greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q8_0
   greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/all/nvidia-h200.json" "-m memra" llama3-8b Q4_K_M ;;
 d)
-  # MV_EARLY 0 (kernels/matvec.cu: nothing issued before the PDL wait; session 28's STAGE c found more weights
+  # MV_EARLY 0 (as run at 6b53429, in kernels/matvec.cu; since then experiments/mv_early/make.py's copy: nothing issued before the PDL wait; session 28's STAGE c found more weights
   # before the wait slower, -3 %): the shipped table against mid / all (experiments/mv_early/tables.py).
   python3 experiments/mv_early/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
   timeout 120 python3 experiments/mv_bits.py experiments/mv_early/tables.py mid > $R/bits.jsonl 2> $R/bits.err

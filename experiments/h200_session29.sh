@@ -2,21 +2,24 @@
 # The next session's first H200 call (prepared in session 28; research/2026-12-04-session28 "Next").
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session29.sh
 # Ship the real models first (research/ moved away, the six .models/ship-0N calls), carry .whl and .synthtok.
-# STAGE a (~6 min): kernel-check of the matvec family (session 28 added MV_EARLY 0 cases, never run on a GPU),
-#  then MV_EARLY 0 on the K-quant entries outside the 4096-wide mid-size matvecs (experiments/mv_early/tables.py
-#  kbig: gate+up, ffn_down, the Q6_K heads, Gemma-3's Q4_K / Q6_K matvecs): session 28's 8B Q4_K_M gained +0.7 %
-#  with every entry at 0 and lost 1.3 % with the mid-size ones alone, so kbig is predicted ~+2 % there; the 1B
-#  (its Q6_K head only) and Gemma-3 (real file) beside it. tg128, tables alternating; 64 greedy ids of the Q4_K_M.
-#  u2 beside it on the Q4_K_M (one entry's unroll, see below). A win of >= 1 % in every pair: a rule for those shapes (memra/gpu/ops/matvec.py launch_config), since an
-#  isolated campaign cannot see what a launch's early loads cost its predecessor; the A/B's receipts are its basis.
+# STAGE a (~6 min): MV_EARLY 0 (experiments/mv_early/make.py's build copy of kernels/matvec.cu; every arm runs
+#  through experiments/mv_early/ab.py, the shipped table being the control) on the K-quant entries outside the
+#  4096-wide mid-size matvecs (experiments/mv_early/tables.py kbig: gate+up, ffn_down, the Q6_K heads, Gemma-3's
+#  Q4_K / Q6_K matvecs): session 28's 8B Q4_K_M gained +0.7 % with every entry at 0 and lost 1.3 % with the
+#  mid-size ones alone, so kbig is predicted ~+2 % there; the 1B (its Q6_K head only) and Gemma-3 (real file)
+#  beside it; u2 (one entry's unroll, below) on the Q4_K_M too. tg128, tables alternating; the kbig shapes' bits
+#  and 64 greedy ids of the Q4_K_M compared. A win of >= 1 % in every pair: MV_EARLY into kernels/matvec.cu
+#  (make.py's edit; default 1 keeps the SASS) and a rule for those shapes in memra/gpu/ops/matvec.py (an isolated
+#  campaign cannot see what a launch's early loads cost its predecessor: the A/B's receipts are its basis), then
+#  kernel-check --add-to and the GPU tests.
 set -u
 source experiments/h200_common.sh
 stage_begin s29
 case "$STAGE" in
 a)
-  timeout 200 python3 -m memra kernel-check --only matvec > $R/kc-matvec.txt 2>&1
-  log "kernel-check matvec rc=$? $(tail -1 $R/kc-matvec.txt) $(grep -c MV_EARLY $R/kc-matvec.txt) MV_EARLY lines $(el)"
   python3 experiments/mv_early/tables.py $R/t > $R/tables.txt 2>&1; log "tables rc=$?"
+  timeout 150 python3 experiments/mv_bits.py experiments/mv_early/tables.py kbig experiments/mv_early/make.py \
+    > $R/bits.jsonl 2> $R/bits.err; log "bits rc=$? $(tail -1 $R/bits.err) $(el)"
   # u2: the uniform 6,144-row Q4_K QKV at MV_UNROLL 2 (the table's 1: 6.98 against 7.70 µs timed alone, yet in
   # session 23's profile 6.94 µs against 4.95 for the 5,120-row Q+K at 2, 20 % fewer bytes)
   python3 experiments/mv_tables.py $R/t u2 'matvec cols=4096,rows=6144,type=Q4_K' MV_UNROLL=2 >> $R/tables.txt 2>&1
@@ -25,12 +28,12 @@ a)
     arms="ship kbig kbig ship"; [ $m = synth:llama3-8b:Q4_K_M ] && arms="ship kbig u2 u2 kbig ship"
     for arm in $arms; do
       tb=$ship; [ $arm != ship ] && tb=$R/t/$arm/nvidia-h200.json
-      timeout 90 python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+      timeout 90 python3 experiments/mv_early/ab.py bench $m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
         --out $R/bench-early-$arm.jsonl > $R/bench.txt 2>&1
       log "$m $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
     done
   done
   cat $R/bench-early-*.jsonl > $OUT/bench-early-kbig.jsonl
-  greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/kbig/nvidia-h200.json" "-m memra" llama3-8b Q4_K_M ;;
+  greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/kbig/nvidia-h200.json" experiments/mv_early/ab.py llama3-8b Q4_K_M ;;
 esac
 tar czf $OUT/s29-$STAGE.tgz -C /tmp s29-$STAGE

@@ -4,7 +4,10 @@
 GLU as the engine launches it) with the shipped entry's configuration and with the group's tunables laid over it,
 the outputs compared bit for bit. One JSON line a shape; exit 1 on any difference.
 
-    source .whl/setup.sh && python3 experiments/mv_bits.py experiments/mv_early/tables.py all     # on the GPU
+    source .whl/setup.sh && python3 experiments/mv_bits.py experiments/mv_early/tables.py mid [MAKE_PY]   # on the GPU
+
+MAKE_PY (e.g. experiments/mv_early/make.py): the experiment's generator of a build copy of kernels/matvec.cu
+(its generate() and ARM_FILE); every matvec.cu module then comes from that copy (experiments/engine_arm.route).
 """
 from __future__ import annotations
 
@@ -22,11 +25,21 @@ from memra.gpu.cuda import gpu  # noqa: E402
 from memra.gpu.ops import matvec as M  # noqa: E402
 
 
-def main(tables_py: str, group: str) -> int:
-    spec = importlib.util.spec_from_file_location("tables", tables_py)
+def load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    pick = mod.GROUPS[group]
+    return mod
+
+
+def main(tables_py: str, group: str, make_py: str | None = None) -> int:
+    pick = load(tables_py, "tables").GROUPS[group]
+    if make_py:
+        import engine_arm
+
+        make = load(make_py, "make")
+        make.generate()
+        engine_arm.route("matvec.cu", make.ARM_FILE, {})
     g, rng, bad = gpu(), np.random.default_rng(28), 0
     t = json.loads(mv_tables.SHIPPED.read_text())
     for kernel in ("matvec", "matvec_glu"):
@@ -54,4 +67,4 @@ def main(tables_py: str, group: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1], sys.argv[2]))
+    raise SystemExit(main(*sys.argv[1:4]))

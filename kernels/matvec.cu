@@ -37,9 +37,6 @@
 // MV_UNROLL unroll of the unit loop (1), MV_WLOAD weight load flavour (0; see ld16),
 // MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
 // registers; MV_UNROLL 2 lets the compiler hoist the same loads),
-// MV_EARLY (1; q8 family): the first unit's weights (MV_PREFETCH) or their L2 prefetch are
-// issued before the PDL wait; 0 issues nothing before it, so its loads start once the
-// predecessor has finished instead of queueing beside that kernel's own. The same bits.
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
@@ -64,8 +61,6 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
-//  6. MV_EARLY (q8 family): 0 issues no weight load before the PDL wait (experiments/mv_early; a lane's
-//     whole slice before it, MV_PRELOAD, lost 3 % and was withdrawn: experiments/mv_preload).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -90,9 +85,6 @@
 #endif
 #ifndef MV_XSMEM
 #define MV_XSMEM 0
-#endif
-#ifndef MV_EARLY
-#define MV_EARLY 1
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -286,16 +278,14 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const int nu = K / 64, ustep = 32 * MV_KSPLIT;
     int u = (warp % MV_KSPLIT) * 32 + lane;
     // Weights are never written by kernels, so they may be touched before the PDL wait:
-    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2 (MV_EARLY 0: neither).
+    // the first unit is loaded (MV_PREFETCH) or its lines prefetched into L2.
 #if MV_PREFETCH
     typename T::U w[NR];
-#if MV_EARLY
     if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
     }
-#endif
-#elif MV_EARLY
+#else
     if (u < nu) {
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
@@ -307,12 +297,6 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     MEMRA_PDL_WAIT();
 #if MV_PDL_TRIGGER
     MEMRA_PDL_LAUNCH();
-#endif
-#if MV_PREFETCH && !MV_EARLY
-    if (u < nu) {
-#pragma unroll
-        for (int r = 0; r < NR; ++r) T::load(w[r], wb[r], wm[r], u, nu);
-    }
 #endif
 #if MV_XSMEM
     // Stage x in shared memory, tile-interleaved: the 16 values of unit u, group g sit at

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Candidate tables for the MV_EARLY engine A/B (kernels/matvec.cu MV_EARLY 0: nothing issued before the PDL
-wait; the same bits).
+"""Candidate tables for the MV_EARLY engine A/B (experiments/mv_early/make.py's MV_EARLY 0: nothing issued before
+the PDL wait; the same bits; run through experiments/mv_early/ab.py).
 
     python3 experiments/mv_early/tables.py OUT_DIR     -> OUT_DIR/{mid,all,kbig}/nvidia-h200.json
 

@@ -363,8 +363,6 @@ def compile_variants() -> list[tuple[str, dict]]:
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **_ALT}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", 96, 2048, 1),
                               "MV_PREFETCH": 0, "MV_PDL_TRIGGER": 0}))
-    for t, cfg in _EARLY_RUNS:
-        out.append((KERNEL_FILE, {"MV_TYPE": t, "MV_B": 1, **cfg}))
     out.append((KERNEL_FILE, {"MV_TYPE": 12, "MV_B": 1, **default_config(12, "q8", _CHECK_N, _CHECK_K, 1),
                               "MEMRA_CANARY": 1}))
     out.append((KERNEL_FILE, {"MV_TYPE": 14, "MV_B": 1, **default_config(14, "f32", _CHECK_N, _CHECK_K, 1),
@@ -379,9 +377,6 @@ _XS = {"MV_NWARPS": 8, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_XSMEM":
 _XS_KS = {"MV_NWARPS": 8, "MV_ROWS": 1, "MV_KSPLIT": 2, "MV_UNROLL": 1, "MV_XSMEM": 1}
 # (type, bucket, config) the XSMEM checks launch
 _XS_RUNS = ((12, 1, _XS), (12, 4, _XS), (14, 1, _XS), (2, 8, _XS), (8, 1, _XS_KS))
-# nothing issued before the PDL wait (MV_EARLY 0), with the L2 prefetch's and the register prefetch's loops
-_EARLY_RUNS = ((12, {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 2, "MV_EARLY": 0}),
-               (14, {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_PREFETCH": 1, "MV_EARLY": 0}))
 
 
 class _Case:
@@ -472,9 +467,6 @@ def checks(g, rng) -> Iterator:
     c = _Case(g, 12, 96, 2048, rng, nb=1)
     cfg = dict(default_config(12, "q8", 96, 2048, 1), MV_PREFETCH=0, MV_PDL_TRIGGER=0)
     yield c.run(f"Q4_K q8 B1 96x2048 {cfg}", "q8", 1, config=cfg)
-    for t, cfg in _EARLY_RUNS:
-        c = _Case(g, t, 77, 8192, rng, nb=1)
-        yield c.run(f"{TYPES[t][0]} q8 B1 77x8192 +res {cfg}", "q8", 1, residual=True, config=cfg)
     # activations staged in shared memory: partial last tile (K=768), several tiles, glu,
     # batch, split-K
     xs_cases = {(12, 1): (_CHECK_N, _CHECK_K, False, 1), (12, 4): (_CHECK_N, _CHECK_K, False, 3),
