@@ -12,6 +12,10 @@
 #  (make.py's edit; default 1 keeps the SASS) and a rule for those shapes in memra/gpu/ops/matvec.py (an isolated
 #  campaign cannot see what a launch's early loads cost its predecessor: the A/B's receipts are its basis), then
 #  kernel-check --add-to and the GPU tests.
+# STAGE b (~6 min, no models): experiments/engine_tune on the 8B Q4_K_M's and Q8_0's mid-size matvec entries (the
+#  2 runner-up configurations of each shape timed alone, each in the engine's tg128 against the shipped table).
+#  A candidate >= 1 % faster in both passes needs a freeze path for an engine-chosen entry (none yet: the
+#  freeze takes the fastest receipt timed alone, or --pdl-match's PDL-timed ones).
 set -u
 source experiments/h200_common.sh
 stage_begin s29
@@ -35,5 +39,26 @@ a)
   done
   cat $R/bench-early-*.jsonl > $OUT/bench-early-kbig.jsonl
   greedy_ids_arms MEMRA_TUNE_TABLE "$ship $R/t/kbig/nvidia-h200.json" experiments/mv_early/ab.py llama3-8b Q4_K_M ;;
+b)
+  # experiments/engine_tune: the 8B's mid-size matvec entries chosen by tg128 (no models needed). For each shape
+  # the 2 fastest other configurations its campaign timed alone, one candidate table each (the shipped table with
+  # that entry replaced), runs in the order shipped, c0.., shipped, ..c0 (bit-neutral: greedy ids of the best).
+  et=experiments/engine_tune/tune.py ship=tune/defaults/nvidia-h200.json
+  python3 $et tables $R/et -k 2 'matvec cols=4096,rows=4096,type=Q4_K' 'matvec cols=4096,rows=5120,type=Q4_K' \
+    'matvec cols=4096,rows=6144,type=Q4_K' 'matvec cols=4096,rows=1024,type=Q6_K' > $R/et-tables.txt 2>&1
+  python3 $et tables $R/et8 -k 2 'matvec cols=4096,rows=4096,type=Q8_0' 'matvec cols=4096,rows=6144,type=Q8_0' \
+    >> $R/et-tables.txt 2>&1; log "tables rc=$?"
+  for m in Q4_K_M Q8_0; do
+    d=$R/et; [ $m = Q8_0 ] && d=$R/et8
+    cands=$(ls -d $d/c* | sort -V | xargs -n1 basename)
+    for arm in ship $cands ship $(echo $cands | tr ' ' '\n' | tac); do
+      tb=$ship; [ $arm != ship ] && tb=$d/$arm/nvidia-h200.json
+      timeout 60 python3 -m memra bench synth:llama3-8b:$m -p 0 -n 128 -r 3 --tune-table $tb --synth-tokenizer $TOK \
+        --out $R/bench-et.jsonl > $R/bench.txt 2>&1
+      log "8B $m $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110)"
+    done
+    python3 $et report $d $R/bench-et.jsonl | grep "$m" | tee -a $R/log.txt
+  done
+  cp $R/bench-et.jsonl $R/et-tables.txt $OUT/ ;;
 esac
 tar czf $OUT/s29-$STAGE.tgz -C /tmp s29-$STAGE

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""engine_tune — a batch-1 matvec entry chosen by the engine's own tg128, not by its launch timed alone.
+
+The table's matvec entries come from campaigns that time one launch in a graph of copies of itself; in the
+decode step a launch overlaps its neighbours instead (PDL), and sessions 24-28 found configurations that win
+alone and lose in the engine, and the converse (research/2026-12-04-session28). This takes, for each named
+shape, the k fastest configurations its campaign receipts measured (research/tune/*.jsonl at the entry's
+src_hash) that differ from the shipped one, and writes one candidate table per (shape, configuration): the
+shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's order depends on K only.
+
+    python3 experiments/engine_tune/tune.py tables OUT_DIR -k 2 'matvec cols=4096,rows=4096,type=Q4_K' ...
+        -> OUT_DIR/c<i>/nvidia-h200.json and OUT_DIR/index.json [{name, kernel, shape, config, alone_us, shipped}]
+    python3 experiments/engine_tune/tune.py report OUT_DIR BENCH.jsonl...
+        -> per candidate: its tg128 runs against the shipped runs (the bench receipts name the table they ran)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import mv_tables  # noqa: E402
+
+# matvec.cu's built-in tunable values (a receipt may spell a default out, an entry may leave it implicit)
+DEFAULTS = {"MV_NWARPS": 4, "MV_ROWS": 1, "MV_KSPLIT": 1, "MV_UNROLL": 1, "MV_PREFETCH": 0, "MV_XSMEM": 0,
+            "MV_PDL_TRIGGER": 1, "MV_WLOAD": 0}
+
+
+def norm(cfg: dict) -> tuple:
+    return tuple(sorted({**DEFAULTS, **cfg}.items()))
+
+
+def receipts(kernel: str, shape: dict, src_hash: str) -> dict[tuple, float]:
+    """config -> the fastest median_us any campaign receipt measured for it (batch 1, this kernel source)."""
+    best: dict[tuple, float] = {}
+    for f in sorted((ROOT / "research" / "tune").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            d = json.loads(line)
+            sh = d.get("shape") or {}
+            if (d.get("kernel") != kernel or not d.get("ok") or d.get("src_hash") != src_hash
+                    or sh.get("batch") != 1 or any(sh.get(k) != v for k, v in shape.items())):
+                continue
+            c = norm(d["config"])
+            best[c] = min(best.get(c, float("inf")), d["median_us"])
+    return best
+
+
+def tables(out: Path, k: int, selections: list[str]) -> None:
+    shipped = json.loads(mv_tables.SHIPPED.read_text())
+    index = []
+    for sel in selections:
+        kernel, key = sel.split(" ", 1)
+        e = shipped["entries"][kernel][key]["1"]
+        shape = mv_tables.shape(key)
+        got = receipts(kernel, shape, e["src_hash"])
+        mine = norm(e["config"])
+        ranked = sorted((us, c) for c, us in got.items() if c != mine)[:k]
+        print(f"{sel}: shipped {dict(mine)} {got.get(mine, float('nan')):.2f} us alone; {len(got)} configurations")
+        for us, c in ranked:
+            name = f"c{len(index)}"
+            t = json.loads(mv_tables.SHIPPED.read_text())
+            t["entries"][kernel][key]["1"]["config"] = {a: v for a, v in c if DEFAULTS.get(a) != v or a == "MV_NWARPS"}
+            d = out / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
+            index.append({"name": name, "kernel": kernel, "shape": key, "config": dict(c), "alone_us": us,
+                          "shipped": dict(mine), "shipped_alone_us": got.get(mine)})
+            print(f"  {name}: {dict(c)} {us:.2f} us alone")
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+
+
+def report(out: Path, benches: list[str]) -> None:
+    """Each bench receipt's `table` ("file:PATH") names the table it ran: OUT_DIR/<name>/... or another (shipped)."""
+    runs: dict[str, list[float]] = {}
+    for f in benches:
+        for line in Path(f).read_text().splitlines():
+            d = json.loads(line)
+            if d.get("test") != "tg128" or d.get("engine") != "memra":
+                continue
+            tb = str(d.get("table") or "")
+            name = Path(tb).parent.name if f"{out.name}/" in tb else "shipped"
+            runs.setdefault(f"{d['model']}|{name}", []).append(d["median_ts"])
+    for key, v in sorted(runs.items()):
+        model, name = key.split("|")
+        base = runs.get(f"{model}|shipped")
+        rel = f"{100 * (statistics.median(v) / statistics.median(base) - 1):+.2f} %" if base and name != "shipped" else ""
+        print(f"{model:40s} {name:8s} {' / '.join(f'{x:.1f}' for x in v):30s} {rel}")
+
+
+if __name__ == "__main__":
+    cmd, out, *rest = sys.argv[1:]
+    if cmd == "tables":
+        kk = 2
+        if rest[:1] == ["-k"]:
+            kk, rest = int(rest[1]), rest[2:]
+        tables(Path(out), kk, rest)
+    else:
+        report(Path(out), rest)
