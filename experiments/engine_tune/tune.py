@@ -12,6 +12,9 @@ shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's ord
         -> OUT_DIR/c<i>/nvidia-h200.json and OUT_DIR/index.json [{name, kernel, shape, config, alone_us, shipped}]
     python3 experiments/engine_tune/tune.py report OUT_DIR BENCH.jsonl...
         -> per candidate: its tg128 runs against the shipped runs (the bench receipts name the table they ran)
+    python3 experiments/engine_tune/tune.py choice OUT_DIR NAME research/tune/engine-choices-nvidia-h200.jsonl BENCH...
+        -> a winner's engine-choice record, which `memra tune freeze` lays over its entry (memra.tune.freeze
+           apply_engine_choices): commit BENCH under research/ first, the record names it as evidence
 """
 from __future__ import annotations
 
@@ -34,9 +37,12 @@ def norm(cfg: dict) -> tuple:
     return tuple(sorted({**DEFAULTS, **cfg}.items()))
 
 
-def receipts(kernel: str, shape: dict, src_hash: str) -> dict[tuple, float]:
-    """config -> the fastest median_us any campaign receipt measured for it (batch 1, this kernel source)."""
+def receipts(kernel: str, shape: dict, src_hash: str) -> tuple[dict[tuple, float], dict[tuple, dict]]:
+    """(config -> the fastest median_us any campaign receipt measured for it (batch 1, this kernel source),
+    config -> the configuration as a receipt spelled it: what a table entry must say, since the launcher lays
+    an entry over the shape's built-in configuration, whose values differ from matvec.cu's defaults)."""
     best: dict[tuple, float] = {}
+    spelled: dict[tuple, dict] = {}
     for f in sorted((ROOT / "research" / "tune").glob("*.jsonl")):
         for line in f.read_text().splitlines():
             d = json.loads(line)
@@ -46,7 +52,8 @@ def receipts(kernel: str, shape: dict, src_hash: str) -> dict[tuple, float]:
                 continue
             c = norm(d["config"])
             best[c] = min(best.get(c, float("inf")), d["median_us"])
-    return best
+            spelled.setdefault(c, dict(d["config"]))
+    return best, spelled
 
 
 def tables(out: Path, k: int, selections: list[str]) -> None:
@@ -56,25 +63,27 @@ def tables(out: Path, k: int, selections: list[str]) -> None:
         kernel, key = sel.split(" ", 1)
         e = shipped["entries"][kernel][key]["1"]
         shape = mv_tables.shape(key)
-        got = receipts(kernel, shape, e["src_hash"])
+        got, spelled = receipts(kernel, shape, e["src_hash"])
         mine = norm(e["config"])
         ranked = sorted((us, c) for c, us in got.items() if c != mine)[:k]
         print(f"{sel}: shipped {dict(mine)} {got.get(mine, float('nan')):.2f} us alone; {len(got)} configurations")
         for us, c in ranked:
             name = f"c{len(index)}"
             t = json.loads(mv_tables.SHIPPED.read_text())
-            t["entries"][kernel][key]["1"]["config"] = {a: v for a, v in c if DEFAULTS.get(a) != v or a == "MV_NWARPS"}
+            t["entries"][kernel][key]["1"]["config"] = spelled[c]
             d = out / name
             d.mkdir(parents=True, exist_ok=True)
             (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
             index.append({"name": name, "kernel": kernel, "shape": key, "config": dict(c), "alone_us": us,
-                          "shipped": dict(mine), "shipped_alone_us": got.get(mine)})
+                          "shipped": dict(mine), "shipped_alone_us": got.get(mine),
+                          "table_config": t["entries"][kernel][key]["1"]["config"], "base_config": e["config"],
+                          "device": shipped["device"], "src": e["src"], "src_hash": e["src_hash"]})
             print(f"  {name}: {dict(c)} {us:.2f} us alone")
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
 
-def report(out: Path, benches: list[str]) -> None:
-    """Each bench receipt's `table` ("file:PATH") names the table it ran: OUT_DIR/<name>/... or another (shipped)."""
+def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
+    """'MODEL|NAME' -> the tg128 medians of the runs whose table was OUT/NAME/... ('shipped': any other)."""
     runs: dict[str, list[float]] = {}
     for f in benches:
         for line in Path(f).read_text().splitlines():
@@ -84,6 +93,34 @@ def report(out: Path, benches: list[str]) -> None:
             tb = str(d.get("table") or "")
             name = Path(tb).parent.name if f"{out.name}/" in tb else "shipped"
             runs.setdefault(f"{d['model']}|{name}", []).append(d["median_ts"])
+    return runs
+
+
+def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
+    """Append candidate NAME's engine-choice record (memra.tune.receipts validate_engine_choice) to `to`: its
+    entry's configuration against the shipped one, the tg128 gain its runs in BENCH show (every pass must
+    gain: the smallest ratio of a candidate run to the median shipped run is the gain recorded)."""
+    from memra.tune.receipts import git_sha, utc_now
+
+    c = next(i for i in json.loads((out / "index.json").read_text()) if i["name"] == name)
+    runs = tg128(out, benches)
+    (model,) = {k.split("|")[0] for k in runs if k.endswith(f"|{name}")}
+    base = statistics.median(runs[f"{model}|shipped"])
+    gain = min(runs[f"{model}|{name}"]) / base - 1
+    if gain <= 0:
+        raise SystemExit(f"{name}: no gain in every pass ({gain:+.2%}): no choice recorded")
+    rec = {"schema": 1, "kind": "engine-choice", "device": c["device"], "kernel": c["kernel"], "shape_key": c["shape"],
+           "batch": 1, "base_config": c["base_config"], "config": c["table_config"], "src": c["src"],
+           "src_hash": c["src_hash"], "gain": round(gain, 5), "evidence": [str(Path(b)) for b in benches],
+           "model": model, "git_sha": git_sha(), "ts": utc_now()}
+    with open(to, "a") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+    print(f"{name}: {c['kernel']} {c['shape']} {c['table_config']} {gain:+.2%} on {model} -> {to}")
+
+
+def report(out: Path, benches: list[str]) -> None:
+    """Each bench receipt's `table` ("file:PATH") names the table it ran: OUT_DIR/<name>/... or another (shipped)."""
+    runs = tg128(out, benches)
     for key, v in sorted(runs.items()):
         model, name = key.split("|")
         base = runs.get(f"{model}|shipped")
@@ -98,5 +135,7 @@ if __name__ == "__main__":
         if rest[:1] == ["-k"]:
             kk, rest = int(rest[1]), rest[2:]
         tables(Path(out), kk, rest)
+    elif cmd == "choice":   # choice OUT NAME TO BENCH...
+        choice(Path(out), rest[0], rest[2:], Path(rest[1]))
     else:
         report(Path(out), rest)

@@ -248,12 +248,15 @@ def tune_freeze(
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
-    from memra.tune.freeze import freeze, select_timing, summarize_table, write_table
+    from memra.tune.freeze import apply_engine_choices, freeze, select_timing, summarize_table, write_table
 
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
     df = read_receipts(sources, kinds=("tune",))
+    # entries the engine's own A/B chose (experiments/engine_tune), laid over the frozen ones
+    ec = read_receipts(sources, kinds=("engine-choice",))
+    choices = ec.to_dict("records") if len(ec) else []
     if pdl_match is not None and not pdl:
         raise MemraError("--pdl-match needs --pdl")
     try:
@@ -276,6 +279,8 @@ def tune_freeze(
             err.print(f"{d}: {len(left_out)} dispatch choices left to the rule, their paths' configurations "
                       f"changed since they were timed (re-time them: memra tune dispatch --resume): "
                       + "; ".join(f"{k} {shape} rows {b}" for k, shape, b in left_out), markup=False)
+        for note in apply_engine_choices(table, choices, _current_hash, project_root()):
+            err.print(f"{d}: {note}", markup=False)
         path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)
         n = sum(len(b) for s in table["entries"].values() for b in s.values())

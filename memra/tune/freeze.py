@@ -178,6 +178,38 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
     }
 
 
+def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: Callable[[str], str | None],
+                         root: Path | None = None) -> list[str]:
+    """Lay engine-choice records (memra.tune.receipts validate_engine_choice) of the table's device over
+    the entries they name, in time order; returns one note per record. A record applies when its entry
+    exists, its kernel source is the current one and the entry's frozen configuration is the record's
+    `base_config` (what the engine A/B ran against); else the entry keeps the campaign's choice and the
+    note says why (re-run the A/B). An applied entry's `config` becomes the record's and it gains
+    `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
+    configuration's, timed alone: a launch's time alone is not what the choice was made on."""
+    root = root or Path(__file__).resolve().parent.parent
+    notes = []
+    for c in sorted((c for c in choices if c["device"] == table["device"]), key=lambda c: str(c["ts"])):
+        what = f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
+        entry = table["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(
+            str(batch_bucket(int(c["batch"]), table["batch_buckets"])))
+        if entry is None:
+            notes.append(f"{what}: not applied, the table has no such entry")
+        elif current_hash(c["src"]) != c["src_hash"]:
+            notes.append(f"{what}: not applied, {c['src']} changed since the A/B (re-run it)")
+        elif dict(entry["config"]) != dict(c["base_config"]):
+            notes.append(f"{what}: not applied, the entry's configuration {dict(entry['config'])} is not the "
+                         f"A/B's base {dict(c['base_config'])} (re-run it)")
+        else:
+            entry["config"] = dict(c["config"])
+            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
+                                      "evidence": list(c["evidence"]),
+                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
+            notes.append(f"{what}: {dict(c['config'])} (engine tg128 {100 * float(c['gain']):+.1f} % over "
+                         f"{dict(c['base_config'])})")
+    return notes
+
+
 def _opt(v):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 

@@ -283,6 +283,32 @@ def validate_bench(row: Mapping) -> list[str]:
     return problems
 
 
+ENGINE_CHOICE_FIELDS: dict[str, tuple] = {
+    "device": (str,), "kernel": (str,), "shape_key": (str,), "batch": (int,), "base_config": (dict,),
+    "config": (dict,), "src": (str,), "src_hash": (str,), "gain": _NUM, "evidence": (list,), "git_sha": (str,),
+    "ts": (str,),
+}
+
+
+def validate_engine_choice(row: Mapping) -> list[str]:
+    """Problems of an engine-choice record: a table entry's configuration chosen by the engine's own A/B
+    (`config` against the frozen `base_config`, tg128 `gain` as a fraction, the bench receipts that show
+    it in `evidence`), which `memra tune freeze` lays over the entry it names (memra.tune.freeze
+    .apply_engine_choices)."""
+    if row.get("schema") != 1:
+        return [f"engine-choice schema {row.get('schema')!r} is not supported (this memra reads schema 1)"]
+    problems = _need(row, ENGINE_CHOICE_FIELDS)
+    if problems:
+        return problems
+    if row["batch"] < 1:
+        problems.append("batch must be >= 1")
+    if not row["evidence"] or not all(isinstance(e, str) and e for e in row["evidence"]):
+        problems.append("evidence must name at least one receipts file")
+    if row["config"] == row["base_config"]:
+        problems.append("config equals base_config: nothing chosen")
+    return problems
+
+
 SERVE_BENCH_FIELDS: dict[str, tuple] = {
     "engine": (str,), "model": (str,), "device": (str,), "git_sha": (str,), "ts": (str,),
     "concurrency": (int,), "requests": (int,), "completed": (int,), "failed": (int,), "max_tokens": (int,),
@@ -377,6 +403,8 @@ KINDS: dict[str, Kind] = {
                                      label="git_sha", time="ts"),
     "memra.structured-speed-summary/1": Kind("structured-speed-summary", by=("device", "model", "batch"),
                                              label="git_sha", time="ts"),
+    "engine-choice": Kind("engine-choice", validate_engine_choice, by=("device", "kernel", "shape_key", "batch"),
+                          label="git_sha", time="ts"),
     "record": Kind("record", by=("file", "record"), time="ts"),
 }
 
