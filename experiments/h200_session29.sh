@@ -14,8 +14,9 @@
 #  kernel-check --add-to and the GPU tests.
 # STAGE b (~6 min, no models): experiments/engine_tune on the 8B Q4_K_M's and Q8_0's mid-size matvec entries (the
 #  2 runner-up configurations of each shape timed alone, each in the engine's tg128 against the shipped table).
-#  A candidate >= 1 % faster in both passes needs a freeze path for an engine-chosen entry (none yet: the
-#  freeze takes the fastest receipt timed alone, or --pdl-match's PDL-timed ones).
+#  A candidate >= 1 % faster in both passes: its bench receipts into research/, `tune.py choice OUT NAME
+#  research/tune/engine-choices-nvidia-h200.jsonl BENCH` (an engine-choice record), freeze --pdl (which lays it
+#  over the entry), kernel-check --add-to, then the model's --vs run.
 set -u
 source experiments/h200_common.sh
 stage_begin s29

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT))
 
 import mv_tables  # noqa: E402
 
