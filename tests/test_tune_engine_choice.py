@@ -51,6 +51,11 @@ def test_freeze_lays_a_matching_choice_over_its_entry(tmp_path):
     assert entries["n=576"]["config"] == {"NORM_THREADS": 128} and "engine_choice" not in entries["n=576"]
     r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "u"))
     assert r.returncode == 0 and "engine choice rmsnorm n=4096 batch 1: {'NORM_THREADS': 512}" in r.stderr
+    from memra.tune.freeze import summarize_table
+
+    table = json.loads((tmp_path / "u" / "nvidia-h200.json").read_text())
+    timing = {row["shape"]: row["timing"] for row in summarize_table(table)}
+    assert timing == {"n=4096": "plain, engine +1.2 %", "n=576": "plain"}
 
 
 def test_a_choice_against_another_base_or_an_older_kernel_is_not_applied(tmp_path):

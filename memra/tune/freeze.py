@@ -259,5 +259,6 @@ def summarize_table(table: Mapping) -> list[dict]:
                              "variant": e["variant"], "config": config_key(e["config"]),
                              "median_us": e.get("median_us"), "gbps": e.get("gbps"),
                              "margin": e.get("margin"), "candidates": e.get("candidates"),
-                             "timing": e.get("timing", "plain")})
+                             "timing": e.get("timing", "plain")
+                             + (f", engine {100 * e['engine_choice']['gain']:+.1f} %" if e.get("engine_choice") else "")})
     return rows
