@@ -17,6 +17,9 @@
 #  A candidate >= 1 % faster in both passes: its bench receipts into research/, `tune.py choice OUT NAME
 #  research/tune/engine-choices-nvidia-h200.jsonl BENCH` (an engine-choice record), freeze --pdl (which lays it
 #  over the entry), kernel-check --add-to, then the model's --vs run.
+# STAGE c / d (a winner's landing, once its table is re-frozen here and committed): c = kernel-check --add-to and
+#  the GPU tests (models shipped; ~7 min), d = llama.cpp's build and `--vs llama.cpp` of the models it touches
+#  (carry .llamacpp; MODELS overrides the three 8B files and the 8B Q4_K_M at depth 4096).
 set -u
 source experiments/h200_common.sh
 stage_begin s29
@@ -61,5 +64,21 @@ b)
     python3 $et report $d $R/bench-et.jsonl | grep "$m" | tee -a $R/log.txt
   done
   cp $R/bench-et.jsonl $R/et-tables.txt $OUT/ ;;
+c)
+  # landing, after a winner's table is frozen here (CPU) and committed: the launch cases the committed kernel-check
+  # receipt lacks (models shipped), then the GPU tests
+  KC_ADD=research/kernel-check/nvidia-h200.json kernel_check
+  gpu_tests 560 ;;
+d)
+  # landing: llama.cpp built in the call (carry .llamacpp), then `--vs llama.cpp` of the models the new entries
+  # touch (MODELS, default the three 8B files and the 8B Q4_K_M at depth 4096)
+  link_models "the real models' benchmarks need them"
+  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1; log "llama.cpp build rc=$? $(el)"
+  for m in ${MODELS:-synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0 "synth:llama3-8b:Q4_K_M -d 4096"}; do
+    timeout 150 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
+      --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -6 | tee -a $R/log.txt
+  done
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
 esac
 tar czf $OUT/s29-$STAGE.tgz -C /tmp s29-$STAGE
