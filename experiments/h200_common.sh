@@ -90,6 +90,20 @@ bench_vs_llamacpp() {
   log "bench SmolLM2 d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-smollm2-d4096.txt | tail -5 | tee -a $R/log.txt
   cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
 }
+# llamacpp_vs "MODEL [ARGS]" ...: llama.cpp built in the call (carry .llamacpp), then `memra bench MODEL ARGS -p 512
+# -n 128 --vs llama.cpp` of each (an item's words after the model are its own arguments, e.g. "synth:llama3-8b:Q4_K_M
+# -d 4096"); receipts in $R/bench-vs.jsonl (copied to $OUT), the gate and cells logged
+llamacpp_vs() {
+  local m
+  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
+  log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
+  for m in "$@"; do
+    timeout 170 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
+      --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -8 | tee -a $R/log.txt
+  done
+  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+}
 # bench_arms VAR "V1 V2 .." JSONL MODEL.. -- BENCH-ARGS..: `memra bench` of each model with VAR set to each
 # value in turn (arms alternating when the list repeats), receipts in $R/JSONL (copied to $OUT), the
 # pp / tg lines logged

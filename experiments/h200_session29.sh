@@ -71,14 +71,9 @@ c)
   gpu_tests 560 ;;
 d)
   # landing: llama.cpp built in the call (carry .llamacpp), then `--vs llama.cpp` of the models the new entries
-  # touch (MODELS, default the three 8B files and the 8B Q4_K_M at depth 4096)
-  link_models "the real models' benchmarks need them"
-  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1; log "llama.cpp build rc=$? $(el)"
-  for m in ${MODELS:-synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0 "synth:llama3-8b:Q4_K_M -d 4096"}; do
-    timeout 150 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
-      --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
-    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -6 | tee -a $R/log.txt
-  done
-  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null ;;
+  # touch (MODELS: a space-separated list of models, no arguments; default the three 8B files and the 8B Q4_K_M
+  # at depth 4096)
+  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
+  else llamacpp_vs synth:llama3-8b:Q4_K_M synth:llama3-8b:Q8_0 synth:llama3-8b:Q4_0 "synth:llama3-8b:Q4_K_M -d 4096"; fi ;;
 esac
 tar czf $OUT/s29-$STAGE.tgz -C /tmp s29-$STAGE
