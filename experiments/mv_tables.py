@@ -7,15 +7,25 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
-SHIPPED = Path(__file__).resolve().parents[1] / "tune" / "defaults" / "nvidia-h200.json"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from memra.tune.receipts import shape_key, shape_of_key  # noqa: E402
+
+SHIPPED = ROOT / "tune" / "defaults" / "nvidia-h200.json"
 
 
 def shape(key: str) -> dict:
     """'cols=4096,rows=6144,type=Q8_0' -> {'cols': 4096, 'rows': 6144, 'type': 'Q8_0'}"""
-    return {k: (v if k == "type" else int(v)) for k, v in re.findall(r"(\w+)=(\w+)", key)}
+    return {k: (v if k == "type" else int(v)) for k, v in shape_of_key(key).items()}
+
+
+def mid_size(kernel: str, s: dict) -> bool:
+    """The 8B's 4096-wide non-GLU matvecs short of the LM head: attn_output, QKV and its parts."""
+    return kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000
 
 
 def write(out: Path, groups: dict[str, Callable[[str, dict], dict | None]]) -> None:
@@ -41,11 +51,8 @@ def main(argv: list[str]) -> None:
     out, group, sel, *sets = argv
     kernel, rx = sel.split(" ", 1)
     extra = {k: int(v) for k, v in (s.split("=", 1) for s in sets)}
-    key = lambda s: ",".join(f"{k}={s[k]}" for k in sorted(s))   # noqa: E731
-    write(Path(out), {group: lambda kn, s: extra if kn == kernel and re.fullmatch(rx, key(s)) else {}})
+    write(Path(out), {group: lambda kn, s: extra if kn == kernel and re.fullmatch(rx, shape_key(s)) else {}})
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Registers per kernel of a cubin, from its ELF (.nv.info EIATTR_REGCOUNT records, names from .symtab): what
 ptxas allocated, without a GPU. kernel_regs(cubin_bytes) -> {kernel name: registers}."""
-import struct, sys
+import struct
 def sections(elf):
     shoff=struct.unpack_from('<Q',elf,0x28)[0]; shentsize,shnum,shstrndx=struct.unpack_from('<HHH',elf,0x3a)
     secs=[]

@@ -18,7 +18,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
+import mv_tables  # noqa: E402
 from cubin_regs import kernel_regs  # noqa: E402
 from memra.gpu.compile import compile_cubin  # noqa: E402
 from memra.gpu.ops import matvec as M  # noqa: E402
@@ -33,16 +35,16 @@ def blocks_per_sm(regs: int, nwarps: int) -> int:
 
 
 def main(rx: str = ".*") -> None:
-    t = json.loads((HERE.parents[1] / "tune" / "defaults" / "nvidia-h200.json").read_text())
+    t = json.loads(mv_tables.SHIPPED.read_text())
     print(f"{'kernel':10s} {'shape':34s} {'config':52s} regs  blk/SM  grid   waves  units/lane")
     for kernel in ("matvec", "matvec_glu"):
         for key, buckets in sorted(t["entries"][kernel].items()):
             e = buckets.get("1")
             if not e or not re.fullmatch(rx, key):
                 continue
-            s = dict(kv.split("=") for kv in key.split(","))
+            s = mv_tables.shape(key)
             tid, glu = M.type_id(s["type"]), kernel == "matvec_glu"
-            N, K = int(s["rows"]) // (2 if glu else 1), int(s["cols"])
+            N, K = s["rows"] // (2 if glu else 1), s["cols"]
             cfg = M.launch_config(tid, True, N, K, 1, glu, None, lambda _n: e["config"])
             regs = kernel_regs(compile_cubin("matvec.cu", "sm_90a", M.module_defines(tid, 1, cfg)))["mv_q8_glu" if glu else "mv_q8"]
             b = blocks_per_sm(regs, cfg["MV_NWARPS"])

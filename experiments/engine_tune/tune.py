@@ -18,6 +18,7 @@ shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's ord
 """
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -38,47 +39,46 @@ def norm(cfg: dict) -> tuple:
     return tuple(sorted({**DEFAULTS, **cfg}.items()))
 
 
-def receipts(kernel: str, shape: dict, src_hash: str) -> tuple[dict[tuple, float], dict[tuple, dict]]:
-    """(config -> the fastest median_us any campaign receipt measured for it (batch 1, this kernel source),
-    config -> the configuration as a receipt spelled it: what a table entry must say, since the launcher lays
-    an entry over the shape's built-in configuration, whose values differ from matvec.cu's defaults)."""
+def receipts(df, kernel: str, key: str, src_hash: str) -> tuple[dict[tuple, float], dict[tuple, dict]]:
+    """From the campaign receipts `df` (memra.tune.receipts.read_receipts, kind tune): (config -> the fastest
+    median_us measured for it at batch 1 on this kernel source, config -> the configuration as a receipt spelled it:
+    what a table entry must say, since the launcher lays an entry over the shape's built-in configuration, whose
+    values differ from matvec.cu's defaults)."""
+    rows = df[(df["kernel"] == kernel) & (df["shape_key"] == key) & (df["batch"] == 1) & (df["ok"] == True)  # noqa: E712
+              & (df["src_hash"] == src_hash)]
     best: dict[tuple, float] = {}
     spelled: dict[tuple, dict] = {}
-    for f in sorted((ROOT / "research" / "tune").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            d = json.loads(line)
-            sh = d.get("shape") or {}
-            if (d.get("kernel") != kernel or not d.get("ok") or d.get("src_hash") != src_hash
-                    or sh.get("batch") != 1 or any(sh.get(k) != v for k, v in shape.items())):
-                continue
-            c = norm(d["config"])
-            best[c] = min(best.get(c, float("inf")), d["median_us"])
-            spelled.setdefault(c, dict(d["config"]))
+    for cfg, us in zip(rows["config"], rows["median_us"]):
+        c = norm(cfg)
+        best[c] = min(best.get(c, float("inf")), float(us))
+        spelled.setdefault(c, dict(cfg))
     return best, spelled
 
 
 def tables(out: Path, k: int, selections: list[str]) -> None:
+    from memra.tune.receipts import read_receipts
+
+    df = read_receipts(ROOT / "research" / "tune", kinds=("tune",))
     shipped = json.loads(mv_tables.SHIPPED.read_text())
     index = []
     for sel in selections:
         kernel, key = sel.split(" ", 1)
         e = shipped["entries"][kernel][key]["1"]
-        shape = mv_tables.shape(key)
-        got, spelled = receipts(kernel, shape, e["src_hash"])
+        got, spelled = receipts(df, kernel, key, e["src_hash"])
         mine = norm(e["config"])
         ranked = sorted((us, c) for c, us in got.items() if c != mine)[:k]
         print(f"{sel}: shipped {dict(mine)} {got.get(mine, float('nan')):.2f} us alone; {len(got)} configurations")
         for us, c in ranked:
             name = f"c{len(index)}"
-            t = json.loads(mv_tables.SHIPPED.read_text())
+            t = copy.deepcopy(shipped)
             t["entries"][kernel][key]["1"]["config"] = spelled[c]
             d = out / name
             d.mkdir(parents=True, exist_ok=True)
             (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
             index.append({"name": name, "kernel": kernel, "shape": key, "config": dict(c), "alone_us": us,
-                          "shipped": dict(mine), "shipped_alone_us": got.get(mine),
-                          "table_config": t["entries"][kernel][key]["1"]["config"], "base_config": e["config"],
-                          "device": shipped["device"], "src": e["src"], "src_hash": e["src_hash"]})
+                          "shipped": dict(mine), "shipped_alone_us": got.get(mine), "table_config": spelled[c],
+                          "base_config": e["config"], "device": shipped["device"], "src": e["src"],
+                          "src_hash": e["src_hash"]})
             print(f"  {name}: {dict(c)} {us:.2f} us alone")
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
@@ -91,8 +91,8 @@ def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
             d = json.loads(line)
             if d.get("test") != "tg128" or d.get("engine") != "memra":
                 continue
-            tb = str(d.get("table") or "")
-            name = Path(tb).parent.name if f"{out.name}/" in tb else "shipped"
+            tb = Path(str(d.get("table") or "").removeprefix("file:"))
+            name = tb.parent.name if tb.parent.parent.name == out.name else "shipped"   # OUT/<name>/<device>.json
             runs.setdefault(f"{d['model']}|{name}", []).append(d["median_ts"])
     return runs
 

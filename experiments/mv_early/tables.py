@@ -21,7 +21,7 @@ import mv_tables  # noqa: E402
 
 
 def mid(kernel: str, s: dict) -> dict:
-    return {"MV_EARLY": 0} if kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000 else {}
+    return {"MV_EARLY": 0} if mv_tables.mid_size(kernel, s) else {}
 
 
 def kbig(kernel: str, s: dict) -> dict:

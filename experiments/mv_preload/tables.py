@@ -19,7 +19,7 @@ import mv_tables  # noqa: E402
 
 
 def mid(kernel: str, s: dict) -> dict:
-    return {"MV_PRELOAD": 2} if kernel == "matvec" and s["cols"] == 4096 and s["rows"] < 100_000 else {}
+    return {"MV_PRELOAD": 2} if mv_tables.mid_size(kernel, s) else {}
 
 
 def every(kernel: str, s: dict) -> dict:
