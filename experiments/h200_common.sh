@@ -70,39 +70,30 @@ gpu_tests() {
   timeout $left python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS_EXTRA:-} tests > $R/gpu-tests.txt 2>&1
   log "gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
 }
-# bench_vs_llamacpp LLAMA_BENCH: `memra bench --vs llama.cpp` (pp512 + tg128) of every benchmark
-# model, one run each, then the 8B Q4_K_M and SmolLM2 at depth 4096; receipts in $R/bench-vs.jsonl (copied
-# to $OUT after each), one log per model, the gate and the cells in $R/log.txt
-bench_vs_llamacpp() {
+# vs_runs LLAMA_BENCH "MODEL [ARGS]"...: `memra bench MODEL ARGS -p 512 -n 128 --vs llama.cpp` of each (an item's
+# words after the model are its own arguments, e.g. "synth:llama3-8b:Q4_K_M -d 4096"); receipts in $R/bench-vs.jsonl
+# (copied to $OUT after each), one log per item, the gate and the cells in $R/log.txt
+vs_runs() {
   local lb=$1 m f
-  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0; do
-    f=$(echo $m | tr : _)
-    timeout 120 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench "$lb" --synth-tokenizer $TOK \
+  shift
+  for m in "$@"; do
+    f=$(echo "$m" | tr ': ' '__')
+    timeout 170 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench "$lb" --synth-tokenizer $TOK \
       --out $R/bench-vs.jsonl > $R/bench-$f.txt 2>&1
-    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | tail -5 | tee -a $R/log.txt
+    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-$f.txt | tail -8 | tee -a $R/log.txt
     cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
   done
-  timeout 150 python3 -m memra bench synth:llama3-8b:Q4_K_M -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench "$lb" \
-    --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench-8b-d4096.txt 2>&1
-  log "bench 8B d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-8b-d4096.txt | tail -5 | tee -a $R/log.txt
-  timeout 120 python3 -m memra bench smollm2-135m -p 512 -n 128 -d 4096 --vs llama.cpp --llama-bench "$lb" \
-    --out $R/bench-vs.jsonl > $R/bench-smollm2-d4096.txt 2>&1
-  log "bench SmolLM2 d4096 rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench-smollm2-d4096.txt | tail -5 | tee -a $R/log.txt
-  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
 }
-# llamacpp_vs "MODEL [ARGS]" ...: llama.cpp built in the call (carry .llamacpp), then `memra bench MODEL ARGS -p 512
-# -n 128 --vs llama.cpp` of each (an item's words after the model are its own arguments, e.g. "synth:llama3-8b:Q4_K_M
-# -d 4096"); receipts in $R/bench-vs.jsonl (copied to $OUT), the gate and cells logged
+# bench_vs_llamacpp LLAMA_BENCH: vs_runs of every benchmark model, then the 8B Q4_K_M and SmolLM2 at depth 4096
+bench_vs_llamacpp() {
+  vs_runs "$1" smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 \
+    synth:llama3-8b:Q8_0 "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096"
+}
+# llamacpp_vs "MODEL [ARGS]"...: llama.cpp built in the call (carry .llamacpp), then vs_runs of the items
 llamacpp_vs() {
-  local m
   timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
   log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
-  for m in "$@"; do
-    timeout 170 python3 -m memra bench $m -p 512 -n 128 --vs llama.cpp --llama-bench /root/llama.cpp/build/bin/llama-bench \
-      --synth-tokenizer $TOK --out $R/bench-vs.jsonl > $R/bench.txt 2>&1
-    log "bench $m rc=$? $(el)"; grep -E "gate|pp512|tg128" $R/bench.txt | tail -8 | tee -a $R/log.txt
-  done
-  cp $R/bench-vs.jsonl $OUT/ 2>/dev/null
+  vs_runs /root/llama.cpp/build/bin/llama-bench "$@"
 }
 # bench_arms VAR "V1 V2 .." JSONL MODEL.. -- BENCH-ARGS..: `memra bench` of each model with VAR set to each
 # value in turn (arms alternating when the list repeats), receipts in $R/JSONL (copied to $OUT), the
