@@ -53,10 +53,12 @@ def main(tables_py: str, group: str, make_py: str | None = None) -> int:
             if s["rows"] * s["cols"] > 1 << 28:   # the LM heads: their float64 reference would take minutes
                 print(json.dumps({"kernel": kernel, "shape": key, "skipped": "size"}), flush=True)
                 continue
-            c = M._Case(g, M.type_id(s["type"]), s["rows"] // 2 if glu else s["rows"], s["cols"], rng, glu=glu)
+            tid, N = M.type_id(s["type"]), s["rows"] // 2 if glu else s["rows"]
+            c = M._Case(g, tid, N, s["cols"], rng, glu=glu)
             ys = []
-            for conf in (base, {**base, **extra}):
-                c.run(key, "q8", 1, act="silu" if glu else None, residual=not glu, config={"MV_KSPLIT": 1, **conf})
+            for conf in (base, {**base, **extra}):   # laid over the shape's built-in configuration, as the engine does
+                cfg = M.launch_config(tid, True, N, s["cols"], 1, glu, None, lambda _n, conf=conf: conf)
+                c.run(key, "q8", 1, act="silu" if glu else None, residual=not glu, config=cfg)
                 ys.append(c.y.numpy().view(np.uint32).copy())
             same = bool(np.array_equal(ys[0], ys[1]))
             bad += not same
