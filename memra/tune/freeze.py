@@ -187,12 +187,14 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     note says why (re-run the A/B). An applied entry's `config` becomes the record's and it gains
     `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
     configuration's, timed alone: a launch's time alone is not what the choice was made on."""
+    from memra.gpu.plan import dispatch_kernel
+
     root = root or Path(__file__).resolve().parent.parent
     notes = []
     for c in sorted((c for c in choices if c["device"] == table["device"]), key=lambda c: str(c["ts"])):
         what = f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
-        entry = table["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(
-            str(batch_bucket(int(c["batch"]), table["batch_buckets"])))
+        b = str(batch_bucket(int(c["batch"]), table["batch_buckets"]))
+        entry = table["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
         if entry is None:
             notes.append(f"{what}: not applied, the table has no such entry")
         elif current_hash(c["src"]) != c["src_hash"]:
@@ -201,10 +203,15 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
             notes.append(f"{what}: not applied, the entry's configuration {dict(entry['config'])} is not the "
                          f"A/B's base {dict(c['base_config'])} (re-run it)")
         else:
-            entry["config"] = dict(c["config"])
-            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
-                                      "evidence": list(c["evidence"]),
-                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
+            mark = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]), "evidence": list(c["evidence"]),
+                    "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
+            entry["config"], entry["engine_choice"] = dict(c["config"]), mark
+            # a dispatch entry that sends this shape and bucket to the matvec names the configuration that
+            # path ran when the dispatch campaign timed it, the entry's base: it now runs the chosen one
+            glu = {"matvec": False, "matvec_glu": True}.get(c["kernel"])
+            path = None if glu is None else table["entries"].get(dispatch_kernel(glu), {}).get(c["shape_key"], {}).get(b)
+            if path is not None and path.get("variant") == "matvec" and dict(path["config"]) == mark["base_config"]:
+                path["config"], path["engine_choice"] = dict(c["config"]), dict(mark)
             notes.append(f"{what}: {dict(c['config'])} (engine tg128 {100 * float(c['gain']):+.1f} % over "
                          f"{dict(c['base_config'])})")
     return notes
