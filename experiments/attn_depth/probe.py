@@ -44,10 +44,34 @@ def main() -> int:
     ap.add_argument("--out", default="attn-depth.jsonl")
     ap.add_argument("--ncu-one", default="", help="ctx:warps:tile:hpb:splits of the 8B shape, launched 4 times")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--merge-mj", type=int, default=-1, help="experiments/attn_merge's build copy at ATT_MERGE_MJ "
+                    "(0: its control, the same code as kernels/); -1: kernels/attention.cu")
+    ap.add_argument("--cases", default="", help="name:ctx:warps:tile:hpb:splits,... instead of the sweep "
+                    "(name one of SHAPES; splits 0: the engine's default for that hpb)")
     args = ap.parse_args()
     from memra.gpu import cuda
     from memra.gpu.ops import attention as ATT
 
+    if args.merge_mj >= 0:
+        sys.path.insert(0, str(ROOT / "experiments"))
+        sys.path.insert(0, str(ROOT / "experiments" / "attn_merge"))
+        import make as merge_make
+        from engine_arm import route
+
+        merge_make.generate()
+        route("attention.cu", merge_make.ARM_FILE, {"ATT_MERGE_MJ": args.merge_mj})
+    import hashlib
+
+    import memra.gpu.compare as CMP
+
+    seen = []
+    plain = CMP.compare
+
+    def hashed(name, o, ref, tol):   # the check's output bits, compared across arms (same seed, same order)
+        seen.append(hashlib.sha1(np.ascontiguousarray(o).tobytes()).hexdigest()[:16])
+        return plain(name, o, ref, tol)
+
+    CMP.compare = hashed
     g = cuda.gpu()
     rng = np.random.default_rng(7)
     rotate = 2 * int(g.info.l2_bytes)
@@ -61,30 +85,40 @@ def main() -> int:
         return 0
     out = open(args.out, "a")
     t0 = time.perf_counter()
-    for (name, nh, nkv, D), ctx in itertools.product(SHAPES, CTXS):
-        G = nh // nkv
-        base = ATT.default_splits(nh, g.info.sm_count)
-        for warps, tile, hpb in ((8, 64, 1), (4, 64, 1), (8, 32, 1), (8, 64, G)):
-            for splits in sorted({base, 64}):
-                c = case(g, name, nh, nkv, D, ctx, warps, tile, hpb, splits, rng, rotate)
-                ok, err, detail = c.check()
-                n = max(24, c.sets) // c.sets * c.sets
-                with g.capture() as graph:
-                    for i in range(n):
-                        c.launch(i % c.sets)
-                graph.upload()
-                ms = g.time_ms(graph.launch, reps=args.reps, warmup=3)
-                graph.close()
-                us = float(np.median(ms)) * 1e3 / n
-                kv = 2 * ctx * nkv * D * 2
-                rec = {"shape": name, "n_head": nh, "n_head_kv": nkv, "head_dim": D, "ctx": ctx, "ATT_WARPS": warps,
-                       "ATT_TILE": tile, "hpb": hpb, "splits": c.S, "ok": bool(ok), "max_err": err, "us": us,
-                       "kv_gbps": kv / us / 1e3, "device": g.info.name}
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
-                print(f"{name:8s} ctx {ctx:6d} w{warps} t{tile} hpb{hpb} S{c.S:4d} {'ok ' if ok else 'BAD'} "
-                      f"{us:9.2f} us {kv / us / 1e3:7.0f} GB/s", flush=True)
-        print(f"-- {name} ctx {ctx} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    shapes = {s[0]: s for s in SHAPES}
+    if args.cases:
+        todo = []
+        for spec in args.cases.split(","):
+            name, *v = spec.split(":")
+            ctx, warps, tile, hpb, splits = (int(x) for x in v)
+            _, nh, nkv, D = shapes[name]
+            todo.append((shapes[name], ctx, warps, tile, hpb, splits or ATT.default_splits(nh // hpb, g.info.sm_count)))
+    else:
+        todo = [((name, nh, nkv, D), ctx, warps, tile, hpb, splits)
+                for (name, nh, nkv, D), ctx in itertools.product(SHAPES, CTXS)
+                for warps, tile, hpb in ((8, 64, 1), (4, 64, 1), (8, 32, 1), (8, 64, nh // nkv))
+                for splits in sorted({ATT.default_splits(nh, g.info.sm_count), 64})]
+    for (name, nh, nkv, D), ctx, warps, tile, hpb, splits in todo:
+        c = case(g, name, nh, nkv, D, ctx, warps, tile, hpb, splits, rng, rotate)
+        ok, err, detail = c.check()
+        n = max(24, c.sets) // c.sets * c.sets
+        with g.capture() as graph:
+            for i in range(n):
+                c.launch(i % c.sets)
+        graph.upload()
+        ms = g.time_ms(graph.launch, reps=args.reps, warmup=3)
+        graph.close()
+        us = float(np.median(ms)) * 1e3 / n
+        kv = 2 * ctx * nkv * D * 2
+        rec = {"shape": name, "n_head": nh, "n_head_kv": nkv, "head_dim": D, "ctx": ctx, "ATT_WARPS": warps,
+               "ATT_TILE": tile, "hpb": hpb, "splits": c.S, "ok": bool(ok), "max_err": err, "us": us,
+               "kv_gbps": kv / us / 1e3, "device": g.info.name, "out_sha": seen[-1] if seen else None,
+               "merge_mj": args.merge_mj}
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+        print(f"{name:8s} ctx {ctx:6d} w{warps} t{tile} hpb{hpb} S{c.S:4d} {'ok ' if ok else 'BAD'} "
+              f"{us:9.2f} us {kv / us / 1e3:7.0f} GB/s mj {args.merge_mj} {seen[-1] if seen else ''}", flush=True)
+    print(f"-- done at {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 
