@@ -17,9 +17,11 @@ by = {}
 for r in rows:
     by.setdefault((r["shape"], r["ctx"], r["ATT_WARPS"], r["hpb"], r["splits"]), {}).setdefault(r["merge_mj"], []).append(r)
 for k, arms in by.items():
-    a, b = arms.get(0, []), arms.get(16, [])
-    if a and b:
-        ua, ub = statistics.median(x["us"] for x in a), statistics.median(x["us"] for x in b)
-        same = {x["out_sha"] for x in a} == {x["out_sha"] for x in b} and len({x["out_sha"] for x in a + b}) == 1
-        print(f"{k}: {ua:.2f} -> {ub:.2f} us ({100 * (ub / ua - 1):+.1f} %) bits {'SAME' if same else 'DIFFER'} ok {all(x['ok'] for x in a + b)}")
+    a = arms.get(0, [])
+    for mj, b in sorted(arms.items()):
+        if mj and a and b:
+            ua, ub = statistics.median(x["us"] for x in a), statistics.median(x["us"] for x in b)
+            same = len({x["out_sha"] for x in a + b}) == 1
+            print(f"{k} MJ {mj}: {ua:.2f} -> {ub:.2f} us ({100 * (ub / ua - 1):+.1f} %) bits {'SAME' if same else 'DIFFER'} "
+                  f"ok {all(x['ok'] for x in a + b)}")
 PY

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 29; research/2026-12-04-session29 "Next").
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session30.sh
+# .whl from experiments/h200_wheels.sh (the GPU tests' extras), not ../shared/device/wheels.sh alone.
+# STAGE a (~4 min; carry .whl, .synthtok; the real models shipped first for SmolLM2): attn_merge in the engine
+#  (experiments/attn_merge/ab.py: attention.cu from its build copy at MERGE_MJ 0 = kernels/' SASS, or 16), tg128
+#  at depth 4,096 with arms 0 16 16 0 on the 8B Q4_K_M, SmolLM2 (real file) and the 1B (predicted +3 / +5 / +7 %:
+#  75 / 35 / 49 µs a token), then ab.sh's kernel probe with MJ 32 beside 16 (one round for 32 splits).
+# STAGE l (~7 min, models shipped), after `git apply experiments/attn_merge/landing.patch` is committed: the h200
+#  campaign's attn_decode jobs (the entries go stale with the source), freeze --pdl, kernel-check --add-to.
+# STAGE t (~6 min, models shipped): the GPU tests.
+# STAGE d (~8 min; carry .llamacpp too): llama.cpp built in the call, `--vs llama.cpp` of the depth cells (MODELS
+#  overrides: a space-separated list, each item a model and its own arguments).
+set -u
+source experiments/h200_common.sh
+stage_begin s30
+case "$STAGE" in
+a)
+  for m in "synth:llama3-8b:Q4_K_M" "smollm2-135m" "synth:llama-1b:Q4_0"; do
+    for mj in 0 16 16 0; do
+      MERGE_MJ=$mj timeout 120 python3 experiments/attn_merge/ab.py bench $m -p 0 -n 128 -d 4096 -r 3 \
+        --synth-tokenizer $TOK --tag "ATT_MERGE_MJ=$mj (experiments/attn_merge)" --out $R/bench-merge.jsonl \
+        > $R/bench.txt 2>&1
+      log "$m d4096 MJ $mj rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-110) $(el)"
+    done
+  done
+  cp $R/bench-merge.jsonl $OUT/
+  OUT=$R ARMS="0 16 32 0 16 32" timeout 150 bash experiments/attn_merge/ab.sh > $R/ab.txt 2>&1
+  log "ab.sh rc=$? $(el)"; sed -n '/^(/,$p' $R/ab.txt | tee -a $R/log.txt
+  cp $R/attn-merge.jsonl $OUT/attn-merge-32.jsonl ;;
+l)
+  link_models "kernel-check's launch set and the campaign's real models need them"
+  tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
+    --kernels attn_decode
+  freeze_show l
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=300 kernel_check ;;
+t)
+  gpu_tests 585 ;;
+d)
+  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
+  else llamacpp_vs "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" synth:llama3-8b:Q4_K_M; fi ;;
+esac
+tar czf $OUT/s30-$STAGE.tgz -C /tmp s30-$STAGE
