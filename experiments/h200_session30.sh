@@ -5,7 +5,8 @@
 # STAGE a (~4 min; carry .whl, .synthtok; the real models shipped first for SmolLM2): attn_merge in the engine
 #  (experiments/attn_merge/ab.py: attention.cu from its build copy at MERGE_MJ 0 = kernels/' SASS, or 16), tg128
 #  at depth 4,096 with arms 0 16 16 0 on the 8B Q4_K_M, SmolLM2 (real file) and the 1B (predicted +3 / +5 / +7 %:
-#  75 / 35 / 49 µs a token), then ab.sh's kernel probe with MJ 32 beside 16 (one round for 32 splits).
+#  75 / 35 / 49 µs a token), then ab.sh's kernel probe with MJ 32 beside 16 (one round for 32 splits), then the
+#  tensor-core split body's first run (experiments/attn_tc/probe.sh: ok against the float64 reference, µs).
 # STAGE l (~7 min, models shipped), after `git apply experiments/attn_merge/landing.patch` is committed: the h200
 #  campaign's attn_decode jobs (the entries go stale with the source), freeze --pdl, kernel-check --add-to.
 # STAGE t (~6 min, models shipped): the GPU tests.
@@ -27,7 +28,10 @@ a)
   cp $R/bench-merge.jsonl $OUT/
   OUT=$R ARMS="0 16 32 0 16 32" timeout 150 bash experiments/attn_merge/ab.sh > $R/ab.txt 2>&1
   log "ab.sh rc=$? $(el)"; sed -n '/^(/,$p' $R/ab.txt | tee -a $R/log.txt
-  cp $R/attn-merge.jsonl $OUT/attn-merge-32.jsonl ;;
+  cp $R/attn-merge.jsonl $OUT/attn-merge-32.jsonl
+  # the tensor-core body's first device run (experiments/attn_tc: correctness against the float64 reference, µs)
+  OUT=$R timeout 200 bash experiments/attn_tc/probe.sh > $R/tc.txt 2>&1; log "attn_tc probe rc=$? $(el)"
+  grep -E "BAD|tc 1" $R/tc.txt | head -8 | tee -a $R/log.txt; cp $R/attn-tc.jsonl $OUT/ ;;
 l)
   link_models "kernel-check's launch set and the campaign's real models need them"
   tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
