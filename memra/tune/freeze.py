@@ -186,7 +186,9 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     `base_config` (what the engine A/B ran against); else the entry keeps the campaign's choice and the
     note says why (re-run the A/B). An applied entry's `config` becomes the record's and it gains
     `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
-    configuration's, timed alone: a launch's time alone is not what the choice was made on."""
+    configuration's, timed alone: a launch's time alone is not what the choice was made on. A matvec
+    choice also lays itself over the dispatch entry of its shape and bucket that sends it to the matvec
+    with the base configuration (that entry names the configuration its path runs)."""
     from memra.gpu.plan import dispatch_kernel
 
     root = root or Path(__file__).resolve().parent.parent
@@ -209,7 +211,8 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
             # a dispatch entry that sends this shape and bucket to the matvec names the configuration that
             # path ran when the dispatch campaign timed it, the entry's base: it now runs the chosen one
             glu = {"matvec": False, "matvec_glu": True}.get(c["kernel"])
-            path = None if glu is None else table["entries"].get(dispatch_kernel(glu), {}).get(c["shape_key"], {}).get(b)
+            paths = table["entries"].get(dispatch_kernel(glu), {}) if glu is not None else {}
+            path = paths.get(c["shape_key"], {}).get(b)
             if path is not None and path.get("variant") == "matvec" and dict(path["config"]) == mark["base_config"]:
                 path["config"], path["engine_choice"] = dict(c["config"]), dict(mark)
             notes.append(f"{what}: {dict(c['config'])} (engine tg128 {100 * float(c['gain']):+.1f} % over "
