@@ -47,13 +47,7 @@ for l in open(sys.argv[1]):
   OUT=$R/dsplit timeout 400 bash experiments/attn_fa_dsplit/run.sh 2>&1 | tee -a $R/log.txt
   cp $R/dsplit/fa-dsplit.jsonl $OUT/ 2>/dev/null ;;
 l)
-  link_models "kernel-check's launch set and the campaign's real models need them"
-  tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
-    --kernels attn_decode
-  freeze_show l
-  mkdir -p $OUT/tune $OUT/defaults
-  cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=200 kernel_check
+  attn_land l 200
   GPU_TESTS_EXTRA="--ignore=tests/test_serve_gpu.py" gpu_tests 585 ;;
 esac
 tar czf $OUT/s26-$STAGE.tgz -C /tmp s26-$STAGE

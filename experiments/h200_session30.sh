@@ -33,13 +33,7 @@ a)
   OUT=$R timeout 200 bash experiments/attn_tc/probe.sh > $R/tc.txt 2>&1; log "attn_tc probe rc=$? $(el)"
   grep -E "BAD|tc 1" $R/tc.txt | head -8 | tee -a $R/log.txt; cp $R/attn-tc.jsonl $OUT/ ;;
 l)
-  link_models "kernel-check's launch set and the campaign's real models need them"
-  tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
-    --kernels attn_decode
-  freeze_show l
-  mkdir -p $OUT/tune $OUT/defaults
-  cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=300 kernel_check ;;
+  attn_land l 300 ;;
 t)
   gpu_tests 585 ;;
 d)
