@@ -54,6 +54,8 @@ def main() -> int:
     from memra.gpu import cuda
     from memra.gpu.ops import attention as ATT
 
+    if args.merge_mj >= 0 and args.tc >= 0:
+        raise SystemExit("--merge-mj and --tc are two build copies of attention.cu: one a run")
     if args.merge_mj >= 0:
         sys.path.insert(0, str(ROOT / "experiments"))
         sys.path.insert(0, str(ROOT / "experiments" / "attn_merge"))
