@@ -180,6 +180,33 @@ def test_a_choice_timed_with_a_replaced_path_configuration_is_left_to_the_rule(t
     assert e["1"]["variant"] == "matvec" and e["1"]["config"] == new and e["1"]["candidates"] == 3
 
 
+def test_an_engine_choice_on_a_path_leaves_its_dispatch_choice_to_the_rule(tmp_path):
+    """An engine-choice record replaces the matvec entry's configuration (memra.tune.freeze
+    apply_engine_choices, before launched_keep as `memra tune freeze` runs them): the bucket's dispatch
+    receipts timed the replaced launch, so the bucket is left to the rule like after a re-campaign."""
+    old, new = {"MV_NWARPS": 8, "MV_ROWS": 2}, {"MV_NWARPS": 4, "MV_ROWS": 2}
+    mv = make_receipt(kernel="matvec", variant="q8", config=old, shape={**DOWN, "batch": 1}, src="matvec.cu",
+                      src_hash=T._current_hash("matvec.cu"), ok=True, median_us=2.0, p20_us=2.0, p80_us=2.0,
+                      reps=50, max_err=0.0, git_sha="0" * 40, **H200)
+    rows = [mv] + [{**rec(p, us, 1), "config": c} for p, us, c in (("matvec", 3.0, old), ("mvt", 5.0, {}),
+                                                                  ("gemm", 6.0, {}))]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    df = read_receipts([f], kinds=("tune",))
+    kw = dict(current_hashes={s: T._current_hash(s) for s in ("matvec.cu", D.SRC)})
+    t = F.freeze(df, "NVIDIA H200", **kw)
+    assert t["entries"]["dispatch"][shape_key(DOWN)]["1"]["config"] == old
+    assert D.launched_keep(df, t)[1] == []
+    choice = {"device": "NVIDIA H200", "kernel": "matvec", "shape_key": shape_key(DOWN), "batch": 1,
+              "base_config": old, "config": new, "src": "matvec.cu", "src_hash": T._current_hash("matvec.cu"),
+              "gain": 0.01, "evidence": ["x.jsonl"], "ts": "2026-12-04T12:00:00Z"}
+    (note,) = F.apply_engine_choices(t, [choice], T._current_hash)
+    assert "not applied" not in note and t["entries"]["matvec"][shape_key(DOWN)]["1"]["config"] == new
+    keep, left = D.launched_keep(df, t)
+    assert left == [("dispatch", shape_key(DOWN), 1)]
+    assert "dispatch" not in F.freeze(df, "NVIDIA H200", keep=keep, **kw)["entries"]   # the rule: matvec
+
+
 def test_the_head_is_timed_and_frozen_at_decode_buckets_only(tmp_path):
     """A prefill chunk computes no logits, so the output head is never multiplied over 128 rows:
     no dispatch job times it there, and freeze leaves out an older receipt that did."""

@@ -69,21 +69,3 @@ def test_a_choice_against_another_base_or_an_older_kernel_is_not_applied(tmp_pat
         r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / f"u{i}"))
         assert r.returncode == 0 and "not applied" in r.stderr and why in r.stderr, r.stderr
 
-
-def test_a_matvec_choice_carries_over_to_the_dispatch_entry_that_runs_it():
-    """A dispatch entry sending the shape's bucket to the matvec names the configuration that path ran (the
-    choice's base): it takes the chosen one too, so the table never names a configuration no launch runs;
-    a dispatch entry on another path, or at another bucket, is left alone."""
-    from memra.tune.freeze import apply_engine_choices
-
-    base, chosen, key = {"MV_NWARPS": 8, "MV_ROWS": 2}, {"MV_NWARPS": 4, "MV_ROWS": 2}, "cols=4096,rows=4096,type=Q8_0"
-    table = {"device": "NVIDIA H200", "batch_buckets": [1, 2, 4, 8], "entries": {
-        "matvec": {key: {"1": {"config": dict(base), "variant": "q8"}}},
-        "dispatch": {key: {"1": {"config": dict(base), "variant": "matvec"}, "8": {"config": {}, "variant": "mvt"}}}}}
-    rec = _choice(0, 1, kernel="matvec", shape_key=key, base_config=base, config=chosen, src="matvec.cu")
-    notes = apply_engine_choices(table, [rec], lambda src: rec["src_hash"])
-    assert notes == [f"engine choice matvec {key} batch 1: {chosen} (engine tg128 +1.2 % over {base})"]
-    assert table["entries"]["matvec"][key]["1"]["config"] == chosen
-    d = table["entries"]["dispatch"][key]
-    assert d["1"]["config"] == chosen and d["1"]["engine_choice"]["base_config"] == base
-    assert d["8"] == {"config": {}, "variant": "mvt"}

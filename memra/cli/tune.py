@@ -272,14 +272,17 @@ def tune_freeze(
         kw = dict(current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
                   entry_src=DISPATCH.entry_src(_current_hash))
         table = freeze(df, d, keep=reached, **kw)
-        # a dispatch choice measured with a path configuration the table has replaced since: no choice
+        notes = apply_engine_choices(table, choices, _current_hash, project_root())
+        # a dispatch choice measured with a path configuration the table has replaced since (a later
+        # campaign, or an engine choice laid over the path's entry): no choice
         keep, left_out = DISPATCH.launched_keep(df[df["device"] == d], table, reached)
         if left_out:
             table = freeze(df, d, keep=keep, **kw)
+            apply_engine_choices(table, choices, _current_hash, project_root())   # the same notes
             err.print(f"{d}: {len(left_out)} dispatch choices left to the rule, their paths' configurations "
                       f"changed since they were timed (re-time them: memra tune dispatch --resume): "
                       + "; ".join(f"{k} {shape} rows {b}" for k, shape, b in left_out), markup=False)
-        for note in apply_engine_choices(table, choices, _current_hash, project_root()):
+        for note in notes:
             err.print(f"{d}: {note}", markup=False)
         path = write_table(table, out_dir or home_tables_dir())
         tables.append(table)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping
 
 from memra.atomic import write_atomic
 from memra.errors import MemraError
-from memra.paths import home_tables_dir
+from memra.paths import home_tables_dir, project_root
 from memra.tune.receipts import config_key, git_sha, utc_now
 from memra.tune.tables import (BATCH_BUCKETS, TABLE_FORMAT, _current_hash, batch_bucket, device_slug,
                                list_tables, load_table, stale_entries)
@@ -186,12 +186,10 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     `base_config` (what the engine A/B ran against); else the entry keeps the campaign's choice and the
     note says why (re-run the A/B). An applied entry's `config` becomes the record's and it gains
     `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
-    configuration's, timed alone: a launch's time alone is not what the choice was made on. A matvec
-    choice also lays itself over the dispatch entry of its shape and bucket that sends it to the matvec
-    with the base configuration (that entry names the configuration its path runs)."""
-    from memra.gpu.plan import dispatch_kernel
-
-    root = root or Path(__file__).resolve().parent.parent
+    configuration's, timed alone: a launch's time alone is not what the choice was made on. Apply them
+    before memra.tune.dispatch.launched_keep: a dispatch choice timed with the base configuration no
+    longer times a launch the engine makes."""
+    root = root or project_root()
     notes = []
     for c in sorted((c for c in choices if c["device"] == table["device"]), key=lambda c: str(c["ts"])):
         what = f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
@@ -205,16 +203,10 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
             notes.append(f"{what}: not applied, the entry's configuration {dict(entry['config'])} is not the "
                          f"A/B's base {dict(c['base_config'])} (re-run it)")
         else:
-            mark = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]), "evidence": list(c["evidence"]),
-                    "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
-            entry["config"], entry["engine_choice"] = dict(c["config"]), mark
-            # a dispatch entry that sends this shape and bucket to the matvec names the configuration that
-            # path ran when the dispatch campaign timed it, the entry's base: it now runs the chosen one
-            glu = {"matvec": False, "matvec_glu": True}.get(c["kernel"])
-            paths = table["entries"].get(dispatch_kernel(glu), {}) if glu is not None else {}
-            path = paths.get(c["shape_key"], {}).get(b)
-            if path is not None and path.get("variant") == "matvec" and dict(path["config"]) == mark["base_config"]:
-                path["config"], path["engine_choice"] = dict(c["config"]), dict(mark)
+            entry["config"] = dict(c["config"])
+            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
+                                      "evidence": list(c["evidence"]),
+                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
             notes.append(f"{what}: {dict(c['config'])} (engine tg128 {100 * float(c['gain']):+.1f} % over "
                          f"{dict(c['base_config'])})")
     return notes
