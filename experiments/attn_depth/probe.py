@@ -44,34 +44,27 @@ def main() -> int:
     ap.add_argument("--out", default="attn-depth.jsonl")
     ap.add_argument("--ncu-one", default="", help="ctx:warps:tile:hpb:splits of the 8B shape, launched 4 times")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--merge-mj", type=int, default=-1, help="experiments/attn_merge's build copy at ATT_MERGE_MJ "
-                    "(0: its control, the same code as kernels/); -1: kernels/attention.cu")
-    ap.add_argument("--tc", type=int, default=-1, help="experiments/attn_tc's build copy at ATT_TC (1: the tensor-core "
-                    "body, which needs ATT_TILE = 16 x ATT_WARPS; 0: its control, kernels/' SASS); -1: kernels/")
+    ap.add_argument("--arm", default="", help="DIR:NAME=V: attention.cu from experiments/DIR's build copy (its make.py), "
+                    "NAME=V added to every module (attn_merge:ATT_MERGE_MJ=16, attn_tc:ATT_TC=1; the control of "
+                    "either at 0 is kernels/' SASS); default kernels/attention.cu")
     ap.add_argument("--cases", default="", help="name:ctx:warps:tile:hpb:splits,... instead of the sweep "
                     "(name one of SHAPES; splits 0: the engine's default for that hpb)")
     args = ap.parse_args()
     from memra.gpu import cuda
     from memra.gpu.ops import attention as ATT
 
-    if args.merge_mj >= 0 and args.tc >= 0:
-        raise SystemExit("--merge-mj and --tc are two build copies of attention.cu: one a run")
-    if args.merge_mj >= 0:
+    arm = {}
+    if args.arm:
+        where, _, define = args.arm.partition(":")
+        name, _, value = define.partition("=")
+        arm = {name: int(value)}
         sys.path.insert(0, str(ROOT / "experiments"))
-        sys.path.insert(0, str(ROOT / "experiments" / "attn_merge"))
-        import make as merge_make
+        sys.path.insert(0, str(ROOT / "experiments" / where))
+        import make
         from engine_arm import route
 
-        merge_make.generate()
-        route("attention.cu", merge_make.ARM_FILE, {"ATT_MERGE_MJ": args.merge_mj})
-    if args.tc >= 0:
-        sys.path.insert(0, str(ROOT / "experiments"))
-        sys.path.insert(0, str(ROOT / "experiments" / "attn_tc"))
-        import make as tc_make
-        from engine_arm import route
-
-        tc_make.generate()
-        route("attention.cu", tc_make.ARM_FILE, {"ATT_TC": args.tc})
+        make.generate()
+        route("attention.cu", make.ARM_FILE, arm)
     import hashlib
 
     import memra.gpu.compare as CMP
@@ -125,11 +118,11 @@ def main() -> int:
         rec = {"shape": name, "n_head": nh, "n_head_kv": nkv, "head_dim": D, "ctx": ctx, "ATT_WARPS": warps,
                "ATT_TILE": tile, "hpb": hpb, "splits": c.S, "ok": bool(ok), "max_err": err, "us": us,
                "kv_gbps": kv / us / 1e3, "device": g.info.name, "out_sha": seen[-1] if seen else None,
-               "merge_mj": args.merge_mj, "tc": args.tc}
+               "arm": args.arm or None, **arm}
         out.write(json.dumps(rec) + "\n")
         out.flush()
         print(f"{name:8s} ctx {ctx:6d} w{warps} t{tile} hpb{hpb} S{c.S:4d} {'ok ' if ok else 'BAD'} "
-              f"{us:9.2f} us {kv / us / 1e3:7.0f} GB/s mj {args.merge_mj} tc {args.tc} {seen[-1] if seen else ''}", flush=True)
+              f"{us:9.2f} us {kv / us / 1e3:7.0f} GB/s {args.arm} {seen[-1] if seen else ''}", flush=True)
     print(f"-- done at {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 

@@ -8,14 +8,14 @@ set -u
 cd "$(dirname "$0")/../.."
 C=${CASES:-8B:1024:8:64:4:33,8B:4096:8:64:4:33,8B:16384:8:64:4:33,1B:4096:4:64:4:33,SmolLM2:1024:8:64:3:88,SmolLM2:4096:8:64:3:88}
 for mj in ${ARMS:-0 16 0 16}; do
-  timeout 60 python3 experiments/attn_depth/probe.py --merge-mj $mj --cases $C --out "$OUT/attn-merge.jsonl" 2>&1 | grep -v "^--" | tail -8
+  timeout 60 python3 experiments/attn_depth/probe.py --arm attn_merge:ATT_MERGE_MJ=$mj --cases $C --out "$OUT/attn-merge.jsonl" 2>&1 | grep -v "^--" | tail -8
 done
 python3 - "$OUT/attn-merge.jsonl" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
-    by.setdefault((r["shape"], r["ctx"], r["ATT_WARPS"], r["hpb"], r["splits"]), {}).setdefault(r["merge_mj"], []).append(r)
+    by.setdefault((r["shape"], r["ctx"], r["ATT_WARPS"], r["hpb"], r["splits"]), {}).setdefault(r.get("ATT_MERGE_MJ", r.get("merge_mj")), []).append(r)
 for k, arms in by.items():
     a = arms.get(0, [])
     for mj, b in sorted(arms.items()):

@@ -5,7 +5,7 @@ inlined with the TC layout (16-byte chunks of a ring row XOR-swizzled by row % 8
 bank groups; V rows past the split's keys zero-filled, as P = 0 there must not meet stale f16 NaNs).
 ATT_TC 0: kernels/attention.cu's arithmetic and layout (RING_SWZ 0).
 
-    python3 experiments/attn_tc/make.py      # generate build/attention.cu (the probe's --tc does it too)
+    python3 experiments/attn_tc/make.py      # generate build/attention.cu (the probe's --arm attn_tc:ATT_TC=N does it too)
 """
 from __future__ import annotations
 
