@@ -96,7 +96,7 @@
 //       p's row) was not on the critical path: the fixed ~3 µs over a RMSNorm launch is not in
 //       the loads (ncu at one key, SmolLM2: 82 instructions a warp, 19.6 cycles each, 5,575
 //       cycles elapsed: the warps live for under a third of the kernel's duration).
-//   v9  (this) with one non-empty split (short contexts), the q8 twin is quantized from the
+//   v9  with one non-empty split (short contexts), the q8 twin is quantized from the
 //       output values in registers, a warp a block of 32 (q8_quantize_warp: the same max,
 //       divisions and integer sum as q8_store4, bit-exact), instead of staging the row in shared
 //       memory and quantizing it after a barrier; the merge path keeps v8's staged twin. H200,
@@ -105,6 +105,13 @@
 //       3.47, SmolLM2 3.51 / 3.75 -> 3.17 / 3.41 (predicted -0.2 to -0.4 at head 64); tg128 in the
 //       engine, alternating arms: SmolLM2 shape +2.4 %, 1B +1.7 %, Gemma-3 shape +1.3 %, 8B Q4_K_M
 //       +0.8 %, 64 greedy ids of the 1B identical.
+//   v10 (this) attn_decode's merge loads ATT_MERGE_MJ (default 16) splits of every output of a thread
+//       before the first fma, then the same fma chain in the same order (v9: ptxas unrolled the split loop
+//       by 4, one output after another: the 8B at 4,096 keys waited on 16 L2 round trips, 32 splits x 2
+//       outputs a thread). Bit-neutral (the same operations and operands in the same order). H200, a
+//       launch in a graph, µs at 4,096 keys (experiments/attn_merge, research/2026-12-04-session29 e/, the
+//       outputs bit for bit the same): 8B 20.61 -> 18.25, 1B 16.85 -> 13.78, SmolLM2 12.04 -> 10.88; at
+//       1,024 keys -1 %, at 16,384 (8B) 41.32 -> 39.87.
 
 #include "common.cuh"
 #include "q8.cuh"
@@ -130,6 +137,9 @@
 #endif
 #ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 128
+#endif
+#ifndef ATT_MERGE_MJ  // attn_decode's merge: splits loaded before the first fma (v10)
+#define ATT_MERGE_MJ 16
 #endif
 #ifndef ATT_EARLY
 #define ATT_EARLY 1
@@ -545,13 +555,36 @@ static __device__ __forceinline__ void decode_body(
             if (lane == 0) inv_den[g] = 1.0f / den;
         }
         __syncthreads();
-        for (int i = tid; i < G * D; i += NT) {
-            const int g = i / D, d = i % D;
-            const float* po = part_o + (base + (size_t)g * S) * D + d;
-            float num = 0.f;
-            for (int j = 0; j < n_act; j++) num += w_s[g][j] * __ldcg(po + (size_t)j * D);
-            orow[i] = num * inv_den[g];
-            ob[i] = num * inv_den[g];
+        {
+            constexpr int MO = (G * D + NT - 1) / NT;  // outputs a thread: i = tid + o * NT
+            float num[MO];
+#pragma unroll
+            for (int o = 0; o < MO; o++) num[o] = 0.f;
+            for (int j0 = 0; j0 < n_act; j0 += ATT_MERGE_MJ) {
+                float v[MO][ATT_MERGE_MJ];  // every load of the round issued before the first fma
+#pragma unroll
+                for (int o = 0; o < MO; o++) {  // unconditional loads (indices clamped): all issued at once
+                    const int i = min(tid + o * NT, G * D - 1);
+                    const float* po = part_o + (base + (size_t)(i / D) * S) * D + i % D;
+#pragma unroll
+                    for (int jj = 0; jj < ATT_MERGE_MJ; jj++) v[o][jj] = __ldcg(po + (size_t)min(j0 + jj, n_act - 1) * D);
+                }
+#pragma unroll
+                for (int o = 0; o < MO; o++) {
+                    const int i = tid + o * NT;
+#pragma unroll
+                    for (int jj = 0; jj < ATT_MERGE_MJ; jj++)
+                        if (i < G * D && j0 + jj < n_act) num[o] += w_s[i / D][j0 + jj] * v[o][jj];
+                }
+            }
+#pragma unroll
+            for (int o = 0; o < MO; o++) {
+                const int i = tid + o * NT;
+                if (i < G * D) {
+                    orow[i] = num[o] * inv_den[i / D];
+                    ob[i] = num[o] * inv_den[i / D];
+                }
+            }
         }
         if (tid == 0) counters[t * gridDim.x + hb] = 0;
         if (q8) {  // from the block's staged copy of the merged row, 8 lanes per block of 32
