@@ -44,8 +44,8 @@ def main() -> int:
     ap.add_argument("--out", default="attn-depth.jsonl")
     ap.add_argument("--ncu-one", default="", help="ctx:warps:tile:hpb:splits of the 8B shape, launched 4 times")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--arm", default="", help="DIR:NAME=V: attention.cu from experiments/DIR's build copy (its make.py), "
-                    "NAME=V added to every module (attn_merge:ATT_MERGE_MJ=16, attn_tc:ATT_TC=1; the control of "
+    ap.add_argument("--arm", default="", help="DIR:NAME=V[,NAME=V]: attention.cu from experiments/DIR's build copy (its make.py), "
+                    "each NAME=V added to every module (attn_merge:ATT_MERGE_MJ=16, attn_tc:ATT_TC=1; the control of "
                     "either at 0 is kernels/' SASS); default kernels/attention.cu")
     ap.add_argument("--cases", default="", help="name:ctx:warps:tile:hpb:splits,... instead of the sweep "
                     "(name one of SHAPES; splits 0: the engine's default for that hpb)")
@@ -55,9 +55,8 @@ def main() -> int:
 
     arm = {}
     if args.arm:
-        where, _, define = args.arm.partition(":")
-        name, _, value = define.partition("=")
-        arm = {name: int(value)}
+        where, _, defines = args.arm.partition(":")
+        arm = {name: int(value) for name, _, value in (d.partition("=") for d in defines.split(","))}
         sys.path.insert(0, str(ROOT / "experiments"))
         sys.path.insert(0, str(ROOT / "experiments" / where))
         import make
