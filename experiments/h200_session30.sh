@@ -32,6 +32,28 @@ a)
   # the tensor-core body's first device run (experiments/attn_tc: correctness against the float64 reference, µs)
   OUT=$R timeout 200 bash experiments/attn_tc/probe.sh > $R/tc.txt 2>&1; log "attn_tc probe rc=$? $(el)"
   grep -E "BAD|tc 1" $R/tc.txt | head -8 | tee -a $R/log.txt; cp $R/attn-tc.jsonl $OUT/ ;;
+tc)
+  # (added in session 30) the tensor-core body in the engine: tg128 at depth 4,096 and 0 on the 1B and SmolLM2
+  # shapes (head 64), arms ship (kernels/) / tc1 (ATT_TC 1) / tc0 (the build copy at ATT_TC 0: kernels/' code) with
+  # tc* on a table whose attention tile is 16 ATT_WARPS (experiments/attn_tc/ab.py); the gates print first
+  python3 experiments/attn_tc/ab.py table tune/defaults/nvidia-h200.json $R/t128.json
+  for m in synth:llama-1b:Q4_0 synth:smollm2-135m:Q4_1; do
+    for d in 4096 0; do
+      for arm in ship tc1 tc0 tc1 ship; do
+        [ $(( $(date +%s) - T0 )) -lt ${TC_LIMIT:-300} ] || break
+        case $arm in
+          ship) set -- env python3 -m memra ;;
+          tc1) set -- env ATT_TC=1 MEMRA_TUNE_TABLE=$R/t128.json python3 experiments/attn_tc/ab.py ;;
+          tc0) set -- env ATT_TC=0 MEMRA_TUNE_TABLE=$R/t128.json python3 experiments/attn_tc/ab.py ;;
+        esac
+        timeout 60 "$@" bench $m -p 0 -n 128 -d $d -r 3 --synth-tokenizer $TOK --tag "attn_tc $arm" \
+          --out $R/bench-tc.jsonl > $R/bench.txt 2>&1
+        log "$m d$d $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+        grep -E "^gate" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+      done
+    done
+  done
+  cp $R/bench-tc.jsonl $OUT/ ;;
 l)
   attn_land l 300 ;;
 t)
