@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The next session's H200 calls (prepared in session 29; research/2026-12-04-session29 "Next").
+# H200 calls prepared in session 29 (a, l, t, d) and 30 (tc); all run in session 30 (research/2026-12-04-session30).
+# STAGE a ran at 56cb56e, before the landing: experiments/attn_merge's make.py / ab.py / ab.sh were removed once
+# attention.cu v10 landed (their edit no longer applies); `git checkout 56cb56e` reproduces it.
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session30.sh
 # .whl from experiments/h200_wheels.sh (the GPU tests' extras), not ../shared/device/wheels.sh alone.
 # STAGE a (~4 min; carry .whl, .synthtok; the real models shipped first for SmolLM2): attn_merge in the engine
@@ -47,9 +49,11 @@ tc)
           tc0) set -- env ATT_TC=0 MEMRA_TUNE_TABLE=$R/t128.json python3 experiments/attn_tc/ab.py ;;
         esac
         timeout 60 "$@" bench $m -p 0 -n 128 -d $d -r 3 --synth-tokenizer $TOK --tag "attn_tc $arm" \
-          --out $R/bench-tc.jsonl > $R/bench.txt 2>&1
-        log "$m d$d $arm rc=$? $(grep -E 'tg128' $R/bench.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
-        grep -E "^gate" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
+          --out $R/bench-tc.jsonl > $R/bench-$arm.txt 2>&1
+        rc=$?; log "$m d$d $arm rc=$rc $(grep -E 'tg128' $R/bench-$arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+        grep -E "^gate" $R/bench-$arm.txt | cut -c1-150 | tee -a $R/log.txt
+        # session 30's run lost every tc1 failure's message (rc 1 within 3 s, the log overwritten): keep them
+        [ $rc = 0 ] || { tail -25 $R/bench-$arm.txt | tee -a $R/log.txt; cp $R/bench-$arm.txt $OUT/fail-$arm-d$d.txt; }
       done
     done
   done

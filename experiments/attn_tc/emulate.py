@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU emulation of one warp's ATT_TC tile (tc_split.cuh's index formulas, transcribed) with the PTX fragment
 layouts of ldmatrix (.trans), mma.m16n8k16 (row.col, f16 -> f32) and movmatrix.trans, against numpy: the
-scores S^T = K Q^T and the output O^T += V^T P^T of one 16-key slice, through the swizzled ring layout.
+scores S^T = K Q^T and the output O^T += V^T P^T of one 16-key slice, through the swizzled ring layout, for
+a warp a slice (ATT_TILE = 16 ATT_WARPS) and a warp pair a slice (ATT_TILE = 8 ATT_WARPS: half the output each).
 A check of the kernel's indexing before its first device run, not of the hardware.
 
     python3 experiments/attn_tc/emulate.py        # prints the max errors; exits 1 on a mismatch
@@ -68,14 +69,15 @@ def movtrans(X):
 
 def main():
     worst = 0.0
-    for D, G in ((128, 4), (64, 3), (64, 8)):
-        W, TILE = 4, 64
+    for (D, G), (W, TILE) in ((dg, wt) for dg in ((128, 4), (64, 3), (64, 8)) for wt in ((4, 64), (8, 64), (8, 128))):
+        SL = TILE // 16; PAIR = W // SL; MT = D // 16 // PAIR   # tc_body.cuh's TC_SL, TC_PAIR, TC_MT
         K = rng.standard_normal((TILE, D)).astype(np.float16).astype(np.float64)
         V = rng.standard_normal((TILE, D)).astype(np.float16).astype(np.float64)
         Q = np.zeros((8, D)); Q[:G] = rng.standard_normal((G, D)).astype(np.float16)   # f16-exact: hi only
         ks_sm, vs_sm = smem_rows(K), smem_rows(V)
         for warp in range(W):
-            r0 = 16 * warp
+            slice_, mt0 = warp % SL, (warp // SL) * MT
+            r0 = 16 * slice_
             s = {l: np.zeros(4) for l in range(32)}
             for ks in range(D // 16):
                 A = ldsm(ks_sm, D, lambda ln: (r0 + (ln & 15), (2 * ks + (ln >> 4)) ^ swz(r0 + (ln & 15))), False)
@@ -92,20 +94,20 @@ def main():
             X1 = {l: (P[g + 8, 2 * t], P[g + 8, 2 * t + 1]) for l, g, t in lanes()}
             b0, b1 = movtrans(X0), movtrans(X1)
             O = {}
-            for mt in range(D // 16):
+            for mt in range(mt0, mt0 + MT):   # the warp's output tiles (all of them without a pair)
                 o = {l: np.zeros(4) for l in range(32)}
                 A = ldsm(vs_sm, D, lambda ln: (r0 + (ln & 7) + ((ln >> 4) << 3),
                                                (2 * mt + ((ln >> 3) & 1)) ^ swz(r0 + (ln & 7) + ((ln >> 4) << 3))), True)
                 mma(o, A, b0, b1)
                 O[mt] = o
             ref = V[r0:r0 + 16].T @ P   # O^T: dims x heads
-            for mt in range(D // 16):
+            for mt in range(mt0, mt0 + MT):
                 for l, g, t in lanes():
                     got = O[mt][l]
                     want = [ref[16 * mt + g, 2 * t], ref[16 * mt + g, 2 * t + 1], ref[16 * mt + g + 8, 2 * t],
                             ref[16 * mt + g + 8, 2 * t + 1]]
                     worst = max(worst, float(np.max(np.abs(got - want))))
-        print(f"D {D} G {G}: max |emulated - numpy| so far {worst:.3g}")
+        print(f"D {D} G {G} {W} warps tile {TILE}: max |emulated - numpy| so far {worst:.3g}")
     return 0 if worst < 1e-9 else 1
 
 

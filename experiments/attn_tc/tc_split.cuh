@@ -17,14 +17,15 @@
             tc_split(x0, x1, qh[ks][hf], ql[ks][hf]);
         }
     // this warp's softmax state for heads 2 tig and 2 tig + 1 (the same in every gid) and its O^T tiles:
-    // oacc[mt] = (dim 16 mt + gid: heads 2 tig, 2 tig + 1; dim 16 mt + gid + 8: the same heads)
+    // oacc[mt] = (dim 16 (mt0 + mt) + gid: heads 2 tig, 2 tig + 1; dim 16 (mt0 + mt) + gid + 8: the same heads)
     float om[2] = {NEG_INF, NEG_INF}, ol[2] = {0.f, 0.f};
-    float oacc[TC_KS][4];
+    float oacc[TC_MT][4];
+    const int slice = warp % TC_SL, mt0 = (warp / TC_SL) * TC_MT;  // this warp's keys and output rows
 #pragma unroll
-    for (int mt = 0; mt < TC_KS; mt++)
+    for (int mt = 0; mt < TC_MT; mt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) oacc[mt][e] = 0.f;
-    const int r0 = 16 * warp;  // this warp's first row of every tile
+    const int r0 = 16 * slice;  // this warp's first row of every tile
     for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
         const int nt = min(ATT_TILE, k1 - tile0);
         RING_TILE_HEAD;
@@ -74,12 +75,12 @@
             tc_split(p[2], p[3], x1h, x1l);
             const uint32_t bh0 = tc_trans(x0h), bh1 = tc_trans(x1h), bl0 = tc_trans(x0l), bl1 = tc_trans(x1l);
 #pragma unroll
-            for (int mt = 0; mt < TC_KS; mt++) {
+            for (int mt = 0; mt < TC_MT; mt++) {
                 oacc[mt][0] *= al[0];
                 oacc[mt][1] *= al[1];
                 oacc[mt][2] *= al[0];
                 oacc[mt][3] *= al[1];
-                const int row = r0 + (lane & 7) + ((lane >> 4) << 3), ch = 2 * mt + ((lane >> 3) & 1);
+                const int row = r0 + (lane & 7) + ((lane >> 4) << 3), ch = 2 * (mt0 + mt) + ((lane >> 3) & 1);
                 uint32_t a[4];
                 tc_ldsm4t(a, vb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);
                 tc_mma(oacc[mt], a, bh0, bh1);
@@ -89,21 +90,21 @@
         RING_TILE_TAIL;
     }
     RING_AFTER_LOOP;
-    // the warps merged in warp order: M = max_w m_w, o = sum_w exp(m_w - M) o_w, l = sum_w exp(m_w - M) l_w
-    __shared__ float tc_m[ATT_WARPS][8], tc_l[ATT_WARPS][8];
-    float* tc_o = reinterpret_cast<float*>(attn_ring_smem);  // [ATT_WARPS][8][D]
-    if (gid == 0) {
+    // the slices merged in slice order: M = max_c m_c, o = sum_c exp(m_c - M) o_c, l = sum_c exp(m_c - M) l_c
+    __shared__ float tc_m[TC_SL][8], tc_l[TC_SL][8];
+    float* tc_o = reinterpret_cast<float*>(attn_ring_smem);  // [TC_SL][8][D]
+    if (gid == 0 && mt0 == 0) {  // a pair's two warps hold the same (m, l)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            tc_m[warp][2 * tig + j] = om[j];
-            tc_l[warp][2 * tig + j] = ol[j];
+            tc_m[slice][2 * tig + j] = om[j];
+            tc_l[slice][2 * tig + j] = ol[j];
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < TC_KS; mt++)
+    for (int mt = 0; mt < TC_MT; mt++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            tc_o[(warp * 8 + 2 * tig + (e & 1)) * D + 16 * mt + gid + (e >> 1) * 8] = oacc[mt][e];
+            tc_o[(slice * 8 + 2 * tig + (e & 1)) * D + 16 * (mt0 + mt) + gid + (e >> 1) * 8] = oacc[mt][e];
     __syncthreads();
     float tot[OPT];
 #pragma unroll
@@ -114,17 +115,17 @@
             const int h = i / D, d = i % D;
             float M = NEG_INF;
 #pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, tc_m[w][h]);
+            for (int c = 0; c < TC_SL; c++) M = fmaxf(M, tc_m[c][h]);
 #pragma unroll
-            for (int w = 0; w < ATT_WARPS; w++) tot[o] += expf(tc_m[w][h] - M) * tc_o[(w * 8 + h) * D + d];
+            for (int c = 0; c < TC_SL; c++) tot[o] += expf(tc_m[c][h] - M) * tc_o[(c * 8 + h) * D + d];
         }
     }
     if (tid < G) {
         float M = NEG_INF, l = 0.f;
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, tc_m[w][tid]);
+        for (int c = 0; c < TC_SL; c++) M = fmaxf(M, tc_m[c][tid]);
 #pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) l += expf(tc_m[w][tid] - M) * tc_l[w][tid];
+        for (int c = 0; c < TC_SL; c++) l += expf(tc_m[c][tid] - M) * tc_l[c][tid];
         m_s[tid] = M;
         l_s[tid] = l;
     }
