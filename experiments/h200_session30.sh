@@ -37,18 +37,20 @@ a)
 tc)
   # (added in session 30) the tensor-core body in the engine: tg128 at depth 4,096 and 0 on the 1B and SmolLM2
   # shapes (head 64), arms ship (kernels/) / tc1 (ATT_TC 1) / tc0 (the build copy at ATT_TC 0: kernels/' code) with
-  # tc* on a table whose attention tile is 16 ATT_WARPS (experiments/attn_tc/ab.py); the gates print first
+  # tc* on a table whose attention tile is 16 ATT_WARPS (experiments/attn_tc/ab.py); the gates print first. Its
+  # session 30 run gave that table through MEMRA_TUNE_TABLE, which bench did not read then: every arm ran the
+  # shipped table and tc1 failed to compile; --tune-table since.
   python3 experiments/attn_tc/ab.py table tune/defaults/nvidia-h200.json $R/t128.json
   for m in synth:llama-1b:Q4_0 synth:smollm2-135m:Q4_1; do
     for d in 4096 0; do
       for arm in ship tc1 tc0 tc1 ship; do
         [ $(( $(date +%s) - T0 )) -lt ${TC_LIMIT:-300} ] || break
         case $arm in
-          ship) set -- env python3 -m memra ;;
-          tc1) set -- env ATT_TC=1 MEMRA_TUNE_TABLE=$R/t128.json python3 experiments/attn_tc/ab.py ;;
-          tc0) set -- env ATT_TC=0 MEMRA_TUNE_TABLE=$R/t128.json python3 experiments/attn_tc/ab.py ;;
+          ship) set -- env python3 -m memra; TT= ;;
+          tc1) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py; TT="--tune-table $R/t128.json" ;;
+          tc0) set -- env ATT_TC=0 python3 experiments/attn_tc/ab.py; TT="--tune-table $R/t128.json" ;;
         esac
-        timeout 60 "$@" bench $m -p 0 -n 128 -d $d -r 3 --synth-tokenizer $TOK --tag "attn_tc $arm" \
+        timeout 60 "$@" bench $m -p 0 -n 128 -d $d -r 3 $TT --synth-tokenizer $TOK --tag "attn_tc $arm" \
           --out $R/bench-tc.jsonl > $R/bench-$arm.txt 2>&1
         rc=$?; log "$m d$d $arm rc=$rc $(grep -E 'tg128' $R/bench-$arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
         grep -E "^gate" $R/bench-$arm.txt | cut -c1-150 | tee -a $R/log.txt

@@ -305,6 +305,26 @@ def test_resolve_table_for_ab_runs(tmp_path):
         T.resolve_table(str(d / "missing.json"), "NVIDIA H200", "9.0")
 
 
+def test_bench_table_default_is_the_env_then_auto(tmp_path, monkeypatch):
+    """`memra bench` / `memra profile` without --tune-table take $MEMRA_TUNE_TABLE as the engine does (session 30:
+    an A/B whose arm set only the variable silently ran the shipped table); the flag still overrides it."""
+    from types import SimpleNamespace
+
+    from memra.cli.bench import _open_table
+
+    d = tmp_path / "defaults"
+    _save(d, _table())
+    info = SimpleNamespace(name="NVIDIA L4", cc="8.9", sm_count=58)   # no table of this device anywhere
+    monkeypatch.setenv("MEMRA_TUNE_TABLE", str(d / "nvidia-h200.json"))
+    t, label = _open_table(None, info)
+    assert label == f"file:{t['path']}" and T.lookup(t, "matvec", SHAPE, 1) is not None
+    t, label = _open_table("builtin", info)
+    assert label == "builtin"
+    monkeypatch.setenv("MEMRA_TUNE_TABLE", str(d / "missing.json"))
+    with pytest.raises(T.TableError, match="cannot read"):
+        _open_table(None, info)
+
+
 def test_staleness_detected_and_warned(tmp_path, caplog):
     d = tmp_path / "defaults"
     entries = {

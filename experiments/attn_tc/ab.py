@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Run a memra command with attention.cu taken from experiments/attn_tc/build/attention.cu (make.py) at ATT_TC = $ATT_TC
 (default 1; 0 is kernels/attention.cu's code), kernels/ untouched (experiments/engine_arm.py). The tensor-core body
-takes 16 keys a warp (ATT_TILE = 16 ATT_WARPS), so the caller points MEMRA_TUNE_TABLE at a table whose attn_decode
-entries say so (tile_table below). Bench receipts carry {"attention": "attn_tc N"} in their seams (off the boards).
+takes 16 keys a warp (ATT_TILE = 16 ATT_WARPS) or a warp pair (ATT_TILE = 8 ATT_WARPS: the shipped table's 8 warps
+and 64-key tiles); `table` writes a table whose attn_decode entries take the first (tile_table below). Bench
+receipts carry {"attention": "attn_tc N"} in their seams (off the boards). Every attention.cu module gets ATT_TC,
+so a model it cannot build (head 256, a q8_0 cache, MEMRA_ATT_RING=0) fails to compile.
 
+    ATT_TC=1 python3 experiments/attn_tc/ab.py bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -d 4096   # pairs, shipped table
     python3 experiments/attn_tc/ab.py table tune/defaults/nvidia-h200.json /tmp/t128.json   # tile 128 at 8 warps
-    ATT_TC=1 MEMRA_TUNE_TABLE=/tmp/t128.json python3 experiments/attn_tc/ab.py bench synth:llama-1b:Q4_0 -p 0 -n 128 -d 4096
+    ATT_TC=1 python3 experiments/attn_tc/ab.py bench synth:llama-1b:Q4_0 -p 0 -n 128 -d 4096 --tune-table /tmp/t128.json
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ the gate line, the results table and logs on stderr, as everywhere in the CLI.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -168,10 +169,12 @@ class _nothing:
 
 # -- bench --------------------------------------------------------------------------------------
 
-def _open_table(which: str, info):
-    """(table, label) for --table: auto (exact device → same cc → built-in), builtin, or a file."""
+def _open_table(which: str | None, info):
+    """(table, label) for --table: auto (exact device → same cc → built-in), builtin, or a file; None:
+    $MEMRA_TUNE_TABLE, else auto, as the engine itself reads it (docs/FLAGS.md)."""
     from memra.tune.tables import resolve_table
 
+    which = which or os.environ.get("MEMRA_TUNE_TABLE") or "auto"
     table, source = resolve_table(which, info.name, info.cc, sms=info.sm_count)
     return table, ("builtin" if source == "builtin" else f"{source}:{table['path']}")
 
@@ -220,9 +223,10 @@ def bench(
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per cell (after one "
                                       "untimed warm-up).")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print each receipt line on stdout too.")] = False,
-    table: Annotated[str, typer.Option("--tune-table", "--table", help="Tuning table: auto (this device's, "
-                                       "else its compute capability's, else built-in), builtin, or a table "
-                                       "file; run a pair (tuned, builtin) to measure the table's gain.")] = "auto",
+    table: Annotated[Optional[str], typer.Option("--tune-table", "--table", help="Tuning table: auto (this "
+                                                 "device's, else its compute capability's, else built-in), builtin, "
+                                                 "or a table file; run a pair (tuned, builtin) to measure the "
+                                                 "table's gain. Default: $MEMRA_TUNE_TABLE, else auto.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Receipts file (appended). Default: "
                                                 "$MEMRA_HOME/receipts/bench-<device>-<date>.jsonl.")] = None,
     tag: Annotated[Optional[str], typer.Option("--tag", help="Free text stored in every receipt.")] = None,
@@ -313,8 +317,8 @@ def profile(
     by_launch: Annotated[bool, typer.Option("--by-launch", help="One line per plan launch instead of "
                                             "per kernel and shape.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the breakdown as JSON on stdout.")] = False,
-    table: Annotated[str, typer.Option("--tune-table", "--table", help="Tuning table: auto, builtin, or a "
-                                       "table file.")] = "auto",
+    table: Annotated[Optional[str], typer.Option("--tune-table", "--table", help="Tuning table: auto, builtin, "
+                                                 "or a table file. Default: $MEMRA_TUNE_TABLE, else auto.")] = None,
     synth_tokenizer: Annotated[str, typer.Option("--synth-tokenizer", help="Alias or GGUF whose tokenizer "
                                                  "a synth: model copies.")] = "smollm2-135m",
     cache_type_k: CacheTypeK = "f16",

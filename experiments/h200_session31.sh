@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 30; research/2026-12-04-session30 "Next").
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session31.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; no real model needed for STAGE a.
+# STAGE a (~5 min): the tensor-core attention body (experiments/attn_tc) at the engine's own configuration.
+#  1. probe.py (attn_decode_rope alone, checked against the float64 reference): kernels/ against ATT_TC 1 at the
+#     shipped 8 warps / 64-key tiles (a warp pair a 16-key slice), 64 .. 16,384 keys, and key counts that leave a
+#     partial last tile (100, 4,100), hpb 1 (the table's short-context choice) and the whole group; the head-64
+#     shapes also at 128-key tiles (a warp a slice). Predicted (experiments/attn_tc/README): 8B 18.2 -> ~15-16 µs
+#     at 4,096 keys, 39.6 -> ~25-28 at 16,384, about 8.2 at 64.
+#  2. the engine (experiments/attn_tc/ab.py on the shipped table): tg128 at depth 0 and 4,096 on the 8B Q4_K_M,
+#     the 1B and the SmolLM2 shape, arms ship / tc / tc / ship, the gates printed first (prefill = decode bit for
+#     bit within each arithmetic; the teacher-forced gate on the small shapes).
+#  3. attention.cu v10 against v9 at depth 0 (experiments/attn_merge/v9.py; session 30's --vs read the 8B at
+#     487.8 t/s against 490.9-491.3 before the landing, where no depth-0 row reaches the merge).
+set -u
+source experiments/h200_common.sh
+stage_begin s31
+case "$STAGE" in
+a)
+  P="python3 experiments/attn_depth/probe.py --out $R/attn-tc3.jsonl"
+  SHIP=8B:64:8:64:1:33,8B:100:8:64:1:33,8B:1024:8:64:4:33,8B:4096:8:64:4:33,8B:4100:8:64:4:33,8B:16384:8:64:4:33
+  SHIP=$SHIP,1B:64:8:64:1:33,1B:4096:8:64:4:33,SmolLM2:64:8:64:1:88,SmolLM2:100:8:64:1:88,SmolLM2:4096:8:64:3:88
+  T128=1B:64:8:128:1:33,1B:4096:8:128:4:33,SmolLM2:100:8:128:1:88,SmolLM2:4096:8:128:3:88
+  for r in 1 2; do
+    timeout 80 $P --cases $SHIP 2>&1 | grep -v "^--" | tee -a $R/log.txt
+    timeout 80 $P --arm attn_tc:ATT_TC=1 --cases $SHIP,$T128 2>&1 | grep -v "^--" | tee -a $R/log.txt
+  done
+  cp $R/attn-tc3.jsonl $OUT/
+  for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 synth:smollm2-135m:Q4_1; do
+    for d in 0 4096; do
+      for arm in ship tc tc ship; do
+        [ $(( $(date +%s) - T0 )) -lt ${A_LIMIT:-420} ] || break
+        case $arm in ship) set -- python3 -m memra ;; tc) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py ;; esac
+        timeout 90 "$@" bench $m -p 0 -n 128 -d $d -r 3 --synth-tokenizer $TOK --tag "attn_tc $arm" \
+          --out $R/bench-tc.jsonl > $R/bench-$arm.txt 2>&1
+        rc=$?; log "$m d$d $arm rc=$rc $(grep -E 'tg128' $R/bench-$arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+        grep -E "^gate" $R/bench-$arm.txt | cut -c1-160 | tee -a $R/log.txt
+        [ $rc = 0 ] || { tail -25 $R/bench-$arm.txt | tee -a $R/log.txt; cp $R/bench-$arm.txt $OUT/fail-$arm-d$d.txt; }
+      done
+    done
+  done
+  cp $R/bench-tc.jsonl $OUT/
+  for v in v10 v9 v9 v10; do
+    MERGE=$v timeout 60 python3 experiments/attn_merge/v9.py bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3 \
+      --synth-tokenizer $TOK --tag "attention.cu $v" --out $R/bench-v9.jsonl > $R/bench-v9.txt 2>&1
+    log "8B d0 $v rc=$? $(grep -E 'tg128' $R/bench-v9.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+  done
+  cp $R/bench-v9.jsonl $OUT/ ;;
+esac
+tar czf $OUT/s31-$STAGE.tgz -C /tmp s31-$STAGE
