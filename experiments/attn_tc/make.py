@@ -44,13 +44,13 @@ RING_EDITS = [
 ]
 
 
-def generate() -> None:
-    if make_variant(ROOT / "kernels" / "attn_ring.cuh", RING, RING_EDITS):
-        raise SystemExit("attn_ring.cuh's anchor moved: update RING_EDITS")
-    ring = RING.read_text()
-    body, split = (HERE / "tc_body.cuh").read_text(), (HERE / "tc_split.cuh").read_text()
-    edits = [
-        ('#include "attn_ring.cuh"\n', ring + body),
+def attention_edits(include: str) -> list:
+    """attention.cu's edits: `include` in place of its attn_ring.cuh include (the build copy: the edited ring and
+    tc_body.cuh inlined; landing.py: both as headers), tc_split.cuh before the CUDA-core body, the early path's
+    ring rows swizzled."""
+    split = (HERE / "tc_split.cuh").read_text()
+    return [
+        ('#include "attn_ring.cuh"\n', include),
         ("    // this lane's 16-byte chunks of every query head\n",
          split + "    // this lane's 16-byte chunks of every query head\n"),
         ("    if (out_direct) {\n", "#endif  // ATT_TC\n    if (out_direct) {\n"),
@@ -61,7 +61,13 @@ def generate() -> None:
         ("cp16(smem_u32(e_ks + ATT_TILE * D + e_ch * 8), vcache + off);",
          "cp16(smem_u32(e_ks + ATT_TILE * D + ((e_ch ^ RING_SWZ(e_pr % ATT_TILE)) << 3)), vcache + off);"),
     ]
-    if make_variant(ROOT / "kernels" / "attention.cu", BUILD, edits, HEADER):
+
+
+def generate() -> None:
+    if make_variant(ROOT / "kernels" / "attn_ring.cuh", RING, RING_EDITS):
+        raise SystemExit("attn_ring.cuh's anchor moved: update RING_EDITS")
+    include = RING.read_text() + (HERE / "tc_body.cuh").read_text()
+    if make_variant(ROOT / "kernels" / "attention.cu", BUILD, attention_edits(include), HEADER):
         raise SystemExit("attention.cu's anchor moved: update the edits")
 
 
