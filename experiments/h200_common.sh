@@ -111,6 +111,17 @@ bench_arms() {
   done
   cp "$R/$out" $OUT/
 }
+# arm_run TAG JSONL CMD...: one run of CMD (`python3 -m memra bench ...`, an experiment's ab.py bench ...) with
+# the synthetic tokenizer, TAG and receipts in $R/JSONL; its tg128 line and gates logged, a failure's log kept
+# in $OUT (session 30 lost one: the arms shared a log file)
+arm_run() {
+  local tag=$1 out=$2 rc
+  shift 2
+  timeout 90 "$@" --synth-tokenizer $TOK --tag "$tag" --out "$R/$out" > $R/arm.txt 2>&1
+  rc=$?; log "$tag rc=$rc $(grep -E 'tg128' $R/arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+  grep -E "^gate" $R/arm.txt | cut -c1-160 | tee -a $R/log.txt
+  [ $rc = 0 ] || { tail -25 $R/arm.txt | tee -a $R/log.txt; cp $R/arm.txt "$OUT/fail-$(echo "$tag" | tr ' :/' '___').txt"; }
+}
 # freeze_show TAG: `memra tune freeze --pdl` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
 # tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,

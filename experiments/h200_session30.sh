@@ -50,12 +50,7 @@ tc)
           tc1) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py; TT="--tune-table $R/t128.json" ;;
           tc0) set -- env ATT_TC=0 python3 experiments/attn_tc/ab.py; TT="--tune-table $R/t128.json" ;;
         esac
-        timeout 60 "$@" bench $m -p 0 -n 128 -d $d -r 3 $TT --synth-tokenizer $TOK --tag "attn_tc $arm" \
-          --out $R/bench-tc.jsonl > $R/bench-$arm.txt 2>&1
-        rc=$?; log "$m d$d $arm rc=$rc $(grep -E 'tg128' $R/bench-$arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
-        grep -E "^gate" $R/bench-$arm.txt | cut -c1-150 | tee -a $R/log.txt
-        # session 30's run lost every tc1 failure's message (rc 1 within 3 s, the log overwritten): keep them
-        [ $rc = 0 ] || { tail -25 $R/bench-$arm.txt | tee -a $R/log.txt; cp $R/bench-$arm.txt $OUT/fail-$arm-d$d.txt; }
+        arm_run "attn_tc $arm $m d$d" bench-tc.jsonl "$@" bench $m -p 0 -n 128 -d $d -r 3 $TT
       done
     done
   done

@@ -32,19 +32,14 @@ a)
       for arm in ship tc tc ship; do
         [ $(( $(date +%s) - T0 )) -lt ${A_LIMIT:-420} ] || break
         case $arm in ship) set -- python3 -m memra ;; tc) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py ;; esac
-        timeout 90 "$@" bench $m -p 0 -n 128 -d $d -r 3 --synth-tokenizer $TOK --tag "attn_tc $arm" \
-          --out $R/bench-tc.jsonl > $R/bench-$arm.txt 2>&1
-        rc=$?; log "$m d$d $arm rc=$rc $(grep -E 'tg128' $R/bench-$arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
-        grep -E "^gate" $R/bench-$arm.txt | cut -c1-160 | tee -a $R/log.txt
-        [ $rc = 0 ] || { tail -25 $R/bench-$arm.txt | tee -a $R/log.txt; cp $R/bench-$arm.txt $OUT/fail-$arm-d$d.txt; }
+        arm_run "attn_tc $arm $m d$d" bench-tc.jsonl "$@" bench $m -p 0 -n 128 -d $d -r 3
       done
     done
   done
   cp $R/bench-tc.jsonl $OUT/
   for v in v10 v9 v9 v10; do
-    MERGE=$v timeout 60 python3 experiments/attn_merge/v9.py bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3 \
-      --synth-tokenizer $TOK --tag "attention.cu $v" --out $R/bench-v9.jsonl > $R/bench-v9.txt 2>&1
-    log "8B d0 $v rc=$? $(grep -E 'tg128' $R/bench-v9.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
+    arm_run "attention.cu $v" bench-v9.jsonl env MERGE=$v python3 experiments/attn_merge/v9.py bench \
+      synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3
   done
   cp $R/bench-v9.jsonl $OUT/ ;;
 esac
