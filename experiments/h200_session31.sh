@@ -13,6 +13,8 @@
 #     bit within each arithmetic; the teacher-forced gate on the small shapes).
 #  3. attention.cu v10 against v9 at depth 0 (experiments/attn_merge/v9.py; session 30's --vs read the 8B at
 #     487.8 t/s against 490.9-491.3 before the landing, where no depth-0 row reaches the merge).
+# STAGE l / t / d (if STAGE a says the body wins): the landing's campaign + freeze + kernel-check (~7 min, models
+#  shipped), the GPU tests (~5 min, models), `--vs llama.cpp` (~9 min; carry .llamacpp; 5 cells fit one call).
 set -u
 source experiments/h200_common.sh
 stage_begin s31
@@ -42,5 +44,17 @@ a)
       synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3
   done
   cp $R/bench-v9.jsonl $OUT/ ;;
+l)
+  # after `git apply experiments/attn_tc/landing.patch` is committed (models shipped): the attn_decode campaign
+  # (every entry stale: the kernel changed), freeze --pdl, kernel-check --add-to (the attention family's bits all
+  # change with ATT_TC 1, so its cases are new)
+  attn_land l 300 ;;
+t)
+  gpu_tests 585 ;;
+d)
+  # llama.cpp built in the call (carry .llamacpp); issue 14's cells in one run (MODELS overrides)
+  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
+  else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
+    synth:llama-1b:Q4_0; fi ;;
 esac
 tar czf $OUT/s31-$STAGE.tgz -C /tmp s31-$STAGE
