@@ -8,9 +8,10 @@
 #     partial last tile (100, 4,100), hpb 1 (the table's short-context choice) and the whole group; the head-64
 #     shapes also at 128-key tiles (a warp a slice). Predicted (experiments/attn_tc/README): 8B 18.2 -> ~15-16 µs
 #     at 4,096 keys, 39.6 -> ~25-28 at 16,384, about 8.2 at 64.
+#     The switch build (ATT_TC 2: the CUDA-core body below 256 keys a row, the TC body from there) on the same cases.
 #  2. the engine (experiments/attn_tc/ab.py on the shipped table): tg128 at depth 0 and 4,096 on the 8B Q4_K_M,
-#     the 1B and the SmolLM2 shape, arms ship / tc / tc / ship, the gates printed first (prefill = decode bit for
-#     bit within each arithmetic; the teacher-forced gate on the small shapes).
+#     the 1B and the SmolLM2 shape, arms ship / tc / sw (the switch) twice, the gates printed first (prefill =
+#     decode bit for bit within each arithmetic; the teacher-forced gate on the small shapes).
 #  3. attention.cu v10 against v9 at depth 0 (experiments/attn_merge/v9.py; session 30's --vs read the 8B at
 #     487.8 t/s against 490.9-491.3 before the landing, where no depth-0 row reaches the merge).
 # STAGE l / t / d (if STAGE a says the body wins): the landing's campaign + freeze + kernel-check (~7 min, models
@@ -24,16 +25,19 @@ a)
   SHIP=8B:64:8:64:1:33,8B:100:8:64:1:33,8B:1024:8:64:4:33,8B:4096:8:64:4:33,8B:4100:8:64:4:33,8B:16384:8:64:4:33
   SHIP=$SHIP,1B:64:8:64:1:33,1B:4096:8:64:4:33,SmolLM2:64:8:64:1:88,SmolLM2:100:8:64:1:88,SmolLM2:4096:8:64:3:88
   T128=1B:64:8:128:1:33,1B:4096:8:128:4:33,SmolLM2:100:8:128:1:88,SmolLM2:4096:8:128:3:88
-  for r in 1 2; do
-    timeout 80 $P --cases $SHIP 2>&1 | grep -v "^--" | tee -a $R/log.txt
-    timeout 80 $P --arm attn_tc:ATT_TC=1 --cases $SHIP,$T128 2>&1 | grep -v "^--" | tee -a $R/log.txt
-  done
+  timeout 80 $P --cases $SHIP 2>&1 | grep -v "^--" | tee -a $R/log.txt
+  timeout 80 $P --arm attn_tc:ATT_TC=1 --cases $SHIP,$T128 2>&1 | grep -v "^--" | tee -a $R/log.txt
+  timeout 80 $P --arm attn_tc:ATT_TC=2 --cases $SHIP 2>&1 | grep -v "^--" | tee -a $R/log.txt
   cp $R/attn-tc3.jsonl $OUT/
   for m in synth:llama3-8b:Q4_K_M synth:llama-1b:Q4_0 synth:smollm2-135m:Q4_1; do
     for d in 0 4096; do
-      for arm in ship tc tc ship; do
-        [ $(( $(date +%s) - T0 )) -lt ${A_LIMIT:-420} ] || break
-        case $arm in ship) set -- python3 -m memra ;; tc) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py ;; esac
+      for arm in ship tc sw ship tc sw; do
+        [ $(( $(date +%s) - T0 )) -lt ${A_LIMIT:-480} ] || break
+        case $arm in
+          ship) set -- python3 -m memra ;;
+          tc) set -- env ATT_TC=1 python3 experiments/attn_tc/ab.py ;;
+          sw) set -- env ATT_TC=2 python3 experiments/attn_tc/ab.py ;;   # TC from 256 keys a row (ATT_TC_MIN)
+        esac
         arm_run "attn_tc $arm $m d$d" bench-tc.jsonl "$@" bench $m -p 0 -n 128 -d $d -r 3
       done
     done

@@ -39,7 +39,8 @@ def land(root: Path) -> None:
     edits.append(("//   dynamic shared memory; bit-neutral; f16 KV only);\n",
                   "//   dynamic shared memory; bit-neutral; f16 KV only); ATT_TC (attn_tc.cuh; 0 default): 1 runs\n"
                   "//   split_body's keys on the tensor cores (v11; the ring, f16 K/V, head 64 or 128, N_GQA <= 8,\n"
-                  "//   ATT_TILE = 16 or 8 ATT_WARPS; memra.gpu.ops.attention.tc_supported decides);\n"))
+                  "//   ATT_TILE = 16 or 8 ATT_WARPS; memra.gpu.ops.attention.tc_supported decides), 2 the rows of\n"
+                  "//   ATT_TC_MIN keys or more (default 256; a row's own count), shorter rows the CUDA-core body;\n"))
     edits.append(("\n#include \"common.cuh\"\n", HISTORY + "\n#include \"common.cuh\"\n"))
     if make_variant(make.ROOT / "kernels" / "attention.cu", root / "kernels" / "attention.cu", edits):
         raise SystemExit("attention.cu's anchor moved")

@@ -37,6 +37,10 @@ RING_EDITS = [
      "                cp16(smem_u32(vs + r * D + ((r_ch ^ RING_SWZ(r)) << 3)), vbase + off);\n            }\n"
      "#if ATT_TC\n            else if (r < ATT_TILE && key >= kz)  // past the split's keys: P = 0 meets zeros\n"
      "                *(uint4*)(vs + r * D + ((r_ch ^ RING_SWZ(r)) << 3)) = make_uint4(0u, 0u, 0u, 0u);\n#endif\n"),
+    ("#define K_SRC(key, ch) (*(const uint4*)(r_k + (key) * D + (ch) * 8))\n"
+     "#define V_SRC(k, ch) (*(const uint4*)(r_v + (k) * D + (ch) * 8))\n",
+     "#define K_SRC(key, ch) (*(const uint4*)(r_k + (key) * D + ((ch) ^ RING_SWZ(key)) * 8))\n"
+     "#define V_SRC(k, ch) (*(const uint4*)(r_v + (k) * D + ((ch) ^ RING_SWZ(k)) * 8))\n"),
     ("ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1c, s_, r_row, r_ch, blk);",
      "ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1c, k1, s_, r_row, r_ch, blk);"),
     ("    ring_issue(kbase, vbase, row_stride, tile0 + (ATT_RING - 1) * ATT_TILE, k1,                       \\\n",
@@ -53,7 +57,10 @@ def attention_edits(include: str) -> list:
         ('#include "attn_ring.cuh"\n', include),
         ("    // this lane's 16-byte chunks of every query head\n",
          split + "    // this lane's 16-byte chunks of every query head\n"),
-        ("    if (out_direct) {\n", "#endif  // ATT_TC\n    if (out_direct) {\n"),
+        ("    if (out_direct) {\n", "#if ATT_TC\n    }  // ATT_TC\n#endif\n    if (out_direct) {\n"),
+        ("    float tot[OPT];\n#pragma unroll\n    for (int o = 0; o < OPT; o++) tot[o] = 0.f;\n",
+         "#if !ATT_TC  // ATT_TC: declared before the two bodies\n    float tot[OPT];\n#endif\n#pragma unroll\n"
+         "    for (int o = 0; o < OPT; o++) tot[o] = 0.f;\n"),
         ("if (e_ks) e_ks[d] = h;", "if (e_ks) e_ks[RING_COL(e_pr % ATT_TILE, d)] = h;"),
         ("e_ks[ATT_TILE * D + d] = ", "e_ks[ATT_TILE * D + RING_COL(e_pr % ATT_TILE, d)] = "),
         ("cp16(smem_u32(e_ks + e_ch * 8), kcache + off);",

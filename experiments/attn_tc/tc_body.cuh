@@ -11,6 +11,10 @@
 // fp32 accumulation throughout; the result differs from the CUDA-core body's in the last bits (a new order,
 // per row still fixed: batch-, graph- and chunk-invariant) and is checked against the float64 reference at TOL.
 #if ATT_TC
+#ifndef ATT_TC_MIN  // ATT_TC 2: the fewest keys a row has for the tensor cores (fewer: the CUDA-core body)
+#define ATT_TC_MIN 256
+#endif
+static_assert(ATT_TC == 1 || ATT_TC == 2, "ATT_TC: 0, 1 (every row) or 2 (rows of ATT_TC_MIN keys or more)");
 static_assert(ATT_RING >= 2 && !KV_ANY_Q8, "ATT_TC: f16 K/V through the ring");
 constexpr int TC_SL = ATT_TILE / 16;         // 16-key slices of a tile: a warp's keys (TC_PAIR warps a slice)
 constexpr int TC_PAIR = ATT_WARPS / TC_SL;    // 1, or 2: the slice's two warps share its scores and split D

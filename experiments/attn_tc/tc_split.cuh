@@ -1,4 +1,8 @@
 #if ATT_TC
+    // ATT_TC 1: every row on the tensor cores; 2: a row of ATT_TC_MIN keys or more (its own count, so the choice
+    // is the row's alone: batch- and chunk-invariant), shorter rows on the CUDA-core body below
+    float tot[OPT];
+    if (ATT_TC == 1 || kr.n >= ATT_TC_MIN) {
     // ATT_TC (tc_body.cuh): lane (gid, tig); the scores' B fragments of Q for k-step ks: dims 16 ks + 2 tig
     // (+1) and + 8, head gid (zero past G)
     const int gid = lane >> 2, tig = lane & 3;
@@ -106,7 +110,6 @@
         for (int e = 0; e < 4; e++)
             tc_o[(slice * 8 + 2 * tig + (e & 1)) * D + 16 * (mt0 + mt) + gid + (e >> 1) * 8] = oacc[mt][e];
     __syncthreads();
-    float tot[OPT];
 #pragma unroll
     for (int o = 0; o < OPT; o++) {
         const int i = tid + o * NT;
@@ -130,4 +133,5 @@
         l_s[tid] = l;
     }
     __syncthreads();
-#else
+    } else {
+#endif
