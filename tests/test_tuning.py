@@ -291,7 +291,8 @@ def test_changing_an_entry_changes_the_lookup(tmp_path):
     assert T.lookup(t, "matvec", SHAPE, 1).config == {"NWARPS": 2}
 
 
-def test_resolve_table_for_ab_runs(tmp_path):
+def test_resolve_table_for_ab_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("MEMRA_TUNE_TABLE", raising=False)   # None means the variable, else auto
     d = tmp_path / "defaults"
     _save(d, _table())
     t, src = T.resolve_table(None, "NVIDIA H200", "9.0", directory=d, current_hash=_hash_ok)
@@ -306,8 +307,9 @@ def test_resolve_table_for_ab_runs(tmp_path):
 
 
 def test_bench_table_default_is_the_env_then_auto(tmp_path, monkeypatch):
-    """`memra bench` / `memra profile` without --tune-table take $MEMRA_TUNE_TABLE as the engine does (session 30:
-    an A/B whose arm set only the variable silently ran the shipped table); the flag still overrides it."""
+    """`memra bench` / `memra profile` without --tune-table take $MEMRA_TUNE_TABLE as the engine does, both
+    through resolve_table (session 30: an A/B whose arm set only the variable silently ran the shipped
+    table); the flag still overrides it."""
     from types import SimpleNamespace
 
     from memra.cli.bench import _open_table

@@ -4,7 +4,6 @@ the gate line, the results table and logs on stderr, as everywhere in the CLI.""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -171,10 +170,9 @@ class _nothing:
 
 def _open_table(which: str | None, info):
     """(table, label) for --table: auto (exact device → same cc → built-in), builtin, or a file; None:
-    $MEMRA_TUNE_TABLE, else auto, as the engine itself reads it (docs/FLAGS.md)."""
+    $MEMRA_TUNE_TABLE, else auto (resolve_table)."""
     from memra.tune.tables import resolve_table
 
-    which = which or os.environ.get("MEMRA_TUNE_TABLE") or "auto"
     table, source = resolve_table(which, info.name, info.cc, sms=info.sm_count)
     return table, ("builtin" if source == "builtin" else f"{source}:{table['path']}")
 

@@ -248,7 +248,7 @@ class Runner:
         if isinstance(which, dict):
             self.tune_table, self.tune_source = which, "given"
         else:
-            which = (os.environ.get("MEMRA_TUNE_TABLE") or "auto") if which is None else str(which)
+            which = None if which is None else str(which)
             info = self.g.info
             self.tune_table, self.tune_source = TABLES.resolve_table(which, info.name, info.cc, sms=info.sm_count)
 

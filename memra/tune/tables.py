@@ -189,9 +189,12 @@ def load_table(device_name: str, cc, *, sms: int | None = None,
 def resolve_table(which: str | None, device_name: str, cc, *, sms: int | None = None,
                   directory: str | os.PathLike | None = None,
                   current_hash: Callable[[str], str | None] = _current_hash) -> tuple[dict, str]:
-    """The table a run asked for: None or 'auto' (load_table: exact → cc → builtin),
-    'builtin' (no table: the A arm of a tuned-vs-defaults benchmark), or a table file."""
-    if which in (None, "auto"):
+    """The table a run asked for: 'auto' (load_table: exact → cc → builtin), 'builtin' (no table: the
+    A arm of a tuned-vs-defaults benchmark), or a table file; None: $MEMRA_TUNE_TABLE, else 'auto'
+    (docs/FLAGS.md; every engine entry — runner, `memra bench`, `memra profile` — asks here)."""
+    if which is None:
+        which = os.environ.get("MEMRA_TUNE_TABLE") or "auto"
+    if which == "auto":
         return load_table(device_name, cc, sms=sms, directory=directory, current_hash=current_hash)
     if which == "builtin":
         log.info("tuning: built-in launcher defaults (asked for)")
