@@ -49,7 +49,8 @@ a)
   done
   cp $R/bench-v9.jsonl $OUT/ ;;
 l)
-  # after `git apply experiments/attn_tc/landing.patch` is committed (models shipped): the attn_decode campaign
+  # after `python3 experiments/attn_tc/landing.py . && git apply experiments/attn_tc/host.patch` is committed
+  # (models shipped): the attn_decode campaign
   # (every entry stale: the kernel changed), freeze --pdl, kernel-check --add-to (the attention family's bits all
   # change with ATT_TC 1, so its cases are new)
   attn_land l 300 ;;

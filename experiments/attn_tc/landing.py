@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""The tensor-core split body as kernels/ would hold it (ATT_TC, default 0 in the kernel; the engine's choice is
-memra.gpu.ops.attention's): kernels/attn_ring.cuh with make.py's ring edits, kernels/attn_tc.cuh (tc_body.cuh),
-kernels/attention.cu with make.py's edits and the attn_tc.cuh include. Writes into ROOT (default: a scratch
-checkout, never this one by accident): `git worktree add /tmp/land && python3 experiments/attn_tc/landing.py
-/tmp/land`, then the memra/ side by hand there (see README "Landing") and `git -C /tmp/land diff > landing.patch`.
+"""The tensor-core split body's landing, kernels/ side: kernels/attn_ring.cuh with make.py's ring edits,
+kernels/attn_tc.cuh (tc_body.cuh), kernels/attention.cu with make.py's edits, the attn_tc.cuh include and v11's
+history (ATT_TC 0 by default in the kernel: v10's SASS). The host side (memra.gpu.ops.attention's rule, the
+MEMRA_ATT_TC seam, kernel-check, tests) is host.patch. So the landing is, in the checkout that lands it:
+
+    python3 experiments/attn_tc/landing.py . && git apply experiments/attn_tc/host.patch
+
+(any other ROOT: a scratch checkout to try it in). The kernels are made from kernels/ as they are, never kept as
+a patch that could drift from make.py's edits.
 """
 from __future__ import annotations
 
@@ -25,8 +29,6 @@ HISTORY = """//   v11 (this; ATT_TC 1) split_body's keys on the tensor cores (at
 
 
 def land(root: Path) -> None:
-    if (root / "kernels").resolve() == (make.ROOT / "kernels").resolve():
-        raise SystemExit("landing.py writes kernels/: give it a scratch checkout, not this one")
     ring_edits = [e for e in make.RING_EDITS if e[0] != "#pragma once\n"]
     if make_variant(make.ROOT / "kernels" / "attn_ring.cuh", root / "kernels" / "attn_ring.cuh", ring_edits):
         raise SystemExit("attn_ring.cuh's anchor moved")
@@ -47,4 +49,6 @@ def land(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    land(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/land"))
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: landing.py ROOT (the checkout whose kernels/ it writes; . lands it here)")
+    land(Path(sys.argv[1]))
