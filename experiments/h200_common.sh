@@ -95,32 +95,28 @@ llamacpp_vs() {
   log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
   vs_runs /root/llama.cpp/build/bin/llama-bench "$@"
 }
-# bench_arms VAR "V1 V2 .." JSONL MODEL.. -- BENCH-ARGS..: `memra bench` of each model with VAR set to each
-# value in turn (arms alternating when the list repeats), receipts in $R/JSONL (copied to $OUT), the
-# pp / tg lines logged
+# arm_run TAG JSONL CMD...: one run of CMD (`python3 -m memra bench ...`, an experiment's ab.py bench ...) with
+# the synthetic tokenizer, TAG and receipts in $R/JSONL; its pp / tg lines and gates logged, a failure's log kept
+# in $OUT (session 30 lost one: the arms shared a log file)
+arm_run() {
+  local tag=$1 out=$2 rc
+  shift 2
+  timeout 90 "$@" --synth-tokenizer $TOK --tag "$tag" --out "$R/$out" > $R/arm.txt 2>&1
+  rc=$?; log "$tag rc=$rc $(el)"
+  grep -E "^gate|^memra .*(pp512|tg128)" $R/arm.txt | cut -c1-160 | tee -a $R/log.txt
+  [ $rc = 0 ] || { tail -25 $R/arm.txt | tee -a $R/log.txt; cp $R/arm.txt "$OUT/fail-$(echo "$tag" | tr ' :/' '___').txt"; }
+}
+# bench_arms VAR "V1 V2 .." JSONL MODEL.. -- BENCH-ARGS..: arm_run of `memra bench` of each model with VAR set to
+# each value in turn (arms alternating when the list repeats), receipts in $R/JSONL (copied to $OUT)
 bench_arms() {
   local var=$1 vals=$2 out=$3 m v models=()
   shift 3
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do models+=("$1"); shift; done
   shift
   for m in "${models[@]}"; do
-    for v in $vals; do
-      env "$var=$v" timeout 60 python3 -m memra bench "$m" "$@" --synth-tokenizer $TOK --out "$R/$out" > $R/bench.txt 2>&1
-      log "$m $var=$v rc=$? $(el)"; grep -E "pp512|tg128" $R/bench.txt | cut -c1-150 | tee -a $R/log.txt
-    done
+    for v in $vals; do arm_run "$m $var=$v" "$out" env "$var=$v" python3 -m memra bench "$m" "$@"; done
   done
   cp "$R/$out" $OUT/
-}
-# arm_run TAG JSONL CMD...: one run of CMD (`python3 -m memra bench ...`, an experiment's ab.py bench ...) with
-# the synthetic tokenizer, TAG and receipts in $R/JSONL; its tg128 line and gates logged, a failure's log kept
-# in $OUT (session 30 lost one: the arms shared a log file)
-arm_run() {
-  local tag=$1 out=$2 rc
-  shift 2
-  timeout 90 "$@" --synth-tokenizer $TOK --tag "$tag" --out "$R/$out" > $R/arm.txt 2>&1
-  rc=$?; log "$tag rc=$rc $(grep -E 'tg128' $R/arm.txt | grep memra | tr -s ' ' | cut -c1-100) $(el)"
-  grep -E "^gate" $R/arm.txt | cut -c1-160 | tee -a $R/log.txt
-  [ $rc = 0 ] || { tail -25 $R/arm.txt | tee -a $R/log.txt; cp $R/arm.txt "$OUT/fail-$(echo "$tag" | tr ' :/' '___').txt"; }
 }
 # freeze_show TAG: `memra tune freeze --pdl` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
