@@ -24,7 +24,10 @@
 //   KV head), ATT_WARPS (default 4), ATT_TILE (keys per online-softmax step, default 64),
 //   KV_BLOCK (positions per KV-cache block, kv.cuh); ATT_RING (attn_ring.cuh; 0 default:
 //   K/V loaded to registers tile by tile; 2..4: a cp.async ring of that many K/V tiles in
-//   dynamic shared memory; bit-neutral; f16 KV only);
+//   dynamic shared memory; bit-neutral; f16 KV only); ATT_TC (attn_tc.cuh; 0 default): 1 runs
+//   split_body's keys on the tensor cores (v11; the ring, f16 K/V, head 64 or 128, N_GQA <= 8,
+//   ATT_TILE = 16 or 8 ATT_WARPS; memra.gpu.ops.attention.tc_supported decides), 2 the rows of
+//   ATT_TC_MIN keys or more (default 256; a row's own count), shorter rows the CUDA-core body;
 //   KV_K_Q8 / KV_V_Q8 (kv.cuh, default 0): that side of the cache is q8_0 planes (int8 codes,
 //   f16 scales per 32; kscale / vscale, the kernels' last two parameters): read as d * q in
 //   fp32 (exact), then split_body's arithmetic unchanged, so the bits are the f16 kernel's on
@@ -105,13 +108,25 @@
 //       3.47, SmolLM2 3.51 / 3.75 -> 3.17 / 3.41 (predicted -0.2 to -0.4 at head 64); tg128 in the
 //       engine, alternating arms: SmolLM2 shape +2.4 %, 1B +1.7 %, Gemma-3 shape +1.3 %, 8B Q4_K_M
 //       +0.8 %, 64 greedy ids of the 1B identical.
-//   v10 (this) attn_decode's merge loads ATT_MERGE_MJ (default 16) splits of every output of a thread
+//   v10 attn_decode's merge loads ATT_MERGE_MJ (default 16) splits of every output of a thread
 //       before the first fma, then the same fma chain in the same order (v9: ptxas unrolled the split loop
 //       by 4, one output after another: the 8B at 4,096 keys waited on 16 L2 round trips, 32 splits x 2
 //       outputs a thread). Bit-neutral (the same operations and operands in the same order). H200, a
 //       launch in a graph, µs at 4,096 keys (experiments/attn_merge, research/2026-12-04-session29 e/, the
 //       outputs bit for bit the same): 8B 20.61 -> 18.25, 1B 16.85 -> 13.78, SmolLM2 12.04 -> 10.88; at
 //       1,024 keys -1 %, at 16,384 (8B) 41.32 -> 39.87.
+//   v11 (this; ATT_TC 1) split_body's keys on the tensor cores (attn_tc.cuh; experiments/attn_tc): a 16-key slice of
+//       every ring tile a warp (ATT_TILE = 16 ATT_WARPS) or a warp pair (ATT_TILE = 8 ATT_WARPS, each warp half the
+//       output rows), S^T = K Q^T and O^T += V^T P^T by mma.sync m16n8k16 with q and p as f16 hi + lo, a slice's
+//       online softmax in its warp, the slices merged in slice order; the ring's 16-byte chunks XOR-swizzled by
+//       row (ldmatrix), V rows past a split's keys zero-filled. A new float order (each row's still fixed by its
+//       own keys and split layout: batch-, graph- and chunk-invariant); ATT_TC 0 is v10's code and SASS.
+//       H200 (research/2026-12-04-session31): attn_decode_rope at the engine's 8 warps / 64-key tiles, µs a launch,
+//       v10 -> v11: 8B 6.51 -> 7.43 at 64 keys, 13.54 -> 11.54 at 1,024, 18.75 -> 14.78 at 4,096, 40.00 -> 27.94 at
+//       16,384; 1B 12.76 -> 11.22, SmolLM2 11.00 -> 10.57 at 4,096. tg128 @ d4096 8B +5.2 %, 1B +4.4 %, SmolLM2
+//       shape +1.5 %; at depth 0 -1.2 / -1.1 / -1.3 % (the one-tile blocks' fixed cost). A switch by the row's key
+//       count (the CUDA-core body below 256 keys, one kernel) lost at depth 0 in the engine (-2.5 % on the 8B): its
+//       attn_decode_rope is 8,408 SASS instructions against 6,040 / 5,528.
 
 #include "common.cuh"
 #include "q8.cuh"
@@ -180,6 +195,7 @@ constexpr int RED_CAP = (48 * 1024 - SMEM_OTHER) / 4;
 static_assert(RED_CAP >= G * D, "N_GQA * HEAD_DIM too large for the shared-memory budget");
 constexpr int RED_R = KG * G * D <= RED_CAP ? KG : RED_CAP / (G * D);
 #include "attn_ring.cuh"
+#include "attn_tc.cuh"
 #if !ATT_RING  // ATT_EARLY stages through the ring: without one it is off
 #undef ATT_EARLY
 #define ATT_EARLY 0
@@ -284,6 +300,143 @@ static __device__ __forceinline__ void split_body(
     const int* bt = block_table + (size_t)s * max_blocks;
     RING_PROLOGUE;
 
+#if ATT_TC
+    // ATT_TC 1: every row on the tensor cores; 2: a row of ATT_TC_MIN keys or more (its own count, so the choice
+    // is the row's alone: batch- and chunk-invariant), shorter rows on the CUDA-core body below
+    float tot[OPT];
+    if (ATT_TC == 1 || kr.n >= ATT_TC_MIN) {
+    // ATT_TC (tc_body.cuh): lane (gid, tig); the scores' B fragments of Q for k-step ks: dims 16 ks + 2 tig
+    // (+1) and + 8, head gid (zero past G)
+    const int gid = lane >> 2, tig = lane & 3;
+    uint32_t qh[TC_KS][2], ql[TC_KS][2];
+#pragma unroll
+    for (int ks = 0; ks < TC_KS; ks++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int d = 16 * ks + 8 * hf + 2 * tig;
+            float x0 = 0.f, x1 = 0.f;
+            if (gid < G) {
+                const float* qrow = qsm ? qsm + gid * D : q + (size_t)t * n_head * D + (size_t)(hb * G + gid) * D;
+                x0 = qrow[d];
+                x1 = qrow[d + 1];
+            }
+            tc_split(x0, x1, qh[ks][hf], ql[ks][hf]);
+        }
+    // this warp's softmax state for heads 2 tig and 2 tig + 1 (the same in every gid) and its O^T tiles:
+    // oacc[mt] = (dim 16 (mt0 + mt) + gid: heads 2 tig, 2 tig + 1; dim 16 (mt0 + mt) + gid + 8: the same heads)
+    float om[2] = {NEG_INF, NEG_INF}, ol[2] = {0.f, 0.f};
+    float oacc[TC_MT][4];
+    const int slice = warp % TC_SL, mt0 = (warp / TC_SL) * TC_MT;  // this warp's keys and output rows
+#pragma unroll
+    for (int mt = 0; mt < TC_MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oacc[mt][e] = 0.f;
+    const int r0 = 16 * slice;  // this warp's first row of every tile
+    for (int tile0 = k0; tile0 < k1; tile0 += ATT_TILE) {
+        const int nt = min(ATT_TILE, k1 - tile0);
+        RING_TILE_HEAD;
+        if (r0 < nt) {  // warp-uniform
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+            const uint32_t kb = smem_u32(r_k), vb = smem_u32(r_v);
+#pragma unroll
+            for (int ks = 0; ks < TC_KS; ks++) {
+                const int row = r0 + (lane & 15), ch = 2 * ks + (lane >> 4);
+                uint32_t a[4];
+                ldsm4(a, kb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);
+                tc_mma(s, a, qh[ks][0], qh[ks][1]);
+                tc_mma(s, a, ql[ks][0], ql[ks][1]);
+            }
+            // s: keys r0 + gid (s[0], s[1]) and r0 + gid + 8 (s[2], s[3]), heads 2 tig and 2 tig + 1
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[e] * scale;
+                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                s[e] = r0 + gid + (e >> 1) * 8 < nt ? v : NEG_INF;
+            }
+            float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], o));
+            float al[2], mn[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                mn[j] = fmaxf(om[j], mx[j]);
+                al[j] = mn[j] == NEG_INF ? 1.f : expf(om[j] - mn[j]);
+            }
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[e] = mn[e & 1] == NEG_INF ? 0.f : expf(s[e] - mn[e & 1]);
+            float ps[2] = {p[0] + p[2], p[1] + p[3]};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) ps[j] += __shfl_xor_sync(0xffffffffu, ps[j], o);
+                ol[j] = ol[j] * al[j] + ps[j];
+                om[j] = mn[j];
+            }
+            // P^T's B fragments: keys 2 tig (+1) and 2 tig + 8 (+9), head gid
+            uint32_t x0h, x0l, x1h, x1l;
+            tc_split(p[0], p[1], x0h, x0l);
+            tc_split(p[2], p[3], x1h, x1l);
+            const uint32_t bh0 = tc_trans(x0h), bh1 = tc_trans(x1h), bl0 = tc_trans(x0l), bl1 = tc_trans(x1l);
+#pragma unroll
+            for (int mt = 0; mt < TC_MT; mt++) {
+                oacc[mt][0] *= al[0];
+                oacc[mt][1] *= al[1];
+                oacc[mt][2] *= al[0];
+                oacc[mt][3] *= al[1];
+                const int row = r0 + (lane & 7) + ((lane >> 4) << 3), ch = 2 * (mt0 + mt) + ((lane >> 3) & 1);
+                uint32_t a[4];
+                tc_ldsm4t(a, vb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);
+                tc_mma(oacc[mt], a, bh0, bh1);
+                tc_mma(oacc[mt], a, bl0, bl1);
+            }
+        }
+        RING_TILE_TAIL;
+    }
+    RING_AFTER_LOOP;
+    // the slices merged in slice order: M = max_c m_c, o = sum_c exp(m_c - M) o_c, l = sum_c exp(m_c - M) l_c
+    __shared__ float tc_m[TC_SL][8], tc_l[TC_SL][8];
+    float* tc_o = reinterpret_cast<float*>(attn_ring_smem);  // [TC_SL][8][D]
+    if (gid == 0 && mt0 == 0) {  // a pair's two warps hold the same (m, l)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            tc_m[slice][2 * tig + j] = om[j];
+            tc_l[slice][2 * tig + j] = ol[j];
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < TC_MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            tc_o[(slice * 8 + 2 * tig + (e & 1)) * D + 16 * (mt0 + mt) + gid + (e >> 1) * 8] = oacc[mt][e];
+    __syncthreads();
+#pragma unroll
+    for (int o = 0; o < OPT; o++) {
+        const int i = tid + o * NT;
+        tot[o] = 0.f;
+        if (i < G * D) {
+            const int h = i / D, d = i % D;
+            float M = NEG_INF;
+#pragma unroll
+            for (int c = 0; c < TC_SL; c++) M = fmaxf(M, tc_m[c][h]);
+#pragma unroll
+            for (int c = 0; c < TC_SL; c++) tot[o] += expf(tc_m[c][h] - M) * tc_o[(c * 8 + h) * D + d];
+        }
+    }
+    if (tid < G) {
+        float M = NEG_INF, l = 0.f;
+#pragma unroll
+        for (int c = 0; c < TC_SL; c++) M = fmaxf(M, tc_m[c][tid]);
+#pragma unroll
+        for (int c = 0; c < TC_SL; c++) l += expf(tc_m[c][tid] - M) * tc_l[c][tid];
+        m_s[tid] = M;
+        l_s[tid] = l;
+    }
+    __syncthreads();
+    } else {
+#endif
     // this lane's 16-byte chunks of every query head
     const int sl = lane % LPK, ks = lane / LPK;
     float qr[G][CPL][8];
@@ -446,7 +599,9 @@ static __device__ __forceinline__ void split_body(
 
     // sum the key groups in a fixed order: output i = ((0 + acc_0) + acc_1) + ... over the
     // KG groups, RED_R groups staged in shared memory per pass (one pass when they fit)
+#if !ATT_TC  // ATT_TC: declared before the two bodies
     float tot[OPT];
+#endif
 #pragma unroll
     for (int o = 0; o < OPT; o++) tot[o] = 0.f;
     for (int r0 = 0; r0 < KG; r0 += RED_R) {
@@ -466,6 +621,9 @@ static __device__ __forceinline__ void split_body(
         }
         __syncthreads();
     }
+#if ATT_TC
+    }  // ATT_TC
+#endif
     if (out_direct) {
         // The only non-empty split: the merge would weigh it by expf(m - m) = 1 and divide
         // by 1 * l, so writing o * (1 / l) here gives the merge's bits without the partials'
@@ -700,7 +858,7 @@ extern "C" __global__ void RING_LB
                 const uint16_t h = f32_to_f16(kvb[d]);
                 kcache[row + d] = h;
 #if ATT_EARLY
-                if (e_ks) e_ks[d] = h;  // the same bits as the ring's copy of the cache row
+                if (e_ks) e_ks[RING_COL(e_pr % ATT_TILE, d)] = h;  // the same bits as the ring's copy of the cache row
 #endif
             }
 #endif
@@ -717,7 +875,7 @@ extern "C" __global__ void RING_LB
 #if ATT_EARLY
             if (e_ks)  // rope.cuh's v_append value again, into the ring stage's V row
                 for (int d = threadIdx.x % 32; d < D; d += 32)
-                    e_ks[ATT_TILE * D + d] = f32_to_f16(vb ? __fadd_rn(vsrc[d], vb[d]) : vsrc[d]);
+                    e_ks[ATT_TILE * D + RING_COL(e_pr % ATT_TILE, d)] = f32_to_f16(vb ? __fadd_rn(vsrc[d], vb[d]) : vsrc[d]);
 #endif
         }
 #endif
@@ -728,8 +886,8 @@ extern "C" __global__ void RING_LB
         for (int j = 0; j < RPT; j++)
             if (e_row + j * RSTEP == e_pr % ATT_TILE) {
                 const size_t off = kv_slot(bt, p) * e_stride + (size_t)kvh * D + e_ch * 8;
-                cp16(smem_u32(e_ks + e_ch * 8), kcache + off);
-                cp16(smem_u32(e_ks + ATT_TILE * D + e_ch * 8), vcache + off);
+                cp16(smem_u32(e_ks + ((e_ch ^ RING_SWZ(e_pr % ATT_TILE)) << 3)), kcache + off);
+                cp16(smem_u32(e_ks + ATT_TILE * D + ((e_ch ^ RING_SWZ(e_pr % ATT_TILE)) << 3)), vcache + off);
             }
         cp_commit();
         cp_wait<0>();

@@ -15,6 +15,15 @@
 #ifndef ATT_RING
 #define ATT_RING 0
 #endif
+#ifndef ATT_TC
+#define ATT_TC 0
+#endif
+#if ATT_TC  // a ring row's 16-byte chunk c lies at c ^ (row % 8)
+#define RING_SWZ(r) ((r) & 7)
+#else
+#define RING_SWZ(r) 0
+#endif
+#define RING_COL(r, d) (((((d) >> 3) ^ RING_SWZ(r)) << 3) | ((d) & 7))
 
 // attn_decode / attn_decode_rope's launch bounds: ATT_RING_MINB blocks an SM when non-zero. Left
 // to itself ptxas gave the ring at 2 heads a block 80 registers and 8 spilled bytes (HEAD_DIM 128
@@ -70,9 +79,9 @@ static __device__ __forceinline__ void ring_lookup(const int* __restrict__ bt, i
 // commit group whether or not anything was copied (the wait counts groups)
 static __device__ __forceinline__ void ring_issue(const uint16_t* __restrict__ kbase,
                                                   const uint16_t* __restrict__ vbase, size_t row_stride,
-                                                  int tile0, int k1, int stage, int r_row, int r_ch,
+                                                  int tile0, int k1, int kz, int stage, int r_row, int r_ch,
                                                   const int (&blk)[RPT]) {
-    if (tile0 < k1) {
+    if (tile0 < (ATT_TC ? kz : k1)) {
         uint16_t* ks = attn_ring_smem + stage * RING_STAGE;
         uint16_t* vs = ks + ATT_TILE * D;
 #pragma unroll
@@ -81,9 +90,13 @@ static __device__ __forceinline__ void ring_issue(const uint16_t* __restrict__ k
             if (r < ATT_TILE && key < k1) {
                 // kv_slot's row: max(entry, 0) * KV_BLOCK + key % KV_BLOCK (kv.cuh)
                 const size_t off = ((size_t)max(blk[j], 0) * KV_BLOCK + (key % KV_BLOCK)) * row_stride + r_ch * 8;
-                cp16(smem_u32(ks + r * D + r_ch * 8), kbase + off);
-                cp16(smem_u32(vs + r * D + r_ch * 8), vbase + off);
+                cp16(smem_u32(ks + r * D + ((r_ch ^ RING_SWZ(r)) << 3)), kbase + off);
+                cp16(smem_u32(vs + r * D + ((r_ch ^ RING_SWZ(r)) << 3)), vbase + off);
             }
+#if ATT_TC
+            else if (r < ATT_TILE && key >= kz)  // past the split's keys: P = 0 meets zeros
+                *(uint4*)(vs + r * D + ((r_ch ^ RING_SWZ(r)) << 3)) = make_uint4(0u, 0u, 0u, 0u);
+#endif
         }
     }
     cp_commit();
@@ -98,7 +111,7 @@ static __device__ __forceinline__ void ring_prologue(const int* __restrict__ bt,
     ring_lookup(bt, k0, k1, r_row, blk);
 #pragma unroll
     for (int s_ = 0; s_ < ATT_RING - 1; s_++) {
-        ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1c, s_, r_row, r_ch, blk);
+        ring_issue(kbase, vbase, row_stride, k0 + s_ * ATT_TILE, k1c, k1, s_, r_row, r_ch, blk);
         ring_lookup(bt, k0 + (s_ + 1) * ATT_TILE, k1, r_row, blk);
     }
 }
@@ -116,15 +129,15 @@ static __device__ __forceinline__ void ring_prologue(const int* __restrict__ bt,
 #define RING_TILE_HEAD                                                                                \
     cp_wait<ATT_RING - 2>();                                                                          \
     __syncthreads(); /* tile t landed for every thread; every reader of tile t - 1 done */           \
-    ring_issue(kbase, vbase, row_stride, tile0 + (ATT_RING - 1) * ATT_TILE, k1,                       \
+    ring_issue(kbase, vbase, row_stride, tile0 + (ATT_RING - 1) * ATT_TILE, k1, k1,                   \
                (r_t + ATT_RING - 1) % ATT_RING, r_row, r_ch, r_blk);                                  \
     ring_lookup(bt, tile0 + ATT_RING * ATT_TILE, k1, r_row, r_blk);                                   \
     const uint16_t* r_k = attn_ring_smem + (r_t % ATT_RING) * RING_STAGE;                            \
     const uint16_t* r_v = r_k + ATT_TILE * D
 #define RING_TILE_TAIL r_t++
 #define RING_AFTER_LOOP __syncthreads() /* the ring becomes red: every reader of the last tile done */
-#define K_SRC(key, ch) (*(const uint4*)(r_k + (key) * D + (ch) * 8))
-#define V_SRC(k, ch) (*(const uint4*)(r_v + (k) * D + (ch) * 8))
+#define K_SRC(key, ch) (*(const uint4*)(r_k + (key) * D + ((ch) ^ RING_SWZ(key)) * 8))
+#define V_SRC(k, ch) (*(const uint4*)(r_v + (k) * D + ((ch) ^ RING_SWZ(k)) * 8))
 #else
 constexpr int RING_BYTES = 0;
 #define RING_RED __shared__ __align__(16) float red[RED_R][G * D]

@@ -59,7 +59,7 @@ def warps_for(head_dim: int) -> int:
     return 8 if head_dim >= 128 else 4
 
 
-TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY")
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY", "ATT_TC")
 RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
 
 
@@ -82,6 +82,23 @@ def early_default() -> int:
     from memra.env import env_int
 
     return env_int("MEMRA_ATT_EARLY", 1, lambda n: n in (0, 1), "1 (the ring prologue before the PDL wait) or 0 (v7)")
+
+
+def tc_supported(d: dict) -> bool:
+    """Whether a module's defines can run split_body on the tensor cores (attn_tc.cuh's static_asserts): the
+    ring with f16 K and V, head 64 or 128, up to 8 query heads a block, a 16-key slice a warp or a warp pair."""
+    D, G, w, tile = int(d["HEAD_DIM"]), int(d["N_GQA"]), int(d["ATT_WARPS"]), int(d["ATT_TILE"])
+    return (int(d.get("ATT_RING", 0)) >= 2 and not d.get("KV_K_Q8") and not d.get("KV_V_Q8")
+            and D in (64, 128) and G <= 8 and tile in (16 * w, 8 * w)
+            and ring_bytes(d) >= tile // 16 * 8 * D * 4)
+
+
+def tc_default() -> int:
+    """ATT_TC's default where tc_supported: 1 (attention.cu v11, the split body on the tensor cores);
+    MEMRA_ATT_TC=0, the rollback seam of docs/FLAGS.md, keeps v10's CUDA-core body (another float order)."""
+    from memra.env import env_int
+
+    return env_int("MEMRA_ATT_TC", 1, lambda n: n in (0, 1), "1 (the tensor-core split body) or 0 (v10's)")
 
 
 def ring_bytes(defines: dict) -> int:
@@ -117,6 +134,11 @@ def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_blo
          "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
     if any(kv_q8) or ("ATT_RING" not in (config or {}) and ring_bytes(d) < red_bytes(d)):
         d["ATT_RING"] = 0   # q8_0 is never staged; a default ring too small for the key-group sums: registers
+    want = int((config or {}).get("ATT_TC", tc_default()))
+    if want and "ATT_TC" in (config or {}) and not tc_supported(d):
+        raise MemraError(f"attention: ATT_TC 1 needs the ring, f16 K/V, head 64 or 128, <= 8 heads a block and "
+                         f"ATT_TILE 16 or 8 x ATT_WARPS ({d})")
+    d["ATT_TC"] = int(bool(want) and tc_supported(d))
     return d
 
 
@@ -348,6 +370,10 @@ def compile_variants():
     out += [(f, {**d, "ATT_RING": RING}) for f, d in list(out) if d["HEAD_DIM"] <= 128]
     out.append((KERNEL_FILE, {"HEAD_DIM": 128, "N_GQA": 1, "ATT_WARPS": 8, "ATT_TILE": 32, "KV_BLOCK": 16,
                               "ATT_RING": RING}))
+    # ATT_TC (v11) on every ring module that can take it, and at the other warp layout of its 64-key tile
+    tc = [(f, {**d, "ATT_TC": 1}) for f, d in out if d.get("ATT_RING") and tc_supported(d)]
+    out += tc + [(f, {**d, "ATT_WARPS": 8 if d["ATT_WARPS"] == 4 else 4}) for f, d in tc
+                 if d["ATT_TILE"] == 64 and "MEMRA_CANARY" not in d]
     # the q8_0 cache (kernels/kv.cuh): every case's module with K and V q8_0, each side alone
     # once, and the canary (the scale plane ignored)
     from memra.gpu.ops.rope import kv_defines
@@ -437,17 +463,29 @@ def _check(g, rng, case, canary=False, fused=False, config=None, twin=None, kv_q
         attention(g, *args, **one)
         if not np.array_equal(out.numpy(), first, equal_nan=True):
             return Outcome(name, False, "one head per block gives different bits")
-    ring = module_defines(D, hpb, config, blk, kv_q8)["ATT_RING"]
-    if ring:  # the K/V ring moves loads only: the register path's bits
+    mod = module_defines(D, hpb, config, blk, kv_q8)
+    ring, tc = mod["ATT_RING"], mod["ATT_TC"]
+    if ring and not tc:  # the K/V ring moves loads only: the register path's bits
         out.poison()
         attention(g, *args, **dict(kw, config={**(config or {}), "ATT_RING": 0},
                                    counters=g.to_device(np.zeros(T * nh // hpb, np.int32))))
         if not np.array_equal(out.numpy(), first, equal_nan=True):
             return Outcome(name, False, f"ATT_RING {ring} and ATT_RING 0 give different bits")
+    pair = None
+    if tc and mod["ATT_TILE"] == 64:  # a warp a 16-key slice (4 warps) and a warp pair a slice (8): one arithmetic
+        other = {**(config or {}), "ATT_WARPS": 8 if mod["ATT_WARPS"] == 4 else 4}
+        if tc_supported(module_defines(D, hpb, other, blk, kv_q8)):
+            pair = other["ATT_WARPS"]
+            out.poison()
+            attention(g, *args, **dict(kw, config=other, counters=g.to_device(np.zeros(T * nh // hpb, np.int32))))
+            if not np.array_equal(out.numpy(), first, equal_nan=True):
+                return Outcome(name, False, f"ATT_TC at {mod['ATT_WARPS']} and {pair} warps give different bits")
     if q8 and not q8_twin_matches(xq, xs, first):
         return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
     return Outcome(name, True, o.detail + "; relaunch identical" + ("; = 1 head/block" if hpb != 1 else "")
-                   + (f"; ring {ring} = registers" if ring else "") + ("; q8 twin bit-exact" if q8 else ""))
+                   + (f"; ring {ring} = registers" if ring and not tc else "")
+                   + (f"; tensor cores, = {pair} warps" if pair else "; tensor cores" if tc else "")
+                   + ("; q8 twin bit-exact" if q8 else ""))
 
 
 ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neox, qk_norm, bias)
