@@ -56,6 +56,47 @@ l)
   attn_land l 300 ;;
 t)
   gpu_tests 585 ;;
+c)
+  # (models shipped) after STAGE l froze v11's campaign: the 8B's attn_decode entry went to ATT_TILE 32 (the
+  # CUDA-core body, 6.65 µs at 64 keys) from 64 (the tensor cores, 7.42), measured at 64 keys only. One
+  # configuration serves every depth (it sets a row's bits), so the engine A/B chooses it on both depth cells:
+  # tg128 at depth 0 and 4,096, arms frozen / t64h1 / t64h2 twice; the winner by the two cells' summed step time
+  # goes to $MEMRA_HOME/tables (the launch set then includes it) for kernel-check --add-to and the GPU tests.
+  link_models
+  K='ctx=64,head_dim=128,n_head=32,n_head_kv=8'
+  for a in t64h1:64:1 t64h2:64:2; do
+    python3 - "$K" ${a//:/ } <<'PY'
+import json, sys
+k, name, tile, hpb = sys.argv[1:]
+t = json.load(open("tune/defaults/nvidia-h200.json"))
+t["entries"]["attn_decode"][k]["1"]["config"] = {"ATT_TILE": int(tile), "ATT_WARPS": 8, "hpb": int(hpb)}
+json.dump(t, open(f"/tmp/{name}.json", "w"), indent=1)
+PY
+  done
+  cp tune/defaults/nvidia-h200.json /tmp/frozen.json
+  for d in 0 4096; do
+    for arm in frozen t64h1 t64h2 frozen t64h1 t64h2; do
+      arm_run "attn table $arm d$d" bench-choice.jsonl python3 -m memra bench synth:llama3-8b:Q4_K_M -p 0 -n 128 \
+        -d $d -r 3 --tune-table /tmp/$arm.json
+    done
+  done
+  cp $R/bench-choice.jsonl $OUT/
+  W=$(python3 - $R/bench-choice.jsonl <<'PY'
+import json, sys, collections
+t = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    t[(r["tag"].split()[2], r["n_depth"])].append(1e6 / r["median_ts"])
+arms = sorted({a for a, _ in t})
+cost = {a: sum(sum(t[(a, d)]) / len(t[(a, d)]) for d in (0, 4096)) for a in arms if (a, 0) in t and (a, 4096) in t}
+print(min(cost, key=cost.get))
+PY
+)
+  log "winner by the summed step time at depth 0 + 4096: $W"
+  H=$(python3 -c "from memra.tune.tables import home_tables_dir; print(home_tables_dir())")
+  mkdir -p $H; [ "$W" = frozen ] || cp /tmp/$W.json $H/nvidia-h200.json
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+  gpu_tests 585 ;;
 d)
   # llama.cpp built in the call (carry .llamacpp); issue 14's cells in one run (MODELS overrides)
   if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
