@@ -69,3 +69,18 @@ def test_a_choice_against_another_base_or_an_older_kernel_is_not_applied(tmp_pat
         r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / f"u{i}"))
         assert r.returncode == 0 and "not applied" in r.stderr and why in r.stderr, r.stderr
 
+
+
+def test_a_record_names_its_objective_in_the_freeze_note(tmp_path):
+    """A choice made on another objective than tg128 at one depth (the 8B's attention on the step time summed
+    over two depth cells) says so where freeze reports it; a record without one reads as tg128."""
+    from test_research import memra
+
+    d = _write(tmp_path, _choice(256, 512, objective="tg128 step time summed over depth 0 and 4096"))
+    r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "u"))
+    assert r.returncode == 0
+    assert "(engine tg128 step time summed over depth 0 and 4096 +1.2 % over {'NORM_THREADS': 256})" in r.stderr
+    (tmp_path / "plain").mkdir()
+    d2 = _write(tmp_path / "plain", _choice(256, 512))
+    r = memra("tune", "freeze", str(d2), "--out-dir", str(tmp_path / "v"))
+    assert r.returncode == 0 and "(engine tg128 +1.2 % over {'NORM_THREADS': 256})" in r.stderr

@@ -292,7 +292,8 @@ ENGINE_CHOICE_FIELDS: dict[str, tuple] = {
 
 def validate_engine_choice(row: Mapping) -> list[str]:
     """Problems of an engine-choice record: a table entry's configuration chosen by the engine's own A/B
-    (`config` against the frozen `base_config`, tg128 `gain` as a fraction, the bench receipts that show
+    (`config` against the frozen `base_config`, tg128 `gain` as a fraction, or that of the optional
+    `objective` it names (e.g. the step time summed over two depth cells), the bench receipts that show
     it in `evidence`), which `memra tune freeze` lays over the entry it names (memra.tune.freeze
     .apply_engine_choices)."""
     if row.get("schema") != 1:
