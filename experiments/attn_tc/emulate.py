@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""CPU emulation of one warp's ATT_TC tile (tc_split.cuh's index formulas, transcribed) with the PTX fragment
+"""CPU emulation of one warp's ATT_TC tile (kernels/attention.cu's ATT_TC body, its index formulas transcribed) with the PTX fragment
 layouts of ldmatrix (.trans), mma.m16n8k16 (row.col, f16 -> f32) and movmatrix.trans, against numpy: the
 scores S^T = K Q^T and the output O^T += V^T P^T of one 16-key slice, through the swizzled ring layout, for
-a warp a slice (ATT_TILE = 16 ATT_WARPS) and a warp pair a slice (ATT_TILE = 8 ATT_WARPS: half the output each).
+a warp a slice (ATT_TILE = 16 ATT_WARPS), a warp pair a slice (ATT_TILE = 8 ATT_WARPS: half the output each) and
+a warp quad a slice (ATT_TILE = 4 ATT_WARPS, experiments/attn_quad: a quarter each).
 A check of the kernel's indexing before its first device run, not of the hardware.
 
     python3 experiments/attn_tc/emulate.py        # prints the max errors; exits 1 on a mismatch
@@ -69,7 +70,7 @@ def movtrans(X):
 
 def main():
     worst = 0.0
-    for (D, G), (W, TILE) in ((dg, wt) for dg in ((128, 4), (64, 3), (64, 8)) for wt in ((4, 64), (8, 64), (8, 128))):
+    for (D, G), (W, TILE) in ((dg, wt) for dg in ((128, 4), (64, 3), (64, 8)) for wt in ((4, 64), (8, 64), (8, 128), (4, 32), (8, 32))):
         SL = TILE // 16; PAIR = W // SL; MT = D // 16 // PAIR   # tc_body.cuh's TC_SL, TC_PAIR, TC_MT
         K = rng.standard_normal((TILE, D)).astype(np.float16).astype(np.float64)
         V = rng.standard_normal((TILE, D)).astype(np.float16).astype(np.float64)

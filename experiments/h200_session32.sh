@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 31; research/2026-12-04-session31 "Next").
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session32.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE a and t need the real models shipped.
+# STAGE a (~8 min): 1. the GPU tests at HEAD (session 31's ran out of its call: 27 passed, none failed, of 43);
+#  2. why the tensor-core body loses 2 µs a layer at depth 0 in the engine (0.77 alone): the ring's shared memory
+#     (64 KiB at 64-key tiles, head 128) against the neighbours' early blocks under PDL. tg128 of the 8B at depth 0
+#     and 4,096, arms (each table differs from the frozen one in the 8B's attn_decode entry only):
+#       frozen  64-key tiles, 8 warps, tensor cores (a warp pair a slice)         session 31: 482.1 / 430.1
+#       c32     32-key tiles, 8 warps, CUDA-core body (the campaign's pick)        session 31: 497.2 / 417.3
+#       p32     32-key tiles, 4 warps, tensor cores (a pair a slice, 32 KiB ring)  new
+#       q32     32-key tiles, 8 warps, tensor cores (experiments/attn_quad: a quad a slice, 32 KiB ring)  new
+#     Predicted if shared memory is the cause: q32 ~495 at depth 0 and ~428 at 4,096 (4 tiles a block instead of
+#     2); p32 between (4 warps: half the latency hiding). If q32 is no better than frozen at depth 0, the cause is
+#     the tensor-core body's own fixed cost (the slices' merge through shared memory, 16 chained mma a tile).
+# STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
+#  and at 0, the 1B (MODELS overrides).
+set -u
+source experiments/h200_common.sh
+stage_begin s32
+case "$STAGE" in
+a)
+  link_models "the GPU tests need them"
+  gpu_tests 330
+  K='ctx=64,head_dim=128,n_head=32,n_head_kv=8'
+  for a in c32:32:8:0 p32:32:4:0 q32:32:8:2; do
+    python3 - "$K" ${a//:/ } <<'PY'
+import json, sys
+k, name, tile, warps, ring = sys.argv[1:]
+t = json.load(open("tune/defaults/nvidia-h200.json"))
+cfg = {"ATT_TILE": int(tile), "ATT_WARPS": int(warps), "hpb": 1}
+if int(ring):
+    cfg["ATT_RING"] = int(ring)   # the quad's 32 KiB ring (the CUDA-core body's key-group sums would want 0)
+t["entries"]["attn_decode"][k]["1"]["config"] = cfg
+json.dump(t, open(f"/tmp/{name}.json", "w"), indent=1)
+PY
+  done
+  cp tune/defaults/nvidia-h200.json /tmp/frozen.json
+  for d in 0 4096; do
+    for arm in frozen c32 p32 q32 frozen c32 p32 q32; do
+      [ $(( $(date +%s) - T0 )) -lt 570 ] || break
+      case $arm in
+        q32) set -- python3 experiments/attn_quad/ab.py ;;
+        *) set -- python3 -m memra ;;
+      esac
+      arm_run "attn table $arm d$d" bench-quad.jsonl "$@" bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -d $d -r 3 \
+        --tune-table /tmp/$arm.json
+    done
+  done
+  cp $R/bench-quad.jsonl $OUT/ ;;
+d)
+  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
+  else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
+    synth:llama-1b:Q4_0; fi ;;
+esac
+tar czf $OUT/s32-$STAGE.tgz -C /tmp s32-$STAGE
