@@ -13,6 +13,9 @@
 #     Predicted if shared memory is the cause: q32 ~495 at depth 0 and ~428 at 4,096 (4 tiles a block instead of
 #     2); p32 between (4 warps: half the latency hiding). If q32 is no better than frozen at depth 0, the cause is
 #     the tensor-core body's own fixed cost (the slices' merge through shared memory, 16 chained mma a tile).
+# STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
+#  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
+#  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
 #  and at 0, the 1B (MODELS overrides).
 set -u
@@ -48,6 +51,12 @@ PY
     done
   done
   cp $R/bench-quad.jsonl $OUT/ ;;
+l)
+  # after `python3 experiments/attn_quad/landing.py . && git apply experiments/attn_quad/host.patch` is committed
+  # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to
+  attn_land l 300 ;;
+t)
+  gpu_tests 585 ;;
 d)
   if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
   else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
