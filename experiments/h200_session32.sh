@@ -13,6 +13,9 @@
 #     Predicted if shared memory is the cause: q32 ~495 at depth 0 and ~428 at 4,096 (4 tiles a block instead of
 #     2); p32 between (4 warps: half the latency hiding). If q32 is no better than frozen at depth 0, the cause is
 #     the tensor-core body's own fixed cost (the slices' merge through shared memory, 16 chained mma a tile).
+# STAGE p (~1 min, at the end of STAGE a when time is left): experiments/norm_pro/probe.py. Predicted: SAME
+#  everywhere (the prologue emulates norm.cu's order); the fused launch saves most of a launch hop on the small
+#  shapes (SmolLM2 ~1-1.5 µs a pair) and less on the 8B, whose 768 / 3,584 blocks each re-read the 16 KiB row.
 # STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
 #  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
 #  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
@@ -21,6 +24,13 @@
 set -u
 source experiments/h200_common.sh
 stage_begin s32
+# norm_probe: experiments/norm_pro/probe.py (the RMSNorm in the matvec's prologue: bits against rmsnorm + mv_q8,
+# and µs of the pair against the fused launch, at the six norm -> matvec pairs of the three shapes; ~1 min)
+norm_probe() {
+  timeout 120 python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1,4 2>&1 | grep -v "^/work" \
+    | tee -a $R/log.txt
+  cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
+}
 case "$STAGE" in
 a)
   link_models "the GPU tests need them"
@@ -50,7 +60,10 @@ PY
         --tune-table /tmp/$arm.json
     done
   done
-  cp $R/bench-quad.jsonl $OUT/ ;;
+  cp $R/bench-quad.jsonl $OUT/
+  [ $(( $(date +%s) - T0 )) -lt 540 ] && norm_probe ;;
+p)
+  norm_probe ;;
 l)
   # after `python3 experiments/attn_quad/landing.py . && git apply experiments/attn_quad/host.patch` is committed
   # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to
