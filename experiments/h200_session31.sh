@@ -63,16 +63,7 @@ c)
   # tg128 at depth 0 and 4,096, arms frozen / t64h1 / t64h2 twice; the winner by the two cells' summed step time
   # goes to $MEMRA_HOME/tables (the launch set then includes it) for kernel-check --add-to and the GPU tests.
   link_models
-  K='ctx=64,head_dim=128,n_head=32,n_head_kv=8'
-  for a in t64h1:64:1 t64h2:64:2; do
-    python3 - "$K" ${a//:/ } <<'PY'
-import json, sys
-k, name, tile, hpb = sys.argv[1:]
-t = json.load(open("tune/defaults/nvidia-h200.json"))
-t["entries"]["attn_decode"][k]["1"]["config"] = {"ATT_TILE": int(tile), "ATT_WARPS": 8, "hpb": int(hpb)}
-json.dump(t, open(f"/tmp/{name}.json", "w"), indent=1)
-PY
-  done
+  python3 experiments/attn_tc/choice.py tables /tmp t64h1 t64h2   # (ran as an inline copy of this at fb2abe0)
   cp tune/defaults/nvidia-h200.json /tmp/frozen.json
   for d in 0 4096; do
     for arm in frozen t64h1 t64h2 frozen t64h1 t64h2; do
@@ -81,17 +72,7 @@ PY
     done
   done
   cp $R/bench-choice.jsonl $OUT/
-  W=$(python3 - $R/bench-choice.jsonl <<'PY'
-import json, sys, collections
-t = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    t[(r["tag"].split()[2], r["n_depth"])].append(1e6 / r["median_ts"])
-arms = sorted({a for a, _ in t})
-cost = {a: sum(sum(t[(a, d)]) / len(t[(a, d)]) for d in (0, 4096)) for a in arms if (a, 0) in t and (a, 4096) in t}
-print(min(cost, key=cost.get))
-PY
-)
+  W=$(python3 experiments/attn_tc/choice.py winner $R/bench-choice.jsonl)
   log "winner by the summed step time at depth 0 + 4096: $W"
   H=$(python3 -c "from memra.tune.tables import home_tables_dir; print(home_tables_dir())")
   mkdir -p $H; [ "$W" = frozen ] || cp /tmp/$W.json $H/nvidia-h200.json

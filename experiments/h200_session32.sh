@@ -35,29 +35,19 @@ case "$STAGE" in
 a)
   link_models "the GPU tests need them"
   gpu_tests 330
-  K='ctx=64,head_dim=128,n_head=32,n_head_kv=8'
-  for a in c32:32:8:0 p32:32:4:0 q32:32:8:2; do
-    python3 - "$K" ${a//:/ } <<'PY'
-import json, sys
-k, name, tile, warps, ring = sys.argv[1:]
-t = json.load(open("tune/defaults/nvidia-h200.json"))
-cfg = {"ATT_TILE": int(tile), "ATT_WARPS": int(warps), "hpb": 1}
-if int(ring):
-    cfg["ATT_RING"] = int(ring)   # the quad's 32 KiB ring (the CUDA-core body's key-group sums would want 0)
-t["entries"]["attn_decode"][k]["1"]["config"] = cfg
-json.dump(t, open(f"/tmp/{name}.json", "w"), indent=1)
-PY
-  done
+  python3 experiments/attn_tc/choice.py tables /tmp t32h1 t32w4h1 t32h1r2   # c32, p32, q32's tables
   cp tune/defaults/nvidia-h200.json /tmp/frozen.json
-  for d in 0 4096; do
-    for arm in frozen c32 p32 q32 frozen c32 p32 q32; do
+  for d in 0 4096 0 4096; do   # a call cut short loses the second round, not a depth
+    for arm in frozen c32 p32 q32; do
       [ $(( $(date +%s) - T0 )) -lt 570 ] || break
       case $arm in
-        q32) set -- python3 experiments/attn_quad/ab.py ;;
-        *) set -- python3 -m memra ;;
+        q32) set -- python3 experiments/attn_quad/ab.py; T=t32h1r2 ;;   # the quad needs the ring named
+        c32) set -- python3 -m memra; T=t32h1 ;;
+        p32) set -- python3 -m memra; T=t32w4h1 ;;
+        *) set -- python3 -m memra; T=frozen ;;
       esac
       arm_run "attn table $arm d$d" bench-quad.jsonl "$@" bench synth:llama3-8b:Q4_K_M -p 0 -n 128 -d $d -r 3 \
-        --tune-table /tmp/$arm.json
+        --tune-table /tmp/$T.json
     done
   done
   cp $R/bench-quad.jsonl $OUT/

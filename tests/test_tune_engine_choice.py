@@ -80,6 +80,8 @@ def test_a_record_names_its_objective_in_the_freeze_note(tmp_path):
     r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "u"))
     assert r.returncode == 0
     assert "(engine tg128 step time summed over depth 0 and 4096 +1.2 % over {'NORM_THREADS': 256})" in r.stderr
+    e = json.loads((tmp_path / "u" / "nvidia-h200.json").read_text())["entries"]["rmsnorm"]["n=4096"]["1"]
+    assert e["engine_choice"]["objective"] == "tg128 step time summed over depth 0 and 4096"
     (tmp_path / "plain").mkdir()
     d2 = _write(tmp_path / "plain", _choice(256, 512))
     r = memra("tune", "freeze", str(d2), "--out-dir", str(tmp_path / "v"))

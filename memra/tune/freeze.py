@@ -204,10 +204,10 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
                          f"A/B's base {dict(c['base_config'])} (re-run it)")
         else:
             entry["config"] = dict(c["config"])
-            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
-                                      "evidence": list(c["evidence"]),
-                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
             objective = c.get("objective") if isinstance(c.get("objective"), str) else "tg128"
+            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
+                                      "objective": objective, "evidence": list(c["evidence"]),
+                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
             notes.append(f"{what}: {dict(c['config'])} (engine {objective} {100 * float(c['gain']):+.1f} % over "
                          f"{dict(c['base_config'])})")
     return notes
