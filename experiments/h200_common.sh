@@ -95,6 +95,13 @@ llamacpp_vs() {
   log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
   vs_runs /root/llama.cpp/build/bin/llama-bench "$@"
 }
+# depth_vs: llamacpp_vs of issue 14's decode cells at and beside depth (the 8B at 0 and 4,096, SmolLM2 at 4,096 and
+# 0, the 1B), or of $MODELS when set; five cells fit one call with the build
+depth_vs() {
+  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
+  else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
+    synth:llama-1b:Q4_0; fi
+}
 # arm_run TAG JSONL CMD...: one run of CMD (`python3 -m memra bench ...`, an experiment's ab.py bench ...) with
 # the synthetic tokenizer, TAG and receipts in $R/JSONL; its pp / tg lines and gates logged, a failure's log kept
 # in $OUT (session 30 lost one: the arms shared a log file)

@@ -79,9 +79,6 @@ c)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
   gpu_tests 585 ;;
 d)
-  # llama.cpp built in the call (carry .llamacpp); issue 14's cells in one run (MODELS overrides)
-  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
-  else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
-    synth:llama-1b:Q4_0; fi ;;
+  depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
 esac
 tar czf $OUT/s31-$STAGE.tgz -C /tmp s31-$STAGE

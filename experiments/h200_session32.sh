@@ -61,8 +61,6 @@ l)
 t)
   gpu_tests 585 ;;
 d)
-  if [ -n "${MODELS:-}" ]; then llamacpp_vs $MODELS
-  else llamacpp_vs synth:llama3-8b:Q4_K_M "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096" smollm2-135m \
-    synth:llama-1b:Q4_0; fi ;;
+  depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
 esac
 tar czf $OUT/s32-$STAGE.tgz -C /tmp s32-$STAGE
