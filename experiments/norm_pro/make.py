@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """build/matvec.cu: kernels/matvec.cu with MV_NORM (issue 14 item 1: the RMSNorm before a matvec moved into its
-prologue): entry points mv_q8n / mv_q8n_glu take the f32 rows x and the norm weight, and each block normalizes and
-quantizes the rows into shared memory itself (no launch between the residual and the matvec, no traffic between
+prologue): entry points mv_q8n / mv_q8n_glu take the f32 rows x and the norm weight (null: quantize only, the down
+projection's quantize_q8 moved in likewise), and each block normalizes and quantizes the rows into shared memory itself (no launch between the residual and the matvec, no traffic between
 blocks), then runs mv_q8's loop on them in MV_XSMEM's tile-interleaved layout.
 
 Exactness: the same bits as norm.cu's rmsnorm at NORM_THREADS = MV_NORM followed by mv_q8: the prologue emulates
@@ -41,7 +41,8 @@ MEMRA_DEVICE float4 mvn_scale_mul(float4 a, float s, float4 w) {
                        __fmul_rn(__fmul_rn(a.z, s), w.z), __fmul_rn(__fmul_rn(a.w, s), w.w));
 }
 // rows b < nb of x (K floats each): rmsnorm(x[b]) * w quantized to lq / ls (linear, shared memory), as norm.cu's
-// rmsnorm with NORM_THREADS = MV_NORM and its q8 twin write them; red: MV_NORM / 32 floats of shared memory
+// rmsnorm with NORM_THREADS = MV_NORM and its q8 twin write them; red: MV_NORM / 32 floats of shared memory.
+// w null: x[b] quantized as it is (q8.cu's quantize_q8 of the down projection's input; the q8 rule is order-free)
 MEMRA_DEVICE void mvn_rows(const float* __restrict__ x, const float* __restrict__ w, float eps, int K, int nb,
                            int8_t* lq, Q8Scale* ls, float* red) {
     constexpr int NT = MV_NORM, NW = MV_NORM / 32, BT = 32 * MV_NWARPS;
@@ -49,7 +50,7 @@ MEMRA_DEVICE void mvn_rows(const float* __restrict__ x, const float* __restrict_
     const float4* wr = reinterpret_cast<const float4*>(w);
     for (int b = 0; b < nb; ++b) {
         const float4* xr = reinterpret_cast<const float4*>(x + (size_t)b * K);
-        for (int vt = threadIdx.x; vt < NT; vt += BT) {  // warp-uniform: BT and NT are multiples of 32
+        for (int vt = threadIdx.x; w && vt < NT; vt += BT) {  // warp-uniform: BT and NT are multiples of 32
             float ss = 0.f;
             for (int j = 0; j < maxv; ++j) {
                 const int i = vt + j * NT;
@@ -67,7 +68,7 @@ MEMRA_DEVICE void mvn_rows(const float* __restrict__ x, const float* __restrict_
         for (int i0 = 0; i0 < n4; i0 += BT) {  // every lane of a warp calls q8_store4
             const int i = i0 + (int)threadIdx.x;
             const bool active = i < n4;
-            const float4 v = active ? mvn_scale_mul(xr[i], sc, wr[i]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 v = active ? (w ? mvn_scale_mul(xr[i], sc, wr[i]) : xr[i]) : make_float4(0.f, 0.f, 0.f, 0.f);
             q8_store4(v, active, i, lq + (size_t)b * K, ls + (size_t)b * (K / 32));
         }
         __syncthreads();  // red is the next row's

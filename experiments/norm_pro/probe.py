@@ -21,11 +21,14 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-# (name, ggml type, output rows (GLU: gate + up), K, glu): the norm -> matvec pairs of a decode step
+# (name, ggml type, output rows (GLU: gate + up), K, glu, norm): the norm -> matvec pairs of a decode step, and
+# (norm False) the quantize -> down pairs
 SHAPES = (
-    ("SmolLM2 qkv", 3, 960, 576, False), ("SmolLM2 gate_up", 3, 3072, 576, True),
-    ("1B qkv", 2, 3072, 2048, False), ("1B gate_up", 2, 16384, 2048, True),
-    ("8B qkv", 12, 6144, 4096, False), ("8B gate_up", 12, 28672, 4096, True),
+    ("SmolLM2 qkv", 3, 960, 576, False, True), ("SmolLM2 gate_up", 3, 3072, 576, True, True),
+    ("1B qkv", 2, 3072, 2048, False, True), ("1B gate_up", 2, 16384, 2048, True, True),
+    ("8B qkv", 12, 6144, 4096, False, True), ("8B gate_up", 12, 28672, 4096, True, True),
+    ("SmolLM2 down", 3, 576, 1536, False, False), ("1B down", 2, 2048, 8192, False, False),
+    ("8B down", 14, 4096, 14336, False, False),
 )
 
 
@@ -48,14 +51,14 @@ def main() -> int:
     rng = np.random.default_rng(11)
     rotate = 2 * int(g.info.l2_bytes)
     out = open(args.out, "a")
-    for name, t, rows, K, glu in SHAPES:
+    for name, t, rows, K, glu, norm in SHAPES:
         for nb in (int(v) for v in args.nb.split(",")):
             N = rows // 2 if glu else rows
             choice = TABLES.lookup(table, "matvec_glu" if glu else "matvec", {"cols": K, "rows": rows, "type": MV.TYPES[t][0]}, nb)
             cfg = MV.launch_config(t, True, N, K, nb, glu, dict(choice.config) if choice and choice.variant == "q8"
                                    else None)
             ncfg = TABLES.lookup(table, "rmsnorm", {"n": K}, nb)
-            T, maxv, blocks = NORM.launch_config(K, True, dict(ncfg.config) if ncfg else None)
+            T = NORM.launch_config(K, True, dict(ncfg.config) if ncfg else None)[0] if norm else 32
             ws, _ = MV._shape_weights(g, t, rows, K, rng, rotate)
             x = g.to_device((rng.standard_normal((nb, K)) * 3).astype(np.float32))
             w = g.to_device((1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
@@ -68,15 +71,21 @@ def main() -> int:
             shmem = make.smem_bytes(nb, K, T)
             eps = np.float32(1e-5)
 
+            qcfg = TABLES.lookup(table, "quantize_q8", {"n": K}, nb)
+
             def pair(i, pdl=True):
-                NORM.rmsnorm(g, x, w, h, K, float(eps), rows=nb, xq=xq, xs=xs, pdl=pdl, config={"NORM_THREADS": T})
+                if norm:
+                    NORM.rmsnorm(g, x, w, h, K, float(eps), rows=nb, xq=xq, xs=xs, pdl=pdl,
+                                 config={"NORM_THREADS": T})
+                else:
+                    MV.quantize_q8(g, x, xq, xs, nb, config=dict(qcfg.config) if qcfg else None, pdl=pdl)
                 MV.matvec(g, ws[i % len(ws)], ya, xq=xq, xs=xs, nb=nb, glu=act, config=cfg, pdl=pdl)
 
             def fused(i, pdl=True):
                 wt = ws[i % len(ws)]
                 g.launch(kn, (MV.grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
-                         (wt.bulk, wt.meta, x, w, eps, yb, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb),
-                          np.int32(MV.ACTS[act])), shmem=shmem, pdl=pdl)
+                         (wt.bulk, wt.meta, x, w if norm else np.uint64(0), eps, yb, np.uint64(0), np.int32(N),
+                          np.int32(K), np.int32(nb), np.int32(MV.ACTS[act])), shmem=shmem, pdl=pdl)
 
             ya.poison(), yb.poison()
             pair(0, False)
@@ -85,7 +94,7 @@ def main() -> int:
             a, b = ya.numpy(), yb.numpy()
             same = bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
             diff = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
-            rec = {"shape": name, "type": MV.TYPES[t][0], "rows": rows, "K": K, "glu": glu, "nb": nb,
+            rec = {"shape": name, "type": MV.TYPES[t][0], "rows": rows, "K": K, "glu": glu, "norm": norm, "nb": nb,
                    "NORM_THREADS": T, "config": cfg, "bit_identical": same, "outputs_differing": diff,
                    "device": g.info.name}
             n = max(24, len(ws)) // len(ws) * len(ws)

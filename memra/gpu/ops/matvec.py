@@ -209,9 +209,9 @@ def module_defines(ggml_type: int, n: int, config: dict, canary: int = 0) -> dic
     return d
 
 
-def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None) -> None:
+def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None, pdl: bool = False) -> None:
     """x [>=nb, K] f32 -> xq [.., K] int8, xs [.., K/32] Q8_SCALE (rows < nb written).
-    config: {"Q8_WARPS": n} (a tuning table's choice; default Q8_WARPS)."""
+    config: {"Q8_WARPS": n} (a tuning table's choice; default Q8_WARPS); pdl: a programmatic dependent launch."""
     K = x.shape[-1]
     if x.dtype != np.float32 or xq.dtype != np.int8 or xs.dtype != Q8_SCALE or K % 32:
         raise MemraError(f"quantize_q8: need f32 x, int8 xq, Q8_SCALE xs, K % 32 == 0 "
@@ -227,7 +227,7 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
         d["MEMRA_CANARY"] = 2
     k = g.module(Q8_FILE, d).kernel("quantize_q8")
     g.launch(k, ((nblocks + warps - 1) // warps,), (32 * warps,),
-             (x, xq, xs, np.int32(nblocks)))
+             (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
 
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
