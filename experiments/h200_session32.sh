@@ -16,6 +16,8 @@
 # STAGE p (~1 min, at the end of STAGE a when time is left): experiments/norm_pro/probe.py. Predicted: SAME
 #  everywhere (the prologue emulates norm.cu's order); the fused launch saves most of a launch hop on the small
 #  shapes (SmolLM2 ~1-1.5 µs a pair) and less on the 8B, whose 768 / 3,584 blocks each re-read the 16 KiB row.
+#  Then attn_quad's ATT_TC_CHAINS 1 / 2 / 4 alone (probe.py): at one tile a block the 16 chained mma of the scores
+#  (~30 cycles each) may be most of the TC body's extra 0.9 µs at 64 keys; predicted -0.2 µs at 4 chains.
 # STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
 #  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
 #  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
@@ -53,7 +55,15 @@ a)
   cp $R/bench-quad.jsonl $OUT/
   [ $(( $(date +%s) - T0 )) -lt 540 ] && norm_probe ;;
 p)
-  norm_probe ;;
+  norm_probe
+  # attn_quad's ATT_TC_CHAINS (the scores' mma in 1 / 2 / 4 independent accumulators), alone: the 8B at the pair's
+  # 64-key tiles and the quad's 32, 64 and 4,096 keys (name:ctx:warps:tile:hpb:splits)
+  C=8B:64:8:64:1:33,8B:4096:8:64:4:33,8B:64:8:32:1:33,8B:4096:8:32:4:33,SmolLM2:64:8:64:1:88,SmolLM2:4096:8:64:3:88
+  for ch in 1 2 4; do
+    timeout 60 python3 experiments/attn_depth/probe.py --out $R/attn-chains.jsonl --arm attn_quad:ATT_TC=1,ATT_TC_CHAINS=$ch \
+      --cases $C 2>&1 | grep -v "^--\|^/work" | tee -a $R/log.txt
+  done
+  cp $R/attn-chains.jsonl $OUT/ ;;
 l)
   # after `python3 experiments/attn_quad/landing.py . && git apply experiments/attn_quad/host.patch` is committed
   # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to

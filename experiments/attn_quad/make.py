@@ -54,7 +54,9 @@ TC_EDITS = [
      "              TC_PAIR * TC_SL == ATT_WARPS, \"ATT_TC: ATT_TILE = 16, 8 or 4 ATT_WARPS (a warp, pair or quad a slice)\");\n"),
     ("constexpr int TC_MT = TC_KS / TC_PAIR; // the output's 16-row tiles a warp accumulates\n",
      "constexpr int TC_MT = TC_KS / TC_PAIR; // the output's 16-row tiles a warp accumulates\n"
-     "static_assert(TC_MT * TC_PAIR == TC_KS, \"ATT_TC: a slice's warps split the output's 16-row tiles evenly\");\n"),
+     "static_assert(TC_MT * TC_PAIR == TC_KS, \"ATT_TC: a slice's warps split the output's 16-row tiles evenly\");\n"
+     "#ifndef ATT_TC_CHAINS  // the scores' independent mma accumulators (attention.cu's TC body)\n#define ATT_TC_CHAINS 1\n#endif\n"
+     "static_assert(ATT_TC_CHAINS == 1 || ATT_TC_CHAINS == 2 || ATT_TC_CHAINS == 4, \"ATT_TC_CHAINS: 1, 2 or 4\");\n"),
 ]
 
 ATT_EDITS = [
@@ -72,6 +74,36 @@ ATT_EDITS = [
      "    float tot[OPT];\n"),
     ("#if ATT_TC\n    }  // ATT_TC\n#endif\n    if (out_direct) {\n",
      "#endif  // ATT_TC\n    if (out_direct) {\n"),
+    # ATT_TC_CHAINS (1: v11's order): the scores' 2 TC_KS mma in 1, 2 (q's hi / lo parts) or 4 (and even / odd
+    # k-steps) independent accumulators summed at the end — a shorter dependent chain a tile (16 mma at head 128),
+    # another float order (each row's still its own)
+    ("            float s[4] = {0.f, 0.f, 0.f, 0.f};\n"
+     "            const uint32_t kb = smem_u32(r_k), vb = smem_u32(r_v);\n"
+     "#pragma unroll\n"
+     "            for (int ks = 0; ks < TC_KS; ks++) {\n"
+     "                const int row = r0 + (lane & 15), ch = 2 * ks + (lane >> 4);\n"
+     "                uint32_t a[4];\n"
+     "                ldsm4(a, kb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);\n"
+     "                tc_mma(s, a, qh[ks][0], qh[ks][1]);\n"
+     "                tc_mma(s, a, ql[ks][0], ql[ks][1]);\n"
+     "            }\n",
+     "            float sc[ATT_TC_CHAINS][4];\n"
+     "#pragma unroll\n"
+     "            for (int c = 0; c < ATT_TC_CHAINS; c++) sc[c][0] = sc[c][1] = sc[c][2] = sc[c][3] = 0.f;\n"
+     "            const uint32_t kb = smem_u32(r_k), vb = smem_u32(r_v);\n"
+     "#pragma unroll\n"
+     "            for (int ks = 0; ks < TC_KS; ks++) {\n"
+     "                const int row = r0 + (lane & 15), ch = 2 * ks + (lane >> 4);\n"
+     "                uint32_t a[4];\n"
+     "                ldsm4(a, kb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);\n"
+     "                tc_mma(sc[ATT_TC_CHAINS == 4 ? 2 * (ks & 1) : 0], a, qh[ks][0], qh[ks][1]);\n"
+     "                tc_mma(sc[ATT_TC_CHAINS == 4 ? 2 * (ks & 1) + 1 : ATT_TC_CHAINS - 1], a, ql[ks][0], ql[ks][1]);\n"
+     "            }\n"
+     "            float s[4];\n"
+     "#pragma unroll\n"
+     "            for (int e = 0; e < 4; e++)\n"
+     "                s[e] = ATT_TC_CHAINS == 1 ? sc[0][e] : ATT_TC_CHAINS == 2 ? sc[0][e] + sc[1][e]\n"
+     "                     : (sc[0][e] + sc[2][e]) + (sc[1][e] + sc[3][e]);\n"),
 ]
 
 
