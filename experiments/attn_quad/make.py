@@ -109,7 +109,8 @@ ATT_EDITS = [
 
 V12 = ("//   v12 (this) the tensor-core body also as a warp quad a 16-key slice (ATT_TILE = 4 ATT_WARPS: 32-key tiles at 8\n"
        "//       warps, each warp a quarter of the output's 16-row tiles; the same bits as 2 or 4 warps at 32-key tiles);\n"
-       "//       ATT_TC 2 (v11's switch by the row's key count, which lost in the engine) removed.\n")
+       "//       ATT_TC 2 (v11's switch by the row's key count, which lost in the engine) removed; ATT_TC_CHAINS (1: v11's\n"
+       "//       order) puts the scores' mma in 2 or 4 independent accumulators.\n")
 
 
 def landing_edits() -> tuple[list, list]:
