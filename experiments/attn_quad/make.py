@@ -77,25 +77,13 @@ ATT_EDITS = [
     # ATT_TC_CHAINS (1: v11's order): the scores' 2 TC_KS mma in 1, 2 (q's hi / lo parts) or 4 (and even / odd
     # k-steps) independent accumulators summed at the end — a shorter dependent chain a tile (16 mma at head 128),
     # another float order (each row's still its own)
-    ("            float s[4] = {0.f, 0.f, 0.f, 0.f};\n"
-     "            const uint32_t kb = smem_u32(r_k), vb = smem_u32(r_v);\n"
-     "#pragma unroll\n"
-     "            for (int ks = 0; ks < TC_KS; ks++) {\n"
-     "                const int row = r0 + (lane & 15), ch = 2 * ks + (lane >> 4);\n"
-     "                uint32_t a[4];\n"
-     "                ldsm4(a, kb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);\n"
-     "                tc_mma(s, a, qh[ks][0], qh[ks][1]);\n"
-     "                tc_mma(s, a, ql[ks][0], ql[ks][1]);\n"
-     "            }\n",
+    ("            float s[4] = {0.f, 0.f, 0.f, 0.f};\n",
      "            float sc[ATT_TC_CHAINS][4];\n"
      "#pragma unroll\n"
-     "            for (int c = 0; c < ATT_TC_CHAINS; c++) sc[c][0] = sc[c][1] = sc[c][2] = sc[c][3] = 0.f;\n"
-     "            const uint32_t kb = smem_u32(r_k), vb = smem_u32(r_v);\n"
-     "#pragma unroll\n"
-     "            for (int ks = 0; ks < TC_KS; ks++) {\n"
-     "                const int row = r0 + (lane & 15), ch = 2 * ks + (lane >> 4);\n"
-     "                uint32_t a[4];\n"
-     "                ldsm4(a, kb + (uint32_t)(row * D + ((ch ^ RING_SWZ(row)) << 3)) * 2u);\n"
+     "            for (int c = 0; c < ATT_TC_CHAINS; c++) sc[c][0] = sc[c][1] = sc[c][2] = sc[c][3] = 0.f;\n"),
+    ("                tc_mma(s, a, qh[ks][0], qh[ks][1]);\n"
+     "                tc_mma(s, a, ql[ks][0], ql[ks][1]);\n"
+     "            }\n",
      "                tc_mma(sc[ATT_TC_CHAINS == 4 ? 2 * (ks & 1) : 0], a, qh[ks][0], qh[ks][1]);\n"
      "                tc_mma(sc[ATT_TC_CHAINS == 4 ? 2 * (ks & 1) + 1 : ATT_TC_CHAINS - 1], a, ql[ks][0], ql[ks][1]);\n"
      "            }\n"
