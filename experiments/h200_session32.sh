@@ -13,7 +13,7 @@
 #     Predicted if shared memory is the cause: q32 ~495 at depth 0 and ~428 at 4,096 (4 tiles a block instead of
 #     2); p32 between (4 warps: half the latency hiding). If q32 is no better than frozen at depth 0, the cause is
 #     the tensor-core body's own fixed cost (the slices' merge through shared memory, 16 chained mma a tile).
-# STAGE p (~1 min, at the end of STAGE a when time is left): experiments/norm_pro/probe.py. Predicted: SAME
+# STAGE p (~3 min; the norm probe also at the end of STAGE a when time is left): experiments/norm_pro/probe.py. Predicted: SAME
 #  everywhere (the prologue emulates norm.cu's order); the fused launch saves most of a launch hop on the small
 #  shapes (SmolLM2 ~1-1.5 µs a pair) and less on the 8B, whose 768 / 3,584 blocks each re-read the 16 KiB row.
 #  Then attn_quad's ATT_TC_CHAINS 1 / 2 / 4 alone (probe.py): at one tile a block the 16 chained mma of the scores
@@ -27,9 +27,9 @@ set -u
 source experiments/h200_common.sh
 stage_begin s32
 # norm_probe: experiments/norm_pro/probe.py (the RMSNorm in the matvec's prologue: bits against rmsnorm + mv_q8,
-# and µs of the pair against the fused launch, at the six norm -> matvec pairs of the three shapes; ~1 min)
+# and µs of the pair against the fused launch, at the six norm -> matvec and three quantize -> down pairs; ~2 min)
 norm_probe() {
-  timeout 120 python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1,4 2>&1 | grep -v "^/work" \
+  timeout 200 python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1,4 2>&1 | grep -v "^/work" \
     | tee -a $R/log.txt
   cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
 }
