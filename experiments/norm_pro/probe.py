@@ -57,7 +57,7 @@ def main() -> int:
             choice = TABLES.lookup(table, "matvec_glu" if glu else "matvec", {"cols": K, "rows": rows, "type": MV.TYPES[t][0]}, nb)
             cfg = MV.launch_config(t, True, N, K, nb, glu, dict(choice.config) if choice and choice.variant == "q8"
                                    else None)
-            ncfg = TABLES.lookup(table, "rmsnorm", {"n": K}, nb)
+            ncfg = TABLES.lookup(table, "rmsnorm", {"n": K}, 1)   # the plan looks the norms up at batch 1
             T = NORM.launch_config(K, True, dict(ncfg.config) if ncfg else None)[0] if norm else 32
             ws, _ = MV._shape_weights(g, t, rows, K, rng, rotate)
             x = g.to_device((rng.standard_normal((nb, K)) * 3).astype(np.float32))
