@@ -104,7 +104,6 @@ V12 = ("//   v12 (this) the tensor-core body also as a warp quad a 16-key slice 
 def landing_edits() -> tuple[list, list]:
     """The edits that land the build in kernels/ itself: attn_tc.cuh's (its include guard kept) and attention.cu's
     with the v12 history line after v11's (its measurements are added when it lands)."""
-    hist = ("//       own keys and split layout: batch-, graph- and chunk-invariant); ATT_TC 0 is v10's code and SASS.\n")
     v11_end = "//       attn_decode_rope is 8,408 SASS instructions against 6,040 / 5,528.\n"
     return TC_EDITS[1:], ATT_EDITS + [(v11_end, v11_end + V12), ("//   v11 (this; ATT_TC 1)", "//   v11 (ATT_TC 1)")]
 

@@ -31,16 +31,8 @@ PROLOGUE = r'''
 #endif
 #if MV_NORM
 static_assert(MV_NORM % 32 == 0 && MV_NORM <= 1024, "MV_NORM: the emulated rmsnorm's NORM_THREADS");
-// norm.cu's arithmetic, the same expressions (its sumsq4 / rms_scale / scale_mul)
-MEMRA_DEVICE float mvn_sumsq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
-MEMRA_DEVICE float mvn_rms_scale(float ss, int n, float eps) {
-    return 1.0f / sqrtf(__fadd_rn(__fdiv_rn(ss, (float)n), eps));
-}
-MEMRA_DEVICE float4 mvn_scale_mul(float4 a, float s, float4 w) {
-    return make_float4(__fmul_rn(__fmul_rn(a.x, s), w.x), __fmul_rn(__fmul_rn(a.y, s), w.y),
-                       __fmul_rn(__fmul_rn(a.z, s), w.z), __fmul_rn(__fmul_rn(a.w, s), w.w));
-}
-// rows b < nb of x (K floats each): rmsnorm(x[b]) * w quantized to lq / ls (linear, shared memory), as norm.cu's
+// norm.cu's arithmetic: its sumsq4 / rms_scale / scale_mul, taken from kernels/norm.cu by make.py (norm_helpers)
+@NORM_HELPERS@// rows b < nb of x (K floats each): rmsnorm(x[b]) * w quantized to lq / ls (linear, shared memory), as norm.cu's
 // rmsnorm with NORM_THREADS = MV_NORM and its q8 twin write them; red: MV_NORM / 32 floats of shared memory.
 // w null: x[b] quantized as it is (q8.cu's quantize_q8 of the down projection's input; the q8 rule is order-free)
 MEMRA_DEVICE void mvn_rows(const float* __restrict__ x, const float* __restrict__ w, float eps, int K, int nb,
@@ -122,6 +114,24 @@ EDITS = [
 ]
 
 
+def norm_helpers() -> str:
+    """kernels/norm.cu's sumsq4, rms_scale and scale_mul as mvn_* (taken from the file, so the prologue's arithmetic
+    is norm.cu's expressions, whatever they become); its canary (#ifdef MEMRA_CANARY: matvec.cu always defines it)
+    becomes MEMRA_CANARY == 3, unused by matvec.cu's own canaries."""
+    text = (ROOT / "kernels" / "norm.cu").read_text()
+    start = "static __device__ __forceinline__ float sumsq4(float4 a) {\n"
+    end = "// out = a * s * w for the thread's float4s"
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise SystemExit("norm.cu's helpers moved: update norm_helpers")
+    h = text[text.index(start):text.index(end)]
+    for old, new in (("#ifdef MEMRA_CANARY\n", "#if MEMRA_CANARY == 3\n"), ("float sumsq4(", "float mvn_sumsq4("),
+                     ("float rms_scale(", "float mvn_rms_scale("), ("float4 scale_mul(", "float4 mvn_scale_mul(")):
+        if h.count(old) != 1:
+            raise SystemExit(f"norm.cu's helpers changed: {old.strip()!r} (update norm_helpers)")
+        h = h.replace(old, new)
+    return h
+
+
 def smem_bytes(nb: int, K: int, norm_threads: int) -> int:
     """Dynamic shared memory of an mv_q8n launch: MV_XSMEM's interleaved rows, the linear q8 rows and the
     emulated norm's per-warp sums."""
@@ -129,7 +139,8 @@ def smem_bytes(nb: int, K: int, norm_threads: int) -> int:
 
 
 def generate() -> None:
-    if make_variant(ROOT / "kernels" / "matvec.cu", BUILD, EDITS, HEADER):
+    edits = [(old, new.replace("@NORM_HELPERS@", norm_helpers())) for old, new in EDITS]
+    if make_variant(ROOT / "kernels" / "matvec.cu", BUILD, edits, HEADER):
         raise SystemExit("matvec.cu's anchor moved: update the edits")
 
 
