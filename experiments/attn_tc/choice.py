@@ -63,7 +63,7 @@ def step_costs(bench: str) -> tuple[dict, dict]:
 def record(bench: str, to: str) -> None:
     sys.path.insert(0, str(ROOT))
     from memra.tune.receipts import validate_engine_choice
-    from memra.tune.tables import _current_hash
+    from memra.gpu.compile import source_hash
 
     cost, step = step_costs(bench)
     for a in sorted(cost, key=cost.get):
@@ -78,7 +78,7 @@ def record(bench: str, to: str) -> None:
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     rec = {"schema": 1, "kind": "engine-choice", "device": "NVIDIA H200", "kernel": "attn_decode", "shape_key": KEY,
            "batch": 1, "base_config": entry.get("engine_choice", {}).get("base_config", entry["config"]),
-           "config": arm_config(win), "src": "attention.cu", "src_hash": _current_hash("attention.cu"),
+           "config": arm_config(win), "src": "attention.cu", "src_hash": source_hash("attention.cu"),
            "gain": round(cost["frozen"] / cost[win] - 1, 5),
            "objective": "tg128 step time summed over depth 0 and 4096", "model": "synthetic llama3-8b Q4_K_M",
            "evidence": [str(Path(bench).resolve().relative_to(ROOT))], "git_sha": sha,
