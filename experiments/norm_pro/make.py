@@ -132,12 +132,6 @@ def norm_helpers() -> str:
     return h
 
 
-def smem_bytes(nb: int, K: int, norm_threads: int) -> int:
-    """Dynamic shared memory of an mv_q8n launch: MV_XSMEM's interleaved rows, the linear q8 rows and the
-    emulated norm's per-warp sums."""
-    return nb * -(-K // 2048) * 3072 + nb * K + nb * K // 32 * 8 + norm_threads // 32 * 4
-
-
 def generate() -> None:
     edits = [(old, new.replace("@NORM_HELPERS@", norm_helpers())) for old, new in EDITS]
     if make_variant(ROOT / "kernels" / "matvec.cu", BUILD, edits, HEADER):

@@ -68,7 +68,7 @@ def main() -> int:
             act = "silu" if glu else None
             kn = g.module(make.ARM_FILE, {**MV.module_defines(t, nb, cfg), "MV_NORM": T}).kernel(
                 "mv_q8n_glu" if glu else "mv_q8n")
-            shmem = make.smem_bytes(nb, K, T)
+            shmem = MV.prologue_smem_bytes(nb, K, T)
             eps = np.float32(1e-5)
 
             qcfg = TABLES.lookup(table, "quantize_q8", {"n": K}, nb)

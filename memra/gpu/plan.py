@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from memra.env import env_int
@@ -105,6 +105,28 @@ def dispatch_rule(rows: int) -> str:
     if rows >= GEMM.GEMM_MIN_ROWS:
         return "gemm"
     return "mvt" if rows >= MVT.MVT_MIN_ROWS else "matvec"
+
+
+# the consumers (Launch.group) whose decode matvecs may take the norm or quantize before them into
+# their prologue (MEMRA_NORM_PRO; memra.gpu.ops.matvec.matvec_prologue)
+PROLOGUE_GROUPS = ("qkv", "gate_up", "attn_output", "down", "output")
+
+
+def prologue_groups() -> frozenset:
+    """MEMRA_NORM_PRO (a measurement knob, docs/FLAGS.md): the consumer groups whose decode mv_q8
+    launches normalize (or quantize) their rows themselves: empty (the default, "" or 0), a
+    comma list of PROLOGUE_GROUPS, or 1 / all for every one."""
+    v = os.environ.get("MEMRA_NORM_PRO", "").strip()
+    if v in ("", "0"):
+        return frozenset()
+    if v in ("1", "all"):
+        return frozenset(PROLOGUE_GROUPS)
+    got = frozenset(p.strip() for p in v.split(",") if p.strip())
+    bad = sorted(got - set(PROLOGUE_GROUPS))
+    if bad:
+        raise MemraError(f"MEMRA_NORM_PRO: unknown group(s) {', '.join(bad)} (groups: {', '.join(PROLOGUE_GROUPS)}, "
+                         "or 1 / all)")
+    return got
 
 
 def graph_bucket(rows: int) -> int:
@@ -197,6 +219,8 @@ class Planner:
                                       "a non-negative integer") if att_group_rows is None else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
+        # the norms and quantizes a decode step folds into its matvecs' prologue (prologue_groups)
+        self.prologue = prologue_groups() if path == "q8" else frozenset()
         # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
         # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
         tile_min = env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
@@ -312,6 +336,8 @@ class Planner:
 
         self.norm_cfg = {"rmsnorm": checked("rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, True, d)),
                          "add_rmsnorm": checked("add_rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, False, d))}
+        # the rmsnorm's block size: its reduction order, which a matvec prologue emulates (_prologues)
+        self.norm_threads = NORM.launch_config(E, True, self.norm_cfg["rmsnorm"])[0]
         self.heads = {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
         self.rope_cfg = checked("rope_norm_kv", self.heads, ROPE.warps)
         ctxs = []  # the context lengths the table has a batch-1 attention entry for
@@ -526,7 +552,39 @@ class Planner:
                 self._norm(out, nname, nxt, rows, il)
         if sampler != "none" or decode:
             out.extend(self.head(rows, sampler))
-        return out
+        return self._prologues(out) if decode and self.prologue else out
+
+    def _prologues(self, out: list[Launch]) -> list[Launch]:
+        """A decode step's norm (no delta: not Gemma-3's add_rmsnorm) or quantize launch whose
+        every reader is an mv_q8 launch (the "matvec" op: 1..8-row chunks) of a group in
+        self.prologue is dropped, and each reader gets args["prologue"]: the f32 rows it
+        normalizes (x) or quantizes (the quantize's src) itself, the norm weight (None for a
+        quantize) and the norm's NORM_THREADS, whose order the prologue emulates (the same
+        bits). The readers are the launches right after it that read its q8 twin (src: h for
+        a norm); nothing else in a step reads the twin or h. A reader whose prologue would
+        not fit PROLOGUE_SMEM_MAX keeps the launch before it."""
+        E = self.cfg.n_embd
+        res: list[Launch] = []
+        i = 0
+        while i < len(out):
+            L = out[i]
+            if L.op in ("norm", "quantize"):
+                src = "h" if L.op == "norm" else L.args["src"]
+                j = i + 1
+                while j < len(out) and out[j].op in MATRIX_OPS and out[j].args.get("src") == src:
+                    j += 1
+                readers = out[i + 1:j]
+                K = E if L.op == "norm" else int(L.args["K"])
+                t = self.norm_threads if L.op == "norm" else 32
+                if readers and all(r.op == "matvec" and r.group in self.prologue and
+                                   MV.prologue_smem_bytes(r.rows, K, t) <= MV.PROLOGUE_SMEM_MAX for r in readers):
+                    pro = {"src": "x" if L.op == "norm" else src, "w": L.args.get("w"), "threads": t}
+                    res.extend(replace(r, args={**r.args, "prologue": pro}) for r in readers)
+                    i = j
+                    continue
+            res.append(L)
+            i += 1
+        return res
 
     def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
         """The output projection of `rows` rows of h (whose q8 twin the last norm made) into

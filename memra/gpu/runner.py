@@ -544,7 +544,13 @@ class Runner:
         def tuned(_n):
             return cfg
 
-        if a["q8"]:
+        pro = a.get("prologue")
+        if pro:  # the norm / quantize before it folded in (plan._prologues): the f32 rows, not the twin
+            MV.matvec_prologue(g, w, y, x=B[pro["src"]].view(offset=r0 * K * 4, shape=(n, K)),
+                               norm_w=self.vec[pro["w"]] if pro["w"] else None, eps=self.cfg.norm_eps,
+                               norm_threads=pro["threads"], nb=n, residual=res, glu=a["glu"], pdl=self.pdl,
+                               tuned=tuned)
+        elif a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":
                 from memra.gpu.ops import gemm_tile as GT

@@ -278,6 +278,58 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
                   np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
+
+# the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
+# blocks an SM on sm_90 (227 KiB a block at most)
+PROLOGUE_SMEM_MAX = 100 * 1024
+
+
+def prologue_smem_bytes(nb: int, K: int, norm_threads: int) -> int:
+    """Dynamic shared memory of an mv_q8n launch of nb rows of K: MV_XSMEM's tile-interleaved q8
+    rows, the linear q8 rows and scales the prologue writes first, and the emulated norm's
+    per-warp sums."""
+    return xsmem_bytes(nb, K) + nb * K + nb * K // 32 * Q8_SCALE.itemsize + norm_threads // 32 * 4
+
+
+def matvec_prologue(g, w: Weight, y, *, x, norm_w=None, eps: float = 0.0, norm_threads: int = 32,
+                    nb: int = 1, residual=None, glu: str | None = None, config: dict | None = None,
+                    pdl: bool = False, tuned=None) -> None:
+    """y[b, :] (+)= W q8(rmsnorm(x[b]) * norm_w) for b < nb in one launch a chunk of <= 8 rows
+    (MV_NORM: kernels/matvec.cu's mv_q8n / mv_q8n_glu): each block normalizes the f32 rows and
+    quantizes them into shared memory itself, then runs mv_q8's loop, so a norm (or, norm_w
+    None, a quantize_q8) launch and its hop before the matvec go. The bits are those of
+    norm.rmsnorm at NORM_THREADS = norm_threads (its q8 twin) followed by matvec at the same
+    configuration: the prologue takes the norm's virtual threads in turn in its order."""
+    if glu not in ACTS:
+        raise MemraError(f"matvec_prologue: glu must be None, 'silu' or 'gelu' (got {glu!r})")
+    if w.ggml_type in FLOAT_TYPES:
+        raise MemraError(f"matvec_prologue: {TYPES[w.ggml_type][0]} weights take f32 activations (no q8 prologue)")
+    N, K = (w.rows // 2 if glu else w.rows), w.K
+    if x.dtype != np.float32 or x.size < nb * K or y.dtype != np.float32 or y.size < nb * N:
+        raise MemraError(f"matvec_prologue: x must be f32 with >= {nb}x{K} values and y f32 with >= {nb}x{N}")
+    if norm_w is not None and (norm_w.dtype != np.float32 or norm_w.size < K):
+        raise MemraError(f"matvec_prologue: the norm weight must be f32 with {K} values")
+    if residual is not None and (residual.dtype != np.float32 or residual.size < nb * N):
+        raise MemraError("matvec_prologue: residual must be f32 like y")
+    if norm_threads < 32 or norm_threads > 1024 or norm_threads % 32:
+        raise MemraError(f"matvec_prologue: norm_threads must be a multiple of 32 in 32..1024, got {norm_threads}")
+    for b0 in range(0, nb, BUCKETS[-1]):
+        n = min(BUCKETS[-1], nb - b0)
+        shmem = prologue_smem_bytes(n, K, norm_threads)
+        if shmem > PROLOGUE_SMEM_MAX:
+            raise MemraError(f"matvec_prologue: {n} rows of {K} need {shmem} B of shared memory "
+                             f"(at most {PROLOGUE_SMEM_MAX})")
+        cfg = launch_config(w.ggml_type, True, N, K, n, bool(glu), config, tuned)
+        k = g.module(KERNEL_FILE, {**module_defines(w.ggml_type, n, cfg), "MV_NORM": norm_threads}).kernel(
+            "mv_q8n_glu" if glu else "mv_q8n")
+        yo = y.view(np.float32, (n * N,), 4 * b0 * N)
+        ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
+        g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
+                 (w.bulk, w.meta, x.view(np.float32, (n * K,), 4 * b0 * K), norm_w if norm_w is not None else _NULL,
+                  np.float32(eps), yo, ro, np.int32(N), np.int32(K), np.int32(n), np.int32(ACTS[glu])),
+                 shmem=shmem, pdl=pdl)
+
+
 # ---------------------------------------------------------------------------------------
 # references (numpy)
 
@@ -519,6 +571,13 @@ def launch_cases(L, ctx) -> list[dict]:
     N = rows // 2 if glu else rows
     cfg = launch_config(t, q8, N, K, n, bool(glu), None, lambda _n: L.config)
     res = bool(L.args.get("res"))
+    pro = L.args.get("prologue")
+    if pro:  # the norm (or quantize) folded in: checked against the two launches it replaces
+        return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
+                 "defines": {**module_defines(t, n, cfg), "MV_NORM": int(pro["threads"])}, "bucket": n,
+                 "tag": f"K{K}" + (" norm" if pro["w"] else " quant") + (" res=y" if res else ""),
+                 "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": True, "res": res,
+                            "norm": bool(pro["w"])}}]
     return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
@@ -564,8 +623,10 @@ def check_launch(g, rng, case) -> "object":
                        0.0 if not any(bad) else np.inf)
     t, K, nb, glu, q8 = p["type"], p["K"], p["nb"], p["glu"], p["q8"]
     N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B")}
+    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B", "MV_NORM")}
     w, wf = _launch_weight(g, t, N, K, glu, rng)
+    if case["entry"].startswith("mv_q8n"):
+        return _check_prologue(g, rng, case, w, N, config)
     x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     if q8:
         xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
@@ -591,6 +652,43 @@ def check_launch(g, rng, case) -> "object":
     if not o2.ok:
         return o2
     return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}", max(o.err, o2.err))
+
+
+def _check_prologue(g, rng, case, w, N: int, config: dict):
+    """mv_q8n against the two launches it replaces, bit for bit: rmsnorm at NORM_THREADS = MV_NORM
+    writing the q8 twin (params norm; else quantize_q8) then mv_q8 at the same configuration,
+    with the output poisoned and then with the residual aliased to it (the engine's launches)."""
+    from memra.gpu.compare import Outcome
+    from memra.gpu.ops import norm as NORM
+
+    p, T = case["params"], int(case["defines"]["MV_NORM"])
+    K, nb, glu = p["K"], p["nb"], p["glu"]
+    x = g.to_device((rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32))
+    nw = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if p["norm"] else None
+    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
+    if nw is not None:
+        NORM.rmsnorm(g, x, nw, g.empty((nb, K), np.float32), K, 1e-5, nb, xq=xq, xs=xs, config={"NORM_THREADS": T})
+    else:
+        quantize_q8(g, x, xq, xs, nb)
+    name = f"{case['entry']} {TYPES[p['type']][0]} nb={nb} {N}x{K} MV_NORM={T} {config}"
+    res = rng.standard_normal((nb, N)).astype(np.float32)
+    bad = []
+    for alias in (False, True):
+        ya, yb = (g.to_device(res), g.to_device(res)) if alias else (g.empty((nb, N), np.float32),
+                                                                     g.empty((nb, N), np.float32))
+        if not alias:
+            ya.poison()
+            yb.poison()
+        matvec(g, w, ya, xq=xq, xs=xs, nb=nb, glu=glu, config=config, residual=ya if alias else None)
+        matvec_prologue(g, w, yb, x=x, norm_w=nw, eps=1e-5, norm_threads=T, nb=nb, glu=glu, config=config,
+                        residual=yb if alias else None)
+        g.sync()
+        a, b = ya.numpy(), yb.numpy()
+        n = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+        if n:
+            bad.append(f"{n} of {a.size} outputs differ from the pair" + (" (residual aliased)" if alias else ""))
+    return Outcome(name, not bad, "; ".join(bad) or "bit-identical to the pair, also with the residual aliased",
+                   0.0 if not bad else np.inf)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,135 @@
+"""MEMRA_NORM_PRO: a decode step's RMSNorm (and quantize) folded into the prologue of the mv_q8
+launches that read it (memra.gpu.plan.Planner._prologues, memra.gpu.ops.matvec.matvec_prologue).
+
+The plan side on its own (which launches go, which readers take what), and the engine on the CPU
+emulator (tests/gpu_emulator.py: mv_q8n's contract is rmsnorm + its q8 twin, then mv_q8): the
+decode logits must be the unfused engine's bit for bit, graph and eager, on every architecture
+(Gemma-3's add_rmsnorm is never folded; its quantizes are). The kernel's own bits against the
+pair are kernel-check's and experiments/norm_pro/probe.py's, on the GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_emulator import FakeGpu, ModuleLog
+from memra.errors import MemraError
+from memra.gpu import plan as PLAN
+from memra.gpu.engine import GPUEngine
+from memra.gpu.ops import matvec as MV
+from memra.model.gguf import open_gguf
+
+PROMPT = [1, 17, 2398, 11, 905, 33, 4020, 8, 64, 1200]
+
+
+def _planner(path, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("MEMRA_NORM_PRO", raising=False)
+    else:
+        monkeypatch.setenv("MEMRA_NORM_PRO", value)
+    return PLAN.Planner(PLAN.ModelSpec.from_gguf(open_gguf(path)))
+
+
+def test_groups_parse(monkeypatch):
+    for v, want in (("", set()), ("0", set()), ("1", set(PLAN.PROLOGUE_GROUPS)), ("all", set(PLAN.PROLOGUE_GROUPS)),
+                    ("qkv, down", {"qkv", "down"})):
+        monkeypatch.setenv("MEMRA_NORM_PRO", v)
+        assert PLAN.prologue_groups() == want
+    monkeypatch.setenv("MEMRA_NORM_PRO", "qkv,norm")
+    with pytest.raises(MemraError, match="unknown group.*norm"):
+        PLAN.prologue_groups()
+
+
+def test_plan_folds_the_norms_of_a_decode_step(tiny_models, monkeypatch):
+    path = tiny_models("llama", "Q4_K_M")
+    base = _planner(path, monkeypatch, None)
+    p = _planner(path, monkeypatch, "all")
+    n_layer = p.cfg.n_layer
+    before, after = base.step(1, decode=True, sampler="greedy"), p.step(1, decode=True, sampler="greedy")
+    ops = [L.op for L in after]
+    assert "norm" not in ops and "quantize" not in ops
+    # every other launch is kept, in order; the readers differ by their prologue alone
+    kept = [L for L in before if L.op not in ("norm", "quantize")]
+    assert [L.name for L in kept] == [L.name for L in after]
+    pro = {L.name: L.args.get("prologue") for L in after}
+    norms = [L.args["w"] for L in before if L.op == "norm"]
+    assert [pro[f"blk.{il}.qkv"]["w"] for il in range(n_layer)] + [pro["output"]["w"]] == norms[0::2]
+    assert [pro[f"blk.{il}.gate_up"]["w"] for il in range(n_layer)] == [f"blk.{il}.ffn_norm.weight"
+                                                                         for il in range(n_layer)]
+    for il in range(n_layer):
+        assert pro[f"blk.{il}.qkv"]["src"] == "x" and pro[f"blk.{il}.down"] == {"src": "ff", "w": None, "threads": 32}
+        assert pro[f"blk.{il}.attn_output"] is None  # the attention writes its twin itself: no quantize to fold
+    t = pro["blk.0.qkv"]["threads"]
+    assert t == p.norm_threads and t % 32 == 0
+
+
+def test_plan_folds_only_what_it_is_asked(tiny_models, monkeypatch):
+    path = tiny_models("llama", "Q4_K_M")
+    p = _planner(path, monkeypatch, "down")
+    after = p.step(1, decode=True)
+    assert [L.op for L in after].count("norm") == p.cfg.n_layer * 2 + 1
+    assert all((L.args.get("prologue") is not None) == (L.group == "down") for L in after if L.op == "matvec")
+    # prompt chunks and steps whose readers are not mv_q8 keep every launch
+    full = _planner(path, monkeypatch, "all")
+    assert not any("prologue" in L.args for L in full.step(4, decode=False))
+    assert not any("prologue" in L.args for L in full.step(16, decode=True))  # the GEMM reads the twin
+
+
+def test_plan_keeps_a_launch_whose_prologue_would_not_fit(tiny_models, monkeypatch):
+    path = tiny_models("llama", "Q4_K_M")
+    p = _planner(path, monkeypatch, "all")
+    monkeypatch.setattr(MV, "PROLOGUE_SMEM_MAX", MV.prologue_smem_bytes(1, p.cfg.n_embd, p.norm_threads))
+    ops = [L.op for L in p.step(1, decode=True)]
+    # the norms' readers (K = n_embd) fit exactly, the down projection's (K = n_ff) does not
+    assert p.cfg.n_ff > p.cfg.n_embd and "norm" not in ops and ops.count("quantize") == p.cfg.n_layer
+
+
+def test_gemma_keeps_its_add_rmsnorm(tiny_models, monkeypatch):
+    p = _planner(tiny_models("gemma3", "Q4_K_M"), monkeypatch, "all")
+    ops = [L.op for L in p.step(1, decode=True)]
+    assert ops.count("add_norm") == 2 * p.cfg.n_layer and "quantize" not in ops
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"),
+                                        ("gemma3", "Q4_K_M")])
+def test_engine_logits_bit_identical(tiny_models, monkeypatch, arch, quant):
+    """Prefill (unchanged) then decode steps, graph and eager: the folded engine's logits are the
+    unfused engine's, bit for bit, on the emulator (which also checks every mv_q8n launch's grid
+    and dynamic shared memory against matvec.cu's contract)."""
+    path = tiny_models(arch, quant)
+    monkeypatch.delenv("MEMRA_NORM_PRO", raising=False)
+    base = GPUEngine(path, n_ctx=48, gpu=FakeGpu(1 << 28))
+    toks = base.generate_greedy(PROMPT, 6)
+    monkeypatch.setenv("MEMRA_NORM_PRO", "all")
+    g = ModuleLog(1 << 28)
+    eng = GPUEngine(path, n_ctx=48, gpu=g)
+    assert eng.generate_greedy(PROMPT, 6) == toks
+    assert any(f == MV.KERNEL_FILE and "MV_NORM" in dict(d) for f, d in g.loaded)  # the folded launches ran
+    for graph in (True, False):
+        for e in (base, eng):
+            e.reset()
+            e.prefill(PROMPT)
+        for t in toks:
+            a, b = base.decode(t, graph=graph), eng.decode(t, graph=graph)
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{arch}: token {t} graph={graph}"
+
+
+def test_launch_set_checks_the_folded_launches(monkeypatch):
+    """kernel-check's launch set from a folded plan holds mv_q8n cases (the module the runner
+    loads), and each passes check_launch on the emulator: the fused launch against rmsnorm /
+    quantize_q8 + mv_q8, bit for bit."""
+    from memra.tune import launches as LS
+    from memra.tune.tables import read_table, tables_dir
+
+    monkeypatch.setenv("MEMRA_NORM_PRO", "all")
+    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0"))
+    assert not missing
+    cases = [c for c in LS.launch_set(specs, [read_table(tables_dir() / "nvidia-h200.json")]).values()
+             if c["entry"].startswith("mv_q8n")]
+    assert {c["params"]["norm"] for c in cases} == {True, False} and {c["entry"] for c in cases} == {"mv_q8n",
+                                                                                                  "mv_q8n_glu"}
+    g, rng = FakeGpu(1 << 29), np.random.default_rng(0)
+    for c in cases:
+        o = MV.check_launch(g, rng, c)
+        assert o.ok and "bit-identical" in o.detail, o.detail
