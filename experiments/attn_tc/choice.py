@@ -13,7 +13,7 @@ t64h1, t32w4h1, t32h1r2; `frozen` is the table as frozen.
 `record` appends the winner as an engine-choice record (memra.tune.receipts validate_engine_choice; `gain` = the
 summed step time's, the objective named in the record), which `memra tune freeze` lays over the entry while the
 campaign still freezes it to the A/B's base. Bench receipts name their arm as the tag's third word
-(h200_session31.sh / h200_session32.sh: "attn table ARM dDEPTH").
+(h200_session31.sh / h200_session33.sh: "attn table ARM dDEPTH").
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The next session's H200 calls (prepared in session 31; research/2026-12-04-session31 "Next").
-#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session32.sh
+# The next session's H200 calls (prepared in session 31, research/2026-12-04-session31 "Next"; session 32 had no
+# device and added STAGE n).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session33.sh
 # .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE a and t need the real models shipped.
 # STAGE a (~8 min): 1. the GPU tests at HEAD (session 31's ran out of its call: 27 passed, none failed, of 43);
 #  2. why the tensor-core body loses 2 µs a layer at depth 0 in the engine (0.77 alone): the ring's shared memory
@@ -21,11 +22,17 @@
 # STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
 #  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
 #  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
+# STAGE n (~8 min): the norm folded into the decode matvecs in the engine (MEMRA_NORM_PRO, experiments/norm_pro/ab.py:
+#  the build copy's mv_q8n): tg128 of the SmolLM2 shape, the 1B and the 8B, arms off / all / norms (qkv, gate_up,
+#  output) / down (the quantize before it), off and all again. The gate line must stay MATCH with the same max
+#  |dlogit| as off (the folded launches give the pair's bits). Predicted: SmolLM2 shape +15-25 % (~60 of its ~90
+#  norm + quantize hops gone at ~1.2-1.7 us, less the prologue's own ~0.5-1 us a launch), the 1B +5-10 %, the 8B
+#  +-2 % (its 768 / 3,584-block readers each re-read the 16 KiB row); down alone less than norms on every shape.
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
 #  and at 0, the 1B (MODELS overrides).
 set -u
 source experiments/h200_common.sh
-stage_begin s32
+stage_begin s33
 # norm_probe: experiments/norm_pro/probe.py (the RMSNorm in the matvec's prologue: bits against rmsnorm + mv_q8,
 # and µs of the pair against the fused launch, at the six norm -> matvec and three quantize -> down pairs; ~2 min)
 norm_probe() {
@@ -68,9 +75,19 @@ l)
   # after `python3 experiments/attn_quad/landing.py . && git apply experiments/attn_quad/host.patch` is committed
   # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to
   attn_land l 300 ;;
+n)
+  for m in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    for arm in off all norms down off all; do
+      [ $(( $(date +%s) - T0 )) -lt 560 ] || break
+      case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
+      arm_run "$m norm_pro $arm" bench-norm-pro.jsonl env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py \
+        bench $m -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-norm-pro.jsonl $OUT/ ;;
 t)
   gpu_tests 585 ;;
 d)
   depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
 esac
-tar czf $OUT/s32-$STAGE.tgz -C /tmp s32-$STAGE
+tar czf $OUT/s33-$STAGE.tgz -C /tmp s33-$STAGE
