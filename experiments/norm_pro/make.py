@@ -125,6 +125,11 @@ def norm_helpers() -> str:
         raise SystemExit("norm.cu's helpers moved: update norm_helpers")
     h = text[text.index(start):text.index(end)]
     for old, new in (("#ifdef MEMRA_CANARY\n", "#if MEMRA_CANARY == 3\n"), ("float sumsq4(", "float mvn_sumsq4("),
+                     # the contraction NVRTC makes of sumsq4 in rmsnorm (x^2 + y^2 as fma(x, x, y * y), then z, w:
+                     # static SASS of every NORM_THREADS 32..1024 x NORM_MAXV 1..8 module, session 32), pinned
+                     # here so the prologue's surroundings cannot make NVRTC contract it the other way
+                     ("return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;",
+                      "return __fmaf_rn(a.w, a.w, __fmaf_rn(a.z, a.z, __fmaf_rn(a.x, a.x, __fmul_rn(a.y, a.y))));"),
                      ("float rms_scale(", "float mvn_rms_scale("), ("float4 scale_mul(", "float4 mvn_scale_mul(")):
         if h.count(old) != 1:
             raise SystemExit(f"norm.cu's helpers changed: {old.strip()!r} (update norm_helpers)")
