@@ -977,8 +977,16 @@ def _mv(g, k, grid, v):
         # MV_NORM contract: rmsnorm + its q8 twin, then mv_q8); nothing written but y
         from memra.cpu.reference import rms_norm
 
-        bulk, meta, xn, nw, eps, y, res, N, K, nb, act = v
-        rows_f = _f32(g, xn, nb * K).reshape(nb, K)
+        # (delta: add_rmsnorm's rows x + (w_post ? rmsnorm(delta) * w_post : delta), written to xo when given)
+        bulk, meta, xn, nw, eps, y, res, N, K, nb, act, delta, wp, eps_post, xo = v
+        rows_f = _f32(g, xn, nb * K).reshape(nb, K).copy()
+        if delta:
+            d = _f32(g, delta, nb * K).reshape(nb, K).copy()
+            if wp:
+                d = rms_norm(d, _f32(g, wp, K), eps_post)
+            rows_f += d
+            if xo:
+                _f32(g, xo, nb * K)[:] = rows_f.reshape(-1)
         if nw:
             rows_f = rms_norm(rows_f, _f32(g, nw, K), eps)
         q, sc = MV.quantize_q8_ref(np.ascontiguousarray(rows_f, np.float32))

@@ -85,15 +85,36 @@ def test_plan_keeps_a_launch_whose_prologue_would_not_fit(tiny_models, monkeypat
     assert p.cfg.n_ff > p.cfg.n_embd and "norm" not in ops and ops.count("quantize") == p.cfg.n_layer
 
 
-def test_gemma_keeps_its_add_rmsnorm(tiny_models, monkeypatch):
-    p = _planner(tiny_models("gemma3", "Q4_K_M"), monkeypatch, "all")
-    ops = [L.op for L in p.step(1, decode=True)]
-    assert ops.count("add_norm") == 2 * p.cfg.n_layer and "quantize" not in ops
+def test_gemma_folds_its_add_rmsnorm(tiny_models, monkeypatch):
+    """Gemma-3's post-norm add_rmsnorm folded: the reader computes x + rmsnorm(delta) * w_post itself
+    and its first reader writes the sums to the residual's other buffer, so the residual moves
+    x -> x2 -> x ... one fold at a time; the head's reader writes nothing."""
+    path = tiny_models("gemma3", "Q4_K_M")
+    p = _planner(path, monkeypatch, "all")
+    after = p.step(1, decode=True, sampler="greedy")
+    ops = [L.op for L in after]
+    assert "add_norm" not in ops and "quantize" not in ops and ops.count("norm") == 0
+    pros = [(L.name, L.args["prologue"]) for L in after if L.args.get("prologue") and L.args["prologue"].get("delta")]
+    firsts = [(n, pr) for n, pr in pros if pr["x_out"] is not None or n == "output"]
+    assert len(firsts) == 2 * p.cfg.n_layer
+    cur = "x"
+    for n, pr in firsts:
+        assert pr["src"] == cur and pr["threads"] == p.add_norm_threads and pr["w_post"] and pr["delta"] == "t1"
+        nxt = "x2" if cur == "x" else "x"
+        assert pr["x_out"] == (None if n == "output" else nxt)
+        cur = nxt
+    # a partial fold: the add_norms that stay update the buffer the residual is in
+    q = _planner(path, monkeypatch, "gate_up")
+    kept = [L for L in q.step(1, decode=True) if L.op == "add_norm"]
+    folded = [L for L in q.step(1, decode=True) if (L.args.get("prologue") or {}).get("delta")]
+    assert len(kept) == len(folded) == p.cfg.n_layer
+    assert [L.args["x"] for L in kept] == ["x2" if il % 2 == 0 else "x" for il in range(p.cfg.n_layer)]
 
 
-@pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("qwen2", "Q8_0"), ("qwen3", "Q4_0"),
-                                        ("gemma3", "Q4_K_M")])
-def test_engine_logits_bit_identical(tiny_models, monkeypatch, arch, quant):
+@pytest.mark.parametrize("arch,quant,groups", [("llama", "Q4_K_M", "all"), ("qwen2", "Q8_0", "all"),
+                                               ("qwen3", "Q4_0", "all"), ("gemma3", "Q4_K_M", "all"),
+                                               ("gemma3", "Q4_K_M", "gate_up,output")])
+def test_engine_logits_bit_identical(tiny_models, monkeypatch, arch, quant, groups):
     """Prefill (unchanged) then decode steps, graph and eager: the folded engine's logits are the
     unfused engine's, bit for bit, on the emulator (which also checks every mv_q8n launch's grid
     and dynamic shared memory against matvec.cu's contract)."""
@@ -101,7 +122,7 @@ def test_engine_logits_bit_identical(tiny_models, monkeypatch, arch, quant):
     monkeypatch.delenv("MEMRA_NORM_PRO", raising=False)
     base = GPUEngine(path, n_ctx=48, gpu=FakeGpu(1 << 28))
     toks = base.generate_greedy(PROMPT, 6)
-    monkeypatch.setenv("MEMRA_NORM_PRO", "all")
+    monkeypatch.setenv("MEMRA_NORM_PRO", groups)
     g = ModuleLog(1 << 28)
     eng = GPUEngine(path, n_ctx=48, gpu=g)
     assert eng.generate_greedy(PROMPT, 6) == toks
@@ -123,12 +144,12 @@ def test_launch_set_checks_the_folded_launches(monkeypatch):
     from memra.tune.tables import read_table, tables_dir
 
     monkeypatch.setenv("MEMRA_NORM_PRO", "all")
-    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0"))
+    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0", "synth:tiny-gemma3:Q4_K_M"))
     assert not missing
     cases = [c for c in LS.launch_set(specs, [read_table(tables_dir() / "nvidia-h200.json")]).values()
              if c["entry"].startswith("mv_q8n")]
-    assert {c["params"]["norm"] for c in cases} == {True, False} and {c["entry"] for c in cases} == {"mv_q8n",
-                                                                                                  "mv_q8n_glu"}
+    assert {(c["params"]["norm"], c["params"]["add"]) for c in cases} == {(True, False), (False, False), (True, True)}
+    assert {c["entry"] for c in cases} == {"mv_q8n", "mv_q8n_glu"}
     g, rng = FakeGpu(1 << 29), np.random.default_rng(0)
     for c in cases:
         o = MV.check_launch(g, rng, c)

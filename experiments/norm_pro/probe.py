@@ -21,14 +21,15 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-# (name, ggml type, output rows (GLU: gate + up), K, glu, norm): the norm -> matvec pairs of a decode step, and
-# (norm False) the quantize -> down pairs
+# (name, ggml type, output rows (GLU: gate + up), K, glu, mode): the norm -> matvec pairs of a decode step ("norm"),
+# Gemma-3's add_rmsnorm (post-norm) -> matvec pairs ("add"), and the quantize -> down pairs ("quant")
 SHAPES = (
-    ("SmolLM2 qkv", 3, 960, 576, False, True), ("SmolLM2 gate_up", 3, 3072, 576, True, True),
-    ("1B qkv", 2, 3072, 2048, False, True), ("1B gate_up", 2, 16384, 2048, True, True),
-    ("8B qkv", 12, 6144, 4096, False, True), ("8B gate_up", 12, 28672, 4096, True, True),
-    ("SmolLM2 down", 3, 576, 1536, False, False), ("1B down", 2, 2048, 8192, False, False),
-    ("8B down", 14, 4096, 14336, False, False),
+    ("SmolLM2 qkv", 3, 960, 576, False, "norm"), ("SmolLM2 gate_up", 3, 3072, 576, True, "norm"),
+    ("1B qkv", 2, 3072, 2048, False, "norm"), ("1B gate_up", 2, 16384, 2048, True, "norm"),
+    ("8B qkv", 12, 6144, 4096, False, "norm"), ("8B gate_up", 12, 28672, 4096, True, "norm"),
+    ("Gemma-3 gate_up", 6, 4096, 640, True, "add"), ("Gemma-3 qkv", 6, 1280, 640, False, "add"),
+    ("SmolLM2 down", 3, 576, 1536, False, "quant"), ("1B down", 2, 2048, 8192, False, "quant"),
+    ("8B down", 14, 4096, 14336, False, "quant"),
 )
 
 
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nb", default="1", help="comma-separated batch rows")
     args = ap.parse_args()
+    import engine_arm
     import make
     from memra.gpu import cuda
     from memra.gpu.ops import matvec as MV
@@ -46,19 +48,22 @@ def main() -> int:
     from memra.tune import tables as TABLES
 
     make.generate()
+    engine_arm.route("matvec.cu", make.ARM_FILE, {})   # every matvec.cu module from the build copy (MV_NORM 0: the same SASS)
     g = cuda.gpu()
     table, _ = TABLES.load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
     rng = np.random.default_rng(11)
     rotate = 2 * int(g.info.l2_bytes)
     out = open(args.out, "a")
-    for name, t, rows, K, glu, norm in SHAPES:
+    for name, t, rows, K, glu, mode in SHAPES:
+        norm = mode != "quant"
         for nb in (int(v) for v in args.nb.split(",")):
             N = rows // 2 if glu else rows
             choice = TABLES.lookup(table, "matvec_glu" if glu else "matvec", {"cols": K, "rows": rows, "type": MV.TYPES[t][0]}, nb)
             cfg = MV.launch_config(t, True, N, K, nb, glu, dict(choice.config) if choice and choice.variant == "q8"
                                    else None)
-            ncfg = TABLES.lookup(table, "rmsnorm", {"n": K}, 1)   # the plan looks the norms up at batch 1
-            T = NORM.launch_config(K, True, dict(ncfg.config) if ncfg else None)[0] if norm else 32
+            nk = "add_rmsnorm" if mode == "add" else "rmsnorm"
+            ncfg = TABLES.lookup(table, nk, {"n": K}, 1)   # the plan looks the norms up at batch 1
+            T = NORM.launch_config(K, nk == "rmsnorm", dict(ncfg.config) if ncfg else None)[0] if norm else 32
             ws, _ = MV._shape_weights(g, t, rows, K, rng, rotate)
             x = g.to_device((rng.standard_normal((nb, K)) * 3).astype(np.float32))
             w = g.to_device((1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
@@ -66,15 +71,18 @@ def main() -> int:
             xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
             ya, yb = g.empty((nb, N), np.float32), g.empty((nb, N), np.float32)
             act = "silu" if glu else None
-            kn = g.module(make.ARM_FILE, {**MV.module_defines(t, nb, cfg), "MV_NORM": T}).kernel(
-                "mv_q8n_glu" if glu else "mv_q8n")
-            shmem = MV.prologue_smem_bytes(nb, K, T)
             eps = np.float32(1e-5)
+            d = g.to_device(rng.standard_normal((nb, K)).astype(np.float32)) if mode == "add" else None
+            wp = g.to_device((1 + 0.1 * rng.standard_normal(K)).astype(np.float32)) if mode == "add" else None
+            xa, xb = g.empty((nb, K), np.float32), g.empty((nb, K), np.float32)   # add_rmsnorm's residual, in / out
 
             qcfg = TABLES.lookup(table, "quantize_q8", {"n": K}, nb)
 
             def pair(i, pdl=True):
-                if norm:
+                if mode == "add":   # in place on xa (the engine's x), as add_rmsnorm runs
+                    NORM.add_rmsnorm(g, xa, d, w, h, K, float(eps), rows=nb, w_post=wp, xq=xq, xs=xs, pdl=pdl,
+                                     config={"NORM_THREADS": T})
+                elif norm:
                     NORM.rmsnorm(g, x, w, h, K, float(eps), rows=nb, xq=xq, xs=xs, pdl=pdl,
                                  config={"NORM_THREADS": T})
                 else:
@@ -82,19 +90,22 @@ def main() -> int:
                 MV.matvec(g, ws[i % len(ws)], ya, xq=xq, xs=xs, nb=nb, glu=act, config=cfg, pdl=pdl)
 
             def fused(i, pdl=True):
-                wt = ws[i % len(ws)]
-                g.launch(kn, (MV.grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
-                         (wt.bulk, wt.meta, x, w if norm else np.uint64(0), eps, yb, np.uint64(0), np.int32(N),
-                          np.int32(K), np.int32(nb), np.int32(MV.ACTS[act])), shmem=shmem, pdl=pdl)
+                MV.matvec_prologue(g, ws[i % len(ws)], yb, x=x, norm_w=w if norm else None, eps=float(eps),
+                                   norm_threads=T, nb=nb, glu=act, config=cfg, pdl=pdl, delta=d, w_post=wp,
+                                   x_out=xb if mode == "add" else None)
 
             ya.poison(), yb.poison()
+            g.copy(xa, x)
             pair(0, False)
             fused(0, False)
             g.sync()
             a, b = ya.numpy(), yb.numpy()
             same = bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
             diff = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
-            rec = {"shape": name, "type": MV.TYPES[t][0], "rows": rows, "K": K, "glu": glu, "norm": norm, "nb": nb,
+            if mode == "add":   # the residual the fused launch wrote aside equals add_rmsnorm's in place
+                diff += int(np.count_nonzero(xa.numpy().view(np.uint32) != xb.numpy().view(np.uint32)))
+                same = diff == 0
+            rec = {"shape": name, "type": MV.TYPES[t][0], "rows": rows, "K": K, "glu": glu, "mode": mode, "nb": nb,
                    "NORM_THREADS": T, "config": cfg, "bit_identical": same, "outputs_differing": diff,
                    "device": g.info.name}
             n = max(24, len(ws)) // len(ws) * len(ws)

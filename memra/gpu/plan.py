@@ -336,8 +336,9 @@ class Planner:
 
         self.norm_cfg = {"rmsnorm": checked("rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, True, d)),
                          "add_rmsnorm": checked("add_rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, False, d))}
-        # the rmsnorm's block size: its reduction order, which a matvec prologue emulates (_prologues)
+        # the norms' block sizes: their reduction orders, which a matvec prologue emulates (_prologues)
         self.norm_threads = NORM.launch_config(E, True, self.norm_cfg["rmsnorm"])[0]
+        self.add_norm_threads = NORM.launch_config(E, False, self.norm_cfg["add_rmsnorm"])[0]
         self.heads = {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
         self.rope_cfg = checked("rope_norm_kv", self.heads, ROPE.warps)
         ctxs = []  # the context lengths the table has a batch-1 attention entry for
@@ -555,33 +556,48 @@ class Planner:
         return self._prologues(out) if decode and self.prologue else out
 
     def _prologues(self, out: list[Launch]) -> list[Launch]:
-        """A decode step's norm (no delta: not Gemma-3's add_rmsnorm) or quantize launch whose
-        every reader is an mv_q8 launch (the "matvec" op: 1..8-row chunks) of a group in
-        self.prologue is dropped, and each reader gets args["prologue"]: the f32 rows it
-        normalizes (x) or quantizes (the quantize's src) itself, the norm weight (None for a
-        quantize) and the norm's NORM_THREADS, whose order the prologue emulates (the same
-        bits). The readers are the launches right after it that read its q8 twin (src: h for
-        a norm); nothing else in a step reads the twin or h. A reader whose prologue would
-        not fit PROLOGUE_SMEM_MAX keeps the launch before it."""
+        """A decode step's norm, add_norm or quantize launch whose every reader is an mv_q8 launch
+        (the "matvec" op: 1..8-row chunks) of a group in self.prologue is dropped, and each reader
+        gets args["prologue"]: the f32 rows it normalizes (the residual) or quantizes (the
+        quantize's src) itself, the norm weight (None for a quantize) and the norm's
+        NORM_THREADS, whose order the prologue emulates (the same bits); for an add_norm also its
+        delta and post-norm weight, and (the first reader, unless the head) x_out: the buffer the
+        sums x + d go to, since every block reads x. The residual then alternates between x and
+        x2: an add_norm that stays is told its buffer (args["x"]). The readers are the launches
+        right after it that read its twin (src h for a norm); nothing else in a step reads the
+        twin or h. A reader whose prologue would not fit PROLOGUE_SMEM_MAX keeps the launch."""
         E = self.cfg.n_embd
         res: list[Launch] = []
+        cur = "x"  # the buffer holding the residual
         i = 0
         while i < len(out):
             L = out[i]
-            if L.op in ("norm", "quantize"):
-                src = "h" if L.op == "norm" else L.args["src"]
+            if L.op in ("norm", "add_norm", "quantize"):
+                src = "h" if L.op != "quantize" else L.args["src"]
                 j = i + 1
                 while j < len(out) and out[j].op in MATRIX_OPS and out[j].args.get("src") == src:
                     j += 1
                 readers = out[i + 1:j]
-                K = E if L.op == "norm" else int(L.args["K"])
-                t = self.norm_threads if L.op == "norm" else 32
+                K = E if L.op != "quantize" else int(L.args["K"])
+                t = {"norm": self.norm_threads, "add_norm": self.add_norm_threads}.get(L.op, 32)
                 if readers and all(r.op == "matvec" and r.group in self.prologue and
                                    MV.prologue_smem_bytes(r.rows, K, t) <= MV.PROLOGUE_SMEM_MAX for r in readers):
-                    pro = {"src": "x" if L.op == "norm" else src, "w": L.args.get("w"), "threads": t}
-                    res.extend(replace(r, args={**r.args, "prologue": pro}) for r in readers)
+                    pro = {"src": cur if L.op != "quantize" else src, "w": L.args.get("w"), "threads": t}
+                    if L.op == "add_norm":
+                        nxt = "x2" if cur == "x" else "x"
+                        pro.update(delta=L.args["delta"], w_post=L.args.get("w_post"))
+                        out_to = None if readers[0].group == "output" else nxt
+                        res.extend(replace(r, args={**r.args, "prologue": {**pro, "x_out": out_to if k == 0 else None}})
+                                   for k, r in enumerate(readers))
+                        cur = nxt
+                    else:
+                        res.extend(replace(r, args={**r.args, "prologue": pro}) for r in readers)
                     i = j
                     continue
+                if L.op == "add_norm":
+                    L = replace(L, args={**L.args, "x": cur})
+            if cur != "x" and (L.op in ("norm", "embed") or "x" in (L.args.get(k) for k in ("src", "dst", "res"))):
+                raise MemraError(f"plan: {L.name} reads the residual x while it is in x2 (a folded add_norm)")
             res.append(L)
             i += 1
         return res

@@ -293,13 +293,17 @@ def prologue_smem_bytes(nb: int, K: int, norm_threads: int) -> int:
 
 def matvec_prologue(g, w: Weight, y, *, x, norm_w=None, eps: float = 0.0, norm_threads: int = 32,
                     nb: int = 1, residual=None, glu: str | None = None, config: dict | None = None,
-                    pdl: bool = False, tuned=None) -> None:
+                    pdl: bool = False, tuned=None, delta=None, w_post=None, eps_post: float | None = None,
+                    x_out=None) -> None:
     """y[b, :] (+)= W q8(rmsnorm(x[b]) * norm_w) for b < nb in one launch a chunk of <= 8 rows
     (MV_NORM: kernels/matvec.cu's mv_q8n / mv_q8n_glu): each block normalizes the f32 rows and
     quantizes them into shared memory itself, then runs mv_q8's loop, so a norm (or, norm_w
     None, a quantize_q8) launch and its hop before the matvec go. The bits are those of
     norm.rmsnorm at NORM_THREADS = norm_threads (its q8 twin) followed by matvec at the same
-    configuration: the prologue takes the norm's virtual threads in turn in its order."""
+    configuration: the prologue takes the norm's virtual threads in turn in its order.
+    delta: norm.add_rmsnorm's instead, the rows x + (w_post ? rmsnorm(delta) * w_post : delta)
+    (eps_post: eps when None) normalized by norm_w; x_out: where those sums go (x is left as it
+    is: the blocks all read it, so the residual moves to another buffer)."""
     if glu not in ACTS:
         raise MemraError(f"matvec_prologue: glu must be None, 'silu' or 'gelu' (got {glu!r})")
     if w.ggml_type in FLOAT_TYPES:
@@ -311,6 +315,13 @@ def matvec_prologue(g, w: Weight, y, *, x, norm_w=None, eps: float = 0.0, norm_t
         raise MemraError(f"matvec_prologue: the norm weight must be f32 with {K} values")
     if residual is not None and (residual.dtype != np.float32 or residual.size < nb * N):
         raise MemraError("matvec_prologue: residual must be f32 like y")
+    for a, what in ((delta, "delta"), (x_out, "x_out")):
+        if a is not None and (a.dtype != np.float32 or a.size < nb * K):
+            raise MemraError(f"matvec_prologue: {what} must be f32 with >= {nb}x{K} values")
+    if delta is None and (w_post is not None or x_out is not None):
+        raise MemraError("matvec_prologue: w_post and x_out belong to the add_rmsnorm prologue (give delta)")
+    if w_post is not None and (w_post.dtype != np.float32 or w_post.size < K):
+        raise MemraError(f"matvec_prologue: w_post must be f32 with {K} values")
     if norm_threads < 32 or norm_threads > 1024 or norm_threads % 32:
         raise MemraError(f"matvec_prologue: norm_threads must be a multiple of 32 in 32..1024, got {norm_threads}")
     for b0 in range(0, nb, BUCKETS[-1]):
@@ -324,9 +335,12 @@ def matvec_prologue(g, w: Weight, y, *, x, norm_w=None, eps: float = 0.0, norm_t
             "mv_q8n_glu" if glu else "mv_q8n")
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
+        rows = [None if a is None else a.view(np.float32, (n * K,), 4 * b0 * K) for a in (x, delta, x_out)]
         g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
-                 (w.bulk, w.meta, x.view(np.float32, (n * K,), 4 * b0 * K), norm_w if norm_w is not None else _NULL,
-                  np.float32(eps), yo, ro, np.int32(N), np.int32(K), np.int32(n), np.int32(ACTS[glu])),
+                 (w.bulk, w.meta, rows[0], norm_w if norm_w is not None else _NULL,
+                  np.float32(eps), yo, ro, np.int32(N), np.int32(K), np.int32(n), np.int32(ACTS[glu]),
+                  _NULL if delta is None else rows[1], _NULL if w_post is None else w_post,
+                  np.float32(eps if eps_post is None else eps_post), _NULL if x_out is None else rows[2]),
                  shmem=shmem, pdl=pdl)
 
 
@@ -575,9 +589,10 @@ def launch_cases(L, ctx) -> list[dict]:
     if pro:  # the norm (or quantize) folded in: checked against the two launches it replaces
         return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
                  "defines": {**module_defines(t, n, cfg), "MV_NORM": int(pro["threads"])}, "bucket": n,
-                 "tag": f"K{K}" + (" norm" if pro["w"] else " quant") + (" res=y" if res else ""),
+                 "tag": f"K{K}" + (" add_norm" if pro.get("delta") else " norm" if pro["w"] else " quant")
+                 + (" res=y" if res else ""),
                  "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": True, "res": res,
-                            "norm": bool(pro["w"])}}]
+                            "norm": bool(pro["w"]), "add": bool(pro.get("delta"))}}]
     return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
@@ -655,22 +670,32 @@ def check_launch(g, rng, case) -> "object":
 
 
 def _check_prologue(g, rng, case, w, N: int, config: dict):
-    """mv_q8n against the two launches it replaces, bit for bit: rmsnorm at NORM_THREADS = MV_NORM
-    writing the q8 twin (params norm; else quantize_q8) then mv_q8 at the same configuration,
-    with the output poisoned and then with the residual aliased to it (the engine's launches)."""
+    """mv_q8n against the two launches it replaces, bit for bit: rmsnorm (params norm), add_rmsnorm
+    with a post-norm (params add: its residual written aside must also equal add_rmsnorm's in
+    place) or quantize_q8, at NORM_THREADS = MV_NORM, writing the q8 twin; then mv_q8 at the same
+    configuration, with the output poisoned and then with the residual aliased to it (the
+    engine's launches)."""
     from memra.gpu.compare import Outcome
     from memra.gpu.ops import norm as NORM
 
     p, T = case["params"], int(case["defines"]["MV_NORM"])
-    K, nb, glu = p["K"], p["nb"], p["glu"]
-    x = g.to_device((rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32))
+    K, nb, glu, add = p["K"], p["nb"], p["glu"], p.get("add", False)
+    xh = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+    x = g.to_device(xh)
     nw = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if p["norm"] else None
+    delta = g.to_device(rng.standard_normal((nb, K)).astype(np.float32)) if add else None
+    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add else None
     xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
-    if nw is not None:
+    xa, xb = g.to_device(xh), g.empty((nb, K), np.float32)   # add: the residual, in place / written aside
+    xb.poison()
+    if add:
+        NORM.add_rmsnorm(g, xa, delta, nw, g.empty((nb, K), np.float32), K, 1e-5, nb, w_post=wp, xq=xq, xs=xs,
+                         config={"NORM_THREADS": T})
+    elif nw is not None:
         NORM.rmsnorm(g, x, nw, g.empty((nb, K), np.float32), K, 1e-5, nb, xq=xq, xs=xs, config={"NORM_THREADS": T})
     else:
         quantize_q8(g, x, xq, xs, nb)
-    name = f"{case['entry']} {TYPES[p['type']][0]} nb={nb} {N}x{K} MV_NORM={T} {config}"
+    name = f"{case['entry']} {TYPES[p['type']][0]} nb={nb} {N}x{K} MV_NORM={T}{' add' if add else ''} {config}"
     res = rng.standard_normal((nb, N)).astype(np.float32)
     bad = []
     for alias in (False, True):
@@ -681,14 +706,18 @@ def _check_prologue(g, rng, case, w, N: int, config: dict):
             yb.poison()
         matvec(g, w, ya, xq=xq, xs=xs, nb=nb, glu=glu, config=config, residual=ya if alias else None)
         matvec_prologue(g, w, yb, x=x, norm_w=nw, eps=1e-5, norm_threads=T, nb=nb, glu=glu, config=config,
-                        residual=yb if alias else None)
+                        residual=yb if alias else None, delta=delta, w_post=wp, x_out=xb if add else None)
         g.sync()
         a, b = ya.numpy(), yb.numpy()
         n = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
         if n:
             bad.append(f"{n} of {a.size} outputs differ from the pair" + (" (residual aliased)" if alias else ""))
-    return Outcome(name, not bad, "; ".join(bad) or "bit-identical to the pair, also with the residual aliased",
-                   0.0 if not bad else np.inf)
+    if add:
+        n = int(np.count_nonzero(xa.numpy().view(np.uint32) != xb.numpy().view(np.uint32)))
+        if n:
+            bad.append(f"{n} of {nb * K} residual sums differ from add_rmsnorm's")
+    return Outcome(name, not bad, "; ".join(bad) or "bit-identical to the pair, also with the residual aliased"
+                   + (" (and the residual sums)" if add else ""), 0.0 if not bad else np.inf)
 
 
 # ---------------------------------------------------------------------------------------
