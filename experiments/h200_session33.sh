@@ -22,11 +22,12 @@
 # STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
 #  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
 #  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
-# STAGE n (~8 min): the norm folded into the decode matvecs in the engine (MEMRA_NORM_PRO, experiments/norm_pro/ab.py:
-#  the build copy's mv_q8n): tg128 of the SmolLM2 shape, the 1B and the 8B, arms off / all / norms (qkv, gate_up,
-#  output) / down (the quantize before it), off and all again. The gate line must stay MATCH with the same max
-#  |dlogit| as off (the folded launches give the pair's bits). Predicted: SmolLM2 shape +15-25 % (~60 of its ~90
-#  norm + quantize hops gone at ~1.2-1.7 us, less the prologue's own ~0.5-1 us a launch), the 1B +5-10 %, the 8B
+# STAGE n (~9 min): the norms folded into the decode matvecs in the engine (MEMRA_NORM_PRO, experiments/norm_pro/ab.py:
+#  the build copy's mv_q8n): tg128 of the SmolLM2 shape, Gemma-3's (its add_rmsnorm with post-norms folded) and the
+#  1B, arms off / all / off / all / norms (qkv, gate_up, output) / down (the quantize before it); then
+#  MODELS=synth:llama3-8b:Q4_K_M in a second call. The gate line must stay MATCH with the same max |dlogit| as off
+#  (the folded launches give the pairs' bits). Predicted: SmolLM2 shape +15-25 % (~60 of its ~90 norm + quantize
+#  hops gone at ~1.2-1.7 us, less the prologue's own ~0.5-1 us a launch), Gemma-3 +8-12 %, the 1B +5-10 %, the 8B
 #  +-2 % (its 768 / 3,584-block readers each re-read the 16 KiB row); down alone less than norms on every shape.
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
 #  and at 0, the 1B (MODELS overrides).
@@ -76,8 +77,9 @@ l)
   # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to
   attn_land l 300 ;;
 n)
-  for m in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-    for arm in off all norms down off all; do
+  # MODELS / ARMS override (a call holds ~20 bench runs)
+  for m in ${MODELS:-synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama-1b:Q4_0}; do
+    for arm in ${ARMS:-off all off all norms down}; do
       [ $(( $(date +%s) - T0 )) -lt 560 ] || break
       case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
       arm_run "$m norm_pro $arm" bench-norm-pro.jsonl env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py \
