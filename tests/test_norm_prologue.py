@@ -154,3 +154,26 @@ def test_launch_set_checks_the_folded_launches(monkeypatch):
     for c in cases:
         o = MV.check_launch(g, rng, c)
         assert o.ok and "bit-identical" in o.detail, o.detail
+
+
+def test_engine_batch_of_matvec_chunks(tiny_models, monkeypatch):
+    """Decode steps of 3 rows on mv_q8 chunks (MEMRA_MVT=0, MEMRA_GEMM=0): the folded launches take
+    nb = 3 rows (and the residual's second buffer three rows); the batch's logits equal the
+    unfolded engine's bit for bit, on llama (norms) and Gemma-3 (add_rmsnorm)."""
+    monkeypatch.setenv("MEMRA_MVT", "0")
+    monkeypatch.setenv("MEMRA_GEMM", "0")
+    prompts = [PROMPT, PROMPT[:4], [1, 5, 9, 200, 3000]]
+    for arch in ("llama", "gemma3"):
+        path = tiny_models(arch, "Q4_K_M")
+        got = []
+        for v in ("", "all"):
+            monkeypatch.setenv("MEMRA_NORM_PRO", v)
+            g = ModuleLog(1 << 28)
+            eng = GPUEngine(path, n_ctx=48, batch=3, gpu=g)
+            for i, p in enumerate(prompts):
+                eng.prefill(p, seq=i)
+            got.append([eng.decode_batch([7, 8, 9]), eng.decode_batch([10, 11, 12], graph=False)])
+            folded = {dict(d).get("MV_B") for f, d in g.loaded if f == MV.KERNEL_FILE and "MV_NORM" in dict(d)}
+            assert folded == ({"4"} if v else set()), (arch, v, folded)
+        for a, b in zip(*got):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), arch
