@@ -18,7 +18,10 @@
 #  everywhere (the prologue emulates norm.cu's order); the fused launch saves most of a launch hop on the small
 #  shapes (SmolLM2 ~1-1.5 µs a pair) and less on the 8B, whose 768 / 3,584 blocks each re-read the 16 KiB row.
 #  Then attn_quad's ATT_TC_CHAINS 1 / 2 / 4 alone (probe.py): at one tile a block the 16 chained mma of the scores
-#  (~30 cycles each) may be most of the TC body's extra 0.9 µs at 64 keys; predicted -0.2 µs at 4 chains.
+#  (~30 cycles each) may be most of the TC body's extra 0.9 µs at 64 keys; predicted -0.2 µs at 4 chains. Then
+#  SmolLM2's attention at 4,096 / 16,384 keys by split count alone (22..256; 88 the engine's): whether its depth
+#  cost (10.6 µs a layer at 4,096 against ~3.5 at depth 0, for 3 MB of K/V) is the split layout's (one 64-key tile a
+#  block and a 64-way merge) or a block's fixed path.
 # STAGE l / t (if q32 wins at depth 0 and holds at 4,096): the landing's campaign + freeze + kernel-check (~5 min,
 #  models shipped), the GPU tests (~5 min); then the 8B's entry by the engine on both cells again if the campaign
 #  (64 keys only) picks otherwise (experiments/attn_tc/choice.py).
@@ -71,7 +74,12 @@ p)
     timeout 60 python3 experiments/attn_depth/probe.py --out $R/attn-chains.jsonl --arm attn_quad:ATT_TC=1,ATT_TC_CHAINS=$ch \
       --cases $C 2>&1 | grep -v "^--\|^/work" | tee -a $R/log.txt
   done
-  cp $R/attn-chains.jsonl $OUT/ ;;
+  # SmolLM2's attention at depth (its tg128 @ d4096 floor, 2.5x, is the farthest after Gemma-3's): the split count
+  # alone, tensor-core body (the table's 8 warps, 64-key tiles, whole group a block): 88 is the engine's
+  C=$(for c in 4096:22 4096:44 4096:88 4096:132 16384:88 16384:176 16384:256; do echo -n "SmolLM2:${c%%:*}:8:64:3:${c##*:},"; done)
+  timeout 60 python3 experiments/attn_depth/probe.py --out $R/attn-splits.jsonl --cases ${C%,} 2>&1 \
+    | grep -v "^--\|^/work" | tee -a $R/log.txt
+  cp $R/attn-chains.jsonl $R/attn-splits.jsonl $OUT/ ;;
 l)
   # after `python3 experiments/attn_quad/landing.py . && git apply experiments/attn_quad/host.patch` is committed
   # (models shipped): the attn_decode campaign, freeze --pdl, kernel-check --add-to
