@@ -194,9 +194,13 @@ def norm_helpers() -> str:
     return h
 
 
+def edits() -> list[tuple[str, str]]:
+    """EDITS with norm.cu's helpers in place (the build copy's, and landing.py's)."""
+    return [(old, new.replace("@NORM_HELPERS@", norm_helpers())) for old, new in EDITS]
+
+
 def generate() -> None:
-    edits = [(old, new.replace("@NORM_HELPERS@", norm_helpers())) for old, new in EDITS]
-    if make_variant(ROOT / "kernels" / "matvec.cu", BUILD, edits, HEADER):
+    if make_variant(ROOT / "kernels" / "matvec.cu", BUILD, edits(), HEADER):
         raise SystemExit("matvec.cu's anchor moved: update the edits")
 
 

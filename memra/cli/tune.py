@@ -244,6 +244,7 @@ def tune_freeze(
                          "against 'KERNEL SHAPE_KEY' (e.g. 'matvec cols=2048,rows=2048,type=Q4_0').")] = None,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
+    from memra.tune import carry as CARRY
     from memra.tune import dispatch as DISPATCH
     from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
@@ -253,9 +254,12 @@ def tune_freeze(
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
-    df = read_receipts(sources, kinds=("tune",))
+    # receipts measured on a kernel source whose modules a later source compiles to the same code count
+    # as measured on the later one (memra tune carry)
+    carries = read_receipts(sources, kinds=("carry",))
+    df = CARRY.apply(read_receipts(sources, kinds=("tune",)), carries)
     # entries the engine's own A/B chose (experiments/engine_tune), laid over the frozen ones
-    ec = read_receipts(sources, kinds=("engine-choice",))
+    ec = CARRY.apply(read_receipts(sources, kinds=("engine-choice",)), carries)
     choices = ec.to_dict("records") if len(ec) else []
     if pdl_match is not None and not pdl:
         raise MemraError("--pdl-match needs --pdl")
@@ -296,6 +300,47 @@ def tune_freeze(
                 _print_frame(pd.DataFrame(rows), title=d)
     if as_json:
         _print_json(tables)
+
+
+@tune_app.command("carry")
+@command
+def tune_carry(
+    rev: Annotated[str, typer.Option("--from", help="The commit whose kernels/ the receipts were measured on "
+                   "(their src_hash); every file changed since is checked.")],
+    receipts: Annotated[Optional[list[Path]], typer.Argument(help="Receipts files or folders (default: the "
+                        "checkout's research/tune/ and $MEMRA_HOME/receipts/tune/).")] = None,
+    device: Annotated[str, typer.Option("--device", help="The device whose receipts to carry.")] = "NVIDIA H200",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Where the carry records go (default: "
+                   "research/tune/carry-<device>.jsonl, which freeze reads).")] = None,
+) -> None:
+    """Carry tuning receipts across a kernel source change that leaves every module they measured compiling
+    to the same code (memra.tune.carry); then `memra tune freeze` reads them as current. Needs no GPU."""
+    import tempfile
+
+    from memra.tune import carry as CARRY
+    from memra.tune.receipts import read_receipts
+    from memra.tune.tables import device_slug, read_table, tables_dir
+
+    sources = receipts or freeze_inputs()
+    df = read_receipts(sources, kinds=("tune",)) if sources else None
+    if df is None or df.empty or device not in set(df["device"]):
+        raise MemraError(f"no tuning receipts of {device!r} to carry")
+    cc = df[df["device"] == device]["cc"].iloc[0]
+    cc = tuple(int(v) for v in (cc if isinstance(cc, (list, tuple)) else str(cc).split(".")))
+    arch = CARRY.DEVICE_ARCH.get(cc)
+    if arch is None:
+        raise MemraError(f"{device}: no arch known for compute capability {cc}")
+    path = tables_dir() / f"{device_slug(device)}.json"
+    table = read_table(path) if path.is_file() else None
+    with tempfile.TemporaryDirectory() as tmp:
+        old_root = CARRY.tree_at(rev, Path(tmp), project_root())
+        records = CARRY.plan(df, table, device, old_root, arch=arch, log=lambda m: err.print(m, markup=False))
+    if not records:
+        err.print("nothing carried", markup=False)
+        return
+    dest = out or project_root() / "research" / "tune" / f"carry-{device_slug(device)}.jsonl"
+    CARRY.write(records, dest)
+    err.print(f"{len(records)} carry records -> {dest}; now `memra tune freeze` (see docs)", markup=False)
 
 
 @tune_app.command("show")

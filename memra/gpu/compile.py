@@ -47,10 +47,10 @@ def _check(err, what: str) -> None:
         raise MemraError(f"{what} failed: {err!r}")
 
 
-def _sources(kernel_file: str) -> list[tuple[str, bytes]]:
+def _sources(kernel_file: str, root: Path | None = None) -> list[tuple[str, bytes]]:
     """The .cu file and every header it includes (transitively), as (name, bytes), in a
-    stable order. Only quoted includes that resolve inside kernel_dir() are followed."""
-    root = kernel_dir()
+    stable order. Only quoted includes that resolve inside root (kernel_dir()) are followed."""
+    root = root or kernel_dir()
     seen: dict[str, bytes] = {}
     todo = [kernel_file]
     while todo:
@@ -76,14 +76,14 @@ def source_names(kernel_file: str) -> list[str]:
 
 
 def options_for(arch: str, defines: Mapping[str, object] | None = None,
-                extra: tuple[str, ...] = ()) -> list[str]:
+                extra: tuple[str, ...] = (), root: Path | None = None) -> list[str]:
     """The full NVRTC option list. No --use_fast_math: kernels must match their CPU
     references exactly where the family's tolerance says so. -lineinfo costs nothing at
     run time and makes compute-sanitizer and ncu reports readable."""
     if not re.fullmatch(r"sm_\d+[a-z]?", arch):
         raise MemraError(f"bad GPU arch {arch!r} (expected e.g. sm_90a)")
     opts = [f"--gpu-architecture={arch}", "-std=c++17", "-lineinfo",
-            f"-I{kernel_dir()}"]
+            f"-I{root or kernel_dir()}"]
     for k, v in sorted((defines or {}).items()):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise MemraError(f"bad define name {k!r}")
@@ -105,10 +105,11 @@ def cache_key(kernel_file: str, arch: str, options: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def source_hash(kernel_file: str) -> str:
-    """Hash of a kernel file and its headers alone (for tuning receipts and tables)."""
+def source_hash(kernel_file: str, root: Path | None = None) -> str:
+    """Hash of a kernel file and its headers alone (for tuning receipts and tables); root: another
+    kernels folder than kernel_dir() (an older tree's: memra.tune.carry)."""
     h = hashlib.sha256()
-    for name, data in _sources(kernel_file):
+    for name, data in _sources(kernel_file, root):
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return h.hexdigest()[:16]
 
@@ -140,10 +141,16 @@ def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | N
     return cubin
 
 
-def _nvrtc(kernel_file: str, options: list[str]) -> tuple[bytes, str]:
+def compile_in(root: Path, kernel_file: str, arch: str, defines: Mapping[str, object] | None = None) -> bytes:
+    """The CUBIN of <root>/<kernel_file> (another kernels folder than kernel_dir(), e.g. an older
+    tree's), uncached."""
+    return _nvrtc(kernel_file, options_for(arch, defines, root=root), root)[0]
+
+
+def _nvrtc(kernel_file: str, options: list[str], root: Path | None = None) -> tuple[bytes, str]:
     from cuda.bindings import nvrtc
 
-    src = (kernel_dir() / kernel_file).read_bytes()
+    src = ((root or kernel_dir()) / kernel_file).read_bytes()
     err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:

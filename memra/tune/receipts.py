@@ -310,6 +310,21 @@ def validate_engine_choice(row: Mapping) -> list[str]:
     return problems
 
 
+CARRY_FIELDS: dict[str, tuple] = {
+    "src": (str,), "from_hash": (str,), "to_hash": (str,), "device": (str,), "arch": (str,), "modules": (int,),
+    "receipts": (int,), "git_sha": (str,), "ts": (str,),
+}
+
+
+def validate_carry(row: Mapping) -> list[str]:
+    """Problems of a carry record (memra.tune.carry): the receipts of `device` on `src` at `from_hash`
+    count as measured at `to_hash`, every module they name having compiled to the same code on `arch`."""
+    problems = _need(row, CARRY_FIELDS)
+    if not problems and row["from_hash"] == row["to_hash"]:
+        problems.append("from_hash equals to_hash: nothing carried")
+    return problems
+
+
 SERVE_BENCH_FIELDS: dict[str, tuple] = {
     "engine": (str,), "model": (str,), "device": (str,), "git_sha": (str,), "ts": (str,),
     "concurrency": (int,), "requests": (int,), "completed": (int,), "failed": (int,), "max_tokens": (int,),
@@ -407,6 +422,7 @@ KINDS: dict[str, Kind] = {
     "engine-choice": Kind("engine-choice", validate_engine_choice, by=("device", "kernel", "shape_key", "batch"),
                           label="git_sha", time="ts"),
     "record": Kind("record", by=("file", "record"), time="ts"),
+    "memra.carry.v1": Kind("carry", validate_carry, by=("device", "src"), label="git_sha", time="ts"),
 }
 
 

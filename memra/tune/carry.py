@@ -1,0 +1,208 @@
+"""`memra tune carry`: tuning receipts carried across a kernel source change that leaves the machine code
+of every module they measured unchanged.
+
+A tuning receipt (and the table entry frozen from it) names its kernel file's source hash, so any edit of
+the file or of a header it includes makes it stale: freeze ignores it and the campaign has to run again.
+When the edit only adds code behind a define the measured modules do not set (new entry points, as
+kernels/matvec.cu's MV_NORM would), their machine code is unchanged and the measurements still hold.
+`carry` proves that module by module: every module of the changed file that a receipt or a table entry of
+the device names (the family's tune_modules hook) is compiled from the older tree and from this one for the
+device's arch, and the CUBINs' code (code_sections: the .text sections, their relocations, the .nv.info
+records, the shared-memory and parameter-bank sizes) is compared byte for byte; line tables, debug and
+symbol tables are left out. Only when every module is identical does it write a carry record
+{src, from_hash, to_hash, modules}; `memra tune freeze` then reads the receipts (and engine choices)
+measured on from_hash as measured on to_hash. A file whose family has no tune_modules hook, or with one
+module that differs, is not carried: its campaign runs again.
+
+    memra tune carry --from REV                 # REV: the commit the receipts' sources were measured at
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from memra.errors import MemraError
+
+SCHEMA = "memra.carry.v1"
+DEVICE_ARCH = {(9, 0): "sm_90a", (12, 0): "sm_120a", (8, 9): "sm_89"}
+
+
+def code_sections(cubin: bytes) -> dict[str, bytes]:
+    """The sections of a CUBIN (ELF64) that decide what a module runs: .text.* and their .rel / .rela
+    sections, .nv.info*, and the sizes of .nv.shared.* and .nv.constant0.* (NOBITS or zeros: their size is
+    what matters). Line tables (-lineinfo), debug sections and symbol / string tables are left out."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise MemraError("not an ELF64 CUBIN")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def header(i):
+        name, typ, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize)
+        return name, typ, off, size
+
+    _, _, stroff, strsize = header(shstrndx)
+    names = cubin[stroff:stroff + strsize]
+    out: dict[str, bytes] = {}
+    for i in range(shnum):
+        n, typ, off, size = header(i)
+        name = names[n:names.index(b"\0", n)].decode()
+        if name.startswith((".text.", ".rel.text.", ".rela.text.", ".nv.info")):
+            out[name] = cubin[off:off + size] if typ != 8 else b""  # 8: SHT_NOBITS
+        elif name.startswith((".nv.shared.", ".nv.constant0.")):
+            out[name] = struct.pack("<Q", size)
+    if not any(k.startswith(".text.") for k in out):
+        raise MemraError("CUBIN without a .text section")
+    return out
+
+
+def combined_hash(hashes: Iterable[str]) -> str:
+    """The hash of an entry over several kernel files (memra.tune.tables._current_hash's rule for "a+b")."""
+    return hashlib.sha256("+".join(hashes).encode()).hexdigest()[:16]
+
+
+def tree_at(rev: str, dest: Path, root: Path) -> Path:
+    """kernels/ of commit `rev` of the git checkout at root, extracted under dest; returns that folder."""
+    try:
+        tar = subprocess.run(["git", "-C", str(root), "archive", rev, "kernels"], capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        raise MemraError(f"git archive {rev} kernels: {detail.decode(errors='replace').strip() or e}") from None
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(dest, filter="data")
+    return dest / "kernels"
+
+
+def _family_modules(src: str, kernel: str, variant: str, config: Mapping, shape: Mapping) -> list[tuple[str, dict]]:
+    from memra.tune.measure import family_module
+
+    hook = getattr(family_module(src), "tune_modules", None)
+    if hook is None:
+        raise MemraError(f"{src}: its family has no tune_modules hook (the modules a receipt measured are unknown)")
+    return hook(kernel, variant, dict(config), dict(shape))
+
+
+def modules_of(rows: Iterable[Mapping], src: str) -> dict[tuple, dict]:
+    """The modules of kernel file `src` that these receipts / table entries (kernel, variant, config, shape)
+    measured, keyed by (file, sorted defines)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        for f, d in _family_modules(src, r["kernel"], r["variant"], r["config"], r["shape"]):
+            if f == src:
+                out[(f, tuple(sorted((k, str(v)) for k, v in d.items())))] = dict(d)
+    return out
+
+
+def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path | None = None,
+         arch: str = "sm_90a", compile_in=None, log=print) -> list[dict]:
+    """Carry records for the device's receipts (a read_receipts DataFrame of kind tune) whose kernel file
+    changed between old_root's tree and new_root's (default: kernel_dir()). Every module of a changed file
+    that a receipt measured on the older tree's hash, or a table entry on it names, is compiled in both trees
+    and compared (code_sections); a file is carried only when all are identical. Entries over several files
+    ("a+b+c") are carried when each of their files is unchanged or carried. compile_in(root, file, arch,
+    defines) -> cubin (default memra.gpu.compile.compile_in)."""
+    from memra.gpu.compile import compile_in as _compile_in, source_hash
+    from memra.paths import kernel_dir
+
+    compile_in = compile_in or _compile_in
+    new_root = new_root or kernel_dir()
+    rows = df[df["device"] == device] if len(df) else df
+    srcs = set(rows["src"]) if len(rows) else set()
+    singles = {s for s in srcs if "+" not in s}
+    hashes: dict[str, tuple[str, str]] = {}   # file -> (older tree's hash, this tree's)
+    for f in sorted({p for s in srcs for p in s.split("+")}):
+        try:
+            hashes[f] = (source_hash(f, old_root), source_hash(f, new_root))
+        except MemraError as e:
+            log(f"{f}: {e}; not carried")
+    entries = [dict(e, kernel=k, shape=_shape(skey)) for k, shapes in (table or {}).get("entries", {}).items()
+               for skey, by in shapes.items() for e in by.values()]
+    records, carried = [], {}
+    for f, (old, new) in sorted(hashes.items()):
+        if old == new or f not in singles:
+            continue
+        on_old = rows[(rows["src"] == f) & (rows["src_hash"] == old)]
+        if on_old.empty:
+            continue
+        try:
+            mods = modules_of(on_old.to_dict("records"), f)
+            mods.update(modules_of([e for e in entries if e.get("src") == f and e.get("src_hash") == old], f))
+        except MemraError as e:
+            log(f"{f}: {e}; not carried")
+            continue
+        differ = [d for d in mods.values()
+                  if code_sections(compile_in(old_root, f, arch, d)) != code_sections(compile_in(new_root, f, arch, d))]
+        if differ:
+            log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}); not carried")
+            continue
+        log(f"{f}: {len(mods)} modules identical on {arch}: {len(on_old)} receipts carried {old} -> {new}")
+        carried[f] = (old, new)
+        records.append(_record(f, old, new, device, arch, len(mods), len(on_old)))
+    for s in sorted(srcs - singles):
+        parts = s.split("+")
+        if any(p not in hashes for p in parts) or all(hashes[p][0] == hashes[p][1] for p in parts):
+            continue
+        if not all(hashes[p][0] == hashes[p][1] or p in carried for p in parts):
+            log(f"{s}: a file of it changed and is not carried; not carried")
+            continue
+        old, new = combined_hash(hashes[p][0] for p in parts), combined_hash(hashes[p][1] for p in parts)
+        n = int(((rows["src"] == s) & (rows["src_hash"] == old)).sum())
+        if n:
+            log(f"{s}: each file unchanged or carried: {n} receipts carried {old} -> {new}")
+            records.append(_record(s, old, new, device, arch, 0, n))
+    return records
+
+
+def _shape(skey: str) -> dict:
+    from memra.tune.receipts import shape_of_key
+
+    return shape_of_key(skey)
+
+
+def _record(src: str, old: str, new: str, device: str, arch: str, modules: int, receipts: int) -> dict:
+    from memra.gpu.compile import nvrtc_version
+    from memra.tune.receipts import git_sha, utc_now
+
+    return {"schema": SCHEMA, "src": src, "from_hash": old, "to_hash": new, "device": device, "arch": arch,
+            "modules": modules, "receipts": receipts, "nvrtc": "%d.%d" % nvrtc_version(), "git_sha": git_sha(),
+            "ts": utc_now()}
+
+
+def hash_map(carries) -> dict[tuple[str, str, str], str]:
+    """(device, src, from_hash) -> the newest hash it carries to, chains followed (a read_receipts
+    DataFrame of kind carry, or records)."""
+    recs = carries.to_dict("records") if hasattr(carries, "to_dict") else list(carries)
+    step = {(r["device"], r["src"], r["from_hash"]): r["to_hash"] for r in sorted(recs, key=lambda r: str(r["ts"]))}
+    out = {}
+    for (dev, src, h) in step:
+        seen, cur = {h}, h
+        while (dev, src, cur) in step and step[(dev, src, cur)] not in seen:
+            cur = step[(dev, src, cur)]
+            seen.add(cur)
+        out[(dev, src, h)] = cur
+    return out
+
+
+def apply(df, carries):
+    """df (receipts with device, src, src_hash columns) with each src_hash a carry record maps replaced by
+    the hash it carries to; unchanged without carries."""
+    if carries is None or not len(carries) or not len(df):
+        return df
+    m = hash_map(carries)
+    df = df.copy()
+    df["src_hash"] = [m.get((d, s, h), h) for d, s, h in zip(df["device"], df["src"], df["src_hash"])]
+    return df
+
+
+def write(records: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")

@@ -1,0 +1,90 @@
+"""`memra tune carry` (memra.tune.carry): receipts carried across a kernel source change only when every module
+they measured compiles to the same code (NVRTC on the CPU, CUBIN code sections compared), and freeze reading
+carried receipts as current."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from memra.gpu.compile import compile_in, source_hash
+from memra.paths import kernel_dir
+from memra.tune import carry as CARRY
+from memra.tune import freeze as F
+from memra.tune.receipts import check_line, make_receipt, read_receipts
+
+H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
+SHAPE = {"type": "Q4_0", "rows": 256, "cols": 512, "batch": 1}
+CFG = {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_UNROLL": 2}
+
+
+def _rec(src_hash, us=5.0, config=CFG, ts="2026-12-01T00:00:00Z"):
+    return make_receipt(kernel="matvec", variant="q8", config=config, shape=SHAPE, src="matvec.cu",
+                        src_hash=src_hash, ok=True, max_err=0.0, peak_gbps=4500.0, git_sha="0" * 40, ts=ts,
+                        median_us=us, p20_us=us, p80_us=us, reps=10, bytes=100_000, **H200)
+
+
+def _tree(tmp_path, name, edit=None):
+    """A copy of kernels/ with matvec.cu edited by edit(text)."""
+    root = tmp_path / name
+    shutil.copytree(kernel_dir(), root)
+    if edit:
+        f = root / "matvec.cu"
+        f.write_text(edit(f.read_text()))
+    return root
+
+
+def _df(tmp_path, rows):
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    return read_receipts([f], kinds=("tune",))
+
+
+def test_code_sections_of_a_real_module():
+    s = CARRY.code_sections(compile_in(kernel_dir(), "matvec.cu", "sm_90a", {"MV_TYPE": 2, "MV_B": 1, **CFG}))
+    assert {".text.mv_q8", ".text.mv_q8_glu"} <= set(s) and all(len(s[k]) > 1000 for k in (".text.mv_q8",))
+    with pytest.raises(Exception, match="ELF64"):
+        CARRY.code_sections(b"not a cubin")
+
+
+def test_carried_when_the_code_is_the_same_and_not_when_it_differs(tmp_path):
+    """Old tree: kernels/ with a comment added at the top of matvec.cu (every line moves, the code does not):
+    carried. Old tree with a kernel change: not carried."""
+    old = _tree(tmp_path, "old", lambda t: "// an older comment\n// and another\n" + t)
+    new = kernel_dir()
+    h_old, h_new = source_hash("matvec.cu", old), source_hash("matvec.cu", new)
+    assert h_old != h_new
+    df = _df(tmp_path, [_rec(h_old)])
+    logs = []
+    recs = CARRY.plan(df, None, "NVIDIA H200", old, new, log=logs.append)
+    assert [(r["src"], r["from_hash"], r["to_hash"], r["modules"], r["receipts"]) for r in recs] == \
+        [("matvec.cu", h_old, h_new, 1, 1)]
+    kind, problems = check_line(recs[0])
+    assert kind.name == "carry" and not problems
+    # the combined entries over it follow
+    both = _df(tmp_path, [_rec(h_old), {**_rec("x"), "src": "matvec.cu+q8.cu",
+                                        "src_hash": CARRY.combined_hash([h_old, source_hash("q8.cu")])}])
+    recs = CARRY.plan(both, None, "NVIDIA H200", old, new, log=logs.append)
+    assert [r["src"] for r in recs] == ["matvec.cu", "matvec.cu+q8.cu"]
+    assert recs[1]["to_hash"] == CARRY.combined_hash([h_new, source_hash("q8.cu")])
+    # a change of the code: the unit loop's canary on (MEMRA_CANARY 1 as the default)
+    bad = _tree(tmp_path, "bad", lambda t: t.replace("#define MEMRA_CANARY 0", "#define MEMRA_CANARY 1", 1))
+    df = _df(tmp_path, [_rec(source_hash("matvec.cu", bad))])
+    assert CARRY.plan(df, None, "NVIDIA H200", bad, new, log=logs.append) == []
+    assert any("compile to different code" in m for m in logs)
+
+
+def test_freeze_reads_carried_receipts_as_current(tmp_path):
+    df = _df(tmp_path, [_rec("old", 4.0, {"MV_NWARPS": 8, "MV_ROWS": 1}), _rec("old", 5.0)])
+    carries = [{"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": "old", "to_hash": "mid",
+                "device": "NVIDIA H200", "ts": "2026-12-02T00:00:00Z"},
+               {"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": "mid", "to_hash": "new",
+                "device": "NVIDIA H200", "ts": "2026-12-03T00:00:00Z"}]
+    assert not F.freeze(df, "NVIDIA H200", current_hashes={"matvec.cu": "new"})["entries"].get("matvec")
+    e = F.freeze(CARRY.apply(df, carries), "NVIDIA H200", current_hashes={"matvec.cu": "new"})["entries"]
+    (entry,) = e["matvec"].values()
+    assert entry["1"]["src_hash"] == "new" and entry["1"]["config"] == {"MV_NWARPS": 8, "MV_ROWS": 1}
+    # another device's receipts are not carried
+    other = CARRY.apply(df.assign(device="RTX 5090"), carries)
+    assert set(other["src_hash"]) == {"old"}
