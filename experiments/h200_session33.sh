@@ -32,6 +32,9 @@
 #  (the folded launches give the pairs' bits). Predicted: SmolLM2 shape +15-25 % (~60 of its ~90 norm + quantize
 #  hops gone at ~1.2-1.7 us, less the prologue's own ~0.5-1 us a launch), Gemma-3 +8-12 %, the 1B +5-10 %, the 8B
 #  +-2 % (its 768 / 3,584-block readers each re-read the 16 KiB row); down alone less than norms on every shape.
+#  If the fold wins, it lands on the CPU without a campaign (experiments/norm_pro/landing.py, `memra tune carry
+#  --from HEAD~1`, `memra tune freeze ... --pdl`: research/2026-12-04-session32 section 4); then STAGE t (the GPU tests)
+#  and a kernel-check --add-to (KC_ADD) on the device.
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
 #  and at 0, the 1B (MODELS overrides).
 set -u

@@ -107,11 +107,11 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
     that a receipt measured on the older tree's hash, or a table entry on it names, is compiled in both trees
     and compared (code_sections); a file is carried only when all are identical. Entries over several files
     ("a+b+c") are carried when each of their files is unchanged or carried. compile_in(root, file, arch,
-    defines) -> cubin (default memra.gpu.compile.compile_in)."""
-    from memra.gpu.compile import compile_in as _compile_in, source_hash
+    defines) -> cubin: compile one by one with it (default: memra.gpu.compile.compile_in in parallel
+    processes)."""
+    from memra.gpu.compile import source_hash
     from memra.paths import kernel_dir
 
-    compile_in = compile_in or _compile_in
     new_root = new_root or kernel_dir()
     rows = df[df["device"] == device] if len(df) else df
     srcs = set(rows["src"]) if len(rows) else set()
@@ -137,8 +137,9 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
         except MemraError as e:
             log(f"{f}: {e}; not carried")
             continue
-        differ = [d for d in mods.values()
-                  if code_sections(compile_in(old_root, f, arch, d)) != code_sections(compile_in(new_root, f, arch, d))]
+        jobs = [(root, f, arch, d) for d in mods.values() for root in (old_root, new_root)]
+        secs = [code_sections(compile_in(*j)) for j in jobs] if compile_in else _sections_many(jobs)
+        differ = [d for d, a, b in zip(mods.values(), secs[0::2], secs[1::2]) if a != b]
         if differ:
             log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}); not carried")
             continue
@@ -158,6 +159,30 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
             log(f"{s}: each file unchanged or carried: {n} receipts carried {old} -> {new}")
             records.append(_record(s, old, new, device, arch, 0, n))
     return records
+
+
+def _sections_job(job) -> dict[str, bytes]:
+    from memra.gpu.compile import compile_in
+
+    return code_sections(compile_in(*job))
+
+
+def _sections_many(jobs: list[tuple]) -> list[dict[str, bytes]]:
+    """code_sections of each (root, file, arch, defines) job, compiled in parallel processes (spawned: the
+    parent may hold a CUDA context); one by one where they cannot start."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    workers = min(os.cpu_count() or 1, len(jobs))
+    if workers > 1:
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+                return list(ex.map(_sections_job, jobs, chunksize=4))
+        except BrokenProcessPool:
+            pass
+    return [_sections_job(j) for j in jobs]
 
 
 def _shape(skey: str) -> dict:
