@@ -88,3 +88,26 @@ def test_freeze_reads_carried_receipts_as_current(tmp_path):
     # another device's receipts are not carried
     other = CARRY.apply(df.assign(device="RTX 5090"), carries)
     assert set(other["src_hash"]) == {"old"}
+
+
+def test_table_entries_and_engine_choices_name_modules_too(tmp_path):
+    """The modules compared are those of the receipts, of the table's entries on the old hash (at their batch
+    bucket) and of the engine choices (with their entry's variant): here a table entry at bucket 4 and a choice
+    of another configuration add two modules to the receipt's one."""
+    old = _tree(tmp_path, "old", lambda t: "// an older comment\n" + t)
+    h_old = source_hash("matvec.cu", old)
+    skey = "cols=512,rows=256,type=Q4_0"
+    table = {"entries": {"matvec": {skey: {"4": {"variant": "q8", "config": CFG, "src": "matvec.cu",
+                                                  "src_hash": h_old}}}}}
+    choice = {"device": "NVIDIA H200", "kernel": "matvec", "shape_key": skey, "batch": 4, "src": "matvec.cu",
+              "src_hash": h_old, "config": {"MV_NWARPS": 8, "MV_ROWS": 1}}
+    seen = []
+
+    def compile_one(root, f, arch, d):
+        seen.append((root == old, d["MV_B"], d["MV_NWARPS"]))
+        return compile_in(root, f, arch, d)
+
+    recs = CARRY.plan(_df(tmp_path, [_rec(h_old)]), table, "NVIDIA H200", old, kernel_dir(), compile_in=compile_one,
+                      log=lambda m: None, choices=[choice])
+    assert [r["modules"] for r in recs] == [3]
+    assert sorted(set(seen)) == [(False, 1, 4), (False, 4, 4), (False, 4, 8), (True, 1, 4), (True, 4, 4), (True, 4, 8)]

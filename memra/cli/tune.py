@@ -334,7 +334,8 @@ def tune_carry(
     table = read_table(path) if path.is_file() else None
     with tempfile.TemporaryDirectory() as tmp:
         old_root = CARRY.tree_at(rev, Path(tmp), project_root())
-        records = CARRY.plan(df, table, device, old_root, arch=arch, log=lambda m: err.print(m, markup=False))
+        records = CARRY.plan(df, table, device, old_root, arch=arch, log=lambda m: err.print(m, markup=False),
+                             choices=read_receipts(sources, kinds=("engine-choice",)))
     if not records:
         err.print("nothing carried", markup=False)
         return

@@ -463,8 +463,8 @@ class Runner:
                     NORM.rmsnorm(g, B["x"], self.vec[a["w"]], B["h"], E, c.norm_eps, rows, xq=xq, xs=xs, pdl=pdl,
                                  config=L.config)
                 else:  # the residual in x, or in x2 after a norm folded into a matvec (plan._prologues)
-                    NORM.add_rmsnorm(g, B[a.get("x", "x")], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
-                                     w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
+                    NORM.add_rmsnorm(g, B[a.get("x", "x")], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps,
+                                     rows, w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
                                      pdl=pdl, config=L.config)
             elif op in PLAN.MATRIX_OPS:
                 self._matvec(L, g)

@@ -101,12 +101,14 @@ def modules_of(rows: Iterable[Mapping], src: str) -> dict[tuple, dict]:
 
 
 def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path | None = None,
-         arch: str = "sm_90a", compile_in=None, log=print) -> list[dict]:
+         arch: str = "sm_90a", compile_in=None, log=print, choices=None) -> list[dict]:
     """Carry records for the device's receipts (a read_receipts DataFrame of kind tune) whose kernel file
     changed between old_root's tree and new_root's (default: kernel_dir()). Every module of a changed file
     that a receipt measured on the older tree's hash, or a table entry on it names, is compiled in both trees
     and compared (code_sections); a file is carried only when all are identical. Entries over several files
-    ("a+b+c") are carried when each of their files is unchanged or carried. compile_in(root, file, arch,
+    ("a+b+c") are carried when each of their files is unchanged or carried. choices: engine-choice
+    records (read_receipts kind engine-choice): their configurations' modules are compared too, with
+    the variant of the table entry they name. compile_in(root, file, arch,
     defines) -> cubin: compile one by one with it (default: memra.gpu.compile.compile_in in parallel
     processes)."""
     from memra.gpu.compile import source_hash
@@ -122,8 +124,16 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
             hashes[f] = (source_hash(f, old_root), source_hash(f, new_root))
         except MemraError as e:
             log(f"{f}: {e}; not carried")
-    entries = [dict(e, kernel=k, shape=_shape(skey)) for k, shapes in (table or {}).get("entries", {}).items()
-               for skey, by in shapes.items() for e in by.values()]
+    entries = [dict(e, kernel=k, shape={**_shape(skey), "batch": int(b)})
+               for k, shapes in (table or {}).get("entries", {}).items() for skey, by in shapes.items()
+               for b, e in by.items()]
+    variant = {(k, skey): e["variant"] for k, shapes in (table or {}).get("entries", {}).items()
+               for skey, by in shapes.items() for e in by.values()}
+    for c in (choices.to_dict("records") if hasattr(choices, "to_dict") else choices or []):
+        if c["device"] == device and (c["kernel"], c["shape_key"]) in variant:
+            entries.append({"kernel": c["kernel"], "variant": variant[(c["kernel"], c["shape_key"])],
+                            "config": c["config"], "shape": {**_shape(c["shape_key"]), "batch": int(c["batch"])},
+                            "src": c["src"], "src_hash": c["src_hash"]})
     records, carried = [], {}
     for f, (old, new) in sorted(hashes.items()):
         if old == new or f not in singles:

@@ -278,7 +278,6 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
                   np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
-
 # the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
 # blocks an SM on sm_90 (227 KiB a block at most)
 PROLOGUE_SMEM_MAX = 100 * 1024
