@@ -59,8 +59,9 @@ def main() -> int:
         for nb in (int(v) for v in args.nb.split(",")):
             N = rows // 2 if glu else rows
             choice = TABLES.lookup(table, "matvec_glu" if glu else "matvec", {"cols": K, "rows": rows, "type": MV.TYPES[t][0]}, nb)
-            cfg = MV.launch_config(t, True, N, K, nb, glu, dict(choice.config) if choice and choice.variant == "q8"
-                                   else None)
+            # the table's tunables laid over the built-in ones, as the runner's launches take them
+            cfg = MV.launch_config(t, True, N, K, nb, glu, None,
+                                   lambda _n: dict(choice.config) if choice and choice.variant == "q8" else None)
             nk = "add_rmsnorm" if mode == "add" else "rmsnorm"
             ncfg = TABLES.lookup(table, nk, {"n": K}, 1)   # the plan looks the norms up at batch 1
             T = NORM.launch_config(K, nk == "rmsnorm", dict(ncfg.config) if ncfg else None)[0] if norm else 32
