@@ -41,11 +41,16 @@ set -u
 source experiments/h200_common.sh
 stage_begin s33
 # norm_probe: experiments/norm_pro/probe.py (the RMSNorm in the matvec's prologue: bits against rmsnorm + mv_q8,
-# and µs of the pair against the fused launch, at the six norm -> matvec and three quantize -> down pairs; ~2 min)
+# and µs of the pair against the fused launch, at six norm -> matvec, two add_rmsnorm -> matvec and three quantize ->
+# down pairs; ~2 min); then kernel-check's matvec family with every fold on (each folded launch of the benchmark
+# models' launch set against its pair, bit for bit; no receipt with --only)
 norm_probe() {
   timeout 200 python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1,4 2>&1 | grep -v "^/work" \
     | tee -a $R/log.txt
   cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
+  MEMRA_NORM_PRO=all timeout 240 python3 experiments/norm_pro/ab.py kernel-check --only matvec > $R/kc-fold.txt 2>&1
+  log "fold kernel-check rc=$? $(tail -1 $R/kc-fold.txt)"
+  grep -E "^FAIL|mv_q8n.*(differ|FAIL)" $R/kc-fold.txt | head -20 | tee -a $R/log.txt
 }
 case "$STAGE" in
 a)
