@@ -111,3 +111,12 @@ def test_table_entries_and_engine_choices_name_modules_too(tmp_path):
                       log=lambda m: None, choices=[choice])
     assert [r["modules"] for r in recs] == [3]
     assert sorted(set(seen)) == [(False, 1, 4), (False, 4, 4), (False, 4, 8), (True, 1, 4), (True, 4, 4), (True, 4, 8)]
+
+
+def test_tree_at_extracts_a_commits_kernels(tmp_path):
+    from memra.paths import project_root
+
+    root = CARRY.tree_at("HEAD", tmp_path, project_root())
+    assert (root / "matvec.cu").is_file() and source_hash("q8.cu", root)
+    with pytest.raises(Exception, match="git archive"):
+        CARRY.tree_at("no-such-rev-anywhere", tmp_path / "x", project_root())

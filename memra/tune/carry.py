@@ -76,7 +76,10 @@ def tree_at(rev: str, dest: Path, root: Path) -> Path:
         detail = getattr(e, "stderr", b"") or b""
         raise MemraError(f"git archive {rev} kernels: {detail.decode(errors='replace').strip() or e}") from None
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        t.extractall(dest, filter="data")
+        try:
+            t.extractall(dest, filter="data")
+        except TypeError:  # a Python without extraction filters (before 3.11.4): git's own archive
+            t.extractall(dest)
     return dest / "kernels"
 
 
