@@ -8,11 +8,12 @@ import shutil
 
 import pytest
 
-from memra.gpu.compile import compile_in, source_hash
+from memra.gpu.compile import compile_cubin, source_hash
 from memra.paths import kernel_dir
 from memra.tune import carry as CARRY
 from memra.tune import freeze as F
 from memra.tune.receipts import check_line, make_receipt, read_receipts
+from memra.tune.tables import combined_hash
 
 H200 = dict(device="NVIDIA H200", cc="9.0", sms=132, nvrtc="13.0")
 SHAPE = {"type": "Q4_0", "rows": 256, "cols": 512, "batch": 1}
@@ -42,7 +43,7 @@ def _df(tmp_path, rows):
 
 
 def test_code_sections_of_a_real_module():
-    s = CARRY.code_sections(compile_in(kernel_dir(), "matvec.cu", "sm_90a", {"MV_TYPE": 2, "MV_B": 1, **CFG}))
+    s = CARRY.code_sections(compile_cubin("matvec.cu", "sm_90a", {"MV_TYPE": 2, "MV_B": 1, **CFG}, root=kernel_dir()))
     assert {".text.mv_q8", ".text.mv_q8_glu"} <= set(s) and all(len(s[k]) > 1000 for k in (".text.mv_q8",))
     with pytest.raises(Exception, match="ELF64"):
         CARRY.code_sections(b"not a cubin")
@@ -64,10 +65,10 @@ def test_carried_when_the_code_is_the_same_and_not_when_it_differs(tmp_path):
     assert kind.name == "carry" and not problems
     # the combined entries over it follow
     both = _df(tmp_path, [_rec(h_old), {**_rec("x"), "src": "matvec.cu+q8.cu",
-                                        "src_hash": CARRY.combined_hash([h_old, source_hash("q8.cu")])}])
+                                        "src_hash": combined_hash([h_old, source_hash("q8.cu")])}])
     recs = CARRY.plan(both, None, "NVIDIA H200", old, new, log=logs.append)
     assert [r["src"] for r in recs] == ["matvec.cu", "matvec.cu+q8.cu"]
-    assert recs[1]["to_hash"] == CARRY.combined_hash([h_new, source_hash("q8.cu")])
+    assert recs[1]["to_hash"] == combined_hash([h_new, source_hash("q8.cu")])
     # a change of the code: the unit loop's canary on (MEMRA_CANARY 1 as the default)
     bad = _tree(tmp_path, "bad", lambda t: t.replace("#define MEMRA_CANARY 0", "#define MEMRA_CANARY 1", 1))
     df = _df(tmp_path, [_rec(source_hash("matvec.cu", bad))])
@@ -105,9 +106,9 @@ def test_table_entries_and_engine_choices_name_modules_too(tmp_path):
 
     def compile_one(root, f, arch, d):
         seen.append((root == old, d["MV_B"], d["MV_NWARPS"]))
-        return compile_in(root, f, arch, d)
+        return compile_cubin(f, arch, d, root=root)
 
-    recs = CARRY.plan(_df(tmp_path, [_rec(h_old)]), table, "NVIDIA H200", old, kernel_dir(), compile_in=compile_one,
+    recs = CARRY.plan(_df(tmp_path, [_rec(h_old)]), table, "NVIDIA H200", old, kernel_dir(), compiler=compile_one,
                       log=lambda m: None, choices=[choice])
     assert [r["modules"] for r in recs] == [3]
     assert sorted(set(seen)) == [(False, 1, 4), (False, 4, 4), (False, 4, 8), (True, 1, 4), (True, 4, 4), (True, 4, 8)]

@@ -317,19 +317,16 @@ def tune_carry(
     to the same code (memra.tune.carry); then `memra tune freeze` reads them as current. Needs no GPU."""
     import tempfile
 
+    from memra.gpu.cuda import arch_for
     from memra.tune import carry as CARRY
-    from memra.tune.receipts import read_receipts
+    from memra.tune.receipts import normalize_cc, read_receipts
     from memra.tune.tables import device_slug, read_table, tables_dir
 
     sources = receipts or freeze_inputs()
     df = read_receipts(sources, kinds=("tune",)) if sources else None
     if df is None or df.empty or device not in set(df["device"]):
         raise MemraError(f"no tuning receipts of {device!r} to carry")
-    cc = df[df["device"] == device]["cc"].iloc[0]
-    cc = tuple(int(v) for v in (cc if isinstance(cc, (list, tuple)) else str(cc).split(".")))
-    arch = CARRY.DEVICE_ARCH.get(cc)
-    if arch is None:
-        raise MemraError(f"{device}: no arch known for compute capability {cc}")
+    arch = arch_for(tuple(int(v) for v in normalize_cc(df[df["device"] == device]["cc"].iloc[0]).split(".")))
     path = tables_dir() / f"{device_slug(device)}.json"
     table = read_table(path) if path.is_file() else None
     with tempfile.TemporaryDirectory() as tmp:

@@ -122,10 +122,13 @@ def cubin_path(kernel_file: str, arch: str, defines: Mapping[str, object] | None
 
 
 def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | None = None,
-                  extra: tuple[str, ...] = (), use_cache: bool = True) -> bytes:
-    """Compile kernels/<kernel_file> for `arch` with `defines`; returns the CUBIN bytes.
+                  extra: tuple[str, ...] = (), use_cache: bool = True, root: Path | None = None) -> bytes:
+    """Compile kernels/<kernel_file> for `arch` with `defines`; returns the CUBIN bytes. root: another
+    kernels folder than kernel_dir() (an older tree's: memra.tune.carry), never cached.
 
     Raises CompileError (carrying the NVRTC log) when NVRTC rejects the source."""
+    if root is not None:
+        return _nvrtc(kernel_file, options_for(arch, defines, extra, root), root)[0]
     path = cubin_path(kernel_file, arch, defines, extra)
     options = options_for(arch, defines, extra)
     if use_cache and path.is_file():
@@ -139,12 +142,6 @@ def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | N
     if use_cache:
         write_atomic(path, cubin)
     return cubin
-
-
-def compile_in(root: Path, kernel_file: str, arch: str, defines: Mapping[str, object] | None = None) -> bytes:
-    """The CUBIN of <root>/<kernel_file> (another kernels folder than kernel_dir(), e.g. an older
-    tree's), uncached."""
-    return _nvrtc(kernel_file, options_for(arch, defines, root=root), root)[0]
 
 
 def _nvrtc(kernel_file: str, options: list[str], root: Path | None = None) -> tuple[bytes, str]:

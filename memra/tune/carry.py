@@ -19,7 +19,6 @@ module that differs, is not carried: its campaign runs again.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import struct
@@ -29,9 +28,9 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from memra.errors import MemraError
+from memra.tune.tables import combined_hash
 
 SCHEMA = "memra.carry.v1"
-DEVICE_ARCH = {(9, 0): "sm_90a", (12, 0): "sm_120a", (8, 9): "sm_89"}
 
 
 def code_sections(cubin: bytes) -> dict[str, bytes]:
@@ -60,11 +59,6 @@ def code_sections(cubin: bytes) -> dict[str, bytes]:
     if not any(k.startswith(".text.") for k in out):
         raise MemraError("CUBIN without a .text section")
     return out
-
-
-def combined_hash(hashes: Iterable[str]) -> str:
-    """The hash of an entry over several kernel files (memra.tune.tables._current_hash's rule for "a+b")."""
-    return hashlib.sha256("+".join(hashes).encode()).hexdigest()[:16]
 
 
 def tree_at(rev: str, dest: Path, root: Path) -> Path:
@@ -104,16 +98,15 @@ def modules_of(rows: Iterable[Mapping], src: str) -> dict[tuple, dict]:
 
 
 def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path | None = None,
-         arch: str = "sm_90a", compile_in=None, log=print, choices=None) -> list[dict]:
+         arch: str = "sm_90a", compiler=None, log=print, choices=None) -> list[dict]:
     """Carry records for the device's receipts (a read_receipts DataFrame of kind tune) whose kernel file
     changed between old_root's tree and new_root's (default: kernel_dir()). Every module of a changed file
     that a receipt measured on the older tree's hash, or a table entry on it names, is compiled in both trees
     and compared (code_sections); a file is carried only when all are identical. Entries over several files
     ("a+b+c") are carried when each of their files is unchanged or carried. choices: engine-choice
     records (read_receipts kind engine-choice): their configurations' modules are compared too, with
-    the variant of the table entry they name. compile_in(root, file, arch,
-    defines) -> cubin: compile one by one with it (default: memra.gpu.compile.compile_in in parallel
-    processes)."""
+    the variant of the table entry they name. compiler(root, file, arch, defines) -> cubin: compile one
+    by one with it (default: memra.gpu.compile.compile_cubin with root, in parallel processes)."""
     from memra.gpu.compile import source_hash
     from memra.paths import kernel_dir
 
@@ -151,7 +144,7 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
             log(f"{f}: {e}; not carried")
             continue
         jobs = [(root, f, arch, d) for d in mods.values() for root in (old_root, new_root)]
-        secs = [code_sections(compile_in(*j)) for j in jobs] if compile_in else _sections_many(jobs)
+        secs = [code_sections(compiler(*j)) for j in jobs] if compiler else _sections_many(jobs)
         differ = [d for d, a, b in zip(mods.values(), secs[0::2], secs[1::2]) if a != b]
         if differ:
             log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}); not carried")
@@ -175,9 +168,10 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
 
 
 def _sections_job(job) -> dict[str, bytes]:
-    from memra.gpu.compile import compile_in
+    from memra.gpu.compile import compile_cubin
 
-    return code_sections(compile_in(*job))
+    root, f, arch, defines = job
+    return code_sections(compile_cubin(f, arch, defines, root=root))
 
 
 def _sections_many(jobs: list[tuple]) -> list[dict[str, bytes]]:

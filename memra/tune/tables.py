@@ -70,17 +70,22 @@ def device_slug(device_name: str) -> str:
     return slug
 
 
+def combined_hash(hashes) -> str:
+    """The hash of an entry over several kernel files ("a+b": memra.tune.dispatch) from theirs, in order."""
+    import hashlib
+
+    return hashlib.sha256("+".join(hashes).encode()).hexdigest()[:16]
+
+
 def _current_hash(src: str) -> str | None:
     """The hash of a kernel file and its headers; of several joined by "+" (an entry that
     compares kernels, memra.tune.dispatch), the hash of their hashes."""
-    import hashlib
-
     from memra.gpu.compile import source_hash
 
     try:
         if "+" not in src:
             return source_hash(src)
-        return hashlib.sha256("+".join(source_hash(f) for f in src.split("+")).encode()).hexdigest()[:16]
+        return combined_hash(source_hash(f) for f in src.split("+"))
     except MemraError:
         return None  # a kernel file is gone: every entry measured on it is stale
 
