@@ -1,5 +1,5 @@
 """MEMRA_NORM_PRO: a decode step's RMSNorm (and quantize) folded into the prologue of the mv_q8
-launches that read it (memra.gpu.plan.Planner._prologues, memra.gpu.ops.matvec.matvec_prologue).
+launches that read it (memra.gpu.plan.Planner._prologues, memra.gpu.ops.matvec.Prologue).
 
 The plan side on its own (which launches go, which readers take what), and the engine on the CPU
 emulator (tests/gpu_emulator.py: mv_q8n's contract is rmsnorm + its q8 twin, then mv_q8): the

@@ -91,9 +91,8 @@ def main() -> int:
                 MV.matvec(g, ws[i % len(ws)], ya, xq=xq, xs=xs, nb=nb, glu=act, config=cfg, pdl=pdl)
 
             def fused(i, pdl=True):
-                MV.matvec_prologue(g, ws[i % len(ws)], yb, x=x, norm_w=w if norm else None, eps=float(eps),
-                                   norm_threads=T, nb=nb, glu=act, config=cfg, pdl=pdl, delta=d, w_post=wp,
-                                   x_out=xb if mode == "add" else None)
+                MV.matvec(g, ws[i % len(ws)], yb, nb=nb, glu=act, config=cfg, pdl=pdl, prologue=MV.Prologue(
+                    x, w if norm else None, float(eps), T, d, wp, x_out=xb if mode == "add" else None))
 
             ya.poison(), yb.poison()
             g.copy(xa, x)

@@ -108,7 +108,7 @@ def dispatch_rule(rows: int) -> str:
 
 
 # the consumers (Launch.group) whose decode matvecs may take the norm or quantize before them into
-# their prologue (MEMRA_NORM_PRO; memra.gpu.ops.matvec.matvec_prologue)
+# their prologue (MEMRA_NORM_PRO; memra.gpu.ops.matvec.Prologue)
 PROLOGUE_GROUPS = ("qkv", "gate_up", "attn_output", "down", "output")
 
 

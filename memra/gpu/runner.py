@@ -550,11 +550,10 @@ class Runner:
             def rows_of(name):
                 return B[name].view(offset=r0 * K * 4, shape=(n, K)) if name else None
 
-            MV.matvec_prologue(g, w, y, x=rows_of(pro["src"]), norm_w=self.vec[pro["w"]] if pro["w"] else None,
-                               eps=self.cfg.norm_eps, norm_threads=pro["threads"], nb=n, residual=res, glu=a["glu"],
-                               pdl=self.pdl, tuned=tuned, delta=rows_of(pro.get("delta")),
-                               w_post=self.vec[pro["w_post"]] if pro.get("w_post") else None,
-                               x_out=rows_of(pro.get("x_out")))
+            MV.matvec(g, w, y, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned, prologue=MV.Prologue(
+                rows_of(pro["src"]), self.vec[pro["w"]] if pro["w"] else None, self.cfg.norm_eps, pro["threads"],
+                rows_of(pro.get("delta")), self.vec[pro["w_post"]] if pro.get("w_post") else None,
+                x_out=rows_of(pro.get("x_out"))))
         elif a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":

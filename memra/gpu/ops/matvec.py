@@ -172,10 +172,6 @@ def default_config(ggml_type: int, path: str, N: int, K: int, nb: int, glu: bool
     return {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 2}
 
 
-def _module(g, ggml_type: int, n: int, config: dict, canary: int = 0):
-    return g.module(KERNEL_FILE, module_defines(ggml_type, n, config, canary))
-
-
 def xsmem_bytes(nb: int, K: int) -> int:
     """Dynamic shared memory of an MV_XSMEM launch: nb rows of tile-interleaved int8
     activations (2048 B per 32 units) and their scales (1024 B per 32 units)."""
@@ -230,20 +226,62 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
              (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
 
+@dataclass(frozen=True)
+class Prologue:
+    """What an mv_q8n launch (MV_NORM) normalizes or quantizes itself before mv_q8's loop, instead of
+    reading a q8 twin: the f32 rows x; norm_w (None: x quantized as it is, quantize_q8's work) with
+    eps at NORM_THREADS = threads, whose reduction order it emulates (the bits of norm.rmsnorm + its
+    twin); delta: norm.add_rmsnorm's instead, x + (w_post ? rmsnorm(delta) * w_post : delta)
+    (eps_post: eps when None) normalized by norm_w, those sums written to x_out (x is left as it is:
+    every block reads it, so the residual moves to another buffer)."""
+    x: object
+    norm_w: object = None
+    eps: float = 0.0
+    threads: int = 32
+    delta: object = None
+    w_post: object = None
+    eps_post: float | None = None
+    x_out: object = None
+
+    def check(self, nb: int, K: int) -> None:
+        for a, what in ((self.x, "x"), (self.delta, "delta"), (self.x_out, "x_out")):
+            if a is not None and (a.dtype != np.float32 or a.size < nb * K):
+                raise MemraError(f"matvec: the prologue's {what} must be f32 with >= {nb}x{K} values")
+        for a, what in ((self.norm_w, "norm weight"), (self.w_post, "w_post")):
+            if a is not None and (a.dtype != np.float32 or a.size < K):
+                raise MemraError(f"matvec: the prologue's {what} must be f32 with {K} values")
+        if self.delta is None and (self.w_post is not None or self.x_out is not None):
+            raise MemraError("matvec: w_post and x_out belong to the add_rmsnorm prologue (give delta)")
+        if self.threads < 32 or self.threads > 1024 or self.threads % 32:
+            raise MemraError(f"matvec: the prologue's threads must be a multiple of 32 in 32..1024, got {self.threads}")
+
+    def args(self, b0: int, n: int, K: int) -> tuple[tuple, tuple]:
+        """mv_q8n's arguments around mv_q8's (y, res, N, K, nb, act): those before, those after."""
+        def rows(a):
+            return _NULL if a is None else a.view(np.float32, (n * K,), 4 * b0 * K)
+
+        return ((rows(self.x), _NULL if self.norm_w is None else self.norm_w, np.float32(self.eps)),
+                (rows(self.delta), _NULL if self.w_post is None else self.w_post,
+                 np.float32(self.eps if self.eps_post is None else self.eps_post), rows(self.x_out)))
+
+
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
            glu: str | None = None, config: dict | None = None, canary: int = 0,
-           pdl: bool = False, tuned=None) -> None:
-    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path.
+           pdl: bool = False, tuned=None, prologue: Prologue | None = None) -> None:
+    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path; with a
+    prologue the q8 path's mv_q8n, which makes the q8 rows itself (Prologue).
 
     config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
     a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
     hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
     if glu not in ACTS:
         raise MemraError(f"matvec: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    q8 = xq is not None
+    q8 = xq is not None or prologue is not None
     if q8 and w.ggml_type in FLOAT_TYPES:
         raise MemraError(f"matvec: {TYPES[w.ggml_type][0]} weights take f32 activations")
-    if (x is None) == (not q8) or (q8 and xs is None):
+    if prologue is not None and (x is not None or xq is not None or xs is not None):
+        raise MemraError("matvec: a prologue makes the q8 rows from its own (no x, xq or xs)")
+    if prologue is None and ((x is None) == (not q8) or (q8 and xs is None)):
         raise MemraError("matvec: give either x (f32 path) or xq and xs (q8 path)")
     N = w.rows // 2 if glu else w.rows
     if glu and w.rows % 2:
@@ -253,7 +291,9 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         raise MemraError(f"matvec: y must be f32 with >= {nb}x{N} values")
     if residual is not None and (residual.dtype != np.float32 or residual.size < nb * N):
         raise MemraError("matvec: residual must be f32 like y")
-    if q8:
+    if prologue is not None:
+        prologue.check(nb, K)
+    elif q8:
         if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
             raise MemraError("matvec: xq/xs must be int8 / Q8_SCALE with nb rows of K")
     elif x.dtype != np.float32 or x.size < nb * K:
@@ -264,18 +304,27 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
     for b0 in range(0, nb, chunk):
         n = min(chunk, nb - b0)
         cfg = launch_config(w.ggml_type, q8, N, K, n, bool(glu), config, tuned)
-        name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
-        k = _module(g, w.ggml_type, n, cfg, canary).kernel(name)
+        name = ("mv_q8n" if prologue is not None else "mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
+        defines = module_defines(w.ggml_type, n, cfg, canary)
+        tail = ()
+        if prologue is not None:
+            defines["MV_NORM"] = prologue.threads
+            shmem = prologue_smem_bytes(n, K, prologue.threads)
+            if shmem > PROLOGUE_SMEM_MAX:
+                raise MemraError(f"matvec: a prologue of {n} rows of {K} needs {shmem} B of shared memory "
+                                 f"(at most {PROLOGUE_SMEM_MAX})")
+            act_args, tail = prologue.args(b0, n, K)
+        elif q8:
+            act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
+            shmem = xsmem_bytes(n, K) if cfg.get("MV_XSMEM") else 0
+        else:
+            act_args, shmem = (x.view(np.float32, (n * K,), 4 * b0 * K),), 0
+        k = g.module(KERNEL_FILE, defines).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
-        if q8:
-            act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
-        else:
-            act_args = (x.view(np.float32, (n * K,), 4 * b0 * K),)
-        shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
         g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
-                  np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
+                  np.int32(ACTS[glu]), *tail), shmem=shmem, pdl=pdl)
 
 
 # the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
@@ -288,59 +337,6 @@ def prologue_smem_bytes(nb: int, K: int, norm_threads: int) -> int:
     rows, the linear q8 rows and scales the prologue writes first, and the emulated norm's
     per-warp sums."""
     return xsmem_bytes(nb, K) + nb * K + nb * K // 32 * Q8_SCALE.itemsize + norm_threads // 32 * 4
-
-
-def matvec_prologue(g, w: Weight, y, *, x, norm_w=None, eps: float = 0.0, norm_threads: int = 32,
-                    nb: int = 1, residual=None, glu: str | None = None, config: dict | None = None,
-                    pdl: bool = False, tuned=None, delta=None, w_post=None, eps_post: float | None = None,
-                    x_out=None) -> None:
-    """y[b, :] (+)= W q8(rmsnorm(x[b]) * norm_w) for b < nb in one launch a chunk of <= 8 rows
-    (MV_NORM: kernels/matvec.cu's mv_q8n / mv_q8n_glu): each block normalizes the f32 rows and
-    quantizes them into shared memory itself, then runs mv_q8's loop, so a norm (or, norm_w
-    None, a quantize_q8) launch and its hop before the matvec go. The bits are those of
-    norm.rmsnorm at NORM_THREADS = norm_threads (its q8 twin) followed by matvec at the same
-    configuration: the prologue takes the norm's virtual threads in turn in its order.
-    delta: norm.add_rmsnorm's instead, the rows x + (w_post ? rmsnorm(delta) * w_post : delta)
-    (eps_post: eps when None) normalized by norm_w; x_out: where those sums go (x is left as it
-    is: the blocks all read it, so the residual moves to another buffer)."""
-    if glu not in ACTS:
-        raise MemraError(f"matvec_prologue: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    if w.ggml_type in FLOAT_TYPES:
-        raise MemraError(f"matvec_prologue: {TYPES[w.ggml_type][0]} weights take f32 activations (no q8 prologue)")
-    N, K = (w.rows // 2 if glu else w.rows), w.K
-    if x.dtype != np.float32 or x.size < nb * K or y.dtype != np.float32 or y.size < nb * N:
-        raise MemraError(f"matvec_prologue: x must be f32 with >= {nb}x{K} values and y f32 with >= {nb}x{N}")
-    if norm_w is not None and (norm_w.dtype != np.float32 or norm_w.size < K):
-        raise MemraError(f"matvec_prologue: the norm weight must be f32 with {K} values")
-    if residual is not None and (residual.dtype != np.float32 or residual.size < nb * N):
-        raise MemraError("matvec_prologue: residual must be f32 like y")
-    for a, what in ((delta, "delta"), (x_out, "x_out")):
-        if a is not None and (a.dtype != np.float32 or a.size < nb * K):
-            raise MemraError(f"matvec_prologue: {what} must be f32 with >= {nb}x{K} values")
-    if delta is None and (w_post is not None or x_out is not None):
-        raise MemraError("matvec_prologue: w_post and x_out belong to the add_rmsnorm prologue (give delta)")
-    if w_post is not None and (w_post.dtype != np.float32 or w_post.size < K):
-        raise MemraError(f"matvec_prologue: w_post must be f32 with {K} values")
-    if norm_threads < 32 or norm_threads > 1024 or norm_threads % 32:
-        raise MemraError(f"matvec_prologue: norm_threads must be a multiple of 32 in 32..1024, got {norm_threads}")
-    for b0 in range(0, nb, BUCKETS[-1]):
-        n = min(BUCKETS[-1], nb - b0)
-        shmem = prologue_smem_bytes(n, K, norm_threads)
-        if shmem > PROLOGUE_SMEM_MAX:
-            raise MemraError(f"matvec_prologue: {n} rows of {K} need {shmem} B of shared memory "
-                             f"(at most {PROLOGUE_SMEM_MAX})")
-        cfg = launch_config(w.ggml_type, True, N, K, n, bool(glu), config, tuned)
-        k = g.module(KERNEL_FILE, {**module_defines(w.ggml_type, n, cfg), "MV_NORM": norm_threads}).kernel(
-            "mv_q8n_glu" if glu else "mv_q8n")
-        yo = y.view(np.float32, (n * N,), 4 * b0 * N)
-        ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
-        rows = [None if a is None else a.view(np.float32, (n * K,), 4 * b0 * K) for a in (x, delta, x_out)]
-        g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
-                 (w.bulk, w.meta, rows[0], norm_w if norm_w is not None else _NULL,
-                  np.float32(eps), yo, ro, np.int32(N), np.int32(K), np.int32(n), np.int32(ACTS[glu]),
-                  _NULL if delta is None else rows[1], _NULL if w_post is None else w_post,
-                  np.float32(eps if eps_post is None else eps_post), _NULL if x_out is None else rows[2]),
-                 shmem=shmem, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------
@@ -704,8 +700,8 @@ def _check_prologue(g, rng, case, w, N: int, config: dict):
             ya.poison()
             yb.poison()
         matvec(g, w, ya, xq=xq, xs=xs, nb=nb, glu=glu, config=config, residual=ya if alias else None)
-        matvec_prologue(g, w, yb, x=x, norm_w=nw, eps=1e-5, norm_threads=T, nb=nb, glu=glu, config=config,
-                        residual=yb if alias else None, delta=delta, w_post=wp, x_out=xb if add else None)
+        matvec(g, w, yb, nb=nb, glu=glu, config=config, residual=yb if alias else None,
+               prologue=Prologue(x, nw, 1e-5, T, delta, wp, x_out=xb if add else None))
         g.sync()
         a, b = ya.numpy(), yb.numpy()
         n = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
