@@ -1,41 +1,28 @@
 #!/usr/bin/env python3
-"""sass_identity: modules of one kernel file compiled from two kernel trees must disassemble
-identically (nvdisasm, sm_90a) — how a variant behind a default-off define shows it leaves the
-default modules untouched.
+"""sass_identity: modules of one kernel file compiled from two kernel trees must compile to the same
+code (sm_90a) — how a variant behind a default-off define shows it leaves the default modules untouched.
 
     python3 experiments/sass_identity.py OLD_KERNELS_DIR NEW_KERNELS_DIR MODULES [KERNEL]
 MODULES: a `python3 -m memra kernel-check --compile-only --arch sm_90a [--only F]` log (its
 'compile sm_90a <file>.cu -D...' lines name the modules and their file), or one module a line as
-'-DK=V -DK=V ...' with KERNEL (e.g. mvt.cu). Each module is compiled by
-memra.gpu.compile.compile_cubin(use_cache=False) — memra's own NVRTC options — with
-memra.gpu.compile.kernel_dir pointed at each tree in turn, and `nvdisasm -c` of the cubins compared.
+'-DK=V -DK=V ...' with KERNEL (e.g. mvt.cu). Each module is compiled from each tree by
+memra.gpu.compile.compile_cubin(root=) — memra's own NVRTC options — and the CUBINs' code sections
+compared byte for byte (memra.tune.carry.code_sections: what `memra tune carry` compares for the
+receipts' modules; the .text bytes include the scheduling bits nvdisasm's text leaves out).
 """
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's memra
-import memra.gpu.compile as mc  # noqa: E402
+from memra.gpu.compile import compile_cubin  # noqa: E402
+from memra.tune.carry import code_sections  # noqa: E402
 
 
-def cubin(kdir: Path, kernel: str, defs: dict) -> bytes:
-    orig = mc.kernel_dir
-    mc.kernel_dir = lambda: kdir
-    try:
-        return mc.compile_cubin(kernel, "sm_90a", defs, use_cache=False)
-    finally:
-        mc.kernel_dir = orig
-
-
-def sass(cub: bytes) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cub)
-        f.flush()
-        return subprocess.run(["nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
+def code(kdir: Path, kernel: str, defs: dict) -> dict[str, bytes]:
+    return code_sections(compile_cubin(kernel, "sm_90a", defs, root=kdir))
 
 
 def modules(text: str, kernel: str | None) -> list[tuple[str, dict]]:
@@ -60,7 +47,7 @@ def main() -> int:
     mods = modules(Path(sys.argv[3]).read_text(), sys.argv[4] if len(sys.argv) > 4 else None)
     same = diff = 0
     for kernel, defs in mods:
-        ok = sass(cubin(old, kernel, defs)) == sass(cubin(new, kernel, defs))
+        ok = code(old, kernel, defs) == code(new, kernel, defs)
         same += ok
         diff += not ok
         print(("SAME " if ok else "DIFF ") + kernel + " " + " ".join(f"-D{k}={v}" for k, v in sorted(defs.items())),
