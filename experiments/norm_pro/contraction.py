@@ -3,7 +3,7 @@
 nvidia-cuda-nvdisasm). sumsq4 is `a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w`: with FMA contraction the first
 add is either fma(x, x, y * y) or fma(y, y, x * x), two different roundings, and NVRTC picks one per call site and
 unroll. The prologue of experiments/norm_pro (make.py) must make the same choice as the norm it replaces, so it pins
-the one this scan finds.
+the one this scan finds. Disassembly: experiments/sass_loops.py (disassemble, instructions).
 
 Per module (NORM_THREADS x NORM_MAXV) and kernel, each FFMA whose addend is an FMUL square is classified by the float4
 component of its operands, traced from the LDG.128 that loaded them (site "load": a row read from memory) or through
@@ -15,38 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-
-
-def sass(kernel_file: str, defines: dict) -> dict[str, list[str]]:
-    """nvdisasm of the module for sm_90a: instruction text by kernel."""
-    from memra.gpu.compile import compile_cubin
-
-    cub = compile_cubin(kernel_file, "sm_90a", defines, use_cache=False)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cub)
-    try:
-        out = subprocess.run(["nvdisasm", "-c", f.name], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
-    funcs: dict[str, list[str]] = {}
-    cur = None
-    for line in out.splitlines():
-        m = re.match(r"\s*\.text\.(\w+):", line)
-        if m:
-            cur = funcs.setdefault(m.group(1), [])
-        elif cur is not None and "/*" in line and "*/" in line:
-            cur.append(line.split("*/")[1].strip())
-    return funcs
+sys.path.insert(0, str(ROOT / "experiments"))
+from sass_loops import disassemble, instructions  # noqa: E402  (nvdisasm found in the pip package)
 
 
 def classify(lines: list[str]) -> dict[str, int]:
@@ -55,7 +31,7 @@ def classify(lines: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in lines:
         line = re.sub(r"^@!?U?P\w+ ", "", line)
-        m = re.match(r"([\w.]+) (.*) ;", line)
+        m = re.match(r"([\w.]+) (.*?)\s*;?$", line)
         if not m:
             continue
         op, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
@@ -94,14 +70,13 @@ def main() -> int:
     ap.add_argument("--threads", default="32,64,128,160,256,512,1024")
     ap.add_argument("--maxv", default="1,2,3,4,5,6,7,8")
     args = ap.parse_args()
-    if shutil.which("nvdisasm") is None:
-        raise SystemExit("nvdisasm not on PATH (pip install nvidia-cuda-nvdisasm; its bin folder)")
     from memra.gpu.compile import source_hash
 
     with open(args.out, "w") as f:
         for t in (int(v) for v in args.threads.split(",")):
             for v in (int(v) for v in args.maxv.split(",")):
-                fs = sass("norm.cu", {"NORM_THREADS": t, "NORM_MAXV": v})
+                sass = disassemble("norm.cu", {"NORM_THREADS": t, "NORM_MAXV": v})
+                fs = {k: [text for _, _, _, text in instructions(sass, k)[0]] for k in ("rmsnorm", "add_rmsnorm")}
                 for k in ("rmsnorm", "add_rmsnorm"):
                     rec = {"kind": "sass_contraction", "file": "norm.cu", "src_hash": source_hash("norm.cu"),
                            "arch": "sm_90a", "kernel": k, "NORM_THREADS": t, "NORM_MAXV": v, **classify(fs[k])}
