@@ -52,15 +52,14 @@ norm_probe() {
   log "fold kernel-check rc=$? $(tail -1 $R/kc-fold.txt)"
   grep -E "^FAIL|mv_q8n.*(differ|FAIL)" $R/kc-fold.txt | head -20 | tee -a $R/log.txt
 }
-case "$STAGE" in
-a)
-  link_models "the GPU tests need them"
-  gpu_tests 330
+# attn_arms "DEPTHS" LIMIT_S: tg128 of the 8B at each depth by the four attn_decode tables (frozen c32 p32 q32)
+attn_arms() {
+  local depths=$1 lim=$2   # set -- below replaces $1 $2
   python3 experiments/attn_tc/choice.py tables /tmp t32h1 t32w4h1 t32h1r2   # c32, p32, q32's tables
   cp tune/defaults/nvidia-h200.json /tmp/frozen.json
-  for d in 0 4096 0 4096; do   # a call cut short loses the second round, not a depth
+  for d in $depths; do   # a call cut short loses the second round, not a depth
     for arm in frozen c32 p32 q32; do
-      [ $(( $(date +%s) - T0 )) -lt 570 ] || break
+      [ $(( $(date +%s) - T0 )) -lt $lim ] || break
       case $arm in
         q32) set -- python3 experiments/attn_quad/ab.py; T=t32h1r2 ;;   # the quad needs the ring named
         c32) set -- python3 -m memra; T=t32h1 ;;
@@ -72,6 +71,12 @@ a)
     done
   done
   cp $R/bench-quad.jsonl $OUT/
+}
+case "$STAGE" in
+a)
+  link_models "the GPU tests need them"
+  gpu_tests 330
+  attn_arms "0 4096 0 4096" 570
   [ $(( $(date +%s) - T0 )) -lt 540 ] && norm_probe ;;
 p)
   norm_probe
@@ -103,6 +108,9 @@ n)
     done
   done
   cp $R/bench-norm-pro.jsonl $OUT/ ;;
+q)
+  # STAGE a's attention arms alone, one round (no models needed)
+  attn_arms "0 4096" 330 ;;
 t)
   gpu_tests 585 ;;
 d)
