@@ -107,7 +107,17 @@ n)
         bench $m -p 0 -n 128 -r 3
     done
   done
-  cp $R/bench-norm-pro.jsonl $OUT/ ;;
+  cp $R/bench-norm-pro.jsonl $OUT/
+  # then the folded launches' bits against their pairs, and the probe's µs by shape, as time allows
+  if [ $(( $(date +%s) - T0 )) -lt 300 ]; then
+    MEMRA_NORM_PRO=all timeout 200 python3 experiments/norm_pro/ab.py kernel-check --only matvec > $R/kc-fold.txt 2>&1
+    log "fold kernel-check rc=$? $(tail -1 $R/kc-fold.txt)"
+    grep -E "^FAIL|mv_q8n.*(differ|FAIL)" $R/kc-fold.txt | head -20 | tee -a $R/log.txt
+  fi
+  left=$(( 570 - ($(date +%s) - T0) ))
+  [ $left -gt 30 ] && timeout $left python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1 2>&1 \
+    | grep -v "^/work" | tee -a $R/log.txt
+  cp $R/norm-pro.jsonl $OUT/ 2>/dev/null ;;
 q)
   # STAGE a's attention arms alone, one round (no models needed); then the norm probe alone (the fold lost in the
   # engine, STAGE n: the pair against the fused launch by shape, to say where the prologue's time goes)

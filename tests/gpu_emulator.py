@@ -318,6 +318,16 @@ def check_geometry(kernel, grid, block, shmem, v):
             want = nb * -(-K // 2048) * 3072 + nb * K + nb * K // 4 + _d(k, "MV_NORM", 0) // 8
             if not _d(k, "MV_NORM", 0):
                 _fail(k, grid, block, "mv_q8n needs a module built with MV_NORM")
+            # MV_NORM_MODE: which of the norm weight, delta and post-norm weight the code reads; MV_NORM_V:
+            # the float4s a virtual thread holds (a norm's whole row: V x MV_NORM >= K / 4)
+            nw_, delta, wp = v[3], v[11], v[12]
+            mode = 0 if not nw_ else 1 if not delta else 2 if not wp else 3
+            if _d(k, "MV_NORM_MODE", -1) != mode:
+                _fail(k, grid, block, f"MV_NORM_MODE {_d(k, 'MV_NORM_MODE', -1)}, the pointers make it {mode}")
+            if mode and _d(k, "MV_NORM_V", 0) * _d(k, "MV_NORM", 0) < K // 4:
+                _fail(k, grid, block, f"MV_NORM_V x MV_NORM < K / 4 = {K // 4}: the row does not fit the registers")
+            if not mode and _d(k, "MV_NORM", 0) != 32 * nw:
+                _fail(k, grid, block, "a quantize-only prologue runs at MV_NORM = the block's threads")
         else:
             want = nb * -(-K // 2048) * 3072 if name.startswith("mv_q8") and _d(k, "MV_XSMEM", 0) else 0
         if shmem != want:

@@ -48,19 +48,54 @@ struct MvnIn {
     float eps_post = 0.f;
     float* xo = nullptr;
 };
-// norm.cu's block_sum over MV_NORM virtual threads, this block's threads taking them in turn: virtual thread vt's
-// partial sums term(vt + j MV_NORM) for j < maxv in order from 0.f, each 32 virtual threads' xor tree, then the
-// groups in order from 0.f; red: MV_NORM / 32 floats
-template <class F>
-MEMRA_DEVICE float mvn_block_sum(F term, int maxv, float* red) {
-    constexpr int NT = MV_NORM, NW = MV_NORM / 32, BT = 32 * MV_NWARPS;
-    const int lane = threadIdx.x & 31;
-    for (int vt = threadIdx.x; vt < NT; vt += BT) {  // warp-uniform: BT and NT are multiples of 32
+// v2 (session 33): the row in registers. v1 read the row value by value in loops over the virtual threads (a sum,
+// then the scaled values again, then add_rmsnorm's delta again): 4-9 dependent L2 round trips a block, and the fold
+// lost 1.3-10.6 us a launch in the engine (research/2026-12-05-session33). Now every value a thread holds is loaded
+// at once (one round trip; the norm weights before the PDL wait), the sums and the q8 rule run from registers.
+// MV_NORM_MODE: 0 the rows quantized as they are (q8.cu's quantize_q8; MV_NORM = the block's threads, the row in
+// chunks of MV_NORM_V float4s a thread), 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a post-norm; MV_NORM_V:
+// float4s a virtual thread holds, norm.cu's NORM_MAXV loop cut to ceil(K / 4 / MV_NORM) (matvec.py's prologue_defines)
+#if !defined(MV_NORM_MODE) || !defined(MV_NORM_V)
+#error "MV_NORM needs MV_NORM_MODE and MV_NORM_V (matvec.py: prologue_defines)"
+#endif
+constexpr int MVN_BT = 32 * MV_NWARPS, MVN_VT = (MV_NORM + MVN_BT - 1) / MVN_BT, MVN_V = MV_NORM_V;
+// virtual thread vt = threadIdx.x + v MVN_BT holds float4s vt + j MV_NORM (norm.cu's thread vt's), + c0 (mode 0's chunk)
+MEMRA_DEVICE bool mvn_live(int v) { return (int)threadIdx.x + v * MVN_BT < MV_NORM; }
+MEMRA_DEVICE int mvn_at(int v, int j) { return (int)threadIdx.x + v * MVN_BT + j * MV_NORM; }
+struct MvnW {
+    float4 w[MVN_VT][MVN_V];
+    float4 wp[MVN_VT][MVN_V];
+};
+// the norm weights this thread's values take (model constants: loaded before the PDL wait)
+MEMRA_DEVICE void mvn_weights(const MvnIn& in, int K, MvnW& pw) {
+#if MV_NORM_MODE >= 1
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int v = 0; v < MVN_VT; ++v)
+#pragma unroll
+        for (int j = 0; j < MVN_V; ++j) {
+            const int i = mvn_at(v, j);
+            const bool on = mvn_live(v) && i < K / 4;
+            pw.w[v][j] = on ? reinterpret_cast<const float4*>(in.w)[i] : z4;
+            if (MV_NORM_MODE == 3) pw.wp[v][j] = on ? reinterpret_cast<const float4*>(in.wp)[i] : z4;
+        }
+#endif
+}
+// norm.cu's block_sum of sumsq4 (R: sumsq4r) of the values: virtual thread vt's partial in order from 0.f (values
+// past the row are zeros: + 0.f, as norm.cu's), each 32 virtual threads' xor tree, then the groups in order from 0.f;
+// red: MV_NORM / 32 floats
+template <bool R>
+MEMRA_DEVICE float mvn_sum(const float4 (&a)[MVN_VT][MVN_V], float* red) {
+    constexpr int NW = MV_NORM / 32;
+#pragma unroll
+    for (int v = 0; v < MVN_VT; ++v) {
+        if (!mvn_live(v)) break;  // warp-uniform: MVN_BT and MV_NORM are multiples of 32
         float ss = 0.f;
-        for (int j = 0; j < maxv; ++j) ss += term(vt + j * NT);
+#pragma unroll
+        for (int j = 0; j < MVN_V; ++j) ss += R ? mvn_sumsq4r(a[v][j]) : mvn_sumsq4(a[v][j]);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[vt >> 5] = ss;
+        if ((threadIdx.x & 31) == 0) red[((int)threadIdx.x + v * MVN_BT) >> 5] = ss;
     }
     __syncthreads();
     float s = 0.f;
@@ -69,65 +104,90 @@ MEMRA_DEVICE float mvn_block_sum(F term, int maxv, float* red) {
     __syncthreads();  // red is the next sum's
     return s;
 }
-// rows b < nb: norm.cu's rmsnorm (or add_rmsnorm) with NORM_THREADS = MV_NORM and its q8 twin, into lq / ls (linear,
-// shared memory)
-MEMRA_DEVICE void mvn_rows(const MvnIn& in, int K, int nb, int8_t* lq, Q8Scale* ls, float* red) {
-    const int n4 = K / 4, maxv = (n4 + MV_NORM - 1) / MV_NORM;  // norm.py: NORM_MAXV
+// rows b < nb: norm.cu's rmsnorm (or add_rmsnorm) at NORM_THREADS = MV_NORM and its q8 twin (mode 0: quantize_q8),
+// into lq / ls (linear, shared memory)
+MEMRA_DEVICE void mvn_rows(const MvnIn& in, const MvnW& pw, int K, int nb, int8_t* lq, Q8Scale* ls, float* red) {
+    const int n4 = K / 4;
     const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4* wr = reinterpret_cast<const float4*>(in.w);
-    const float4* wpr = reinterpret_cast<const float4*>(in.wp);
     for (int b = 0; b < nb; ++b) {
         const float4* xr = reinterpret_cast<const float4*>(in.x + (size_t)b * K);
-        const float4* dr = reinterpret_cast<const float4*>(in.delta + (size_t)b * K);
-        float sp = 1.f;
-        if (in.delta && in.wp)
-            sp = mvn_rms_scale(mvn_block_sum([&](int i) { return i < n4 ? mvn_sumsq4(dr[i]) : 0.f; }, maxv, red), K,
-                               in.eps_post);
-        // the row the norm reads: x, or (add_rmsnorm) x + d, one __fadd_rn a value as norm.cu's
-        auto row = [&](int i) {
-            float4 v = xr[i];
-            if (in.delta) {
-                float4 d = dr[i];
-                if (in.wp) d = mvn_scale_mul(d, sp, wpr[i]);
-                v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
+        // mode 0: chunks of MVN_BT x MVN_V float4s; a norm's row is one chunk (MV_NORM x MVN_V >= n4)
+        for (int c0 = 0; c0 < n4; c0 += MV_NORM * MVN_V) {
+            float4 a[MVN_VT][MVN_V];
+#if MV_NORM_MODE >= 2
+            const float4* dr = reinterpret_cast<const float4*>(in.delta + (size_t)b * K);
+            float4 d[MVN_VT][MVN_V];
+#endif
+            // one round trip: every value (and delta) this thread holds, the loads issued together
+#pragma unroll
+            for (int v = 0; v < MVN_VT; ++v)
+#pragma unroll
+                for (int j = 0; j < MVN_V; ++j) {
+                    const int i = c0 + mvn_at(v, j);
+                    const bool on = mvn_live(v) && i < n4;
+                    a[v][j] = on ? xr[i] : z4;
+#if MV_NORM_MODE >= 2
+                    d[v][j] = on ? dr[i] : z4;
+#endif
+                }
+#if MV_NORM_MODE == 3
+            const float sp = mvn_rms_scale(mvn_sum<false>(d, red), K, in.eps_post);
+#endif
+#if MV_NORM_MODE >= 2
+            // the row the norm reads: x + d (d: rmsnorm(delta) * w_post in mode 3), one __fadd_rn a value as norm.cu's
+            const bool wo = in.xo && blockIdx.x == 0;
+#pragma unroll
+            for (int v = 0; v < MVN_VT; ++v)
+#pragma unroll
+                for (int j = 0; j < MVN_V; ++j) {
+                    float4 e = d[v][j];
+#if MV_NORM_MODE == 3
+                    e = mvn_scale_mul(e, sp, pw.wp[v][j]);
+#endif
+                    const float4 x = a[v][j];
+                    a[v][j] = make_float4(__fadd_rn(x.x, e.x), __fadd_rn(x.y, e.y), __fadd_rn(x.z, e.z),
+                                          __fadd_rn(x.w, e.w));
+                    const int i = mvn_at(v, j);
+                    if (wo && mvn_live(v) && i < n4) reinterpret_cast<float4*>(in.xo + (size_t)b * K)[i] = a[v][j];
+                }
+#endif
+#if MV_NORM_MODE >= 1
+            // add_rmsnorm's second sum (of x + d) is contracted as fma(y, y, x * x) at NORM_MAXV 1 and as the other
+            // sums at 2..16 (static SASS of norm.cu, session 32): the same choice here
+            const float sc = mvn_rms_scale(mvn_sum<MV_NORM_MODE >= 2 && MVN_V == 1>(a, red), K, in.eps);
+#pragma unroll
+            for (int v = 0; v < MVN_VT; ++v)
+#pragma unroll
+                for (int j = 0; j < MVN_V; ++j) a[v][j] = mvn_scale_mul(a[v][j], sc, pw.w[v][j]);
+#endif
+            // the q8 rule from registers: a warp's 32 lanes hold 32 consecutive float4s of each (v, j)
+#pragma unroll
+            for (int v = 0; v < MVN_VT; ++v) {
+                if (!mvn_live(v)) break;
+#pragma unroll
+                for (int j = 0; j < MVN_V; ++j) {
+                    const int i = c0 + mvn_at(v, j);
+                    if (i - (int)(threadIdx.x & 31) >= n4) break;  // warp-uniform: the warp's first float4
+                    q8_store4(a[v][j], i < n4, i, lq + (size_t)b * K, ls + (size_t)b * (K / 32));
+                }
             }
-            return v;
-        };
-        // add_rmsnorm's second sum (of x + d) is contracted as fma(y, y, x * x) at NORM_MAXV 1 and as the other sums
-        // at 2..16 (static SASS of norm.cu, session 32): the same choice here
-        const bool yfirst = in.delta && maxv == 1;
-        float sc = 0.f;
-        if (in.w)
-            sc = mvn_rms_scale(yfirst ? mvn_block_sum([&](int i) { return i < n4 ? mvn_sumsq4r(row(i)) : 0.f; }, maxv, red)
-                                      : mvn_block_sum([&](int i) { return i < n4 ? mvn_sumsq4(row(i)) : 0.f; }, maxv, red),
-                               K, in.eps);
-        const bool wo = in.xo && blockIdx.x == 0;
-        for (int i0 = 0; i0 < n4; i0 += 32 * MV_NWARPS) {  // every lane of a warp calls q8_store4
-            const int i = i0 + (int)threadIdx.x;
-            const bool active = i < n4;
-            float4 v = z4;
-            if (active) {
-                v = row(i);
-                if (wo) reinterpret_cast<float4*>(in.xo + (size_t)b * K)[i] = v;
-                if (in.w) v = mvn_scale_mul(v, sc, wr[i]);
-            }
-            q8_store4(v, active, i, lq + (size_t)b * K, ls + (size_t)b * (K / 32));
         }
-        __syncthreads();  // lq / ls complete before they are re-laid
     }
+    __syncthreads();  // lq / ls complete before they are re-laid
 }
 #endif
 '''
 
 STAGE = r'''#if MV_NORM
-    // the rows normalized and quantized here (mvn_rows), then tile-interleaved as MV_XSMEM stages them
+    // the rows normalized and quantized here (mvn_rows: the norm weights were loaded before the PDL wait), then
+    // tile-interleaved as MV_XSMEM stages them
     extern __shared__ __align__(16) uint8_t mv_smem[];
     const int ntile = (nu + 31) >> 5;
     int8_t* sxq = reinterpret_cast<int8_t*>(mv_smem);                      // nb x ntile x 2048 B
     int2* sxs = reinterpret_cast<int2*>(mv_smem + (size_t)nb * ntile * 2048); // nb x ntile x 128 x 8 B
     int8_t* lq = reinterpret_cast<int8_t*>(mv_smem + (size_t)nb * ntile * 3072);
     Q8Scale* ls = reinterpret_cast<Q8Scale*>(lq + (size_t)nb * K);
-    mvn_rows(pin, K, nb, lq, ls, reinterpret_cast<float*>(ls + (size_t)nb * (K / 32)));
+    mvn_rows(pin, pw, K, nb, lq, ls, reinterpret_cast<float*>(ls + (size_t)nb * (K / 32)));
     for (int i = threadIdx.x; i < nb * nu * 4; i += blockDim.x) {
         const int b = i / (nu * 4), ug = i - b * nu * 4, uu = ug >> 2, g = ug & 3;
         const int e = T::goff(uu, g, nu);
@@ -159,7 +219,9 @@ EDITS = [
      "                        , const MvnIn& pin = MvnIn()\n"
      "#endif\n"
      "                        ) {\n"),
-    ("#if MV_XSMEM\n    // Stage x in shared memory, tile-interleaved:", STAGE + "    // Stage x in shared memory, tile-interleaved:"),
+    ("    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n#if MV_XSMEM\n    // Stage x in shared memory,",
+     "#if MV_NORM\n    MvnW pw;\n    mvn_weights(pin, K, pw);\n#endif\n"
+     "    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n" + STAGE + "    // Stage x in shared memory,"),
     ("#if MV_XSMEM\n                    const size_t c =", "#if MV_XSMEM || MV_NORM\n                    const size_t c ="),
     ("    mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);\n}\n#endif\n",
      "    mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);\n}\n"

@@ -252,8 +252,15 @@ class Prologue:
                 raise MemraError(f"matvec: the prologue's {what} must be f32 with {K} values")
         if self.delta is None and (self.w_post is not None or self.x_out is not None):
             raise MemraError("matvec: w_post and x_out belong to the add_rmsnorm prologue (give delta)")
+        if self.delta is not None and self.norm_w is None:
+            raise MemraError("matvec: the add_rmsnorm prologue normalizes by a norm weight (give norm_w)")
         if self.threads < 32 or self.threads > 1024 or self.threads % 32:
             raise MemraError(f"matvec: the prologue's threads must be a multiple of 32 in 32..1024, got {self.threads}")
+
+    @property
+    def mode(self) -> int:
+        """MV_NORM_MODE: 0 quantize only, 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a post-norm."""
+        return 0 if self.norm_w is None else 1 if self.delta is None else 2 if self.w_post is None else 3
 
     def args(self, b0: int, n: int, K: int) -> tuple[tuple, tuple]:
         """mv_q8n's arguments around mv_q8's (y, res, N, K, nb, act): those before, those after."""
@@ -308,8 +315,8 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         defines = module_defines(w.ggml_type, n, cfg, canary)
         tail = ()
         if prologue is not None:
-            defines["MV_NORM"] = prologue.threads
-            shmem = prologue_smem_bytes(n, K, prologue.threads)
+            defines.update(prologue_defines(prologue.mode, prologue.threads, K, cfg["MV_NWARPS"]))
+            shmem = prologue_smem_bytes(n, K, defines["MV_NORM"])
             if shmem > PROLOGUE_SMEM_MAX:
                 raise MemraError(f"matvec: a prologue of {n} rows of {K} needs {shmem} B of shared memory "
                                  f"(at most {PROLOGUE_SMEM_MAX})")
@@ -330,6 +337,20 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
 # the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
 # blocks an SM on sm_90 (227 KiB a block at most)
 PROLOGUE_SMEM_MAX = 100 * 1024
+
+
+# float4s a thread of a quantize-only prologue (MV_NORM_MODE 0) loads at once: the row in chunks
+PROLOGUE_QUANT_V = 8
+
+
+def prologue_defines(mode: int, threads: int, K: int, nwarps: int) -> dict[str, int]:
+    """An mv_q8n module's prologue defines: MV_NORM_MODE (Prologue.mode); MV_NORM, the emulated
+    norm's NORM_THREADS (mode 0: the block's threads, the order being free); MV_NORM_V, the float4s
+    a virtual thread holds: the whole row (norm.cu's NORM_MAXV loop cut to the row) or, mode 0, a
+    chunk of at most PROLOGUE_QUANT_V."""
+    nt = 32 * nwarps if mode == 0 else threads
+    v = -(-(K // 4) // nt)
+    return {"MV_NORM": nt, "MV_NORM_MODE": mode, "MV_NORM_V": min(v, PROLOGUE_QUANT_V) if mode == 0 else v}
 
 
 def prologue_smem_bytes(nb: int, K: int, norm_threads: int) -> int:
@@ -582,12 +603,15 @@ def launch_cases(L, ctx) -> list[dict]:
     res = bool(L.args.get("res"))
     pro = L.args.get("prologue")
     if pro:  # the norm (or quantize) folded in: checked against the two launches it replaces
+        mode = 0 if not pro["w"] else 1 if not pro.get("delta") else 2 if not pro.get("w_post") else 3
         return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
-                 "defines": {**module_defines(t, n, cfg), "MV_NORM": int(pro["threads"])}, "bucket": n,
+                 "defines": {**module_defines(t, n, cfg),
+                             **prologue_defines(mode, int(pro["threads"]), K, cfg["MV_NWARPS"])}, "bucket": n,
                  "tag": f"K{K}" + (" add_norm" if pro.get("delta") else " norm" if pro["w"] else " quant")
                  + (" res=y" if res else ""),
                  "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": True, "res": res,
-                            "norm": bool(pro["w"]), "add": bool(pro.get("delta"))}}]
+                            "norm": bool(pro["w"]), "add": bool(pro.get("delta")),
+                            "post": bool(pro.get("w_post")), "threads": int(pro["threads"])}}]
     return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
@@ -633,7 +657,7 @@ def check_launch(g, rng, case) -> "object":
                        0.0 if not any(bad) else np.inf)
     t, K, nb, glu, q8 = p["type"], p["K"], p["nb"], p["glu"], p["q8"]
     N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B", "MV_NORM")}
+    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B", "MV_NORM", "MV_NORM_MODE", "MV_NORM_V")}
     w, wf = _launch_weight(g, t, N, K, glu, rng)
     if case["entry"].startswith("mv_q8n"):
         return _check_prologue(g, rng, case, w, N, config)
@@ -673,13 +697,13 @@ def _check_prologue(g, rng, case, w, N: int, config: dict):
     from memra.gpu.compare import Outcome
     from memra.gpu.ops import norm as NORM
 
-    p, T = case["params"], int(case["defines"]["MV_NORM"])
+    p, T = case["params"], int(case["params"]["threads"])
     K, nb, glu, add = p["K"], p["nb"], p["glu"], p.get("add", False)
     xh = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     x = g.to_device(xh)
     nw = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if p["norm"] else None
     delta = g.to_device(rng.standard_normal((nb, K)).astype(np.float32)) if add else None
-    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add else None
+    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add and p.get("post", True) else None
     xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
     xa, xb = g.to_device(xh), g.empty((nb, K), np.float32)   # add: the residual, in place / written aside
     xb.poison()
