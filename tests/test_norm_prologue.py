@@ -79,7 +79,7 @@ def test_plan_folds_only_what_it_is_asked(tiny_models, monkeypatch):
 def test_plan_keeps_a_launch_whose_prologue_would_not_fit(tiny_models, monkeypatch):
     path = tiny_models("llama", "Q4_K_M")
     p = _planner(path, monkeypatch, "all")
-    monkeypatch.setattr(MV, "PROLOGUE_SMEM_MAX", MV.prologue_smem_bytes(1, p.cfg.n_embd, p.norm_threads))
+    monkeypatch.setattr(MV, "PROLOGUE_SMEM_MAX", MV.prologue_smem_bytes(1, p.cfg.n_embd))
     ops = [L.op for L in p.step(1, decode=True)]
     # the norms' readers (K = n_embd) fit exactly, the down projection's (K = n_ff) does not
     assert p.cfg.n_ff > p.cfg.n_embd and "norm" not in ops and ops.count("quantize") == p.cfg.n_layer

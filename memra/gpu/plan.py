@@ -581,7 +581,7 @@ class Planner:
                 K = E if L.op != "quantize" else int(L.args["K"])
                 t = {"norm": self.norm_threads, "add_norm": self.add_norm_threads}.get(L.op, 32)
                 if readers and all(r.op == "matvec" and r.group in self.prologue and
-                                   MV.prologue_smem_bytes(r.rows, K, t) <= MV.PROLOGUE_SMEM_MAX for r in readers):
+                                   MV.prologue_smem_bytes(r.rows, K) <= MV.PROLOGUE_SMEM_MAX for r in readers):
                     pro = {"src": cur if L.op != "quantize" else src, "w": L.args.get("w"), "threads": t}
                     if L.op == "add_norm":
                         nxt = "x2" if cur == "x" else "x"

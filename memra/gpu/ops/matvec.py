@@ -316,7 +316,7 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         tail = ()
         if prologue is not None:
             defines.update(prologue_defines(prologue.mode, prologue.threads, K, cfg["MV_NWARPS"]))
-            shmem = prologue_smem_bytes(n, K, defines["MV_NORM"])
+            shmem = prologue_smem_bytes(n, K)
             if shmem > PROLOGUE_SMEM_MAX:
                 raise MemraError(f"matvec: a prologue of {n} rows of {K} needs {shmem} B of shared memory "
                                  f"(at most {PROLOGUE_SMEM_MAX})")
@@ -353,11 +353,11 @@ def prologue_defines(mode: int, threads: int, K: int, nwarps: int) -> dict[str, 
     return {"MV_NORM": nt, "MV_NORM_MODE": mode, "MV_NORM_V": min(v, PROLOGUE_QUANT_V) if mode == 0 else v}
 
 
-def prologue_smem_bytes(nb: int, K: int, norm_threads: int) -> int:
+def prologue_smem_bytes(nb: int, K: int) -> int:
     """Dynamic shared memory of an mv_q8n launch of nb rows of K: MV_XSMEM's tile-interleaved q8
     rows, the linear q8 rows and scales the prologue writes first, and the emulated norm's
-    per-warp sums."""
-    return xsmem_bytes(nb, K) + nb * K + nb * K // 32 * Q8_SCALE.itemsize + norm_threads // 32 * 4
+    per-warp sums (32 floats: NORM_THREADS <= 1024)."""
+    return xsmem_bytes(nb, K) + nb * K + nb * K // 32 * Q8_SCALE.itemsize + 128
 
 
 # ---------------------------------------------------------------------------------------
