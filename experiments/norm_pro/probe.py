@@ -3,7 +3,8 @@
 norm -> matvec pairs of the three benchmark shapes, (1) the bits: mv_q8n's output against rmsnorm (NORM_THREADS T,
 its q8 twin) + mv_q8 at the same configuration, which must be equal bit for bit; (2) the time: a graph of PDL
 launches, the pair (rmsnorm + mv_q8) repeated against mv_q8n repeated, weights rotated past the L2 as the tune
-harness rotates them. The matvec's configuration is the table's q8 entry for the shape (else the built-in one).
+harness rotates them; and the fused launch with MV_PREFETCH 1 (its first weight unit loaded into registers before
+the PDL wait, so the weights' round trip overlaps the prologue's). The matvec's configuration is the table's q8 entry for the shape (else the built-in one).
 
     python3 experiments/norm_pro/probe.py --out $OUT/norm-pro.jsonl
 """
@@ -90,9 +91,12 @@ def main() -> int:
                     MV.quantize_q8(g, x, xq, xs, nb, config=dict(qcfg.config) if qcfg else None, pdl=pdl)
                 MV.matvec(g, ws[i % len(ws)], ya, xq=xq, xs=xs, nb=nb, glu=act, config=cfg, pdl=pdl)
 
-            def fused(i, pdl=True):
-                MV.matvec(g, ws[i % len(ws)], yb, nb=nb, glu=act, config=cfg, pdl=pdl, prologue=MV.Prologue(
+            def fused(i, pdl=True, c=cfg):
+                MV.matvec(g, ws[i % len(ws)], yb, nb=nb, glu=act, config=c, pdl=pdl, prologue=MV.Prologue(
                     x, w if norm else None, float(eps), T, d, wp, x_out=xb if mode == "add" else None))
+
+            def fused_pf(i, pdl=True):   # the first weight unit in registers before the PDL wait, over the prologue
+                fused(i, pdl, {**cfg, "MV_PREFETCH": 1})
 
             ya.poison(), yb.poison()
             g.copy(xa, x)
@@ -109,7 +113,7 @@ def main() -> int:
                    "NORM_THREADS": T, "config": cfg, "bit_identical": same, "outputs_differing": diff,
                    "device": g.info.name}
             n = max(24, len(ws)) // len(ws) * len(ws)
-            for arm, fn in (("pair", pair), ("fused", fused), ("pair", pair), ("fused", fused)):
+            for arm, fn in (("pair", pair), ("fused", fused), ("fused_pf", fused_pf)) * 2:
                 with g.capture() as graph:
                     for i in range(n):
                         fn(i)
@@ -120,7 +124,8 @@ def main() -> int:
             out.write(json.dumps(rec) + "\n")
             out.flush()
             print(f"{name:16s} nb {nb} T {T} {'SAME' if same else f'DIFFER ({diff})'}  pair "
-                  f"{min(rec['pair_us']):7.2f} us  fused {min(rec['fused_us']):7.2f} us  {cfg}", flush=True)
+                  f"{min(rec['pair_us']):7.2f} us  fused {min(rec['fused_us']):7.2f} us  prefetched "
+                  f"{min(rec['fused_pf_us']):7.2f} us  {cfg}", flush=True)
     return 0
 
 
