@@ -20,6 +20,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))   # engine_arm
 sys.path.insert(0, str(HERE))
 
 # (name, ggml type, output rows (GLU: gate + up), K, glu, mode): the norm -> matvec pairs of a decode step ("norm"),
@@ -39,6 +40,7 @@ def main() -> int:
     ap.add_argument("--out", default="norm-pro.jsonl")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--nb", default="1", help="comma-separated batch rows")
+    ap.add_argument("--only", default="", help="comma-separated shape names (default: every one)")
     args = ap.parse_args()
     import engine_arm
     import make
@@ -55,7 +57,8 @@ def main() -> int:
     rng = np.random.default_rng(11)
     rotate = 2 * int(g.info.l2_bytes)
     out = open(args.out, "a")
-    for name, t, rows, K, glu, mode in SHAPES:
+    only = {v.strip() for v in args.only.split(",") if v.strip()}
+    for name, t, rows, K, glu, mode in (s for s in SHAPES if not only or s[0] in only):
         norm = mode != "quant"
         for nb in (int(v) for v in args.nb.split(",")):
             N = rows // 2 if glu else rows
