@@ -121,8 +121,8 @@ n)
 q)
   # STAGE a's attention arms alone, one round (no models needed); then the norm probe alone (the fold lost in the
   # engine, STAGE n: the pair against the fused launch by shape, to say where the prologue's time goes)
-  attn_arms "0 4096" 300
-  left=$(( 565 - ($(date +%s) - T0) ))
+  attn_arms "0 4096" 240
+  left=$(( 420 - ($(date +%s) - T0) ))
   timeout $left python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1 \
     --only "SmolLM2 qkv,SmolLM2 down,Gemma-3 qkv,1B qkv,1B down,SmolLM2 gate_up" 2>&1 | grep -v "^/work" | tee -a $R/log.txt
   cp $R/norm-pro.jsonl $OUT/ 2>/dev/null ;;
