@@ -119,13 +119,23 @@ n)
     | grep -v "^/work" | tee -a $R/log.txt
   cp $R/norm-pro.jsonl $OUT/ 2>/dev/null ;;
 q)
-  # STAGE a's attention arms alone, one round (no models needed); then the norm probe alone (the fold lost in the
-  # engine, STAGE n: the pair against the fused launch by shape, to say where the prologue's time goes)
-  attn_arms "0 4096" 240
-  left=$(( 420 - ($(date +%s) - T0) ))
+  # the fold (v2) lost in the engine (STAGE n) and a folded down alone lost more than every fold together: whether the
+  # SMs' L1 / shared split switching between launches is the cost (MEMRA_SMEM_CARVEOUT, one carveout for every
+  # kernel): SmolLM2 shape, arms off / down / all, with and without; then the norm probe on six shapes (the pair
+  # against the fused launch alone: what the kernel costs apart from its neighbours); then STAGE a's attention arms
+  for arm in off down all c100:off c100:down c100:all off down; do
+    [ $(( $(date +%s) - T0 )) -lt 200 ] || break
+    case $arm in c100:*) c=100; v=${arm#c100:} ;; *) c=; v=$arm ;; esac
+    case $v in off) v= ;; esac
+    arm_run "smollm2 norm_pro $arm" bench-carveout.jsonl env MEMRA_SMEM_CARVEOUT=$c MEMRA_NORM_PRO=$v \
+      python3 experiments/norm_pro/ab.py bench synth:smollm2-135m:Q4_1 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-carveout.jsonl $OUT/
+  left=$(( 330 - ($(date +%s) - T0) ))
   timeout $left python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1 \
     --only "SmolLM2 qkv,SmolLM2 down,Gemma-3 qkv,1B qkv,1B down,SmolLM2 gate_up" 2>&1 | grep -v "^/work" | tee -a $R/log.txt
-  cp $R/norm-pro.jsonl $OUT/ 2>/dev/null ;;
+  cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
+  attn_arms "0 4096" 420 ;;
 t)
   gpu_tests 585 ;;
 d)

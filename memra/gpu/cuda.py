@@ -219,6 +219,21 @@ class Kernel:
         _drv(driver.cuKernelSetAttribute(attr, int(nbytes), h, dev), "cuKernelSetAttribute")
         self._smem_limit = nbytes
 
+    def set_carveout(self, percent: int) -> None:
+        """The preferred shared-memory carveout (percent of the most shared memory an SM has):
+        MEMRA_SMEM_CARVEOUT, a measurement knob (docs/FLAGS.md) — one value for every kernel, so
+        that consecutive kernels never ask an SM for another L1 / shared split."""
+        from cuda.bindings import driver
+
+        if not 0 <= percent <= 100:
+            raise CudaError(f"MEMRA_SMEM_CARVEOUT must be a percentage 0..100, got {percent}")
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        h = self._k.handle
+        if not isinstance(h, driver.CUkernel):
+            h = driver.CUkernel(int(h))
+        _drv(driver.cuKernelSetAttribute(attr, int(percent), h, driver.CUdevice(self.module.gpu.info.index)),
+             "cuKernelSetAttribute")
+
     def __repr__(self) -> str:
         return f"Kernel({self.module.kernel_file}:{self.name})"
 
@@ -241,6 +256,9 @@ class Module:
             except Exception as e:
                 raise CudaError(f"kernel {name!r} not found in {self.kernel_file}: {e}") from e
             k = self._kernels[name] = Kernel(self, name, ck)
+            carve = os.environ.get("MEMRA_SMEM_CARVEOUT", "").strip()
+            if carve:
+                k.set_carveout(int(carve))
         return k
 
     __getitem__ = kernel
