@@ -52,6 +52,9 @@ struct MvnIn {
 // then the scaled values again, then add_rmsnorm's delta again): 4-9 dependent L2 round trips a block, and the fold
 // lost 1.3-10.6 us a launch in the engine (research/2026-12-05-session33). Now every value a thread holds is loaded
 // at once (one round trip; the norm weights before the PDL wait), the sums and the q8 rule run from registers.
+// Measured (H200, session 33): alone -0.3..+0.3 us against the pair (1B down +4.5); in the engine the norms' loss
+// fell to 0.56 / 3.8 / 5.3 us a launch (SmolLM2 / Gemma-3 / 1B shapes), the down's did not move: the dynamic shared
+// memory re-splits the SMs' L1 / shared memory against the neighbours (MEMRA_SMEM_CARVEOUT=100: 2.8 -> 0.16 us).
 // MV_NORM_MODE: 0 the rows quantized as they are (q8.cu's quantize_q8; MV_NORM = the block's threads, the row in
 // chunks of MV_NORM_V float4s a thread), 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a post-norm; MV_NORM_V:
 // float4s a virtual thread holds, norm.cu's NORM_MAXV loop cut to ceil(K / 4 / MV_NORM) (matvec.py's prologue_defines)
