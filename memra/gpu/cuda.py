@@ -258,6 +258,8 @@ class Module:
             k = self._kernels[name] = Kernel(self, name, ck)
             carve = os.environ.get("MEMRA_SMEM_CARVEOUT", "").strip()
             if carve:
+                if not carve.isdigit():
+                    raise CudaError(f"MEMRA_SMEM_CARVEOUT must be a percentage 0..100, got {carve!r}")
                 k.set_carveout(int(carve))
         return k
 

@@ -259,8 +259,7 @@ class Prologue:
 
     @property
     def mode(self) -> int:
-        """MV_NORM_MODE: 0 quantize only, 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a post-norm."""
-        return 0 if self.norm_w is None else 1 if self.delta is None else 2 if self.w_post is None else 3
+        return prologue_mode(self.norm_w, self.delta, self.w_post)
 
     def args(self, b0: int, n: int, K: int) -> tuple[tuple, tuple]:
         """mv_q8n's arguments around mv_q8's (y, res, N, K, nb, act): those before, those after."""
@@ -337,6 +336,12 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
 # the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
 # blocks an SM on sm_90 (227 KiB a block at most)
 PROLOGUE_SMEM_MAX = 100 * 1024
+
+
+def prologue_mode(norm_w, delta, w_post) -> int:
+    """MV_NORM_MODE of a prologue given (or not: None) these operands: 0 quantize only, 1 rmsnorm,
+    2 add_rmsnorm, 3 add_rmsnorm with a post-norm."""
+    return 0 if norm_w is None else 1 if delta is None else 2 if w_post is None else 3
 
 
 # float4s a thread of a quantize-only prologue (MV_NORM_MODE 0) loads at once: the row in chunks
@@ -603,7 +608,7 @@ def launch_cases(L, ctx) -> list[dict]:
     res = bool(L.args.get("res"))
     pro = L.args.get("prologue")
     if pro:  # the norm (or quantize) folded in: checked against the two launches it replaces
-        mode = 0 if not pro["w"] else 1 if not pro.get("delta") else 2 if not pro.get("w_post") else 3
+        mode = prologue_mode(pro["w"], pro.get("delta"), pro.get("w_post"))
         return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
                  "defines": {**module_defines(t, n, cfg),
                              **prologue_defines(mode, int(pro["threads"]), K, cfg["MV_NWARPS"])}, "bucket": n,
@@ -703,7 +708,7 @@ def _check_prologue(g, rng, case, w, N: int, config: dict):
     x = g.to_device(xh)
     nw = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if p["norm"] else None
     delta = g.to_device(rng.standard_normal((nb, K)).astype(np.float32)) if add else None
-    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add and p.get("post", True) else None
+    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add and p["post"] else None
     xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
     xa, xb = g.to_device(xh), g.empty((nb, K), np.float32)   # add: the residual, in place / written aside
     xb.poison()
