@@ -37,6 +37,9 @@
 #  and a kernel-check --add-to (KC_ADD) on the device.
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` of v11 on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096
 #  and at 0, the 1B (MODELS overrides).
+# Run in session 33 (research/2026-12-05-session33): STAGE n twice (the fold v1, v2: both lose), STAGE q (the
+# carveout arms, the probe, the attention arms: q32 no winner). Left for the next session: STAGE t (the GPU tests,
+# models shipped: not run since session 31) and STAGE d (--vs llama.cpp).
 set -u
 source experiments/h200_common.sh
 stage_begin s33
