@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The next session's H200 calls (prepared in session 33, research/2026-12-05-session33).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=c bash experiments/h200_session34.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE t needs the real models shipped, STAGE d
+# carries .llamacpp.
+# STAGE c (~6 min, no models): the SMs' L1 / shared split. Session 33 found a folded matvec's 5 KB of dynamic shared
+#  memory costing 2.8 us a launch in the engine and 0.16 with one carveout for every kernel (MEMRA_SMEM_CARVEOUT=100),
+#  while 100 cost the 8B 5.8 % (L1 down to ~28 KB: the matvecs' loads in flight need it). The decode step's one
+#  kernel with dynamic shared memory is attention (the ring: 64 KiB a block on the 8B), so every layer may re-split
+#  an SM twice. Arms, tg128 at depth 0, two rounds: the driver's choice, and carveouts 28 / 58 / 100 % (~64 / 132 /
+#  228 KB of shared memory: 58 holds two of the 8B's 64 KiB rings an SM, 28 one). Predicted if re-splits cost ~2 us
+#  each: 58 % beats the driver's on every model (the 8B +3-6 %, SmolLM2's step +5-10 %) while keeping ~96 KB of L1;
+#  28 % between. If 58 wins everywhere it is a default (a fixed preference for every kernel) after the GPU tests.
+#  Then the fold under that carveout (SmolLM2 shape, MEMRA_NORM_PRO all / down) through experiments/norm_pro/ab.py.
+# STAGE t (~6 min, models shipped): the GPU tests (not run since session 31).
+# STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096 and at 0,
+#  the 1B (MODELS overrides).
+set -u
+source experiments/h200_common.sh
+stage_begin s34
+case "$STAGE" in
+c)
+  for round in 1 2; do
+    for m in synth:llama3-8b:Q4_K_M synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0; do
+      for c in driver 28 58 100; do
+        [ $(( $(date +%s) - T0 )) -lt 420 ] || break
+        v=$c; [ $c = driver ] && v=
+        arm_run "$m carveout=$c" bench-carveout.jsonl env MEMRA_SMEM_CARVEOUT=$v python3 -m memra bench $m \
+          -p 0 -n 128 -r 3
+      done
+    done
+  done
+  for arm in 58:off 58:all 58:down; do
+    [ $(( $(date +%s) - T0 )) -lt 540 ] || break
+    v=${arm#58:}; [ $v = off ] && v=
+    arm_run "smollm2 carveout=58 norm_pro ${arm#58:}" bench-carveout.jsonl env MEMRA_SMEM_CARVEOUT=58 \
+      MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py bench synth:smollm2-135m:Q4_1 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-carveout.jsonl $OUT/ ;;
+t)
+  gpu_tests 585 ;;
+d)
+  depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
+esac
+tar czf $OUT/s34-$STAGE.tgz -C /tmp s34-$STAGE
