@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """build/matvec.cu: kernels/matvec.cu with MV_NORM (issue 14 item 1: the RMSNorm before a matvec moved into its
 prologue): entry points mv_q8n / mv_q8n_glu take the f32 rows x and the norm weight (null: quantize only, the down
-projection's quantize_q8 moved in likewise), and each block normalizes and quantizes the rows into shared memory itself (no launch between the residual and the matvec, no traffic between
-blocks), then runs mv_q8's loop on them in MV_XSMEM's tile-interleaved layout.
+projection's quantize_q8 moved in likewise). v3 (session 33; the variants in PROLOGUE's comment): every warp finds
+the norm's scale itself, and mv_q8's unit loop makes each unit's q8 values from the f32 row where it would load
+them — no launch between the residual and the matvec, no shared memory, no barrier, no traffic between blocks.
 
 A non-null delta makes the prologue norm.cu's add_rmsnorm (Gemma-3's post-norms): the rows x + (w_post ?
 rmsnorm(delta) * w_post : delta), normalized by w; block 0 writes those sums to xo (the residual's next buffer).
@@ -10,9 +11,9 @@ rmsnorm(delta) * w_post : delta), normalized by w; block 0 writes those sums to 
 Exactness: the same bits as norm.cu's rmsnorm (add_rmsnorm) at NORM_THREADS = MV_NORM followed by mv_q8: the prologue
 emulates that kernel's order — thread vt's partial over float4s vt, vt + MV_NORM, ... (sumsq4, the expression pinned
 to the contraction NVRTC makes of it there: static SASS, session 32), each
-32-thread group's xor tree, the groups summed in order from 0.f — with this block's threads taking the virtual
-threads in turn; then norm.cu's rms_scale and scale_mul (explicit roundings) and q8.cuh's q8_store4 (d = amax /
-127, q = rint(v / d): order-free). So the engine's tokens would not change, and kernel-check can compare the
+32-thread group's xor tree, the groups summed in order from 0.f — a warp's lanes taking the virtual threads 32 at
+a time; then norm.cu's rms_scale and scale_mul (explicit roundings) and q8.cuh's q8_store4 rule over each 32-value
+block (d = amax / 127, q = rint(v / d), the integer sum: order-free). So the engine's tokens would not change, and kernel-check can compare the
 fused launch with the two launches bit for bit. probe.py checks that and times both.
 
     python3 experiments/norm_pro/make.py
@@ -48,158 +49,152 @@ struct MvnIn {
     float eps_post = 0.f;
     float* xo = nullptr;
 };
-// v2 (session 33): the row in registers. v1 read the row value by value in loops over the virtual threads (a sum,
-// then the scaled values again, then add_rmsnorm's delta again): 4-9 dependent L2 round trips a block, and the fold
-// lost 1.3-10.6 us a launch in the engine (research/2026-12-05-session33). Now every value a thread holds is loaded
-// at once (one round trip; the norm weights before the PDL wait), the sums and the q8 rule run from registers.
-// Measured (H200, session 33): alone -0.3..+0.3 us against the pair (1B down +4.5); in the engine the norms' loss
-// fell to 0.56 / 3.8 / 5.3 us a launch (SmolLM2 / Gemma-3 / 1B shapes), the down's did not move: the dynamic shared
-// memory re-splits the SMs' L1 / shared memory against the neighbours (MEMRA_SMEM_CARVEOUT=100: 2.8 -> 0.16 us).
-// MV_NORM_MODE: 0 the rows quantized as they are (q8.cu's quantize_q8; MV_NORM = the block's threads, the row in
-// chunks of MV_NORM_V float4s a thread), 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a post-norm; MV_NORM_V:
-// float4s a virtual thread holds, norm.cu's NORM_MAXV loop cut to ceil(K / 4 / MV_NORM) (matvec.py's prologue_defines)
+// Variants (H200, research/2026-12-05-session33):
+//   v1 (session 32) each block normalized and quantized the rows into shared memory, walking the row value by value
+//      (4-9 dependent L2 round trips a block): tg128 with every fold -20 / -36 / -45 % (SmolLM2 / Gemma-3 / 1B).
+//   v2 the same with the row in registers (one round trip, the norm weights before the PDL wait): -7 / -25 / -38 %;
+//      alone -0.3..+0.3 us against the pair (1B down +4.5); in the engine its dynamic shared memory re-splits the
+//      SMs' L1 / shared memory against the neighbours (MEMRA_SMEM_CARVEOUT=100: a folded down 2.8 -> 0.16 us).
+//   v3 (this) no shared memory and no barrier: every warp reduces the norm's sum itself (norm.cu's virtual threads
+//      32 at a time, each 32's xor tree across the lanes: block_sum's bits), and the unit loop makes each unit's q8
+//      values from the f32 row just in time, where mv_q8 loads them (q8_store4's rule over the 32-block: order-free).
+// MV_NORM_MODE: 0 the rows quantized as they are (q8.cu's quantize_q8), 1 rmsnorm, 2 add_rmsnorm, 3 add_rmsnorm with a
+// post-norm; MV_NORM: the emulated NORM_THREADS; MV_NORM_V: float4s a virtual thread holds, norm.cu's NORM_MAXV loop
+// cut to ceil(K / 4 / MV_NORM) (matvec.py's prologue_defines)
 #if !defined(MV_NORM_MODE) || !defined(MV_NORM_V)
 #error "MV_NORM needs MV_NORM_MODE and MV_NORM_V (matvec.py: prologue_defines)"
 #endif
-constexpr int MVN_BT = 32 * MV_NWARPS, MVN_VT = (MV_NORM + MVN_BT - 1) / MVN_BT, MVN_V = MV_NORM_V;
-// virtual thread vt = threadIdx.x + v MVN_BT holds float4s vt + j MV_NORM (norm.cu's thread vt's), + c0 (mode 0's chunk)
-MEMRA_DEVICE bool mvn_live(int v) { return (int)threadIdx.x + v * MVN_BT < MV_NORM; }
-MEMRA_DEVICE int mvn_at(int v, int j) { return (int)threadIdx.x + v * MVN_BT + j * MV_NORM; }
-struct MvnW {
-    float4 w[MVN_VT][MVN_V];
-    float4 wp[MVN_VT][MVN_V];
-};
-// the norm weights this thread's values take (model constants: loaded before the PDL wait)
-MEMRA_DEVICE void mvn_weights(const MvnIn& in, int K, MvnW& pw) {
-#if MV_NORM_MODE >= 1
-    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int v = 0; v < MVN_VT; ++v)
-#pragma unroll
-        for (int j = 0; j < MVN_V; ++j) {
-            const int i = mvn_at(v, j);
-            const bool on = mvn_live(v) && i < K / 4;
-            pw.w[v][j] = on ? reinterpret_cast<const float4*>(in.w)[i] : z4;
-            if (MV_NORM_MODE == 3) pw.wp[v][j] = on ? reinterpret_cast<const float4*>(in.wp)[i] : z4;
-        }
-#endif
-}
-// norm.cu's block_sum of sumsq4 (R: sumsq4r) of the values: virtual thread vt's partial in order from 0.f (values
-// past the row are zeros: + 0.f, as norm.cu's), each 32 virtual threads' xor tree, then the groups in order from 0.f;
-// red: MV_NORM / 32 floats
-template <bool R>
-MEMRA_DEVICE float mvn_sum(const float4 (&a)[MVN_VT][MVN_V], float* red) {
-    constexpr int NW = MV_NORM / 32;
-#pragma unroll
-    for (int v = 0; v < MVN_VT; ++v) {
-        if (!mvn_live(v)) break;  // warp-uniform: MVN_BT and MV_NORM are multiples of 32
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < MVN_V; ++j) ss += R ? mvn_sumsq4r(a[v][j]) : mvn_sumsq4(a[v][j]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((threadIdx.x & 31) == 0) red[((int)threadIdx.x + v * MVN_BT) >> 5] = ss;
-    }
-    __syncthreads();
+// norm.cu's block_sum of sumsq4 (R: sumsq4r) over float4s f(i), i < n4, at MV_NORM threads, by one warp: lane l
+// takes threads l + 32 g (norm.cu's warp g), each one's partial over float4s vt + j MV_NORM in order from 0.f (past
+// the row: + 0.f, as norm.cu's zeros), warp g's xor tree across the lanes, the warps in order from 0.f
+template <bool R, class F>
+MEMRA_DEVICE float mvn_warp_sum(F f, int n4) {
+    const int lane = threadIdx.x & 31;
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < NW; i++) s += red[i];  // NW == 1: 0.f + v, as block_sum
-    __syncthreads();  // red is the next sum's
+    for (int g = 0; g < MV_NORM / 32; ++g) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < MV_NORM_V; ++j) {
+            const int i = lane + 32 * g + j * MV_NORM;
+            const float4 a = i < n4 ? f(i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            ss += R ? mvn_sumsq4r(a) : mvn_sumsq4(a);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        s += ss;  // MV_NORM 32: 0.f + v, as block_sum
+    }
     return s;
 }
-// rows b < nb: norm.cu's rmsnorm (or add_rmsnorm) at NORM_THREADS = MV_NORM and its q8 twin (mode 0: quantize_q8),
-// into lq / ls (linear, shared memory)
-MEMRA_DEVICE void mvn_rows(const MvnIn& in, const MvnW& pw, int K, int nb, int8_t* lq, Q8Scale* ls, float* red) {
+MEMRA_DEVICE float4 mvn_add4(float4 x, float4 d) {
+    return make_float4(__fadd_rn(x.x, d.x), __fadd_rn(x.y, d.y), __fadd_rn(x.z, d.z), __fadd_rn(x.w, d.w));
+}
+// one batch row's prologue: the rows it reads and the scales its norms found
+struct MvnRow {
+    const float4* x;
+    const float4* d;
+    float sc, sp;
+    // float4 i of the row the norm reads: x, or x + d (d: rmsnorm(delta) * w_post in mode 3), one __fadd_rn a value
+    MEMRA_DEVICE float4 row(const MvnIn& in, int i) const {
+#if MV_NORM_MODE >= 2
+        float4 e = d[i];
+#if MV_NORM_MODE == 3
+        e = mvn_scale_mul(e, sp, reinterpret_cast<const float4*>(in.wp)[i]);
+#endif
+        return mvn_add4(x[i], e);
+#else
+        return x[i];
+#endif
+    }
+    // float4 i of what is quantized: the row, normalized in modes 1..3
+    MEMRA_DEVICE float4 val(const MvnIn& in, int i) const {
+#if MV_NORM_MODE >= 1
+        return mvn_scale_mul(row(in, i), sc, reinterpret_cast<const float4*>(in.w)[i]);
+#else
+        return x[i];
+#endif
+    }
+};
+// batch row b's operands and scales (every warp the same, bit for bit); block 0's first warp writes add_rmsnorm's
+// sums x + d to xo
+MEMRA_DEVICE MvnRow mvn_row(const MvnIn& in, int K, int b) {
+    MvnRow r;
+    r.x = reinterpret_cast<const float4*>(in.x + (size_t)b * K);
+    r.d = reinterpret_cast<const float4*>(in.delta + (size_t)b * K);
+    r.sc = r.sp = 1.f;
     const int n4 = K / 4;
-    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int b = 0; b < nb; ++b) {
-        const float4* xr = reinterpret_cast<const float4*>(in.x + (size_t)b * K);
-        // mode 0: chunks of MVN_BT x MVN_V float4s; a norm's row is one chunk (MV_NORM x MVN_V >= n4)
-        for (int c0 = 0; c0 < n4; c0 += MV_NORM * MVN_V) {
-            float4 a[MVN_VT][MVN_V];
-#if MV_NORM_MODE >= 2
-            const float4* dr = reinterpret_cast<const float4*>(in.delta + (size_t)b * K);
-            float4 d[MVN_VT][MVN_V];
-#endif
-            // one round trip: every value (and delta) this thread holds, the loads issued together
-#pragma unroll
-            for (int v = 0; v < MVN_VT; ++v)
-#pragma unroll
-                for (int j = 0; j < MVN_V; ++j) {
-                    const int i = c0 + mvn_at(v, j);
-                    const bool on = mvn_live(v) && i < n4;
-                    a[v][j] = on ? xr[i] : z4;
-#if MV_NORM_MODE >= 2
-                    d[v][j] = on ? dr[i] : z4;
-#endif
-                }
 #if MV_NORM_MODE == 3
-            const float sp = mvn_rms_scale(mvn_sum<false>(d, red), K, in.eps_post);
-#endif
-#if MV_NORM_MODE >= 2
-            // the row the norm reads: x + d (d: rmsnorm(delta) * w_post in mode 3), one __fadd_rn a value as norm.cu's
-            const bool wo = in.xo && blockIdx.x == 0;
-#pragma unroll
-            for (int v = 0; v < MVN_VT; ++v)
-#pragma unroll
-                for (int j = 0; j < MVN_V; ++j) {
-                    float4 e = d[v][j];
-#if MV_NORM_MODE == 3
-                    e = mvn_scale_mul(e, sp, pw.wp[v][j]);
-#endif
-                    const float4 x = a[v][j];
-                    a[v][j] = make_float4(__fadd_rn(x.x, e.x), __fadd_rn(x.y, e.y), __fadd_rn(x.z, e.z),
-                                          __fadd_rn(x.w, e.w));
-                    const int i = mvn_at(v, j);
-                    if (wo && mvn_live(v) && i < n4) reinterpret_cast<float4*>(in.xo + (size_t)b * K)[i] = a[v][j];
-                }
+    r.sp = mvn_rms_scale(mvn_warp_sum<false>([&](int i) { return r.d[i]; }, n4), K, in.eps_post);
 #endif
 #if MV_NORM_MODE >= 1
-            // add_rmsnorm's second sum (of x + d) is contracted as fma(y, y, x * x) at NORM_MAXV 1 and as the other
-            // sums at 2..16 (static SASS of norm.cu, session 32): the same choice here
-            const float sc = mvn_rms_scale(mvn_sum<MV_NORM_MODE >= 2 && MVN_V == 1>(a, red), K, in.eps);
-#pragma unroll
-            for (int v = 0; v < MVN_VT; ++v)
-#pragma unroll
-                for (int j = 0; j < MVN_V; ++j) a[v][j] = mvn_scale_mul(a[v][j], sc, pw.w[v][j]);
+    // add_rmsnorm's second sum (of x + d) is contracted as fma(y, y, x * x) at NORM_MAXV 1 and as the other sums at
+    // 2..16 (static SASS of norm.cu, session 32): the same choice here
+    r.sc = mvn_rms_scale(mvn_warp_sum<MV_NORM_MODE >= 2 && MV_NORM_V == 1>([&](int i) { return r.row(in, i); }, n4),
+                         K, in.eps);
 #endif
-            // the q8 rule from registers: a warp's 32 lanes hold 32 consecutive float4s of each (v, j)
+#if MV_NORM_MODE >= 2
+    if (in.xo && blockIdx.x == 0 && threadIdx.x < 32)
+        for (int i = threadIdx.x; i < n4; i += 32) reinterpret_cast<float4*>(in.xo + (size_t)b * K)[i] = r.row(in, i);
+#endif
+    return r;
+}
+// whether a unit's groups g and g + 1 (g even) are the two halves of one 32-value block (goff(u, g) = 64 u + 16 g):
+// every q8-path type but Q6_K, whose unit holds a quarter of each of four blocks
+template <class TT> struct MvnPairs { static constexpr bool v = true; };
+template <> struct MvnPairs<TQ6_K> { static constexpr bool v = false; };
+// q8_store4's rule over the 32 values of block blk (elements 32 blk ..): q[] the 32 int8 packed 4 to an int as the
+// q8 row's bytes, d = amax / 127, s the integer sum
+MEMRA_DEVICE void mvn_q8_block(const MvnIn& in, const MvnRow& r, int blk, int (&q)[8], float& d, int& s) {
+    float4 v[8];
+    float amax = 0.f;
 #pragma unroll
-            for (int v = 0; v < MVN_VT; ++v) {
-                if (!mvn_live(v)) break;
-#pragma unroll
-                for (int j = 0; j < MVN_V; ++j) {
-                    const int i = c0 + mvn_at(v, j);
-                    if (i - (int)(threadIdx.x & 31) >= n4) break;  // warp-uniform: the warp's first float4
-                    q8_store4(a[v][j], i < n4, i, lq + (size_t)b * K, ls + (size_t)b * (K / 32));
-                }
-            }
-        }
+    for (int k = 0; k < 8; ++k) {
+        v[k] = r.val(in, 8 * blk + k);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
     }
-    __syncthreads();  // lq / ls complete before they are re-laid
+    d = amax / 127.0f;
+    const bool z = amax == 0.0f;
+    s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int q0 = z ? 0 : __float2int_rn(v[k].x / d), q1 = z ? 0 : __float2int_rn(v[k].y / d);
+        const int q2 = z ? 0 : __float2int_rn(v[k].z / d), q3 = z ? 0 : __float2int_rn(v[k].w / d);
+        s += q0 + q1 + q2 + q3;
+        q[k] = (int)((uint32_t)(q0 & 0xff) | ((uint32_t)(q1 & 0xff) << 8) | ((uint32_t)(q2 & 0xff) << 16) |
+                     ((uint32_t)(q3 & 0xff) << 24));
+    }
 }
 #endif
 '''
 
 STAGE = r'''#if MV_NORM
-    // the rows normalized and quantized here (mvn_rows: the norm weights were loaded before the PDL wait), then
-    // tile-interleaved as MV_XSMEM stages them
-    extern __shared__ __align__(16) uint8_t mv_smem[];
-    const int ntile = (nu + 31) >> 5;
-    int8_t* sxq = reinterpret_cast<int8_t*>(mv_smem);                      // nb x ntile x 2048 B
-    int2* sxs = reinterpret_cast<int2*>(mv_smem + (size_t)nb * ntile * 2048); // nb x ntile x 128 x 8 B
-    int8_t* lq = reinterpret_cast<int8_t*>(mv_smem + (size_t)nb * ntile * 3072);
-    Q8Scale* ls = reinterpret_cast<Q8Scale*>(lq + (size_t)nb * K);
-    mvn_rows(pin, pw, K, nb, lq, ls, reinterpret_cast<float*>(ls + (size_t)nb * (K / 32)));
-    for (int i = threadIdx.x; i < nb * nu * 4; i += blockDim.x) {
-        const int b = i / (nu * 4), ug = i - b * nu * 4, uu = ug >> 2, g = ug & 3;
-        const int e = T::goff(uu, g, nu);
-        const int c = (uu >> 5) * 128 + g * 32 + (uu & 31);
-        reinterpret_cast<int4*>(sxq)[(size_t)b * ntile * 128 + c] = *reinterpret_cast<const int4*>(lq + (size_t)b * K + e);
-        sxs[(size_t)b * ntile * 128 + c] = *reinterpret_cast<const int2*>(ls + (size_t)b * (K / 32) + e / 32);
-    }
-    __syncthreads();
+    // the batch rows' norm scales, every warp its own (no shared memory, no barrier)
+    MvnRow mr[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+        if (b < nb) mr[b] = mvn_row(pin, K, b);
 #elif MV_XSMEM
+'''
+
+UNIT = r'''#if MV_NORM
+                // unit u's q8 values and scales made here from the f32 row (mvn_q8_block), where mv_q8 loads them:
+                // groups g, g + 1 halves of one 32-value block (MvnPairs), else each group its own block
+#pragma unroll
+                for (int g = 0; g < 4; g += MvnPairs<T>::v ? 2 : 1) {
+                    const int e = T::goff(u, g, nu);
+                    int qb[8], sb;
+                    float db;
+                    mvn_q8_block(pin, mr[b], e >> 5, qb, db, sb);
+                    const bool hi = !MvnPairs<T>::v && (e & 16);
+                    xv[g] = hi ? make_int4(qb[4], qb[5], qb[6], qb[7]) : make_int4(qb[0], qb[1], qb[2], qb[3]);
+                    sv[g].d = db;
+                    sv[g].s = sb;
+                    if (MvnPairs<T>::v) {
+                        xv[g + 1] = make_int4(qb[4], qb[5], qb[6], qb[7]);
+                        sv[g + 1] = sv[g];
+                    }
+                }
+#else
 '''
 
 ENTRY = '''extern "C" __global__ void __launch_bounds__(32 * MV_NWARPS)
@@ -223,9 +218,11 @@ EDITS = [
      "#endif\n"
      "                        ) {\n"),
     ("    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n#if MV_XSMEM\n    // Stage x in shared memory,",
-     "#if MV_NORM\n    MvnW pw;\n    mvn_weights(pin, K, pw);\n#endif\n"
      "    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n" + STAGE + "    // Stage x in shared memory,"),
-    ("#if MV_XSMEM\n                    const size_t c =", "#if MV_XSMEM || MV_NORM\n                    const size_t c ="),
+    ("                Q8Scale sv[4];\n#pragma unroll\n                for (int g = 0; g < 4; ++g) {\n#if MV_XSMEM\n",
+     "                Q8Scale sv[4];\n" + UNIT + "#pragma unroll\n                for (int g = 0; g < 4; ++g) {\n#if MV_XSMEM\n"),
+    ("                    sv[g].d = __int_as_float(t.x); sv[g].s = t.y;\n                }\n",
+     "                    sv[g].d = __int_as_float(t.x); sv[g].s = t.y;\n                }\n#endif\n"),
     ("    mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);\n}\n#endif\n",
      "    mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);\n}\n"
      "#if MV_NORM\n" + ENTRY.replace("@GLU@", "").replace("@GLUB@", "false")

@@ -565,8 +565,7 @@ class Planner:
         sums x + d go to, since every block reads x. The residual then alternates between x and
         x2: an add_norm that stays is told its buffer (args["x"]). The readers are the launches
         right after it that read its twin (src h for a norm); nothing else in a step reads the
-        twin or h. A reader whose prologue would not fit PROLOGUE_SMEM_MAX keeps the launch."""
-        E = self.cfg.n_embd
+        twin or h."""
         res: list[Launch] = []
         cur = "x"  # the buffer holding the residual
         i = 0
@@ -578,10 +577,8 @@ class Planner:
                 while j < len(out) and out[j].op in MATRIX_OPS and out[j].args.get("src") == src:
                     j += 1
                 readers = out[i + 1:j]
-                K = E if L.op != "quantize" else int(L.args["K"])
                 t = {"norm": self.norm_threads, "add_norm": self.add_norm_threads}.get(L.op, 32)
-                if readers and all(r.op == "matvec" and r.group in self.prologue and
-                                   MV.prologue_smem_bytes(r.rows, K) <= MV.PROLOGUE_SMEM_MAX for r in readers):
+                if readers and all(r.op == "matvec" and r.group in self.prologue for r in readers):
                     pro = {"src": cur if L.op != "quantize" else src, "w": L.args.get("w"), "threads": t}
                     if L.op == "add_norm":
                         nxt = "x2" if cur == "x" else "x"

@@ -314,12 +314,8 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         defines = module_defines(w.ggml_type, n, cfg, canary)
         tail = ()
         if prologue is not None:
-            defines.update(prologue_defines(prologue.mode, prologue.threads, K, cfg["MV_NWARPS"]))
-            shmem = prologue_smem_bytes(n, K)
-            if shmem > PROLOGUE_SMEM_MAX:
-                raise MemraError(f"matvec: a prologue of {n} rows of {K} needs {shmem} B of shared memory "
-                                 f"(at most {PROLOGUE_SMEM_MAX})")
-            act_args, tail = prologue.args(b0, n, K)
+            defines.update(prologue_defines(prologue.mode, prologue.threads, K))
+            act_args, tail, shmem = *prologue.args(b0, n, K), 0
         elif q8:
             act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
             shmem = xsmem_bytes(n, K) if cfg.get("MV_XSMEM") else 0
@@ -333,36 +329,17 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
                   np.int32(ACTS[glu]), *tail), shmem=shmem, pdl=pdl)
 
 
-# the most dynamic shared memory a prologue launch may take (the plan fuses only below it): two
-# blocks an SM on sm_90 (227 KiB a block at most)
-PROLOGUE_SMEM_MAX = 100 * 1024
-
-
 def prologue_mode(norm_w, delta, w_post) -> int:
     """MV_NORM_MODE of a prologue given (or not: None) these operands: 0 quantize only, 1 rmsnorm,
     2 add_rmsnorm, 3 add_rmsnorm with a post-norm."""
     return 0 if norm_w is None else 1 if delta is None else 2 if w_post is None else 3
 
 
-# float4s a thread of a quantize-only prologue (MV_NORM_MODE 0) loads at once: the row in chunks
-PROLOGUE_QUANT_V = 8
-
-
-def prologue_defines(mode: int, threads: int, K: int, nwarps: int) -> dict[str, int]:
+def prologue_defines(mode: int, threads: int, K: int) -> dict[str, int]:
     """An mv_q8n module's prologue defines: MV_NORM_MODE (Prologue.mode); MV_NORM, the emulated
-    norm's NORM_THREADS (mode 0: the block's threads, the order being free); MV_NORM_V, the float4s
-    a virtual thread holds: the whole row (norm.cu's NORM_MAXV loop cut to the row) or, mode 0, a
-    chunk of at most PROLOGUE_QUANT_V."""
-    nt = 32 * nwarps if mode == 0 else threads
-    v = -(-(K // 4) // nt)
-    return {"MV_NORM": nt, "MV_NORM_MODE": mode, "MV_NORM_V": min(v, PROLOGUE_QUANT_V) if mode == 0 else v}
-
-
-def prologue_smem_bytes(nb: int, K: int) -> int:
-    """Dynamic shared memory of an mv_q8n launch of nb rows of K: MV_XSMEM's tile-interleaved q8
-    rows, the linear q8 rows and scales the prologue writes first, and the emulated norm's
-    per-warp sums (32 floats: NORM_THREADS <= 1024)."""
-    return xsmem_bytes(nb, K) + nb * K + nb * K // 32 * Q8_SCALE.itemsize + 128
+    norm's NORM_THREADS; MV_NORM_V, the float4s a thread of it holds, norm.cu's NORM_MAXV loop cut
+    to the row (1 in mode 0, which sums nothing)."""
+    return {"MV_NORM": threads, "MV_NORM_MODE": mode, "MV_NORM_V": -(-(K // 4) // threads) if mode else 1}
 
 
 # ---------------------------------------------------------------------------------------
@@ -611,7 +588,7 @@ def launch_cases(L, ctx) -> list[dict]:
         mode = prologue_mode(pro["w"], pro.get("delta"), pro.get("w_post"))
         return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
                  "defines": {**module_defines(t, n, cfg),
-                             **prologue_defines(mode, int(pro["threads"]), K, cfg["MV_NWARPS"])}, "bucket": n,
+                             **prologue_defines(mode, int(pro["threads"]), K)}, "bucket": n,
                  "tag": f"K{K}" + (" add_norm" if pro.get("delta") else " norm" if pro["w"] else " quant")
                  + (" res=y" if res else ""),
                  "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": True, "res": res,
