@@ -12,6 +12,12 @@
 #  each: 58 % beats the driver's on every model (the 8B +3-6 %, SmolLM2's step +5-10 %) while keeping ~96 KB of L1;
 #  28 % between. If 58 wins everywhere it is a default (a fixed preference for every kernel) after the GPU tests.
 #  Then the fold under that carveout (SmolLM2 shape, MEMRA_NORM_PRO all / down) through experiments/norm_pro/ab.py.
+# STAGE n (~8 min, no models): the fold's v3 (experiments/norm_pro: no shared memory, no barrier; session 33's v1 / v2
+#  lost -7..-45 %), tg128 arms off / all / off / all / norms / down through ab.py on the SmolLM2, Gemma-3 and 1B shapes,
+#  then the probe (the pair against the fused launch alone, six shapes) and the fold's kernel-check. Predicted: alone
+#  -0.5..-1.5 us a pair on the small qkv / gate_up shapes (the hop gone, no barrier), the same in the engine (no
+#  launch re-splits an SM): SmolLM2 shape +5-10 %, 1B +3-6 %; the down's fold worst (32 divisions a value block in
+#  each lane that reads it). The gates must stay MATCH.
 # STAGE t (~6 min, models shipped): the GPU tests (not run since session 31).
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096 and at 0,
 #  the 1B (MODELS overrides).
@@ -37,6 +43,24 @@ c)
       MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py bench synth:smollm2-135m:Q4_1 -p 0 -n 128 -r 3
   done
   cp $R/bench-carveout.jsonl $OUT/ ;;
+n)
+  for m in ${MODELS:-synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama-1b:Q4_0}; do
+    for arm in ${ARMS:-off all off all norms down}; do
+      [ $(( $(date +%s) - T0 )) -lt 240 ] || break
+      case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
+      arm_run "$m norm_pro v3 $arm" bench-norm-pro.jsonl env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py \
+        bench $m -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-norm-pro.jsonl $OUT/
+  timeout $(( 420 - ($(date +%s) - T0) )) python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1 \
+    --only "SmolLM2 qkv,SmolLM2 down,Gemma-3 qkv,1B qkv,1B down,SmolLM2 gate_up" 2>&1 | grep -v "^/work" | tee -a $R/log.txt
+  cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
+  MEMRA_NORM_PRO=all timeout $(( 570 - ($(date +%s) - T0) )) python3 experiments/norm_pro/ab.py kernel-check \
+    --only matvec > $R/kc-fold.txt 2>&1
+  log "fold kernel-check rc=$? $(tail -1 $R/kc-fold.txt)"
+  grep -E "^FAIL|mv_q8n.*(differ|FAIL)" $R/kc-fold.txt | grep -v "launch set: model" | head -20 | tee -a $R/log.txt
+  cp $R/kc-fold.txt $OUT/ ;;
 t)
   gpu_tests 585 ;;
 d)
