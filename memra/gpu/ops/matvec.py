@@ -315,7 +315,8 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         tail = ()
         if prologue is not None:
             defines.update(prologue_defines(prologue.mode, prologue.threads, K))
-            act_args, tail, shmem = *prologue.args(b0, n, K), 0
+            act_args, tail = prologue.args(b0, n, K)
+            shmem = 0
         elif q8:
             act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
             shmem = xsmem_bytes(n, K) if cfg.get("MV_XSMEM") else 0
