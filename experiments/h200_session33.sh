@@ -102,15 +102,7 @@ l)
   attn_land l 300 ;;
 n)
   # MODELS / ARMS override (a call holds ~20 bench runs)
-  for m in ${MODELS:-synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama-1b:Q4_0}; do
-    for arm in ${ARMS:-off all off all norms down}; do
-      [ $(( $(date +%s) - T0 )) -lt 560 ] || break
-      case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
-      arm_run "$m norm_pro $arm" bench-norm-pro.jsonl env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py \
-        bench $m -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/bench-norm-pro.jsonl $OUT/
+  norm_pro_arms bench-norm-pro.jsonl "norm_pro" 560
   # then the folded launches' bits against their pairs, and the probe's µs by shape, as time allows
   if [ $(( $(date +%s) - T0 )) -lt 300 ]; then
     MEMRA_NORM_PRO=all timeout 200 python3 experiments/norm_pro/ab.py kernel-check --only matvec > $R/kc-fold.txt 2>&1

@@ -44,15 +44,7 @@ c)
   done
   cp $R/bench-carveout.jsonl $OUT/ ;;
 n)
-  for m in ${MODELS:-synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama-1b:Q4_0}; do
-    for arm in ${ARMS:-off all off all norms down}; do
-      [ $(( $(date +%s) - T0 )) -lt 240 ] || break
-      case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
-      arm_run "$m norm_pro v3 $arm" bench-norm-pro.jsonl env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py \
-        bench $m -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/bench-norm-pro.jsonl $OUT/
+  norm_pro_arms bench-norm-pro.jsonl "norm_pro v3" 240
   timeout $(( 420 - ($(date +%s) - T0) )) python3 experiments/norm_pro/probe.py --out $R/norm-pro.jsonl --nb 1 \
     --only "SmolLM2 qkv,SmolLM2 down,Gemma-3 qkv,1B qkv,1B down,SmolLM2 gate_up" 2>&1 | grep -v "^/work" | tee -a $R/log.txt
   cp $R/norm-pro.jsonl $OUT/ 2>/dev/null
