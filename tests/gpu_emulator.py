@@ -319,8 +319,9 @@ def check_geometry(kernel, grid, block, shmem, v):
                 _fail(k, grid, block, "mv_q8n needs a module built with MV_NORM")
             # MV_NORM_MODE: which of the norm weight, delta and post-norm weight the code reads; MV_NORM_V:
             # the float4s a virtual thread holds (a norm's whole row: V x MV_NORM >= K / 4)
-            nw_, delta, wp = v[3], v[11], v[12]
-            mode = 0 if not nw_ else 1 if not delta else 2 if not wp else 3
+            from memra.gpu.ops.matvec import prologue_mode
+
+            mode = prologue_mode(*(p or None for p in (v[3], v[11], v[12])))   # norm weight, delta, w_post
             if _d(k, "MV_NORM_MODE", -1) != mode:
                 _fail(k, grid, block, f"MV_NORM_MODE {_d(k, 'MV_NORM_MODE', -1)}, the pointers make it {mode}")
             if mode and _d(k, "MV_NORM_V", 0) * _d(k, "MV_NORM", 0) < K // 4:
