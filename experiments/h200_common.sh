@@ -194,16 +194,3 @@ freeze_show() {
   python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults --pdl > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
   python3 -m memra tune show > "$R/show-$1.txt" 2>&1; log "show: $(grep -i stale "$R/show-$1.txt" | head -3)"
 }
-# norm_pro_arms JSONL TAG LIMIT_S: tg128 of each of MODELS (default the SmolLM2, Gemma-3 and 1B shapes) through
-# experiments/norm_pro/ab.py with MEMRA_NORM_PRO by ARMS (default off all off all norms down), while under LIMIT_S
-norm_pro_arms() {
-  local out=$1 tag=$2 lim=$3 m arm v
-  for m in ${MODELS:-synth:smollm2-135m:Q4_1 synth:gemma3-270m:Q4_K_M synth:llama-1b:Q4_0}; do
-    for arm in ${ARMS:-off all off all norms down}; do
-      [ $(( $(date +%s) - T0 )) -lt $lim ] || break
-      case $arm in off) v= ;; all) v=all ;; norms) v=qkv,gate_up,output ;; down) v=down ;; esac
-      arm_run "$m $tag $arm" $out env MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py bench $m -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/$out $OUT/
-}

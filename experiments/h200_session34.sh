@@ -36,12 +36,6 @@ c)
       done
     done
   done
-  for arm in 58:off 58:all 58:down; do
-    [ $(( $(date +%s) - T0 )) -lt 540 ] || break
-    v=${arm#58:}; [ $v = off ] && v=
-    arm_run "smollm2 carveout=58 norm_pro ${arm#58:}" bench-carveout.jsonl env MEMRA_SMEM_CARVEOUT=58 \
-      MEMRA_NORM_PRO=$v python3 experiments/norm_pro/ab.py bench synth:smollm2-135m:Q4_1 -p 0 -n 128 -r 3
-  done
   cp $R/bench-carveout.jsonl $OUT/ ;;
 n)
   norm_pro_arms bench-norm-pro.jsonl "norm_pro v3" 240

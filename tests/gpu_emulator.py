@@ -307,27 +307,12 @@ def check_geometry(kernel, grid, block, shmem, v):
         # matvec.cu: grid ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block 32 * MV_NWARPS, dynamic
         # shared memory 0 or (MV_XSMEM, q8 family) nb * ceil(K / 2048) * 3072; block i owns
         # output rows [i * rpb, (i + 1) * rpb) of every batch row b < nb <= MV_B
-        # mv_q8n (MV_NORM, the norm in the prologue): none (each warp makes its q8 values itself)
         nw, rows, ks = _d(k, "MV_NWARPS", 4), _d(k, "MV_ROWS", 1), _d(k, "MV_KSPLIT", 1)
-        N, K, nb = v[7:10] if name.startswith("mv_q8n") else v[6:9] if name.startswith("mv_q8") else v[5:8]
+        N, K, nb = v[6:9] if name.startswith("mv_q8") else v[5:8]
         _block_is(k, grid, block, 32 * nw, "32 * MV_NWARPS")
         if not 1 <= nb <= _d(k, "MV_B", 1):
             _fail(k, grid, block, f"nb = {nb} outside 1..MV_B = {_d(k, 'MV_B', 1)}")
-        if name.startswith("mv_q8n"):
-            want = 0
-            if not _d(k, "MV_NORM", 0):
-                _fail(k, grid, block, "mv_q8n needs a module built with MV_NORM")
-            # MV_NORM_MODE: which of the norm weight, delta and post-norm weight the code reads; MV_NORM_V:
-            # the float4s a virtual thread holds (a norm's whole row: V x MV_NORM >= K / 4)
-            from memra.gpu.ops.matvec import prologue_mode
-
-            mode = prologue_mode(*(p or None for p in (v[3], v[11], v[12])))   # norm weight, delta, w_post
-            if _d(k, "MV_NORM_MODE", -1) != mode:
-                _fail(k, grid, block, f"MV_NORM_MODE {_d(k, 'MV_NORM_MODE', -1)}, the pointers make it {mode}")
-            if mode and _d(k, "MV_NORM_V", 0) * _d(k, "MV_NORM", 0) < K // 4:
-                _fail(k, grid, block, f"MV_NORM_V x MV_NORM < K / 4 = {K // 4}: the row does not fit the registers")
-        else:
-            want = nb * -(-K // 2048) * 3072 if name.startswith("mv_q8") and _d(k, "MV_XSMEM", 0) else 0
+        want = nb * -(-K // 2048) * 3072 if name.startswith("mv_q8") and _d(k, "MV_XSMEM", 0) else 0
         if shmem != want:
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
         if grid[1:] != (1, 1):
@@ -980,26 +965,7 @@ def _mv(g, k, grid, v):
 
     t = int(k.defines["MV_TYPE"])
     glu = k.name.endswith("_glu")
-    if k.name.startswith("mv_q8n"):
-        # the prologue: rmsnorm(xn) * nw (nw NULL: xn as it is), quantized by the q8 rule (matvec.cu's
-        # MV_NORM contract: rmsnorm + its q8 twin, then mv_q8); nothing written but y
-        from memra.cpu.reference import rms_norm
-
-        # (delta: add_rmsnorm's rows x + (w_post ? rmsnorm(delta) * w_post : delta), written to xo when given)
-        bulk, meta, xn, nw, eps, y, res, N, K, nb, act, delta, wp, eps_post, xo = v
-        rows_f = _f32(g, xn, nb * K).reshape(nb, K).copy()
-        if delta:
-            d = _f32(g, delta, nb * K).reshape(nb, K).copy()
-            if wp:
-                d = rms_norm(d, _f32(g, wp, K), eps_post)
-            rows_f += d
-            if xo:
-                _f32(g, xo, nb * K)[:] = rows_f.reshape(-1)
-        if nw:
-            rows_f = rms_norm(rows_f, _f32(g, nw, K), eps)
-        q, sc = MV.quantize_q8_ref(np.ascontiguousarray(rows_f, np.float32))
-        x = (q.reshape(nb, K // 32, 32).astype(np.float64) * sc["d"].reshape(nb, K // 32, 1)).reshape(nb, K)
-    elif k.name.startswith(("mv_q8", "gemm_q8", "mvt_q8")):
+    if k.name.startswith(("mv_q8", "gemm_q8", "mvt_q8")):
         bulk, meta, xq, xs, y, res, N, K, nb, act = v
         q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
         d = g.mem(xs, MV.Q8_SCALE, nb * K // 32)["d"].reshape(nb, K // 32, 1)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from memra.env import env_int
@@ -105,28 +105,6 @@ def dispatch_rule(rows: int) -> str:
     if rows >= GEMM.GEMM_MIN_ROWS:
         return "gemm"
     return "mvt" if rows >= MVT.MVT_MIN_ROWS else "matvec"
-
-
-# the consumers (Launch.group) whose decode matvecs may take the norm or quantize before them into
-# their prologue (MEMRA_NORM_PRO; memra.gpu.ops.matvec.Prologue)
-PROLOGUE_GROUPS = ("qkv", "gate_up", "attn_output", "down", "output")
-
-
-def prologue_groups() -> frozenset:
-    """MEMRA_NORM_PRO (a measurement knob, docs/FLAGS.md): the consumer groups whose decode mv_q8
-    launches normalize (or quantize) their rows themselves: empty (the default, "" or 0), a
-    comma list of PROLOGUE_GROUPS, or 1 / all for every one."""
-    v = os.environ.get("MEMRA_NORM_PRO", "").strip()
-    if v in ("", "0"):
-        return frozenset()
-    if v in ("1", "all"):
-        return frozenset(PROLOGUE_GROUPS)
-    got = frozenset(p.strip() for p in v.split(",") if p.strip())
-    bad = sorted(got - set(PROLOGUE_GROUPS))
-    if bad:
-        raise MemraError(f"MEMRA_NORM_PRO: unknown group(s) {', '.join(bad)} (groups: {', '.join(PROLOGUE_GROUPS)}, "
-                         "or 1 / all)")
-    return got
 
 
 def graph_bucket(rows: int) -> int:
@@ -219,8 +197,6 @@ class Planner:
                                       "a non-negative integer") if att_group_rows is None else int(att_group_rows)
         self._validate()
         self._weights = self._plan_weights()
-        # the norms and quantizes a decode step folds into its matvecs' prologue (prologue_groups)
-        self.prologue = prologue_groups() if path == "q8" else frozenset()
         # a measurement knob (docs/FLAGS.md): the fewest output tiles a weight needs for the tile
         # (GT.MIN_ROW_TILES); it decides which weights' prompt rows take the chain order
         tile_min = env_int("MEMRA_TILE_MIN", GT.MIN_ROW_TILES, lambda n: n >= 1, "a positive integer")
@@ -336,9 +312,6 @@ class Planner:
 
         self.norm_cfg = {"rmsnorm": checked("rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, True, d)),
                          "add_rmsnorm": checked("add_rmsnorm", {"n": E}, lambda d: NORM.launch_config(E, False, d))}
-        # the norms' block sizes: their reduction orders, which a matvec prologue emulates (_prologues)
-        self.norm_threads = NORM.launch_config(E, True, self.norm_cfg["rmsnorm"])[0]
-        self.add_norm_threads = NORM.launch_config(E, False, self.norm_cfg["add_rmsnorm"])[0]
         self.heads = {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}
         self.rope_cfg = checked("rope_norm_kv", self.heads, ROPE.warps)
         ctxs = []  # the context lengths the table has a batch-1 attention entry for
@@ -553,51 +526,7 @@ class Planner:
                 self._norm(out, nname, nxt, rows, il)
         if sampler != "none" or decode:
             out.extend(self.head(rows, sampler))
-        return self._prologues(out) if decode and self.prologue else out
-
-    def _prologues(self, out: list[Launch]) -> list[Launch]:
-        """A decode step's norm, add_norm or quantize launch whose every reader is an mv_q8 launch
-        (the "matvec" op: 1..8-row chunks) of a group in self.prologue is dropped, and each reader
-        gets args["prologue"]: the f32 rows it normalizes (the residual) or quantizes (the
-        quantize's src) itself, the norm weight (None for a quantize) and the norm's
-        NORM_THREADS, whose order the prologue emulates (the same bits); for an add_norm also its
-        delta and post-norm weight, and (the first reader, unless the head) x_out: the buffer the
-        sums x + d go to, since every block reads x. The residual then alternates between x and
-        x2: an add_norm that stays is told its buffer (args["x"]). The readers are the launches
-        right after it that read its twin (src h for a norm); nothing else in a step reads the
-        twin or h."""
-        res: list[Launch] = []
-        cur = "x"  # the buffer holding the residual
-        i = 0
-        while i < len(out):
-            L = out[i]
-            if L.op in ("norm", "add_norm", "quantize"):
-                src = "h" if L.op != "quantize" else L.args["src"]
-                j = i + 1
-                while j < len(out) and out[j].op in MATRIX_OPS and out[j].args.get("src") == src:
-                    j += 1
-                readers = out[i + 1:j]
-                t = {"norm": self.norm_threads, "add_norm": self.add_norm_threads}.get(L.op, 32)
-                if readers and all(r.op == "matvec" and r.group in self.prologue for r in readers):
-                    pro = {"src": cur if L.op != "quantize" else src, "w": L.args.get("w"), "threads": t}
-                    if L.op == "add_norm":
-                        nxt = "x2" if cur == "x" else "x"
-                        pro.update(delta=L.args["delta"], w_post=L.args.get("w_post"))
-                        out_to = None if readers[0].group == "output" else nxt
-                        res.extend(replace(r, args={**r.args, "prologue": {**pro, "x_out": out_to if k == 0 else None}})
-                                   for k, r in enumerate(readers))
-                        cur = nxt
-                    else:
-                        res.extend(replace(r, args={**r.args, "prologue": pro}) for r in readers)
-                    i = j
-                    continue
-                if L.op == "add_norm":
-                    L = replace(L, args={**L.args, "x": cur})
-            if cur != "x" and (L.op in ("norm", "embed") or "x" in (L.args.get(k) for k in ("src", "dst", "res"))):
-                raise MemraError(f"plan: {L.name} reads the residual x while it is in x2 (a folded add_norm)")
-            res.append(L)
-            i += 1
-        return res
+        return out
 
     def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
         """The output projection of `rows` rows of h (whose q8 twin the last norm made) into

@@ -299,7 +299,6 @@ class Runner:
         f, i32 = np.float32, np.int32
         self.buf = {
             "x": g.empty((R, c.n_embd), f), "h": g.empty((R, c.n_embd), f), "t1": g.empty((R, c.n_embd), f),
-            "x2": g.empty((MAX_ROWS, c.n_embd), f),  # the residual's other buffer (decode steps: plan._prologues)
             "qkv": g.empty((R, c.q_dim + 2 * c.kv_dim), f), "qr": g.empty((R, c.q_dim), f),
             "ao": g.empty((R, c.q_dim), f), "ff": g.empty((R, c.n_ff), f), "ff2": g.empty((R, c.n_ff), f),
             "logits": g.empty((MAX_ROWS, c.n_vocab), f), "hsel": g.empty((MAX_ROWS, c.n_embd), f),
@@ -462,9 +461,9 @@ class Runner:
                 if op == "norm":
                     NORM.rmsnorm(g, B["x"], self.vec[a["w"]], B["h"], E, c.norm_eps, rows, xq=xq, xs=xs, pdl=pdl,
                                  config=L.config)
-                else:  # the residual in x, or in x2 after a norm folded into a matvec (plan._prologues)
-                    NORM.add_rmsnorm(g, B[a.get("x", "x")], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps,
-                                     rows, w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
+                else:
+                    NORM.add_rmsnorm(g, B["x"], B[a["delta"]], self.vec[a["w"]], B["h"], E, c.norm_eps, rows,
+                                     w_post=self.vec[a["w_post"]] if a.get("w_post") else None, xq=xq, xs=xs,
                                      pdl=pdl, config=L.config)
             elif op in PLAN.MATRIX_OPS:
                 self._matvec(L, g)
@@ -545,16 +544,7 @@ class Runner:
         def tuned(_n):
             return cfg
 
-        pro = a.get("prologue")
-        if pro:  # the norm / quantize before it folded in (plan._prologues): the f32 rows, not the twin
-            def rows_of(name):
-                return B[name].view(offset=r0 * K * 4, shape=(n, K)) if name else None
-
-            MV.matvec(g, w, y, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned, prologue=MV.Prologue(
-                rows_of(pro["src"]), self.vec[pro["w"]] if pro["w"] else None, self.cfg.norm_eps, pro["threads"],
-                rows_of(pro.get("delta")), self.vec[pro["w_post"]] if pro.get("w_post") else None,
-                x_out=rows_of(pro.get("x_out"))))
-        elif a["q8"]:
+        if a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":
                 from memra.gpu.ops import gemm_tile as GT

@@ -172,6 +172,10 @@ def default_config(ggml_type: int, path: str, N: int, K: int, nb: int, glu: bool
     return {"MV_NWARPS": 4, "MV_ROWS": 2, "MV_KSPLIT": 1, "MV_UNROLL": 2}
 
 
+def _module(g, ggml_type: int, n: int, config: dict, canary: int = 0):
+    return g.module(KERNEL_FILE, module_defines(ggml_type, n, config, canary))
+
+
 def xsmem_bytes(nb: int, K: int) -> int:
     """Dynamic shared memory of an MV_XSMEM launch: nb rows of tile-interleaved int8
     activations (2048 B per 32 units) and their scales (1024 B per 32 units)."""
@@ -226,68 +230,20 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
              (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
 
-@dataclass(frozen=True)
-class Prologue:
-    """What an mv_q8n launch (MV_NORM) normalizes or quantizes itself before mv_q8's loop, instead of
-    reading a q8 twin: the f32 rows x; norm_w (None: x quantized as it is, quantize_q8's work) with
-    eps at NORM_THREADS = threads, whose reduction order it emulates (the bits of norm.rmsnorm + its
-    twin); delta: norm.add_rmsnorm's instead, x + (w_post ? rmsnorm(delta) * w_post : delta)
-    (eps_post: eps when None) normalized by norm_w, those sums written to x_out (x is left as it is:
-    every block reads it, so the residual moves to another buffer)."""
-    x: object
-    norm_w: object = None
-    eps: float = 0.0
-    threads: int = 32
-    delta: object = None
-    w_post: object = None
-    eps_post: float | None = None
-    x_out: object = None
-
-    def check(self, nb: int, K: int) -> None:
-        for a, what in ((self.x, "x"), (self.delta, "delta"), (self.x_out, "x_out")):
-            if a is not None and (a.dtype != np.float32 or a.size < nb * K):
-                raise MemraError(f"matvec: the prologue's {what} must be f32 with >= {nb}x{K} values")
-        for a, what in ((self.norm_w, "norm weight"), (self.w_post, "w_post")):
-            if a is not None and (a.dtype != np.float32 or a.size < K):
-                raise MemraError(f"matvec: the prologue's {what} must be f32 with {K} values")
-        if self.delta is None and (self.w_post is not None or self.x_out is not None):
-            raise MemraError("matvec: w_post and x_out belong to the add_rmsnorm prologue (give delta)")
-        if self.delta is not None and self.norm_w is None:
-            raise MemraError("matvec: the add_rmsnorm prologue normalizes by a norm weight (give norm_w)")
-        if self.threads < 32 or self.threads > 1024 or self.threads % 32:
-            raise MemraError(f"matvec: the prologue's threads must be a multiple of 32 in 32..1024, got {self.threads}")
-
-    @property
-    def mode(self) -> int:
-        return prologue_mode(self.norm_w, self.delta, self.w_post)
-
-    def args(self, b0: int, n: int, K: int) -> tuple[tuple, tuple]:
-        """mv_q8n's arguments around mv_q8's (y, res, N, K, nb, act): those before, those after."""
-        def rows(a):
-            return _NULL if a is None else a.view(np.float32, (n * K,), 4 * b0 * K)
-
-        return ((rows(self.x), _NULL if self.norm_w is None else self.norm_w, np.float32(self.eps)),
-                (rows(self.delta), _NULL if self.w_post is None else self.w_post,
-                 np.float32(self.eps if self.eps_post is None else self.eps_post), rows(self.x_out)))
-
-
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
            glu: str | None = None, config: dict | None = None, canary: int = 0,
-           pdl: bool = False, tuned=None, prologue: Prologue | None = None) -> None:
-    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path; with a
-    prologue the q8 path's mv_q8n, which makes the q8 rows itself (Prologue).
+           pdl: bool = False, tuned=None) -> None:
+    """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path.
 
     config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
     a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
     hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
     if glu not in ACTS:
         raise MemraError(f"matvec: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    q8 = xq is not None or prologue is not None
+    q8 = xq is not None
     if q8 and w.ggml_type in FLOAT_TYPES:
         raise MemraError(f"matvec: {TYPES[w.ggml_type][0]} weights take f32 activations")
-    if prologue is not None and (x is not None or xq is not None or xs is not None):
-        raise MemraError("matvec: a prologue makes the q8 rows from its own (no x, xq or xs)")
-    if prologue is None and ((x is None) == (not q8) or (q8 and xs is None)):
+    if (x is None) == (not q8) or (q8 and xs is None):
         raise MemraError("matvec: give either x (f32 path) or xq and xs (q8 path)")
     N = w.rows // 2 if glu else w.rows
     if glu and w.rows % 2:
@@ -297,9 +253,7 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         raise MemraError(f"matvec: y must be f32 with >= {nb}x{N} values")
     if residual is not None and (residual.dtype != np.float32 or residual.size < nb * N):
         raise MemraError("matvec: residual must be f32 like y")
-    if prologue is not None:
-        prologue.check(nb, K)
-    elif q8:
+    if q8:
         if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
             raise MemraError("matvec: xq/xs must be int8 / Q8_SCALE with nb rows of K")
     elif x.dtype != np.float32 or x.size < nb * K:
@@ -310,37 +264,18 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
     for b0 in range(0, nb, chunk):
         n = min(chunk, nb - b0)
         cfg = launch_config(w.ggml_type, q8, N, K, n, bool(glu), config, tuned)
-        name = ("mv_q8n" if prologue is not None else "mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
-        defines = module_defines(w.ggml_type, n, cfg, canary)
-        tail = ()
-        if prologue is not None:
-            defines.update(prologue_defines(prologue.mode, prologue.threads, K))
-            act_args, tail = prologue.args(b0, n, K)
-            shmem = 0
-        elif q8:
-            act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
-            shmem = xsmem_bytes(n, K) if cfg.get("MV_XSMEM") else 0
-        else:
-            act_args, shmem = (x.view(np.float32, (n * K,), 4 * b0 * K),), 0
-        k = g.module(KERNEL_FILE, defines).kernel(name)
+        name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
+        k = _module(g, w.ggml_type, n, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
+        if q8:
+            act_args = (xq.view(np.int8, (n * K,), b0 * K), xs.view(Q8_SCALE, (n * K // 32,), 8 * b0 * K // 32))
+        else:
+            act_args = (x.view(np.float32, (n * K,), 4 * b0 * K),)
+        shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
         g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
-                  np.int32(ACTS[glu]), *tail), shmem=shmem, pdl=pdl)
-
-
-def prologue_mode(norm_w, delta, w_post) -> int:
-    """MV_NORM_MODE of a prologue given (or not: None) these operands: 0 quantize only, 1 rmsnorm,
-    2 add_rmsnorm, 3 add_rmsnorm with a post-norm."""
-    return 0 if norm_w is None else 1 if delta is None else 2 if w_post is None else 3
-
-
-def prologue_defines(mode: int, threads: int, K: int) -> dict[str, int]:
-    """An mv_q8n module's prologue defines: MV_NORM_MODE (Prologue.mode); MV_NORM, the emulated
-    norm's NORM_THREADS; MV_NORM_V, the float4s a thread of it holds, norm.cu's NORM_MAXV loop cut
-    to the row (1 in mode 0, which sums nothing)."""
-    return {"MV_NORM": threads, "MV_NORM_MODE": mode, "MV_NORM_V": -(-(K // 4) // threads) if mode else 1}
+                  np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------
@@ -584,17 +519,6 @@ def launch_cases(L, ctx) -> list[dict]:
     N = rows // 2 if glu else rows
     cfg = launch_config(t, q8, N, K, n, bool(glu), None, lambda _n: L.config)
     res = bool(L.args.get("res"))
-    pro = L.args.get("prologue")
-    if pro:  # the norm (or quantize) folded in: checked against the two launches it replaces
-        mode = prologue_mode(pro["w"], pro.get("delta"), pro.get("w_post"))
-        return [{"file": KERNEL_FILE, "entry": "mv_q8n_glu" if glu else "mv_q8n",
-                 "defines": {**module_defines(t, n, cfg),
-                             **prologue_defines(mode, int(pro["threads"]), K)}, "bucket": n,
-                 "tag": f"K{K}" + (" add_norm" if pro.get("delta") else " norm" if pro["w"] else " quant")
-                 + (" res=y" if res else ""),
-                 "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": True, "res": res,
-                            "norm": bool(pro["w"]), "add": bool(pro.get("delta")),
-                            "post": bool(pro.get("w_post")), "threads": int(pro["threads"])}}]
     return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
@@ -640,10 +564,8 @@ def check_launch(g, rng, case) -> "object":
                        0.0 if not any(bad) else np.inf)
     t, K, nb, glu, q8 = p["type"], p["K"], p["nb"], p["glu"], p["q8"]
     N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B", "MV_NORM", "MV_NORM_MODE", "MV_NORM_V")}
+    config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B")}
     w, wf = _launch_weight(g, t, N, K, glu, rng)
-    if case["entry"].startswith("mv_q8n"):
-        return _check_prologue(g, rng, case, w, N, config)
     x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
     if q8:
         xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
@@ -669,57 +591,6 @@ def check_launch(g, rng, case) -> "object":
     if not o2.ok:
         return o2
     return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}", max(o.err, o2.err))
-
-
-def _check_prologue(g, rng, case, w, N: int, config: dict):
-    """mv_q8n against the two launches it replaces, bit for bit: rmsnorm (params norm), add_rmsnorm
-    with a post-norm (params add: its residual written aside must also equal add_rmsnorm's in
-    place) or quantize_q8, at NORM_THREADS = MV_NORM, writing the q8 twin; then mv_q8 at the same
-    configuration, with the output poisoned and then with the residual aliased to it (the
-    engine's launches)."""
-    from memra.gpu.compare import Outcome
-    from memra.gpu.ops import norm as NORM
-
-    p, T = case["params"], int(case["params"]["threads"])
-    K, nb, glu, add = p["K"], p["nb"], p["glu"], p.get("add", False)
-    xh = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
-    x = g.to_device(xh)
-    nw = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if p["norm"] else None
-    delta = g.to_device(rng.standard_normal((nb, K)).astype(np.float32)) if add else None
-    wp = g.to_device((1 + 0.2 * rng.standard_normal(K)).astype(np.float32)) if add and p["post"] else None
-    xq, xs = g.empty((nb, K), np.int8), g.empty((nb, K // 32), Q8_SCALE)
-    xa, xb = g.to_device(xh), g.empty((nb, K), np.float32)   # add: the residual, in place / written aside
-    xb.poison()
-    if add:
-        NORM.add_rmsnorm(g, xa, delta, nw, g.empty((nb, K), np.float32), K, 1e-5, nb, w_post=wp, xq=xq, xs=xs,
-                         config={"NORM_THREADS": T})
-    elif nw is not None:
-        NORM.rmsnorm(g, x, nw, g.empty((nb, K), np.float32), K, 1e-5, nb, xq=xq, xs=xs, config={"NORM_THREADS": T})
-    else:
-        quantize_q8(g, x, xq, xs, nb)
-    name = f"{case['entry']} {TYPES[p['type']][0]} nb={nb} {N}x{K} MV_NORM={T}{' add' if add else ''} {config}"
-    res = rng.standard_normal((nb, N)).astype(np.float32)
-    bad = []
-    for alias in (False, True):
-        ya, yb = (g.to_device(res), g.to_device(res)) if alias else (g.empty((nb, N), np.float32),
-                                                                     g.empty((nb, N), np.float32))
-        if not alias:
-            ya.poison()
-            yb.poison()
-        matvec(g, w, ya, xq=xq, xs=xs, nb=nb, glu=glu, config=config, residual=ya if alias else None)
-        matvec(g, w, yb, nb=nb, glu=glu, config=config, residual=yb if alias else None,
-               prologue=Prologue(x, nw, 1e-5, T, delta, wp, x_out=xb if add else None))
-        g.sync()
-        a, b = ya.numpy(), yb.numpy()
-        n = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
-        if n:
-            bad.append(f"{n} of {a.size} outputs differ from the pair" + (" (residual aliased)" if alias else ""))
-    if add:
-        n = int(np.count_nonzero(xa.numpy().view(np.uint32) != xb.numpy().view(np.uint32)))
-        if n:
-            bad.append(f"{n} of {nb * K} residual sums differ from add_rmsnorm's")
-    return Outcome(name, not bad, "; ".join(bad) or "bit-identical to the pair, also with the residual aliased"
-                   + (" (and the residual sums)" if add else ""), 0.0 if not bad else np.inf)
 
 
 # ---------------------------------------------------------------------------------------
