@@ -221,7 +221,7 @@ class Kernel:
 
     def set_carveout(self, percent: int) -> None:
         """The preferred shared-memory carveout (percent of the most shared memory an SM has):
-        MEMRA_SMEM_CARVEOUT, a measurement knob (docs/FLAGS.md) — one value for every kernel, so
+        MEMRA_SMEM_CARVEOUT, a machine setting (docs/FLAGS.md) — one value for every kernel, so
         that consecutive kernels never ask an SM for another L1 / shared split."""
         from cuda.bindings import driver
 
