@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The next session's H200 calls (prepared in session 33, research/2026-12-05-session33).
+# Session 34's device calls (prepared in session 33; run at 79aeec7 on an H100: research/2026-12-05-session34). STAGE n's
+# fold (experiments/norm_pro) was withdrawn after it, with h200_common.sh's norm_pro_arms; the next calls are
+# experiments/h200_session35.sh.
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=c bash experiments/h200_session34.sh
 # .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE t needs the real models shipped, STAGE d
 # carries .llamacpp.
@@ -19,7 +21,6 @@
 #  launch re-splits an SM): SmolLM2 shape +5-10 %, 1B +3-6 %; the down's fold worst (32 divisions a value block in
 #  each lane that reads it). The gates must stay MATCH.
 # STAGE t (~6 min, models shipped): the GPU tests (not run since session 31).
-# STAGE p (~3 min, no models): `memra profile` of the 8B Q4_K_M at depths 128 and 4,096 and the SmolLM2 shape.
 # STAGE d (~9 min; carry .llamacpp): `--vs llama.cpp` on the 8B, the 8B at depth 4,096, SmolLM2 at 4,096 and at 0,
 #  the 1B (MODELS overrides).
 set -u
@@ -50,13 +51,6 @@ n)
   cp $R/kc-fold.txt $OUT/ ;;
 t)
   gpu_tests 585 ;;
-p)
-  # the decode step's per-kernel breakdown (memra profile) of the floor cells' models, JSON to $OUT
-  for a in "synth:llama3-8b:Q4_K_M -d 128" "synth:llama3-8b:Q4_K_M -d 4096" "synth:smollm2-135m:Q4_1 -d 128"; do
-    [ $(( $(date +%s) - T0 )) -lt ${P_LIMIT:-200} ] || break
-    timeout 120 python3 -m memra profile $a --synth-tokenizer $TOK --json >> $OUT/profile.jsonl 2>> $R/log.txt
-    log "profile $a rc=$? $(el)"
-  done ;;
 d)
   depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
 esac
