@@ -710,10 +710,28 @@ def _attn_split(g, k, grid, v):
             pml[t, :, s, 1] = e.sum(-1).reshape(nh)
 
 
+def _att_rows_pos(g, k, pos, T: int, window: int):
+    """experiments/attn_switch's row filter (ATT_ROWS 1: only rows of fewer than ATT_SWITCH keys, 2: only the
+    others): the positions with another module's rows marked padded (-1: their blocks leave at once, nothing read,
+    appended or written), in a scratch; pos itself without ATT_ROWS."""
+    mode = _d(k, "ATT_ROWS", 0)
+    if not mode:
+        return pos
+    P = g.mem(pos, np.int32, T).copy()
+    n = np.minimum(P + 1, window) if window > 0 else P + 1
+    P[(P >= 0) & ((n >= _d(k, "ATT_SWITCH", 256)) if mode == 1 else (n < _d(k, "ATT_SWITCH", 256)))] = -1
+    key = ("att_rows_pos", T)
+    if key not in g.wcache:
+        g.wcache[key] = g.empty((T,), np.int32)
+    g.mem(g.wcache[key].ptr, np.int32, T)[:] = P
+    return g.wcache[key].ptr
+
+
 def _attn_decode(g, k, grid, v):
     """attn_split + the merge of the last block, as attention.cu's attn_decode."""
     v, scales = _kv_scales(k, v)
     q, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap = v
+    pos = _att_rows_pos(g, k, pos, grid[2], window)
     _attn_split(g, k, grid, (q, kc, vc, part_o, part_ml, pos, seq, bt, max_blocks, n_kv, qpk, window, scale,
                              softcap, *_q8_tail(k, scales)))
     D = int(k.defines["HEAD_DIM"])
@@ -757,6 +775,7 @@ def _attn_decode_rope(g, k, grid, v):
     v, scales = _kv_scales(k, v)
     (q, kk, vv, qs, ks, vs, bias, qn, kn, cs, cs_rows, rope_dim, neox, eps, kc, vc, part_o, part_ml, counters,
      out, xq, xs, pos, seq, bt, max_blocks, n_kv, qpk, window, scale, softcap) = v
+    pos = _att_rows_pos(g, k, pos, grid[2], window)
     qr = _roped_q(g, k, grid[2], n_kv, qpk, (q, kk, vv, qs, ks, vs), (kc, vc, pos, seq, bias, qn, kn, cs, cs_rows, bt,
                                                                       max_blocks, rope_dim, neox, eps), scales)
     _attn_decode(g, k, grid, (qr, kc, vc, part_o, part_ml, counters, out, xq, xs, pos, seq, bt, max_blocks,

@@ -599,7 +599,7 @@ def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypa
     _, got, got_lg = steps(r, 12)
     assert got == want
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
-    counts = {k[2] for k in r._graphs if isinstance(k[0], int) and len(k) == 3}
+    counts = {k[2] for k in r._graphs if isinstance(k[0], int) and len(k) == 4}
     assert {1, 2} <= counts   # prompt + 12 tokens: 123 .. 134 keys
     assert r.plan.att_hpb_at(1, 2) == r.cfg.n_gqa and r.plan.att_hpb_at(1, 1) == r.plan.att_hpb_rows(1)
     # decode_run in chunks of 4 from the prompt: its graphs switch at the 128-key boundary
@@ -619,3 +619,86 @@ def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypa
     r.step([Row(s2, prompt + [5] * 150, sample=Sampling(0.0))])
     r.step([Row(s2, [7], sample=Sampling(0.0))])   # 274 keys: 4 splits (3 needed), replayed
     assert r.dec_splits == 4 and decode_keys() == before
+
+
+def test_att_switch_computes_every_row_once_and_keys_its_graphs(tiny_models, monkeypatch):
+    """MEMRA_ATT_SWITCH (experiments/attn_switch): a decode step's attention is the short module's launch (rows of
+    fewer than the switch's keys), the long one's, or both, each module filtering its rows (ATT_ROWS). The emulator's
+    attention is float64 whatever the configuration, so the logits must equal the unswitched engine's bit for bit:
+    every row computed, roped and appended exactly once, step by step across the switch, in decode_run's chunks whose
+    graphs change kind mid-run, and for two sequences on either side of it in one step."""
+    path = tiny_models("llama", "Q4_K_M")
+    rng = np.random.default_rng(5)
+    prompt = [int(x) for x in rng.integers(3, 400, 20)]
+
+    def runner(switch: str):
+        monkeypatch.setenv("MEMRA_ATT_SWITCH", switch)
+        return _runner(path, max_len=96, max_seqs=4)
+
+    def steps(r, n):
+        s = r.open()
+        out = r.step([Row(s, prompt, logits="last", sample=Sampling(0.0))])[0]
+        toks, logits = [out.token], [out.logits]
+        for _ in range(n):
+            o = r.step([Row(s, [toks[-1]], logits="last", sample=Sampling(0.0))])[0]
+            toks.append(o.token)
+            logits.append(o.logits)
+        return toks, logits
+
+    want, want_lg = steps(runner("0"), 10)
+    r = runner("26")                    # rows of 21..31 keys: short up to 25, long from 26
+    assert r.plan.att_switch == (26, {**(r.plan.att_cfg or {}), "ATT_TC": 0, "ATT_TILE": 32})
+    got, got_lg = steps(r, 10)
+    assert got == want
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
+    assert {k[3] for k in r._graphs if isinstance(k[0], int)} == {"short", "long"}
+    # decode_run in chunks of 4 from the prompt: short, then both (25 -> 28 keys), then long
+    r = runner("26")
+    s = r.open()
+    first = r.step([Row(s, prompt, sample=Sampling(0.0))])[0].token
+    assert [first] + [t[0] for t in r.decode_run([s], [first], 10, [Sampling(0.0)], chunk=4)] == want
+    assert {k[3] for k in r._graphs if isinstance(k[0], int)} == {"short", "both", "long"}
+    # two sequences in one step, one on each side of the switch: each as it is alone
+    r = runner("26")
+    a, b = r.open(), r.open()
+    la = r.step([Row(a, prompt[:8], logits="last", sample=Sampling(0.0))])[0]
+    lb = r.step([Row(b, prompt, logits="last", sample=Sampling(0.0))])[0]
+    r.step([Row(b, [lb.token] * 6, sample=Sampling(0.0))])   # b: 26 tokens cached, a: 8
+    both = r.step([Row(a, [la.token], logits="last"), Row(b, [3], logits="last")])
+    assert r.dec_kind == "both"
+    ra = runner("0")
+    a1, b1 = ra.open(), ra.open()
+    ra.step([Row(a1, prompt[:8])])
+    ra.step([Row(b1, prompt + [lb.token] * 6)])
+    alone = [ra.step([Row(a1, [la.token], logits="last")])[0], ra.step([Row(b1, [3], logits="last")])[0]]
+    for x, y in zip(both, alone):
+        assert np.array_equal(x.logits.view(np.uint32), y.logits.view(np.uint32))
+
+
+def test_att_switch_plan(tiny_models, monkeypatch):
+    """The plan's side of MEMRA_ATT_SWITCH: the step kinds and their launches, sliding-window layers (a row past the
+    switch still has at most the window's keys there), and bad values refused by name."""
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "64:ATT_TC=0,ATT_TILE=32")
+    p = _runner(tiny_models("llama", "Q4_K_M")).plan
+    assert p.att_kind_of(0, 62) == "short" and p.att_kind_of(63, 90) == "long" and p.att_kind_of(10, 70) == "both"
+
+    def att(kind):
+        return [(L.name.rsplit(".", 1)[-1], L.args["att_rows"], (L.config or {}).get("ATT_TILE"))
+                for L in p.step(1, decode=True, att_kind=kind) if L.kernel == "attn_decode" and L.layer == 0]
+
+    tile = (p.att_cfg or {}).get("ATT_TILE")
+    assert att("short") == [("attention", 1, 32)]
+    assert att("long") == [("attention_long", 2, tile)]
+    assert att("both") == [("attention", 1, 32), ("attention_long", 2, tile)]
+    # prefill-path steps (verification, forced runs) hold both modules whatever their depth
+    assert all(sum(L.kernel == "attn_decode" and L.layer == il for L in p.step(4, decode=False, kinds="g")) == 2
+               for il in range(p.cfg.n_layer)) or not p.hybrid
+    g = _runner(tiny_models("gemma3", "Q4_K_M")).plan
+    w = g.cfg.swa_window
+    assert any(g.cfg.is_swa(il) for il in range(g.cfg.n_layer))
+    if w < 64:
+        assert g.att_kind_of(100, 120) == "both"
+    for bad in ("x", "64:ATT_BAD=1", "0:ATT_TC=0x"):
+        monkeypatch.setenv("MEMRA_ATT_SWITCH", bad)
+        with pytest.raises(MemraError, match="MEMRA_ATT_SWITCH"):
+            _runner(tiny_models("llama", "Q4_K_M"))

@@ -107,6 +107,30 @@ def dispatch_rule(rows: int) -> str:
     return "mvt" if rows >= MVT.MVT_MIN_ROWS else "matvec"
 
 
+ATT_SHORT = {"ATT_TC": 0, "ATT_TILE": 32}   # MEMRA_ATT_SWITCH's short module unless the value names another
+
+
+def att_switch(att_cfg: dict | None, head_dim: int):
+    """MEMRA_ATT_SWITCH (a measurement knob, docs/FLAGS.md; experiments/attn_switch): None (unset, the default), or
+    (keys, short config): a row of fewer than `keys` keys (its own count) runs attn_decode at the short config
+    (att_cfg with ATT_SHORT, or the value's own ATT_*=N list: "256" or "256:ATT_TC=0,ATT_TILE=32"), the others at
+    att_cfg, each module filtering its rows (ATT_ROWS)."""
+    v = os.environ.get("MEMRA_ATT_SWITCH", "").strip()
+    if v in ("", "0"):
+        return None
+    head, _, rest = v.partition(":")
+    try:
+        keys = int(head)
+        over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())} if rest else ATT_SHORT
+    except ValueError:
+        raise MemraError(f"MEMRA_ATT_SWITCH must be KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), got {v!r}")
+    if keys < 1 or any(k not in ATT.TUNABLES for k in over):
+        raise MemraError(f"MEMRA_ATT_SWITCH: keys >= 1 and tunables among {', '.join(ATT.TUNABLES)}, got {v!r}")
+    short = {**(att_cfg or {}), **over}
+    ATT.defines(head_dim, short)
+    return keys, short
+
+
 def graph_bucket(rows: int) -> int:
     return _bucket(rows, GRAPH_BUCKETS, "decode step")
 
@@ -330,6 +354,7 @@ class Planner:
         self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
+        self.att_switch = att_switch(self.att_cfg, c.head_dim)
         # MEMRA_ATT_DEPTH (docs/FLAGS.md; on by default with hybrid, whose prompt rows do not run
         # attn_decode): the split count the whole GQA group's blocks would get (more splits: part
         # of every row's bits), decode grids of the deepest row's split count (keyed graphs) and
@@ -432,7 +457,8 @@ class Planner:
             out.append(Launch(name, "add_norm", "add_rmsnorm", "default", {"n": E}, rows,
                               self.norm_cfg["add_rmsnorm"], "rows", il, {"w": w, "delta": delta, "w_post": w_post}))
 
-    def step(self, rows: int, decode: bool, sampler: str = "none", kinds: str = "p") -> list[Launch]:
+    def step(self, rows: int, decode: bool, sampler: str = "none", kinds: str = "p",
+             att_kind: str = "both") -> list[Launch]:
         """Every launch of one forward step over `rows` token rows: decode (one row per
         sequence; RoPE and the KV append inside attention when fused) or a prefill chunk
         (rows may share a sequence: RoPE + append first, then attention). sampler: "none"
@@ -440,9 +466,12 @@ class Planner:
         (hybrid plans' steps that are not decode steps): which row kinds the step holds, "p"
         (prompt rows: attn_fa over the rows the runner's prompt positions name), "g" (generated
         rows: attn_decode over its generated positions) or "pg" (both launches); ignored
-        elsewhere."""
+        elsewhere. att_kind (MEMRA_ATT_SWITCH, a decode step): which of the two attn_decode modules it launches,
+        "short", "long" or "both" (the runner's: every row's key count on that side, att_kind_of)."""
         if kinds not in ("p", "g", "pg"):
             raise MemraError(f"step kinds must be p, g or pg, got {kinds!r}")
+        if att_kind not in ("short", "long", "both"):
+            raise MemraError(f"step att_kind must be short, long or both, got {att_kind!r}")
         if self.use_tile and not decode and kinds == "pg":
             raise MemraError("a step of a plan with the prompt tile holds one row kind (p or g), got pg")
         # the layer matmuls of prompt rows (not the head: every row's logits take mv_q8's order)
@@ -488,16 +517,15 @@ class Planner:
                                                         "packing": "decode" if decode else "prefill",
                                                         "rows": "prompt" if self.hybrid else "all"}))
                 if self.hybrid and "g" in kinds:
-                    out.append(Launch(p + "attention_gen", "attention", "attn_decode", "default", att_shape, rows,
-                                      self.att_cfg, "attention", il, {**att_args, "rows": "gen"}))
+                    self._att_decode(out, p + "attention_gen", "attention", att_shape, rows, il,
+                                     {**att_args, "rows": "gen"}, "both")
             elif decode and self.fuse_rope:
-                out.append(Launch(p + "attention", "attention_rope", "attn_decode", "default", att_shape, rows,
-                                  self.att_cfg, "attention", il, att_args))
+                self._att_decode(out, p + "attention", "attention_rope", att_shape, rows, il, att_args, att_kind)
             else:
                 out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
                                   "heads", il, att_args))
-                out.append(Launch(p + "attention", "attention", "attn_decode", "default", att_shape, rows,
-                                  self.att_cfg, "attention", il, att_args))
+                self._att_decode(out, p + "attention", "attention", att_shape, rows, il, att_args,
+                                 att_kind if decode else "both")
             if not att_q8:
                 self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
             if c.post_norms:
@@ -527,6 +555,34 @@ class Planner:
         if sampler != "none" or decode:
             out.extend(self.head(rows, sampler))
         return out
+
+    def _att_decode(self, out: list, name: str, op: str, shape: dict, rows: int, il: int, args: dict,
+                    kind: str) -> None:
+        """The attn_decode launch of a layer: one at the table's configuration, or with MEMRA_ATT_SWITCH the short
+        module's (rows of fewer than its keys) and the long one's (the rest), as `kind` asks."""
+        if self.att_switch is None:
+            out.append(Launch(name, op, "attn_decode", "default", shape, rows, self.att_cfg, "attention", il, args))
+            return
+        keys, short = self.att_switch
+        if kind in ("short", "both"):
+            out.append(Launch(name, op, "attn_decode", "default", shape, rows, short, "attention", il,
+                              {**args, "att_rows": 1, "att_switch": keys}))
+        if kind in ("long", "both"):
+            out.append(Launch(name + "_long", op, "attn_decode", "default", shape, rows, self.att_cfg, "attention",
+                              il, {**args, "att_rows": 2, "att_switch": keys}))
+
+    def att_kind_of(self, lo: int, hi: int) -> str:
+        """MEMRA_ATT_SWITCH: the att_kind of a decode step whose rows sit at positions lo..hi: "short" when
+        every row of every layer has fewer keys than the switch, "long" when none has, else "both" (a
+        sliding-window layer's rows have at most its window's keys)."""
+        if self.att_switch is None:
+            return "both"
+        keys = self.att_switch[0]
+        c = self.cfg
+        fewest = min([lo + 1] + [min(lo + 1, c.swa_window) for il in range(c.n_layer) if c.is_swa(il)])
+        if hi + 1 < keys:
+            return "short"
+        return "long" if fewest >= keys else "both"
 
     def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
         """The output projection of `rows` rows of h (whose q8 twin the last norm made) into

@@ -334,6 +334,8 @@ class Runner:
         # attn_decode's grid y in a decode step: the plan's count, or on the MEMRA_ATT_DEPTH path the
         # deepest row's (_dec_splits_for; decode graphs are keyed by it)
         self.dec_splits = self.plan.n_splits
+        # MEMRA_ATT_SWITCH: which attention modules a decode step launches (plan.att_kind_of; graphs keyed by it)
+        self.dec_kind = "both"
         self._split_prefill = (not self.plan.use_fa or self.plan.hybrid) and \
             os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
@@ -497,7 +499,8 @@ class Runner:
                               n_splits=self.pre_splits if a["prefill"] else self.dec_splits,
                               counters=self.att_cnt, xq=tw[0] if tw else None, xs=tw[1] if tw else None, pdl=pdl,
                               hpb=a["hpb"] if a["prefill"] else self.plan.att_hpb_at(rows, self.dec_splits),
-                              config=L.config, rope=rope, **self._kv_scales(il))
+                              config=L.config, rope=rope, rows_filter=(a.get("att_rows", 0), a.get("att_switch", 0)),
+                              **self._kv_scales(il))
             elif op == "attention_fa":
                 il = L.layer
                 rope = None
@@ -777,6 +780,7 @@ class Runner:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
         self.dec_splits = self._dec_splits_for(max(r.seq.n for r in rows))
+        self.dec_kind = self.plan.att_kind_of(min(r.seq.n for r in rows), max(r.seq.n for r in rows))
         sampler = self._sampler_of(rows)
         raw = None
         self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])
@@ -791,7 +795,7 @@ class Runner:
                 body, tail = self._graph_parts(Bk, sampler)
                 body.launch()
             else:
-                launches = self.plan.step(Bk, decode=True, sampler=sampler)
+                launches = self.plan.step(Bk, decode=True, sampler=sampler, att_kind=self.dec_kind)
                 k = _mask_index(launches)
                 self._run(launches[:k], Bk, self.r_tok, self.r_pos, self.r_seq, self._state(1))
             if fill is not None:
@@ -811,7 +815,8 @@ class Runner:
         elif graph:
             self._graph(Bk, sampler).launch()
         else:
-            self._run(self.plan.step(Bk, decode=True, sampler=sampler), Bk, self.r_tok, self.r_pos, self.r_seq,
+            self._run(self.plan.step(Bk, decode=True, sampler=sampler, att_kind=self.dec_kind), Bk, self.r_tok,
+                      self.r_pos, self.r_seq,
                       self._state(1))
         out = [RowOut() for _ in rows]
         if sampler != "none":
@@ -834,11 +839,11 @@ class Runner:
         """The captured decode step of `bucket` rows. Before the first capture the step runs
         once eagerly with every row masked (position -1: nothing is read from or written to
         the KV cache, no token committed), so every module is compiled and loaded outside
-        the capture. Keyed by the split count dec_splits holds."""
-        key = (bucket, sampler, self.dec_splits)
+        the capture. Keyed by the split count dec_splits holds and the attention kind dec_kind."""
+        key = (bucket, sampler, self.dec_splits, self.dec_kind)
         gr = self._graphs.get(key)
         if gr is None:
-            launches = self.plan.step(bucket, decode=True, sampler=sampler)
+            launches = self.plan.step(bucket, decode=True, sampler=sampler, att_kind=self.dec_kind)
             saved = self.r_pos.numpy()
             self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
             self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
@@ -851,10 +856,10 @@ class Runner:
     def _graph_parts(self, bucket: int, sampler: str):
         """(body, tail): the captured decode step of `bucket` rows with a masked sampler, cut
         before its mask launch, so the masks can be copied in between. Warmed up like _graph."""
-        key = (bucket, sampler, "parts", self.dec_splits)
+        key = (bucket, sampler, "parts", self.dec_splits, self.dec_kind)
         parts = self._graphs.get(key)
         if parts is None:
-            launches = self.plan.step(bucket, decode=True, sampler=sampler)
+            launches = self.plan.step(bucket, decode=True, sampler=sampler, att_kind=self.dec_kind)
             k = _mask_index(launches)
             saved = self.r_pos.numpy()
             self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
@@ -1016,19 +1021,22 @@ class Runner:
         """On the MEMRA_ATT_DEPTH path: every decode graph captured so far (its bucket and
         sampler kind) at each other split count a deeper step launches (ATT.split_counts up to
         the context), so a decode step at any depth replays a graph. Each capture's warm-up run
-        masks every row (nothing read from or written to the KV cache). Returns how many."""
-        if not self.plan.att_depth:
+        masks every row (nothing read from or written to the KV cache). With MEMRA_ATT_SWITCH also at each
+        attention kind (plan.att_kind_of). Returns how many."""
+        if not self.plan.att_depth and self.plan.att_switch is None:
             return 0
-        counts = self._split_counts(True)
-        saved, n = self.dec_splits, 0
-        for key in [k for k in self._graphs if isinstance(k[0], int)]:   # (bucket, sampler[, "parts"], splits)
+        counts = self._split_counts(self.plan.att_depth)
+        kinds = ("short", "long", "both") if self.plan.att_switch else ("both",)
+        saved, n = (self.dec_splits, self.dec_kind), 0
+        for key in [k for k in self._graphs if isinstance(k[0], int)]:   # (bucket, sampler[, "parts"], splits, kind)
             for sp in counts:
-                if key[:-1] + (sp,) in self._graphs:
-                    continue
-                self.dec_splits = sp
-                (self._graph_parts if len(key) == 4 else self._graph)(key[0], key[1])
-                n += 1
-        self.dec_splits = saved
+                for kd in kinds:
+                    if key[:-2] + (sp, kd) in self._graphs:
+                        continue
+                    self.dec_splits, self.dec_kind = sp, kd
+                    (self._graph_parts if len(key) == 5 else self._graph)(key[0], key[1])
+                    n += 1
+        self.dec_splits, self.dec_kind = saved
         return n
 
     def step_rows(self, size: int):
@@ -1122,7 +1130,7 @@ class Runner:
         by the caller). `first`: the token each sequence feeds first, at position seq.n.
         Blocks for the n positions are mapped now; seq.n is the caller's to advance. The graph
         has the split count of step `last` (default n - 1, the run's deepest: an earlier step
-        needs the same or fewer splits)."""
+        needs the same or fewer splits) and the attention kind of steps 0..last (plan.att_kind_of)."""
         k = len(seqs)
         if not 1 <= k <= MAX_ROWS or len({s.slot for s in seqs}) != k:
             raise MemraError(f"a decode step takes 1 to {MAX_ROWS} distinct sequences, got {k}")
@@ -1131,7 +1139,9 @@ class Runner:
         self.kv.sync()
         self._ensure_hist(hist)
         sampler = _run_sampler(sampling)
-        self.dec_splits = self._dec_splits_for(max(s.n for s in seqs) + (n - 1 if last is None else last))
+        deepest = max(s.n for s in seqs) + (n - 1 if last is None else last)
+        self.dec_splits = self._dec_splits_for(deepest)
+        self.dec_kind = self.plan.att_kind_of(min(s.n for s in seqs), deepest)
         gr = self._graph(PLAN.graph_bucket(k), sampler)  # captured first (its warm-up masks every row)
         self._set_rows([(int(self._check_tokens([t])[0]), s.n, s.slot) for s, t in zip(seqs, first)])
         if sampler == "sample":
@@ -1152,7 +1162,7 @@ class Runner:
         if n <= 0 or not seqs:
             return
         k = len(seqs)
-        p0 = max(s.n for s in seqs)
+        p0, lo0 = max(s.n for s in seqs), min(s.n for s in seqs)
         gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
         bucket, sampler = PLAN.graph_bucket(k), _run_sampler(sampling)
         ahead = self._decode_ahead
@@ -1167,8 +1177,9 @@ class Runner:
             if queued:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
                 sp = self._dec_splits_for(p0 + queued + m - 1)   # this chunk's deepest step
-                if sp != self.dec_splits:
-                    self.dec_splits = sp
+                kd = self.plan.att_kind_of(lo0 + queued, p0 + queued + m - 1)
+                if (sp, kd) != (self.dec_splits, self.dec_kind):
+                    self.dec_splits, self.dec_kind = sp, kd
                     gr = self._graph(bucket, sampler)
             for _ in range(m):
                 gr.launch()

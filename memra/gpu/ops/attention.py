@@ -154,12 +154,19 @@ def red_bytes(d: dict) -> int:
 
 
 def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
-           kv_q8=(False, False)):
+           kv_q8=(False, False), rows_filter: tuple[int, int] = (0, 0)):
     d = module_defines(head_dim, n_gqa, config, kv_block, kv_q8)
     if canary:
         # 1: a token does not see itself; 2: the block table ignored; 4 (q8_0): the scale plane ignored
         d["MEMRA_CANARY"] = int(canary)
-    return g.module(KERNEL_FILE, d)
+    if rows_filter[0]:
+        d["ATT_ROWS"], d["ATT_SWITCH"] = int(rows_filter[0]), int(rows_filter[1])
+    m = g.module(KERNEL_FILE, d)
+    if rows_filter[0] and m.kernel_file == KERNEL_FILE and type(g).__module__ == "memra.gpu.cuda":
+        # kernels/attention.cu has no row filter: both launches of a step would compute every row
+        raise MemraError("attention: MEMRA_ATT_SWITCH needs the row filter of experiments/attn_switch's build copy "
+                         "(run through experiments/attn_switch/ab.py)")
+    return m
 
 
 MAX_SPLITS = 256  # the fused kernel's merge table (MAX_SPLITS in attention.cu)
@@ -263,11 +270,13 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
               n_tokens: int, n_kv: int, n_gqa: int, head_dim: int, window: int, scale: float, n_splits: int,
               softcap: float = 0.0, counters=None, xq=None, xs=None, pdl: bool = False,
               canary: bool = False, hpb: int | None = None, config: dict | None = None,
-              rope: RopeIn | None = None, kscale=None, vscale=None) -> None:
+              rope: RopeIn | None = None, kscale=None, vscale=None, rows_filter: tuple[int, int] = (0, 0)) -> None:
     """n_splits: per head block; counters: int32 [n_tokens * n_kv * n_gqa / hpb] (zero);
     hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
     config: see the module doc; rope: RoPE and the KV append fused in (q is then unused);
-    kscale / vscale: the scale planes of a q8_0 (int8) kcache / vcache (module doc)."""
+    kscale / vscale: the scale planes of a q8_0 (int8) kcache / vcache (module doc); rows_filter (mode,
+    keys): experiments/attn_switch's ATT_ROWS / ATT_SWITCH (mode 1: only the rows of fewer than `keys` keys, 2: only
+    the others; MEMRA_ATT_SWITCH, memra.gpu.plan), 0 every row."""
     from memra.gpu.ops.rope import cache_kinds
 
     n_head = n_kv * n_gqa
@@ -277,6 +286,8 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
     nhb = n_head // hpb
     nt = 32 * defines(head_dim, config)["ATT_WARPS"]
     kv_q8 = cache_kinds(kcache, vcache, kscale, vscale, "attention", head_dim)
+    if rows_filter[0] and counters is None:
+        raise MemraError("attention: a row filter runs on the one-launch variant only (give counters)")
     if pos.dtype != np.int32:
         raise MemraError("attention: pos is int32")
     if block_table.dtype != np.int32:
@@ -287,7 +298,7 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
         raise MemraError("attention: q or out too small")
     if rope is not None and counters is None:
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
-    m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8)
+    m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8, rows_filter)
     shm = ring_bytes(m.defines)
     tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
             np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap),
