@@ -425,3 +425,22 @@ def test_committed_kernel_check_receipt_is_current():
     st = KC.status(KC.STATUS_DEVICE)
     assert st["current"], f"{st['reason']} (receipt {st['receipt']}, stale {st['stale']}, " \
                           f"{len(st['uncovered'])} launch cases uncovered)"
+
+
+def test_att_switch_launches_check_their_row_filter_on_the_emulator(monkeypatch):
+    """With MEMRA_ATT_SWITCH the launch set holds the short and the long attention modules' configurations, each case
+    naming the switch, and their checks (the configuration, then experiments/attn_switch's row filter) pass on the
+    emulator."""
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "48")
+    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
+    assert not missing
+    from memra.tune.tables import read_table, tables_dir
+
+    cases = [c for c in LS.launch_set(specs, [read_table(tables_dir() / "nvidia-h200.json")]).values()
+             if c["family"] == "attention" and c["params"].get("switch")]
+    assert {(c["defines"]["ATT_TILE"], c["defines"]["ATT_TC"]) for c in cases} >= {(32, 0)} and \
+        {c["params"]["switch"] for c in cases} == {48}
+    g, rng = FakeGpu(1 << 30), np.random.default_rng(0)
+    for c in _one_per_module({k: c for k, c in enumerate(cases)}):
+        o = LS.family_module("attention").check_launch(g, rng, c)
+        assert o.ok and "row filter" in o.name, (o.name, o.detail)

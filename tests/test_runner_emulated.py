@@ -702,3 +702,27 @@ def test_att_switch_plan(tiny_models, monkeypatch):
         monkeypatch.setenv("MEMRA_ATT_SWITCH", bad)
         with pytest.raises(MemraError, match="MEMRA_ATT_SWITCH"):
             _runner(tiny_models("llama", "Q4_K_M"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_att_switch_row_filter_check_catches_a_wrong_filter(fused, monkeypatch):
+    """The kernel-check of attn_switch's row filter (memra.gpu.ops.attention._check_rows_filter) on the emulator,
+    which models ATT_ROWS: it passes, and fails when the filter lets a row through to both modules or to neither."""
+    import gpu_emulator as EMU
+    from memra.gpu.ops import attention as ATT
+
+    case = (64, 2, 2, 1, 0, 64, True, False, False)   # D, gqa, n_kv, heads a block, window, rope_dim, neox, qk_norm, bias
+    o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100, fused=fused)
+    assert o.ok, o.detail
+    real = EMU._att_rows_pos
+
+    class Swapped:   # a kernel whose filter keeps the other module's rows
+        def __init__(self, k):
+            m = EMU._d(k, "ATT_ROWS", 0)
+            self.defines = {**k.defines, "ATT_ROWS": 3 - m} if m else k.defines
+
+    for wrong in (lambda g, k, pos, T, window: pos,                              # every row in both modules
+                  lambda g, k, pos, T, window: real(g, Swapped(k), pos, T, window)):
+        monkeypatch.setattr(EMU, "_att_rows_pos", wrong)
+        o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100, fused=fused)
+        assert not o.ok, o.detail

@@ -557,6 +557,78 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
     return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_decode", what)
 
 
+def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool = True):
+    """experiments/attn_switch's row filter (ATT_ROWS, its build copy of attention.cu): attn_decode_rope (fused;
+    else rope_norm_kv, then attn_decode) over rows on both sides of `keys` (keys - 1 and keys among them), as the
+    unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration. Each filtered launch alone writes its own rows exactly as the unfiltered one (output,
+    q8 twin, appended K/V rows) and leaves the other rows' poisoned outputs and cache rows as they were; one after the
+    other they give the unfiltered launch's bits; the counters are back to zero."""
+    from memra.gpu.compare import Outcome
+    from memra.gpu.ops import rope as ROPE
+    from memra.gpu.q8 import Q8_SCALE
+
+    D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
+    nh, n_ctx, f32, T = nkv * G, max(700, keys + 64), np.float32, 6
+    S = S or default_splits(nh // hpb, 132)
+    x = ROPE.fused_inputs(g, rng, T, n_ctx, nh, nkv, D, rd, qkn, has_bias)
+    table, d_table, seq, cache0 = x["table"], x["d_table"], x["seq"], x["cache0"]
+    p = np.array([keys - 2, keys - 1, 0, n_ctx - 1, keys + 5, max(0, keys - 40)], np.int32)
+    n = np.minimum(p + 1, window) if window > 0 else p + 1
+    pos = g.to_device(p)
+    name = f"attention{'+rope' if fused else ''} row filter ATT_SWITCH={keys} D={D} gqa={G} n_kv={nkv} " \
+        f"heads/block={hpb} window={window}" + \
+        (f" {config}" if config else "")
+    if not ((n < keys).any() and (n >= keys).any()):
+        return Outcome(name, False, "the case's rows do not straddle the switch")
+
+    def run(modes):
+        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        out = g.empty((T, nh * D), f32)
+        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
+        po, pml = scratch_shapes(T, nh, S, D)
+        part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
+        for a in (out, xq, xs, part_o, part_ml):
+            a.poison()
+        cnt = g.to_device(np.zeros(T * nh, np.int32))
+        q = None
+        if not fused:   # every row roped and appended first, then the attention launches
+            q = g.empty((T, nh * D), f32)
+            ROPE.unfused_rope(g, x, q, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
+        for m in modes:
+            attention(g, q, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1],
+                      rope=rope_in(x, rd, neox) if fused else None, n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D,
+                      window=window, scale=1 / math.sqrt(D), n_splits=S, counters=cnt, xq=xq, xs=xs, hpb=hpb,
+                      config=config, rows_filter=(m, keys))
+        if int(np.count_nonzero(cnt.numpy())):
+            return None
+        return (out.numpy().view(np.uint32).reshape(T, -1), xq.numpy().reshape(T, -1),
+                xs.numpy().view(np.uint8).reshape(T, -1), kc.numpy(), vc.numpy())
+
+    whole = run([0])
+    if whole is None:
+        return Outcome(name, False, "counters not reset to zero")
+    untouched = run([])   # the poison and the initial cache as a launch that writes nothing leaves them
+    for modes, mine in (([1], n < keys), ([2], n >= keys), ([1, 2], np.ones(T, bool))):
+        got = run(modes)
+        if got is None:
+            return Outcome(name, False, f"ATT_ROWS {modes}: counters not reset to zero")
+        for what, a, b, u in zip(("output", "q8 twin", "q8 scales"), got, whole, untouched):
+            if not np.array_equal(a[mine], b[mine]):
+                return Outcome(name, False, f"ATT_ROWS {modes}: its rows' {what} differ from the unfiltered launch's")
+            if not np.array_equal(a[~mine], u[~mine]):
+                return Outcome(name, False, f"ATT_ROWS {modes}: another module's rows' {what} were written")
+        cells = np.zeros(whole[3].shape[:2], bool)   # the pool rows [block, offset] this module's rows append
+        blk = cells.shape[1]
+        for t in np.flatnonzero(mine):
+            cells[table[t, p[t] // blk], p[t] % blk] = True
+        for what, a, b, u in zip(("K cache", "V cache"), got[3:], whole[3:], untouched[3:]):
+            if not np.array_equal(a, np.where(cells[:, :, None], b, u)):
+                return Outcome(name, False, f"ATT_ROWS {modes}: the {what} is not the unfiltered launch's on its rows' "
+                                            "keys and untouched elsewhere")
+    return Outcome(name, True, "each module writes its rows as the unfiltered launch and nothing else; both together "
+                               "give its bits; counters back to zero")
+
+
 SPLIT_CASES = (  # (head_dim, n_gqa, n_kv, splits, rows, depth, config): a prefill chunk at depth
     (64, 3, 3, 88, 96, 0, None),                        # smollm2 at depth 0: 1 split of 88
     (128, 4, 8, 33, 64, 700, None),                     # llama3-8b at depth: 8 splits of 33
@@ -654,7 +726,9 @@ def launch_cases(L, ctx) -> list[dict]:
              "bucket": b, "tag": tag,
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
                         "splits": plan.n_splits, "T": b, "rope": rope,
-                        "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {})}}]
+                        "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {}),
+                        # MEMRA_ATT_SWITCH: the module's configuration as above, then its row filter
+                        **({"switch": int(L.args["att_switch"])} if L.args.get("att_rows") else {})}}]
 
 
 def check_launch(g, rng, case):
@@ -664,10 +738,16 @@ def check_launch(g, rng, case):
     kv = tuple(p.get("kv_q8") or (False, False))
     if p["rope"] is not None:
         rd, neox, qkn, bias = p["rope"]
-        return _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
-                                 config=p["config"], T=p["T"], S=p["splits"], twin=p["twin"], kv_q8=kv)
-    return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["splits"], p["T"], p["hpb"]), fused=True,
-                  config=p["config"], twin=p["twin"], kv_q8=kv)
+        o = _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
+                              config=p["config"], T=p["T"], S=p["splits"], twin=p["twin"], kv_q8=kv)
+    else:
+        rd, neox, qkn, bias = p["D"], False, False, False
+        o = _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["splits"], p["T"], p["hpb"]), fused=True,
+                   config=p["config"], twin=p["twin"], kv_q8=kv)
+    if not o.ok or not p.get("switch"):
+        return o
+    return _check_rows_filter(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
+                              p["switch"], config=p["config"], S=p["splits"], fused=p["rope"] is not None)
 
 
 # -- tune hook (memra/tune/measure.py): kernel "attn_decode" (the fused launch the engine runs),
