@@ -566,6 +566,18 @@ def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monke
         assert [s.n for s in seqs] == [n + 8 for n in n0]
 
 
+def _greedy_steps(r, prompt, n):
+    """A new sequence's prompt, then n greedy decode steps one step() each: (sequence, tokens, logits)."""
+    s = r.open()
+    out = r.step([Row(s, prompt, logits="last", sample=Sampling(0.0))])[0]
+    toks, logits = [out.token], [out.logits]
+    for _ in range(n):
+        o = r.step([Row(s, [toks[-1]], logits="last", sample=Sampling(0.0))])[0]
+        toks.append(o.token)
+        logits.append(o.logits)
+    return s, toks, logits
+
+
 def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypatch):
     """MEMRA_ATT_DEPTH=1: a decode step launches its deepest row's split count (graphs keyed by
     it) and, once KV heads x splits fill the SMs (here 4, so from 2 splits), blocks of the whole
@@ -583,20 +595,10 @@ def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypa
         r.plan.sms = 4   # the whole group from 2 splits (2 KV heads x 2)
         return r
 
-    def steps(r, n):
-        s = r.open()
-        out = r.step([Row(s, prompt, logits="last", sample=Sampling(0.0))])[0]
-        toks, logits = [out.token], [out.logits]
-        for _ in range(n):
-            o = r.step([Row(s, [toks[-1]], logits="last", sample=Sampling(0.0))])[0]
-            toks.append(o.token)
-            logits.append(o.logits)
-        return s, toks, logits
-
-    _, want, want_lg = steps(runner("0"), 12)
+    _, want, want_lg = _greedy_steps(runner("0"), prompt, 12)
     r = runner("1")
     assert r.plan.att_depth and r.plan.n_splits >= 2
-    _, got, got_lg = steps(r, 12)
+    _, got, got_lg = _greedy_steps(r, prompt, 12)
     assert got == want
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
     counts = {k[2] for k in r._graphs if isinstance(k[0], int) and len(k) == 4}
@@ -635,20 +637,10 @@ def test_att_switch_computes_every_row_once_and_keys_its_graphs(tiny_models, mon
         monkeypatch.setenv("MEMRA_ATT_SWITCH", switch)
         return _runner(path, max_len=96, max_seqs=4)
 
-    def steps(r, n):
-        s = r.open()
-        out = r.step([Row(s, prompt, logits="last", sample=Sampling(0.0))])[0]
-        toks, logits = [out.token], [out.logits]
-        for _ in range(n):
-            o = r.step([Row(s, [toks[-1]], logits="last", sample=Sampling(0.0))])[0]
-            toks.append(o.token)
-            logits.append(o.logits)
-        return toks, logits
-
-    want, want_lg = steps(runner("0"), 10)
+    _, want, want_lg = _greedy_steps(runner("0"), prompt, 10)
     r = runner("26")                    # rows of 21..31 keys: short up to 25, long from 26
     assert r.plan.att_switch == (26, {**(r.plan.att_cfg or {}), "ATT_TC": 0, "ATT_TILE": 32})
-    got, got_lg = steps(r, 10)
+    _, got, got_lg = _greedy_steps(r, prompt, 10)
     assert got == want
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
     assert {k[3] for k in r._graphs if isinstance(k[0], int)} == {"short", "long"}
