@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
@@ -162,11 +163,18 @@ def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | No
     if rows_filter[0]:
         d["ATT_ROWS"], d["ATT_SWITCH"] = int(rows_filter[0]), int(rows_filter[1])
     m = g.module(KERNEL_FILE, d)
-    if rows_filter[0] and m.kernel_file == KERNEL_FILE and type(g).__module__ == "memra.gpu.cuda":
-        # kernels/attention.cu has no row filter: both launches of a step would compute every row
+    if rows_filter[0] and type(g).__module__ == "memra.gpu.cuda" and not _has_row_filter(m.kernel_file):
+        # a kernel without the row filter ignores ATT_ROWS: both launches of a step would compute every row
         raise MemraError("attention: MEMRA_ATT_SWITCH needs the row filter of experiments/attn_switch's build copy "
                          "(run through experiments/attn_switch/ab.py)")
     return m
+
+
+@lru_cache(maxsize=None)
+def _has_row_filter(kernel_file: str) -> bool:
+    from memra.paths import kernel_dir
+
+    return "ATT_ROWS" in (kernel_dir() / kernel_file).read_text()
 
 
 MAX_SPLITS = 256  # the fused kernel's merge table (MAX_SPLITS in attention.cu)
