@@ -816,8 +816,7 @@ class Runner:
             self._graph(Bk, sampler).launch()
         else:
             self._run(self.plan.step(Bk, decode=True, sampler=sampler, att_kind=self.dec_kind), Bk, self.r_tok,
-                      self.r_pos, self.r_seq,
-                      self._state(1))
+                      self.r_pos, self.r_seq, self._state(1))
         out = [RowOut() for _ in rows]
         if sampler != "none":
             chosen = self.r_tok.view(shape=(n,)).numpy()
