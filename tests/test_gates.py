@@ -46,8 +46,8 @@ def _patch_decode_step(monkeypatch, change):
     """Planner.step with `change(planner, launches)` applied to decode steps only."""
     real = Planner.step
 
-    def step(self, rows, decode, sampler="none", kinds="p"):
-        out = real(self, rows, decode, sampler, kinds)
+    def step(self, rows, decode, sampler="none", kinds="p", **kw):
+        out = real(self, rows, decode, sampler, kinds, **kw)
         return change(self, out) if decode else out
 
     monkeypatch.setattr(Planner, "step", step)
