@@ -717,9 +717,9 @@ def _att_rows_pos(g, k, pos, T: int, window: int):
     mode = _d(k, "ATT_ROWS", 0)
     if not mode:
         return pos
-    P = g.mem(pos, np.int32, T).copy()
+    P, keys = g.mem(pos, np.int32, T).copy(), _d(k, "ATT_SWITCH", 256)
     n = np.minimum(P + 1, window) if window > 0 else P + 1
-    P[(P >= 0) & ((n >= _d(k, "ATT_SWITCH", 256)) if mode == 1 else (n < _d(k, "ATT_SWITCH", 256)))] = -1
+    P[(P >= 0) & ((n >= keys) if mode == 1 else (n < keys))] = -1
     key = ("att_rows_pos", T)
     if key not in g.wcache:
         g.wcache[key] = g.empty((T,), np.int32)

@@ -703,7 +703,8 @@ def test_att_switch_row_filter_check_catches_a_wrong_filter(fused, monkeypatch):
     import gpu_emulator as EMU
     from memra.gpu.ops import attention as ATT
 
-    case = (64, 2, 2, 1, 0, 64, True, False, False)   # D, gqa, n_kv, heads a block, window, rope_dim, neox, qk_norm, bias
+    # D, gqa, n_kv, heads a block, window, rope_dim, neox, qk_norm, bias
+    case = (64, 2, 2, 1, 0, 64, True, False, False)
     o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100, fused=fused)
     assert o.ok, o.detail
     real = EMU._att_rows_pos

@@ -22,7 +22,7 @@ BUILD, ARM_FILE, HEADER = build_copy(HERE, "attention.cu")
 
 EXIT = "    if ((int)blockIdx.y >= n_act) return;\n"
 FILTER = ("#if ATT_ROWS\n"
-          "    // experiments/attn_switch: another module's row (its own key count against ATT_SWITCH) leaves here too\n"
+          "    // experiments/attn_switch: another module's row (its key count against ATT_SWITCH) leaves here too\n"
           "    if ((ATT_ROWS == 1) == (key_range({p}, window, S).n >= ATT_SWITCH)) return;\n"
           "#endif\n")
 

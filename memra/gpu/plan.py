@@ -121,9 +121,11 @@ def att_switch(att_cfg: dict | None, head_dim: int):
     head, _, rest = v.partition(":")
     try:
         keys = int(head)
-        over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())} if rest else ATT_SHORT
+        over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())} \
+            if rest else ATT_SHORT
     except ValueError:
-        raise MemraError(f"MEMRA_ATT_SWITCH must be KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), got {v!r}")
+        raise MemraError(f"MEMRA_ATT_SWITCH must be KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
+                         f"got {v!r}")
     if keys < 1 or any(k not in ATT.TUNABLES for k in over):
         raise MemraError(f"MEMRA_ATT_SWITCH: keys >= 1 and tunables among {', '.join(ATT.TUNABLES)}, got {v!r}")
     short = {**(att_cfg or {}), **over}
@@ -577,9 +579,8 @@ class Planner:
         sliding-window layer's rows have at most its window's keys)."""
         if self.att_switch is None:
             return "both"
-        keys = self.att_switch[0]
-        c = self.cfg
-        fewest = min([lo + 1] + [min(lo + 1, c.swa_window) for il in range(c.n_layer) if c.is_swa(il)])
+        keys, c = self.att_switch[0], self.cfg
+        fewest = min(lo + 1, c.swa_window) if any(c.swa_layers) else lo + 1
         if hi + 1 < keys:
             return "short"
         return "long" if fewest >= keys else "both"

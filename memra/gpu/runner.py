@@ -779,8 +779,9 @@ class Runner:
     def _decode(self, rows, toks, graph: bool = True, fill=None) -> list[RowOut]:
         n = len(rows)
         Bk = PLAN.graph_bucket(n)
-        self.dec_splits = self._dec_splits_for(max(r.seq.n for r in rows))
-        self.dec_kind = self.plan.att_kind_of(min(r.seq.n for r in rows), max(r.seq.n for r in rows))
+        ns = [r.seq.n for r in rows]
+        self.dec_splits = self._dec_splits_for(max(ns))
+        self.dec_kind = self.plan.att_kind_of(min(ns), max(ns))
         sampler = self._sampler_of(rows)
         raw = None
         self._set_rows([(int(t[0]), r.seq.n, r.seq.slot) for r, t in zip(rows, toks)])

@@ -515,13 +515,27 @@ ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neo
 )
 
 
+def _fused_outputs(g, T: int, nh: int, S: int, D: int, twin: bool = True):
+    """A fused check's output, q8 twin (or None, None) and split scratch for T rows, poisoned."""
+    from memra.gpu.q8 import Q8_SCALE
+
+    f32 = np.float32
+    out = g.empty((T, nh * D), f32)
+    xq, xs = (g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)) if twin else (None, None)
+    po, pml = scratch_shapes(T, nh, S, D)
+    part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
+    for a in (out, xq, xs, part_o, part_ml):
+        if a is not None:
+            a.poison()
+    return out, xq, xs, part_o, part_ml
+
+
 def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin=True, kv_q8=(False, False)):
     """attn_decode_rope against rope_norm_kv + attn_decode on the same inputs: output, q8
     twin and the appended K/V rows must be the same bits. T rows, each its own sequence.
     kv_q8: a q8_0 side (its initial pool: the f16 cache's values quantized), its codes and
     scales compared too."""
     from memra.gpu.ops import rope as ROPE
-    from memra.gpu.q8 import Q8_SCALE
 
     D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
     nh, n_ctx, f32 = nkv * G, 700, np.float32
@@ -537,13 +551,7 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
     for fused in (False, True):
         kc, vc = g.to_device(init[0][0]), g.to_device(init[1][0])
         scl = {n: g.to_device(i[1]) for n, i in zip(("kscale", "vscale"), init) if i[1] is not None}
-        out = g.empty((T, nh * D), f32)
-        xq, xs = (g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)) if twin else (None, None)
-        po, pml = scratch_shapes(T, nh, S, D)
-        part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
-        for a in (out, xq, xs, part_o, part_ml):
-            if a is not None:
-                a.poison()
+        out, xq, xs, part_o, part_ml = _fused_outputs(g, T, nh, S, D, twin)
         kw = dict(n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=window, scale=1 / math.sqrt(D),
                   n_splits=S, counters=g.to_device(np.zeros(T * nh, np.int32)), xq=xq, xs=xs, hpb=hpb, config=config,
                   **scl)
@@ -568,12 +576,12 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
 def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool = True):
     """experiments/attn_switch's row filter (ATT_ROWS, its build copy of attention.cu): attn_decode_rope (fused;
     else rope_norm_kv, then attn_decode) over rows on both sides of `keys` (keys - 1 and keys among them), as the
-    unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration. Each filtered launch alone writes its own rows exactly as the unfiltered one (output,
-    q8 twin, appended K/V rows) and leaves the other rows' poisoned outputs and cache rows as they were; one after the
-    other they give the unfiltered launch's bits; the counters are back to zero."""
+    unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration. Each filtered launch alone
+    writes its own rows exactly as the unfiltered one (output, q8 twin, appended K/V rows) and leaves the other rows'
+    poisoned outputs and cache rows as they were; one after the other they give the unfiltered launch's bits; the
+    counters are back to zero."""
     from memra.gpu.compare import Outcome
     from memra.gpu.ops import rope as ROPE
-    from memra.gpu.q8 import Q8_SCALE
 
     D, G, nkv, hpb, window, rd, neox, qkn, has_bias = case
     nh, n_ctx, f32, T = nkv * G, max(700, keys + 64), np.float32, 6
@@ -591,12 +599,7 @@ def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool
 
     def run(modes):
         kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
-        out = g.empty((T, nh * D), f32)
-        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
-        po, pml = scratch_shapes(T, nh, S, D)
-        part_o, part_ml = g.empty(po, f32), g.empty(pml, f32)
-        for a in (out, xq, xs, part_o, part_ml):
-            a.poison()
+        out, xq, xs, part_o, part_ml = _fused_outputs(g, T, nh, S, D)
         cnt = g.to_device(np.zeros(T * nh, np.int32))
         q = None
         if not fused:   # every row roped and appended first, then the attention launches
@@ -649,7 +652,6 @@ def _check_split_count(g, rng, case):
     the plan's split count and with splits_for's smaller grid: the same bits (out and q8 twin)."""
     from memra.gpu.compare import Outcome
     from memra.gpu.paging import random_table, scatter
-    from memra.gpu.q8 import Q8_SCALE
 
     D, G, nkv, S, T, depth, config = case
     nh, blk = nkv * G, 16
@@ -662,12 +664,7 @@ def _check_split_count(g, rng, case):
     s_eff = splits_for(int(pos.max()) + 1, S, D, config)
     runs = []
     for n_splits in (S, s_eff):
-        po, pml = scratch_shapes(T, nh, n_splits, D)
-        out = g.empty((T, nh * D), np.float32)
-        xq, xs = g.empty((T, nh * D), np.int8), g.empty((T, nh * D // 32), Q8_SCALE)
-        part_o, part_ml = g.empty(po, np.float32), g.empty(pml, np.float32)
-        for a in (out, xq, xs, part_o, part_ml):
-            a.poison()
+        out, xq, xs, part_o, part_ml = _fused_outputs(g, T, nh, n_splits, D)
         attention(g, q, kv[0], kv[1], out, part_o, part_ml, g.to_device(pos), g.to_device(np.zeros(T, np.int32)),
                   g.to_device(table), table.shape[1], n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D, window=0,
                   scale=1 / math.sqrt(D), n_splits=n_splits, counters=g.to_device(np.zeros(T * nh, np.int32)),
