@@ -41,14 +41,19 @@ WS_KEYS = ("WS_WM", "WS_WN", "WS_TM", "WS_TN", "WS_WK", "WS_PW", "WS_STAGES", "W
 # first is the check's and the canary's configuration
 WS_CONFIGS = ("2,2,2,4,1,1,4,1,1", "2,2,2,4,1,1,4,1,2", "2,2,2,2,1,1,4,1,3", "2,4,2,2,1,1,4,1,2",
               "1,1,2,4,4,1,4,1,2", "1,1,2,4,4,2,4,1,2", "2,1,2,4,2,1,4,1,2", "1,1,2,2,8,2,4,1,2")
-SHAPES = {   # name: (N output rows, K, glu) — the 8B Q4_K_M's Q4_K launches
-    "glu": (14336, 4096, True),
-    "qkv": (6144, 4096, False),
-    "qk": (5120, 4096, False),
-    "o": (4096, 4096, False),
-    "down": (4096, 14336, False),
+SHAPES = {   # name: (ggml type, N output rows, K, glu) — the 8B Q4_K_M's launches
+    "glu": (12, 14336, 4096, True),
+    "qkv": (12, 6144, 4096, False),
+    "qk": (12, 5120, 4096, False),
+    "o": (12, 4096, 4096, False),
+    "down": (12, 4096, 14336, False),
+    "down6": (14, 4096, 14336, False),
+    "v6": (14, 1024, 4096, False),
+    "head6": (14, 128256, 4096, False),
 }
+TYPE_NAME = {12: "Q4_K", 14: "Q6_K"}
 CHECK_SHAPES = ((200, 2560), (72, 768), (320, 4096))
+TYPES = (12, 14)
 CHECK_NBS = (1, 5, 9, 16, 33, 64, 128)
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
 
@@ -64,21 +69,22 @@ def ws_name(cfg: dict) -> str:
     return ",".join(str(cfg[k]) for k in WS_KEYS)
 
 
-def ws_defines(cfg: dict, glu: bool, canary: int = 0) -> dict:
-    d = {"MV_TYPE": 12, **cfg, "WS_GLU": int(glu)}
+def ws_defines(t: int, cfg: dict, glu: bool, canary: int = 0) -> dict:
+    d = {"MV_TYPE": t, **cfg, "WS_GLU": int(glu)}
     if canary:
         d["MEMRA_CANARY"] = canary
     return d
 
 
-def ws_geometry(cfg: dict):
+def ws_geometry(cfg: dict, t: int = 12):
     """(BM, BN, threads, dynamic shared bytes): gemm_ws.cu's formula (its gemm_ws_smem must agree)."""
     bm, bn = 16 * cfg["WS_WM"] * cfg["WS_TM"], 8 * cfg["WS_WN"] * cfg["WS_TN"]
     wk, ns = cfg["WS_WK"], cfg["WS_STAGES"]
     nc = 32 * cfg["WS_WM"] * cfg["WS_WN"] * wk
     nout = 4 * cfg["WS_TM"] * cfg["WS_TN"]
     lv = 5 - (wk.bit_length() - 1)
-    stage = (bm * 48 + bn * 80 + bn * 16 + bm * 16 + 127) // 128 * 128
+    wbs, xcb, mcb = (48, 16, 16) if t == 12 else (80, 32, 20)
+    stage = (bm * wbs + bn * 80 + bn * xcb + bm * mcb + 127) // 128 * 128
     smem = (wk * ns * stage + (lv - cfg["WS_LREG"]) * nout * nc * 4 + (nc * nout * 4 if wk > 1 else 0)
             + 24 * wk * ns)
     return bm, bn, nc + 32 * cfg["WS_PW"], smem
@@ -93,31 +99,52 @@ def ws_tiles(cfg: dict, N: int, nb: int, glu: bool) -> int:
 _base_job = gc._compile_job
 
 
-def _job(job):
-    src, defines = job
-    if src != WS_SRC:
-        return _base_job(job)
-    from cuda.core import Program, ProgramOptions
+CACHE = Path(os.environ.get("WS_CUBIN_CACHE", "/tmp/gemm_ws_cubins"))
 
-    opts = ProgramOptions(name="gemm_ws.cu", arch=gc.ARCH, std="c++17", lineinfo=True,
-                          include_path=[str(gc.KDIR)], define_macro=[(k, str(v)) for k, v in sorted(defines.items())])
-    t0 = time.perf_counter()
-    try:
-        obj = Program((HERE / "gemm_ws.cu").read_text(), "c++", opts).compile("cubin")
-    except Exception as e:  # noqa: BLE001 - the NVRTC log
-        return gc.module_key(src, defines), None, f"{type(e).__name__}: {e}", 0.0
-    return gc.module_key(src, defines), bytes(obj.code), None, time.perf_counter() - t0
+
+def _job(job):
+    """gc._compile_job, gemm_ws.cu from this folder, and a cubin cache across this script's calls (a device
+    stage runs it three times: smoke, checks, timing)."""
+    import hashlib
+
+    src, defines = job
+    text = (HERE / "gemm_ws.cu").read_text() if src == WS_SRC else ""
+    key = hashlib.sha256(repr((src, sorted(defines.items()), text,
+                               sorted((p.name, p.read_text()) for p in gc.KDIR.glob("*.cu*")))).encode()).hexdigest()
+    f = CACHE / f"{key}.cubin"
+    if f.exists():
+        return gc.module_key(src, defines), f.read_bytes(), None, 0.0
+    if src != WS_SRC:
+        out = _base_job(job)
+    else:
+        from cuda.core import Program, ProgramOptions
+
+        opts = ProgramOptions(name="gemm_ws.cu", arch=gc.ARCH, std="c++17", lineinfo=True,
+                              include_path=[str(gc.KDIR)],
+                              define_macro=[(k, str(v)) for k, v in sorted(defines.items())])
+        t0 = time.perf_counter()
+        try:
+            obj = Program(text, "c++", opts).compile("cubin")
+        except Exception as e:  # noqa: BLE001 - the NVRTC log
+            return gc.module_key(src, defines), None, f"{type(e).__name__}: {e}", 0.0
+        out = gc.module_key(src, defines), bytes(obj.code), None, time.perf_counter() - t0
+    if out[1] is not None:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(out[1])
+        tmp.replace(f)
+    return out
 
 
 gc._compile_job = _job   # compile_all's workers (forked) take gemm_ws.cu through _job
 
 
-def table_config(kind: str, N: int, K: int, glu: bool, nb: int) -> dict:
-    """gemm.cu's H200 table entry for this Q4_K shape (rows as the table counts them) at the nearest bucket
-    at or above nb (the engine's lookup); the built-in CONFIGS' rule when the shape has no entry."""
+def table_config(t: int, N: int, K: int, glu: bool, nb: int) -> dict:
+    """gemm.cu's H200 table entry for this shape (rows as the table counts them) at the nearest bucket at or
+    above nb (the engine's lookup); the built-in CONFIGS' rule when the shape has no entry."""
     e = json.loads(TABLE.read_text())["entries"].get("gemm_glu" if glu else "gemm", {})
     rows = 2 * N if glu else N
-    ent = e.get(f"cols={K},rows={rows},type=Q4_K")
+    ent = e.get(f"cols={K},rows={rows},type={TYPE_NAME[t]}")
     if ent:
         for b in sorted(int(x) for x in ent):
             if b >= nb:
@@ -130,18 +157,18 @@ def table_config(kind: str, N: int, K: int, glu: bool, nb: int) -> dict:
 
 
 def run_ws(d, w, xq, xs, y, N, nb, glu, act, res, cfg, grid=None, canary=0, target=None):
-    k = d.kernel(WS_SRC, ws_defines(cfg, glu, canary), "gemm_ws_glu" if glu else "gemm_ws")
-    _, _, nthr, smem = ws_geometry(cfg)
+    k = d.kernel(WS_SRC, ws_defines(w.t, cfg, glu, canary), "gemm_ws_glu" if glu else "gemm_ws")
+    _, _, nthr, smem = ws_geometry(cfg, w.t)
     g = grid or ws_tiles(cfg, N, nb, glu)
     d.launch(k, (g, 1, 1), (nthr, 1, 1), (w.bulk, w.meta, xq, xs, y, res or 0, np.int32(N), np.int32(w.K),
                                            np.int32(nb), np.int32(act)), shmem=smem, target=target)
 
 
-def persistent_grid(d, cfg, glu, N, nb) -> tuple[int, int]:
+def persistent_grid(d, t, cfg, glu, N, nb) -> tuple[int, int]:
     """(grid, blocks an SM): the tiles or, if fewer, every block the machine holds at once."""
     drv = d.drv
-    k = d.kernel(WS_SRC, ws_defines(cfg, glu), "gemm_ws_glu" if glu else "gemm_ws")
-    _, _, nthr, smem = ws_geometry(cfg)
+    k = d.kernel(WS_SRC, ws_defines(t, cfg, glu), "gemm_ws_glu" if glu else "gemm_ws")
+    _, _, nthr, smem = ws_geometry(cfg, t)
     d.allow_smem(k, smem)
     try:
         h = k.handle if isinstance(k.handle, drv.CUkernel) else drv.CUkernel(int(k.handle))
@@ -157,72 +184,74 @@ def persistent_grid(d, cfg, glu, N, nb) -> tuple[int, int]:
 def check_smem(d, tally, cfgs):
     """gemm_ws_smem (the kernel's compile-time shared-memory size) equals ws_geometry's formula."""
     drv = d.drv
-    for cfg in cfgs:
-        for glu in (False, True):
-            key = gc.module_key(WS_SRC, ws_defines(cfg, glu))
-            d.kernel(WS_SRC, ws_defines(cfg, glu), "gemm_ws_glu" if glu else "gemm_ws")
-            mod = d.mods[key]
-            h = mod.handle if isinstance(mod.handle, drv.CUlibrary) else drv.CUlibrary(int(mod.handle))
-            ptr, size = d._ck(drv.cuLibraryGetGlobal(h, b"gemm_ws_smem"), "cuLibraryGetGlobal")
-            v = d.download(int(ptr), 4, np.int32)[0]
-            want = ws_geometry(cfg)[3]
-            tally.add(f"gemm_ws_smem == formula  {ws_name(cfg)} glu={int(glu)}", int(v) == want, f"{v} vs {want}")
+    for t in TYPES:
+        for cfg in cfgs:
+            for glu in (False, True):
+                key = gc.module_key(WS_SRC, ws_defines(t, cfg, glu))
+                d.kernel(WS_SRC, ws_defines(t, cfg, glu), "gemm_ws_glu" if glu else "gemm_ws")
+                mod = d.mods[key]
+                h = mod.handle if isinstance(mod.handle, drv.CUlibrary) else drv.CUlibrary(int(mod.handle))
+                ptr, size = d._ck(drv.cuLibraryGetGlobal(h, b"gemm_ws_smem"), "cuLibraryGetGlobal")
+                v = d.download(int(ptr), 4, np.int32)[0]
+                want = ws_geometry(cfg, t)[3]
+                tally.add(f"gemm_ws_smem == formula  {TYPE_NAME[t]} {ws_name(cfg)} glu={int(glu)}", int(v) == want,
+                          f"{v} vs {want}")
 
 
 def check_cases(d, tally, rng, cfgs, smoke: bool = False):
-    t = 12
-    for (N, K) in (CHECK_SHAPES[:1] if smoke else CHECK_SHAPES):
-        for nb in ((16, 33) if smoke else CHECK_NBS):
-            for glu, act in ((False, 0), (True, 1), (True, 2)):
-                w = gc.W(d, t, gc.random_weight(t, 2 * N if glu else N, K, rng))
-                x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
-                xq, xs = gc.quantize_dev(d, x)
-                res = rng.standard_normal((nb, N)).astype(np.float32)
-                resd = d.alloc(res.nbytes)
-                d.upload(resd, res)
-                ny = nb * N * 4
-                ym, yg = d.alloc(ny), d.alloc(ny)
-                for vname, alias in [("", False)] + ([("+res(alias y)", True)] if act != 2 else []):
-                    gc.prep_out(d, ym, resd, ny, alias)
-                    gc.run_mv(d, w, xq, xs, ym, N, nb, glu, act, ym if alias else 0)
-                    a = d.download(ym, ny, np.float32)
-                    tag = f"Q4_K {'glu act=' + str(act) if glu else 'plain'}{vname} {N}x{K} nb={nb}"
-                    for cfg in cfgs:
-                        full = ws_tiles(cfg, N, nb, glu)
-                        for grid in sorted({full, min(full, 3)}):
-                            gc.prep_out(d, yg, resd, ny, alias)
-                            run_ws(d, w, xq, xs, yg, N, nb, glu, act, yg if alias else 0, cfg, grid=grid)
-                            b = d.download(yg, ny, np.float32)
-                            ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
-                            tally.add(f"gemm_ws == mv_q8  {tag} cfg {ws_name(cfg)} grid {grid}/{full}", ok,
-                                      gc.diff_detail(a, b), N=N, K=K, nb=nb, glu=glu, act=act, alias_res=alias,
-                                      cfg=cfg, grid=grid, tiles=full)
-                d.free_all()
-    # the canary: unit 1 dropped must show
-    N, K, nb = CHECK_SHAPES[0][0], CHECK_SHAPES[0][1], 16
-    w = gc.W(d, t, gc.random_weight(t, N, K, rng))
-    xq, xs = gc.quantize_dev(d, rng.standard_normal((nb, K)).astype(np.float32))
-    ym, yg = d.alloc(nb * N * 4), d.alloc(nb * N * 4)
-    d.memset(ym, 0xFF, nb * N * 4)
-    d.memset(yg, 0xFF, nb * N * 4)
-    gc.run_mv(d, w, xq, xs, ym, N, nb, False, 0, 0)
-    run_ws(d, w, xq, xs, yg, N, nb, False, 0, 0, cfgs[0], canary=1)
-    a, b = d.download(ym, nb * N * 4, np.float32), d.download(yg, nb * N * 4, np.float32)
-    tally.add(f"canary: gemm_ws MEMRA_CANARY=1 differs from mv_q8  Q4_K {N}x{K} nb={nb}",
-              not np.array_equal(a.view(np.uint32), b.view(np.uint32)), gc.diff_detail(a, b), canary=True)
-    d.free_all()
+    for t in TYPES:
+        for (N, K) in (CHECK_SHAPES[:1] if smoke else CHECK_SHAPES):
+            for nb in ((16, 33) if smoke else CHECK_NBS):
+                for glu, act in ((False, 0), (True, 1), (True, 2)):
+                    w = gc.W(d, t, gc.random_weight(t, 2 * N if glu else N, K, rng))
+                    x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+                    xq, xs = gc.quantize_dev(d, x)
+                    res = rng.standard_normal((nb, N)).astype(np.float32)
+                    resd = d.alloc(res.nbytes)
+                    d.upload(resd, res)
+                    ny = nb * N * 4
+                    ym, yg = d.alloc(ny), d.alloc(ny)
+                    for vname, alias in [("", False)] + ([("+res(alias y)", True)] if act != 2 else []):
+                        gc.prep_out(d, ym, resd, ny, alias)
+                        gc.run_mv(d, w, xq, xs, ym, N, nb, glu, act, ym if alias else 0)
+                        a = d.download(ym, ny, np.float32)
+                        tag = f"{TYPE_NAME[t]} {'glu act=' + str(act) if glu else 'plain'}{vname} {N}x{K} nb={nb}"
+                        for cfg in cfgs:
+                            full = ws_tiles(cfg, N, nb, glu)
+                            for grid in sorted({full, min(full, 3)}):
+                                gc.prep_out(d, yg, resd, ny, alias)
+                                run_ws(d, w, xq, xs, yg, N, nb, glu, act, yg if alias else 0, cfg, grid=grid)
+                                b = d.download(yg, ny, np.float32)
+                                ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+                                tally.add(f"gemm_ws == mv_q8  {tag} cfg {ws_name(cfg)} grid {grid}/{full}", ok,
+                                          gc.diff_detail(a, b), N=N, K=K, nb=nb, glu=glu, act=act, alias_res=alias,
+                                          cfg=cfg, grid=grid, tiles=full)
+                    d.free_all()
+        # the canary: unit 1 dropped must show
+        N, K, nb = CHECK_SHAPES[0][0], CHECK_SHAPES[0][1], 16
+        w = gc.W(d, t, gc.random_weight(t, N, K, rng))
+        xq, xs = gc.quantize_dev(d, rng.standard_normal((nb, K)).astype(np.float32))
+        ym, yg = d.alloc(nb * N * 4), d.alloc(nb * N * 4)
+        d.memset(ym, 0xFF, nb * N * 4)
+        d.memset(yg, 0xFF, nb * N * 4)
+        gc.run_mv(d, w, xq, xs, ym, N, nb, False, 0, 0)
+        run_ws(d, w, xq, xs, yg, N, nb, False, 0, 0, cfgs[0], canary=1)
+        a, b = d.download(ym, nb * N * 4, np.float32), d.download(yg, nb * N * 4, np.float32)
+        tally.add(f"canary: gemm_ws MEMRA_CANARY=1 differs from mv_q8  {TYPE_NAME[t]} {N}x{K} nb={nb}",
+                  not np.array_equal(a.view(np.uint32), b.view(np.uint32)), gc.diff_detail(a, b), canary=True)
+        d.free_all()
 
 
 def timing(d, tally, rng, reps, jsonl, cfgs, shapes, nbs):
     print(f"\ntiming (CUDA graphs, median of {reps}; weights rotated over copies >= 150 MB)", flush=True)
     print(f"{'shape':6s} {'nb':>4s} {'arm':28s} {'grid':>9s} {'us':>8s} {'TOPS':>6s} {'vs gemm.cu':>10s}", flush=True)
     for sname in shapes:
-        N, K, glu = SHAPES[sname]
+        t, N, K, glu = SHAPES[sname]
         rows = 2 * N if glu else N
-        raw = gc.random_weight(12, rows, K, rng)
-        ws = [gc.W(d, 12, raw)]
+        raw = gc.random_weight(t, rows, K, rng)
+        ws = [gc.W(d, t, raw)]
         copies = max(1, min(8, -(-(150 << 20) // ws[0].nbytes)))
-        ws += [gc.W(d, 12, raw) for _ in range(copies - 1)]
+        ws += [gc.W(d, t, raw) for _ in range(copies - 1)]
         del raw
         act = 1 if glu else 0
         for nb in nbs:
@@ -247,11 +276,12 @@ def timing(d, tally, rng, reps, jsonl, cfgs, shapes, nbs):
                         g.close()
                 return us, b
 
-            base_cfg = table_config("gemm", N, K, glu, nb)
+            base_cfg = table_config(t, N, K, glu, nb)
             base_us, b = timed(lambda w, tg: gc.run_gemm(d, w, xq, xs, yg, N, nb, glu, act, 0, base_cfg, target=tg))
             ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
             tally.add(f"gemm.cu == mv_q8  timing {sname} nb={nb} cfg {gc.cfg_name(base_cfg)}", ok, gc.diff_detail(a, b))
-            rec = {"kind": "time", "arm": "gemm.cu", "shape": sname, "N": N, "K": K, "glu": glu, "nb": nb,
+            rec = {"kind": "time", "arm": "gemm.cu", "shape": sname, "type": TYPE_NAME[t], "N": N, "K": K, "glu": glu,
+                   "nb": nb,
                    "cfg": gc.cfg_name(base_cfg), "us": base_us, "tops": ops / base_us * 1e-6, "exact": bool(ok),
                    "reps": reps, "copies": copies}
             jsonl(rec)
@@ -259,13 +289,14 @@ def timing(d, tally, rng, reps, jsonl, cfgs, shapes, nbs):
                   f"{rec['tops']:6.1f} {1.0:9.3f}x", flush=True)
             for cfg in cfgs:
                 full = ws_tiles(cfg, N, nb, glu)
-                pgrid, per_sm = persistent_grid(d, cfg, glu, N, nb)
+                pgrid, per_sm = persistent_grid(d, t, cfg, glu, N, nb)
                 for grid in sorted({full, pgrid}, reverse=True):
                     us, b = timed(lambda w, tg: run_ws(d, w, xq, xs, yg, N, nb, glu, act, 0, cfg, grid=grid, target=tg))
                     ok = np.array_equal(a.view(np.uint32), b.view(np.uint32))
                     tally.add(f"gemm_ws == mv_q8  timing {sname} nb={nb} cfg {ws_name(cfg)} grid {grid}", ok,
                               gc.diff_detail(a, b))
-                    rec = {"kind": "time", "arm": "gemm_ws", "shape": sname, "N": N, "K": K, "glu": glu, "nb": nb,
+                    rec = {"kind": "time", "arm": "gemm_ws", "shape": sname, "type": TYPE_NAME[t], "N": N, "K": K,
+                           "glu": glu, "nb": nb,
                            "cfg": ws_name(cfg), "grid": grid, "tiles": full, "blocks_per_sm": per_sm, "us": us,
                            "tops": ops / us * 1e-6, "vs_gemm": base_us / us, "exact": bool(ok), "reps": reps,
                            "copies": copies}
@@ -277,22 +308,24 @@ def timing(d, tally, rng, reps, jsonl, cfgs, shapes, nbs):
 
 def plan(cfgs, shapes, nbs, checks: bool, timing_on: bool) -> list:
     jobs = [("q8.cu", {"Q8_WARPS": gc.Q8_WARPS})]
-    for cfg in cfgs:
-        for glu in (False, True):
-            jobs.append((WS_SRC, ws_defines(cfg, glu)))
-    jobs.append((WS_SRC, ws_defines(cfgs[0], False, canary=1)))
+    for t in TYPES:
+        for cfg in cfgs:
+            for glu in (False, True):
+                jobs.append((WS_SRC, ws_defines(t, cfg, glu)))
+        jobs.append((WS_SRC, ws_defines(t, cfgs[0], False, canary=1)))
     mv_nbs = set()
     if checks:
-        for (N, K) in CHECK_SHAPES:
-            mv_nbs |= {(K, nb, glu) for nb in CHECK_NBS for glu in (False, True)}
+        for t in TYPES:
+            for (N, K) in CHECK_SHAPES:
+                mv_nbs |= {(t, K, nb, glu) for nb in CHECK_NBS for glu in (False, True)}
     if timing_on:
         for s in shapes:
-            N, K, glu = SHAPES[s]
-            mv_nbs |= {(K, nb, glu) for nb in nbs}
+            t, N, K, glu = SHAPES[s]
+            mv_nbs |= {(t, K, nb, glu) for nb in nbs}
             for nb in nbs:
-                jobs.append(("gemm.cu", {"MV_TYPE": 12, **table_config("gemm", N, K, glu, nb)}))
-    for K, nb, glu in sorted(mv_nbs):
-        for _, _, dd in gc.mv_chunks(12, K, nb, glu):
+                jobs.append(("gemm.cu", {"MV_TYPE": t, **table_config(t, N, K, glu, nb)}))
+    for t, K, nb, glu in sorted(mv_nbs):
+        for _, _, dd in gc.mv_chunks(t, K, nb, glu):
             jobs.append(("matvec.cu", dd))
     return jobs
 
@@ -301,7 +334,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--configs", default=";".join(WS_CONFIGS))
-    ap.add_argument("--shapes", default="glu,qkv,o,down")
+    ap.add_argument("--shapes", default="glu,qkv,down6,o,down,head6")
     ap.add_argument("--nbs", default="16,32,64,128")
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--no-checks", action="store_true")

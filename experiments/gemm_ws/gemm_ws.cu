@@ -1,13 +1,14 @@
 // gemm_ws.cu — experiments/gemm_ws: a warp-specialized successor of kernels/gemm.cu for mv_q8's order at
-// 16-128 rows (Q4_K only in this first version), bit-identical to gemm.cu (and so to mv_q8).
-// Compiled with -I kernels/ (NVRTC), MV_TYPE=12.
+// 16-128 rows (Q4_K and Q6_K, the 8B Q4_K_M's types), bit-identical to gemm.cu (and so to mv_q8).
+// Compiled with -I kernels/ (NVRTC), MV_TYPE=12 or 14.
 //
 // Same arguments as gemm.cu (gemm_ws / gemm_ws_glu = gemm_q8 / gemm_q8_glu: y[b, n] = sum_k W[n, k] x[b, k],
 // the glu form act(gate) * up, res added last, res may alias y).
 //
 // What is computed: exactly gemm.cu's arithmetic (its header's exactness argument, unchanged): per output
 // the 32 slots l = 0..31 of mv_q8's lanes, each a chain over its units u = l, l + 32, .. in increasing u
-// through accum_k4f (mma_frag.cuh), merged in the butterfly's tree, then finish()'s epilogue. With WS_WK
+// through accum_k4f (mma_frag.cuh; Q6_K: TQ6_K::accum_r), merged in the butterfly's tree, then finish()'s
+// epilogue. With WS_WK
 // warp groups, group k takes the slots l = k (mod WK), the subtree below the butterfly's last log2(WK)
 // levels (gemm.cu's GM_WK argument), walked by gemm.cu's static pair structure generalized to LV = 5 -
 // log2(WK) levels: pair i = 0 .. 2^(LV-1) - 1 holds leaf 2i = slot k + WK brev_(LV-1)(i) and leaf 2i + 1 =
@@ -15,19 +16,21 @@
 // leaf 2i + 1 into P, then P = L0 + P and the binary counter's levels 1 .. LV - 1 (for WK 1 this is
 // gemm.cu's GM_STATIC loop exactly); the groups' roots meet in the last levels, T(k) = T(k) + T(k + o) for
 // o = WK/2 .. 1, as gemm.cu's. Only where the operands come from changes:
-//  - the row scalars (RK4F: d sc, dmin m of the unit's two sub-blocks) are computed by a producer warp
-//    with the same rk4f(rowscal_k4_uniform(meta, u & 3)) on the same staged meta bytes (as GM_RSS does),
-//    into the 16-byte pad of the staged bulk row;
-//  - a column's activation scales are staged as floats {d0, (float)S0, d1, (float)S1} by the producer:
-//    (float)S is exact (|S| < 2^12) and accum_k4f converts the same int, so its operands are the same;
-//  - the integer sums come from the same G<TQ4_K>::afrag fragments and mma_unit as gemm.cu's.
+//  - the row scalars (Q4_K: RK4F, d sc and dmin m of the unit's two sub-blocks; Q6_K: the four 16-groups'
+//    int8 scales and d) are computed by a producer warp with the same G<T>::rowscal on the same staged
+//    meta bytes (as gemm.cu's GM_RSS pass), into the pad after the staged bulk row;
+//  - a column's activation scales are staged as floats by the producer: Q4_K {d0, (float)S0, d1,
+//    (float)S1} ((float)S is exact, |S| < 2^12, and accum_k4f converts the same int), Q6_K the four
+//    groups' d: the float part's operands are the same;
+//  - the integer sums come from the same G<T>::afrag fragments and mma_unit as gemm.cu's.
 // So every output's bits equal gemm.cu's (and mv_q8's at any MV_B) for any nb, configuration or grid.
 //
 // Structure (the design: experiments/gemm_ws/README.md):
 //  - WS_PW PRODUCER warps (the block's last); producer p serves the groups k = p (mod PW). A group's
 //    positions (its units in its consumption order, tile after tile) each go: ISSUE, once the stage is
-//    free (the EMPTY mbarrier of position t - NS), by cp.async (the unit's weight bulk BM x 32 B, its
-//    meta window BM x 16 B, the activations BN x 64 B, the activation scales BN x 16 B) and a
+//    free (the EMPTY mbarrier of position t - NS), by cp.async (the unit's weight bulk BM x 32 B (Q6_K
+//    48), its meta window BM x 16 B (Q6_K 20: 4-byte pieces around the 2-aligned 18 bytes, as gemm.cu),
+//    the activations BN x 64 B, the activation scales BN x 16 B (Q6_K 32)) and a
 //    cp.async.mbarrier.arrive on the stage's LANDED mbarrier; then the scalar PASS once LANDED completes
 //    (row scalars, column floats, each lane on the rows and columns it copied); then an arrive on FULL.
 //    The producer polls its groups (test_wait, warp-uniform by __all_sync) and never blocks on one: with
@@ -51,23 +54,24 @@
 // gemm_ws, 1: gemm_ws_glu). MEMRA_CANARY=1 drops unit 1 of every row (a check must catch it).
 // Launch: grid = (G, 1, 1), G = ntiles (one tile a block) or fewer (persistent); block = 32 (WS_WM WS_WN
 // WS_WK + WS_PW); dynamic shared memory = WK NS STAGE + (LV - LREG) NOUT NC 4 + (WK > 1 ? NC NOUT 4 : 0)
-// + 24 WK NS, with STAGE = round128(BM 48 + BN 80 + BN 16 + BM 16), BM = 16 WS_WM WS_TM, BN = 8 WS_WN
+// + 24 WK NS, with STAGE = round128(BM WBS + BN 80 + BN XCB + BM MCB) (Q4_K: WBS 48, XCB 16, MCB 16; Q6_K:
+// 80, 32, 20), BM = 16 WS_WM WS_TM, BN = 8 WS_WN
 // WS_TN, NOUT = 4 WS_TM WS_TN, NC = 32 WS_WM WS_WN WS_WK, LV = 5 - log2(WK); the module's gemm_ws_smem
 // holds the value (experiments/gemm_ws/check.py compares its formula). Contract as gemm.cu's: K a multiple
 // of 256, planes and xq / xs 16-byte aligned.
 //
 // History:
 //  1. (this) first version, not yet run on a device. Static SASS of the unit loop (experiments/gemm_ws/
-//     sass.py, the full-tile path): 2,2,2,4 ~24 instructions an IMMA against gemm.cu's 32.5 in the same
-//     configuration (2,2,2,4,1,3,1,1), 2,2,2,2 27.7 against 40.8; the exact formula's 9 operations an
-//     output and unit are ~74 % of it.
+//     sass.py): Q4_K 2,2,2,4 24.2 instructions an IMMA against gemm.cu's 32.5 in the same configuration
+//     (2,2,2,4,1,3,1,1), 2,2,2,2 27.7 against 40.8 (the exact formula's 9 operations an output and unit
+//     ~74 % of it); Q6_K 2,2,2,4 18.9 against 23.9 (k16 IMMAs).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
 #include "mma_frag.cuh"
 
-#if MV_TYPE != 12
-#error "gemm_ws.cu: MV_TYPE must be 12 (Q4_K) in this version"
+#if MV_TYPE != 12 && MV_TYPE != 14
+#error "gemm_ws.cu: MV_TYPE must be 12 (Q4_K) or 14 (Q6_K)"
 #endif
 #ifndef WS_WM
 #define WS_WM 2
@@ -125,19 +129,26 @@ constexpr int LV = 5 - SKB;                 // stack levels of a group's subtree
 constexpr int NPAIR = 1 << (LV - 1);        // leaf pairs of a group
 static_assert(WS_LREG >= 1 && WS_LREG <= LV, "WS_LREG must be in 1 .. LV");
 constexpr int LSM = LV - WS_LREG;           // stack levels in shared memory
-constexpr int WBS = GT::WBS;                // 48: 32 bulk bytes + the RK4F record (odd multiple of 16)
-constexpr int OFF_RS = 32;                  // the row scalars' place in a staged bulk row
+// Per type: a unit's bulk chunks (16 bytes each) and the row record after them in the staged row (WBS: an
+// odd multiple of 16, so ldmatrix rows hit distinct banks); the staged column-scale bytes of a column (raw
+// Q8Scale, then rewritten in place as floats by the pass: Q4_K {d0, (float)S0, d1, (float)S1}, Q6_K the four
+// groups' d); the staged meta bytes of a row.
+#if MV_TYPE == 12
+constexpr int NCHW = 2, OFF_RS = 32, WBS = 48, XCB = 16, MCB = 16;   // row record RK4F (16 B)
+#else
+constexpr int NCHW = 3, OFF_RS = 48, WBS = 80, XCB = 32, MCB = 20;   // row record int sc[4] + float d (20 B)
+#endif
+static_assert(NCHW == GT::NCH, "bulk chunks");
 constexpr int XS = 80;                      // a column's 64 activation bytes, padded
 constexpr int OFF_X = BM * WBS;
-constexpr int OFF_C = OFF_X + BN * XS;      // column records: raw {Q8Scale, Q8Scale}, then float4
-constexpr int OFF_M = OFF_C + BN * 16;      // meta windows (16 bytes a row)
-constexpr int STAGE = (OFF_M + BM * 16 + 127) / 128 * 128;
+constexpr int OFF_C = OFF_X + BN * XS;      // column records: raw Q8Scale, then floats (the pass)
+constexpr int OFF_M = OFF_C + BN * XCB;     // meta windows (MCB bytes a row)
+constexpr int STAGE = (OFF_M + BM * MCB + 127) / 128 * 128;
 constexpr int OFF_STACK = WK * NS * STAGE;
 constexpr int OFF_RED = OFF_STACK + LSM * NOUT * NC * 4;
 constexpr int OFF_BAR = OFF_RED + (WK > 1 ? NC * NOUT * 4 : 0);
 constexpr int SMEM = OFF_BAR + 24 * WK * NS;
 extern "C" __device__ const int gemm_ws_smem = SMEM;   // read by experiments/gemm_ws/check.py
-static_assert(sizeof(typename GT::R) == 16, "RK4F is 16 bytes");
 static_assert(OFF_X % 16 == 0 && OFF_C % 16 == 0 && OFF_M % 16 == 0 && OFF_STACK % 16 == 0 && OFF_RED % 16 == 0,
               "alignment");
 static_assert(BM % 32 == 0, "the producer's lanes: BM a multiple of 32 (BN any multiple of 8)");
@@ -157,10 +168,69 @@ MEMRA_DEVICE void cp16(uint32_t dst, const void* src) {
 MEMRA_DEVICE void cp_arrive_landed(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
 }
+MEMRA_DEVICE void cp4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(dst), "l"(src) : "memory");
+}
+MEMRA_DEVICE void cp4n(uint32_t dst, const void* src, int n) {   // 4 bytes, only n read (the rest zero)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
 MEMRA_DEVICE void ldsm4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+MEMRA_DEVICE void ldsm2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+struct SLd {   // qtypes.cuh's meta loaders from shared memory (gemm.cu's)
+    static MEMRA_DEVICE uint4 l16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+    static MEMRA_DEVICE uint2 l8(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+    static MEMRA_DEVICE uint32_t l4(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+    static MEMRA_DEVICE uint32_t l2(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+};
+
+// ---------------------------------------------------------------------------------
+// Per type: staging a row's meta window (issue), the row record and the column record (the pass)
+#if MV_TYPE == 12
+// Q4_K: the super-block's 16 meta bytes (d, dmin, scales[12]), 16-byte aligned
+MEMRA_DEVICE void stage_meta(uint32_t dst, const uint8_t* m) { cp16(dst, m); }
+// the row record: RK4F {d sc, dmin m} of the unit's sub-blocks 2j, 2j + 1 (gemm.cu's G<TQ4_K>::rowscal)
+MEMRA_DEVICE void pass_row(uint8_t* rec, const uint8_t* mw, const uint8_t*, int u) {
+    TQ4_K::U w;
+    T::template load_meta<SLd>(w, mw, u);
+    const RK4F f = GT::rowscal(w);
+    *reinterpret_cast<float4*>(rec) = make_float4(f.dsc0, f.dm0, f.dsc1, f.dm1);
+}
+// the column record: {d0, (float)S0, d1, (float)S1} of blocks 2u, 2u + 1 (accum_k4f converts the same ints)
+MEMRA_DEVICE void pass_col(uint8_t* c) {
+    const uint4 e = *reinterpret_cast<const uint4*>(c);
+    *reinterpret_cast<float4*>(c) = make_float4(__uint_as_float(e.x), (float)(int)e.y, __uint_as_float(e.z), (float)(int)e.w);
+}
+#else
+// Q6_K: the super-block's 18 meta bytes (scales[16], d) start 2-byte aligned: the 20 bytes from their start
+// rounded down to 4, the last word reading only the bytes that belong (2 when the start is 4-aligned: never
+// past the plane's end); gemm.cu's produce_meta window
+MEMRA_DEVICE void stage_meta(uint32_t dst, const uint8_t* m) {
+    const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<unsigned long long>(m) & ~(unsigned long long)3);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) cp4(dst + 4 * c, a + 4 * c);
+    cp4n(dst + 16, a + 16, (reinterpret_cast<unsigned long long>(m) & 3) ? 4 : 2);
+}
+// the row record: TQ6_K::R {sc[4] (the unit's four 16-groups' int8 scales), d}; gm (the window's global
+// address) says where the 18 bytes start in it
+MEMRA_DEVICE void pass_row(uint8_t* rec, const uint8_t* mw, const uint8_t* gm, int u) {
+    TQ6_K::U w;
+    T::template load_meta<SLd>(w, mw + (reinterpret_cast<unsigned long long>(gm) & 3), u);
+    const TQ6_K::R q = GT::rowscal(w);
+    *reinterpret_cast<int4*>(rec) = make_int4(q.sc[0], q.sc[1], q.sc[2], q.sc[3]);
+    *reinterpret_cast<float*>(rec + 16) = q.d;
+}
+// the column record: the four groups' block scales d (blocks goff(u, 0) / 32 + g), in place of the raw 32 bytes
+MEMRA_DEVICE void pass_col(uint8_t* c) {
+    const uint4 e0 = *reinterpret_cast<const uint4*>(c), e1 = *reinterpret_cast<const uint4*>(c + 16);
+    *reinterpret_cast<float4*>(c) = make_float4(__uint_as_float(e0.x), __uint_as_float(e0.z), __uint_as_float(e1.x),
+                                                __uint_as_float(e1.z));
+}
+#endif
 MEMRA_DEVICE void bar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
@@ -245,9 +315,9 @@ MEMRA_DEVICE void src_of(Src& o, int tile, int lane, const uint8_t* bulk, const 
         o.m[q] = meta + row * mrs;
     }
 #pragma unroll
-    for (int q = 0; q < NXQ; ++q) {
+    for (int q = 0; q < NXQ; ++q) {   // + T::goff(u, g) - T::goff(u, 0) = 16 g (Q4_K), 32 g (Q6_K)
         const int i = lane + 32 * q;
-        o.x[q] = xq + (size_t)min(tl.cb + (i >> 2), nb - 1) * K + 16 * (i & 3);
+        o.x[q] = xq + (size_t)min(tl.cb + (i >> 2), nb - 1) * K + (T::goff(0, i & 3, 0) - T::goff(0, 0, 0));
     }
 #pragma unroll
     for (int q = 0; q < NSQ; ++q)
@@ -262,7 +332,7 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     constexpr int OBM = GLU ? BM / 2 : BM;
     const int nu = K / 64;
-    const size_t brs = (size_t)(K / 256) * 128, mrs = (size_t)(K / 256) * 16;
+    const size_t brs = (size_t)(K / 256) * T::BULK, mrs = (size_t)(K / 256) * T::META;
     const int ntiles = ((N + OBM - 1) / OBM) * ((nb + BN - 1) / BN);
     const uint32_t sbase = smem_u32(ws_smem);
     // [group][stage] each: FULL (the pass done: 32 producer lanes), EMPTY (the group's NGW consumer warps),
@@ -289,6 +359,12 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
         int tile[MG], iss[MG], tp[MG];   // tile being issued, positions issued, positions passed
         bool gdone[MG];
         Src src[MG];                  // the sources of the tile being issued
+#if MV_TYPE == 14
+        Src psrc[MG];                 // Q6_K: the pass's tile's (its meta windows' alignment)
+        int ptile[MG];
+#else
+        Src (&psrc)[MG] = src;        // Q4_K: the pass reads only the stage
+#endif
 #pragma unroll
         for (int j = 0; j < MG; ++j) {
             const int k = p + PW * j;
@@ -298,6 +374,10 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
             gdone[j] = tile[j] >= ntiles || k >= nu;   // no tile, or a group without units (nu <= k)
             iss[j] = tp[j] = 0;
             if (!gdone[j]) src_of<GLU>(src[j], tile[j], lane, bulk, meta, xq, xs, N, K, nb, brs, mrs);
+#if MV_TYPE == 14
+            ptile[j] = tile[j];
+            psrc[j] = src[j];
+#endif
         }
         // Each group's positions go issue -> LANDED (the lanes' cp.async done: cp.async.mbarrier.arrive) ->
         // pass -> FULL. The producer polls (never blocks on one group while another could move: with WK > 1
@@ -318,21 +398,24 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
 #pragma unroll
                         for (int q = 0; q < BM / 32; ++q) {
                             const int r = lane + 32 * q;
-                            const uint4 m = *reinterpret_cast<const uint4*>(sp + OFF_M + 16 * r);
-                            const RK4F f = rk4f(rowscal_k4_uniform(m, u & 3));
-                            *reinterpret_cast<float4*>(sp + r * WBS + OFF_RS) = make_float4(f.dsc0, f.dm0, f.dsc1, f.dm1);
+                            pass_row(sp + r * WBS + OFF_RS, sp + OFF_M + MCB * r, psrc[j].m[q] + T::moff(u), u);
                         }
 #pragma unroll
                         for (int q = 0; q < (BN + 31) / 32; ++q) {
                             const int col = lane + 32 * q;
                             if (BN % 32 != 0 && col >= BN) break;
-                            const uint4 e = *reinterpret_cast<const uint4*>(sp + OFF_C + 16 * col);
-                            *reinterpret_cast<float4*>(sp + OFF_C + 16 * col) =
-                                make_float4(__uint_as_float(e.x), (float)(int)e.y, __uint_as_float(e.z), (float)(int)e.w);
+                            pass_col(sp + OFF_C + XCB * col);
                         }
                         bar_arrive(full0 + 8 * s);
                         ++tp[j];
                         pw[j].next(nu);
+#if MV_TYPE == 14
+                        if (pw[j].wrapped) {
+                            pw[j].wrapped = false;
+                            ptile[j] += gridDim.x;
+                            if (ptile[j] < ntiles) src_of<GLU>(psrc[j], ptile[j], lane, bulk, meta, xq, xs, N, K, nb, brs, mrs);
+                        }
+#endif
                     }
                 }
                 if (!gdone[j]) {        // the next position, once its stage is free (EMPTY of position t - NS)
@@ -348,21 +431,23 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
 #pragma unroll
                         for (int q = 0; q < BM / 32; ++q) {
                             const int r = lane + 32 * q;
-                            cp16(st + r * WBS, o.b[q] + 32 * u);
-                            cp16(st + r * WBS + 16, o.b[q] + 32 * u + 16);
-                            cp16(st + OFF_M + 16 * r, o.m[q] + 16 * (u >> 2));
+#pragma unroll
+                            for (int c = 0; c < NCHW; ++c) cp16(st + r * WBS + 16 * c, o.b[q] + GT::chunk(u, c));
+                            stage_meta(st + OFF_M + MCB * r, o.m[q] + T::moff(u));
                         }
                         // activations: BN columns x 4 groups of 16 bytes; scales: blocks 2u, 2u + 1 of each column
 #pragma unroll
                         for (int q = 0; q < NXQ; ++q) {
                             const int i = lane + 32 * q;
-                            cp16(st + OFF_X + (i >> 2) * XS + 16 * (i & 3), o.x[q] + 64 * u);
+                            cp16(st + OFF_X + (i >> 2) * XS + 16 * (i & 3), o.x[q] + T::goff(u, 0, 0));
                         }
 #pragma unroll
                         for (int q = 0; q < NSQ; ++q) {
                             const int col = lane + 32 * q;
                             if (BN % 32 != 0 && col >= BN) break;
-                            cp16(st + OFF_C + 16 * col, o.s[q] + 2 * u);
+#pragma unroll
+                            for (int c = 0; c < XCB / 16; ++c)   // blocks goff(u, 0) / 32 ..
+                                cp16(st + OFF_C + XCB * col + 16 * c, o.s[q] + T::goff(u, 0, 0) / 32 + 2 * c);
                         }
                         cp_arrive_landed(landed0 + 8 * s);   // LANDED completes when every lane's copies have
                         ++iss[j];
@@ -402,32 +487,45 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
     // a unit's work on stage `st`; FULL: every n tile of the tile has live columns
     auto consume = [&](const bool FULL, float (&acc)[NO], const uint32_t st, const uint8_t* stp, const int cb) {
         uint32_t xb[WS_TN][4];
-        float4 cs[WS_TN][2];   // columns 2 tig, 2 tig + 1 of each n tile: {d0, S0, d1, S1}
+        float4 cs[WS_TN][2];   // columns 2 tig, 2 tig + 1 of each n tile: Q4_K {d0, S0, d1, S1}, Q6_K {d0..d3}
 #pragma unroll
         for (int ni = 0; ni < WS_TN; ++ni) {
             const int c0 = (wn * WS_TN + ni) * 8;
             ldsm4(xb[ni], st + OFF_X + (c0 + lr) * XS + 16 * lm);
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc)
-                cs[ni][cc] = *reinterpret_cast<const float4*>(stp + OFF_C + 16 * (c0 + 2 * tig + cc));
+                cs[ni][cc] = *reinterpret_cast<const float4*>(stp + OFF_C + XCB * (c0 + 2 * tig + cc));
         }
 #pragma unroll
         for (int mi = 0; mi < WS_TM; ++mi) {
             const int r0 = (wm * WS_TM + mi) * 16;
-            uint32_t q[2][2];
+            // raw bulk words: q[c][rh] = word tig of chunk c of row r0 + gid + 8 rh (gemm.cu's ldmatrix)
+            uint32_t q[NCHW][2];
             {
                 uint32_t r4[4];
                 ldsm4(r4, st + (r0 + 8 * (lm & 1) + lr) * WBS + 16 * (lm >> 1));
                 q[0][0] = r4[0]; q[0][1] = r4[1]; q[1][0] = r4[2]; q[1][1] = r4[3];
             }
-            RK4F rq[2];
+            if (NCHW == 3) {
+                uint32_t r2[2];
+                ldsm2(r2, st + (r0 + 8 * (lm & 1) + lr) * WBS + 32);
+                q[NCHW - 1][0] = r2[0]; q[NCHW - 1][1] = r2[1];
+            }
+            typename GT::R rq[2];
 #pragma unroll
             for (int rh = 0; rh < 2; ++rh) {
-                const float4 v = *reinterpret_cast<const float4*>(stp + (r0 + gid + 8 * rh) * WBS + OFF_RS);
+                const uint8_t* rp = stp + (r0 + gid + 8 * rh) * WBS + OFF_RS;
+#if MV_TYPE == 12
+                const float4 v = *reinterpret_cast<const float4*>(rp);
                 rq[rh].dsc0 = v.x; rq[rh].dm0 = v.y; rq[rh].dsc1 = v.z; rq[rh].dm1 = v.w;
+#else
+                const int4 v = *reinterpret_cast<const int4*>(rp);
+                rq[rh].sc[0] = v.x; rq[rh].sc[1] = v.y; rq[rh].sc[2] = v.z; rq[rh].sc[3] = v.w;
+                rq[rh].d = *reinterpret_cast<const float*>(rp + 16);
+#endif
             }
             typename T::U wu[2];
-            uint32_t a[GT::NK][4];
+            uint32_t a[GT::NK][AR];
             GT::afrag(q, wu, tig, a);
 #pragma unroll
             for (int ni = 0; ni < WS_TN; ++ni) {
@@ -437,13 +535,23 @@ MEMRA_DEVICE void ws_body(const uint8_t* __restrict__ bulk, const uint8_t* __res
                 for (int k = 0; k < GT::NK; ++k) mma_unit(c[k], a[k], xb[ni], k);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const RK4F& r = rq[e >> 1];
+                    const typename GT::R& r = rq[e >> 1];
                     const float4& s = cs[ni][e & 1];
                     const int o = (mi * WS_TN + ni) * 4 + e;
+#if MV_TYPE == 12
                     // accum_k4f with the column's floats: the same operations on the same operands
                     const float fa = __fmaf_rn(r.dsc0, (float)c[0][e], -__fmul_rn(r.dm0, s.y));
                     const float fb = __fmaf_rn(r.dsc1, (float)c[1][e], -__fmul_rn(r.dm1, s.w));
                     acc[o] = __fadd_rn(acc[o], __fmaf_rn(fa, s.x, __fmul_rn(fb, s.z)));
+#else
+                    // TQ6_K::accum_r with the column's group scales d: the same operations on the same operands
+                    float v = 0.f;
+                    v = __fmaf_rn(s.x, (float)(r.sc[0] * c[0][e]), v);
+                    v = __fmaf_rn(s.y, (float)(r.sc[1] * c[1][e]), v);
+                    v = __fmaf_rn(s.z, (float)(r.sc[2] * c[2][e]), v);
+                    v = __fmaf_rn(s.w, (float)(r.sc[3] * c[3][e]), v);
+                    acc[o] = __fmaf_rn(r.d, v, acc[o]);
+#endif
                 }
             }
         }
