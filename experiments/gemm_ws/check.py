@@ -335,7 +335,7 @@ def main() -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--configs", default=";".join(WS_CONFIGS))
     ap.add_argument("--shapes", default="glu,qkv,down6,o,down,head6")
-    ap.add_argument("--nbs", default="16,32,64,128")
+    ap.add_argument("--nbs", default="64,128,16,32")   # c = 64 first: a cut-short call keeps it
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
