@@ -56,7 +56,8 @@ w)
     grep -E "^FAIL" $R/ws-checks.txt | head -20 | tee -a $R/log.txt
   fi
   if [ $rc = 0 ]; then
-    timeout $(( 570 - ($(date +%s) - T0) )) python3 experiments/gemm_ws/check.py --no-checks > $R/ws-time.txt 2>&1
+    timeout $(( 570 - ($(date +%s) - T0) )) python3 experiments/gemm_ws/check.py --no-checks --nbs ${WS_NBS:-64,128,16,32} \
+      > $R/ws-time.txt 2>&1
     log "gemm_ws timing rc=$? $(tail -1 $R/ws-time.txt) $(el)"
   fi
   cp $R/ws-*.txt $OUT/ 2>/dev/null ;;
