@@ -9,16 +9,13 @@
 #  token's time goes, and the last 8B breakdown (session 23) predates attention v9-v11.
 # STAGE d (~9 min; models shipped, carry .llamacpp): `--vs llama.cpp` on the 8B, the 8B at depth 4,096, SmolLM2 at
 #  4,096 and at 0, the 1B (MODELS overrides): the board's ratios at HEAD (the last run: session 30).
-# STAGE s (~6 min, no models): experiments/attn_switch (MEMRA_ATT_SWITCH=256: the CUDA-core 32-key attention below
+# STAGE s (~6 min, no models; its A/B ran in session 35 on an H100, its kernel-check did not): experiments/attn_switch
+#  (MEMRA_ATT_SWITCH=256: the CUDA-core 32-key attention below
 #  256 keys, the shipped tensor-core one above), tg128 through its ab.py, control / switch / control / switch, at
 #  depths 0 and 4,096 on the 8B Q4_K_M, then depth 0 on the 1B and the SmolLM2 shape; then its kernel-check
 #  (attention family, the two modules' configurations). Predicted: the 8B +3 % at depth 0 (session 31's 497 vs 482
 #  t/s), 0 at 4,096; the 1B / SmolLM2 +1 % at depth 0. The gates must stay MATCH.
-# STAGE w (~6-8 min, no models; prepared in session 35, CPU only): experiments/gemm_ws (the warp-specialized
-#  Q4_K GEMM in mv_q8's order, never run on a device): a smoke check first (does it finish: 90 s), then every bit
-#  check against mv_q8 (8 configurations, both grids, the canary), then timing against gemm.cu's table
-#  configurations on the 8B's glu / qkv / o / down at 16-128 rows. Predicted: the 64-row glu 1.3-1.6x gemm.cu's
-#  159.5 us (experiments/gemm_ws/README.md). Any FAIL stops the stage before timing.
+# (STAGE w, experiments/gemm_ws, ran in session 35 and was withdrawn: research/2026-12-05-session35.)
 # STAGE t (~9-10 min on an H100, models shipped): the GPU tests (43 passed in session 34); needed after an engine or
 #  kernel change.
 set -u
@@ -45,22 +42,6 @@ s)
   log "switch kernel-check rc=$? $(tail -1 $R/kc-switch.txt)"
   grep -E "^FAIL|MISSED" $R/kc-switch.txt | head -20 | tee -a $R/log.txt
   cp $R/kc-switch.txt $OUT/ ;;
-w)
-  export OUT
-  timeout 90 python3 experiments/gemm_ws/check.py --smoke --no-timing --configs "2,2,2,4,1,1,4,1,1;1,1,2,4,4,1,4,1,2" \
-    > $R/ws-smoke.txt 2>&1
-  rc=$?; log "gemm_ws smoke rc=$rc $(tail -1 $R/ws-smoke.txt) $(el)"
-  if [ $rc = 0 ]; then
-    timeout 240 python3 experiments/gemm_ws/check.py --no-timing > $R/ws-checks.txt 2>&1
-    rc=$?; log "gemm_ws checks rc=$rc $(tail -1 $R/ws-checks.txt) $(el)"
-    grep -E "^FAIL" $R/ws-checks.txt | head -20 | tee -a $R/log.txt
-  fi
-  if [ $rc = 0 ]; then
-    timeout $(( 570 - ($(date +%s) - T0) )) python3 experiments/gemm_ws/check.py --no-checks --nbs ${WS_NBS:-64,128,16,32} \
-      > $R/ws-time.txt 2>&1
-    log "gemm_ws timing rc=$? $(tail -1 $R/ws-time.txt) $(el)"
-  fi
-  cp $R/ws-*.txt $OUT/ 2>/dev/null ;;
 d)
   depth_vs ;;   # llama.cpp built in the call (carry .llamacpp)
 t)

@@ -7,6 +7,7 @@ PyPI's nvidia-cuda-nvdisasm; no GPU.
     python3 experiments/sass_loops.py kernels/attn_fa.cu attn_fa HEAD_DIM=128 FA_WARPS=8 \
         FA_SPLIT=4096 KV_BLOCK=16 --fold 'const float v = softcap > 0.f::const float v = false'
     python3 experiments/sass_loops.py gemm_tile.cu gemm_tile_glu --tile 12 --lines
+    python3 experiments/sass_loops.py gemm.cu gemm_q8_glu MV_TYPE=12 --all     # every loop, innermost first
 
 A kernel file is a name under kernels/ or a path; --fold 'A::B' compiles a copy with text A replaced by
 B (to count one path of a runtime branch: research/2026-12-03-session20 folded softcap to false and
@@ -93,6 +94,17 @@ def main_loop(ins, labels):
     return [x for x in ins if lo <= x[0] <= hi]
 
 
+def all_loops(ins, labels):
+    """(start, end, instructions) of every backward branch's loop, smallest first."""
+    out = []
+    for a, op, _, t in ins:
+        m = re.search(r"\.L_x_(\d+)", t) if op == "BRA" else None
+        if m and labels.get(m.group(1), 1 << 40) < a:
+            lo = labels[m.group(1)]
+            out.append((lo, a, [x for x in ins if lo <= x[0] <= a]))
+    return sorted(out, key=lambda x: len(x[2]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("src")
@@ -101,6 +113,7 @@ def main() -> int:
     ap.add_argument("--tile", type=int, help="gemm_tile.cu's 512-row defines of this ggml type")
     ap.add_argument("--fold", action="append", default=[], help="'A::B': compile with text A replaced by B")
     ap.add_argument("--lines", action="store_true", help="the loop's instructions per source line")
+    ap.add_argument("--all", action="store_true", help="every loop (each backward branch), innermost first")
     a = ap.parse_args()
     defines = dict(kv.split("=", 1) for kv in a.defines)
     if a.tile:
@@ -125,6 +138,14 @@ def main() -> int:
     finally:
         if tmp:
             os.unlink(tmp.name)
+    if a.all:
+        for lo, hi, body in all_loops(ins, labels):
+            c = collections.Counter(x[1] for x in body)
+            mma = c["IMMA"] + c["HMMA"]
+            print(f"  loop {lo:#x}..{hi:#x}: {len(body)} instructions, {mma} MMA"
+                  f"{f' ({len(body) / mma:.1f} an MMA)' if mma else ''}: "
+                  + ", ".join(f"{k} {v}" for k, v in c.most_common(12)))
+        return 0
     loop = main_loop(ins, labels)
     c = collections.Counter(x[1] for x in loop)
     mma = c["IMMA"] + c["HMMA"]
