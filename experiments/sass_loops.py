@@ -82,18 +82,6 @@ def instructions(sass: str, entry: str):
     return ins, labels
 
 
-def main_loop(ins, labels):
-    back = []
-    for a, op, _, t in ins:
-        m = re.search(r"\.L_x_(\d+)", t) if op == "BRA" else None
-        if m and labels.get(m.group(1), 1 << 40) < a:
-            back.append((labels[m.group(1)], a))
-    if not back:
-        raise SystemExit("no backward branch: no loop")
-    lo, hi = max(back, key=lambda x: x[1] - x[0])
-    return [x for x in ins if lo <= x[0] <= hi]
-
-
 def all_loops(ins, labels):
     """(start, end, instructions) of every backward branch's loop, smallest first."""
     out = []
@@ -103,6 +91,14 @@ def all_loops(ins, labels):
             lo = labels[m.group(1)]
             out.append((lo, a, [x for x in ins if lo <= x[0] <= a]))
     return sorted(out, key=lambda x: len(x[2]))
+
+
+def main_loop(ins, labels):
+    """The loop spanning the most addresses (the kernel's main loop)."""
+    loops = all_loops(ins, labels)
+    if not loops:
+        raise SystemExit("no backward branch: no loop")
+    return max(loops, key=lambda x: x[1] - x[0])[2]
 
 
 def main() -> int:
