@@ -121,8 +121,8 @@ def att_switch(att_cfg: dict | None, head_dim: int):
     head, _, rest = v.partition(":")
     try:
         keys = int(head)
-        over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())} \
-            if rest else ATT_SHORT
+        pairs = [kv.split("=") for kv in rest.split(",") if kv.strip()]
+        over = {k.strip(): int(x) for k, x in pairs} if rest else ATT_SHORT
     except ValueError:
         raise MemraError(f"MEMRA_ATT_SWITCH must be KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
                          f"got {v!r}")
