@@ -32,6 +32,10 @@
 //   f16 scales per 32; kscale / vscale, the kernels' last two parameters): read as d * q in
 //   fp32 (exact), then split_body's arithmetic unchanged, so the bits are the f16 kernel's on
 //   the q8_0 round trip of every K/V value; attn_decode_rope appends q8_0 (kv_q8_store_row);
+//   ATT_ROWS (v12, default 0: every row) / ATT_SWITCH (keys, default 256): attn_decode and attn_decode_rope
+//   compute only the rows of fewer than ATT_SWITCH keys (1) or of ATT_SWITCH or more (2), a row's own count
+//   (pos + 1 less a window's start), so two launches at two configurations split a step's rows between them;
+//   attn_split is not filtered.
 //   MEMRA_CANARY: wrong variants kernel-check must catch: 1, a token does not attend to
 //   itself; 2 (kv.cuh), the block table ignored; 4 (kv.cuh, q8_0), the scale plane ignored.
 // Launch contract:
@@ -115,7 +119,7 @@
 //       launch in a graph, µs at 4,096 keys (experiments/attn_merge, research/2026-12-04-session29 e/, the
 //       outputs bit for bit the same): 8B 20.61 -> 18.25, 1B 16.85 -> 13.78, SmolLM2 12.04 -> 10.88; at
 //       1,024 keys -1 %, at 16,384 (8B) 41.32 -> 39.87.
-//   v11 (this; ATT_TC 1) split_body's keys on the tensor cores (attn_tc.cuh; experiments/attn_tc): a 16-key slice of
+//   v11 (ATT_TC 1) split_body's keys on the tensor cores (attn_tc.cuh; experiments/attn_tc): a 16-key slice of
 //       every ring tile a warp (ATT_TILE = 16 ATT_WARPS) or a warp pair (ATT_TILE = 8 ATT_WARPS, each warp half the
 //       output rows), S^T = K Q^T and O^T += V^T P^T by mma.sync m16n8k16 with q and p as f16 hi + lo, a slice's
 //       online softmax in its warp, the slices merged in slice order; the ring's 16-byte chunks XOR-swizzled by
@@ -127,6 +131,14 @@
 //       shape +1.5 %; at depth 0 -1.2 / -1.1 / -1.3 % (the one-tile blocks' fixed cost). A switch by the row's key
 //       count (the CUDA-core body below 256 keys, one kernel) lost at depth 0 in the engine (-2.5 % on the 8B): its
 //       attn_decode_rope is 8,408 SASS instructions against 6,040 / 5,528.
+//   v12 (this) the row filter (ATT_ROWS / ATT_SWITCH): a row of another module's key count leaves where an empty
+//       split leaves (before the PDL wait, the rope, the append, the ring and the counters), so a step launches
+//       two configurations — the CUDA-core body on 32-key tiles below ATT_SWITCH keys, v11's above — and each
+//       row is computed, appended and twinned by one of them (memra.gpu.plan's attention switch, a table entry
+//       per shape; ATT_ROWS 0 compiles to v11's code). H100 (research/2026-12-05-session35), tg128 switch 256 vs
+//       v11 alone: 8B Q4_K_M +3.4 % at depth 0 (predicted +3.1 % from session 31's H200 engine-choice arms), 0
+//       at 4,096; 1B -1.2 %, SmolLM2 shape -3.5 % (head 64: the 32-key CUDA-core body is not faster there), so
+//       it is on for the 8B's attention entry only.
 
 #include "common.cuh"
 #include "q8.cuh"
@@ -153,6 +165,13 @@
 #ifndef ATT_MIN_CHUNK
 #define ATT_MIN_CHUNK 128
 #endif
+#ifndef ATT_ROWS  // v12's row filter: 0 every row, 1 rows of < ATT_SWITCH keys, 2 rows of >= ATT_SWITCH
+#define ATT_ROWS 0
+#endif
+#ifndef ATT_SWITCH
+#define ATT_SWITCH 256
+#endif
+static_assert(ATT_ROWS >= 0 && ATT_ROWS <= 2 && ATT_SWITCH >= 1, "ATT_ROWS: 0, 1 or 2; ATT_SWITCH >= 1");
 #ifndef ATT_MERGE_MJ  // attn_decode's merge: splits loaded before the first fma (v10)
 #define ATT_MERGE_MJ 16
 #endif
@@ -777,6 +796,10 @@ extern "C" __global__ void RING_LB
     // empty split leaves without waiting: nothing to add, nothing to count
     const int n_act = key_range(pos[t], window, S).n_active;
     if ((int)blockIdx.y >= n_act) return;
+#if ATT_ROWS
+    // v12: the other module's row (its own key count against ATT_SWITCH) leaves here too
+    if ((ATT_ROWS == 1) == (key_range(pos[t], window, S).n >= ATT_SWITCH)) return;
+#endif
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     decode_body(q, kcache, vcache KV_SA, part_o, part_ml, counters, out, xq, xs, pos, seq, block_table, max_blocks, n_kv,
@@ -810,6 +833,10 @@ extern "C" __global__ void RING_LB
     const int p = pos[t];
     const int n_act = key_range(p, window, S).n_active;
     if ((int)blockIdx.y >= n_act) return;
+#if ATT_ROWS
+    // v12: the other module's row (its own key count against ATT_SWITCH) leaves here too
+    if ((ATT_ROWS == 1) == (key_range(p, window, S).n >= ATT_SWITCH)) return;
+#endif
     const int n_head = gridDim.x * G, kvh = hb * G / qpk;
     // the block table is written by the host only: readable before the wait
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;

@@ -711,7 +711,7 @@ def _attn_split(g, k, grid, v):
 
 
 def _att_rows_pos(g, k, pos, T: int, window: int):
-    """experiments/attn_switch's row filter (ATT_ROWS 1: only rows of fewer than ATT_SWITCH keys, 2: only the
+    """attention.cu's row filter (v12; ATT_ROWS 1: only rows of fewer than ATT_SWITCH keys, 2: only the
     others): the positions with another module's rows marked padded (-1: their blocks leave at once, nothing read,
     appended or written), in a scratch; pos itself without ATT_ROWS."""
     mode = _d(k, "ATT_ROWS", 0)

@@ -427,9 +427,30 @@ def test_committed_kernel_check_receipt_is_current():
                           f"{len(st['uncovered'])} launch cases uncovered)"
 
 
+def test_the_shipped_table_switches_the_8b_attention_only(monkeypatch):
+    """The H200 table's attn_decode entry of the 8B shape names the attention switch (an engine choice), so its launch
+    set (what kernel-check covers) holds both modules with their row filters at 256 keys; the 1B (head 64) and
+    MEMRA_ATT_SWITCH=0 (the rollback) have one module and no filter."""
+    from memra.tune.tables import read_table, tables_dir
+
+    monkeypatch.delenv("MEMRA_ATT_SWITCH", raising=False)
+    table = [read_table(tables_dir() / "nvidia-h200.json")]
+
+    def switches(model):
+        specs, missing = LS.model_specs((model,))
+        assert not missing
+        return {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"])
+                for c in LS.launch_set(specs, table).values() if c["family"] == "attention" and "switch" in c["params"]}
+
+    assert switches("synth:llama3-8b:Q4_K_M") == {(256, 0, 32), (256, 1, 64), (256, 0, 64)}   # 0 / 64: a q8_0 cache
+    assert switches("synth:llama-1b:Q4_0") == set()
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
+    assert switches("synth:llama3-8b:Q4_K_M") == set()
+
+
 def test_att_switch_launches_check_their_row_filter_on_the_emulator(monkeypatch):
     """With MEMRA_ATT_SWITCH the launch set holds the short and the long attention modules' configurations, each case
-    naming the switch, and their checks (the configuration, then experiments/attn_switch's row filter) pass on the
+    naming the switch, and their checks (the configuration, then attention.cu's row filter) pass on the
     emulator."""
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "48")
     specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",))

@@ -624,7 +624,7 @@ def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypa
 
 
 def test_att_switch_computes_every_row_once_and_keys_its_graphs(tiny_models, monkeypatch):
-    """MEMRA_ATT_SWITCH (experiments/attn_switch): a decode step's attention is the short module's launch (rows of
+    """The attention switch (MEMRA_ATT_SWITCH here): a decode step's attention is the short module's launch (rows of
     fewer than the switch's keys), the long one's, or both, each module filtering its rows (ATT_ROWS). The emulator's
     attention is float64 whatever the configuration, so the logits must equal the unswitched engine's bit for bit:
     every row computed, roped and appended exactly once, step by step across the switch, in decode_run's chunks whose
@@ -696,9 +696,46 @@ def test_att_switch_plan(tiny_models, monkeypatch):
             _runner(tiny_models("llama", "Q4_K_M"))
 
 
+def test_att_switch_from_the_table(tiny_models, monkeypatch, caplog):
+    """The attention switch as the tuning table ships it: the attn_decode entry's `switch` turns it on at that key
+    count with the short module's configuration (the plan's configuration keeps the entry's tunables only), exactly
+    as MEMRA_ATT_SWITCH would; MEMRA_ATT_SWITCH=0 turns it off (the rollback) and a value overrides it; a bad
+    `switch` is refused with a warning and the built-in default used."""
+    from memra.gpu.plan import ATT_SHORT
+    from memra.tune.tables import shape_key
+
+    monkeypatch.delenv("MEMRA_ATT_SWITCH", raising=False)
+    path = tiny_models("llama", "Q4_K_M")
+    heads = _runner(path).plan.heads
+
+    def table(config):
+        return {"entries": {"attn_decode": {shape_key({**heads, "ctx": 64}): {
+            "1": {"variant": "default", "config": config}}}}}
+
+    cfg = {"ATT_TILE": 64, "ATT_WARPS": 4, "hpb": 1}
+    p = _runner(path, tune_table=table({**cfg, "switch": 26})).plan
+    assert p.att_cfg == cfg and p.att_switch == (26, {**cfg, **ATT_SHORT})
+    assert [L.args["att_rows"] for L in p.step(1, decode=True, att_kind="both")
+            if L.kernel == "attn_decode" and L.layer == 0] == [1, 2]
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "26")
+    assert _runner(path, tune_table=table(cfg)).plan.att_switch == p.att_switch
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
+    p0 = _runner(path, tune_table=table({**cfg, "switch": 26})).plan
+    assert p0.att_switch is None and p0.att_cfg == cfg
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "40")
+    assert _runner(path, tune_table=table({**cfg, "switch": 26})).plan.att_switch[0] == 40
+    monkeypatch.delenv("MEMRA_ATT_SWITCH")
+    for bad in (0, "26", 2.5):
+        with caplog.at_level("WARNING", logger="memra"):
+            pb = _runner(path, tune_table=table({**cfg, "switch": bad})).plan
+        assert pb.att_switch is None and pb.att_cfg is None
+        assert "switch must be a key count" in caplog.text
+        caplog.clear()
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_att_switch_row_filter_check_catches_a_wrong_filter(fused, monkeypatch):
-    """The kernel-check of attn_switch's row filter (memra.gpu.ops.attention._check_rows_filter) on the emulator,
+    """The kernel-check of attention.cu's row filter (memra.gpu.ops.attention._check_rows_filter) on the emulator,
     which models ATT_ROWS: it passes, and fails when the filter lets a row through to both modules or to neither."""
     import gpu_emulator as EMU
     from memra.gpu.ops import attention as ATT

@@ -107,16 +107,19 @@ def dispatch_rule(rows: int) -> str:
     return "mvt" if rows >= MVT.MVT_MIN_ROWS else "matvec"
 
 
-ATT_SHORT = {"ATT_TC": 0, "ATT_TILE": 32}   # MEMRA_ATT_SWITCH's short module unless the value names another
+ATT_SHORT = {"ATT_TC": 0, "ATT_TILE": 32}   # the attention switch's short module unless MEMRA_ATT_SWITCH names another
 
 
-def att_switch(att_cfg: dict | None, head_dim: int):
-    """MEMRA_ATT_SWITCH (a measurement knob, docs/FLAGS.md; experiments/attn_switch): None (unset, the default), or
-    (keys, short config): a row of fewer than `keys` keys (its own count) runs attn_decode at the short config
-    (att_cfg with ATT_SHORT, or the value's own ATT_*=N list: "256" or "256:ATT_TC=0,ATT_TILE=32"), the others at
-    att_cfg, each module filtering its rows (ATT_ROWS)."""
+def att_switch(att_cfg: dict | None, head_dim: int, table_keys: int | None = None):
+    """The attention switch: None (off), or (keys, short config): a row of fewer than `keys` keys (its own count)
+    runs attn_decode at the short config (att_cfg with ATT_SHORT), the others at att_cfg, each module filtering its
+    rows (attention.cu's ATT_ROWS, v12). On where the table's attn_decode entry names `switch` (table_keys; a
+    measured engine choice: research/2026-12-05-session35); MEMRA_ATT_SWITCH (docs/FLAGS.md) overrides it: 0 off
+    (the rollback), KEYS, or KEYS:ATT_X=N,... for another short module ("256:ATT_TC=0,ATT_TILE=32")."""
     v = os.environ.get("MEMRA_ATT_SWITCH", "").strip()
-    if v in ("", "0"):
+    if v == "":
+        return None if table_keys is None else (int(table_keys), {**(att_cfg or {}), **ATT_SHORT})
+    if v == "0":
         return None
     head, _, rest = v.partition(":")
     try:
@@ -124,7 +127,7 @@ def att_switch(att_cfg: dict | None, head_dim: int):
         pairs = [kv.split("=") for kv in rest.split(",") if kv.strip()]
         over = {k.strip(): int(x) for k, x in pairs} if rest else ATT_SHORT
     except ValueError:
-        raise MemraError(f"MEMRA_ATT_SWITCH must be KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
+        raise MemraError(f"MEMRA_ATT_SWITCH must be 0, KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
                          f"got {v!r}")
     if keys < 1 or any(k not in ATT.TUNABLES for k in over):
         raise MemraError(f"MEMRA_ATT_SWITCH: keys >= 1 and tunables among {', '.join(ATT.TUNABLES)}, got {v!r}")
@@ -351,12 +354,17 @@ class Planner:
             ATT.defines(c.head_dim, d)
             if c.n_gqa % int(d.get("hpb", 1)):
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
+            if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
+                if not isinstance(d["switch"], int) or d["switch"] < 1:
+                    raise MemraError(f"switch must be a key count >= 1, got {d['switch']!r}")
+                ATT.defines(c.head_dim, {**d, **ATT_SHORT})
 
         self.att_ctx = min(ctxs) if ctxs else 64
-        self.att_cfg = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
+        att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
+        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k != "switch"}
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
-        self.att_switch = att_switch(self.att_cfg, c.head_dim)
+        self.att_switch = att_switch(self.att_cfg, c.head_dim, (att or {}).get("switch"))
         # MEMRA_ATT_DEPTH (docs/FLAGS.md; on by default with hybrid, whose prompt rows do not run
         # attn_decode): the split count the whole GQA group's blocks would get (more splits: part
         # of every row's bits), decode grids of the deepest row's split count (keyed graphs) and
@@ -468,7 +476,7 @@ class Planner:
         (hybrid plans' steps that are not decode steps): which row kinds the step holds, "p"
         (prompt rows: attn_fa over the rows the runner's prompt positions name), "g" (generated
         rows: attn_decode over its generated positions) or "pg" (both launches); ignored
-        elsewhere. att_kind (MEMRA_ATT_SWITCH, a decode step): which of the two attn_decode modules it launches,
+        elsewhere. att_kind (the attention switch, a decode step): which of the two attn_decode modules it launches,
         "short", "long" or "both" (the runner's: every row's key count on that side, att_kind_of)."""
         if kinds not in ("p", "g", "pg"):
             raise MemraError(f"step kinds must be p, g or pg, got {kinds!r}")
@@ -560,8 +568,9 @@ class Planner:
 
     def _att_decode(self, out: list, name: str, op: str, shape: dict, rows: int, il: int, args: dict,
                     kind: str) -> None:
-        """The attn_decode launch of a layer: one at the table's configuration, or with MEMRA_ATT_SWITCH the short
-        module's (rows of fewer than its keys) and the long one's (the rest), as `kind` asks."""
+        """The attn_decode launch of a layer: one at the table's configuration, or with the attention switch
+        (att_switch) the short module's (rows of fewer than its keys) and the long one's (the rest), as `kind`
+        asks."""
         if self.att_switch is None:
             out.append(Launch(name, op, "attn_decode", "default", shape, rows, self.att_cfg, "attention", il, args))
             return
@@ -574,7 +583,7 @@ class Planner:
                               il, {**args, "att_rows": 2, "att_switch": keys}))
 
     def att_kind_of(self, lo: int, hi: int) -> str:
-        """MEMRA_ATT_SWITCH: the att_kind of a decode step whose rows sit at positions lo..hi: "short" when
+        """The attention switch: the att_kind of a decode step whose rows sit at positions lo..hi: "short" when
         every row of every layer has fewer keys than the switch, "long" when none has, else "both" (a
         sliding-window layer's rows have at most its window's keys)."""
         if self.att_switch is None:

@@ -334,7 +334,8 @@ class Runner:
         # attn_decode's grid y in a decode step: the plan's count, or on the MEMRA_ATT_DEPTH path the
         # deepest row's (_dec_splits_for; decode graphs are keyed by it)
         self.dec_splits = self.plan.n_splits
-        # MEMRA_ATT_SWITCH: which attention modules a decode step launches (plan.att_kind_of; graphs keyed by it)
+        # the attention switch (plan.att_switch): which attention modules a decode step launches
+        # (plan.att_kind_of; graphs keyed by it)
         self.dec_kind = "both"
         self._split_prefill = (not self.plan.use_fa or self.plan.hybrid) and \
             os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
@@ -1021,7 +1022,7 @@ class Runner:
         """On the MEMRA_ATT_DEPTH path: every decode graph captured so far (its bucket and
         sampler kind) at each other split count a deeper step launches (ATT.split_counts up to
         the context), so a decode step at any depth replays a graph. Each capture's warm-up run
-        masks every row (nothing read from or written to the KV cache). With MEMRA_ATT_SWITCH also at each
+        masks every row (nothing read from or written to the KV cache). With the attention switch also at each
         attention kind (plan.att_kind_of). Returns how many."""
         if not self.plan.att_depth and self.plan.att_switch is None:
             return 0

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
@@ -162,19 +161,7 @@ def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | No
         d["MEMRA_CANARY"] = int(canary)
     if rows_filter[0]:
         d["ATT_ROWS"], d["ATT_SWITCH"] = int(rows_filter[0]), int(rows_filter[1])
-    m = g.module(KERNEL_FILE, d)
-    if rows_filter[0] and type(g).__module__ == "memra.gpu.cuda" and not _has_row_filter(m.kernel_file):
-        # a kernel without the row filter ignores ATT_ROWS: both launches of a step would compute every row
-        raise MemraError("attention: MEMRA_ATT_SWITCH needs the row filter of experiments/attn_switch's build copy "
-                         "(run through experiments/attn_switch/ab.py)")
-    return m
-
-
-@lru_cache(maxsize=None)
-def _has_row_filter(kernel_file: str) -> bool:
-    from memra.paths import kernel_dir
-
-    return "ATT_ROWS" in (kernel_dir() / kernel_file).read_text()
+    return g.module(KERNEL_FILE, d)
 
 
 MAX_SPLITS = 256  # the fused kernel's merge table (MAX_SPLITS in attention.cu)
@@ -283,8 +270,8 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
     hpb: query heads per block (default config's "hpb", else heads_per_block(n_kv, n_gqa));
     config: see the module doc; rope: RoPE and the KV append fused in (q is then unused);
     kscale / vscale: the scale planes of a q8_0 (int8) kcache / vcache (module doc); rows_filter (mode,
-    keys): experiments/attn_switch's ATT_ROWS / ATT_SWITCH (mode 1: only the rows of fewer than `keys` keys, 2: only
-    the others; MEMRA_ATT_SWITCH, memra.gpu.plan), 0 every row."""
+    keys): attention.cu's ATT_ROWS / ATT_SWITCH (mode 1: only the rows of fewer than `keys` keys, 2: only the
+    others; the plan's attention switch, memra.gpu.plan.att_switch), 0 every row."""
     from memra.gpu.ops.rope import cache_kinds
 
     n_head = n_kv * n_gqa
@@ -574,7 +561,7 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
 
 
 def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool = True):
-    """experiments/attn_switch's row filter (ATT_ROWS, its build copy of attention.cu): attn_decode_rope (fused;
+    """attention.cu's row filter (ATT_ROWS / ATT_SWITCH, v12): attn_decode_rope (fused;
     else rope_norm_kv, then attn_decode) over rows on both sides of `keys` (keys - 1 and keys among them), as the
     unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration. Each filtered launch alone
     writes its own rows exactly as the unfiltered one (output, q8 twin, appended K/V rows) and leaves the other rows'
@@ -732,7 +719,7 @@ def launch_cases(L, ctx) -> list[dict]:
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
                         "splits": plan.n_splits, "T": b, "rope": rope,
                         "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {}),
-                        # MEMRA_ATT_SWITCH: the module's configuration as above, then its row filter
+                        # the plan's attention switch: the module's configuration as above, then its row filter
                         **({"switch": int(L.args["att_switch"])} if L.args.get("att_rows") else {})}}]
 
 
@@ -767,6 +754,16 @@ def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rota
 
 
 _TUNE_BLOCK = 16  # KV block of the timing caches (the engine's default)
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of the module a tune job loads (_TuneCase: one module, hpb query heads a block, the
+    timing caches' KV block); memra tune carry compares them across a change of attention.cu."""
+    if kernel != "attn_decode" or variant != "default":
+        raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
+    nh, nkv, D = int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"])
+    hpb = int((config or {}).get("hpb", 0)) or heads_per_block(nkv, nh // nkv)
+    return [(KERNEL_FILE, module_defines(D, hpb, dict(config or {}), _TUNE_BLOCK))]
 
 
 class _TuneCase:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 36's device calls: the attention switch's landing (kernels/attention.cu v12's row filter; the 8B's attn_decode
+# entry names `switch` 256, an engine choice), then the GPU tests.
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session36.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; every stage needs the real models shipped
+# (kernel-check's launch set names them). A card other than the H200 cannot extend the H200's kernel-check receipt:
+# there STAGE a checks the attention family without a receipt (the landing then waits for an H200).
+# STAGE a (~9 min): kernel-check --add-to the committed H200 receipt (attention.cu changed: that family runs whole,
+#  the switch's launch cases among it); tg128 of the 8B Q4_K_M with the table (the switch on) against
+#  MEMRA_ATT_SWITCH=0, alternating, two pairs at depth 0 and one at 4,096 (predicted +3 % at 0, 0 at 4,096; gates
+#  MATCH); then `memra profile` of the 8B at depths 128 / 4,096 and the SmolLM2 shape with what time is left (issue
+#  14: where a token's time goes).
+# STAGE t (~9-10 min on an H100): the GPU tests.
+# STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs).
+set -u
+source experiments/h200_common.sh
+stage_begin s36
+DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+log "device: $DEV"
+case "$STAGE" in
+a)
+  link_models "kernel-check's launch set names them"
+  if [ "$DEV" = "NVIDIA H200" ]; then
+    KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=240 kernel_check
+  else
+    timeout 240 python3 -m memra kernel-check --only attention > $R/kernel-check.txt 2>&1
+    log "kernel-check --only attention (no receipt on $DEV) rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+    grep -E "^FAIL|MISSED|canary.*not caught" $R/kernel-check.txt | head -20 | tee -a $R/log.txt
+    gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
+  fi
+  for a in "synth:llama3-8b:Q4_K_M" "synth:llama3-8b:Q4_K_M" "synth:llama3-8b:Q4_K_M -d 4096"; do
+    for sw in 0 ""; do
+      [ $(( $(date +%s) - T0 )) -lt 400 ] || break
+      arm_run "$a switch=${sw:-table}" bench-switch.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench $a \
+        -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-switch.jsonl $OUT/ 2>/dev/null
+  for a in "synth:llama3-8b:Q4_K_M -d 128" "synth:llama3-8b:Q4_K_M -d 4096" "synth:smollm2-135m:Q4_1 -d 128"; do
+    [ $(( $(date +%s) - T0 )) -lt 480 ] || break
+    timeout 80 python3 -m memra profile $a --synth-tokenizer $TOK --json >> $OUT/profile.jsonl 2>> $R/log.txt
+    log "profile $a rc=$? $(el)"
+  done ;;
+d)
+  depth_vs ;;
+t)
+  gpu_tests 585 ;;
+esac
+tar czf $OUT/s36-$STAGE.tgz -C /tmp s36-$STAGE
