@@ -10,6 +10,10 @@
 #  MEMRA_ATT_SWITCH=0, alternating, two pairs at depth 0 and one at 4,096 (predicted +3 % at 0, 0 at 4,096; gates
 #  MATCH); then `memra profile` of the 8B at depths 128 / 4,096 and the SmolLM2 shape with what time is left (issue
 #  14: where a token's time goes).
+# STAGE c (~5 min): the head-64 models' switch with v10's body at the table's 64-key tiles as the short module
+#  (MEMRA_ATT_SWITCH=256:ATT_TC=0 against 0, one pair each, the 1B Q4_0 and the SmolLM2 shape at depth 0): session 31
+#  measured v10 -> v11 at -1.1 / -1.3 % at depth 0 on them, so predicted +1.1-1.3 %; session 35's 32-key short module
+#  lost there.
 # STAGE t (~9-10 min on an H100): the GPU tests.
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs).
 set -u
@@ -41,6 +45,14 @@ a)
     timeout 80 python3 -m memra profile $a --synth-tokenizer $TOK --json >> $OUT/profile.jsonl 2>> $R/log.txt
     log "profile $a rc=$? $(el)"
   done ;;
+c)
+  for a in "synth:llama-1b:Q4_0" "synth:smollm2-135m:Q4_1"; do
+    for sw in 0 256:ATT_TC=0 0 256:ATT_TC=0; do
+      [ $(( $(date +%s) - T0 )) -lt ${C_LIMIT:-420} ] || break
+      arm_run "$a switch=$sw" bench-switch64.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench $a -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-switch64.jsonl $OUT/ 2>/dev/null ;;
 d)
   depth_vs ;;
 t)

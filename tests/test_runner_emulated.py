@@ -699,8 +699,8 @@ def test_att_switch_plan(tiny_models, monkeypatch):
 def test_att_switch_from_the_table(tiny_models, monkeypatch, caplog):
     """The attention switch as the tuning table ships it: the attn_decode entry's `switch` turns it on at that key
     count with the short module's configuration (the plan's configuration keeps the entry's tunables only), exactly
-    as MEMRA_ATT_SWITCH would; MEMRA_ATT_SWITCH=0 turns it off (the rollback) and a value overrides it; a bad
-    `switch` is refused with a warning and the built-in default used."""
+    as MEMRA_ATT_SWITCH would, or with the entry's own `short` values; MEMRA_ATT_SWITCH=0 turns it off (the rollback)
+    and a value overrides it; a bad `switch` or `short` is refused with a warning and the built-in default used."""
     from memra.gpu.plan import ATT_SHORT
     from memra.tune.tables import shape_key
 
@@ -725,11 +725,17 @@ def test_att_switch_from_the_table(tiny_models, monkeypatch, caplog):
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "40")
     assert _runner(path, tune_table=table({**cfg, "switch": 26})).plan.att_switch[0] == 40
     monkeypatch.delenv("MEMRA_ATT_SWITCH")
-    for bad in (0, "26", 2.5):
+    # the entry's own short module (its `short` ATT_* values laid over the entry's)
+    p = _runner(path, tune_table=table({**cfg, "switch": 26, "short": {"ATT_TC": 0}})).plan
+    assert p.att_cfg == cfg and p.att_switch == (26, {**cfg, "ATT_TC": 0})
+    for bad, why in ((0, "switch must be a key count"), ("26", "switch must be a key count"),
+                     (2.5, "switch must be a key count"), ((26, {"ATT_BAD": 1}), "short must map tunables"),
+                     ((26, [1]), "short must map tunables")):
+        extra = {"switch": bad[0], "short": bad[1]} if isinstance(bad, tuple) else {"switch": bad}
         with caplog.at_level("WARNING", logger="memra"):
-            pb = _runner(path, tune_table=table({**cfg, "switch": bad})).plan
+            pb = _runner(path, tune_table=table({**cfg, **extra})).plan
         assert pb.att_switch is None and pb.att_cfg is None
-        assert "switch must be a key count" in caplog.text
+        assert why in caplog.text
         caplog.clear()
 
 

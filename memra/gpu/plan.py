@@ -110,15 +110,18 @@ def dispatch_rule(rows: int) -> str:
 ATT_SHORT = {"ATT_TC": 0, "ATT_TILE": 32}   # the attention switch's short module unless MEMRA_ATT_SWITCH names another
 
 
-def att_switch(att_cfg: dict | None, head_dim: int, table_keys: int | None = None):
+def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     """The attention switch: None (off), or (keys, short config): a row of fewer than `keys` keys (its own count)
-    runs attn_decode at the short config (att_cfg with ATT_SHORT), the others at att_cfg, each module filtering its
-    rows (attention.cu's ATT_ROWS, v12). On where the table's attn_decode entry names `switch` (table_keys; a
+    runs attn_decode at the short config (att_cfg with ATT_SHORT, or with the ATT_* values given), the others at
+    att_cfg, each module filtering its rows (attention.cu's ATT_ROWS, v12). On where the table's attn_decode entry
+    names `switch` (table: that entry's configuration, whose `short` may name the short module's ATT_* values; a
     measured engine choice: research/2026-12-05-session35); MEMRA_ATT_SWITCH (docs/FLAGS.md) overrides it: 0 off
     (the rollback), KEYS, or KEYS:ATT_X=N,... for another short module ("256:ATT_TC=0,ATT_TILE=32")."""
     v = os.environ.get("MEMRA_ATT_SWITCH", "").strip()
     if v == "":
-        return None if table_keys is None else (int(table_keys), {**(att_cfg or {}), **ATT_SHORT})
+        if not table or "switch" not in table:
+            return None
+        return int(table["switch"]), {**(att_cfg or {}), **dict(table.get("short", ATT_SHORT))}
     if v == "0":
         return None
     head, _, rest = v.partition(":")
@@ -357,14 +360,17 @@ class Planner:
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
                 if not isinstance(d["switch"], int) or d["switch"] < 1:
                     raise MemraError(f"switch must be a key count >= 1, got {d['switch']!r}")
-                ATT.defines(c.head_dim, {**d, **ATT_SHORT})
+                short = d.get("short", ATT_SHORT)
+                if not isinstance(short, dict) or any(k not in ATT.TUNABLES for k in short):
+                    raise MemraError(f"short must map tunables among {', '.join(ATT.TUNABLES)}, got {short!r}")
+                ATT.defines(c.head_dim, {**d, **short})
 
         self.att_ctx = min(ctxs) if ctxs else 64
         att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
-        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k != "switch"}
+        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k not in ("switch", "short")}
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
-        self.att_switch = att_switch(self.att_cfg, c.head_dim, (att or {}).get("switch"))
+        self.att_switch = att_switch(self.att_cfg, c.head_dim, att)
         # MEMRA_ATT_DEPTH (docs/FLAGS.md; on by default with hybrid, whose prompt rows do not run
         # attn_decode): the split count the whole GQA group's blocks would get (more splits: part
         # of every row's bits), decode grids of the deepest row's split count (keyed graphs) and
