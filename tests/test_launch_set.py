@@ -139,7 +139,9 @@ def test_every_entry_of_the_h200_table_is_executed():
     for kernel, shapes in table["entries"].items():
         for skey, by_batch in shapes.items():
             for b, e in by_batch.items():
-                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items()}
+                # an attention entry's switch (and its short module) is the row filter of its cases (params)
+                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items() if k not in ("switch", "short")}
+                switch = e["config"].get("switch")
                 if kernel in path_of:
                     shp = dict(kv.split("=") for kv in skey.split(","))
                     entry = path_of[kernel][e["variant"]]
@@ -151,7 +153,8 @@ def test_every_entry_of_the_h200_table_is_executed():
                     n += 1
                     continue
                 hit = [c for c in cases if c["entry"].startswith(entry_of[kernel])
-                       and all(c["defines"].get(k) == v for k, v in want.items())]
+                       and all(c["defines"].get(k) == v for k, v in want.items())
+                       and (switch is None or c["params"].get("switch") == switch)]
                 assert hit, f"{kernel} [{skey}] b{b} {e['config']}: no case runs it"
                 n += 1
     assert n == sum(len(b) for s in table["entries"].values() for b in s.values()) and n > 50
