@@ -56,6 +56,11 @@ c)
 d)
   depth_vs ;;
 t)
+  # on the H200 first the launch cases the committed receipt lacks (the head-64 entries' switch, session 36's STAGE c)
+  if [ "$DEV" = "NVIDIA H200" ] && ! python3 -m memra kernel-check --status > /dev/null 2>&1; then
+    link_models "kernel-check's launch set names them"
+    KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+  fi
   gpu_tests 585 ;;
 esac
 tar czf $OUT/s36-$STAGE.tgz -C /tmp s36-$STAGE
