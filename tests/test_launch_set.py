@@ -430,10 +430,11 @@ def test_committed_kernel_check_receipt_is_current():
                           f"{len(st['uncovered'])} launch cases uncovered)"
 
 
-def test_the_shipped_table_switches_the_8b_attention_only(monkeypatch):
-    """The H200 table's attn_decode entry of the 8B shape names the attention switch (an engine choice), so its launch
-    set (what kernel-check covers) holds both modules with their row filters at 256 keys; the 1B (head 64) and
-    MEMRA_ATT_SWITCH=0 (the rollback) have one module and no filter."""
+def test_the_shipped_table_switches_attention_by_shape(monkeypatch):
+    """The H200 table's attn_decode entries name the attention switch (engine choices), so the launch set (what
+    kernel-check covers) holds both modules with their row filters at 256 keys: on the 8B shape the 32-key CUDA-core
+    short module, on the 1B shape (head 64) the CUDA-core body at the entry's 64-key tiles; MEMRA_ATT_SWITCH=0 (the
+    rollback) leaves one module and no filter."""
     from memra.tune.tables import read_table, tables_dir
 
     monkeypatch.delenv("MEMRA_ATT_SWITCH", raising=False)
@@ -442,11 +443,12 @@ def test_the_shipped_table_switches_the_8b_attention_only(monkeypatch):
     def switches(model):
         specs, missing = LS.model_specs((model,))
         assert not missing
-        return {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"])
-                for c in LS.launch_set(specs, table).values() if c["family"] == "attention" and "switch" in c["params"]}
+        return {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"]) for c in
+                LS.launch_set(specs, table).values() if c["family"] == "attention" and "switch" in c["params"]
+                and c["params"]["D"] == specs[0].cfg.head_dim and "kv_q8" not in c["params"]}
 
-    assert switches("synth:llama3-8b:Q4_K_M") == {(256, 0, 32), (256, 1, 64), (256, 0, 64)}   # 0 / 64: a q8_0 cache
-    assert switches("synth:llama-1b:Q4_0") == set()
+    assert switches("synth:llama3-8b:Q4_K_M") == {(256, 0, 32), (256, 1, 64)}
+    assert switches("synth:llama-1b:Q4_0") == {(256, 0, 64), (256, 1, 64)}
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
     assert switches("synth:llama3-8b:Q4_K_M") == set()
 
