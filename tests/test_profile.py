@@ -65,3 +65,16 @@ def test_decode_profile_of_many_rows_fits_the_cli_context(tiny_models):
     r = Runner(path, max_len=96, max_seqs=16, kv_tokens=16 * 96, gpu=TimedGpu(1 << 28))
     doc = profile(r, rows=16, depth=80, reps=1)
     assert doc["rows"] == 16 and not doc["prefill"]
+
+
+def test_profile_times_the_attention_switch_kind_the_step_launches(tiny_models, monkeypatch):
+    """With the attention switch, a decode step launches the short module, the long one or both by its rows' key
+    counts: the profile records the launches of the step's own kind (its graph's), not both."""
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "30")
+    path = tiny_models("llama", "Q4_K_M")
+    r = Runner(path, max_len=96, max_seqs=2, kv_tokens=2 * 96, gpu=TimedGpu(1 << 28))
+    for depth, kind, names in ((10, "short", {"blk.0.attention"}), (40, "long", {"blk.0.attention_long"})):
+        doc = profile(r, rows=1, depth=depth, reps=2)
+        assert [x["name"] for x in doc["launches"]] == \
+            [L.name for L in r.plan.step(1, decode=True, sampler="greedy", att_kind=kind)]
+        assert {x["name"] for x in doc["launches"] if x["name"].startswith("blk.0.attention")} == names

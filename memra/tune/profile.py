@@ -177,7 +177,9 @@ def profile(runner, rows: int = 1, depth: int = 64, reps: int = 20, seed: int = 
             # the step was replayed: put its state back before the eager, recorded one
             runner.decode_prepare(seqs, first, 16, greedy)
             bucket = PLAN.graph_bucket(rows)
-            launches = runner.plan.step(bucket, decode=True, sampler="greedy")
+            # the step's own attention kind (decode_prepare set it: the attention switch's short module, the long
+            # one, or both, by the rows' key counts), as its graph launches
+            launches = runner.plan.step(bucket, decode=True, sampler="greedy", att_kind=runner.dec_kind)
             out = _per_launch(runner, launches, bucket, (runner.r_tok, runner.r_pos, runner.r_seq),
                               runner._state(1), depth, reps)
     finally:
