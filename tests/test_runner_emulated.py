@@ -696,6 +696,40 @@ def test_att_switch_plan(tiny_models, monkeypatch):
             _runner(tiny_models("llama", "Q4_K_M"))
 
 
+def test_att_switch_grid_lays_out_each_module_as_the_plan_count_does(tiny_models, monkeypatch):
+    """A trimmed attention grid (MEMRA_ATT_DEPTH decode steps, prefill chunks) must cut every row into the splits the
+    plan's full count gives under the configuration of the module that computes it: with a short module of its own
+    ATT_MIN_CHUNK (smaller than the long one's) the step's count is the larger of the two modules' needs, and the
+    counts the runner captures graphs for are every count a step can take."""
+    from memra.gpu.ops import attention as ATT
+
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "40:ATT_TC=0,ATT_TILE=16,ATT_MIN_CHUNK=16")
+    monkeypatch.setenv("MEMRA_ATT_DEPTH", "1")
+    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=96, max_seqs=2)
+    below, short = r.plan.att_switch
+    N, D = r.plan.n_splits, r.cfg.head_dim
+
+    def layout(n, S, cfg):
+        d = ATT.defines(D, cfg)
+        tile, least = int(d["ATT_TILE"]), int(d.get("ATT_MIN_CHUNK", ATT.MIN_CHUNK))
+        chunk = max(least, -(-(-(-n // S)) // tile) * tile)
+        return chunk, -(-n // chunk)
+
+    seen = set()
+    for deepest in range(1, r.max_len + 1):
+        S = r._splits_at(deepest - 1, True)
+        seen.add(S)
+        for n in range(1, deepest + 1):
+            cfg = short if n < below else r.plan.att_cfg
+            chunk, active = layout(n, S, cfg)
+            assert (chunk, active) == layout(n, N, cfg) and active <= S, (deepest, n, S)
+    assert max(seen) > 1                      # the short module's 16-key splits need more than one
+    assert seen <= set(r._split_counts(True))
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
+    r0 = _runner(tiny_models("llama", "Q4_K_M"), max_len=96, max_seqs=2)
+    assert {r0._splits_at(p, True) for p in range(96)} == {1}   # the long module alone: one split up to 128 keys
+
+
 def test_att_switch_from_the_table(tiny_models, monkeypatch, caplog):
     """The attention switch as the tuning table ships it: the attn_decode entry's `switch` turns it on at that key
     count with the short module's configuration (the plan's configuration keeps the entry's tunables only), exactly

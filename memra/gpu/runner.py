@@ -965,12 +965,22 @@ class Runner:
         plan.n_splits), else (or with no live row) plan.n_splits."""
         if not trim or max_pos < 0:
             return self.plan.n_splits
-        return ATT.splits_for(int(max_pos) + 1, self.plan.n_splits, self.cfg.head_dim, self.plan.att_cfg)
+        S, D, keys = self.plan.n_splits, self.cfg.head_dim, int(max_pos) + 1
+        s = ATT.splits_for(keys, S, D, self.plan.att_cfg)
+        if self.plan.att_switch:   # the short module's rows (fewer keys than the switch) laid out by its own config
+            below, short = self.plan.att_switch
+            s = max(s, ATT.splits_for(min(keys, below - 1), S, D, short))
+        return s
 
     def _split_counts(self, trim: bool) -> list[int]:
-        """Every count _splits_at can choose for this runner's contexts."""
-        S = self.plan.n_splits
-        return ATT.split_counts(self.max_len, S, self.cfg.head_dim, self.plan.att_cfg) if trim else [S]
+        """Every count _splits_at can choose for this runner's contexts (it steps only where a module's
+        splits_for does: evaluated on both sides of each such point)."""
+        S, D = self.plan.n_splits, self.cfg.head_dim
+        if not trim:
+            return [S]
+        cfgs = [self.plan.att_cfg] + ([self.plan.att_switch[1]] if self.plan.att_switch else [])
+        marks = {m for c in cfgs for m in ATT.split_marks(self.max_len, S, D, c)}
+        return sorted({self._splits_at(m - 1, True) for m in marks})
 
     def _dec_splits_for(self, max_pos: int) -> int:
         """A decode step's grid y: trimmed on the MEMRA_ATT_DEPTH path, else the plan's count."""

@@ -204,10 +204,9 @@ def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None 
     return min(s, n_splits)
 
 
-def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> list[int]:
-    """Every value splits_for takes for chunks whose deepest row has 1..max_keys keys: it steps
-    only where that row crosses cap x a power of two or cap x n_splits, so both sides of each
-    such point are evaluated."""
+def split_marks(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> list[int]:
+    """Key counts in 1..max_keys on both sides of every point where splits_for steps: where the
+    deepest row crosses cap x a power of two or cap x n_splits."""
     cap = _split_cap(head_dim, config)
     marks = {1, int(max_keys)}
     if cap >= 1:
@@ -216,7 +215,13 @@ def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | Non
             marks |= {cap * k, cap * k + 1}
             k *= 2
         marks |= {cap * n_splits, cap * n_splits + 1}
-    return sorted({splits_for(m, n_splits, head_dim, config) for m in marks if 1 <= m <= max_keys})
+    return sorted(m for m in marks if 1 <= m <= max_keys)
+
+
+def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> list[int]:
+    """Every value splits_for takes for chunks whose deepest row has 1..max_keys keys."""
+    return sorted({splits_for(m, n_splits, head_dim, config) for m in split_marks(max_keys, n_splits, head_dim,
+                                                                                    config)})
 
 
 def heads_per_block(n_kv: int, n_gqa: int) -> int:
