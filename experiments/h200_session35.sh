@@ -9,7 +9,8 @@
 #  token's time goes, and the last 8B breakdown (session 23) predates attention v9-v11.
 # STAGE d (~9 min; models shipped, carry .llamacpp): `--vs llama.cpp` on the 8B, the 8B at depth 4,096, SmolLM2 at
 #  4,096 and at 0, the 1B (MODELS overrides): the board's ratios at HEAD (the last run: session 30).
-# STAGE s (~6 min, no models; its A/B ran in session 35 on an H100, its kernel-check did not): experiments/attn_switch
+# STAGE s (~6 min, no models; ran in session 35 on an H100; its ab.py is gone since the landing of session 36):
+#  experiments/attn_switch
 #  (MEMRA_ATT_SWITCH=256: the CUDA-core 32-key attention below
 #  256 keys, the shipped tensor-core one above), tg128 through its ab.py, control / switch / control / switch, at
 #  depths 0 and 4,096 on the 8B Q4_K_M, then depth 0 on the 1B and the SmolLM2 shape; then its kernel-check
