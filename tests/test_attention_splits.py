@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from memra.gpu.ops.attention import split_counts, splits_for
+from memra.gpu.ops.attention import split_marks, splits_for
 
 
 def key_range(n: int, S: int, min_chunk: int, tile: int) -> tuple[int, int]:
@@ -34,8 +34,8 @@ def test_a_shallow_chunk_launches_few_splits_and_a_deep_one_all():
 
 
 @pytest.mark.parametrize("S,min_chunk,tile", [(88, 128, 64), (33, 128, 64), (16, 100, 64), (7, 192, 64)])
-def test_split_counts_lists_every_value_splits_for_takes(S, min_chunk, tile):
+def test_split_marks_reach_every_value_splits_for_takes(S, min_chunk, tile):
     config = {"ATT_MIN_CHUNK": min_chunk, "ATT_TILE": tile}
     for max_len in (1, 100, 4096, 8192, 40000):
         want = sorted({splits_for(m, S, 64, config) for m in range(1, max_len + 1)})
-        assert split_counts(max_len, S, 64, config) == want
+        assert sorted({splits_for(m, S, 64, config) for m in split_marks(max_len, S, 64, config)}) == want

@@ -1030,7 +1030,7 @@ class Runner:
 
     def capture_decode_splits(self) -> int:
         """On the MEMRA_ATT_DEPTH path: every decode graph captured so far (its bucket and
-        sampler kind) at each other split count a deeper step launches (ATT.split_counts up to
+        sampler kind) at each other split count a deeper step launches (_split_counts up to
         the context), so a decode step at any depth replays a graph. Each capture's warm-up run
         masks every row (nothing read from or written to the KV cache). With the attention switch also at each
         attention kind (plan.att_kind_of). Returns how many."""

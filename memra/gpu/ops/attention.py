@@ -218,12 +218,6 @@ def split_marks(max_keys: int, n_splits: int, head_dim: int, config: dict | None
     return sorted(m for m in marks if 1 <= m <= max_keys)
 
 
-def split_counts(max_keys: int, n_splits: int, head_dim: int, config: dict | None = None) -> list[int]:
-    """Every value splits_for takes for chunks whose deepest row has 1..max_keys keys."""
-    return sorted({splits_for(m, n_splits, head_dim, config) for m in split_marks(max_keys, n_splits, head_dim,
-                                                                                    config)})
-
-
 def heads_per_block(n_kv: int, n_gqa: int) -> int:
     """Query heads per block (N_GQA): the largest divisor of n_gqa that still gives at
     least 16 head blocks, so short contexts (one split) spread over SMs; K/V are read once
