@@ -14,7 +14,8 @@
 #  (MEMRA_ATT_SWITCH=256:ATT_TC=0 against 0, one pair each, the 1B Q4_0 and the SmolLM2 shape at depth 0): session 31
 #  measured v10 -> v11 at -1.1 / -1.3 % at depth 0 on them, so predicted +1.1-1.3 %; session 35's 32-key short module
 #  lost there.
-# STAGE m (~10 min, models shipped): on the H200 the kernel-check cases the committed receipt lacks; then the short
+# STAGE m (~10 min, models shipped): on the H200 the head-64 shapes' pending engine choices (c/) applied, frozen and
+#  their kernel-check cases checked (the table, choices and receipt come back); then the short
 #  module with its own ATT_MIN_CHUNK (the runner's grid now takes the larger of the two modules' split needs): tg128 at
 #  depth 0, the table against MEMRA_ATT_SWITCH with ATT_MIN_CHUNK 32 (8B: 32-key tiles) / 64 (1B, SmolLM2 shape: v10's
 #  body at 64-key tiles), two pairs each. memra profile put the 8B's short module at 9.1 us a layer at 128 keys (one
@@ -60,15 +61,23 @@ c)
   done
   cp $R/bench-switch64.jsonl $OUT/ 2>/dev/null ;;
 m)
-  if [ "$DEV" = "NVIDIA H200" ] && ! python3 -m memra kernel-check --status > /dev/null 2>&1; then
+  if [ "$DEV" = "NVIDIA H200" ]; then
+    # the head-64 shapes' engine choices (STAGE c), held back until an H200 checks their launch cases: applied,
+    # frozen, the cases the committed receipt lacks checked; the table, choices and receipt come back in $OUT
+    cat research/2026-12-05-session36/c/engine-choices-pending.jsonl >> research/tune/engine-choices-nvidia-h200.jsonl
+    freeze_show m
     link_models "kernel-check's launch set names them"
     KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
+    mkdir -p $OUT/defaults && cp tune/defaults/nvidia-h200.json $OUT/defaults/ && \
+      cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/
   fi
-  for p in "synth:llama3-8b:Q4_K_M|256:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=32" \
-           "synth:llama-1b:Q4_0|256:ATT_TC=0,ATT_MIN_CHUNK=64" "synth:smollm2-135m:Q4_1|256:ATT_TC=0,ATT_MIN_CHUNK=64"; do
-    a=${p%%|*}; alt=${p#*|}
-    for sw in "" $alt "" $alt; do
-      [ $(( $(date +%s) - T0 )) -lt 330 ] || break
+  # MODEL|ARM A|ARM B (MEMRA_ATT_SWITCH values; empty: the table's)
+  for p in "synth:llama3-8b:Q4_K_M||256:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=32" \
+           "synth:llama-1b:Q4_0|256:ATT_TC=0|256:ATT_TC=0,ATT_MIN_CHUNK=64" \
+           "synth:smollm2-135m:Q4_1|256:ATT_TC=0|256:ATT_TC=0,ATT_MIN_CHUNK=64"; do
+    IFS='|' read -r a x y <<< "$p"
+    for sw in "$x" "$y" "$x" "$y"; do
+      [ $(( $(date +%s) - T0 )) -lt ${M_LIMIT:-330} ] || break
       arm_run "$a switch=${sw:-table}" bench-minchunk.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench $a \
         -p 0 -n 128 -r 3
     done
