@@ -431,26 +431,38 @@ def test_committed_kernel_check_receipt_is_current():
 
 
 def test_the_shipped_table_switches_attention_by_shape(monkeypatch):
-    """The H200 table's attn_decode entries name the attention switch (engine choices), so the launch set (what
-    kernel-check covers) holds both modules with their row filters at 256 keys: on the 8B shape the 32-key CUDA-core
-    short module, on the 1B shape (head 64) the CUDA-core body at the entry's 64-key tiles; MEMRA_ATT_SWITCH=0 (the
-    rollback) leaves one module and no filter."""
-    from memra.tune.tables import read_table, tables_dir
+    """Where the H200 table's attn_decode entry names the attention switch (an engine choice; the 8B shape's does),
+    the launch set (what kernel-check covers) holds both modules with their row filters at its keys — the short one
+    at the entry's `short` values (default 32-key tiles, CUDA-core body), the long one at the entry's — and where it
+    does not, no filter; MEMRA_ATT_SWITCH=0 (the rollback) leaves one module and no filter."""
+    from memra.gpu.plan import ATT_SHORT
+    from memra.tune.tables import read_table, shape_key, tables_dir
 
     monkeypatch.delenv("MEMRA_ATT_SWITCH", raising=False)
-    table = [read_table(tables_dir() / "nvidia-h200.json")]
+    table = read_table(tables_dir() / "nvidia-h200.json")
 
     def switches(model):
         specs, missing = LS.model_specs((model,))
         assert not missing
-        return {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"]) for c in
-                LS.launch_set(specs, table).values() if c["family"] == "attention" and "switch" in c["params"]
-                and c["params"]["D"] == specs[0].cfg.head_dim and "kv_q8" not in c["params"]}
+        return specs[0].cfg, {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"]) for c in
+                              LS.launch_set(specs, [table]).values() if c["family"] == "attention"
+                              and "switch" in c["params"] and c["params"]["D"] == specs[0].cfg.head_dim
+                              and "kv_q8" not in c["params"]}
 
-    assert switches("synth:llama3-8b:Q4_K_M") == {(256, 0, 32), (256, 1, 64)}
-    assert switches("synth:llama-1b:Q4_0") == {(256, 0, 64), (256, 1, 64)}
+    named = 0
+    for model in ("synth:llama3-8b:Q4_K_M", "synth:llama-1b:Q4_0"):
+        cfg, got = switches(model)
+        heads = {"n_head": cfg.n_head, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "ctx": 64}
+        e = table["entries"]["attn_decode"][shape_key(heads)]["1"]["config"]
+        if "switch" not in e:
+            assert got == set()
+            continue
+        named += 1
+        short = {**e, **e.get("short", ATT_SHORT)}
+        assert got == {(e["switch"], short.get("ATT_TC", 1), short["ATT_TILE"]), (e["switch"], 1, e["ATT_TILE"])}
+    assert named >= 1
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
-    assert switches("synth:llama3-8b:Q4_K_M") == set()
+    assert switches("synth:llama3-8b:Q4_K_M")[1] == set()
 
 
 def test_att_switch_launches_check_their_row_filter_on_the_emulator(monkeypatch):
