@@ -83,7 +83,7 @@ m)
     done
   done
   cp $R/bench-minchunk.jsonl $OUT/ 2>/dev/null
-  gpu_tests 585 ;;
+  gpu_tests ${T_END:-585} ;;
 d)
   depth_vs ;;
 t)
@@ -92,6 +92,6 @@ t)
     link_models "kernel-check's launch set names them"
     KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
   fi
-  gpu_tests 585 ;;
+  gpu_tests ${T_END:-585} ;;
 esac
 tar czf $OUT/s36-$STAGE.tgz -C /tmp s36-$STAGE
