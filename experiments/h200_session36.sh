@@ -64,7 +64,7 @@ m)
   if [ "$DEV" = "NVIDIA H200" ]; then
     # the head-64 shapes' engine choices (STAGE c), held back until an H200 checks their launch cases: applied,
     # frozen, the cases the committed receipt lacks checked; the table, choices and receipt come back in $OUT
-    cat research/2026-12-05-session36/c/engine-choices-pending.jsonl >> research/tune/engine-choices-nvidia-h200.jsonl
+    cat research/2026-12-05-session36/c/engine-choices-pending.jsonl >> research/tune/engine-choices-nvidia-h200.jsonl  # (ran: applied since)
     freeze_show m
     link_models "kernel-check's launch set names them"
     KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=150 kernel_check
