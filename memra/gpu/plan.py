@@ -115,7 +115,7 @@ def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     runs attn_decode at the short config (att_cfg with ATT_SHORT, or with the ATT_* values given), the others at
     att_cfg, each module filtering its rows (attention.cu's ATT_ROWS, v12). On where the table's attn_decode entry
     names `switch` (table: that entry's configuration, whose `short` may name the short module's ATT_* values; a
-    measured engine choice: research/2026-12-05-session35); MEMRA_ATT_SWITCH (docs/FLAGS.md) overrides it: 0 off
+    measured engine choice: research/2026-12-05-session36); MEMRA_ATT_SWITCH (docs/FLAGS.md) overrides it: 0 off
     (the rollback), KEYS, or KEYS:ATT_X=N,... for another short module ("256:ATT_TC=0,ATT_TILE=32")."""
     v = os.environ.get("MEMRA_ATT_SWITCH", "").strip()
     if v == "":
