@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The next session's device calls (prepared in session 36, research/2026-12-05-session36).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=r bash experiments/h200_session37.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE d needs the real models shipped and carries
+# .llamacpp; STAGE t needs the models shipped. Name the card of every receipt; compare arms only inside one call.
+# STAGE r (~4 min, no models): the attention switch's short module with a deeper ring, so more of a short row's tiles
+#  are in flight before the PDL wait (ATT_EARLY copies ATT_RING - 1 tiles early): tg128 at depth 0, the table against
+#  MEMRA_ATT_SWITCH with ATT_RING 4 on the 8B (32-key tiles: all four tiles of a 128-key row, three before the wait;
+#  64 KiB of ring) and ATT_RING 3 on the 1B / SmolLM2 shapes (64-key tiles); two pairs each. memra profile put the
+#  8B's short module at 9.1 µs a layer at 128 keys (session 36). Predicted +1-2 % on the 8B, +0.5-1 % on the head-64
+#  shapes. Then where the switch sits: tg128 at depth 128 (keys 129-256) on the 8B, the table (switch 256: the short
+#  module) against MEMRA_ATT_SWITCH=128 (the long module there) — the serve benchmark's rows (~100-230 keys) live there.
+# STAGE d (~9 min; models shipped, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs: the 8B at 0 and 4,096,
+#  SmolLM2 at 4,096 and 0, the 1B): the board's ratios with the switch (the last run: session 30).
+# STAGE t (~9-10 min, models shipped): the GPU tests whole (session 36 ran 21 before its call's limit).
+set -u
+source experiments/h200_common.sh
+stage_begin s37
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+case "$STAGE" in
+r)
+  # MODEL|ARGS|ARM A|ARM B (MEMRA_ATT_SWITCH values; empty: the table's)
+  for p in "synth:llama3-8b:Q4_K_M|-d 0||256:ATT_TC=0,ATT_TILE=32,ATT_RING=4" \
+           "synth:llama-1b:Q4_0|-d 0||256:ATT_TC=0,ATT_RING=3" \
+           "synth:smollm2-135m:Q4_1|-d 0||256:ATT_TC=0,ATT_RING=3" \
+           "synth:llama3-8b:Q4_K_M|-d 128||128"; do
+    IFS='|' read -r a d x y <<< "$p"
+    for sw in "$x" "$y" "$x" "$y"; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-500} ] || break
+      arm_run "$a $d switch=${sw:-table}" bench-ring.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench $a $d \
+        -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-ring.jsonl $OUT/ 2>/dev/null ;;
+d)
+  depth_vs ;;
+t)
+  gpu_tests ${T_END:-585} ;;
+esac
+tar czf $OUT/s37-$STAGE.tgz -C /tmp s37-$STAGE
