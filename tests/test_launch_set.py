@@ -140,7 +140,8 @@ def test_every_entry_of_the_h200_table_is_executed():
         for skey, by_batch in shapes.items():
             for b, e in by_batch.items():
                 # an attention entry's switch (and its short module) is the row filter of its cases (params)
-                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items() if k not in ("switch", "short")}
+                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items()
+                        if k not in ("switch", "short")}
                 switch = e["config"].get("switch")
                 if kernel in path_of:
                     shp = dict(kv.split("=") for kv in skey.split(","))

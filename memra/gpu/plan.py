@@ -110,6 +110,18 @@ def dispatch_rule(rows: int) -> str:
 ATT_SHORT = {"ATT_TC": 0, "ATT_TILE": 32}   # the attention switch's short module unless MEMRA_ATT_SWITCH names another
 
 
+def _switch(keys, over, base: dict | None, head_dim: int) -> tuple[int, dict]:
+    """(keys, the short module's configuration: base with `over` laid over it), or MemraError naming what is wrong:
+    the one check of a switch, whether the table's entry or MEMRA_ATT_SWITCH names it."""
+    if not isinstance(keys, int) or keys < 1:
+        raise MemraError(f"switch must be a key count >= 1, got {keys!r}")
+    if not isinstance(over, dict) or any(k not in ATT.TUNABLES for k in over):
+        raise MemraError(f"short must map tunables among {', '.join(ATT.TUNABLES)}, got {over!r}")
+    short = {**(base or {}), **over}
+    ATT.defines(head_dim, short)
+    return keys, short
+
+
 def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     """The attention switch: None (off), or (keys, short config): a row of fewer than `keys` keys (its own count)
     runs attn_decode at the short config (att_cfg with ATT_SHORT, or with the ATT_* values given), the others at
@@ -121,7 +133,7 @@ def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     if v == "":
         if not table or "switch" not in table:
             return None
-        return int(table["switch"]), {**(att_cfg or {}), **dict(table.get("short", ATT_SHORT))}
+        return _switch(table["switch"], table.get("short", ATT_SHORT), att_cfg, head_dim)
     if v == "0":
         return None
     head, _, rest = v.partition(":")
@@ -132,11 +144,10 @@ def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     except ValueError:
         raise MemraError(f"MEMRA_ATT_SWITCH must be 0, KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
                          f"got {v!r}")
-    if keys < 1 or any(k not in ATT.TUNABLES for k in over):
-        raise MemraError(f"MEMRA_ATT_SWITCH: keys >= 1 and tunables among {', '.join(ATT.TUNABLES)}, got {v!r}")
-    short = {**(att_cfg or {}), **over}
-    ATT.defines(head_dim, short)
-    return keys, short
+    try:
+        return _switch(keys, over, att_cfg, head_dim)
+    except MemraError as e:
+        raise MemraError(f"MEMRA_ATT_SWITCH={v!r}: {e}") from None
 
 
 def graph_bucket(rows: int) -> int:
@@ -358,12 +369,7 @@ class Planner:
             if c.n_gqa % int(d.get("hpb", 1)):
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
-                if not isinstance(d["switch"], int) or d["switch"] < 1:
-                    raise MemraError(f"switch must be a key count >= 1, got {d['switch']!r}")
-                short = d.get("short", ATT_SHORT)
-                if not isinstance(short, dict) or any(k not in ATT.TUNABLES for k in short):
-                    raise MemraError(f"short must map tunables among {', '.join(ATT.TUNABLES)}, got {short!r}")
-                ATT.defines(c.head_dim, {**d, **short})
+                _switch(d["switch"], d.get("short", ATT_SHORT), d, c.head_dim)
 
         self.att_ctx = min(ctxs) if ctxs else 64
         att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
