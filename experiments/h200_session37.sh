@@ -32,6 +32,42 @@ r)
     done
   done
   cp $R/bench-ring.jsonl $OUT/ 2>/dev/null ;;
+w)
+  # where the switch sits (STAGE r: 128 beat the table's 256 at depth 128 on the 8B by 2.8 %): tg128 at depth 0 and
+  # 128, arms alternating; SW_8B / SW_64: the MEMRA_ATT_SWITCH arms (space-separated; "table" = the table's)
+  for p in "synth:llama3-8b:Q4_K_M|-d 128|${SW_8B:-table 64 96 128 160}" "synth:llama3-8b:Q4_K_M|-d 0|${SW_8B:-table 64 96 128 160}" \
+           "synth:llama-1b:Q4_0|-d 128|${SW_64:-table 64:ATT_TC=0 128:ATT_TC=0}" \
+           "synth:smollm2-135m:Q4_1|-d 128|${SW_64:-table 64:ATT_TC=0 128:ATT_TC=0}"; do
+    IFS='|' read -r a d xs <<< "$p"
+    for pass in 1 2; do for sw in $xs; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-500} ] || break
+      [ "$sw" = table ] && v= || v=$sw
+      arm_run "$a $d switch=$sw" bench-where.jsonl env MEMRA_ATT_SWITCH=$v python3 -m memra bench $a $d -p 0 -n 128 -r 3
+    done; done
+  done
+  cp $R/bench-where.jsonl $OUT/ 2>/dev/null ;;
+v)
+  # the switch at 129 keys (STAGE w: the long module wins from 129 keys, the short one below) against the table's 256
+  for p in "synth:llama3-8b:Q4_K_M|129" "synth:llama-1b:Q4_0|129:ATT_TC=0" "synth:smollm2-135m:Q4_1|129:ATT_TC=0"; do
+    IFS='|' read -r a y <<< "$p"
+    for d in "-d 128" "-d 0"; do for sw in "" "$y" "" "$y"; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-500} ] || break
+      arm_run "$a $d switch=${sw:-table}" bench-129.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench $a $d \
+        -p 0 -n 128 -r 3
+    done; done
+  done
+  cp $R/bench-129.jsonl $OUT/ 2>/dev/null ;;
+k)
+  # the switch at 129 landed in the tree (engine choices, frozen): on an H200 only, kernel-check --add-to of the launch
+  # cases the receipt lacks (the row filter's cases, now keyed by their switch), then the 8B at depth 128 against 256
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { log "not an H200: nothing run"; exit 0; }
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-300} kernel_check
+  for sw in "" 256 "" 256; do
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-500} ] || break
+    arm_run "synth:llama3-8b:Q4_K_M -d 128 switch=${sw:-table}" bench-h200.jsonl env MEMRA_ATT_SWITCH=$sw \
+      python3 -m memra bench synth:llama3-8b:Q4_K_M -d 128 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-h200.jsonl $OUT/ 2>/dev/null ;;
 d)
   depth_vs ;;
 t)
