@@ -711,12 +711,8 @@ def launch_cases(L, ctx) -> list[dict]:
     b = launch_bucket(rows)
     window, twin = int(L.args.get("window", 0)), bool(L.args.get("twin"))
     rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
-    # the row filter's mode and keys are module defines (ATT_ROWS / ATT_SWITCH) the launch's `d` lacks: the tag
-    # names them, so a case at another switch is another case (kernel-check runs it)
-    rf = int(L.args.get("att_rows") or 0)
     tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (
-        " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "") + (
-        f" rows={rf} switch={int(L.args['att_switch'])}" if rf else "")
+        " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "")
     return [{"file": KERNEL_FILE, "entry": "attn_decode_rope" if fused else "attn_decode", "defines": d,
              "bucket": b, "tag": tag,
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
