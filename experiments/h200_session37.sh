@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# The next session's device calls (prepared in session 36, research/2026-12-05-session36).
+# Session 37's device calls (prepared in session 36; research/2026-12-05-session37 says what each gave).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=r bash experiments/h200_session37.sh
 # .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; STAGE d needs the real models shipped and carries
 # .llamacpp; STAGE t needs the models shipped. Name the card of every receipt; compare arms only inside one call.
-# STAGE r (~4 min, no models): the attention switch's short module with a deeper ring, so more of a short row's tiles
-#  are in flight before the PDL wait (ATT_EARLY copies ATT_RING - 1 tiles early): tg128 at depth 0, the table against
-#  MEMRA_ATT_SWITCH with ATT_RING 4 on the 8B (32-key tiles: all four tiles of a 128-key row, three before the wait;
-#  64 KiB of ring) and ATT_RING 3 on the 1B / SmolLM2 shapes (64-key tiles); two pairs each. memra profile put the
-#  8B's short module at 9.1 µs a layer at 128 keys (session 36). Predicted +1-2 % on the 8B, +0.5-1 % on the head-64
-#  shapes. Then where the switch sits: tg128 at depth 128 (keys 129-256) on the 8B, the table (switch 256: the short
-#  module) against MEMRA_ATT_SWITCH=128 (the long module there) — the serve benchmark's rows (~100-230 keys) live there.
-# STAGE d (~9 min; models shipped, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs: the 8B at 0 and 4,096,
-#  SmolLM2 at 4,096 and 0, the 1B): the board's ratios with the switch (the last run: session 30).
-# STAGE t (~9-10 min, models shipped): the GPU tests whole (session 36 ran 21 before its call's limit).
+# STAGE r (ran, H100; lost): the short module with a deeper ring (ATT_RING 4 on the 8B's 32-key tiles, 3 on the
+#  head-64 shapes' 64-key tiles): tg128 at depth 0 against the table, two pairs; and the 8B at depth 128, the table's
+#  switch 256 against 128.
+# STAGE w (ran, H100): where the switch sits: 64 / 96 / 128 / 160 / 256 on the 8B at depths 0 and 128, 64 / 128 / 256
+#  on the head-64 shapes at depth 128.
+# STAGE v (ran, H100): the switch at 129 against the table's 256 at depths 128 and 0 on the three shapes.
+# STAGE k (ran, H100: nothing run): on an H200 only, kernel-check --add-to with experiments/switch129 applied.
+# STAGE d (not run; models shipped, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs).
+# STAGE t (not run; models shipped): the GPU tests whole.
 set -u
 source experiments/h200_common.sh
 stage_begin s37
