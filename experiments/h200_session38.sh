@@ -4,10 +4,11 @@
 # .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; every stage needs the real models shipped (the
 # kernel-check launch set reads SmolLM2 and Gemma-3; STAGE d's `--vs`); STAGE d carries .llamacpp. Name the card of
 # every receipt; compare arms only inside one call.
-# STAGE l (~4 min, an H200 only: the receipt is the H200's): experiments/switch129 landed in the tree first (git apply
-#  its landing.patch, re-freeze, commit): kernel-check --add-to of the cases the receipt lacks (every row-filter case:
-#  their keys now name the switch; ~222), then tg128 at depth 128 on the three switch shapes, the table (129) against
-#  MEMRA_ATT_SWITCH=256 (the H100 gave +3.0 / +2.8 / +1.8 %), two pairs. On an H100 it stops at once.
+# STAGE l (~8-10 min, an H200 only: the receipt is the H200's): experiments/switch129 landed in the tree first (git
+#  apply its landing.patch, re-freeze, commit): kernel-check --add-to of the cases the receipt lacks (~502: the row
+#  filter's keys now name the switch, the decode depth's heads a block, attn_fa's twin), then tg128 at depth 128 on the
+#  three switch shapes, the table (129) against MEMRA_ATT_SWITCH=256 (the H100 gave +3.0 / +2.8 / +1.8 %), two pairs
+#  while R_LIMIT lasts. On an H100 it stops at once.
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs): the floors at HEAD (last: session 30).
 # STAGE t (~9-10 min): the GPU tests whole (T_END bounds them; session 36 ran 21, session 37 none).
 set -u
@@ -17,11 +18,11 @@ log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 case "$STAGE" in
 l)
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { log "not an H200: nothing run"; exit 0; }
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-240} kernel_check
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-420} kernel_check
   for p in "synth:llama3-8b:Q4_K_M|256" "synth:llama-1b:Q4_0|256:ATT_TC=0" "synth:smollm2-135m:Q4_1|256:ATT_TC=0"; do
     IFS='|' read -r a y <<< "$p"
     for sw in "" "$y" "" "$y"; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-500} ] || break
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-560} ] || break
       arm_run "$a -d 128 switch=${sw:-table}" bench-switch129.jsonl env MEMRA_ATT_SWITCH=$sw python3 -m memra bench \
         $a -d 128 -p 0 -n 128 -r 3
     done
