@@ -1159,6 +1159,23 @@ class Runner:
             self._set_sampling(list(sampling), k)
         return gr
 
+    def decode_chunks(self, lo: int, hi: int, n: int, chunk: int) -> list[tuple[int, int, str]]:
+        """The chunks decode_run replays n decode steps in, rows starting at positions lo (the shallowest) .. hi
+        (the deepest): (steps, split count, attention kind) of each — its deepest step's count (_dec_splits_for)
+        and its rows' kind (plan.att_kind_of), the keys of the graph each chunk replays."""
+        out, q = [], 0
+        while q < n:
+            m = min(chunk, n - q)
+            out.append((m, self._dec_splits_for(hi + q + m - 1), self.plan.att_kind_of(lo + q, hi + q + m - 1)))
+            q += m
+        return out
+
+    def decode_graph_at(self, rows: int, sampling: Sequence[Sampling], splits: int, kind: str):
+        """The decode graph of `rows` rows (their sampling) at a chunk's split count and attention kind
+        (decode_chunks), captured on first use; the runner's step state is left as it was."""
+        self.dec_splits, self.dec_kind = splits, kind
+        return self._graph(PLAN.graph_bucket(rows), _run_sampler(sampling))
+
     def decode_run(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
                    chunk: int = 16, more=None):
         """Yield, for n steps, the tokens the sequences choose (a list per step), replaying
@@ -1173,28 +1190,24 @@ class Runner:
         if n <= 0 or not seqs:
             return
         k = len(seqs)
-        p0, lo0 = max(s.n for s in seqs), min(s.n for s in seqs)
+        chunks = self.decode_chunks(min(s.n for s in seqs), max(s.n for s in seqs), n, chunk)
         gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
-        bucket, sampler = PLAN.graph_bucket(k), _run_sampler(sampling)
         ahead = self._decode_ahead
-        queued = 0
+        queued, done = 0, 0   # steps queued, chunks queued
 
         def go_on() -> bool:
             return queued < n and (more is None or more())
 
         def queue() -> int:
-            nonlocal queued, gr
-            m = min(chunk, n - queued)
-            if queued:
+            nonlocal queued, done, gr
+            m, sp, kd = chunks[done]
+            if done:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
-                sp = self._dec_splits_for(p0 + queued + m - 1)   # this chunk's deepest step
-                kd = self.plan.att_kind_of(lo0 + queued, p0 + queued + m - 1)
                 if (sp, kd) != (self.dec_splits, self.dec_kind):
-                    self.dec_splits, self.dec_kind = sp, kd
-                    gr = self._graph(bucket, sampler)
+                    gr = self.decode_graph_at(k, sampling, sp, kd)
             for _ in range(m):
                 gr.launch()
-            queued += m
+            queued, done = queued + m, done + 1
             return m
 
         m = queue()

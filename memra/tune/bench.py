@@ -2,9 +2,10 @@
 
 Cell semantics are llama-bench's: `pp N` = prompt tokens per second of one prefill of N
 tokens, `tg N` = generated tokens per second of N greedy decode steps (graph replays, the
-engine's fast path: no host work between steps, the tokens read back once at the end),
+engine's fast path: no host work between steps, the tokens read back once at the end; the
+graphs decode_run takes, a chunk of 16 steps each: time_decode),
 depth D = tokens already in the KV cache when the cell is timed (filled untimed). Each
-cell runs once untimed (compiles, captures the graph), then `reps` timed repetitions,
+cell runs once untimed (compiles, captures the graphs), then `reps` timed repetitions,
 wall clock from the first launch to the device being idle, as llama-bench times.
 
 Every tg figure comes with the bandwidth it implies: tok/s x bytes read per token
@@ -200,22 +201,32 @@ def time_prefill(engine, depth: int, tokens: Sequence[int]) -> int:
     return time.perf_counter_ns() - t0
 
 
+DECODE_CHUNK = 16   # steps a graph of memra.gpu.runner.Runner.decode_run's default chunk
+
+
 def time_decode(engine, depth: int, first: int, n: int, rows: int = 1) -> tuple[int, list[int]]:
     """Nanoseconds of n greedy decode steps of `rows` sequences replayed from the runner's
-    captured graph, each sequence starting with token `first` at position `depth`, and the n
+    captured graphs, each sequence starting with token `first` at position `depth`, and the n
     tokens the first sequence chose. Each replay forwards one token per sequence and writes
-    the argmax as the next, on the device (memra.gpu.runner.Runner.decode_prepare)."""
+    the argmax as the next, on the device (memra.gpu.runner.Runner.decode_prepare). The steps
+    run in decode_run's chunks, each on its own graph (its deepest step's split count, its rows'
+    attention kind: Runner.decode_chunks), every graph captured before the clock starts: the
+    steps `memra run` and `memra serve` take."""
     from memra.gpu.runner import Sampling
 
     e = engine
     seqs = e.seqs[:rows]
     for s in seqs:
         e.rewind(s, depth)
-    gr = e.decode_prepare(seqs, [first] * rows, n, [Sampling(0.0)] * rows, hist=n)
+    sampling = [Sampling(0.0)] * rows
+    chunks = e.decode_chunks(depth, depth, n, DECODE_CHUNK)
+    gr = e.decode_prepare(seqs, [first] * rows, n, sampling, hist=n, last=chunks[0][0] - 1)
+    runs = [(gr, chunks[0][0])] + [(e.decode_graph_at(rows, sampling, sp, kd), m) for m, sp, kd in chunks[1:]]
     e.g.sync()
     t0 = time.perf_counter_ns()
-    for _ in range(n):
-        gr.launch()
+    for gr, m in runs:
+        for _ in range(m):
+            gr.launch()
     e.g.sync()
     ns = time.perf_counter_ns() - t0
     for s in seqs:
