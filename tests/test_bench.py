@@ -174,12 +174,12 @@ def test_timed_decode_replays_decode_runs_chunks(tiny_models, monkeypatch):
     """The timed tg path takes the graphs decode_run (memra run, memra serve) takes: a chunk of steps a graph, at its
     own split count and attention kind. With the attention switch at 24 keys a 40-step run from depth 4 crosses it
     (chunks short, both, long); the timed steps give decode_run's tokens from the same start, on those graphs."""
-    from memra.gpu.runner import Sampling
+    from memra.gpu.runner import DECODE_CHUNK, Sampling
 
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "24")
     e = GPUEngine(tiny_models("llama", "Q4_K_M"), n_ctx=64, gpu=BenchGpu())
     B.fill(e, [1, 17, 2398, 11])
-    chunks = e.decode_chunks(4, 4, 40, B.DECODE_CHUNK)
+    chunks = e.decode_chunks(4, 4, 40, DECODE_CHUNK)
     assert [(m, kd) for m, _, kd in chunks] == [(16, "short"), (16, "both"), (8, "long")]
     _, toks = B.time_decode(e, 4, 1200, 40)
     kinds = {k[-1] for k in e._graphs if isinstance(k[0], int)}

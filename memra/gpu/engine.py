@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
-from memra.gpu.runner import MAX_ROWS, PREFILL_CHUNK, Row, Runner, Sampling
+from memra.gpu.runner import DECODE_CHUNK, MAX_ROWS, PREFILL_CHUNK, Row, Runner, Sampling
 
 __all__ = ["GPUEngine", "Engine", "PREFILL_CHUNK"]
 
@@ -111,7 +111,7 @@ class GPUEngine(Runner):
         return toks
 
     def stream(self, prompt_ids: Sequence[int], n: int, *, temperature: float = 0.0, top_k: int = 40,
-               top_p: float = 0.95, min_p: float = 0.05, seed: int = 0, chunk: int = 16):
+               top_p: float = 0.95, min_p: float = 0.05, seed: int = 0, chunk: int = DECODE_CHUNK):
         """Yield up to n tokens after the prompt (sequence 0, batch 1; the cache is reset
         first), chosen on the device; read back every `chunk` steps."""
         if self.batch != 1:

@@ -68,6 +68,8 @@ log = logging.getLogger("memra.runner")
 
 PREFILL_CHUNK = PLAN.PREFILL_CHUNK
 MAX_ROWS = PLAN.MAX_ROWS
+# decode steps a graph replays between read-backs of their ids (decode_run; memra bench's tg times the same chunks)
+DECODE_CHUNK = 16
 KV_BLOCK = 16  # positions per KV-cache block (kernels/kv.cuh)
 LATER = "later"  # Row.mask: written by step()'s fill callback while the device runs the step's body
 
@@ -1172,12 +1174,13 @@ class Runner:
 
     def decode_graph_at(self, rows: int, sampling: Sequence[Sampling], splits: int, kind: str):
         """The decode graph of `rows` rows (their sampling) at a chunk's split count and attention kind
-        (decode_chunks), captured on first use; the runner's step state is left as it was."""
+        (decode_chunks; dec_splits / dec_kind set to them), captured on first use: its warm-up masks every
+        row, so the rows' state and the KV cache are left as they were."""
         self.dec_splits, self.dec_kind = splits, kind
         return self._graph(PLAN.graph_bucket(rows), _run_sampler(sampling))
 
     def decode_run(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
-                   chunk: int = 16, more=None):
+                   chunk: int = DECODE_CHUNK, more=None):
         """Yield, for n steps, the tokens the sequences choose (a list per step), replaying
         the decode graph `chunk` steps between read-backs of their ids (4 bytes a row a
         step). A chunk's ids are read back as soon as it ends and the next chunk is queued

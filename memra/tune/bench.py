@@ -201,9 +201,6 @@ def time_prefill(engine, depth: int, tokens: Sequence[int]) -> int:
     return time.perf_counter_ns() - t0
 
 
-DECODE_CHUNK = 16   # steps a graph of memra.gpu.runner.Runner.decode_run's default chunk
-
-
 def time_decode(engine, depth: int, first: int, n: int, rows: int = 1) -> tuple[int, list[int]]:
     """Nanoseconds of n greedy decode steps of `rows` sequences replayed from the runner's
     captured graphs, each sequence starting with token `first` at position `depth`, and the n
@@ -212,7 +209,7 @@ def time_decode(engine, depth: int, first: int, n: int, rows: int = 1) -> tuple[
     run in decode_run's chunks, each on its own graph (its deepest step's split count, its rows'
     attention kind: Runner.decode_chunks), every graph captured before the clock starts: the
     steps `memra run` and `memra serve` take."""
-    from memra.gpu.runner import Sampling
+    from memra.gpu.runner import DECODE_CHUNK, Sampling
 
     e = engine
     seqs = e.seqs[:rows]
