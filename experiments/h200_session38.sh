@@ -11,6 +11,9 @@
 #  while R_LIMIT lasts. On an H100 it stops at once.
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs): the floors at HEAD (last: session 30).
 # STAGE t (~9-10 min): the GPU tests whole (T_END bounds them; session 36 ran 21, session 37 none).
+# Order within the 30 device minutes: ship the models (six calls, experiments/ship_models.py's .models/ship-0N), then on
+# an H200 l, d, t (T_END: what is left); on an H100 t only (its figures are not H200 floors; l must not run there).
+# memra bench's tg replays decode_run's chunked graphs since session 37 (4ac23cf): d is the first `--vs` run with it.
 set -u
 source experiments/h200_common.sh
 stage_begin s38
