@@ -9,10 +9,14 @@
 #  filter's keys now name the switch, the decode depth's heads a block, attn_fa's twin), then tg128 at depth 128 on the
 #  three switch shapes, the table (129) against MEMRA_ATT_SWITCH=256 (the H100 gave +3.0 / +2.8 / +1.8 %), two pairs
 #  while R_LIMIT lasts. On an H100 it stops at once.
+# STAGE g (~3 min, no models, any card: an A/B inside the call): MEMRA_GRAPH_STEPS 1 against 16 (decode_run's whole
+#  16-step chunk one graph launch: PDL across the steps' boundaries), tg128 at depth 0 on the SmolLM2 / 1B shapes and
+#  the 8B, two pairs. Predicted +0.2-0.5 % on the small shapes (~1-2 µs a step of graph-launch boundary in ~450 µs),
+#  ~0 on the 8B.
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp` (h200_common.sh depth_vs): the floors at HEAD (last: session 30).
 # STAGE t (~9-10 min): the GPU tests whole (T_END bounds them; session 36 ran 21, session 37 none).
 # Order within the 30 device minutes: ship the models (six calls, experiments/ship_models.py's .models/ship-0N), then on
-# an H200 l, d, t (T_END: what is left); on an H100 t only (its figures are not H200 floors; l must not run there).
+# an H200 l, g, d, t (T_END: what is left); on an H100 g and t (its figures are not H200 floors; l must not run there).
 # memra bench's tg replays decode_run's chunked graphs since session 37 (4ac23cf): d is the first `--vs` run with it.
 set -u
 source experiments/h200_common.sh
@@ -31,6 +35,15 @@ l)
     done
   done
   cp $R/bench-switch129.jsonl $OUT/ 2>/dev/null ;;
+g)
+  for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    for gs in 1 16 1 16; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-400} ] || break
+      arm_run "$a graph_steps=$gs" bench-graph-steps.jsonl env MEMRA_GRAPH_STEPS=$gs python3 -m memra bench $a \
+        -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-graph-steps.jsonl $OUT/ 2>/dev/null ;;
 d)
   depth_vs ;;
 t)

@@ -187,6 +187,12 @@ def test_timed_decode_replays_decode_runs_chunks(tiny_models, monkeypatch):
     e.rewind(e.seqs[0], 4)
     ran = [t[0] for t in e.decode_run([e.seqs[0]], [1200], 40, [Sampling(0.0)])]
     assert toks == ran
+    # MEMRA_GRAPH_STEPS=8: the same steps, eight a graph launch
+    monkeypatch.setenv("MEMRA_GRAPH_STEPS", "8")
+    e8 = GPUEngine(tiny_models("llama", "Q4_K_M"), n_ctx=64, gpu=BenchGpu())
+    B.fill(e8, [1, 17, 2398, 11])
+    assert B.time_decode(e8, 4, 1200, 40)[1] == toks
+    assert {k[-1] for k in e8._graphs if k[0] == "steps"} == {8}
 
 
 def test_run_writes_one_receipt_per_cell(llama_engine, tmp_path, monkeypatch):

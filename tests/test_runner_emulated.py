@@ -566,6 +566,28 @@ def test_decode_run_queues_ahead_with_the_step_by_step_tokens(tiny_models, monke
         assert [s.n for s in seqs] == [n + 8 for n in n0]
 
 
+def test_decode_run_replays_several_steps_a_graph(tiny_models, monkeypatch):
+    """MEMRA_GRAPH_STEPS=G: decode_run replays G steps a graph launch (the step's launches captured G times; a
+    chunk's remainder one step a launch) and hands out the tokens of one step a launch — greedy and seeded
+    sampling, two sequences, chunks of 4 with a remainder of 3."""
+    path = tiny_models("llama", "Q4_K_M")
+    sets = [Sampling(0.0), Sampling(0.9, 40, 0.95, 0.05, 7)]
+
+    def run(steps):
+        monkeypatch.setenv("MEMRA_GRAPH_STEPS", steps)
+        r = _runner(path)
+        seqs = [r.open() for _ in range(2)]
+        out = r.step([Row(s, PROMPT[: 5 + 3 * i], sample=st) for i, (s, st) in enumerate(zip(seqs, sets))])
+        got = list(r.decode_run(seqs, [o.token for o in out], 11, sets, chunk=4))
+        return got, {k[-1] for k in r._graphs if k[0] == "steps"}
+
+    want, none = run("1")
+    assert none == set()
+    for g in ("2", "4"):
+        got, made = run(g)
+        assert got == want and made == {int(g)}
+
+
 def _greedy_steps(r, prompt, n):
     """A new sequence's prompt, then n greedy decode steps one step() each: (sequence, tokens, logits)."""
     s = r.open()

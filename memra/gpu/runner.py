@@ -343,6 +343,9 @@ class Runner:
             os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
         self._decode_ahead = os.environ.get("MEMRA_DECODE_AHEAD", "") != "0"
+        # MEMRA_GRAPH_STEPS (docs/FLAGS.md, an experiment): decode steps one graph launch of decode_run replays
+        # (the step's launches captured that many times over: PDL across the steps' boundaries too)
+        self.graph_steps = env_int("MEMRA_GRAPH_STEPS", 1, lambda v: v in (1, 2, 4, 8, 16), "1, 2, 4, 8 or 16")
         # a decode step's groups when attn_fa decodes on its prefill packing (head_dim % 64 != 0):
         # one row a group, fixed (rows of distinct sequences; a padded row has no keys)
         self.d_grp = g.to_device(np.stack([np.arange(R), np.ones(R)], 1).astype(i32))
@@ -856,6 +859,26 @@ class Runner:
             self._graphs[key] = gr
         return gr
 
+    def _graph_steps(self, bucket: int, sampler: str, steps: int):
+        """`steps` decode steps of `bucket` rows in one graph (the step's launches captured that many times; each
+        step reads and advances the rows' device state as a replay of the one-step graph does, so the same
+        launches run in the same order), at dec_splits / dec_kind. Warmed up like _graph."""
+        if steps == 1:
+            return self._graph(bucket, sampler)
+        key = ("steps", bucket, sampler, self.dec_splits, self.dec_kind, steps)
+        gr = self._graphs.get(key)
+        if gr is None:
+            launches = self.plan.step(bucket, decode=True, sampler=sampler, att_kind=self.dec_kind)
+            saved = self.r_pos.numpy()
+            self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
+            self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            self.r_pos.upload(saved)
+            with self.g.capture() as gr:
+                for _ in range(steps):
+                    self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
+            self._graphs[key] = gr
+        return gr
+
     def _graph_parts(self, bucket: int, sampler: str):
         """(body, tail): the captured decode step of `bucket` rows with a masked sampler, cut
         before its mask launch, so the masks can be copied in between. Warmed up like _graph."""
@@ -1172,12 +1195,21 @@ class Runner:
             q += m
         return out
 
-    def decode_graph_at(self, rows: int, sampling: Sequence[Sampling], splits: int, kind: str):
+    def decode_graph_at(self, rows: int, sampling: Sequence[Sampling], splits: int, kind: str, steps: int = 1):
         """The decode graph of `rows` rows (their sampling) at a chunk's split count and attention kind
-        (decode_chunks; dec_splits / dec_kind set to them), captured on first use: its warm-up masks every
-        row, so the rows' state and the KV cache are left as they were."""
+        (decode_chunks; dec_splits / dec_kind set to them), of `steps` steps (_graph_steps), captured on first
+        use: its warm-up masks every row, so the rows' state and the KV cache are left as they were."""
         self.dec_splits, self.dec_kind = splits, kind
-        return self._graph(PLAN.graph_bucket(rows), _run_sampler(sampling))
+        return self._graph_steps(PLAN.graph_bucket(rows), _run_sampler(sampling), steps)
+
+    def chunk_launches(self, rows: int, sampling: Sequence[Sampling], chunk: tuple[int, int, str]) -> list:
+        """(graph, launches) that replay one of decode_chunks' chunks: graph_steps steps a launch
+        (MEMRA_GRAPH_STEPS), the remainder one step a launch."""
+        m, sp, kd = chunk
+        G = self.graph_steps
+        big, rest = divmod(m, G) if G > 1 else (0, m)
+        return [(self.decode_graph_at(rows, sampling, sp, kd, steps), times)
+                for steps, times in ((G, big), (1, rest)) if times]
 
     def decode_run(self, seqs: Sequence[Seq], first: Sequence[int], n: int, sampling: Sequence[Sampling],
                    chunk: int = DECODE_CHUNK, more=None):
@@ -1194,7 +1226,7 @@ class Runner:
             return
         k = len(seqs)
         chunks = self.decode_chunks(min(s.n for s in seqs), max(s.n for s in seqs), n, chunk)
-        gr = self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
+        self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
         ahead = self._decode_ahead
         queued, done = 0, 0   # steps queued, chunks queued
 
@@ -1202,14 +1234,13 @@ class Runner:
             return queued < n and (more is None or more())
 
         def queue() -> int:
-            nonlocal queued, done, gr
-            m, sp, kd = chunks[done]
+            nonlocal queued, done
+            m = chunks[done][0]
             if done:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
-                if (sp, kd) != (self.dec_splits, self.dec_kind):
-                    gr = self.decode_graph_at(k, sampling, sp, kd)
-            for _ in range(m):
-                gr.launch()
+            for gr, times in self.chunk_launches(k, sampling, chunks[done]):
+                for _ in range(times):
+                    gr.launch()
             queued, done = queued + m, done + 1
             return m
 

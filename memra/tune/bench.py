@@ -217,8 +217,8 @@ def time_decode(engine, depth: int, first: int, n: int, rows: int = 1) -> tuple[
         e.rewind(s, depth)
     sampling = [Sampling(0.0)] * rows
     chunks = e.decode_chunks(depth, depth, n, DECODE_CHUNK)
-    gr = e.decode_prepare(seqs, [first] * rows, n, sampling, hist=n, last=chunks[0][0] - 1)
-    runs = [(gr, chunks[0][0])] + [(e.decode_graph_at(rows, sampling, sp, kd), m) for m, sp, kd in chunks[1:]]
+    e.decode_prepare(seqs, [first] * rows, n, sampling, hist=n, last=chunks[0][0] - 1)
+    runs = [r for c in chunks for r in e.chunk_launches(rows, sampling, c)]
     e.g.sync()
     t0 = time.perf_counter_ns()
     for gr, m in runs:
@@ -296,7 +296,7 @@ SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "
 # runtime parameters that choose another engine path than the default (docs/FLAGS.md)
 ENGINE_PATHS = {"MEMRA_ATTN": "hybrid", "MEMRA_ATT_SPLITS": "", "MEMRA_ATT_DEPTH": "",   # "": any value set counts
                 "MEMRA_FA_SPLIT": "", "MEMRA_TILE_MIN": "", "MEMRA_FA_WARPS": "",
-                "MEMRA_SMEM_CARVEOUT": "", "MEMRA_ATT_SWITCH": ""}
+                "MEMRA_SMEM_CARVEOUT": "", "MEMRA_ATT_SWITCH": "", "MEMRA_GRAPH_STEPS": "1"}
 
 
 def seams() -> dict:
