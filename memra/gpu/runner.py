@@ -846,26 +846,16 @@ class Runner:
         once eagerly with every row masked (position -1: nothing is read from or written to
         the KV cache, no token committed), so every module is compiled and loaded outside
         the capture. Keyed by the split count dec_splits holds and the attention kind dec_kind."""
-        key = (bucket, sampler, self.dec_splits, self.dec_kind)
-        gr = self._graphs.get(key)
-        if gr is None:
-            launches = self.plan.step(bucket, decode=True, sampler=sampler, att_kind=self.dec_kind)
-            saved = self.r_pos.numpy()
-            self.r_pos.upload(np.full(MAX_ROWS, -1, np.int32))
-            self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
-            self.r_pos.upload(saved)
-            with self.g.capture() as gr:
-                self._run(launches, bucket, self.r_tok, self.r_pos, self.r_seq, self._state(1))
-            self._graphs[key] = gr
-        return gr
+        return self._graph_steps(bucket, sampler, 1)
 
     def _graph_steps(self, bucket: int, sampler: str, steps: int):
         """`steps` decode steps of `bucket` rows in one graph (the step's launches captured that many times; each
         step reads and advances the rows' device state as a replay of the one-step graph does, so the same
-        launches run in the same order), at dec_splits / dec_kind. Warmed up like _graph."""
-        if steps == 1:
-            return self._graph(bucket, sampler)
-        key = ("steps", bucket, sampler, self.dec_splits, self.dec_kind, steps)
+        launches run in the same order), at dec_splits / dec_kind; one step is _graph's. Warmed up as _graph
+        says."""
+        key = (bucket, sampler, self.dec_splits, self.dec_kind)
+        if steps > 1:
+            key = ("steps",) + key + (steps,)
         gr = self._graphs.get(key)
         if gr is None:
             launches = self.plan.step(bucket, decode=True, sampler=sampler, att_kind=self.dec_kind)
