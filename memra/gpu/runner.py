@@ -1218,21 +1218,20 @@ class Runner:
         chunks = self.decode_chunks(min(s.n for s in seqs), max(s.n for s in seqs), n, chunk)
         self.decode_prepare(seqs, first, n, sampling, hist=chunk, last=min(chunk, n) - 1)
         ahead = self._decode_ahead
-        queued, done = 0, 0   # steps queued, chunks queued
+        done = 0   # chunks queued
 
         def go_on() -> bool:
-            return queued < n and (more is None or more())
+            return done < len(chunks) and (more is None or more())
 
         def queue() -> int:
-            nonlocal queued, done
-            m = chunks[done][0]
+            nonlocal done
             if done:
                 self.r_step.upload(np.zeros(MAX_ROWS, np.int32))
             for gr, times in self.chunk_launches(k, sampling, chunks[done]):
                 for _ in range(times):
                     gr.launch()
-            queued, done = queued + m, done + 1
-            return m
+            done += 1
+            return chunks[done - 1][0]
 
         m = queue()
         while m:
