@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The next session's device calls (prepared in session 38, research/2026-12-05-session38).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=l bash experiments/h200_session39.sh
+# .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; ship the real models first (six calls,
+# experiments/ship_models.py's .models/ship-0N: the kernel-check launch set reads SmolLM2 and Gemma-3, STAGE n and d
+# run SmolLM2); STAGE d carries .llamacpp. Name the card of every receipt; compare arms only inside one call.
+# STAGE l (an H200 only, ~8-10 min): as h200_session38.sh's l (experiments/switch129 landed first: git apply its
+#  landing.patch, re-freeze with --out-dir tune/defaults, commit; then kernel-check --add-to and the switch's A/B).
+# STAGE n (~4 min, any card): where SmolLM2's decode attention at depth 4,096 goes — the shape whose floor (tg128 @
+#  d4096 2.5x, session 30 1.84x) attention alone could reach: 10.6 µs a layer (48 % of the step) for 3.1 MB of K/V.
+#  (1) tg128 @ d4096 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128: does the merge's width (33 non-empty
+#  splits at 88) or the split's keys (128 at 33+) bound it; the bits change with the count, prefill with them (the
+#  gates say MATCH or not); (2) ncu of the engine's attn_decode_rope at depth 4,096, SmolLM2 and the 8B
+#  (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line, so the merge, the fence + counter, the q load
+#  and the key loop can be told apart).
+# STAGE g (~4 min, an H200 preferably): MEMRA_GRAPH_STEPS 1 against 16 as session 38 (H100: 1B +0.8 %, SmolLM2
+#  shape +0.6 %, 8B +0.1 %), then the 16-step graph's capture time against the one-step graph's
+#  (experiments/graph_steps_capture.py: what `memra run` would pay at each new split count).
+# STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp`, MODELS as h200_common.sh's depth_vs (the floors at HEAD).
+# STAGE t (~6 min): the GPU tests whole (session 38 on an H100: 43 passed in 323 s once compiled).
+set -u
+source experiments/h200_common.sh
+stage_begin s39
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+case "$STAGE" in
+l)
+  STAGE=l bash experiments/h200_session38.sh; exit $? ;;
+n)
+  for sp in "" 16 33 128 ""; do
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-150} ] || break
+    arm_run "smollm2-135m -d 4096 splits=${sp:-plan}" bench-splits.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra \
+      bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-splits.jsonl $OUT/ 2>/dev/null
+  TOK=$TOK KIND=decode CASES="smollm2-135m/attn_decode_rope/4096 synth:llama3-8b:Q4_K_M/attn_decode_rope/4096" \
+    bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
+  log "ncu rc=$? $(el)"; tail -8 $R/ncu.txt | tee -a $R/log.txt ;;
+g)
+  for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    for gs in 1 16 1 16; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-330} ] || break
+      arm_run "$a graph_steps=$gs" bench-graph-steps.jsonl env MEMRA_GRAPH_STEPS=$gs python3 -m memra bench $a \
+        -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-graph-steps.jsonl $OUT/ 2>/dev/null
+  timeout 120 python3 experiments/graph_steps_capture.py synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 \
+    synth:llama3-8b:Q4_K_M --synth-tokenizer $TOK > $OUT/graph-capture.jsonl 2> $R/capture.txt
+  log "capture rc=$? $(el)"; cat $OUT/graph-capture.jsonl | tee -a $R/log.txt ;;
+d)
+  depth_vs ;;
+t)
+  gpu_tests ${T_END:-420} ;;
+esac
+tar czf $OUT/s39-$STAGE.tgz -C /tmp s39-$STAGE
