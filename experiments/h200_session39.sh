@@ -6,10 +6,12 @@
 # run SmolLM2); STAGE d carries .llamacpp. Name the card of every receipt; compare arms only inside one call.
 # STAGE l (an H200 only, ~8-10 min): as h200_session38.sh's l (experiments/switch129 landed first: git apply its
 #  landing.patch, re-freeze with --out-dir tune/defaults, commit; then kernel-check --add-to and the switch's A/B).
-# STAGE n (~4 min, any card): where SmolLM2's decode attention at depth 4,096 goes — the shape whose floor (tg128 @
+# STAGE n (~6 min, any card): where SmolLM2's decode attention at depth 4,096 goes — the shape whose floor (tg128 @
 #  d4096 2.5x, session 30 1.84x) attention alone could reach: 10.6 µs a layer (48 % of the step) for 3.1 MB of K/V.
-#  (1) tg128 @ d4096 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128: does the merge's width (33 non-empty
-#  splits at 88) or the split's keys (128 at 33+) bound it; the bits change with the count, prefill with them (the
+#  (0) experiments/attn_tail/probe.py: the engine's launch at depth cut after each link (loop, partial, counter, the
+#  merge's weights) and two bit-neutral merge candidates (mlo, mj32), µs a launch at 128-16,384 keys; (1) tg128 @
+#  d4096 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128: does the merge's width (33 non-empty splits at 88) or
+#  the split's keys (128 at 33+) bound it; the bits change with the count, prefill with them (the
 #  gates say MATCH or not); (2) ncu of the engine's attn_decode_rope at depth 4,096, SmolLM2 and the 8B
 #  (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line, so the merge, the fence + counter, the q load
 #  and the key loop can be told apart).
@@ -26,8 +28,10 @@ case "$STAGE" in
 l)
   STAGE=l bash experiments/h200_session38.sh; exit $? ;;
 n)
+  timeout 200 python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl 2> $R/attn-tail.txt
+  log "attn_tail rc=$? $(el)"; tail -3 $R/attn-tail.txt | tee -a $R/log.txt
   for sp in "" 16 33 128 ""; do
-    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-150} ] || break
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-300} ] || break
     arm_run "smollm2-135m -d 4096 splits=${sp:-plan}" bench-splits.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra \
       bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
   done
