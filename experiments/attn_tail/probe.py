@@ -20,10 +20,15 @@ cut short in a generated copy of kernels/attention.cu (build/attention.cu, ignor
   partial  ATT_PROBE 8: after the partial (o, m, l) is stored (split_body's end)
   count    ATT_PROBE 9: after the fence and the counter (the last block zeroes it; nobody merges)
   weights  ATT_PROBE 10: the last block leaves after the merge's weights (M, exp, the denominator)
-and two bit-neutral candidates, checked bit for bit against full before they are timed:
+and bit-neutral candidates, checked bit for bit against full before they are timed:
   mlo      ATT_MLO 1: the merge's first round of partial loads issued before its weights' loads (one L2
            round trip less on the last block's path; the same fma chain in the same order)
   mj32     ATT_MERGE_MJ 32 (session 30 measured -0.3 µs at 4,096 keys and +3.4 % at 1,024 on the 8B)
+  fence1   ATT_FENCE1 1: the block's barrier, then thread 0's fence and the counter (cooperative groups' grid
+           barrier), instead of every thread's fence before the barrier
+  ring3    ATT_RING 3: with ATT_EARLY's prologue both 64-key tiles of a 128-key split are in flight before the
+           PDL wait (ring 2: the first); session 17 found 3 stages no better, before ATT_EARLY existed
+  best     mlo and fence1 together
 
 Each arm is timed as a graph of 20 launches with PDL (as the engine launches), the copies rotated over 2x L2,
 at 128 (one split: the reference without a merge), 1,024, 4,096 and 16,384 keys on the SmolLM2 / 1B / 8B head
@@ -54,12 +59,16 @@ BUILD, ARM_FILE, HEADER0 = build_copy(HERE, "attention.cu")
 HEADER = HEADER0 + """// ATT_PROBE 1: attn_decode_rope returns after its PDL wait; 2: after the rope / append barrier; 5: every thread
 // exits after the key loop; 8: after the partial's store; 9: after the fence and the counter (the last block zeroes
 // it); 10: the last block leaves after the merge's weights. ATT_MLO 1: the merge's first round of partial loads
-// before the weights' loads (bit-neutral).
+// before the weights' loads; ATT_FENCE1 1: the block's barrier, then one thread's fence before the counter
+// (both bit-neutral).
 #ifndef ATT_PROBE
 #define ATT_PROBE 0
 #endif
 #ifndef ATT_MLO
 #define ATT_MLO 0
+#endif
+#ifndef ATT_FENCE1
+#define ATT_FENCE1 0
 #endif
 #define ATT_CUT(n) do { if (ATT_PROBE == (n)) asm volatile("exit;" ::: "memory"); } while (0)
 """
@@ -111,12 +120,20 @@ EDITS = [
      "#if ATT_PROBE == 10\n        if (tid == 0) counters[t * gridDim.x + hb] = 0;\n        return;\n#endif\n"),
     (_MERGE_OLD, _MERGE_NEW),
     (_LOADS_OLD, _LOADS_NEW),
+    # ATT_FENCE1: the block's barrier first, then one thread's fence and the counter (cooperative groups' grid
+    # barrier pattern: bar.sync orders the block's partial stores before thread 0's gpu-scope fence)
+    ("        __threadfence();  // this block's partial, visible device-wide before it is counted\n"
+     "        __syncthreads();\n        if (tid == 0) s_last = atomicAdd(&counters[t * gridDim.x + hb], 1) == n_act - 1;\n",
+     "#if !ATT_FENCE1\n        __threadfence();  // this block's partial, visible device-wide before it is counted\n#endif\n"
+     "        __syncthreads();\n#if ATT_FENCE1\n        if (tid == 0) __threadfence();\n#endif\n"
+     "        if (tid == 0) s_last = atomicAdd(&counters[t * gridDim.x + hb], 1) == n_act - 1;\n"),
 ]
 # arm: extra defines of the build copy (None: kernels/attention.cu itself)
 ARMS = {"full": None, "wait": {"ATT_PROBE": 1}, "append": {"ATT_PROBE": 2}, "loop": {"ATT_PROBE": 5},
         "partial": {"ATT_PROBE": 8}, "count": {"ATT_PROBE": 9}, "weights": {"ATT_PROBE": 10},
-        "mlo": {"ATT_MLO": 1}, "mj32": {"ATT_MERGE_MJ": 32}}
-NEUTRAL = ("mlo", "mj32")   # whole launches: the same bits as full (checked)
+        "mlo": {"ATT_MLO": 1}, "mj32": {"ATT_MERGE_MJ": 32}, "fence1": {"ATT_FENCE1": 1}, "ring3": {"ATT_RING": 3},
+        "best": {"ATT_MLO": 1, "ATT_FENCE1": 1}}
+NEUTRAL = ("mlo", "mj32", "fence1", "ring3", "best")   # whole launches: the same bits as full (checked)
 CUTS = ("wait", "append", "loop", "partial", "count", "weights", "full")
 SHAPES = {"smollm2": {"n_head": 9, "n_head_kv": 3, "head_dim": 64},
           "llama-1b": {"n_head": 32, "n_head_kv": 8, "head_dim": 64},
