@@ -28,7 +28,7 @@ case "$STAGE" in
 l)
   STAGE=l bash experiments/h200_session38.sh; exit $? ;;
 n)
-  timeout 200 python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl 2> $R/attn-tail.txt
+  timeout 300 python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl 2> $R/attn-tail.txt
   log "attn_tail rc=$? $(el)"; tail -3 $R/attn-tail.txt | tee -a $R/log.txt
   for sp in "" 16 33 128 ""; do
     [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-300} ] || break

@@ -140,6 +140,10 @@ SHAPES = {"smollm2": {"n_head": 9, "n_head_kv": 3, "head_dim": 64},
           "llama3-8b": {"n_head": 32, "n_head_kv": 8, "head_dim": 128}}
 CONFIG = {"ATT_WARPS": 8, "ATT_TILE": 64}   # the H200 table's long module (every shape; hpb 1 in the table)
 CTX = (128, 1024, 4096, 16384)
+# other plan split counts (MEMRA_ATT_SPLITS), at the contexts where they change the layout: how the loop and the
+# merge trade (a cluster merge through distributed shared memory needs every split of a head block in one
+# cluster: at most 16)
+LAYOUTS = (16,)
 
 
 def generate() -> None:
@@ -167,18 +171,26 @@ class ArmGpu:
         return getattr(self._g, name)
 
 
-def layout(s: dict, ctx: int, sms: int) -> tuple[int, int]:
+def layout(s: dict, ctx: int, sms: int, splits: int = 0) -> tuple[int, int]:
     """(grid y, heads a block) of the engine's decode launch at ctx keys on the MEMRA_ATT_DEPTH path: the plan's
-    split count (the larger of the table's heads-a-block count and the whole group's), trimmed (splits_for);
-    the whole group a block once KV heads x splits fill the SMs (plan.att_hpb_at), else the table's one."""
+    split count (the larger of the table's heads-a-block count and the whole group's; `splits` instead when
+    given, as MEMRA_ATT_SPLITS sets it), trimmed (splits_for); the whole group a block once KV heads x splits fill
+    the SMs (plan.att_hpb_at), else the table's one."""
     nh, nkv, D = s["n_head"], s["n_head_kv"], s["head_dim"]
-    S = max(ATT.default_splits(nh, sms), ATT.default_splits(nkv, sms))
+    S = splits or max(ATT.default_splits(nh, sms), ATT.default_splits(nkv, sms))
     y = ATT.splits_for(ctx, S, D, CONFIG)
     return y, (nh // nkv if nkv * y >= sms else 1)
 
 
-def case_at(ag, s: dict, ctx: int, rng, rotate: int):
-    y, hpb = layout(s, ctx, ag.info.sm_count)
+def active(n: int, S: int) -> int:
+    """The non-empty splits of a row of n keys on S splits (attention.cu's key_range at ATT_MIN_CHUNK 128 and
+    64-key tiles)."""
+    chunk = max(ATT.MIN_CHUNK, -(-(-(-n // S)) // 64) * 64)
+    return -(-n // chunk)
+
+
+def case_at(ag, s: dict, ctx: int, rng, rotate: int, splits: int = 0):
+    y, hpb = layout(s, ctx, ag.info.sm_count, splits)
     case = ATT.tune_case(ag, "attn_decode", "default", {**CONFIG, "hpb": hpb}, {**s, "ctx": ctx, "batch": 1},
                          rng, rotate)
     case.S = y
@@ -242,10 +254,11 @@ def main() -> int:
     ag = ArmGpu(g)
     for name in args.shapes.split(","):
         s = SHAPES[name]
-        for ctx in CTX:
+        for ctx, plan_s in [(c, 0) for c in CTX] + [(c, x) for x in LAYOUTS for c in CTX if c > 128 * x]:
             ag.arm = None
-            case, y, hpb = case_at(ag, s, ctx, rng, rotate)
-            row = {"shape": name, "ctx": ctx, "splits": y, "hpb": hpb, "pdl": True, "device": g.info.name,
+            case, y, hpb = case_at(ag, s, ctx, rng, rotate, plan_s)
+            row = {"shape": name, "ctx": ctx, "plan_splits": plan_s or "engine", "splits": y, "hpb": hpb,
+                   "active": active(ctx, y), "pdl": True, "device": g.info.name,
                    "kv_mb": round(2 * ctx * s["n_head_kv"] * s["head_dim"] * 2 / 1e6, 3)}
             ok, err, detail = case.check()
             if not ok:
