@@ -6,22 +6,23 @@
 # run SmolLM2); STAGE d carries .llamacpp. Name the card of every receipt; compare arms only inside one call.
 # STAGE l (an H200 only, ~8-10 min): as h200_session38.sh's l (experiments/switch129 landed first: git apply its
 #  landing.patch, re-freeze with --out-dir tune/defaults, commit; then kernel-check --add-to and the switch's A/B).
-# STAGE n (~8 min, any card): where SmolLM2's decode attention at depth 4,096 goes — the shape whose floor (tg128 @
+# STAGE n (~9 min, any card): where SmolLM2's decode attention at depth 4,096 goes — the shape whose floor (tg128 @
 #  d4096 2.5x, session 30 1.84x) attention alone could reach: 10.6 µs a layer (48 % of the step) for 3.1 MB of K/V.
-#  (0) experiments/attn_tail/probe.py: the engine's launch at depth cut after each link (loop, partial, counter, the
-#  merge's weights) and two bit-neutral merge candidates (mlo, mj32), µs a launch at 128-16,384 keys; (1) tg128 @
-#  d4096 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128: does the merge's width (33 non-empty splits at 88) or
-#  the split's keys (128 at 33+) bound it; the bits change with the count, prefill with them (the
-#  gates say MATCH or not); (2) ncu of the engine's attn_decode_rope at depth 4,096, SmolLM2 and the 8B
-#  (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line, so the merge, the fence + counter, the q load
-#  and the key loop can be told apart); (3) experiments/attn_cluster/probe.py: the split merge through a cluster's
-#  distributed shared memory (no partial round trip, fence or counter; at most 16 splits), bit for bit against the
-#  global merge at 16 / 8 splits, timed beside the engine's layout.
+#  (1) experiments/attn_tail/probe.py: the engine's launch at depth cut after each link (loop, partial, counter, the
+#  merge's weights), and bit-neutral candidates (mlo, mj32, fence1, ring3, best) checked and timed, at 128-16,384
+#  keys, also at a 16-split plan; (2) the engine A/B of `best` and `ring3` against kernels/ (attn_tail/ab.py),
+#  tg128 @ d4096 SmolLM2, arms alternating; (3) experiments/attn_cluster/probe.py: the split merge through a
+#  cluster's distributed shared memory (no partial round trip, fence or counter; at most 16 splits), bit for bit
+#  against the global merge at 16 / 8 splits, timed beside the engine's layout.
+# STAGE m (~4 min, any card): (1) tg128 @ d4096 SmolLM2 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128 (the bits
+#  change with the count, prefill's with them: the gates say MATCH or not); (2) ncu of the engine's attn_decode_rope
+#  at depth 4,096, SmolLM2 and the 8B (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line).
 # STAGE g (~4 min, an H200 preferably): MEMRA_GRAPH_STEPS 1 against 16 as session 38 (H100: 1B +0.8 %, SmolLM2
 #  shape +0.6 %, 8B +0.1 %), then the 16-step graph's capture time against the one-step graph's
 #  (experiments/graph_steps_capture.py: what `memra run` would pay at each new split count).
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp`, MODELS as h200_common.sh's depth_vs (the floors at HEAD).
 # STAGE t (~6 min): the GPU tests whole (session 38 on an H100: 43 passed in 323 s once compiled).
+# Order within the 30 device minutes (ship ~3): on an H200 l, n, m, then d; on an H100 n, m, g, t (l must not run).
 set -u
 source experiments/h200_common.sh
 stage_begin s39
@@ -32,18 +33,25 @@ l)
 n)
   timeout 300 python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl 2> $R/attn-tail.txt
   log "attn_tail rc=$? $(el)"; tail -3 $R/attn-tail.txt | tee -a $R/log.txt
+  for arm in kernels best ring3 kernels best ring3; do   # the engine A/B of the probe's candidates
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-420} ] || break
+    arm_run "smollm2-135m -d 4096 attn_tail=$arm" bench-attn-tail.jsonl python3 experiments/attn_tail/ab.py $arm \
+      bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-attn-tail.jsonl $OUT/ 2>/dev/null
+  # last: a wrong cluster barrier would hang (the timeout bounds it)
+  timeout 120 python3 experiments/attn_cluster/probe.py > $OUT/attn-cluster.jsonl 2> $R/attn-cluster.txt
+  log "attn_cluster rc=$? $(el)"; tail -3 $R/attn-cluster.txt | tee -a $R/log.txt ;;
+m)
   for sp in "" 16 33 128 ""; do
-    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-300} ] || break
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-200} ] || break
     arm_run "smollm2-135m -d 4096 splits=${sp:-plan}" bench-splits.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra \
       bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
   done
   cp $R/bench-splits.jsonl $OUT/ 2>/dev/null
   TOK=$TOK KIND=decode CASES="smollm2-135m/attn_decode_rope/4096 synth:llama3-8b:Q4_K_M/attn_decode_rope/4096" \
     bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
-  log "ncu rc=$? $(el)"; tail -8 $R/ncu.txt | tee -a $R/log.txt
-  # last: a wrong cluster barrier would hang (the timeout bounds it)
-  timeout 150 python3 experiments/attn_cluster/probe.py > $OUT/attn-cluster.jsonl 2> $R/attn-cluster.txt
-  log "attn_cluster rc=$? $(el)"; tail -3 $R/attn-cluster.txt | tee -a $R/log.txt ;;
+  log "ncu rc=$? $(el)"; tail -8 $R/ncu.txt | tee -a $R/log.txt ;;
 g)
   for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     for gs in 1 16 1 16; do
