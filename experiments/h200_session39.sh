@@ -13,7 +13,8 @@
 #  keys, also at a 16-split plan; (2) the engine A/B of `best` and `ring3` against kernels/ (attn_tail/ab.py),
 #  tg128 @ d4096 SmolLM2, arms alternating; (3) experiments/attn_cluster/probe.py: the split merge through a
 #  cluster's distributed shared memory (no partial round trip, fence or counter; at most 16 splits), bit for bit
-#  against the global merge at 16 / 8 splits, timed beside the engine's layout.
+#  against the global merge at 16 / 8 splits, timed beside the engine's layout; then, if it was exact, the engine
+#  at MEMRA_ATT_SPLITS=16, global merge against cluster (attn_cluster/ab.py), arms alternating.
 # STAGE m (~4 min, any card): (1) tg128 @ d4096 SmolLM2 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128 (the bits
 #  change with the count, prefill's with them: the gates say MATCH or not); (2) ncu of the engine's attn_decode_rope
 #  at depth 4,096, SmolLM2 and the 8B (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line).
@@ -41,7 +42,15 @@ n)
   cp $R/bench-attn-tail.jsonl $OUT/ 2>/dev/null
   # last: a wrong cluster barrier would hang (the timeout bounds it)
   timeout 120 python3 experiments/attn_cluster/probe.py > $OUT/attn-cluster.jsonl 2> $R/attn-cluster.txt
-  log "attn_cluster rc=$? $(el)"; tail -3 $R/attn-cluster.txt | tee -a $R/log.txt ;;
+  rc=$?; log "attn_cluster rc=$rc $(el)"; tail -3 $R/attn-cluster.txt | tee -a $R/log.txt
+  # the engine at 16 splits, the global merge against the cluster's (the same bits), if the probe came back
+  [ $rc = 0 ] && grep -q '"s16_exact": true' $OUT/attn-cluster.jsonl && for arm in global cluster global cluster; do
+    [ $(( $(date +%s) - T0 )) -lt ${C_LIMIT:-530} ] || break
+    if [ $arm = global ]; then cmd="python3 -m memra"; else cmd="python3 experiments/attn_cluster/ab.py"; fi
+    arm_run "smollm2-135m -d 4096 splits=16 $arm" bench-attn-cluster.jsonl env MEMRA_ATT_SPLITS=16 $cmd bench \
+      smollm2-135m -d 4096 -p 0 -n 128 -r 3
+  done
+  cp $R/bench-attn-cluster.jsonl $OUT/ 2>/dev/null ;;
 m)
   for sp in "" 16 33 128 ""; do
     [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-200} ] || break

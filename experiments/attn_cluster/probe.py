@@ -18,8 +18,8 @@ ATT_CLUSTER 1 in a generated copy of kernels/attention.cu (build/attention.cu, i
   - decode_body: after split_body, cluster barrier; split 0's block merges from the other blocks' cl_* (DSMEM);
     cluster barrier; the counters are not touched;
   - every block of a cluster takes both barriers: an empty split (blockIdx.y >= n_act) and a one-split row
-    (the direct path) too, so no barrier waits on a block that left (rows another module computes, ATT_ROWS,
-    leave as a whole cluster: one row a cluster).
+    (the direct path) too, so no barrier waits on a block that left; a row the row filter (ATT_ROWS) gives the
+    other module leaves as a whole cluster (one row a cluster), its empty splits included.
 The launch (this probe's ArmGpu): grid (head blocks, 1, rows) clusters of (1, y, 1) blocks, y > 8 with the
 non-portable cluster size allowed.
 
@@ -70,8 +70,7 @@ HEADER = HEADER0 + """// ATT_CLUSTER 1: a head block's splits merged through its
 """
 _CL_DECL = """constexpr int NCH = D / 8;  // 16-byte chunks (8 halves) per K/V row
 #if ATT_CLUSTER
-static_assert(MAX_SPLITS >= 16 && !ATT_ROWS, "a cluster holds at most 16 splits; no row filter (its early return "
-              "would leave the idle blocks of a filtered row waiting at the cluster barrier)");
+static_assert(MAX_SPLITS >= 16, "a cluster holds at most 16 splits");
 __shared__ __align__(16) float cl_o[G * D];  // this block's partial: o (a head's D values), then m, l a head
 __shared__ float cl_ml[2 * G];
 // a cluster barrier: arrive with release, wait with acquire (every thread of every block of the cluster)
@@ -183,8 +182,16 @@ EDITS = [
     ("constexpr int NCH = D / 8;  // 16-byte chunks (8 halves) per K/V row\n", _CL_DECL),
     (_PART_OLD, _PART_NEW),
     (_DIRECT_OLD, _DIRECT_NEW),
-    ("    if ((int)blockIdx.y >= n_act) return;\n", "    if ((int)blockIdx.y >= n_act) {\n        CL_IDLE;\n"
-     "        return;\n    }\n", 2),
+    # an empty split's block takes the barriers too, unless its row is one the row filter leaves (ATT_ROWS: the
+    # row's whole cluster leaves, none waits)
+    ("    const int n_act = key_range(pos[t], window, S).n_active;\n    if ((int)blockIdx.y >= n_act) return;\n",
+     "    const int n_act = key_range(pos[t], window, S).n_active;\n    if ((int)blockIdx.y >= n_act) {\n"
+     "        if (!ATT_ROWS || (ATT_ROWS == 1) != (key_range(pos[t], window, S).n >= ATT_SWITCH)) CL_IDLE;\n"
+     "        return;\n    }\n"),
+    ("    const int n_act = key_range(p, window, S).n_active;\n    if ((int)blockIdx.y >= n_act) return;\n",
+     "    const int n_act = key_range(p, window, S).n_active;\n    if ((int)blockIdx.y >= n_act) {\n"
+     "        if (!ATT_ROWS || (ATT_ROWS == 1) != (key_range(p, window, S).n >= ATT_SWITCH)) CL_IDLE;\n"
+     "        return;\n    }\n"),
 ]
 PLANS = (16, 8)
 CTX = (1024, 4096, 16384)
@@ -193,6 +200,35 @@ CTX = (1024, 4096, 16384)
 def generate() -> None:
     if make_variant(ROOT / "kernels" / "attention.cu", BUILD, EDITS, HEADER):
         raise SystemExit("attention.cu's anchors moved: update EDITS")
+
+
+def cluster_launch(g, kernel, grid, block, args, shmem: int, allowed: set, pdl: bool = True) -> None:
+    """attn_decode_rope of the build copy on g's stream (or the graph being captured), as clusters of (1, grid y,
+    1) blocks; a cluster above 8 blocks needs the non-portable size allowed (once a kernel: `allowed`)."""
+    from cuda.bindings import driver
+    from cuda.core import LaunchConfig, launch
+    from memra.gpu.cuda import DeviceArray
+
+    if shmem:
+        kernel.allow_shared(shmem)
+    if grid[1] > 8 and id(kernel) not in allowed:
+        h = kernel._k.handle
+        if not isinstance(h, driver.CUkernel):
+            h = driver.CUkernel(int(h))
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        err, = driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(g.info.index))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED): {err}")
+        allowed.add(id(kernel))
+    cargs = [np.uint64(a.ptr) if isinstance(a, DeviceArray) else a for a in args]
+    cfg = LaunchConfig(grid=(grid[0], 1, grid[2]), cluster=(1, grid[1], 1), block=block,
+                       shmem_size=int(shmem), programmatic_stream_serialization=bool(pdl))
+    launch(g._target, cfg, kernel._k, *cargs)
+
+
+def is_cluster_launch(kernel, grid) -> bool:
+    """A launch that must go as clusters: the build copy's attn_decode_rope over more than one split."""
+    return kernel.name == "attn_decode_rope" and kernel.module.kernel_file == ARM_FILE and grid[1] > 1
 
 
 class ArmGpu:
@@ -209,27 +245,9 @@ class ArmGpu:
         return self._g.module(kernel_file, defines)
 
     def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
-        if not (self.cluster and kernel.name == "attn_decode_rope" and grid[1] > 1):
-            return self._g.launch(kernel, grid, block, args, shmem, True)
-        from cuda.bindings import driver
-        from cuda.core import LaunchConfig, launch
-        from memra.gpu.cuda import DeviceArray
-
-        if shmem:
-            kernel.allow_shared(shmem)
-        if grid[1] > 8 and id(kernel) not in self._allowed:
-            h = kernel._k.handle
-            if not isinstance(h, driver.CUkernel):
-                h = driver.CUkernel(int(h))
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-            err, = driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(self._g.info.index))
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED): {err}")
-            self._allowed.add(id(kernel))
-        cargs = [np.uint64(a.ptr) if isinstance(a, DeviceArray) else a for a in args]
-        cfg = LaunchConfig(grid=(grid[0], 1, grid[2]), cluster=(1, grid[1], 1), block=block,
-                           shmem_size=int(shmem), programmatic_stream_serialization=True)
-        launch(self._g._target, cfg, kernel._k, *cargs)
+        if is_cluster_launch(kernel, grid):
+            return cluster_launch(self._g, kernel, grid, block, args, shmem, self._allowed)
+        return self._g.launch(kernel, grid, block, args, shmem, True)
 
     def __getattr__(self, name):
         return getattr(self._g, name)
