@@ -62,14 +62,7 @@ m)
     bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
   log "ncu rc=$? $(el)"; tail -8 $R/ncu.txt | tee -a $R/log.txt ;;
 g)
-  for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-    for gs in 1 16 1 16; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-330} ] || break
-      arm_run "$a graph_steps=$gs" bench-graph-steps.jsonl env MEMRA_GRAPH_STEPS=$gs python3 -m memra bench $a \
-        -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/bench-graph-steps.jsonl $OUT/ 2>/dev/null
+  STAGE=g R_LIMIT=${R_LIMIT:-330} bash experiments/h200_session38.sh   # its A/B, receipts in $OUT
   timeout 120 python3 experiments/graph_steps_capture.py synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 \
     synth:llama3-8b:Q4_K_M --synth-tokenizer $TOK > $OUT/graph-capture.jsonl 2> $R/capture.txt
   log "capture rc=$? $(el)"; cat $OUT/graph-capture.jsonl | tee -a $R/log.txt ;;

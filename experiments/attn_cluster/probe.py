@@ -33,7 +33,6 @@ for bit: the output row and its q8 twin).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -44,22 +43,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
+from attn_tail.probe import SHAPES, active, case_at, graph_us, outputs, start  # noqa: E402
 from kernel_edit import build_copy, make_variant  # noqa: E402
 from memra.gpu.ops import attention as ATT  # noqa: E402
 
-
-def _attn_tail():
-    """experiments/attn_tail/probe.py (its layout, case and timing helpers), imported by path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("attn_tail_probe", ROOT / "experiments" / "attn_tail" / "probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_T = _attn_tail()
-CONFIG, SHAPES, active, case_at, graph_us, outputs = _T.CONFIG, _T.SHAPES, _T.active, _T.case_at, _T.graph_us, _T.outputs
 
 BUILD, ARM_FILE, HEADER0 = build_copy(HERE, "attention.cu")
 HEADER = HEADER0 + """// ATT_CLUSTER 1: a head block's splits merged through its cluster's distributed shared memory (see
@@ -253,32 +240,13 @@ class ArmGpu:
         return getattr(self._g, name)
 
 
-def compile_only() -> int:
-    from memra.gpu.compile import compile_cubin
-
-    for name, s in SHAPES.items():
-        G = s["n_head"] // s["n_head_kv"]
-        for hpb in sorted({1, G}):
-            d = ATT.module_defines(s["head_dim"], hpb, CONFIG)
-            compile_cubin(ARM_FILE, "sm_90a", {**d, "ATT_CLUSTER": 1})
-            print(f"compiled {name} hpb {hpb} cluster (ATT_TC {d['ATT_TC']})", flush=True)
-    return 0
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    args = ap.parse_args()
-    generate()
-    if args.compile_only:
-        return compile_only()
-    from memra.gpu.cuda import gpu
-
-    g = gpu()
-    rng, rotate = np.random.default_rng(0), 2 * int(g.info.l2_bytes)
+    rc, dev = start(generate, ARM_FILE, {"cluster": {"ATT_CLUSTER": 1}})
+    if dev is None:
+        return rc
+    g, rng, rotate, shapes = dev
     ag = ArmGpu(g)
-    for name in args.shapes.split(","):
+    for name in shapes:
         s = SHAPES[name]
         for ctx in CTX:
             ag.cluster = False
