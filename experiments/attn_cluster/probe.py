@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
-from attn_tail.probe import SHAPES, active, case_at, graph_us, outputs, start  # noqa: E402
+from attn_tail.probe import active, case_at, graph_us, outputs, start  # noqa: E402
 from kernel_edit import build_copy, make_variant  # noqa: E402
 from memra.gpu.ops import attention as ATT  # noqa: E402
 
@@ -241,13 +241,11 @@ class ArmGpu:
 
 
 def main() -> int:
-    rc, dev = start(generate, ARM_FILE, {"cluster": {"ATT_CLUSTER": 1}})
+    rc, dev = start(generate, ARM_FILE, {"cluster": {"ATT_CLUSTER": 1}}, ArmGpu)
     if dev is None:
         return rc
-    g, rng, rotate, shapes = dev
-    ag = ArmGpu(g)
-    for name in shapes:
-        s = SHAPES[name]
+    g, ag, rng, rotate, shapes = dev
+    for name, s in shapes:
         for ctx in CTX:
             ag.cluster = False
             case, y, hpb = case_at(ag, s, ctx, rng, rotate)
