@@ -795,6 +795,47 @@ def test_att_switch_from_the_table(tiny_models, monkeypatch, caplog):
         caplog.clear()
 
 
+def test_att_splits_from_the_table(tiny_models, monkeypatch, caplog):
+    """The attn_decode entry's `splits` is the plan's split count (an engine choice measured at depth), over the
+    MEMRA_ATT_DEPTH rule, and kept out of the module configuration; MEMRA_ATT_SPLITS still overrides it; a decode at
+    the entry's count gives the tokens MEMRA_ATT_SPLITS gives at that count (the same layout) past the depth where
+    the count shapes the splits (ATT_MIN_CHUNK x splits keys); a bad value is refused with a warning and the
+    built-in default used."""
+    from memra.tune.tables import shape_key
+
+    for k in ("MEMRA_ATT_SPLITS", "MEMRA_ATT_SWITCH", "MEMRA_ATTN"):
+        monkeypatch.delenv(k, raising=False)
+    path = tiny_models("llama", "Q4_K_M")
+    base = _runner(path)
+    heads, rule = base.plan.heads, base.plan.n_splits
+
+    def table(config):
+        return {"entries": {"attn_decode": {shape_key({**heads, "ctx": 64}): {
+            "1": {"variant": "default", "config": config}}}}}
+
+    cfg = {"ATT_TILE": 64, "ATT_WARPS": 4, "hpb": 1}
+    r = _runner(path, tune_table=table({**cfg, "splits": 1}), max_len=320)
+    assert r.plan.n_splits == 1 != rule and r.plan.att_cfg == cfg
+    monkeypatch.setenv("MEMRA_ATT_SPLITS", "3")
+    assert _runner(path, tune_table=table({**cfg, "splits": 1})).plan.n_splits == 3
+    monkeypatch.setenv("MEMRA_ATT_SPLITS", "1")
+    r_env = _runner(path, tune_table=table(cfg), max_len=320)
+    monkeypatch.delenv("MEMRA_ATT_SPLITS")
+    toks = []
+    for rr in (r, r_env):   # 150 prompt rows: the last decode rows hold more than 128 keys in their one split
+        s = rr.open()
+        out = rr.step([Row(s, (PROMPT * 15)[:150], sample=Sampling(0.0))])
+        toks.append([out[0].token] + [t[0] for t in rr.decode_run([s], [out[0].token], 6, [Sampling(0.0)])])
+    assert toks[0] == toks[1]
+    assert r._dec_splits_for(199) == 1 < base._dec_splits_for(199)   # the decode grid follows the entry's count
+    for bad in (0, 300, "16", 2.5):
+        with caplog.at_level("WARNING", logger="memra"):
+            pb = _runner(path, tune_table=table({**cfg, "splits": bad})).plan
+        assert pb.n_splits == rule and pb.att_cfg is None
+        assert "splits must be an integer in 1..256" in caplog.text
+        caplog.clear()
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_att_switch_row_filter_check_catches_a_wrong_filter(fused, monkeypatch):
     """The kernel-check of attention.cu's row filter (memra.gpu.ops.attention._check_rows_filter) on the emulator,

@@ -370,10 +370,12 @@ class Planner:
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
                 _switch(d["switch"], d.get("short", ATT_SHORT), d, c.head_dim)
+            if "splits" in d and not (isinstance(d["splits"], int) and 1 <= d["splits"] <= ATT.MAX_SPLITS):
+                raise MemraError(f"splits must be an integer in 1..{ATT.MAX_SPLITS}, got {d['splits']!r}")
 
         self.att_ctx = min(ctxs) if ctxs else 64
         att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
-        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k not in ("switch", "short")}
+        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k not in ("switch", "short", "splits")}
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
         self.att_switch = att_switch(self.att_cfg, c.head_dim, att)
@@ -388,6 +390,10 @@ class Planner:
         self.att_depth = depth == "1" or (depth == "" and self.hybrid)
         if self.att_depth:
             self.n_splits = max(self.n_splits, ATT.default_splits(c.n_head_kv, self.sms))
+        # the entry's `splits`: the split count itself, an engine choice measured at depth (it shapes only rows of
+        # more than ATT_MIN_CHUNK x splits keys: shorter rows are cut into ATT_MIN_CHUNK-key splits at any count)
+        if att is not None and "splits" in att:
+            self.n_splits = int(att["splits"])
         # a measurement knob (docs/FLAGS.md): the split count is part of every row's bits
         n = env_int("MEMRA_ATT_SPLITS", self.n_splits, lambda n: 1 <= n <= ATT.MAX_SPLITS,
                      f"an integer in 1..{ATT.MAX_SPLITS}")

@@ -285,7 +285,8 @@ def table_cases(table: Mapping, sms: int = 132):
                         hpb = int(cfg.get("hpb", 0)) or ATT.heads_per_block(nkv, nh // nkv)
                         if (nh // nkv) % hpb:
                             continue
-                        plan_ns = SimpleNamespace(att_hpb=hpb, n_splits=ATT.default_splits(nh // hpb, sms))
+                        plan_ns = SimpleNamespace(att_hpb=hpb,
+                                                  n_splits=int(cfg.get("splits", 0)) or ATT.default_splits(nh // hpb, sms))
                         L = Launch(kernel, "attention_rope", kernel, "default", shape, rows, cfg, "attention", -1,
                                    {"window": 0, "twin": D % 32 == 0})
                         yield "attention", L, PlanContext(cfg_ns, plan_ns, "q8"), src
