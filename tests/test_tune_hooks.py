@@ -148,6 +148,28 @@ def test_hooks_launch_the_tuned_configuration():
     assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode_rope", 3, 32, 3, default_splits(3, 132))
 
 
+def test_attention_tune_case_takes_a_plans_split_count():
+    """A config's `splits` (the table entry's, measured at depth) launches the grid the runner would: the plan's
+    count trimmed to the context (splits_for), not default_splits; a bad one is refused."""
+    from memra.errors import MemraError
+    from memra.gpu.ops.attention import splits_for
+
+    g = ModuleLog()
+    launched = []
+    real = g.launch
+    g.launch = lambda k, grid, block, args, **kw: launched.append(tuple(grid)) or real(k, grid, block, args, **kw)
+    shape = {"n_head": 9, "n_head_kv": 3, "head_dim": 64, "batch": 1}
+    for ctx, splits in ((4096, 16), (4096, 64), (1024, 16), (64, 16)):
+        family_module("attention.cu").tune_case(g, "attn_decode", "default", {"ATT_TILE": 64, "hpb": 1, "splits": splits},
+                                                {**shape, "ctx": ctx}, np.random.default_rng(0), ROTATE).launch(0)
+        assert launched[-1][1] == splits_for(ctx, splits, 64, {"ATT_TILE": 64})
+    assert [y for _, y, _ in launched] == [16, 32, 8, 1]
+    for bad in (0, 257, "16"):
+        with pytest.raises(MemraError, match="splits must be an integer"):
+            family_module("attention.cu").tune_case(g, "attn_decode", "default", {"splits": bad}, {**shape, "ctx": 64},
+                                                    np.random.default_rng(0), ROTATE)
+
+
 @pytest.mark.parametrize("kernel,variant,config,shape", [
     ("matvec", "q8", {"MV_NWARPS": 8, "MV_ROWS": 1}, {"type": "Q4_K", "rows": 96, "cols": 512, "batch": 1}),
     ("matvec_glu", "q8", {"MV_UNROLL": 2}, {"type": "Q6_K", "rows": 128, "cols": 256, "batch": 3}),

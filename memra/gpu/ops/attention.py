@@ -769,7 +769,8 @@ class _TuneCase:
     """A decode step's attention as the engine launches it (attn_decode_rope: RoPE and the
     KV append inside, from the QKV matvec's rows): one token per sequence (batch tokens),
     each at position ctx - 1 so it attends to ctx cached keys, n_splits as the engine picks
-    them (default_splits of the head-block count), the q8 twin written when head_dim % 32
+    them (default_splits of the head-block count; a config's `splits`, the table entry's, on the
+    grid the runner trims it to: splits_for), the q8 twin written when head_dim % 32
     == 0 (the engine's q8 path). `sets` copies of the QKV rows, the caches and the outputs."""
 
     def __init__(self, g, config, nh, nkv, D, ctx, T, rng, rotate_bytes):
@@ -784,6 +785,10 @@ class _TuneCase:
         defines(D, config)  # a bad value fails here: a failed receipt
         self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
         self.S = default_splits(nh // self.hpb, g.info.sm_count)
+        if "splits" in config:   # a plan's split count (the table entry's `splits`), launched as the runner trims it
+            if not (isinstance(config["splits"], int) and 1 <= config["splits"] <= MAX_SPLITS):
+                raise MemraError(f"attention tune: splits must be an integer in 1..{MAX_SPLITS}, got {config['splits']!r}")
+            self.S = splits_for(ctx, config["splits"], D, config)
         self.q8 = D % 32 == 0
         qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2  # keys read (the pool's tail is not)
         q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
