@@ -15,9 +15,12 @@
 #  cluster's distributed shared memory (no partial round trip, fence or counter; at most 16 splits), bit for bit
 #  against the global merge at 16 / 8 splits, timed beside the engine's layout; then, if it was exact, the engine
 #  at MEMRA_ATT_SPLITS=16, global merge against cluster (attn_cluster/ab.py), arms alternating.
-# STAGE m (~4 min, any card): (1) tg128 @ d4096 SmolLM2 at MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128 (the bits
-#  change with the count, prefill's with them: the gates say MATCH or not); (2) ncu of the engine's attn_decode_rope
-#  at depth 4,096, SmolLM2 and the 8B (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line).
+# STAGE m (~6 min, any card): (1) tune/campaigns/h200-attn-depth.toml (the plan's split count x heads a block at
+#  1k / 4k / 16k keys, attention alone, an A/B campaign: receipts in $OUT only); (2) tg128 @ d4096 SmolLM2 at
+#  MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128 (the bits change with the count, the decode rows' only: the gates
+#  say MATCH or not); (3) ncu of the engine's attn_decode_rope at depth 4,096, SmolLM2 and the 8B
+#  (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line). A count that wins lands as the attn_decode
+#  entry's `splits` (an engine-choice record; kernel-check --add-to on an H200).
 # STAGE g (~4 min, an H200 preferably): MEMRA_GRAPH_STEPS 1 against 16 as session 38 (H100: 1B +0.8 %, SmolLM2
 #  shape +0.6 %, 8B +0.1 %), then the 16-step graph's capture time against the one-step graph's
 #  (experiments/graph_steps_capture.py: what `memra run` would pay at each new split count).
@@ -52,8 +55,10 @@ n)
   done
   cp $R/bench-attn-cluster.jsonl $OUT/ 2>/dev/null ;;
 m)
+  TUNE_OUT=$OUT/h200-attn-depth-nvidia-h200.jsonl tune_campaign h200-attn-depth 150 -m synth:smollm2-135m:Q4_1 \
+    -m synth:llama-1b:Q4_0 -m synth:llama3-8b:Q4_K_M
   for sp in "" 16 33 128 ""; do
-    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-200} ] || break
+    [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-330} ] || break
     arm_run "smollm2-135m -d 4096 splits=${sp:-plan}" bench-splits.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra \
       bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
   done
