@@ -370,8 +370,8 @@ class Planner:
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
                 _switch(d["switch"], d.get("short", ATT_SHORT), d, c.head_dim)
-            if "splits" in d and not (isinstance(d["splits"], int) and 1 <= d["splits"] <= ATT.MAX_SPLITS):
-                raise MemraError(f"splits must be an integer in 1..{ATT.MAX_SPLITS}, got {d['splits']!r}")
+            if "splits" in d:   # the plan's split count (below)
+                ATT.check_splits(d["splits"])
 
         self.att_ctx = min(ctxs) if ctxs else 64
         att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)

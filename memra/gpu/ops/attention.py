@@ -178,6 +178,13 @@ def default_splits(n_kv: int, sm_count: int) -> int:
 MIN_CHUNK = 128  # attention.cu's ATT_MIN_CHUNK default
 
 
+def check_splits(v) -> int:
+    """A plan's split count as a table entry names it (`splits`): an integer in 1..MAX_SPLITS, or MemraError."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SPLITS:
+        raise MemraError(f"splits must be an integer in 1..{MAX_SPLITS}, got {v!r}")
+    return v
+
+
 def _split_cap(head_dim: int, config: dict | None) -> int:
     """The most keys a row may have per split for key_range to cut it into ATT_MIN_CHUNK-key
     splits: ATT_MIN_CHUNK rounded down to ATT_TILE."""
@@ -786,9 +793,7 @@ class _TuneCase:
         self.g, self.config, self.nh, self.nkv, self.D, self.ctx, self.T, self.rng = g, config, nh, nkv, D, ctx, T, rng
         self.S = default_splits(nh // self.hpb, g.info.sm_count)
         if "splits" in config:   # a plan's split count (the table entry's `splits`), launched as the runner trims it
-            if not (isinstance(config["splits"], int) and 1 <= config["splits"] <= MAX_SPLITS):
-                raise MemraError(f"attention tune: splits must be an integer in 1..{MAX_SPLITS}, got {config['splits']!r}")
-            self.S = splits_for(ctx, config["splits"], D, config)
+            self.S = splits_for(ctx, check_splits(config["splits"]), D, config)
         self.q8 = D % 32 == 0
         qb, kvb = T * (nh + 2 * nkv) * D * 4, T * ctx * nkv * D * 2  # keys read (the pool's tail is not)
         q8b = T * nh * D + T * nh * D // 32 * Q8_SCALE.itemsize if self.q8 else 0
