@@ -3,7 +3,7 @@
 
 Why: SmolLM2's tg128 @ d4096 floor (2.5x llama.cpp; session 30 1.84x) is the one a single kernel could reach.
 Its step is 663 µs at depth 4,096 against 449 at depth 0 (H200): +7.1 µs a layer, which is attn_decode_rope's
-growth from ~3.2 µs at one key to ~10.6 at 4,096 (session 31's probe). Its K/V at 4,096 keys are 3.1 MB a layer
+growth from ~3.2 µs at one key (session 26) to ~10.6 at 4,096 (session 31), a launch in a graph with PDL. Its K/V at 4,096 keys are 3.1 MB a layer
 (~0.75 µs at the copy rate), so the time is a chain of latencies, not bytes. Which links — the split's 128-key
 loop, the partial's store, the fence and the counter, the merge's weights, the merge's loads — nobody has
 measured: attn_fixed cut the one-split launch only (no merge), attn_merge (v10) priced the merge's load rounds.
@@ -32,12 +32,12 @@ and bit-neutral candidates, checked bit for bit against full before they are tim
 
 Each arm is timed as a graph of 20 launches with PDL (as the engine launches), the copies rotated over 2x L2,
 at 128 (one split: the reference without a merge), 1,024, 4,096 and 16,384 keys on the SmolLM2 / 1B / 8B head
-shapes. The increments d_<arm> (each cut over the one before) price the links; the caveat is attn_fixed's: a
+shapes, at the engine's plan and, where it changes the layout, at a 16-split plan (LAYOUTS). The increments d_<arm> (each cut over the one before) price the links; the caveat is attn_fixed's: a
 cut block leaves early, so the next copy's blocks start sooner (the increments are upper bounds on the
 engine's, where the next matvec prefetches under the tail).
 
     python3 experiments/attn_tail/probe.py --compile-only                                # CPU: every arm builds
-    source .whl/setup.sh && python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl  # device, ~1-2 min
+    source .whl/setup.sh && python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl  # device, ~2-3 min
 """
 from __future__ import annotations
 
