@@ -63,8 +63,9 @@ m)
       bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
   done
   cp $R/bench-splits.jsonl $OUT/ 2>/dev/null
+  left=$(( 575 - ($(date +%s) - T0) )); [ $left -gt 30 ] || left=30   # the call's 600 s bound the two ncu cases
   TOK=$TOK KIND=decode CASES="smollm2-135m/attn_decode_rope/4096 synth:llama3-8b:Q4_K_M/attn_decode_rope/4096" \
-    bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
+    timeout $left bash experiments/h200_ncu.sh > $R/ncu.txt 2>&1
   log "ncu rc=$? $(el)"; tail -8 $R/ncu.txt | tee -a $R/log.txt ;;
 g)
   STAGE=g R_LIMIT=${R_LIMIT:-330} bash experiments/h200_session38.sh   # its A/B, receipts in $OUT
