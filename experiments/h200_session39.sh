@@ -44,7 +44,8 @@ n)
   done
   cp $R/bench-attn-tail.jsonl $OUT/ 2>/dev/null
   # last: a wrong cluster barrier would hang (the timeout bounds it)
-  timeout 120 python3 experiments/attn_cluster/probe.py > $OUT/attn-cluster.jsonl 2> $R/attn-cluster.txt
+  left=$(( 560 - ($(date +%s) - T0) )); [ $left -lt 120 ] || left=120; [ $left -gt 20 ] || left=20
+  timeout $left python3 experiments/attn_cluster/probe.py > $OUT/attn-cluster.jsonl 2> $R/attn-cluster.txt
   rc=$?; log "attn_cluster rc=$rc $(el)"; tail -3 $R/attn-cluster.txt | tee -a $R/log.txt
   # the engine at 16 splits, the global merge against the cluster's (the same bits), if the probe came back
   [ $rc = 0 ] && grep -q '"s16_exact": true' $OUT/attn-cluster.jsonl && for arm in global cluster global cluster; do
