@@ -17,7 +17,7 @@
 #  at MEMRA_ATT_SPLITS=16, global merge against cluster (attn_cluster/ab.py), arms alternating.
 # STAGE m (~6 min, any card): (1) tune/campaigns/h200-attn-depth.toml (the plan's split count x heads a block at
 #  1k / 4k / 16k keys, attention alone, an A/B campaign: receipts in $OUT only); (2) tg128 @ d4096 SmolLM2 at
-#  MEMRA_ATT_SPLITS 16 / 33 / 88 (the plan's) / 128 (the bits change with the count, the decode rows' only: the gates
+#  MEMRA_ATT_SPLITS 88 (the plan's) / 16 / 8 / 24 (the bits change with the count, the decode rows' only: the gates
 #  say MATCH or not); (3) ncu of the engine's attn_decode_rope at depth 4,096, SmolLM2 and the 8B
 #  (experiments/h200_ncu.sh KIND=decode: stall reasons a SASS line). A count that wins lands as the attn_decode
 #  entry's `splits` (an engine-choice record; kernel-check --add-to on an H200).
@@ -58,7 +58,7 @@ n)
 m)
   TUNE_OUT=$OUT/h200-attn-depth-nvidia-h200.jsonl tune_campaign h200-attn-depth 150 -m synth:smollm2-135m:Q4_1 \
     -m synth:llama-1b:Q4_0 -m synth:llama3-8b:Q4_K_M
-  for sp in "" 16 33 128 ""; do
+  for sp in "" 16 8 24 ""; do   # at 4,097-4,224 keys 33 and up give the plan's layout (128-key splits)
     [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-330} ] || break
     arm_run "smollm2-135m -d 4096 splits=${sp:-plan}" bench-splits.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra \
       bench smollm2-135m -d 4096 -p 0 -n 128 -r 3
