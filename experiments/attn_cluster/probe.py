@@ -167,6 +167,12 @@ _DIRECT_NEW = """        split_body(q, kcache, vcache KV_SA, part_o, part_ml, po
 """
 EDITS = [
     ("constexpr int NCH = D / 8;  // 16-byte chunks (8 halves) per K/V row\n", _CL_DECL),
+    # attn_split (the two-launch path) would store its partial in shared memory, not for attn_combine: refused
+    ("               int qpk, int window, float scale, float softcap KV_SCALE_PARAMS) {\n    MEMRA_PDL_WAIT();\n"
+     "    MEMRA_PDL_LAUNCH();\n    split_body(q, kcache, vcache KV_SA, part_o, part_ml,",
+     "               int qpk, int window, float scale, float softcap KV_SCALE_PARAMS) {\n#if ATT_CLUSTER\n"
+     "    __trap();  // ATT_CLUSTER: split_body keeps its partial in shared memory (attn_decode / attn_decode_rope only)\n"
+     "#endif\n    MEMRA_PDL_WAIT();\n    MEMRA_PDL_LAUNCH();\n    split_body(q, kcache, vcache KV_SA, part_o, part_ml,"),
     (_PART_OLD, _PART_NEW),
     (_DIRECT_OLD, _DIRECT_NEW),
     # an empty split's block takes the barriers too, unless its row is one the row filter leaves (ATT_ROWS: the
@@ -190,8 +196,8 @@ def generate() -> None:
 
 
 def cluster_launch(g, kernel, grid, block, args, shmem: int, allowed: set, pdl: bool = True) -> None:
-    """attn_decode_rope of the build copy on g's stream (or the graph being captured), as clusters of (1, grid y,
-    1) blocks; a cluster above 8 blocks needs the non-portable size allowed (once a kernel: `allowed`)."""
+    """attn_decode_rope / attn_decode of the build copy on g's stream (or the graph being captured), as clusters of
+    (1, grid y, 1) blocks; a cluster above 8 blocks needs the non-portable size allowed (once a kernel: `allowed`)."""
     from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
     from memra.gpu.cuda import DeviceArray
@@ -214,8 +220,9 @@ def cluster_launch(g, kernel, grid, block, args, shmem: int, allowed: set, pdl: 
 
 
 def is_cluster_launch(kernel, grid) -> bool:
-    """A launch that must go as clusters: the build copy's attn_decode_rope over more than one split."""
-    return kernel.name == "attn_decode_rope" and kernel.module.kernel_file == ARM_FILE and grid[1] > 1
+    """A launch that must go as clusters: the build copy's attn_decode_rope or attn_decode (the unfused entry a
+    prefill-path step launches for generated rows) over more than one split."""
+    return kernel.name in ("attn_decode_rope", "attn_decode") and kernel.module.kernel_file == ARM_FILE and grid[1] > 1
 
 
 class ArmGpu:
