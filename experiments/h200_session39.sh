@@ -25,7 +25,8 @@
 #  shape +0.6 %, 8B +0.1 %), then the 16-step graph's capture time against the one-step graph's
 #  (experiments/graph_steps_capture.py: what `memra run` would pay at each new split count).
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp`, MODELS as h200_common.sh's depth_vs (the floors at HEAD).
-# STAGE t (~6 min): the GPU tests whole (session 38 on an H100: 43 passed in 323 s once compiled).
+# STAGE t (~9 min): the launch set precompiled, then the GPU tests whole (session 38, H100: 43 passed in 323 s once
+#  compiled).
 # Order within the 30 device minutes (ship ~3): on an H200 l, n, m, then d; on an H100 n, m, g, t (l must not run).
 set -u
 source experiments/h200_common.sh
@@ -76,6 +77,9 @@ g)
 d)
   depth_vs ;;
 t)
-  gpu_tests ${T_END:-420} ;;
+  # the launch set's modules compiled first on the call's 16 cores (session 38's first test call spent most of its
+  # 560 s compiling: 31 tests, against 43 in 323 s once compiled)
+  timeout 150 python3 -m memra kernel-check --compile-only --arch sm_90a > $R/precompile.txt 2>&1; log "precompile rc=$? $(el)"
+  gpu_tests ${T_END:-560} ;;
 esac
 tar czf $OUT/s39-$STAGE.tgz -C /tmp s39-$STAGE
