@@ -77,31 +77,15 @@ MEMRA_DEVICE float cl_ld(const float* p, int rank) {
 #define CL_IDLE do {} while (0)
 #endif
 """
-_PART_OLD = """#pragma unroll
-    for (int o = 0; o < OPT; o++) {
-        const int i = tid + o * NT;
-        if (i < G * D) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = tot[o];
-    }
-    if (tid < G) {
-        part_ml[(part0 + (size_t)tid * S) * 2] = m_s[tid];
-        part_ml[(part0 + (size_t)tid * S) * 2 + 1] = l_s[tid];
-    }
-}
-"""
-_PART_NEW = """#if ATT_CLUSTER
-#pragma unroll
-    for (int o = 0; o < OPT; o++) {
-        const int i = tid + o * NT;
-        if (i < G * D) cl_o[i] = tot[o];
-    }
-    if (tid < G) {
-        cl_ml[2 * tid] = m_s[tid];
-        cl_ml[2 * tid + 1] = l_s[tid];
-    }
-#else
-""" + _PART_OLD[:-2] + """#endif
-}
-"""
+# split_body's partial: stored in the block's shared memory instead of part_o / part_ml (two one-line anchors each)
+_PO = "        if (i < G * D) part_o[(part0 + (size_t)(i / D) * S) * D + i % D] = tot[o];\n"
+_PML = ("        part_ml[(part0 + (size_t)tid * S) * 2] = m_s[tid];\n"
+        "        part_ml[(part0 + (size_t)tid * S) * 2 + 1] = l_s[tid];\n")
+_PART_EDITS = [
+    (_PO, "#if ATT_CLUSTER\n        if (i < G * D) cl_o[i] = tot[o];\n#else\n" + _PO + "#endif\n"),
+    (_PML, "#if ATT_CLUSTER\n        cl_ml[2 * tid] = m_s[tid];\n        cl_ml[2 * tid + 1] = l_s[tid];\n#else\n" + _PML
+     + "#endif\n"),
+]
 _DIRECT_OLD = """        split_body(q, kcache, vcache KV_SA, part_o, part_ml, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale,
                    softcap, out, q8, s8, qsm, pre_blk);
     } else {
@@ -173,7 +157,7 @@ EDITS = [
      "               int qpk, int window, float scale, float softcap KV_SCALE_PARAMS) {\n#if ATT_CLUSTER\n"
      "    __trap();  // ATT_CLUSTER: split_body keeps its partial in shared memory (attn_decode / attn_decode_rope only)\n"
      "#endif\n    MEMRA_PDL_WAIT();\n    MEMRA_PDL_LAUNCH();\n    split_body(q, kcache, vcache KV_SA, part_o, part_ml,"),
-    (_PART_OLD, _PART_NEW),
+    *_PART_EDITS,
     (_DIRECT_OLD, _DIRECT_NEW),
     # an empty split's block takes the barriers too, unless its row is one the row filter leaves (ATT_ROWS: the
     # row's whole cluster leaves, none waits)
