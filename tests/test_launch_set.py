@@ -312,7 +312,8 @@ def _incremental_base(monkeypatch, drop_families=("matvec", "attention", "norm")
     cases = LS.launch_set(specs, [table] if source != "builtin" else [], sms=132)
     dropped = [next(k for k, c in sorted(cases.items()) if c["family"] == f) for f in drop_families]
     fams = {f: {"checks": 5, "launch_cases": 3, "canaries": 1, "failed": 0} for f in KC.FAMILIES}
-    report = {"device": "emulated", "cc": "9.0", "sms": 132, "arch": "sm_90a", "nvrtc": "13.0", "seed": 7,
+    report = {"device": "emulated", "stands_for": KC.receipt_device("emulated", 132, table, source),
+              "cc": "9.0", "sms": 132, "arch": "sm_90a", "nvrtc": "13.0", "seed": 7,
               "all_green": True, "failures": 0, "families": fams, "models": list(TINY), "models_missing": [],
               "tables": [], "launch_set": sorted(set(cases) - set(dropped))}
     return KC.make_receipt(report), dropped, cases
@@ -349,7 +350,10 @@ def test_an_incremental_run_refuses_a_base_it_cannot_extend(monkeypatch):
 
     red = run(dict(base, all_green=False))[-1]
     assert red.startswith("FAILED: the base receipt cannot be extended") and "its run was not ALL GREEN" in red
-    assert "this device is 'emulated'" in run(dict(base, device="NVIDIA H200"))[-1]
+    # another table's receipt, or one of another arch or SM count (the launch set differs)
+    assert "this run writes 'nvidia-h200''s" in run(dict(base, slug="nvidia-h100-pcie"))[-1]
+    assert "it ran with sms 114, this device has 132" in run(dict(base, sms=114))[-1]
+    assert "it ran with arch 'sm_100a'" in run(dict(base, arch="sm_100a"))[-1]
     changed = dict(base, sources={**base["sources"], "matvec.cu": "0" * 16})
     assert ("kernel sources changed since (matvec.cu) and it does not record the kernel files of "
             in run(changed)[-1]) and run(changed)[-1].endswith("a full run is needed")
@@ -359,6 +363,30 @@ def test_an_incremental_run_refuses_a_base_it_cannot_extend(monkeypatch):
     lines = run(no_canary)
     assert "FAIL  matvec: the base receipt ran no canary of it (a full run is needed)" in lines
     assert lines[-1].startswith("FAILED")
+
+
+def test_a_part_on_another_parts_table_writes_that_parts_receipt(monkeypatch, tmp_path):
+    """A device that runs, by compute capability, the table frozen on another part with its SM
+    count (the emulated sm_90a part with 132 SMs on the H200's table, as an H100 SXM) checks the
+    same launch set: its receipt is the H200's (slug), names the part it ran on (device), and can
+    extend an H200 receipt; a part with another SM count writes its own, and cannot."""
+    from memra.tune import tables as TABLES
+
+    base, dropped, cases = _incremental_base(monkeypatch)
+    assert base["slug"] == "nvidia-h200" and base["device"] == "emulated"
+    h200 = dict(base, device="NVIDIA H200")   # a receipt the H200 itself wrote
+    report = {}
+    lines = list(KC.run_kernel_check(models=TINY, seed=1, report=report, base=h200))
+    assert KC.all_green(lines), lines[-5:]
+    assert any(ln.startswith("receipt: nvidia-h200 (this sm_90a part with 132 SMs runs the table frozen on NVIDIA "
+                             "H200") for ln in lines)
+    r = KC.make_receipt(report)
+    assert (r["slug"], r["device"], r["incremental"]["base_device"]) == ("nvidia-h200", "emulated", "NVIDIA H200")
+    assert KC.receipt_path(r["slug"], tmp_path) == tmp_path / "nvidia-h200.json"
+    # the table is chosen by the SM count too: a 114-SM part on it writes its own receipt
+    table, source = TABLES.load_table("NVIDIA H100 PCIe", (9, 0), sms=114)
+    assert source == "cc" and KC.receipt_device("NVIDIA H100 PCIe", 114, table, source) == "NVIDIA H100 PCIe"
+    assert KC.receipt_device("NVIDIA H200", 132, table, "exact") == "NVIDIA H200"
 
 
 def test_an_incremental_run_reruns_whole_the_families_a_changed_source_reaches(monkeypatch, tmp_path):

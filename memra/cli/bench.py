@@ -65,8 +65,9 @@ def kernel_check(
         if as_json:
             print(json.dumps(st, sort_keys=True), flush=True)
         else:
-            print(f"{st['device']}: {'current' if st['current'] else 'NOT current'} — {st['reason']}"
-                  f"{' (' + st['receipt'] + ')' if st['receipt'] else ''}", flush=True)
+            where = f" ({st['receipt']}, run on {st.get('ran_on')})" if st["receipt"] else ""
+            print(f"{st['device']}: {'current' if st['current'] else 'NOT current'} — {st['reason']}{where}",
+                  flush=True)
         if not st["current"]:
             raise typer.Exit(1)
         return
@@ -92,7 +93,8 @@ def kernel_check(
         print(line, flush=True)
         lines.append(line)
     if report.get("complete"):
-        path = write_receipt(make_receipt(report), receipt_path(report["device"], out))
+        receipt = make_receipt(report)
+        path = write_receipt(receipt, receipt_path(receipt["slug"], out))
         print(f"receipt: {path}", file=sys.stderr, flush=True)
     elif out is not None and not compile_only:
         log.warning("--only: a partial run writes no receipt")

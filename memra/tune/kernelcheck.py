@@ -101,8 +101,18 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
             return
         g = gpu()
         yield f"device: {g.info.name} ({g.info.arch}, {g.info.sm_count} SMs)"
+    stands_for = None
+    if g is not None:
+        table, source = TABLES.load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
+        tables = [table] if source != "builtin" else []
+        stands_for = receipt_device(g.info.name, g.info.sm_count, table, source)
+        if stands_for != g.info.name:
+            yield (f"receipt: {TABLES.device_slug(stands_for)} (this {g.info.arch} part with {g.info.sm_count} SMs "
+                   f"runs the table frozen on {stands_for}: the same modules, grids and launch set)")
+    else:
+        tables = TABLES.list_tables()
     changed = changed_sources(base) if base is not None else []   # a base comes without compile_only
-    why = base_problem(base, g.info.name, changed) if base is not None else ""
+    why = base_problem(base, stands_for, changed, arch=g.info.arch, sms=g.info.sm_count) if base is not None else ""
     if why:
         yield f"FAILED: the base receipt cannot be extended: {why}"
         return
@@ -111,11 +121,6 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
         failures += not compile_only
         yield f"{'NOTE' if compile_only else 'FAIL'}  launch set: model {m}"
-    if g is not None:
-        table, source = TABLES.load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
-        tables = [table] if source != "builtin" else []
-    else:
-        tables = TABLES.list_tables()
     sms = g.info.sm_count if g is not None else 132
     fam_names = [f for f, _ in fams]
     try:
@@ -263,7 +268,8 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
     if report is not None:
         from memra.gpu.compile import nvrtc_version
 
-        report.update(device=g.info.name, cc=".".join(str(x) for x in g.info.cc) if isinstance(g.info.cc, tuple)
+        report.update(device=g.info.name, stands_for=stands_for,
+                      cc=".".join(str(x) for x in g.info.cc) if isinstance(g.info.cc, tuple)
                       else str(g.info.cc), sms=g.info.sm_count, arch=g.info.arch,
                       nvrtc=".".join(str(x) for x in nvrtc_version()), seed=seed, complete=only is None,
                       all_green=green, failures=failures, families=per_family,
@@ -273,6 +279,7 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                       launch_set=sorted(set(cases) | covered))
         if base is not None:
             report["incremental"] = {"base_git_sha": base.get("git_sha"), "base_ts": base.get("ts"),
+                                     "base_device": base.get("device"),
                                      "base_seed": base.get("seed"), "base_cases": len(covered),
                                      "new_cases": len(todo), "changed_sources": changed,
                                      "rechecked_families": sorted(recheck)}
@@ -286,17 +293,35 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         yield f"ALL GREEN ({passed} checks passed, {len(cases)} of them the engine's launches, {caught} canaries caught)"
 
 
-def base_problem(base: dict, device: str, changed: Sequence[str]) -> str:
-    """Why a receipt cannot be the base of an incremental run on `device` ("" when it can): it
-    must be a green receipt of this schema and of this device; where kernel sources changed
-    since it, every family of it must record the kernel files it loaded (receipts without them
-    need a full run). changed: changed_sources(base)."""
+def receipt_device(device: str, sms: int, table: dict, source: str) -> str:
+    """The device whose receipt a run on `device` writes: its own, or — where it runs by compute
+    capability the table frozen on another part with its SM count (an H100 SXM on the H200's
+    table) — that table's device. The arch, the SM count and the table fix every module, grid
+    and launch case, so such a run checks the same launches (the receipt's `device` names the
+    part it ran on)."""
+    if source == "cc" and table.get("device") and int(table.get("sms") or 0) == sms:
+        return table["device"]
+    return device
+
+
+def base_problem(base: dict, device: str, changed: Sequence[str], *, arch: str | None = None,
+                 sms: int | None = None) -> str:
+    """Why a receipt cannot be the base of an incremental run whose receipt stands for `device`
+    (receipt_device; "" when it can): it must be a green receipt of this schema, for the same
+    device (its slug) and of the same arch and SM count; where kernel sources changed since it,
+    every family of it must record the kernel files it loaded (receipts without them need a
+    full run). changed: changed_sources(base)."""
+    from memra.tune.tables import device_slug
+
     if base.get("schema") != RECEIPT_SCHEMA:
         return f"schema {base.get('schema')!r} is not {RECEIPT_SCHEMA}"
     if not base.get("all_green"):
         return "its run was not ALL GREEN"
-    if base.get("device") != device:
-        return f"it is of {base.get('device')!r}, this device is {device!r}"
+    if base.get("slug") != device_slug(device):
+        return f"it is {base.get('slug')!r}'s receipt, this run writes {device_slug(device)!r}'s"
+    for k, v in (("arch", arch), ("sms", sms)):
+        if v is not None and base.get(k) != v:
+            return f"it ran with {k} {base.get(k)!r}, this device has {v!r}"
     blind = sorted(f for f in FAMILIES if "files" not in base.get("families", {}).get(f, {}))
     if changed and blind:
         return (f"kernel sources changed since ({', '.join(changed)}) and it does not record the kernel files of "
@@ -360,7 +385,8 @@ def make_receipt(report: dict) -> dict:
     src = kernel_sources()
     keys = report["launch_set"]
     return {"schema": RECEIPT_SCHEMA, "ts": utc_now(), "git_sha": git_sha(), "device": report["device"],
-            "slug": device_slug(report["device"]), "cc": report["cc"], "sms": report["sms"], "arch": report["arch"],
+            "slug": device_slug(report.get("stands_for") or report["device"]), "cc": report["cc"], "sms": report["sms"],
+            "arch": report["arch"],
             "nvrtc": report["nvrtc"], "seed": report["seed"], "all_green": report["all_green"],
             "failures": report["failures"], "families": report["families"], "sources": src,
             "sources_hash": sources_hash(src), "models": report["models"], "models_missing": report["models_missing"],
@@ -413,9 +439,9 @@ def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
         out["reason"] = f"no receipt at {p}"
         return out
     r = json.loads(p.read_text(encoding="utf-8"))
-    out.update(receipt=str(p), receipt_sources_hash=r.get("sources_hash"), git_sha=r.get("git_sha"),
-               ts=r.get("ts"), all_green=bool(r.get("all_green")), launch_cases=len(r.get("launch_set", [])),
-               incremental=r.get("incremental"))
+    out.update(receipt=str(p), ran_on=r.get("device"), receipt_sources_hash=r.get("sources_hash"),
+               git_sha=r.get("git_sha"), ts=r.get("ts"), all_green=bool(r.get("all_green")),
+               launch_cases=len(r.get("launch_set", [])), incremental=r.get("incremental"))
     old = r.get("sources", {})
     out["stale"] = sorted(n for n in set(old) | set(src) if old.get(n) != src.get(n))
     specs, missing = LS.model_specs(r.get("models") or LS.MODELS, fetch=True)
