@@ -35,6 +35,10 @@ log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 case "$STAGE" in
 l)
   STAGE=l bash experiments/h200_session38.sh; exit $? ;;
+k)
+  # switch129 landed (session 39): the launch cases the H200 receipt lacks, on any sm_90a part with 132 SMs
+  # running the H200 table (kernel-check's receipt stands for the table's device)
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-560} kernel_check ;;
 n)
   timeout 300 python3 experiments/attn_tail/probe.py > $OUT/attn-tail.jsonl 2> $R/attn-tail.txt
   log "attn_tail rc=$? $(el)"; tail -3 $R/attn-tail.txt | tee -a $R/log.txt

@@ -71,6 +71,66 @@ def test_launch_set_holds_every_module_the_engine_loads(tiny_models, monkeypatch
     assert {c["family"] for c in cases.values()} >= {"matvec", "gemm", "norm", "rope", "attention", "embed", "sample"}
 
 
+def test_launch_set_holds_the_decode_attention_at_every_split_count(tiny_models, monkeypatch):
+    """On the MEMRA_ATT_DEPTH path (on with hybrid) a decode step's attention blocks take the whole GQA group once
+    its split count fills the SMs (plan.att_hpb_at): a module of its own (N_GQA). The emulated runner's decode
+    graphs at every split count its context reaches (capture_decode_splits), on the q8 and f32 paths: every module
+    they load is a case of the launch set, the whole-group ones among them."""
+    path = tiny_models("llama", "Q4_K_M")
+    seen, table, cfg = set(), None, None
+    for env in ({}, {"MEMRA_MATVEC_PATH": "f32"}):
+        monkeypatch.delenv("MEMRA_MATVEC_PATH", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        g = FakeGpu(1 << 30)
+        rec = _recorded(g)
+        r = Runner(path, gpu=g, max_len=16384, max_seqs=1)   # 128 splits: 2 KV heads x 128 fill 132 SMs
+        assert r.plan.att_depth and r.cfg.n_gqa > 1
+        table, cfg = r.tune_table, r.cfg
+        s = r.open()
+        r.step([Row(s, PROMPT, sample=Sampling(0.0))])
+        r.step([Row(s, [5], sample=Sampling(0.0))])
+        assert r.capture_decode_splits() > 0
+        seen |= rec
+    whole = {m for m in seen if m[0] == "attention.cu" and dict(m[2]).get("N_GQA") == cfg.n_gqa}
+    assert whole, "no decode graph reached the whole-group module"
+    cases = LS.launch_set([ModelSpec.from_gguf(open_gguf(path), "llama")], [table])
+    missing = seen - _modules(cases)
+    assert not missing, sorted(missing)[:5]
+    # and as the runner launches it: one row, with the q8 twin (q8 path) and without (f32 path)
+    got = {c["params"]["twin"] for c in cases.values() if c["family"] == "attention" and c["bucket"] == 1
+           and c["entry"] == "attn_decode_rope" and c["defines"]["N_GQA"] == cfg.n_gqa}
+    assert got == {False, True}, got
+
+
+def test_a_case_key_names_the_switch_and_the_fa_twin(monkeypatch):
+    """What changes a module or its check is in the case key: attention.cu's row filter (ATT_SWITCH, a define the
+    launch's config lacks) — a launch set at another switch holds other row-filter cases — and attn_fa's fused
+    decode entry with the q8 twin (q8 path) or without (f32 path), whose twin-less case checks the launch without
+    xq and passes on the emulator."""
+    from memra.tune.tables import read_table, tables_dir
+
+    table = read_table(tables_dir() / "nvidia-h200.json")
+    specs, missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
+    assert not missing
+
+    def filtered(switch):
+        monkeypatch.setenv("MEMRA_ATT_SWITCH", switch)
+        return {k for k, c in LS.launch_set(specs, [table]).items()
+                if c["family"] == "attention" and c["params"].get("switch")}
+
+    a, b = filtered("48"), filtered("64")
+    assert a and b and not a & b
+    monkeypatch.delenv("MEMRA_ATT_SWITCH")
+    fa = [c for c in LS.launch_set(specs, [table]).values() if c["entry"] == "attn_fa_dec+rope"]
+    assert {c["params"]["twin"] for c in fa} == {False, True}
+    assert len({LS.case_key(c) for c in fa}) == len(fa)
+    g, rng = FakeGpu(1 << 30), np.random.default_rng(0)
+    c = next(c for c in fa if not c["params"]["twin"])
+    o = LS.family_module("attn_fa").check_launch(g, rng, c)
+    assert o.ok and "no twin" in o.name, (o.name, o.detail)
+
+
 def _one_per_module(cases):
     out, seen = [], set()
     for c in cases.values():

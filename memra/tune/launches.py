@@ -206,7 +206,8 @@ def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
                     a = L.args
                     sig = (L.op, L.kernel, L.variant, tuple(L.shape.values()), L.rows,
                            tuple((L.config or {}).items()), a.get("glu"), a.get("q8"), bool(a.get("res")),
-                           a.get("window"), a.get("twin"), bool(a.get("w_post")), a.get("packing"))
+                           a.get("window"), a.get("twin"), bool(a.get("w_post")), a.get("packing"),
+                           a.get("att_rows"), a.get("att_switch"))
                     if sig in seen:
                         continue
                     seen.add(sig)

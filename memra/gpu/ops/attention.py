@@ -710,23 +710,34 @@ def launch_cases(L, ctx) -> list[dict]:
     from memra.gpu.ops.rope import plan_kv_q8
 
     c, plan = ctx.cfg, ctx.plan
-    D, hpb = c.head_dim, int(L.args.get("hpb", plan.att_hpb))
+    D = c.head_dim
+    hpb = int(L.args.get("hpb", plan.att_hpb))
+    # a decode launch's heads per block follow its grid (the runner's plan.att_hpb_at at the step's split count):
+    # on the MEMRA_ATT_DEPTH path the whole GQA group once the splits fill the SMs, a module of its own (N_GQA);
+    # a table entry's case (launches.table_cases: no planner) keeps its own
+    at = getattr(plan, "att_hpb_at", None)
+    hpbs = [hpb] if L.args.get("prefill") or at is None else \
+        sorted({hpb, *(at(int(L.rows), s) for s in (1, plan.n_splits))})
     kv = plan_kv_q8(plan)
-    d = module_defines(D, hpb, L.config, ctx.kv_block, kv)
     fused = L.op == "attention_rope"
     rows = int(L.rows)
     b = launch_bucket(rows)
     window, twin = int(L.args.get("window", 0)), bool(L.args.get("twin"))
     rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
+    # the row filter's mode and keys are module defines (ATT_ROWS / ATT_SWITCH) the launch's `d` lacks: the tag
+    # names them, so a case at another switch is another case (kernel-check runs it)
+    rf = int(L.args.get("att_rows") or 0)
     tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (
-        " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "")
-    return [{"file": KERNEL_FILE, "entry": "attn_decode_rope" if fused else "attn_decode", "defines": d,
-             "bucket": b, "tag": tag,
-             "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": hpb, "window": window, "twin": twin,
+        " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "") + (
+        f" rows={rf} switch={int(L.args['att_switch'])}" if rf else "")
+    return [{"file": KERNEL_FILE, "entry": "attn_decode_rope" if fused else "attn_decode",
+             "defines": module_defines(D, h, L.config, ctx.kv_block, kv), "bucket": b, "tag": tag,
+             "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": h, "window": window, "twin": twin,
                         "splits": plan.n_splits, "T": b, "rope": rope,
                         "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {}),
                         # the plan's attention switch: the module's configuration as above, then its row filter
-                        **({"switch": int(L.args["att_switch"])} if L.args.get("att_rows") else {})}}]
+                        **({"switch": int(L.args["att_switch"])} if L.args.get("att_rows") else {})}}
+            for h in hpbs]
 
 
 def check_launch(g, rng, case):

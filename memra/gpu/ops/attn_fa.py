@@ -270,11 +270,12 @@ ROPE_CASES = (  # (head_dim, qpk, n_kv, window, rope_dim, neox, qk_norm, bias, s
 )
 
 
-def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
+def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6, twin: bool = True):
     """The decode packing with RoPE, the KV append, the split merge and the q8 twin inside
     (attn_fa_dec fused) against rope_norm_kv + the one-token prefill packing (+ fa_combine)
     + quantize_q8 on the same inputs: output, K/V rows and q8 twin must be the same bits. T
-    decode rows, each its own sequence, at positions with one split, two, many."""
+    decode rows, each its own sequence, at positions with one split, two, many. twin=False:
+    the launch without the q8 twin (the f32 path's; no xq), output and K/V rows compared."""
     from memra.gpu.ops import rope as ROPE
     from memra.gpu.ops.attention import rope_in
     from memra.gpu.ops.matvec import quantize_q8
@@ -301,18 +302,21 @@ def _check_rope_fused(g, rng, case, canary: int = 0, T: int = 6):
         if fused:
             r = rope_in(x, rd, neox)
             attn_fa(g, None, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], decode=True,
-                    counters=g.to_device(np.zeros(T * nkv, np.int32)), xq=xq, xs=xs, rope=r, canary=canary, **kw)
+                    counters=g.to_device(np.zeros(T * nkv, np.int32)), xq=xq if twin else None,
+                    xs=xs if twin else None, rope=r, canary=canary, **kw)
         else:
             qr = g.empty((T, nh * D), f32)
             ROPE.unfused_rope(g, x, qr, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
             tab = g.to_device(group_table(np.arange(T), pos_h, 1, size=T))
             attn_fa(g, qr, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1], groups=tab, n_groups=T,
                     **kw)
-            quantize_q8(g, out, xq, xs, T)
-        runs.append([out.numpy(), kc.numpy(), vc.numpy(), xq.numpy(), xs.numpy().view(np.uint8)])
+            if twin:
+                quantize_q8(g, out, xq, xs, T)
+        runs.append([out.numpy(), kc.numpy(), vc.numpy()] + ([xq.numpy(), xs.numpy().view(np.uint8)] if twin else []))
     name = (f"attn_fa decode+rope fused D={D} qpk={G} n_kv={nkv} window={window} rope_dim={rd} split={split}"
-            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}")
-    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_fa + quantize_q8")
+            f"{' neox' if neox else ''}{' qk_norm' if qkn else ''}{' bias' if has_bias else ''}"
+            f"{'' if twin else ' no twin'}")
+    return ROPE.fused_verdict(name, runs, "rope_norm_kv + attn_fa" + (" + quantize_q8" if twin else ""))
 
 
 def compile_variants():
@@ -350,15 +354,16 @@ def launch_cases(L, ctx) -> list[dict]:
     b = launch_bucket(rows)
     window = int(L.args.get("window", 0))
     rope = [c.rope_dim, bool(c.rope_neox), bool(c.qk_norm), bool(c.qkv_bias)] if fused else None
+    twin = fused and bool(L.args.get("twin"))   # the fused decode entry writes the q8 twin where the launch asks
     return [{"file": KERNEL_FILE, "entry": ("attn_fa_dec+rope" if fused else "attn_fa_dec") if decode
              else "attn_fa+fa_combine",
              "defines": defines(D, split, ctx.kv_block,
                                 warps=FA_WARPS if decode else int(L.args.get("warps", FA_WARPS))),
              "bucket": b,
              "tag": f"heads={c.n_head}/{c.n_head_kv} window={window}" +
-             (" rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else ""),
+             (" rope_dim={0} neox={1} qk_norm={2} bias={3} twin={4}".format(*rope, twin) if fused else ""),
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "window": window, "split": split,
-                        "T": max(b, 2), "rope": rope}}]
+                        "T": max(b, 2), "rope": rope, "twin": twin}}]
 
 
 def check_launch(g, rng, case):
@@ -366,5 +371,5 @@ def check_launch(g, rng, case):
     if p.get("rope") is not None:
         rd, neox, qkn, bias = p["rope"]
         return _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], rd, neox, qkn, bias, p["split"]),
-                                 T=max(int(p["T"]), 4))
+                                 T=max(int(p["T"]), 4), twin=p.get("twin", True))
     return _check(g, rng, (p["D"], p["qpk"], p["n_kv"], p["window"], 0.0, p["T"], p["split"]))
