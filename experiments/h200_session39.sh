@@ -35,6 +35,24 @@ log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 case "$STAGE" in
 l)
   STAGE=l bash experiments/h200_session38.sh; exit $? ;;
+s)
+  # rows of 129-512 keys: one split (no partial store, counter or merge) against the plan's 128-key splits, in the
+  # engine (MEMRA_ATT_SPLITS=1 / 2: the bits change with the count, the gates say MATCH or not), arms alternating
+  for a in smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M gemma3-270m; do
+    for sp in "" 1 "" 1; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-400} ] || break
+      arm_run "$a -d 128 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
+        -d 128 -p 0 -n 128 -r 3
+    done
+  done
+  for a in smollm2-135m synth:llama3-8b:Q4_K_M; do
+    for sp in "" 1 2 ""; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-520} ] || break
+      arm_run "$a -d 384 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
+        -d 384 -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
 k)
   # switch129 landed (session 39): the launch cases the H200 receipt lacks, on any sm_90a part with 132 SMs
   # running the H200 table (kernel-check's receipt stands for the table's device)
