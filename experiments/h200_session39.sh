@@ -40,14 +40,14 @@ s)
   # engine (MEMRA_ATT_SPLITS=1 / 2: the bits change with the count, the gates say MATCH or not), arms alternating
   for a in smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M gemma3-270m; do
     for sp in "" 1 "" 1; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-400} ] || break
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-270} ] || break
       arm_run "$a -d 128 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
         -d 128 -p 0 -n 128 -r 3
     done
   done
   for a in smollm2-135m synth:llama3-8b:Q4_K_M; do
     for sp in "" 1 2 ""; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-520} ] || break
+      [ $(( $(date +%s) - T0 )) -lt ${S_LIMIT:-390} ] || break
       arm_run "$a -d 384 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
         -d 384 -p 0 -n 128 -r 3
     done
