@@ -53,6 +53,16 @@ s)
     done
   done
   cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
+s2)
+  # STAGE s cut to what a short call holds: the synthetic SmolLM2 and 1B shapes at depth 128, plan against one split
+  for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0; do
+    for sp in "" 1 "" 1; do
+      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-120} ] || break
+      arm_run "$a -d 128 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
+        -d 128 -p 0 -n 128 -r 3
+    done
+  done
+  cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
 k)
   # switch129 landed (session 39): the launch cases the H200 receipt lacks, on any sm_90a part with 132 SMs
   # running the H200 table (kernel-check's receipt stands for the table's device)
