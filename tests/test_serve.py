@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -398,6 +399,34 @@ def test_a_disconnect_frees_its_blocks(server):
         time.sleep(0.1)
     assert server.state.sched.n_running == 0
     assert (kv.alloc.ref == 0).all() and kv.alloc.n_free == kv.alloc.n_blocks
+    after = metrics_of(server)
+    assert metric(after, "memra:request_success_total", finished_reason="abort") - \
+        metric(before, "memra:request_success_total", finished_reason="abort") == 1
+    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200
+
+
+
+def test_a_blocking_disconnect_cancels_while_tokens_flow(server):
+    """A blocking request whose client is gone is cancelled within a moment even while its
+    tokens keep arriving (the disconnect is checked on a clock, not only when the queue is
+    quiet)."""
+    kv = server.state.engine.kv
+    sched = server.state.sched
+    before = metrics_of(server)
+    body = json.dumps({"model": MODEL, "prompt": "Count from one to a thousand:", "max_tokens": 200,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    t_end = time.time() + 60
+    while time.time() < t_end and not (sched.running and len(sched.running[0].generated) >= 8):
+        time.sleep(0.02)  # decoding, tokens flowing
+    s.close()
+    t_closed = time.time()
+    while time.time() < t_closed + 60 and (sched.n_running or (kv.alloc.ref != 0).any()):
+        time.sleep(0.05)
+    assert time.time() - t_closed < 5
+    assert sched.n_running == 0 and (kv.alloc.ref == 0).all()
     after = metrics_of(server)
     assert metric(after, "memra:request_success_total", finished_reason="abort") - \
         metric(before, "memra:request_success_total", finished_reason="abort") == 1

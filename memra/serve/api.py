@@ -457,14 +457,21 @@ def create_app(st: State) -> FastAPI:
             raise _bad(str(e))
 
     async def _next(req: GenRequest, request: Request):
-        """The request's next event; cancels it when its client is gone."""
+        """The request's next event; cancels it when its client is gone (checked every 0.5 s,
+        whether or not events arrive meanwhile: a blocking request sends nothing until the end)."""
         while True:
-            try:
-                return await asyncio.wait_for(req.queue.get(), timeout=0.5)
-            except asyncio.TimeoutError:
+            now = time.monotonic()
+            if not req.t_client:
+                req.t_client = now
+            elif now - req.t_client >= 0.5:
+                req.t_client = now
                 if await request.is_disconnected():
                     st.sched.cancel(req)
                     return None
+            try:
+                return await asyncio.wait_for(req.queue.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
 
     def _usage(u: dict) -> dict:
         return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],

@@ -106,6 +106,7 @@ class GenRequest:
     max_new: int = 0
     seed: int = 0
     cancelled: bool = False
+    t_client: float = 0.0   # the HTTP side: when the client's connection was last checked
     # engine-thread state
     seq: object = None
     pos: int = 0            # prompt tokens in the KV cache
