@@ -63,6 +63,19 @@ s2)
     done
   done
   cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
+s3)
+  # one split at 385-512 keys (the SmolLM2 shape, the plan's 4 against 1 and 2), then the 8B at depth 128
+  for sp in "" 1 2 "" 1 2; do
+    [ $(( $(date +%s) - T0 )) -lt 45 ] || break
+    arm_run "synth:smollm2-135m:Q4_1 -d 384 splits=${sp:-plan}" bench-split384.jsonl env MEMRA_ATT_SPLITS=$sp \
+      python3 -m memra bench synth:smollm2-135m:Q4_1 -d 384 -p 0 -n 128 -r 3
+  done
+  for sp in "" 1; do
+    [ $(( $(date +%s) - T0 )) -lt 75 ] || break
+    arm_run "synth:llama3-8b:Q4_K_M -d 128 splits=${sp:-plan}" bench-split384.jsonl env MEMRA_ATT_SPLITS=$sp \
+      python3 -m memra bench synth:llama3-8b:Q4_K_M -d 128 -p 0 -n 128 -r 2
+  done
+  cp $R/bench-split384.jsonl $OUT/ 2>/dev/null ;;
 k)
   # switch129 landed (session 39): the launch cases the H200 receipt lacks, on any sm_90a part with 132 SMs
   # running the H200 table (kernel-check's receipt stands for the table's device)
