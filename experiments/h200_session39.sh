@@ -32,50 +32,37 @@ set -u
 source experiments/h200_common.sh
 stage_begin s39
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+# splits_ab JSONL LIMIT DEPTH "COUNTS" REPS MODEL...: tg128 at DEPTH of each model at each MEMRA_ATT_SPLITS value in
+# COUNTS (plan: unset) in turn while less than LIMIT seconds have passed, receipts in $R/JSONL (copied to $OUT)
+splits_ab() {
+  local out=$1 lim=$2 d=$3 counts=$4 reps=$5 a sp
+  shift 5
+  for a in "$@"; do
+    for sp in $counts; do
+      [ $(( $(date +%s) - T0 )) -lt $lim ] || break
+      [ $sp = plan ] && sp=
+      arm_run "$a -d $d splits=${sp:-plan}" $out env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a -d $d -p 0 \
+        -n 128 -r $reps
+    done
+  done
+  cp $R/$out $OUT/ 2>/dev/null
+}
 case "$STAGE" in
 l)
   STAGE=l bash experiments/h200_session38.sh; exit $? ;;
 s)
   # rows of 129-512 keys: one split (no partial store, counter or merge) against the plan's 128-key splits, in the
   # engine (MEMRA_ATT_SPLITS=1 / 2: the bits change with the count, the gates say MATCH or not), arms alternating
-  for a in smollm2-135m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M gemma3-270m; do
-    for sp in "" 1 "" 1; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-270} ] || break
-      arm_run "$a -d 128 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
-        -d 128 -p 0 -n 128 -r 3
-    done
-  done
-  for a in smollm2-135m synth:llama3-8b:Q4_K_M; do
-    for sp in "" 1 2 ""; do
-      [ $(( $(date +%s) - T0 )) -lt ${S_LIMIT:-390} ] || break
-      arm_run "$a -d 384 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
-        -d 384 -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
+  splits_ab bench-split1.jsonl ${R_LIMIT:-270} 128 "plan 1 plan 1" 3 smollm2-135m synth:llama-1b:Q4_0 \
+    synth:llama3-8b:Q4_K_M gemma3-270m
+  splits_ab bench-split1.jsonl ${S_LIMIT:-390} 384 "plan 1 2 plan" 3 smollm2-135m synth:llama3-8b:Q4_K_M ;;
 s2)
   # STAGE s cut to what a short call holds: the synthetic SmolLM2 and 1B shapes at depth 128, plan against one split
-  for a in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0; do
-    for sp in "" 1 "" 1; do
-      [ $(( $(date +%s) - T0 )) -lt ${R_LIMIT:-120} ] || break
-      arm_run "$a -d 128 splits=${sp:-plan}" bench-split1.jsonl env MEMRA_ATT_SPLITS=$sp python3 -m memra bench $a \
-        -d 128 -p 0 -n 128 -r 3
-    done
-  done
-  cp $R/bench-split1.jsonl $OUT/ 2>/dev/null ;;
+  splits_ab bench-split1.jsonl ${R_LIMIT:-120} 128 "plan 1 plan 1" 3 synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 ;;
 s3)
   # one split at 385-512 keys (the SmolLM2 shape, the plan's 4 against 1 and 2), then the 8B at depth 128
-  for sp in "" 1 2 "" 1 2; do
-    [ $(( $(date +%s) - T0 )) -lt 45 ] || break
-    arm_run "synth:smollm2-135m:Q4_1 -d 384 splits=${sp:-plan}" bench-split384.jsonl env MEMRA_ATT_SPLITS=$sp \
-      python3 -m memra bench synth:smollm2-135m:Q4_1 -d 384 -p 0 -n 128 -r 3
-  done
-  for sp in "" 1; do
-    [ $(( $(date +%s) - T0 )) -lt 75 ] || break
-    arm_run "synth:llama3-8b:Q4_K_M -d 128 splits=${sp:-plan}" bench-split384.jsonl env MEMRA_ATT_SPLITS=$sp \
-      python3 -m memra bench synth:llama3-8b:Q4_K_M -d 128 -p 0 -n 128 -r 2
-  done
-  cp $R/bench-split384.jsonl $OUT/ 2>/dev/null ;;
+  splits_ab bench-split384.jsonl 45 384 "plan 1 2 plan 1 2" 3 synth:smollm2-135m:Q4_1
+  splits_ab bench-split384.jsonl 75 128 "plan 1" 2 synth:llama3-8b:Q4_K_M ;;
 k)
   # switch129 landed (session 39): the launch cases the H200 receipt lacks, on any sm_90a part with 132 SMs
   # running the H200 table (kernel-check's receipt stands for the table's device)

@@ -262,6 +262,26 @@ def test_tokenize_and_detokenize(server, ref):
     assert d["content"] == tok.decode(r["tokens"])
 
 
+
+def test_streamed_content_around_a_tool_call_is_the_blocking_content(server):
+    """Text after a tool call is content in both modes (a regex makes the model write
+    text, a call, then more text)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], tools=tools, max_tokens=40, temperature=0,
+              extra_body={"regex": r'Sure\. <tool_call>\{"name": "f", "arguments": \{\}\}</tool_call> Done\.'})
+    c = client(server)
+    b = c.chat.completions.create(**kw).choices[0]
+    assert b.finish_reason == "tool_calls" and b.message.tool_calls[0].function.name == "f"
+    assert b.message.content == "Sure.  Done."
+    content, names, finish = "", [], None
+    for ch in c.chat.completions.create(stream=True, **kw):
+        for x in ch.choices:
+            content += x.delta.content or ""
+            names += [d.function.name for d in x.delta.tool_calls or [] if d.function.name]
+            finish = x.finish_reason or finish
+    assert finish == "tool_calls" and names == ["f"]
+    assert content == b.message.content
+
 # -- metrics --------------------------------------------------------------------------------------
 
 def test_metrics_exposition(server):
