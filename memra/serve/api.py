@@ -718,7 +718,10 @@ def create_app(st: State) -> FastAPI:
                                          "finish_reason": None})
                     if chat and functions:
                         calls, content = parse_tool_calls(full, functions)
-                        rest = full[sent:] if not calls else ""
+                        rest = full[sent:]
+                        if calls:  # the content around the calls, less what went out before them
+                            done, content = full[:sent].lstrip(), content or ""
+                            rest = content[len(done):] if content.startswith(done.rstrip()) else ""
                         if rest:
                             yield chunk({"index": 0, "delta": {"content": rest}, "logprobs": None,
                                          "finish_reason": None})
