@@ -251,6 +251,21 @@ def test_errors_are_openai_objects(server):
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
 
 
+def test_strings_that_are_not_unicode_neither_wedge_nor_500(server):
+    """JSON's \\ud800 escape is a lone surrogate, a str Python cannot encode as UTF-8: as a
+    cache_salt it names a namespace like any other (the queue keeps moving), as a regex it is
+    a 400 naming the field."""
+    url, hdr = server.url + "/v1/completions", {"Content-Type": "application/json"}
+    r = httpx.post(url, content=b'{"prompt": "' + b"Hi " * 20 + b'", "max_tokens": 2, "cache_salt": "a\\ud800"}',
+                   headers=hdr, trust_env=False, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    r = httpx.post(url, content=b'{"prompt": "Hi", "max_tokens": 2, "regex": "\\ud800"}', headers=hdr,
+                   trust_env=False, timeout=60)
+    assert r.status_code == 400 and error_of(r)["param"] == "regex"
+    r = client(server).completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0)
+    assert r.usage.completion_tokens == 1
+
+
 def test_tokenize_and_detokenize(server, ref):
     g, tok, _ = ref
     text = "Hello, world! <|im_start|>"

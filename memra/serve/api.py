@@ -503,7 +503,7 @@ def create_app(st: State) -> FastAPI:
             return None
         try:
             return await asyncio.to_thread(_compiled, kind, spec)
-        except GrammarError as e:
+        except (GrammarError, UnicodeError) as e:  # UnicodeError: a lone surrogate (JSON's \ud800)
             raise _bad(f"{param}: {e}", param, "invalid_constraint")
 
     def _compiled(kind, spec):

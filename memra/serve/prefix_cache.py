@@ -32,8 +32,10 @@ def _h(parent: bytes, tokens) -> bytes:
 
 
 def root_hash(namespace: str) -> bytes:
-    """The chain's start for a tenant namespace (mixed into the first block only)."""
-    return hashlib.blake2b(b"memra-prefix-v1\0" + namespace.encode("utf-8"), digest_size=16).digest()
+    """The chain's start for a tenant namespace (mixed into the first block only). A
+    cache_salt may hold lone surrogates (JSON's \\ud800): surrogatepass encodes any str."""
+    return hashlib.blake2b(b"memra-prefix-v1\0" + namespace.encode("utf-8", "surrogatepass"),
+                           digest_size=16).digest()
 
 
 @dataclass
