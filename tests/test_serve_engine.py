@@ -348,3 +348,45 @@ def test_admission_by_kv_blocks(tiny_models):
     finally:
         sched.stop()
     assert (eng.kv.alloc.ref == 0).all()
+
+
+def test_a_request_that_fails_admission_fails_alone(tiny_models, monkeypatch):
+    """A request whose admission raises gets an error event and leaves the queue: the
+    requests behind it run (it neither stays at the head nor closes their way)."""
+    g = open_gguf(tiny_models("llama", "Q8_0"))
+    eng = CpuRunner(g, max_len=96, max_seqs=4, kv_tokens=256, kv_block=16)
+    sched = Scheduler(eng, Tokenizer.from_gguf(g), max_queue=4, max_batched_tokens=64)
+    lookup = sched.pc.lookup
+
+    def failing(namespace, *a, **kw):
+        if namespace == "boom":
+            raise RuntimeError("boom")
+        return lookup(namespace, *a, **kw)
+
+    monkeypatch.setattr(sched.pc, "lookup", failing)
+    p = SamplingParams(temperature=0, max_tokens=3)
+
+    async def last(r):
+        async for ev in r.events():
+            pass
+        return ev
+
+    async def go():
+        warm = GenRequest(list(range(60, 80)), p, ignore_eos=True)  # a cached block: lookups run
+        sched.submit(warm)
+        assert (await last(warm))[0] == "done" and len(sched.pc)
+        bad = GenRequest(list(range(5, 25)), p, namespace="boom", ignore_eos=True)
+        good = GenRequest(list(range(30, 50)), p, ignore_eos=True)
+        sched.submit(bad)
+        sched.submit(good)
+        eb, eg = await asyncio.wait_for(asyncio.gather(last(bad), last(good)), 30)
+        assert eb[0] == "error" and "boom" in eb[1]
+        assert eg[0] == "done" and eg[2]["completion_tokens"] == 3
+
+    sched.start()
+    try:
+        asyncio.run(go())
+        assert sched.n_waiting == 0
+        _all_freed(sched, eng)
+    finally:
+        sched.stop()

@@ -185,6 +185,7 @@ class Scheduler:
         self._n_running = 0
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
+        self._admitting: GenRequest | None = None  # the request _admit is taking in
         self._stop = False
         self.steps = 0
         self._outbox: dict[object, list] = {}  # event loop -> (request, event) pairs of this iteration
@@ -292,8 +293,17 @@ class Scheduler:
                     self._step()
             except Exception as e:  # a bug or a device error: fail what runs, keep serving
                 log.exception("engine step failed")
-                for r in list(self.running):
-                    self._end(r, None, error=f"the engine failed: {type(e).__name__}: {e}")
+                err = f"the engine failed: {type(e).__name__}: {e}"
+                r, self._admitting = self._admitting, None
+                if r is not None:  # taking it in failed: that request alone, not the queue behind it
+                    if r in self.waiting:
+                        self.waiting.remove(r)
+                        with self._lock:
+                            self._n_waiting -= 1
+                    self._end(r, None, error=err)
+                else:
+                    for r in list(self.running):
+                        self._end(r, None, error=err)
             self._flush()
             self._gauges()
             if not self.running:
@@ -345,7 +355,7 @@ class Scheduler:
         kv, B = self.kv, self.kv.block
         outstanding = None
         while self.waiting and len(self.running) < self.max_seqs:
-            r = self.waiting[0]
+            r = self._admitting = self.waiting[0]
             hit = self.pc.lookup(r.namespace, r.prompt, limit=len(r.prompt) - 1, count=False) if self.pc else []
             worst = kv.blocks_for(len(r.prompt) + r.max_new)
             cost = worst - len(hit) + (self.pc.free_among(hit) if self.pc else 0)
@@ -356,7 +366,7 @@ class Scheduler:
             self.waiting.popleft()
             with self._lock:
                 self._n_waiting -= 1
-            seq = self.engine.open()
+            seq = r.seq = self.engine.open()
             if hit:
                 kv.adopt(seq.slot, hit)
                 seq.n = len(hit) * B
@@ -386,6 +396,7 @@ class Scheduler:
                 self.pc.hits += r.n_cached
             with self._lock:
                 self._n_running = len(self.running)
+        self._admitting = None
 
     def _row(self, r: GenRequest, tokens, last: bool, mask=None, gen: bool | None = None) -> Row:
         """A row of r; last: it ends at the position whose next token r takes now; mask:
