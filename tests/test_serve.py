@@ -246,6 +246,10 @@ def test_errors_are_openai_objects(server):
     assert r.status_code == 400 and error_of(r)["param"] == "max_tokens"
     r = httpx.get(server.url + "/v1/nothing", trust_env=False)
     assert r.status_code == 404 and error_of(r)["message"]
+    # suffix (text after the insertion point) is refused, as echo is, rather than ignored
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "suffix": "):", "max_tokens": 2},
+                   trust_env=False)
+    assert r.status_code == 400 and error_of(r)["param"] == "suffix"
     # and the engine is healthy after all of it
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1

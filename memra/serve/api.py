@@ -560,6 +560,8 @@ def create_app(st: State) -> FastAPI:
         else:
             if body.echo:
                 raise _bad("echo is not supported by this server", "echo")
+            if body.suffix:
+                raise _bad("suffix (insertion) is not supported by this server", "suffix")
             p = body.prompt
             if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
                 prompt = list(p)
