@@ -390,3 +390,29 @@ def test_a_request_that_fails_admission_fails_alone(tiny_models, monkeypatch):
         _all_freed(sched, eng)
     finally:
         sched.stop()
+
+
+def test_max_queue_counts_only_requests_that_wait(tiny_models):
+    """--max-queue bounds the requests waiting for a sequence: with 0 an idle server still
+    takes a request (there is a free sequence for it), and refuses the one that would wait."""
+    from memra.serve.scheduler import QueueFull
+
+    g = open_gguf(tiny_models("llama", "Q8_0"))
+    eng = CpuRunner(g, max_len=96, max_seqs=1, kv_tokens=256, kv_block=16)
+    sched = Scheduler(eng, Tokenizer.from_gguf(g), max_queue=0, max_batched_tokens=64)
+    p = SamplingParams(temperature=0, max_tokens=3)
+
+    async def go():
+        a = GenRequest(list(range(5, 25)), p, ignore_eos=True)
+        sched.submit(a)
+        with pytest.raises(QueueFull):  # the only sequence is taken: this one would wait
+            sched.submit(GenRequest(list(range(30, 50)), p, ignore_eos=True))
+        async for ev in a.events():
+            pass
+        assert ev[0] == "done" and ev[2]["completion_tokens"] == 3
+
+    sched.start()
+    try:
+        asyncio.run(go())
+    finally:
+        sched.stop()

@@ -264,7 +264,8 @@ class Scheduler:
         with self._lock:
             if self._stop:
                 raise MemraError("the server is shutting down")
-            if self._n_waiting >= self.max_queue:
+            # those beyond the free sequences wait: they are what --max-queue bounds
+            if self._n_waiting - max(0, self.max_seqs - self._n_running) >= self.max_queue:
                 raise QueueFull(f"{self._n_waiting} requests are waiting (--max-queue {self.max_queue}); "
                                 f"retry later")
             self._n_waiting += 1
@@ -364,8 +365,9 @@ class Scheduler:
             if cost > kv.alloc.n_free - outstanding:
                 break  # in arrival order: the head waits for blocks, nobody overtakes it
             self.waiting.popleft()
-            with self._lock:
+            with self._lock:  # both at once: submit's queue bound reads them together
                 self._n_waiting -= 1
+                self._n_running += 1
             seq = r.seq = self.engine.open()
             if hit:
                 kv.adopt(seq.slot, hit)
