@@ -718,16 +718,19 @@ def test_att_switch_plan(tiny_models, monkeypatch):
             _runner(tiny_models("llama", "Q4_K_M"))
 
 
-def test_att_switch_grid_lays_out_each_module_as_the_plan_count_does(tiny_models, monkeypatch):
+@pytest.mark.parametrize("switch,max_len", [("40:ATT_TC=0,ATT_TILE=16,ATT_MIN_CHUNK=16", 96),
+                                            ("57:ATT_TC=0,ATT_TILE=8,ATT_MIN_CHUNK=56", 300)])
+def test_att_switch_grid_lays_out_each_module_as_the_plan_count_does(tiny_models, monkeypatch, switch, max_len):
     """A trimmed attention grid (MEMRA_ATT_DEPTH decode steps, prefill chunks) must cut every row into the splits the
     plan's full count gives under the configuration of the module that computes it: with a short module of its own
-    ATT_MIN_CHUNK (smaller than the long one's) the step's count is the larger of the two modules' needs, and the
+    ATT_MIN_CHUNK (smaller than the long one's; or, second case, as long as its rows, each of them one split: the
+    form session 39 measured at 129-256 keys) the step's count is the larger of the two modules' needs, and the
     counts the runner captures graphs for are every count a step can take."""
     from memra.gpu.ops import attention as ATT
 
-    monkeypatch.setenv("MEMRA_ATT_SWITCH", "40:ATT_TC=0,ATT_TILE=16,ATT_MIN_CHUNK=16")
+    monkeypatch.setenv("MEMRA_ATT_SWITCH", switch)
     monkeypatch.setenv("MEMRA_ATT_DEPTH", "1")
-    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=96, max_seqs=2)
+    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=max_len, max_seqs=2)
     below, short = r.plan.att_switch
     N, D = r.plan.n_splits, r.cfg.head_dim
 
@@ -745,7 +748,10 @@ def test_att_switch_grid_lays_out_each_module_as_the_plan_count_does(tiny_models
             cfg = short if n < below else r.plan.att_cfg
             chunk, active = layout(n, S, cfg)
             assert (chunk, active) == layout(n, N, cfg) and active <= S, (deepest, n, S)
-    assert max(seen) > 1                      # the short module's 16-key splits need more than one
+    if switch.startswith("40:"):
+        assert max(seen) > 1                  # the short module's 16-key splits need more than one
+    else:   # a short row: one split; the long module's rows past 128 keys: several
+        assert all(layout(n, N, short) == (56, 1) for n in range(1, below)) and max(seen) > 1
     assert seen <= set(r._split_counts(True))
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
     r0 = _runner(tiny_models("llama", "Q4_K_M"), max_len=96, max_seqs=2)
