@@ -449,8 +449,8 @@ def create_app(st: State) -> FastAPI:
             st.sched.submit(req)
         except QueueFull as e:
             raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full", retry_after=1)
-        except ContextOverflowError as e:
-            raise _bad(str(e), None, "context_length_exceeded")
+        except ContextOverflowError as e:  # the prompt fits (checked before): with max_tokens it does not
+            raise _bad(str(e), "max_tokens", "context_length_exceeded")
         except NeverFits as e:
             raise _bad(str(e), "max_tokens", "context_length_exceeded")
         except MemraError as e:
