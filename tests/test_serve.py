@@ -489,6 +489,11 @@ def test_keys(keyed):
     assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
     r = httpx.post(keyed.url + "/v1/completions", json={"prompt": "Hi"}, trust_env=False)
     assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key"
+    # without a key a malformed body is a 401 too: nothing is said about the body
+    for body in (b'{"prompt": ', b'{"prompt": 5}'):
+        r = httpx.post(keyed.url + "/v1/completions", content=body, headers={"Content-Type": "application/json"},
+                       trust_env=False)
+        assert r.status_code == 401 and error_of(r)["code"] == "invalid_api_key", body
     assert httpx.get(keyed.url + "/metrics", trust_env=False).status_code == 401
     assert httpx.get(keyed.url + "/health", trust_env=False).status_code == 200  # no key needed
     metrics_of(keyed, "key-two")

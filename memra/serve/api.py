@@ -376,6 +376,8 @@ def create_app(st: State) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
+        if st.keys.check(request.headers.get("authorization")) is None:  # the key before the body
+            return _no_key().response()
         errs = e.errors()
         first = errs[0] if errs else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
@@ -396,11 +398,14 @@ def create_app(st: State) -> FastAPI:
         log.exception("internal error")
         return APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error").response()
 
+    def _no_key() -> APIError:
+        return APIError(401, "a valid API key is required: Authorization: Bearer KEY", "invalid_request_error",
+                        code="invalid_api_key")
+
     async def tenant(request: Request) -> str:
         who = st.keys.check(request.headers.get("authorization"))
         if who is None:
-            raise APIError(401, "a valid API key is required: Authorization: Bearer KEY", "invalid_request_error",
-                           code="invalid_api_key")
+            raise _no_key()
         return who
 
     # -- health, models, metrics -------------------------------------------------------------
