@@ -246,6 +246,11 @@ def test_errors_are_openai_objects(server):
     assert r.status_code == 400 and error_of(r)["param"] == "max_tokens"
     r = httpx.get(server.url + "/v1/nothing", trust_env=False)
     assert r.status_code == 404 and error_of(r)["message"]
+    # an assistant's earlier tool call whose function is not an object
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = httpx.post(server.url + "/v1/chat/completions", trust_env=False, json={
+        "messages": CHAT + [{"role": "assistant", "tool_calls": [{"id": "1", "function": "f"}]}], "tools": tools})
+    assert r.status_code == 400 and error_of(r)["param"] == "messages"
     # suffix (text after the insertion point) is refused, as echo is, rather than ignored
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "suffix": "):", "max_tokens": 2},
                    trust_env=False)

@@ -541,6 +541,10 @@ def create_app(st: State) -> FastAPI:
                 functions = {}
             msgs = []
             for m in body.messages:
+                for c in m.tool_calls or []:
+                    if not isinstance(c.get("function", {}), dict):
+                        raise _bad("messages: a tool_calls entry's function must be an object "
+                                   "{\"name\", \"arguments\"}", "messages")
                 d = {"role": m.role, "content": None if m.content is None and m.tool_calls else _content(m)}
                 for k in ("tool_calls", "tool_call_id", "name"):
                     if getattr(m, k) is not None:
