@@ -233,6 +233,11 @@ def test_errors_are_openai_objects(server):
     with pytest.raises(openai.BadRequestError) as e:  # fits alone, not with max_tokens (ctx 256)
         c.completions.create(model=MODEL, prompt="Hi", max_tokens=300)
     assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
+    for n in (0, 300):  # chat's max_completion_tokens is named as sent
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=n)
+        assert e.value.body["param"] == "max_completion_tokens"
+    assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError) as e:
         c.completions.create(model="gpt-4o", prompt="Hi", max_tokens=1)
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"

@@ -285,6 +285,11 @@ def _bad(message: str, param: str | None = None, code: str | None = None) -> API
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def _limit_name(body: _GenBody) -> str:
+    """The field the request's token limit came from (chat: max_completion_tokens wins)."""
+    return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+
+
 def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx_train: int) -> SamplingParams:
     d = SamplingParams()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -300,7 +305,7 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx
         max_tokens=-1 if max_tokens is None else max_tokens,
         stop=stop)
     if max_tokens is not None and max_tokens < 1:
-        raise _bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+        raise _bad(f"{_limit_name(body)} must be at least 1, got {max_tokens}", _limit_name(body))
     if body.n is not None and body.n != 1:
         raise _bad(f"n must be 1: this server returns one choice per request, got n={body.n}", "n")
     try:
@@ -449,15 +454,15 @@ def create_app(st: State) -> FastAPI:
         return {"content": tok.decode(body.tokens)}
 
     # -- generation ------------------------------------------------------------------------------
-    def _submit(req: GenRequest) -> None:
+    def _submit(req: GenRequest, limit_name: str = "max_tokens") -> None:
         try:
             st.sched.submit(req)
         except QueueFull as e:
             raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full", retry_after=1)
         except ContextOverflowError as e:  # the prompt fits (checked before): with max_tokens it does not
-            raise _bad(str(e), "max_tokens", "context_length_exceeded")
+            raise _bad(str(e), limit_name, "context_length_exceeded")
         except NeverFits as e:
-            raise _bad(str(e), "max_tokens", "context_length_exceeded")
+            raise _bad(str(e), limit_name, "context_length_exceeded")
         except MemraError as e:
             raise _bad(str(e))
 
@@ -597,7 +602,7 @@ def create_app(st: State) -> FastAPI:
         ns = f"{who}\0{body.cache_salt or ''}"
         req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
                          constraint=constraint)
-        _submit(req)
+        _submit(req, _limit_name(body))
         rid = ("chatcmpl-" if chat else "cmpl-") + req.id
         model = body.model or st.alias
         created = int(time.time())
