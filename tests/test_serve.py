@@ -229,7 +229,8 @@ def test_errors_are_openai_objects(server):
     assert e.value.body["param"] == "temperature" and "temperature" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL, prompt="word " * 400, max_tokens=2)
-    assert e.value.body["code"] == "context_length_exceeded"
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"
+    assert "--ctx-size" in e.value.body["message"]  # what can be raised: the server's flag
     with pytest.raises(openai.BadRequestError) as e:  # fits alone, not with max_tokens (ctx 256)
         c.completions.create(model=MODEL, prompt="Hi", max_tokens=300)
     assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"

@@ -62,7 +62,7 @@ log = logging.getLogger("memra.serve")
 FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
-               "repeat_last_n": "repeat_last_n", "n_ctx": "context"}
+               "repeat_last_n": "repeat_last_n", "n_ctx": "--ctx-size"}
 
 
 @dataclass
