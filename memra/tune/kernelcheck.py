@@ -385,9 +385,9 @@ def make_receipt(report: dict) -> dict:
     src = kernel_sources()
     keys = report["launch_set"]
     return {"schema": RECEIPT_SCHEMA, "ts": utc_now(), "git_sha": git_sha(), "device": report["device"],
-            "slug": device_slug(report.get("stands_for") or report["device"]), "cc": report["cc"], "sms": report["sms"],
-            "arch": report["arch"],
-            "nvrtc": report["nvrtc"], "seed": report["seed"], "all_green": report["all_green"],
+            "slug": device_slug(report.get("stands_for") or report["device"]), "cc": report["cc"],
+            "sms": report["sms"], "arch": report["arch"], "nvrtc": report["nvrtc"], "seed": report["seed"],
+            "all_green": report["all_green"],
             "failures": report["failures"], "families": report["families"], "sources": src,
             "sources_hash": sources_hash(src), "models": report["models"], "models_missing": report["models_missing"],
             "tables": report["tables"], "launch_set_hash": launch_set_hash(keys), "launch_set": keys,
