@@ -14,6 +14,7 @@
 #  "257:ATT_MIN_CHUNK=256" (the entry's own body) for Gemma-3 (no switch in its entry) and as the TC arm on the
 #  head-64 shapes. Arms at depth 128 (keys 129-256): the table, the switch arm(s), MEMRA_ATT_SPLITS=1 (the bound);
 #  at depth 0 (keys 1-128: the same layout, another module build) the table against the switch arm.
+# STAGE v (~8 min): the serve bench (8B, c = 8 and 64; rows of 100-228 keys) with the table and with the switch arm.
 # STAGE l (~8 min): after the winners are written into the table (entries' `short` / `switch`, engine-choice records,
 #  `memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults --pdl`, committed): kernel-check --add-to (the
 #  short modules at ATT_MIN_CHUNK 256 are new cases), then the GPU tests in what is left.
@@ -44,6 +45,18 @@ a)
   ab smollm2-135m 0 400 table "$S64"
   ab synth:llama3-8b:Q4_K_M 0 440 table "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256"
   cp $R/bench-one-split.jsonl $OUT/ 2>/dev/null ;;
+v)
+  # the serve bench's rows (100-token prompts + 128 generated: 100-228 keys) on the 8B, the table against the switch arm
+  # at 257 (one split up to 256 keys), c = 8 and 64, twice alternating (`memra bench serve` alone: no llama-server)
+  for a in table "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256" table \
+      "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256"; do
+    [ $(( $(date +%s) - T0 )) -lt 420 ] || break
+    [ $a = table ] && e=MEMRA_NOTHING= || e=$a
+    timeout 150 env $e python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer $TOK \
+      -c 8,64 --prompt-tokens 100 --max-tokens 128 --out $R/serve-one-split.jsonl --tag "serve $a" > $R/serve.txt 2>&1
+    log "serve $a rc=$? $(el)"; tail -4 $R/serve.txt | tee -a $R/log.txt
+  done
+  cp $R/serve-one-split.jsonl $OUT/ 2>/dev/null ;;
 l)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-300} kernel_check
   gpu_tests ${T_END:-585} ;;
