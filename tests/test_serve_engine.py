@@ -416,3 +416,44 @@ def test_max_queue_counts_only_requests_that_wait(tiny_models):
         asyncio.run(go())
     finally:
         sched.stop()
+
+
+def test_a_failure_while_dropping_a_cancelled_request_keeps_the_engine(tiny_models, monkeypatch):
+    """Ending a cancelled request runs on the engine thread like a step: if it raises, the
+    engine thread survives and serves the next request (it does not die with /health 200)."""
+    g = open_gguf(tiny_models("llama", "Q8_0"))
+    eng = CpuRunner(g, max_len=96, max_seqs=4, kv_tokens=256, kv_block=16)
+    sched = Scheduler(eng, Tokenizer.from_gguf(g), max_queue=4, max_batched_tokens=64)
+    register = sched._register
+
+    def failing(r):
+        if r.namespace == "boom" and r.cancelled:
+            raise RuntimeError("boom")
+        return register(r)
+
+    monkeypatch.setattr(sched, "_register", failing)
+
+    async def last(r):
+        async for ev in r.events():
+            pass
+        return ev
+
+    async def go():
+        doomed = GenRequest(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=60), namespace="boom",
+                            ignore_eos=True)
+        sched.submit(doomed)
+        t_end = time.time() + 30
+        while len(doomed.generated) < 2 and time.time() < t_end:
+            await asyncio.sleep(0.01)
+        sched.cancel(doomed)
+        good = GenRequest(list(range(30, 50)), SamplingParams(temperature=0, max_tokens=3), ignore_eos=True)
+        sched.submit(good)
+        eg = await asyncio.wait_for(last(good), 30)
+        assert eg[0] == "done" and eg[2]["completion_tokens"] == 3
+
+    sched.start()
+    try:
+        asyncio.run(go())
+        _all_freed(sched, eng)
+    finally:
+        sched.stop()

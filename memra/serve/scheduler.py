@@ -287,8 +287,8 @@ class Scheduler:
             with self._lock:
                 while self._inbox:
                     self.waiting.append(self._inbox.popleft())
-            self._drop_cancelled()
-            try:
+            try:  # all of an iteration's engine work: a failure must not end this thread
+                self._drop_cancelled()
                 self._admit()
                 if self.running:
                     self._step()
