@@ -266,6 +266,22 @@ def test_errors_are_openai_objects(server):
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
 
 
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_it(server):
+    """A prompt of more bytes than the context's tokens can hold (the longest vocabulary entry's bytes a token) is a
+    400 without tokenizing it: the tokenizer is pure Python, a megabyte of text would hold it for seconds. The
+    message counts bytes (the pre-check's), not tokens (the tokenized check's)."""
+    c = client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="word " * 40_000, max_tokens=2)
+    body = e.value.body
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "prompt") and "bytes" in body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 40_000}])
+    body = e.value.body
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "messages") and "bytes" in body["message"]
+    assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
+
+
 def test_strings_that_are_not_unicode_neither_wedge_nor_500(server):
     """JSON's \\ud800 escape is a lone surrogate, a str Python cannot encode as UTF-8: as a
     cache_salt it names a namespace like any other (the queue keeps moving), as a regex it is

@@ -374,6 +374,16 @@ def create_app(st: State) -> FastAPI:
     app = FastAPI(title="memra", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.memra = st
     tok = st.tok
+    # the most bytes of text one token stands for (every vocabulary entry's UTF-8 length bounds it: byte-level
+    # and byte-fallback entries spell a byte with more than one): a prompt of more than ctx x this many bytes cannot
+    # fit, whatever its tokens, so it is refused before the (pure-Python) tokenizer spends seconds on it
+    max_piece = max((len(t.encode("utf-8", "surrogatepass")) for t in tok.tokens), default=1)
+
+    def _can_fit(texts, param: str) -> None:
+        n = sum(len(t.strip().encode("utf-8", "surrogatepass")) for t in texts)
+        if n > st.ctx * max_piece:
+            raise _bad(f"the prompt's {n} bytes cannot fit the context of {st.ctx} tokens (a token holds at most "
+                       f"{max_piece} bytes): shorten it or raise --ctx-size", param, "context_length_exceeded")
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -441,7 +451,8 @@ def create_app(st: State) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody, who: str = Depends(tenant)):
-        ids = tok.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        ids = await asyncio.to_thread(tok.encode, body.content, add_special=body.add_special,
+                                      parse_special=body.parse_special)
         if body.with_pieces:
             return {"tokens": [{"id": i, "piece": _token_text(tok, i)[0]} for i in ids]}
         return {"tokens": ids}
@@ -556,8 +567,9 @@ def create_app(st: State) -> FastAPI:
                         d[k] = getattr(m, k)
                 msgs.append(d)
             msgs, tools_arg = tool_messages(st.gguf.metadata, msgs, body.tools if functions else None)
-            try:
-                prompt, rendered = prompt_ids(st.gguf, tok, messages=msgs, tools=tools_arg)
+            _can_fit([m["content"] for m in msgs if isinstance(m.get("content"), str)], "messages")
+            try:   # the tokenizer off the event loop: a long prompt must not stall the other clients
+                prompt, rendered = await asyncio.to_thread(prompt_ids, st.gguf, tok, messages=msgs, tools=tools_arg)
             except APIError:
                 raise
             except MemraError as e:
@@ -587,7 +599,8 @@ def create_app(st: State) -> FastAPI:
                     if len(p) != 1:
                         raise _bad(f"prompt: one prompt per request (a list of {len(p)} was given)", "prompt")
                     p = p[0]
-                prompt, _ = prompt_ids(st.gguf, tok, prompt=p)
+                _can_fit([p], "prompt")
+                prompt, _ = await asyncio.to_thread(prompt_ids, st.gguf, tok, prompt=p)
             max_tokens = body.max_tokens if body.max_tokens is not None else 16  # OpenAI's default
             if body.logprobs is not None and not 0 <= body.logprobs <= MAX_TOP_LOGPROBS:
                 raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.logprobs}", "logprobs")
