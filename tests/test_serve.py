@@ -219,6 +219,26 @@ def test_unknown_fields_are_ignored_and_models_listed(server):
 
 # -- errors ---------------------------------------------------------------------------------------
 
+def test_models_retrieve_and_the_fields_not_implemented(server):
+    """`client.models.retrieve` (GET /v1/models/{id}) answers the served model and 404s another; OpenAI fields that
+    would change the reply and are not implemented (a non-empty logit_bias, best_of > 1) are a 400 naming them, not
+    silently ignored; their neutral values pass."""
+    c = client(server)
+    m = c.models.retrieve(server.state.alias)
+    assert m.id == server.state.alias and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logit_bias={"42": -100})
+    assert e.value.body["param"] == "logit_bias"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, best_of=2)
+    assert e.value.body["param"] == "best_of"
+    r = c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0, logit_bias={}, best_of=1)
+    assert r.usage.completion_tokens == 1
+
+
 def test_errors_are_openai_objects(server):
     c = client(server)
     with pytest.raises(openai.BadRequestError) as e:

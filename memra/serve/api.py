@@ -147,6 +147,9 @@ class _GenBody(_Body):
     grammar: Optional[str] = None
     json_schema: Optional[Any] = None
     regex: Optional[str] = None
+    # OpenAI fields this server does not implement: refused when they would change the reply
+    logit_bias: Optional[dict[str, float]] = None
+    best_of: Optional[int] = None
 
 
 class ChatBody(_GenBody):
@@ -220,6 +223,7 @@ class State:
         self.device_name = "cpu"
         self.on_ready = None  # called with the state once the engine is ready (the CLI's line)
         self.constraints: dict[tuple, object] = {}  # compiled constraints, by (kind, spec)
+        self.constraints_lock = threading.Lock()      # compiled in worker threads (asyncio.to_thread)
 
     def load(self) -> None:
         """Open the engine and its scheduler on this thread, which becomes the engine thread
@@ -308,6 +312,10 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx
         raise _bad(f"{_limit_name(body)} must be at least 1, got {max_tokens}", _limit_name(body))
     if body.n is not None and body.n != 1:
         raise _bad(f"n must be 1: this server returns one choice per request, got n={body.n}", "n")
+    if body.best_of is not None and body.best_of != 1:
+        raise _bad(f"best_of must be 1: this server returns one choice per request, got {body.best_of}", "best_of")
+    if body.logit_bias:
+        raise _bad("logit_bias is not supported by this server (an empty map is accepted)", "logit_bias")
     try:
         check_request(p, n_prompt=n_prompt, n_ctx=ctx, names=FIELD_NAMES)
     except ContextOverflowError as e:
@@ -444,10 +452,17 @@ def create_app(st: State) -> FastAPI:
             await tenant(request)
         return PlainTextResponse(st.metrics.render(), media_type=CONTENT_TYPE)
 
+    def _model_card() -> dict:
+        return {"id": st.alias, "object": "model", "created": st.created, "owned_by": "memra", "max_model_len": st.ctx}
+
     @app.get("/v1/models")
     async def models(who: str = Depends(tenant)):
-        return {"object": "list", "data": [{"id": st.alias, "object": "model", "created": st.created,
-                                            "owned_by": "memra", "max_model_len": st.ctx}]}
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, who: str = Depends(tenant)):
+        st.check_model(model_id)
+        return _model_card()
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody, who: str = Depends(tenant)):
@@ -529,12 +544,14 @@ def create_app(st: State) -> FastAPI:
 
     def _compiled(kind, spec):
         key = (kind, spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True))
-        c = st.constraints.get(key)
+        with st.constraints_lock:
+            c = st.constraints.get(key)
         if c is None:
-            c = compile_constraint(tok, kind, spec)
-            if len(st.constraints) >= 256:
-                st.constraints.pop(next(iter(st.constraints)))
-            st.constraints[key] = c
+            c = compile_constraint(tok, kind, spec)   # outside the lock: compiles run side by side
+            with st.constraints_lock:
+                if len(st.constraints) >= 256:
+                    st.constraints.pop(next(iter(st.constraints)))
+                st.constraints[key] = c
         return c
 
     async def _generate(request: Request, body: _GenBody, chat: bool, who: str):
