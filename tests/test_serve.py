@@ -147,6 +147,17 @@ def test_stop_strings_never_leak(server, ref):
             parts.append(ch.choices[0].text)
             finish = ch.choices[0].finish_reason or finish
     assert "".join(parts) == want[:want.index(b)] and finish == "stop"
+    # log-probs: the tokens the reply holds (their text begins before the cut), not the stop string's past it,
+    # blocking and streamed alike
+    ids = greedy(completion_ids(tok, PROMPT), 8)[0]
+    starts = [len(text_of(tok, ids[:i])) for i in range(len(ids))]
+    kept = [tok.token_bytes(t).decode("utf-8", "replace") for t, o in zip(ids, starts) if o < want.index(b)]
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=b, logprobs=1)
+    assert r.choices[0].logprobs.tokens == kept and len(kept) < len(ids)
+    streamed = [t for ch in c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=b,
+                                                 logprobs=1, stream=True)
+                if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+    assert streamed == kept
 
 
 CHAT = [{"role": "user", "content": "Name a colour."}]

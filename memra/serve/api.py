@@ -645,7 +645,10 @@ def create_app(st: State) -> FastAPI:
         return await _blocking(req, request, chat, head, functions, think)
 
     async def _blocking(req, request, chat, head, functions=None, think=None):
-        pieces, lps, offs = [], [], []
+        # held: (token, log-prob, start) of tokens whose own text the stream has not released yet (a possible stop
+        # string, part of a character); reported once the released text passes their start, dropped at the end
+        # (a stop string's tokens are not in the reply)
+        pieces, lps, offs, held = [], [], [], []
         n_text = 0
         try:
             while True:
@@ -654,12 +657,15 @@ def create_app(st: State) -> FastAPI:
                     return JSONResponse({"error": {"message": "client disconnected", "type": "aborted",
                                                    "param": None, "code": None}}, status_code=499)
                 if ev[0] == "token":
-                    _, token, text, lp = ev
+                    _, token, text, lp, start = ev
                     if lp is not None and _counts(token, req):
-                        lps.append((token, lp))
-                        offs.append(n_text)
+                        held.append((token, lp, start))
                     pieces.append(text)
                     n_text += len(text)
+                    while held and held[0][2] < n_text:
+                        t, v, o = held.pop(0)
+                        lps.append((t, v))
+                        offs.append(o)
                 elif ev[0] == "error":
                     raise APIError(500, ev[1], "server_error")
                 else:
@@ -713,7 +719,7 @@ def create_app(st: State) -> FastAPI:
                 doc["usage"] = usage
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
-        n_text = 0
+        n_text, n_out, held = 0, 0, []   # n_out: the text the stream released; held: as _blocking's
         full, sent = "", 0  # with tools: the content so far, and how much of it went out
         rs = ReasoningStream(think) if chat and think is not None else None  # the <think> split
         try:
@@ -725,8 +731,14 @@ def create_app(st: State) -> FastAPI:
                 if ev is None:
                     return
                 if ev[0] == "token":
-                    _, token, text, lp = ev
-                    has_lp = lp is not None and _counts(token, req)
+                    _, token, text, lp, start = ev
+                    if lp is not None and _counts(token, req):
+                        held.append((token, lp, start))
+                    n_out += len(text)
+                    group = []
+                    while held and held[0][2] < n_out:
+                        group.append(held.pop(0)[:2])
+                    has_lp = bool(group)
                     if not text and not has_lp:
                         continue
                     reasoning = ""
@@ -741,11 +753,11 @@ def create_app(st: State) -> FastAPI:
                         continue
                     if chat:
                         c = {"index": 0, "delta": _delta(reasoning, text),
-                             "logprobs": {"content": [_chat_lp(token, lp)], "refusal": None} if has_lp else None,
-                             "finish_reason": None}
+                             "logprobs": {"content": [_chat_lp(t, v) for t, v in group], "refusal": None}
+                             if has_lp else None, "finish_reason": None}
                     else:
                         c = {"index": 0, "text": text, "finish_reason": None,
-                             "logprobs": _completion_lp([(token, lp)], [n_text]) if has_lp else None}
+                             "logprobs": _completion_lp(group, [n_text] * len(group)) if has_lp else None}
                     n_text += len(text)
                     yield chunk(c)
                 elif ev[0] == "error":

@@ -4,7 +4,7 @@
     sched.run()                           # on the engine thread (the one that opened the runner)
     req = GenRequest(prompt_ids, params, namespace=tenant)    # on the event loop
     sched.submit(req)                     # QueueFull (429), ContextOverflowError / NeverFits (400)
-    async for ev in req.events(): ...     # ("token", id, text, logprob) ... ("done", finish, usage)
+    async for ev in req.events(): ...     # ("token", id, text, logprob, start) ... ("done", finish, usage)
     sched.cancel(req)                     # a client that went away: its blocks are freed
 
 `engine` is memra.gpu.runner.Runner (the GPU) or memra.serve.cpu_engine.CpuRunner: `open`,
@@ -142,8 +142,11 @@ class GenRequest:
         deliver(self.loop, [(self, ev)])
 
     async def events(self):
-        """The request's events until its end: ("token", id, text, logprob|None),
-        then ("done", finish_reason, usage) or ("error", message)."""
+        """The request's events until its end: ("token", id, text, logprob|None, start),
+        then ("done", finish_reason, usage) or ("error", message). text: what the token
+        releases (held text may come out with a later token); start: where the token's own
+        text begins in the reply's decoded text, so a consumer can tell which tokens the
+        reply holds (those starting before the released end: a stop string's are cut off)."""
         while True:
             ev = await self.queue.get()
             yield ev
@@ -668,8 +671,9 @@ class Scheduler:
             r.t_first = now
         r.t_last = now
         r.generated.append(token)
+        start = len(r.ts.out)
         text, finish = r.ts.push(token)
-        self._send(r, ("token", token, text, lp))
+        self._send(r, ("token", token, text, lp, start))
         return finish
 
     def _token(self, r: GenRequest, out, mask=None, ff: bool = True) -> None:
@@ -718,8 +722,9 @@ class Scheduler:
             # so the request ends here without another model step (the text is the same)
             end = min(self.tok.eog_ids)
             r.generated.append(end)
+            start = len(r.ts.out)
             text, finish = r.ts.push(end)
-            self._send(r, ("token", end, text, None))
+            self._send(r, ("token", end, text, None, start))
         if self.pc is not None and r.seq.n // self.kv.block > r.registered:
             self._register(r)
         if finish is not None:
