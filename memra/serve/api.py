@@ -737,7 +737,7 @@ def create_app(st: State) -> FastAPI:
                     n_out += len(text)
                     group = []
                     while held and held[0][2] < n_out:
-                        group.append(held.pop(0)[:2])
+                        group.append(held.pop(0))
                     has_lp = bool(group)
                     if not text and not has_lp:
                         continue
@@ -753,11 +753,12 @@ def create_app(st: State) -> FastAPI:
                         continue
                     if chat:
                         c = {"index": 0, "delta": _delta(reasoning, text),
-                             "logprobs": {"content": [_chat_lp(t, v) for t, v in group], "refusal": None}
+                             "logprobs": {"content": [_chat_lp(t, v) for t, v, _ in group], "refusal": None}
                              if has_lp else None, "finish_reason": None}
                     else:
                         c = {"index": 0, "text": text, "finish_reason": None,
-                             "logprobs": _completion_lp(group, [n_text] * len(group)) if has_lp else None}
+                             "logprobs": _completion_lp([(t, v) for t, v, _ in group], [o for *_, o in group])
+                             if has_lp else None}
                     n_text += len(text)
                     yield chunk(c)
                 elif ev[0] == "error":
