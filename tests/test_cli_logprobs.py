@@ -248,7 +248,7 @@ def _scheduler_logprobs(runner, tok, prompt, params, k):
         out = []
         async for ev in req.events():
             if ev[0] == "token":
-                out.append((ev[1], ev[3]))
+                out.extend((t, lp) for t, lp, _ in ev[3])   # the tokens whose text the event releases
             elif ev[0] == "error":
                 raise AssertionError(ev)
         return out

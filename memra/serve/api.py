@@ -645,10 +645,7 @@ def create_app(st: State) -> FastAPI:
         return await _blocking(req, request, chat, head, functions, think)
 
     async def _blocking(req, request, chat, head, functions=None, think=None):
-        # held: (token, log-prob, start) of tokens whose own text the stream has not released yet (a possible stop
-        # string, part of a character); reported once the released text passes their start, dropped at the end
-        # (a stop string's tokens are not in the reply)
-        pieces, lps, offs, held = [], [], [], []
+        pieces, lps, offs = [], [], []
         n_text = 0
         try:
             while True:
@@ -657,15 +654,13 @@ def create_app(st: State) -> FastAPI:
                     return JSONResponse({"error": {"message": "client disconnected", "type": "aborted",
                                                    "param": None, "code": None}}, status_code=499)
                 if ev[0] == "token":
-                    _, token, text, lp, start = ev
-                    if lp is not None and _counts(token, req):
-                        held.append((token, lp, start))
+                    _, token, text, released = ev
+                    for t, v, o in released:
+                        if _counts(t, req):
+                            lps.append((t, v))
+                            offs.append(o)
                     pieces.append(text)
                     n_text += len(text)
-                    while held and held[0][2] < n_text:
-                        t, v, o = held.pop(0)
-                        lps.append((t, v))
-                        offs.append(o)
                 elif ev[0] == "error":
                     raise APIError(500, ev[1], "server_error")
                 else:
@@ -719,7 +714,7 @@ def create_app(st: State) -> FastAPI:
                 doc["usage"] = usage
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
-        n_text, n_out, held = 0, 0, []   # n_out: the text the stream released; held: as _blocking's
+        n_text = 0
         full, sent = "", 0  # with tools: the content so far, and how much of it went out
         rs = ReasoningStream(think) if chat and think is not None else None  # the <think> split
         try:
@@ -731,13 +726,8 @@ def create_app(st: State) -> FastAPI:
                 if ev is None:
                     return
                 if ev[0] == "token":
-                    _, token, text, lp, start = ev
-                    if lp is not None and _counts(token, req):
-                        held.append((token, lp, start))
-                    n_out += len(text)
-                    group = []
-                    while held and held[0][2] < n_out:
-                        group.append(held.pop(0))
+                    _, token, text, released = ev
+                    group = [(t, v, o) for t, v, o in released if _counts(t, req)]
                     has_lp = bool(group)
                     if not text and not has_lp:
                         continue

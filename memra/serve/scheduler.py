@@ -4,7 +4,7 @@
     sched.run()                           # on the engine thread (the one that opened the runner)
     req = GenRequest(prompt_ids, params, namespace=tenant)    # on the event loop
     sched.submit(req)                     # QueueFull (429), ContextOverflowError / NeverFits (400)
-    async for ev in req.events(): ...     # ("token", id, text, logprob, start) ... ("done", finish, usage)
+    async for ev in req.events(): ...     # ("token", id, text, logprobs) ... ("done", finish, usage)
     sched.cancel(req)                     # a client that went away: its blocks are freed
 
 `engine` is memra.gpu.runner.Runner (the GPU) or memra.serve.cpu_engine.CpuRunner: `open`,
@@ -112,6 +112,7 @@ class GenRequest:
     pos: int = 0            # prompt tokens in the KV cache
     n_cached: int = 0       # of them from the prefix cache
     generated: list[int] = field(default_factory=list)
+    held: list = field(default_factory=list)  # (id, logprob, start) of tokens whose text the stream holds
     next_tok: int | None = None
     registered: int = 0     # full blocks handed to the prefix cache
     ts: TextStream | None = None
@@ -142,11 +143,11 @@ class GenRequest:
         deliver(self.loop, [(self, ev)])
 
     async def events(self):
-        """The request's events until its end: ("token", id, text, logprob|None, start),
-        then ("done", finish_reason, usage) or ("error", message). text: what the token
-        releases (held text may come out with a later token); start: where the token's own
-        text begins in the reply's decoded text, so a consumer can tell which tokens the
-        reply holds (those starting before the released end: a stop string's are cut off)."""
+        """The request's events until its end: ("token", id, text, logprobs), then ("done",
+        finish_reason, usage) or ("error", message). text: what the token releases (held text
+        may come out with a later token); logprobs: (id, logprob, start) of the tokens whose
+        text this event releases (start: where the token's own text begins in the reply), as
+        Scheduler._push decides — a stop string's tokens never come out."""
         while True:
             ev = await self.queue.get()
             yield ev
@@ -670,10 +671,20 @@ class Scheduler:
         if r.t_first is None:
             r.t_first = now
         r.t_last = now
+        return self._push(r, token, lp)
+
+    def _push(self, r: GenRequest, token: int, lp=None):
+        """token through r's text stream to its client; the finish, if it ends r. A token's log-prob goes out
+        with the text that releases the token's own (a possible stop string or part of a character is held);
+        at the end every held one goes out, except after a stop string: its tokens are not in the reply."""
         r.generated.append(token)
-        start = len(r.ts.out)
+        if lp is not None:
+            r.held.append((token, lp, len(r.ts.out)))
         text, finish = r.ts.push(token)
-        self._send(r, ("token", token, text, lp, start))
+        k = len(r.held) if finish not in (None, "stop") else \
+            next((i for i, h in enumerate(r.held) if h[2] >= r.ts.sent), len(r.held))
+        out, r.held = r.held[:k], r.held[k:]
+        self._send(r, ("token", token, text, out))
         return finish
 
     def _token(self, r: GenRequest, out, mask=None, ff: bool = True) -> None:
@@ -720,11 +731,7 @@ class Scheduler:
                 and self.tok.eog_ids:
             # the grammar is complete: its mask would allow the end-of-generation ids alone,
             # so the request ends here without another model step (the text is the same)
-            end = min(self.tok.eog_ids)
-            r.generated.append(end)
-            start = len(r.ts.out)
-            text, finish = r.ts.push(end)
-            self._send(r, ("token", end, text, None, start))
+            finish = self._push(r, min(self.tok.eog_ids))
         if self.pc is not None and r.seq.n // self.kv.block > r.registered:
             self._register(r)
         if finish is not None:
