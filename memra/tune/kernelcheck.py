@@ -66,7 +66,8 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                      report: dict | None = None, base: dict | None = None) -> Iterator[str]:
     """Yield one line per check; the last line is 'ALL GREEN ...' or 'FAILED ...'.
 
-    base (a green receipt of this device): check only the launch cases it lacks; its
+    base (a green receipt of the device this run's receipt stands for: receipt_device, same
+    arch and SM count): check only the launch cases it lacks; its
     families' own checks and canaries stand for this run (same sources, same modules), and
     `report` receives the union of both launch sets (see base_problem for what a base must
     satisfy). Where kernel sources changed since the base, a family whose recorded kernel

@@ -736,7 +736,7 @@ def launch_cases(L, ctx) -> list[dict]:
                         "splits": plan.n_splits, "T": b, "rope": rope,
                         "config": dict(L.config) if L.config else None, **({"kv_q8": list(kv)} if any(kv) else {}),
                         # the plan's attention switch: the module's configuration as above, then its row filter
-                        **({"switch": int(L.args["att_switch"])} if L.args.get("att_rows") else {})}}
+                        **({"switch": int(L.args["att_switch"])} if rf else {})}}
             for h in hpbs]
 
 
