@@ -46,19 +46,6 @@ TEXT = (
 )
 
 
-def rounder(block: int):
-    """The engine's q8 rule (memra.cpu.reference.q8_gpu) with `block` values a scale."""
-    def f(x: np.ndarray) -> np.ndarray:
-        n, k = x.shape
-        xb = x.reshape(n, k // block, block)
-        amax = np.max(np.abs(xb), axis=-1, keepdims=True)
-        d = amax / np.float32(127)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where(amax == 0, np.float32(0), np.rint(xb / d))
-        return (q * d).reshape(n, k).astype(np.float32)
-    return f
-
-
 class Arm(REF.ReferenceModel):
     """numerics "q8" with the activation block chosen per weight by `pick(name, type, K) -> block`."""
 
@@ -73,7 +60,7 @@ class Arm(REF.ReferenceModel):
             return x, None
         b = self.pick(name, t, x.shape[1])
         self.blocks[name] = b
-        return (REF.q8_gpu(x) if b == 32 else rounder(b)(x)), None
+        return REF.q8_gpu(x, b), None
 
 
 def picks():

@@ -231,10 +231,11 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
-def q8_gpu(x: np.ndarray) -> np.ndarray:
+def q8_gpu(x: np.ndarray, block: int = 32) -> np.ndarray:
     """The GPU engine's q8 rule (kernels/q8.cuh): per 32, d = amax/127 (f32), q = rint(x/d)
-    (IEEE division, half to even; 0 when amax = 0); x_hat = q * d."""
-    xb = split_blocks(x, 32)
+    (IEEE division, half to even; 0 when amax = 0); x_hat = q * d. `block`: another block
+    size for studies (experiments/act256)."""
+    xb = split_blocks(x, block)
     amax = np.max(np.abs(xb), axis=-1, keepdims=True)
     d = amax / np.float32(127)
     with np.errstate(divide="ignore", invalid="ignore"):
