@@ -125,6 +125,19 @@ bench_arms() {
   done
   cp "$R/$out" $OUT/
 }
+# env_arms JSONL LIMIT "MODEL BENCH-ARGS.." ARM..: arm_run of `memra bench MODEL BENCH-ARGS` once per ARM (VAR=VALUE
+# set for that run, or "table": nothing set), the list twice over (arms alternating), while less than LIMIT seconds
+# have passed since the stage began; receipts in $R/JSONL (copied to $OUT)
+env_arms() {
+  local out=$1 lim=$2 cmd=$3 a
+  shift 3
+  for a in "$@" "$@"; do
+    [ $(( $(date +%s) - T0 )) -lt $lim ] || break
+    if [ "$a" = table ]; then arm_run "$cmd table" "$out" python3 -m memra bench $cmd
+    else arm_run "$cmd $a" "$out" env "$a" python3 -m memra bench $cmd; fi
+  done
+  cp "$R/$out" $OUT/ 2>/dev/null
+}
 # freeze_show TAG: `memra tune freeze --pdl` of the H200 receipts into tune/defaults, then `memra tune
 # show`; their output in $R/freeze-TAG.txt and $R/show-TAG.txt, the stale list logged
 # tune_campaign NAME LIMIT_S MODEL-ARGS...: `memra tune run NAME --resume` within LIMIT_S seconds,

@@ -23,15 +23,10 @@ set -u
 source experiments/h200_common.sh
 stage_begin s40
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-ab() {   # ab MODEL DEPTH LIMIT ARM...: `memra bench` tg128 at DEPTH, each arm (VAR=VALUE or "table") twice, alternating
-  local m=$1 d=$2 lim=$3 a
+ab() {   # ab MODEL DEPTH LIMIT ARM...: tg128 at DEPTH, each arm twice, alternating (h200_common.sh's env_arms)
+  local m=$1 d=$2 lim=$3
   shift 3
-  for a in "$@" "$@"; do
-    [ $(( $(date +%s) - T0 )) -lt $lim ] || break
-    if [ "$a" = table ]; then arm_run "$m -d $d table" bench-one-split.jsonl python3 -m memra bench $m \
-        -d $d -p 0 -n 128 -r 3
-    else arm_run "$m -d $d $a" bench-one-split.jsonl env "$a" python3 -m memra bench $m -d $d -p 0 -n 128 -r 3; fi
-  done
+  env_arms bench-one-split.jsonl $lim "$m -d $d -p 0 -n 128 -r 3" "$@"
 }
 case "$STAGE" in
 a)
@@ -43,15 +38,14 @@ a)
     MEMRA_ATT_SPLITS=1
   ab gemma3-270m 128 360 table "$TC" MEMRA_ATT_SPLITS=1
   ab smollm2-135m 0 400 table "$S64"
-  ab synth:llama3-8b:Q4_K_M 0 440 table "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256"
-  cp $R/bench-one-split.jsonl $OUT/ 2>/dev/null ;;
+  ab synth:llama3-8b:Q4_K_M 0 440 table "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256" ;;
 v)
   # the serve bench's rows (100-token prompts + 128 generated: 100-228 keys) on the 8B, the table against the switch arm
   # at 257 (one split up to 256 keys), c = 8 and 64, twice alternating (`memra bench serve` alone: no llama-server)
   for a in table "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256" table \
       "MEMRA_ATT_SWITCH=257:ATT_TC=0,ATT_TILE=32,ATT_MIN_CHUNK=256"; do
     [ $(( $(date +%s) - T0 )) -lt 420 ] || break
-    [ $a = table ] && e=MEMRA_NOTHING= || e=$a
+    e=; [ "$a" = table ] || e=$a
     timeout 150 env $e python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer $TOK \
       -c 8,64 --prompt-tokens 100 --max-tokens 128 --out $R/serve-one-split.jsonl --tag "serve $a" > $R/serve.txt 2>&1
     log "serve $a rc=$? $(el)"; tail -4 $R/serve.txt | tee -a $R/log.txt
