@@ -163,6 +163,20 @@ def test_stop_strings_never_leak(server, ref):
 CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
+def test_a_developer_message_is_rendered_as_a_system_message(server, ref):
+    """OpenAI's "developer" role (its newer name for the system prompt) renders through the template as
+    "system" does: the reference's greedy tokens for the system-role prompt."""
+    g, tok, greedy = ref
+    sys_chat = [{"role": "system", "content": "Answer in one word."}] + CHAT
+    ids = chat_tokens(tok, render_chat(g, sys_chat, add_generation_prompt=True))
+    want, _ = greedy(ids, 4)
+    r = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "developer", "content": "Answer in one word."}] + CHAT, max_tokens=4,
+        temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == text_of(tok, want)
+
+
 def test_chat_stream_with_usage_and_logprobs(server, ref):
     g, tok, greedy = ref
     ids = chat_tokens(tok, render_chat(g, CHAT, add_generation_prompt=True))
@@ -292,6 +306,14 @@ def test_errors_are_openai_objects(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "suffix": "):", "max_tokens": 2},
                    trust_env=False)
     assert r.status_code == 400 and error_of(r)["param"] == "suffix"
+    # a role OpenAI's API does not have, and a message without content, are 400s naming the message (an
+    # assistant's that calls tools may leave content out: above)
+    for msgs, param in (([{"role": "wizard", "content": "Hi"}], "messages[0].role"),
+                        (CHAT + [{"role": "user"}], f"messages[{len(CHAT)}].content"),
+                        (CHAT + [{"role": "assistant", "content": None}, {"role": "user", "content": "Hi"}],
+                         f"messages[{len(CHAT)}].content")):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}, trust_env=False)
+        assert r.status_code == 400 and error_of(r)["param"] == param, r.text
     # and the engine is healthy after all of it
     assert httpx.get(server.url + "/health", trust_env=False).status_code == 200
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1

@@ -358,6 +358,19 @@ def constraint_of(body: "_GenBody") -> tuple[str | None, Any, str | None]:
     return found[0] if found else (None, None, None)
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _check_message(i: int, m: Message) -> None:
+    """A chat message's role and content as OpenAI's API takes them: a known role ("developer"
+    is rendered as "system"), and content on every message but an assistant's that calls tools."""
+    if m.role not in ROLES:
+        raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}", f"messages[{i}].role")
+    if m.content is None and not (m.role == "assistant" and m.tool_calls):
+        what = "content or tool_calls" if m.role == "assistant" else "content"
+        raise _bad(f"messages[{i}] ({m.role}) must have {what}", f"messages[{i}].content")
+
+
 def _content(m: Message) -> str:
     if m.content is None:
         return ""
@@ -573,12 +586,14 @@ def create_app(st: State) -> FastAPI:
             if body.tool_choice == "none":
                 functions = {}
             msgs = []
-            for m in body.messages:
+            for i, m in enumerate(body.messages):
+                _check_message(i, m)
                 for c in m.tool_calls or []:
                     if not isinstance(c.get("function", {}), dict):
                         raise _bad("messages: a tool_calls entry's function must be an object "
                                    "{\"name\", \"arguments\"}", "messages")
-                d = {"role": m.role, "content": None if m.content is None and m.tool_calls else _content(m)}
+                d = {"role": "system" if m.role == "developer" else m.role,
+                     "content": None if m.content is None and m.tool_calls else _content(m)}
                 for k in ("tool_calls", "tool_call_id", "name"):
                     if getattr(m, k) is not None:
                         d[k] = getattr(m, k)
