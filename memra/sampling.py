@@ -1,10 +1,11 @@
 """Token sampling on the CPU, in llama.cpp's default order.
 
-The chain is llama.cpp's `common_sampler` default: penalties → top-k → top-p → min-p →
-temperature → a seeded draw. Note the consequence of that order: top-p and min-p judge the
-*untempered* distribution; temperature only reshapes what survives them. A temperature of
-0 (or below) is greedy: the argmax after penalties. Draws come from numpy's PCG64 seeded
-once per `Sampler`, so the same seed, logits and history give the same tokens.
+The chain is llama.cpp's `common_sampler` default: logit bias → penalties → top-k → top-p →
+min-p → temperature → a seeded draw. Note the consequence of that order: top-p and min-p
+judge the *untempered* distribution; temperature only reshapes what survives them. A
+temperature of 0 (or below) is greedy: the argmax after the bias and penalties. Draws come
+from numpy's PCG64 seeded once per `Sampler`, so the same seed, logits and history give the
+same tokens.
 The parameters' defaults are llama.cpp's. `check_request` is the one validation of a
 request's parameters (ranges, context size, warnings): `memra run` calls it, and so will the
 server.
@@ -19,6 +20,9 @@ from typing import Mapping
 import numpy as np
 
 from memra.errors import ContextOverflowError, MemraError
+
+# OpenAI's bound on a logit_bias value (the server's and `memra run --logit-bias`'s)
+MAX_LOGIT_BIAS = 100
 
 
 @dataclass
@@ -35,11 +39,16 @@ class SamplingParams:
     max_tokens: int = -1  # -1: until end of generation or the context is full
     stop: list[str] = field(default_factory=list)  # stop strings (not part of the output)
     stop_ids: list[int] = field(default_factory=list)  # extra end-of-generation token ids
+    # token id -> added to its raw logit before anything else (OpenAI's logit_bias), each
+    # finite and in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]: -100 all but bans a token, +100 all
+    # but forces it
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
-    def validate(self, names: Mapping[str, str] | None = None) -> None:
+    def validate(self, names: Mapping[str, str] | None = None, n_vocab: int | None = None) -> None:
         """Raise MemraError for the first parameter out of its range. `names` maps a field to
         what the caller's user typed (the CLI passes its flags, e.g. top_p -> --top-p); the
-        server passes nothing and its messages name the request's fields."""
+        server passes nothing and its messages name the request's fields. With `n_vocab`
+        (the vocabulary's size, where it is known) a logit_bias id must be below it."""
         n = _namer(names)
         if not _real(self.temperature) or self.temperature < 0:
             raise MemraError(f"{n('temperature')} must be a finite number >= 0 (0 is greedy), "
@@ -68,10 +77,29 @@ class SamplingParams:
             raise MemraError(f"{n('stop')} strings must not be empty")
         if any(not _integer(t) or t < 0 for t in self.stop_ids):
             raise MemraError(f"{n('stop_ids')} must be token ids >= 0")
+        if not isinstance(self.logit_bias, Mapping):
+            raise MemraError(f"{n('logit_bias')} must map token ids to biases")
+        for t, b in self.logit_bias.items():
+            if not _integer(t) or t < 0:
+                raise MemraError(f"{n('logit_bias')}: {t!r} is not a token id (an integer >= 0)")
+            if n_vocab is not None and t >= n_vocab:
+                raise MemraError(f"{n('logit_bias')}: token id {t} is outside the vocabulary [0, {n_vocab})")
+            if not _real(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                raise MemraError(f"{n('logit_bias')}: the bias of token {t} must be a finite number in "
+                                 f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (-{MAX_LOGIT_BIAS} all but bans "
+                                 f"it), got {b}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+    @property
+    def host_only(self) -> bool:
+        """Whether only the host's Sampler can choose these tokens: the device samplers (the
+        GPU's kernels/sample.cu, the server's CPU engine) have no penalties and no logit
+        bias, so a request with either takes its logits back and samples here."""
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 \
+            or bool(self.logit_bias)
 
 
 def _real(v) -> bool:
@@ -88,17 +116,19 @@ def _namer(names: Mapping[str, str] | None):
 
 
 def check_request(params: SamplingParams, *, n_prompt: int | None = None, n_ctx: int | None = None,
-                  n_ctx_train: int | None = None, names: Mapping[str, str] | None = None) -> list[str]:
+                  n_ctx_train: int | None = None, n_vocab: int | None = None,
+                  names: Mapping[str, str] | None = None) -> list[str]:
     """The one validation of a generation request, shared by `memra run` and the server.
 
-    Raises MemraError for a parameter out of range (SamplingParams.validate), a context size
-    that is not positive, or a prompt that leaves no room in the context for one token
-    (ContextOverflowError). Returns warnings for what runs but may go wrong: a context larger
-    than the model was trained on (llama.cpp warns the same way: positions beyond the trained
-    context are extrapolated and quality degrades). `names` as in SamplingParams.validate;
+    Raises MemraError for a parameter out of range (SamplingParams.validate; with `n_vocab`,
+    a logit_bias id outside the vocabulary), a context size that is not positive, or a
+    prompt that leaves no room in the context for one token (ContextOverflowError). Returns
+    warnings for what runs but may go wrong: a context larger than the model was trained on
+    (llama.cpp warns the same way: positions beyond the trained context are extrapolated and
+    quality degrades). `names` as in SamplingParams.validate;
     the context's field is `n_ctx`."""
     n = _namer(names)
-    params.validate(names)
+    params.validate(names, n_vocab)
     warnings = []
     if n_ctx is not None:
         if not _integer(n_ctx) or n_ctx <= 0:
@@ -142,11 +172,20 @@ class Sampler:
     """Picks the next token from one position's logits. Stateful only in its random stream."""
 
     def __init__(self, params: SamplingParams, n_vocab: int):
-        params.validate()
+        params.validate(n_vocab=n_vocab)
         self.params = params
         self.n_vocab = n_vocab
+        # the logit bias as index and value arrays (read once: the params' map as it is now)
+        self.bias_ids = np.fromiter(params.logit_bias.keys(), np.int64, len(params.logit_bias))
+        self.bias = np.fromiter(params.logit_bias.values(), np.float64, len(params.logit_bias))
         self.seed = params.seed if params.seed is not None else random.SystemRandom().getrandbits(32)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    def apply_bias(self, logits: np.ndarray) -> np.ndarray:
+        """Logits (float64 copy) with the logit bias added: the chain's first step."""
+        x = np.array(logits, dtype=np.float64, copy=True).reshape(-1)
+        x[self.bias_ids] += self.bias
+        return x
 
     def apply_penalties(self, logits: np.ndarray, history) -> np.ndarray:
         """Logits (float64 copy) after repetition/presence/frequency penalties over the window."""
@@ -197,7 +236,7 @@ class Sampler:
         """The next token id; `history` is every token so far (prompt and generated)."""
         if np.asarray(logits).size != self.n_vocab:
             raise MemraError(f"logits have {np.asarray(logits).size} entries, the vocabulary {self.n_vocab}")
-        x = self.apply_penalties(logits, history)
+        x = self.apply_penalties(self.apply_bias(logits) if self.bias.size else logits, history)
         if self.params.greedy:
             return int(np.argmax(x))
         idx, v = self.candidates(x)

@@ -5,7 +5,8 @@
 Works with any engine that speaks the prefill/decode protocol of `memra.cpu.reference`:
 `model.new_cache(n_ctx)` and `model.forward(tokens, cache) -> last-position logits`.
 An engine with `stream(prompt, n, temperature=..., top_k=..., top_p=..., min_p=..., seed=...)`
-(the GPU engine) chooses the tokens itself when no penalty is asked for: the ids come back
+(the GPU engine) chooses the tokens itself when neither a penalty nor a logit bias is asked
+for (SamplingParams.host_only: the device sampler has neither): the ids come back
 from the device a few at a time instead of the logits every token; greedy gives the same
 tokens either way, draws come from the device sampler's own seeded stream.
 Text is released by memra.text.stream.TextStream as it becomes final (no stop string or
@@ -222,8 +223,7 @@ def generate(model, tokenizer, prompt_ids: Sequence[int], params: SamplingParams
                 timings.n_forced += len(forced)
                 queue.extend(forced)
             return token
-    elif getattr(model, "stream", None) is not None and p.repeat_penalty == 1.0 and not p.presence_penalty \
-            and not p.frequency_penalty:
+    elif getattr(model, "stream", None) is not None and not p.host_only:
         n_max = n_ctx - len(prompt) if max_tokens < 0 else min(max_tokens, n_ctx - len(prompt))
         kw = dict(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=sampler.seed)
         if logprobs is None:

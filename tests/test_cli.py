@@ -257,3 +257,57 @@ def test_run_streams_text_and_stops_at_a_stop_string(smol_peer):
     assert r.returncode == 0, r.stderr
     assert r.stdout == " Paris\n"
     assert "stop" in r.stderr
+
+
+# -- --logit-bias -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec, want", [(["15043+1"], {15043: 1.0}), (["15043-1"], {15043: -1.0}),
+                                        (["7+0.5", "8-100", "9+1e2"], {7: 0.5, 8: -100.0, 9: 100.0}),
+                                        (["0-.25"], {0: -0.25}), ([], {})])
+def test_logit_bias_spellings(spec, want):
+    from memra.cli.run import _logit_bias
+
+    assert _logit_bias(spec) == want
+
+
+@pytest.mark.parametrize("spec, needles", [
+    ("15043", ["--logit-bias", "'15043'", "TOKEN_ID(+/-)BIAS"]),
+    ("abc+1", ["--logit-bias", "TOKEN_ID(+/-)BIAS"]),
+    ("15043+", ["TOKEN_ID(+/-)BIAS"]),
+    ("15043+-1", ["TOKEN_ID(+/-)BIAS"]),
+    ("15043*2", ["TOKEN_ID(+/-)BIAS"]),
+    ("15043+nan", ["TOKEN_ID(+/-)BIAS"]),
+    ("15043+1.2.3", ["TOKEN_ID(+/-)BIAS"]),
+    ("15043-inf", ["--logit-bias", "finite", "[-100, 100]"]),
+    ("15043+150", ["--logit-bias", "[-100, 100]", "150"]),
+    ("15043-100.5", ["--logit-bias", "[-100, 100]"]),
+])
+def test_bad_logit_bias_is_one_clear_line_before_the_model_is_read(tmp_path, spec, needles):
+    # a model path that does not exist: the flag fails first
+    r = memra("run", str(tmp_path / "none.gguf"), "-p", "x", "--device", "cpu", "--logit-bias", spec)
+    assert_one_error_line(r, *needles)
+    assert "none.gguf" not in r.stderr
+
+
+def test_logit_bias_twice_for_one_token_and_beyond_the_vocabulary(smol_path):
+    assert_one_error_line(memra("run", "-p", "x", "--device", "cpu", "--logit-bias", "5+1", "--logit-bias", "5-1"),
+                          "--logit-bias", "token 5 twice")
+    # smollm2-135m has 49152 tokens: the id is refused once the vocabulary is read, before any weight loads
+    r = memra("run", str(smol_path), "-p", "x", "--device", "cpu", "--logit-bias", "49152+1")
+    assert_one_error_line(r, "--logit-bias", "token id 49152 is outside the vocabulary [0, 49152)")
+
+
+def test_run_logit_bias_chooses_the_biased_token():
+    """" Paris" (7042) is smollm2's greedy token after the prompt; +100 on " London" (4528) makes it the first
+    token, -100 on " Paris" removes it."""
+    args = ["run", "smollm2-135m", "-p", "The capital of France is", "-n", "2", "--temp", "0", "--device", "cpu",
+            "--json"]
+    plain, london, no_paris = (memra(*args, *extra) for extra in ([], ["--logit-bias", "4528+100"],
+                                                                   ["--logit-bias", "7042-100"]))
+    for r in (plain, london, no_paris):
+        assert r.returncode == 0, r.stderr
+    assert json.loads(plain.stdout)["tokens"][0] == 7042
+    doc = json.loads(london.stdout)
+    assert doc["tokens"][0] == 4528 and doc["text"].startswith(" London")
+    assert doc["sampling"]["logit_bias"] == {"4528": 100.0}
+    assert json.loads(no_paris.stdout)["tokens"][0] != 7042

@@ -143,3 +143,27 @@ def test_penalty_history_includes_the_prompt():
     params = SamplingParams(temperature=0, repeat_penalty=1.1, max_tokens=1)
     events = list(generate(model, FakeTokenizer(PIECES), [6], params))
     assert events[0].token == 7  # token 6 (in the prompt) was penalized below token 7
+
+
+class DeviceSamplingModel(ScriptModel):
+    """A ScriptModel that, like the GPU engine, can also choose its tokens itself (`stream`): the
+    device sampler's argmax of the raw logits, which knows nothing of penalties or a logit bias."""
+
+    def stream(self, prompt, n, **kw):
+        self.streamed = kw
+        for _ in range(n):
+            yield int(np.argmax(self.base))
+
+
+def test_a_logit_bias_is_sampled_on_the_host_not_by_the_engine_sampler():
+    base = np.full(len(PIECES), -5.0, dtype=np.float32)
+    base[6], base[7] = 3.0, 2.0
+    # no bias: the engine's own sampler chooses (token 6, the raw argmax)
+    model = DeviceSamplingModel([], len(PIECES), base=base)
+    events = list(generate(model, FakeTokenizer(PIECES), [1], SamplingParams(temperature=0, max_tokens=2)))
+    assert [e.token for e in events[:-1]] == [6, 6] and model.streamed and not model.calls
+    # +1.5 on token 7: 2.0 + 1.5 = 3.5 > 3.0, chosen by the host sampler from the forwards' logits
+    model = DeviceSamplingModel([], len(PIECES), base=base)
+    params = SamplingParams(temperature=0, max_tokens=2, logit_bias={7: 1.5})
+    events = list(generate(model, FakeTokenizer(PIECES), [1], params))
+    assert [e.token for e in events[:-1]] == [7, 7] and not hasattr(model, "streamed") and len(model.calls) == 2

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from memra.errors import MemraError
-from memra.sampling import Sampler, SamplingParams
+from memra.sampling import Sampler, SamplingParams, check_request
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)  # every filter off
 
@@ -144,3 +144,98 @@ def test_bad_parameters_are_rejected(bad):
 def test_logits_of_the_wrong_size_are_rejected():
     with pytest.raises(MemraError, match="vocabulary"):
         Sampler(SamplingParams(), 5).sample(np.zeros(4, dtype=np.float32))
+
+
+# -- logit bias (OpenAI's logit_bias; the chain's first step) ------------------------------------
+
+def test_logit_bias_flips_the_greedy_argmax():
+    x = np.array([1.0, 3.0, 2.5, 0.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=0), 4).sample(x) == 1
+    # 2.5 + 0.75 = 3.25 > 3.0
+    assert Sampler(SamplingParams(temperature=0, logit_bias={2: 0.75}), 4).sample(x) == 2
+    # 2.5 + 0.25 = 2.75 < 3.0: still token 1
+    assert Sampler(SamplingParams(temperature=0, logit_bias={2: 0.25}), 4).sample(x) == 1
+    # a bias on the argmax itself lowers it under the next: 3.0 - 1 = 2.0 < 2.5
+    assert Sampler(SamplingParams(temperature=0, logit_bias={1: -1}), 4).sample(x) == 2
+
+
+def test_a_minus_100_bias_removes_the_argmax():
+    x = np.array([5.0, 20.0, 4.0, -3.0], dtype=np.float32)
+    p = SamplingParams(temperature=0, logit_bias={1: -100})
+    assert Sampler(p, 4).sample(x) == 0  # 20 - 100 = -80: token 0 (5.0) is the largest left
+    # sampled: token 1's weight is e^-80 against e^5 + e^4 + e^-3, never drawn in 4000 draws
+    c = draws(SamplingParams(temperature=1.0, seed=11, logit_bias={1: -100}, **OFF), x)
+    assert 1 not in c
+    n = sum(c.values())
+    e = np.exp([5.0, 4.0, -3.0])
+    assert_freq(c[0], n, e[0] / e.sum())
+
+
+def test_a_plus_100_bias_forces_a_token_under_sampling():
+    x = np.array([0.0, 2.0, 1.0, -1.0], dtype=np.float32)
+    c = draws(SamplingParams(temperature=1.0, seed=12, logit_bias={3: 100}, **OFF), x, 500)
+    assert set(c) == {3}
+
+
+def test_logit_bias_changes_what_the_filters_see():
+    # top_k=1 keeps the argmax of the biased logits: 0.5 + 2 = 2.5 beats 2.0
+    x = np.array([2.0, 0.5, 1.0], dtype=np.float32)
+    c = draws(SamplingParams(temperature=1.0, seed=13, top_k=1, top_p=1.0, min_p=0.0, logit_bias={1: 2}), x, 300)
+    assert set(c) == {1}
+
+
+def test_logit_bias_is_applied_before_the_penalties():
+    # token 0 (logit 0.5) is in the history, repeat_penalty 2, bias +1 on token 0, token 1 at 1.0:
+    #   bias first (llama.cpp's order): (0.5 + 1) / 2 = 0.75 < 1.0 -> token 1
+    #   penalty first would give:        0.5 / 2 + 1 = 1.25 > 1.0 -> token 0
+    x = np.array([0.5, 1.0], dtype=np.float32)
+    p = SamplingParams(temperature=0, repeat_penalty=2.0, logit_bias={0: 1.0})
+    assert Sampler(p, 2).sample(x, [0]) == 1
+    # a negative bias that turns the logit negative: the repeat penalty then multiplies it
+    #   bias first: (0.5 - 1) * 2 = -1.0 < -0.8 -> token 1; penalty first: 0.5 / 2 - 1 = -0.75 > -0.8 -> token 0
+    x = np.array([0.5, -0.8], dtype=np.float32)
+    p = SamplingParams(temperature=0, repeat_penalty=2.0, logit_bias={0: -1.0})
+    assert Sampler(p, 2).sample(x, [0]) == 1
+    # without the history the same bias leaves token 0 first: 0.5 - 1 = -0.5 > -0.8
+    assert Sampler(p, 2).sample(x, []) == 0
+
+
+def test_logit_bias_leaves_the_callers_logits_alone():
+    x = np.array([1.0, 2.0], dtype=np.float32)
+    Sampler(SamplingParams(temperature=0, logit_bias={0: 5}), 2).sample(x)
+    np.testing.assert_array_equal(x, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("bias, needle", [({-1: 1.0}, "-1 is not a token id"),
+                                          ({"5": 1.0}, "'5' is not a token id"),
+                                          ({1.5: 1.0}, "1.5 is not a token id"),
+                                          ({True: 1.0}, "True is not a token id"),
+                                          ({1: 100.5}, "[-100, 100]"),
+                                          ({1: -101}, "[-100, 100]"),
+                                          ({1: float("-inf")}, "finite"),
+                                          ({1: float("nan")}, "finite"),
+                                          ({1: "1"}, "finite")])
+def test_bad_logit_bias_is_rejected_naming_the_field(bias, needle):
+    with pytest.raises(MemraError, match="logit_bias") as e:
+        SamplingParams(logit_bias=bias).validate()
+    assert needle in str(e.value)
+    with pytest.raises(MemraError, match="--logit-bias"):
+        SamplingParams(logit_bias=bias).validate({"logit_bias": "--logit-bias"})
+
+
+def test_logit_bias_bounds_are_inclusive_and_an_id_beyond_the_vocabulary_is_an_error():
+    SamplingParams(logit_bias={0: -100, 3: 100}).validate()
+    Sampler(SamplingParams(logit_bias={0: -100, 3: 100}), 4)
+    with pytest.raises(MemraError, match=r"logit_bias: token id 4 is outside the vocabulary \[0, 4\)"):
+        Sampler(SamplingParams(logit_bias={4: 1.0}), 4)
+    SamplingParams(logit_bias={4: 1.0}).validate()  # without a vocabulary size only the id's form is checked
+    with pytest.raises(MemraError, match="outside the vocabulary"):
+        check_request(SamplingParams(logit_bias={4: 1.0}), n_vocab=4)
+
+
+def test_only_penalties_or_a_bias_need_the_host_sampler():
+    assert not SamplingParams().host_only
+    assert not SamplingParams(logit_bias={}).host_only
+    assert SamplingParams(logit_bias={3: 0.0}).host_only
+    assert SamplingParams(repeat_penalty=1.1).host_only
+    assert SamplingParams(presence_penalty=0.5).host_only

@@ -41,17 +41,21 @@ def ref():
     tok = Tokenizer.from_gguf(g)
     memo = {}
 
-    def greedy(ids, n):
+    def greedy(ids, n, bias=None):
         """(tokens, logits each was chosen from) of the reference's greedy continuation,
-        ending at an end-of-generation token."""
-        key = (tuple(ids), n)
+        ending at an end-of-generation token. bias: {token id: value} added (in float64) to
+        the logits before each argmax, OpenAI's logit_bias; the logits returned are the raw ones."""
+        key = (tuple(ids), n, tuple(sorted((bias or {}).items())))
         if key not in memo:
+            add = np.zeros(m.cfg.n_vocab)
+            for t, v in (bias or {}).items():
+                add[t] = v
             cache = m.new_cache(len(ids) + n + 1)
             lg = m.forward(list(ids), cache)
             toks, lgs = [], []
             for i in range(n):
                 lgs.append(lg)
-                toks.append(int(np.argmax(lg)))
+                toks.append(int(np.argmax(lg.astype(np.float64) + add)))
                 if toks[-1] in tok.eog_ids or i + 1 == n:
                     break
                 lg = m.forward([toks[-1]], cache)
@@ -234,6 +238,61 @@ def test_completion_logprobs(server, ref):
     assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
 
 
+def test_logit_bias_is_the_reference_greedy_continuation_of_the_biased_logits(server, ref):
+    """OpenAI's logit_bias: greedy replies are the reference's argmax of logits + bias at every step (the
+    oracle adds the bias to the reference's logits itself); the log-probs stay the raw logits'."""
+    g, tok, greedy = ref
+    ids = completion_ids(tok, PROMPT)
+    plain, lgs = greedy(ids, 6)
+    c = client(server)
+    # +100 on a token the model would not choose first: the reply begins with it
+    (london,) = tok.encode(" London", add_special=False)
+    assert plain[0] != london
+    want, _ = greedy(ids, 6, {london: 100})
+    assert want[0] == london
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                             logit_bias={str(london): 100}, logprobs=1)
+    assert r.choices[0].text == text_of(tok, want) and r.choices[0].text.startswith(" London")
+    # the first token's log-prob is the raw distribution's (London's unbiased log-softmax), not ~0
+    lg = lgs[0].astype(np.float64)
+    ls = lg - lg.max() - np.log(np.exp(lg - lg.max()).sum())
+    assert r.choices[0].logprobs.token_logprobs[0] == pytest.approx(ls[london], abs=1e-5)
+    assert ls[london] < -1.0
+    # -100 on the unbiased first choice removes it; the continuation is the biased reference's, which
+    # differs from the unbiased one
+    want, _ = greedy(ids, 6, {plain[0]: -100})
+    assert want[0] != plain[0] and len(want) == 6
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logit_bias={str(plain[0]): -100})
+    assert r.choices[0].text == text_of(tok, want) != text_of(tok, plain)
+    # chat, two biases at once, streamed
+    cids = chat_tokens(tok, render_chat(g, CHAT, add_generation_prompt=True))
+    cplain, _ = greedy(cids, 4)
+    bias = {cplain[0]: -100, cplain[1]: 3.5}
+    want, _ = greedy(cids, 4, bias)
+    assert want != cplain
+    text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=4, temperature=0, stream=True,
+        logit_bias={str(k): v for k, v in bias.items()}) if ch.choices)
+    assert text == text_of(tok, want)
+    # an empty map changes nothing: the unbiased reference
+    r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logit_bias={})
+    assert r.choices[0].text == text_of(tok, plain)
+
+
+def test_logit_bias_plus_100_under_sampling(server, ref):
+    """Seeded sampling, every filter off, with a +100 bias: every token is the biased one (any other has a
+    weight below e^-60 against it where the raw logits span less than 40, checked at the first position),
+    drawn by the host sampler as penalties are."""
+    g, tok, greedy = ref
+    (london,) = tok.encode(" London", add_special=False)
+    lg = greedy(completion_ids(tok, PROMPT), 1)[1][0]
+    assert lg.max() - lg[london] < 40  # the margin the docstring's bound relies on, at the first position
+    r = client(server).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=1.0, seed=5,
+                                          top_p=1.0, logit_bias={str(london): 100},
+                                          extra_body={"top_k": 0, "min_p": 0.0})
+    assert r.choices[0].text == " London" * 4
+
+
 def test_unknown_fields_are_ignored_and_models_listed(server):
     c = client(server)
     r = c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0,
@@ -246,17 +305,14 @@ def test_unknown_fields_are_ignored_and_models_listed(server):
 
 def test_models_retrieve_and_the_fields_not_implemented(server):
     """`client.models.retrieve` (GET /v1/models/{id}) answers the served model and 404s another; OpenAI fields that
-    would change the reply and are not implemented (a non-empty logit_bias, best_of > 1) are a 400 naming them, not
-    silently ignored; their neutral values pass."""
+    would change the reply and are not implemented (best_of > 1) are a 400 naming them, not silently ignored; their
+    neutral values pass."""
     c = client(server)
     m = c.models.retrieve(server.state.alias)
     assert m.id == server.state.alias and m.object == "model"
     with pytest.raises(openai.NotFoundError) as e:
         c.models.retrieve("gpt-4o")
     assert e.value.body["code"] == "model_not_found"
-    with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, logit_bias={"42": -100})
-    assert e.value.body["param"] == "logit_bias"
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, best_of=2)
     assert e.value.body["param"] == "best_of"
@@ -295,6 +351,24 @@ def test_errors_are_openai_objects(server):
     assert r.status_code == 400 and error_of(r)["param"] == "messages"
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": "many"}, trust_env=False)
     assert r.status_code == 400 and error_of(r)["param"] == "max_tokens"
+    # logit_bias: a key that is not a token id, an id beyond the vocabulary, a value out of [-100, 100] or not
+    # a number, chat and completions alike
+    n_vocab = server.state.tok.n_vocab
+    for bias, needle in (({"hello": 1}, "'hello' is not a token id"), ({"-5": 1}, "'-5' is not a token id"),
+                         ({"1.5": 1}, "'1.5' is not a token id"), ({"": 1}, "is not a token id"),
+                         ({str(n_vocab): 1}, f"token id {n_vocab} is outside the vocabulary [0, {n_vocab})"),
+                         ({"42": 100.5}, "[-100, 100]"), ({"42": -101}, "[-100, 100]"),
+                         ({"42": "a lot"}, "logit_bias"), ({"42": [1]}, "logit_bias")):
+        for route, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions", {"messages": CHAT})):
+            r = httpx.post(server.url + route, json={**body, "max_tokens": 1, "logit_bias": bias}, trust_env=False)
+            assert r.status_code == 400, (bias, r.text)
+            assert error_of(r)["param"] == "logit_bias" and needle in error_of(r)["message"], (bias, r.text)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "logit_bias": [1, 2]},
+                   trust_env=False)
+    assert r.status_code == 400 and error_of(r)["param"] == "logit_bias"
+    r = httpx.post(server.url + "/v1/completions", trust_env=False, json={
+        "prompt": "Hi", "max_tokens": 1, "temperature": 0, "logit_bias": {str(n_vocab - 1): -100, "0": 100}})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1  # both bounds are inside
     r = httpx.get(server.url + "/v1/nothing", trust_env=False)
     assert r.status_code == 404 and error_of(r)["message"]
     # an assistant's earlier tool call whose function is not an object

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -45,7 +46,7 @@ def _load_model(device: str, g, cfg, n_ctx: int, cache_type_k: str = "f16", cach
 RUN_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
              "seed": "--seed", "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
              "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
-             "max_tokens": "-n", "stop": "--stop", "n_ctx": "--ctx"}
+             "max_tokens": "-n", "stop": "--stop", "logit_bias": "--logit-bias", "n_ctx": "--ctx"}
 
 
 def _set_threads(threads: int) -> None:
@@ -141,6 +142,9 @@ def run(
                                                "-1: all).")] = 64,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty")] = 0.0,
+    logit_bias: Annotated[Optional[list[str]], typer.Option(
+        "--logit-bias", metavar="TOKEN_ID(+/-)BIAS", help="Add BIAS to a token's logit before sampling, e.g. "
+        "15043+1 or 15043-100 (repeatable; BIAS finite, at most 100: -100 all but bans the token).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep going past end-of-generation "
                                              "tokens.")] = False,
@@ -184,7 +188,7 @@ def run(
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                             repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                             frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
-                            max_tokens=n, stop=list(stop or []))
+                            max_tokens=n, stop=list(stop or []), logit_bias=_logit_bias(logit_bias))
     check_request(params, n_ctx=ctx, names=RUN_FLAGS)  # bad flags fail before any model is read
     _check_logprobs(logprobs, as_json, spec)
     if threads is not None:
@@ -209,7 +213,7 @@ def run(
     n_ctx = context_size(len(prompt_ids), n, cfg.n_ctx_train, ctx)
     # refuses before loading any weights; warns past the trained context
     for w in check_request(params, n_prompt=len(prompt_ids), n_ctx=n_ctx, n_ctx_train=cfg.n_ctx_train,
-                           names=RUN_FLAGS):
+                           n_vocab=min(tok.n_vocab, cfg.n_vocab), names=RUN_FLAGS):
         log.warning("%s", w)
 
     constraint = _constraint(tok, json_schema, grammar, regex)
@@ -313,6 +317,31 @@ def run(
         bw += f" · {t.n_forced} forced"
     err.print(f"[dim]{device}: load {load_s:.2f} s · TTFT {ft} · prefill {t.n_prompt} tok {pf} · decode "
               f"{t.n_gen} tok {dc}{bw} · {final.finish_reason} · seed {sampler.seed}[/dim]")
+
+
+def _logit_bias(specs: list[str] | None) -> dict[int, float]:
+    """--logit-bias TOKEN_ID(+/-)BIAS (llama.cpp's spelling: 15043+1 raises token 15043's
+    logit by 1, 15043-1 lowers it), repeatable, one bias a token. The range is
+    check_request's, the server's logit_bias range: finite, in [-100, 100] (-100 where
+    llama.cpp would take -inf)."""
+    out: dict[int, float] = {}
+    for spec in specs or []:
+        m = re.fullmatch(r"\s*([0-9]+)\s*([+-])\s*([0-9.]+(?:[eE][+-]?[0-9]+)?|inf|infinity)\s*", spec,
+                         re.IGNORECASE)
+        try:
+            value = float(m[3]) if m else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise MemraError(f"--logit-bias {spec!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-100")
+        if value == float("inf"):
+            raise MemraError(f"--logit-bias {spec!r}: the bias must be finite, in [-100, 100] (-100 all but "
+                             f"bans the token)")
+        token = int(m[1])
+        if token in out:
+            raise MemraError(f"--logit-bias gives token {token} twice ({spec!r}); give one bias a token")
+        out[token] = -value if m[2] == "-" else value
+    return out
 
 
 def _check_logprobs(n: int | None, as_json: bool, spec: str | None) -> None:

@@ -24,7 +24,7 @@ GEMM and mvt with the matvec bit for bit).
 
 Sampling is on the device (kernels/sample.cu): greedy, or temperature / top-k / top-p /
 min-p with a seed; the draw is a function of (logits, seed, position). Rows that want
-penalties take their logits back (`logits="last"`) and sample on the host.
+penalties or a logit bias take their logits back (`logits="last"`) and sample on the host.
 
 Constrained rows carry a vocabulary mask (Row.mask, kernels/mask.cu applies it before the
 sampler). A decode step with masks runs as two graphs, the body (embedding to logits) and

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -62,7 +63,7 @@ log = logging.getLogger("memra.serve")
 FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
-               "repeat_last_n": "repeat_last_n", "n_ctx": "--ctx-size"}
+               "repeat_last_n": "repeat_last_n", "logit_bias": "logit_bias", "n_ctx": "--ctx-size"}
 
 
 @dataclass
@@ -147,8 +148,8 @@ class _GenBody(_Body):
     grammar: Optional[str] = None
     json_schema: Optional[Any] = None
     regex: Optional[str] = None
+    logit_bias: Optional[dict[str, float]] = None  # token id (a string, as JSON keys are) -> bias
     # OpenAI fields this server does not implement: refused when they would change the reply
-    logit_bias: Optional[dict[str, float]] = None
     best_of: Optional[int] = None
 
 
@@ -294,7 +295,18 @@ def _limit_name(body: _GenBody) -> str:
     return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
 
 
-def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx_train: int) -> SamplingParams:
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias, whose keys are token ids written as JSON strings, keyed by int
+    (the ranges are check_request's)."""
+    out = {}
+    for k, v in (bias or {}).items():
+        if not re.fullmatch(r"[0-9]+", k):
+            raise _bad(f"logit_bias: the key {k!r} is not a token id (a non-negative integer)", "logit_bias")
+        out[int(k)] = v
+    return out
+
+
+def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_vocab: int) -> SamplingParams:
     d = SamplingParams()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     p = SamplingParams(
@@ -307,17 +319,16 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, ctx
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         max_tokens=-1 if max_tokens is None else max_tokens,
-        stop=stop)
+        stop=stop,
+        logit_bias=_logit_bias(body.logit_bias))
     if max_tokens is not None and max_tokens < 1:
         raise _bad(f"{_limit_name(body)} must be at least 1, got {max_tokens}", _limit_name(body))
     if body.n is not None and body.n != 1:
         raise _bad(f"n must be 1: this server returns one choice per request, got n={body.n}", "n")
     if body.best_of is not None and body.best_of != 1:
         raise _bad(f"best_of must be 1: this server returns one choice per request, got {body.best_of}", "best_of")
-    if body.logit_bias:
-        raise _bad("logit_bias is not supported by this server (an empty map is accepted)", "logit_bias")
     try:
-        check_request(p, n_prompt=n_prompt, n_ctx=ctx, names=FIELD_NAMES)
+        check_request(p, n_prompt=n_prompt, n_ctx=ctx, n_vocab=n_vocab, names=FIELD_NAMES)
     except ContextOverflowError as e:
         raise _bad(str(e), "messages" if isinstance(body, ChatBody) else "prompt", "context_length_exceeded")
     except MemraError as e:
@@ -639,7 +650,8 @@ def create_app(st: State) -> FastAPI:
             logprobs = body.logprobs
         if not prompt:
             raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
-        params = _params(body, max_tokens, st.ctx, len(prompt), st.mcfg.n_ctx_train)
+        # a biased id must be a token of the tokenizer and a row of the logits
+        params = _params(body, max_tokens, st.ctx, len(prompt), min(tok.n_vocab, st.mcfg.n_vocab))
         constraint = await _constraint(body, functions)
         if think and (constraint_of(body)[0] in ("json_object", "json_schema") or
                       functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict))):

@@ -39,8 +39,9 @@ Each iteration of the engine thread:
      in the prefix cache and close their sequences.
 
 Tokens are chosen on the device (greedy, or seeded temperature/top-k/top-p/min-p: a function
-of the logits, the seed and the position) unless the request asks for penalties, which the
-host's memra.sampling.Sampler applies to the row's logits. A constrained request (a JSON
+of the logits, the seed and the position) unless the request asks for penalties or a logit
+bias, which the device sampler does not have: the host's memra.sampling.Sampler then
+samples from the row's logits. A constrained request (a JSON
 schema, grammar or regex: memra.text.grammar) has its next-token mask filled for each step,
 with every other constrained row's in one llguidance batch: a decode row's mask is LATER and
 the batch fill is the step's fill callback, which the GPU runner calls while the device runs
@@ -130,13 +131,13 @@ class GenRequest:
     finish: str | None = None
 
     @property
-    def penalized(self) -> bool:
-        p = self.params
-        return p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    def host_sampled(self) -> bool:
+        """Penalties or a logit bias: the host's Sampler chooses (SamplingParams.host_only)."""
+        return self.params.host_only
 
     @property
     def wants_logits(self) -> bool:
-        return self.penalized or self.logprobs is not None
+        return self.host_sampled or self.logprobs is not None
 
     def send(self, ev) -> None:
         """Deliver one event now (the scheduler batches a step's events with deliver())."""
@@ -381,7 +382,7 @@ class Scheduler:
             stop_ids = frozenset(r.params.stop_ids) | (frozenset() if r.ignore_eos else frozenset(self.tok.eog_ids))
             r.ts = TextStream(self.tok, r.params.stop, stop_ids, r.max_new, self.max_len - len(r.prompt))
             p = r.params
-            if r.penalized:
+            if r.host_sampled:
                 r.sampler = Sampler(SamplingParams(**{**p.__dict__, "seed": r.seed}), self.n_vocab)
             else:
                 r.device = Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
@@ -415,7 +416,8 @@ class Scheduler:
     def _fill_masks(self, reqs, host_only: bool = False) -> list:
         """Each request's mask row for this step (None for unconstrained ones): the
         constrained ones' next-token masks, filled in one batch by llguidance. host_only:
-        only the requests sampled on the host (penalties), whose masks the scheduler reads."""
+        only the requests sampled on the host (penalties, logit bias), whose masks the
+        scheduler reads."""
         from memra.text.grammar import fill_masks, new_masks
 
         idx = [i for i, r in enumerate(reqs) if r.matcher is not None and (r.sampler is not None or not host_only)]
@@ -518,7 +520,7 @@ class Scheduler:
         for i in range(0, len(plain), MAX_ROWS):
             group = plain[i:i + MAX_ROWS]
             # constrained rows sampled on the device: their masks are filled (LATER) while
-            # the engine computes the step's logits; host-sampled ones (penalties) now; a
+            # the engine computes the step's logits; host-sampled ones (penalties, bias) now; a
             # dripping run's token is fed unsampled (its run's last token samples next step)
             samp = [r for r in group if id(r) not in dripping]
             late = {id(r) for r in samp if r.matcher is not None and r.sampler is None} \

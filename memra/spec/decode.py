@@ -341,8 +341,9 @@ def plain_stream(target, prompt, n_max: int):
 class SpecDecoder:
     """What `memra run --spec` hands memra.session.generate: a drafter, a K policy and the
     running counts. On an engine with `verify` (the GPU engine) the device sampler chooses
-    (as `memra run`'s plain GPU path does); with penalties, or on the CPU reference, the
-    host Sampler does, one position at a time (HostTarget), as plain decode calls it."""
+    (as `memra run`'s plain GPU path does); with penalties or a logit bias, or on the CPU
+    reference, the host Sampler does, one position at a time (HostTarget), as plain decode
+    calls it."""
 
     def __init__(self, drafter, k="auto"):
         self.drafter = drafter
@@ -357,12 +358,11 @@ class SpecDecoder:
         from memra.gpu.runner import Sampling
 
         p = sampler.params
-        penalties = p.repeat_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
         if constraint is not None:
             grammar = DraftGrammar(constraint.matcher(), sampler.n_vocab, end)
             return spec_stream(HostTarget(model, sampler, n_ctx), prompt, n_max, self.drafter, self.policy,
                                self.stats, grammar=grammar)
-        if hasattr(model, "verify") and hasattr(model, "seqs") and not penalties:
+        if hasattr(model, "verify") and hasattr(model, "seqs") and not p.host_only:
             model.reset()
             sm = Sampling(p.temperature, p.top_k, p.top_p, p.min_p, sampler.seed)
             target = DeviceTarget(model, sm, seq=model.seqs[0])
