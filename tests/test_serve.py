@@ -322,9 +322,13 @@ def test_models_retrieve_and_the_fields_not_implemented(server):
 
 def test_errors_are_openai_objects(server):
     c = client(server)
-    with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2)
-    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+    for n in (0, 65):  # n > 1 is served (below), up to the 64 choices a request may ask for
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=n)
+        assert e.value.status_code == 400 and e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:  # 33 prompts x 2 samples
+        c.completions.create(model=MODEL, prompt=["Hi"] * 33, max_tokens=2, n=2)
+    assert e.value.body["param"] == "prompt"
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1)
     assert e.value.body["param"] == "temperature" and "temperature" in e.value.body["message"]
@@ -509,6 +513,82 @@ def test_prefix_cache_hit_and_salt_isolation(server, ref):
     assert a.choices[0].text == b.choices[0].text == x.choices[0].text
 
 
+# -- several choices: n > 1 and lists of prompts -------------------------------------------------------
+
+def test_n_choices_share_the_prompt_and_each_is_the_reference(server, ref):
+    """n = 3, greedy: three choices indexed 0..2, each the reference's continuation; the prompt counted once in
+    usage; choices 1 and 2 start after choice 0 has its first token and find the prompt's full blocks in the
+    prefix cache (its hit counter grows by their whole blocks), so the prompt is computed once."""
+    g, tok, greedy = ref
+    ids = completion_ids(tok, LONG)
+    want, _ = greedy(ids, 5)
+    hit = (len(ids) - 1) // BLOCK * BLOCK
+    c = client(server)
+    salt = f"n3-{time.time()}"  # a namespace of its own: nothing cached before
+    before = metric(metrics_of(server), "memra:prefix_cache_hits_total")
+    r = c.completions.create(model=MODEL, prompt=LONG, max_tokens=5, temperature=0, n=3,
+                             extra_body={"cache_salt": salt})
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert [ch.text for ch in r.choices] == [text_of(tok, want)] * 3
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 3 * len(want)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # the first choice's: nothing was cached
+    assert metric(metrics_of(server), "memra:prefix_cache_hits_total") - before == 2 * hit
+
+
+def test_n_seeded_samples(server):
+    """Seeded sampling with n = 2: choice 0 samples what the same request with n = 1 samples, choice 1 what n = 1
+    samples with the seed memra derives for it (memra.serve.api._choice_params); both are reproducible."""
+    from memra.sampling import SamplingParams
+    from memra.serve.api import _choice_params
+
+    c = client(server)
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=1.0,
+              extra_body={"top_k": 0, "min_p": 0})
+    r = c.completions.create(**kw, n=2, seed=1234)
+    one = c.completions.create(**kw, seed=1234)
+    seed1 = _choice_params(SamplingParams(seed=1234), 1).seed
+    assert seed1 != 1234
+    two = c.completions.create(**kw, seed=seed1)
+    assert [ch.text for ch in r.choices] == [one.choices[0].text, two.choices[0].text]
+    assert [ch.text for ch in c.completions.create(**kw, n=2, seed=1234).choices] == [ch.text for ch in r.choices]
+
+
+def test_n_streamed_chat_with_usage(server, ref):
+    """A streamed chat with n = 2: every chunk names its choice; each choice opens with the role, carries the
+    reference's text and ends with one finish_reason; the usage chunk counts the prompt once."""
+    g, tok, greedy = ref
+    ids = chat_tokens(tok, render_chat(g, CHAT, add_generation_prompt=True))
+    want, _ = greedy(ids, 6)
+    chunks = list(client(server).chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=6, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True}))
+    body = [ch for ch in chunks if ch.choices]
+    for i in (0, 1):
+        mine = [ch.choices[0] for ch in body if ch.choices[0].index == i]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(x.delta.content or "" for x in mine) == text_of(tok, want)
+        assert [x.finish_reason for x in mine if x.finish_reason] == \
+            (["stop"] if want[-1] in tok.eog_ids else ["length"])
+    assert {ch.choices[0].index for ch in body} == {0, 1}
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.prompt_tokens == len(ids)
+    assert last.usage.completion_tokens == 2 * len(want)
+
+
+def test_a_list_of_prompts_gives_a_choice_each(server, ref):
+    """prompt as a list (of strings, or of token-id lists) with n = 2: choice i n + j is prompt i's; each the
+    reference's greedy continuation of its own prompt."""
+    g, tok, greedy = ref
+    texts = ["The capital of France is", "List the planets:"]
+    wants = [greedy(completion_ids(tok, t), 4)[0] for t in texts]
+    c = client(server)
+    for prompt in (texts, [completion_ids(tok, t) for t in texts]):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, n=2)
+        assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+        assert [ch.text for ch in r.choices] == [text_of(tok, w) for w in wants for _ in range(2)]
+        assert r.usage.prompt_tokens == sum(len(completion_ids(tok, t)) for t in texts)
+
+
 @pytest.mark.slow
 def test_prefix_cache_across_turns_with_a_decoded_reply(server, ref):
     """Turn 2 reuses blocks whose K/V turn 1 wrote while decoding its reply: the same tokens
@@ -574,11 +654,13 @@ def test_concurrent_requests_are_isolated(server, ref):
     assert steps_together < steps_alone  # they did share steps
 
 
-def test_a_disconnect_frees_its_blocks(server):
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_disconnect_frees_its_blocks(server, n):
+    """A streaming client that goes away cancels its request (with n choices, every one of them)."""
     kv = server.state.engine.kv
     before = metrics_of(server)
     body = {"model": MODEL, "prompt": "Count from one to a thousand:", "max_tokens": 200, "temperature": 0,
-            "stream": True}
+            "stream": True, "n": n}
     with httpx.Client(trust_env=False, timeout=60) as h:
         with h.stream("POST", server.url + "/v1/completions", json=body) as r:
             got = 0
@@ -594,20 +676,21 @@ def test_a_disconnect_frees_its_blocks(server):
     assert (kv.alloc.ref == 0).all() and kv.alloc.n_free == kv.alloc.n_blocks
     after = metrics_of(server)
     assert metric(after, "memra:request_success_total", finished_reason="abort") - \
-        metric(before, "memra:request_success_total", finished_reason="abort") == 1
-    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200
+        metric(before, "memra:request_success_total", finished_reason="abort") == n
+    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200 * n
 
 
 
-def test_a_blocking_disconnect_cancels_while_tokens_flow(server):
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_blocking_disconnect_cancels_while_tokens_flow(server, n):
     """A blocking request whose client is gone is cancelled within a moment even while its
     tokens keep arriving (the disconnect is checked on a clock, not only when the queue is
-    quiet)."""
+    quiet); with n choices, every one of them."""
     kv = server.state.engine.kv
     sched = server.state.sched
     before = metrics_of(server)
     body = json.dumps({"model": MODEL, "prompt": "Count from one to a thousand:", "max_tokens": 200,
-                       "temperature": 0, "ignore_eos": True}).encode()
+                       "temperature": 0, "ignore_eos": True, "n": n}).encode()
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -622,8 +705,8 @@ def test_a_blocking_disconnect_cancels_while_tokens_flow(server):
     assert sched.n_running == 0 and (kv.alloc.ref == 0).all()
     after = metrics_of(server)
     assert metric(after, "memra:request_success_total", finished_reason="abort") - \
-        metric(before, "memra:request_success_total", finished_reason="abort") == 1
-    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200
+        metric(before, "memra:request_success_total", finished_reason="abort") == n
+    assert metric(after, "memra:generation_tokens_total") - metric(before, "memra:generation_tokens_total") < 200 * n
 
 
 # -- keys and the queue ---------------------------------------------------------------------------
@@ -692,6 +775,27 @@ def test_a_full_queue_answers_429(keyed):
     th.join(120)
     assert waiting["r"].usage.completion_tokens == 2
     h.close()
+
+
+def test_choices_refused_by_the_queue_leave_nothing_behind(keyed):
+    """n = 3 on --parallel 1 --max-queue 1: choice 0 runs, choice 1 waits, choice 2 finds the queue full: the
+    request is a 429 and the two choices it started are cancelled (nothing left running or waiting; the next
+    request is served)."""
+    c = client(keyed, "key-one")
+    aborted = metric(metrics_of(keyed, "key-one"), "memra:request_success_total", finished_reason="abort")
+    with pytest.raises(openai.RateLimitError) as e:
+        c.completions.create(model=MODEL, prompt="List the planets:", max_tokens=100, temperature=0, n=3)
+    assert e.value.status_code == 429
+    t_end = time.time() + 30
+    while time.time() < t_end:
+        ms = metrics_of(keyed, "key-one")
+        if metric(ms, "memra:num_requests_running") == 0 and metric(ms, "memra:num_requests_waiting") == 0:
+            break
+        time.sleep(0.05)
+    assert metric(ms, "memra:num_requests_running") == 0 and metric(ms, "memra:num_requests_waiting") == 0
+    # both started choices were cancelled (not run to their 100 tokens)
+    assert metric(ms, "memra:request_success_total", finished_reason="abort") - aborted == 2
+    assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
 
 
 # -- lifecycle ------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -166,7 +168,7 @@ class ChatBody(_GenBody):
 
 
 class CompletionBody(_GenBody):
-    prompt: Union[str, list[str], list[int]]
+    prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: Optional[int] = None
     echo: Optional[bool] = False
     suffix: Optional[str] = None
@@ -306,6 +308,30 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
+# choices a request may ask for (prompts x n): the largest decode batch the GPU engine captures
+MAX_CHOICES = 64
+
+
+@dataclass
+class _Choice:
+    """One choice of a response: its index (prompt i, sample j: i n + j), j, its generation and
+    the events read before the response began (memra serve's _start)."""
+    index: int
+    j: int
+    req: GenRequest
+    early: list = field(default_factory=list)
+
+
+def _choice_params(p: SamplingParams, j: int) -> SamplingParams:
+    """Choice j's sampling parameters: choice 0 keeps the request's seed (so n = 1 and the first of
+    n choices sample the same tokens), choice j > 0 a seed derived from (seed, j); without a seed
+    every choice draws its own at submission."""
+    if j == 0 or p.seed is None:
+        return p
+    h = hashlib.blake2b(f"memra-choice\0{p.seed}\0{j}".encode(), digest_size=8).digest()
+    return dataclasses.replace(p, seed=int.from_bytes(h, "little") >> 1)
+
+
 def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_vocab: int) -> SamplingParams:
     d = SamplingParams()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -323,10 +349,9 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_v
         logit_bias=_logit_bias(body.logit_bias))
     if max_tokens is not None and max_tokens < 1:
         raise _bad(f"{_limit_name(body)} must be at least 1, got {max_tokens}", _limit_name(body))
-    if body.n is not None and body.n != 1:
-        raise _bad(f"n must be 1: this server returns one choice per request, got n={body.n}", "n")
     if body.best_of is not None and body.best_of != 1:
-        raise _bad(f"best_of must be 1: this server returns one choice per request, got {body.best_of}", "best_of")
+        raise _bad(f"best_of must be 1: this server returns the choices it samples, unranked, got {body.best_of}",
+                   "best_of")
     try:
         check_request(p, n_prompt=n_prompt, n_ctx=ctx, n_vocab=n_vocab, names=FIELD_NAMES)
     except ContextOverflowError as e:
@@ -583,6 +608,9 @@ def create_app(st: State) -> FastAPI:
         st.check_model(body.model)
         functions: dict = {}  # the declared tools when the reply may call them
         think = None  # chat: None keeps a think block in the content, else whether the prompt opened one
+        n_choices = 1 if body.n is None else body.n
+        if not 1 <= n_choices <= MAX_CHOICES:
+            raise _bad(f"n must be in [1, {MAX_CHOICES}], got {n_choices}", "n")
         if chat:
             if not body.messages:
                 raise _bad("messages must hold at least one message", "messages")
@@ -617,6 +645,7 @@ def create_app(st: State) -> FastAPI:
                 raise
             except MemraError as e:
                 raise _bad(f"messages: {e}", "messages")
+            prompts = [prompt]
             if fmt != "none":
                 think = prompt_opens_think(rendered)
             max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -632,54 +661,123 @@ def create_app(st: State) -> FastAPI:
             if body.suffix:
                 raise _bad("suffix (insertion) is not supported by this server", "suffix")
             p = body.prompt
-            if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-                prompt = list(p)
-                bad = [t for t in prompt if not 0 <= t < tok.n_vocab]
+            # a string, a list of strings, token ids, or a list of token-id lists: one prompt each
+            many = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+            if len(many) * n_choices > MAX_CHOICES:
+                raise _bad(f"prompt: {len(many)} prompts x n = {n_choices} are {len(many) * n_choices} choices; "
+                           f"a request may ask for at most {MAX_CHOICES}", "prompt")
+            _can_fit([x for x in many if isinstance(x, str)], "prompt")
+            prompts = []
+            for x in many:
+                if isinstance(x, str):
+                    prompts.append((await asyncio.to_thread(prompt_ids, st.gguf, tok, prompt=x))[0])
+                    continue
+                bad = [t for t in x if not 0 <= t < tok.n_vocab]
                 if bad:
                     raise _bad(f"prompt token id {bad[0]} is outside the vocabulary [0, {tok.n_vocab})", "prompt")
-            else:
-                if isinstance(p, list):
-                    if len(p) != 1:
-                        raise _bad(f"prompt: one prompt per request (a list of {len(p)} was given)", "prompt")
-                    p = p[0]
-                _can_fit([p], "prompt")
-                prompt, _ = await asyncio.to_thread(prompt_ids, st.gguf, tok, prompt=p)
+                prompts.append(list(x))
             max_tokens = body.max_tokens if body.max_tokens is not None else 16  # OpenAI's default
             if body.logprobs is not None and not 0 <= body.logprobs <= MAX_TOP_LOGPROBS:
                 raise _bad(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.logprobs}", "logprobs")
             logprobs = body.logprobs
-        if not prompt:
+        if not all(prompts):
             raise _bad("the prompt is empty after tokenization: give some text", "messages" if chat else "prompt")
-        # a biased id must be a token of the tokenizer and a row of the logits
-        params = _params(body, max_tokens, st.ctx, len(prompt), min(tok.n_vocab, st.mcfg.n_vocab))
+        # a biased id must be a token of the tokenizer and a row of the logits; the longest prompt must fit
+        params = _params(body, max_tokens, st.ctx, max(map(len, prompts)), min(tok.n_vocab, st.mcfg.n_vocab))
         constraint = await _constraint(body, functions)
         if think and (constraint_of(body)[0] in ("json_object", "json_schema") or
                       functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict))):
             think = False  # a JSON constraint or a forced call is the whole reply: no thought in it
         ns = f"{who}\0{body.cache_salt or ''}"
-        req = GenRequest(prompt, params, namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
-                         constraint=constraint)
-        _submit(req, _limit_name(body))
-        rid = ("chatcmpl-" if chat else "cmpl-") + req.id
+        chs = [_Choice(i * n_choices + j, j, GenRequest(
+                   x, _choice_params(params, j), namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
+                   constraint=constraint))
+               for i, x in enumerate(prompts) for j in range(n_choices)]
+        if not await _start(chs, request, _limit_name(body)):
+            return _gone()
+        rid = ("chatcmpl-" if chat else "cmpl-") + chs[0].req.id
         model = body.model or st.alias
         created = int(time.time())
         head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
         if body.stream:
             usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(req, request, chat, head, usage_chunk, functions, think),
+            return StreamingResponse(_sse(chs, request, chat, head, usage_chunk, functions, think),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _blocking(req, request, chat, head, functions, think)
+        return await _blocking(chs, request, chat, head, functions, think)
 
-    async def _blocking(req, request, chat, head, functions=None, think=None):
+    async def _start(chs: list, request: Request, limit_name: str) -> bool:
+        """Submit a request's choices. With n > 1 and the prefix cache, a prompt's first choice goes
+        first and the others once it has its first event (its prompt's full blocks are cached by
+        then), so they compute only the prompt's last partial block. Any refusal (429, 400) cancels
+        what was submitted. False: the client went away meanwhile (everything cancelled)."""
+        share = st.sched.pc is not None and any(c.j for c in chs)
+        firsts = [c for c in chs if c.j == 0] if share else chs
+        done: list = []
+        try:
+            for c in firsts:
+                _submit(c.req, limit_name)
+                done.append(c)
+            if share:
+                for c in firsts:
+                    ev = await _next(c.req, request)
+                    if ev is None:
+                        _cancel(done)
+                        return False
+                    c.early.append(ev)
+                for c in chs:
+                    if c.j:
+                        _submit(c.req, limit_name)
+                        done.append(c)
+        except BaseException:
+            _cancel(done)
+            raise
+        return True
+
+    def _cancel(chs: list) -> None:
+        for c in chs:
+            if c.req.finish is None:
+                st.sched.cancel(c.req)
+
+    async def _next_of(c: "_Choice", request: Request):
+        return c.early.pop(0) if c.early else await _next(c.req, request)
+
+    def _gone() -> JSONResponse:
+        return JSONResponse({"error": {"message": "client disconnected", "type": "aborted", "param": None,
+                                       "code": None}}, status_code=499)
+
+    def _total(chs: list, usages: list) -> dict:
+        """The response's usage: each prompt once (its first choice's count and cache hits), every
+        choice's completion tokens."""
+        firsts = [u for c, u in zip(chs, usages) if c.j == 0]
+        return _usage({"prompt_tokens": sum(u["prompt_tokens"] for u in firsts),
+                       "cached_tokens": sum(u["cached_tokens"] for u in firsts),
+                       "completion_tokens": sum(u["completion_tokens"] for u in usages)})
+
+    async def _blocking(chs, request, chat, head, functions=None, think=None):
+        tasks = [asyncio.ensure_future(_blocking_choice(c, request, chat, functions, think)) for c in chs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            _cancel(chs)
+            raise
+        if any(r is None for r in results):
+            _cancel(chs)
+            return _gone()
+        return {**head, "object": "chat.completion" if chat else "text_completion",
+                "choices": [r[0] for r in results], "usage": _total(chs, [r[1] for r in results])}
+
+    async def _blocking_choice(c, request, chat, functions=None, think=None):
+        """(choice, usage) of one choice read to its end; None when the client went away."""
+        req = c.req
         pieces, lps, offs = [], [], []
-        n_text = 0
         try:
             while True:
-                ev = await _next(req, request)
+                ev = await _next_of(c, request)
                 if ev is None:
-                    return JSONResponse({"error": {"message": "client disconnected", "type": "aborted",
-                                                   "param": None, "code": None}}, status_code=499)
+                    return None
                 if ev[0] == "token":
                     _, token, text, released = ev
                     for t, v, o in released:
@@ -687,7 +785,6 @@ def create_app(st: State) -> FastAPI:
                             lps.append((t, v))
                             offs.append(o)
                     pieces.append(text)
-                    n_text += len(text)
                 elif ev[0] == "error":
                     raise APIError(500, ev[1], "server_error")
                 else:
@@ -708,16 +805,14 @@ def create_app(st: State) -> FastAPI:
             if calls:
                 message.update(content=content, tool_calls=calls)
                 finish = "tool_calls" if finish == "stop" else finish
-            choice = {"index": 0, "message": message,
+            choice = {"index": c.index, "message": message,
                       "logprobs": None if req.logprobs is None else
                       {"content": [_chat_lp(t, lp) for t, lp in lps], "refusal": None},
                       "finish_reason": finish}
-            obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish,
+            choice = {"index": c.index, "text": text, "finish_reason": finish,
                       "logprobs": None if req.logprobs is None else _completion_lp(lps, offs)}
-            obj = "text_completion"
-        return {**head, "object": obj, "choices": [choice], "usage": _usage(usage)}
+        return choice, usage
 
     def _delta(reasoning: str, content: str) -> dict:
         """A chat delta: reasoning_content while inside a think block, content after it."""
@@ -731,7 +826,7 @@ def create_app(st: State) -> FastAPI:
                 "top_logprobs": [{_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
                 "text_offset": list(offs)}
 
-    async def _sse(req, request, chat, head, usage_chunk, functions=None, think=None):
+    async def _sse(chs, request, chat, head, usage_chunk, functions=None, think=None):
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if usage_chunk else {}
 
@@ -741,16 +836,70 @@ def create_app(st: State) -> FastAPI:
                 doc["usage"] = usage
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
-        n_text = 0
+        usages: dict = {}
+        gens = [_sse_choice(c, request, chat, functions, think) for c in chs]
+        merged = gens[0] if len(gens) == 1 else _merge(gens)
+        try:
+            async for item in merged:
+                if item[0] == "chunk":
+                    yield chunk(item[1])
+                elif item[0] == "done":
+                    usages[item[1]] = item[2]
+                elif item[0] == "error":
+                    err = {"error": {"message": item[1], "type": "server_error", "param": None, "code": None}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                else:  # the client went away
+                    return
+            if usage_chunk:
+                yield chunk(None, _total(chs, [usages[c.index] for c in chs]))
+            yield "data: [DONE]\n\n"
+        finally:
+            await merged.aclose()
+            _cancel(chs)
+
+    async def _merge(gens):
+        """The items of several async generators as they come (each generator's in its order)."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(g):
+            try:
+                async for item in g:
+                    await q.put(item)
+            except Exception as e:  # a choice's failure ends the response as an error
+                await q.put(("error", f"{type(e).__name__}: {e}"))
+            finally:
+                await q.put(None)
+
+        tasks = [asyncio.ensure_future(pump(g)) for g in gens]
+        try:
+            left = len(tasks)
+            while left:
+                item = await q.get()
+                if item is None:
+                    left -= 1
+                else:
+                    yield item
+        finally:  # the pumps end (each choice's own finally cancels its generation if unfinished)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _sse_choice(c, request, chat, functions=None, think=None):
+        """One choice's stream: ("chunk", choice) items, then ("done", index, usage), ("error",
+        message) or ("gone",) when the client went away."""
+        req, idx = c.req, c.index
         full, sent = "", 0  # with tools: the content so far, and how much of it went out
         rs = ReasoningStream(think) if chat and think is not None else None  # the <think> split
         try:
             if chat:
-                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None})
+                yield "chunk", {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}
             while True:
-                ev = await _next(req, request)
+                ev = await _next_of(c, request)
                 if ev is None:
+                    yield ("gone",)
                     return
                 if ev[0] == "token":
                     _, token, text, released = ev
@@ -769,19 +918,16 @@ def create_app(st: State) -> FastAPI:
                     if not text and not reasoning and not has_lp:
                         continue
                     if chat:
-                        c = {"index": 0, "delta": _delta(reasoning, text),
-                             "logprobs": {"content": [_chat_lp(t, v) for t, v, _ in group], "refusal": None}
-                             if has_lp else None, "finish_reason": None}
+                        yield "chunk", {"index": idx, "delta": _delta(reasoning, text),
+                                        "logprobs": {"content": [_chat_lp(t, v) for t, v, _ in group],
+                                                     "refusal": None} if has_lp else None,
+                                        "finish_reason": None}
                     else:
-                        c = {"index": 0, "text": text, "finish_reason": None,
-                             "logprobs": _completion_lp([(t, v) for t, v, _ in group], [o for *_, o in group])
-                             if has_lp else None}
-                    n_text += len(text)
-                    yield chunk(c)
+                        yield "chunk", {"index": idx, "text": text, "finish_reason": None,
+                                        "logprobs": _completion_lp([(t, v) for t, v, _ in group],
+                                                                   [o for *_, o in group]) if has_lp else None}
                 elif ev[0] == "error":
-                    err = {"error": {"message": ev[1], "type": "server_error", "param": None, "code": None}}
-                    yield f"data: {json.dumps(err)}\n\n"
-                    yield "data: [DONE]\n\n"
+                    yield "error", ev[1]
                     return
                 else:
                     _, finish, usage = ev
@@ -790,8 +936,8 @@ def create_app(st: State) -> FastAPI:
                         if functions:
                             full, rest = full + rest, ""
                         if reasoning or rest:
-                            yield chunk({"index": 0, "delta": _delta(reasoning, rest), "logprobs": None,
-                                         "finish_reason": None})
+                            yield "chunk", {"index": idx, "delta": _delta(reasoning, rest), "logprobs": None,
+                                            "finish_reason": None}
                     if chat and functions:
                         calls, content = parse_tool_calls(full, functions)
                         rest = full[sent:]
@@ -799,24 +945,22 @@ def create_app(st: State) -> FastAPI:
                             done, content = full[:sent].lstrip(), content or ""
                             rest = content[len(done):] if content.startswith(done.rstrip()) else ""
                         if rest:
-                            yield chunk({"index": 0, "delta": {"content": rest}, "logprobs": None,
-                                         "finish_reason": None})
-                        for i, c in enumerate(calls):
-                            f = c["function"]
-                            yield chunk({"index": 0, "logprobs": None, "finish_reason": None, "delta": {
-                                "tool_calls": [{"index": i, "id": c["id"], "type": "function",
-                                                "function": {"name": f["name"], "arguments": ""}}]}})
-                            yield chunk({"index": 0, "logprobs": None, "finish_reason": None, "delta": {
-                                "tool_calls": [{"index": i, "function": {"arguments": f["arguments"]}}]}})
+                            yield "chunk", {"index": idx, "delta": {"content": rest}, "logprobs": None,
+                                            "finish_reason": None}
+                        for i, call in enumerate(calls):
+                            f = call["function"]
+                            yield "chunk", {"index": idx, "logprobs": None, "finish_reason": None, "delta": {
+                                "tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                "function": {"name": f["name"], "arguments": ""}}]}}
+                            yield "chunk", {"index": idx, "logprobs": None, "finish_reason": None, "delta": {
+                                "tool_calls": [{"index": i, "function": {"arguments": f["arguments"]}}]}}
                         if calls and finish == "stop":
                             finish = "tool_calls"
                     if chat:
-                        yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish})
+                        yield "chunk", {"index": idx, "delta": {}, "logprobs": None, "finish_reason": finish}
                     else:
-                        yield chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish})
-                    if usage_chunk:
-                        yield chunk(None, _usage(usage))
-                    yield "data: [DONE]\n\n"
+                        yield "chunk", {"index": idx, "text": "", "logprobs": None, "finish_reason": finish}
+                    yield "done", idx, usage
                     return
         finally:
             if req.finish is None:
