@@ -238,6 +238,89 @@ def test_completion_logprobs(server, ref):
     assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
 
 
+ECHO = ("The quick brown fox jumps over the lazy dog, and then it runs across the wide green field towards "
+        "the old stone bridge where the miller waits for the evening cart, counting every sack of grain twice")
+
+
+def _log_softmax(lg) -> np.ndarray:
+    x = np.asarray(lg, np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def _prompt_logits(g, ids) -> list:
+    """The reference's logits after each prompt position, one position at a time."""
+    m = ReferenceModel(g, numerics="llamacpp")
+    cache = m.new_cache(len(ids) + 1)
+    return [m.forward([t], cache) for t in ids]
+
+
+def test_echo_with_logprobs_scores_the_prompt(server, ref):
+    """Completions' echo with logprobs and max_tokens 0 (how evaluation harnesses score a text): the reply is the
+    prompt's text, every prompt token listed with the reference's log-softmax of the position before it (the
+    first token's null), its top alternatives and offsets into the text; no token generated. The prompt is
+    computed whole even when the prefix cache holds it (a hit would leave positions without logits)."""
+    g, tok, greedy = ref
+    ids = completion_ids(tok, ECHO)
+    assert len(ids) > 2 * BLOCK  # full blocks the prefix cache could have offered
+    lgs = _prompt_logits(g, ids)
+    c = client(server)
+    salt = f"echo-{time.time()}"
+    c.completions.create(model=MODEL, prompt=ECHO, max_tokens=1, temperature=0, extra_body={"cache_salt": salt})
+    r = c.completions.create(model=MODEL, prompt=ECHO, max_tokens=0, echo=True, logprobs=2,
+                             extra_body={"cache_salt": salt})
+    ch = r.choices[0]
+    assert ch.text == tok.decode(ids, skip_special=True) == ECHO
+    assert ch.finish_reason == "length" and r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    lp = ch.logprobs
+    assert lp.tokens == [tok.token_bytes(t).decode("utf-8", "replace") for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        ls = _log_softmax(lgs[i - 1])
+        assert lp.token_logprobs[i] == pytest.approx(ls[ids[i]], abs=1e-5)
+        top = np.argsort(-ls, kind="stable")[:2]
+        assert list(lp.top_logprobs[i].keys()) == [tok.token_bytes(int(t)).decode("utf-8", "replace") for t in top]
+        assert list(lp.top_logprobs[i].values()) == pytest.approx([ls[t] for t in top], abs=1e-5)
+    assert all(ch.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+
+def test_echo_then_the_reply(server, ref):
+    """echo with max_tokens > 0: the prompt's text then the reference's greedy reply, blocking and streamed; with
+    logprobs the reply's entries follow the prompt's, their offsets past the prompt's text; n = 2 choices each
+    carry the prompt (the second takes the first's prompt log-probs)."""
+    g, tok, greedy = ref
+    ids = completion_ids(tok, ECHO)
+    want, lgs = greedy(ids, 4)
+    reply = text_of(tok, want)
+    c = client(server)
+    r = c.completions.create(model=MODEL, prompt=ECHO, max_tokens=4, temperature=0, echo=True, logprobs=1, n=2)
+    for ch in r.choices:
+        assert ch.text == ECHO + reply
+        lp = ch.logprobs
+        assert len(lp.tokens) == len(ids) + len(want) and lp.token_logprobs[0] is None
+        assert lp.token_logprobs[len(ids)] == pytest.approx(_log_softmax(lgs[0])[want[0]], abs=1e-5)
+        assert lp.text_offset[len(ids)] == len(ECHO)
+        assert all(ch.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    assert r.choices[0].logprobs == r.choices[1].logprobs
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 2 * len(want)
+    for logprobs in (None, 1):
+        parts, offs = [], []
+        for ch in c.completions.create(model=MODEL, prompt=ECHO, max_tokens=4, temperature=0, echo=True,
+                                       logprobs=logprobs, stream=True):
+            if ch.choices:
+                parts.append(ch.choices[0].text)
+                if ch.choices[0].logprobs:
+                    offs += ch.choices[0].logprobs.text_offset
+        assert parts[0] == ECHO and "".join(parts) == ECHO + reply
+        if logprobs:
+            assert len(offs) == len(ids) + len(want) and offs[len(ids)] == len(ECHO)
+    # max_tokens 0 asks for the prompt alone: without echo there would be nothing to return
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt=ECHO, max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+
+
 def test_logit_bias_is_the_reference_greedy_continuation_of_the_biased_logits(server, ref):
     """OpenAI's logit_bias: greedy replies are the reference's argmax of logits + bias at every step (the
     oracle adds the bias to the reference's logits itself); the log-probs stay the raw logits'."""

@@ -186,6 +186,59 @@ def test_scheduler_batches_the_emulated_runner(tiny_models):
         sched.stop()
 
 
+def test_prompt_logprobs_on_the_emulated_runner(tiny_models):
+    """A request for its prompt's log-probs (completions' echo with logprobs) on the GPU runner, its prompt in
+    chunks under a small token budget beside another request: the ("prompt", entries) event comes first, each
+    entry exactly the log-softmax of the runner's own logits for the prompt in one row (logits "all") at the position
+    before it; max_tokens 0 then ends it with no token; with max_tokens 2 the tokens are the runner's greedy ones.
+    A prefix-cache hit is not taken (its positions would have no logits)."""
+    from gpu_emulator import FakeGpu
+    from memra.gpu.runner import Runner
+    from memra.sampling import logprob_entry
+
+    path = tiny_models("llama", "Q4_K_M")
+    tok = Tokenizer.from_gguf(open_gguf(path))
+    runner = Runner(path, max_len=96, max_seqs=4, gpu=FakeGpu(1 << 28))
+    sched = Scheduler(runner, tok, max_queue=8, max_batched_tokens=12)
+    rng = np.random.default_rng(11)
+    prompt = [int(x) for x in rng.integers(3, 40000, 37)]
+    other = [int(x) for x in rng.integers(3, 40000, 20)]
+
+    async def events(reqs):
+        for r in reqs:
+            sched.submit(r)
+
+        async def one(r):
+            return [ev async for ev in r.events()]
+
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    try:
+        s = runner.open()
+        lgs = runner.step([Row(s, prompt, logits="all")])[0].logits
+        runner.close(s)
+        want = [(prompt[0], None)] + [(prompt[i], logprob_entry(lgs[i - 1], prompt[i], 2)) for i in range(1, 37)]
+        greedy = _alone(runner, prompt, 2)
+        sched.start()
+        asyncio.run(events([GenRequest(prompt, SamplingParams(temperature=0, max_tokens=1), namespace="p")]))
+        a, b, c = asyncio.run(events([
+            GenRequest(prompt, SamplingParams(temperature=0, max_tokens=0), namespace="p", prompt_logprobs=2),
+            GenRequest(prompt, SamplingParams(temperature=0, max_tokens=2), namespace="p", prompt_logprobs=2,
+                       ignore_eos=True),
+            GenRequest(other, SamplingParams(temperature=0, max_tokens=3), namespace="p", ignore_eos=True)]))
+        for evs in (a, b):
+            assert evs[0][0] == "prompt" and [t for t, _ in evs[0][1]] == prompt
+            assert evs[0][1] == want  # the same bits: a row's logits do not depend on its chunks or neighbours
+            assert evs[-1][0] == "done" and evs[-1][2]["cached_tokens"] == 0
+        assert [ev[0] for ev in a] == ["prompt", "done"] and a[-1][1] == "length"
+        assert a[-1][2]["completion_tokens"] == 0
+        assert [ev[1] for ev in b if ev[0] == "token"] == greedy
+        assert c[0][0] == "token" and not any(ev[0] == "prompt" for ev in c)
+        _all_freed(sched, runner)
+    finally:
+        sched.stop()
+
+
 def test_hybrid_attention_shares_only_prompt_blocks(tiny_models):
     """With MEMRA_ATTN=hybrid a prompt row and a decode row at one position differ in bits, so
     the prefix cache shares only blocks of prompt rows: a second turn (the first prompt, its

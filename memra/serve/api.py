@@ -320,6 +320,7 @@ class _Choice:
     j: int
     req: GenRequest
     early: list = field(default_factory=list)
+    echo: bool = False    # completions' echo: the reply begins with the prompt's text (and log-probs)
 
 
 def _choice_params(p: SamplingParams, j: int) -> SamplingParams:
@@ -347,8 +348,9 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_v
         max_tokens=-1 if max_tokens is None else max_tokens,
         stop=stop,
         logit_bias=_logit_bias(body.logit_bias))
-    if max_tokens is not None and max_tokens < 1:
-        raise _bad(f"{_limit_name(body)} must be at least 1, got {max_tokens}", _limit_name(body))
+    least = 0 if getattr(body, "echo", False) else 1  # echo with max_tokens 0: the prompt (and its log-probs) alone
+    if max_tokens is not None and max_tokens < least:
+        raise _bad(f"{_limit_name(body)} must be at least {least}, got {max_tokens}", _limit_name(body))
     if body.best_of is not None and body.best_of != 1:
         raise _bad(f"best_of must be 1: this server returns the choices it samples, unranked, got {body.best_of}",
                    "best_of")
@@ -656,8 +658,6 @@ def create_app(st: State) -> FastAPI:
                 raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
-            if body.echo:
-                raise _bad("echo is not supported by this server", "echo")
             if body.suffix:
                 raise _bad("suffix (insertion) is not supported by this server", "suffix")
             p = body.prompt
@@ -689,11 +689,15 @@ def create_app(st: State) -> FastAPI:
                       functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict))):
             think = False  # a JSON constraint or a forced call is the whole reply: no thought in it
         ns = f"{who}\0{body.cache_salt or ''}"
+        echo = not chat and bool(body.echo)
+        share = st.sched.pc is not None and n_choices > 1
+        # echo with logprobs: the prompt's log-probs, computed by a prompt's first choice when the others share it
+        plp = logprobs if echo else None
         chs = [_Choice(i * n_choices + j, j, GenRequest(
                    x, _choice_params(params, j), namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
-                   constraint=constraint))
+                   constraint=constraint, prompt_logprobs=plp if j == 0 or not share else None), echo=echo)
                for i, x in enumerate(prompts) for j in range(n_choices)]
-        if not await _start(chs, request, _limit_name(body)):
+        if not await _start(chs, request, _limit_name(body), share):
             return _gone()
         rid = ("chatcmpl-" if chat else "cmpl-") + chs[0].req.id
         model = body.model or st.alias
@@ -706,12 +710,12 @@ def create_app(st: State) -> FastAPI:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await _blocking(chs, request, chat, head, functions, think)
 
-    async def _start(chs: list, request: Request, limit_name: str) -> bool:
-        """Submit a request's choices. With n > 1 and the prefix cache, a prompt's first choice goes
-        first and the others once it has its first event (its prompt's full blocks are cached by
-        then), so they compute only the prompt's last partial block. Any refusal (429, 400) cancels
-        what was submitted. False: the client went away meanwhile (everything cancelled)."""
-        share = st.sched.pc is not None and any(c.j for c in chs)
+    async def _start(chs: list, request: Request, limit_name: str, share: bool) -> bool:
+        """Submit a request's choices. Sharing (n > 1 and the prefix cache), a prompt's first choice
+        goes first and the others once it has its first event (its prompt's full blocks are cached
+        by then; with echo and logprobs that event is the prompt's log-probs, which the others
+        take from it), so they compute only the prompt's last partial block. Any refusal (429, 400)
+        cancels what was submitted. False: the client went away meanwhile (everything cancelled)."""
         firsts = [c for c in chs if c.j == 0] if share else chs
         done: list = []
         try:
@@ -725,6 +729,10 @@ def create_app(st: State) -> FastAPI:
                         _cancel(done)
                         return False
                     c.early.append(ev)
+                    if ev[0] == "prompt":  # the prompt's log-probs, for its other choices too
+                        for o in chs:
+                            if o.j and o.index - o.j == c.index:
+                                o.early.append(ev)
                 for c in chs:
                     if c.j:
                         _submit(c.req, limit_name)
@@ -773,6 +781,7 @@ def create_app(st: State) -> FastAPI:
         """(choice, usage) of one choice read to its end; None when the client went away."""
         req = c.req
         pieces, lps, offs = [], [], []
+        plps = None  # the prompt's log-probs (echo with logprobs)
         try:
             while True:
                 ev = await _next_of(c, request)
@@ -785,6 +794,8 @@ def create_app(st: State) -> FastAPI:
                             lps.append((t, v))
                             offs.append(o)
                     pieces.append(text)
+                elif ev[0] == "prompt":
+                    plps = ev[1]
                 elif ev[0] == "error":
                     raise APIError(500, ev[1], "server_error")
                 else:
@@ -810,9 +821,32 @@ def create_app(st: State) -> FastAPI:
                       {"content": [_chat_lp(t, lp) for t, lp in lps], "refusal": None},
                       "finish_reason": finish}
         else:
-            choice = {"index": c.index, "text": text, "finish_reason": finish,
-                      "logprobs": None if req.logprobs is None else _completion_lp(lps, offs)}
+            lp = None if req.logprobs is None else _completion_lp(lps, offs)
+            if c.echo:  # the prompt's text first, its tokens' log-probs before the reply's
+                ptext, plp = _echo(req.prompt, plps)
+                text = ptext + text
+                if lp is not None:
+                    lp = _completion_lp_join(plp, lp, len(ptext))
+            choice = {"index": c.index, "text": text, "finish_reason": finish, "logprobs": lp}
         return choice, usage
+
+    def _echo(prompt: list[int], plps) -> tuple[str, dict | None]:
+        """A prompt's text (the ids detokenized as replies are) and, given its ("prompt", entries) log-probs,
+        their completions logprobs object (the first token's log-prob is null, as is its top)."""
+        dec = tok.stream(skip_special=True)
+        text, offs = "", []
+        for t in prompt:
+            offs.append(len(text))
+            text += dec.push(t)
+        text += dec.flush()
+        if plps is None:
+            return text, None
+        return text, _completion_lp(list(plps), offs)
+
+    def _completion_lp_join(a: dict | None, b: dict, shift: int) -> dict:
+        """Completions logprobs a (the prompt's) then b (the reply's, its offsets shifted past the prompt's text)."""
+        b = {**b, "text_offset": [o + shift for o in b["text_offset"]]}
+        return b if a is None else {k: a[k] + b[k] for k in b}
 
     def _delta(reasoning: str, content: str) -> dict:
         """A chat delta: reasoning_content while inside a think block, content after it."""
@@ -821,9 +855,10 @@ def create_app(st: State) -> FastAPI:
         return {"reasoning_content": reasoning, **({"content": content} if content else {})}
 
     def _completion_lp(lps, offs) -> dict:
+        """Completions logprobs of (token, (logprob, top) or None) pairs."""
         return {"tokens": [_token_text(tok, t)[0] for t, _ in lps],
-                "token_logprobs": [lp[0] for _, lp in lps],
-                "top_logprobs": [{_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
+                "token_logprobs": [None if lp is None else lp[0] for _, lp in lps],
+                "top_logprobs": [None if lp is None else {_token_text(tok, i)[0]: v for i, v in lp[1]} for _, lp in lps],
                 "text_offset": list(offs)}
 
     async def _sse(chs, request, chat, head, usage_chunk, functions=None, think=None):
@@ -892,15 +927,25 @@ def create_app(st: State) -> FastAPI:
         req, idx = c.req, c.index
         full, sent = "", 0  # with tools: the content so far, and how much of it went out
         rs = ReasoningStream(think) if chat and think is not None else None  # the <think> split
+        base = 0  # echo: the reply's text offsets begin after the prompt's text
         try:
             if chat:
                 yield "chunk", {"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None}
+            if c.echo and req.logprobs is None:  # the prompt's text at once (with logprobs: when they come)
+                ptext, _ = _echo(req.prompt, None)
+                base = len(ptext)
+                yield "chunk", {"index": idx, "text": ptext, "logprobs": None, "finish_reason": None}
             while True:
                 ev = await _next_of(c, request)
                 if ev is None:
                     yield ("gone",)
                     return
+                if ev[0] == "prompt":
+                    ptext, plp = _echo(req.prompt, ev[1])
+                    base = len(ptext)
+                    yield "chunk", {"index": idx, "text": ptext, "logprobs": plp, "finish_reason": None}
+                    continue
                 if ev[0] == "token":
                     _, token, text, released = ev
                     group = [(t, v, o) for t, v, o in released if _counts(t, req)]
@@ -925,7 +970,7 @@ def create_app(st: State) -> FastAPI:
                     else:
                         yield "chunk", {"index": idx, "text": text, "finish_reason": None,
                                         "logprobs": _completion_lp([(t, v) for t, v, _ in group],
-                                                                   [o for *_, o in group]) if has_lp else None}
+                                                                   [base + o for *_, o in group]) if has_lp else None}
                 elif ev[0] == "error":
                     yield "error", ev[1]
                     return

@@ -98,6 +98,9 @@ class GenRequest:
     logprobs: int | None = None
     ignore_eos: bool = False
     constraint: object = None  # memra.text.grammar.Constraint: a JSON schema, grammar or regex
+    # the prompt's own log-probs (completions' echo with logprobs): top alternatives per position (None: none);
+    # the prompt is then computed whole (no prefix-cache hit) with every position's logits read back
+    prompt_logprobs: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     # set by submit()
@@ -129,6 +132,7 @@ class GenRequest:
     t_first: float | None = None
     t_last: float | None = None
     finish: str | None = None
+    prompt_lps: list = field(default_factory=list)  # (token, (logprob, top) or None) per prompt position so far
 
     @property
     def host_sampled(self) -> bool:
@@ -144,7 +148,9 @@ class GenRequest:
         deliver(self.loop, [(self, ev)])
 
     async def events(self):
-        """The request's events until its end: ("token", id, text, logprobs), then ("done",
+        """The request's events until its end: ("prompt", entries) first when it asked for the
+        prompt's log-probs (prompt_logprobs: (id, (logprob, top) or None for the first) per prompt
+        token), ("token", id, text, logprobs), then ("done",
         finish_reason, usage) or ("error", message). text: what the token releases (held text
         may come out with a later token); logprobs: (id, logprob, start) of the tokens whose
         text this event releases (start: where the token's own text begins in the reply), as
@@ -362,7 +368,8 @@ class Scheduler:
         outstanding = None
         while self.waiting and len(self.running) < self.max_seqs:
             r = self._admitting = self.waiting[0]
-            hit = self.pc.lookup(r.namespace, r.prompt, limit=len(r.prompt) - 1, count=False) if self.pc else []
+            hit = self.pc.lookup(r.namespace, r.prompt, limit=len(r.prompt) - 1, count=False) \
+                if self.pc and r.prompt_logprobs is None else []
             worst = kv.blocks_for(len(r.prompt) + r.max_new)
             cost = worst - len(hit) + (self.pc.free_among(hit) if self.pc else 0)
             if outstanding is None:
@@ -554,20 +561,44 @@ class Scheduler:
             masks = dict(zip((id(r) for r in ending), self._fill_masks(ending)[:len(ending)]))
             masks.update((id(r), r.ff_mask) for r in ffw)
             rows = [self._row(r, [r.next_tok] + r.forced, True, r.ff_mask, gen=True) for r in ffw]
-            rows += [self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), masks.get(id(r)), gen=False)
-                     for r, n in chunks]
+            rows += [self._prompt_row(r, n, masks.get(id(r))) for r, n in chunks]
             t0 = time.perf_counter()
             outs = self.engine.step(rows)
             self.costs.observe("eager", sum(len(x.tokens) for x in rows), time.perf_counter() - t0)
             for r, o in zip(ffw, outs):
                 self._token(r, o, masks[id(r)])
             for (r, n), o in zip(chunks, outs[len(ffw):]):
+                if r.prompt_logprobs is not None:
+                    o = self._prompt_lps(r, n, o)
                 r.pos += n
-                if r.pos == len(r.prompt):
-                    self._token(r, o, masks.get(id(r)))
-                else:
+                if r.pos < len(r.prompt):
                     self._register(r)
+                elif r.max_new == 0:  # echo with max_tokens 0: the prompt's log-probs were the reply
+                    self._end(r, "length")
+                else:
+                    self._token(r, o, masks.get(id(r)))
         self.steps += 1
+
+    def _prompt_row(self, r: GenRequest, n: int, mask) -> Row:
+        """The row of r's next n prompt tokens (every position's logits when r asked for the prompt's log-probs)."""
+        row = self._row(r, r.prompt[r.pos:r.pos + n], r.pos + n == len(r.prompt), mask, gen=False)
+        if r.prompt_logprobs is not None:
+            row.logits = "all"
+        return row
+
+    def _prompt_lps(self, r: GenRequest, n: int, o: RowOut) -> RowOut:
+        """Log-probs of the prompt tokens that positions r.pos .. r.pos + n - 1 predict (the first prompt token has
+        none); at the prompt's end the ("prompt", entries) event, and the last position's logits as a row's "last"."""
+        if r.pos == 0:
+            r.prompt_lps.append((r.prompt[0], None))
+        for i in range(n):
+            a = r.pos + i + 1
+            if a < len(r.prompt):
+                r.prompt_lps.append((r.prompt[a], logprob_entry(o.logits[i], r.prompt[a], r.prompt_logprobs)))
+        if r.pos + n < len(r.prompt):
+            return o
+        self._send(r, ("prompt", r.prompt_lps))
+        return RowOut(token=o.token, logits=o.logits[n - 1])
 
     def _drip(self, r: GenRequest) -> None:
         """r's run advanced by the one token a decode step fed: the next one is fed next
