@@ -88,3 +88,32 @@ def test_prefix_cache_hit_equals_miss_and_salts_do_not_share(server):
         assert h.usage.prompt_tokens_details.cached_tokens == n // BLOCK * BLOCK
     assert f.usage.prompt_tokens_details.cached_tokens == 0
     assert h.choices[0].text == f.choices[0].text
+
+
+def test_n_choices_equal_the_request_alone(server):
+    """n = 8 greedy: every choice is the reply of the request alone (the other seven run as decode rows beside
+    the first, their prompt's full blocks from its prefix-cache entries)."""
+    c = _client(server)
+    kw = dict(model=MODEL, prompt=PROMPTS[3], max_tokens=32, temperature=0)
+    alone = c.completions.create(**kw, extra_body={"ignore_eos": True, "cache_salt": "n-alone"}).choices[0].text
+    r = c.completions.create(**kw, n=8, extra_body={"ignore_eos": True, "cache_salt": "n-eight"})
+    assert [ch.index for ch in r.choices] == list(range(8))
+    assert [ch.text for ch in r.choices] == [alone] * 8
+
+
+def test_echo_logprobs_of_a_prompt_do_not_depend_on_what_follows(server):
+    """echo + logprobs + max_tokens 0 on the GPU: a prompt's per-token log-probs are the same bits whether it is
+    scored alone or as the start of a longer prompt (a row's logits do not depend on its chunk or what follows
+    it), the first token's is null, and every listed top alternative is at least as likely as the token."""
+    c = _client(server)
+    long = " ".join(PROMPTS[:12])
+    short = " ".join(PROMPTS[:5])
+    a = c.completions.create(model=MODEL, prompt=long, max_tokens=0, echo=True, logprobs=3).choices[0]
+    b = c.completions.create(model=MODEL, prompt=short, max_tokens=0, echo=True, logprobs=3).choices[0]
+    assert a.text == long and b.text == short
+    k = len(b.logprobs.tokens) - 1  # the short prompt's last token may merge with what follows it in the long one
+    assert a.logprobs.tokens[:k] == b.logprobs.tokens[:k]
+    assert a.logprobs.token_logprobs[:k] == b.logprobs.token_logprobs[:k]
+    assert a.logprobs.token_logprobs[0] is None
+    for lp, top in zip(a.logprobs.token_logprobs[1:], a.logprobs.top_logprobs[1:]):
+        assert lp <= 0 and max(top.values()) >= lp
