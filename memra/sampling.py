@@ -77,6 +77,8 @@ class SamplingParams:
             raise MemraError(f"{n('stop')} strings must not be empty")
         if any(not _integer(t) or t < 0 for t in self.stop_ids):
             raise MemraError(f"{n('stop_ids')} must be token ids >= 0")
+        if n_vocab is not None and any(t >= n_vocab for t in self.stop_ids):
+            raise MemraError(f"{n('stop_ids')}: token id {max(self.stop_ids)} is outside the vocabulary [0, {n_vocab})")
         if not isinstance(self.logit_bias, Mapping):
             raise MemraError(f"{n('logit_bias')} must map token ids to biases")
         for t, b in self.logit_bias.items():

@@ -222,6 +222,26 @@ def test_chat_stream_with_usage_and_logprobs(server, ref):
     assert r.usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // BLOCK * BLOCK
 
 
+def test_stop_token_ids_end_the_reply(server, ref):
+    """vLLM's stop_token_ids: the reply ends at the first of them (finish_reason stop), which is counted in usage
+    but is neither in the text nor in the log-probs; ids outside the vocabulary are a 400 naming the field."""
+    g, tok, greedy = ref
+    want, _ = greedy(completion_ids(tok, PROMPT), 8)
+    k = next(i for i in range(2, 8) if want[i] not in want[:i])
+    c = client(server)
+    for ignore_eos in (False, True):
+        r = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=1,
+                                 extra_body={"stop_token_ids": [want[k]], "ignore_eos": ignore_eos})
+        ch = r.choices[0]
+        assert ch.text == text_of(tok, want[:k]) and ch.finish_reason == "stop"
+        assert r.usage.completion_tokens == k + 1
+        assert ch.logprobs.tokens == [tok.token_bytes(t).decode("utf-8", "replace") for t in want[:k]]
+    for bad in (-1, tok.n_vocab):
+        r = httpx.post(server.url + "/v1/completions", trust_env=False,
+                       json={"prompt": PROMPT, "max_tokens": 2, "stop_token_ids": [bad]})
+        assert r.status_code == 400 and error_of(r)["param"] == "stop_token_ids", r.text
+
+
 def test_completion_logprobs(server, ref):
     g, tok, greedy = ref
     ids = completion_ids(tok, PROMPT)

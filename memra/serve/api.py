@@ -65,7 +65,8 @@ log = logging.getLogger("memra.serve")
 FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
-               "repeat_last_n": "repeat_last_n", "logit_bias": "logit_bias", "n_ctx": "--ctx-size"}
+               "repeat_last_n": "repeat_last_n", "logit_bias": "logit_bias", "stop_ids": "stop_token_ids",
+               "n_ctx": "--ctx-size"}
 
 
 @dataclass
@@ -138,6 +139,7 @@ class _GenBody(_Body):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     stop: Union[str, list[str], None] = None
+    stop_token_ids: Optional[list[int]] = None  # vLLM's: tokens that end the reply (not part of its text)
     n: Optional[int] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
@@ -347,6 +349,7 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_v
         frequency_penalty=body.frequency_penalty or 0.0,
         max_tokens=-1 if max_tokens is None else max_tokens,
         stop=stop,
+        stop_ids=list(body.stop_token_ids or []),
         logit_bias=_logit_bias(body.logit_bias))
     least = 0 if getattr(body, "echo", False) else 1  # echo with max_tokens 0: the prompt (and its log-probs) alone
     if max_tokens is not None and max_tokens < least:
@@ -572,8 +575,9 @@ def create_app(st: State) -> FastAPI:
                                  for i, v in lp[1]]}
 
     def _counts(token: int, req: GenRequest) -> bool:
-        """Whether a token's log-prob is reported: every token but the end-of-generation one."""
-        return req.ignore_eos or token not in tok.eog_ids
+        """Whether a token's log-prob is reported: every token but the one that ended the reply (an
+        end-of-generation token, unless ignore_eos, or one of stop_token_ids: neither is in the text)."""
+        return token not in req.params.stop_ids and (req.ignore_eos or token not in tok.eog_ids)
 
     async def _constraint(body: _GenBody, functions: dict):
         """The request's output constraint (None: free text); a 400 naming the problem when
