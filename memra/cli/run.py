@@ -125,12 +125,17 @@ def _prefill_progress(engine, n_prompt: int):
 @command
 def run(
     model: ModelArg = None,
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin).")] = ...,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin; "
+                                                  "with --interactive, the first turn).")] = None,
     n: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end of "
                                    "generation or the context is full).")] = 128,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt as a user turn in the model's "
                                        "chat template.")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (implies --chat).")] = None,
+    interactive: Annotated[bool, typer.Option("--interactive", "-i", help="A conversation (implies --chat): "
+                                              "user turns from stdin, a line each, every reply over the whole "
+                                              "conversation; /reset, /exit. -n limits each reply; the context "
+                                              "(--ctx) defaults to the model's, at most 4096.")] = False,
     temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the K most likely tokens (0: off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass (1: off).")] = 0.95,
@@ -179,6 +184,13 @@ def run(
     from memra.session import context_size, generate, prompt_ids as session_prompt
     from memra.sampling import Sampler, SamplingParams, check_request
 
+    if interactive:
+        if as_json or logprobs is not None:
+            raise MemraError("--interactive streams a conversation: it takes neither --json nor --logprobs")
+        if prompt == "-":
+            raise MemraError("--interactive reads its turns from stdin: give the first one with -p TEXT, not -p -")
+    elif prompt is None:
+        raise MemraError("give a prompt (-p TEXT, or -p - to read it from stdin), or --interactive")
     if prompt == "-":
         prompt = sys.stdin.read()
     device = device or _default_device()
@@ -199,18 +211,20 @@ def run(
     from memra.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(g)
-    chat = chat or system is not None
+    chat = chat or system is not None or interactive
     messages = None
     if chat:
         if "tokenizer.chat_template" not in g.metadata:
             log.warning("%s has no chat template (a base model?): --chat wraps the prompt in the %s "
                         "turn format, which a base model was not trained to answer", name, g.arch)
+        # --interactive without -p: a stand-in first turn sizes the checks (the gates' prompt) only
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-                   [{"role": "user", "content": prompt}]
+                   [{"role": "user", "content": prompt if prompt is not None else "Hello."}]
     prompt_ids, rendered = session_prompt(g, tok, prompt=prompt, messages=messages)
     if not prompt_ids:
         raise MemraError("the prompt is empty after tokenization (this model adds no BOS); give some text")
-    n_ctx = context_size(len(prompt_ids), n, cfg.n_ctx_train, ctx)
+    n_ctx = context_size(len(prompt_ids), n, cfg.n_ctx_train, ctx or (min(cfg.n_ctx_train, 4096) if interactive
+                                                                        else None))
     # refuses before loading any weights; warns past the trained context
     for w in check_request(params, n_prompt=len(prompt_ids), n_ctx=n_ctx, n_ctx_train=cfg.n_ctx_train,
                            n_vocab=min(tok.n_vocab, cfg.n_vocab), names=RUN_FLAGS):
@@ -255,6 +269,12 @@ def run(
         drafter = make_drafter(spec, gguf=g, cfg=cfg, device=device, n_ctx=n_ctx, target=engine,
                                min_conf=AUTO_MIN_CONF if spec_k_val == "auto" else 0.0)
         spec_dec = SpecDecoder(drafter, spec_k_val)
+    if interactive:
+        from memra.cli.conversation import converse
+
+        converse(engine, g, tok, params, sampler, system=system, first=prompt, n_ctx=n_ctx, device=device,
+                 ignore_eos=ignore_eos, spec=spec_dec, constraint=constraint)
+        return
     tokens: list[int] = []
     pieces: list[str] = []
     lps: list = []
