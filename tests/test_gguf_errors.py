@@ -10,6 +10,7 @@ and one test per named defect.
 """
 
 import contextlib
+import os
 import signal
 import struct
 
@@ -18,8 +19,9 @@ import pytest
 from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from memra.model.aliases import resolve
 from memra.model.config import read_config
-from memra.errors import GGUFError, MemraError, UnsupportedModelError
+from memra.errors import GGUFError, MemraError, ModelNotFoundError, UnsupportedModelError
 from memra.model.gguf import open_gguf
 from memra.model.synth import random_blocks
 
@@ -45,7 +47,9 @@ def n_bytes(shape, t):
     return int(np.prod(shape)) // bs * ts
 
 
-def write_small(path, arch="llama", tensors=TENSORS):
+def write_small(path, arch="llama", tensors=TENSORS, kv=None):
+    """kv: metadata to change, key -> (value, GGUFValueType[, element type]), or None to leave
+    the key out."""
     w = GGUFWriter(path, arch)
     w.add_name("memra error-path test")
     w.add_context_length(64)
@@ -70,6 +74,11 @@ def write_small(path, arch="llama", tensors=TENSORS):
         w.add_key_value(f"test.scalar{i}", 1, vt)
     w.add_key_value("test.nested", [[1, 2], [3]], GGUFValueType.ARRAY)
     w.add_key_value("test.strings", ["x", "yy", ""], GGUFValueType.ARRAY, GGUFValueType.STRING)
+    for key, v in (kv or {}).items():
+        if v is None:
+            del w.kv_data[0][key]
+        else:
+            w.add_key_value(key, *v)
     rng = np.random.default_rng(0)
     for name, shape, t in tensors:
         if t == T.F32:
@@ -247,6 +256,16 @@ def test_missing_architecture(small, tmp_path):
         g.close()
 
 
+def test_architecture_that_is_not_a_string(tmp_path):
+    path = write_small(tmp_path / "arch.gguf", kv={"general.architecture": (7, GGUFValueType.UINT32)})
+    g = open_gguf(path)
+    try:  # not "general.architecture is missing": it is there, as a number
+        with pytest.raises(GGUFError, match="general.architecture is int '7', not a string"):
+            read_config(g)
+    finally:
+        g.close()
+
+
 @pytest.mark.parametrize("field", [8, 16])  # tensor count, metadata count
 @pytest.mark.parametrize("value,message", [(1 << 62, "corrupt header"), ((1 << 64) - 1, "corrupt header"),
                                            (10_000, "corrupt header|truncated")])
@@ -363,3 +382,46 @@ def test_not_a_file(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(GGUFError, match="truncated"):
         open_gguf(empty)
+
+
+def test_duplicate_metadata_key(small, tmp_path):
+    _, blob, _, _ = small
+    # two keys of one name: which value is meant? (llama.cpp refuses the file too)
+    p = patched(blob, tmp_path, blob.index(b"test.scalar1"), b"test.scalar0")
+    with pytest.raises(GGUFError, match="metadata key 'test.scalar0' appears twice"):
+        open_gguf(p)
+
+
+def test_overlapping_tensor_data(small, tmp_path):
+    _, blob, _, layout = small
+    _, nd = tensor_info_pos(blob, "output.weight")
+    off_pos = nd + 4 + 16 + 4
+    assert layout["token_embd.weight"][1] == layout["output.weight"][1]  # same size, Q8_0 16 x 32
+    p = patched(blob, tmp_path, off_pos, struct.pack("<Q", 0))  # output.weight's bytes = token_embd's
+    with pytest.raises(GGUFError, match=r"tensor '(output|token_embd)\.weight' .* overlaps tensor "
+                                        r"'(output|token_embd)\.weight'"):
+        open_gguf(p)
+
+
+def test_bool_alignment(tmp_path):
+    path = tmp_path / "align.gguf"
+    w = GGUFWriter(path, "llama")
+    w.add_bool("general.alignment", True)  # not 1: a bool where a uint32 belongs
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="general.alignment = True is not a power of two"):
+        open_gguf(path)
+
+
+def test_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    with deadline(5):  # open() of a FIFO waits for a writer: never reached
+        with pytest.raises(GGUFError, match="not a regular file \\(a named pipe\\)"):
+            open_gguf(fifo)
+        with pytest.raises(ModelNotFoundError, match="pipe.gguf is not a regular file"):
+            resolve(fifo)
+    with pytest.raises(GGUFError, match="not a regular file \\(a character device\\)"):
+        open_gguf(os.devnull)  # not "truncated: 0 bytes"

@@ -135,6 +135,9 @@ def resolve(name_or_path: str | os.PathLike | None, *, progress: bool = False) -
         raise ModelNotFoundError(f"{name_or_path} is a folder, not a GGUF file"
                                  + (f" (it holds {', '.join(ggufs[:3])}{' …' if len(ggufs) > 3 else ''})"
                                     if ggufs else ""))
+    if p.exists():  # a FIFO, a device, a socket: nothing to map
+        raise ModelNotFoundError(f"{name_or_path} is not a regular file (a pipe, a device or a socket); "
+                                 f"a model is a GGUF file")
     if p.suffix == ".gguf" or os.sep in str(name_or_path):
         raise ModelNotFoundError(f"{name_or_path}: no such file")
     raise ModelNotFoundError(

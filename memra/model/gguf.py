@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,14 @@ _SCALARS = {
     10: ("<Q", 8, np.uint64), 11: ("<q", 8, np.int64), 12: ("<d", 8, np.float64),
 }
 _STRING, _ARRAY = 8, 9
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
 
 
 def type_name(ggml_type: int) -> str:
@@ -150,6 +159,10 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
+            # a FIFO would block open() until a writer comes; a device has no size to check
+            st = os.stat(self.path)
+            if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+                raise GGUFError(self.path, f"cannot open: not a regular file ({_file_kind(st.st_mode)})")
             self._fd = open(self.path, "rb")
         except OSError as e:
             raise GGUFError(self.path, f"cannot open: {e.strerror}") from None
@@ -182,7 +195,10 @@ class GGUFFile:
                                        f"cannot fit in {self.size} bytes")
         self.metadata: dict[str, object] = {}
         for i in range(n_kv):
+            start = cur.pos
             key = cur.string(f"metadata key #{i}")
+            if key in self.metadata:  # llama.cpp refuses these too: which value would be meant?
+                raise GGUFError(self.path, f"metadata key {key!r} appears twice (again at offset {start})")
             vtype = cur.u32(f"value type of {key}")
             self.metadata[key] = cur.value(vtype, key)
 
@@ -200,7 +216,7 @@ class GGUFFile:
             infos.append((name, ne, gtype, rel, start))
 
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise GGUFError(self.path, f"general.alignment = {align!r} is not a power of two")
         self.alignment = align
         self.data_offset = (cur.pos + align - 1) // align * align
@@ -229,13 +245,22 @@ class GGUFFile:
                 raise GGUFError(self.path, f"tensor {name!r} appears twice")
             data = np.frombuffer(self._mm, dtype=np.uint8, count=n_bytes, offset=off)
             self.tensors[name] = TensorInfo(name, gtype, tuple(int(d) for d in reversed(ne)), off, n_bytes, data)
+        # each tensor owns its bytes: data shared by two tensors is a corrupt offset
+        spans = sorted(self.tensors.values(), key=lambda t: (t.offset, t.n_bytes))
+        for a, b in zip(spans, spans[1:]):
+            if b.offset < a.offset + a.n_bytes:
+                raise GGUFError(self.path, f"tensor {b.name!r} (bytes {b.offset}..{b.offset + b.n_bytes}) overlaps "
+                                           f"tensor {a.name!r} (bytes {a.offset}..{a.offset + a.n_bytes})")
 
     # -- metadata helpers -------------------------------------------------------------
     @property
     def arch(self) -> str:
         a = self.metadata.get("general.architecture")
-        if not isinstance(a, str):
+        if a is None:
             raise GGUFError(self.path, "metadata general.architecture is missing")
+        if not isinstance(a, str):
+            raise GGUFError(self.path, f"metadata general.architecture is {type(a).__name__} "
+                                       f"{str(a)[:40]!r}, not a string")
         return a
 
     def get(self, key: str, default=None):
