@@ -425,3 +425,68 @@ def test_not_a_regular_file(tmp_path):
             resolve(fifo)
     with pytest.raises(GGUFError, match="not a regular file \\(a character device\\)"):
         open_gguf(os.devnull)  # not "truncated: 0 bytes"
+
+
+# -- hyper-parameters, tokenizer and chat template metadata -----------------------------------
+
+def config_of(path):
+    g = open_gguf(path)
+    try:
+        return read_config(g)
+    finally:
+        g.close()
+
+
+V = GGUFValueType
+
+
+@pytest.mark.parametrize("key,value,message", [
+    # wrong types: were ValueError / TypeError out of int() and float()
+    ("llama.block_count", ("four", V.STRING), "llama.block_count = 'four' is not an integer"),
+    ("llama.context_length", ("x", V.STRING), "llama.context_length = 'x' is not an integer"),
+    ("llama.vocab_size", ("x", V.STRING), "llama.vocab_size = 'x' is not an integer"),
+    ("llama.embedding_length", (["a", "b"], V.ARRAY, V.STRING), "embedding_length = an array of 2 is not"),
+    ("llama.embedding_length", (32.5, V.FLOAT32), "embedding_length = 32.5 is not an integer"),
+    ("llama.embedding_length", (True, V.BOOL), "embedding_length = True is not an integer"),
+    ("llama.rope.freq_base", ("big", V.STRING), "llama.rope.freq_base = 'big' is not a number"),
+    # zero head counts: were ZeroDivisionError
+    ("llama.attention.head_count", (0, V.UINT32), "head_count = 0 is out of range"),
+    ("llama.attention.head_count_kv", (0, V.UINT32), "head_count_kv = 0 is out of range"),
+    # sizes that are zero or negative: were misread ("does not fit head size 0") or loaded
+    ("llama.block_count", (0, V.UINT32), "llama.block_count = 0 is out of range"),
+    ("llama.embedding_length", (0, V.UINT32), "llama.embedding_length = 0 is out of range"),
+    ("llama.embedding_length", (-32, V.INT32), "llama.embedding_length = -32 is out of range"),
+    ("llama.attention.key_length", (0, V.UINT32), "key_length = 0 is out of range"),
+    ("llama.feed_forward_length", (0, V.UINT32), "feed_forward_length = 0 is out of range"),
+    ("llama.context_length", (0, V.UINT32), "llama.context_length = 0 is out of range"),
+    ("llama.rope.dimension_count", (-2, V.INT32), "rope.dimension_count = -2 is out of range"),
+    ("llama.attention.head_count", (3, V.UINT32), "embedding_length 32 is not a multiple of "
+                                                  "llama.attention.head_count 3"),
+    # numbers that made every logit NaN (or a silent no-op) and still generated text
+    ("llama.rope.freq_base", (float("nan"), V.FLOAT32), "rope.freq_base = nan is out of range"),
+    ("llama.rope.freq_base", (0.0, V.FLOAT32), "rope.freq_base = 0.0 is out of range"),
+    ("llama.rope.freq_base", (-1.0, V.FLOAT32), "rope.freq_base = -1.0 is out of range"),
+    ("llama.rope.freq_base", (float("inf"), V.FLOAT32), "rope.freq_base = inf is out of range"),
+    ("llama.attention.layer_norm_rms_epsilon", (float("nan"), V.FLOAT32), "epsilon = nan is out of range"),
+    ("llama.attention.layer_norm_rms_epsilon", (-1.0, V.FLOAT32), "epsilon = -1.0 is out of range"),
+    ("llama.rope.scaling.factor", (-2.0, V.FLOAT32), "rope.scaling.factor = -2.0 is out of range"),
+    # a vocabulary size the tokenizer does not have: sampled ids past the tokens failed mid-text
+    ("llama.vocab_size", (20, V.UINT32), "llama.vocab_size = 20 does not match the 16 tokens"),
+])
+def test_bad_hyper_parameter_names_the_key(tmp_path, key, value, message):
+    kv = {key: value}
+    if key == "llama.rope.scaling.factor":
+        kv["llama.rope.scaling.type"] = ("linear", V.STRING)
+    path = write_small(tmp_path / "hp.gguf", kv=kv)
+    with pytest.raises(GGUFError, match=None) as e:
+        config_of(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_absurd_block_count_fails_fast(tmp_path):
+    # the CPU engine built a table of every layer's tensors before finding one missing: 2^31
+    # entries (minutes and gigabytes) for one flipped byte
+    path = write_small(tmp_path / "layers.gguf", kv={"llama.block_count": (1 << 31, V.UINT32)})
+    with deadline(5), pytest.raises(GGUFError, match=r"block_count = 2147483648, but the file has tensors "
+                                                      r"of 1 layers"):
+        config_of(path)
