@@ -21,9 +21,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from memra.model.aliases import resolve
 from memra.model.config import read_config
-from memra.errors import GGUFError, MemraError, ModelNotFoundError, UnsupportedModelError
+from memra.errors import GGUFError, MemraError, ModelNotFoundError, TokenizerError, UnsupportedModelError
 from memra.model.gguf import open_gguf
 from memra.model.synth import random_blocks
+from memra.text.tokenizer import Tokenizer
 
 # name, numpy shape (rows, cols), type
 TENSORS = [
@@ -490,3 +491,30 @@ def test_absurd_block_count_fails_fast(tmp_path):
     with deadline(5), pytest.raises(GGUFError, match=r"block_count = 2147483648, but the file has tensors "
                                                       r"of 1 layers"):
         config_of(path)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("tokenizer.ggml.tokens", (list(range(16)), V.ARRAY, V.INT32),
+     "tokenizer.ggml.tokens is an array of 16 int32, expected an array of strings"),
+    ("tokenizer.ggml.scores", (["x"] * 16, V.ARRAY, V.STRING),
+     "tokenizer.ggml.scores is an array of 16 strings, expected an array of numbers"),
+    ("tokenizer.ggml.scores", ("abc", V.STRING), "tokenizer.ggml.scores is str 'abc', expected an array"),
+    ("tokenizer.ggml.token_type", (1, V.INT32), "tokenizer.ggml.token_type is int 1, expected an array"),
+    ("tokenizer.ggml.token_type", (["a"] * 16, V.ARRAY, V.STRING),
+     "tokenizer.ggml.token_type is an array of 16 strings, expected an array of integers"),
+    ("tokenizer.ggml.merges", ([1, 2], V.ARRAY, V.INT32),
+     "tokenizer.ggml.merges is an array of 2 int32, expected an array of strings"),
+    ("tokenizer.ggml.merges", ("a b", V.STRING), "tokenizer.ggml.merges is str 'a b', expected"),
+    # bool("false") is True: the string was read as "add a BOS"
+    ("tokenizer.ggml.add_bos_token", ("false", V.STRING),
+     "tokenizer.ggml.add_bos_token is str 'false', expected a bool"),
+])
+def test_bad_tokenizer_metadata_names_the_key(tmp_path, key, value, message):
+    path = write_small(tmp_path / "tok.gguf", kv={key: value})
+    g = open_gguf(path)
+    try:
+        with pytest.raises(TokenizerError, match=None) as e:
+            Tokenizer.from_gguf(g)
+    finally:
+        g.close()
+    assert message in str(e.value) and str(path) in str(e.value)

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 from gguf.constants import Keys
 
 from memra.text import pretokenize
@@ -75,6 +76,17 @@ def _meta_id(md: dict, key: str, n_vocab: int, default: int | None) -> int | Non
         log.warning("bad special token %s = %r, using %r", key, v, default)
         return default
     return v
+
+
+def _described(v) -> str:
+    """A metadata value's GGUF type (and a short value), for error messages."""
+    if isinstance(v, np.ndarray):
+        return f"an array of {len(v)} {v.dtype.name}"
+    if isinstance(v, list):
+        kinds = sorted({"strings" if isinstance(x, str) else "arrays" for x in v})
+        return f"an array of {len(v)} {' and '.join(kinds) or 'values'}"
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 class StreamDecoder:
@@ -249,8 +261,23 @@ class Tokenizer:
         if model is None:
             raise TokenizerError(f"{g.path}: metadata {T.MODEL} is missing (the file has no tokenizer)")
         tokens = md.get(T.LIST)
-        if not isinstance(tokens, list) or not tokens:
+        if tokens is None or (isinstance(tokens, list) and not tokens):
             raise TokenizerError(f"{g.path}: metadata {T.LIST} is missing or empty")
+
+        def expect(key: str, ok, what: str) -> None:
+            v = md.get(key)
+            if v is not None and not ok(v):
+                raise TokenizerError(f"{g.path}: metadata {key} is {_described(v)}, expected {what}")
+
+        def strings(v) -> bool:
+            return isinstance(v, list) and all(isinstance(t, str) for t in v)
+
+        expect(T.LIST, strings, "an array of strings")
+        expect(T.SCORES, lambda v: isinstance(v, np.ndarray) and v.dtype.kind in "fiu", "an array of numbers")
+        expect(T.TOKEN_TYPE, lambda v: isinstance(v, np.ndarray) and v.dtype.kind in "iu", "an array of integers")
+        expect(T.MERGES, strings, "an array of strings")
+        for key in (T.ADD_BOS, T.ADD_EOS, T.ADD_PREFIX):
+            expect(key, lambda v: isinstance(v, bool), "a bool")
         try:
             return cls(model=model, tokens=list(tokens), scores=md.get(T.SCORES), token_types=md.get(T.TOKEN_TYPE),
                        merges=md.get(T.MERGES), pre=md.get(T.PRE), metadata=md)
