@@ -6,13 +6,18 @@ oracle for what a valid file is): a one-layer llama with a little tokenizer, met
 every value type (nested arrays too) and tensors of several types. Then: every cut point of
 its header, metadata and tensor-info region; a sample of cut points in the data region (an
 error exactly when a tensor's bytes are cut); a few hundred seeded random corruptions;
-and one test per named defect.
+and one test per named defect. Then the metadata read after the container: hyper-parameters
+(memra.model.config), the tokenizer's arrays and flags, the chat template, and `memra run`
+on such files (one error line naming the key, never "internal error").
 """
 
 import contextlib
 import os
 import signal
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +26,11 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from memra.model.aliases import resolve
 from memra.model.config import read_config
-from memra.errors import GGUFError, MemraError, ModelNotFoundError, TokenizerError, UnsupportedModelError
+from memra.errors import (GGUFError, MemraError, ModelNotFoundError, TemplateError, TokenizerError,
+                          UnsupportedModelError)
 from memra.model.gguf import open_gguf
 from memra.model.synth import random_blocks
+from memra.text.chat import render_chat
 from memra.text.tokenizer import Tokenizer
 
 # name, numpy shape (rows, cols), type
@@ -518,3 +525,48 @@ def test_bad_tokenizer_metadata_names_the_key(tmp_path, key, value, message):
     finally:
         g.close()
     assert message in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("template,message", [
+    ((5, V.UINT32), "metadata tokenizer.chat_template is int '5', not text"),  # was TypeError
+    (("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", V.STRING), "recursed too deeply"),  # RecursionError
+    (("{% for i in range(10**12) %}x{% endfor %}", V.STRING), "Range too big"),  # OverflowError
+    (("{{ 'x' * 10**11 }}", V.STRING), "repeating a str of length 1 100000000000 times"),  # 100 GB
+])
+def test_bad_chat_template_is_a_template_error(tmp_path, template, message):
+    path = write_small(tmp_path / "tmpl.gguf", kv={"tokenizer.chat_template": template})
+    g = open_gguf(path)
+    try:
+        with deadline(10), pytest.raises(TemplateError, match=None) as e:
+            render_chat(g, [{"role": "user", "content": "hi"}])
+    finally:
+        g.close()
+    assert message in str(e.value)
+
+
+# -- the command line: one line naming the problem, never "internal error" ---------------------
+
+def memra_cli(*args):
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("MEMRA_LOG", None)
+    return subprocess.run([sys.executable, "-m", "memra", *args], capture_output=True, text=True,
+                          cwd=root, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("kv,extra,needle", [
+    ({"llama.attention.head_count_kv": (0, V.UINT32)}, (), "head_count_kv = 0 is out of range"),
+    ({"llama.block_count": ("four", V.STRING)}, (), "llama.block_count = 'four' is not an integer"),
+    ({"tokenizer.ggml.scores": (["x"] * 16, V.ARRAY, V.STRING)}, (), "tokenizer.ggml.scores is an array"),
+    ({"tokenizer.chat_template": ("{% for i in range(10**12) %}x{% endfor %}", V.STRING)}, ("--chat",),
+     "Range too big"),
+])
+def test_cli_run_on_bad_metadata_is_one_clear_line(tmp_path, kv, extra, needle):
+    path = write_small(tmp_path / "bad.gguf", kv=kv)
+    r = memra_cli("run", str(path), "-p", "abc", "-n", "2", "--device", "cpu", *extra)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("memra: error: "), r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert needle in lines[0], lines[0]
+    assert r.stdout == ""

@@ -59,10 +59,30 @@ class _GenerationBlock(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
+# the longest string or list a template may make by repetition (`'x' * n`): a prompt is far
+# shorter; a corrupt or hostile template must not allocate gigabytes
+MAX_REPEAT = 1 << 20
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """jinja's immutable sandbox with `*` repetition bounded (MAX_REPEAT items)."""
+
+    intercepted_binops = frozenset({"*"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_REPEAT:
+                    raise jinja2.exceptions.SecurityError(
+                        f"repeating a {type(seq).__name__} of length {len(seq)} {n} times makes more "
+                        f"than {MAX_REPEAT} items")
+        return super().call_binop(context, operator, left, right)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
+                   extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -70,12 +90,16 @@ def _compile(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template does not parse: {e.message} (line {e.lineno})") from None
+    except RecursionError:
+        raise TemplateError("chat template does not parse: nested too deeply") from None
 
 
 def render_template(source: str, messages: Sequence[Mapping], *, add_generation_prompt: bool = True,
                     tools: Sequence[Mapping] | None = None, documents: Sequence[Mapping] | None = None,
                     **variables) -> str:
     """Render one jinja chat template (extra `variables` such as bos_token reach the template)."""
+    if not isinstance(source, str):
+        raise TemplateError(f"the chat template is {type(source).__name__} {str(source)[:40]!r}, not text")
     template = _compile(source)
     try:
         return template.render(messages=list(messages), tools=tools, documents=documents,
@@ -86,7 +110,11 @@ def render_template(source: str, messages: Sequence[Mapping], *, add_generation_
         raise TemplateError(f"chat template blocked by the sandbox: {e}") from None
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template failed: {e}") from None
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
+    except RecursionError:
+        raise TemplateError("chat template failed: it recursed too deeply (a macro calling itself?)") from None
+    except MemoryError:
+        raise TemplateError("chat template failed: it ran out of memory") from None
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
 
 
@@ -217,6 +245,9 @@ def render_chat(source, messages: Sequence[Mapping], add_generation_prompt: bool
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         raise TemplateError("messages must be a list of {'role': ..., 'content': ...} mappings")
     source_text = template if template is not None else md.get("tokenizer.chat_template")
+    if source_text and not isinstance(source_text, str):
+        where = "the chat template" if template is not None else "metadata tokenizer.chat_template"
+        raise TemplateError(f"{where} is {type(source_text).__name__} {str(source_text)[:40]!r}, not text")
     if source_text:
         toks = special_tokens(md)
         if bos_token is not None:
