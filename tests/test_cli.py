@@ -70,6 +70,15 @@ def test_missing_file_unknown_alias_and_bad_flag_values(tmp_path):
     assert_one_error_line(memra("run", "-p", "one two three four", "--device", "cpu", "--ctx", "2"), "context")
 
 
+@pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
+def test_constraint_file_that_is_not_utf8_is_one_clear_line(tmp_path, smol_path, flag):
+    f = tmp_path / "latin1.txt"
+    f.write_bytes('{"description": "caf\u00e9"}'.encode("latin-1"))  # was: internal error: UnicodeDecodeError
+    r = memra("run", str(smol_path), "-p", "x", "-n", "2", "--device", "cpu", flag, str(f))
+    assert_one_error_line(r, flag, str(f), "not UTF-8 text (byte 0xe9 at offset 20)")
+    assert "internal error" not in r.stderr
+
+
 def test_debug_log_shows_the_traceback(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"GGUF")

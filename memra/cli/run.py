@@ -413,9 +413,11 @@ def _constraint(tok, json_schema: Path | None, grammar: Path | None, regex: str 
     if flag == "--regex":
         return compile_constraint(tok, "regex", v)
     try:
-        text = Path(v).read_text()
+        text = Path(v).read_text(encoding="utf-8")
     except OSError as e:
         raise MemraError(f"{flag} {v}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise MemraError(f"{flag} {v}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
         return compile_constraint(tok, "json_schema" if flag == "--json-schema" else "gbnf", text)
     except MemraError as e:
