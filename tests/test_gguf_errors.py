@@ -468,6 +468,7 @@ V = GGUFValueType
     ("llama.feed_forward_length", (0, V.UINT32), "feed_forward_length = 0 is out of range"),
     ("llama.context_length", (0, V.UINT32), "llama.context_length = 0 is out of range"),
     ("llama.rope.dimension_count", (-2, V.INT32), "rope.dimension_count = -2 is out of range"),
+    ("llama.rope.dimension_count", (0, V.UINT32), "rope.dimension_count = 0 is out of range"),  # was 1 / 0
     ("llama.attention.head_count", (3, V.UINT32), "embedding_length 32 is not a multiple of "
                                                   "llama.attention.head_count 3"),
     # numbers that made every logit NaN (or a silent no-op) and still generated text
@@ -501,6 +502,8 @@ def test_absurd_block_count_fails_fast(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,message", [
+    ("tokenizer.ggml.model", (["llama"], V.ARRAY, V.STRING),  # was: "truth value of an array is ambiguous"
+     "tokenizer.ggml.model is an array of 1 strings, expected a string"),
     ("tokenizer.ggml.tokens", (list(range(16)), V.ARRAY, V.INT32),
      "tokenizer.ggml.tokens is an array of 16 int32, expected an array of strings"),
     ("tokenizer.ggml.scores", (["x"] * 16, V.ARRAY, V.STRING),
@@ -529,6 +532,8 @@ def test_bad_tokenizer_metadata_names_the_key(tmp_path, key, value, message):
 
 @pytest.mark.parametrize("template,message", [
     ((5, V.UINT32), "metadata tokenizer.chat_template is int '5', not text"),  # was TypeError
+    ((["{{ x }}", "y"], V.ARRAY, V.STRING), "tokenizer.chat_template is list"),
+    (([1, 2], V.ARRAY, V.INT32), "tokenizer.chat_template is ndarray"),  # was "truth value ... is ambiguous"
     (("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", V.STRING), "recursed too deeply"),  # RecursionError
     (("{% for i in range(10**12) %}x{% endfor %}", V.STRING), "Range too big"),  # OverflowError
     (("{{ 'x' * 10**11 }}", V.STRING), "repeating a str of length 1 100000000000 times"),  # 100 GB
@@ -542,6 +547,18 @@ def test_bad_chat_template_is_a_template_error(tmp_path, template, message):
     finally:
         g.close()
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("bos", [("1", V.STRING), (float("nan"), V.FLOAT32), ([1, 2], V.ARRAY, V.INT32)])
+def test_special_token_id_of_the_wrong_type_names_no_token_in_the_template(tmp_path, bos):
+    # the tokenizer warns and falls back (as llama.cpp); the template's bos_token was int(id): ValueError
+    path = write_small(tmp_path / "bos.gguf", kv={"tokenizer.ggml.bos_token_id": bos,
+                                                  "tokenizer.chat_template": ("[{{ bos_token }}]", V.STRING)})
+    g = open_gguf(path)
+    try:
+        assert render_chat(g, [{"role": "user", "content": "hi"}]) == "[]"
+    finally:
+        g.close()
 
 
 # -- the command line: one line naming the problem, never "internal error" ---------------------

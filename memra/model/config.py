@@ -140,7 +140,7 @@ def read_config(g: GGUFFile) -> ModelConfig:
     n_ff = _int(g, p + "feed_forward_length", required=True)
     eps = _float(g, p + "attention.layer_norm_rms_epsilon", 1e-5)
     rope_base = _float(g, p + "rope.freq_base", 10000.0, positive=True)
-    rope_dim = _int(g, p + "rope.dimension_count", head_dim, minimum=0)
+    rope_dim = _int(g, p + "rope.dimension_count", head_dim)
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     n_vocab = _int(g, p + "vocab_size", 0, minimum=0)

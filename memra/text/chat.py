@@ -130,9 +130,11 @@ def _metadata(source) -> Mapping:
 def _token_text(md: Mapping, key: str) -> str | None:
     tid = md.get(key)
     tokens = md.get("tokenizer.ggml.tokens")
-    if tid is None or tokens is None or not 0 <= int(tid) < len(tokens):
+    # an id that is no integer or past the vocabulary names no token (the tokenizer warns)
+    if isinstance(tid, bool) or not isinstance(tid, int) or not isinstance(tokens, list) \
+            or not 0 <= tid < len(tokens) or not isinstance(tokens[tid], str):
         return None
-    return tokens[int(tid)]
+    return tokens[tid]
 
 
 def special_tokens(source) -> dict[str, str]:
@@ -245,7 +247,7 @@ def render_chat(source, messages: Sequence[Mapping], add_generation_prompt: bool
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         raise TemplateError("messages must be a list of {'role': ..., 'content': ...} mappings")
     source_text = template if template is not None else md.get("tokenizer.chat_template")
-    if source_text and not isinstance(source_text, str):
+    if source_text is not None and not isinstance(source_text, str):
         where = "the chat template" if template is not None else "metadata tokenizer.chat_template"
         raise TemplateError(f"{where} is {type(source_text).__name__} {str(source_text)[:40]!r}, not text")
     if source_text:

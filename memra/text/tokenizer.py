@@ -272,6 +272,7 @@ class Tokenizer:
         def strings(v) -> bool:
             return isinstance(v, list) and all(isinstance(t, str) for t in v)
 
+        expect(T.MODEL, lambda v: isinstance(v, str), "a string")
         expect(T.LIST, strings, "an array of strings")
         expect(T.SCORES, lambda v: isinstance(v, np.ndarray) and v.dtype.kind in "fiu", "an array of numbers")
         expect(T.TOKEN_TYPE, lambda v: isinstance(v, np.ndarray) and v.dtype.kind in "iu", "an array of integers")
