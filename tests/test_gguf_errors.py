@@ -24,6 +24,7 @@ import pytest
 from gguf import GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from memra.cpu.reference import ReferenceModel
 from memra.model.aliases import resolve
 from memra.model.config import read_config
 from memra.errors import (GGUFError, MemraError, ModelNotFoundError, TemplateError, TokenizerError,
@@ -587,3 +588,18 @@ def test_cli_run_on_bad_metadata_is_one_clear_line(tmp_path, kv, extra, needle):
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
     assert needle in lines[0], lines[0]
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("numerics", ["f32", "llamacpp"])
+def test_nan_weights_are_an_error_naming_the_tensor(small, tmp_path, numerics):
+    _, blob, _, layout = small
+    off, nb = layout["output_norm.weight"]  # F32: one NaN among the 32 values
+    p = patched(blob, tmp_path, off + 4 * 5, struct.pack("<f", float("nan")))
+    g = open_gguf(p)
+    try:  # was: NaN logits, sampled as token 0 with numpy's warnings, exit 0
+        model = ReferenceModel(g, numerics=numerics)
+        with pytest.raises(GGUFError, match=r"tensor 'output_norm.weight' holds NaN or infinite values") as e:
+            model.forward([1, 4, 5], model.new_cache(8))
+        assert str(p) in str(e.value)
+    finally:
+        g.close()

@@ -527,7 +527,29 @@ class ReferenceModel:
 
     def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Append `tokens` at cache.pos; float32 logits [len(tokens), n_vocab] if all_logits,
-        else [n_vocab] for the last token."""
+        else [n_vocab] for the last token. Logits that are not all finite (NaN or infinite
+        weights in a corrupt file) are a GGUFError naming the first such tensor; numpy's
+        floating-point warnings on the way there are not printed."""
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            logits = self._forward(tokens, cache, all_logits)
+        if not np.isfinite(logits).all():
+            raise self._nonfinite_error()
+        return logits
+
+    def _nonfinite_error(self) -> MemraError:
+        for name in self._expected_shapes():  # only on failure: decodes each weight once more
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    w = dequantize_tensor(self.g.tensor(name))
+            except MemraError:
+                continue
+            if not np.isfinite(w).all():
+                return GGUFError(self.g.path, f"tensor {name!r} holds NaN or infinite values "
+                                              f"(the logits are not numbers): a corrupt file?")
+        return MemraError(f"{self.g.path}: the forward pass gave NaN or infinite logits "
+                          f"(every weight is finite: the activations overflowed)")
+
+    def _forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool) -> np.ndarray:
         c = self.cfg
         toks = self._check_tokens(tokens)
         n = len(toks)
