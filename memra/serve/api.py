@@ -44,7 +44,7 @@ from typing import Any, Optional, Union
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memra import __version__
@@ -57,6 +57,8 @@ from memra.text.tools import (ToolError, check_tools, forced_name, may_start_cal
                               tool_lark, tool_messages)
 from memra.serve.auth import Keys, check_bind
 from memra.serve.metrics import CONTENT_TYPE, Metrics
+from memra.serve.responses import EventStream, RequestError, ResponsesBody, chat_request, output_items, \
+    response_object, usage_of
 from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
 
 log = logging.getLogger("memra.serve")
@@ -309,6 +311,10 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
         out[int(k)] = v
     return out
 
+
+# the Responses API's names of the chat fields a 400 may name (memra.serve.responses maps them)
+RESPONSES_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+                    "response_format": "text"}
 
 # choices a request may ask for (prompts x n): the largest decode batch the GPU engine captures
 MAX_CHOICES = 64
@@ -610,6 +616,25 @@ def create_app(st: State) -> FastAPI:
         return c
 
     async def _generate(request: Request, body: _GenBody, chat: bool, who: str):
+        ready = await _prepare(request, body, chat, who)
+        if ready is None:
+            return _gone()
+        chs, functions, think = ready
+        rid = ("chatcmpl-" if chat else "cmpl-") + chs[0].req.id
+        model = body.model or st.alias
+        created = int(time.time())
+        head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
+        if body.stream:
+            usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(chs, request, chat, head, usage_chunk, functions, think),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _blocking(chs, request, chat, head, functions, think)
+
+    async def _prepare(request: Request, body: _GenBody, chat: bool, who: str):
+        """A request checked, tokenized and its choices started: (choices, the declared tools when the
+        reply may call them, the think split), or None when the client went away meanwhile. APIError
+        for what is wrong with it."""
         st.require_serving()
         st.check_model(body.model)
         functions: dict = {}  # the declared tools when the reply may call them
@@ -702,17 +727,8 @@ def create_app(st: State) -> FastAPI:
                    constraint=constraint, prompt_logprobs=plp if j == 0 or not share else None), echo=echo)
                for i, x in enumerate(prompts) for j in range(n_choices)]
         if not await _start(chs, request, _limit_name(body), share):
-            return _gone()
-        rid = ("chatcmpl-" if chat else "cmpl-") + chs[0].req.id
-        model = body.model or st.alias
-        created = int(time.time())
-        head = {"id": rid, "created": created, "model": model, "system_fingerprint": st.fingerprint}
-        if body.stream:
-            usage_chunk = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse(chs, request, chat, head, usage_chunk, functions, think),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _blocking(chs, request, chat, head, functions, think)
+            return None
+        return chs, functions, think
 
     async def _start(chs: list, request: Request, limit_name: str, share: bool) -> bool:
         """Submit a request's choices. Sharing (n > 1 and the prefix cache), a prompt's first choice
@@ -1022,6 +1038,63 @@ def create_app(st: State) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request, who: str = Depends(tenant)):
         return await _generate(request, body, False, who)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesBody, request: Request, who: str = Depends(tenant)):
+        """OpenAI's Responses API, run as the chat completion it stands for (memra.serve.responses)."""
+        try:
+            chat_body = ChatBody(**chat_request(body))
+            ready = await _prepare(request, chat_body, True, who)
+        except RequestError as e:
+            raise _bad(str(e), e.param)
+        except ValidationError as e:
+            raise _bad(f"input: {e.errors()[0].get('msg', e)}", "input")
+        except APIError as e:  # named by the Responses field the chat field came from
+            if e.param:
+                e.param = RESPONSES_PARAMS.get(e.param.split("[")[0].split(".")[0], e.param)
+            raise
+        if ready is None:
+            return _gone()
+        chs, functions, think = ready
+        c = chs[0]
+        rid, created, model = "resp_" + c.req.id, int(time.time()), body.model or st.alias
+        if body.stream:
+            return StreamingResponse(_responses_sse(c, request, functions, think,
+                                                    EventStream(rid, created, model, body)),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            got = await _blocking_choice(c, request, True, functions, think)
+        finally:
+            _cancel([c])
+        if got is None:
+            return _gone()
+        choice, usage = got
+        return response_object(rid, created, model, body, output_items(choice["message"]),
+                               finish=choice["finish_reason"], usage=usage_of(_total([c], [usage])))
+
+    async def _responses_sse(c, request, functions, think, es: EventStream):
+        finish = None
+        gen = _sse_choice(c, request, True, functions, think)
+        try:
+            yield es.start()
+            async for item in gen:
+                if item[0] == "chunk":
+                    finish = item[1].get("finish_reason") or finish
+                    text = es.feed(item[1].get("delta") or {})
+                    if text:
+                        yield text
+                elif item[0] == "done":
+                    yield es.end(finish, _total([c], [item[2]]))
+                    return
+                elif item[0] == "error":
+                    yield es.fail(item[1])
+                    return
+                else:  # the client went away
+                    return
+        finally:
+            await gen.aclose()
+            _cancel([c])
 
     return app
 

@@ -1,0 +1,156 @@
+"""OpenAI's Responses API on `memra serve --device cpu`, through the official `openai` client.
+
+Oracles: the CPU reference's greedy reply (the chat template rendered here), and the server's
+chat completions for the same conversation (themselves checked against the reference in
+tests/test_serve.py): a Responses request is the chat request it stands for, so its tokens are
+that request's."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import numpy as np
+import openai
+import pytest
+
+from memra.cpu.reference import ReferenceModel
+from memra.model.aliases import resolve
+from memra.model.gguf import open_gguf
+from memra.serve.api import ServeConfig, Server
+from memra.text.chat import chat_tokens, render_chat
+from memra.text.tokenizer import Tokenizer
+
+MODEL = "smollm2-135m"
+TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(ServeConfig(model=MODEL, device="cpu", port=0, ctx_size=512, parallel=4, max_queue=64))
+    s.start_in_thread()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def greedy_text(messages, n):
+    g = open_gguf(resolve(MODEL))
+    tok = Tokenizer.from_gguf(g)
+    m = ReferenceModel(g, numerics="llamacpp")
+    ids = chat_tokens(tok, render_chat(g, messages, add_generation_prompt=True))
+    cache = m.new_cache(len(ids) + n + 1)
+    lg, out = m.forward(ids, cache), []
+    for _ in range(n):
+        t = int(np.argmax(lg))
+        if t in tok.eog_ids:
+            break
+        out.append(t)
+        lg = m.forward([t], cache)
+    return tok.decode(out, skip_special=True), len(ids)
+
+
+def test_a_text_response_is_the_reference_reply(client):
+    want, n_in = greedy_text([{"role": "user", "content": "Name a colour."}], 8)
+    r = client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=8, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.output_text == want and [o.type for o in r.output] == ["message"]
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.input_tokens == n_in and r.usage.output_tokens == 8 and r.usage.total_tokens == n_in + 8
+
+
+def test_instructions_and_items_are_the_chat_request(client):
+    """instructions + message items (text parts, an assistant turn) give the chat completion's reply to the
+    same conversation; a reply that ends by itself is `completed`."""
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Say hi."}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi!"}]},
+             {"role": "user", "content": "Now say bye."}]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "Now say bye."}]
+    r = client.responses.create(model=MODEL, instructions="Be brief.", input=items, max_output_tokens=120,
+                                temperature=0)
+    c = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=120, temperature=0)
+    assert r.output_text == c.choices[0].message.content and c.choices[0].finish_reason == "stop"
+    assert r.status == "completed" and r.incomplete_details is None
+    assert r.usage.input_tokens == c.usage.prompt_tokens and r.usage.output_tokens == c.usage.completion_tokens
+
+
+def test_streamed_events_build_the_blocking_response(client):
+    """The stream's events are numbered in order, their text deltas make the blocking reply, and the client's
+    stream helper assembles the same final response."""
+    kw = dict(model=MODEL, input="Say hi.", max_output_tokens=120, temperature=0)
+    blocking = client.responses.create(**kw)
+    assert blocking.status == "completed"
+    evs = list(client.responses.create(**kw, stream=True))
+    assert [e.sequence_number for e in evs] == list(range(len(evs)))
+    assert evs[0].type == "response.created" and evs[-1].type == "response.completed"
+    assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == blocking.output_text
+    with client.responses.stream(**kw) as st:
+        for _ in st:
+            pass
+        final = st.get_final_response()
+    assert final.output_text == blocking.output_text and final.usage.output_tokens == blocking.usage.output_tokens
+
+
+def test_function_calls_are_the_chat_tool_calls(client):
+    """tool_choice required: function_call items with the chat completion's calls, blocking and streamed; a
+    second turn with the call and its output as items is the chat request with tool_calls and a tool message."""
+    q = "What is the weather in Paris?"
+    kw = dict(model=MODEL, input=q, tools=TOOLS, tool_choice="required", max_output_tokens=120, temperature=0)
+    r = client.responses.create(**kw)
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": q}], tools=CHAT_TOOLS,
+                                       tool_choice="required", max_tokens=120, temperature=0)
+    calls = c.choices[0].message.tool_calls
+    assert calls and [o.type for o in r.output] == ["function_call"] * len(calls)
+    assert [(o.name, o.arguments) for o in r.output] == [(t.function.name, t.function.arguments) for t in calls]
+    with client.responses.stream(**kw) as st:
+        kinds = [e.type for e in st]
+        final = st.get_final_response()
+    assert "response.function_call_arguments.done" in kinds
+    assert [(o.name, o.arguments) for o in final.output] == [(o.name, o.arguments) for o in r.output]
+    # the call's result comes back as an item
+    call = r.output[0]
+    items = [{"role": "user", "content": q}, {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                                              "arguments": call.arguments},
+             {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C."}]
+    r2 = client.responses.create(model=MODEL, input=items, tools=TOOLS, tool_choice="none", max_output_tokens=40,
+                                 temperature=0)
+    msgs = [{"role": "user", "content": q},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 21 C."}]
+    c2 = client.chat.completions.create(model=MODEL, messages=msgs, tools=CHAT_TOOLS, tool_choice="none",
+                                        max_tokens=40, temperature=0)
+    assert r2.output_text == c2.choices[0].message.content
+
+
+def test_a_json_schema_format(client):
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"],
+              "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input="Name a colour as JSON.", max_output_tokens=60, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "c", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+    ({"input": [{"role": "wizard", "content": "Hi"}]}, "input"),
+    ({"input": [{"role": "user"}]}, "input"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
+    ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text"),
+    ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "Hi", "include": ["message.output_text.logprobs"]}, "include"),
+])
+def test_what_this_server_does_not_take_is_a_400_naming_the_field(server, body, param):
+    r = httpx.post(server.url + "/v1/responses", json=body, trust_env=False, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
