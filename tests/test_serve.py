@@ -516,6 +516,30 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_it(server):
     assert c.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0).usage.completion_tokens == 1
 
 
+def test_the_byte_bound_holds_for_each_prompt_of_a_list(tiny_models):
+    """The bytes pre-check bounds each prompt of a list (each is its own sequence), not their sum: four prompts that
+    each fit a context of 64 tokens, whose bytes together exceed 64 x the longest vocabulary entry's, are four
+    choices, each its prompt's reply alone (a tiny model, the SmolLM2 tokenizer: long whitespace tokens)."""
+    s = Server(ServeConfig(model=str(tiny_models("llama", "Q8_0")), device="cpu", port=0, ctx_size=64))
+    s.start_in_thread()
+    try:
+        tok = s.state.tok
+        max_piece = max(len(t.encode("utf-8", "surrogatepass")) for t in tok.tokens)
+        widest = max(range(tok.n_vocab), key=lambda i: len(tok.token_bytes(i)))
+        unit = "a" + tok.decode([widest]) * 10 + "a"
+        prompts = [unit * 4, unit * 4 + "b", unit * 4 + "c", unit * 4 + "d"]
+        assert all(len(completion_ids(tok, p)) < 63 for p in prompts)
+        assert sum(len(p.encode()) for p in prompts) > 64 * max_piece  # the premise: the sum would be refused
+        c = client(s)
+        kw = dict(model=s.state.alias, max_tokens=1, temperature=0)
+        alone = [c.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+        r = c.completions.create(prompt=prompts, **kw)
+        assert [ch.text for ch in r.choices] == alone
+        assert r.usage.prompt_tokens == sum(len(completion_ids(tok, p)) for p in prompts)
+    finally:
+        s.stop()
+
+
 def test_strings_that_are_not_unicode_neither_wedge_nor_500(server):
     """JSON's \\ud800 escape is a lone surrogate, a str Python cannot encode as UTF-8: as a
     cache_salt it names a namespace like any other (the queue keeps moving), as a regex it is

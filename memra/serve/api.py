@@ -695,7 +695,9 @@ def create_app(st: State) -> FastAPI:
             if len(many) * n_choices > MAX_CHOICES:
                 raise _bad(f"prompt: {len(many)} prompts x n = {n_choices} are {len(many) * n_choices} choices; "
                            f"a request may ask for at most {MAX_CHOICES}", "prompt")
-            _can_fit([x for x in many if isinstance(x, str)], "prompt")
+            for x in many:  # each prompt of a list is its own sequence: each must fit the context alone
+                if isinstance(x, str):
+                    _can_fit([x], "prompt")
             prompts = []
             for x in many:
                 if isinstance(x, str):
