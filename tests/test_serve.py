@@ -464,6 +464,7 @@ def test_errors_are_openai_objects(server):
     for bias, needle in (({"hello": 1}, "'hello' is not a token id"), ({"-5": 1}, "'-5' is not a token id"),
                          ({"1.5": 1}, "'1.5' is not a token id"), ({"": 1}, "is not a token id"),
                          ({str(n_vocab): 1}, f"token id {n_vocab} is outside the vocabulary [0, {n_vocab})"),
+                         ({"9" * 5000: 1}, "(5000 digits) is outside the vocabulary"),  # more than int() converts
                          ({"42": 100.5}, "[-100, 100]"), ({"42": -101}, "[-100, 100]"),
                          ({"42": "a lot"}, "logit_bias"), ({"42": [1]}, "logit_bias")):
         for route, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions", {"messages": CHAT})):

@@ -308,6 +308,8 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     for k, v in (bias or {}).items():
         if not re.fullmatch(r"[0-9]+", k):
             raise _bad(f"logit_bias: the key {k!r} is not a token id (a non-negative integer)", "logit_bias")
+        if len(k.lstrip("0")) > 18:  # beyond any vocabulary (and int() refuses strings of over 4300 digits)
+            raise _bad(f"logit_bias: the key {k[:24]}... ({len(k)} digits) is outside the vocabulary", "logit_bias")
         out[int(k)] = v
     return out
 
