@@ -147,6 +147,8 @@ def test_a_json_schema_format(client):
     ({"input": [{"role": "user"}]}, "input"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
     ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text"),
+    ({"input": "Hi", "text": {"format": "json_object"}}, "text"),  # a format that is no object
+    ({"input": "Hi", "text": {"format": ["json_object"]}}, "text"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "Hi", "include": ["message.output_text.logprobs"]}, "include"),
 ])

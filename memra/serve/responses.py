@@ -137,6 +137,9 @@ def _tools(body: ResponsesBody) -> tuple[list | None, Any]:
 
 def _format(body: ResponsesBody) -> dict | None:
     fmt = (body.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise RequestError(f"text.format must be an object with a type (text, json_object or json_schema), got "
+                           f"{type(fmt).__name__}", "text")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
