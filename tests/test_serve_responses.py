@@ -151,6 +151,13 @@ def test_a_json_schema_format(client):
     ({"input": "Hi", "text": {"format": ["json_object"]}}, "text"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "Hi", "include": ["message.output_text.logprobs"]}, "include"),
+    # memra's extras passed through to the chat request, of the wrong type: named as sent, not as input
+    ({"input": "Hi", "top_k": "many"}, "top_k"),
+    ({"input": "Hi", "stop": 5}, "stop"),
+    ({"input": "Hi", "stop_token_ids": "2"}, "stop_token_ids"),
+    ({"input": "Hi", "stop_token_ids": ["two"]}, "stop_token_ids"),
+    ({"input": "Hi", "logit_bias": [1, 2]}, "logit_bias"),
+    ({"input": "Hi", "seed": "x"}, "seed"),
 ])
 def test_what_this_server_does_not_take_is_a_400_naming_the_field(server, body, param):
     r = httpx.post(server.url + "/v1/responses", json=body, trust_env=False, timeout=60)

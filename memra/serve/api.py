@@ -1051,8 +1051,12 @@ def create_app(st: State) -> FastAPI:
             ready = await _prepare(request, chat_body, True, who)
         except RequestError as e:
             raise _bad(str(e), e.param)
-        except ValidationError as e:
-            raise _bad(f"input: {e.errors()[0].get('msg', e)}", "input")
+        except ValidationError as e:  # a field passed through (top_k, stop, ...) of the wrong type names itself
+            first = (e.errors() or [{}])[0]
+            loc = [str(x) for x in first.get("loc", ())] or ["messages"]
+            param = RESPONSES_PARAMS.get(loc[0], loc[0])
+            where = param if loc[0] == "messages" else ".".join(loc)  # the messages are not input's items
+            raise _bad(f"{where}: {first.get('msg', 'invalid')}", param)
         except APIError as e:  # named by the Responses field the chat field came from
             if e.param:
                 e.param = RESPONSES_PARAMS.get(e.param.split("[")[0].split(".")[0], e.param)
