@@ -163,3 +163,28 @@ def test_what_this_server_does_not_take_is_a_400_naming_the_field(server, body, 
     r = httpx.post(server.url + "/v1/responses", json=body, trust_env=False, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def test_a_lone_surrogate_the_response_echoes_is_no_500(server):
+    """JSON's \\ud800 is a lone surrogate, a str UTF-8 cannot encode. In instructions, metadata or a tool's
+    description, fields the response object echoes, it comes back as the same escape, blocking and streamed, and
+    the reply is the chat completion's for the same messages."""
+    url, hdr = server.url, {"Content-Type": "application/json"}
+    body = (b'{"model": "%s", "input": "Say hi.", "instructions": "Be brief \\ud800", "max_output_tokens": 3, '
+            b'"temperature": 0, "metadata": {"k": "v\\ud800"}, "tools": [{"type": "function", "name": "f", '
+            b'"description": "\\ud800"}], "tool_choice": "none"' % MODEL.encode())
+    r = httpx.post(url + "/v1/responses", content=body + b"}", headers=hdr, trust_env=False, timeout=120)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["instructions"] == "Be brief \ud800" and doc["metadata"] == {"k": "v\ud800"}
+    assert doc["tools"][0]["description"] == "\ud800"
+    chat = httpx.post(url + "/v1/chat/completions", headers=hdr, trust_env=False, timeout=120, content=(
+        b'{"model": "%s", "messages": [{"role": "system", "content": "Be brief \\ud800"}, {"role": "user", '
+        b'"content": "Say hi."}], "max_tokens": 3, "temperature": 0}' % MODEL.encode()))
+    assert doc["output"][0]["content"][0]["text"] == chat.json()["choices"][0]["message"]["content"]
+    r = httpx.post(url + "/v1/responses", content=body + b', "stream": true}', headers=hdr, trust_env=False,
+                   timeout=120)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response." + doc["status"]
+    assert events[-1]["response"]["metadata"] == {"k": "v\ud800"}
+    assert events[-1]["response"]["output"] == [dict(doc["output"][0], id=events[-1]["response"]["output"][0]["id"])]

@@ -43,7 +43,7 @@ from typing import Any, Optional, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,7 +57,7 @@ from memra.text.tools import (ToolError, check_tools, forced_name, may_start_cal
                               tool_lark, tool_messages)
 from memra.serve.auth import Keys, check_bind
 from memra.serve.metrics import CONTENT_TYPE, Metrics
-from memra.serve.responses import EventStream, RequestError, ResponsesBody, chat_request, output_items, \
+from memra.serve.responses import EventStream, RequestError, ResponsesBody, chat_request, dumps, output_items, \
     response_object, usage_of
 from memra.serve.scheduler import GenRequest, NeverFits, QueueFull, Scheduler, open_engine
 
@@ -1078,8 +1078,9 @@ def create_app(st: State) -> FastAPI:
         if got is None:
             return _gone()
         choice, usage = got
-        return response_object(rid, created, model, body, output_items(choice["message"]),
-                               finish=choice["finish_reason"], usage=usage_of(_total([c], [usage])))
+        return Response(dumps(response_object(rid, created, model, body, output_items(choice["message"]),
+                                              finish=choice["finish_reason"], usage=usage_of(_total([c], [usage])))),
+                        media_type="application/json")
 
     async def _responses_sse(c, request, functions, think, es: EventStream):
         finish = None

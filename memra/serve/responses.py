@@ -195,6 +195,17 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
             "status": status}
 
 
+def dumps(doc) -> str:
+    """doc as JSON text that encodes as UTF-8: a lone surrogate (JSON's \\ud800) a request carried in a field the
+    response object echoes (instructions, metadata, tools, text) stays an escape there."""
+    text = json.dumps(doc, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(doc)
+    return text
+
+
 def usage_of(u: dict) -> dict:
     """A chat usage object (memra.serve.api's) as the Responses usage."""
     return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
@@ -233,7 +244,7 @@ class EventStream:
     def _ev(self, kind: str, **fields) -> str:
         doc = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(doc, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\ndata: {dumps(doc)}\n\n"
 
     def _response(self, status: str, finish: str | None = None, usage: dict | None = None) -> dict:
         return response_object(self.rid, self.created, self.model, self.body, list(self.output), finish=finish,
