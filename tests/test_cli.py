@@ -290,6 +290,7 @@ def test_logit_bias_spellings(spec, want):
     ("15043-inf", ["--logit-bias", "finite", "[-100, 100]"]),
     ("15043+150", ["--logit-bias", "[-100, 100]", "150"]),
     ("15043-100.5", ["--logit-bias", "[-100, 100]"]),
+    ("9" * 5000 + "+1", ["--logit-bias", "5000 digits", "outside any vocabulary"]),
 ])
 def test_bad_logit_bias_is_one_clear_line_before_the_model_is_read(tmp_path, spec, needles):
     # a model path that does not exist: the flag fails first

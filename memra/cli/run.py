@@ -357,6 +357,9 @@ def _logit_bias(specs: list[str] | None) -> dict[int, float]:
         if value == float("inf"):
             raise MemraError(f"--logit-bias {spec!r}: the bias must be finite, in [-100, 100] (-100 all but "
                              f"bans the token)")
+        if len(m[1].lstrip("0")) > 18:  # beyond any vocabulary (int() refuses strings of over 4300 digits)
+            raise MemraError(f"--logit-bias {spec[:24]!r}...: the token id ({len(m[1])} digits) is outside any "
+                             f"vocabulary")
         token = int(m[1])
         if token in out:
             raise MemraError(f"--logit-bias gives token {token} twice ({spec!r}); give one bias a token")
