@@ -493,7 +493,8 @@ def test_errors_are_openai_objects(server):
     for msgs, param in (([{"role": "wizard", "content": "Hi"}], "messages[0].role"),
                         (CHAT + [{"role": "user"}], f"messages[{len(CHAT)}].content"),
                         (CHAT + [{"role": "assistant", "content": None}, {"role": "user", "content": "Hi"}],
-                         f"messages[{len(CHAT)}].content")):
+                         f"messages[{len(CHAT)}].content"),
+                        (CHAT + [{"role": "user", "content": []}], f"messages[{len(CHAT)}].content")):
         r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 1}, trust_env=False)
         assert r.status_code == 400 and error_of(r)["param"] == param, r.text
     # and the engine is healthy after all of it

@@ -145,6 +145,7 @@ def test_a_json_schema_format(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": [{"role": "wizard", "content": "Hi"}]}, "input"),
     ({"input": [{"role": "user"}]}, "input"),
+    ({"input": [{"role": "user", "content": []}]}, "input"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
     ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text"),
     ({"input": "Hi", "text": {"format": "json_object"}}, "text"),  # a format that is no object

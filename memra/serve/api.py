@@ -418,6 +418,9 @@ def _check_message(i: int, m: Message) -> None:
     if m.content is None and not (m.role == "assistant" and m.tool_calls):
         what = "content or tool_calls" if m.role == "assistant" else "content"
         raise _bad(f"messages[{i}] ({m.role}) must have {what}", f"messages[{i}].content")
+    if isinstance(m.content, list) and not m.content:
+        raise _bad(f"messages[{i}].content is an empty list of parts (give at least one, or a string)",
+                   f"messages[{i}].content")
 
 
 def _content(m: Message) -> str:

@@ -89,8 +89,8 @@ def _messages(body: ResponsesBody) -> list[dict]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise RequestError(f"{where}.role must be user, system, developer or assistant, got {role!r}",
                                    "input")
-            if item.get("content") is None:
-                raise RequestError(f"{where} ({role}) must have content", "input")
+            if item.get("content") is None or item.get("content") == []:
+                raise RequestError(f"{where} ({role}) must have content (a string or at least one part)", "input")
             msgs.append({"role": role, "content": _text(item.get("content"), where)})
         elif kind == "function_call":
             call = {"id": item.get("call_id") or item.get("id") or _new_id("call"), "type": "function",
