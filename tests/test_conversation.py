@@ -7,14 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from memra.cpu.reference import ReferenceModel
-from memra.model import aliases
-from memra.model.gguf import open_gguf
-from memra.text.chat import chat_tokens, render_chat
-from memra.text.tokenizer import Tokenizer
+from chat_ref import ChatRef
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,23 +23,11 @@ def memra(*args, stdin=None):
 
 @pytest.fixture(scope="module")
 def smol():
-    g = open_gguf(aliases.resolve("smollm2-135m"))
-    return g, Tokenizer.from_gguf(g), ReferenceModel(g, numerics="llamacpp")
+    return ChatRef()
 
 
 def reply(smol, messages, n):
-    """The reference's greedy reply (at most n tokens, ending at an end-of-generation token) as text."""
-    g, tok, m = smol
-    ids = chat_tokens(tok, render_chat(g, messages, add_generation_prompt=True))
-    cache = m.new_cache(len(ids) + n + 1)
-    lg, out = m.forward(ids, cache), []
-    for _ in range(n):
-        t = int(np.argmax(lg))
-        if t in tok.eog_ids:
-            break
-        out.append(t)
-        lg = m.forward([t], cache)
-    return tok.decode(out, skip_special=True)
+    return smol.reply(messages, n)[0]
 
 
 def test_a_conversation_is_the_reference_turn_by_turn(smol):

@@ -11,16 +11,11 @@ import json
 
 import httpx
 import jsonschema
-import numpy as np
 import openai
 import pytest
 
-from memra.cpu.reference import ReferenceModel
-from memra.model.aliases import resolve
-from memra.model.gguf import open_gguf
+from chat_ref import ChatRef
 from memra.serve.api import ServeConfig, Server
-from memra.text.chat import chat_tokens, render_chat
-from memra.text.tokenizer import Tokenizer
 
 MODEL = "smollm2-135m"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather of a city",
@@ -42,19 +37,7 @@ def client(server):
 
 
 def greedy_text(messages, n):
-    g = open_gguf(resolve(MODEL))
-    tok = Tokenizer.from_gguf(g)
-    m = ReferenceModel(g, numerics="llamacpp")
-    ids = chat_tokens(tok, render_chat(g, messages, add_generation_prompt=True))
-    cache = m.new_cache(len(ids) + n + 1)
-    lg, out = m.forward(ids, cache), []
-    for _ in range(n):
-        t = int(np.argmax(lg))
-        if t in tok.eog_ids:
-            break
-        out.append(t)
-        lg = m.forward([t], cache)
-    return tok.decode(out, skip_special=True), len(ids)
+    return ChatRef(MODEL).reply(messages, n)
 
 
 def test_a_text_response_is_the_reference_reply(client):
