@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The next session's device calls (prepared in session 39, research/2026-12-05-session39).
+# The next session's device calls (prepared in session 39, research/2026-12-05-session39; session 40 was lent no
+# device, so they are still the next calls; STAGE l's GPU tests now include tests/test_serve_gpu.py's n = 8 and echo tests).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=a bash experiments/h200_session40.sh
 # .whl from experiments/h200_wheels.sh; carry .whl and .synthtok; ship the real models first (six calls,
 # experiments/ship_models.py's .models/ship-0N); STAGE d carries .llamacpp. Any sm_90a part with 132 SMs (an H100
