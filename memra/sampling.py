@@ -43,6 +43,9 @@ class SamplingParams:
     # finite and in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]: -100 all but bans a token, +100 all
     # but forces it
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # the server's min_tokens (vLLM's): end-of-generation and stop_ids tokens are not chosen, and
+    # stop strings not matched, before this many tokens (the host sampler chooses: host_only)
+    min_tokens: int = 0
 
     def validate(self, names: Mapping[str, str] | None = None, n_vocab: int | None = None) -> None:
         """Raise MemraError for the first parameter out of its range. `names` maps a field to
@@ -75,6 +78,10 @@ class SamplingParams:
             raise MemraError(f"{n('seed')} must be an integer in [0, 2^64), got {self.seed}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise MemraError(f"{n('stop')} strings must not be empty")
+        if not _integer(self.min_tokens) or self.min_tokens < 0:
+            raise MemraError(f"{n('min_tokens')} must be an integer >= 0, got {self.min_tokens}")
+        if self.max_tokens >= 0 and self.min_tokens > self.max_tokens:
+            raise MemraError(f"{n('min_tokens')} {self.min_tokens} is more than {n('max_tokens')} {self.max_tokens}")
         if any(not _integer(t) or t < 0 for t in self.stop_ids):
             raise MemraError(f"{n('stop_ids')} must be token ids >= 0")
         if n_vocab is not None and any(t >= n_vocab for t in self.stop_ids):
@@ -98,10 +105,10 @@ class SamplingParams:
     @property
     def host_only(self) -> bool:
         """Whether only the host's Sampler can choose these tokens: the device samplers (the
-        GPU's kernels/sample.cu, the server's CPU engine) have no penalties and no logit
-        bias, so a request with either takes its logits back and samples here."""
+        GPU's kernels/sample.cu, the server's CPU engine) have no penalties, no logit bias and
+        no min_tokens, so a request with any takes its logits back and samples here."""
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 \
-            or bool(self.logit_bias)
+            or bool(self.logit_bias) or self.min_tokens > 0
 
 
 def _real(v) -> bool:

@@ -242,6 +242,37 @@ def test_stop_token_ids_end_the_reply(server, ref):
         assert r.status_code == 400 and error_of(r)["param"] == "stop_token_ids", r.text
 
 
+def test_min_tokens_holds_the_end_back(server, ref):
+    """vLLM's min_tokens: before it, end-of-generation tokens are not chosen and stop strings not matched. A chat
+    reply the reference ends by itself after L tokens runs to min_tokens = max_tokens = L + 3 as the reference's
+    greedy argmax with the end-of-generation ids banned; a stop string met before min_tokens does not cut the
+    reply; min_tokens above max_tokens, negative, or with an output constraint is a 400 naming it."""
+    g, tok, greedy = ref
+    msgs = [{"role": "user", "content": "Say hi."}]
+    ids = chat_tokens(tok, render_chat(g, msgs, add_generation_prompt=True))
+    plain, _ = greedy(ids, 60)
+    assert plain[-1] in tok.eog_ids, "the oracle did not end by itself: pick another prompt"
+    n = len(plain) + 2
+    want, _ = greedy(ids, n, {e: -100 for e in tok.eog_ids})
+    assert len(want) == n and not set(want) & set(tok.eog_ids)
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=n, temperature=0,
+                                  extra_body={"min_tokens": n})
+    assert r.choices[0].message.content == text_of(tok, want) and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == n
+    # a stop string inside the first tokens: cut without min_tokens, not with it
+    head = text_of(tok, plain[:3])
+    stop = head[-3:]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=8, temperature=0, stop=[stop])
+    assert c.chat.completions.create(**kw).choices[0].finish_reason == "stop"
+    r = c.chat.completions.create(**kw, extra_body={"min_tokens": 8})
+    assert r.choices[0].message.content == text_of(tok, plain[:8]) and r.choices[0].finish_reason == "length"
+    for extra in ({"min_tokens": 9}, {"min_tokens": -1}, {"min_tokens": 2, "response_format": {"type": "json_object"}}):
+        rr = httpx.post(server.url + "/v1/chat/completions", trust_env=False,
+                        json={"messages": msgs, "max_tokens": 8, **extra})
+        assert rr.status_code == 400 and error_of(rr)["param"] == "min_tokens", rr.text
+
+
 def test_completion_logprobs(server, ref):
     g, tok, greedy = ref
     ids = completion_ids(tok, PROMPT)

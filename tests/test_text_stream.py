@@ -48,6 +48,16 @@ def test_text_that_may_start_a_stop_string_is_held_until_decided():
     assert run([1, 7, 3], stops=["lEN"]) == (["He", ""], "stop")
 
 
+def test_min_tokens_matches_stop_strings_only_from_its_token_on():
+    # "\n\n" whole before token 4: released as it comes, no stop; from token 4 on the stop holds again
+    assert run([5, 6, 1, 5, 6, 3], stops=["\n\n"], min_tokens=4) == (["\n", "\n", "Hel", "", ""], "stop")
+    # a stop string inside min_tokens' own token is matched; one that began in text released before is not
+    assert run([1, 7, 3], stops=["EN"], min_tokens=2) == (["Hel", ""], "stop")
+    assert run([1, 7, 3], stops=["lEN"], min_tokens=2) == (["Hel", "END", " wor"], None)
+    # one token earlier the whole stop string is released as text
+    assert run([1, 7, 3], stops=["EN"], min_tokens=3) == (["Hel", "END", " wor"], None)
+
+
 def test_eos_and_length():
     assert run([1, 9, 2], stop_ids=[9]) == (["Hel", ""], "eos")
     assert run([1, 2, 3], max_tokens=2) == (["Hel", "lo"], "length")

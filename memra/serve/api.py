@@ -68,6 +68,7 @@ FIELD_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                "seed": "seed", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
                "frequency_penalty": "frequency_penalty", "max_tokens": "max_tokens", "stop": "stop",
                "repeat_last_n": "repeat_last_n", "logit_bias": "logit_bias", "stop_ids": "stop_token_ids",
+               "min_tokens": "min_tokens",
                "n_ctx": "--ctx-size"}
 
 
@@ -142,6 +143,7 @@ class _GenBody(_Body):
     repetition_penalty: Optional[float] = None
     stop: Union[str, list[str], None] = None
     stop_token_ids: Optional[list[int]] = None  # vLLM's: tokens that end the reply (not part of its text)
+    min_tokens: Optional[int] = None  # vLLM's: no end of the reply (EOS, stop ids, stop strings) before it
     n: Optional[int] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
@@ -358,6 +360,7 @@ def _params(body: _GenBody, max_tokens: int | None, ctx: int, n_prompt: int, n_v
         max_tokens=-1 if max_tokens is None else max_tokens,
         stop=stop,
         stop_ids=list(body.stop_token_ids or []),
+        min_tokens=body.min_tokens or 0,
         logit_bias=_logit_bias(body.logit_bias))
     least = 0 if getattr(body, "echo", False) else 1  # echo with max_tokens 0: the prompt (and its log-probs) alone
     if max_tokens is not None and max_tokens < least:
@@ -721,6 +724,9 @@ def create_app(st: State) -> FastAPI:
         # a biased id must be a token of the tokenizer and a row of the logits; the longest prompt must fit
         params = _params(body, max_tokens, st.ctx, max(map(len, prompts)), min(tok.n_vocab, st.mcfg.n_vocab))
         constraint = await _constraint(body, functions)
+        if constraint is not None and params.min_tokens:
+            raise _bad("min_tokens cannot be combined with an output constraint or a forced tool call (the "
+                       "grammar decides where the reply ends)", "min_tokens")
         if think and (constraint_of(body)[0] in ("json_object", "json_schema") or
                       functions and (body.tool_choice == "required" or isinstance(body.tool_choice, dict))):
             think = False  # a JSON constraint or a forced call is the whole reply: no thought in it

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 # memra's sampling fields a Responses request may carry (as chat's extras), passed through as they are
 PASS = ("top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "stop",
-        "stop_token_ids", "cache_salt", "user", "ignore_eos", "logit_bias", "reasoning_format")
+        "stop_token_ids", "min_tokens", "cache_salt", "user", "ignore_eos", "logit_bias", "reasoning_format")
 
 
 class RequestError(ValueError):

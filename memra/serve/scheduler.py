@@ -387,7 +387,8 @@ class Scheduler:
             r.seq, r.pos, r.n_cached, r.registered = seq, seq.n, seq.n, len(hit)
             outstanding += worst - len(hit)
             stop_ids = frozenset(r.params.stop_ids) | (frozenset() if r.ignore_eos else frozenset(self.tok.eog_ids))
-            r.ts = TextStream(self.tok, r.params.stop, stop_ids, r.max_new, self.max_len - len(r.prompt))
+            r.ts = TextStream(self.tok, r.params.stop, stop_ids, r.max_new, self.max_len - len(r.prompt),
+                              min_tokens=r.params.min_tokens)
             p = r.params
             if r.host_sampled:
                 r.sampler = Sampler(SamplingParams(**{**p.__dict__, "seed": r.seed}), self.n_vocab)
@@ -727,6 +728,9 @@ class Scheduler:
                 from memra.text.grammar import masked
 
                 logits = masked(logits, mask)
+            if len(r.generated) < r.params.min_tokens:  # no end before min_tokens: its tokens cannot be chosen
+                logits = np.array(logits, np.float32)
+                logits[list(r.ts.stop_ids)] = -np.inf
             token = r.sampler.sample(logits, r.prompt + r.generated)
         else:
             token = int(out.token)

@@ -28,14 +28,17 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 
 class TextStream:
     def __init__(self, tokenizer, stops: Iterable[str] = (), stop_ids: Iterable[int] = (),
-                 max_tokens: int = -1, n_ctx_left: int | None = None):
+                 max_tokens: int = -1, n_ctx_left: int | None = None, min_tokens: int = 0):
         """stop_ids: tokens that end the generation (reported, their text not: control
-        tokens); max_tokens: -1 for no limit; n_ctx_left: positions left in the context."""
+        tokens); max_tokens: -1 for no limit; n_ctx_left: positions left in the context;
+        min_tokens: stop strings are matched only in the text of token min_tokens and later
+        (the text before it is released as it comes)."""
         # control tokens put no text into the output (llama.cpp's rendering without special=true)
         self.decoder = tokenizer.stream(skip_special=True)
         self.stops = [s for s in stops if s]
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
         self.n_ctx_left = n_ctx_left
         self.n = 0
         self.out = ""   # decoded text so far
@@ -57,8 +60,9 @@ class TextStream:
                 finish = "length"
         if finish is not None:
             self.out += self.decoder.flush()
-        if self.stops:
-            hit = min((i for i in (self.out.find(s, self.sent) for s in self.stops) if i >= 0), default=-1)
+        stops = self.stops if self.n >= self.min_tokens else []
+        if stops:
+            hit = min((i for i in (self.out.find(s, self.sent) for s in stops) if i >= 0), default=-1)
             if hit >= 0:
                 text, self.sent = self.out[self.sent:hit], hit
                 self.finish = "stop"
@@ -67,6 +71,6 @@ class TextStream:
             text, self.sent = self.out[self.sent:], len(self.out)
             self.finish = finish
             return text, finish
-        end = len(self.out) - (held_back(self.out[self.sent:], self.stops) if self.stops else 0)
+        end = len(self.out) - (held_back(self.out[self.sent:], stops) if stops else 0)
         text, self.sent = self.out[self.sent:end], end
         return text, None
