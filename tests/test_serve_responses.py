@@ -114,6 +114,24 @@ def test_function_calls_are_the_chat_tool_calls(client):
     assert r2.output_text == c2.choices[0].message.content
 
 
+def test_output_text_logprobs_are_the_chat_logprobs(client):
+    """include message.output_text.logprobs with top_logprobs: the output text's token log-probs and alternatives
+    are the chat completion's for the same conversation, blocking and streamed (the deltas' entries in order)."""
+    kw = dict(model=MODEL, max_output_tokens=6, temperature=0, include=["message.output_text.logprobs"],
+              top_logprobs=2)
+    r = client.responses.create(input="Name a colour.", **kw)
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    want = [(x.token, x.logprob, [(y.token, y.logprob) for y in x.top_logprobs]) for x in c.choices[0].logprobs.content]
+    got = r.output[0].content[0].logprobs
+    assert len(want) == 6 and [(x.token, x.logprob, [(y.token, y.logprob) for y in x.top_logprobs]) for x in got] == want
+    evs = list(client.responses.create(input="Name a colour.", stream=True, **kw))
+    streamed = [x for e in evs if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert [(x.token, x.logprob) for x in streamed] == [(w[0], w[1]) for w in want]
+    done = next(e for e in evs if e.type == "response.output_text.done")
+    assert [(x.token, x.logprob) for x in done.logprobs] == [(w[0], w[1]) for w in want]
+
+
 def test_a_json_schema_format(client):
     schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"],
               "additionalProperties": False}
@@ -134,7 +152,8 @@ def test_a_json_schema_format(client):
     ({"input": "Hi", "text": {"format": "json_object"}}, "text"),  # a format that is no object
     ({"input": "Hi", "text": {"format": ["json_object"]}}, "text"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
-    ({"input": "Hi", "include": ["message.output_text.logprobs"]}, "include"),
+    ({"input": "Hi", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "Hi", "top_logprobs": 21}, "top_logprobs"),
     # memra's extras passed through to the chat request, of the wrong type: named as sent, not as input
     ({"input": "Hi", "top_k": "many"}, "top_k"),
     ({"input": "Hi", "stop": 5}, "stop"),

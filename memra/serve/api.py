@@ -1087,7 +1087,7 @@ def create_app(st: State) -> FastAPI:
         if got is None:
             return _gone()
         choice, usage = got
-        return Response(dumps(response_object(rid, created, model, body, output_items(choice["message"]),
+        return Response(dumps(response_object(rid, created, model, body, output_items(choice["message"], choice["logprobs"]),
                                               finish=choice["finish_reason"], usage=usage_of(_total([c], [usage])))),
                         media_type="application/json")
 
@@ -1099,7 +1099,7 @@ def create_app(st: State) -> FastAPI:
             async for item in gen:
                 if item[0] == "chunk":
                     finish = item[1].get("finish_reason") or finish
-                    text = es.feed(item[1].get("delta") or {})
+                    text = es.feed(item[1].get("delta") or {}, item[1].get("logprobs"))
                     if text:
                         yield text
                 elif item[0] == "done":

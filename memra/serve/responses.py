@@ -12,7 +12,9 @@ one `function_call` item per call) in a `response` object (`response_object`); s
 output_item.added, output_text.delta, function_call_arguments.delta, …, response.completed),
 each with its sequence number. This server keeps no responses: `previous_response_id` and
 `store: true` retrieval are not offered (the whole conversation goes in `input`), nor are tools
-other than functions or non-text input parts (each a 400 naming its field)."""
+other than functions or non-text input parts (each a 400 naming its field). `include:
+["message.output_text.logprobs"]` (or `top_logprobs`) asks for the chat log-probs of the output
+text's tokens."""
 
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ from pydantic import BaseModel, ConfigDict
 # memra's sampling fields a Responses request may carry (as chat's extras), passed through as they are
 PASS = ("top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "stop",
         "stop_token_ids", "min_tokens", "cache_salt", "user", "ignore_eos", "logit_bias", "reasoning_format")
+
+
+# the include value that asks for the output text's token log-probs (with top_logprobs alternatives)
+LOGPROBS = "message.output_text.logprobs"
 
 
 class RequestError(ValueError):
@@ -51,6 +57,7 @@ class ResponsesBody(BaseModel):
     text: Optional[dict[str, Any]] = None
     previous_response_id: Optional[str] = None
     include: Optional[list[str]] = None
+    top_logprobs: Optional[int] = None
     metadata: Optional[dict[str, Any]] = None
 
 
@@ -156,10 +163,13 @@ def chat_request(body: ResponsesBody) -> dict:
     if body.previous_response_id is not None:
         raise RequestError("previous_response_id: this server keeps no responses; send the whole conversation "
                            "as input", "previous_response_id")
-    if body.include:
-        raise RequestError(f"include {body.include!r} is not supported by this server", "include")
+    other = [x for x in body.include or [] if x != LOGPROBS]
+    if other:
+        raise RequestError(f"include {other!r} is not supported by this server (only {LOGPROBS!r})", "include")
     tools, choice = _tools(body)
     req: dict = {"model": body.model, "messages": _messages(body), "stream": bool(body.stream)}
+    if LOGPROBS in (body.include or []) or body.top_logprobs is not None:  # the output text's token log-probs
+        req.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     for k, v in (("max_completion_tokens", body.max_output_tokens), ("temperature", body.temperature),
                  ("top_p", body.top_p), ("tools", tools), ("tool_choice", choice),
                  ("parallel_tool_calls", body.parallel_tool_calls), ("response_format", _format(body))):
@@ -170,23 +180,26 @@ def chat_request(body: ResponsesBody) -> dict:
     return req
 
 
-def output_items(message: dict) -> list[dict]:
-    """A chat reply (its message: content, reasoning_content, tool_calls) as Responses output items."""
+def output_items(message: dict, logprobs: dict | None = None) -> list[dict]:
+    """A chat reply (its message: content, reasoning_content, tool_calls; its choice's logprobs) as
+    Responses output items (the token log-probs in the message's output_text part)."""
     items = []
     if message.get("reasoning_content"):
         items.append({"type": "reasoning", "id": _new_id("rs"), "summary": [], "status": "completed",
                       "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
-        items.append(_message_item(_new_id("msg"), message.get("content") or "", "completed"))
+        items.append(_message_item(_new_id("msg"), message.get("content") or "", "completed",
+                                   (logprobs or {}).get("content") or []))
     for c in calls:
         items.append(_call_item(_new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
                                 "completed"))
     return items
 
 
-def _message_item(item_id: str, text: str | None, status: str) -> dict:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+def _message_item(item_id: str, text: str | None, status: str, logprobs: list | None = None) -> dict:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
+                                        "logprobs": logprobs or []}]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -239,7 +252,8 @@ class EventStream:
         self.rid, self.created, self.model, self.body = rid, created, model, body
         self.seq = 0
         self.output: list[dict] = []   # the items so far (their final form once done)
-        self.open: dict | None = None  # the item being streamed: {"kind", "index", "id", "text"}
+        self.open: dict | None = None  # the item being streamed: {"kind", "index", "id", "text", "lps"}
+        self.lp_wait: list = []        # token log-probs that came before the text they go with
 
     def _ev(self, kind: str, **fields) -> str:
         doc = {"type": kind, "sequence_number": self.seq, **fields}
@@ -257,7 +271,7 @@ class EventStream:
     def _open(self, kind: str) -> str:
         out = self._close()
         i, item_id = len(self.output), _new_id({"reasoning": "rs", "message": "msg"}[kind])
-        self.open = {"kind": kind, "index": i, "id": item_id, "text": ""}
+        self.open = {"kind": kind, "index": i, "id": item_id, "text": "", "lps": []}
         if kind == "message":
             item = _message_item(item_id, None, "in_progress")
             self.output.append(item)
@@ -274,10 +288,11 @@ class EventStream:
             return ""
         i, item_id, text = o["index"], o["id"], o["text"]
         if o["kind"] == "message":
-            item = _message_item(item_id, text, "completed")
+            lps, self.lp_wait = o["lps"] + self.lp_wait, []
+            item = _message_item(item_id, text, "completed", lps)
             self.output[i] = item
             return self._ev("response.output_text.done", item_id=item_id, output_index=i, content_index=0,
-                            text=text, logprobs=[]) + \
+                            text=text, logprobs=lps) + \
                 self._ev("response.content_part.done", item_id=item_id, output_index=i, content_index=0,
                          part=item["content"][0]) + \
                 self._ev("response.output_item.done", output_index=i, item=item)
@@ -287,8 +302,9 @@ class EventStream:
         return self._ev("response.reasoning_text.done", item_id=item_id, output_index=i, content_index=0,
                         text=text) + self._ev("response.output_item.done", output_index=i, item=item)
 
-    def feed(self, delta: dict) -> str:
+    def feed(self, delta: dict, logprobs: dict | None = None) -> str:
         out = ""
+        self.lp_wait += (logprobs or {}).get("content") or []
         for kind, key, event in (("reasoning", "reasoning_content", "response.reasoning_text.delta"),
                                  ("message", "content", "response.output_text.delta")):
             text = delta.get(key)
@@ -297,7 +313,10 @@ class EventStream:
             if self.open is None or self.open["kind"] != kind:
                 out += self._open(kind)
             self.open["text"] += text
-            extra = {"logprobs": []} if kind == "message" else {}
+            extra = {}
+            if kind == "message":
+                extra["logprobs"], self.lp_wait = self.lp_wait, []
+                self.open["lps"] += extra["logprobs"]
             out += self._ev(event, item_id=self.open["id"], output_index=self.open["index"], content_index=0,
                             delta=text, **extra)
         for call in delta.get("tool_calls") or []:
