@@ -52,6 +52,9 @@ v)
     log "serve $a rc=$? $(el)"; tail -4 $R/serve.txt | tee -a $R/log.txt
   done
   cp $R/serve-one-split.jsonl $OUT/ 2>/dev/null ;;
+t)
+  # the GPU tests alone (session 40's serve features: tests/test_serve_gpu.py's n = 8 and echo log-probs)
+  gpu_tests ${T_END:-585} ;;
 l)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-300} kernel_check
   gpu_tests ${T_END:-585} ;;
