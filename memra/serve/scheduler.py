@@ -39,9 +39,9 @@ Each iteration of the engine thread:
      in the prefix cache and close their sequences.
 
 Tokens are chosen on the device (greedy, or seeded temperature/top-k/top-p/min-p: a function
-of the logits, the seed and the position) unless the request asks for penalties or a logit
-bias, which the device sampler does not have: the host's memra.sampling.Sampler then
-samples from the row's logits. A constrained request (a JSON
+of the logits, the seed and the position) unless the request asks for penalties, a logit
+bias or min_tokens, which the device sampler does not have (SamplingParams.host_only): the
+host's memra.sampling.Sampler then samples from the row's logits. A constrained request (a JSON
 schema, grammar or regex: memra.text.grammar) has its next-token mask filled for each step,
 with every other constrained row's in one llguidance batch: a decode row's mask is LATER and
 the batch fill is the step's fill callback, which the GPU runner calls while the device runs
@@ -135,13 +135,9 @@ class GenRequest:
     prompt_lps: list = field(default_factory=list)  # (token, (logprob, top) or None) per prompt position so far
 
     @property
-    def host_sampled(self) -> bool:
-        """Penalties or a logit bias: the host's Sampler chooses (SamplingParams.host_only)."""
-        return self.params.host_only
-
-    @property
     def wants_logits(self) -> bool:
-        return self.host_sampled or self.logprobs is not None
+        """Its logits come back: the host's Sampler chooses (SamplingParams.host_only), or log-probs are asked."""
+        return self.params.host_only or self.logprobs is not None
 
     def send(self, ev) -> None:
         """Deliver one event now (the scheduler batches a step's events with deliver())."""
@@ -390,7 +386,7 @@ class Scheduler:
             r.ts = TextStream(self.tok, r.params.stop, stop_ids, r.max_new, self.max_len - len(r.prompt),
                               min_tokens=r.params.min_tokens)
             p = r.params
-            if r.host_sampled:
+            if p.host_only:
                 r.sampler = Sampler(SamplingParams(**{**p.__dict__, "seed": r.seed}), self.n_vocab)
             else:
                 r.device = Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
