@@ -220,6 +220,41 @@ def test_auto_parses_a_call_the_model_writes(server, stream):
     assert json.loads(args)["b"] == 2
 
 
+GBNF_TWO = ('root ::= "<tool_call>\\n{\\"name\\": \\"add\\", \\"arguments\\": {\\"a\\": 1, \\"b\\": " [1-9] '
+            '"}}\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"add\\", \\"arguments\\": {\\"a\\": 2, \\"b\\": 3}}'
+            '\\n</tool_call>"')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call(server, stream):
+    """tool_choice auto with parallel_tool_calls false: a reply that writes two calls (a grammar
+    makes this model write them) answers with its first one only; by default with both."""
+    c = client(server)
+    for parallel in (None, False):
+        kw = dict(model=ALIAS, messages=MSGS, tools=TOOLS[1:], max_tokens=120, seed=4,
+                  extra_body={"grammar": GBNF_TWO})
+        if parallel is not None:
+            kw["parallel_tool_calls"] = parallel
+        if stream:
+            calls, finish, content = stream_calls(c.chat.completions.create(stream=True, **kw))
+            got = [json.loads(calls[i]["arguments"]) for i in sorted(calls)]
+        else:
+            ch = c.chat.completions.create(**kw).choices[0]
+            finish, content = ch.finish_reason, ch.message.content or ""
+            got = [json.loads(t.function.arguments) for t in ch.message.tool_calls]
+        assert finish == "tool_calls" and content.strip() == ""
+        assert [g["a"] for g in got] == ([1, 2] if parallel is None else [1])
+        assert got[-1]["b"] == 3 or parallel is False
+
+
+def test_parse_keeps_one_call_when_not_parallel():
+    text = ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}</tool_call>')
+    assert [c["function"]["name"] for c in parse_tool_calls(text, NAMES)[0]] == ["add", "get_weather"]
+    calls, content = parse_tool_calls(text, NAMES, parallel=False)
+    assert [c["function"]["name"] for c in calls] == ["add"] and content is None
+
+
 @pytest.mark.slow
 def test_tool_follow_up_and_none(server):
     c = client(server)

@@ -333,6 +333,7 @@ class _Choice:
     req: GenRequest
     early: list = field(default_factory=list)
     echo: bool = False    # completions' echo: the reply begins with the prompt's text (and log-probs)
+    one_call: bool = False  # parallel_tool_calls false: the reply's first tool call only
 
 
 def _choice_params(p: SamplingParams, j: int) -> SamplingParams:
@@ -737,7 +738,8 @@ def create_app(st: State) -> FastAPI:
         plp = logprobs if echo else None
         chs = [_Choice(i * n_choices + j, j, GenRequest(
                    x, _choice_params(params, j), namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
-                   constraint=constraint, prompt_logprobs=plp if j == 0 or not share else None), echo=echo)
+                   constraint=constraint, prompt_logprobs=plp if j == 0 or not share else None), echo=echo,
+                   one_call=body.parallel_tool_calls is False)
                for i, x in enumerate(prompts) for j in range(n_choices)]
         if not await _start(chs, request, _limit_name(body), share):
             return None
@@ -845,7 +847,7 @@ def create_app(st: State) -> FastAPI:
             message = {"role": "assistant", "content": text, "refusal": None}
             if reasoning is not None:
                 message["reasoning_content"] = reasoning
-            calls, content = parse_tool_calls(text, functions) if functions else ([], text)
+            calls, content = parse_tool_calls(text, functions, not c.one_call) if functions else ([], text)
             if calls:
                 message.update(content=content, tool_calls=calls)
                 finish = "tool_calls" if finish == "stop" else finish
@@ -1017,7 +1019,7 @@ def create_app(st: State) -> FastAPI:
                             yield "chunk", {"index": idx, "delta": _delta(reasoning, rest), "logprobs": None,
                                             "finish_reason": None}
                     if chat and functions:
-                        calls, content = parse_tool_calls(full, functions)
+                        calls, content = parse_tool_calls(full, functions, not c.one_call)
                         rest = full[sent:]
                         if calls:  # the content around the calls, less what went out before them
                             done, content = full[:sent].lstrip(), content or ""

@@ -186,9 +186,15 @@ def _as_calls(obj, names) -> list[dict] | None:
     return calls or None
 
 
-def parse_tool_calls(text: str, names) -> tuple[list[dict], str | None]:
-    """(tool calls, remaining content or None) of a reply; ([], text) when it calls nothing."""
-    names = set(names)
+def parse_tool_calls(text: str, names, parallel: bool = True) -> tuple[list[dict], str | None]:
+    """(tool calls, remaining content or None) of a reply; ([], text) when it calls nothing.
+    Not `parallel` (a request's parallel_tool_calls false): the first call only, the others'
+    text dropped, as a reply that may call at most one function."""
+    calls, content = _parse_calls(text, set(names))
+    return (calls[:1], content) if not parallel else (calls, content)
+
+
+def _parse_calls(text: str, names: set) -> tuple[list[dict], str | None]:
     if CALL_OPEN in text:
         calls, rest, pos = [], [], 0
         for m in re.finditer(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", text, re.S):
