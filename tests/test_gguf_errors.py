@@ -538,6 +538,10 @@ def test_bad_tokenizer_metadata_names_the_key(tmp_path, key, value, message):
     (("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", V.STRING), "recursed too deeply"),  # RecursionError
     (("{% for i in range(10**12) %}x{% endfor %}", V.STRING), "Range too big"),  # OverflowError
     (("{{ 'x' * 10**11 }}", V.STRING), "repeating a str of length 1 100000000000 times"),  # 100 GB
+    (("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", V.STRING),
+     "ran more than 1,000,000 steps"),  # 10^10 iterations: hours
+    (("{% set s = 'ab' * 500000 %}{% for a in s %}{% for b in s %}{{ loop.index }}{% endfor %}{% endfor %}",
+      V.STRING), "ran more than 1,000,000 steps"),
 ])
 def test_bad_chat_template_is_a_template_error(tmp_path, template, message):
     path = write_small(tmp_path / "tmpl.gguf", kv={"tokenizer.chat_template": template})

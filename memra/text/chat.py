@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -79,6 +80,31 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+# the most template lines one render may run: a prompt's template runs 5-100 a message, so a
+# conversation within any context runs far fewer; a template looping ~10^10 times (nested
+# range loops) is stopped instead of holding the thread for hours
+MAX_STEPS = 1_000_000
+
+
+class _StepLimit:
+    """A trace function counting the lines that template code runs (jinja compiles a template
+    to Python code named `<template>`; other code runs untraced) and raising past MAX_STEPS."""
+
+    def __init__(self, limit: int):
+        self.left = limit
+
+    def __call__(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == "<template>" else None
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            self.left -= 1
+            if self.left < 0:
+                raise TemplateError(f"chat template failed: it ran more than {MAX_STEPS:,} steps "
+                                    "(a loop that does not end?)")
+        return self._line
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
@@ -101,6 +127,8 @@ def render_template(source: str, messages: Sequence[Mapping], *, add_generation_
     if not isinstance(source, str):
         raise TemplateError(f"the chat template is {type(source).__name__} {str(source)[:40]!r}, not text")
     template = _compile(source)
+    before = sys.gettrace()
+    sys.settrace(_StepLimit(MAX_STEPS))
     try:
         return template.render(messages=list(messages), tools=tools, documents=documents,
                                add_generation_prompt=add_generation_prompt, **variables)
@@ -116,6 +144,8 @@ def render_template(source: str, messages: Sequence[Mapping], *, add_generation_
         raise TemplateError("chat template failed: it ran out of memory") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.settrace(before)
 
 
 # -- metadata ---------------------------------------------------------------------------------
