@@ -13,6 +13,7 @@ on such files (one error line naming the key, never "internal error").
 
 import contextlib
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -607,3 +608,31 @@ def test_nan_weights_are_an_error_naming_the_tensor(small, tmp_path, numerics):
         assert str(p) in str(e.value)
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("name,value", [("blk.0.ffn_down.weight", 3), ("blk.1.attn_q.weight", 1),
+                                        ("output_norm.weight", 3)])
+def test_gpu_engine_refuses_nonfinite_weights_at_load(tiny_models, tmp_path, name, value):
+    """The GPU engine (on the emulator) reads every weight's float fields at load: an infinity in a
+    block's scale or a NaN in a norm is a GGUFError naming the tensor (it ran as garbage tokens)."""
+    from gpu_emulator import FakeGpu
+    from memra.gpu.engine import GPUEngine
+
+    path = tiny_models("llama", "Q4_K_M")
+    g = open_gguf(path)
+    try:
+        t = g.tensors[name]
+        off, qtype = t.offset, t.ggml_type
+    finally:
+        g.close()
+    blob = bytearray(Path(path).read_bytes())
+    # the value-th block's d (ggml-common.h: Q4_K's first field, Q6_K's last two bytes), or a float
+    at, bad = {T.Q4_K: (144 * value, np.float16(np.inf)), T.Q6_K: (210 * value + 208, np.float16(-np.inf)),
+               T.F32: (4 * value, np.float32(np.nan))}[qtype]
+    blob[off + at:off + at + bad.nbytes] = np.array([bad]).tobytes()
+    p = tmp_path / "nonfinite.gguf"
+    p.write_bytes(bytes(blob))
+    GPUEngine(path, n_ctx=32, gpu=FakeGpu(1 << 28))  # the intact file loads
+    with pytest.raises(GGUFError, match=f"tensor '{re.escape(name)}' holds NaN or infinite values") as e:
+        GPUEngine(p, n_ctx=32, gpu=FakeGpu(1 << 28))
+    assert str(p) in str(e.value)

@@ -156,3 +156,41 @@ def test_q8_rounds_half_away_from_zero():
     assert q.d[0] == 1.0
     assert q.qs[0, :6].tolist() == [127, 1, -1, 2, -3, 2]
     assert q.s[0] == 127 + 1 - 1 + 2 - 3 + 2
+
+
+def _tensor(raw: np.ndarray, qtype: int, rows: int, cols: int):
+    from memra.model.gguf import TensorInfo
+    return TensorInfo("t", int(qtype), (rows, cols), 0, raw.size, raw.reshape(-1))
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+def test_first_nonfinite_row_agrees_with_dequantize(qtype):
+    """The scan of the float fields against gguf's dequantization + isfinite: a NaN or an
+    infinity written into one field (or none) of a random tensor."""
+    rng = np.random.default_rng(100 + int(qtype))
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    rows, per_row = 6, (2 if bs == 256 else 4)
+    cols = per_row * bs
+    for trial in range(12):
+        if qtype in BLOCK_TYPES:
+            raw = random_blocks(qtype, rows * per_row, rng).reshape(-1)
+            fields = [b * ts + off for b in range(rows * per_row) for off in F16_FIELDS[qtype]]
+            width = 2
+        else:
+            width = {T.F32: 4, T.F16: 2, T.BF16: 2}[qtype]
+            vals = rng.standard_normal(rows * cols).astype(np.float32)
+            raw = {T.F32: lambda v: v, T.F16: lambda v: v.astype("<f2"),
+                   T.BF16: lambda v: (v.view("<u4") >> 16).astype("<u2")}[qtype](vals).view(np.uint8).copy()
+            fields = list(range(0, raw.size, width))
+        if trial % 4:  # one field made an infinity or a NaN (trial 0, 4, 8: all finite)
+            pos = fields[int(rng.integers(len(fields)))]
+            nonfinite = rng.choice([np.inf, -np.inf, np.nan])
+            v = np.array([nonfinite], np.float32)
+            pattern = {T.F32: v, T.BF16: (v.view("<u4") >> 16).astype("<u2")}.get(qtype, v.astype("<f2"))
+            raw[pos:pos + width] = pattern.view(np.uint8)
+        with np.errstate(invalid="ignore", over="ignore"):
+            oracle = gq.dequantize(raw.reshape(rows, -1), qtype).reshape(rows, cols)
+        want = np.flatnonzero(~np.isfinite(oracle).all(axis=1))
+        got = quants.first_nonfinite_row(_tensor(raw, qtype, rows, cols))
+        assert got == (int(want[0]) if want.size else None), (trial, got, want)
+        assert (got is None) == (trial % 4 == 0)

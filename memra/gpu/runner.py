@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from memra.env import env_int
-from memra.errors import ContextOverflowError, MemraError
+from memra.errors import ContextOverflowError, GGUFError, MemraError
 from memra.gpu import plan as PLAN
 from memra.gpu.kv import PagedKV, bytes_per_block, check_cache_device
 from memra.gpu.ops import act as ACT
@@ -255,19 +255,29 @@ class Runner:
             self.tune_table, self.tune_source = TABLES.resolve_table(which, info.name, info.cc, sms=info.sm_count)
 
     def _f32(self, name: str):
-        return self.g.to_device(Q.dequantize_tensor(self.gguf.tensor(name)).astype(np.float32).reshape(-1))
+        return self.g.to_device(Q.dequantize_tensor(self._finite(name)).astype(np.float32).reshape(-1))
+
+    def _finite(self, name: str):
+        """The GGUF tensor `name`, its values all finite: a NaN or an infinity (a corrupt file)
+        would run on the device as garbage tokens, so it is a GGUFError naming the tensor."""
+        t = self.gguf.tensor(name)
+        row = Q.first_nonfinite_row(t)
+        if row is not None:
+            raise GGUFError(self.gguf.path, f"tensor {name!r} holds NaN or infinite values (row {row}): "
+                                            f"a corrupt file?")
+        return t
 
     def _load_weights(self) -> None:
-        c, gg = self.cfg, self.gguf
+        c = self.cfg
         self.weight_bytes = 0
-        emb = gg.tensor("token_embd.weight")
+        emb = self._finite("token_embd.weight")
         self.embd_type = emb.ggml_type
         EMB.kernel_name(emb.ggml_type)  # raises for a type the gather does not read
         self.embd_table = self.g.to_device(np.ascontiguousarray(emb.data))
         self.weight_bytes += emb.n_bytes
         self.W: dict[str, MV.Weight] = {}
         for w in self.plan.weights():
-            ts = [gg.tensor(n) for n in w.tensors]
+            ts = [self._finite(n) for n in w.tensors]
             self.W[w.key] = MV.upload_weight(self.g, [t.data.reshape(t.rows, t.row_bytes()) for t in ts],
                                              ts[0].ggml_type)
             self.weight_bytes += self.W[w.key].nbytes
@@ -284,11 +294,11 @@ class Runner:
         if c.qkv_bias:
             for il in range(c.n_layer):
                 self.bias[il] = self.g.to_device(np.concatenate([
-                    Q.dequantize_tensor(gg.tensor(f"blk.{il}.attn_{x}.bias")).reshape(-1) for x in "qkv"
+                    Q.dequantize_tensor(self._finite(f"blk.{il}.attn_{x}.bias")).reshape(-1) for x in "qkv"
                 ]).astype(np.float32))
         from memra.cpu.reference import rope_inv_freq
 
-        factors = Q.dequantize_tensor(gg.tensor("rope_freqs.weight")) if c.has_rope_freqs else None
+        factors = Q.dequantize_tensor(self._finite("rope_freqs.weight")) if c.has_rope_freqs else None
         self.rope_inv = {}
         for il in range(c.n_layer):
             key = self.plan.rope_key(il)

@@ -223,6 +223,41 @@ def dequantize(data: np.ndarray, ggml_type: int, shape) -> np.ndarray:
     return out.reshape(shape)
 
 
+# byte offsets of each block format's float16 fields (d, and dmin or m where it has one): a
+# block's values are finite exactly when these are (its codes and sub-scales are small integers)
+_F16_FIELDS = {
+    Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q8_0: (0,), IQ4_NL: (0,),
+    Q2_K: (80, 82), Q3_K: (108,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_XS: (0,),
+}
+# (bytes, exponent mask) of the float formats: all exponent bits set is an infinity or a NaN
+_FLOAT_BITS = {F32: ("<u4", 0x7F800000), F16: ("<u2", 0x7C00), BF16: ("<u2", 0x7F80)}
+
+
+def first_nonfinite_row(t: TensorInfo) -> int | None:
+    """The first row of a tensor holding a NaN or an infinity (a corrupt file), None when every
+    value is finite; reads only the float fields (a block format's scales), not the codes."""
+    raw = np.asarray(t.data).reshape(-1)
+    if t.ggml_type in _FLOAT_BITS:
+        dtype, mask = _FLOAT_BITS[t.ggml_type]
+        words, fields = raw.view(dtype).reshape(t.rows, -1), (None,)
+    elif t.ggml_type in _F16_FIELDS:
+        bs, ts = block_info(t.ggml_type)
+        words, mask = raw.view("<u2").reshape(t.rows, -1, ts // 2), 0x7C00
+        fields = tuple(off // 2 for off in _F16_FIELDS[t.ggml_type])
+    else:
+        return None  # a type memra does not read: its reader names it
+    step = max(1, (1 << 22) // max(1, words[0].size))  # rows a pass: bounded temporaries
+    for r in range(0, t.rows, step):
+        w = words[r:r + step]
+        bad = np.zeros(w.shape[:2], bool)
+        for f in fields:
+            bad |= ((w if f is None else w[..., f]) & mask) == mask
+        rows = np.flatnonzero(bad.any(axis=1))
+        if rows.size:
+            return r + int(rows[0])
+    return None
+
+
 class Codes(NamedTuple):
     """A block-quantized matrix re-laid as int8 codes with float32 scale (and offset) per group
     of `group` consecutive elements of a row: w = scale * q (+ minv), exactly ggml's values."""
