@@ -739,7 +739,7 @@ def create_app(st: State) -> FastAPI:
         chs = [_Choice(i * n_choices + j, j, GenRequest(
                    x, _choice_params(params, j), namespace=ns, logprobs=logprobs, ignore_eos=bool(body.ignore_eos),
                    constraint=constraint, prompt_logprobs=plp if j == 0 or not share else None), echo=echo,
-                   one_call=body.parallel_tool_calls is False)
+                   one_call=chat and body.parallel_tool_calls is False)  # a chat field only
                for i, x in enumerate(prompts) for j in range(n_choices)]
         if not await _start(chs, request, _limit_name(body), share):
             return None
