@@ -52,8 +52,10 @@ RUN_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "m
 def _set_threads(threads: int) -> None:
     """CPU threads of the reference engine: numba's parallel loops (rows split over threads:
     the same bits at any count) and numpy's BLAS where it is not loaded yet."""
-    if threads < 1:
-        raise MemraError(f"-t/--threads must be at least 1, got {threads}")
+    cores = len(os.sched_getaffinity(0))
+    limit = max(256, 8 * cores)  # numba starts every thread: 10^5 of them crashed the process (SIGSEGV)
+    if not 1 <= threads <= limit:
+        raise MemraError(f"-t/--threads must be in 1..{limit} (this machine has {cores} cores), got {threads}")
     os.environ["NUMBA_NUM_THREADS"] = str(max(threads, int(os.environ.get("NUMBA_NUM_THREADS") or 0)))
     if "numpy" not in sys.modules:
         for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

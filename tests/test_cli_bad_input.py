@@ -1,0 +1,32 @@
+"""Bad input on the command line: each case is one `memra: error:` line naming what is wrong
+and exit 1 — never a traceback, an "internal error", a crash or a silent default."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def memra_cli(*args, env=None, timeout=120):
+    e = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e.pop("MEMRA_LOG", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "memra", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=e, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def one_error_line(r, *needles):
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("memra: error: "), r.stderr
+    assert "internal error" not in lines[0], lines[0]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def test_run_threads_beyond_any_machine_is_an_error():
+    # numba starts every thread it is given: a million crashed the process with SIGSEGV
+    one_error_line(memra_cli("run", "-p", "x", "--device", "cpu", "-t", "1000000"), "-t/--threads", "1000000")
