@@ -30,3 +30,16 @@ def one_error_line(r, *needles):
 def test_run_threads_beyond_any_machine_is_an_error():
     # numba starts every thread it is given: a million crashed the process with SIGSEGV
     one_error_line(memra_cli("run", "-p", "x", "--device", "cpu", "-t", "1000000"), "-t/--threads", "1000000")
+
+
+def test_synth_bad_seed_threads_and_output(tmp_path):
+    out = tmp_path / "x.gguf"
+    one_error_line(memra_cli("synth", out, "--seed", "-1"), "seed", "-1")
+    one_error_line(memra_cli("synth", out, "--threads", "-3"), "--threads", "-3")
+    one_error_line(memra_cli("synth", out, "--threads", "0"), "--threads", "0")
+    for args in ([tmp_path], [tmp_path, "--tokenizer-only"]):
+        one_error_line(memra_cli("synth", *args), str(tmp_path), "is a folder")
+        assert tmp_path.is_dir()
+    for extra in ([], ["--tokenizer-only"]):
+        one_error_line(memra_cli("synth", "", *extra), "is a folder")
+    assert not out.exists()

@@ -493,7 +493,7 @@ def write_tokenizer(out_path, source: str = "smollm2-135m", tokens: list[str] | 
     from memra.model.aliases import resolve
     from memra.model.gguf import open_gguf
 
-    out_path = Path(out_path)
+    out_path = _out_file(out_path)
     g = open_gguf(resolve(source))
     try:
         arch = g.arch
@@ -519,6 +519,15 @@ def write_tokenizer(out_path, source: str = "smollm2-135m", tokens: list[str] | 
     return {"path": str(out_path), "tokenizer": source, "arch": arch, "n_vocab": n_tok,
             "model": dict(tokenizer_metadata(source)).get("tokenizer.ggml.model"),
             "bytes": out_path.stat().st_size}
+
+
+def _out_file(out_path) -> Path:
+    """The file a synth command writes: a name, not a folder (whose unlink on failure would be
+    the next error)."""
+    out_path = Path(out_path)  # '' is '.'
+    if out_path.is_dir():
+        raise SynthError(f"{out_path} is a folder; give a file name, e.g. {out_path / 'model.gguf'}")
+    return out_path
 
 
 def tokenizer_size(source: str) -> int:
@@ -582,7 +591,11 @@ def _chunks(tp: TensorPlan) -> list[tuple[int, int]]:
 def synth(out_path, arch: str | None, shape: str, quant: str, seed: int = 0,
           tokenizer_from: str = "smollm2-135m", threads: int | None = None) -> Path:
     """Write a synthetic GGUF; returns its path. `arch` None: the shape's own architecture."""
-    out_path = Path(out_path)
+    out_path = _out_file(out_path)
+    if seed < 0:
+        raise SynthError(f"the seed must be >= 0, got {seed}")
+    if threads is not None and threads < 1:
+        raise SynthError(f"--threads must be at least 1, got {threads}")
     s = resolve_shape(shape, arch)
     arch = arch or s.arch
     n_tok = tokenizer_size(tokenizer_from)
