@@ -43,3 +43,17 @@ def test_synth_bad_seed_threads_and_output(tmp_path):
     for extra in ([], ["--tokenizer-only"]):
         one_error_line(memra_cli("synth", "", *extra), "is a folder")
     assert not out.exists()
+
+
+def test_spec_check_bad_prompt_files(tmp_path, tiny_models):
+    model = tiny_models("llama", "Q4_0")
+    cases = [("p.txt", b"\xff\xfebad\n", "not UTF-8"),
+             ("p.jsonl", b'{"prompt": 5}\n', 'p.jsonl:1: not a JSON object with a "prompt" string'),
+             ("q.jsonl", b"[1, 2]\n", 'q.jsonl:1: not a JSON object with a "prompt" string'),
+             ("e.jsonl", b'{"prompt": "hi"}\n{"prompt": ""}\n', "prompt 2 ('') is empty after tokenization")]
+    for name, data, needle in cases:
+        (tmp_path / name).write_bytes(data)
+        r = memra_cli("spec-check", model, "--device", "cpu", "--prompts", tmp_path / name, "--k", "1",
+                      "--greedy-only", "-n", "2")
+        one_error_line(r, needle)
+        assert r.stdout == ""

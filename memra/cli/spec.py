@@ -97,9 +97,11 @@ def spec_check(
     cfg = read_config(g)
     tok = Tokenizer.from_gguf(g)
     ids = []
-    for t in texts:
+    for i, t in enumerate(texts):
         msgs = [{"role": "user", "content": t}] if chat else None
         ids.append(session_prompt(g, tok, prompt=None if chat else t, messages=msgs)[0])
+        if not ids[-1]:
+            raise MemraError(f"prompt {i + 1} ({t!r}) is empty after tokenization (this model adds no BOS)")
     n_ctx = min(cfg.n_ctx_train, max(len(i) for i in ids) + n + 1)
     t0 = time.perf_counter()
     engine = _engine(device, g, cfg, n_ctx)

@@ -105,9 +105,11 @@ def read_prompts(path: str | Path | None) -> list[str]:
         return list(BUILTIN_PROMPTS)
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise MemraError(f"--prompts {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise MemraError(f"--prompts {path}: not UTF-8 text (byte {e.start})") from None
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -115,9 +117,12 @@ def read_prompts(path: str | Path | None) -> list[str]:
         if p.suffix == ".jsonl":
             try:
                 doc = json.loads(line)
-                out.append(doc["prompt"] if isinstance(doc, dict) else str(doc))
-            except (ValueError, KeyError, TypeError):
-                raise MemraError(f"--prompts {path}:{i}: not a JSON object with a \"prompt\"") from None
+            except ValueError:
+                doc = None
+            prompt = doc.get("prompt") if isinstance(doc, dict) else doc
+            if not isinstance(prompt, str):
+                raise MemraError(f"--prompts {path}:{i}: not a JSON object with a \"prompt\" string")
+            out.append(prompt)
         else:
             out.append(line.replace("\\n", "\n"))
     if not out:
