@@ -57,3 +57,19 @@ def test_spec_check_bad_prompt_files(tmp_path, tiny_models):
                       "--greedy-only", "-n", "2")
         one_error_line(r, needle)
         assert r.stdout == ""
+
+
+def test_serve_bad_flags_fail_before_serving(tmp_path, tiny_models):
+    model = tiny_models("llama", "Q4_0")
+    keys = tmp_path / "keys.txt"
+    keys.write_bytes(b"\xff\xfe key\n")
+    for extra, needle in [(["--port", "70000"], "127.0.0.1:70000: a port is 0..65535"),
+                          (["--port", "-1"], "a port is 0..65535"),
+                          (["--parallel", "0"], "--parallel must be at least 1, got 0"),
+                          (["--ctx-size", "0"], "--ctx-size must be a positive token count, got 0"),
+                          (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be at least 1"),
+                          (["--drain-timeout", "nan"], "--drain-timeout must be >= 0, got nan"),
+                          (["--api-key-file", keys], "keys.txt: not UTF-8 text")]:
+        # before the fixes: tracebacks, and 0 (or nan) silently served with the default
+        one_error_line(memra_cli("serve", model, "--device", "cpu", *extra, timeout=60), needle)
+

@@ -119,7 +119,7 @@ def serve(
 
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     keys = load_keys([k for item in api_key or [] for k in item.split()], api_key_file)
-    if drain_timeout < 0:
+    if not drain_timeout >= 0:  # nan too
         raise MemraError(f"--drain-timeout must be >= 0, got {drain_timeout}")
     if spec is not None:  # a bad --spec fails before any model is read
         from memra.spec.decode import parse_k

@@ -212,14 +212,18 @@ class State:
         self.tok = Tokenizer.from_gguf(self.gguf)
         self.alias = cfg.alias or name
         self.names = {self.alias, name, self.path.name, self.path.stem}
-        self.ctx = int(cfg.ctx_size or min(self.mcfg.n_ctx_train, 4096))
+        # None is the default; 0 is a value, refused below (not the default in disguise)
+        self.ctx = int(min(self.mcfg.n_ctx_train, 4096) if cfg.ctx_size is None else cfg.ctx_size)
         for w in check_request(SamplingParams(), n_ctx=self.ctx, n_ctx_train=self.mcfg.n_ctx_train,
                                names={"n_ctx": "--ctx-size"}):
             log.warning("%s", w)
-        self.parallel = int(cfg.parallel or (64 if cfg.device == "gpu" else 4))
+        self.parallel = int((64 if cfg.device == "gpu" else 4) if cfg.parallel is None else cfg.parallel)
         if self.parallel < 1:
             raise MemraError(f"--parallel must be at least 1, got {self.parallel}")
-        self.budget = int(cfg.max_batched_tokens or (2048 if cfg.device == "gpu" else 64))
+        self.budget = int((2048 if cfg.device == "gpu" else 64) if cfg.max_batched_tokens is None
+                          else cfg.max_batched_tokens)
+        if self.budget < 1:  # before the engine loads (the scheduler says the same)
+            raise MemraError(f"--max-num-batched-tokens must be at least 1, got {self.budget}")
         if cfg.max_queue < 0:
             raise MemraError(f"--max-queue must be >= 0, got {cfg.max_queue}")
         self.metrics = Metrics(self.alias)
@@ -1145,6 +1149,9 @@ class Server:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((cfg.host, cfg.port))
+        except OverflowError:
+            self._sock.close()
+            raise MemraError(f"cannot listen on {cfg.host}:{cfg.port}: a port is 0..65535") from None
         except OSError as e:
             self._sock.close()
             raise MemraError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None

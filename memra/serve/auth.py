@@ -29,6 +29,8 @@ def load_keys(keys: list[str] | None, key_file: str | Path | None) -> list[str]:
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise MemraError(f"--api-key-file {p}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise MemraError(f"--api-key-file {p}: not UTF-8 text (byte {e.start})") from None
         out += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         if not out:
             raise MemraError(f"--api-key-file {p} holds no key")
