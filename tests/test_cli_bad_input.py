@@ -73,3 +73,10 @@ def test_serve_bad_flags_fail_before_serving(tmp_path, tiny_models):
         # before the fixes: tracebacks, and 0 (or nan) silently served with the default
         one_error_line(memra_cli("serve", model, "--device", "cpu", *extra, timeout=60), needle)
 
+
+def test_tune_dispatch_bad_rows_and_ops(tiny_models):
+    model = tiny_models("llama", "Q4_0")
+    base = ["tune", "dispatch", "-m", model, "--dry-run"]
+    one_error_line(memra_cli(*base, "--rows", "abc"), "--rows takes row counts", "'abc'")  # was a ValueError
+    one_error_line(memra_cli(*base, "--rows", ","), "--rows: no row counts")                # was "0 jobs", exit 0
+    one_error_line(memra_cli(*base, "--ops", "qkv,nosuch"), "--ops: no op 'nosuch'", "attn_output")

@@ -211,7 +211,13 @@ def tune_dispatch(
         if cuda.has_gpu():
             g = cuda.gpu()
             table, _ = load_table(g.info.name, g.info.cc, sms=g.info.sm_count)
-    jobs = DISPATCH.jobs(model, table, [int(x) for x in rows.split(",") if x.strip()], _csv([ops] if ops else None))
+    try:
+        row_counts = [int(x) for x in rows.split(",") if x.strip()]
+    except ValueError:
+        raise MemraError(f"--rows takes row counts (a comma list, e.g. 1,2,4,8), got {rows!r}") from None
+    if not row_counts:
+        raise MemraError("--rows: no row counts given")
+    jobs = DISPATCH.jobs(model, table, row_counts, _csv([ops] if ops else None))
     if dry_run:
         for j in jobs:
             print(f"{j.kernel}\t{j.variant}\t{config_key(j.config) or '-'}\t{shape_key(j.shape)}\t"

@@ -103,9 +103,13 @@ def jobs(models: Iterable[str], table: Mapping | None = None, rows: Iterable[int
          ops: Iterable[str] | None = None, reps: int | None = None) -> list:
     """One job per shape the plan launches at each row count, and available path, with the
     path's table configuration (the launcher's built-in one where the table has none)."""
+    from memra.errors import MemraError
     from memra.gpu.ops import matvec as MV
-    from memra.tune.campaign import Job
+    from memra.tune.campaign import MATVEC_OPS, Job
 
+    unknown = sorted(set(ops or ()) - set(MATVEC_OPS))
+    if unknown:  # else no job at all, and a silent "0 jobs"
+        raise MemraError(f"--ops: no op {', '.join(map(repr, unknown))} (ops: {', '.join(MATVEC_OPS)})")
     out: dict[tuple, Job] = {}
     for m in models:
         for r in rows:
