@@ -80,3 +80,14 @@ def test_tune_dispatch_bad_rows_and_ops(tiny_models):
     one_error_line(memra_cli(*base, "--rows", "abc"), "--rows takes row counts", "'abc'")  # was a ValueError
     one_error_line(memra_cli(*base, "--rows", ","), "--rows: no row counts")                # was "0 jobs", exit 0
     one_error_line(memra_cli(*base, "--ops", "qkv,nosuch"), "--ops: no op 'nosuch'", "attn_output")
+
+
+def test_tune_freeze_bad_min_gain_and_out_dir(tmp_path):
+    from test_tuning import _write, rec
+
+    receipts = _write(tmp_path, [rec(2.0)])
+    base = ["tune", "freeze", receipts, "--out-dir", tmp_path / "tables"]
+    for v in ("nan", "-1"):  # were taken: nan keeps no built-in configuration, -1 none either
+        one_error_line(memra_cli(*base, "--min-gain", v), "--min-gain must be a fraction >= 0", v)
+    one_error_line(memra_cli("tune", "freeze", receipts, "--out-dir", receipts), "r.jsonl is not a folder")
+    assert memra_cli(*base).returncode == 0 and (tmp_path / "tables" / "nvidia-h200.json").is_file()

@@ -257,6 +257,8 @@ def tune_freeze(
     from memra.tune.tables import _current_hash
     from memra.tune.freeze import apply_engine_choices, freeze, select_timing, summarize_table, write_table
 
+    if not 0 <= min_gain < math.inf:  # nan too: every comparison with it is false
+        raise MemraError(f"--min-gain must be a fraction >= 0 (e.g. 0.03), got {min_gain}")
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")

@@ -229,6 +229,8 @@ def write_table(table: Mapping, directory: str | os.PathLike | None = None) -> P
     """Write a table to <directory>/<device-slug>.json (atomically); returns the path.
     Default directory: $MEMRA_HOME/tables (the source tree's tune/defaults/ only when named)."""
     directory = Path(directory) if directory is not None else home_tables_dir()
+    if directory.exists() and not directory.is_dir():
+        raise MemraError(f"{directory} is not a folder (a table goes to <folder>/<device>.json)")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{device_slug(table['device'])}.json"
     return write_atomic(path, (json.dumps(table, indent=1, sort_keys=True) + "\n").encode("utf-8"))
