@@ -91,3 +91,16 @@ def test_tune_freeze_bad_min_gain_and_out_dir(tmp_path):
         one_error_line(memra_cli(*base, "--min-gain", v), "--min-gain must be a fraction >= 0", v)
     one_error_line(memra_cli("tune", "freeze", receipts, "--out-dir", receipts), "r.jsonl is not a folder")
     assert memra_cli(*base).returncode == 0 and (tmp_path / "tables" / "nvidia-h200.json").is_file()
+
+
+def test_research_board_and_parquet_bad_paths(tmp_path):
+    bad = tmp_path / "bad.md"
+    bad.write_bytes(b"\xff\xfe <!-- board: newest -->\n")
+    one_error_line(memra_cli("research", "board", tmp_path / "missing.md", "--research", tmp_path, "--check"),
+                   "missing.md: cannot read (No such file or directory)")
+    one_error_line(memra_cli("research", "board", bad, "--research", tmp_path, "--check"), "bad.md: not UTF-8 text")
+    receipts = tmp_path / "r.jsonl"
+    receipts.write_text('{"kind": "note", "x": 1}\n')
+    one_error_line(memra_cli("research", "summarize", receipts, "--parquet", tmp_path),
+                   str(tmp_path), "cannot write Parquet")
+

@@ -190,11 +190,16 @@ def render(text: str, df) -> str:
 
 def boards(files: list[Path], research: Path) -> list[tuple[Path, str, str]]:
     """(file, its text, the text with regenerated boards) for each file holding a board."""
-    df = load_bench(research)
-    out = []
-    for f in files:
-        text = f.read_text(encoding="utf-8")
+    texts = []
+    for f in files:  # a bad file fails before the receipts are read
+        try:
+            text = f.read_text(encoding="utf-8")
+        except OSError as e:
+            raise MemraError(f"{f}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise MemraError(f"{f}: not UTF-8 text (byte {e.start})") from None
         if not MARK.search(text):
             raise MemraError(f"{f}: no board markers (<!-- board: newest --> … <!-- /board -->)")
-        out.append((f, text, render(text, df)))
-    return out
+        texts.append((f, text))
+    df = load_bench(research)
+    return [(f, text, render(text, df)) for f, text in texts]

@@ -228,8 +228,11 @@ def to_parquet(df, path: str | os.PathLike) -> Path:
             if len(kinds) > 1 or kinds - {str, int, float, bool}:
                 out[c] = out[c].map(lambda v: None if v is None or (isinstance(v, float) and pd.isna(v))
                                     else str(v))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out.to_parquet(path, index=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out.to_parquet(path, index=False)
+    except OSError as e:  # a folder, a file as the parent, no permission
+        raise MemraError(f"{path}: cannot write Parquet ({e.strerror or e})") from None
     return path
 
 
