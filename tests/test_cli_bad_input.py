@@ -104,3 +104,8 @@ def test_research_board_and_parquet_bad_paths(tmp_path):
     one_error_line(memra_cli("research", "summarize", receipts, "--parquet", tmp_path),
                    str(tmp_path), "cannot write Parquet")
 
+
+def test_tune_campaign_not_utf8(tmp_path):
+    c = tmp_path / "c.toml"
+    c.write_bytes(b'name = "\xff"\n')
+    one_error_line(memra_cli("tune", "run", c, "--dry-run"), "c.toml: not UTF-8 text")

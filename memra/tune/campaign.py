@@ -187,6 +187,8 @@ def load_campaign(path: str | os.PathLike) -> dict:
         spec = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise CampaignError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise CampaignError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise CampaignError(f"{path}: not valid TOML ({e})") from None
     spec.setdefault("name", path.stem)
