@@ -109,3 +109,12 @@ def test_tune_campaign_not_utf8(tmp_path):
     c = tmp_path / "c.toml"
     c.write_bytes(b'name = "\xff"\n')
     one_error_line(memra_cli("tune", "run", c, "--dry-run"), "c.toml: not UTF-8 text")
+
+
+def test_an_empty_model_name_is_not_the_default_model(tmp_path):
+    # '' (say an unset shell variable) used to run, tokenize or describe smollm2-135m silently
+    for args in (["run", "", "-p", "hi", "-n", "1", "--device", "cpu"], ["info", ""], ["tokenize", "", "-t", "hi"],
+                 ["synth", tmp_path / "x.gguf", "--tokenizer-from", ""]):
+        r = memra_cli(*args)
+        one_error_line(r, "the model name is empty")
+        assert r.stdout == ""

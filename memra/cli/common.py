@@ -140,7 +140,7 @@ def _open(model: str | None):
     from memra.model.aliases import DEFAULT_MODEL, resolve
     from memra.model.gguf import open_gguf
 
-    name = model or DEFAULT_MODEL
+    name = DEFAULT_MODEL if model is None else model  # '' is refused by resolve, not the default
     # a first use of an alias downloads it: pip's byte-progress bar on a terminal only
     path = resolve(name, progress=err.is_terminal)
     return name, path, open_gguf(path)

@@ -125,6 +125,8 @@ def resolve(name_or_path: str | os.PathLike | None, *, progress: bool = False) -
     as in `pull`)."""
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
+    if not str(name_or_path).strip():  # Path('') is '.', the working folder
+        raise ModelNotFoundError(f"the model name is empty: give a GGUF path or an alias ({', '.join(ALIASES)})")
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
