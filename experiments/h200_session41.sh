@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Session 41's device calls, after the one-split landing (6f7fae8: the head-64 shapes' attn_decode entries at switch
+# 257, short module ATT_TC 0 at ATT_MIN_CHUNK 256; research/2026-12-06-session41/a).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session41.sh
+# carry .whl and .synthtok; ship the real models first (experiments/ship_models.py's .models/ship-0N).
+# STAGE k (~5 min): kernel-check --add-to (the short modules at ATT_MIN_CHUNK 256 are 200 new launch cases), then the
+#  landing's confirmation in what is left: the table against the entry it replaced (MEMRA_ATT_SWITCH=129:ATT_TC=0,
+#  the previous switch and short module) at depth 0 on the 1B shape (not measured in STAGE a) and at depth 128 on
+#  SmolLM2, two pairs alternating.
+set -u
+source experiments/h200_common.sh
+stage_begin s41
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+case "$STAGE" in
+k)
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-260} kernel_check
+  OLD="MEMRA_ATT_SWITCH=129:ATT_TC=0"
+  env_arms bench-landing.jsonl ${T_END:-430} "synth:llama-1b:Q4_0 -d 0 -p 0 -n 128 -r 3" table "$OLD"
+  env_arms bench-landing.jsonl ${T_END:-430} "smollm2-135m -d 128 -p 0 -n 128 -r 3" table "$OLD" ;;
+esac
+tar czf $OUT/s41-$STAGE.tgz -C /tmp s41-$STAGE
