@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 41's device calls, after the one-split landing (6f7fae8: the head-64 shapes' attn_decode entries at switch
-# 257, short module ATT_TC 0 at ATT_MIN_CHUNK 256; research/2026-12-06-session41/a).
+# Session 41's device calls: the one-split landing (experiments/one_split/landing.patch, applied to the working tree
+# before the call and committed with the receipt when green: the head-64 shapes' attn_decode entries at switch 257,
+# short module ATT_TC 0 at ATT_MIN_CHUNK 256; research/2026-12-06-session41/a).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session41.sh
 # carry .whl and .synthtok; ship the real models first (experiments/ship_models.py's .models/ship-0N).
 # STAGE k (~5 min): kernel-check --add-to (the short modules at ATT_MIN_CHUNK 256 are 200 new launch cases), then the
