@@ -118,3 +118,21 @@ def test_an_empty_model_name_is_not_the_default_model(tmp_path):
         r = memra_cli(*args)
         one_error_line(r, "the model name is empty")
         assert r.stdout == ""
+
+
+def test_bench_serve_bad_flags_fail_before_any_run(tmp_path, tiny_models):
+    base = ["bench", "serve", "http://127.0.0.1:1"]  # nothing listens on port 1
+    for extra, needle in [(["-c", "abc"], "-c takes request counts >= 1 (e.g. 1,8,32), got 'abc'"),  # ValueError
+                          (["--requests", "0"], "--requests must be at least 1, got 0"),  # was the default
+                          (["--requests", "-1"], "--requests must be at least 1, got -1"),  # "prompt_tokens is nan"
+                          (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+                          (["--timeout", "-1"], "--timeout must be a positive number of seconds"),
+                          (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+                          (["--out", tmp_path], f"--out {tmp_path} is a folder"),  # was after the whole run
+                          ([], "http://127.0.0.1:1: no server answered (ConnectError")]:  # was an internal error
+        one_error_line(memra_cli(*base, *extra, timeout=60), needle)
+    # --vs and --out are checked before the server of a MODEL is started (that took minutes first)
+    for extra, needle in [(["--vs", "notaurl"], "'notaurl' is not an http URL"),
+                          (["--out", tmp_path], "is a folder")]:
+        one_error_line(memra_cli("bench", "serve", tiny_models("llama", "Q4_0"), "--device", "cpu", *extra, timeout=60),
+                       needle)

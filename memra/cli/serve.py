@@ -210,11 +210,19 @@ def bench_serve(
     definitions), one receipt per server and cell."""
     from memra.serve import bench as SB
 
-    cs = [int(v) for item in concurrency or ["1,8,32,64"] for v in item.split(",") if v.strip()]
+    cs = []
+    for v in (v.strip() for item in concurrency or ["1,8,32,64"] for v in item.split(",")):
+        if v and not re.fullmatch(r"[0-9]+", v):
+            raise MemraError(f"-c takes request counts >= 1 (e.g. 1,8,32), got {v!r}")
+        cs += [int(v)] if v else []
     if not cs or min(cs) < 1:
         raise MemraError(f"-c takes request counts >= 1, got {cs}")
     if rounds < 1 or prompt_tokens < 1 or max_tokens < 1:
         raise MemraError("--rounds, --prompt-tokens and --max-tokens must be at least 1")
+    if requests is not None and requests < 1:  # 0 used to mean the default, -1 failed on an empty cell
+        raise MemraError(f"--requests must be at least 1, got {requests}")
+    if not 0 < timeout < float("inf"):  # nan too
+        raise MemraError(f"--timeout must be a positive number of seconds, got {timeout}")
     device = device or _default_device()
     model_path = None
     if not (target and target.split(":", 1)[0] in ("http", "https")):

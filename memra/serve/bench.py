@@ -85,6 +85,15 @@ def _client(concurrency: int, timeout: float):
 
 async def _describe(url: str) -> dict:
     """engine (memra, llama-server or openai-compatible), model id, device."""
+    import httpx
+
+    try:
+        return await _describe_at(url)
+    except httpx.TransportError as e:  # nothing listening (connection refused), a timeout, a broken stream
+        raise MemraError(f"{url}: no server answered ({type(e).__name__}: {e})") from None
+
+
+async def _describe_at(url: str) -> dict:
     async with _client(1, 30) as c:
         model, engine, device = None, "openai-compatible", None
         r = await c.get(url + "/v1/models")
@@ -243,6 +252,13 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
     cache_type_k / cache_type_v, which its receipts record) and on `vs`."""
     from memra.paths import receipts_dir
 
+    # everything that can be checked is, before a server is started or a cell is run
+    vs_url = check_url(vs) if vs else None
+    out = Path(out) if out else receipts_dir() / f"serve-bench-{time.strftime('%Y-%m-%d')}.jsonl"
+    if out.is_dir():
+        raise MemraError(f"--out {out} is a folder: give the receipts file (appended)")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise MemraError(f"--out {out}: {out.parent} is not a folder")
     proc = None
     if target and urlparse(target).scheme in ("http", "https"):
         url = check_url(target)
@@ -253,8 +269,7 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
                                  prompt_tokens + max_tokens + 64, log, cache_type_k, cache_type_v)
     # the cache types of the server started here (another's are not known)
     served = {"cache_type_k": cache_type_k, "cache_type_v": cache_type_v} if proc is not None else {}
-    arms = [url] + ([check_url(vs)] if vs else [])
-    out = Path(out) if out else receipts_dir() / f"serve-bench-{time.strftime('%Y-%m-%d')}.jsonl"
+    arms = [url] + ([vs_url] if vs_url else [])
     rows: list[dict] = []
     try:
         info = {a: asyncio.run(_describe(a)) for a in arms}
