@@ -38,8 +38,17 @@ CHECKOUT = PACKAGE.parent                  # the repository (site-packages in a 
 # -- $MEMRA_HOME --------------------------------------------------------------------------------
 
 def memra_home() -> Path:
+    """$MEMRA_HOME, else ~/.cache/memra; a MemraError where it (or the nearest part of it that
+    exists) is a file, not a folder: every folder memra keeps things in is made inside it."""
     base = os.environ.get("MEMRA_HOME")
-    return Path(base) if base else Path.home() / ".cache" / "memra"
+    home = Path(base) if base else Path.home() / ".cache" / "memra"
+    p = home
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        where = f"MEMRA_HOME={base}" if base else str(home)
+        raise MemraError(f"{where}: {p} is not a folder" if p != home else f"{where} is not a folder")
+    return home
 
 
 def models_dir() -> Path:

@@ -136,3 +136,13 @@ def test_bench_serve_bad_flags_fail_before_any_run(tmp_path, tiny_models):
                           (["--out", tmp_path], "is a folder")]:
         one_error_line(memra_cli("bench", "serve", tiny_models("llama", "Q4_0"), "--device", "cpu", *extra, timeout=60),
                        needle)
+
+
+def test_memra_home_that_is_a_file(tmp_path):
+    f = tmp_path / "home"
+    f.write_text("")
+    for home, needle in [(f, f"MEMRA_HOME={f} is not a folder"), (f / "sub", f"MEMRA_HOME={f / 'sub'}: {f} is not a folder")]:
+        # were NotADirectoryError internal errors (making models/ inside it)
+        for args in (["info", "smollm2-135m"], ["synth", tmp_path / "x.gguf"]):
+            one_error_line(memra_cli(*args, env={"MEMRA_HOME": str(home)}), needle)
+    assert not (tmp_path / "x.gguf").exists()
