@@ -146,3 +146,13 @@ def test_memra_home_that_is_a_file(tmp_path):
         for args in (["info", "smollm2-135m"], ["synth", tmp_path / "x.gguf"]):
             one_error_line(memra_cli(*args, env={"MEMRA_HOME": str(home)}), needle)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_an_empty_device_is_not_the_default_device(tmp_path, tiny_models):
+    model = tiny_models("llama", "Q4_0")
+    # '' ran on the default device where 'tpu' was refused
+    for args in (["run", model, "-p", "hi", "-n", "1"], ["serve", model], ["spec-check", model, "--k", "1", "-n", "2"],
+                 ["bench", "serve", model]):
+        r = memra_cli(*args, "--device", "", timeout=60)
+        one_error_line(r, "--device must be cpu or gpu, got ''")
+        assert r.stdout == ""

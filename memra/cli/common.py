@@ -174,3 +174,13 @@ def _gpu_engine_available() -> bool:
 
 def _default_device() -> str:
     return "gpu" if _gpu_engine_available() else "cpu"
+
+
+def pick_device(device: str | None) -> str:
+    """--device as given (cpu or gpu), else the default; '' (say an unset shell variable) is
+    refused like any other unknown device, not taken as the default."""
+    if device is None:
+        return _default_device()
+    if device not in ("cpu", "gpu"):
+        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    return device

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from memra.cli.common import (CacheTypeK, CacheTypeV, ModelArg, _default_device, _fail, _open, app,
+from memra.cli.common import (CacheTypeK, CacheTypeV, ModelArg, pick_device, _fail, _open, app,
                               check_cache_types, command, err, log, out)
 from memra.errors import CudaError, MemraError
 
@@ -195,9 +195,7 @@ def run(
         raise MemraError("give a prompt (-p TEXT, or -p - to read it from stdin), or --interactive")
     if prompt == "-":
         prompt = sys.stdin.read()
-    device = device or _default_device()
-    if device not in ("cpu", "gpu"):
-        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    device = pick_device(device)
     check_cache_types(device, cache_type_k, cache_type_v)
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                             repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,

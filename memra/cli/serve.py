@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from memra.cli.common import CacheTypeK, CacheTypeV, _default_device, app, check_cache_types, command, err, log
+from memra.cli.common import CacheTypeK, CacheTypeV, pick_device, app, check_cache_types, command, err, log
 from memra.errors import MemraError
 
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
@@ -103,9 +103,7 @@ def serve(
     from memra.serve.api import ServeConfig, Server
     from memra.serve.auth import load_keys
 
-    device = device or _default_device()
-    if device not in ("cpu", "gpu"):
-        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    device = pick_device(device)
     check_cache_types(device, cache_type_k, cache_type_v)
     if device == "gpu":
         from memra.gpu import cuda
@@ -223,7 +221,7 @@ def bench_serve(
         raise MemraError(f"--requests must be at least 1, got {requests}")
     if not 0 < timeout < float("inf"):  # nan too
         raise MemraError(f"--timeout must be a positive number of seconds, got {timeout}")
-    device = device or _default_device()
+    device = pick_device(device)
     model_path = None
     if not (target and target.split(":", 1)[0] in ("http", "https")):
         check_cache_types(device, cache_type_k, cache_type_v)  # the server started here takes them

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memra.cli.common import ModelArg, _default_device, _open, app, command, log
+from memra.cli.common import ModelArg, pick_device, _open, app, command, log
 from memra.errors import CudaError, MemraError
 
 
@@ -85,9 +85,7 @@ def spec_check(
     from memra.spec.drafters import make_drafter, parse_spec
     from memra.text.tokenizer import Tokenizer
 
-    device = device or _default_device()
-    if device not in ("cpu", "gpu"):
-        raise MemraError(f"--device must be cpu or gpu, got {device!r}")
+    device = pick_device(device)
     if n < 1:
         raise MemraError(f"-n must be at least 1, got {n}")
     parse_spec(spec)
