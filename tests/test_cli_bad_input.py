@@ -156,3 +156,22 @@ def test_an_empty_device_is_not_the_default_device(tmp_path, tiny_models):
         r = memra_cli(*args, "--device", "", timeout=60)
         one_error_line(r, "--device must be cpu or gpu, got ''")
         assert r.stdout == ""
+
+
+def test_tune_run_unknown_type_variant_kernel_and_reps(tmp_path):
+    shape = '{ type = "Q4_0", rows = 64, cols = 64 }'
+    cases = [("t", "matvec", "q8", '{ type = "NOPE", rows = 64, cols = 64 }', "unknown tensor type 'NOPE'"),
+             ("v", "matvec", "q9", shape, "kernel matvec has no variant 'q9' (its variants: q8, f32)"),
+             ("k", "matvecc", "q8", shape, "matvec.cu measures no kernel 'matvecc'")]
+    for name, kernel, variant, s, needle in cases:  # were listed by --dry-run, exit 0
+        c = tmp_path / f"{name}.toml"
+        c.write_text(f'[[kernels]]\nname = "{kernel}"\nsrc = "matvec.cu"\nvariants = ["{variant}"]\nshapes = [{s}]\n')
+        r = memra_cli("tune", "run", c, "--dry-run")
+        one_error_line(r, needle)
+        assert r.stdout == ""
+    for reps in ("0", "-1"):  # were accepted
+        one_error_line(memra_cli("tune", "run", tmp_path / "t.toml", "--dry-run", "--reps", reps),
+                       f"--reps must be at least 1, got {reps}")
+    c = tmp_path / "r.toml"
+    c.write_text(f'reps = 0\n[[kernels]]\nname = "matvec"\nvariants = ["q8"]\nshapes = [{shape}]\n')
+    one_error_line(memra_cli("tune", "run", c, "--dry-run"), "reps must be a positive integer, got 0")

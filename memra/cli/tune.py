@@ -114,9 +114,14 @@ def tune_run(
     from memra.tune.campaign import expand_campaign, load_campaign, model_info
     from memra.tune.receipts import config_key, shape_key
 
+    from memra.tune.measure import check_variants
+
+    if reps < 1:
+        raise MemraError(f"--reps must be at least 1, got {reps}")
     spec = load_campaign(_campaign_path(campaign))
     models = [model_info(m) for m in (model or [])]
     jobs = expand_campaign(spec, models, kernels=_csv(kernels))
+    check_variants(jobs)
     if dry_run:
         for j in jobs:
             print(f"{j.kernel}\t{j.variant}\t{config_key(j.config) or '-'}\t{shape_key(j.shape)}\t"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from gguf.constants import GGMLQuantizationType
+
 from memra.gpu.plan import ModelSpec
 from memra.errors import MemraError
 from memra.tune.receipts import (append_receipts, config_key, iter_receipts, make_receipt, shape_batch,
@@ -203,6 +205,11 @@ def _ints(v, what: str, where: str) -> list[int]:
     return v
 
 
+def _reps(v, where: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise CampaignError(f"{where}: reps must be a positive integer, got {v!r}")
+
+
 def check_campaign(spec: Mapping, where: str = "campaign") -> None:
     unknown = set(spec) - _TOP_KEYS
     if unknown:
@@ -210,6 +217,8 @@ def check_campaign(spec: Mapping, where: str = "campaign") -> None:
     for k in ("batches", "ctx"):
         if k in spec:
             _ints(spec[k], k, where)
+    if "reps" in spec:
+        _reps(spec["reps"], where)
     kernels = spec.get("kernels")
     if not isinstance(kernels, list) or not kernels:
         raise CampaignError(f"{where}: no [[kernels]] entries")
@@ -246,10 +255,18 @@ def check_campaign(spec: Mapping, where: str = "campaign") -> None:
         shapes = k.get("shapes", [])
         if not isinstance(shapes, list) or not all(isinstance(s, dict) and s for s in shapes):
             raise CampaignError(f"{kw}: 'shapes' must be a list of tables")
+        types = k.get("types", [])
+        if not isinstance(types, list):
+            raise CampaignError(f"{kw}: 'types' must be a list of GGUF tensor types")
+        for t in [s["type"] for s in shapes if "type" in s] + types:
+            if not isinstance(t, str) or t.upper() not in GGMLQuantizationType.__members__:
+                raise CampaignError(f"{kw}: unknown tensor type {t!r} (GGUF types such as Q4_0, Q4_K, Q8_0, F16)")
         if not shapes and not ops:
             raise CampaignError(f"{kw}: give 'shapes', or 'ops' to take shapes from --model")
         if "batches" in k:
             _ints(k["batches"], "batches", kw)
+        if "reps" in k:
+            _reps(k["reps"], kw)
 
 
 def configs(grid: Mapping[str, list], listed: Iterable[Mapping] = ()) -> list[dict]:

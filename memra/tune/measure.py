@@ -75,6 +75,30 @@ def reached(row) -> bool:
     return not ops or dispatch.reached(ops, int(row["batch"]))
 
 
+def check_variants(jobs: Iterable) -> None:
+    """Refuse a job whose kernel or variant its family does not measure (the family module's
+    TUNE_VARIANTS: {kernel: variants}), naming the ones it does: a typo in a campaign would
+    otherwise list (--dry-run) or record failed receipts only. Families without the table,
+    and sources with no family module (require_hooks' refusal), are left alone."""
+    seen = set()
+    for j in jobs:
+        if (j.src, j.kernel, j.variant) in seen:
+            continue
+        seen.add((j.src, j.kernel, j.variant))
+        try:
+            known = getattr(family_module(j.src), "TUNE_VARIANTS", None)
+        except ModuleNotFoundError:
+            continue
+        if known is None:
+            continue
+        if j.kernel not in known:
+            raise MemraError(f"campaign {j.campaign}: {j.src} measures no kernel {j.kernel!r} "
+                             f"(its kernels: {', '.join(known)})")
+        if j.variant not in known[j.kernel]:
+            raise MemraError(f"campaign {j.campaign}: kernel {j.kernel} has no variant {j.variant!r} "
+                             f"(its variants: {', '.join(known[j.kernel])})")
+
+
 def require_hooks(jobs: Iterable) -> None:
     """Refuse a campaign up front when a family cannot be measured (rather than recording
     every job of it as failed)."""

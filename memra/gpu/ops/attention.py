@@ -763,8 +763,12 @@ def check_launch(g, rng, case):
 # variant "default", shape {n_head, n_head_kv, head_dim, ctx}, batch tokens; config ATT_WARPS,
 # ATT_TILE, ATT_MIN_CHUNK and "hpb" (query heads per block, must divide n_gqa)
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"attn_decode": ("default",)}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel != "attn_decode" or variant != "default":
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
     return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
                      int(shape["ctx"]), int(shape.get("batch", 1)), rng, rotate_bytes)

@@ -278,11 +278,16 @@ class Hooks:
     def launcher(self):
         return getattr(self.module, self.name)
 
+    @property
+    def tune_variants(self) -> dict[str, tuple[str, ...]]:
+        """The kernels tune_case measures and their variants (the module's TUNE_VARIANTS)."""
+        return {self.name: ("q8",), self.name + "_glu": ("q8",)}
+
     def tune_args(self, kernel: str, variant: str, config: dict, shape: dict):
         """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown
         kernel, variant, type or tunable, or a configuration the launcher refuses."""
         n = self.name
-        if kernel not in (n, n + "_glu") or variant != "q8":
+        if variant not in self.tune_variants.get(kernel, ()):
             raise MemraError(f"{n} tune: unknown kernel/variant {kernel}/{variant}")
         t = MV.type_id(shape["type"])
         if t not in TYPES:
@@ -344,4 +349,5 @@ class Hooks:
 HOOKS = Hooks("gemm", sys.modules[__name__], KERNEL_FILE, _KEYS, launch_config, default_config, launch_shape,
               _defines)
 tune_case, is_builtin, tune_modules = HOOKS.tune_case, HOOKS.is_builtin, HOOKS.tune_modules
+TUNE_VARIANTS = HOOKS.tune_variants
 launch_cases, check_launch = HOOKS.launch_cases, HOOKS.check_launch

@@ -368,6 +368,8 @@ def check_launch(g, rng, case):
 # checked against the same bits.
 
 VARIANT = "chain"
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"gemm_tile": (VARIANT,), "gemm_tile_glu": (VARIANT,)}
 _TUNE_ROWS = 128   # output rows whose bits a tune check takes from the chain on the host (~2.6 ns an element)
 # Per (batch, glu) of the cached weight (memra.gpu.ops.matvec's shape cache): the q8 activations,
 # the float64 product and the reference bits, made once for all the configurations of a shape
@@ -378,7 +380,7 @@ _INPUTS: dict[tuple, tuple] = {}
 def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
     """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown kernel,
     variant, type or tunable, or a configuration check_shape refuses (before any compile)."""
-    if kernel not in ("gemm_tile", "gemm_tile_glu") or variant != VARIANT:
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"gemm_tile tune: unknown kernel/variant {kernel}/{variant}")
     t = MV.type_id(shape["type"])
     if t not in TYPES:

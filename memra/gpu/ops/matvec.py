@@ -596,8 +596,12 @@ def check_launch(g, rng, case) -> "object":
 # ---------------------------------------------------------------------------------------
 # tune hook (memra/tune/measure.py): kernel "matvec" | "matvec_glu", variant "q8" | "f32"
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"matvec": ("q8", "f32"), "matvec_glu": ("q8", "f32")}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel not in ("matvec", "matvec_glu") or variant not in ("q8", "f32"):
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"matvec tune: unknown kernel/variant {kernel}/{variant}")
     t = type_id(shape["type"])
     if variant == "q8" and t in FLOAT_TYPES:

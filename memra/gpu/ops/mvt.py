@@ -277,4 +277,5 @@ def canaries(g, rng: np.random.Generator) -> Iterator:
 HOOKS = GEMM.Hooks("mvt", sys.modules[__name__], KERNEL_FILE, _KEYS, launch_config, default_config,
                    lambda t, cfg, N, nb, glu: launch_shape(t, cfg, N, nb, glu), _defines)
 tune_case, is_builtin, tune_modules = HOOKS.tune_case, HOOKS.is_builtin, HOOKS.tune_modules
+TUNE_VARIANTS = HOOKS.tune_variants
 launch_cases, check_launch = HOOKS.launch_cases, HOOKS.check_launch

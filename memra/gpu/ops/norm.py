@@ -292,8 +292,12 @@ def check_launch(g, rng, case):
 # -- tune hook (memra/tune/measure.py): kernels "rmsnorm" / "add_rmsnorm", variant "default",
 # shape {n: n_embd}, batch rows; config {"NORM_THREADS": T}
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"rmsnorm": ("default",), "add_rmsnorm": ("default",)}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel not in ("rmsnorm", "add_rmsnorm") or variant != "default":
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"norm tune: unknown kernel/variant {kernel}/{variant}")
     return _TuneCase(g, kernel == "add_rmsnorm", dict(config or {}), int(shape["n"]), int(shape.get("batch", 1)),
                      rng, rotate_bytes)

@@ -15,8 +15,12 @@ from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 from memra.gpu.ops.matvec import quantize_q8
 
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"quantize_q8": ("default",)}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel != "quantize_q8" or variant != "default":
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"q8 tune: unknown kernel/variant {kernel}/{variant}")
     K = int(shape["n"])
     if K % 32:

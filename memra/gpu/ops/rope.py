@@ -434,8 +434,12 @@ def check_launch(g, rng, case):
 # -- tune hook (memra/tune/measure.py): kernel "rope_norm_kv", variant "default", shape
 # {n_head, n_head_kv, head_dim}, batch tokens; config {"ROPE_WARPS": w}
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"rope_norm_kv": ("default",)}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel != "rope_norm_kv" or variant != "default":
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"rope tune: unknown kernel/variant {kernel}/{variant}")
     return _TuneCase(g, dict(config or {}), int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"]),
                      int(shape.get("batch", 1)), rng, rotate_bytes)

@@ -268,8 +268,12 @@ def check_launch(g, rng, case):
 
 # -- tune hook (memra/tune/measure.py): kernel "argmax", variant "default", shape {n}, batch rows
 
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"argmax": ("default",)}
+
+
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
-    if kernel != "argmax" or variant != "default":
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
         raise MemraError(f"sample tune: unknown kernel/variant {kernel}/{variant}")
     return _TuneCase(g, dict(config or {}), int(shape["n"]), int(shape.get("batch", 1)), rng, rotate_bytes)
 
