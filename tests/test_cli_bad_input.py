@@ -175,3 +175,11 @@ def test_tune_run_unknown_type_variant_kernel_and_reps(tmp_path):
     c = tmp_path / "r.toml"
     c.write_text(f'reps = 0\n[[kernels]]\nname = "matvec"\nvariants = ["q8"]\nshapes = [{shape}]\n')
     one_error_line(memra_cli("tune", "run", c, "--dry-run"), "reps must be a positive integer, got 0")
+
+
+def test_tune_show_dir_that_is_not_a_folder(tmp_path):
+    # a missing folder printed "stale: none" and exit 0
+    one_error_line(memra_cli("tune", "show", "--dir", tmp_path / "missing"), "missing: no such folder")
+    f = tmp_path / "t.json"
+    f.write_text("{}")
+    one_error_line(memra_cli("tune", "show", "--dir", f, "--json"), "t.json: not a folder")

@@ -240,7 +240,10 @@ def show(device: Mapping | None = None, *, directory: str | os.PathLike | None =
          current_hash: Callable[[str], str | None] = _current_hash) -> dict:
     """What `memra tune show` prints. With `device` ({'name', 'cc', 'sms'}): the table this
     device would use, its source and stale list. Without (no GPU): every table on disk,
-    each with its stale entries, and `stale` their concatenation."""
+    each with its stale entries, and `stale` their concatenation. A `directory` that is not a
+    folder is a MemraError (not an empty list: "stale: none" would read as a clean table)."""
+    if directory is not None and not Path(directory).is_dir():
+        raise MemraError(f"--dir {directory}: " + ("not a folder" if Path(directory).exists() else "no such folder"))
     if device is not None:
         table, source = load_table(device["name"], device["cc"], sms=device.get("sms"),
                                    directory=directory, current_hash=current_hash)
