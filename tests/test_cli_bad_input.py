@@ -183,3 +183,22 @@ def test_tune_show_dir_that_is_not_a_folder(tmp_path):
     f = tmp_path / "t.json"
     f.write_text("{}")
     one_error_line(memra_cli("tune", "show", "--dir", f, "--json"), "t.json: not a folder")
+
+
+def test_empty_list_options_are_not_the_default(tmp_path, tiny_models):
+    # each '' (say an unset shell variable) silently meant the default: every target, column, kernel or op
+    receipts = tmp_path / "r.jsonl"
+    receipts.write_text('{"kind": "note", "x": 1}\n')
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('[[kernels]]\nname = "matvec"\nvariants = ["q8"]\nshapes = [{ type = "Q4_0", rows = 64, '
+                        'cols = 64 }]\n')
+    for args, needle in [(["kernel-check", "--compile-only", "--only", "act", "--arch", ""], "--arch: no targets"),
+                         (["warmup", "--arch", ""], "--arch: no targets given"),
+                         (["research", "summarize", receipts, "--by", ""], "--by: no columns given"),
+                         (["research", "compare", receipts, receipts, "--on", ""], "--on: no columns given"),
+                         (["tune", "run", campaign, "--dry-run", "--kernels", ""], "--kernels: no kernel names"),
+                         (["tune", "dispatch", "-m", tiny_models("llama", "Q4_0"), "--dry-run", "--ops", ""],
+                          "--ops: no op names given")]:
+        r = memra_cli(*args)
+        one_error_line(r, needle)
+        assert r.stdout == ""

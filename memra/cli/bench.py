@@ -17,8 +17,13 @@ from memra.cli.common import CacheTypeK, CacheTypeV, _fail, app, check_cache_typ
 from memra.errors import CudaError, MemraError
 
 
-def _csv(values: Optional[list[str]]) -> list[str]:
-    return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+def _csv(values: Optional[list[str]], flag: str = "--arch") -> list[str]:
+    """A comma list option: [] when not given; given but empty ('' — say an unset shell
+    variable) is a MemraError, not the default."""
+    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    if values is not None and not out:
+        raise MemraError(f"{flag}: no targets given (e.g. sm_90a), got {', '.join(map(repr, values))}")
+    return out
 
 
 # -- kernel-check -------------------------------------------------------------------------------

@@ -48,10 +48,15 @@ def _campaign_path(name: str) -> Path:
     return cand
 
 
-def _csv(values: Optional[list[str]]) -> Optional[list[str]]:
-    if not values:
+def _csv(values: Optional[list[str]], flag: str, what: str) -> Optional[list[str]]:
+    """A comma list option (comma-separated or repeated): None when not given; given but empty
+    ('' — say an unset shell variable) is a MemraError, not the default."""
+    if values is None:
         return None
-    return [v for item in values for v in item.split(",") if v]
+    out = [v for item in values for v in item.split(",") if v]
+    if not out:
+        raise MemraError(f"{flag}: no {what} given (got {', '.join(map(repr, values))})")
+    return out
 
 
 def _fmt(v, nd=2) -> str:
@@ -120,7 +125,7 @@ def tune_run(
         raise MemraError(f"--reps must be at least 1, got {reps}")
     spec = load_campaign(_campaign_path(campaign))
     models = [model_info(m) for m in (model or [])]
-    jobs = expand_campaign(spec, models, kernels=_csv(kernels))
+    jobs = expand_campaign(spec, models, kernels=_csv(kernels, "--kernels", "kernel names"))
     check_variants(jobs)
     if dry_run:
         for j in jobs:
@@ -222,7 +227,7 @@ def tune_dispatch(
         raise MemraError(f"--rows takes row counts (a comma list, e.g. 1,2,4,8), got {rows!r}") from None
     if not row_counts:
         raise MemraError("--rows: no row counts given")
-    jobs = DISPATCH.jobs(model, table, row_counts, _csv([ops] if ops else None))
+    jobs = DISPATCH.jobs(model, table, row_counts, _csv([ops] if ops is not None else None, "--ops", "op names"))
     if dry_run:
         for j in jobs:
             print(f"{j.kernel}\t{j.variant}\t{config_key(j.config) or '-'}\t{shape_key(j.shape)}\t"
@@ -442,7 +447,7 @@ def research_summarize(
     from memra.tune.research import summarize_all
 
     df = _read(files)
-    sums = summarize_all(df, by=_csv(by))
+    sums = summarize_all(df, by=_csv(by, "--by", "columns"))
     _write_parquet(df, parquet)
     if as_json:
         _print_json([{"kind": k, **r} for k, s in sums.items() for r in _frame_json(s)])
@@ -466,7 +471,7 @@ def research_compare(
     """What A and B both measured, kind by kind: figures side by side, speedup > 1 when B is better."""
     from memra.tune.research import compare
 
-    c = compare(_read([a]), _read([b]), on=_csv(on))
+    c = compare(_read([a]), _read([b]), on=_csv(on, "--on", "columns"))
     _write_parquet(c, parquet)
     if as_json:
         _print_json({"rows": _frame_json(c), "only_a": c.attrs["only_a"], "only_b": c.attrs["only_b"],
