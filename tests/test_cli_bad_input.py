@@ -202,3 +202,13 @@ def test_empty_list_options_are_not_the_default(tmp_path, tiny_models):
         r = memra_cli(*args)
         one_error_line(r, needle)
         assert r.stdout == ""
+
+
+def test_synth_onto_something_not_a_file(tmp_path):
+    # /dev/null took the model ("0 B", exit 0); with --tokenizer-only the rename of the temporary
+    # file replaced the device with a regular file. A named pipe stands in for it here.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for extra in (["--tokenizer-only"], []):
+        one_error_line(memra_cli("synth", fifo, *extra, timeout=60), f"{fifo} is a named pipe, not a file")
+        assert fifo.is_fifo()

@@ -527,6 +527,13 @@ def _out_file(out_path) -> Path:
     out_path = Path(out_path)  # '' is '.'
     if out_path.is_dir():
         raise SynthError(f"{out_path} is a folder; give a file name, e.g. {out_path / 'model.gguf'}")
+    if out_path.exists() and not out_path.is_file():
+        # /dev/null took the model and reported "0 B"; the tokenizer's rename of its temporary
+        # file over it replaced the device with a regular file
+        from memra.model.gguf import _file_kind
+
+        raise SynthError(f"{out_path} is {_file_kind(out_path.stat().st_mode)}, not a file: give a file name "
+                         f"such as model.gguf")
     return out_path
 
 
