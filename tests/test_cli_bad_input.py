@@ -212,3 +212,19 @@ def test_synth_onto_something_not_a_file(tmp_path):
     for extra in (["--tokenizer-only"], []):
         one_error_line(memra_cli("synth", fifo, *extra, timeout=60), f"{fifo} is a named pipe, not a file")
         assert fifo.is_fifo()
+
+
+def test_spec_k_range_and_spec_flags_without_spec(tiny_models):
+    model = tiny_models("llama", "Q4_0")
+    for v in ("abc", "40"):  # 'abc' said 1..8 where 1..32 is taken
+        one_error_line(memra_cli("run", model, "-p", "hi", "-n", "1", "--device", "cpu", "--spec", "lookup",
+                                 "--spec-k", v), "--spec-k must be auto or a draft length 1..32")
+    # were silently ignored without --spec
+    r = memra_cli("run", model, "-p", "hi", "-n", "1", "--device", "cpu", "--spec-k", "3")
+    one_error_line(r, "--spec-k tunes speculative decoding: it needs --spec")
+    assert r.stdout == ""
+    for extra in (["--spec-k", "3"], ["--spec-max-batch", "4"]):
+        one_error_line(memra_cli("serve", model, "--device", "cpu", *extra, timeout=60),
+                       f"{extra[0]} tunes speculative decoding: it needs --spec")
+    one_error_line(memra_cli("serve", model, "--device", "cpu", env={"MEMRA_SPEC_K": "3"}, timeout=60),
+                   "--spec-k tunes speculative decoding: it needs --spec")

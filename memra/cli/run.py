@@ -175,8 +175,9 @@ def run(
                                                 "plain decode): lookup[:N1-N2] (n-gram prompt lookup), "
                                                 "trim[:L] (the model's first L layers), draft:PATH (a "
                                                 "smaller GGUF with the same vocabulary).")] = None,
-    spec_k: Annotated[str, typer.Option("--spec-k", help="Draft length with --spec: 1..32, or auto "
-                                        "(adapts to the acceptance rate, up to 8).")] = "auto",
+    spec_k: Annotated[Optional[str], typer.Option("--spec-k", show_default=False, help="Draft length with "
+                                                  "--spec: 1..32, or auto (adapts to the acceptance rate, up "
+                                                  "to 8). [default: auto]")] = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", metavar="N", help="With --json: each "
                                                     "token's log-probability and its N most likely "
                                                     "alternatives (0..20), as the server's logprobs.")] = None,
@@ -203,6 +204,8 @@ def run(
                             max_tokens=n, stop=list(stop or []), logit_bias=_logit_bias(logit_bias))
     check_request(params, n_ctx=ctx, names=RUN_FLAGS)  # bad flags fail before any model is read
     _check_logprobs(logprobs, as_json, spec)
+    if spec_k is not None and spec is None:  # was silently ignored
+        raise MemraError("--spec-k tunes speculative decoding: it needs --spec")
     if threads is not None:
         _set_threads(threads)
 

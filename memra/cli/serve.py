@@ -91,12 +91,14 @@ def serve(
     spec: Annotated[Optional[str], typer.Option("--spec", envvar="MEMRA_SPEC", help="Speculative decoding "
                                                 "while few requests decode (the same tokens): lookup[:N1-N2], "
                                                 "trim[:L] or draft:PATH. [env MEMRA_SPEC]")] = None,
-    spec_k: Annotated[str, typer.Option("--spec-k", envvar="MEMRA_SPEC_K", help="Draft length with --spec: "
-                                        "1..32 or auto. [env MEMRA_SPEC_K]")] = "auto",
-    spec_max_batch: Annotated[int, typer.Option("--spec-max-batch", envvar="MEMRA_SPEC_MAX_BATCH",
-                                                help="Speculate while at most this many requests decode; "
-                                                     "more take plain batched decode rows. "
-                                                     "[env MEMRA_SPEC_MAX_BATCH]")] = 1,
+    spec_k: Annotated[Optional[str], typer.Option("--spec-k", envvar="MEMRA_SPEC_K", show_default=False,
+                                                  help="Draft length with --spec: 1..32 or auto. [default: "
+                                                       "auto] [env MEMRA_SPEC_K]")] = None,
+    spec_max_batch: Annotated[Optional[int], typer.Option("--spec-max-batch", envvar="MEMRA_SPEC_MAX_BATCH",
+                                                          show_default=False,
+                                                          help="Speculate while at most this many requests "
+                                                               "decode; more take plain batched decode rows. "
+                                                               "[default: 1] [env MEMRA_SPEC_MAX_BATCH]")] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /readyz, /metrics, /tokenize, /detokenize) with continuous batching and a prefix cache."""
@@ -125,6 +127,12 @@ def serve(
 
         parse_spec(spec)
         parse_k(spec_k)
+    else:  # were silently ignored
+        for flag, v in (("--spec-k", spec_k), ("--spec-max-batch", spec_max_batch)):
+            if v is not None:
+                raise MemraError(f"{flag} tunes speculative decoding: it needs --spec")
+    spec_k = "auto" if spec_k is None else spec_k
+    spec_max_batch = 1 if spec_max_batch is None else spec_max_batch
     cfg = ServeConfig(model=model, host=host, port=port, alias=alias, api_keys=keys, device=device,
                       ctx_size=ctx_size, parallel=parallel, max_queue=max_queue, kv_memory=parse_bytes(kv_memory),
                       max_batched_tokens=max_batched_tokens, drain_timeout=drain_timeout, spec=spec,

@@ -94,7 +94,7 @@ def parse_k(text) -> object:
     try:
         k = int(text)
     except ValueError:
-        raise MemraError(f"--spec-k must be auto or a draft length 1..8, got {text!r}") from None
+        raise MemraError(f"--spec-k must be auto or a draft length 1..32, got {text!r}") from None
     if not 1 <= k <= 32:
         raise MemraError(f"--spec-k must be auto or a draft length 1..32, got {k}")
     return k
