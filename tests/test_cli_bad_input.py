@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -228,3 +230,20 @@ def test_spec_k_range_and_spec_flags_without_spec(tiny_models):
                        f"{extra[0]} tunes speculative decoding: it needs --spec")
     one_error_line(memra_cli("serve", model, "--device", "cpu", env={"MEMRA_SPEC_K": "3"}, timeout=60),
                    "--spec-k tunes speculative decoding: it needs --spec")
+
+
+def test_serve_kv_cache_beyond_this_machine_is_refused_up_front(tiny_models):
+    from memra.cpu.reference import available_memory
+
+    if available_memory() is None:
+        pytest.skip("/proc/meminfo does not say how much memory is available")
+    model = tiny_models("llama", "Q4_0")
+    # each ended with "the engine failed to load: MemoryError" after the server had started
+    for extra, needle in [(["--parallel", "100000000"], "lower --parallel (100000000) or --ctx-size"),
+                          (["--ctx-size", "999999999999"], "lower --parallel (4) or --ctx-size (999999999999)"),
+                          (["--kv-memory", "1000TiB"], "lower --kv-memory or --ctx-size")]:
+        r = memra_cli("serve", model, "--device", "cpu", *extra, timeout=60)
+        assert r.returncode == 1, r.stderr
+        last = r.stderr.strip().split("\n")[-1]  # a context beyond the trained one is also warned about
+        assert last.startswith("memra: error: ") and "GiB of KV cache on the CPU" in last and needle in last, last
+        assert "loading" not in r.stderr and "MemoryError" not in r.stderr, r.stderr

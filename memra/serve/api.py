@@ -226,6 +226,14 @@ class State:
             raise MemraError(f"--max-num-batched-tokens must be at least 1, got {self.budget}")
         if cfg.max_queue < 0:
             raise MemraError(f"--max-queue must be >= 0, got {cfg.max_queue}")
+        if cfg.device == "cpu":  # the KV cache asked for must fit, before the server listens
+            from memra.serve.cpu_engine import check_memory, pool_blocks
+
+            kv = dict(cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
+            check_memory(self.mcfg, self.ctx, self.parallel,
+                         pool_blocks(self.mcfg, self.ctx, self.parallel, kv_memory=cfg.kv_memory, **kv), **kv,
+                         hint=(f"lower --kv-memory or --ctx-size ({self.ctx})" if cfg.kv_memory is not None
+                               else f"lower --parallel ({self.parallel}) or --ctx-size ({self.ctx})"))
         self.metrics = Metrics(self.alias)
         self.phase = "loading"  # loading -> ready -> draining; "failed" if the engine did not load
         self.error: str | None = None

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from memra.cpu.llamacpp import q8_0_dequantize
-from memra.cpu.reference import KVCache, ReferenceModel
+from memra.cpu.reference import KVCache, ReferenceModel, available_memory, kv_cache_bytes
 from memra.errors import ContextOverflowError, MemraError
 from memra.gpu.kv import PagedKV, bytes_per_block
 from memra.gpu.ops.sample import reference_sample
@@ -75,6 +75,36 @@ class HostKV(PagedKV):
         self.dirty = False
 
 
+def pool_blocks(cfg, max_len: int, max_seqs: int, *, kv_tokens: int | None = None, kv_memory: int | None = None,
+                kv_block: int = KV_BLOCK, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
+    """Blocks of CpuRunner's KV pool: kv_tokens positions, or kv_memory bytes, or every
+    sequence at the full context."""
+    if kv_tokens is not None:
+        return -(-int(kv_tokens) // kv_block)
+    if kv_memory is not None:
+        return int(kv_memory) // bytes_per_block(cfg, kv_block, cache_type_k, cache_type_v)
+    return int(max_seqs) * -(-int(max_len) // kv_block)
+
+
+def check_memory(cfg, max_len: int, max_seqs: int, n_blocks: int, *, kv_block: int = KV_BLOCK,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 hint: str = "ask for fewer sequences or a smaller context") -> None:
+    """ContextOverflowError, before anything is allocated, when the KV pool of n_blocks, the
+    slots' block tables and one working cache of a full context (float32, as `memra run`'s
+    KVCache checks) exceed the memory this machine has available: numpy's allocation would
+    fail later with a bare MemoryError (or the pages would run the machine out of memory)."""
+    pool = max(1, n_blocks) * bytes_per_block(cfg, kv_block, cache_type_k, cache_type_v)
+    tables = int(max_seqs) * -(-int(max_len) // kv_block) * 4
+    work = kv_cache_bytes(cfg, max_len, cache_type_k, cache_type_v)
+    need, avail = pool + tables + work, available_memory()
+    if avail is not None and need > avail:
+        raise ContextOverflowError(
+            f"{max_seqs} sequences of {max_len} positions need {need / 2**30:.2f} GiB of KV cache on the CPU "
+            f"(a pool of {pool / 2**30:.2f} GiB, K {cache_type_k} / V {cache_type_v}, and a working cache of one "
+            f"full context, float32, {work / 2**30:.2f} GiB) and this machine has {avail / 2**30:.2f} GiB "
+            f"available: {hint}")
+
+
 class CpuRunner:
     """max_len: positions per sequence; max_seqs: sequences open at once; the pool holds
     kv_tokens positions, or kv_memory bytes (K and V as cache_type_k / cache_type_v: f16 or
@@ -90,12 +120,10 @@ class CpuRunner:
         self.model = ReferenceModel(gguf, self.cfg, numerics=numerics, cache_type_k=cache_type_k,
                                     cache_type_v=cache_type_v)
         self.max_len, self.max_seqs, self.kv_block = int(max_len), int(max_seqs), int(kv_block)
-        if kv_tokens is not None:
-            n_blocks = -(-int(kv_tokens) // self.kv_block)
-        elif kv_memory is not None:
-            n_blocks = int(kv_memory) // bytes_per_block(self.cfg, self.kv_block, cache_type_k, cache_type_v)
-        else:
-            n_blocks = self.max_seqs * -(-self.max_len // self.kv_block)
+        n_blocks = pool_blocks(self.cfg, self.max_len, self.max_seqs, kv_tokens=kv_tokens, kv_memory=kv_memory,
+                               kv_block=self.kv_block, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+        check_memory(self.cfg, self.max_len, self.max_seqs, n_blocks, kv_block=self.kv_block,
+                     cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         if numerics == "f32":  # K and V are not f16-rounded: keep them whole
             kv_cls = type("HostKV32", (HostKV,), {"dtype": np.float32})
         else:
