@@ -8,6 +8,8 @@
 #  landing's confirmation in what is left: the table against the entry it replaced (MEMRA_ATT_SWITCH=129:ATT_TC=0,
 #  the previous switch and short module) at depth 0 on the 1B shape (not measured in STAGE a) and at depth 128 on
 #  SmolLM2, two pairs alternating.
+# STAGE f (~5 min, no models needed): experiments/gemm_f16/probe.py — the prompt rows' GEMM on f16 tensor cores against
+#  numpy and against the engine's prompt tile on the 8B's shapes at 512 rows (experiments/gemm_f16/README.md).
 set -u
 source experiments/h200_common.sh
 stage_begin s41
@@ -18,5 +20,9 @@ k)
   OLD="MEMRA_ATT_SWITCH=129:ATT_TC=0"
   env_arms bench-landing.jsonl ${T_END:-430} "synth:llama-1b:Q4_0 -d 0 -p 0 -n 128 -r 3" table "$OLD"
   env_arms bench-landing.jsonl ${T_END:-430} "smollm2-135m -d 128 -p 0 -n 128 -r 3" table "$OLD" ;;
+f)
+  timeout ${F_LIMIT:-500} python3 experiments/gemm_f16/probe.py --out $OUT/gemm-f16.jsonl --limit ${F_SHAPES:-380} \
+    > $R/probe.txt 2>&1
+  log "gemm_f16 probe rc=$? $(el)"; tail -30 $R/probe.txt | cut -c1-400 | tee -a $R/log.txt ;;
 esac
 tar czf $OUT/s41-$STAGE.tgz -C /tmp s41-$STAGE

@@ -1,0 +1,255 @@
+// gemm_f16.cu — experiment: the prompt rows' GEMM on f16 tensor cores (not an engine kernel yet).
+//
+// y[m, n] = sum_k W[n, k] x[m, k] for m < nb prompt rows, W a quantized GGUF weight in the planes
+// layout (memra/gpu/ops/matvec.py), x in f16 (to_f16 below makes it from the f32 activations, in
+// place of the q8 quantize the int8 kernels need). Each CTA dequantizes a BM x 128 weight tile to
+// f16 in shared memory (qtypes.cuh's deq: the f32 value ggml's dequantize_row_* gives, rounded to
+// f16 once), stages a BN x 128 x tile with cp.async, and runs mma.sync m16n8k16 f16 x f16 -> f32.
+//
+// Why: the int8 kernels in a fixed float order (gemm_tile.cu's chain, gemm.cu's mv_q8 order)
+// spend about half their instructions on the per-32-block float formula (I2F, FMUL, FFMA per
+// block and output); here the scales go into the weight tile once per element, shared by the BN
+// rows, and each mma needs no float work after it. The int8 peak is twice the f16 one, but those
+// kernels ran at 9-10 % of the int8 peak (research/2026-12-04-session24).
+//
+// Order: one f32 accumulator per output, k16 steps in increasing k (the mma's own sum inside a
+// step is the hardware's, fixed). No split over K and nothing that depends on nb or on the tile
+// shape, so a row's bits are the same in any chunk, beside any rows, at any BM / BN: chunk- and
+// batch-invariant (a prompt row's contract, MEMRA_ATTN=hybrid), a different arithmetic from the
+// q8 paths (f16 activations: 11 significant bits each, where q8 keeps 8 relative to its block's
+// largest).
+//
+// Tunables (-D): MV_TYPE (ggml type id), GF_WM x GF_WN warps (2 x 4), each GF_TM 16-row weight
+// tiles x GF_TN 8-row x tiles (4 x 4): BM = 16 GF_TM GF_WM weight rows (glu: BM / 2 outputs, a
+// 16-row tile its 8 gate rows then the same 8 up rows), BN = 8 GF_TN GF_WN x rows.
+// Contract: N a multiple of BM (glu: of BM / 2), K of 128, nb >= 1; shared memory
+// 2 (BM + BN) 272 bytes (two stages of 128 f16 a row plus 16 bytes of padding).
+#include "common.cuh"
+#include "q8.cuh"
+#include "qtypes.cuh"
+#define MMA_FRAG_VOLATILE 0
+#include "mma_frag.cuh"
+
+#ifndef GF_WM
+#define GF_WM 2
+#endif
+#ifndef GF_WN
+#define GF_WN 4
+#endif
+#ifndef GF_TM
+#define GF_TM 4
+#endif
+#ifndef GF_TN
+#define GF_TN 4
+#endif
+
+constexpr int NT = 32 * GF_WM * GF_WN;
+constexpr int BM = 16 * GF_TM * GF_WM;
+constexpr int BN = 8 * GF_TN * GF_WN;
+constexpr int BK = 128;                 // two 64-element units of every weight row a stage
+constexpr int LDS = BK + 8;             // smem row stride in halves (272 bytes: ldmatrix conflict-free)
+constexpr int UPT = 2 * BM / NT;        // weight units a thread dequantizes a stage
+constexpr int XPT = BN * (BK / 8) / NT; // 16-byte x chunks a thread copies a stage
+static_assert(2 * BM % NT == 0 && UPT >= 1, "GF: the weight units must split evenly over the threads");
+static_assert(BN * (BK / 8) % NT == 0, "GF: the x chunks must split evenly over the threads");
+static_assert(GF_TN % 2 == 0, "GF_TN even: B fragments load two 8-row tiles an ldmatrix.x4");
+
+MEMRA_DEVICE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+MEMRA_DEVICE void cp16_zfill(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+MEMRA_DEVICE void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+MEMRA_DEVICE void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// two floats -> f16x2 (lo in the low half), round to nearest even (NVRTC has no cuda_fp16.h here)
+MEMRA_DEVICE uint32_t pack_h2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// The weight row (global index) of tile-local row r: plain, or glu's 16-row tiles of 8 gate rows
+// (n) then the same 8 up rows (N + n).
+MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
+    if (!glu) return n0 + r;
+    const int n = n0 + 8 * (r >> 4) + (r & 7);
+    return (r & 8) ? N + n : n;
+}
+
+MEMRA_DEVICE float silu(float v) { return v / (1.f + __expf(-v)); }
+MEMRA_DEVICE float gelu_tanh(float v) {
+    return 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+}
+
+template <bool GLU>
+MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                                const uint16_t* __restrict__ x, float* y, const float* res, int N, int K, int nb,
+                                int act) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint16_t* Ws = reinterpret_cast<uint16_t*>(smem);             // [2][BM][LDS]
+    uint16_t* Xs = Ws + 2 * BM * LDS;                           // [2][BN][LDS]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / GF_WN, wn = warp % GF_WN;
+    const int m0 = blockIdx.x * BN;
+    const int n0 = blockIdx.y * (GLU ? BM / 2 : BM);
+    const int S = K / BK;
+    const size_t bulk_row = (size_t)(K / T::BLK) * T::BULK, meta_row = (size_t)(K / T::BLK) * T::META;
+
+    // this thread's weight units: tile-local row ur[p], unit parity uu[p] of each stage
+    int ur[UPT], uu[UPT];
+    const uint8_t* ub[UPT];
+    const uint8_t* um[UPT];
+#pragma unroll
+    for (int p = 0; p < UPT; ++p) {
+        const int i = tid + p * NT;
+        ur[p] = i >> 1;
+        uu[p] = i & 1;
+        const int gr = wrow(ur[p], n0, N, GLU);
+        ub[p] = bulk + gr * bulk_row;
+        um[p] = meta + gr * meta_row;
+    }
+    typename T::U w[UPT];
+
+    auto load_w = [&](int s) {
+#pragma unroll
+        for (int p = 0; p < UPT; ++p) T::load(w[p], ub[p], um[p], 2 * s + uu[p], K / 64);
+    };
+    auto store_w = [&](int s, int buf) {
+#pragma unroll
+        for (int p = 0; p < UPT; ++p) {
+            const int u = 2 * s + uu[p];
+            uint16_t* row = Ws + (buf * BM + ur[p]) * LDS;
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                float f[16];
+                T::deq(w[p], g, f);
+                uint4 lo, hi;
+                lo.x = pack_h2(f[0], f[1]);   lo.y = pack_h2(f[2], f[3]);
+                lo.z = pack_h2(f[4], f[5]);   lo.w = pack_h2(f[6], f[7]);
+                hi.x = pack_h2(f[8], f[9]);   hi.y = pack_h2(f[10], f[11]);
+                hi.z = pack_h2(f[12], f[13]); hi.w = pack_h2(f[14], f[15]);
+                const int c = T::goff(u, g, K / 64) - BK * s;   // 0..127, a multiple of 16
+                *reinterpret_cast<uint4*>(row + c) = lo;
+                *reinterpret_cast<uint4*>(row + c + 8) = hi;
+            }
+        }
+    };
+    auto load_x = [&](int s, int buf) {
+#pragma unroll
+        for (int p = 0; p < XPT; ++p) {
+            const int c = tid + p * NT, r = c >> 4, col = 8 * (c & 15);
+            const bool ok = m0 + r < nb;
+            const uint16_t* src = x + (size_t)(ok ? m0 + r : 0) * K + BK * s + col;
+            cp16_zfill(smem_u32(Xs + (buf * BN + r) * LDS + col), src, ok);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    float acc[GF_TM][GF_TN][4];
+#pragma unroll
+    for (int a = 0; a < GF_TM; ++a)
+#pragma unroll
+        for (int b = 0; b < GF_TN; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][b][e] = 0.f;
+
+    load_w(0);            // weights are never written by kernels: before the PDL wait
+    MEMRA_PDL_WAIT();
+    load_x(0, 0);
+    store_w(0, 0);
+    for (int s = 0; s < S; ++s) {
+        const int buf = s & 1;
+        if (s + 1 < S) {
+            load_x(s + 1, buf ^ 1);
+            load_w(s + 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const uint16_t* wt = Ws + (buf * BM + wm * 16 * GF_TM) * LDS;
+        const uint16_t* xt = Xs + (buf * BN + wn * 8 * GF_TN) * LDS;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            uint32_t a[GF_TM][4], b[GF_TN][2];
+#pragma unroll
+            for (int tm = 0; tm < GF_TM; ++tm)
+                ldsm_x4(a[tm], smem_u32(wt + (16 * tm + (lane & 15)) * LDS + 16 * kk + 8 * (lane >> 4)));
+#pragma unroll
+            for (int tn = 0; tn < GF_TN; tn += 2) {
+                uint32_t r[4];
+                ldsm_x4(r, smem_u32(xt + (8 * tn + (lane & 7) + 8 * (lane >> 4)) * LDS + 16 * kk +
+                                    8 * ((lane >> 3) & 1)));
+                b[tn][0] = r[0]; b[tn][1] = r[1]; b[tn + 1][0] = r[2]; b[tn + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int tm = 0; tm < GF_TM; ++tm)
+#pragma unroll
+                for (int tn = 0; tn < GF_TN; ++tn) mma_f16(acc[tm][tn], a[tm], b[tn][0], b[tn][1]);
+        }
+        if (s + 1 < S) store_w(s + 1, buf ^ 1);
+        __syncthreads();
+    }
+    MEMRA_PDL_LAUNCH();
+
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int tm = 0; tm < GF_TM; ++tm)
+#pragma unroll
+        for (int tn = 0; tn < GF_TN; ++tn) {
+            const int m = m0 + wn * 8 * GF_TN + 8 * tn + 2 * tig;
+            const float* d = acc[tm][tn];
+            if (GLU) {   // rows gid (gate) and gid + 8 (up) of the 16-row tile are one output n
+                const int n = n0 + 8 * (wm * GF_TM + tm) + gid;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (m + e >= nb) continue;
+                    const float gv = d[e], uv = d[2 + e];
+                    y[(size_t)(m + e) * N + n] = (act == 2 ? gelu_tanh(gv) : silu(gv)) * uv;
+                }
+            } else {
+                const int n = n0 + 16 * (wm * GF_TM + tm) + gid;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int mm = m + (e & 1), nn = n + 8 * (e >> 1);
+                    if (mm >= nb) continue;
+                    const size_t o = (size_t)mm * N + nn;
+                    y[o] = res ? __fadd_rn(res[o], d[e]) : d[e];
+                }
+            }
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+gemm_f16(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+         float* y, const float* res, int N, int K, int nb) {
+    gemm_f16_body<false>(bulk, meta, x, y, res, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+gemm_f16_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+             float* y, int N, int K, int nb, int act) {
+    gemm_f16_body<true>(bulk, meta, x, y, nullptr, N, K, nb, act);
+}
+
+// x (f32, n values) -> f16, round to nearest even: the activations gemm_f16 reads.
+extern "C" __global__ void to_f16(const float* __restrict__ x, uint16_t* __restrict__ h, int n) {
+    MEMRA_PDL_WAIT();
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (i + 1 < n) {
+        const float2 v = *reinterpret_cast<const float2*>(x + i);
+        *reinterpret_cast<uint32_t*>(h + i) = pack_h2(v.x, v.y);
+    } else if (i < n) {
+        h[i] = f32_to_f16(x[i]);
+    }
+    MEMRA_PDL_LAUNCH();
+}
