@@ -247,3 +247,40 @@ def test_serve_kv_cache_beyond_this_machine_is_refused_up_front(tiny_models):
         last = r.stderr.strip().split("\n")[-1]  # a context beyond the trained one is also warned about
         assert last.startswith("memra: error: ") and "GiB of KV cache on the CPU" in last and needle in last, last
         assert "loading" not in r.stderr and "MemoryError" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_bench_serve_stopped_by_sigterm_stops_its_server(tiny_models):
+    """`timeout` (SIGTERM) on `memra bench serve MODEL` stops the `memra serve` it started: Python's
+    default SIGTERM action ended the bench at once and left the server listening."""
+    import re
+    import signal
+    import socket
+    import time
+
+    e = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "memra", "bench", "serve", str(tiny_models("llama", "Q4_0")),
+                          "--device", "cpu", "-c", "1", "--requests", "200", "--max-tokens", "8"],
+                         cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port, out = None, []
+    try:
+        for line in p.stdout:   # the server's command line, then the first cell once it is ready
+            out.append(line)
+            port = port or (re.search(r"--port (\d+)", line) and int(re.search(r"--port (\d+)", line).group(1)))
+            if "concurrency 1" in line:
+                break
+        assert port, "".join(out)
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()   # it listens
+        p.send_signal(signal.SIGTERM)
+        p.wait(90)
+        for _ in range(60):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the server on port {port} still listens after the bench was stopped")
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -227,6 +228,19 @@ def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
     raise MemraError(f"{url} was not ready within {timeout:.0f} s")
 
 
+def _sigterm_raises():
+    """Make SIGTERM (`timeout`, `kill`) raise SystemExit in the main thread while a server started
+    here runs, so the `finally` that stops it runs too (Python's default action ends the process at
+    once, which left that `memra serve` running); returns the handler to restore, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, _exit)
+
+
 def start_server(path: str, alias: str, device: str, parallel: int, ctx: int, log=print,
                  cache_type_k: str = "f16", cache_type_v: str = "f16") -> tuple[str, subprocess.Popen]:
     port = free_port()
@@ -259,12 +273,13 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
         raise MemraError(f"--out {out} is a folder: give the receipts file (appended)")
     if out.parent.exists() and not out.parent.is_dir():
         raise MemraError(f"--out {out}: {out.parent} is not a folder")
-    proc = None
+    proc = restore = None
     if target and urlparse(target).scheme in ("http", "https"):
         url = check_url(target)
     else:
         if model_path is None:
             raise MemraError("give a loopback URL or a model")
+        restore = _sigterm_raises()
         url, proc = start_server(model_path, target or "smollm2-135m", device, max(concurrency),
                                  prompt_tokens + max_tokens + 64, log, cache_type_k, cache_type_v)
     # the cache types of the server started here (another's are not known)
@@ -300,6 +315,8 @@ def run_bench(target: str | None, *, vs: str | None, concurrency: list[int], req
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
     log(f"{len(rows)} receipts appended to {out}")
     return rows
 
