@@ -21,7 +21,8 @@
 //
 // Tunables (-D): MV_TYPE (ggml type id), GF_WM x GF_WN warps (2 x 4), each GF_TM 16-row weight
 // tiles x GF_TN 8-row x tiles (4 x 4): BM = 16 GF_TM GF_WM weight rows (glu: BM / 2 outputs, a
-// 16-row tile its 8 gate rows then the same 8 up rows), BN = 8 GF_TN GF_WN x rows.
+// 16-row tile its 8 gate rows then the same 8 up rows), BN = 8 GF_TN GF_WN x rows; GF_OVERLAP (0)
+// dequantizes the next stage between the mma of k16 steps GF_OVL0 (4) .. 7 instead of after them.
 // Contract: N a multiple of BM (glu: of BM / 2), K of 128, nb >= 1; shared memory
 // 2 (BM + BN) 272 bytes (two stages of 128 f16 a row plus 16 bytes of padding).
 #include "common.cuh"
@@ -41,6 +42,12 @@
 #endif
 #ifndef GF_TN
 #define GF_TN 4
+#endif
+#ifndef GF_OVERLAP
+#define GF_OVERLAP 0   // 1: the next stage's dequant spread over k16 steps GF_OVL0..7 (between the mma)
+#endif
+#ifndef GF_OVL0
+#define GF_OVL0 4      // the first k16 step that dequantizes: the weight loads issued at the stage's top land first
 #endif
 
 constexpr int NT = 32 * GF_WM * GF_WN;
@@ -123,25 +130,25 @@ MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t*
 #pragma unroll
         for (int p = 0; p < UPT; ++p) T::load(w[p], ub[p], um[p], 2 * s + uu[p], K / 64);
     };
+    auto store_wg = [&](int p, int g, int s, int buf) {   // unit p's group g of stage s
+        const int u = 2 * s + uu[p];
+        uint16_t* row = Ws + (buf * BM + ur[p]) * LDS;
+        float f[16];
+        T::deq(w[p], g, f);
+        uint4 lo, hi;
+        lo.x = pack_h2(f[0], f[1]);   lo.y = pack_h2(f[2], f[3]);
+        lo.z = pack_h2(f[4], f[5]);   lo.w = pack_h2(f[6], f[7]);
+        hi.x = pack_h2(f[8], f[9]);   hi.y = pack_h2(f[10], f[11]);
+        hi.z = pack_h2(f[12], f[13]); hi.w = pack_h2(f[14], f[15]);
+        const int c = T::goff(u, g, K / 64) - BK * s;   // 0..127, a multiple of 16
+        *reinterpret_cast<uint4*>(row + c) = lo;
+        *reinterpret_cast<uint4*>(row + c + 8) = hi;
+    };
     auto store_w = [&](int s, int buf) {
 #pragma unroll
-        for (int p = 0; p < UPT; ++p) {
-            const int u = 2 * s + uu[p];
-            uint16_t* row = Ws + (buf * BM + ur[p]) * LDS;
+        for (int p = 0; p < UPT; ++p)
 #pragma unroll
-            for (int g = 0; g < 4; ++g) {
-                float f[16];
-                T::deq(w[p], g, f);
-                uint4 lo, hi;
-                lo.x = pack_h2(f[0], f[1]);   lo.y = pack_h2(f[2], f[3]);
-                lo.z = pack_h2(f[4], f[5]);   lo.w = pack_h2(f[6], f[7]);
-                hi.x = pack_h2(f[8], f[9]);   hi.y = pack_h2(f[10], f[11]);
-                hi.z = pack_h2(f[12], f[13]); hi.w = pack_h2(f[14], f[15]);
-                const int c = T::goff(u, g, K / 64) - BK * s;   // 0..127, a multiple of 16
-                *reinterpret_cast<uint4*>(row + c) = lo;
-                *reinterpret_cast<uint4*>(row + c + 8) = hi;
-            }
-        }
+            for (int g = 0; g < 4; ++g) store_wg(p, g, s, buf);
     };
     auto load_x = [&](int s, int buf) {
 #pragma unroll
@@ -195,8 +202,21 @@ MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t*
             for (int tm = 0; tm < GF_TM; ++tm)
 #pragma unroll
                 for (int tn = 0; tn < GF_TN; ++tn) mma_f16(acc[tm][tn], a[tm], b[tn][0], b[tn][1]);
+#if GF_OVERLAP
+            // the next stage's groups q in [lo, hi) of 4 UPT, spread over steps GF_OVL0..7 (its buffer
+            // was last read in the previous stage, before this stage's top barrier)
+            if (kk >= GF_OVL0 && s + 1 < S) {
+                constexpr int NS = BK / 16 - GF_OVL0, NG = 4 * UPT;
+                const int lo = (kk - GF_OVL0) * NG / NS, hi = (kk - GF_OVL0 + 1) * NG / NS;
+#pragma unroll
+                for (int q = 0; q < NG; ++q)
+                    if (q >= lo && q < hi) store_wg(q >> 2, q & 3, s + 1, buf ^ 1);
+            }
+#endif
         }
+#if !GF_OVERLAP
         if (s + 1 < S) store_w(s + 1, buf ^ 1);
+#endif
         __syncthreads();
     }
     MEMRA_PDL_LAUNCH();

@@ -42,7 +42,8 @@ SHAPES = [
     ("gate_up", Q4_0, 2 * 14336, 4096, True),
     ("gate_up", Q8_0, 2 * 14336, 4096, True),
 ]
-CONFIGS = [dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4)]
+CONFIGS = [dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4, GF_OVERLAP=1),
+           dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4)]
 NB, CHUNK, CHECK_ROWS, TOL = 512, 37, 256, 1e-4
 TNAME = {Q4_0: "Q4_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
@@ -52,6 +53,11 @@ def geom(cfg: dict) -> tuple[int, int, int, int]:
     wm, wn, tm, tn = (int(cfg[k]) for k in ("GF_WM", "GF_WN", "GF_TM", "GF_TN"))
     bm, bn = 16 * tm * wm, 8 * tn * wn
     return 32 * wm * wn, bm, bn, 2 * (bm + bn) * 272
+
+
+def _compile(defs: dict):
+    import tile as TL
+    return TL.compile_module(defs, SRC)
 
 
 def table_config(kernel: str, t: int, rows: int, K: int) -> dict:
@@ -75,11 +81,13 @@ def main() -> int:
     from memra.gpu.q8 import Q8_SCALE
     from memra.model import quants as Q
 
-    # every module compiled before the CUDA context (processes would fork it otherwise)
-    mods = {}
-    for t in sorted({s[1] for s in SHAPES}):
-        for ci, cfg in enumerate(CONFIGS):
-            mods[(t, ci)] = TL.compile_module({"MV_TYPE": t, **cfg}, SRC)
+    # every module compiled before the CUDA context, side by side in processes
+    from concurrent.futures import ProcessPoolExecutor
+    keys = [(t, ci) for t in sorted({s[1] for s in SHAPES}) for ci in range(len(CONFIGS))]
+    with ProcessPoolExecutor(8) as ex:
+        built = list(ex.map(_compile, [({"MV_TYPE": t, **CONFIGS[ci]}) for t, ci in keys]))
+    mods = dict(zip(keys, built))
+    print(f"compiled {len(mods)} modules in {time.time() - t0:.0f} s", flush=True)
     g = gpu()
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     cache: dict = {}
