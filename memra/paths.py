@@ -138,3 +138,15 @@ def research_dir() -> Path:
     that `memra research board` builds docs/PERFORMANCE.md from."""
     root = CHECKOUT if (CHECKOUT / "research").is_dir() else Path.cwd()
     return root / "research"
+
+
+def read_text(path, label: str | None = None, error: type = MemraError) -> str:
+    """A text file's contents (UTF-8), or `error` naming it (`label`, else the path): a file that
+    cannot be read (missing, a folder, no permission) or is not UTF-8 text is one line saying so."""
+    label = str(path) if label is None else label
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise error(f"{label}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{label}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None

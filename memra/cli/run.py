@@ -20,6 +20,7 @@ from rich.table import Table
 from memra.cli.common import (CacheTypeK, CacheTypeV, ModelArg, pick_device, _fail, _open, app,
                               check_cache_types, command, err, log, out)
 from memra.errors import CudaError, MemraError
+from memra.paths import read_text
 
 
 def _load_model(device: str, g, cfg, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16"):
@@ -418,12 +419,7 @@ def _constraint(tok, json_schema: Path | None, grammar: Path | None, regex: str 
     flag, v = given[0]
     if flag == "--regex":
         return compile_constraint(tok, "regex", v)
-    try:
-        text = Path(v).read_text(encoding="utf-8")
-    except OSError as e:
-        raise MemraError(f"{flag} {v}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise MemraError(f"{flag} {v}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    text = read_text(v, f"{flag} {v}")
     try:
         return compile_constraint(tok, "json_schema" if flag == "--json-schema" else "gbnf", text)
     except MemraError as e:

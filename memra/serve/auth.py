@@ -18,6 +18,7 @@ import ipaddress
 from pathlib import Path
 
 from memra.errors import MemraError
+from memra.paths import read_text
 
 
 def load_keys(keys: list[str] | None, key_file: str | Path | None) -> list[str]:
@@ -25,12 +26,7 @@ def load_keys(keys: list[str] | None, key_file: str | Path | None) -> list[str]:
     out = [k.strip() for k in keys or [] if k and k.strip()]
     if key_file:
         p = Path(key_file)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise MemraError(f"--api-key-file {p}: {e.strerror or e}") from None
-        except UnicodeDecodeError as e:
-            raise MemraError(f"--api-key-file {p}: not UTF-8 text (byte {e.start})") from None
+        text = read_text(p, f"--api-key-file {p}")
         out += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         if not out:
             raise MemraError(f"--api-key-file {p} holds no key")

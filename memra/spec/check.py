@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memra.errors import MemraError
+from memra.paths import read_text
 from memra.spec.decode import DeviceTarget, KPolicy, SpecStats, plain_stream, spec_stream
 
 # input-grounded prompts (the text to continue is in the prompt), so lookup has something
@@ -104,12 +105,7 @@ def read_prompts(path: str | Path | None) -> list[str]:
     if path is None:
         return list(BUILTIN_PROMPTS)
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise MemraError(f"--prompts {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise MemraError(f"--prompts {path}: not UTF-8 text (byte {e.start})") from None
+    text = read_text(p, f"--prompts {path}")
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memra.errors import MemraError
+from memra.paths import read_text
 
 MARK = re.compile(r"(<!-- board: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /board -->)", re.S)
 NO_ARM = "not in the run"
@@ -192,12 +193,7 @@ def boards(files: list[Path], research: Path) -> list[tuple[Path, str, str]]:
     """(file, its text, the text with regenerated boards) for each file holding a board."""
     texts = []
     for f in files:  # a bad file fails before the receipts are read
-        try:
-            text = f.read_text(encoding="utf-8")
-        except OSError as e:
-            raise MemraError(f"{f}: cannot read ({e.strerror or e})") from None
-        except UnicodeDecodeError as e:
-            raise MemraError(f"{f}: not UTF-8 text (byte {e.start})") from None
+        text = read_text(f)
         if not MARK.search(text):
             raise MemraError(f"{f}: no board markers (<!-- board: newest --> … <!-- /board -->)")
         texts.append((f, text))

@@ -29,6 +29,7 @@ from gguf.constants import GGMLQuantizationType
 
 from memra.gpu.plan import ModelSpec
 from memra.errors import MemraError
+from memra.paths import read_text
 from memra.tune.receipts import (append_receipts, config_key, iter_receipts, make_receipt, shape_batch,
                                  shape_key)
 from memra.tune.tables import BATCH_BUCKETS
@@ -185,12 +186,9 @@ _KERNEL_KEYS = {"name", "src", "variants", "grid", "configs", "shapes", "ops", "
 def load_campaign(path: str | os.PathLike) -> dict:
     """Parse and check a campaign TOML file."""
     path = Path(path)
+    text = read_text(path, error=CampaignError)
     try:
-        spec = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise CampaignError(f"{path}: cannot read ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise CampaignError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        spec = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise CampaignError(f"{path}: not valid TOML ({e})") from None
     spec.setdefault("name", path.stem)
