@@ -8,6 +8,10 @@
 #  landing's confirmation in what is left: the table against the entry it replaced (MEMRA_ATT_SWITCH=129:ATT_TC=0,
 #  the previous switch and short module) at depth 0 on the 1B shape (not measured in STAGE a) and at depth 128 on
 #  SmolLM2, two pairs alternating.
+# STAGE g (~3 min, models shipped): Gemma-3's decode attention in more splits at short depths. One split at depth 128
+#  lost 9.4 % (STAGE a of session 40's plan: one KV head for four query heads, so its splits are its parallelism);
+#  the switch's short module at 64- and 32-key chunks for rows of up to 256 keys, and MEMRA_ATT_SPLITS=4, against the
+#  table at depths 0 and 128 (the 8B and 1B shapes lost 1.1 / 2.9 % with smaller short-module chunks in session 36).
 # STAGE f (~5 min, no models needed): experiments/gemm_f16/probe.py — the prompt rows' GEMM on f16 tensor cores against
 #  numpy and against the engine's prompt tile on the 8B's shapes at 512 rows (experiments/gemm_f16/README.md).
 set -u
@@ -20,6 +24,11 @@ k)
   OLD="MEMRA_ATT_SWITCH=129:ATT_TC=0"
   env_arms bench-landing.jsonl ${T_END:-430} "synth:llama-1b:Q4_0 -d 0 -p 0 -n 128 -r 3" table "$OLD"
   env_arms bench-landing.jsonl ${T_END:-430} "smollm2-135m -d 128 -p 0 -n 128 -r 3" table "$OLD" ;;
+g)
+  env_arms bench-gemma-splits.jsonl ${T_END:-170} "gemma3-270m -d 128 -p 0 -n 128 -r 3" table \
+    "MEMRA_ATT_SWITCH=257:ATT_MIN_CHUNK=64" "MEMRA_ATT_SWITCH=257:ATT_TILE=32,ATT_MIN_CHUNK=32" MEMRA_ATT_SPLITS=4
+  env_arms bench-gemma-splits.jsonl ${T_END2:-300} "gemma3-270m -d 0 -p 0 -n 128 -r 3" table \
+    "MEMRA_ATT_SWITCH=257:ATT_MIN_CHUNK=64" "MEMRA_ATT_SWITCH=257:ATT_TILE=32,ATT_MIN_CHUNK=32" ;;
 f)
   timeout ${F_LIMIT:-500} python3 experiments/gemm_f16/probe.py --out $OUT/gemm-f16.jsonl --limit ${F_SHAPES:-380} \
     > $R/probe.txt 2>&1
