@@ -23,6 +23,7 @@ Then each word's UTF-8 bytes are mapped to the GPT-2 byte alphabet (`byte_encode
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import regex
@@ -107,6 +108,22 @@ def pre_tokenizer(name: str) -> PreTokenizer:
 
 # -- code point classes as llama.cpp's tables have them ----------------------------------------
 
+# llama.cpp's tables (src/unicode-data.cpp) are Unicode 15.1; `regex` knows later versions. The code
+# points Unicode 16.0 and 17.0 assigned (ranges may span code points unassigned in both) have no
+# category and no whitespace flag in llama.cpp, so they are written as U+FDD0 (a noncharacter,
+# unassigned in every version) before `regex` classifies them, and collapse to the 0xD0 fallback.
+_NEWER_THAN_TABLES = re.compile(
+    "[\u088F\u0897\u0C5C\u0CDC\u1ACF-\u1AEB\u1B4E-\u1B4F\u1B7F\u1C89-\u1C8A\u20C1\u2427-\u2429\u2B96"
+    "\u31E4-\u31E5\uA7CB-\uA7CF\uA7D2\uA7D4\uA7DA-\uA7F1\uFBC3-\uFBD2\uFD90-\uFD91\uFDC8-\uFDCE"
+    "\U000105C0-\U000105F3\U00010940-\U00010959\U00010D40-\U00010D8F\U00010EC2-\U00010EFC"
+    "\U00011380-\U000113E2\U000116D0-\U000116E3\U00011B60-\U00011BF9\U00011DB0-\U00011DE9\U00011F5A"
+    "\U00013460-\U000143FA\U00016100-\U00016139\U00016D40-\U00016D79\U00016EA0-\U00016ED3"
+    "\U00016FF2-\U00016FF6\U000187F8-\U000187FF\U00018CFF\U00018D09-\U00018DF2\U0001CC00-\U0001CEF0"
+    "\U0001E5D0-\U0001E6FF\U0001F6D8\U0001F777-\U0001F77A\U0001F8B2-\U0001F8D8\U0001FA54-\U0001FA57"
+    "\U0001FA89-\U0001FA8F\U0001FABE\U0001FAC6-\U0001FACD\U0001FADC-\U0001FADF\U0001FAE9-\U0001FAEF"
+    "\U0001FBCB-\U0001FBEF\U0001FBFA\U0002B73A-\U0002B73F\U0002CEA2-\U0002CEAD\U000323B0-\U00033479]")
+_UNASSIGNED = "\ufdd0"
+
 _WS = regex.compile(r"\s")
 _CATEGORIES = [(regex.compile(r"\p{N}"), "\xd1"), (regex.compile(r"\p{L}"), "\xd2"),
                (regex.compile(r"\p{P}"), "\xd3"), (regex.compile(r"\p{M}"), "\xd4"),
@@ -120,6 +137,8 @@ class _Collapse(dict):
         ch = chr(cp)
         if cp < 128:
             out = ch
+        elif _NEWER_THAN_TABLES.match(ch):
+            out = "\xd0"
         elif _WS.match(ch):
             out = "\x0b"
         else:
@@ -221,7 +240,7 @@ class Splitter:
     def split(self, text: str) -> list[str]:
         if not text:
             return []
-        subjects = {"text": text}
+        subjects = {"text": _NEWER_THAN_TABLES.sub(_UNASSIGNED, text)}
         if "collapsed" in self._needs:
             subjects["collapsed"] = text.translate(_COLLAPSE)
         if "wide" in self._needs:

@@ -122,6 +122,12 @@ CORPUS = [
     "Ġ Ċ ĉ byte-alphabet letters",
     "<0x41> looks like a byte token",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    # characters newer than llama.cpp's Unicode 15.1 tables (there: no category): Garay digit zero and
+    # letter (16.0), a currency sign and a Balinese punctuation mark (16.0)
+    "  \U00010D40",
+    "\U00010D50's",
+    " \u20C1",
+    " \u1B4E",
     # special-token text
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|><|im_start|>",
