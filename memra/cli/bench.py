@@ -13,17 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from memra.cli.common import CacheTypeK, CacheTypeV, _fail, app, check_cache_types, command, err, log
+from memra.cli.common import (CacheTypeK, CacheTypeV, _fail, app, check_cache_types, command, csv_option, err,
+                              log)
 from memra.errors import CudaError, MemraError
-
-
-def _csv(values: Optional[list[str]], flag: str = "--arch") -> list[str]:
-    """A comma list option: [] when not given; given but empty ('' — say an unset shell
-    variable) is a MemraError, not the default."""
-    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
-    if values is not None and not out:
-        raise MemraError(f"{flag}: no targets given (e.g. sm_90a), got {', '.join(map(repr, values))}")
-    return out
 
 
 # -- kernel-check -------------------------------------------------------------------------------
@@ -86,7 +78,7 @@ def kernel_check(
             base = json.loads(Path(add_to).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise MemraError(f"--add-to {add_to}: not a readable receipt ({e})") from None
-    archs = _csv(arch) or None
+    archs = csv_option(arch, "--arch", "targets")
     if archs and not compile_only:
         raise MemraError("--arch applies to --compile-only (on a GPU the kernels are built for its own arch)")
     for a in archs or []:
@@ -126,7 +118,7 @@ def warmup(
     from memra.paths import cubin_dir
     from memra.tune.warmup import model_modules, warmup as run_warmup
 
-    archs = _csv(arch)
+    archs = csv_option(arch, "--arch", "targets") or []
     for a in archs:
         if not re.fullmatch(r"sm_\d{2,3}[a-z]?", a):
             raise MemraError(f"--arch {a!r} is not an NVRTC target such as sm_90a, sm_120a or sm_89")

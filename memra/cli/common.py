@@ -176,6 +176,17 @@ def _default_device() -> str:
     return "gpu" if _gpu_engine_available() else "cpu"
 
 
+def csv_option(values: list[str] | None, flag: str, what: str) -> list[str] | None:
+    """A comma list option (comma-separated or repeated): None when not given; given but empty
+    ('' — say an unset shell variable) is a MemraError, not the default."""
+    if values is None:
+        return None
+    out = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    if not out:
+        raise MemraError(f"{flag}: no {what} given (got {', '.join(map(repr, values))})")
+    return out
+
+
 def pick_device(device: str | None) -> str:
     """--device as given (cpu or gpu), else the default; '' (say an unset shell variable) is
     refused like any other unknown device, not taken as the default."""

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from memra.cli.common import app, command, err, log, out
+from memra.cli.common import app, command, csv_option, err, log, out
 from memra.errors import MemraError
 from memra.paths import campaigns_dir, freeze_inputs, home_tables_dir, plots_dir, project_root, tune_out_dir
 
@@ -46,17 +46,6 @@ def _campaign_path(name: str) -> Path:
         known = sorted(f.stem for f in (campaigns_dir()).glob("*.toml"))
         raise MemraError(f"no campaign {name!r} (campaigns: {', '.join(known) or 'none'})")
     return cand
-
-
-def _csv(values: Optional[list[str]], flag: str, what: str) -> Optional[list[str]]:
-    """A comma list option (comma-separated or repeated): None when not given; given but empty
-    ('' — say an unset shell variable) is a MemraError, not the default."""
-    if values is None:
-        return None
-    out = [v for item in values for v in item.split(",") if v]
-    if not out:
-        raise MemraError(f"{flag}: no {what} given (got {', '.join(map(repr, values))})")
-    return out
 
 
 def _fmt(v, nd=2) -> str:
@@ -125,7 +114,7 @@ def tune_run(
         raise MemraError(f"--reps must be at least 1, got {reps}")
     spec = load_campaign(_campaign_path(campaign))
     models = [model_info(m) for m in (model or [])]
-    jobs = expand_campaign(spec, models, kernels=_csv(kernels, "--kernels", "kernel names"))
+    jobs = expand_campaign(spec, models, kernels=csv_option(kernels, "--kernels", "kernel names"))
     check_variants(jobs)
     if dry_run:
         for j in jobs:
@@ -227,7 +216,7 @@ def tune_dispatch(
         raise MemraError(f"--rows takes row counts (a comma list, e.g. 1,2,4,8), got {rows!r}") from None
     if not row_counts:
         raise MemraError("--rows: no row counts given")
-    jobs = DISPATCH.jobs(model, table, row_counts, _csv([ops] if ops is not None else None, "--ops", "op names"))
+    jobs = DISPATCH.jobs(model, table, row_counts, csv_option([ops] if ops is not None else None, "--ops", "op names"))
     if dry_run:
         for j in jobs:
             print(f"{j.kernel}\t{j.variant}\t{config_key(j.config) or '-'}\t{shape_key(j.shape)}\t"
@@ -447,7 +436,7 @@ def research_summarize(
     from memra.tune.research import summarize_all
 
     df = _read(files)
-    sums = summarize_all(df, by=_csv(by, "--by", "columns"))
+    sums = summarize_all(df, by=csv_option(by, "--by", "columns"))
     _write_parquet(df, parquet)
     if as_json:
         _print_json([{"kind": k, **r} for k, s in sums.items() for r in _frame_json(s)])
@@ -471,7 +460,7 @@ def research_compare(
     """What A and B both measured, kind by kind: figures side by side, speedup > 1 when B is better."""
     from memra.tune.research import compare
 
-    c = compare(_read([a]), _read([b]), on=_csv(on, "--on", "columns"))
+    c = compare(_read([a]), _read([b]), on=csv_option(on, "--on", "columns"))
     _write_parquet(c, parquet)
     if as_json:
         _print_json({"rows": _frame_json(c), "only_a": c.attrs["only_a"], "only_b": c.attrs["only_b"],
