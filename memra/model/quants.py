@@ -224,8 +224,9 @@ def dequantize(data: np.ndarray, ggml_type: int, shape) -> np.ndarray:
 
 
 # byte offsets of each block format's float16 fields (d, and dmin or m where it has one): a
-# block's values are finite exactly when these are (its codes and sub-scales are small integers)
-_F16_FIELDS = {
+# block's values are finite exactly when these are (its codes and sub-scales are small integers);
+# random valid blocks (memra.gpu.ops.matvec.random_weight) write finite values there
+F16_FIELDS = {
     Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q8_0: (0,), IQ4_NL: (0,),
     Q2_K: (80, 82), Q3_K: (108,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_XS: (0,),
 }
@@ -240,10 +241,10 @@ def first_nonfinite_row(t: TensorInfo) -> int | None:
     if t.ggml_type in _FLOAT_BITS:
         dtype, mask = _FLOAT_BITS[t.ggml_type]
         words, fields = raw.view(dtype).reshape(t.rows, -1), (None,)
-    elif t.ggml_type in _F16_FIELDS:
+    elif t.ggml_type in F16_FIELDS:
         bs, ts = block_info(t.ggml_type)
         words, mask = raw.view("<u2").reshape(t.rows, -1, ts // 2), 0x7C00
-        fields = tuple(off // 2 for off in _F16_FIELDS[t.ggml_type])
+        fields = tuple(off // 2 for off in F16_FIELDS[t.ggml_type])
     else:
         return None  # a type memra does not read: its reader names it
     step = max(1, (1 << 22) // max(1, words[0].size))  # rows a pass: bounded temporaries

@@ -28,6 +28,7 @@ import numpy as np
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import launch_bucket
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
+from memra.model.quants import F16_FIELDS
 
 KERNEL_FILE = "matvec.cu"
 Q8_FILE = "q8.cu"
@@ -52,9 +53,6 @@ TYPES: dict[int, tuple[str, int, int, int, int]] = {
     23: ("IQ4_XS", 256, 136, 8, 128),
 }
 FLOAT_TYPES = frozenset({0, 1, 30})
-# byte offsets of each block's f16 scale fields (for random valid test blocks)
-_F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2),
-               14: (208,), 23: (0,)}
 BUCKETS = (1, 4, 8)
 ACTS = {None: 0, "silu": 1, "gelu": 2}
 
@@ -319,7 +317,7 @@ def random_weight(ggml_type: int, rows: int, K: int, rng: np.random.Generator) -
         v = rng.standard_normal((rows, K)).astype(np.float32).view(np.uint32)
         return (v >> 16).astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, (rows, nblk, bb), dtype=np.uint8)
-    for off in _F16_FIELDS[ggml_type]:
+    for off in F16_FIELDS[ggml_type]:
         v = (rng.uniform(0.5, 1.5, (rows, nblk)) * rng.choice([-1, 1], (rows, nblk)) * 2.0 ** -6)
         raw[:, :, off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(rows, nblk, 2)
     return raw.reshape(rows, nblk * bb)
