@@ -322,3 +322,21 @@ def test_rounded_numerics_stay_near_f32(smollm, numerics):
     got = m.forward(ids, m.new_cache(8), all_logits=True)
     d = np.abs(R.log_softmax(got) - R.log_softmax(f32))[np.arange(6), f32.argmax(-1)]
     assert 1e-4 < np.median(d) < 0.1, d
+
+
+def test_available_memory_without_meminfo_takes_sysconf(monkeypatch):
+    """No /proc/meminfo (another POSIX kernel): the free pages sysconf reports, so a cache that cannot fit
+    is still refused."""
+    import builtins
+    import os
+
+    real_open = builtins.open
+
+    def no_meminfo(path, *a, **kw):
+        if str(path) == "/proc/meminfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", no_meminfo)
+    got, free = R.available_memory(), os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert got is not None and abs(got - free) <= 0.1 * free  # free pages move between the two reads

@@ -57,6 +57,7 @@ KV cache types (`ReferenceModel(g, cache_type_k=..., cache_type_v=...)`, llama.c
 from __future__ import annotations
 
 import logging
+import os
 from typing import Sequence
 
 import numba
@@ -253,8 +254,9 @@ def kv_cache_bytes(cfg: ModelConfig, n_ctx: int, cache_type_k: str = "f16", cach
 
 
 def available_memory() -> int | None:
-    """The memory the kernel says a new allocation can take without swapping (MemAvailable),
-    or None where /proc/meminfo does not say."""
+    """The memory the kernel says a new allocation can take without swapping (MemAvailable);
+    where /proc/meminfo does not say, the free (else the physical) pages sysconf reports; None
+    where neither is known."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -262,6 +264,13 @@ def available_memory() -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            n = os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+        if n > 0:
+            return n
     return None
 
 
