@@ -122,7 +122,6 @@ _NEWER_THAN_TABLES = re.compile(
     "\U0001E5D0-\U0001E6FF\U0001F6D8\U0001F777-\U0001F77A\U0001F8B2-\U0001F8D8\U0001FA54-\U0001FA57"
     "\U0001FA89-\U0001FA8F\U0001FABE\U0001FAC6-\U0001FACD\U0001FADC-\U0001FADF\U0001FAE9-\U0001FAEF"
     "\U0001FBCB-\U0001FBEF\U0001FBFA\U0002B73A-\U0002B73F\U0002CEA2-\U0002CEAD\U000323B0-\U00033479]")
-_UNASSIGNED = "\ufdd0"
 
 _WS = regex.compile(r"\s")
 _CATEGORIES = [(regex.compile(r"\p{N}"), "\xd1"), (regex.compile(r"\p{L}"), "\xd2"),
@@ -147,6 +146,16 @@ class _Collapse(dict):
         return out
 
 
+class _AsTables(dict):
+    """str.translate table: a code point newer than llama.cpp's tables -> U+FDD0, any other -> itself
+    (computed on first use)."""
+
+    def __missing__(self, cp: int) -> int:
+        out = 0xFDD0 if _NEWER_THAN_TABLES.match(chr(cp)) else cp
+        self[cp] = out
+        return out
+
+
 class _WideSpace(dict):
     """str.translate table for the std::wregex route: non-ASCII whitespace -> 0x0B."""
 
@@ -158,6 +167,7 @@ class _WideSpace(dict):
 
 _COLLAPSE = _Collapse()
 _WIDE = _WideSpace()
+_AS_TABLES = _AsTables()
 
 # what each \p{..} becomes in a collapsed expression: its stand-in byte and its ASCII members
 # (llama.cpp lists "~" among the symbols since late 2025; the xllamacpp build has it)
@@ -240,7 +250,7 @@ class Splitter:
     def split(self, text: str) -> list[str]:
         if not text:
             return []
-        subjects = {"text": _NEWER_THAN_TABLES.sub(_UNASSIGNED, text)}
+        subjects = {"text": text if text.isascii() else text.translate(_AS_TABLES)}
         if "collapsed" in self._needs:
             subjects["collapsed"] = text.translate(_COLLAPSE)
         if "wide" in self._needs:
