@@ -92,11 +92,6 @@ MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
     return (r & 8) ? N + n : n;
 }
 
-MEMRA_DEVICE float silu(float v) { return v / (1.f + __expf(-v)); }
-MEMRA_DEVICE float gelu_tanh(float v) {
-    return 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-}
-
 template <bool GLU>
 MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                                 const uint16_t* __restrict__ x, float* y, const float* res, int N, int K, int nb,
@@ -234,7 +229,7 @@ MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t*
                 for (int e = 0; e < 2; ++e) {
                     if (m + e >= nb) continue;
                     const float gv = d[e], uv = d[2 + e];
-                    y[(size_t)(m + e) * N + n] = (act == 2 ? gelu_tanh(gv) : silu(gv)) * uv;
+                    y[(size_t)(m + e) * N + n] = __fmul_rn(act == 2 ? gelu_tanh_f32(gv) : silu_f32(gv), uv);
                 }
             } else {
                 const int n = n0 + 16 * (wm * GF_TM + tm) + gid;
