@@ -865,3 +865,18 @@ def test_att_switch_row_filter_check_catches_a_wrong_filter(fused, monkeypatch):
         monkeypatch.setattr(EMU, "_att_rows_pos", wrong)
         o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100, fused=fused)
         assert not o.ok, o.detail
+
+
+def test_att_switch_row_filter_check_on_a_window_below_the_switch(monkeypatch):
+    """A sliding-window layer whose window is below the switch (Gemma-3's 512-key window, its switch at 2049) has
+    every row on the short side: the row-filter check runs (the long module must write nothing, the short one every
+    row) instead of refusing the case, and still catches a filter that lets the rows through to both modules."""
+    import gpu_emulator as EMU
+    from memra.gpu.ops import attention as ATT
+
+    case = (64, 2, 2, 1, 32, 64, True, False, False)   # window 32, switch 100
+    o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100)
+    assert o.ok, o.detail
+    monkeypatch.setattr(EMU, "_att_rows_pos", lambda g, k, pos, T, window: pos)
+    o = ATT._check_rows_filter(FakeGpu(1 << 27), np.random.default_rng(1), case, 100)
+    assert not o.ok and "another module's rows" in o.detail, o.detail

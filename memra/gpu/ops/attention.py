@@ -569,7 +569,8 @@ def _check_rope_fused(g, rng, case, canary=False, config=None, T=3, S=None, twin
 def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool = True):
     """attention.cu's row filter (ATT_ROWS / ATT_SWITCH, v12): attn_decode_rope (fused;
     else rope_norm_kv, then attn_decode) over rows on both sides of `keys` (keys - 1 and keys among them), as the
-    unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration. Each filtered launch alone
+    unfiltered module and as its ATT_ROWS 1 and 2 modules at the same configuration (a sliding-window case whose
+    window is below `keys`: every row on the short side, as in the engine). Each filtered launch alone
     writes its own rows exactly as the unfiltered one (output, q8 twin, appended K/V rows) and leaves the other rows'
     poisoned outputs and cache rows as they were; one after the other they give the unfiltered launch's bits; the
     counters are back to zero."""
@@ -587,7 +588,9 @@ def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool
     name = f"attention{'+rope' if fused else ''} row filter ATT_SWITCH={keys} D={D} gqa={G} n_kv={nkv} " \
         f"heads/block={hpb} window={window}" + \
         (f" {config}" if config else "")
-    if not ((n < keys).any() and (n >= keys).any()):
+    # a sliding-window layer whose window is below the switch has every row short (the engine still launches
+    # both modules in a step of both kinds): the long module must then write nothing, the short one every row
+    if not ((n < keys).any() and (n >= keys).any()) and not (0 < window < keys and (n < keys).all()):
         return Outcome(name, False, "the case's rows do not straddle the switch")
 
     def run(modes):
