@@ -22,7 +22,8 @@
 // Tunables (-D): MV_TYPE (ggml type id), GF_WM x GF_WN warps (2 x 4), each GF_TM 16-row weight
 // tiles x GF_TN 8-row x tiles (4 x 4): BM = 16 GF_TM GF_WM weight rows (glu: BM / 2 outputs, a
 // 16-row tile its 8 gate rows then the same 8 up rows), BN = 8 GF_TN GF_WN x rows; GF_OVERLAP (0)
-// dequantizes the next stage between the mma of k16 steps GF_OVL0 (4) .. 7 instead of after them.
+// dequantizes the next stage between the mma of k16 steps GF_OVL0 (4) .. 7 instead of after them; GF_MINB (1)
+// the blocks an SM __launch_bounds__ asks for.
 // Contract: N a multiple of BM (glu: of BM / 2), K of 128, nb >= 1; shared memory
 // 2 (BM + BN) 272 bytes (two stages of 128 f16 a row plus 16 bytes of padding).
 #include "common.cuh"
@@ -42,6 +43,9 @@
 #endif
 #ifndef GF_TN
 #define GF_TN 4
+#endif
+#ifndef GF_MINB
+#define GF_MINB 1      // blocks an SM the register allocation must allow (__launch_bounds__)
 #endif
 #ifndef GF_OVERLAP
 #define GF_OVERLAP 0   // 1: the next stage's dequant spread over k16 steps GF_OVL0..7 (between the mma)
@@ -244,13 +248,13 @@ MEMRA_DEVICE void gemm_f16_body(const uint8_t* __restrict__ bulk, const uint8_t*
         }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, GF_MINB)
 gemm_f16(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
          float* y, const float* res, int N, int K, int nb) {
     gemm_f16_body<false>(bulk, meta, x, y, res, N, K, nb, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, GF_MINB)
 gemm_f16_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
              float* y, int N, int K, int nb, int act) {
     gemm_f16_body<true>(bulk, meta, x, y, nullptr, N, K, nb, act);

@@ -142,7 +142,7 @@ def check(tname: str, cfg: dict, glu: bool, N: int, K: int, nb: int, n_block: in
 
 def main() -> int:
     bad = 0
-    for cfg in (dict(WM=2, WN=4, TM=4, TN=4), dict(WM=2, WN=4, TM=8, TN=4)):
+    for cfg in (dict(WM=2, WN=4, TM=4, TN=4), dict(WM=2, WN=4, TM=8, TN=4), dict(WM=2, WN=2, TM=4, TN=4)):
         for tname, glu in (("Q4_K", True), ("Q6_K", False), ("Q4_0", False)):
             N = 2 * (16 * cfg["TM"] * cfg["WM"])
             errs = check(tname, cfg, glu, N=N, K=256, nb=150, n_block=1, m_block=1)

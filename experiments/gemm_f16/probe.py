@@ -43,7 +43,8 @@ SHAPES = [
     ("gate_up", Q8_0, 2 * 14336, 4096, True),
 ]
 CONFIGS = [dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4, GF_OVERLAP=1),
-           dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4)]
+           dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4, GF_OVERLAP=1),
+           dict(GF_WM=2, GF_WN=2, GF_TM=4, GF_TN=4, GF_MINB=2)]
 NB, CHUNK, CHECK_ROWS, TOL = 512, 37, 256, 1e-4
 TNAME = {Q4_0: "Q4_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
