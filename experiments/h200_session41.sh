@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 41's device calls: the one-split landing (experiments/one_split/landing.patch, applied to the working tree
+# Session 41's device calls, run in session 42: the one-split landing (its patch, since removed: landed as 60acf19; applied to the working tree
 # before the call and committed with the receipt when green: the head-64 shapes' attn_decode entries at switch 257,
 # short module ATT_TC 0 at ATT_MIN_CHUNK 256; research/2026-12-06-session41/a).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=k bash experiments/h200_session41.sh
