@@ -626,6 +626,9 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
                     seams={"MEMRA_ATTN": "decode"}),
         _bench_line(100.0, model="big", engine="llama.cpp", sha="7777777", date="2026-12-07T10:00:05Z",
                     model_size=100),
+        # run 8 (newest): a working tree labelled as an experiment's (a held-back table applied for the
+        # run, MEMRA_GIT_SHA=<sha>+<label>): not on the board; a "+dirty" tree is (marked so)
+        _bench_line(654.0, model="small", sha="8888888+held-table", date="2026-12-08T10:00:00Z", model_size=1),
     ]
     (research / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     doc = tmp_path / "PERF.md"
@@ -640,7 +643,7 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
     big, small = rows
     assert "| 400.0 ± 0.5 (3) |" in big and "| 100.0 (3) |" in big and "| 4.00x |" in big and "6666666" in big
     assert "| 50.0 ± 0.5 (3) |" in small and "not in the run" in small and "2222222" in small
-    assert "999" not in text and "888" not in text and "777" not in text and "555" not in text
+    assert "999" not in text and "888" not in text and "777" not in text and "555" not in text and "654" not in text
     assert memra("research", "board", doc, "--research", research, "--check").returncode == 0
 
 

@@ -16,7 +16,8 @@ llama.cpp's median from the same run and the ratio, and the run's date, device, 
 tag. A run is one `memra bench` invocation: its receipts share a file, commit, tag, device
 and model; runs made with a rollback seam set (their receipts' `seams`), a KV cache type other
 than f16 (`cache_type_k` / `cache_type_v`: a runtime choice, not the default engine) or a
-tuning table given as an experiment's file (`table` "file:..." outside tune/defaults/) are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
+tuning table given as an experiment's file (`table` "file:..." outside tune/defaults/) or a working tree labelled as
+an experiment's (`git_sha` "<sha>+<label>", the label not "dirty") are left out. The run chosen for a cell is the newest one that has both arms (`--vs llama.cpp`);
 when no run has the llama.cpp arm, the newest memra run is shown and the table says so:
 ratios are only taken within a run (research/benchmarks.md). `check` reports the boards that
 differ from what the receipts give (CI runs `memra research board --check`).
@@ -109,6 +110,10 @@ def rows(df, spec: Spec) -> list[dict]:
                         mem = mem[[not isinstance(v, str) or v == "f16" for v in mem[c]]]
                 if "table" in mem.columns:  # a table given as an experiment's file: not the default
                     mem = mem[[not _experiment_table(v) for v in mem["table"]]]
+                # a working tree labelled as an experiment's (MEMRA_GIT_SHA=<sha>+<label>, e.g. a table not yet
+                # landed applied for the run): not a commit's engine either
+                if len(mem):
+                    mem = mem[~mem["git_sha"].map(_experiment_tree).astype(bool)]
                 if mem.empty:
                     continue
                 lc_runs = set(dt.loc[dt["engine"] == "llama.cpp", "run"])
@@ -137,6 +142,13 @@ def _experiment_table(table) -> bool:
     """Whether a receipt's tuning table is a file other than a device's committed default
     (`--tune-table FILE` for an A/B): such runs measure an experiment, not the default engine."""
     return isinstance(table, str) and table.startswith("file:") and "tune/defaults/" not in table
+
+
+def _experiment_tree(sha) -> bool:
+    """Whether a receipt's commit names a working tree labelled as an experiment's (`<sha>+<label>`, the
+    label not `dirty`): a device run of changes not landed (a held-back table, a kernel under test)."""
+    label = str(sha).partition("+")[2]
+    return bool(label) and label != "dirty"
 
 
 def _num(v, nd: int = 1) -> str:
