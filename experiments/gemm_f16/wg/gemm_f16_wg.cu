@@ -115,7 +115,10 @@ constexpr int XPT = BN * 8 / 128;            // 16-byte x chunks a producer thre
 constexpr int NACC = BN / 2;                 // f32 accumulators a thread an m64 tile
 static_assert(BN == 64 || BN == 128 || BN == 256, "WG_BN: 64, 128 or 256");
 static_assert(WG_MT == 1 || WG_MT == 2, "WG_MT: 1 or 2");
-static_assert(S >= 2, "WG_STAGES >= 2: a producer pair fills two slots");
+// the producer frees both slots of pair P before writing either: stage 2P + 1 - S must be released, which
+// happens once stage 2P + 1 - S + WG_INFLIGHT is issued, a stage of pair P - 1 at the latest (layout_check.py's
+// protocol model deadlocks at WG_STAGES 2, WG_INFLIGHT 1)
+static_assert(S >= 2 + WG_INFLIGHT, "WG_STAGES >= 2 + WG_INFLIGHT");
 static_assert(WG_INFLIGHT == 0 || WG_INFLIGHT == 1, "WG_INFLIGHT: 0 or 1");
 static_assert(STAGE_BYTES % 1024 == 0, "stages 1024-aligned");
 static_assert(S * STAGE_BYTES + 1024 + 16 * S <= 232448, "shared memory: at most 227 KB a block");
