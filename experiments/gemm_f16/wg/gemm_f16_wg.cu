@@ -318,7 +318,7 @@ MEMRA_DEVICE void gemm_f16_wg_body(const uint8_t* __restrict__ bulk, const uint8
             }
 #else
             store_pair(w, parc, wa, wb);
-            if (P + 1 < NS / 2) load_pair(w, P + 1, IntC<par ^ 1>{});
+            load_pair(w, P + 1 < NS / 2 ? P + 1 : P, IntC<par ^ 1>{});   // unconditional: as above
 #endif
             asm volatile("cp.async.wait_group 0;" ::: "memory");
             fence_proxy_async();
