@@ -121,6 +121,10 @@ static_assert(WG_MT == 1 || WG_MT == 2, "WG_MT: 1 or 2");
 static_assert(S >= 2 + WG_INFLIGHT, "WG_STAGES >= 2 + WG_INFLIGHT");
 static_assert(WG_INFLIGHT == 0 || WG_INFLIGHT == 1, "WG_INFLIGHT: 0 or 1");
 static_assert(STAGE_BYTES % 1024 == 0, "stages 1024-aligned");
+// setmaxnreg moves registers inside the block's allocation (384 x 168): 128 WG_PREGS + 256 WG_CREGS <= 384 x 168,
+// or the consumers' .inc waits for registers nobody frees
+static_assert(!WG_SETMAXNREG || (WG_PREGS + 2 * WG_CREGS <= 504 && WG_PREGS % 8 == 0 && WG_CREGS % 8 == 0),
+              "WG_PREGS + 2 WG_CREGS <= 504, multiples of 8");
 static_assert(S * STAGE_BYTES + 1024 + 16 * S <= 232448, "shared memory: at most 227 KB a block");
 
 MEMRA_DEVICE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
