@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The next session's device calls (prepared in session 42, research/2026-12-06-session42).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=f bash experiments/h200_session43.sh
+# carry .whl and .synthtok; STAGE k and p need the real models shipped first (experiments/ship_models.py's
+# .models/ship-0N: six calls), STAGE d carries .llamacpp. Any sm_90a part with 132 SMs (an H100 SXM or the H200).
+# Compare arms only inside one call.
+# STAGE f (~5 min, no models): experiments/gemm_f16/probe.py — gemm_f16.cu's configurations (the two-blocks-an-SM 2 x 2
+#  block and the 4 x 4 tile with the dequant between the mma added in session 42) and the warp-specialized wgmma
+#  kernel (experiments/gemm_f16/wg: each configuration first smoke-run in its own process, a hang or fault dropping
+#  only it), checked against numpy and timed against the int8 prompt tile on the 8B's shapes at 512 rows.
+# STAGE k (~3 min, models shipped): Gemma-3's attention switch (experiments/gemma_switch/landing.patch applied to the
+#  working tree first): kernel-check --add-to for its 200 cases. ALL GREEN: commit the receipt with the table.
+# STAGE p (~8 min, models shipped; after `git apply experiments/gemm_f16/integration.patch`, the engine's
+#  MEMRA_PROMPT_GEMM=f16, and the probe's verdict on which kernel and configuration it should carry): kernel-check
+#  --add-to (716 new cases: gemm_f16 and to_f16 on every model's hybrid plan), then pp512 on the 8B Q4_K_M and Q4_0
+#  with the tile against MEMRA_PROMPT_GEMM=f16 (the gates print first: MATCH / NEAR-TIE required).
+# STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp`, the depth set (h200_common.sh's depth_vs).
+set -u
+source experiments/h200_common.sh
+stage_begin s43
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+case "$STAGE" in
+f)
+  timeout ${F_LIMIT:-540} python3 experiments/gemm_f16/probe.py --out $OUT/gemm-f16.jsonl --limit ${F_SHAPES:-380} \
+    > $R/probe.txt 2>&1
+  log "gemm_f16 probe rc=$? $(el)"; cp $R/probe.txt $OUT/; tail -30 $R/probe.txt | cut -c1-400 | tee -a $R/log.txt ;;
+k)
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-200} kernel_check ;;
+p)
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-330} kernel_check
+  env_arms bench-prompt-gemm.jsonl ${T1:-450} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16
+  env_arms bench-prompt-gemm.jsonl ${T2:-540} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16 ;;
+d)
+  depth_vs ;;
+esac
+tar czf $OUT/s43-$STAGE.tgz -C /tmp s43-$STAGE
