@@ -31,7 +31,8 @@ fresh barrier's preceding phase counts as complete, so the consumer ran ahead of
 protocol model also found a real deadlock of the first draft: WG_STAGES 2 with WG_INFLIGHT 1 (the producer
 waits for both slots of a pair, the second is released only after a stage of that pair is issued); the
 kernel now refuses it (static_assert WG_STAGES >= 2 + WG_INFLIGHT) and main() checks the model still
-deadlocks there.
+deadlocks there. Review (session 42): a descriptor base offset of 1 (the ISA requires 0 for patterns on a
+1024-byte boundary) -> caught ("base offset: 0 ...").
 
     python3 experiments/gemm_f16/wg/layout_check.py      # ~10 s
 """
@@ -178,7 +179,12 @@ def operand_addrs(desc: int, rows: int) -> np.ndarray:
     K a row) in the 128-byte-swizzle canonical layout, as the ISA defines it from the descriptor."""
     f = decode_desc(desc)
     assert f["layout"] == 1, "not the 128-byte swizzle"
-    assert f["base_offset"] == ((f["start"] >> 7) & 7), "base offset: the start's row within its 1024-byte pattern"
+    # PTX ISA, matrix descriptor format: the base offset is 0 when the swizzle's repeating pattern starts on a
+    # 1024-byte boundary (128-byte swizzle), else (pattern start address >> 7) & 7 -- the pattern's start, not the
+    # matrix start address. swizzle128 below is a function of the absolute address, i.e. it presumes every
+    # pattern starts on a 1024-byte boundary, so the descriptor must carry base offset 0 wherever its start lies
+    # inside the pattern (a start 32 kk bytes into an atom row included).
+    assert f["base_offset"] == 0, "base offset: 0 for patterns on a 1024-byte boundary"
     r = np.arange(rows)[:, None]
     k = np.arange(16)[None, :]
     logical = f["start"] + (r // 8) * f["sbo"] + (r % 8) * 128 + 2 * k   # LBO unused: K within one atom row
