@@ -41,27 +41,17 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from index_check import goff, wrow  # noqa: E402  (qtypes.cuh's T::goff and the kernels' glu row interleave)
 
 BK = 64
 
 
 # ------------------------------------------------------------------------------------------ the kernel side
-
-def goff(t: str, u: int, g: int) -> int:
-    """qtypes.cuh T::goff: the row column of group g (16 elements) of unit u."""
-    if t == "Q6_K":
-        j = u & 3
-        return 256 * (u >> 2) + 128 * (j >> 1) + 32 * g + 16 * (j & 1)
-    return 64 * u + 16 * g
-
-
-def wrow(r: int, n0: int, N: int, glu: bool) -> int:
-    if not glu:
-        return n0 + r
-    n = n0 + 8 * (r >> 4) + (r & 7)
-    return N + n if r & 8 else n
 
 
 def sw128(r: int, j: int) -> int:
