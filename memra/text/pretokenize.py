@@ -136,8 +136,6 @@ class _Collapse(dict):
         ch = chr(cp)
         if cp < 128:
             out = ch
-        elif _NEWER_THAN_TABLES.match(ch):
-            out = "\xd0"
         elif _WS.match(ch):
             out = "\x0b"
         else:
@@ -250,9 +248,12 @@ class Splitter:
     def split(self, text: str) -> list[str]:
         if not text:
             return []
-        subjects = {"text": text if text.isascii() else text.translate(_AS_TABLES)}
+        # the table-classified subjects see code points newer than llama.cpp's tables as U+FDD0 (the words
+        # keep them); the std::wregex route ("wide") classifies the text itself
+        seen = text if text.isascii() else text.translate(_AS_TABLES)
+        subjects = {"text": seen}
         if "collapsed" in self._needs:
-            subjects["collapsed"] = text.translate(_COLLAPSE)
+            subjects["collapsed"] = seen.translate(_COLLAPSE)
         if "wide" in self._needs:
             subjects["wide"] = text.translate(_WIDE)
         spans = [(0, len(text))]
