@@ -627,7 +627,7 @@ def test_board_picks_the_newest_run_with_both_arms(tmp_path):
         _bench_line(100.0, model="big", engine="llama.cpp", sha="7777777", date="2026-12-07T10:00:05Z",
                     model_size=100),
         # run 8 (newest): a working tree labelled as an experiment's (a held-back table applied for the
-        # run, MEMRA_GIT_SHA=<sha>+<label>): not on the board; a "+dirty" tree is (marked so)
+        # run, MEMRA_GIT_SHA=<sha>+<label>): not on the board
         _bench_line(654.0, model="small", sha="8888888+held-table", date="2026-12-08T10:00:00Z", model_size=1),
     ]
     (research / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
