@@ -86,7 +86,7 @@ def wg_geom(cfg: dict) -> tuple[int, int, int, int]:
 
 def _compile(defs: dict, src: Path = SRC):
     import tile as TL
-    return TL.compile_module(defs, src)
+    return TL.compile_module(defs, src, default_device=src == WG_SRC)
 
 
 def _compile_job(job):

@@ -102,16 +102,17 @@ def launch_shape(defs: dict, rows: int, K: int, nb: int, glu: bool, ks: int = 1)
 # ---------------------------------------------------------------------------------------
 # compile
 
-def compile_module(defs: dict, src: Path = SRC) -> tuple[bytes, str]:
+def compile_module(defs: dict, src: Path = SRC, default_device: bool = False) -> tuple[bytes, str]:
     """A prototype's .cu (gemm_tile.cu unless `src`) through NVRTC with memra's options
     (memra.gpu.compile.options_for: sm_90a, c++17, -lineinfo, -I kernels/) plus -I its folder and
-    ptxas -v; (cubin, log). The other prototypes' host scripts compile through this too."""
+    ptxas -v; (cubin, log). The other prototypes' host scripts compile through this too. default_device:
+    -default-device (NVRTC 12.x takes a generic lambda inside a kernel for a host function without it)."""
     from cuda.core import Program, ProgramOptions
 
     opts = ProgramOptions(name=src.name, arch=ARCH, std="c++17", lineinfo=True,
                           include_path=[str(ROOT / "kernels"), str(src.parent)],
                           define_macro=[(k, str(v)) for k, v in sorted(defs.items())] or None,
-                          ptxas_options=["-v"])
+                          ptxas_options=["-v"], device_as_default_execution_space=default_device or None)
     log = io.StringIO()
     obj = Program(src.read_text(), "c++", opts).compile("cubin", logs=log)
     return bytes(obj.code), log.getvalue()
