@@ -30,6 +30,19 @@ p)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-330} kernel_check
   env_arms bench-prompt-gemm.jsonl ${T1:-450} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16
   env_arms bench-prompt-gemm.jsonl ${T2:-540} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16 ;;
+q)
+  # STAGE q (~9 min, after STAGE k's kernel-check of the integration): pp512, the table's tile against
+  #  MEMRA_PROMPT_GEMM=f16 (gemm_f16_wg.cu), arms alternating, on the 8B Q4_K_M, Q4_0 and Q8_0
+  env_arms bench-prompt-gemm.jsonl ${T1:-200} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16
+  env_arms bench-prompt-gemm.jsonl ${T2:-380} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16
+  env_arms bench-prompt-gemm.jsonl ${T3:-540} "synth:llama3-8b:Q8_0 -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16 ;;
+r)
+  # STAGE r (~6 min, models shipped): the prompt rows' GEMM on the other models (gates first: MATCH / NEAR-TIE),
+  #  table against MEMRA_PROMPT_GEMM=f16, then the GPU tests
+  for m in "gemma3-270m -p 512 -n 0 -r 5" "smollm2-135m -p 512 -n 0 -r 5" "synth:llama-1b:Q4_0 -p 512 -n 0 -r 5"; do
+    env_arms bench-prompt-gemm-r.jsonl ${T1:-240} "$m" table MEMRA_PROMPT_GEMM=f16
+  done
+  MEMRA_PROMPT_GEMM=f16 gpu_tests ${T2:-560} ;;
 d)
   depth_vs ;;
 esac

@@ -20,3 +20,13 @@ def env_int(name: str, default: int, ok, what: str) -> int:
     if n is None or not ok(n):
         raise MemraError(f"{name} must be {what}, got {env!r}")
     return n
+
+
+def env_choice(name: str, default: str, choices) -> str:
+    """The environment variable `name` (unset or empty: `default`), refused unless one of `choices`."""
+    env = os.environ.get(name, "").strip()
+    if not env:
+        return default
+    if env not in choices:
+        raise MemraError(f"{name} must be {' or '.join(choices)}, got {env!r}")
+    return env

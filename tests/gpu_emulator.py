@@ -504,6 +504,39 @@ def check_geometry(kernel, grid, block, shmem, v):
         want = stages + 2 * (rs * bm + cs * bn)
         if shmem != want:
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
+    elif name.startswith("gemm_f16"):
+        # gemm_f16.cu: BM = 16 GF_TM GF_WM weight rows (OBM outputs: BM, or BM / 2 for _glu) by BN = 8 GF_TN
+        # GF_WN activation rows a block, grid exactly (ceil(nb / BN), N / OBM, 1) (no partial row tile), block
+        # 32 GF_WM GF_WN, dynamic shared memory 2 (BM + BN) 272 bytes; K a multiple of 128 and of the type's block
+        from memra.gpu.ops.matvec import TYPES
+
+        # gemm_f16_wg.cu (the same entries): BM = 128 WG_MT, BN = WG_BN, 384 threads, dynamic shared memory
+        # WG_STAGES (BM + BN) 128 + 1024 + 16 WG_STAGES
+        glu = name.endswith("_glu")
+        N, K, nb = v[4:7] if glu else v[5:8]
+        if getattr(k.module, "kernel_file", "") == "gemm_f16_wg.cu":
+            st = _d(k, "WG_STAGES", 4)
+            bm, bn, nt = 128 * _d(k, "WG_MT", 1), _d(k, "WG_BN", 128), 384
+            smem = st * (bm + bn) * 128 + 1024 + 16 * st
+            _block_is(k, grid, block, nt, "384 (three warpgroups)")
+        else:
+            wm, wn, tm, tn = _d(k, "GF_WM", 2), _d(k, "GF_WN", 4), _d(k, "GF_TM", 4), _d(k, "GF_TN", 4)
+            bm, bn = 16 * tm * wm, 8 * tn * wn
+            smem = 2 * (bm + bn) * 272
+            _block_is(k, grid, block, 32 * wm * wn, "32 * GF_WM * GF_WN")
+        obm = bm // 2 if glu else bm
+        kmul = int(np.lcm(128, TYPES[_d(k, "MV_TYPE", 0)][1]))
+        if N % obm or K % kmul or nb < 1:
+            _fail(k, grid, block, f"N = {N} not a multiple of {obm}, K = {K} of {kmul} or nb = {nb} < 1")
+        if grid != (-(-nb // bn), N // obm, 1):
+            _fail(k, grid, block, f"the grid must be (ceil(nb / {bn}), N / {obm}, 1)")
+        if shmem != smem:
+            _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {smem}")
+    elif name == "to_f16":
+        # gemm_f16.cu: grid ceil(n / 512), block 256, two values a thread, no shared memory
+        _block_is(k, grid, block, 256, "to_f16's 256 threads")
+        _no_dynamic_smem(k, grid, block, shmem)
+        _ranges(k, grid, block, f"h ({int(v[2])})", int(v[2]), np.arange(grid[0]) * 512, 512)
     elif name.startswith("embed_"):
         # embed.cu: grid (n_tokens), block EMBED_THREADS (threads stride the row), no shared memory
         _block_is(k, grid, block, _d(k, "EMBED_THREADS", 256), "EMBED_THREADS")
@@ -914,6 +947,59 @@ def _gemm_tile(g, k, grid, v):
     _f32(g, y, nb * N)[:] = yy.reshape(-1)
 
 
+def _gemm_f16(g, k, grid, v):
+    """gemm_f16.cu and gemm_f16_wg.cu (the same bits): the f16-rounded weights (memra.model.quants' values astype(float16): the kernel's
+    T::deq rounded by cvt.rn) times the f16 activations, each row's products summed in float64 and
+    rounded once to float32 (the kernel: one float32 accumulator over its k16 mma steps, within ~1e-6
+    of this; the model gives the kernel's operands and epilogue, not its accumulation's bits), a row's
+    value from its own activations alone (row by row, as the kernel's chunk- and batch-invariance
+    promises); then act(gate) * up (act.cu's model, act's reference in float32, as the kernel's
+    epilogue equals act_mul's bits) or fl(res + acc) in float32. MEMRA_CANARY=1 drops k = 16..31."""
+    from memra.gpu.ops import act as ACT
+    from memra.gpu.ops import matvec as MV
+
+    glu = k.name.endswith("_glu")
+    if glu:
+        bulk, meta, x, y, N, K, nb, act = v
+        res = 0
+    else:
+        bulk, meta, x, y, res, N, K, nb = v
+        act = 0
+    t = int(k.defines["MV_TYPE"])
+    rows = 2 * N if glu else N
+    _, blk, bb, bo, bl = MV.TYPES[t]
+    key = ("f16", bulk, meta, t, rows, K)
+    wf = g.wcache.get(key)  # weights are uploaded once and never written
+    if wf is None:
+        nblk = K // blk
+        raw = MV.unpack_planes(g.mem(bulk, np.uint8, rows * nblk * bl).reshape(rows, -1),
+                               g.mem(meta, np.uint8, rows * nblk * (bb - bl)).reshape(rows, -1), t)
+        wf = g.wcache[key] = MV.dequant_rows(raw, t).astype(np.float16).astype(np.float64)
+    xv = g.mem(x, np.float16, nb * K).reshape(nb, K).astype(np.float64)
+    if int(k.defines.get("MEMRA_CANARY", 0)) == 1:
+        xv[:, 16:32] = 0.0
+    yy = np.stack([wf @ xv[b] for b in range(nb)]).astype(np.float32)
+    if glu:
+        yy = ACT.reference(yy[:, :N], yy[:, N:], "gelu_tanh" if act == 2 else "silu").astype(np.float32)
+    if res:
+        yy = (_f32(g, res, nb * N).reshape(nb, N) + yy).astype(np.float32)
+    _f32(g, y, nb * N)[:] = yy.reshape(-1)
+
+
+def _to_f16(g, k, grid, v):
+    """gemm_f16.cu's to_f16: numpy's astype(float16) (round to nearest even, as cvt.rn);
+    MEMRA_CANARY=2 rounds toward zero."""
+    x, h, n = v
+    xv = _f32(g, x, n)
+    with np.errstate(over="ignore"):
+        hv = xv.astype(np.float16)
+    bits = hv.view(np.uint16).copy()
+    if int(k.defines.get("MEMRA_CANARY", 0)) == 2:   # one ulp toward zero where rounding went away from it
+        away = np.abs(hv.astype(np.float32)) > np.abs(xv)
+        bits[away] -= np.uint16(1)
+    g.mem(h, np.uint16, n)[:] = bits
+
+
 def _softcap(g, k, grid, v):
     x, n, cap = v
     a = _f32(g, x, n)
@@ -1029,6 +1115,7 @@ _KERNELS = {
     "attn_split": _attn_split, "attn_combine": _attn_combine, "attn_decode": _attn_decode,
     "attn_decode_rope": _attn_decode_rope, "attn_fa": _attn_fa, "attn_fa_dec": _attn_fa, "fa_combine": _fa_combine,
     "act_mul": _act_mul, "gemm_tile": _gemm_tile, "gemm_tile_glu": _gemm_tile,
+    "gemm_f16": _gemm_f16, "gemm_f16_glu": _gemm_f16, "to_f16": _to_f16,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8, "apply_mask": _apply_mask,
 }

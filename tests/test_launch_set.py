@@ -402,6 +402,23 @@ def test_an_incremental_run_checks_only_the_cases_its_base_lacks(monkeypatch, tm
     assert st["uncovered"] == [] and st["stale"] == [] and st["incremental"]["new_cases"] == 3
 
 
+def test_a_family_the_base_does_not_hold_runs_whole(monkeypatch):
+    """A kernel family new since the base receipt (absent from its families): an incremental run
+    checks it whole (its own checks, canaries and every case of it), the others' base stands."""
+    base, _, cases = _incremental_base(monkeypatch, drop_families=())
+    fams = {f: v for f, v in base["families"].items() if f != "gemm_f16"}
+    mine = {k for k, c in cases.items() if c["family"] == "gemm_f16"}
+    base = dict(base, families=fams, launch_set=sorted(set(base["launch_set"]) - mine))
+    report = {}
+    lines = list(KC.run_kernel_check(models=TINY, seed=1, report=report, base=base))
+    assert KC.all_green(lines), lines[-5:]
+    assert any(ln.startswith(f"incremental: {len(mine)} of the {len(cases)} launch cases") and
+               "families run whole" not in ln for ln in lines)
+    assert any(ln.startswith("PASS  gemm_f16 canary") for ln in lines)
+    assert not any(" canary " in ln for ln in lines if not ln.startswith("PASS  gemm_f16"))
+    assert report["families"]["gemm_f16"]["canaries"] >= 1 and report["families"]["gemm_f16"]["launch_cases"] == len(mine)
+
+
 def test_an_incremental_run_refuses_a_base_it_cannot_extend(monkeypatch):
     base, _, _ = _incremental_base(monkeypatch)
 

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
 SRC = Path(__file__).with_name("gemm_f16.cu")
-WG_SRC = Path(__file__).parent / "wg" / "gemm_f16_wg.cu"
+WG_SRC = ROOT / "kernels" / "gemm_f16_wg.cu"
 
 Q4_0, Q8_0, Q4_K, Q6_K = 2, 8, 12, 14
 # (name, type, weight rows (glu: gate and up stacked), K, glu): the 8B Q4_K_M's prompt GEMMs and

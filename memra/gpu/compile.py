@@ -75,6 +75,17 @@ def source_names(kernel_file: str) -> list[str]:
     return [name for name, _ in _sources(kernel_file)]
 
 
+# NVRTC options a kernel file needs beyond options_for's (part of its cubin's cache key through the options)
+FILE_OPTIONS = {
+    # generic lambdas inside the kernel body: NVRTC 12 takes them for host functions without it (13 does not)
+    "gemm_f16_wg.cu": ("-default-device",),
+}
+
+
+def _file_extra(kernel_file: str, extra: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(extra) + FILE_OPTIONS.get(kernel_file, ())
+
+
 def options_for(arch: str, defines: Mapping[str, object] | None = None,
                 extra: tuple[str, ...] = (), root: Path | None = None) -> list[str]:
     """The full NVRTC option list. No --use_fast_math: kernels must match their CPU
@@ -117,7 +128,7 @@ def source_hash(kernel_file: str, root: Path | None = None) -> str:
 def cubin_path(kernel_file: str, arch: str, defines: Mapping[str, object] | None = None,
                extra: tuple[str, ...] = ()) -> Path:
     """Where the cubin cache keeps (or will keep) this module."""
-    options = options_for(arch, defines, extra)
+    options = options_for(arch, defines, _file_extra(kernel_file, extra))
     return cubin_dir() / f"{Path(kernel_file).stem}-{arch}-{cache_key(kernel_file, arch, options)}.cubin"
 
 
@@ -128,9 +139,9 @@ def compile_cubin(kernel_file: str, arch: str, defines: Mapping[str, object] | N
 
     Raises CompileError (carrying the NVRTC log) when NVRTC rejects the source."""
     if root is not None:
-        return _nvrtc(kernel_file, options_for(arch, defines, extra, root), root)[0]
+        return _nvrtc(kernel_file, options_for(arch, defines, _file_extra(kernel_file, extra), root), root)[0]
     path = cubin_path(kernel_file, arch, defines, extra)
-    options = options_for(arch, defines, extra)
+    options = options_for(arch, defines, _file_extra(kernel_file, extra))
     if use_cache and path.is_file():
         log.debug("cubin cache hit: %s %s %s", kernel_file, arch, path.name)
         return path.read_bytes()

@@ -23,7 +23,9 @@ used at every row count (they set a row's reduction order). Attention's heads pe
 are the exception: they never change a head's bits, so from ATT_GROUP_ROWS rows a block
 takes the whole GQA group (att_hpb_rows). With MEMRA_ATTN=hybrid a row's arithmetic is also
 chosen by its kind, never by what runs beside it: prompt rows take attn_fa and (on the weights
-it supports) kernels/gemm_tile.cu's chain order, generated rows attn_decode and mv_q8's order.
+it supports) kernels/gemm_tile.cu's chain order, generated rows attn_decode and mv_q8's order;
+MEMRA_PROMPT_GEMM=f16 (an experiment, off by default) puts the prompt rows' layer matmuls on
+kernels/gemm_f16.cu's f16 tensor-core order instead, on the weights it supports.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from memra.env import env_int
+from memra.env import env_choice, env_int
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import gemm as GEMM
+from memra.gpu.ops import gemm_f16 as GF
 from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import mvt as MVT
@@ -87,7 +90,9 @@ DISPATCH_KERNELS = ("dispatch", "dispatch_glu")
 
 
 # the plan ops that are a weight's product (the runner's _matvec handles them; profile counts their ops)
-MATRIX_OPS = ("matvec", "gemm", "mvt", "gemm_tile")
+MATRIX_OPS = ("matvec", "gemm", "mvt", "gemm_tile", "gemm_f16")
+# MEMRA_PROMPT_GEMM (docs/FLAGS.md): the kernel of MEMRA_ATTN=hybrid's prompt rows' layer matmuls
+PROMPT_GEMMS = ("tile", "f16")
 
 
 def dispatch_kernel(glu: bool) -> str:
@@ -209,7 +214,7 @@ class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
                  mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 hybrid: bool = False, tile: bool = True):
+                 hybrid: bool = False, tile: bool = True, prompt_gemm: str | None = None):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
@@ -248,11 +253,30 @@ class Planner:
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
-        self.tile_keys = frozenset(  # the layer weights it takes (the head keeps mv_q8's order)
-            w.key for k, ws in self._weights.items() if k != "output" for w in ws
-            if GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), tile_min)
-        ) if self.hybrid and tile and path == "q8" else frozenset()
-        self.use_tile = bool(self.tile_keys)
+        # MEMRA_PROMPT_GEMM=f16 (an experiment, docs/FLAGS.md; prompt_gemm=None reads it, the default
+        # "tile" keeps the choice above): the prompt rows' layer matmuls on the weights
+        # kernels/gemm_f16.cu supports (GF.supports: by the weight alone) take one to_f16 launch per
+        # source activation and a gemm_f16 launch (f16 activations and f16-rounded weights, one f32
+        # accumulator an output: chunk-, batch- and configuration-invariant, another arithmetic than
+        # the chain's), the other weights the tile or mv_q8's order as before; under the tile's
+        # condition (hybrid, the q8 path, MEMRA_TILE on)
+        if prompt_gemm is None:
+            prompt_gemm = env_choice("MEMRA_PROMPT_GEMM", "tile", PROMPT_GEMMS)
+        elif prompt_gemm not in PROMPT_GEMMS:
+            raise MemraError(f"prompt_gemm must be {' or '.join(PROMPT_GEMMS)}, got {prompt_gemm!r}")
+        self.prompt_gemm = prompt_gemm
+        prompt_order = self.hybrid and tile and path == "q8"
+        layer = [w for k, ws in self._weights.items() if k != "output" for w in ws]  # the head keeps mv_q8's order
+        self.f16_keys = frozenset(
+            w.key for w in layer
+            if GF.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
+        ) if prompt_order and prompt_gemm == "f16" else frozenset()
+        self.tile_keys = frozenset(  # the layer weights the tile takes
+            w.key for w in layer if w.key not in self.f16_keys
+            and GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), tile_min)
+        ) if prompt_order else frozenset()
+        # prompt rows in an order of their own (the tile's or gemm_f16's): a step holds one row kind
+        self.use_tile = bool(self.tile_keys or self.f16_keys)
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
 
@@ -422,7 +446,8 @@ class Planner:
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
                 dst_offset: int = 0, res: str | None = None, prompt: bool = False) -> None:
         """The launches of one matvec over `rows` rows: prompt rows of a plan with the tile
-        (use_tile) on a weight it supports, one kernels/gemm_tile.cu launch (the chain order);
+        (use_tile) on a weight it supports, one kernels/gemm_tile.cu launch (the chain order), or
+        under MEMRA_PROMPT_GEMM=f16 on a weight gemm_f16 supports, _gemm_f16's launches;
         else on the q8 path the one of _dispatch (one tensor-core GEMM launch, kernels/gemm.cu;
         one skinny tensor-core matvec launch, kernels/mvt.cu, MEMRA_MVT=0: the runner's
         mvt=False; both the matvec's bits), else matvec launches of at most 8 rows each (MV_B
@@ -433,6 +458,9 @@ class Planner:
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
+        if prompt and w.key in self.f16_keys:
+            self._gemm_f16(out, name, group, il, w, rows, src, shape, base)
+            return
         if prompt and w.key in self.tile_keys:
             tk = "gemm_tile_glu" if w.glu else "gemm_tile"
             out.append(Launch(name, "gemm_tile", tk, "chain", shape, rows, self.tuned(tk, shape, rows, "chain"),
@@ -454,6 +482,22 @@ class Planner:
             n = min(chunk, rows - r0)
             out.append(Launch(name, "matvec", kernel, variant, shape, n, self.tuned(kernel, shape, n, variant),
                               group, il, {**base, "row0": r0}))
+
+    def _gemm_f16(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
+                  base: dict) -> None:
+        """A prompt matmul on kernels/gemm_f16.cu (MEMRA_PROMPT_GEMM=f16): the to_f16 launch of its
+        source activation into the runner's one f16 buffer, unless the launch just before converted
+        that source or is another gemm_f16 launch reading it (and not writing it: q/k/v weights or
+        gate and up reading h share one conversion), then the gemm_f16 launch."""
+        prev = out[-1] if out else None
+        shared = prev is not None and prev.args.get("src") == src and (
+            prev.op == "to_f16" or (prev.op == "gemm_f16" and prev.args.get("dst") != src))
+        if not shared:
+            out.append(Launch(name + "_f16", "to_f16", "to_f16", "default", {"n": w.cols}, rows, None, group, il,
+                              {"src": src, "K": w.cols}))
+        gk = "gemm_f16_glu" if w.glu else "gemm_f16"
+        out.append(Launch(name, "gemm_f16", gk, "f16", shape, rows, self.tuned(gk, shape, rows, "f16"), group, il,
+                          {**base, "q8": False, "row0": 0}))
 
     def _dispatch(self, t: int, shape: dict, glu: bool, rows: int) -> str:
         """The q8 matvec's path at `rows` rows (matvec, mvt or gemm: the same bits): the table's
@@ -554,7 +598,8 @@ class Planner:
                                   "heads", il, att_args))
                 self._att_decode(out, p + "attention", "attention", att_shape, rows, il, att_args,
                                  att_kind if decode else "both")
-            if not att_q8:
+            # (the q8 twins of ao and ff feed attn_output and down alone: none where those take gemm_f16)
+            if not att_q8 and not (pr and lw["attn_output"].key in self.f16_keys):
                 self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
             if c.post_norms:
                 self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "t1", prompt=pr)
@@ -571,7 +616,8 @@ class Planner:
                 self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2", prompt=pr)
                 out.append(Launch(p + "act_mul", "act_mul", "act_mul", "default", {"n": c.n_ff}, rows,
                                   self.tuned("act_mul", {"n": c.n_ff}, rows), "ffn", il))
-            self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
+            if not (pr and lw["down"].key in self.f16_keys):
+                self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
             nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight"
             nname = f"blk.{il + 1}.attn_norm" if il + 1 < c.n_layer else "output_norm"
             if c.post_norms:

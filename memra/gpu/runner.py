@@ -319,6 +319,8 @@ class Runner:
         kmax = max(c.n_embd, c.q_dim, c.n_ff)
         self.xq = g.empty(R * kmax, np.int8)
         self.xs = g.empty(R * kmax // 32, Q8_SCALE)
+        # the f16 activations of gemm_f16 (MEMRA_PROMPT_GEMM=f16: plan.f16_keys), one buffer as the twin
+        self.xh = g.empty(R * kmax, np.uint16) if self.plan.f16_keys else None
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
@@ -489,6 +491,11 @@ class Runner:
                 K = a["K"]
                 xq, xs = self._twin(rows, K)
                 MV.quantize_q8(g, B[a["src"]].view(shape=(rows, K)), xq, xs, rows, config=L.config)
+            elif op == "to_f16":
+                from memra.gpu.ops import gemm_f16 as GF
+
+                K = a["K"]
+                GF.to_f16(g, B[a["src"]].view(shape=(rows * K,)), self.xh.view(shape=(rows * K,)), rows * K, pdl=pdl)
             elif op == "rope":
                 q, k, v, qs, ks, vs = self._qkv_views(L, rows)
                 il = L.layer
@@ -563,7 +570,12 @@ class Runner:
         def tuned(_n):
             return cfg
 
-        if a["q8"]:
+        if L.op == "gemm_f16":
+            from memra.gpu.ops import gemm_f16 as GF
+
+            xh = self.xh.view(shape=(n, K), offset=2 * r0 * K)
+            GF.gemm_f16(g, w, y, xh=xh, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
+        elif a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":
                 from memra.gpu.ops import gemm_tile as GT

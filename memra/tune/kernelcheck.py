@@ -134,14 +134,15 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
            f"over {len(specs)} models, {len(LS.launch_modules(cases))} modules; tables: builtin"
            + "".join(f", {t.get('device')} ({t.get('path')})" for t in tables))
     covered = set(base.get("launch_set", [])) if base is not None else set()
-    # the families a changed source reaches: their base checks no longer stand, they run whole
-    recheck = set()
+    # families the base does not hold (new since it) run whole; so do those a changed source reaches
+    # (their base checks no longer stand)
+    recheck = {f for f in fam_names if f not in base.get("families", {})} if base is not None else set()
     if changed:
         files = {f: set(base.get("families", {}).get(f, {}).get("files", [])) for f in fam_names}
         for c in cases.values():
             files.get(c["family"], set()).add(c["file"])
         reach = {n for n in set().union(*files.values()) if include_closure([n]) & set(changed)}
-        recheck = {f for f in fam_names if files[f] & reach}
+        recheck |= {f for f in fam_names if files[f] & reach}
     todo = {k: c for k, c in cases.items() if k not in covered or c["family"] in recheck}
     if base is not None:
         yield (f"incremental: {len(todo)} of the {len(cases)} launch cases to check (the base receipt "
@@ -311,7 +312,7 @@ def base_problem(base: dict, device: str, changed: Sequence[str], *, arch: str |
     (receipt_device; "" when it can): it must be a green receipt of this schema, for the same
     device (its slug) and of the same arch and SM count; where kernel sources changed since it,
     every family of it must record the kernel files it loaded (receipts without them need a
-    full run). changed: changed_sources(base)."""
+    full run; a family it does not hold is new and runs whole). changed: changed_sources(base)."""
     from memra.tune.tables import device_slug
 
     if base.get("schema") != RECEIPT_SCHEMA:
@@ -323,7 +324,9 @@ def base_problem(base: dict, device: str, changed: Sequence[str], *, arch: str |
     for k, v in (("arch", arch), ("sms", sms)):
         if v is not None and base.get(k) != v:
             return f"it ran with {k} {base.get(k)!r}, this device has {v!r}"
-    blind = sorted(f for f in FAMILIES if "files" not in base.get("families", {}).get(f, {}))
+    # a family the base does not hold at all is new: it runs whole (its own checks, canaries and cases)
+    fams = base.get("families", {})
+    blind = sorted(f for f in FAMILIES if f in fams and "files" not in fams[f])
     if changed and blind:
         return (f"kernel sources changed since ({', '.join(changed)}) and it does not record the kernel files of "
                 f"{', '.join(blind)}: a full run is needed")

@@ -9,7 +9,8 @@ For every model, every table (the built-in defaults and the tables given: a devi
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
 exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists,
-hybrid with MEMRA_TILE=0 when the gemm_tile family exists too), the planner (memra.gpu.plan) lists
+hybrid with MEMRA_TILE=0 when the gemm_tile family exists too, and hybrid with MEMRA_PROMPT_GEMM=f16
+when the gemm_f16 family does: its prompt steps launch gemm_f16 and to_f16), the planner (memra.gpu.plan) lists
 its launches: decode steps at every CUDA-graph bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
@@ -54,7 +55,7 @@ SAMPLERS = ("none", "greedy", "sample")
 
 # the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
-             "gemm": "gemm", "gemm_tile": "gemm_tile",
+             "gemm": "gemm", "gemm_tile": "gemm_tile", "gemm_f16": "gemm_f16", "to_f16": "gemm_f16",
              "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
              "attention_fa": "attn_fa",
              "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
@@ -62,7 +63,7 @@ FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
                  "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
                  "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa",
-                 "gemm_tile": "memra.gpu.ops.gemm_tile"}
+                 "gemm_tile": "memra.gpu.ops.gemm_tile", "gemm_f16": "memra.gpu.ops.gemm_f16"}
 
 
 def case_key(case: Mapping) -> str:
@@ -141,6 +142,10 @@ def _plans(spec, table, sms: int):
             # MEMRA_TILE=0: hybrid with every row's matmuls in mv_q8's order
             if family_available("gemm_tile") and path == "q8":
                 yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True, tile=False)
+            # MEMRA_PROMPT_GEMM=f16: hybrid with the prompt rows' matmuls on gemm_f16 where it takes the weight
+            if family_available("gemm_f16") and family_available("gemm_tile") and path == "q8":
+                yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True,
+                                          prompt_gemm="f16")
         # a q8_0 KV cache (K and V; --cache-type-k/-v q8_0): the rope and attention modules built
         # for it (KV_K_Q8 / KV_V_Q8), RoPE fused and not, the default seams
         if spec.cfg.head_dim % 32 == 0:
@@ -272,6 +277,11 @@ def table_cases(table: Mapping, sms: int = 132):
                         L = Launch(kernel, "gemm_tile", kernel, "chain", shape, rows, cfg, kernel, -1,
                                    {"glu": "silu" if kernel == "gemm_tile_glu" else None, "q8": True, "res": None})
                         yield "gemm_tile", L, PlanContext(SimpleNamespace(), None, "q8"), src
+                elif kernel in ("gemm_f16", "gemm_f16_glu"):
+                    if family_available("gemm_f16") and e["variant"] == "f16":
+                        L = Launch(kernel, "gemm_f16", kernel, "f16", shape, rows, cfg, kernel, -1,
+                                   {"glu": "silu" if kernel == "gemm_f16_glu" else None, "q8": False, "res": None})
+                        yield "gemm_f16", L, PlanContext(SimpleNamespace(), None, "q8"), src
                 elif kernel in ("rope_norm_kv", "attn_decode"):
                     # a model of these heads with the plain facts (full rotary, no Q/K norm or bias)
                     from memra.gpu.ops import attention as ATT

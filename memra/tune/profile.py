@@ -68,7 +68,7 @@ def _bytes(runner, L, depth: int) -> int:
     if L.op in MATRIX_OPS:
         w = runner.W[L.args["weight"]]
         n_out = w.rows // 2 if L.args["glu"] else w.rows
-        act = w.K * (1 if L.args["q8"] else 4)
+        act = w.K * (2 if L.op == "gemm_f16" else 1 if L.args["q8"] else 4)
         return w.nbytes + rows * (act + 4 * n_out * (2 if L.args["res"] else 1))
     if L.op in ("attention", "attention_rope"):
         w = L.args["window"]

@@ -1,6 +1,19 @@
-// gemm_f16_wg.cu — experiment: gemm_f16.cu's GEMM as a Hopper warp-specialized wgmma kernel (sm_90a).
-// v1 (session 42): not yet run on a device. Compiled with NVRTC for sm_90a; index maps checked on the CPU by
-// layout_check.py; probe.py runs it (checks and times) beside gemm_f16.cu and the int8 tile.
+// gemm_f16_wg.cu — gemm_f16.cu's GEMM as a Hopper warp-specialized wgmma kernel (sm_90a): the prompt rows'
+// layer matmuls under MEMRA_PROMPT_GEMM=f16 (memra.gpu.ops.gemm_f16: the engine's f16 kernel on sm_90a;
+// gemm_f16.cu's mma.sync elsewhere). Written for kernels/ (NVRTC, -I kernels/, compiled with -default-device:
+// memra.gpu.compile.FILE_OPTIONS; NVRTC 12 takes the generic lambdas below for host functions without it).
+// Variants (the losing ones' numbers in research/, not here):
+//   v1 (session 42, experiments/gemm_f16/wg): this design, compiled and CPU-checked (layout_check.py).
+//   v1 measured (session 43, H100 80GB HBM3, research/2026-12-06-session43/f, the 8B's shapes at 512 rows, µs
+//     against the int8 prompt tile gemm_tile.cu at the table's configuration): every configuration correct and
+//     bit-identical to gemm_f16.cu's mma.sync (same f16 operands, same k16 steps); WG_BN 256 WG_INFLIGHT 0:
+//     Q4_K gate+up 331.9 vs 691.4 (2.08x, 362 TFLOPS), QKV 70.2 vs 181.7, Q4_0 gate+up 302.3 vs 581.6, Q8_0
+//     374.2 vs 604.9; WG_BN 128 on the 4,096-row weights (64 blocks at 256 leave half the SMs idle): Q6_K
+//     down 225.9 vs 428.0, Q4_K down 183.7 vs 321.4, attn_output 54.1 vs 94.0; WG_MT 2 (no prefetch) slower
+//     everywhere (389-593).
+// MEMRA_CANARY 1 (kernel-check must catch it): the k16 step 1 of stage 0 skipped (the products of k = 16..31
+// dropped from every output), gemm_f16.cu's canary 1. On another arch than sm_90a the entries trap (the
+// launcher never picks this module there; memra kernel-check --compile-only builds it for every arch).
 //
 // Contract (gemm_f16.cu's): y[m, n] = sum_k W[n, k] x[m, k] for m < nb activation rows, W a quantized GGUF
 // weight in the planes layout (memra/gpu/ops/matvec.py: w.bulk, w.meta), x in f16 (gemm_f16.cu's to_f16).
@@ -366,6 +379,9 @@ MEMRA_DEVICE void gemm_f16_wg_body(const uint8_t* __restrict__ bulk, const uint8
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
+#if MEMRA_CANARY == 1
+            if (i == 0 && kk == 1) continue;   // the canary: k = 16..31 dropped
+#endif
             const uint64_t db = sw128_desc(xt + 32 * kk);
 #pragma unroll
             for (int mt = 0; mt < WG_MT; ++mt)
@@ -415,14 +431,29 @@ MEMRA_DEVICE void gemm_f16_wg_body(const uint8_t* __restrict__ bulk, const uint8
     }
 }
 
+// sm_90a only (wgmma, setmaxnreg): on another arch the entries trap
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GF_WG_ARCH 1
+#else
+#define GF_WG_ARCH 0
+#endif
+
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm_f16(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
          float* y, const float* res, int N, int K, int nb) {
+#if GF_WG_ARCH
     gemm_f16_wg_body<false>(bulk, meta, x, y, res, N, K, nb, 0);
+#else
+    __trap();
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm_f16_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
              float* y, int N, int K, int nb, int act) {
+#if GF_WG_ARCH
     gemm_f16_wg_body<true>(bulk, meta, x, y, nullptr, N, K, nb, act);
+#else
+    __trap();
+#endif
 }
