@@ -157,15 +157,17 @@ def test_every_type_compiles_with_nvrtc_at_the_built_in_configurations():
         mc.compile_cubin(GF.KERNEL_FILE, "sm_90a", {"MV_TYPE": 10})
 
 
-def test_the_wgmma_kernel_is_refused_off_sm90a_by_name():
-    g = FakeGpu(1 << 24)
+def test_off_sm90a_the_built_in_runs_on_mma_sync_and_a_wgmma_configuration_is_refused():
+    from gpu_emulator import ModuleLog
+
+    g = ModuleLog(1 << 24)
     g.info.arch = "sm_89"
     w = MV.upload_weight(g, MV.random_weight(Q4_K, 256, 256, np.random.default_rng(0)), Q4_K)
     xh, y = g.empty((4, 256), np.uint16), g.empty((4, 256), np.float32)
     with pytest.raises(MemraError, match="the wgmma kernel .gemm_f16_wg.cu. needs sm_90a, this GPU is sm_89"):
-        GF.gemm_f16(g, w, y, xh=xh, nb=4)
-    GF.gemm_f16(g, w, y, xh=xh, nb=4, config=GF.MMA)
-    assert g.launches == 1
+        GF.gemm_f16(g, w, y, xh=xh, nb=4, config=GF.WG_WIDE)
+    GF.gemm_f16(g, w, y, xh=xh, nb=4)
+    assert g.loaded == {("gemm_f16.cu", tuple(sorted((k, str(v)) for k, v in {"MV_TYPE": Q4_K, **GF.MMA}.items())))}
 
 
 def test_compile_variants_cover_every_type_the_configurations_and_the_canaries():
@@ -285,7 +287,7 @@ def _plans(spec, monkeypatch, **kw):
     from memra.gpu.plan import Planner
 
     monkeypatch.delenv("MEMRA_PROMPT_GEMM", raising=False)
-    return Planner(spec, hybrid=True, **kw), Planner(spec, hybrid=True, prompt_gemm="f16", **kw)
+    return Planner(spec, hybrid=True, prompt_gemm="tile", **kw), Planner(spec, hybrid=True, **kw)   # f16: the default
 
 
 def _sources_converted(launches) -> None:
@@ -386,8 +388,10 @@ def test_the_flag_needs_hybrid_prompt_rows_on_the_q8_path(monkeypatch):
     from memra.gpu.plan import Planner
 
     spec = _spec()
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
+    assert not Planner(spec, hybrid=True).f16_keys                   # read from the environment
     monkeypatch.setenv("MEMRA_PROMPT_GEMM", "f16")
-    assert Planner(spec, hybrid=True).f16_keys                       # read from the environment
+    assert Planner(spec, hybrid=True).f16_keys
     for kw in ({}, {"fa": True}, {"hybrid": True, "tile": False}, {"hybrid": True, "path": "f32"}):
         p = Planner(spec, **kw)
         assert not p.f16_keys and not any(L.op in ("gemm_f16", "to_f16") for L in p.step(64, decode=False)), kw
@@ -406,7 +410,7 @@ def test_a_bad_flag_value_is_refused_by_name(value, monkeypatch, tiny_models):
     with pytest.raises(MemraError, match="prompt_gemm must be tile or f16"):
         Planner(_spec(), hybrid=True, prompt_gemm=value)
     monkeypatch.setenv("MEMRA_PROMPT_GEMM", "")      # empty: the default
-    assert Planner(_spec(), hybrid=True).prompt_gemm == "tile"
+    assert Planner(_spec(), hybrid=True).prompt_gemm == "f16"
 
 
 # -- the engine on the emulator ---------------------------------------------------------------
@@ -521,13 +525,13 @@ def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
 
 
 def test_a_run_with_the_flag_records_it(monkeypatch):
-    """memra bench / tune receipts carry MEMRA_PROMPT_GEMM in `seams` when it is not the default
+    """memra bench / tune receipts carry MEMRA_PROMPT_GEMM in `seams` when it is not the default (f16)
     (the boards leave such runs off)."""
     from memra.tune import bench as TB
 
     for k in (*TB.SEAMS, *TB.ENGINE_PATHS):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
-    assert TB.seams() == {}
     monkeypatch.setenv("MEMRA_PROMPT_GEMM", "f16")
-    assert TB.seams() == {"MEMRA_PROMPT_GEMM": "f16"}
+    assert TB.seams() == {}
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
+    assert TB.seams() == {"MEMRA_PROMPT_GEMM": "tile"}

@@ -13,7 +13,7 @@ For each of the 8B's prompt GEMM shapes at 512 rows (and the configurations in C
 
 One JSON line per shape and configuration (kind "gemm_f16"), and one per shape for the tile.
 
-The warp-specialized wgmma kernel (wg/gemm_f16_wg.cu, session 42, not yet run) runs beside them in
+The warp-specialized wgmma kernel (kernels/gemm_f16_wg.cu since session 43; first run there) runs beside them in
 WG_CONFIGS (kind "gemm_f16_wg"): the same checks, except that its bits are compared within the
 configurations of one WG_BN (the wgmma N: the instruction shape; across WG_BN the bits may differ and
 are only reported, as its agreement with gemm_f16.cu's mma.sync bits is), plus a chunk of 37 rows at
@@ -60,7 +60,7 @@ SHAPES = [
 CONFIGS = [dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4, GF_OVERLAP=1),
            dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4, GF_OVERLAP=1),
            dict(GF_WM=2, GF_WN=2, GF_TM=4, GF_TN=4, GF_MINB=2)]
-# wg/gemm_f16_wg.cu: WG_BN 128 (the dequant a stage against 512 cycles of wgmma), WG_BN 256 (twice the
+# kernels/gemm_f16_wg.cu: WG_BN 128 (the dequant a stage against 512 cycles of wgmma), WG_BN 256 (twice the
 # wgmma a stage for the same dequant), WG_MT 2 (256 weight rows a block: half the x traffic; its
 # producer holds 4 units a pair, so no prefetch), WG_BN 256 with WG_INFLIGHT 0 (the slot released after
 # wait_group 0: the price of draining the wgmma pipe a stage; same bits as WG_BN 256)

@@ -22,10 +22,10 @@ is refused, and the norm, RoPE and attention tunables are looked up once (batch 
 used at every row count (they set a row's reduction order). Attention's heads per block
 are the exception: they never change a head's bits, so from ATT_GROUP_ROWS rows a block
 takes the whole GQA group (att_hpb_rows). With MEMRA_ATTN=hybrid a row's arithmetic is also
-chosen by its kind, never by what runs beside it: prompt rows take attn_fa and (on the weights
-it supports) kernels/gemm_tile.cu's chain order, generated rows attn_decode and mv_q8's order;
-MEMRA_PROMPT_GEMM=f16 (an experiment, off by default) puts the prompt rows' layer matmuls on
-kernels/gemm_f16.cu's f16 tensor-core order instead, on the weights it supports.
+chosen by its kind, never by what runs beside it: prompt rows take attn_fa and the f16
+tensor-core GEMM's order (memra.gpu.ops.gemm_f16, on the weights it supports; else
+kernels/gemm_tile.cu's chain order where that supports the weight; MEMRA_PROMPT_GEMM=tile: the
+chain order wherever it did before gemm_f16), generated rows attn_decode and mv_q8's order.
 """
 
 from __future__ import annotations
@@ -253,15 +253,14 @@ class Planner:
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
-        # MEMRA_PROMPT_GEMM=f16 (an experiment, docs/FLAGS.md; prompt_gemm=None reads it, the default
-        # "tile" keeps the choice above): the prompt rows' layer matmuls on the weights
-        # kernels/gemm_f16.cu supports (GF.supports: by the weight alone) take one to_f16 launch per
+        # MEMRA_PROMPT_GEMM (docs/FLAGS.md; prompt_gemm=None reads it): the default "f16" puts the
+        # prompt rows' layer matmuls on the weights gemm_f16 supports (GF.supports: by the weight alone) take one to_f16 launch per
         # source activation and a gemm_f16 launch (f16 activations and f16-rounded weights, one f32
         # accumulator an output: chunk-, batch- and configuration-invariant, another arithmetic than
         # the chain's), the other weights the tile or mv_q8's order as before; under the tile's
-        # condition (hybrid, the q8 path, MEMRA_TILE on)
+        # condition (hybrid, the q8 path, MEMRA_TILE on); "tile" (the rollback) keeps the choice above
         if prompt_gemm is None:
-            prompt_gemm = env_choice("MEMRA_PROMPT_GEMM", "tile", PROMPT_GEMMS)
+            prompt_gemm = env_choice("MEMRA_PROMPT_GEMM", "f16", PROMPT_GEMMS)
         elif prompt_gemm not in PROMPT_GEMMS:
             raise MemraError(f"prompt_gemm must be {' or '.join(PROMPT_GEMMS)}, got {prompt_gemm!r}")
         self.prompt_gemm = prompt_gemm
@@ -447,7 +446,7 @@ class Planner:
                 dst_offset: int = 0, res: str | None = None, prompt: bool = False) -> None:
         """The launches of one matvec over `rows` rows: prompt rows of a plan with the tile
         (use_tile) on a weight it supports, one kernels/gemm_tile.cu launch (the chain order), or
-        under MEMRA_PROMPT_GEMM=f16 on a weight gemm_f16 supports, _gemm_f16's launches;
+        on a weight gemm_f16 supports (MEMRA_PROMPT_GEMM=f16, the default), _gemm_f16's launches;
         else on the q8 path the one of _dispatch (one tensor-core GEMM launch, kernels/gemm.cu;
         one skinny tensor-core matvec launch, kernels/mvt.cu, MEMRA_MVT=0: the runner's
         mvt=False; both the matvec's bits), else matvec launches of at most 8 rows each (MV_B
@@ -485,7 +484,7 @@ class Planner:
 
     def _gemm_f16(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
                   base: dict) -> None:
-        """A prompt matmul on kernels/gemm_f16.cu (MEMRA_PROMPT_GEMM=f16): the to_f16 launch of its
+        """A prompt matmul on gemm_f16 (MEMRA_PROMPT_GEMM=f16, the default): the to_f16 launch of its
         source activation into the runner's one f16 buffer, unless the launch just before converted
         that source or is another gemm_f16 launch reading it (and not writing it: q/k/v weights or
         gate and up reading h share one conversion), then the gemm_f16 launch."""

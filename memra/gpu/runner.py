@@ -319,7 +319,7 @@ class Runner:
         kmax = max(c.n_embd, c.q_dim, c.n_ff)
         self.xq = g.empty(R * kmax, np.int8)
         self.xs = g.empty(R * kmax // 32, Q8_SCALE)
-        # the f16 activations of gemm_f16 (MEMRA_PROMPT_GEMM=f16: plan.f16_keys), one buffer as the twin
+        # the f16 activations of gemm_f16 (the prompt rows' plan.f16_keys), one buffer as the twin
         self.xh = g.empty(R * kmax, np.uint16) if self.plan.f16_keys else None
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)

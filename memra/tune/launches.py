@@ -9,8 +9,8 @@ For every model, every table (the built-in defaults and the tables given: a devi
 so each tuned configuration is launched) and every rollback seam the runner reads
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
 exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists,
-hybrid with MEMRA_TILE=0 when the gemm_tile family exists too, and hybrid with MEMRA_PROMPT_GEMM=f16
-when the gemm_f16 family does: its prompt steps launch gemm_f16 and to_f16), the planner (memra.gpu.plan) lists
+hybrid with MEMRA_TILE=0 when the gemm_tile family exists too, and hybrid with MEMRA_PROMPT_GEMM=tile
+when the gemm_f16 family does: its prompt steps launch gemm_tile where the default's launch gemm_f16), the planner (memra.gpu.plan) lists
 its launches: decode steps at every CUDA-graph bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
@@ -142,10 +142,11 @@ def _plans(spec, table, sms: int):
             # MEMRA_TILE=0: hybrid with every row's matmuls in mv_q8's order
             if family_available("gemm_tile") and path == "q8":
                 yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True, tile=False)
-            # MEMRA_PROMPT_GEMM=f16: hybrid with the prompt rows' matmuls on gemm_f16 where it takes the weight
+            # MEMRA_PROMPT_GEMM=tile (the rollback): hybrid with the prompt rows' matmuls on the tile's
+            # chain order where the default puts them on gemm_f16
             if family_available("gemm_f16") and family_available("gemm_tile") and path == "q8":
                 yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True,
-                                          prompt_gemm="f16")
+                                          prompt_gemm="tile")
         # a q8_0 KV cache (K and V; --cache-type-k/-v q8_0): the rope and attention modules built
         # for it (KV_K_Q8 / KV_V_Q8), RoPE fused and not, the default seams
         if spec.cfg.head_dim % 32 == 0:

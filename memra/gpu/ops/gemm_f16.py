@@ -24,9 +24,11 @@ GF_TN n8 activation tiles (BM = 16 GF_TM GF_WM weight rows, BN = 8 GF_TN GF_WN a
 = 32 GF_WM GF_WN threads), GF_OVERLAP / GF_OVL0 (the next stage's dequant between the mma); MMA is
 its 2 x 4 warps of 4 x 4 tiles (BM 128, BN 128), WIDE its GF_TM 8 (BM 256).
 
-Where the engine uses it: under MEMRA_PROMPT_GEMM=f16 (memra.gpu.plan; off by default) the prompt
-rows of MEMRA_ATTN=hybrid take it in place of kernels/gemm_tile.cu on the weights `supports`
-accepts (a function of the weight alone), after one to_f16 launch per source activation. Its
+Where the engine uses it: the prompt rows of MEMRA_ATTN=hybrid (the default path) take it on the
+weights `supports` accepts (a function of the weight alone), after one to_f16 launch per source
+activation (memra.gpu.plan; MEMRA_PROMPT_GEMM=tile, the rollback, puts them back on
+kernels/gemm_tile.cu's chain order). On another arch than sm_90a the built-in configuration runs on
+gemm_f16.cu (MMA: the same bits). Its
 arithmetic is neither mv_q8's nor the chain's: f16 activations (11 significant bits each) and
 f16-rounded weights (~2^-11 relative), so a prompt row's bits differ from the tile's as the tile's
 differ from a decode row's.
@@ -210,7 +212,7 @@ def launch_shape(t: int, config: dict | None, N: int, nb: int, glu: bool):
 
 
 def supports(t: int, N: int, K: int, glu: bool) -> bool:
-    """Whether the prompt rows (MEMRA_PROMPT_GEMM=f16) take gemm_f16 for a weight of type t with N
+    """Whether the prompt rows (MEMRA_PROMPT_GEMM=f16, the default) take gemm_f16 for a weight of type t with N
     output rows (glu: 2N weight rows) of K: a type it has and the host contract of the built-in
     configuration. A function of the weight alone, never of the row count: a prompt row's bits
     must not depend on the chunk it is in."""
@@ -245,8 +247,10 @@ def gemm_f16(g, w, y, *, xh, nb: int, residual=None, glu: str | None = None, con
     check_shape(t, cfg, N, K, nb, bool(glu))
     arch = getattr(getattr(g, "info", None), "arch", WG_ARCH)
     if is_wg(cfg) and arch != WG_ARCH:
-        raise MemraError(f"gemm_f16: the wgmma kernel ({WG_FILE}) needs {WG_ARCH}, this GPU is {arch}: "
-                         f"give a GF_* configuration (gemm_f16.cu's mma.sync)")
+        if is_wg(config or {}):
+            raise MemraError(f"gemm_f16: the wgmma kernel ({WG_FILE}) needs {WG_ARCH}, this GPU is {arch}: "
+                             f"give a GF_* configuration (gemm_f16.cu's mma.sync)")
+        cfg = dict(MMA)   # the built-in elsewhere: gemm_f16.cu (kernel-check: every configuration the same bits)
     if xh.dtype != np.uint16 or xh.size < nb * K:
         raise MemraError(f"gemm_f16: xh must be uint16 (f16 bits) with >= {nb}x{K} values")
     if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
