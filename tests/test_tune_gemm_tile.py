@@ -173,10 +173,19 @@ def test_tile_is_builtin_follows_the_batch_default():
 Q4KM = "synth:llama3-8b:Q4_K_M"
 
 
-def test_plan_shapes_lists_the_tile_launches_of_the_prompt_step():
-    """The 8B Q4_K_M at 512 rows: the hybrid plan's prompt step runs every weight with >= 16 output
-    tiles of 128 rows through the tile (its layers' QKV fused in Q4_K, or Q+K with a Q6_K V of 1024
-    rows, which stays off the tile), the Q4_K and Q6_K down projections, gate+up as gemm_tile_glu."""
+def _tile_prompt(monkeypatch):
+    """MEMRA_PROMPT_GEMM=tile: the prompt rows' matmuls on the tile (under the default, f16, every
+    weight below runs on gemm_f16 and the tile has no launches: tests/test_tune_gemm_f16.py)."""
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
+
+
+def test_plan_shapes_lists_the_tile_launches_of_the_prompt_step(monkeypatch):
+    """The 8B Q4_K_M at 512 rows under MEMRA_PROMPT_GEMM=tile: the hybrid plan's prompt step runs every
+    weight with >= 16 output tiles of 128 rows through the tile (its layers' QKV fused in Q4_K, or Q+K
+    with a Q6_K V of 1024 rows, which stays off the tile), the Q4_K and Q6_K down projections, gate+up
+    as gemm_tile_glu; under the default (f16) none."""
+    assert not [k for _, k, _ in C.plan_shapes(C.model_info(Q4KM), 512) if k.startswith("gemm_tile")]
+    _tile_prompt(monkeypatch)
     got = {(op, k, shape_key(s)) for op, k, s in C.plan_shapes(C.model_info(Q4KM), 512) if k.startswith("gemm_tile")}
     assert got == {("qkv", "gemm_tile", "cols=4096,rows=6144,type=Q4_K"),
                    ("qkv", "gemm_tile", "cols=4096,rows=5120,type=Q4_K"),
@@ -194,7 +203,8 @@ def _without_tile(monkeypatch):
 
 def test_plan_shapes_leave_the_other_kernels_unchanged(monkeypatch):
     """What plan_shapes lists for every other kernel, and so the h200-gemm campaign's jobs, are
-    those of a plan without the tile (no weight it supports: it adds nothing)."""
+    those of a plan without the tile (no weight it supports: it adds nothing; MEMRA_PROMPT_GEMM=tile)."""
+    _tile_prompt(monkeypatch)
     models = [C.model_info(f"synth:{m}") for m in ("llama3-8b:Q4_K_M", "llama-1b:Q4_0")]
     spec = C.load_campaign(CAMPAIGNS / "h200-gemm.toml")
     rows = (1, 8, 16, 64, 65, 128, 512)
@@ -216,15 +226,18 @@ def test_a_model_without_the_tile_has_no_tile_jobs():
     assert C.expand_campaign(spec, [llama_like()]) == []
 
 
-def test_h200_gemm_tile_campaign_is_what_its_header_says():
-    """The committed campaign over the four benchmark models: the job count its header states,
-    every (shape, batch) with exactly one built-in configuration among its candidates (freeze's
-    --min-gain baseline), refused only the 2 x 4 tile with 3 stages on Q8_0 / Q6_K (shared memory),
-    every batch for plain and glu, never the head."""
+def test_h200_gemm_tile_campaign_is_what_its_header_says(monkeypatch):
+    """The committed campaign over the four benchmark models under MEMRA_PROMPT_GEMM=tile (none
+    under the default): the job count its header states, every (shape, batch) with exactly one
+    built-in configuration among its candidates (freeze's --min-gain baseline), refused only the
+    2 x 4 tile with 3 stages on Q8_0 / Q6_K (shared memory), every batch for plain and glu, never
+    the head."""
     path = CAMPAIGNS / "h200-gemm-tile.toml"
     spec = C.load_campaign(path)
     models = [C.model_info(f"synth:{m}") for m in ("llama3-8b:Q4_K_M", "llama3-8b:Q4_0", "llama3-8b:Q8_0",
                                                    "llama-1b:Q4_0")]
+    assert C.expand_campaign(spec, models) == []
+    _tile_prompt(monkeypatch)
     jobs = C.expand_campaign(spec, models)
     text = path.read_text()
     stated = int(re.search(r"# Cost: (\d+) jobs", text).group(1))
@@ -250,9 +263,10 @@ def test_h200_gemm_tile_campaign_is_what_its_header_says():
     assert len([1 for a, b in zip(order, order[1:]) if a != b]) == len(set(order)) - 1
 
 
-def test_campaign_dry_run_lists_tile_jobs():
+def test_campaign_dry_run_lists_tile_jobs(monkeypatch):
     from test_research import memra
 
+    _tile_prompt(monkeypatch)   # the subprocess's environment
     r = memra("tune", "run", "h200-gemm-tile", "-m", "synth:llama-1b:Q4_0", "--dry-run")
     assert r.returncode == 0, r.stderr
     out = r.stdout

@@ -509,18 +509,24 @@ def test_model_ops_need_a_model():
         C.expand_campaign(spec)
 
 
-def test_committed_campaigns_expand():
+def test_committed_campaigns_expand(monkeypatch):
     from pathlib import Path
 
     files = sorted((Path(__file__).resolve().parent.parent / "tune" / "campaigns").glob("*.toml"))
     assert files, "no campaign committed under tune/campaigns"
     m = C.model_info("smollm2-135m")
-    # the prompt tile's campaign (h200-gemm-tile) has no job on SmolLM2 (no weight of >= 16 output
-    # tiles): the 1B synthetic model's shapes are its jobs
+    # the prompt GEMMs' campaigns (h200-gemm-f16, h200-gemm-tile*) have no job on SmolLM2 (no weight
+    # the tile or gemm_f16 takes): the 1B synthetic model's shapes are their jobs, the tile's under
+    # MEMRA_PROMPT_GEMM=tile (under the default, f16, gemm_f16 takes every one of them)
     big = C.model_info("synth:llama-1b:Q4_0")
     for f in files:
         spec = C.load_campaign(f)
-        assert C.expand_campaign(spec, [m]) or ("gemm-tile" in f.name and C.expand_campaign(spec, [big])), f
+        if "gemm-tile" in f.name:
+            monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
+        else:
+            monkeypatch.delenv("MEMRA_PROMPT_GEMM", raising=False)
+        prompt = "gemm-tile" in f.name or "gemm-f16" in f.name
+        assert C.expand_campaign(spec, [m]) or (prompt and C.expand_campaign(spec, [big])), f
 
 
 # ---------------------------------------------------------------- runner

@@ -6,8 +6,8 @@ shapes: explicit ones, and/or `ops` taken from models (`--model`): every matvec 
 decodes with (fused QKV, attention output, fused gate+up, down, output — each with its
 tensor's GGUF type), its attention shapes at the campaign's context lengths, its
 n_embd-wide row ops and its vocabulary-wide ops, each at the decode batch buckets. The
-GEMM kernels and the prompt tile (PLAN_BATCH_KERNELS) take theirs per batch from the plan's
-step at that many rows: the (shape, batch) pairs the engine launches through each.
+GEMM kernels, the prompt tile and the f16 prompt GEMM (PLAN_BATCH_KERNELS) take theirs per batch
+from the plan's step at that many rows: the (shape, batch) pairs the engine launches through each.
 
 `run_campaign` is the CPU half of `memra tune`: it skips what was already measured (same
 device, kernel source hash, job) when resuming, calls the injected `measure(job)` (the
@@ -49,9 +49,13 @@ DEFAULT_CTX = (512, 4096)
 # matvec (memra.gpu.ops.mvt) from 2 rows below that, on quantized weights. Their
 # model-derived jobs are the (shape, batch) pairs the plan's step at that many rows launches
 # (plan_shapes), not every op shape at every batch.
-# The prompt tile (memra.gpu.ops.gemm_tile: the prompt rows of MEMRA_ATTN=hybrid plans) likewise:
-# the weights a hybrid plan's prompt step at that many rows runs through it.
-PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu", "gemm_tile", "gemm_tile_glu")
+# The prompt rows' GEMMs of MEMRA_ATTN=hybrid plans likewise: the weights a hybrid plan's prompt step
+# at that many rows runs through the f16 prompt GEMM (memra.gpu.ops.gemm_f16: those it supports,
+# under MEMRA_PROMPT_GEMM=f16, the default) and through the tile (memra.gpu.ops.gemm_tile: the
+# others it supports, or those it supports under MEMRA_PROMPT_GEMM=tile).
+PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu", "gemm_tile", "gemm_tile_glu", "gemm_f16",
+                      "gemm_f16_glu")
+_PROMPT_OPS = ("gemm_tile", "gemm_f16")   # the hybrid prompt step's launches plan_shapes adds
 
 
 class CampaignError(MemraError):
@@ -132,8 +136,9 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
     up to the largest CUDA-graph bucket, a prefill chunk (no head) above it, up to
     PREFILL_CHUNK rows (the most one step runs). The step's row count decides some kernels:
     the q8 path's matvecs run as the tensor-core GEMM from GEMM_MIN_ROWS rows. Then the
-    gemm_tile launches of a MEMRA_ATTN=hybrid plan's prompt step of `rows` rows (none when the
-    model has no weight the tile takes), which no other kernel's list depends on."""
+    gemm_f16 and gemm_tile launches of a MEMRA_ATTN=hybrid plan's prompt step of `rows` rows
+    (MEMRA_PROMPT_GEMM picks between them; none when the model has no weight either takes),
+    which no other kernel's list depends on."""
     from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
 
     if not 1 <= rows <= PREFILL_CHUNK:
@@ -147,7 +152,7 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
     hybrid = Planner(m, hybrid=True)
     for L in hybrid.step(rows, decode=False, kinds="p") if hybrid.use_tile else ():
-        if L.op == "gemm_tile" and L.rows == rows:
+        if L.op in _PROMPT_OPS and L.rows == rows:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
     return list(seen.values())
 
@@ -378,6 +383,16 @@ def _done_keys(path: Path, device: str, timing: str | None = None) -> set[tuple]
     return done
 
 
+def job_src_hash(src: str) -> str:
+    """A job's source hash: its kernel file's and headers' (memra.gpu.compile.source_hash); for several
+    files joined by "+" (a family with a kernel file per implementation), the hash of their hashes in
+    order (memra.tune.tables.combined_hash, as freeze and the tables check it)."""
+    from memra.gpu.compile import source_hash
+    from memra.tune.tables import combined_hash
+
+    return source_hash(src) if "+" not in src else combined_hash(source_hash(f) for f in src.split("+"))
+
+
 def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_path: str | os.PathLike,
                  *, context: Mapping, resume: bool = False,
                  src_hash: Callable[[str], str] | None = None,
@@ -394,9 +409,7 @@ def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_pat
     (failed ones too: the same source fails the same way).
     progress(done, total, job, receipt or None when skipped) is called after each job.
     Returns counts: measured, failed, skipped."""
-    from memra.gpu.compile import source_hash
-
-    src_hash = src_hash or source_hash
+    src_hash = src_hash or job_src_hash
     jobs = list(jobs)
     out_path = Path(out_path)
     done = _done_keys(out_path, context["device"], context.get("timing")) if resume else set()

@@ -43,7 +43,13 @@ LAUNCHES = 20  # launches per captured graph (at least `case.sets`)
 
 
 def family_module(src: str):
-    return importlib.import_module(f"memra.gpu.ops.{Path(src).stem}")
+    """memra.gpu.ops.<stem> of a job's kernel file; of several joined by "+" (a family with a kernel
+    file per implementation, e.g. gemm_f16.cu+gemm_f16_wg.cu), the first's."""
+    return importlib.import_module(f"memra.gpu.ops.{_stem(src)}")
+
+
+def _stem(src: str) -> str:
+    return Path(src.split("+")[0]).stem
 
 
 def is_builtin(row) -> bool:
@@ -107,10 +113,10 @@ def require_hooks(jobs: Iterable) -> None:
         try:
             mod = family_module(src)
         except ModuleNotFoundError:
-            missing.add(f"{src} (no module memra.gpu.ops.{Path(src).stem})")
+            missing.add(f"{src} (no module memra.gpu.ops.{_stem(src)})")
             continue
         if not callable(getattr(mod, "tune_case", None)):
-            missing.add(f"{src} (memra.gpu.ops.{Path(src).stem} has no tune_case)")
+            missing.add(f"{src} (memra.gpu.ops.{_stem(src)} has no tune_case)")
     if missing:
         raise MemraError("these kernel families cannot be tuned yet: " + "; ".join(sorted(missing)))
 

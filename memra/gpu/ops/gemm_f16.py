@@ -38,8 +38,12 @@ dequantized values rounded to float16) and the f16 activations, at TOL of the la
 and bit for bit: rows 0..c-1 (and the last rows) of an nb-row launch equal a launch over those
 rows alone (chunk and batch invariance), every configuration the built-in one's bits, glu outputs
 act_mul (kernels/act.cu) of the plain kernel's gate and up outputs, a residual's fl(plain + r),
-to_f16 numpy's astype(float16). No tune hooks yet (the table has no entries for it; the planner
-looks kernel gemm_f16 / gemm_f16_glu, variant "f16", up like any other).
+to_f16 numpy's astype(float16).
+
+The tune hooks (memra/tune/measure.py): tune_case, is_builtin, tune_modules for kernels gemm_f16 /
+gemm_f16_glu, variant "f16" (the planner's table lookup: a table entry's configuration is the
+launch's), WG_* or GF_* configurations laid over the weight's default_config; a job's check holds
+it to the float64 product and to the built-in configuration's bits (tune/campaigns/h200-gemm-f16.toml).
 """
 
 from __future__ import annotations
@@ -509,3 +513,128 @@ def check_launch(g, rng, case):
     raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
     name = f"{case['entry']} {_name(t)} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
     return against_ref(g, rng, name, t, raw, nb, glu, alias, cfg)
+
+
+# -- the tune hooks (memra/tune/measure.py; campaign tune/campaigns/h200-gemm-f16.toml): kernel
+# "gemm_f16" | "gemm_f16_glu", variant "f16", shape {type, rows (2N for _glu: gate and up stacked),
+# cols, batch}; config WG_* (gemm_f16_wg.cu) or GF_* (gemm_f16.cu) laid over default_config(type,
+# batch, rows) (launch_config, as the plan's table entries are). The outputs depend neither on the
+# configuration nor on the kernel, so every one is checked against the same bits. The campaign's src is
+# gemm_f16.cu+gemm_f16_wg.cu: a receipt's source hash covers both kernels.
+
+VARIANT = "f16"
+# the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
+TUNE_VARIANTS = {"gemm_f16": (VARIANT,), "gemm_f16_glu": (VARIANT,)}
+_TUNE_ROWS = 128   # output rows a tune check holds to the float64 product (its cost: nb x K x 128 on the host)
+# Per (batch, glu) of the cached weight (memra.gpu.ops.matvec's shape cache): the f16 activations,
+# the float64 product of the first _TUNE_ROWS outputs and the built-in configuration's bits, made
+# once for all the configurations of a shape and batch (a campaign runs them in a row)
+_INPUTS: dict[tuple, tuple] = {}
+
+
+def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
+    """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: unknown kernel,
+    variant, type or tunable, GF_* and WG_* together, or a configuration check_shape refuses
+    (before any compile)."""
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
+        raise MemraError(f"gemm_f16 tune: unknown kernel/variant {kernel}/{variant} "
+                         f"(it measures {', '.join(k + '/' + VARIANT for k in TUNE_VARIANTS)})")
+    t = MV.type_id(shape["type"])
+    _check_type(t)
+    config = dict(config or {})
+    bad = sorted(set(config) - set(KEYS) - set(WG_KEYS))
+    if bad:
+        raise MemraError(f"gemm_f16 tune: unknown tunables {bad} (known: {', '.join(WG_KEYS + KEYS)})")
+    if is_wg(config) and any(k.startswith("GF_") for k in config):
+        raise MemraError(f"gemm_f16 tune: {config} mixes GF_* (gemm_f16.cu) and WG_* (gemm_f16_wg.cu) tunables")
+    glu, rows, K, nb = kernel == "gemm_f16_glu", int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
+    if glu and rows % 2:
+        raise MemraError(f"gemm_f16 tune: a gemm_f16_glu weight stacks gate and up (an even row count, got {rows})")
+    N = rows // 2 if glu else rows
+    cfg = launch_config(t, nb, config, rows)
+    check_shape(t, cfg, N, K, nb, glu)
+    return t, glu, N, K, nb, cfg
+
+
+class _TuneCase:
+    """The shape's weight in the planes layout (copies rotating past the L2: memra.gpu.ops.matvec's
+    shape cache), nb rows of random f16 activations, the job's configuration (launched as the
+    planner launches a table entry's). The references: the float64 product of the f16-rounded
+    operands for the first _TUNE_ROWS outputs (act(gate) * up for glu), and the built-in
+    configuration's launch for every output's bits (the outputs do not depend on the
+    configuration, and kernel-check holds the built-in one to the float64 product)."""
+
+    def __init__(self, g, t, glu, N, K, nb, config, rng, rotate_bytes):
+        self.g, self.t, self.glu, self.N, self.K, self.nb, self.config = g, t, glu, N, K, nb, config
+        self.ws, wf = MV._shape_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes)
+        self.sets = len(self.ws)
+        hit = _INPUTS.get((nb, glu))
+        if hit is None or hit[0] is not self.ws[0]:  # the weight object itself: ids are reused
+            _INPUTS.clear()
+            hit = _INPUTS[(nb, glu)] = (self.ws[0], self._inputs(wf, rng))
+        self.xh, self.ref, self.bits = hit[1]
+        self.y = g.empty((nb, N), np.float32)
+        self.bytes = self.ws[0].nbytes + nb * (2 * K + 4 * N)
+
+    def _inputs(self, wf, rng):
+        g, nb, K, N, act = self.g, self.nb, self.K, self.N, "silu" if self.glu else None
+        x16 = _x(rng, nb, K).astype(np.float16)
+        xh = g.to_device(x16.view(np.uint16))
+        R = min(N, _TUNE_ROWS)
+        w16 = wf[np.r_[0:R, N:N + R]] if act else wf[:R]
+        ref = MV.matvec_ref(w16.astype(np.float16).astype(np.float64), x16.astype(np.float64), None, act)
+        yb = g.empty((nb, N), np.float32)
+        yb.poison()
+        gemm_f16(g, self.ws[0], yb, xh=xh, nb=nb, glu=act)
+        g.sync()
+        return xh, ref, yb.numpy().view(np.uint32).copy()
+
+    def launch(self, i: int) -> None:
+        gemm_f16(self.g, self.ws[i % self.sets], self.y, xh=self.xh, nb=self.nb,
+                 glu="silu" if self.glu else None, config=self.config)
+
+    def check(self):
+        """One launch on a poisoned y: its first _TUNE_ROWS outputs against the float64 product at
+        TOL, then every output against the built-in configuration's bits."""
+        from memra.gpu.compare import compare
+
+        self.y.poison()
+        self.launch(0)
+        self.g.sync()
+        got = self.y.numpy()
+        R = self.ref.shape[1]
+        o = compare("gemm_f16", got[:, :R], self.ref, TOL, kind="max")
+        if not o.ok:
+            return False, o.err, o.detail
+        unwritten = int(np.count_nonzero(~np.isfinite(got)))
+        if unwritten:
+            return False, o.err, f"{unwritten} of {got.size} outputs not finite (unwritten?)"
+        diff = int(np.count_nonzero(got.view(np.uint32) != self.bits))
+        if diff:
+            return False, o.err, f"{diff} of {got.size} values differ from the built-in configuration's bits"
+        return True, o.err, o.detail + f" ({R} rows); = the built-in configuration's bits"
+
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    t, glu, N, K, nb, _ = _tune_args(kernel, variant, config, shape)
+    return _TuneCase(g, t, glu, N, K, nb, dict(config or {}), rng, rotate_bytes)
+
+
+def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
+    """Whether a tune job's configuration is what the launcher runs on sm_90a without a table for
+    its weight (default_config by the weight's rows, 2N for _glu), the kernel's #defaults filled
+    in on both sides; False for a configuration the hooks refuse."""
+    try:
+        t, _, _, _, nb, cfg = _tune_args(kernel, variant, config, shape)
+    except MemraError:
+        return False
+    want = default_config(t, nb, int(shape["rows"]))
+    return is_wg(cfg) and {**_WG_BASE, **cfg} == {**_WG_BASE, **want}
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """The module a tune job loads on sm_90a (gemm_f16_wg.cu for WG_*, gemm_f16.cu for GF_*), for the
+    campaign's parallel precompile (a refused configuration raises: never compiled, its job
+    records why)."""
+    t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
+    return [(kernel_file(cfg), _defines(t, cfg))]
