@@ -290,14 +290,14 @@ SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "
          "MEMRA_TILE": "1", "MEMRA_FA_GRID": "trim",
          "MEMRA_ATT_GROUP_ROWS": "16", "MEMRA_MASK_OVERLAP": "1", "MEMRA_FORCED": "1",
          "MEMRA_PREFILL_GRAPH": "1", "MEMRA_PREFILL_CHUNK": "512", "MEMRA_PREFILL_SPLITS": "auto",
-         "MEMRA_DECODE_AHEAD": "1", "MEMRA_ATT_RING": "2", "MEMRA_ATT_EARLY": "1", "MEMRA_ATT_TC": "1"}
+         "MEMRA_DECODE_AHEAD": "1", "MEMRA_ATT_RING": "2", "MEMRA_ATT_EARLY": "1", "MEMRA_ATT_TC": "1",
+         "MEMRA_PROMPT_GEMM": "f16"}
 
 
 # runtime parameters that choose another engine path than the default (docs/FLAGS.md)
 ENGINE_PATHS = {"MEMRA_ATTN": "hybrid", "MEMRA_ATT_SPLITS": "", "MEMRA_ATT_DEPTH": "",   # "": any value set counts
                 "MEMRA_FA_SPLIT": "", "MEMRA_TILE_MIN": "", "MEMRA_FA_WARPS": "",
-                "MEMRA_SMEM_CARVEOUT": "", "MEMRA_ATT_SWITCH": "", "MEMRA_GRAPH_STEPS": "1",
-                "MEMRA_PROMPT_GEMM": "f16"}
+                "MEMRA_SMEM_CARVEOUT": "", "MEMRA_ATT_SWITCH": "", "MEMRA_GRAPH_STEPS": "1"}
 
 
 def seams() -> dict:

@@ -28,10 +28,9 @@ Where the engine uses it: the prompt rows of MEMRA_ATTN=hybrid (the default path
 weights `supports` accepts (a function of the weight alone), after one to_f16 launch per source
 activation (memra.gpu.plan; MEMRA_PROMPT_GEMM=tile, the rollback, puts them back on
 kernels/gemm_tile.cu's chain order). On another arch than sm_90a the built-in configuration runs on
-gemm_f16.cu (MMA: the same bits). Its
-arithmetic is neither mv_q8's nor the chain's: f16 activations (11 significant bits each) and
-f16-rounded weights (~2^-11 relative), so a prompt row's bits differ from the tile's as the tile's
-differ from a decode row's.
+gemm_f16.cu (MMA: the same bits). Its arithmetic is neither mv_q8's nor the chain's: f16
+activations (11 significant bits each) and f16-rounded weights (~2^-11 relative), so a prompt row's
+bits differ from the tile's as the tile's differ from a decode row's.
 
 The oracle (kernel-check): the float64 product of the f16-rounded weights (memra.model.quants'
 dequantized values rounded to float16) and the f16 activations, at TOL of the largest |output|;
