@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
-SRC = Path(__file__).with_name("gemm_f16.cu")
+SRC = ROOT / "kernels" / "gemm_f16.cu"   # the engine's mma.sync kernel (its experiment copy landed)
 WG_SRC = ROOT / "kernels" / "gemm_f16_wg.cu"
 
 Q4_0, Q8_0, Q4_K, Q6_K = 2, 8, 12, 14
@@ -58,8 +58,9 @@ SHAPES = [
     ("gate_up", Q8_0, 2 * 14336, 4096, True),
 ]
 CONFIGS = [dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=8, GF_TN=4, GF_OVERLAP=1),
-           dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4, GF_OVERLAP=1),
-           dict(GF_WM=2, GF_WN=2, GF_TM=4, GF_TN=4, GF_MINB=2)]
+           dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4), dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4, GF_OVERLAP=1)]
+# (GF_MINB 2 with 2 x 2 warps, two blocks an SM, lost everywhere: Q4_K gate+up 874.9 µs against 682.9,
+# research/2026-12-06-session43/f; gone with the experiment copy of gemm_f16.cu)
 # kernels/gemm_f16_wg.cu: WG_BN 128 (the dequant a stage against 512 cycles of wgmma), WG_BN 256 (twice the
 # wgmma a stage for the same dequant), WG_MT 2 (256 weight rows a block: half the x traffic; its
 # producer holds 4 units a pair, so no prefetch), WG_BN 256 with WG_INFLIGHT 0 (the slot released after
