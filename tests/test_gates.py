@@ -413,25 +413,30 @@ def test_two_arithmetics_on_the_emulated_gpu(tiny_models, monkeypatch):
     assert (x.verdict, x.exact, x.first_diff) == ("MISMATCH", False, 31) and G.failed(x), x.line()
 
 
-def test_two_arithmetics_with_the_prompt_tile(tiny_models, monkeypatch):
-    """Hybrid with the prompt tile (kernels/gemm_tile.cu, emulated by the chain; the tiny model's
-    weights made to qualify): the gate is MATCH; a tile whose outputs depend on the batch (a
-    chunk of several rows missing its last row's products) turns it red."""
+@pytest.mark.parametrize("prompt_gemm", ["tile", "f16"])
+def test_two_arithmetics_with_the_prompt_gemm(prompt_gemm, tiny_models, monkeypatch):
+    """Hybrid with the prompt rows' GEMM — the tile (kernels/gemm_tile.cu, emulated by the chain; the
+    tiny model's weights made to qualify) or the f16 one (MEMRA_PROMPT_GEMM's default): the gate is
+    MATCH; a GEMM whose outputs depend on the batch (a chunk of several rows missing its last row's
+    products) turns it red."""
+    from memra.gpu.ops import gemm_f16 as GF
     from memra.gpu.ops import gemm_tile as GT
 
     monkeypatch.setattr(GT, "MIN_ROW_TILES", 1)
     monkeypatch.delenv("MEMRA_TILE", raising=False)
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", prompt_gemm)
     path = tiny_models("llama", "Q4_K_M")
     eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), attn="hybrid")
-    assert eng.plan.use_tile
+    assert eng.plan.use_tile and bool(eng.plan.f16_keys) == (prompt_gemm == "f16")
     x, _ = G.cross_check(eng, PROMPT)
     assert (x.verdict, x.exact, x.positions) == ("MATCH", False, 32), x.line()
-    real = GT.gemm_tile
+    mod, name = (GT, "gemm_tile") if prompt_gemm == "tile" else (GF, "gemm_f16")
+    real = getattr(mod, name)
 
-    def gemm_tile(g, w, y, *, nb, **kw):  # a chunk's last row left out when it has several
+    def short(g, w, y, *, nb, **kw):  # a chunk's last row left out when it has several
         real(g, w, y, nb=nb - 1 if nb > 1 else nb, **kw)
 
-    monkeypatch.setattr(GT, "gemm_tile", gemm_tile)
+    monkeypatch.setattr(mod, name, short)
     x, _ = G.cross_check(GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), attn="hybrid"), PROMPT)
     assert x.verdict == "MISMATCH" and G.failed(x), x.line()
 

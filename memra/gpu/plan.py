@@ -253,12 +253,13 @@ class Planner:
         # mv_q8's order (matvec, mvt or gemm.cu by row count); MEMRA_TILE=0 (the runner's
         # tile=False) keeps every row on mv_q8's order. With the tile a step holds one row kind
         # (kinds "p" or "g"); a model none of whose weights it supports runs as without it
-        # MEMRA_PROMPT_GEMM (docs/FLAGS.md; prompt_gemm=None reads it): the default "f16" puts the
-        # prompt rows' layer matmuls on the weights gemm_f16 supports (GF.supports: by the weight alone) take one to_f16 launch per
+        # MEMRA_PROMPT_GEMM (docs/FLAGS.md; prompt_gemm=None reads it), under the tile's condition
+        # (hybrid, the q8 path, MEMRA_TILE on): with the default "f16" the prompt rows' layer matmuls on
+        # the weights gemm_f16 supports (GF.supports: by the weight alone) take one to_f16 launch per
         # source activation and a gemm_f16 launch (f16 activations and f16-rounded weights, one f32
         # accumulator an output: chunk-, batch- and configuration-invariant, another arithmetic than
-        # the chain's), the other weights the tile or mv_q8's order as before; under the tile's
-        # condition (hybrid, the q8 path, MEMRA_TILE on); "tile" (the rollback) keeps the choice above
+        # the chain's), the other weights the tile or mv_q8's order as above; "tile" (the rollback)
+        # keeps the choice above for every weight
         if prompt_gemm is None:
             prompt_gemm = env_choice("MEMRA_PROMPT_GEMM", "f16", PROMPT_GEMMS)
         elif prompt_gemm not in PROMPT_GEMMS:
