@@ -327,11 +327,14 @@ def test_attn_fa_groups_a_mixed_steps_rows_by_sequence(tiny_models):
 
 
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_K_M"), ("gemma3", "Q4_K_M")])
-def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(tiny_models, arch, quant):
+def test_hybrid_runs_prompt_rows_on_attn_fa_and_generated_rows_on_attn_decode(tiny_models, arch, quant, monkeypatch):
     """MEMRA_ATTN=hybrid: a prompt's rows give attn_fa's bits (MEMRA_ATTN=fa's prefill), every
     generated row decode's (MEMRA_ATTN=decode's, whether a decode step, a verification step or
     a generated run fed beside a prompt chunk); alone = among co-runners, graph = eager, and
-    the greedy tokens are the CPU reference's."""
+    the greedy tokens are the CPU reference's. The attention split alone: the prompt rows' matmuls
+    in mv_q8's order as fa's (MEMRA_PROMPT_GEMM=tile, whose tile takes none of the tiny weights;
+    the f16 default: tests/test_gemm_f16.py)."""
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
     path = tiny_models(arch, quant)
     r = _runner(path, attn="hybrid")
     assert r.plan.hybrid and not r.prefill_exact and _runner(path, attn="decode").prefill_exact
@@ -401,6 +404,7 @@ def test_hybrid_prompt_rows_take_the_tile_gemm(tiny_models, monkeypatch):
 
     monkeypatch.setattr(GT, "MIN_ROW_TILES", 1)
     monkeypatch.delenv("MEMRA_TILE", raising=False)
+    monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")   # the tile's rollback seam (the f16 default takes these weights)
     path = tiny_models("llama", "Q4_K_M")
     r = _runner(path, attn="hybrid")
     assert r.plan.use_tile
