@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""diag.py — where kernels/gemm_f16_wg.cu's time goes: the same kernel with one part taken out at a time.
+
+A probe-only copy of the engine's kernel (made in a temporary folder from kernels/gemm_f16_wg.cu by the text edits
+in EDITS, each of which must find its line: an edit of the kernel that moves one fails here, loudly) with a knob
+WG_DIAG: 0 the kernel as it is; 1 the producer loads the weight units but does not dequantize or store them (one
+word of each unit stored instead, so the loads stay); 2 no x copies (the x tiles are whatever the slots held);
+3 the consumers skip the wgmma (they still wait for each stage and release it). The outputs of 1-3 are wrong by
+design: only the time counts. The gaps to 0 say what bounds a stage: the dequant (1), the L2's x traffic (2) or the
+tensor cores (3).
+
+    python3 experiments/gemm_f16/wg/diag.py --compile-only        # CPU: the edits apply and every module builds
+    source .whl/setup.sh && python3 experiments/gemm_f16/wg/diag.py --out $OUT/wg-diag.jsonl   # device, ~1 min
+
+One JSON line per (shape, configuration, WG_DIAG): median µs of a CUDA graph of launches (experiments/gemm_tile's
+time_us), the 8B's gate+up (Q4_K) and Q6_K down at 512 rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+KERNEL = ROOT / "kernels" / "gemm_f16_wg.cu"
+Q4_K, Q6_K = 12, 14
+SHAPES = [("gate_up", Q4_K, 2 * 14336, 4096, True), ("down", Q6_K, 4096, 14336, False)]
+CONFIGS = [{"WG_BN": 256, "WG_INFLIGHT": 0}, {"WG_BN": 128}]
+NB = 512
+
+# (the kernel's line, what replaces it): the knob's three cuts
+EDITS = [
+    ("                        T::deq(v[i][h], g, f);\n",
+     "#if WG_DIAG == 1\n"
+     "                        if (g == 0) st_shared_v4(wa + sw128(r, h), *(const uint32_t*)&v[i][h], 0u, 0u, 0u);\n"
+     "                        continue;\n"
+     "#endif\n"
+     "                        T::deq(v[i][h], g, f);\n"),
+    ("                cp16_zfill(dst + 2048 * q, xs + xoff[q], m0 + r0 + 16 * q < nb);   // 16 rows = 2 atoms\n",
+     "#if WG_DIAG != 2\n"
+     "                cp16_zfill(dst + 2048 * q, xs + xoff[q], m0 + r0 + 16 * q < nb);   // 16 rows = 2 atoms\n"
+     "#else\n"
+     "                ;\n"
+     "#endif\n"),
+    ("                wgmma_tile(acc[mt], sw128_desc(wt + (WG_MT * c + mt) * 8192 + 32 * kk), db);\n",
+     "#if WG_DIAG != 3\n"
+     "                wgmma_tile(acc[mt], sw128_desc(wt + (WG_MT * c + mt) * 8192 + 32 * kk), db);\n"
+     "#else\n"
+     "                ;\n"
+     "#endif\n"),
+]
+
+
+def diag_source(folder: Path) -> Path:
+    """The knobbed copy of the kernel in `folder`; raises if an edit's line is not in the kernel once."""
+    src = KERNEL.read_text()
+    for old, new in EDITS:
+        n = src.count(old)
+        if n != 1:
+            raise SystemExit(f"diag.py: the kernel line {old.strip()!r} occurs {n} times (the kernel moved on: "
+                             f"update EDITS)")
+        src = src.replace(old, new)
+    src = "#ifndef WG_DIAG\n#define WG_DIAG 0\n#endif\n" + src
+    out = folder / "gemm_f16_wg.cu"
+    out.write_text(src)
+    return out
+
+
+def jobs():
+    return [(t, cfg, d) for _, t, _, _, _ in SHAPES for cfg in CONFIGS for d in range(4)]
+
+
+def _compile(job):
+    import tile as TL
+    src, (t, cfg, d) = job
+    cub, _ = TL.compile_module({"MV_TYPE": t, "WG_DIAG": d, **cfg}, Path(src), default_device=True)
+    return cub
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="JSON lines appended here (required unless --compile-only)")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="wg-diag-"))
+    src = diag_source(folder)
+    js = sorted({(t, tuple(sorted(c.items())), d) for t, c, d in jobs()})
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(8) as ex:
+        cubs = dict(zip(js, ex.map(_compile, [(str(src), (t, dict(c), d)) for t, c, d in js])))
+    print(f"compiled {len(cubs)} modules", flush=True)
+    if args.compile_only:
+        return 0
+    if not args.out:
+        ap.error("--out is required for a device run")
+
+    import tile as TL
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import gemm_f16 as GF
+    from memra.gpu.ops import matvec as MV
+
+    g = gpu()
+    rng = np.random.default_rng(0)
+    cache: dict = {}
+    with open(args.out, "a") as out:
+        for name, t, rows, K, glu in SHAPES:
+            w = MV.upload_weight(g, MV.random_weight(t, rows, K, rng), t)
+            xh = g.to_device(rng.standard_normal((NB, K)).astype(np.float16).view(np.uint16))
+            n_out = rows // 2 if glu else rows
+            y = g.empty((NB, n_out), np.float32)
+            for cfg in CONFIGS:
+                grid, block, smem = GF.launch_shape(t, cfg, n_out, NB, glu)
+                for d in range(4):
+                    key = (t, tuple(sorted(cfg.items())), d)
+                    m = TL.prebuilt_module(g, cache, key, "gemm_f16_wg.cu", {"MV_TYPE": t, "WG_DIAG": d, **cfg},
+                                           lambda k=key: cubs[k])
+                    if glu:
+                        args_ = (w.bulk, w.meta, xh, y, np.int32(n_out), np.int32(K), np.int32(NB), np.int32(1))
+                        k = m.kernel("gemm_f16_glu")
+                    else:
+                        args_ = (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(n_out), np.int32(K), np.int32(NB))
+                        k = m.kernel("gemm_f16")
+                    us = TL.time_us(g, [lambda: g.launch(k, grid, block, args_, shmem=smem)], args.reps)
+                    rec = {"kind": "gemm_f16_wg_diag", "shape": name, "type": MV.TYPES[t][0], "config": cfg,
+                           "WG_DIAG": d, "nb": NB, "us": us, "device": g.info.name}
+                    print(json.dumps(rec), flush=True)
+                    out.write(json.dumps(rec) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
