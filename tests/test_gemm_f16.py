@@ -535,3 +535,42 @@ def test_a_run_with_the_flag_records_it(monkeypatch):
     assert TB.seams() == {}
     monkeypatch.setenv("MEMRA_PROMPT_GEMM", "tile")
     assert TB.seams() == {"MEMRA_PROMPT_GEMM": "tile"}
+
+
+# -- the wgmma kernel's index maps and ring, replayed (experiments/gemm_f16/wg/layout_check.py) ----------
+
+# kernels/gemm_f16_wg.cu's lines the replay copies: an edit to one of them must come with the replay's
+_TIED_WG = [
+    "return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |",
+    "return (r >> 3) * 1024 + (r & 7) * 128 + ((j ^ (r & 7)) << 4);",
+    "const int col = T::goff(2 * par + h, g, K / 64) - 128 * par;",
+    "const uint32_t wt = (col & 64) ? wb : wa;",
+    "const int j = (col & 63) >> 3;",
+    "xoff[q] = (uint32_t)((m < nb ? m : 0) * K + 8 * jx) * 2u;",
+    "const uint32_t dst = xt + sw128(r0, jx);",
+    "cp16_zfill(dst + 2048 * q, xs + xoff[q], m0 + r0 + 16 * q < nb);",
+    "if (ia >= S) mbar_wait(bars + 8 * (S + sa), ((ia / S) - 1) & 1);",
+    "mbar_wait(bars + 8 * s, (i / S) & 1);",
+    "const uint64_t db = sw128_desc(xt + 32 * kk);",
+    "wgmma_tile(acc[mt], sw128_desc(wt + (WG_MT * c + mt) * 8192 + 32 * kk), db);",
+    "if (lane == 0) mbar_arrive(bars + 8 * (S + (i - WG_INFLIGHT) % S));",
+    "const int r0 = 64 * (WG_MT * c + mt) + 16 * warp;",
+    "const int m = m0 + 8 * j + 2 * tig;",
+    "const int n = n0 + (r0 >> 1) + gid;",
+    "const int n = n0 + r0 + gid;",
+    "const int mm = m + (e & 1), nn = n + 8 * (e >> 1);",
+]
+
+
+def test_the_wgmma_kernels_index_maps_and_ring_replayed():
+    """The wgmma kernel's producer writes, descriptors, D fragment and epilogue against the PTX ISA's
+    layouts, and its mbarrier ring as random interleavings (no deadlock, no slot overwritten while read),
+    on the replay of the kernel's own lines (tied above)."""
+    src = (ROOT / "kernels" / "gemm_f16_wg.cu").read_text()
+    missing = [line for line in _TIED_WG if line not in src]
+    assert not missing, missing
+    spec = importlib.util.spec_from_file_location("gemm_f16_wg_layout_check",
+                                                  ROOT / "experiments" / "gemm_f16" / "wg" / "layout_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main() == 0
