@@ -8,3 +8,16 @@ def launch_bucket(rows: int) -> int:
         if rows <= b:
             return b
     return 8
+
+
+def tile_shape_problems(N: int, obm: int, K: int, kmul: int, nb: int) -> list[str]:
+    """What a tile GEMM's host contract refuses in its shape (gemm_tile, gemm_f16): N a positive
+    multiple of the output tile obm (no partial row tile), K of kmul, at least one row."""
+    bad = []
+    if N <= 0 or N % obm:
+        bad.append(f"N = {N} not a positive multiple of {obm}")
+    if K <= 0 or K % kmul:
+        bad.append(f"K = {K} not a positive multiple of {kmul}")
+    if nb < 1:
+        bad.append(f"nb = {nb} < 1")
+    return bad

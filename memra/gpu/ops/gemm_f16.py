@@ -53,7 +53,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
-from memra.gpu.ops import launch_bucket
+from memra.gpu.ops import launch_bucket, tile_shape_problems
 from memra.gpu.ops import matvec as MV
 
 # -- the launch and host contract (kernels/gemm_f16.cu's header) --------------------------
@@ -189,14 +189,7 @@ def check_shape(t: int, config: dict | None, N: int, K: int, nb: int, glu: bool)
     check_config(t, cfg)
     bm, _, _ = tile(cfg)
     obm = bm // 2 if glu else bm
-    km = k_multiple(t)
-    bad = []
-    if N <= 0 or N % obm:
-        bad.append(f"N = {N} not a positive multiple of {obm}")
-    if K <= 0 or K % km:
-        bad.append(f"K = {K} not a positive multiple of {km}")
-    if nb < 1:
-        bad.append(f"nb = {nb} < 1")
+    bad = tile_shape_problems(N, obm, K, k_multiple(t), nb)
     if max(2 * N, K, nb) >= 2 ** 31 or nb * K >= 2 ** 31:
         bad.append("the int32 arguments overflow (N, K, nb, nb K < 2^31)")
     if bad:

@@ -36,6 +36,7 @@ import numpy as np
 from memra.errors import MemraError
 from memra.gpu import chain as CH
 from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import tile_shape_problems
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 
 # -- the launch and host contract (kernels/gemm_tile.cu's header) ------------------------
@@ -126,14 +127,7 @@ def check_shape(ggml_type: int, config: dict | None, N: int, K: int, nb: int, gl
     check_config(ggml_type, config)
     bm, bn, _ = tile(ggml_type, config)
     obm = bm // 2 if glu else bm
-    kmul = GEOM[ggml_type]["KMUL"]
-    bad = []
-    if N <= 0 or N % obm:
-        bad.append(f"N = {N} not a positive multiple of {obm}")
-    if K <= 0 or K % kmul:
-        bad.append(f"K = {K} not a positive multiple of {kmul}")
-    if nb < 1:
-        bad.append(f"nb = {nb} < 1")
+    bad = tile_shape_problems(N, obm, K, GEOM[ggml_type]["KMUL"], nb)
     rows = 2 * N if glu else N
     bulk_row = K // 256 * (GEOM[ggml_type]["WS"] - 16)
     if nb * K >= 2 ** 32 or rows * bulk_row >= 2 ** 32 or nb * (K // 32) * 8 >= 2 ** 32:
