@@ -26,7 +26,8 @@ d)
 e)
   MODELS="synth:llama3-8b:Q4_0 synth:llama3-8b:Q8_0 gemma3-270m" depth_vs ;;
 t)
-  TUNE_OUT=$OUT/h200-gemm-f16-nvidia-h200.jsonl tune_campaign h200-gemm-f16 ${T_LIMIT:-540} ;;
+  TUNE_OUT=$OUT/h200-gemm-f16-nvidia-h200.jsonl tune_campaign h200-gemm-f16 ${T_LIMIT:-540} -m synth:llama3-8b:Q4_K_M \
+    -m synth:llama3-8b:Q4_0 -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0 ;;
 k)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-240} kernel_check
   [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T1:-420} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table "$ARMS"
