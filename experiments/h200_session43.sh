@@ -10,10 +10,8 @@
 #  only it), checked against numpy and timed against the int8 prompt tile on the 8B's shapes at 512 rows.
 # STAGE k (~3 min, models shipped): Gemma-3's attention switch (experiments/gemma_switch/landing.patch applied to the
 #  working tree first): kernel-check --add-to for its 200 cases. ALL GREEN: commit the receipt with the table.
-# STAGE p (~8 min, models shipped; after `git apply experiments/gemm_f16/integration.patch`, the engine's
-#  MEMRA_PROMPT_GEMM=f16, and the probe's verdict on which kernel and configuration it should carry): kernel-check
-#  --add-to (716 new cases: gemm_f16 and to_f16 on every model's hybrid plan), then pp512 on the 8B Q4_K_M and Q4_0
-#  with the tile against MEMRA_PROMPT_GEMM=f16 (the gates print first: MATCH / NEAR-TIE required).
+# (STAGE p, the integration patch's own call, was not needed: the patch landed with the wg kernel as its built-in
+#  and STAGE k ran its kernel-check, q and r its pp512 arms.)
 # STAGE d (~9 min, carry .llamacpp): `--vs llama.cpp`, the depth set (h200_common.sh's depth_vs).
 set -u
 source experiments/h200_common.sh
@@ -26,10 +24,6 @@ f)
   log "gemm_f16 probe rc=$? $(el)"; cp $R/probe.txt $OUT/; tail -30 $R/probe.txt | cut -c1-400 | tee -a $R/log.txt ;;
 k)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-200} kernel_check ;;
-p)
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-330} kernel_check
-  env_arms bench-prompt-gemm.jsonl ${T1:-450} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16
-  env_arms bench-prompt-gemm.jsonl ${T2:-540} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table MEMRA_PROMPT_GEMM=f16 ;;
 q)
   # STAGE q (~9 min, after STAGE k's kernel-check of the integration): pp512, the table's tile against
   #  MEMRA_PROMPT_GEMM=f16 (gemm_f16_wg.cu), arms alternating, on the 8B Q4_K_M, Q4_0 and Q8_0
