@@ -12,6 +12,8 @@
 #  "NVIDIA H200" --out-dir tune/defaults --pdl`, and STAGE k with the new entries' launch cases.
 # STAGE k (~4 min, models shipped): kernel-check --add-to (a table change's new launch cases), then pp512 on the 8B
 #  Q4_K_M and Q4_0, the table against ARMS (one VAR=value: the second arm, e.g. MEMRA_TUNE_TABLE=<the old table>).
+# STAGE s (~4 min, no models): short prompts, the f16 default against MEMRA_PROMPT_GEMM=tile on the 8B Q4_K_M at
+#  64 and 128 tokens (a 4,096-row weight fills 32 blocks there: does the default cost a short prompt's TTFT?).
 # STAGE w (~1-2 min, no models): experiments/gemm_f16/wg/diag.py — the wgmma GEMM with its dequant, its x copies or
 #  its wgmma taken out, timed: which one bounds a stage (wg/README.md "Next").
 # STAGE l (~8 min): experiments/h200_long.sh (issue 10's 4k-prompt TTFT beside llama.cpp, the 32k prompt, an
@@ -32,6 +34,9 @@ k)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-240} kernel_check
   [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T1:-420} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table "$ARMS"
   [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T2:-560} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table "$ARMS" ;;
+s)
+  env_arms bench-short.jsonl ${T1:-200} "synth:llama3-8b:Q4_K_M -p 64 -n 0 -r 5" table MEMRA_PROMPT_GEMM=tile
+  env_arms bench-short.jsonl ${T2:-400} "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5" table MEMRA_PROMPT_GEMM=tile ;;
 w)
   timeout 300 python3 experiments/gemm_f16/wg/diag.py --out $OUT/wg-diag.jsonl > $R/diag.txt 2>&1
   log "wg diag rc=$? $(el)"; tail -20 $R/diag.txt | cut -c1-200 | tee -a $R/log.txt ;;
