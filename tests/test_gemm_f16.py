@@ -574,3 +574,17 @@ def test_the_wgmma_kernels_index_maps_and_ring_replayed():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main() == 0
+
+
+def test_the_diagnostic_copy_of_the_wgmma_kernel_still_applies_and_builds(tmp_path):
+    """experiments/gemm_f16/wg/diag.py's text edits find their lines in kernels/gemm_f16_wg.cu (an edit of
+    the kernel that moves one fails here, before a device call), and each cut builds for sm_90a."""
+    spec = importlib.util.spec_from_file_location("gemm_f16_wg_diag",
+                                                  ROOT / "experiments" / "gemm_f16" / "wg" / "diag.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = mod.diag_source(tmp_path)
+    text = src.read_text()
+    assert text.count("#if WG_DIAG") == len(mod.EDITS)
+    for d in (1, 2, 3):
+        assert mod._compile((str(src), (Q4_K, {"WG_BN": 256, "WG_INFLIGHT": 0}, d)))[:4] == b"\x7fELF", d
