@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next session's device calls (prepared in session 43, research/2026-12-06-session43).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=d bash experiments/h200_session44.sh
-# carry .whl and .synthtok (STAGE d and e also .llamacpp); STAGE k and d need the real models shipped first
+# carry .whl and .synthtok (STAGE d and e also .llamacpp); STAGE d, e and k need the real models shipped first
 # (experiments/ship_models.py's .models/ship-0N: six calls). Any sm_90a part with 132 SMs runs the H200 table; only
 # an H200's `--vs` runs are the issues' floors. Compare arms only inside one call.
 # STAGE d (~9 min, .llamacpp): `--vs llama.cpp` of the depth set (the 8B Q4_K_M at 0 and 4,096, SmolLM2 at 4,096 and 0,
