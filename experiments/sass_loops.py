@@ -115,7 +115,7 @@ def main() -> int:
     if a.tile:
         from memra.gpu.ops import gemm_tile as GT
 
-        defines = {**GT._defines(a.tile, GT.launch_config(a.tile, 512)), **defines}
+        defines = {**GT.MV.type_defines(a.tile, GT.launch_config(a.tile, 512)), **defines}
     src = a.src if "/" not in a.src else str(Path(a.src).resolve())
     tmp = None
     if a.fold:

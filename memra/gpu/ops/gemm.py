@@ -84,13 +84,6 @@ def launch_shape(ggml_type: int, config: dict, N: int, nb: int, glu: bool):
     return ((N + obm - 1) // obm, (nb + BN - 1) // BN), (nthr,), smem
 
 
-def _defines(ggml_type: int, config: dict, canary: int = 0) -> dict:
-    d = {"MV_TYPE": ggml_type, **config}
-    if canary:
-        d["MEMRA_CANARY"] = canary
-    return d
-
-
 def gemm(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
          canary: int = 0, pdl: bool = False) -> None:
     """y[b, :] (+)= W x[b, :] for b < nb on the q8 activations xq/xs. config: GM_* tunables laid
@@ -98,8 +91,7 @@ def gemm(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, con
     t = w.ggml_type
     if t not in _SMEM:
         raise MemraError(f"gemm: no tensor-core kernel for {MV.TYPES[t][0]} weights (quantized types only)")
-    if glu not in MV.ACTS:
-        raise MemraError(f"gemm: glu must be None, 'silu' or 'gelu' (got {glu!r})")
+    MV.check_glu("gemm", glu, w.rows)
     N = w.rows // 2 if glu else w.rows
     K = w.K
     if xq.dtype != np.int8 or xs.dtype != Q8_SCALE or xq.size < nb * K or xs.size < nb * K // 32:
@@ -108,7 +100,7 @@ def gemm(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, con
         raise MemraError(f"gemm: y (and residual) must be f32 with >= {nb}x{N} values")
     cfg = launch_config(nb, config)
     grid, block, smem = launch_shape(t, cfg, N, nb, bool(glu))
-    k = g.module(KERNEL_FILE, _defines(t, cfg, canary)).kernel("gemm_q8_glu" if glu else "gemm_q8")
+    k = g.module(KERNEL_FILE, MV.type_defines(t, cfg, canary)).kernel("gemm_q8_glu" if glu else "gemm_q8")
     g.launch(k, grid, block, (w.bulk, w.meta, xq, xs, y, residual if residual is not None else _NULL,
                               np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu])), shmem=smem, pdl=pdl)
 
@@ -123,8 +115,8 @@ def compile_variants() -> list[tuple[str, dict]]:
     out = []
     for t in TYPES:
         for _, cfg in CONFIGS:
-            out.append((KERNEL_FILE, _defines(t, cfg)))
-    out.append((KERNEL_FILE, _defines(12, default_config(64), canary=1)))
+            out.append((KERNEL_FILE, MV.type_defines(t, cfg)))
+    out.append((KERNEL_FILE, MV.type_defines(12, default_config(64), canary=1)))
     return out
 
 
@@ -347,7 +339,7 @@ class Hooks:
 
 
 HOOKS = Hooks("gemm", sys.modules[__name__], KERNEL_FILE, _KEYS, launch_config, default_config, launch_shape,
-              _defines)
+              MV.type_defines)
 tune_case, is_builtin, tune_modules = HOOKS.tune_case, HOOKS.is_builtin, HOOKS.tune_modules
 TUNE_VARIANTS = HOOKS.tune_variants
 launch_cases, check_launch = HOOKS.launch_cases, HOOKS.check_launch

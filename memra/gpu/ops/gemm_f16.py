@@ -74,8 +74,6 @@ WG = {"WG_BN": 128}                      # gemm_f16_wg.cu, 128 activation rows a
 WG_WIDE = {"WG_BN": 256, "WG_INFLIGHT": 0}   # 256 a block, each stage released once its wgmma are done
 WG_WIDE_ROWS = 6144   # weights of this many rows and more take WG_WIDE (the 8B: QKV, gate+up; H100, session 43)
 _WG_BASE = {"WG_BN": 128, "WG_MT": 1, "WG_STAGES": 4, "WG_INFLIGHT": 1, "WG_PREFETCH": 1}   # the kernel's #defaults
-_ACT = {None: 0, "silu": 1, "gelu": 2}   # the kernel's act argument: 1 SiLU, 2 GELU-tanh
-_ACT_MUL = {"silu": "silu", "gelu": "gelu_tanh"}
 _NULL = np.uint64(0)
 
 
@@ -221,21 +219,11 @@ def supports(t: int, N: int, K: int, glu: bool) -> bool:
     return True
 
 
-def _defines(t: int, config: dict, canary: int = 0) -> dict:
-    d = {"MV_TYPE": t, **config}
-    if canary:
-        d["MEMRA_CANARY"] = canary
-    return d
-
-
 def gemm_f16(g, w, y, *, xh, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
              canary: int = 0, pdl: bool = False) -> None:
     """y[b, :] (+)= W xh[b, :] for b < nb on the f16 activations xh (uint16 bits, nb rows of K)."""
     t = w.ggml_type
-    if glu not in _ACT:
-        raise MemraError(f"gemm_f16: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    if glu and w.rows % 2:
-        raise MemraError("gemm_f16: a GLU weight stacks gate and up (an even row count)")
+    MV.check_glu("gemm_f16", glu, w.rows)
     if glu and residual is not None:
         raise MemraError("gemm_f16: the glu entry takes no residual")
     N, K = (w.rows // 2 if glu else w.rows), w.K
@@ -252,10 +240,10 @@ def gemm_f16(g, w, y, *, xh, nb: int, residual=None, glu: str | None = None, con
     if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
         raise MemraError(f"gemm_f16: y (and residual) must be f32 with >= {nb}x{N} values")
     grid, block, smem = launch_shape(t, cfg, N, nb, bool(glu))
-    m = g.module(kernel_file(cfg), _defines(t, cfg, canary))
+    m = g.module(kernel_file(cfg), MV.type_defines(t, cfg, canary))
     if glu:
         g.launch(m.kernel("gemm_f16_glu"), grid, block,
-                 (w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(_ACT[glu])),
+                 (w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu])),
                  shmem=smem, pdl=pdl)
     else:
         g.launch(m.kernel("gemm_f16"), grid, block,
@@ -304,8 +292,8 @@ def compile_variants() -> list[tuple[str, dict]]:
     for t in TYPES:
         for c in (WG, *_CONFIGS):
             cfg = launch_config(t, config=c)
-            out.append((kernel_file(cfg), _defines(t, cfg)))
-    out += [(WG_FILE, _defines(12, WG, canary=1)), (KERNEL_FILE, _defines(12, MMA, canary=1)),
+            out.append((kernel_file(cfg), MV.type_defines(t, cfg)))
+    out += [(WG_FILE, MV.type_defines(12, WG, canary=1)), (KERNEL_FILE, MV.type_defines(12, MMA, canary=1)),
             (KERNEL_FILE, {"MEMRA_CANARY": 2})]
     return out
 
@@ -372,7 +360,7 @@ def against_ref(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str | 
         gate_up = g.to_device(np.ascontiguousarray(plain))
         want = g.empty((nb, N), np.float32)
         ACT.act_mul(g, gate_up.view(np.float32, (nb * rows,), 0), gate_up.view(np.float32, (nb * rows - N,), 4 * N),
-                    want, N, nb, _ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
+                    want, N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
         g.sync()
         want = want.numpy()
         got = _launch(g, w, xh, nb, N, config, canary, glu=glu)
@@ -485,8 +473,8 @@ def launch_cases(L, ctx) -> list[dict]:
     N = int(L.shape["rows"]) // (2 if glu else 1)
     cfg = launch_config(t, nb, L.config, int(L.shape["rows"]))
     res = bool(L.args.get("res"))
-    return [{"file": kernel_file(cfg), "entry": "gemm_f16_glu" if glu else "gemm_f16", "defines": _defines(t, cfg),
-             "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
+    return [{"file": kernel_file(cfg), "entry": "gemm_f16_glu" if glu else "gemm_f16",
+             "defines": MV.type_defines(t, cfg), "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
 
 
@@ -629,4 +617,4 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     campaign's parallel precompile (a refused configuration raises: never compiled, its job
     records why)."""
     t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
-    return [(kernel_file(cfg), _defines(t, cfg))]
+    return [(kernel_file(cfg), MV.type_defines(t, cfg))]

@@ -150,8 +150,6 @@ KERNEL_FILE = "gemm_tile.cu"
 TYPES = CH.TYPES
 KEYS = ("GT_WM", "GT_WN", "GT_STAGES", "GT_PF", "GT_MINB", "GT_LD", "GT_RPAD")
 _NULL = np.uint64(0)
-_ACT = {None: 0, "silu": 1, "gelu": 2}   # gemm.cu's act argument: 1 SiLU, 2 GELU-tanh
-_ACT_MUL = {"silu": "silu", "gelu": "gelu_tanh"}
 
 
 # up to this many rows the 2 x 2-warp tile with 3 stages (64 activation columns a block) is the
@@ -201,21 +199,11 @@ def supports(t: int, N: int, K: int, glu: bool, min_tiles: int | None = None) ->
     return N // (bm // 2 if glu else bm) >= (MIN_ROW_TILES if min_tiles is None else min_tiles)
 
 
-def _defines(t: int, config: dict, canary: int = 0) -> dict:
-    d = {"MV_TYPE": t, **config}
-    if canary:
-        d["MEMRA_CANARY"] = canary
-    return d
-
-
 def gemm_tile(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
               canary: int = 0, pdl: bool = False) -> None:
     """y[b, :] (+)= W x[b, :] for b < nb on the q8 activations xq / xs, every output the chain."""
     t = w.ggml_type
-    if glu not in _ACT:
-        raise MemraError(f"gemm_tile: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    if glu and w.rows % 2:
-        raise MemraError("gemm_tile: a GLU weight stacks gate and up (an even row count)")
+    MV.check_glu("gemm_tile", glu, w.rows)
     N, K = (w.rows // 2 if glu else w.rows), w.K
     cfg = launch_config(t, nb, config)
     check_shape(t, cfg, N, K, nb, bool(glu))
@@ -224,9 +212,9 @@ def gemm_tile(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None
     if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
         raise MemraError(f"gemm_tile: y (and residual) must be f32 with >= {nb}x{N} values")
     grid, block, smem = launch_shape(t, cfg, N, nb, bool(glu))
-    k = g.module(KERNEL_FILE, _defines(t, cfg, canary)).kernel("gemm_tile_glu" if glu else "gemm_tile")
+    k = g.module(KERNEL_FILE, MV.type_defines(t, cfg, canary)).kernel("gemm_tile_glu" if glu else "gemm_tile")
     g.launch(k, grid, block, (w.bulk, w.meta, xq, xs, y, residual if residual is not None else _NULL,
-                              np.int32(N), np.int32(K), np.int32(nb), np.int32(_ACT[glu])), shmem=smem, pdl=pdl)
+                              np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu])), shmem=smem, pdl=pdl)
 
 
 # -- kernel-check -----------------------------------------------------------------------
@@ -238,8 +226,8 @@ _CHECK = ((1, None, False), (9, None, False), (64, "silu", False), (130, None, T
 
 
 def compile_variants() -> list[tuple[str, dict]]:
-    out = [(KERNEL_FILE, _defines(t, launch_config(t, nb))) for t in TYPES for nb in (SMALL_ROWS, 512)]
-    out.append((KERNEL_FILE, _defines(12, launch_config(12), canary=1)))
+    out = [(KERNEL_FILE, MV.type_defines(t, launch_config(t, nb))) for t in TYPES for nb in (SMALL_ROWS, 512)]
+    out.append((KERNEL_FILE, MV.type_defines(12, launch_config(12), canary=1)))
     return out
 
 
@@ -279,7 +267,7 @@ def against_chain(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str 
     if glu:   # the engine's activation on the checked plain outputs: the glu kernel's oracle
         ref_out = g.empty((nb, N), np.float32)
         ACT.act_mul(g, yp.view(np.float32, (nb * rows,), 0), yp.view(np.float32, (nb * rows - N,), 4 * N), ref_out,
-                    N, nb, _ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
+                    N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
         g.sync()
         want_out = ref_out.numpy()
     else:
@@ -338,7 +326,7 @@ def launch_cases(L, ctx) -> list[dict]:
     N = int(L.shape["rows"]) // (2 if glu else 1)
     cfg = launch_config(t, nb, L.config)
     res = bool(L.args.get("res"))
-    return [{"file": KERNEL_FILE, "entry": "gemm_tile_glu" if glu else "gemm_tile", "defines": _defines(t, cfg),
+    return [{"file": KERNEL_FILE, "entry": "gemm_tile_glu" if glu else "gemm_tile", "defines": MV.type_defines(t, cfg),
              "bucket": nb, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
 
@@ -424,7 +412,7 @@ class _TuneCase:
         if act:
             gu, out = g.to_device(np.ascontiguousarray(want)), g.empty((nb, R), np.float32)
             ACT.act_mul(g, gu.view(np.float32, (nb * 2 * R,), 0), gu.view(np.float32, (nb * 2 * R - R,), 4 * R),
-                        out, R, nb, _ACT_MUL[act], gate_stride=2 * R, up_stride=2 * R, out_stride=R)
+                        out, R, nb, MV.ACT_MUL[act], gate_stride=2 * R, up_stride=2 * R, out_stride=R)
             g.sync()
             want = out.numpy()
         bits = np.empty((nb, N), np.uint32)
@@ -477,4 +465,4 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     """The module a tune job loads, for the campaign's parallel precompile (a refused
     configuration raises: never compiled, its job records why)."""
     t, _, _, _, _, cfg = _tune_args(kernel, variant, config, shape)
-    return [(KERNEL_FILE, _defines(t, cfg))]
+    return [(KERNEL_FILE, MV.type_defines(t, cfg))]

@@ -54,7 +54,25 @@ TYPES: dict[int, tuple[str, int, int, int, int]] = {
 }
 FLOAT_TYPES = frozenset({0, 1, 30})
 BUCKETS = (1, 4, 8)
-ACTS = {None: 0, "silu": 1, "gelu": 2}
+ACTS = {None: 0, "silu": 1, "gelu": 2}   # a glu activation: the kernels' act argument (1 SiLU, 2 GELU-tanh)
+ACT_MUL = {"silu": "silu", "gelu": "gelu_tanh"}   # the same activation as kernels/act.cu's act_mul names it
+
+
+def check_glu(family: str, glu, rows: int) -> None:
+    """The glu argument every matmul family takes: None or an ACTS activation, and for one a weight
+    stacking gate and up (an even row count)."""
+    if glu not in ACTS:
+        raise MemraError(f"{family}: glu must be None, 'silu' or 'gelu' (got {glu!r})")
+    if glu and rows % 2:
+        raise MemraError(f"{family}: a GLU weight stacks gate and up (an even row count)")
+
+
+def type_defines(t: int, config: dict, canary: int = 0) -> dict:
+    """A weight-type family's module defines: MV_TYPE, the launch's tunables, MEMRA_CANARY when set."""
+    d = {"MV_TYPE": t, **config}
+    if canary:
+        d["MEMRA_CANARY"] = canary
+    return d
 
 
 def type_id(t) -> int:
@@ -236,16 +254,13 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
     config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
     a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
     hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
-    if glu not in ACTS:
-        raise MemraError(f"matvec: glu must be None, 'silu' or 'gelu' (got {glu!r})")
+    check_glu("matvec", glu, w.rows)
     q8 = xq is not None
     if q8 and w.ggml_type in FLOAT_TYPES:
         raise MemraError(f"matvec: {TYPES[w.ggml_type][0]} weights take f32 activations")
     if (x is None) == (not q8) or (q8 and xs is None):
         raise MemraError("matvec: give either x (f32 path) or xq and xs (q8 path)")
     N = w.rows // 2 if glu else w.rows
-    if glu and w.rows % 2:
-        raise MemraError("matvec: a GLU weight stacks gate and up (an even row count)")
     K = w.K
     if y.dtype != np.float32 or y.size < nb * N:
         raise MemraError(f"matvec: y must be f32 with >= {nb}x{N} values")

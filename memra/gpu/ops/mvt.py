@@ -187,10 +187,7 @@ def mvt(g, w, y, *, xq, xs, nb: int, residual=None, glu: str | None = None, conf
     t = w.ggml_type
     if t not in TYPES:
         raise MemraError(f"mvt: no tensor-core kernel for {MV.TYPES[t][0]} weights (quantized types only)")
-    if glu not in MV.ACTS:
-        raise MemraError(f"mvt: glu must be None, 'silu' or 'gelu' (got {glu!r})")
-    if glu and w.rows % 2:
-        raise MemraError("mvt: a GLU weight stacks gate and up (an even row count)")
+    MV.check_glu("mvt", glu, w.rows)
     N = w.rows // 2 if glu else w.rows
     K = w.K
     if nb < 1:
