@@ -53,8 +53,12 @@ from memra.gpu.ops import act as ACT
 from memra.gpu.ops import attention as ATT
 from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import embed as EMB
+from memra.gpu.ops import gemm as GEMM
+from memra.gpu.ops import gemm_f16 as GF
+from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import mvt as MVT
 from memra.gpu.ops import norm as NORM
 from memra.gpu.ops import rope as ROPE
 from memra.gpu.ops import sample as SMP
@@ -492,8 +496,6 @@ class Runner:
                 xq, xs = self._twin(rows, K)
                 MV.quantize_q8(g, B[a["src"]].view(shape=(rows, K)), xq, xs, rows, config=L.config)
             elif op == "to_f16":
-                from memra.gpu.ops import gemm_f16 as GF
-
                 K = a["K"]
                 GF.to_f16(g, B[a["src"]].view(shape=(rows * K,)), self.xh.view(shape=(rows * K,)), rows * K, pdl=pdl)
             elif op == "rope":
@@ -571,23 +573,15 @@ class Runner:
             return cfg
 
         if L.op == "gemm_f16":
-            from memra.gpu.ops import gemm_f16 as GF
-
             xh = self.xh.view(shape=(n, K), offset=2 * r0 * K)
             GF.gemm_f16(g, w, y, xh=xh, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
         elif a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":
-                from memra.gpu.ops import gemm_tile as GT
-
                 GT.gemm_tile(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             elif L.op == "gemm":
-                from memra.gpu.ops import gemm as GEMM
-
                 GEMM.gemm(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             elif L.op == "mvt":
-                from memra.gpu.ops import mvt as MVT
-
                 MVT.mvt(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             else:
                 MV.matvec(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)
