@@ -33,6 +33,7 @@ from memra.paths import read_text
 from memra.tune.receipts import (append_receipts, config_key, iter_receipts, make_receipt, shape_batch,
                                  shape_key)
 from memra.tune.tables import BATCH_BUCKETS
+from memra.tune.tables import src_hash as kernel_src_hash
 
 log = logging.getLogger("memra.tuning")
 
@@ -383,16 +384,6 @@ def _done_keys(path: Path, device: str, timing: str | None = None) -> set[tuple]
     return done
 
 
-def job_src_hash(src: str) -> str:
-    """A job's source hash: its kernel file's and headers' (memra.gpu.compile.source_hash); for several
-    files joined by "+" (a family with a kernel file per implementation), the hash of their hashes in
-    order (memra.tune.tables.combined_hash, as freeze and the tables check it)."""
-    from memra.gpu.compile import source_hash
-    from memra.tune.tables import combined_hash
-
-    return source_hash(src) if "+" not in src else combined_hash(source_hash(f) for f in src.split("+"))
-
-
 def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_path: str | os.PathLike,
                  *, context: Mapping, resume: bool = False,
                  src_hash: Callable[[str], str] | None = None,
@@ -409,7 +400,7 @@ def run_campaign(jobs: Iterable[Job], measure: Callable[[Job], Mapping], out_pat
     (failed ones too: the same source fails the same way).
     progress(done, total, job, receipt or None when skipped) is called after each job.
     Returns counts: measured, failed, skipped."""
-    src_hash = src_hash or job_src_hash
+    src_hash = src_hash or kernel_src_hash
     jobs = list(jobs)
     out_path = Path(out_path)
     done = _done_keys(out_path, context["device"], context.get("timing")) if resume else set()

@@ -77,17 +77,21 @@ def combined_hash(hashes) -> str:
     return hashlib.sha256("+".join(hashes).encode()).hexdigest()[:16]
 
 
-def _current_hash(src: str) -> str | None:
+def src_hash(src: str) -> str:
     """The hash of a kernel file and its headers; of several joined by "+" (an entry that
-    compares kernels, memra.tune.dispatch), the hash of their hashes."""
+    compares kernels, memra.tune.dispatch, or a family with a file per implementation), the hash
+    of their hashes. MemraError where a file is gone."""
     from memra.gpu.compile import source_hash
 
+    return source_hash(src) if "+" not in src else combined_hash(source_hash(f) for f in src.split("+"))
+
+
+def _current_hash(src: str) -> str | None:
+    """src_hash, None where a kernel file is gone (every entry measured on it is stale)."""
     try:
-        if "+" not in src:
-            return source_hash(src)
-        return combined_hash(source_hash(f) for f in src.split("+"))
+        return src_hash(src)
     except MemraError:
-        return None  # a kernel file is gone: every entry measured on it is stale
+        return None
 
 
 # ---------------------------------------------------------------- load and look up
