@@ -247,6 +247,10 @@ def tune_freeze(
     pdl_match: Annotated[Optional[str], typer.Option("--pdl-match", help="With --pdl: take the PDL-timed "
                          "receipts only for the entries this regular expression names, whole-matched "
                          "against 'KERNEL SHAPE_KEY' (e.g. 'matvec cols=2048,rows=2048,type=Q4_0').")] = None,
+    stand_in: Annotated[Optional[list[str]], typer.Option("--stand-in", help="With --device: also take this "
+                        "device's receipts (a part of the same compute capability and SM count, e.g. an H100 "
+                        "for the H200) for the kernels, shapes and batches the device has none of its own "
+                        "for; such entries say measured_on. Repeatable.")] = None,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import carry as CARRY
@@ -270,6 +274,8 @@ def tune_freeze(
     choices = ec.to_dict("records") if len(ec) else []
     if pdl_match is not None and not pdl:
         raise MemraError("--pdl-match needs --pdl")
+    if stand_in and not device:
+        raise MemraError("--stand-in needs --device (the device the stand-in's receipts count for)")
     try:
         df = select_timing(df, pdl, pdl_match) if len(df) else df
     except re.error as e:
@@ -281,7 +287,7 @@ def tune_freeze(
     tables = []
     for d in devices:
         kw = dict(current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
-                  entry_src=DISPATCH.entry_src(_current_hash))
+                  entry_src=DISPATCH.entry_src(_current_hash), stand_ins=stand_in or ())
         table = freeze(df, d, keep=reached, **kw)
         notes = apply_engine_choices(table, choices, _current_hash, project_root())
         # a dispatch choice measured with a path configuration the table has replaced since (a later

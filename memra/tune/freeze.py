@@ -67,7 +67,8 @@ def _median(xs: list[float]) -> float:
 def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = None,
            buckets: Iterable[int] = BATCH_BUCKETS, root: Path | None = None,
            builtin=None, min_gain: float = 0.0, keep=None,
-           entry_src: Mapping[str, tuple[str, str | None]] | None = None) -> dict:
+           entry_src: Mapping[str, tuple[str, str | None]] | None = None,
+           stand_ins: Iterable[str] = ()) -> dict:
     """The default table for `device` from a receipts DataFrame (memra.tune.receipts.read_receipts).
 
     Only receipts of `device` count, and only those measured on the kernel source that is
@@ -89,20 +90,50 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
     entry_src maps a kernel whose entries compare receipts of several kernel files to the
     (src, src_hash) its entries carry instead of the winner's (memra.tune.dispatch.entry_src:
     a dispatch receipt names its path's file, the entry all three).
+
+    stand_ins names other devices of the same compute capability and SM count (an H100 for the
+    H200) whose current receipts fill the kernel, shape and batch buckets `device` has no current
+    receipts of its own for; such an entry says so (`measured_on`: the device that timed it).
     """
+    import pandas as pd
+
     buckets = tuple(sorted(buckets))
     df = receipts[receipts["device"] == device]
     if df.empty:
         seen = sorted(set(receipts["device"])) if len(receipts) else []
         raise MemraError(f"no receipts for device {device!r}"
                          + (f" (receipts name: {', '.join(seen)})" if seen else ""))
+    stand_ins = [d for d in dict.fromkeys(stand_ins) if d != device]
+    others = receipts[receipts["device"].isin(stand_ins)]
+    if stand_ins:
+        cc, sms = str(df.iloc[0]["cc"]), int(df.iloc[0]["sms"])
+        for d in stand_ins:
+            o = others[others["device"] == d]
+            if o.empty:
+                raise MemraError(f"--stand-in {d!r}: no receipts of that device")
+            if set(o["cc"].astype(str)) != {cc} or set(o["sms"].astype(int)) != {sms}:
+                raise MemraError(f"--stand-in {d!r}: not a part like {device!r} (compute capability {cc}, "
+                                 f"{sms} SMs); its receipts say cc {sorted(set(o['cc'].astype(str)))}, "
+                                 f"SMs {sorted(set(o['sms'].astype(int)))}")
+    both = pd.concat([df, others]) if len(others) else df
     if current_hashes is None:
-        latest = df.sort_values("ts").groupby("src")["src_hash"].last()
+        latest = both.sort_values("ts").groupby("src")["src_hash"].last()
         current_hashes = latest.to_dict()
     current = df["src_hash"] == df["src"].map(current_hashes)
     if (~current).any():
         log.info("freeze: ignoring %d receipts measured on older kernel source", int((~current).sum()))
     df = df[current]
+    if len(others):
+        others = others[others["src_hash"] == others["src"].map(current_hashes)]
+
+        def _slot(r) -> tuple:
+            return r["kernel"], r["shape_key"], batch_bucket(int(r["batch"]), buckets)
+
+        own = set(df.apply(_slot, axis=1)) if len(df) else set()
+        fill = others[~others.apply(_slot, axis=1).isin(own)] if len(others) else others
+        if len(fill):
+            log.info("freeze: %d receipts of %s stand in for %s", len(fill), ", ".join(stand_ins), device)
+            df = pd.concat([df, fill])
     if keep is not None and len(df):
         reach = df.apply(lambda r: bool(keep(r)), axis=1)
         if (~reach).any():
@@ -150,6 +181,8 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
                 entry["src"], entry["src_hash"] = entry_src[kernel]
             if kept:
                 entry["kept_builtin"] = True
+            if win["device"] != device:
+                entry["measured_on"] = win["device"]
             if win.get("timing") == "pdl":  # timed as programmatic dependent launches (tune run --pdl)
                 entry["timing"] = "pdl"
             if len(cands) > 1:
@@ -170,7 +203,8 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
         "nvrtc": first["nvrtc"],
         "frozen_at": utc_now(),
         "git_sha": git_sha(),
-        "receipts": sorted({_rel(f, root) for f in receipts[receipts["device"] == device]["file"]}),
+        "receipts": sorted({_rel(f, root) for f in receipts[receipts["device"] == device]["file"]}
+                           | {_rel(f, root) for f in df[df["device"] != device]["file"]}),
         "batch_buckets": list(buckets),
         "sources": sources,
         "entries": entries,
