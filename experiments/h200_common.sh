@@ -204,6 +204,6 @@ dispatch_freeze() {
 }
 freeze_show() {
   # --pdl: the shipped table adopts the PDL-timed receipts of research/tune/ (tune/defaults/README.md)
-  python3 -m memra tune freeze --device "NVIDIA H200" --out-dir tune/defaults --pdl > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
+  python3 -m memra tune freeze --device "NVIDIA H200" --stand-in "NVIDIA H100 80GB HBM3" --out-dir tune/defaults --pdl > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"
   python3 -m memra tune show > "$R/show-$1.txt" 2>&1; log "show: $(grep -i stale "$R/show-$1.txt" | head -3)"
 }

@@ -33,7 +33,8 @@ t)
 k)
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-240} kernel_check
   [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T1:-420} "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" table "$ARMS"
-  [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T2:-560} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table "$ARMS" ;;
+  [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T2:-560} "synth:llama3-8b:Q4_0 -p 512 -n 0 -r 5" table "$ARMS"
+  [ -n "${ARMS:-}" ] && env_arms bench-landing.jsonl ${T3:-0} "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5" table "$ARMS" ;;
 s)
   env_arms bench-short.jsonl ${T1:-200} "synth:llama3-8b:Q4_K_M -p 64 -n 0 -r 5" table MEMRA_PROMPT_GEMM=tile
   env_arms bench-short.jsonl ${T2:-400} "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5" table MEMRA_PROMPT_GEMM=tile ;;

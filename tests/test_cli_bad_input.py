@@ -92,6 +92,8 @@ def test_tune_freeze_bad_min_gain_and_out_dir(tmp_path):
     for v in ("nan", "-1"):  # were taken: nan keeps no built-in configuration, -1 none either
         one_error_line(memra_cli(*base, "--min-gain", v), "--min-gain must be a fraction >= 0", v)
     one_error_line(memra_cli("tune", "freeze", receipts, "--out-dir", receipts), "r.jsonl is not a folder")
+    one_error_line(memra_cli(*base, "--stand-in", "NVIDIA H100 80GB HBM3"), "--stand-in needs --device")
+    one_error_line(memra_cli(*base, "--device", "NVIDIA H200", "--stand-in", "RTX 5090"), "'RTX 5090': no receipts")
     assert memra_cli(*base).returncode == 0 and (tmp_path / "tables" / "nvidia-h200.json").is_file()
 
 

@@ -510,13 +510,13 @@ def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
     cases pass (the references agree with the launch contracts; every grid passes the emulator's
     geometry check) and both canaries are caught — the checks' strength against the kernel's own
     deliberate errors, as modelled."""
-    from test_launch_set import _emulated_kernel_check
+    from test_launch_set import GEMM_F16_HEAP, _emulated_kernel_check
 
     from memra.tune import kernelcheck as KC
 
     monkeypatch.setenv("MEMRA_PROMPT_GEMM", "f16")
     report = {}
-    lines = _emulated_kernel_check(monkeypatch, only="gemm_f16", report=report)
+    lines = _emulated_kernel_check(monkeypatch, heap=GEMM_F16_HEAP, only="gemm_f16", report=report)
     assert KC.all_green(lines), [ln for ln in lines if not ln.startswith("PASS")][:5]
     assert sum(" canary " in ln and "caught" in ln for ln in lines) == 3
     fam = report["families"]["gemm_f16"]
@@ -588,3 +588,30 @@ def test_the_diagnostic_copy_of_the_wgmma_kernel_still_applies_and_builds(tmp_pa
     assert text.count("#if WG_DIAG") == len(mod.EDITS)
     for d in (1, 2, 3):
         assert mod._compile((str(src), (Q4_K, {"WG_BN": 256, "WG_INFLIGHT": 0}, d)))[:4] == b"\x7fELF", d
+
+
+def test_the_conversion_probe_applies_builds_and_its_trick_is_exact(tmp_path):
+    """experiments/gemm_f16/wg/cvt.py's copy of the wgmma kernel (T::deq or deq_cvt.cuh's DeqCvt<T> by WG_CVT)
+    finds its lines and builds both ways; and the trick it rests on is exact for every byte and bias the header
+    uses: the f32 with bits 0x4B000000 | u, minus 2^23 + k, is u - k (what (float)(u - k) gives)."""
+    spec = importlib.util.spec_from_file_location("gemm_f16_wg_cvt",
+                                                  ROOT / "experiments" / "gemm_f16" / "wg" / "cvt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = mod.cvt_source(tmp_path)
+    assert src.read_text().count("#if WG_CVT") == 1 and (tmp_path / "deq_cvt.cuh").is_file()
+    for c in (0, 1):
+        assert mod._compile((str(src), (Q6_K, (("WG_BN", 128),), c)))[:4] == b"\x7fELF", c
+    u = np.arange(256, dtype=np.uint32)
+    magic = (np.uint32(0x4B000000) | u).view(np.float32)
+    for k in (0, 8, 16, 32, 128):   # cvt_fma / cvt_fms, cvt_mul<8>, <16>, cvt_i8<32>, <128>
+        bias = np.float32(8388608 + k)
+        assert float(bias) == 8388608 + k
+        got = magic - bias
+        assert got.dtype == np.float32 and np.array_equal(got, (u.astype(np.int64) - k).astype(np.float32)), k
+        assert not np.signbit(got[got == 0]).any()   # u = k gives +0, as the conversion does
+    # signed bytes through the flip the header uses (Q8_0, IQ4_XS): q ^ 0x80 = q + 128
+    q = np.arange(-128, 128, dtype=np.int64)
+    flipped = (q.astype(np.uint8) ^ np.uint8(0x80)).astype(np.uint32)
+    assert np.array_equal((np.uint32(0x4B000000) | flipped).view(np.float32) - np.float32(8388736),
+                          q.astype(np.float32))

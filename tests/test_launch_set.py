@@ -187,7 +187,8 @@ def test_every_entry_of_the_h200_table_is_executed():
     entry_of = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", "rope_norm_kv": "rope_norm_kv",
                 "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
                 "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
-                "mvt_glu": "mvt_q8_glu", "gemm_tile": "gemm_tile", "gemm_tile_glu": "gemm_tile_glu"}
+                "mvt_glu": "mvt_q8_glu", "gemm_tile": "gemm_tile", "gemm_tile_glu": "gemm_tile_glu",
+                "gemm_f16": "gemm_f16", "gemm_f16_glu": "gemm_f16_glu"}
     # a dispatch entry names the path (matvec, mvt, gemm) a shape runs at a row bucket: some case
     # of that weight type, K and bucket runs that path's kernel with the entry's configuration
     # (the launch set merges launches that differ only in N, so N is not compared)
@@ -221,8 +222,13 @@ def test_every_entry_of_the_h200_table_is_executed():
     assert n == sum(len(b) for s in table["entries"].values() for b in s.values()) and n > 50
 
 
-def _emulated_kernel_check(monkeypatch, **kw):
-    EMU.install(monkeypatch)
+# the emulator's heap for a whole gemm_f16 family run: its allocator never frees, and the table's cases at the 8B's
+# K (activations of up to 512 x 14,336) take ~750 MiB of it (session 44's campaign entries)
+GEMM_F16_HEAP = 3 << 29
+
+
+def _emulated_kernel_check(monkeypatch, heap=None, **kw):
+    EMU.install(monkeypatch, FakeGpu(heap) if heap else None)
     return list(KC.run_kernel_check(models=["synth:tiny-llama:Q4_K_M"], seed=1, **kw))
 
 
@@ -406,6 +412,7 @@ def test_a_family_the_base_does_not_hold_runs_whole(monkeypatch):
     """A kernel family new since the base receipt (absent from its families): an incremental run
     checks it whole (its own checks, canaries and every case of it), the others' base stands."""
     base, _, cases = _incremental_base(monkeypatch, drop_families=())
+    EMU.install(monkeypatch, FakeGpu(GEMM_F16_HEAP))
     fams = {f: v for f, v in base["families"].items() if f != "gemm_f16"}
     mine = {k for k, c in cases.items() if c["family"] == "gemm_f16"}
     base = dict(base, families=fams, launch_set=sorted(set(base["launch_set"]) - mine))

@@ -208,6 +208,39 @@ def test_freeze_uses_only_current_source(tmp_path):
     assert (e["config"], e["src_hash"]) == ({"NWARPS": 2}, "old")
 
 
+def test_freeze_stand_in_fills_only_what_the_device_lacks(tmp_path):
+    """--stand-in: an H100's receipts (same cc, same SM count) fill the H200 entries the H200 has no
+    current receipts of its own for, and say so; where the H200 has its own, the H100's never count
+    (here the H100 times NWARPS 2 faster at batch 1, which must not win)."""
+    other = {"type": "Q8_0", "rows": 576, "cols": 576}
+    df = read_receipts(_write(tmp_path, [
+        rec(9.0, config={"NWARPS": 4}), rec(10.0, config={"NWARPS": 2}),
+        rec(1.0, config={"NWARPS": 2}, dev=H100),
+        rec(3.0, config={"NWARPS": 8}, dev=H100, shape=other), rec(4.0, config={"NWARPS": 4}, dev=H100, shape=other),
+        rec(2.0, config={"NWARPS": 8}, dev=H100, batch=64),
+        rec(5.0, config={"NWARPS": 8}, dev=H100, batch=64, src_hash="old", ts="2020-01-01T00:00:00Z"),
+    ]))
+    alone = F.freeze(df, "NVIDIA H200")
+    assert list(alone["entries"]["matvec"]) == ["cols=4096,rows=4096,type=Q4_K"]
+    assert list(alone["entries"]["matvec"]["cols=4096,rows=4096,type=Q4_K"]) == ["1"]
+    t = F.freeze(df, "NVIDIA H200", stand_ins=[H100["device"]], current_hashes={"matvec.cu": "aaaa"})
+    by = t["entries"]["matvec"]
+    own = by["cols=4096,rows=4096,type=Q4_K"]["1"]
+    assert (own["config"], own["candidates"], "measured_on" in own) == ({"NWARPS": 4}, 2, False)
+    filled = by["cols=576,rows=576,type=Q8_0"]["1"]
+    assert (filled["config"], filled["measured_on"], filled["candidates"]) == ({"NWARPS": 8}, H100["device"], 2)
+    b64 = by["cols=4096,rows=4096,type=Q4_K"]["64"]
+    assert (b64["config"], b64["median_us"], b64["measured_on"]) == ({"NWARPS": 8}, 2.0, H100["device"])
+    assert t["device"] == "NVIDIA H200"
+    # a part unlike the device (another SM count) cannot stand in; nor one without receipts
+    df2 = read_receipts(_write(tmp_path, [rec(9.0), rec(1.0, dev={**H100, "device": "H100 PCIe", "sms": 114})],
+                               name="r2.jsonl"))
+    with pytest.raises(Exception, match="'H100 PCIe': not a part like 'NVIDIA H200'.*114"):
+        F.freeze(df2, "NVIDIA H200", stand_ins=["H100 PCIe"])
+    with pytest.raises(Exception, match="'RTX 5090': no receipts"):
+        F.freeze(df2, "NVIDIA H200", stand_ins=["RTX 5090"])
+
+
 def test_freeze_unknown_device(tmp_path):
     df = read_receipts(_write(tmp_path, [rec(1.0)]))
     with pytest.raises(Exception, match="no receipts for device 'RTX 5090'.*NVIDIA H200"):
