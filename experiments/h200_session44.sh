@@ -20,7 +20,7 @@
 #  impossible context; needs llama-bench built in this machine's earlier call).
 set -u
 source experiments/h200_common.sh
-stage_begin s44
+stage_begin ${SESSION_TAG:-s44}   # h200_session45.sh runs these stages as s45
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 case "$STAGE" in
 d)
@@ -44,4 +44,4 @@ w)
 l)
   bash experiments/h200_long.sh ;;
 esac
-tar czf $OUT/s44-$STAGE.tgz -C /tmp s44-$STAGE
+tar czf $OUT/${SESSION_TAG:-s44}-$STAGE.tgz -C /tmp ${SESSION_TAG:-s44}-$STAGE

@@ -615,3 +615,37 @@ def test_the_conversion_probe_applies_builds_and_its_trick_is_exact(tmp_path):
     flipped = (q.astype(np.uint8) ^ np.uint8(0x80)).astype(np.uint32)
     assert np.array_equal((np.uint32(0x4B000000) | flipped).view(np.float32) - np.float32(8388736),
                           q.astype(np.float32))
+
+
+def test_the_conversion_probes_device_loop_runs_on_the_emulator(monkeypatch, tmp_path):
+    """cvt.py's device half (both arms launched through diag.py's launcher, the engine's own launch beside them,
+    the read-back and the receipt) runs on the emulator: an API drift breaks it here, not in a device call. The
+    emulator models the kernel, not the two dequants, so its bits say nothing about deq_cvt.cuh (the device run
+    and the CPU arithmetic test do)."""
+    import concurrent.futures as CF
+    import json
+    import sys
+
+    import gpu_emulator as EMU
+
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "gemm_tile"))
+    import tile as TL
+
+    EMU.install(monkeypatch, FakeGpu(1 << 28))
+    real = TL.prebuilt_module
+    monkeypatch.setattr(TL, "prebuilt_module", lambda g, cache, k, f, d, cub, mock=False: real(
+        g, cache, k, f, {a: b for a, b in d.items() if a != "WG_CVT"}, cub, mock=True))
+    monkeypatch.setattr(TL, "time_us", lambda g, fns, reps: [fn() for fn in fns] and 1.0)
+    monkeypatch.setattr(CF, "ProcessPoolExecutor", CF.ThreadPoolExecutor)
+    spec = importlib.util.spec_from_file_location("gemm_f16_wg_cvt_dry",
+                                                  ROOT / "experiments" / "gemm_f16" / "wg" / "cvt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "SHAPES", [("gate_up", Q4_K, 512, 512, True, [(64, {"WG_BN": 64})]),
+                                        ("down", Q6_K, 256, 512, False, [(70, {"WG_BN": 128})])])
+    monkeypatch.setattr(mod, "_compile", lambda job: b"\x7fELF")
+    out = tmp_path / "cvt.jsonl"
+    monkeypatch.setattr(sys, "argv", ["cvt.py", "--out", str(out), "--reps", "2"])
+    assert mod.main() == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["type"], r["nb"], r["same_bits"]) for r in recs] == [("Q4_K", 64, True), ("Q6_K", 70, True)]

@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
-KERNEL = ROOT / "kernels" / "gemm_f16_wg.cu"
+sys.path.insert(0, str(HERE))
+import diag as DIAG  # noqa: E402  (knobbed_copy, launcher)
+
 HEADER = HERE / "deq_cvt.cuh"
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS = 2, 3, 6, 7, 8, 12, 13, 14, 23
 WIDE, WG, WG64 = {"WG_BN": 256, "WG_INFLIGHT": 0}, {"WG_BN": 128}, {"WG_BN": 64}
@@ -72,20 +74,9 @@ EDITS = [
 
 
 def cvt_source(folder: Path) -> Path:
-    """The knobbed copy of the kernel (and deq_cvt.cuh) in `folder`; raises if an edit's line is not in the kernel
-    once."""
-    src = KERNEL.read_text()
-    for old, new in EDITS:
-        n = src.count(old)
-        if n != 1:
-            raise SystemExit(f"cvt.py: the kernel line {old.strip()!r} occurs {n} times (the kernel moved on: "
-                             f"update EDITS)")
-        src = src.replace(old, new)
-    src = "#ifndef WG_CVT\n#define WG_CVT 0\n#endif\n" + src
+    """The knobbed copy of the kernel (and deq_cvt.cuh) in `folder` (diag.py's knobbed_copy)."""
     shutil.copy(HEADER, folder / HEADER.name)
-    out = folder / "gemm_f16_wg.cu"
-    out.write_text(src)
-    return out
+    return DIAG.knobbed_copy(folder, EDITS, "WG_CVT", "cvt.py")
 
 
 def modules():
@@ -156,15 +147,7 @@ def main() -> int:
                     key = (t, tuple(sorted(cfg.items())), c)
                     m = TL.prebuilt_module(g, cache, key, "gemm_f16_wg.cu", {"MV_TYPE": t, "WG_CVT": c, **cfg},
                                            lambda k=key: cubs[k])
-                    y = ys[c]
-                    if glu:
-                        a = (w.bulk, w.meta, xh, y, np.int32(n_out), np.int32(K), np.int32(nb),
-                             np.int32(MV.ACTS["silu"]))
-                        k = m.kernel("gemm_f16_glu")
-                    else:
-                        a = (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(n_out), np.int32(K), np.int32(nb))
-                        k = m.kernel("gemm_f16")
-                    launch[c] = (lambda k=k, a=a: g.launch(k, grid, block, a, shmem=smem))
+                    launch[c] = DIAG.launcher(g, m, w, xh, ys[c], n_out, K, nb, glu, grid, block, smem)
                     launch[c]()
                 GF.gemm_f16(g, w, ys["eng"], xh=xh, nb=nb, glu="silu" if glu else None, config=cfg)
                 got = {c: ys[c].numpy().view(np.uint32) for c in ys}

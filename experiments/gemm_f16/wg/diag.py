@@ -57,19 +57,37 @@ EDITS = [
 ]
 
 
-def diag_source(folder: Path) -> Path:
-    """The knobbed copy of the kernel in `folder`; raises if an edit's line is not in the kernel once."""
+def knobbed_copy(folder: Path, edits, knob: str, who: str) -> Path:
+    """A copy of the kernel in `folder` with `edits` applied and `knob` defaulting to 0 (diag.py's, cvt.py's);
+    raises if an edit's line is not in the kernel once (the kernel moved on)."""
     src = KERNEL.read_text()
-    for old, new in EDITS:
+    for old, new in edits:
         n = src.count(old)
         if n != 1:
-            raise SystemExit(f"diag.py: the kernel line {old.strip()!r} occurs {n} times (the kernel moved on: "
+            raise SystemExit(f"{who}: the kernel line {old.strip()!r} occurs {n} times (the kernel moved on: "
                              f"update EDITS)")
         src = src.replace(old, new)
-    src = "#ifndef WG_DIAG\n#define WG_DIAG 0\n#endif\n" + src
     out = folder / "gemm_f16_wg.cu"
-    out.write_text(src)
+    out.write_text(f"#ifndef {knob}\n#define {knob} 0\n#endif\n" + src)
     return out
+
+
+def diag_source(folder: Path) -> Path:
+    """The knobbed copy of the kernel in `folder`."""
+    return knobbed_copy(folder, EDITS, "WG_DIAG", "diag.py")
+
+
+def launcher(g, m, w, xh, y, n_out: int, K: int, nb: int, glu: bool, grid, block, smem):
+    """A closure launching module m's gemm_f16 (or _glu, SiLU) entry over y = W xh, as the engine's launcher does."""
+    from memra.gpu.ops import matvec as MV
+
+    if glu:
+        args = (w.bulk, w.meta, xh, y, np.int32(n_out), np.int32(K), np.int32(nb), np.int32(MV.ACTS["silu"]))
+        k = m.kernel("gemm_f16_glu")
+    else:
+        args = (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(n_out), np.int32(K), np.int32(nb))
+        k = m.kernel("gemm_f16")
+    return lambda: g.launch(k, grid, block, args, shmem=smem)
 
 
 def jobs():
@@ -121,13 +139,7 @@ def main() -> int:
                     key = (t, tuple(sorted(cfg.items())), d)
                     m = TL.prebuilt_module(g, cache, key, "gemm_f16_wg.cu", {"MV_TYPE": t, "WG_DIAG": d, **cfg},
                                            lambda k=key: cubs[k])
-                    if glu:
-                        args_ = (w.bulk, w.meta, xh, y, np.int32(n_out), np.int32(K), np.int32(NB), np.int32(1))
-                        k = m.kernel("gemm_f16_glu")
-                    else:
-                        args_ = (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(n_out), np.int32(K), np.int32(NB))
-                        k = m.kernel("gemm_f16")
-                    us = TL.time_us(g, [lambda: g.launch(k, grid, block, args_, shmem=smem)], args.reps)
+                    us = TL.time_us(g, [launcher(g, m, w, xh, y, n_out, K, NB, glu, grid, block, smem)], args.reps)
                     rec = {"kind": "gemm_f16_wg_diag", "shape": name, "type": MV.TYPES[t][0], "config": cfg,
                            "WG_DIAG": d, "nb": NB, "us": us, "device": g.info.name}
                     print(json.dumps(rec), flush=True)
