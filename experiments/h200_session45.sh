@@ -7,9 +7,13 @@
 # in the same call, so their ratios stand on either card (say which). Compare arms only inside one call.
 # STAGE c (~2-3 min, no models): experiments/gemm_f16/wg/cvt.py — the wgmma producer's dequant without I2F
 #  (deq_cvt.cuh) against the kernel as it is: same bits on every type, and the time (Q6_K / Q8_0 / IQ4_XS lose their
-#  per-value I2F.S8; the 4-bit types' I2FP and extraction shrink). If it wins: land it (kernels/deq_cvt.cuh, the one
-#  call in gemm_f16_wg.cu; experiments/gemm_f16/wg/README.md "Landing cvt"), then STAGE t (the campaign again: every
-#  gemm_f16 entry is stale with the source), freeze on the CPU, STAGE k (kernel-check runs the changed family whole).
+#  per-value I2F.S8; the 4-bit types' I2FP and extraction shrink). STAGE L does the same and lands it in one call.
+# STAGE L (~8-9 min, models shipped: kernel-check's launch set needs them): STAGE c, then, if every launch had the
+#  same bits, the landing in this call's copy: `cvt.py --land $OUT/wg-cvt.jsonl` (kernels/ edited), kernel-check
+#  --add-to (the changed family runs whole), the gemm_f16 campaign, freeze_show, and pp512 / pp128 on the 8B with the
+#  landed kernel and table against the checkout as it came (/tmp/old), arms alternating. Back on the CPU: the same
+#  `cvt.py --land` from the committed receipts gives the same bytes; commit it with $OUT's kernel-check receipt,
+#  campaign receipts and table.
 # STAGE d (~6 min with the build, .llamacpp) / e (~2 min after d on a warm machine): `--vs llama.cpp` as session 44.
 # STAGE t (~2 min, no models): the gemm_f16 tune campaign into $OUT/h200-gemm-f16-nvidia-h200.jsonl (research/tune/
 #  after; freeze with --stand-in, tune/defaults/README.md).
@@ -19,8 +23,8 @@
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build then STAGE=evidence (~14 min, .llamacpp), the first
 #  serve run with the f16 prompt GEMM (the last: c = 64 3.52x with the int8 tile).
 set -u
-# every stage but c is session 44's script's, run under this session's tag
-[ "$STAGE" = c ] || SESSION_TAG=s45 exec bash experiments/h200_session44.sh
+# every stage but c and L is session 44's script's, run under this session's tag
+case "$STAGE" in c|L) ;; *) SESSION_TAG=s45 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s45
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -33,4 +37,27 @@ for l in open(sys.argv[1]):
     print(f"{r['shape']:11s} {r['type']:6s} nb {r['nb']:3d} {r['config']}: {r['us_i2f']:8.1f} -> {r['us_cvt']:8.1f} us "
           f"({100 * r['gain']:+.1f} %) same bits {r['same_bits']}")
 PY
+if [ "$STAGE" = L ] && grep -q "ALL SAME BITS" $R/cvt.txt; then
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a memra kernels tune pyproject.toml .synthtok /tmp/old/
+  printf '#!/bin/bash\ncd /tmp/old && PYTHONPATH=/tmp/site:/tmp/old exec "$@"\n' > /tmp/old.sh && chmod +x /tmp/old.sh
+  python3 experiments/gemm_f16/wg/cvt.py --land $OUT/wg-cvt.jsonl 2>&1 | tee -a $R/log.txt
+  mkdir -p $OUT/kernels && cp kernels/gemm_f16_wg.cu kernels/gemm_f16.cu kernels/deq_cvt.cuh $OUT/kernels/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-200} kernel_check
+  tune_campaign h200-gemm-f16 ${T_LIMIT:-150} -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
+    -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0
+  freeze_show L
+  mkdir -p $OUT/tune $OUT/defaults
+  cp research/tune/h200-gemm-f16-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  for cmd in "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" "synth:llama3-8b:Q8_0 -p 512 -n 0 -r 5" \
+             "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5"; do
+    for a in new old new old; do
+      [ $(( $(date +%s) - T0 )) -lt ${AB_LIMIT:-560} ] || break 2
+      if [ $a = new ]; then arm_run "$cmd landed" bench-land.jsonl python3 -m memra bench $cmd
+      else arm_run "$cmd before" bench-land.jsonl /tmp/old.sh python3 -m memra bench $cmd; fi
+    done
+  done
+  cp $R/bench-land.jsonl $OUT/ 2>/dev/null
+elif [ "$STAGE" = L ]; then
+  log "not landing: a launch's bits differ (or the probe failed)"
+fi
 tar czf $OUT/s45-$STAGE.tgz -C /tmp s45-$STAGE

@@ -138,14 +138,23 @@ def test_tune_freeze_without_arguments_leaves_the_checkout_alone(tmp_path):
         r = memra("tune", "freeze", "--json", cwd=cwd, env={"MEMRA_HOME": str(home)})
         assert r.returncode == 0, r.stderr
     assert tree_state() == before
-    # made from the committed receipts (research/tune/: every one measured on the H200)
+    # made from the committed receipts (research/tune/: the H200's, and an H100's gemm_f16 campaign standing in
+    # for it, as in the shipped table)
     mine = json.loads((home / "tables" / "nvidia-h200.json").read_text())
     assert mine["device"] == "NVIDIA H200" and mine["receipts"]
+    assert {e.get("measured_on") for b in mine["entries"]["gemm_f16"].values() for e in b.values()} == {
+        "NVIDIA H100 80GB HBM3"}
+    # the H100's own table stands on the H200's receipts for everything it has no receipts of: none is lost
+    h100 = json.loads((home / "tables" / "nvidia-h100-80gb-hbm3.json").read_text())
+    keys = lambda t: {(k, s, b) for k, v in t["entries"].items() for s, bs in v.items() for b in bs}  # noqa: E731
+    assert keys(h100) == keys(mine)
+    assert {e.get("measured_on") for v in h100["entries"].values() for bs in v.values() for e in bs.values()} == {
+        None, "NVIDIA H200"}
     # the engine finds it first (`memra tune show` lists it before the shipped one)
     doc = json.loads(memra("tune", "show", "--json", env={"MEMRA_HOME": str(home),
                                                           "CUDA_VISIBLE_DEVICES": ""}).stdout)
-    assert [Path(t["path"]) for t in doc["tables"]][:2] == [home / "tables" / "nvidia-h200.json",
-                                                           ROOT / "tune" / "defaults" / "nvidia-h200.json"]
+    h200 = [Path(t["path"]) for t in doc["tables"] if Path(t["path"]).name == "nvidia-h200.json"]
+    assert h200 == [home / "tables" / "nvidia-h200.json", ROOT / "tune" / "defaults" / "nvidia-h200.json"]
 
 
 def test_bench_and_tune_receipts_default_to_memra_home(tmp_path, monkeypatch):

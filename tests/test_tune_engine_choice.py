@@ -86,3 +86,21 @@ def test_a_record_names_its_objective_in_the_freeze_note(tmp_path):
     d2 = _write(tmp_path / "plain", _choice(256, 512))
     r = memra("tune", "freeze", str(d2), "--out-dir", str(tmp_path / "v"))
     assert r.returncode == 0 and "(engine tg128 +1.2 % over {'NORM_THREADS': 256})" in r.stderr
+
+
+def test_a_peers_choice_applies_only_to_the_entries_its_receipts_made(tmp_path):
+    """Freezing an H100 whose receipts cover n=576 only, the H200's receipts stand in for n=4096 (no --device:
+    peers of one compute capability and SM count): the H200's engine choice for n=4096 comes with them; an H100
+    entry of its own would not take it (the A/B ran on the H200's entry)."""
+    from test_research import memra
+
+    d = _write(tmp_path, _choice(256, 512), _choice(128, 256, shape_key="n=576"))
+    h100 = {"device": "NVIDIA H100 80GB HBM3"}
+    append_receipts(d / "r.jsonl", [{**_norm_receipt(576, 0.5, 128), **h100}])
+    r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "u"))
+    assert r.returncode == 0, r.stderr
+    t = json.loads((tmp_path / "u" / "nvidia-h100-80gb-hbm3.json").read_text())["entries"]["rmsnorm"]
+    assert t["n=4096"]["1"]["config"] == {"NORM_THREADS": 512} and t["n=4096"]["1"]["measured_on"] == "NVIDIA H200"
+    assert t["n=576"]["1"]["config"] == {"NORM_THREADS": 128} and "measured_on" not in t["n=576"]["1"]
+    assert "engine_choice" not in t["n=576"]["1"]
+    assert "it was made on NVIDIA H200, the entry on NVIDIA H100 80GB HBM3" in r.stderr

@@ -233,7 +233,8 @@ def tune_freeze(
     receipts: Annotated[Optional[list[Path]], typer.Argument(help="Receipts files or folders "
                         "(default: the checkout's research/tune/ and $MEMRA_HOME/receipts/tune/).")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="Freeze this device only "
-                      "(default: every device in the receipts).")] = None,
+                      "(default: every device in the receipts, each standing on the receipts of the others of its "
+                      "compute capability and SM count for what it has none of its own for, as --stand-in).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Where tables go (default: "
                        "$MEMRA_HOME/tables, which the engine reads before the shipped tune/defaults/; "
                        "name tune/defaults to update the source tree).")] = None,
@@ -284,18 +285,22 @@ def tune_freeze(
         raise MemraError(f"no {'PDL-timed ' if pdl else ''}receipts to freeze")
     hashes = {src: _current_hash(src) for src in sorted(set(df["src"]))}
     devices = [device] if device else sorted(set(df["device"]))
+    # without --device, each device stands on its peers' receipts (the others of its compute capability and SM
+    # count) for what it lacks: a table made from a partial campaign would otherwise lose the peer's entries
+    part = {d: (str(g["cc"].iloc[0]), int(g["sms"].iloc[0])) for d, g in df.groupby("device")}
     tables = []
     for d in devices:
+        peers = stand_in or ([] if device else [o for o in devices if o != d and part[o] == part[d]])
         kw = dict(current_hashes=hashes, root=project_root(), builtin=is_builtin, min_gain=min_gain,
-                  entry_src=DISPATCH.entry_src(_current_hash), stand_ins=stand_in or ())
+                  entry_src=DISPATCH.entry_src(_current_hash), stand_ins=peers)
         table = freeze(df, d, keep=reached, **kw)
-        notes = apply_engine_choices(table, choices, _current_hash, project_root())
+        notes = apply_engine_choices(table, choices, _current_hash, project_root(), stand_ins=peers)
         # a dispatch choice measured with a path configuration the table has replaced since (a later
         # campaign, or an engine choice laid over the path's entry): no choice
-        keep, left_out = DISPATCH.launched_keep(df[df["device"] == d], table, reached)
+        keep, left_out = DISPATCH.launched_keep(df[df["device"].isin([d, *peers])], table, reached)
         if left_out:
             table = freeze(df, d, keep=keep, **kw)
-            apply_engine_choices(table, choices, _current_hash, project_root())   # the same notes
+            apply_engine_choices(table, choices, _current_hash, project_root(), stand_ins=peers)   # the same notes
             err.print(f"{d}: {len(left_out)} dispatch choices left to the rule, their paths' configurations "
                       f"changed since they were timed (re-time them: memra tune dispatch --resume): "
                       + "; ".join(f"{k} {shape} rows {b}" for k, shape, b in left_out), markup=False)

@@ -213,7 +213,7 @@ def freeze(receipts, device: str, *, current_hashes: Mapping[str, str] | None = 
 
 
 def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: Callable[[str], str | None],
-                         root: Path | None = None) -> list[str]:
+                         root: Path | None = None, stand_ins: Iterable[str] = ()) -> list[str]:
     """Lay engine-choice records (memra.tune.receipts validate_engine_choice) of the table's device over
     the entries they name, in time order; returns one note per record. A record applies when its entry
     exists, its kernel source is the current one and the entry's frozen configuration is the record's
@@ -222,15 +222,20 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
     configuration's, timed alone: a launch's time alone is not what the choice was made on. Apply them
     before memra.tune.dispatch.launched_keep: a dispatch choice timed with the base configuration no
-    longer times a launch the engine makes."""
+    longer times a launch the engine makes. A stand-in device's records (freeze's stand_ins) apply to the
+    entries its receipts made (`measured_on` it) only."""
     root = root or project_root()
     notes = []
-    for c in sorted((c for c in choices if c["device"] == table["device"]), key=lambda c: str(c["ts"])):
+    devices = {table["device"], *stand_ins}
+    for c in sorted((c for c in choices if c["device"] in devices), key=lambda c: str(c["ts"])):
         what = f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
         b = str(batch_bucket(int(c["batch"]), table["batch_buckets"]))
         entry = table["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
         if entry is None:
             notes.append(f"{what}: not applied, the table has no such entry")
+        elif entry.get("measured_on", table["device"]) != c["device"]:
+            notes.append(f"{what}: not applied, it was made on {c['device']}, the entry on "
+                         f"{entry.get('measured_on', table['device'])}")
         elif current_hash(c["src"]) != c["src_hash"]:
             notes.append(f"{what}: not applied, {c['src']} changed since the A/B (re-run it)")
         elif dict(entry["config"]) != dict(c["base_config"]):

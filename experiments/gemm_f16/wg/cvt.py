@@ -18,6 +18,12 @@ engine's own gemm_f16 launch), then each timed (arms alternating, -r rounds).
     python3 experiments/gemm_f16/wg/cvt.py --compile-only          # CPU: the edits apply and every module builds
     python3 experiments/gemm_f16/wg/cvt.py --compile-only --sass   # + I2F / F2FP counts a module (nvdisasm on PATH)
     source .whl/setup.sh && python3 experiments/gemm_f16/wg/cvt.py --out $OUT/wg-cvt.jsonl   # device, ~2 min
+    python3 experiments/gemm_f16/wg/cvt.py --land wg-cvt.jsonl     # the landing's kernel edits, in kernels/
+
+--land writes kernels/deq_cvt.cuh and edits kernels/gemm_f16_wg.cu (the producer calls DeqCvt<T>::deq; its header
+gains variant v2 with the run's numbers) and gemm_f16.cu's stale header lines: the same bytes wherever it runs with the
+same receipts, so a device call can land, kernel-check and campaign on its copy, and the CPU's copy, made by the
+same command from the committed receipts, has the same source hashes (it refuses receipts whose bits differ).
 
 One JSON line per (shape, type, rows, configuration): us of both arms (medians of CUDA graphs, experiments/
 gemm_tile's time_us), `same_bits` (WG_CVT 1 = WG_CVT 0 = the engine's launch, bit for bit).
@@ -102,6 +108,75 @@ def sass_counts(cubin: bytes) -> dict:
     return {k: ops.count(k) for k in ("I2F", "I2FP", "F2FP", "PRMT", "FADD", "FFMA", "FMUL", "LOP3", "SHF", "IMAD")} | {"total": len(ops)}
 
 
+PROBE_NOTE = ("// A probe-only header (experiments/gemm_f16/wg/cvt.py compiles gemm_f16_wg.cu with it, WG_CVT 1, against\n"
+              "// T::deq, WG_CVT 0); it lands as the kernel's own once a device run shows the same bits and the time.\n")
+LANDED_NOTE = ("// gemm_f16_wg.cu's producer calls DeqCvt<T>::deq where it called T::deq (experiments/gemm_f16/wg/cvt.py\n"
+               "// measured both; kernel-check holds every gemm_f16 launch to gemm_f16.cu's bits).\n")
+
+
+def land_summary(recs: list[dict]) -> str:
+    """The v2 line's numbers: the 512-row launches of the 8B's gate+up and downs, both arms, and the device."""
+    want = [("down", "Q6_K"), ("down", "Q4_K"), ("gate_up", "Q4_K"), ("gate_up", "Q8_0"), ("down", "Q8_0")]
+    parts = []
+    for shape, t in want:
+        r = next((r for r in recs if (r["shape"], r["type"], r["nb"]) == (shape, t, 512)), None)
+        if r is not None:
+            parts.append(f"{t} {shape.replace('_', '+')} {r['us_i2f']:.1f} -> {r['us_cvt']:.1f}")
+    return ", ".join(parts) + f" (us at 512 rows, {recs[0]['device']})"
+
+
+def land_edits(summary: str) -> dict[str, list[tuple[str, str]]]:
+    """kernels/ file -> (old text, new text) edits of the landing; each old text must occur once."""
+    v2 = ("//   v2 (session 45, experiments/gemm_f16/wg/cvt.py): the producer's integer -> float step by the exponent\n"
+          "//     trick (deq_cvt.cuh: no I2F, the same floats and bits as T::deq): " + summary + ".\n")
+    return {
+        "gemm_f16_wg.cu": [
+            ('#include "qtypes.cuh"\n', '#include "qtypes.cuh"\n#include "deq_cvt.cuh"\n'),
+            ("                        T::deq(v[i][h], g, f);\n",
+             "                        DeqCvt<T>::deq(v[i][h], g, f);\n"),
+            ("//     everywhere (389-593).\n", "//     everywhere (389-593).\n" + v2),
+            ("// W is dequantized exactly as gemm_f16.cu does it (qtypes.cuh's T::deq, the f32 value ggml gives, rounded to\n",
+             "// W is dequantized exactly as gemm_f16.cu does it (the values of qtypes.cuh's T::deq, computed by\n"
+             "// deq_cvt.cuh's DeqCvt<T>: the f32 value ggml gives, rounded to\n"),
+            ("(WG_PREFETCH) -> dequantize pair P's units (T::deq, cvt.rn.f16x2.f32)",
+             "(WG_PREFETCH) -> dequantize pair P's units (DeqCvt<T>::deq, cvt.rn.f16x2.f32)"),
+        ],
+        "gemm_f16.cu": [
+            ("// (memra.gpu.plan; off by default) for MEMRA_ATTN=hybrid's prompt rows.\n",
+             "// (memra.gpu.plan; the default since session 43) for MEMRA_ATTN=hybrid's prompt rows: its to_f16\n"
+             "// everywhere, its GEMM off sm_90a (gemm_f16_wg.cu on sm_90a: the same bits).\n"),
+            ("Not yet timed on a device: the experiment's probe\n"
+             "//     (experiments/gemm_f16/probe.py, 8B shapes at 512 rows against gemm_tile.cu) is the first\n"
+             "//     measurement to make.\n",
+             "Timed in session 42 (research/2026-12-06-session42/f:\n"
+             "//     at parity with the int8 tile on the 8B's Q4_K gate+up at 512 rows, 677 vs 689 us, 1.39x on the\n"
+             "//     Q6_K down); on sm_90a the engine runs gemm_f16_wg.cu instead.\n"),
+        ],
+    }
+
+
+def land(receipts: Path, kdir: Path = ROOT / "kernels") -> None:
+    """The landing's edits in `kdir` from a device run's receipts (all launches the same bits)."""
+    recs = [json.loads(line) for line in receipts.read_text().splitlines() if line.strip()]
+    if not recs or not all(r["same_bits"] for r in recs):
+        raise SystemExit(f"cvt.py --land: {receipts} is empty or has launches whose bits differ: not landing")
+    header = HEADER.read_text()
+    if header.count(PROBE_NOTE) != 1:
+        raise SystemExit("cvt.py --land: deq_cvt.cuh's probe note moved: update PROBE_NOTE")
+    texts = {}
+    for name, edits in land_edits(land_summary(recs)).items():
+        src = (kdir / name).read_text()
+        for old, new in edits:
+            if src.count(old) != 1:
+                raise SystemExit(f"cvt.py --land: {name}: {old.strip()[:60]!r} occurs {src.count(old)} times")
+            src = src.replace(old, new)
+        texts[name] = src
+    (kdir / HEADER.name).write_text(header.replace(PROBE_NOTE, LANDED_NOTE))
+    for name, src in texts.items():
+        (kdir / name).write_text(src)
+    print(f"landed: {kdir / HEADER.name}, " + ", ".join(str(kdir / n) for n in texts))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="JSON lines appended here (required unless --compile-only)")
@@ -109,7 +184,11 @@ def main() -> int:
     ap.add_argument("--sass", action="store_true", help="with --compile-only: count each module's conversions")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds, arms alternating")
+    ap.add_argument("--land", type=Path, metavar="RECEIPTS", help="apply the landing's edits to kernels/ (above)")
     args = ap.parse_args()
+    if args.land:
+        land(args.land)
+        return 0
     folder = Path(tempfile.mkdtemp(prefix="wg-cvt-"))
     src = cvt_source(folder)
     js = modules()
