@@ -127,17 +127,21 @@ def land_summary(recs: list[dict]) -> str:
 
 def land_edits(summary: str) -> dict[str, list[tuple[str, str]]]:
     """kernels/ file -> (old text, new text) edits of the landing; each old text must occur once."""
+    import textwrap
+
     v2 = ("//   v2 (session 45, experiments/gemm_f16/wg/cvt.py): the producer's integer -> float step by the exponent\n"
-          "//     trick (deq_cvt.cuh: no I2F, the same floats and bits as T::deq): " + summary + ".\n")
+          + "".join(f"//     {line}\n" for line in textwrap.wrap(
+              "trick (deq_cvt.cuh: no I2F, the same floats and bits as T::deq): " + summary + ".", 110)))
     return {
         "gemm_f16_wg.cu": [
             ('#include "qtypes.cuh"\n', '#include "qtypes.cuh"\n#include "deq_cvt.cuh"\n'),
             ("                        T::deq(v[i][h], g, f);\n",
              "                        DeqCvt<T>::deq(v[i][h], g, f);\n"),
             ("//     everywhere (389-593).\n", "//     everywhere (389-593).\n" + v2),
-            ("// W is dequantized exactly as gemm_f16.cu does it (qtypes.cuh's T::deq, the f32 value ggml gives, rounded to\n",
-             "// W is dequantized exactly as gemm_f16.cu does it (the values of qtypes.cuh's T::deq, computed by\n"
-             "// deq_cvt.cuh's DeqCvt<T>: the f32 value ggml gives, rounded to\n"),
+            ("// W is dequantized exactly as gemm_f16.cu does it (qtypes.cuh's T::deq, the f32 value ggml gives, rounded to\n"
+             "// f16 once by cvt.rn.f16x2.f32; the same source compiled with the same options). Entries and arguments are\n",
+             "// W is dequantized to the values gemm_f16.cu's qtypes.cuh T::deq gives (the f32 value ggml gives; deq_cvt.cuh's\n"
+             "// DeqCvt<T> computes them without I2F), rounded to f16 once by cvt.rn.f16x2.f32. Entries and arguments are\n"),
             ("(WG_PREFETCH) -> dequantize pair P's units (T::deq, cvt.rn.f16x2.f32)",
              "(WG_PREFETCH) -> dequantize pair P's units (DeqCvt<T>::deq, cvt.rn.f16x2.f32)"),
         ],
