@@ -51,12 +51,12 @@ if [ "$STAGE" = L ] && grep -q "ALL SAME BITS" $R/cvt.txt; then
   for cmd in "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" "synth:llama3-8b:Q8_0 -p 512 -n 0 -r 5" \
              "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5"; do
     for a in new old new old; do
-      [ $(( $(date +%s) - T0 )) -lt ${AB_LIMIT:-560} ] || break 2
+      [ $(( $(date +%s) - T0 )) -lt ${AB_LIMIT:-520} ] || break 2
       if [ $a = new ]; then arm_run "$cmd landed" bench-land.jsonl python3 -m memra bench $cmd
       else arm_run "$cmd before" bench-land.jsonl /tmp/old.sh python3 -m memra bench $cmd; fi
+      cp $R/bench-land.jsonl $OUT/ 2>/dev/null   # after each arm: a call cut at its limit keeps what ran
     done
   done
-  cp $R/bench-land.jsonl $OUT/ 2>/dev/null
 elif [ "$STAGE" = L ]; then
   log "not landing: a launch's bits differ (or the probe failed)"
 fi
