@@ -251,7 +251,7 @@ def tune_freeze(
     stand_in: Annotated[Optional[list[str]], typer.Option("--stand-in", help="With --device: also take this "
                         "device's receipts (a part of the same compute capability and SM count, e.g. an H100 "
                         "for the H200) for the kernels, shapes and batches the device has none of its own "
-                        "for; such entries say measured_on. Repeatable.")] = None,
+                        "for; such entries say measured_on and take its engine choices. Repeatable.")] = None,
 ) -> None:
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import carry as CARRY
