@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -47,7 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
 sys.path.insert(0, str(HERE))
-import diag as DIAG  # noqa: E402  (knobbed_copy, launcher)
+import diag as DIAG  # noqa: E402  (knobbed_copy, compile_knobbed, compile_all, launcher)
+from diag import GF, MV, TL  # noqa: E402  (the engine's gemm_f16 and matvec, experiments/gemm_tile)
 
 HEADER = HERE / "deq_cvt.cuh"
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS = 2, 3, 6, 7, 8, 12, 13, 14, 23
@@ -92,10 +92,8 @@ def modules():
 
 
 def _compile(job):
-    import tile as TL
     src, (t, cfg, c) = job
-    cub, _ = TL.compile_module({"MV_TYPE": t, "WG_CVT": c, **dict(cfg)}, Path(src), default_device=True)
-    return cub
+    return DIAG.compile_knobbed(src, "WG_CVT", t, cfg, c)
 
 
 def sass_counts(cubin: bytes) -> dict:
@@ -195,11 +193,7 @@ def main() -> int:
         return 0
     folder = Path(tempfile.mkdtemp(prefix="wg-cvt-"))
     src = cvt_source(folder)
-    js = modules()
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
-        cubs = dict(zip(js, ex.map(_compile, [(str(src), j) for j in js])))
-    print(f"compiled {len(cubs)} modules", flush=True)
+    cubs = DIAG.compile_all(src, modules(), _compile)
     if args.compile_only:
         if args.sass:
             for (t, cfg, c), cub in sorted(cubs.items()):
@@ -208,10 +202,7 @@ def main() -> int:
     if not args.out:
         ap.error("--out is required for a device run")
 
-    import tile as TL
     from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm_f16 as GF
-    from memra.gpu.ops import matvec as MV
 
     g = gpu()
     rng = np.random.default_rng(0)

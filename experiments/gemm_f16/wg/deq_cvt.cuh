@@ -14,53 +14,27 @@
 // T::deq, WG_CVT 0); it lands as the kernel's own once a device run shows the same bits and the time.
 #pragma once
 
-// byte J of b (0..255) minus the integer bias - 2^23, as a float: exact (see above)
-template <int J>
-MEMRA_DEVICE float ubyte_f(uint32_t b, float bias) {
-    return __int_as_float((int)__byte_perm(b, 0x4B000000u, 0x7540u + J)) - bias;
+// byte j of b (0..255) minus the integer bias - 2^23, as a float: exact (see above); j is a constant once unrolled
+MEMRA_DEVICE float ubyte_f(uint32_t b, int j, float bias) {
+    return __int_as_float((int)__byte_perm(b, 0x4B000000u, 0x7540u + j)) - bias;
 }
 constexpr float CVT_2P23 = 8388608.0f;
 
-// o[4 i + j] = d * (byte j of word i - k): Q4_0 (k 8), Q5_0 (k 16): T::deq's d * (float)((int)byte - k)
-template <int K>
-MEMRA_DEVICE void cvt_mul(const uint32_t (&b)[4], float d, float* o) {
+// o[4 i + j] = f((float)(byte j of word i - K)): f is the type's arithmetic after T::deq's conversion, written as
+// T::deq writes it (d * x, d * x + m, d * x - m, i8x16's scale * x + 0.f), so it contracts the same way
+template <int K, class F>
+MEMRA_DEVICE void cvt16(const uint32_t (&b)[4], float* o, F f) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[4 * i + 0] = d * ubyte_f<0>(b[i], CVT_2P23 + K);
-        o[4 * i + 1] = d * ubyte_f<1>(b[i], CVT_2P23 + K);
-        o[4 * i + 2] = d * ubyte_f<2>(b[i], CVT_2P23 + K);
-        o[4 * i + 3] = d * ubyte_f<3>(b[i], CVT_2P23 + K);
-    }
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[4 * i + j] = f(ubyte_f(b[i], j, CVT_2P23 + K));
 }
-// o = d * byte + m: Q4_1, Q5_1 (T::deq's d * (float)byte + m); cvt_fms: d * byte - m, Q4_K and Q5_K's, as written
-MEMRA_DEVICE void cvt_fma(const uint32_t (&b)[4], float d, float m, float* o) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[4 * i + 0] = d * ubyte_f<0>(b[i], CVT_2P23) + m;
-        o[4 * i + 1] = d * ubyte_f<1>(b[i], CVT_2P23) + m;
-        o[4 * i + 2] = d * ubyte_f<2>(b[i], CVT_2P23) + m;
-        o[4 * i + 3] = d * ubyte_f<3>(b[i], CVT_2P23) + m;
-    }
-}
-MEMRA_DEVICE void cvt_fms(const uint32_t (&b)[4], float d, float m, float* o) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[4 * i + 0] = d * ubyte_f<0>(b[i], CVT_2P23) - m;
-        o[4 * i + 1] = d * ubyte_f<1>(b[i], CVT_2P23) - m;
-        o[4 * i + 2] = d * ubyte_f<2>(b[i], CVT_2P23) - m;
-        o[4 * i + 3] = d * ubyte_f<3>(b[i], CVT_2P23) - m;
-    }
-}
-// i8x16 (scale * (float)(int8_t)byte + mn) of bytes given as u = q + K (unsigned): the bias takes K back
-template <int K>
-MEMRA_DEVICE void cvt_i8(const uint32_t (&u)[4], float scale, float mn, float* o) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[4 * i + 0] = scale * ubyte_f<0>(u[i], CVT_2P23 + K) + mn;
-        o[4 * i + 1] = scale * ubyte_f<1>(u[i], CVT_2P23 + K) + mn;
-        o[4 * i + 2] = scale * ubyte_f<2>(u[i], CVT_2P23 + K) + mn;
-        o[4 * i + 3] = scale * ubyte_f<3>(u[i], CVT_2P23 + K) + mn;
-    }
+// d sc and dmin m of sub-block 2 j + g / 2 of a Q4_K / Q5_K unit (their T::deq's)
+MEMRA_DEVICE void k4_dm(const uint4& m4, int j, int g, float& d, float& m) {
+    int sc, mn;
+    scale_min_k4(m4, 2 * j + (g >> 1), sc, mn);
+    d = f16_to_f32((uint16_t)m4.x) * (float)sc;
+    m = f16_to_f32((uint16_t)(m4.x >> 16)) * (float)mn;
 }
 
 template <class T> struct DeqCvt;
@@ -72,7 +46,7 @@ template <> struct DeqCvt<TQ4_0> {
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (uint32_t)((g & 1) ? hi4(word(v, i)) : lo4(word(v, i)));
-        cvt_mul<8>(b, d, o);
+        cvt16<8>(b, o, [d](float x) { return d * x; });
     }
 };
 template <> struct DeqCvt<TQ4_1> {
@@ -83,7 +57,7 @@ template <> struct DeqCvt<TQ4_1> {
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (uint32_t)((g & 1) ? hi4(word(v, i)) : lo4(word(v, i)));
-        cvt_fma(b, d, m, o);
+        cvt16<0>(b, o, [d, m](float x) { return d * x + m; });
     }
 };
 template <> struct DeqCvt<TQ5_0> {
@@ -93,7 +67,7 @@ template <> struct DeqCvt<TQ5_0> {
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (uint32_t)TQ5_0::q5(word(w.q[k], i), w.h[k], i, g & 1);
-        cvt_mul<16>(b, d, o);
+        cvt16<16>(b, o, [d](float x) { return d * x; });
     }
 };
 template <> struct DeqCvt<TQ5_1> {
@@ -105,7 +79,7 @@ template <> struct DeqCvt<TQ5_1> {
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (uint32_t)TQ5_0::q5(word(w.q[k], i), h, i, g & 1);
-        cvt_fma(b, d, m, o);
+        cvt16<0>(b, o, [d, m](float x) { return d * x + m; });
     }
 };
 template <> struct DeqCvt<TQ8_0> {
@@ -113,32 +87,28 @@ template <> struct DeqCvt<TQ8_0> {
         const float d = f16_to_f32((uint16_t)(w.d >> (16 * (g >> 1))));
         const uint4& v = w.q[g];
         const uint32_t u[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-        cvt_i8<128>(u, d, 0.f, o);
+        cvt16<128>(u, o, [d](float x) { return d * x + 0.f; });
     }
 };
 template <> struct DeqCvt<TQ4_K> {
     static MEMRA_DEVICE void deq(const TQ4_K::U& w, int g, float* o) {
-        int sc, mn;
-        scale_min_k4(w.m, 2 * w.j + (g >> 1), sc, mn);
-        const float d = f16_to_f32((uint16_t)w.m.x) * (float)sc;
-        const float m = f16_to_f32((uint16_t)(w.m.x >> 16)) * (float)mn;
+        float d, m;
+        k4_dm(w.m, w.j, g, d, m);
         const uint4& v = w.q[g & 1];
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (g >> 1) ? hi4(word(v, i)) : lo4(word(v, i));
-        cvt_fms(b, d, m, o);
+        cvt16<0>(b, o, [d, m](float x) { return d * x - m; });
     }
 };
 template <> struct DeqCvt<TQ5_K> {
     static MEMRA_DEVICE void deq(const TQ5_K::U& w, int g, float* o) {
-        int sc, mn;
-        scale_min_k4(w.m, 2 * w.j + (g >> 1), sc, mn);
-        const float d = f16_to_f32((uint16_t)w.m.x) * (float)sc;
-        const float m = f16_to_f32((uint16_t)(w.m.x >> 16)) * (float)mn;
+        float d, m;
+        k4_dm(w.m, w.j, g, d, m);
         uint32_t b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = (uint32_t)TQ5_K::q5(w, 4 * (g & 1) + i, g >> 1);
-        cvt_fms(b, d, m, o);
+        cvt16<0>(b, o, [d, m](float x) { return d * x - m; });
     }
 };
 template <> struct DeqCvt<TQ6_K> {
@@ -152,7 +122,8 @@ template <> struct DeqCvt<TQ6_K> {
             const uint32_t lo = (g >> 1) ? ((lq >> 4) & 0x0F0F0F0Fu) : (lq & 0x0F0F0F0Fu);
             u[i] = lo | (((h >> (2 * g)) & 0x03030303u) << 4);
         }
-        cvt_i8<32>(u, w.d * (float)(int8_t)(w.sc >> (8 * g)), 0.f, o);
+        const float scale = w.d * (float)(int8_t)(w.sc >> (8 * g));
+        cvt16<32>(u, o, [scale](float x) { return scale * x + 0.f; });
     }
 };
 template <> struct DeqCvt<TIQ4_XS> {
@@ -164,6 +135,7 @@ template <> struct DeqCvt<TIQ4_XS> {
                                (uint32_t)TIQ4_XS::lut(v.y >> sh) ^ 0x80808080u,
                                (uint32_t)TIQ4_XS::lut(v.z >> sh) ^ 0x80808080u,
                                (uint32_t)TIQ4_XS::lut(v.w >> sh) ^ 0x80808080u};
-        cvt_i8<128>(u, TIQ4_XS::dl(w, 2 * w.j + (g >> 1)), 0.f, o);
+        const float scale = TIQ4_XS::dl(w, 2 * w.j + (g >> 1));
+        cvt16<128>(u, o, [scale](float x) { return scale * x + 0.f; });
     }
 };

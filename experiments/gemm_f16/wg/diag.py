@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+import tile as TL  # noqa: E402  (experiments/gemm_tile: compile_module, prebuilt_module, time_us)
+
+from memra.gpu.ops import gemm_f16 as GF  # noqa: E402
+from memra.gpu.ops import matvec as MV  # noqa: E402
+
 KERNEL = ROOT / "kernels" / "gemm_f16_wg.cu"
 Q4_K, Q6_K = 12, 14
 SHAPES = [("gate_up", Q4_K, 2 * 14336, 4096, True), ("down", Q6_K, 4096, 14336, False)]
@@ -79,8 +85,6 @@ def diag_source(folder: Path) -> Path:
 
 def launcher(g, m, w, xh, y, n_out: int, K: int, nb: int, glu: bool, grid, block, smem):
     """A closure launching module m's gemm_f16 (or _glu, SiLU) entry over y = W xh, as the engine's launcher does."""
-    from memra.gpu.ops import matvec as MV
-
     if glu:
         args = (w.bulk, w.meta, xh, y, np.int32(n_out), np.int32(K), np.int32(nb), np.int32(MV.ACTS["silu"]))
         k = m.kernel("gemm_f16_glu")
@@ -94,11 +98,24 @@ def jobs():
     return [(t, cfg, d) for _, t, _, _, _ in SHAPES for cfg in CONFIGS for d in range(4)]
 
 
-def _compile(job):
-    import tile as TL
-    src, (t, cfg, d) = job
-    cub, _ = TL.compile_module({"MV_TYPE": t, "WG_DIAG": d, **cfg}, Path(src), default_device=True)
+def compile_knobbed(src: str, knob: str, t: int, cfg, value: int) -> bytes:
+    """The knobbed copy `src` compiled for MV_TYPE t, configuration cfg and knob = value (diag.py's, cvt.py's)."""
+    cub, _ = TL.compile_module({"MV_TYPE": t, knob: value, **dict(cfg)}, Path(src), default_device=True)
     return cub
+
+
+def compile_all(src: Path, modules, compile_one) -> dict:
+    """{module: cubin} of compile_one((str(src), module)) for every module, in parallel processes."""
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
+        cubs = dict(zip(modules, ex.map(compile_one, [(str(src), m) for m in modules])))
+    print(f"compiled {len(cubs)} modules", flush=True)
+    return cubs
+
+
+def _compile(job):
+    src, (t, cfg, d) = job
+    return compile_knobbed(src, "WG_DIAG", t, cfg, d)
 
 
 def main() -> int:
@@ -109,20 +126,13 @@ def main() -> int:
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="wg-diag-"))
     src = diag_source(folder)
-    js = sorted({(t, tuple(sorted(c.items())), d) for t, c, d in jobs()})
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(8) as ex:
-        cubs = dict(zip(js, ex.map(_compile, [(str(src), (t, dict(c), d)) for t, c, d in js])))
-    print(f"compiled {len(cubs)} modules", flush=True)
+    cubs = compile_all(src, sorted({(t, tuple(sorted(c.items())), d) for t, c, d in jobs()}), _compile)
     if args.compile_only:
         return 0
     if not args.out:
         ap.error("--out is required for a device run")
 
-    import tile as TL
     from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm_f16 as GF
-    from memra.gpu.ops import matvec as MV
 
     g = gpu()
     rng = np.random.default_rng(0)
