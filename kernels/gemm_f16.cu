@@ -3,7 +3,8 @@
 // IQ4_XS), and to_f16, the conversion of its activations. Written for kernels/ (NVRTC, -I kernels/);
 // it includes common.cuh, q8.cuh, qtypes.cuh and mma_frag.cuh (for T, the type of MV_TYPE). Landed
 // from experiments/gemm_f16 (variant history below). The engine runs it under MEMRA_PROMPT_GEMM=f16
-// (memra.gpu.plan; off by default) for MEMRA_ATTN=hybrid's prompt rows.
+// (memra.gpu.plan; the default since session 43) for MEMRA_ATTN=hybrid's prompt rows: its to_f16
+// everywhere, its GEMM off sm_90a (gemm_f16_wg.cu on sm_90a: the same bits).
 //
 // What it computes. W: N rows (gemm_f16) or 2N rows [gate; up] (gemm_f16_glu) of K weights in
 // memra's planes layout (bulk, meta: memra.gpu.ops.matvec.pack_planes); x: nb activation rows of K
@@ -61,9 +62,9 @@
 //     both are next edited). Added: MEMRA_CANARY 1 and 2, the module without MV_TYPE (to_f16 alone),
 //     the guard on MV_TYPE's types. Registers (NVRTC 13.5, sm_90a, plain / glu): 4 x 4 tiles a warp
 //     (the default) 166-199, no spills, every type; 8 x 4 (GF_TM 8: BM 256) 246-255, Q4_0 plain 12 B
-//     and Q4_1 glu 8 B of spills, the others none. Not yet timed on a device: the experiment's probe
-//     (experiments/gemm_f16/probe.py, 8B shapes at 512 rows against gemm_tile.cu) is the first
-//     measurement to make.
+//     and Q4_1 glu 8 B of spills, the others none. Timed in session 42 (research/2026-12-06-session42/f:
+//     at parity with the int8 tile on the 8B's Q4_K gate+up at 512 rows, 677 vs 689 us, 1.39x on the
+//     Q6_K down); on sm_90a the engine runs gemm_f16_wg.cu instead.
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"

@@ -11,14 +11,18 @@
 //     374.2 vs 604.9; WG_BN 128 on the 4,096-row weights (64 blocks at 256 leave half the SMs idle): Q6_K
 //     down 225.9 vs 428.0, Q4_K down 183.7 vs 321.4, attn_output 54.1 vs 94.0; WG_MT 2 (no prefetch) slower
 //     everywhere (389-593).
+//   v2 (session 45, experiments/gemm_f16/wg/cvt.py): the producer's integer -> float step by the exponent
+//     trick (deq_cvt.cuh: no I2F, the same floats and bits as T::deq): Q6_K down 229.8 -> 192.9, Q4_K down 186.2 ->
+//     188.9, Q4_K gate+up 334.2 -> 321.3, Q8_0 gate+up 371.2 -> 366.5, Q8_0 down 209.1 -> 190.3 (us at 512 rows,
+//     NVIDIA H100 80GB HBM3).
 // MEMRA_CANARY 1 (kernel-check must catch it): the k16 step 1 of stage 0 skipped (the products of k = 16..31
 // dropped from every output), gemm_f16.cu's canary 1. On another arch than sm_90a the entries trap (the
 // launcher never picks this module there; memra kernel-check --compile-only builds it for every arch).
 //
 // Contract (gemm_f16.cu's): y[m, n] = sum_k W[n, k] x[m, k] for m < nb activation rows, W a quantized GGUF
 // weight in the planes layout (memra/gpu/ops/matvec.py: w.bulk, w.meta), x in f16 (gemm_f16.cu's to_f16).
-// W is dequantized exactly as gemm_f16.cu does it (qtypes.cuh's T::deq, the f32 value ggml gives, rounded to
-// f16 once by cvt.rn.f16x2.f32; the same source compiled with the same options). Entries and arguments are
+// W is dequantized to the values gemm_f16.cu's qtypes.cuh T::deq gives (the f32 value ggml gives; deq_cvt.cuh's
+// DeqCvt<T> computes them without I2F), rounded to f16 once by cvt.rn.f16x2.f32. Entries and arguments are
 // gemm_f16.cu's: gemm_f16 (plain; res != 0: y = __fadd_rn(res, acc)) and gemm_f16_glu (W stacks [gate; up],
 // N outputs from 2N weight rows, y = __fmul_rn(act(gate), up), act 1 silu_f32 / 2 gelu_tanh_f32).
 //
@@ -53,7 +57,7 @@
 // elements, so a pair is the smallest k range made of whole units). Per pair P (stages 2P, 2P + 1):
 //   wait empty[] of both slots (not on the ring's first pass) -> cp.async (16 bytes, zero fill past nb) the X
 //   tiles of both stages into the swizzled layout -> issue the global loads of pair P + 1's weight units
-//   (WG_PREFETCH) -> dequantize pair P's units (T::deq, cvt.rn.f16x2.f32) and st.shared them at
+//   (WG_PREFETCH) -> dequantize pair P's units (DeqCvt<T>::deq, cvt.rn.f16x2.f32) and st.shared them at
 //   T::goff's columns -> cp.async.wait_group 0 -> fence.proxy.async.shared::cta -> mbarrier.arrive on full[]
 //   of both slots.
 // Why wait_group + arrive, not cp.async.mbarrier.arrive.noinc: wgmma reads shared memory through the async
@@ -87,6 +91,7 @@
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
+#include "deq_cvt.cuh"
 #define MMA_FRAG_VOLATILE 0
 #include "mma_frag.cuh"
 #include "wgmma_ops.cuh"
@@ -282,7 +287,7 @@ MEMRA_DEVICE void gemm_f16_wg_body(const uint8_t* __restrict__ bulk, const uint8
 #pragma unroll
                     for (int g = 0; g < 4; ++g) {
                         float f[16];
-                        T::deq(v[i][h], g, f);
+                        DeqCvt<T>::deq(v[i][h], g, f);
                         const int col = T::goff(2 * par + h, g, K / 64) - 128 * par;
                         const uint32_t wt = (col & 64) ? wb : wa;
                         const int j = (col & 63) >> 3;
