@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The next session's device calls (prepared in session 44, research/2026-12-06-session44).
+# Session 45's device calls (prepared in session 44, research/2026-12-06-session44; ran in session 45,
+# research/2026-12-06-session45: STAGE L landed cvt, so STAGE L and cvt.py --land do not apply to the tree any more).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=c bash experiments/h200_session45.sh
 # carry .whl and .synthtok (STAGE d and e also .llamacpp); STAGE d, e and k need the real models shipped first
 # (experiments/ship_models.py's .models/ship-0N: six calls). Any sm_90a part with 132 SMs runs the H200 table; the
@@ -23,6 +24,7 @@
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build then STAGE=evidence (~14 min, .llamacpp), the first
 #  serve run with the f16 prompt GEMM (the last: c = 64 3.52x with the int8 tile).
 set -u
+[ "$STAGE" = L ] && { echo "STAGE L landed cvt in session 45 (8e1c94b): nothing left to land" >&2; exit 1; }
 # every stage but c and L is session 44's script's, run under this session's tag
 case "$STAGE" in c|L) ;; *) SESSION_TAG=s45 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
@@ -41,13 +43,14 @@ if [ "$STAGE" = L ] && grep -q "ALL SAME BITS" $R/cvt.txt; then
   rm -rf /tmp/old && mkdir -p /tmp/old && cp -a memra kernels tune pyproject.toml .synthtok /tmp/old/
   printf '#!/bin/bash\ncd /tmp/old && PYTHONPATH=/tmp/site:/tmp/old exec "$@"\n' > /tmp/old.sh && chmod +x /tmp/old.sh
   python3 experiments/gemm_f16/wg/cvt.py --land $OUT/wg-cvt.jsonl 2>&1 | tee -a $R/log.txt
-  mkdir -p $OUT/kernels && cp kernels/gemm_f16_wg.cu kernels/gemm_f16.cu kernels/deq_cvt.cuh $OUT/kernels/
   KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-200} kernel_check
   tune_campaign h200-gemm-f16 ${T_LIMIT:-150} -m synth:llama3-8b:Q4_K_M -m synth:llama3-8b:Q4_0 \
     -m synth:llama3-8b:Q8_0 -m synth:llama-1b:Q4_0
   freeze_show L
-  mkdir -p $OUT/tune $OUT/defaults
-  cp research/tune/h200-gemm-f16-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  # the landed kernels, the campaign's receipt and the table as one file: the device returns at most 8 files a call
+  # (session 45's run made 10 and lost the campaign receipt)
+  tar czf $OUT/land.tgz kernels/gemm_f16_wg.cu kernels/gemm_f16.cu kernels/deq_cvt.cuh \
+    research/tune/h200-gemm-f16-nvidia-h200.jsonl tune/defaults/nvidia-h200.json
   for cmd in "synth:llama3-8b:Q4_K_M -p 512 -n 0 -r 5" "synth:llama3-8b:Q8_0 -p 512 -n 0 -r 5" \
              "synth:llama3-8b:Q4_K_M -p 128 -n 0 -r 5"; do
     for a in new old new old; do

@@ -42,12 +42,12 @@ NB = 512
 
 # (the kernel's line, what replaces it): the knob's three cuts
 EDITS = [
-    ("                        T::deq(v[i][h], g, f);\n",
+    ("                        DeqCvt<T>::deq(v[i][h], g, f);\n",
      "#if WG_DIAG == 1\n"
      "                        if (g == 0) st_shared_v4(wa + sw128(r, h), *(const uint32_t*)&v[i][h], 0u, 0u, 0u);\n"
      "                        continue;\n"
      "#endif\n"
-     "                        T::deq(v[i][h], g, f);\n"),
+     "                        DeqCvt<T>::deq(v[i][h], g, f);\n"),
     ("                cp16_zfill(dst + 2048 * q, xs + xoff[q], m0 + r0 + 16 * q < nb);   // 16 rows = 2 atoms\n",
      "#if WG_DIAG != 2\n"
      "                cp16_zfill(dst + 2048 * q, xs + xoff[q], m0 + r0 + 16 * q < nb);   // 16 rows = 2 atoms\n"
