@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The next session's device calls (prepared in session 45, research/2026-12-06-session45).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=T bash experiments/h200_session46.sh
+# carry .whl and .synthtok (STAGE d and e also .llamacpp; d, e and k need the real models shipped first:
+# experiments/ship_models.py's .models/ship-0N, six calls). Any sm_90a part with 132 SMs runs the H200 table; the
+# `--vs` runs measure llama.cpp in the same call, so their ratios stand on the lent card (say which). At most 8 files
+# come back from $OUT: each stage leaves its receipts and one tgz of its folder.
+# STAGE T (~4-6 min, no models): experiments/timeline — a decode step's time inside its graph, launch by launch
+#  (crit / wait / lag a launch, experiments/timeline/README.md), with `memra profile` (each launch alone) beside it:
+#  synthetic SmolLM2 (Q4_1, the real file's shape) and Gemma-3 270M, the 1B Q4_0 and the 8B Q4_K_M at depth 64, and the
+#  8B's 64-row step at depth 128 (issue 11's c = 64). $OUT: timeline.jsonl, profile.jsonl, s46-T.tgz.
+# STAGE d / e (~6 / ~2 min, .llamacpp): `--vs llama.cpp` of the floors' models (h200_session44.sh's, tag s46): the
+#  first with gemm_f16_wg v2 (the producer without I2F: pp512 +0-3 %, pp128 +9-11 % in session 45's A/B).
+# Issue 11's serve cells: experiments/h200_serve.sh STAGE=build, then STAGE=evidence (~3 min after the build, which
+#  needs llama.cpp's: ~5 min; .llamacpp; session 45: c = 64 4.04x on an H100).
+set -u
+case "$STAGE" in T) ;; *) SESSION_TAG=s46 exec bash experiments/h200_session44.sh ;; esac
+source experiments/h200_common.sh
+stage_begin s46
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+tl() {  # tl LIMIT MODEL [args]: one timeline run, its JSON lines to $OUT/timeline.jsonl
+  local lim=$1; shift
+  [ $(( $(date +%s) - T0 )) -lt ${T_END:-500} ] || { log "skipped (time): $*"; return; }
+  timeout "$lim" python3 experiments/timeline/timeline.py "$@" --synth-tokenizer "$TOK" --out $OUT/timeline.jsonl \
+    >> $R/timeline.txt 2>&1
+  log "timeline $* rc=$? $(el)"; tail -25 $R/timeline.txt | grep -A20 "events a replay" | head -22 | tee -a $R/log.txt
+}
+tl 150 synth:smollm2-135m:Q4_1 -d 64 --reps 200
+tl 120 synth:gemma3-270m:Q4_K_M -d 64 --reps 200
+tl 120 synth:llama-1b:Q4_0 -d 64 --reps 200
+tl 240 synth:llama3-8b:Q4_K_M -d 64 --reps 100   # the first 8B run makes the synthetic file
+tl 150 synth:llama3-8b:Q4_K_M -d 128 --rows 64 --reps 24
+for m in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0; do
+  [ $(( $(date +%s) - T0 )) -lt ${P_END:-540} ] || break
+  q=${m#synth:}; f=$(synth ${q%%:*} ${q##*:} "$TOK" | tail -1)   # the file memra profile resolves the spec to
+  timeout 60 python3 -m memra warmup "$f" > /dev/null 2>> $R/profile.txt   # the engine's own modules, in parallel
+  timeout 60 python3 -m memra profile $m --depth 64 --synth-tokenizer "$TOK" --json >> $OUT/profile.jsonl 2>> $R/profile.txt
+  log "profile $m rc=$? $(el)"
+done
+tar czf $OUT/s46-$STAGE.tgz -C /tmp s46-$STAGE
