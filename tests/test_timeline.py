@@ -159,3 +159,12 @@ def test_the_command_writes_its_json_lines(tiny_models, monkeypatch, tmp_path):
     assert step["kind"] == "timeline-step" and step["labelled"] and step["rows"] == 1 and step["depth"] == 8
     assert len(recs) == step["events"] + 1 and all(r["kind"] == "timeline-launch" and r["kernel"] for r in recs[:-1])
     assert step["device"] == "emulated" and step["modules_probed"] == 2
+    # --summarize: the step by group, each group's alone time from a memra profile line of the same step beside it
+    names = [r["name"] for r in recs[:-1]]
+    prof = tmp_path / "profile.jsonl"
+    prof.write_text(json.dumps({"model": step["model"], "rows": 1, "depth": 8,
+                                "launches": [{"name": n, "us": 2.0} for n in dict.fromkeys(names)]}) + "\n")
+    lines = tl.summarize(out, prof)
+    assert lines[0].startswith(f"{step['model']}: 1 row(s) at depth 8") and "attention" in "\n".join(lines)
+    emb = next(line for line in lines if line.split()[0] == "embed").split()
+    assert emb[1] == "1" and float(emb[3]) == 2.0   # one launch, its alone time

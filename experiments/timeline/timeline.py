@@ -26,6 +26,7 @@ launches are labelled from the plan (memra.tune.profile's recorder: each plan la
 
     python3 experiments/timeline/timeline.py --compile-only                      # CPU: the copy builds (sm_90a)
     source .whl/setup.sh && python3 experiments/timeline/timeline.py synth:smollm2-135m:Q4_1 -d 64 --out tl.jsonl
+    python3 experiments/timeline/timeline.py --summarize tl.jsonl --profile profile.jsonl   # by group, with alone µs
 
 One JSON line per launch (kind timeline-launch) and one per step (kind timeline-step: step µs with the probe on and
 off, the events' span, the timer's tick, crit summed by group).
@@ -307,6 +308,42 @@ def run(args) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def summarize(timeline: Path, profile: Path | None = None) -> list[str]:
+    """Per step in a timeline file: crit / wait / lag summed by group, beside each group's alone time from a
+    `memra profile --json` file of the same model, rows and depth (matched by launch name, in order)."""
+    recs = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    profs = [json.loads(line) for line in profile.read_text().splitlines() if line.strip()] if profile else []
+    lines, cur = [], []
+    for r in recs:
+        if r["kind"] == "timeline-launch":
+            cur.append(r)
+            continue
+        prof = next((p for p in profs if (p.get("model"), p.get("rows"), p.get("depth")) ==
+                     (r["model"], r["rows"], r["depth"])), None)
+        alone: dict[str, list[float]] = {}
+        for x in (prof or {}).get("launches", []):
+            alone.setdefault(x["name"], []).append(x["us"])
+        groups: dict[str, list[float]] = {}
+        for x in cur:
+            g = groups.setdefault(x.get("group") or x["site"], [0.0, 0.0, 0.0, 0.0, 0])
+            g[0] += x["crit_us"] or 0.0
+            g[1] += x["wait_us"]
+            g[2] += x["lag_us"] or 0.0
+            g[4] += 1
+        for name, us in alone.items():   # a plan launch's alone time once, under its group
+            grp = next((x.get("group") for x in cur if x.get("name") == name), None)
+            if grp in groups:
+                groups[grp][3] += sum(us)
+        lines.append(f"{r['model']}: {r['rows']} row(s) at depth {r['depth']} on {r['device']}: step "
+                     f"{r['step_us_probe_off']} µs (probe on {r['step_us_probe_on']}), span {r['span_us']} µs, "
+                     f"{r['events']} launches{'' if r['labelled'] else ' (not labelled)'}, tick {r['tick_ns']} ns")
+        lines.append(f"  {'group':24s} {'n':>4s} {'crit µs':>9s} {'alone µs':>9s} {'wait µs':>9s} {'lag µs':>9s}")
+        for k, (c, w, lg, a, n) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"  {k:24s} {n:4d} {c:9.1f} {a if prof else float('nan'):9.1f} {w:9.1f} {lg:9.1f}")
+        cur = []
+    return lines
+
+
 def compile_only(arch: str, model: str) -> None:
     """Build the copy and compile, for each kernel file, the first module the model's launch set (built-in table)
     loads, and the prefill path's: every file's probe compiles (the device run compiles the rest as the engine
@@ -344,8 +381,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="append the JSON lines here")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--summarize", type=Path, metavar="TIMELINE", help="print a timeline file's steps by group "
+                    "(with --profile: each group's alone time from memra profile --json beside)")
+    ap.add_argument("--profile", type=Path, help="with --summarize: memra profile --json lines")
     args = ap.parse_args(argv)
-    if args.compile_only:
+    if args.summarize:
+        print("\n".join(summarize(args.summarize, args.profile)))
+    elif args.compile_only:
         compile_only(args.arch, args.model)
     else:
         run(args)
