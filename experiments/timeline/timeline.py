@@ -82,7 +82,7 @@ def build(dst: Path) -> dict[int, str]:
     src = ROOT / "kernels"
     dst.mkdir(parents=True, exist_ok=True)
     files = {}
-    for i, p in enumerate(sorted(src.iterdir())):
+    for p in sorted(src.iterdir()):
         if p.suffix not in (".cu", ".cuh"):
             continue
         text = p.read_text()
