@@ -8,7 +8,8 @@
 # STAGE T (~4-6 min, no models): experiments/timeline — a decode step's time inside its graph, launch by launch
 #  (crit / wait / lag a launch, experiments/timeline/README.md), with `memra profile` (each launch alone) beside it:
 #  synthetic SmolLM2 (Q4_1, the real file's shape) and Gemma-3 270M, the 1B Q4_0 and the 8B Q4_K_M at depth 64, and the
-#  8B's 64-row step at depth 128 (issue 11's c = 64). $OUT: timeline.jsonl, profile.jsonl, s46-T.tgz.
+#  8B's 64-row step at depth 128 (issue 11's c = 64), SmolLM2 at depth 4,096. $OUT: timeline.jsonl, profile.jsonl,
+#  s46-T.tgz. Read with `python3 experiments/timeline/timeline.py --summarize timeline.jsonl --profile profile.jsonl`.
 # STAGE d / e (~6 / ~2 min, .llamacpp): `--vs llama.cpp` of the floors' models (h200_session44.sh's, tag s46): the
 #  first with gemm_f16_wg v2 (the producer without I2F: pp512 +0-3 %, pp128 +9-11 % in session 45's A/B).
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build, then STAGE=evidence (~3 min after the build, which
@@ -30,6 +31,7 @@ tl 120 synth:gemma3-270m:Q4_K_M -d 64 --reps 200
 tl 120 synth:llama-1b:Q4_0 -d 64 --reps 200
 tl 240 synth:llama3-8b:Q4_K_M -d 64 --reps 100   # the first 8B run makes the synthetic file
 tl 150 synth:llama3-8b:Q4_K_M -d 128 --rows 64 --reps 24
+tl 90 synth:smollm2-135m:Q4_1 -d 4096 --reps 100   # issue 14's SmolLM2 @ d4096 cell: the attention at depth
 for m in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0; do
   [ $(( $(date +%s) - T0 )) -lt ${P_END:-540} ] || break
   q=${m#synth:}; f=$(synth ${q%%:*} ${q##*:} "$TOK" | tail -1)   # the file memra profile resolves the spec to
