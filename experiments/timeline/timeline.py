@@ -80,7 +80,8 @@ WAIT_LINE = '#define MEMRA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "m
 def build(dst: Path) -> dict[int, str]:
     """The probe's copy of kernels/ in dst; returns {file id: file name} (the ids the sites carry)."""
     src = ROOT / "kernels"
-    dst.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
     files = {}
     for p in sorted(src.iterdir()):
         if p.suffix not in (".cu", ".cuh"):
@@ -278,7 +279,8 @@ def run(args) -> None:
     from memra.tune import bench as B
     from memra.tune.receipts import git_sha, utc_now
 
-    tmp = Path(tempfile.mkdtemp(prefix="memra-timeline-"))
+    # one fixed folder: NVRTC's -I names it, so the cubin cache serves the next run's same sources
+    tmp = Path(tempfile.gettempdir()) / "memra-timeline"
     files = build(tmp / "kernels")
     use(tmp / "kernels")
     name, path = B.resolve_model(args.model, args.synth_tokenizer)
@@ -305,7 +307,6 @@ def run(args) -> None:
           f"timer tick {step['tick_ns']} ns", flush=True)
     for k, v in step["crit_us_by_group"].items():
         print(f"  {k:24s} {v:9.1f} µs")
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def summarize(timeline: Path, profile: Path | None = None) -> list[str]:
