@@ -92,28 +92,29 @@ class _ProbedGpu(FakeGpu):
         finally:
             del self.record
 
+    def install_probe(self, monkeypatch, tl, held: int) -> list:
+        """tl's device hooks on this GPU: the pointer turns the probe on (`held` modules), a read takes the
+        events; returns the kernel names of the events read, in order."""
+        names = []
+
+        def read(buf):
+            names.extend(e[4] for e in self.events)
+            ev = np.array([e[:4] for e in self.events], np.uint64).reshape(-1, tl.WORDS)
+            self.events.clear()
+            return ev
+
+        monkeypatch.setattr(tl, "set_pointer", lambda g_, ptr: setattr(g_, "on", bool(ptr)) or held)
+        monkeypatch.setattr(tl, "read_events", read)
+        monkeypatch.setattr(tl, "reset_events", lambda buf: self.events.clear())
+        return names
+
 
 def test_record_and_report_label_every_launch_of_the_step(tiny_models, monkeypatch):
     tl = _timeline()
     g = _ProbedGpu(1 << 28)
     path = tiny_models("llama", "Q4_K_M")
     r = Runner(path, max_len=96, max_seqs=2, kv_tokens=2 * 96, gpu=g)
-
-    def pointer(g_, ptr):
-        g_.on = bool(ptr)
-        return 4
-
-    names = []
-
-    def read(buf):
-        ev = np.array([e[:4] for e in g.events], np.uint64).reshape(-1, tl.WORDS)
-        names.extend(e[4] for e in g.events)
-        g.events.clear()
-        return ev
-
-    monkeypatch.setattr(tl, "set_pointer", pointer)
-    monkeypatch.setattr(tl, "read_events", read)
-    monkeypatch.setattr(tl, "reset_events", lambda buf: g.events.clear())
+    names = g.install_probe(monkeypatch, tl, held=4)
     calls, ev, off_us, on_us, held = tl.record(r, rows=2, depth=12, reps=5, chunk=2)
     assert held == 4 and off_us == on_us == 10.0 and not g.on
     assert len(ev) == 5 * len(calls) and names == [k for _, k in calls] * 5
@@ -143,15 +144,7 @@ def test_the_command_writes_its_json_lines(tiny_models, monkeypatch, tmp_path):
     monkeypatch.setattr(C, "kernel_dir", C.kernel_dir)   # the command points it at its copy: put back after
     g = EMU.install(monkeypatch, _ProbedGpu(1 << 28))
     monkeypatch.setattr(tl, "prebuild", lambda path, dst, arch: 0)
-    monkeypatch.setattr(tl, "set_pointer", lambda g_, ptr: setattr(g_, "on", bool(ptr)) or 2)
-    monkeypatch.setattr(tl, "reset_events", lambda buf: g.events.clear())
-
-    def read(buf):
-        ev = np.array([e[:4] for e in g.events], np.uint64).reshape(-1, tl.WORDS)
-        g.events.clear()
-        return ev
-
-    monkeypatch.setattr(tl, "read_events", read)
+    g.install_probe(monkeypatch, tl, held=2)
     out = tmp_path / "tl.jsonl"
     tl.main([str(tiny_models("llama", "Q4_K_M")), "-d", "8", "--reps", "4", "--chunk", "2", "--out", str(out)])
     recs = [json.loads(line) for line in out.read_text().splitlines()]

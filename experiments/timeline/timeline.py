@@ -184,6 +184,11 @@ def reset_events(buf) -> None:
     buf.view(shape=(1,)).upload(np.zeros(1, np.uint64))
 
 
+def positions(chunk: int) -> int:
+    """Positions a sequence's step advances between resets: a chunk of replays, or a timing's 10, and 2 spare."""
+    return max(chunk, 10) + 2
+
+
 def record(r, rows: int, depth: int, reps: int, chunk: int, seed: int = 0):
     """The step of `rows` sequences at `depth` (as memra profile takes it), its kernel launches labelled from the plan
     [(plan launch, kernel name)], its time with the probe off and on (µs), and the events of `reps` replays recorded
@@ -193,7 +198,7 @@ def record(r, rows: int, depth: int, reps: int, chunk: int, seed: int = 0):
     from memra.tune.profile import _Recorder
 
     g = r.g
-    span = max(chunk, 10) + 2  # positions a chunk (or a timing of 10 replays) advances
+    span = positions(chunk)
     buf = g.empty((1 + WORDS * MAX_EVENTS,), np.uint64)
     rng = np.random.default_rng(seed)
     V = r.cfg.n_vocab
@@ -289,7 +294,7 @@ def run(args) -> None:
     n = prebuild(path, tmp / "kernels", g.info.arch)
     print(f"{name}: {n} probe modules ready in {time.perf_counter() - t0:.1f} s", flush=True)
     tbl, label = _open_table(None, g.info)
-    span = max(args.chunk, 10) + 2
+    span = positions(args.chunk)
     r = Runner(path, max_len=max(64, args.depth + span + 32), max_seqs=args.rows,
                kv_tokens=args.rows * (args.depth + span + 48), tune_table=tbl)
     calls, ev, off_us, on_us, held = record(r, args.rows, args.depth, args.reps, args.chunk, args.seed)

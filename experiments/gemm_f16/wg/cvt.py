@@ -110,14 +110,7 @@ def main() -> int:
             for (t, cfg, c), cub in sorted(cubs.items()):
                 print(t, dict(cfg), f"WG_CVT {c}", sass_counts(cub), flush=True)
         return 0
-    if not args.out:
-        ap.error("--out is required for a device run")
-
-    from memra.gpu.cuda import gpu
-
-    g = gpu()
-    rng = np.random.default_rng(0)
-    cache: dict = {}
+    g, rng, cache = DIAG.device_run(ap, args)
     bad = 0
     with open(args.out, "a") as out:
         for name, t, rows, K, glu, runs in SHAPES:

@@ -113,6 +113,15 @@ def compile_all(src: Path, modules, compile_one) -> dict:
     return cubs
 
 
+def device_run(ap, args):
+    """A probe's device half begins: --out required; (the GPU, the weights' rng, a module cache)."""
+    if not args.out:
+        ap.error("--out is required for a device run")
+    from memra.gpu.cuda import gpu
+
+    return gpu(), np.random.default_rng(0), {}
+
+
 def _compile(job):
     src, (t, cfg, d) = job
     return compile_knobbed(src, "WG_DIAG", t, cfg, d)
@@ -129,14 +138,7 @@ def main() -> int:
     cubs = compile_all(src, sorted({(t, tuple(sorted(c.items())), d) for t, c, d in jobs()}), _compile)
     if args.compile_only:
         return 0
-    if not args.out:
-        ap.error("--out is required for a device run")
-
-    from memra.gpu.cuda import gpu
-
-    g = gpu()
-    rng = np.random.default_rng(0)
-    cache: dict = {}
+    g, rng, cache = device_run(ap, args)
     with open(args.out, "a") as out:
         for name, t, rows, K, glu in SHAPES:
             w = MV.upload_weight(g, MV.random_weight(t, rows, K, rng), t)
