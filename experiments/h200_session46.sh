@@ -10,6 +10,8 @@
 #  synthetic SmolLM2 (Q4_1, the real file's shape) and Gemma-3 270M, the 1B Q4_0 and the 8B Q4_K_M at depth 64, and the
 #  8B's 64-row step at depth 128 (issue 11's c = 64), SmolLM2 at depth 4,096. $OUT: timeline.jsonl, profile.jsonl,
 #  s46-T.tgz. Read with `python3 experiments/timeline/timeline.py --summarize timeline.jsonl --profile profile.jsonl`.
+#  First (~30 s): experiments/persist/probe.py --cluster ($OUT/persist-cluster.jsonl): one thread-block cluster's
+#  persistent launch, phases split by the cluster barrier, against PDL launch boundaries.
 # STAGE d / e (~6 / ~2 min, .llamacpp): `--vs llama.cpp` of the floors' models (h200_session44.sh's, tag s46): the
 #  first with gemm_f16_wg v2 (the producer without I2F: pp512 +0-3 %, pp128 +9-11 % in session 45's A/B).
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build, then STAGE=evidence (~3 min after the build, which
@@ -26,6 +28,8 @@ tl() {  # tl LIMIT MODEL [args]: one timeline run, its JSON lines to $OUT/timeli
     >> $R/timeline.txt 2>&1
   log "timeline $* rc=$? $(el)"; tail -25 $R/timeline.txt | grep -A20 "events a replay" | head -22 | tee -a $R/log.txt
 }
+timeout 60 python3 experiments/persist/probe.py --cluster --sizes 4,8,16 --bytes 0,65536,262144,1048576 \
+  > $OUT/persist-cluster.jsonl 2>> $R/log.txt; log "persist --cluster rc=$? $(el)"
 tl 150 synth:smollm2-135m:Q4_1 -d 64 --reps 200
 tl 120 synth:gemma3-270m:Q4_K_M -d 64 --reps 200
 tl 120 synth:llama-1b:Q4_0 -d 64 --reps 200

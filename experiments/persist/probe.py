@@ -7,6 +7,8 @@ matvecs stream their weights), over the same grid in both arms.
     python3 experiments/persist/probe.py [--phases 240] [--bytes 0,65536,524288,4194304] [--blocks 132,264]
     python3 experiments/persist/probe.py --tail [--rows 576,4096]   # session 23: a one-block op
                                                                   # in its producer's tail
+    python3 experiments/persist/probe.py --cluster [--sizes 8,16]   # session 46: one cluster, phases
+                                                                  # split by the cluster barrier (cluster.cu)
 
 One JSON line per (bytes, blocks): µs per phase in each arm (medians of graph replays), the
 difference (what removing a launch boundary saves, per boundary), GB/s of the streaming. A
@@ -46,8 +48,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=256)
     ap.add_argument("--tail", action="store_true", help="N x (phase, rowop) launches against N phase_tail")
     ap.add_argument("--rows", default="576,4096", help="--tail: the one-block op's row lengths")
+    ap.add_argument("--cluster", action="store_true", help="one cluster's persistent launch (cluster.cu)")
+    ap.add_argument("--sizes", default="8,16", help="--cluster: cluster sizes (blocks, one an SM)")
     args = ap.parse_args()
     g = gpu()
+    if args.cluster:
+        return cluster(g, args)
     m = g.module(SRC, {})
     if args.tail:
         return tail(g, m, args)
@@ -117,6 +123,67 @@ def tail(g, m, args) -> int:
                                   "us_per_phase_pairs": round(res["pairs"], 3),
                                   "us_per_phase_tail": round(res["tail"], 3),
                                   "saved_us_per_launch": round(res["pairs"] - res["tail"], 3)}), flush=True)
+    return 0
+
+
+def cluster(g, args) -> int:
+    """One cluster of `size` blocks (one an SM: the dynamic shared memory keeps a second block off) running N
+    phases in one launch (cluster.cu's modes: 0 barrier + DSMEM exchange, 1 streaming alone, 2 mode 0 with the
+    next phase's loads in flight across the barrier), against graphs of N PDL `phase` launches on `size` and on
+    132 blocks. Modes 0 and 2 must leave the same values; the JSON line gives µs a phase of each arm."""
+    from cuda.bindings import driver
+    from cuda.core import LaunchConfig, launch
+
+    k_phase = g.module(SRC, {}).kernel("phase")
+    k_cl = g.module("../experiments/persist/cluster.cu", {}).kernel("cl_persist")
+    smem = 120 * 1024
+    k_cl.allow_shared(smem)
+    h = k_cl._k.handle
+    if not isinstance(h, driver.CUkernel):
+        h = driver.CUkernel(int(h))
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    err, = driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(g.info.index))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED): {err}")
+    N, T = args.phases, args.threads
+    dst = g.empty(4096, np.float32)
+    for nbytes in (int(x) for x in args.bytes.split(",")):
+        words = max(1, nbytes // 16) if nbytes else 0
+        src = g.empty(max(16, words * 16 * N), np.uint8)
+        src.fill_bytes(0)
+        for cs in (int(x) for x in args.sizes.split(",")):
+            def launches(nb):
+                def fn():
+                    for k in range(N):
+                        g.launch(k_phase, (nb,), (T,), (src, dst, np.int64(words), np.int32(k)), pdl=True)
+                return fn
+
+            def persist(mode):
+                def fn():
+                    cfg = LaunchConfig(grid=(cs, 1, 1), cluster=(cs, 1, 1), block=(T,), shmem_size=smem,
+                                       programmatic_stream_serialization=True)
+                    launch(g._target, cfg, k_cl._k, np.uint64(src.ptr), np.uint64(dst.ptr), np.int64(words),
+                           np.int32(N), np.int32(mode))
+                return fn
+
+            row = {"mode": "cluster", "phases": N, "bytes": nbytes, "size": cs, "threads": T}
+            vals = {}
+            try:
+                for name, fn in ((f"launches_{cs}", launches(cs)), ("launches_132", launches(132)),
+                                 ("cl_barrier", persist(0)), ("cl_stream", persist(1)), ("cl_prefetch", persist(2))):
+                    row[f"us_per_phase_{name}"] = round(graph_us(g, fn) / N, 3)
+                    if name in ("cl_barrier", "cl_prefetch"):
+                        vals[name] = dst.numpy()[:cs].copy()
+            except Exception as e:  # a cluster size the part cannot place: say so, go on
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                print(json.dumps(row), flush=True)
+                g.sync()
+                continue
+            row["same_values"] = bool(len(vals) == 2 and np.array_equal(vals["cl_barrier"], vals["cl_prefetch"]))
+            if nbytes:
+                for k in [k for k in row if k.startswith("us_per_phase_")]:
+                    row["gbps_" + k[len("us_per_phase_"):]] = round(nbytes / (row[k] * 1e-6) / 1e9, 1)
+            print(json.dumps(row), flush=True)
     return 0
 
 
