@@ -10,14 +10,17 @@
 #  synthetic SmolLM2 (Q4_1, the real file's shape) and Gemma-3 270M, the 1B Q4_0 and the 8B Q4_K_M at depth 64, and the
 #  8B's 64-row step at depth 128 (issue 11's c = 64), SmolLM2 at depth 4,096. $OUT: timeline.jsonl, profile.jsonl,
 #  s46-T.tgz. Read with `python3 experiments/timeline/timeline.py --summarize timeline.jsonl --profile profile.jsonl`.
-#  First (~30 s): experiments/persist/probe.py --cluster ($OUT/persist-cluster.jsonl): one thread-block cluster's
+# STAGE P (~8 min, no models): experiments/pdl_early's arms (base, q8, nq, early: where kernels trigger their PDL
+#  dependants), tg128 of the synthetic SmolLM2 / 1B / 8B, arms alternating (ABCDDCBA), $OUT/bench-pdl.jsonl; then the
+#  timeline of SmolLM2 under the early and nq arms ($OUT/timeline.jsonl).
+#  STAGE T first (~30 s): experiments/persist/probe.py --cluster ($OUT/persist-cluster.jsonl): one thread-block cluster's
 #  persistent launch, phases split by the cluster barrier, against PDL launch boundaries.
 # STAGE d / e (~6 / ~2 min, .llamacpp): `--vs llama.cpp` of the floors' models (h200_session44.sh's, tag s46): the
 #  first with gemm_f16_wg v2 (the producer without I2F: pp512 +0-3 %, pp128 +9-11 % in session 45's A/B).
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build, then STAGE=evidence (~3 min after the build, which
 #  needs llama.cpp's: ~5 min; .llamacpp; session 45: c = 64 4.04x on an H100).
 set -u
-case "$STAGE" in T) ;; *) SESSION_TAG=s46 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in T|P) ;; *) SESSION_TAG=s46 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s46
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -28,6 +31,26 @@ tl() {  # tl LIMIT MODEL [args]: one timeline run, its JSON lines to $OUT/timeli
     >> $R/timeline.txt 2>&1
   log "timeline $* rc=$? $(el)"; tail -25 $R/timeline.txt | grep -A20 "events a replay" | head -22 | tee -a $R/log.txt
 }
+if [ "$STAGE" = P ]; then
+  for spec in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    q=${spec#synth:}; f=$(synth ${q%%:*} ${q##*:} "$TOK" | tail -1)
+    for a in base q8 nq early; do   # one build folder for every arm: only the files an arm edits compile again
+      PDL_ARM=$a timeout 150 python3 experiments/pdl_early/ab.py warmup "$f" > /dev/null 2>> $R/warm.txt
+      log "warmup $a $spec rc=$? $(el)"
+    done
+    for a in base q8 nq early early nq q8 base; do
+      [ $(( $(date +%s) - T0 )) -lt ${P_END:-430} ] || break
+      arm_run "$spec pdl=$a" bench-pdl.jsonl env PDL_ARM=$a python3 experiments/pdl_early/ab.py bench "$spec" \
+        -p 0 -n 128 -r 3
+    done
+    cp $R/bench-pdl.jsonl $OUT/
+  done
+  T_END=${T_END:-540}
+  tl 70 synth:smollm2-135m:Q4_1 -d 64 --reps 200 --arm early
+  tl 70 synth:smollm2-135m:Q4_1 -d 64 --reps 200 --arm nq
+  tar czf $OUT/s46-$STAGE.tgz -C /tmp s46-$STAGE
+  exit 0
+fi
 timeout 60 python3 experiments/persist/probe.py --cluster --sizes 4,8,16 --bytes 0,65536,262144,1048576 \
   > $OUT/persist-cluster.jsonl 2>> $R/log.txt; log "persist --cluster rc=$? $(el)"
 tl 150 synth:smollm2-135m:Q4_1 -d 64 --reps 200

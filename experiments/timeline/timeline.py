@@ -77,8 +77,12 @@ POINTER = 'extern "C" { __constant__ unsigned long long* memra_tl = 0; }  // tim
 WAIT_LINE = '#define MEMRA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")'
 
 
-def build(dst: Path) -> dict[int, str]:
-    """The probe's copy of kernels/ in dst; returns {file id: file name} (the ids the sites carry)."""
+def build(dst: Path, arm: str = "base") -> dict[int, str]:
+    """The probe's copy of kernels/ in dst (with experiments/pdl_early's `arm` edits first); returns {file id: file
+    name} (the ids the sites carry)."""
+    sys.path.insert(0, str(ROOT / "experiments" / "pdl_early"))
+    from make import transform
+
     src = ROOT / "kernels"
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
@@ -86,7 +90,7 @@ def build(dst: Path) -> dict[int, str]:
     for p in sorted(src.iterdir()):
         if p.suffix not in (".cu", ".cuh"):
             continue
-        text = p.read_text()
+        text = transform(p.name, p.read_text(), arm)
         if p.name == "common.cuh":
             if text.count(WAIT_LINE) != 1 or "#pragma once\n" not in text:
                 raise SystemExit("common.cuh: MEMRA_PDL_WAIT's sm_90 line (or #pragma once) not found once")
@@ -286,7 +290,7 @@ def run(args) -> None:
 
     # one fixed folder: NVRTC's -I names it, so the cubin cache serves the next run's same sources
     tmp = Path(tempfile.gettempdir()) / "memra-timeline"
-    files = build(tmp / "kernels")
+    files = build(tmp / "kernels", args.arm)
     use(tmp / "kernels")
     name, path = B.resolve_model(args.model, args.synth_tokenizer)
     g = cuda.gpu()
@@ -299,6 +303,7 @@ def run(args) -> None:
                kv_tokens=args.rows * (args.depth + span + 48), tune_table=tbl)
     calls, ev, off_us, on_us, held = record(r, args.rows, args.depth, args.reps, args.chunk, args.seed)
     base = {"model": name, "rows": args.rows, "depth": args.depth, "reps": args.reps, "device": g.info.name,
+            "arm": args.arm,
             "table": label, "git_sha": git_sha(), "ts": utc_now()}
     out = report(calls, ev, args.reps, files, base, off_us, on_us, held)
     if args.out:
@@ -340,7 +345,8 @@ def summarize(timeline: Path, profile: Path | None = None) -> list[str]:
             grp = next((x.get("group") for x in cur if x.get("name") == name), None)
             if grp in groups:
                 groups[grp][3] += sum(us)
-        lines.append(f"{r['model']}: {r['rows']} row(s) at depth {r['depth']} on {r['device']}: step "
+        lines.append(f"{r['model']}{'' if r.get('arm', 'base') == 'base' else ' [' + r['arm'] + ']'}: {r['rows']} "
+                     f"row(s) at depth {r['depth']} on {r['device']}: step "
                      f"{r['step_us_probe_off']} µs (probe on {r['step_us_probe_on']}), span {r['span_us']} µs, "
                      f"{r['events']} launches{'' if r['labelled'] else ' (not labelled)'}, tick {r['tick_ns']} ns")
         lines.append(f"  {'group':24s} {'n':>4s} {'crit µs':>9s} {'alone µs':>9s} {'wait µs':>9s} {'lag µs':>9s}")
@@ -382,6 +388,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=200, help="replays recorded (medians over them)")
     ap.add_argument("--chunk", type=int, default=8, help="replays between resets of the positions")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arm", default="base", help="experiments/pdl_early's arm (base, q8, early): where kernels "
+                    "trigger their PDL dependants")
     ap.add_argument("--synth-tokenizer", default="smollm2-135m", help="alias or GGUF a synth: model's tokenizer "
                     "comes from (as memra profile)")
     ap.add_argument("--out", help="append the JSON lines here")
