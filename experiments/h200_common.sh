@@ -150,12 +150,12 @@ tune_campaign() {
   log "tune $name rc=$? $(tail -1 $R/tune-$name.txt) $(el)"
 }
 # attn_land TAG KC_LIMIT: an attention.cu change's landing after the kernel edit is committed (models shipped): the h200
-# campaign's attn_decode jobs (the table's entries went stale with the source), freeze_show TAG, the new
+# campaign's attn_decode jobs (LAND_KERNELS=k1,k2: those kernels' jobs instead) (the table's entries went stale with the source), freeze_show TAG, the new
 # receipts and table to $OUT, then the kernel-check cases the committed receipt lacks
 attn_land() {
   link_models "kernel-check's launch set and the campaign's real models need them"
   tune_campaign h200 200 -m smollm2-135m -m gemma3-270m -m synth:llama3-8b:Q4_K_M -m synth:llama-1b:Q4_0 \
-    --kernels attn_decode
+    --kernels ${LAND_KERNELS:-attn_decode}
   freeze_show $1
   mkdir -p $OUT/tune $OUT/defaults
   cp research/tune/h200-nvidia-h200.jsonl $OUT/tune/; cp tune/defaults/nvidia-h200.json $OUT/defaults/

@@ -10,6 +10,9 @@
 #  synthetic SmolLM2 (Q4_1, the real file's shape) and Gemma-3 270M, the 1B Q4_0 and the 8B Q4_K_M at depth 64, and the
 #  8B's 64-row step at depth 128 (issue 11's c = 64), SmolLM2 at depth 4,096. $OUT: timeline.jsonl, profile.jsonl,
 #  s46-T.tgz. Read with `python3 experiments/timeline/timeline.py --summarize timeline.jsonl --profile profile.jsonl`.
+# STAGE Q (models shipped; ~6-9 min): quantize_q8's PDL trigger landed: the h200 campaign's quantize_q8 jobs (and the
+#  PDL-timed 1B ones), freeze, kernel-check --add-to (the matvec family whole), then the GPU tests in what is left.
+#  $OUT: tune/, defaults/, nvidia-h200.json (kernel-check receipt), kernel-check.txt.gz, s46-Q.tgz.
 # STAGE P (~8 min, no models): experiments/pdl_early's arms (base, q8, nq, early: where kernels trigger their PDL
 #  dependants), tg128 of the synthetic SmolLM2 / 1B / 8B, arms alternating (ABCDDCBA), $OUT/bench-pdl.jsonl; then the
 #  timeline of SmolLM2 under the early and nq arms ($OUT/timeline.jsonl).
@@ -20,7 +23,7 @@
 # Issue 11's serve cells: experiments/h200_serve.sh STAGE=build, then STAGE=evidence (~3 min after the build, which
 #  needs llama.cpp's: ~5 min; .llamacpp; session 45: c = 64 4.04x on an H100).
 set -u
-case "$STAGE" in T|P) ;; *) SESSION_TAG=s46 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in T|P|Q) ;; *) SESSION_TAG=s46 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s46
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -31,6 +34,16 @@ tl() {  # tl LIMIT MODEL [args]: one timeline run, its JSON lines to $OUT/timeli
     >> $R/timeline.txt 2>&1
   log "timeline $* rc=$? $(el)"; tail -25 $R/timeline.txt | grep -A20 "events a replay" | head -22 | tee -a $R/log.txt
 }
+if [ "$STAGE" = Q ]; then   # quantize_q8's trigger landed (kernels/q8.cu): its entries re-timed, frozen, checked
+  # the 1B's PDL-timed quantize_q8 entries first, so one freeze (attn_land's) makes the table kernel-check checks
+  TUNE_OUT=research/tune/h200-pdl-nvidia-h200.jsonl tune_campaign h200 60 --pdl -m synth:llama-1b:Q4_0 --kernels quantize_q8
+  LAND_KERNELS=quantize_q8 attn_land q8 300
+  cp research/tune/h200-pdl-nvidia-h200.jsonl $OUT/tune/
+  python3 -m memra kernel-check --status | tail -1 | tee -a $R/log.txt
+  gpu_tests ${G_END:-560}
+  tar czf $OUT/s46-$STAGE.tgz -C /tmp s46-$STAGE
+  exit 0
+fi
 if [ "$STAGE" = P ]; then
   for spec in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     q=${spec#synth:}; f=$(synth ${q%%:*} ${q##*:} "$TOK" | tail -1)
