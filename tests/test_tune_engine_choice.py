@@ -104,3 +104,26 @@ def test_a_peers_choice_applies_only_to_the_entries_its_receipts_made(tmp_path):
     assert t["n=576"]["1"]["config"] == {"NORM_THREADS": 128} and "measured_on" not in t["n=576"]["1"]
     assert "engine_choice" not in t["n=576"]["1"]
     assert "it was made on NVIDIA H200, the entry on NVIDIA H100 80GB HBM3" in r.stderr
+
+
+def test_a_group_applies_all_or_none(tmp_path):
+    """Records sharing a `group` (one A/B changed those entries together: its gain belongs to the set) apply only
+    when every member can: one member whose base is not its entry's keeps both entries as the campaign froze them,
+    and freeze names the member that broke the group; a whole group applies and each entry names it."""
+    from test_research import memra
+
+    (tmp_path / "a").mkdir()
+    d = _write(tmp_path / "a", _choice(256, 512, group="early"), _choice(64, 256, shape_key="n=576", group="early"))
+    entries = _frozen_norms(d, tmp_path / "t")
+    assert entries["n=4096"]["config"] == {"NORM_THREADS": 256} and "engine_choice" not in entries["n=4096"]
+    assert entries["n=576"]["config"] == {"NORM_THREADS": 128}
+    r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "u"))
+    assert r.returncode == 0
+    assert ("engine choice rmsnorm n=4096 batch 1: not applied, its group 'early' is not whole (engine choice "
+            "rmsnorm n=576 batch 1: the entry's configuration") in r.stderr, r.stderr
+    (tmp_path / "b").mkdir()
+    d = _write(tmp_path / "b", _choice(256, 512, group="early"), _choice(128, 256, shape_key="n=576", group="early"))
+    entries = _frozen_norms(d, tmp_path / "v")
+    assert entries["n=4096"]["config"] == {"NORM_THREADS": 512} and entries["n=576"]["config"] == {"NORM_THREADS": 256}
+    assert entries["n=576"]["engine_choice"]["group"] == "early"
+    assert any("group must be" in p for p in check_line(_choice(256, 512, group=""))[1])

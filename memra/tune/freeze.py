@@ -10,6 +10,8 @@ floor below the engine); this half sits above it, beside the tune harness.
 
 from __future__ import annotations
 
+import copy
+
 import json
 import logging
 import math
@@ -218,37 +220,69 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     the entries they name, in time order; returns one note per record. A record applies when its entry
     exists, its kernel source is the current one and the entry's frozen configuration is the record's
     `base_config` (what the engine A/B ran against); else the entry keeps the campaign's choice and the
-    note says why (re-run the A/B). An applied entry's `config` becomes the record's and it gains
-    `engine_choice` (base_config, gain, evidence, receipt); its timing fields stay the base
+    note says why (re-run the A/B). Records sharing a `group` (several entries changed together in one
+    A/B: the gain was measured for the set) apply all or none: one member that cannot apply keeps every
+    member's entry as the campaign froze it. An applied entry's `config` becomes the record's and it gains
+    `engine_choice` (base_config, gain, evidence, receipt, group); its timing fields stay the base
     configuration's, timed alone: a launch's time alone is not what the choice was made on. Apply them
     before memra.tune.dispatch.launched_keep: a dispatch choice timed with the base configuration no
     longer times a launch the engine makes. A stand-in device's records (freeze's stand_ins) apply to the
     entries its receipts made (`measured_on` it) only."""
     root = root or project_root()
-    notes = []
     devices = {table["device"], *stand_ins}
-    for c in sorted((c for c in choices if c["device"] in devices), key=lambda c: str(c["ts"])):
-        what = f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
-        b = str(batch_bucket(int(c["batch"]), table["batch_buckets"]))
-        entry = table["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
+    mine = sorted((c for c in choices if c["device"] in devices), key=lambda c: str(c["ts"]))
+
+    def what(c) -> str:
+        return f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
+
+    def check(tbl: dict, c) -> tuple[dict | None, str | None]:
+        b = str(batch_bucket(int(c["batch"]), tbl["batch_buckets"]))
+        entry = tbl["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
         if entry is None:
-            notes.append(f"{what}: not applied, the table has no such entry")
-        elif entry.get("measured_on", table["device"]) != c["device"]:
-            notes.append(f"{what}: not applied, it was made on {c['device']}, the entry on "
-                         f"{entry.get('measured_on', table['device'])}")
-        elif current_hash(c["src"]) != c["src_hash"]:
-            notes.append(f"{what}: not applied, {c['src']} changed since the A/B (re-run it)")
-        elif dict(entry["config"]) != dict(c["base_config"]):
-            notes.append(f"{what}: not applied, the entry's configuration {dict(entry['config'])} is not the "
-                         f"A/B's base {dict(c['base_config'])} (re-run it)")
+            return None, "the table has no such entry"
+        if entry.get("measured_on", tbl["device"]) != c["device"]:
+            return None, f"it was made on {c['device']}, the entry on {entry.get('measured_on', tbl['device'])}"
+        if current_hash(c["src"]) != c["src_hash"]:
+            return None, f"{c['src']} changed since the A/B (re-run it)"
+        if dict(entry["config"]) != dict(c["base_config"]):
+            return None, (f"the entry's configuration {dict(entry['config'])} is not the A/B's base "
+                          f"{dict(c['base_config'])} (re-run it)")
+        return entry, None
+
+    def lay(tbl: dict, blocked: Mapping[str, str]) -> list[tuple[Mapping, str | None]]:
+        """Each record in time order against tbl as the earlier ones left it: (record, why it did not apply)."""
+        out = []
+        for c in mine:
+            g = c.get("group")
+            entry, why = check(tbl, c)
+            if why is None and g in blocked:
+                why = f"its group {g!r} is not whole ({blocked[g]})"
+            if why is None:
+                entry["config"] = dict(c["config"])
+                objective = c.get("objective") if isinstance(c.get("objective"), str) else "tg128"
+                entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
+                                          "objective": objective, "evidence": list(c["evidence"]),
+                                          "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c
+                                          else None}
+                if g:
+                    entry["engine_choice"]["group"] = g
+            out.append((c, why))
+        return out
+
+    # a dry pass on a copy finds the groups with a member that cannot apply; the real pass leaves them out
+    blocked: dict[str, str] = {}
+    for c, why in lay(copy.deepcopy(table), {}):
+        if why and c.get("group") and c["group"] not in blocked:
+            blocked[c["group"]] = f"{what(c)}: {why}"
+    notes = []
+    for c, why in lay(table, blocked):
+        g = c.get("group")
+        if why:
+            notes.append(f"{what(c)}: not applied, {why}")
         else:
-            entry["config"] = dict(c["config"])
             objective = c.get("objective") if isinstance(c.get("objective"), str) else "tg128"
-            entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
-                                      "objective": objective, "evidence": list(c["evidence"]),
-                                      "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c else None}
-            notes.append(f"{what}: {dict(c['config'])} (engine {objective} {100 * float(c['gain']):+.1f} % over "
-                         f"{dict(c['base_config'])})")
+            notes.append(f"{what(c)}: {dict(c['config'])} (engine {objective} {100 * float(c['gain']):+.1f} % over "
+                         f"{dict(c['base_config'])}{f', group {g!r}' if g else ''})")
     return notes
 
 

@@ -294,7 +294,8 @@ def validate_engine_choice(row: Mapping) -> list[str]:
     """Problems of an engine-choice record: a table entry's configuration chosen by the engine's own A/B
     (`config` against the frozen `base_config`, tg128 `gain` as a fraction, or that of the optional
     `objective` it names (e.g. the step time summed over two depth cells), the bench receipts that show
-    it in `evidence`), which `memra tune freeze` lays over the entry it names (memra.tune.freeze
+    it in `evidence`; an optional `group` names the set of entries one A/B changed together, which freeze
+    applies all or none), which `memra tune freeze` lays over the entry it names (memra.tune.freeze
     .apply_engine_choices)."""
     if row.get("schema") != 1:
         return [f"engine-choice schema {row.get('schema')!r} is not supported (this memra reads schema 1)"]
@@ -307,6 +308,8 @@ def validate_engine_choice(row: Mapping) -> list[str]:
         problems.append("evidence must name at least one receipts file")
     if row["config"] == row["base_config"]:
         problems.append("config equals base_config: nothing chosen")
+    if "group" in row and not (isinstance(row["group"], str) and row["group"]):
+        problems.append("group must be a non-empty string (the records of one A/B's set of entries)")
     return problems
 
 
