@@ -15,6 +15,11 @@ shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's ord
     python3 experiments/engine_tune/tune.py choice OUT_DIR NAME research/tune/engine-choices-nvidia-h200.jsonl BENCH...
         -> a winner's engine-choice record, which `memra tune freeze` lays over its entry (memra.tune.freeze
            apply_engine_choices): commit BENCH under research/ first, the record names it as evidence
+    python3 experiments/engine_tune/tune.py overlay OUT_DIR NAME MODEL KERNEL[,KERNEL]:DEFINE=V[,DEFINE=V] ...
+        -> one candidate table OUT_DIR/NAME: every batch-1 entry a decode step of MODEL launches (memra.gpu.plan's
+           step, the shipped table) of the named kernels with the defines added (session 46: the PDL trigger
+           before the wait, experiments/pdl_early), indexed as a group; `choice` then writes one record per
+           entry, all with the group's id, which freeze applies all or none
 """
 from __future__ import annotations
 
@@ -83,6 +88,54 @@ def tables(out: Path, k: int, selections: list[str]) -> None:
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
 
+def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
+    """Candidate NAME: the shipped table with `rules`' defines added to the batch-1 entries of MODEL's decode step
+    (rule 'matvec,matvec_glu:MV_PDL_TRIGGER=2'); an entry the step launches without one in the table is listed and
+    left out (a choice needs an entry to lay over)."""
+    from memra.gpu.plan import Planner
+    from memra.tune.launches import model_specs
+    from memra.tune.receipts import shape_key
+
+    adds: dict[str, dict] = {}
+    for r in rules:
+        kernels, defs = r.split(":", 1)
+        d = {k: int(v) for k, v in (x.split("=", 1) for x in defs.split(","))}
+        for k in kernels.split(","):
+            adds.setdefault(k, {}).update(d)
+    specs, missing = model_specs([model])
+    if missing:
+        raise SystemExit(f"overlay: {missing[0]}")
+    shipped = json.loads(mv_tables.SHIPPED.read_text())
+    plan = Planner(specs[0], shipped, path="q8", sms=int(shipped.get("sms") or 132))
+    t = copy.deepcopy(shipped)
+    members, absent = [], []
+    for L in plan.step(1, decode=True, sampler="none"):
+        if L.kernel not in adds:
+            continue
+        key = shape_key(L.shape)
+        e = t["entries"].get(L.kernel, {}).get(key, {}).get("1")
+        if e is None:
+            absent.append(f"{L.kernel} {key}")
+            continue
+        if any(m["kernel"] == L.kernel and m["shape"] == key for m in members):
+            continue
+        base = dict(shipped["entries"][L.kernel][key]["1"]["config"])
+        e["config"] = {**base, **adds[L.kernel]}
+        members.append({"kernel": L.kernel, "shape": key, "base_config": base, "table_config": dict(e["config"]),
+                        "src": e["src"], "src_hash": e["src_hash"]})
+    if not members:
+        raise SystemExit(f"overlay: no entry of {sorted(adds)} in {model}'s decode step")
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
+    idx = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else []
+    idx = [i for i in idx if i["name"] != name] + [{"name": name, "group": True, "model": model, "rules": rules,
+                                                     "device": shipped["device"], "entries": members}]
+    (out / "index.json").write_text(json.dumps(idx, indent=1))
+    print(f"{name}: {len(members)} entries of {model} ({', '.join(sorted({m['kernel'] for m in members}))})"
+          + (f"; without a table entry, left as they are: {', '.join(absent)}" if absent else ""))
+
+
 def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
     """'MODEL|NAME' -> the tg128 medians of the runs whose table was OUT/NAME/... ('shipped': any other)."""
     runs: dict[str, list[float]] = {}
@@ -100,7 +153,8 @@ def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
 def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
     """Append candidate NAME's engine-choice record (memra.tune.receipts validate_engine_choice) to `to`: its
     entry's configuration against the shipped one, the tg128 gain its runs in BENCH show (every pass must
-    gain: the smallest ratio of a candidate run to the median shipped run is the gain recorded)."""
+    gain: the smallest ratio of a candidate run to the median shipped run is the gain recorded). An overlay
+    candidate writes one record per entry, all with one `group` id and the set's gain."""
     from memra.tune.receipts import git_sha, utc_now
 
     c = next(i for i in json.loads((out / "index.json").read_text()) if i["name"] == name)
@@ -110,13 +164,19 @@ def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
     gain = min(runs[f"{model}|{name}"]) / base - 1
     if gain <= 0:
         raise SystemExit(f"{name}: no gain in every pass ({gain:+.2%}): no choice recorded")
-    rec = {"schema": 1, "kind": "engine-choice", "device": c["device"], "kernel": c["kernel"], "shape_key": c["shape"],
-           "batch": 1, "base_config": c["base_config"], "config": c["table_config"], "src": c["src"],
-           "src_hash": c["src_hash"], "gain": round(gain, 5), "evidence": [str(Path(b)) for b in benches],
-           "model": model, "git_sha": git_sha(), "ts": utc_now()}
+    ts = utc_now()
+    members = c["entries"] if c.get("group") else [c]
+    group = f"{name} {model} {ts}" if c.get("group") else None
     with open(to, "a") as f:
-        f.write(json.dumps(rec, sort_keys=True) + "\n")
-    print(f"{name}: {c['kernel']} {c['shape']} {c['table_config']} {gain:+.2%} on {model} -> {to}")
+        for m in members:
+            rec = {"schema": 1, "kind": "engine-choice", "device": c["device"], "kernel": m["kernel"],
+                   "shape_key": m["shape"], "batch": 1, "base_config": m["base_config"], "config": m["table_config"],
+                   "src": m["src"], "src_hash": m["src_hash"], "gain": round(gain, 5),
+                   "evidence": [str(Path(b)) for b in benches], "model": model, "git_sha": git_sha(), "ts": ts}
+            if group:
+                rec["group"] = group
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+    print(f"{name}: {len(members)} record(s), {gain:+.2%} on {model} -> {to}")
 
 
 def report(out: Path, benches: list[str]) -> None:
@@ -138,5 +198,7 @@ if __name__ == "__main__":
         tables(Path(out), kk, rest)
     elif cmd == "choice":   # choice OUT NAME TO BENCH...
         choice(Path(out), rest[0], rest[2:], Path(rest[1]))
+    elif cmd == "overlay":   # overlay OUT NAME MODEL RULE...
+        overlay(Path(out), rest[0], rest[1], rest[2:])
     else:
         report(Path(out), rest)
