@@ -11,7 +11,6 @@ floor below the engine); this half sits above it, beside the tune harness.
 from __future__ import annotations
 
 import copy
-
 import json
 import logging
 import math
@@ -235,6 +234,9 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     def what(c) -> str:
         return f"engine choice {c['kernel']} {c['shape_key']} batch {c['batch']}"
 
+    def objective(c) -> str:
+        return c["objective"] if isinstance(c.get("objective"), str) else "tg128"
+
     def check(tbl: dict, c) -> tuple[dict | None, str | None]:
         b = str(batch_bucket(int(c["batch"]), tbl["batch_buckets"]))
         entry = tbl["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
@@ -259,9 +261,8 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
                 why = f"its group {g!r} is not whole ({blocked[g]})"
             if why is None:
                 entry["config"] = dict(c["config"])
-                objective = c.get("objective") if isinstance(c.get("objective"), str) else "tg128"
                 entry["engine_choice"] = {"base_config": dict(c["base_config"]), "gain": float(c["gain"]),
-                                          "objective": objective, "evidence": list(c["evidence"]),
+                                          "objective": objective(c), "evidence": list(c["evidence"]),
                                           "receipt": f"{_rel(c['file'], root)}:{int(c['line'])}" if "file" in c
                                           else None}
                 if g:
@@ -280,8 +281,7 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
         if why:
             notes.append(f"{what(c)}: not applied, {why}")
         else:
-            objective = c.get("objective") if isinstance(c.get("objective"), str) else "tg128"
-            notes.append(f"{what(c)}: {dict(c['config'])} (engine {objective} {100 * float(c['gain']):+.1f} % over "
+            notes.append(f"{what(c)}: {dict(c['config'])} (engine {objective(c)} {100 * float(c['gain']):+.1f} % over "
                          f"{dict(c['base_config'])}{f', group {g!r}' if g else ''})")
     return notes
 
