@@ -190,6 +190,23 @@ def test_matvec_tune_modules_are_what_the_job_loads(kernel, variant, config, sha
         [d for d in declared if d[0] == MV.KERNEL_FILE]) == 1
 
 
+@pytest.mark.parametrize("kernel,config,n", [("rmsnorm", {"NORM_THREADS": 256}, 576), ("rmsnorm", {}, 4096),
+                                              ("rmsnorm", {"NORM_THREADS": 128}, 4096), ("add_rmsnorm", {}, 640)])
+def test_norm_tune_modules_are_what_the_job_loads(kernel, config, n):
+    """norm's hook names the one module its tune job launches: `memra tune carry` compiles exactly these from two
+    trees to carry norm.cu receipts across an edit that leaves their code the same."""
+    from memra.gpu.ops import norm as N
+
+    g = ModuleLog()
+    case = N.tune_case(g, kernel, "default", config, {"n": n, "batch": 2}, np.random.default_rng(0), ROTATE)
+    ok, err, detail = case.check()
+    assert ok, detail
+    case.launch(case.sets - 1)
+    declared = {(f, tuple(sorted((k, str(v)) for k, v in d.items())))
+                for f, d in N.tune_modules(kernel, "default", config, {"n": n, "batch": 2})}
+    assert g.loaded == declared and len(declared) == 1
+
+
 def test_precompile_builds_the_modules_and_counts_failures(monkeypatch):
     import memra.gpu.compile as CMP
 

@@ -292,6 +292,14 @@ def check_launch(g, rng, case):
 # -- tune hook (memra/tune/measure.py): kernels "rmsnorm" / "add_rmsnorm", variant "default",
 # shape {n: n_embd}, batch rows; config {"NORM_THREADS": T}
 
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of the module a norm tune job (or a table entry) loads, as tune_case launches it:
+    `memra tune run` precompiles it, and `memra tune carry` compiles it from two trees to prove a norm.cu edit left
+    it the same code."""
+    t, maxv, _ = launch_config(int(shape["n"]), kernel == "rmsnorm", config)
+    return [(KERNEL_FILE, {"NORM_THREADS": t, "NORM_MAXV": maxv})]
+
+
 # the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
 TUNE_VARIANTS = {"rmsnorm": ("default",), "add_rmsnorm": ("default",)}
 
