@@ -76,6 +76,19 @@ def test_carried_when_the_code_is_the_same_and_not_when_it_differs(tmp_path):
     assert any("compile to different code" in m for m in logs)
 
 
+def test_a_failed_receipt_measured_no_module(tmp_path):
+    """A campaign's failed receipt (a configuration that was refused or did not build) measured no module: none is
+    compiled for it (norm's hook refuses such a configuration outright, which stopped norm.cu's carry), and it is
+    carried with the rest (the record maps the file's hash)."""
+    old = _tree(tmp_path, "old", lambda t: "// an older comment\n" + t)
+    h_old = source_hash("matvec.cu", old)
+    bad = make_receipt(kernel="matvec", variant="q8", config={"MV_NWARPS": 3}, shape=SHAPE, src="matvec.cu",
+                       src_hash=h_old, ok=False, error="bad configuration", git_sha="0" * 40,
+                       ts="2026-12-01T00:00:00Z", **H200)
+    recs = CARRY.plan(_df(tmp_path, [_rec(h_old), bad]), None, "NVIDIA H200", old, kernel_dir(), log=lambda m: None)
+    assert [(r["src"], r["modules"], r["receipts"]) for r in recs] == [("matvec.cu", 1, 2)]
+
+
 def test_freeze_reads_carried_receipts_as_current(tmp_path):
     df = _df(tmp_path, [_rec("old", 4.0, {"MV_NWARPS": 8, "MV_ROWS": 1}), _rec("old", 5.0)])
     carries = [{"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": "old", "to_hash": "mid",

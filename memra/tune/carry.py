@@ -88,9 +88,12 @@ def _family_modules(src: str, kernel: str, variant: str, config: Mapping, shape:
 
 def modules_of(rows: Iterable[Mapping], src: str) -> dict[tuple, dict]:
     """The modules of kernel file `src` that these receipts / table entries (kernel, variant, config, shape)
-    measured, keyed by (file, sorted defines)."""
+    measured, keyed by (file, sorted defines). A failed receipt (ok false: a configuration the family refused or
+    that did not build) measured none."""
     out: dict[tuple, dict] = {}
     for r in rows:
+        if not r.get("ok", True):
+            continue
         for f, d in _family_modules(src, r["kernel"], r["variant"], r["config"], r["shape"]):
             if f == src:
                 out[(f, tuple(sorted((k, str(v)) for k, v in d.items())))] = dict(d)
