@@ -5,20 +5,20 @@
 #
 # STAGE E (~5-7 min, models shipped): the early PDL trigger as per-shape engine choices. Before the call, on the CPU:
 #   python3 experiments/pdl_early/land.py            # MV_PDL_TRIGGER 2, NORM_PDL_TRIGGER in kernels/
-#   cp experiments/pdl_early/carry-*.jsonl research/tune/   # session 46's carry records, valid while kernels/ at
-#       # landing equals land.py's output on 7bd6d32's kernels/ (else: memra tune carry --from <rev> --device
-#       # "NVIDIA H200" and --device "NVIDIA H100 80GB HBM3", ~25 min CPU)
+#   cat experiments/pdl_early/carry-nvidia-h200.jsonl >> research/tune/carry-nvidia-h200.jsonl
+#       # session 46's carry records (matvec.cu: 164 modules identical, 1,247 receipts; norm.cu: 12, 48), valid while
+#       # land.py's output has their to_hash (memra.gpu.compile source_hash: 78d4201cb5b5e40c / fd99b747f9584b79);
+#       # else `memra tune carry --from <rev before land.py>` (~3 min CPU)
 #   memra tune freeze --device "NVIDIA H200" --stand-in "NVIDIA H100 80GB HBM3" --out-dir tune/defaults --pdl
 #   memra tune show | grep stale      # none; commit (the kernel-check receipt is stale until this call's)
 # On the device: for SmolLM2 and Gemma-3 (the real files), overlay candidate tables (experiments/engine_tune overlay):
 # "early" = every matvec / matvec_glu, rmsnorm / add_rmsnorm and quantize_q8 entry of the model's decode step with its
-# trigger before the wait, "mv" = the matvecs only (both: only entries this device timed — freeze's rule for a
-# device's choices; on an H100 the table's H200-timed matvec / norm entries drop out), "all" = every entry whatever
-# timed it (evidence only); tg128 -r 3 A..ZZ..A against the shipped table; each model's better of early / mv that
-# gains in every pass becomes a group of engine-choice records (evidence: the bench receipts, copied
-# under research/<date>-session47/E/ first), frozen; then kernel-check --add-to (matvec and norm whole: their sources
-# changed; the new modules). $OUT: bench-early.jsonl, engine-choices, defaults/, the kernel-check receipt and log,
-# s47-E.tgz. Session 46's A/B (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
+# trigger before the wait, "mv" = the matvecs only; tg128 -r 3 ABCCBA against the shipped table; each model's better
+# candidate that gains in every pass becomes a group of engine-choice records (each naming the device that timed its
+# entry, the A/B's card in its objective; evidence: the bench receipts, copied under research/<date>-session47/E/
+# first), frozen; then kernel-check --add-to (matvec and norm whole: their sources changed; the new modules). $OUT:
+# bench-early.jsonl, engine-choices, defaults/, the kernel-check receipt and log, s47-E.tgz. Session 46's A/B
+# (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s47; .llamacpp); issue 11's serve: h200_serve.sh.
 set -u
 case "$STAGE" in E) ;; *) SESSION_TAG=s47 exec bash experiments/h200_session44.sh ;; esac
@@ -29,20 +29,14 @@ link_models "the overlays and kernel-check's launch set need them"
 grep -q "MV_PDL_TRIGGER == 2" kernels/matvec.cu || { log "kernels/matvec.cu has no MV_PDL_TRIGGER 2: run land.py first"; exit 1; }
 RES=research/$(date +%F)-session47/E; mkdir -p $RES
 OV=$R/ov
-DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 RULES=("matvec,matvec_glu:MV_PDL_TRIGGER=2" "rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
 for m in smollm2-135m gemma3-270m; do
-  # choice-eligible candidates hold only the entries this device timed (freeze lays a device's choice over those only:
-  # on an H100 that is the entries its receipts made, e.g. quantize_q8 since session 46); "all" candidates hold every
-  # entry of the step whatever timed it: evidence, never a choice
-  python3 experiments/engine_tune/tune.py overlay $OV early-$m $m "${RULES[@]}" --device "$DEV" 2>&1 | tee -a $R/log.txt
-  python3 experiments/engine_tune/tune.py overlay $OV mv-$m $m "${RULES[0]}" --device "$DEV" 2>&1 | tee -a $R/log.txt
-  python3 experiments/engine_tune/tune.py overlay $OV all-$m $m "${RULES[@]}" 2>&1 | tee -a $R/log.txt
+  python3 experiments/engine_tune/tune.py overlay $OV early-$m $m "${RULES[@]}" 2>&1 | tee -a $R/log.txt
+  python3 experiments/engine_tune/tune.py overlay $OV mv-$m $m "${RULES[0]}" 2>&1 | tee -a $R/log.txt
 done
 for m in smollm2-135m gemma3-270m; do
-  arms=""; for a in early mv all; do [ -f $OV/$a-$m/nvidia-h200.json ] && arms="$arms $a"; done
-  for a in shipped $arms $(echo $arms | tr ' ' '\n' | tac) shipped; do
-    [ $(( $(date +%s) - T0 )) -lt ${E_END:-330} ] || break
+  for a in shipped early mv mv early shipped; do
+    [ $(( $(date +%s) - T0 )) -lt ${E_END:-300} ] || break
     if [ $a = shipped ]; then arm_run "$m shipped" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
     else arm_run "$m $a" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $OV/$a-$m/nvidia-h200.json
     fi

@@ -127,3 +127,10 @@ def test_a_group_applies_all_or_none(tmp_path):
     assert entries["n=4096"]["config"] == {"NORM_THREADS": 512} and entries["n=576"]["config"] == {"NORM_THREADS": 256}
     assert entries["n=576"]["engine_choice"]["group"] == "early"
     assert any("group must be" in p for p in check_line(_choice(256, 512, group=""))[1])
+    # a record without a group beside a grouped one (read as NaN from the records' frame) stands alone
+    (tmp_path / "c").mkdir()
+    d = _write(tmp_path / "c", _choice(256, 512), _choice(128, 256, shape_key="n=576", group="g2"))
+    r = memra("tune", "freeze", str(d), "--out-dir", str(tmp_path / "w"))
+    assert r.returncode == 0
+    assert "n=4096 batch 1: {'NORM_THREADS': 512} (engine tg128 +1.2 % over {'NORM_THREADS': 256})\n" in r.stderr, r.stderr
+    assert "n=576 batch 1: {'NORM_THREADS': 256} (engine tg128 +1.2 % over {'NORM_THREADS': 128}, group 'g2')" in r.stderr

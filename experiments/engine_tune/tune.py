@@ -15,7 +15,7 @@ shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's ord
     python3 experiments/engine_tune/tune.py choice OUT_DIR NAME research/tune/engine-choices-nvidia-h200.jsonl BENCH...
         -> a winner's engine-choice record, which `memra tune freeze` lays over its entry (memra.tune.freeze
            apply_engine_choices): commit BENCH under research/ first, the record names it as evidence
-    python3 experiments/engine_tune/tune.py overlay OUT_DIR NAME MODEL KERNEL[,KERNEL]:DEFINE=V[,DEFINE=V] ... [--device D]
+    python3 experiments/engine_tune/tune.py overlay OUT_DIR NAME MODEL KERNEL[,KERNEL]:DEFINE=V[,DEFINE=V] ...
         -> one candidate table OUT_DIR/NAME: every batch-1 entry a decode step of MODEL launches (memra.gpu.plan's
            step, the shipped table) of the named kernels with the defines added (session 46: the PDL trigger
            before the wait, experiments/pdl_early), indexed as a group; `choice` then writes one record per
@@ -88,11 +88,12 @@ def tables(out: Path, k: int, selections: list[str]) -> None:
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
 
-def overlay(out: Path, name: str, model: str, rules: list[str], device: str | None = None) -> None:
+def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
     """Candidate NAME: the shipped table with `rules`' defines added to the batch-1 entries of MODEL's decode step
     (rule 'matvec,matvec_glu:MV_PDL_TRIGGER=2'); an entry the step launches without one in the table is listed and
-    left out (a choice needs an entry to lay over), and so is one timed on another device than the A/B's (`device`,
-    default the table's): freeze lays a device's choice only over the entries that device measured."""
+    left out (a choice needs an entry to lay over). Each member keeps the device that timed its entry (the table's,
+    or a stand-in's `measured_on`): its choice record names that device, as freeze requires, and says in its
+    objective which card the A/B ran on."""
     from memra.gpu.plan import Planner
     from memra.tune.launches import model_specs
     from memra.tune.receipts import shape_key
@@ -109,7 +110,6 @@ def overlay(out: Path, name: str, model: str, rules: list[str], device: str | No
     shipped = json.loads(mv_tables.SHIPPED.read_text())
     plan = Planner(specs[0], shipped, path="q8", sms=int(shipped.get("sms") or 132))
     t = copy.deepcopy(shipped)
-    device = device or shipped["device"]
     members, absent = [], []
     for L in plan.step(1, decode=True, sampler="none"):
         if L.kernel not in adds:
@@ -119,15 +119,13 @@ def overlay(out: Path, name: str, model: str, rules: list[str], device: str | No
         if e is None:
             absent.append(f"{L.kernel} {key}")
             continue
-        if e.get("measured_on", shipped["device"]) != device:
-            absent.append(f"{L.kernel} {key} (measured on {e.get('measured_on', shipped['device'])})")
-            continue
         if any(m["kernel"] == L.kernel and m["shape"] == key for m in members):
             continue
         base = dict(shipped["entries"][L.kernel][key]["1"]["config"])
         e["config"] = {**base, **adds[L.kernel]}
         members.append({"kernel": L.kernel, "shape": key, "base_config": base, "table_config": dict(e["config"]),
-                        "src": e["src"], "src_hash": e["src_hash"]})
+                        "src": e["src"], "src_hash": e["src_hash"],
+                        "device": e.get("measured_on", shipped["device"])})
     if not members:
         raise SystemExit(f"overlay: no entry of {sorted(adds)} in {model}'s decode step")
     d = out / name
@@ -135,11 +133,10 @@ def overlay(out: Path, name: str, model: str, rules: list[str], device: str | No
     (d / "nvidia-h200.json").write_text(json.dumps(t, indent=1, sort_keys=True))
     idx = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else []
     idx = [i for i in idx if i["name"] != name] + [{"name": name, "group": True, "model": model, "rules": rules,
-                                                     "device": device, "entries": members}]
+                                                     "device": shipped["device"], "entries": members}]
     (out / "index.json").write_text(json.dumps(idx, indent=1))
     print(f"{name}: {len(members)} entries of {model} ({', '.join(sorted({m['kernel'] for m in members}))})"
-          + (f"; left as they are (no entry, or timed on another device): {', '.join(dict.fromkeys(absent))}"
-             if absent else ""))
+          + (f"; without a table entry, left as they are: {', '.join(dict.fromkeys(absent))}" if absent else ""))
 
 
 def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
@@ -173,14 +170,18 @@ def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
     ts = utc_now()
     members = c["entries"] if c.get("group") else [c]
     group = f"{name} {model} {ts}" if c.get("group") else None
+    cards = sorted({json.loads(line).get("device") for b in benches for line in Path(b).read_text().splitlines()
+                    if line.strip() and json.loads(line).get("model") == model} - {None})
+    objective = (f"tg128 of {model}, the group's {len(members)} entries changed together, on {' / '.join(cards)}"
+                 if group else None)
     with open(to, "a") as f:
         for m in members:
-            rec = {"schema": 1, "kind": "engine-choice", "device": c["device"], "kernel": m["kernel"],
+            rec = {"schema": 1, "kind": "engine-choice", "device": m.get("device", c["device"]), "kernel": m["kernel"],
                    "shape_key": m["shape"], "batch": 1, "base_config": m["base_config"], "config": m["table_config"],
                    "src": m["src"], "src_hash": m["src_hash"], "gain": round(gain, 5),
                    "evidence": [str(Path(b)) for b in benches], "model": model, "git_sha": git_sha(), "ts": ts}
             if group:
-                rec["group"] = group
+                rec["group"], rec["objective"] = group, objective
             f.write(json.dumps(rec, sort_keys=True) + "\n")
     print(f"{name}: {len(members)} record(s), {gain:+.2%} on {model} -> {to}")
 
@@ -204,9 +205,7 @@ if __name__ == "__main__":
         tables(Path(out), kk, rest)
     elif cmd == "choice":   # choice OUT NAME TO BENCH...
         choice(Path(out), rest[0], rest[2:], Path(rest[1]))
-    elif cmd == "overlay":   # overlay OUT NAME MODEL RULE... [--device NAME]
-        dev = rest[rest.index("--device") + 1] if "--device" in rest else None
-        rest = [r for i, r in enumerate(rest) if r != "--device" and (i == 0 or rest[i - 1] != "--device")]
-        overlay(Path(out), rest[0], rest[1], rest[2:], dev)
+    elif cmd == "overlay":   # overlay OUT NAME MODEL RULE...
+        overlay(Path(out), rest[0], rest[1], rest[2:])
     else:
         report(Path(out), rest)

@@ -237,6 +237,9 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     def objective(c) -> str:
         return c["objective"] if isinstance(c.get("objective"), str) else "tg128"
 
+    def group(c) -> str | None:   # a records DataFrame gives NaN where a record has none
+        return c["group"] if isinstance(c.get("group"), str) and c["group"] else None
+
     def check(tbl: dict, c) -> tuple[dict | None, str | None]:
         b = str(batch_bucket(int(c["batch"]), tbl["batch_buckets"]))
         entry = tbl["entries"].get(c["kernel"], {}).get(c["shape_key"], {}).get(b)
@@ -255,7 +258,7 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
         """Each record in time order against tbl as the earlier ones left it: (record, why it did not apply)."""
         out = []
         for c in mine:
-            g = c.get("group")
+            g = group(c)
             entry, why = check(tbl, c)
             if why is None and g in blocked:
                 why = f"its group {g!r} is not whole ({blocked[g]})"
@@ -273,11 +276,11 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
     # a dry pass on a copy finds the groups with a member that cannot apply; the real pass leaves them out
     blocked: dict[str, str] = {}
     for c, why in lay(copy.deepcopy(table), {}):
-        if why and c.get("group") and c["group"] not in blocked:
-            blocked[c["group"]] = f"{what(c)}: {why}"
+        if why and group(c) and group(c) not in blocked:
+            blocked[group(c)] = f"{what(c)}: {why}"
     notes = []
     for c, why in lay(table, blocked):
-        g = c.get("group")
+        g = group(c)
         if why:
             notes.append(f"{what(c)}: not applied, {why}")
         else:
