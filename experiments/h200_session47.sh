@@ -16,7 +16,7 @@
 # trigger before the wait, "mv" = the matvecs only; tg128 -r 3 ABCCBA against the shipped table; each model's better
 # candidate that gains in every pass becomes a group of engine-choice records (each naming the device that timed its
 # entry, the A/B's card in its objective; evidence: the bench receipts, copied under research/<date>-session47/E/
-# first), frozen; then kernel-check --add-to (matvec and norm whole: their sources changed; the new modules). $OUT:
+# first), frozen; the 1B and the 8B: the FFN quantize's early trigger alone (ABBA); then kernel-check --add-to (matvec and norm whole: their sources changed; the new modules). $OUT:
 # bench-early.jsonl, engine-choices, defaults/, the kernel-check receipt and log, s47-E.tgz. Session 46's A/B
 # (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s47; .llamacpp); issue 11's serve: h200_serve.sh.
@@ -34,32 +34,25 @@ for m in smollm2-135m gemma3-270m; do
   python3 experiments/engine_tune/tune.py overlay $OV early-$m $m "${RULES[@]}" 2>&1 | tee -a $R/log.txt
   python3 experiments/engine_tune/tune.py overlay $OV mv-$m $m "${RULES[0]}" 2>&1 | tee -a $R/log.txt
 done
-for m in smollm2-135m gemma3-270m; do
-  for a in shipped early mv mv early shipped; do
-    [ $(( $(date +%s) - T0 )) -lt ${E_END:-300} ] || break
+# the 1B and the 8B: the FFN quantize's trigger before its wait alone (their down matvec loads its first unit before
+# its own wait; session 46's nq / early arms lost there as a whole, the quantize's part unmeasured)
+for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+  python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${RULES[2]}" 2>&1 | tee -a $R/log.txt
+done
+for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+  case $m in synth:*) arms="shipped q8e q8e shipped" ;; *) arms="shipped early mv mv early shipped" ;; esac
+  for a in $arms; do
+    [ $(( $(date +%s) - T0 )) -lt ${E_END:-330} ] || break
     if [ $a = shipped ]; then arm_run "$m shipped" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
-    else arm_run "$m $a" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 --tune-table $OV/$a-$m/nvidia-h200.json
+    else arm_run "$m $a" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
+      --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
     fi
   done
 done
 cp $R/bench-early.jsonl $RES/ && cp $R/bench-early.jsonl $OUT/
 python3 experiments/engine_tune/tune.py report $OV $RES/bench-early.jsonl | tee -a $R/log.txt
-for m in smollm2-135m gemma3-270m; do   # the better candidate of the two that gains in every pass
-  best=$(python3 - "$OV" "$RES/bench-early.jsonl" "$m" <<'PY'
-import statistics, sys
-sys.path.insert(0, "experiments/engine_tune")
-from pathlib import Path
-import tune
-runs = tune.tg128(Path(sys.argv[1]), [sys.argv[2]])
-model = next((k.split("|")[0] for k in runs if k.endswith(f"|early-{sys.argv[3]}")), None)
-if model and runs.get(f"{model}|shipped"):
-    base = statistics.median(runs[f"{model}|shipped"])
-    gains = {n: min(runs[f"{model}|{n}-{sys.argv[3]}"]) / base - 1 for n in ("early", "mv")
-             if runs.get(f"{model}|{n}-{sys.argv[3]}")}
-    n, g = max(gains.items(), key=lambda kv: kv[1]) if gains else (None, 0)
-    print(f"{n}-{sys.argv[3]}" if g > 0 else "")
-PY
-)
+for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
+  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-early.jsonl early-$m mv-$m q8e-$m)
   log "$m: best candidate '${best:-none}'"
   [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
     $RES/bench-early.jsonl 2>&1 | tee -a $R/log.txt

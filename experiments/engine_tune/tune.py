@@ -15,6 +15,7 @@ shipped table with only that entry replaced. Bit-neutral: a batch-1 matvec's ord
     python3 experiments/engine_tune/tune.py choice OUT_DIR NAME research/tune/engine-choices-nvidia-h200.jsonl BENCH...
         -> a winner's engine-choice record, which `memra tune freeze` lays over its entry (memra.tune.freeze
            apply_engine_choices): commit BENCH under research/ first, the record names it as evidence
+    python3 experiments/engine_tune/tune.py best OUT_DIR BENCH NAME...   -> the candidate gaining most in every pass
     python3 experiments/engine_tune/tune.py overlay OUT_DIR NAME MODEL KERNEL[,KERNEL]:DEFINE=V[,DEFINE=V] ...
         -> one candidate table OUT_DIR/NAME: every batch-1 entry a decode step of MODEL launches (memra.gpu.plan's
            step, the shipped table) of the named kernels with the defines added (session 46: the PDL trigger
@@ -186,6 +187,20 @@ def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
     print(f"{name}: {len(members)} record(s), {gain:+.2%} on {model} -> {to}")
 
 
+def best(out: Path, benches: list[str], names: list[str]) -> str:
+    """Of candidates `names` (one model's), the one whose every run beats the median shipped run by the most, or ''
+    when none gains in every pass."""
+    runs = tg128(out, benches)
+    gains = {}
+    for n in names:
+        for key, v in runs.items():
+            model, name = key.split("|")
+            if name == n and runs.get(f"{model}|shipped"):
+                gains[n] = min(v) / statistics.median(runs[f"{model}|shipped"]) - 1
+    n, g = max(gains.items(), key=lambda kv: kv[1]) if gains else ("", 0.0)
+    return n if g > 0 else ""
+
+
 def report(out: Path, benches: list[str]) -> None:
     """Each bench receipt's `table` ("file:PATH") names the table it ran: OUT_DIR/<name>/... or another (shipped)."""
     runs = tg128(out, benches)
@@ -205,6 +220,8 @@ if __name__ == "__main__":
         tables(Path(out), kk, rest)
     elif cmd == "choice":   # choice OUT NAME TO BENCH...
         choice(Path(out), rest[0], rest[2:], Path(rest[1]))
+    elif cmd == "best":   # best OUT BENCH NAME...: prints the winner's name (or nothing)
+        print(best(Path(out), [rest[0]], rest[1:]))
     elif cmd == "overlay":   # overlay OUT NAME MODEL RULE...
         overlay(Path(out), rest[0], rest[1], rest[2:])
     else:
