@@ -182,20 +182,13 @@ def generate() -> None:
 def cluster_launch(g, kernel, grid, block, args, shmem: int, allowed: set, pdl: bool = True) -> None:
     """attn_decode_rope / attn_decode of the build copy on g's stream (or the graph being captured), as clusters of
     (1, grid y, 1) blocks; a cluster above 8 blocks needs the non-portable size allowed (once a kernel: `allowed`)."""
-    from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
     from memra.gpu.cuda import DeviceArray
 
     if shmem:
         kernel.allow_shared(shmem)
     if grid[1] > 8 and id(kernel) not in allowed:
-        h = kernel._k.handle
-        if not isinstance(h, driver.CUkernel):
-            h = driver.CUkernel(int(h))
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        err, = driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(g.info.index))
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED): {err}")
+        kernel.allow_nonportable_cluster()
         allowed.add(id(kernel))
     cargs = [np.uint64(a.ptr) if isinstance(a, DeviceArray) else a for a in args]
     cfg = LaunchConfig(grid=(grid[0], 1, grid[2]), cluster=(1, grid[1], 1), block=block,

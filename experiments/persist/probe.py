@@ -131,20 +131,13 @@ def cluster(g, args) -> int:
     phases in one launch (cluster.cu's modes: 0 barrier + DSMEM exchange, 1 streaming alone, 2 mode 0 with the
     next phase's loads in flight across the barrier), against graphs of N PDL `phase` launches on `size` and on
     132 blocks. Modes 0 and 2 must leave the same values; the JSON line gives µs a phase of each arm."""
-    from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
 
     k_phase = g.module(SRC, {}).kernel("phase")
     k_cl = g.module("../experiments/persist/cluster.cu", {}).kernel("cl_persist")
     smem = 120 * 1024
     k_cl.allow_shared(smem)
-    h = k_cl._k.handle
-    if not isinstance(h, driver.CUkernel):
-        h = driver.CUkernel(int(h))
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-    err, = driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(g.info.index))
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED): {err}")
+    k_cl.allow_nonportable_cluster()
     N, T = args.phases, args.threads
     dst = g.empty(4096, np.float32)
     for nbytes in (int(x) for x in args.bytes.split(",")):

@@ -219,6 +219,18 @@ class Kernel:
         _drv(driver.cuKernelSetAttribute(attr, int(nbytes), h, dev), "cuKernelSetAttribute")
         self._smem_limit = nbytes
 
+    def allow_nonportable_cluster(self) -> None:
+        """Let this kernel launch in thread-block clusters of more than 8 blocks (up to 16 on sm_90;
+        experiments only: no engine kernel launches as clusters)."""
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        h = self._k.handle
+        if not isinstance(h, driver.CUkernel):
+            h = driver.CUkernel(int(h))
+        _drv(driver.cuKernelSetAttribute(attr, 1, h, driver.CUdevice(self.module.gpu.info.index)),
+             "cuKernelSetAttribute")
+
     def set_carveout(self, percent: int) -> None:
         """The preferred shared-memory carveout (percent of the most shared memory an SM has):
         MEMRA_SMEM_CARVEOUT, a machine setting (docs/FLAGS.md) — one value for every kernel, so
