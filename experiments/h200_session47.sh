@@ -4,13 +4,10 @@
 # carry .whl and .synthtok; the real models shipped first (experiments/ship_models.py's .models/ship-0N, six calls).
 #
 # STAGE E (~5-7 min, models shipped): the early PDL trigger as per-shape engine choices. Before the call, on the CPU:
-#   python3 experiments/pdl_early/land.py            # MV_PDL_TRIGGER 2, NORM_PDL_TRIGGER in kernels/
-#   cat experiments/pdl_early/carry-nvidia-h200.jsonl >> research/tune/carry-nvidia-h200.jsonl
-#       # session 46's carry records (matvec.cu: 164 modules identical, 1,247 receipts; norm.cu: 12, 48), valid while
-#       # land.py's output has their to_hash (memra.gpu.compile source_hash: 78d4201cb5b5e40c / fd99b747f9584b79);
-#       # else `memra tune carry --from <rev before land.py>` (~3 min CPU)
-#   memra tune freeze --device "NVIDIA H200" --stand-in "NVIDIA H100 80GB HBM3" --out-dir tune/defaults --pdl
-#   memra tune show | grep stale      # none; commit (the kernel-check receipt is stale until this call's)
+#   bash experiments/pdl_early/prepare_landing.sh    # land.py (MV_PDL_TRIGGER 2, NORM_PDL_TRIGGER in kernels/), session
+#       # 46's carry records (matvec.cu: 164 modules identical, 1,247 receipts; norm.cu: 12, 48) or a fresh carry when
+#       # kernels/ moved, the freeze, `tune show` stale none (rehearsed at 3f3edcc: 18 s); then commit (the
+#       # kernel-check receipt is stale until this call's)
 # On the device: for SmolLM2 and Gemma-3 (the real files), overlay candidate tables (experiments/engine_tune overlay):
 # "early" = every matvec / matvec_glu, rmsnorm / add_rmsnorm and quantize_q8 entry of the model's decode step with its
 # trigger before the wait, "mv" = the matvecs only; tg128 -r 3 ABCCBA against the shipped table; each model's better
