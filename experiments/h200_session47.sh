@@ -13,9 +13,12 @@
 # trigger before the wait, "mv" = the matvecs only; tg128 -r 3 ABCCBA against the shipped table; each model's better
 # candidate that gains in every pass becomes a group of engine-choice records (each naming the device that timed its
 # entry, the A/B's card in its objective; evidence: the bench receipts, copied under research/<date>-session47/E/
-# first), frozen; the 1B and the 8B: the FFN quantize's early trigger alone (ABBA); then kernel-check --add-to (matvec and norm whole: their sources changed; the new modules). $OUT:
-# bench-early.jsonl, engine-choices, defaults/, the kernel-check receipt and log, s47-E.tgz. Session 46's A/B
-# (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
+# first), frozen; the 1B and the 8B: the FFN quantize's early trigger alone (ABBA). $OUT: bench-early.jsonl,
+# tune/engine-choices-nvidia-h200.jsonl, defaults/nvidia-h200.json, s47-E.tgz: copy them in (the bench receipts to
+# research/<date>-session47/E/, where the records' evidence points), commit, then
+# STAGE k (~3-5 min, the machine still warm with the models): kernel-check --add-to (matvec and norm whole: their
+# sources changed; the chosen modules are new launch cases) — h200_session44.sh's stage k, tag s47.
+# Session 46's A/B (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s47; .llamacpp); issue 11's serve: h200_serve.sh.
 set -u
 case "$STAGE" in E) ;; *) SESSION_TAG=s47 exec bash experiments/h200_session44.sh ;; esac
@@ -39,7 +42,7 @@ done
 for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
   case $m in synth:*) arms="shipped q8e q8e shipped" ;; *) arms="shipped early mv mv early shipped" ;; esac
   for a in $arms; do
-    [ $(( $(date +%s) - T0 )) -lt ${E_END:-330} ] || break
+    [ $(( $(date +%s) - T0 )) -lt ${E_END:-480} ] || break
     if [ $a = shipped ]; then arm_run "$m shipped" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
     else arm_run "$m $a" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
       --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
@@ -57,5 +60,4 @@ done
 freeze_show early
 mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
 cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
-KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-280} kernel_check
 tar czf $OUT/s47-E.tgz -C /tmp s47-E
