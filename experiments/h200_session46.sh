@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The next session's device calls (prepared in session 45, research/2026-12-06-session45).
+# Session 46's device calls (prepared in session 45, research/2026-12-06-session45; T, P and Q ran in session 46 on an
+# H100, research/2026-12-06-session46: T at 04cef5a, P at 771dbd6 — its base arm is q8.cu before the landing; on a
+# later tree base = q8 — and Q at b372449, whose GPU tests ran out of time in the attention family's compile).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=T bash experiments/h200_session46.sh
 # carry .whl and .synthtok (STAGE d and e also .llamacpp; d, e and k need the real models shipped first:
 # experiments/ship_models.py's .models/ship-0N, six calls). Any sm_90a part with 132 SMs runs the H200 table; the
