@@ -18,7 +18,9 @@
 # research/<date>-session47/E/, where the records' evidence points), commit, then
 # STAGE k (~3-5 min, the machine still warm with the models): kernel-check --add-to (matvec and norm whole: their
 # sources changed; the chosen modules are new launch cases) — h200_session44.sh's stage k, tag s47.
-# Session 46's A/B (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %.
+# Session 46's A/B (synthetic files, kernels/ copies): SmolLM2 early +7.7 %, the 1B -1.2 %, the 8B -0.8 %. Note: a
+# table entry is per shape, not per model: Gemma-3's quantize_q8 n = 2048 entry is also the 1B's head-row quantize
+# (its prompt path), so a Gemma group reaches that launch too (bit-neutral; say so if it lands).
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s47; .llamacpp); issue 11's serve: h200_serve.sh.
 set -u
 case "$STAGE" in E) ;; *) SESSION_TAG=s47 exec bash experiments/h200_session44.sh ;; esac
