@@ -15,8 +15,8 @@
 # STAGE Q (models shipped; ~6-9 min): quantize_q8's PDL trigger landed: the h200 campaign's quantize_q8 jobs (and the
 #  PDL-timed 1B ones), freeze, kernel-check --add-to (the matvec family whole), then the GPU tests in what is left.
 #  $OUT: tune/, defaults/, nvidia-h200.json (kernel-check receipt), kernel-check.txt.gz, s46-Q.tgz.
-# STAGE P (~8 min, no models): experiments/pdl_early's arms (base, q8, nq, early: where kernels trigger their PDL
-#  dependants), tg128 of the synthetic SmolLM2 / 1B / 8B, arms alternating (ABCDDCBA), $OUT/bench-pdl.jsonl; then the
+# STAGE P (~8 min, no models): experiments/pdl_early's arms (base, nq, early: where kernels trigger their PDL
+#  dependants; at 771dbd6 also q8, since landed), tg128 of the synthetic SmolLM2 / 1B / 8B, arms alternating, $OUT/bench-pdl.jsonl; then the
 #  timeline of SmolLM2 under the early and nq arms ($OUT/timeline.jsonl).
 #  STAGE T first (~30 s): experiments/persist/probe.py --cluster ($OUT/persist-cluster.jsonl): one thread-block cluster's
 #  persistent launch, phases split by the cluster barrier, against PDL launch boundaries.
@@ -49,11 +49,11 @@ fi
 if [ "$STAGE" = P ]; then
   for spec in synth:smollm2-135m:Q4_1 synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     q=${spec#synth:}; f=$(synth ${q%%:*} ${q##*:} "$TOK" | tail -1)
-    for a in base q8 nq early; do   # one build folder for every arm: only the files an arm edits compile again
+    for a in base nq early; do   # one build folder for every arm: only the files an arm edits compile again
       PDL_ARM=$a timeout 150 python3 experiments/pdl_early/ab.py warmup "$f" > /dev/null 2>> $R/warm.txt
       log "warmup $a $spec rc=$? $(el)"
     done
-    for a in base q8 nq early early nq q8 base; do
+    for a in base nq early early nq base; do
       [ $(( $(date +%s) - T0 )) -lt ${P_END:-430} ] || break
       arm_run "$spec pdl=$a" bench-pdl.jsonl env PDL_ARM=$a python3 experiments/pdl_early/ab.py bench "$spec" \
         -p 0 -n 128 -r 3

@@ -111,18 +111,17 @@ def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
     shipped = json.loads(mv_tables.SHIPPED.read_text())
     plan = Planner(specs[0], shipped, path="q8", sms=int(shipped.get("sms") or 132))
     t = copy.deepcopy(shipped)
-    members, absent = [], []
+    members, absent, seen = [], [], set()
     for L in plan.step(1, decode=True, sampler="none"):
-        if L.kernel not in adds:
-            continue
         key = shape_key(L.shape)
+        if L.kernel not in adds or (L.kernel, key) in seen:
+            continue
+        seen.add((L.kernel, key))
         e = t["entries"].get(L.kernel, {}).get(key, {}).get("1")
         if e is None:
             absent.append(f"{L.kernel} {key}")
             continue
-        if any(m["kernel"] == L.kernel and m["shape"] == key for m in members):
-            continue
-        base = dict(shipped["entries"][L.kernel][key]["1"]["config"])
+        base = dict(e["config"])
         e["config"] = {**base, **adds[L.kernel]}
         members.append({"kernel": L.kernel, "shape": key, "base_config": base, "table_config": dict(e["config"]),
                         "src": e["src"], "src_hash": e["src_hash"],
@@ -137,21 +136,36 @@ def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
                                                      "device": shipped["device"], "entries": members}]
     (out / "index.json").write_text(json.dumps(idx, indent=1))
     print(f"{name}: {len(members)} entries of {model} ({', '.join(sorted({m['kernel'] for m in members}))})"
-          + (f"; without a table entry, left as they are: {', '.join(dict.fromkeys(absent))}" if absent else ""))
+          + (f"; without a table entry, left as they are: {', '.join(absent)}" if absent else ""))
+
+
+def _tg128_rows(benches: list[str]):
+    """memra's tg128 bench receipts in these files."""
+    for f in benches:
+        for line in Path(f).read_text().splitlines():
+            d = json.loads(line) if line.strip() else {}
+            if d.get("test") == "tg128" and d.get("engine") == "memra":
+                yield d
 
 
 def tg128(out: Path, benches: list[str]) -> dict[str, list[float]]:
     """'MODEL|NAME' -> the tg128 medians of the runs whose table was OUT/NAME/... ('shipped': any other)."""
     runs: dict[str, list[float]] = {}
-    for f in benches:
-        for line in Path(f).read_text().splitlines():
-            d = json.loads(line)
-            if d.get("test") != "tg128" or d.get("engine") != "memra":
-                continue
-            tb = Path(str(d.get("table") or "").removeprefix("file:"))
-            name = tb.parent.name if tb.parent.parent.name == out.name else "shipped"   # OUT/<name>/<device>.json
-            runs.setdefault(f"{d['model']}|{name}", []).append(d["median_ts"])
+    for d in _tg128_rows(benches):
+        tb = Path(str(d.get("table") or "").removeprefix("file:"))
+        name = tb.parent.name if tb.parent.parent.name == out.name else "shipped"   # OUT/<name>/<device>.json
+        runs.setdefault(f"{d['model']}|{name}", []).append(d["median_ts"])
     return runs
+
+
+def _gain(runs: dict[str, list[float]], name: str) -> tuple[str, float] | None:
+    """(model, gain) of candidate NAME: its smallest run over the median shipped run of its model, less 1 (positive
+    only when every pass gains); None without runs of both."""
+    for key, v in runs.items():
+        model, n = key.split("|")
+        if n == name and runs.get(f"{model}|shipped"):
+            return model, min(v) / statistics.median(runs[f"{model}|shipped"]) - 1
+    return None
 
 
 def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
@@ -162,17 +176,13 @@ def choice(out: Path, name: str, benches: list[str], to: Path) -> None:
     from memra.tune.receipts import git_sha, utc_now
 
     c = next(i for i in json.loads((out / "index.json").read_text()) if i["name"] == name)
-    runs = tg128(out, benches)
-    (model,) = {k.split("|")[0] for k in runs if k.endswith(f"|{name}")}
-    base = statistics.median(runs[f"{model}|shipped"])
-    gain = min(runs[f"{model}|{name}"]) / base - 1
+    model, gain = _gain(tg128(out, benches), name) or (None, 0.0)
     if gain <= 0:
         raise SystemExit(f"{name}: no gain in every pass ({gain:+.2%}): no choice recorded")
     ts = utc_now()
     members = c["entries"] if c.get("group") else [c]
     group = f"{name} {model} {ts}" if c.get("group") else None
-    cards = sorted({json.loads(line).get("device") for b in benches for line in Path(b).read_text().splitlines()
-                    if line.strip() and json.loads(line).get("model") == model} - {None})
+    cards = sorted({d.get("device") for d in _tg128_rows(benches) if d["model"] == model} - {None})
     objective = (f"tg128 of {model}, the group's {len(members)} entries changed together, on {' / '.join(cards)}"
                  if group else None)
     with open(to, "a") as f:
@@ -191,12 +201,7 @@ def best(out: Path, benches: list[str], names: list[str]) -> str:
     """Of candidates `names` (one model's), the one whose every run beats the median shipped run by the most, or ''
     when none gains in every pass."""
     runs = tg128(out, benches)
-    gains = {}
-    for n in names:
-        for key, v in runs.items():
-            model, name = key.split("|")
-            if name == n and runs.get(f"{model}|shipped"):
-                gains[n] = min(v) / statistics.median(runs[f"{model}|shipped"]) - 1
+    gains = {n: g[1] for n in names if (g := _gain(runs, n))}
     n, g = max(gains.items(), key=lambda kv: kv[1]) if gains else ("", 0.0)
     return n if g > 0 else ""
 

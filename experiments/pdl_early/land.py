@@ -15,18 +15,18 @@ own tg128 (experiments/engine_tune overlay / choice --group): the early arm won 
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make import MV_PAIR, PAIR, ROOT, _sub  # noqa: E402
 
-MV_OLD = "    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n"
 MV_NEW = ("#if MV_PDL_TRIGGER == 2\n    MEMRA_PDL_LAUNCH();\n#endif\n    MEMRA_PDL_WAIT();\n"
           "#if MV_PDL_TRIGGER == 1\n    MEMRA_PDL_LAUNCH();\n#endif\n")
 MV_DOC_OLD = "// MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running\n"
 MV_DOC_NEW = ("// MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running\n"
               "// (1: after this kernel's wait; 2: before it, so the dependant may start while this kernel's\n"
               "// predecessor still runs: experiments/pdl_early, a per-shape engine choice; 0: never)\n")
-NORM_OLD = "    MEMRA_PDL_WAIT();\n    MEMRA_PDL_LAUNCH();\n"
 NORM_NEW = ("#if NORM_PDL_TRIGGER == 2\n    MEMRA_PDL_LAUNCH();\n#endif\n    MEMRA_PDL_WAIT();\n"
             "#if NORM_PDL_TRIGGER == 1\n    MEMRA_PDL_LAUNCH();\n#endif\n")
 
@@ -35,15 +35,13 @@ def edit(name: str, pairs: list[tuple[str, str, int]]) -> None:
     p = ROOT / "kernels" / name
     text = p.read_text()
     for old, new, n in pairs:
-        if text.count(old) != n:
-            raise SystemExit(f"land.py: kernels/{name}: expected {n} x {old!r}, found {text.count(old)}")
-        text = text.replace(old, new)
+        text = _sub(text, old, new, n, name)
     p.write_text(text)
     print(f"kernels/{name}: edited")
 
 
 def main() -> None:
-    edit("matvec.cu", [(MV_OLD, MV_NEW, 2), (MV_DOC_OLD, MV_DOC_NEW, 1)])
+    edit("matvec.cu", [(MV_PAIR, MV_NEW, 2), (MV_DOC_OLD, MV_DOC_NEW, 1)])
     norm = (ROOT / "kernels" / "norm.cu").read_text()
     anchor = "#include \"common.cuh\"\n"
     if "NORM_PDL_TRIGGER" in norm or norm.count(anchor) != 1:
@@ -52,7 +50,7 @@ def main() -> None:
         "\n// NORM_PDL_TRIGGER (1): when rmsnorm / add_rmsnorm let their PDL dependant start: 1 after their wait,\n"
         "// 2 before it (experiments/pdl_early: a per-shape engine choice)\n"
         "#ifndef NORM_PDL_TRIGGER\n#define NORM_PDL_TRIGGER 1\n#endif\n"), 1))
-    edit("norm.cu", [(NORM_OLD, NORM_NEW, 2)])
+    edit("norm.cu", [(PAIR, NORM_NEW, 2)])
 
 
 if __name__ == "__main__":

@@ -11,9 +11,8 @@ critical path. Two causes:
  - a kernel triggers its dependant only after its own wait, so the dependant can never start before the
    predecessor's predecessor has completed: at most one launch runs ahead.
 
-Arms (`make(arm)` -> the copy's folder; the q8 arm landed in kernels/q8.cu as Q8_PDL_TRIGGER 1, so on a later tree
-base = q8 and nq / early set Q8_PDL_TRIGGER 2):
-  q8     quantize_q8 triggers after its wait, as every other kernel does (the contract unchanged);
+Arms (`make(arm)` -> the copy's folder; session 46's q8 arm — quantize_q8 triggering after its wait, as every other
+kernel does — landed in kernels/q8.cu as Q8_PDL_TRIGGER 1, so base is it now; 771dbd6 holds the arm as measured):
   nq     rmsnorm / add_rmsnorm and quantize_q8 trigger *before* their wait (after their pre-wait loads are issued);
   early  nq, and every matvec.cu kernel too; in both, a kernel that triggers before its wait
          lets its dependant start while its own predecessor still runs.
@@ -30,10 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-ARMS = ("base", "q8", "nq", "early")
+ARMS = ("base", "nq", "early")   # the q8 arm landed (kernels/q8.cu Q8_PDL_TRIGGER 1): 771dbd6 holds it
 
-Q8_WAIT = "    MEMRA_PDL_WAIT();\n    if (blk >= nblocks) return;\n"   # q8.cu before Q8_PDL_TRIGGER (771dbd6)
-Q8_DEFAULT = "#define Q8_PDL_TRIGGER 1\n"                                 # since: the q8 arm landed as the default
+Q8_DEFAULT = "#define Q8_PDL_TRIGGER 1\n"
 PAIR = "    MEMRA_PDL_WAIT();\n    MEMRA_PDL_LAUNCH();\n"
 MV_PAIR = "    MEMRA_PDL_WAIT();\n#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n"
 
@@ -50,13 +48,9 @@ def transform(name: str, text: str, arm: str) -> str:
         raise SystemExit(f"pdl_early: unknown arm {arm!r} ({', '.join(ARMS)})")
     if arm == "base":
         return text
-    if name == "q8.cu" and Q8_DEFAULT in text:   # base and q8 are the same code now
-        return text if arm == "q8" else _sub(text, Q8_DEFAULT, "#define Q8_PDL_TRIGGER 2\n", 1, name)
     if name == "q8.cu":
-        new = ("    MEMRA_PDL_WAIT();\n    MEMRA_PDL_LAUNCH();\n" if arm == "q8" else
-               "    MEMRA_PDL_LAUNCH();\n    MEMRA_PDL_WAIT();\n") + "    if (blk >= nblocks) return;\n"
-        return _sub(text, Q8_WAIT, new, 1, name)
-    if arm in ("nq", "early") and name == "norm.cu":
+        return _sub(text, Q8_DEFAULT, "#define Q8_PDL_TRIGGER 2\n", 1, name)
+    if name == "norm.cu":
         return _sub(text, PAIR, "    MEMRA_PDL_LAUNCH();\n    MEMRA_PDL_WAIT();\n", 2, name)
     if arm == "early" and name == "matvec.cu":
         return _sub(text, MV_PAIR, "#if MV_PDL_TRIGGER\n    MEMRA_PDL_LAUNCH();\n#endif\n    MEMRA_PDL_WAIT();\n", 2, name)

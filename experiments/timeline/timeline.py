@@ -388,7 +388,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=200, help="replays recorded (medians over them)")
     ap.add_argument("--chunk", type=int, default=8, help="replays between resets of the positions")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arm", default="base", help="experiments/pdl_early's arm (base, q8, nq, early): where kernels "
+    ap.add_argument("--arm", default="base", help="experiments/pdl_early's arm (base, nq, early): where kernels "
                     "trigger their PDL dependants")
     ap.add_argument("--synth-tokenizer", default="smollm2-135m", help="alias or GGUF a synth: model's tokenizer "
                     "comes from (as memra profile)")

@@ -273,9 +273,9 @@ def apply_engine_choices(table: dict, choices: Iterable[Mapping], current_hash: 
             out.append((c, why))
         return out
 
-    # a dry pass on a copy finds the groups with a member that cannot apply; the real pass leaves them out
+    # with groups, a dry pass on a copy finds those with a member that cannot apply; the real pass leaves them out
     blocked: dict[str, str] = {}
-    for c, why in lay(copy.deepcopy(table), {}):
+    for c, why in lay(copy.deepcopy(table), {}) if any(group(c) for c in mine) else ():
         if why and group(c) and group(c) not in blocked:
             blocked[group(c)] = f"{what(c)}: {why}"
     notes = []

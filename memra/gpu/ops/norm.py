@@ -74,11 +74,13 @@ def launch_config(n: int, split: bool = False, config: dict | None = None) -> tu
     return t, maxv, blocks
 
 
+def _defines(threads: int, maxv: int, canary: bool = False) -> dict:
+    """A norm module's -D defines: what every launch, check and tune hook of it names."""
+    return {"NORM_THREADS": threads, "NORM_MAXV": maxv, **({"MEMRA_CANARY": 1} if canary else {})}
+
+
 def _module(g, threads: int, maxv: int, canary: bool = False):
-    d = {"NORM_THREADS": threads, "NORM_MAXV": maxv}
-    if canary:
-        d["MEMRA_CANARY"] = 1
-    return g.module(KERNEL_FILE, d)
+    return g.module(KERNEL_FILE, _defines(threads, maxv, canary))
 
 
 def _check_f32(*arrays) -> None:
@@ -145,9 +147,9 @@ _CHECK_N = (128, 576, 640, 2048, 4096, 6000, 8192)
 
 
 def compile_variants():
-    return [(KERNEL_FILE, {"NORM_THREADS": t, "NORM_MAXV": v})
+    return [(KERNEL_FILE, _defines(t, v))
             for t, v in sorted({(threads_for(n, sp), maxv_for(n, sp)) for n in _CHECK_N for sp in (False, True)})] + \
-           [(KERNEL_FILE, {"NORM_THREADS": threads_for(640), "NORM_MAXV": maxv_for(640), "MEMRA_CANARY": 1})]
+           [(KERNEL_FILE, _defines(threads_for(640), maxv_for(640), canary=True))]
 
 
 def _inputs(rng, rows, n):
@@ -242,7 +244,7 @@ def launch_cases(L, ctx) -> list[dict]:
     post, q8 = add and bool(L.args.get("w_post")), ctx.path == "q8"
     b = launch_bucket(L.rows)
     return [{"file": KERNEL_FILE, "entry": "add_rmsnorm" if add else "rmsnorm",
-             "defines": {"NORM_THREADS": t, "NORM_MAXV": maxv}, "bucket": b,
+             "defines": _defines(t, maxv), "bucket": b,
              "tag": f"n{n}" + (" post" if post else "") + (" q8" if q8 else ""),
              "params": {"n": n, "rows": b, "add": add, "post": post, "q8": q8,
                         "config": dict(L.config) if L.config else None}}]
@@ -297,7 +299,7 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     `memra tune run` precompiles it, and `memra tune carry` compiles it from two trees to prove a norm.cu edit left
     it the same code."""
     t, maxv, _ = launch_config(int(shape["n"]), kernel == "rmsnorm", config)
-    return [(KERNEL_FILE, {"NORM_THREADS": t, "NORM_MAXV": maxv})]
+    return [(KERNEL_FILE, _defines(t, maxv))]
 
 
 # the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
