@@ -38,6 +38,8 @@
 // MV_PREFETCH (0) loads the next unit's weights before using the current ones (more
 // registers; MV_UNROLL 2 lets the compiler hoist the same loads),
 // MV_PDL_TRIGGER (1) lets the next PDL-launched kernel start once every block is running
+// (1: after this kernel's wait; 2: before it, so the dependant may start while this kernel's
+// predecessor still runs: experiments/pdl_early, a per-shape engine choice; 0: never)
 // (before MEMRA_PDL_WAIT the first unit's weights are loaded, or with MV_PREFETCH 0
 // prefetched into L2: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
@@ -294,8 +296,11 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         }
     }
 #endif
+#if MV_PDL_TRIGGER == 2
+    MEMRA_PDL_LAUNCH();
+#endif
     MEMRA_PDL_WAIT();
-#if MV_PDL_TRIGGER
+#if MV_PDL_TRIGGER == 1
     MEMRA_PDL_LAUNCH();
 #endif
 #if MV_XSMEM
@@ -407,8 +412,11 @@ MEMRA_DEVICE void mv_f32_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         }
     }
 #endif
+#if MV_PDL_TRIGGER == 2
+    MEMRA_PDL_LAUNCH();
+#endif
     MEMRA_PDL_WAIT();
-#if MV_PDL_TRIGGER
+#if MV_PDL_TRIGGER == 1
     MEMRA_PDL_LAUNCH();
 #endif
 #pragma unroll MV_UNROLL

@@ -39,6 +39,12 @@
 //   null.
 
 #include "common.cuh"
+
+// NORM_PDL_TRIGGER (1): when rmsnorm / add_rmsnorm let their PDL dependant start: 1 after their wait,
+// 2 before it (experiments/pdl_early: a per-shape engine choice)
+#ifndef NORM_PDL_TRIGGER
+#define NORM_PDL_TRIGGER 1
+#endif
 #include "q8.cuh"
 
 #ifndef NORM_THREADS
@@ -117,8 +123,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     const int n4 = n / 4;
     float4 wv[NORM_MAXV];
     load_w(wv, w, n4);
-    MEMRA_PDL_WAIT();
+#if NORM_PDL_TRIGGER == 2
     MEMRA_PDL_LAUNCH();
+#endif
+    MEMRA_PDL_WAIT();
+#if NORM_PDL_TRIGGER == 1
+    MEMRA_PDL_LAUNCH();
+#endif
     const size_t r = blockIdx.x;
     const float4* xr = (const float4*)(x + r * n);
     float4 a[NORM_MAXV];
@@ -147,8 +158,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     float4 wv[NORM_MAXV], wpv[NORM_MAXV];
     load_w(wv, w, n4);
     load_w(wpv, w_post, n4);
-    MEMRA_PDL_WAIT();
+#if NORM_PDL_TRIGGER == 2
     MEMRA_PDL_LAUNCH();
+#endif
+    MEMRA_PDL_WAIT();
+#if NORM_PDL_TRIGGER == 1
+    MEMRA_PDL_LAUNCH();
+#endif
     const size_t r = blockIdx.x;
     float4* xr = (float4*)(x + r * n);
     const float4* dr = (const float4*)(delta + r * n);
