@@ -101,6 +101,9 @@ HEADS = {"n_head": 8, "n_head_kv": 2, "head_dim": 128, "batch": 1}
     ("attention.cu", "attn_decode", {"hpb": 3}, {**HEADS, "ctx": 64}),        # 3 does not divide 4
     ("attention.cu", "attn_decode", {"ATT_WARPS": 0}, {**HEADS, "ctx": 64}),
     ("attention.cu", "attn_decode", {"ATT_WARPS": 1}, {**HEADS, "head_dim": 512, "ctx": 64}),  # > 8 * 32 values
+    ("norm.cu", "rmsnorm", {"NORM_PDL_TRIGGER": 3}, {"n": 576, "batch": 1}),  # 0, 1 or 2
+    ("norm.cu", "add_rmsnorm", {"NORM_PDL_TRIGGER": "2"}, {"n": 640, "batch": 1}),
+    ("q8.cu", "quantize_q8", {"Q8_PDL_TRIGGER": -1}, {"n": 1536, "batch": 1}),
 ])
 def test_new_hooks_refuse_bad_tunables(src, kernel, config, shape):
     with pytest.raises(MemraError):
@@ -148,6 +151,33 @@ def test_hooks_launch_the_tuned_configuration():
     assert (n3, d3["N_GQA"], d3["ATT_TILE"], g3[0], g3[1]) == ("attn_decode_rope", 3, 32, 3, default_splits(3, 132))
 
 
+def test_pdl_trigger_tunables_reach_the_launch():
+    """NORM_PDL_TRIGGER / Q8_PDL_TRIGGER in a configuration (a table entry's, an engine choice's) are defines of the
+    module the engine launches and the launch set names (session 47's first landing dropped both: the A/B measured
+    the built-in trigger); without them the module is the one it always was."""
+    from memra.gpu.ops import matvec as MV
+    from memra.gpu.ops import norm as N
+    from memra.gpu.plan import Launch
+
+    g = ModuleLog()
+    launched = []
+    real = g.launch
+    g.launch = lambda k, grid, block, args, **kw: launched.append((k.name, dict(k.defines))) or real(k, grid, block,
+                                                                                                      args, **kw)
+    rng = np.random.default_rng(0)
+    for cfg in ({"NORM_THREADS": 256, "NORM_PDL_TRIGGER": 2}, {"NORM_THREADS": 256}):
+        for kernel in ("rmsnorm", "add_rmsnorm"):
+            N.tune_case(g, kernel, "default", cfg, {"n": 576, "batch": 1}, rng, ROTATE).launch(0)
+    for cfg in ({"Q8_WARPS": 8, "Q8_PDL_TRIGGER": 2}, {"Q8_WARPS": 8}, {"Q8_PDL_TRIGGER": 0}):
+        family_module("q8.cu").tune_case(g, "quantize_q8", "default", cfg, {"n": 1536, "batch": 1}, rng,
+                                         ROTATE).launch(0)
+    assert [d.get("NORM_PDL_TRIGGER", d.get("Q8_PDL_TRIGGER")) for _, d in launched] == [2, 2, None, None, 2, None, 0]
+    assert launched[5][1] == {"Q8_WARPS": 8}
+    L = Launch(name="ffn_q8", op="quantize", kernel="quantize_q8", variant="default", shape={"n": 1536}, rows=1,
+               config={"Q8_WARPS": 8, "Q8_PDL_TRIGGER": 2}, args={})
+    assert MV.launch_cases(L, None)[0]["defines"] == {"Q8_WARPS": 8, "Q8_PDL_TRIGGER": 2}
+
+
 def test_attention_tune_case_takes_a_plans_split_count():
     """A config's `splits` (the table entry's, measured at depth) launches the grid the runner would: the plan's
     count trimmed to the context (splits_for), not default_splits; a bad one is refused."""
@@ -191,6 +221,7 @@ def test_matvec_tune_modules_are_what_the_job_loads(kernel, variant, config, sha
 
 
 @pytest.mark.parametrize("kernel,config,n", [("rmsnorm", {"NORM_THREADS": 256}, 576), ("rmsnorm", {}, 4096),
+                                              ("rmsnorm", {"NORM_THREADS": 256, "NORM_PDL_TRIGGER": 2}, 576),
                                               ("rmsnorm", {"NORM_THREADS": 128}, 4096), ("add_rmsnorm", {}, 640)])
 def test_norm_tune_modules_are_what_the_job_loads(kernel, config, n):
     """norm's hook names the one module its tune job launches: `memra tune carry` compiles exactly these from two

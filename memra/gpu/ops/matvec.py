@@ -225,9 +225,24 @@ def module_defines(ggml_type: int, n: int, config: dict, canary: int = 0) -> dic
     return d
 
 
+def q8_defines(config: dict | None) -> dict:
+    """A quantize_q8 module's -D defines from a table entry's configuration: Q8_WARPS (default Q8_WARPS) and,
+    where the entry names it, Q8_PDL_TRIGGER (kernels/q8.cu: 0 never, 1 after the PDL wait, 2 before it)."""
+    c = config or {}
+    warps = int(c.get("Q8_WARPS", Q8_WARPS))
+    if not 1 <= warps <= 32:
+        raise MemraError(f"quantize_q8: Q8_WARPS must be in 1..32, got {warps}")
+    d = {"Q8_WARPS": warps}
+    if "Q8_PDL_TRIGGER" in c:
+        if c["Q8_PDL_TRIGGER"] not in (0, 1, 2):
+            raise MemraError(f"quantize_q8: Q8_PDL_TRIGGER must be 0, 1 or 2, got {c['Q8_PDL_TRIGGER']!r}")
+        d["Q8_PDL_TRIGGER"] = int(c["Q8_PDL_TRIGGER"])
+    return d
+
+
 def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None, pdl: bool = False) -> None:
     """x [>=nb, K] f32 -> xq [.., K] int8, xs [.., K/32] Q8_SCALE (rows < nb written).
-    config: {"Q8_WARPS": n} (a tuning table's choice; default Q8_WARPS); pdl: a programmatic dependent launch."""
+    config: a tuning table's choice (q8_defines: Q8_WARPS, Q8_PDL_TRIGGER); pdl: a programmatic dependent launch."""
     K = x.shape[-1]
     if x.dtype != np.float32 or xq.dtype != np.int8 or xs.dtype != Q8_SCALE or K % 32:
         raise MemraError(f"quantize_q8: need f32 x, int8 xq, Q8_SCALE xs, K % 32 == 0 "
@@ -235,13 +250,11 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
     nblocks = nb * K // 32
     if xq.size < nb * K or xs.size < nblocks or x.size < nb * K:
         raise MemraError("quantize_q8: arrays smaller than nb rows")
-    warps = int((config or {}).get("Q8_WARPS", Q8_WARPS))
-    if not 1 <= warps <= 32:
-        raise MemraError(f"quantize_q8: Q8_WARPS must be in 1..32, got {warps}")
-    d = {"Q8_WARPS": warps}
+    d = q8_defines(config)
     if canary:
         d["MEMRA_CANARY"] = 2
     k = g.module(Q8_FILE, d).kernel("quantize_q8")
+    warps = d["Q8_WARPS"]
     g.launch(k, ((nblocks + warps - 1) // warps,), (32 * warps,),
              (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
@@ -522,9 +535,8 @@ def launch_cases(L, ctx) -> list[dict]:
     tunables laid over default_config), the exact row count, the K it loops over and whether
     the engine aliases a residual with the output (attention output, down projection)."""
     if L.op == "quantize":
-        warps = int((L.config or {}).get("Q8_WARPS", Q8_WARPS))
         b = launch_bucket(L.rows)
-        return [{"file": Q8_FILE, "entry": "quantize_q8", "defines": {"Q8_WARPS": warps}, "bucket": b,
+        return [{"file": Q8_FILE, "entry": "quantize_q8", "defines": q8_defines(L.config), "bucket": b,
                  "tag": f"K{int(L.shape['n'])}", "params": {"K": int(L.shape["n"]), "rows": b}}]
     t = type_id(L.shape["type"])
     glu, q8, n = L.args.get("glu"), bool(L.args.get("q8")), int(L.rows)

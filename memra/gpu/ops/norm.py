@@ -74,13 +74,19 @@ def launch_config(n: int, split: bool = False, config: dict | None = None) -> tu
     return t, maxv, blocks
 
 
-def _defines(threads: int, maxv: int, canary: bool = False) -> dict:
-    """A norm module's -D defines: what every launch, check and tune hook of it names."""
-    return {"NORM_THREADS": threads, "NORM_MAXV": maxv, **({"MEMRA_CANARY": 1} if canary else {})}
+def _defines(threads: int, maxv: int, canary: bool = False, config: dict | None = None) -> dict:
+    """A norm module's -D defines: what every launch, check and tune hook of it names; NORM_PDL_TRIGGER (norm.cu: 0
+    never, 1 after the PDL wait, 2 before it) where a table entry's configuration names it."""
+    d = {"NORM_THREADS": threads, "NORM_MAXV": maxv, **({"MEMRA_CANARY": 1} if canary else {})}
+    if config and "NORM_PDL_TRIGGER" in config:
+        if config["NORM_PDL_TRIGGER"] not in (0, 1, 2):
+            raise MemraError(f"norm: NORM_PDL_TRIGGER must be 0, 1 or 2, got {config['NORM_PDL_TRIGGER']!r}")
+        d["NORM_PDL_TRIGGER"] = int(config["NORM_PDL_TRIGGER"])
+    return d
 
 
-def _module(g, threads: int, maxv: int, canary: bool = False):
-    return g.module(KERNEL_FILE, _defines(threads, maxv, canary))
+def _module(g, threads: int, maxv: int, canary: bool = False, config: dict | None = None):
+    return g.module(KERNEL_FILE, _defines(threads, maxv, canary, config))
 
 
 def _check_f32(*arrays) -> None:
@@ -99,12 +105,12 @@ def _q8_args(xq, xs, n: int, rows: int):
 
 def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, pdl: bool = False,
             canary: bool = False, config: dict | None = None) -> None:
-    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule)."""
+    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule), NORM_PDL_TRIGGER (_defines)."""
     _check_f32(x, w, out)
     if n % 4 or x.size < rows * n or out.size < rows * n or w.size != n:
         raise MemraError(f"rmsnorm: bad sizes (n={n}, rows={rows}, x={x.size}, out={out.size}, w={w.size})")
     t, maxv, blocks = launch_config(n, True, config)
-    k = _module(g, t, maxv, canary).kernel("rmsnorm")
+    k = _module(g, t, maxv, canary, config).kernel("rmsnorm")
     g.launch(k, (rows, blocks), (t,), (x, w, out, np.int32(n), np.float32(eps), *_q8_args(xq, xs, n, rows)),
              pdl=pdl)
 
@@ -112,12 +118,12 @@ def rmsnorm(g, x, w, out, n: int, eps: float, rows: int = 1, xq=None, xs=None, p
 def add_rmsnorm(g, x, delta, w, out, n: int, eps: float, rows: int = 1, w_post=None,
                 eps_post: float | None = None, xq=None, xs=None, pdl: bool = False,
                 canary: bool = False, config: dict | None = None) -> None:
-    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule)."""
+    """config: {"NORM_THREADS": T} (see launch_config; default the built-in rule), NORM_PDL_TRIGGER (_defines)."""
     _check_f32(x, delta, w, out, w_post)
     if n % 4 or min(x.size, delta.size, out.size) < rows * n or w.size != n:
         raise MemraError(f"add_rmsnorm: bad sizes (n={n}, rows={rows})")
     t, maxv, _ = launch_config(n, False, config)
-    k = _module(g, t, maxv, canary).kernel("add_rmsnorm")
+    k = _module(g, t, maxv, canary, config).kernel("add_rmsnorm")
     g.launch(k, (rows,), (t,),
              (x, delta, w_post if w_post is not None else _NULL, w, out, np.int32(n),
               np.float32(eps if eps_post is None else eps_post), np.float32(eps), *_q8_args(xq, xs, n, rows)),
@@ -244,7 +250,7 @@ def launch_cases(L, ctx) -> list[dict]:
     post, q8 = add and bool(L.args.get("w_post")), ctx.path == "q8"
     b = launch_bucket(L.rows)
     return [{"file": KERNEL_FILE, "entry": "add_rmsnorm" if add else "rmsnorm",
-             "defines": _defines(t, maxv), "bucket": b,
+             "defines": _defines(t, maxv, config=L.config), "bucket": b,
              "tag": f"n{n}" + (" post" if post else "") + (" q8" if q8 else ""),
              "params": {"n": n, "rows": b, "add": add, "post": post, "q8": q8,
                         "config": dict(L.config) if L.config else None}}]
@@ -299,7 +305,7 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     `memra tune run` precompiles it, and `memra tune carry` compiles it from two trees to prove a norm.cu edit left
     it the same code."""
     t, maxv, _ = launch_config(int(shape["n"]), kernel == "rmsnorm", config)
-    return [(KERNEL_FILE, _defines(t, maxv))]
+    return [(KERNEL_FILE, _defines(t, maxv, config=config))]
 
 
 # the kernels tune_case measures and their variants (memra tune run checks a campaign's names against them)
