@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The next session's device calls (prepared in session 47, research/2026-12-06-session47).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=N bash experiments/h200_session48.sh
+# carry .whl and .synthtok; the real models shipped first (experiments/ship_models.py's .models/ship-0N, six calls).
+#
+# STAGE N (~5-7 min, models shipped): the norms' and the FFN quantize's PDL trigger before their wait, as engine
+# choices. Session 47's STAGE E measured it as a no-op: the launchers built Q8_WARPS / NORM_THREADS only and dropped
+# the trigger defines (fixed in 1a78cc5; experiments/engine_tune overlay now refuses a rule the engine's launch
+# cases would drop), so what landed is the matvecs' trigger alone (SmolLM2 +1.83 %, Gemma-3 +0.36 %). Candidates
+# over the shipped table (which holds those matvec groups): "nq" = rmsnorm / add_rmsnorm and quantize_q8, "q8e" =
+# quantize_q8 alone; SmolLM2 and Gemma-3 ABCCBA, the 1B and the 8B q8e ABBA; each model's better candidate that
+# gains in every pass becomes a group of engine-choice records (evidence: the bench receipts under
+# research/<date>-session48/N/), frozen on the device. $OUT: bench-nq.jsonl, tune/engine-choices-nvidia-h200.jsonl,
+# defaults/nvidia-h200.json, s48-N.tgz: copy them in (the bench receipts to research/<date>-session48/N/), commit,
+# then at once (the machine warm, the models there) STAGE k: kernel-check --add-to (q8.cu and norm.cu are unchanged:
+# only the chosen modules' new launch cases run) — h200_session44.sh's stage k, tag s48. A chosen group's quantize
+# entry is per shape: Gemma-3's quantize_q8 n = 2048 is also the 1B's head-row quantize (say so if it lands).
+# STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s48; .llamacpp); issue 11's serve: h200_serve.sh.
+set -u
+case "$STAGE" in N) ;; *) SESSION_TAG=s48 exec bash experiments/h200_session44.sh ;; esac
+source experiments/h200_common.sh
+stage_begin s48
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+link_models "the overlays and kernel-check's launch set need them"
+RES=research/$(date +%F)-session48/N; mkdir -p $RES
+OV=$R/ov
+NQ=("rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
+for m in smollm2-135m gemma3-270m; do
+  python3 experiments/engine_tune/tune.py overlay $OV nq-$m $m "${NQ[@]}" 2>&1 | tee -a $R/log.txt
+done
+for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+  python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${NQ[1]}" 2>&1 | tee -a $R/log.txt
+done
+for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+  case $m in synth:*) arms="shipped q8e q8e shipped" ;; *) arms="shipped nq q8e q8e nq shipped" ;; esac
+  for a in $arms; do
+    [ $(( $(date +%s) - T0 )) -lt ${N_END:-480} ] || break
+    if [ $a = shipped ]; then arm_run "$m shipped" bench-nq.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
+    else arm_run "$m $a" bench-nq.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
+      --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
+    fi
+  done
+done
+cp $R/bench-nq.jsonl $RES/ && cp $R/bench-nq.jsonl $OUT/
+python3 experiments/engine_tune/tune.py report $OV $RES/bench-nq.jsonl | tee -a $R/log.txt
+for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
+  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-nq.jsonl nq-$m q8e-$m)
+  log "$m: best candidate '${best:-none}'"
+  [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
+    $RES/bench-nq.jsonl 2>&1 | tee -a $R/log.txt
+done
+freeze_show nq
+mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+tar czf $OUT/s48-N.tgz -C /tmp s48-N
