@@ -8,7 +8,9 @@
 # the trigger defines (fixed in 1a78cc5; experiments/engine_tune overlay now refuses a rule the engine's launch
 # cases would drop), so what landed is the matvecs' trigger alone (SmolLM2 +1.83 %, Gemma-3 +0.36 %). Candidates
 # over the shipped table (which holds those matvec groups): "nq" = rmsnorm / add_rmsnorm and quantize_q8, "q8e" =
-# quantize_q8 alone; SmolLM2 and Gemma-3 ABCCBA, the 1B and the 8B q8e ABBA; each model's better candidate that
+# quantize_q8 alone; for the 1B and the 8B also "mv" (their matvecs, never measured alone: session 46's all-trigger
+# arm lost 1.2 / 0.8 %) and "all" (mv + nq). SmolLM2 and Gemma-3 ABCCBA, the 1B and the 8B ABCDEEDCBA (~8 min with
+# the compiles: N_END bounds it); each model's best candidate that
 # gains in every pass becomes a group of engine-choice records (evidence: the bench receipts under
 # research/<date>-session48/N/), frozen on the device. $OUT: bench-nq.jsonl, tune/engine-choices-nvidia-h200.jsonl,
 # defaults/nvidia-h200.json, s48-N.tgz: copy them in (the bench receipts to research/<date>-session48/N/), commit,
@@ -24,15 +26,18 @@ log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 link_models "the overlays and kernel-check's launch set need them"
 RES=research/$(date +%F)-session48/N; mkdir -p $RES
 OV=$R/ov
+MV="matvec,matvec_glu:MV_PDL_TRIGGER=2"
 NQ=("rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
-for m in smollm2-135m gemma3-270m; do
-  python3 experiments/engine_tune/tune.py overlay $OV nq-$m $m "${NQ[@]}" 2>&1 | tee -a $R/log.txt
-done
 for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+  python3 experiments/engine_tune/tune.py overlay $OV nq-${m//:/_} $m "${NQ[@]}" 2>&1 | tee -a $R/log.txt
   python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${NQ[1]}" 2>&1 | tee -a $R/log.txt
 done
+for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do   # their matvecs' trigger, never measured alone
+  python3 experiments/engine_tune/tune.py overlay $OV mv-${m//:/_} $m "$MV" 2>&1 | tee -a $R/log.txt
+  python3 experiments/engine_tune/tune.py overlay $OV all-${m//:/_} $m "$MV" "${NQ[@]}" 2>&1 | tee -a $R/log.txt
+done
 for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-  case $m in synth:*) arms="shipped q8e q8e shipped" ;; *) arms="shipped nq q8e q8e nq shipped" ;; esac
+  case $m in synth:*) arms="shipped mv nq q8e all all q8e nq mv shipped" ;; *) arms="shipped nq q8e q8e nq shipped" ;; esac
   for a in $arms; do
     [ $(( $(date +%s) - T0 )) -lt ${N_END:-480} ] || break
     if [ $a = shipped ]; then arm_run "$m shipped" bench-nq.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
@@ -44,7 +49,7 @@ done
 cp $R/bench-nq.jsonl $RES/ && cp $R/bench-nq.jsonl $OUT/
 python3 experiments/engine_tune/tune.py report $OV $RES/bench-nq.jsonl | tee -a $R/log.txt
 for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
-  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-nq.jsonl nq-$m q8e-$m)
+  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-nq.jsonl nq-$m q8e-$m mv-$m all-$m)
   log "$m: best candidate '${best:-none}'"
   [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
     $RES/bench-nq.jsonl 2>&1 | tee -a $R/log.txt
