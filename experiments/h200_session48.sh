@@ -13,7 +13,7 @@
 # the compiles: N_END bounds it); each model's best candidate that
 # gains in every pass becomes a group of engine-choice records (evidence: the bench receipts under
 # research/<date>-session48/N/), frozen on the device. $OUT: bench-nq.jsonl, tune/engine-choices-nvidia-h200.jsonl,
-# defaults/nvidia-h200.json, s48-N.tgz: copy them in (the bench receipts to research/<date>-session48/N/), commit,
+# defaults/nvidia-h200.json, profile.jsonl, s48-N.tgz: copy them in (the bench receipts to research/<date>-session48/N/), commit,
 # then at once (the machine warm, the models there) STAGE k: kernel-check --add-to (q8.cu and norm.cu are unchanged:
 # only the chosen modules' new launch cases run) — h200_session44.sh's stage k, tag s48. A chosen group's quantize
 # entry is per shape: Gemma-3's quantize_q8 n = 2048 is also the 1B's head-row quantize (say so if it lands).
@@ -47,6 +47,9 @@ for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
   done
 done
 cp $R/bench-nq.jsonl $RES/ && cp $R/bench-nq.jsonl $OUT/
+# session 47's SmolLM2 profile read ~4 µs alone for launches that take 1.5-2 (sum 900 µs, step 461; Gemma-3's right
+# after it was normal): twice more, after the benches warmed the device, to see whether it repeats
+breakdown smollm2-135m,smollm2-135m,gemma3-270m 60 $R/profile.log
 python3 experiments/engine_tune/tune.py report $OV $RES/bench-nq.jsonl | tee -a $R/log.txt
 for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
   best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-nq.jsonl nq-$m q8e-$m mv-$m all-$m)
