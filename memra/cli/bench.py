@@ -65,6 +65,11 @@ def kernel_check(
             where = f" ({st['receipt']}, run on {st.get('ran_on')})" if st["receipt"] else ""
             print(f"{st['device']}: {'current' if st['current'] else 'NOT current'} — {st['reason']}{where}",
                   flush=True)
+            if st["unexecuted"]:
+                u = st["unexecuted"]
+                print(f"warning: {len(u)} entries of the {st['device']} table no launch case runs with their "
+                      f"tunables (a launcher drops one, or no plan reaches the shape): {'; '.join(u[:3])}"
+                      f"{'; ...' if len(u) > 3 else ''}", flush=True)
         if not st["current"]:
             raise typer.Exit(1)
         return

@@ -430,7 +430,9 @@ def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
     file) covers HEAD: {"device", "receipt", "sources_hash", "current", "stale", ...}.
     stale: kernel sources added, removed or changed since the receipt; uncovered: cases of
     the launch set the engine can make now (the receipt's models, the device's shipped
-    table) that the receipt does not hold."""
+    table) that the receipt does not hold; unexecuted: entries of that table no case runs
+    with their tunables (launches.unexecuted_entries: the table would say what the engine does
+    not do), reported apart from `current`."""
     from memra.tune import launches as LS
     from memra.tune.tables import device_slug, read_table, tables_dir
 
@@ -438,7 +440,7 @@ def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
     p = Path(path) if path is not None else committed_dir() / f"{slug}.json"
     src = kernel_sources()
     out = {"device": slug, "receipt": None, "sources_hash": sources_hash(src), "current": False, "stale": [],
-           "uncovered": [], "reason": ""}
+           "uncovered": [], "unexecuted": [], "reason": ""}
     if not p.is_file():
         out["reason"] = f"no receipt at {p}"
         return out
@@ -454,6 +456,10 @@ def status(device: str = STATUS_DEVICE, path: str | Path | None = None) -> dict:
     now = LS.launch_set(specs, tables)
     have = set(r.get("launch_set", []))
     out["uncovered"] = sorted(k for k in now if k not in have)
+    # entries of the table that no launch runs as they say (a dropped tunable, a shape no plan reaches): not the
+    # receipt's currency but the table's honesty, so reported beside it (the CLI warns); with models missing the
+    # launch set is partial and says nothing about it
+    out["unexecuted"] = LS.unexecuted_entries(tables[0], now.values()) if tables and not missing else []
     reasons = []
     if r.get("schema") != RECEIPT_SCHEMA:
         reasons.append(f"schema {r.get('schema')!r} is not {RECEIPT_SCHEMA}")

@@ -321,6 +321,53 @@ def table_cases(table: Mapping, sms: int = 132):
                         PlanContext(SimpleNamespace(n_ff=int(shape["n"]), act="silu"), None, "q8"), src
 
 
+# a table kernel's launch entry points (prefix), and a dispatch entry's path's entry point: what
+# unexecuted_entries looks for among the cases
+ENTRY_OF = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", "rope_norm_kv": "rope_norm_kv",
+            "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
+            "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
+            "mvt_glu": "mvt_q8_glu", "gemm_tile": "gemm_tile", "gemm_tile_glu": "gemm_tile_glu",
+            "gemm_f16": "gemm_f16", "gemm_f16_glu": "gemm_f16_glu"}
+PATH_OF = {"dispatch": {"matvec": "mv_q8", "mvt": "mvt_q8", "gemm": "gemm_q8"},
+           "dispatch_glu": {"matvec": "mv_q8_glu", "mvt": "mvt_q8_glu", "gemm": "gemm_q8_glu"}}
+
+
+def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
+    """The entries of `table` that no case of `cases` (launch_set over it) runs with the entry's tunables in its
+    defines — a launcher that drops a tunable, or an entry no plan reaches, leaves the table saying what the engine
+    does not do (session 47: quantize_q8 / rmsnorm PDL triggers the launchers did not pass). A dispatch entry names
+    the path a shape runs at a row bucket: some case of that weight type, K and bucket runs that path's kernel with
+    the entry's configuration (the launch set merges launches that differ only in N, so N is not compared); an
+    attention entry's switch (and its short module) is the row filter of its cases (params)."""
+    from memra.gpu.ops.matvec import TYPES as MV_TYPES
+
+    type_id = {v[0]: k for k, v in MV_TYPES.items()}
+    cases = list(cases)
+    out = []
+    for kernel, shapes in table.get("entries", {}).items():
+        for skey, by_batch in shapes.items():
+            for b, e in by_batch.items():
+                want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items() if k not in ("switch", "short")}
+                switch = e["config"].get("switch")
+                if kernel in PATH_OF:
+                    shp = dict(kv.split("=") for kv in skey.split(","))
+                    entry = PATH_OF[kernel].get(e.get("variant"))
+                    hit = entry is not None and any(
+                        c["entry"] == entry and c["bucket"] == int(b) and c["params"].get("type") == type_id.get(
+                            shp.get("type")) and c["params"].get("K") == int(shp["cols"])
+                        and all(c["defines"].get(k) == v for k, v in want.items()) for c in cases)
+                    if not hit:
+                        out.append(f"{kernel} [{skey}] b{b} {e.get('variant')} {e['config']}")
+                    continue
+                pre = ENTRY_OF.get(kernel)
+                hit = pre is not None and any(
+                    c["entry"].startswith(pre) and all(c["defines"].get(k) == v for k, v in want.items())
+                    and (switch is None or c["params"].get("switch") == switch) for c in cases)
+                if not hit:
+                    out.append(f"{kernel} [{skey}] b{b} {e['config']}")
+    return out
+
+
 def launch_modules(cases: Mapping[str, Mapping]) -> list[tuple[str, dict]]:
     """(kernel file, defines) of every module the cases load, each once."""
     out, seen = [], set()
