@@ -17,15 +17,53 @@
 # then at once (the machine warm, the models there) STAGE k: kernel-check --add-to (q8.cu and norm.cu are unchanged:
 # only the chosen modules' new launch cases run) — h200_session44.sh's stage k, tag s48. A chosen group's quantize
 # entry is per shape: Gemma-3's quantize_q8 n = 2048 is also the 1B's head-row quantize (say so if it lands).
+# STAGE T (~5-7 min, after N's table is committed): the gate+up matvec writing down's q8 input (MV_TWIN,
+# experiments/glu_twin), as engine choices. Before the call, on the CPU: `python3 experiments/glu_twin/land.py`,
+# `memra tune carry --from HEAD`, the freeze (stale none), commit (rehearsed in session 47: README there). Candidates
+# tw8x4 / tw32x1 on SmolLM2 and Gemma-3, tw16x2 on the 1B and the 8B; $OUT: bench-twin.jsonl, the records, the table,
+# s48-T.tgz; then STAGE k (matvec.cu changed: its family runs whole, ~2-3 min).
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s48; .llamacpp); issue 11's serve: h200_serve.sh.
 set -u
-case "$STAGE" in N) ;; *) SESSION_TAG=s48 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in N|T) ;; *) SESSION_TAG=s48 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s48
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 link_models "the overlays and kernel-check's launch set need them"
-RES=research/$(date +%F)-session48/N; mkdir -p $RES
+RES=research/$(date +%F)-session48/$STAGE; mkdir -p $RES
 OV=$R/ov
+if [ "$STAGE" = T ]; then
+  grep -q mv_q8_glu_twin kernels/matvec.cu || { log "kernels/matvec.cu has no mv_q8_glu_twin: run glu_twin/land.py first"; exit 1; }
+  for m in smollm2-135m gemma3-270m; do
+    python3 experiments/engine_tune/tune.py overlay $OV tw8x4-$m $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4" 2>&1 | tee -a $R/log.txt
+    python3 experiments/engine_tune/tune.py overlay $OV tw32x1-$m $m "matvec_glu:MV_TWIN=1,MV_NWARPS=32,MV_ROWS=1" 2>&1 | tee -a $R/log.txt
+  done
+  for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    python3 experiments/engine_tune/tune.py overlay $OV tw16x2-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=16,MV_ROWS=2" 2>&1 | tee -a $R/log.txt
+  done
+  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
+    case $m in synth:*) arms="shipped tw16x2 tw16x2 shipped" ;; *) arms="shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" ;; esac
+    for a in $arms; do
+      [ $(( $(date +%s) - T0 )) -lt ${T_END:-480} ] || break
+      if [ $a = shipped ]; then arm_run "$m shipped" bench-twin.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
+      else arm_run "$m $a" bench-twin.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
+        --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
+      fi
+    done
+  done
+  cp $R/bench-twin.jsonl $RES/ && cp $R/bench-twin.jsonl $OUT/
+  python3 experiments/engine_tune/tune.py report $OV $RES/bench-twin.jsonl | tee -a $R/log.txt
+  for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do
+    best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-twin.jsonl tw8x4-$m tw32x1-$m tw16x2-$m)
+    log "$m: best candidate '${best:-none}'"
+    [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
+      $RES/bench-twin.jsonl 2>&1 | tee -a $R/log.txt
+  done
+  freeze_show twin
+  mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+  tar czf $OUT/s48-T.tgz -C /tmp s48-T
+  exit 0
+fi
 MV="matvec,matvec_glu:MV_PDL_TRIGGER=2"
 NQ=("rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
 for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do

@@ -134,3 +134,28 @@ def test_tree_at_extracts_a_commits_kernels(tmp_path):
     assert (root / "matvec.cu").is_file() and source_hash("q8.cu", root)
     with pytest.raises(Exception, match="git archive"):
         CARRY.tree_at("no-such-rev-anywhere", tmp_path / "x", project_root())
+
+
+def test_cli_carries_receipts_an_earlier_carry_moved(tmp_path, monkeypatch):
+    """`memra tune carry` reads the receipts as freeze does, earlier carry records applied: a receipt measured two
+    source edits ago (hash A, carried A -> the --from tree's hash) is carried on to this tree's. Without that the
+    second edit found nothing at --from's hash and carried nothing (session 47's rehearsal of glu_twin's landing)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memra.cli import app
+
+    old = _tree(tmp_path, "old", lambda t: "// an older comment\n" + t)
+    h_old, h_new = source_hash("matvec.cu", old), source_hash("matvec.cu", kernel_dir())
+    src = tmp_path / "in.jsonl"
+    first = {"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": "A", "to_hash": h_old, "device": "NVIDIA H200",
+             "arch": "sm_90a", "modules": 1, "receipts": 1, "nvrtc": "13.0", "git_sha": "0" * 40,
+             "ts": "2026-12-02T00:00:00Z"}
+    src.write_text(json.dumps(_rec("A")) + "\n" + json.dumps(first) + "\n")
+    monkeypatch.setattr(CARRY, "tree_at", lambda rev, dest, root: old)
+    out = tmp_path / "carry.jsonl"
+    res = CliRunner().invoke(app, ["tune", "carry", "--from", "HEAD", str(src), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert (rec["from_hash"], rec["to_hash"], rec["receipts"]) == (h_old, h_new, 1)

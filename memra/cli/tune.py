@@ -344,13 +344,17 @@ def tune_carry(
     df = read_receipts(sources, kinds=("tune",)) if sources else None
     if df is None or df.empty or device not in set(df["device"]):
         raise MemraError(f"no tuning receipts of {device!r} to carry")
+    # receipts already carried count at the hash they were carried to (as freeze reads them), so a second edit
+    # carries them on (without this, a receipt measured two source edits ago was never found at --from's hash)
+    carries = read_receipts(sources, kinds=("carry",))
+    df = CARRY.apply(df, carries)
     arch = arch_for(tuple(int(v) for v in normalize_cc(df[df["device"] == device]["cc"].iloc[0]).split(".")))
     path = tables_dir() / f"{device_slug(device)}.json"
     table = read_table(path) if path.is_file() else None
     with tempfile.TemporaryDirectory() as tmp:
         old_root = CARRY.tree_at(rev, Path(tmp), project_root())
         records = CARRY.plan(df, table, device, old_root, arch=arch, log=lambda m: err.print(m, markup=False),
-                             choices=read_receipts(sources, kinds=("engine-choice",)))
+                             choices=CARRY.apply(read_receipts(sources, kinds=("engine-choice",)), carries))
     if not records:
         err.print("nothing carried", markup=False)
         return
