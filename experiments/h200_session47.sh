@@ -4,7 +4,7 @@
 # carry .whl and .synthtok; the real models shipped first (experiments/ship_models.py's .models/ship-0N, six calls).
 #
 # STAGE E (~5-7 min, models shipped): the early PDL trigger as per-shape engine choices. Before the call, on the CPU:
-#   bash experiments/pdl_early/prepare_landing.sh    # land.py (MV_PDL_TRIGGER 2, NORM_PDL_TRIGGER in kernels/), session
+#   bash experiments/prepare_landing.sh experiments/pdl_early   # land.py (MV_PDL_TRIGGER 2, NORM_PDL_TRIGGER in kernels/), session
 #       # 46's carry records (matvec.cu: 164 modules identical, 1,247 receipts; norm.cu: 12, 48) or a fresh carry when
 #       # kernels/ moved, the freeze, `tune show` stale none (rehearsed at 3f3edcc: 18 s); then commit (the
 #       # kernel-check receipt is stale until this call's)

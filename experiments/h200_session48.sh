@@ -18,8 +18,8 @@
 # only the chosen modules' new launch cases run) — h200_session44.sh's stage k, tag s48. A chosen group's quantize
 # entry is per shape: Gemma-3's quantize_q8 n = 2048 is also the 1B's head-row quantize (say so if it lands).
 # STAGE T (~5-7 min, after N's table is committed): the gate+up matvec writing down's q8 input (MV_TWIN,
-# experiments/glu_twin), as engine choices. Before the call, on the CPU: `python3 experiments/glu_twin/land.py`,
-# `memra tune carry --from HEAD`, the freeze (stale none), commit (rehearsed in session 47: README there). Candidates
+# experiments/glu_twin), as engine choices. Before the call, on the CPU: `bash experiments/prepare_landing.sh
+# experiments/glu_twin` (land.py, the carry record, the freeze, stale none), commit (rehearsed: README there). Candidates
 # tw8x4 / tw32x1 on SmolLM2 and Gemma-3, tw16x2 on the 1B and the 8B; $OUT: bench-twin.jsonl, the records, the table,
 # s48-T.tgz; then STAGE k (matvec.cu changed: its family runs whole, ~2-3 min).
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s48; .llamacpp); issue 11's serve: h200_serve.sh.
