@@ -11,13 +11,14 @@ dir=${1:?an experiment folder with land.py (and carry-nvidia-h200.jsonl)}
 rev=$(git rev-parse HEAD)
 python3 "$dir/land.py"
 records="$dir/carry-nvidia-h200.jsonl"
-ok=$( [ -f "$records" ] && python3 - "$records" <<'PY' || echo no
+ok=no
+if [ -f "$records" ]; then
+  ok=$(python3 -c "
 import json, sys
 from memra.gpu.compile import source_hash
 recs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-print("yes" if recs and all(source_hash(r["src"]) == r["to_hash"] for r in recs) else "no")
-PY
-)
+print('yes' if recs and all(source_hash(r['src']) == r['to_hash'] for r in recs) else 'no')" "$records")
+fi
 if [ "$ok" = yes ]; then
   cat "$records" >> research/tune/carry-nvidia-h200.jsonl
   echo "carry: $records (every file at its to_hash)"
