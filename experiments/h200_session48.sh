@@ -2,6 +2,9 @@
 # The next session's device calls (prepared in session 47, research/2026-12-06-session47).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=N bash experiments/h200_session48.sh
 # carry .whl and .synthtok; the real models shipped first (experiments/ship_models.py's .models/ship-0N, six calls).
+# Order (one machine, ~25 min of device time): on the CPU `bash experiments/prepare_landing.sh experiments/glu_twin`
+# and commit (STAGE T's kernel; nothing chooses it yet); ship; N; copy in + commit; T; copy in + commit; k (one
+# kernel-check for both: matvec.cu's family whole and the chosen modules' new cases); d / e if time is left.
 #
 # STAGE N (~5-7 min, models shipped): the norms' and the FFN quantize's PDL trigger before their wait, as engine
 # choices. Session 47's STAGE E measured it as a no-op: the launchers built Q8_WARPS / NORM_THREADS only and dropped
