@@ -28,9 +28,9 @@ import numpy as np
 
 from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import launch_bucket
-from memra.paths import kernel_dir
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 from memra.model.quants import F16_FIELDS
+from memra.paths import kernel_dir
 
 KERNEL_FILE = "matvec.cu"
 Q8_FILE = "q8.cu"
@@ -579,7 +579,8 @@ def launch_cases(L, ctx) -> list[dict]:
     N = rows // 2 if glu else rows
     cfg = launch_config(t, q8, N, K, n, bool(glu), None, lambda _n: L.config)
     res, twin = bool(L.args.get("res")), bool(L.args.get("q8_out"))
-    return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "") + ("_twin" if twin else ""),
+    entry = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "") + ("_twin" if twin else "")
+    return [{"file": KERNEL_FILE, "entry": entry,
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
              "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res, "twin": twin}}]
 
@@ -668,8 +669,8 @@ def check_launch(g, rng, case) -> "object":
         return o2
     if tw and (bad := twin_ok(y.numpy())):
         return bad
-    return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}" + ("; q8 twin bit-exact" if tw else ""),
-                   max(o.err, o2.err))
+    return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}"
+                   + ("; q8 twin bit-exact" if tw else ""), max(o.err, o2.err))
 
 
 # ---------------------------------------------------------------------------------------
