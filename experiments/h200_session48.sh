@@ -23,7 +23,7 @@
 # STAGE T (~5-7 min, after N's table is committed): the gate+up matvec writing down's q8 input (MV_TWIN,
 # experiments/glu_twin), as engine choices. Before the call, on the CPU: `bash experiments/prepare_landing.sh
 # experiments/glu_twin` (land.py, the carry record, the freeze, stale none), commit (rehearsed: README there). Candidates
-# tw8x4 / tw32x1 on SmolLM2 and Gemma-3, tw16x2 on the 1B and the 8B; $OUT: bench-twin.jsonl, the records, the table,
+# tw8x4 / tw32x1 on SmolLM2 and Gemma-3, tw16x2 / tw8x4 on the 1B and the 8B; $OUT: bench-twin.jsonl, the records, the table,
 # s48-T.tgz; then STAGE k (matvec.cu changed: its family runs whole, ~2-3 min).
 # STAGE d / e: `--vs llama.cpp` (h200_session44.sh's, tag s48; .llamacpp); issue 11's serve: h200_serve.sh.
 set -u
@@ -42,9 +42,10 @@ if [ "$STAGE" = T ]; then
   done
   for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
     python3 experiments/engine_tune/tune.py overlay $OV tw16x2-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=16,MV_ROWS=2" 2>&1 | tee -a $R/log.txt
+    python3 experiments/engine_tune/tune.py overlay $OV tw8x4-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4" 2>&1 | tee -a $R/log.txt
   done
   for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-    case $m in synth:*) arms="shipped tw16x2 tw16x2 shipped" ;; *) arms="shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" ;; esac
+    case $m in synth:*) arms="shipped tw16x2 tw8x4 tw8x4 tw16x2 shipped" ;; *) arms="shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" ;; esac
     for a in $arms; do
       [ $(( $(date +%s) - T0 )) -lt ${T_END:-480} ] || break
       if [ $a = shipped ]; then arm_run "$m shipped" bench-twin.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
