@@ -202,6 +202,38 @@ dispatch_freeze() {
   log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
   freeze_show $2
 }
+# choice_ab NAME END "MODEL=ARMS"...: engine choices by the engine's own tg128 (experiments/engine_tune): each
+# model's arms in turn (shipped: the shipped table; else $OV/<arm>-<model>/nvidia-h200.json, an overlay candidate;
+# a repeated list alternates them), `memra bench MODEL -p 0 -n 128 -r 3` each, until END seconds into the stage;
+# receipts in $R/NAME.jsonl, copied to $RES/ (the records' evidence) and $OUT/; then each model's best candidate that
+# gains in every pass becomes engine-choice records, the freeze, and the table and the records to $OUT/.
+choice_ab() {
+  local name=$1 end=$2 spec m a best cands
+  shift 2
+  for spec in "$@"; do
+    m=${spec%%=*}
+    for a in ${spec#*=}; do
+      [ $(( $(date +%s) - T0 )) -lt $end ] || break
+      if [ $a = shipped ]; then arm_run "$m shipped" $name.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
+      else arm_run "$m $a" $name.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
+        --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
+      fi
+    done
+  done
+  cp $R/$name.jsonl $RES/ && cp $R/$name.jsonl $OUT/
+  python3 experiments/engine_tune/tune.py report $OV $RES/$name.jsonl | tee -a $R/log.txt
+  for spec in "$@"; do
+    m=${spec%%=*}
+    cands=$(for a in ${spec#*=}; do [ $a = shipped ] || echo "$a-${m//:/_}"; done | sort -u)
+    best=$(python3 experiments/engine_tune/tune.py best $OV $RES/$name.jsonl $cands)
+    log "$m: best candidate '${best:-none}'"
+    [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best \
+      research/tune/engine-choices-nvidia-h200.jsonl $RES/$name.jsonl 2>&1 | tee -a $R/log.txt
+  done
+  freeze_show $name
+  mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+}
 freeze_show() {
   # --pdl: the shipped table adopts the PDL-timed receipts of research/tune/ (tune/defaults/README.md)
   python3 -m memra tune freeze --device "NVIDIA H200" --stand-in "NVIDIA H100 80GB HBM3" --out-dir tune/defaults --pdl > "$R/freeze-$1.txt" 2>&1; log "freeze rc=$?"

@@ -41,25 +41,7 @@ done
 for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
   python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${RULES[2]}" 2>&1 | tee -a $R/log.txt
 done
-for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-  case $m in synth:*) arms="shipped q8e q8e shipped" ;; *) arms="shipped early mv mv early shipped" ;; esac
-  for a in $arms; do
-    [ $(( $(date +%s) - T0 )) -lt ${E_END:-480} ] || break
-    if [ $a = shipped ]; then arm_run "$m shipped" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
-    else arm_run "$m $a" bench-early.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
-      --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
-    fi
-  done
-done
-cp $R/bench-early.jsonl $RES/ && cp $R/bench-early.jsonl $OUT/
-python3 experiments/engine_tune/tune.py report $OV $RES/bench-early.jsonl | tee -a $R/log.txt
-for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
-  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-early.jsonl early-$m mv-$m q8e-$m)
-  log "$m: best candidate '${best:-none}'"
-  [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
-    $RES/bench-early.jsonl 2>&1 | tee -a $R/log.txt
-done
-freeze_show early
-mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+choice_ab bench-early ${E_END:-480} "smollm2-135m=shipped early mv mv early shipped" \
+  "gemma3-270m=shipped early mv mv early shipped" "synth:llama-1b:Q4_0=shipped q8e q8e shipped" \
+  "synth:llama3-8b:Q4_K_M=shipped q8e q8e shipped"
 tar czf $OUT/s47-E.tgz -C /tmp s47-E

@@ -44,27 +44,9 @@ if [ "$STAGE" = T ]; then
     python3 experiments/engine_tune/tune.py overlay $OV tw16x2-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=16,MV_ROWS=2" 2>&1 | tee -a $R/log.txt
     python3 experiments/engine_tune/tune.py overlay $OV tw8x4-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4" 2>&1 | tee -a $R/log.txt
   done
-  for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-    case $m in synth:*) arms="shipped tw16x2 tw8x4 tw8x4 tw16x2 shipped" ;; *) arms="shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" ;; esac
-    for a in $arms; do
-      [ $(( $(date +%s) - T0 )) -lt ${T_END:-480} ] || break
-      if [ $a = shipped ]; then arm_run "$m shipped" bench-twin.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
-      else arm_run "$m $a" bench-twin.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
-        --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
-      fi
-    done
-  done
-  cp $R/bench-twin.jsonl $RES/ && cp $R/bench-twin.jsonl $OUT/
-  python3 experiments/engine_tune/tune.py report $OV $RES/bench-twin.jsonl | tee -a $R/log.txt
-  for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do
-    best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-twin.jsonl tw8x4-$m tw32x1-$m tw16x2-$m)
-    log "$m: best candidate '${best:-none}'"
-    [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
-      $RES/bench-twin.jsonl 2>&1 | tee -a $R/log.txt
-  done
-  freeze_show twin
-  mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-  cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+  choice_ab bench-twin ${T_END:-480} "smollm2-135m=shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" \
+    "gemma3-270m=shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" "synth:llama-1b:Q4_0=shipped tw16x2 tw8x4 tw8x4 tw16x2 shipped" \
+    "synth:llama3-8b:Q4_K_M=shipped tw16x2 tw8x4 tw8x4 tw16x2 shipped"
   tar czf $OUT/s48-T.tgz -C /tmp s48-T
   exit 0
 fi
@@ -78,28 +60,10 @@ for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do   # their matvecs' trigg
   python3 experiments/engine_tune/tune.py overlay $OV mv-${m//:/_} $m "$MV" 2>&1 | tee -a $R/log.txt
   python3 experiments/engine_tune/tune.py overlay $OV all-${m//:/_} $m "$MV" "${NQ[@]}" 2>&1 | tee -a $R/log.txt
 done
-for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-  case $m in synth:*) arms="shipped mv nq q8e all all q8e nq mv shipped" ;; *) arms="shipped nq q8e q8e nq shipped" ;; esac
-  for a in $arms; do
-    [ $(( $(date +%s) - T0 )) -lt ${N_END:-480} ] || break
-    if [ $a = shipped ]; then arm_run "$m shipped" bench-nq.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3
-    else arm_run "$m $a" bench-nq.jsonl python3 -m memra bench $m -p 0 -n 128 -r 3 \
-      --tune-table $OV/$a-${m//:/_}/nvidia-h200.json
-    fi
-  done
-done
-cp $R/bench-nq.jsonl $RES/ && cp $R/bench-nq.jsonl $OUT/
+choice_ab bench-nq ${N_END:-480} "smollm2-135m=shipped nq q8e q8e nq shipped" \
+  "gemma3-270m=shipped nq q8e q8e nq shipped" "synth:llama-1b:Q4_0=shipped mv nq q8e all all q8e nq mv shipped" \
+  "synth:llama3-8b:Q4_K_M=shipped mv nq q8e all all q8e nq mv shipped"
 # session 47's SmolLM2 profile read ~4 µs alone for launches that take 1.5-2 (sum 900 µs, step 461; Gemma-3's right
 # after it was normal): twice more, after the benches warmed the device, to see whether it repeats
 breakdown smollm2-135m,smollm2-135m,gemma3-270m 60 $R/profile.log
-python3 experiments/engine_tune/tune.py report $OV $RES/bench-nq.jsonl | tee -a $R/log.txt
-for m in smollm2-135m gemma3-270m synth_llama-1b_Q4_0 synth_llama3-8b_Q4_K_M; do   # each model's winner, if any
-  best=$(python3 experiments/engine_tune/tune.py best $OV $RES/bench-nq.jsonl nq-$m q8e-$m mv-$m all-$m)
-  log "$m: best candidate '${best:-none}'"
-  [ -n "$best" ] && python3 experiments/engine_tune/tune.py choice $OV $best research/tune/engine-choices-nvidia-h200.jsonl \
-    $RES/bench-nq.jsonl 2>&1 | tee -a $R/log.txt
-done
-freeze_show nq
-mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
 tar czf $OUT/s48-N.tgz -C /tmp s48-N
