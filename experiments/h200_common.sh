@@ -202,6 +202,13 @@ dispatch_freeze() {
   log "tune dispatch rc=$? $(tail -1 $R/tune-dispatch.txt) $(el)"
   freeze_show $2
 }
+# overlay NAME MODEL RULE...: experiments/engine_tune's candidate table $OV/NAME-<model>/ (the rules' defines over the
+# model's decode-step entries), logged
+overlay() {
+  local name=$1 m=$2
+  shift 2
+  python3 experiments/engine_tune/tune.py overlay $OV $name-${m//:/_} $m "$@" 2>&1 | tee -a $R/log.txt
+}
 # choice_ab NAME END "MODEL=ARMS"...: engine choices by the engine's own tg128 (experiments/engine_tune): each
 # model's arms in turn (shipped: the shipped table; else $OV/<arm>-<model>/nvidia-h200.json, an overlay candidate;
 # a repeated list alternates them), `memra bench MODEL -p 0 -n 128 -r 3` each, until END seconds into the stage;

@@ -33,13 +33,13 @@ RES=research/$(date +%F)-session47/E; mkdir -p $RES
 OV=$R/ov
 RULES=("matvec,matvec_glu:MV_PDL_TRIGGER=2" "rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
 for m in smollm2-135m gemma3-270m; do
-  python3 experiments/engine_tune/tune.py overlay $OV early-$m $m "${RULES[@]}" 2>&1 | tee -a $R/log.txt
-  python3 experiments/engine_tune/tune.py overlay $OV mv-$m $m "${RULES[0]}" 2>&1 | tee -a $R/log.txt
+  overlay early $m "${RULES[@]}"
+  overlay mv $m "${RULES[0]}"
 done
 # the 1B and the 8B: the FFN quantize's trigger before its wait alone (their down matvec loads its first unit before
 # its own wait; session 46's nq / early arms lost there as a whole, the quantize's part unmeasured)
 for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-  python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${RULES[2]}" 2>&1 | tee -a $R/log.txt
+  overlay q8e $m "${RULES[2]}"
 done
 choice_ab bench-early ${E_END:-480} "smollm2-135m=shipped early mv mv early shipped" \
   "gemma3-270m=shipped early mv mv early shipped" "synth:llama-1b:Q4_0=shipped q8e q8e shipped" \

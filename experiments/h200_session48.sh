@@ -37,12 +37,12 @@ OV=$R/ov
 if [ "$STAGE" = T ]; then
   grep -q mv_q8_glu_twin kernels/matvec.cu || { log "kernels/matvec.cu has no mv_q8_glu_twin: run glu_twin/land.py first"; exit 1; }
   for m in smollm2-135m gemma3-270m; do
-    python3 experiments/engine_tune/tune.py overlay $OV tw8x4-$m $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4" 2>&1 | tee -a $R/log.txt
-    python3 experiments/engine_tune/tune.py overlay $OV tw32x1-$m $m "matvec_glu:MV_TWIN=1,MV_NWARPS=32,MV_ROWS=1" 2>&1 | tee -a $R/log.txt
+    overlay tw8x4 $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4"
+    overlay tw32x1 $m "matvec_glu:MV_TWIN=1,MV_NWARPS=32,MV_ROWS=1"
   done
   for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-    python3 experiments/engine_tune/tune.py overlay $OV tw16x2-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=16,MV_ROWS=2" 2>&1 | tee -a $R/log.txt
-    python3 experiments/engine_tune/tune.py overlay $OV tw8x4-${m//:/_} $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4" 2>&1 | tee -a $R/log.txt
+    overlay tw16x2 $m "matvec_glu:MV_TWIN=1,MV_NWARPS=16,MV_ROWS=2"
+    overlay tw8x4 $m "matvec_glu:MV_TWIN=1,MV_NWARPS=8,MV_ROWS=4"
   done
   choice_ab bench-twin ${T_END:-480} "smollm2-135m=shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" \
     "gemma3-270m=shipped tw8x4 tw32x1 tw32x1 tw8x4 shipped" "synth:llama-1b:Q4_0=shipped tw16x2 tw8x4 tw8x4 tw16x2 shipped" \
@@ -53,12 +53,12 @@ fi
 MV="matvec,matvec_glu:MV_PDL_TRIGGER=2"
 NQ=("rmsnorm,add_rmsnorm:NORM_PDL_TRIGGER=2" "quantize_q8:Q8_PDL_TRIGGER=2")
 for m in smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do
-  python3 experiments/engine_tune/tune.py overlay $OV nq-${m//:/_} $m "${NQ[@]}" 2>&1 | tee -a $R/log.txt
-  python3 experiments/engine_tune/tune.py overlay $OV q8e-${m//:/_} $m "${NQ[1]}" 2>&1 | tee -a $R/log.txt
+  overlay nq $m "${NQ[@]}"
+  overlay q8e $m "${NQ[1]}"
 done
 for m in synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M; do   # their matvecs' trigger, never measured alone
-  python3 experiments/engine_tune/tune.py overlay $OV mv-${m//:/_} $m "$MV" 2>&1 | tee -a $R/log.txt
-  python3 experiments/engine_tune/tune.py overlay $OV all-${m//:/_} $m "$MV" "${NQ[@]}" 2>&1 | tee -a $R/log.txt
+  overlay mv $m "$MV"
+  overlay all $m "$MV" "${NQ[@]}"
 done
 choice_ab bench-nq ${N_END:-480} "smollm2-135m=shipped nq q8e q8e nq shipped" \
   "gemma3-270m=shipped nq q8e q8e nq shipped" "synth:llama-1b:Q4_0=shipped mv nq q8e all all q8e nq mv shipped" \
