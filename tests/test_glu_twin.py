@@ -1,7 +1,8 @@
 """MV_TWIN: the gate+up matvec writing the q8 twin of its output (kernels/matvec.cu mv_q8_glu_twin, added by
-experiments/glu_twin/land.py), so a decode step drops the quantize launch before down. On the CPU emulator: the
-launcher's refusals, the twin's bits against quantize_q8's, kernel-check's case catching a wrong twin, and the
-engine's step with a table entry choosing it (the launch gone, the tokens and a row's bits unchanged)."""
+experiments/glu_twin/land.py; the emulator models it), so a decode step drops the quantize launch before down. On
+the CPU emulator: the launcher's refusals, the twin's bits against quantize_q8's, kernel-check's case catching a
+wrong twin, and the engine's step with a table entry choosing it (the launch gone, the tokens and a row's bits
+unchanged)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,6 @@ def _cfg(extra, N=96, K=256, t=3):
     return {**MV.default_config(t, "q8", N, K, 1, True), **extra}
 
 
-@pytest.fixture
-def twin_kernel(monkeypatch):
-    """The kernel source as experiments/glu_twin/land.py leaves it (the emulator models the entry)."""
-    monkeypatch.setattr(MV, "twin_supported", lambda: True)
-
-
 def _glu(g, rng, N=96, K=256, t=3, nb=2):
     raw = MV.random_weight(t, 2 * N, K, rng)
     w = MV.upload_weight(g, raw, t)
@@ -40,7 +35,7 @@ def _glu(g, rng, N=96, K=256, t=3, nb=2):
     return w, xq, xs
 
 
-def test_the_twin_is_quantize_q8_of_the_output(twin_kernel):
+def test_the_twin_is_quantize_q8_of_the_output():
     g, rng = FakeGpu(1 << 26), np.random.default_rng(0)
     w, xq, xs = _glu(g, rng)
     y = g.empty((2, 96), np.float32)
@@ -51,7 +46,7 @@ def test_the_twin_is_quantize_q8_of_the_output(twin_kernel):
     assert (tq.numpy() == q).all() and (ts.numpy().view(np.uint8) == s.view(np.uint8)).all()
 
 
-def test_the_launcher_refuses_what_the_kernel_cannot_do(twin_kernel, monkeypatch):
+def test_the_launcher_refuses_what_the_kernel_cannot_do():
     g, rng = FakeGpu(1 << 26), np.random.default_rng(1)
     w, xq, xs = _glu(g, rng)
     y = g.empty((2, 96), np.float32)
@@ -66,12 +61,9 @@ def test_the_launcher_refuses_what_the_kernel_cannot_do(twin_kernel, monkeypatch
                   twin=(g.empty((2, 40), np.int8), g.empty((2, 2), Q8_SCALE)))
     with pytest.raises(MemraError, match="q8 GLU launch"):
         MV.matvec(g, w, g.empty((2, 192), np.float32), xq=xq, xs=xs, nb=2, glu=None, config=_cfg(TWIN), twin=tw)
-    monkeypatch.setattr(MV, "twin_supported", lambda: False)
-    with pytest.raises(MemraError, match="experiments/glu_twin/land.py"):
-        MV.matvec(g, w, y, xq=xq, xs=xs, nb=2, glu="silu", config=_cfg(TWIN), twin=tw)
 
 
-def test_kernel_check_catches_a_wrong_twin(twin_kernel, monkeypatch):
+def test_kernel_check_catches_a_wrong_twin(monkeypatch):
     """A twin case checks the output against the reference and the twin against quantize_q8 of it, bit for bit:
     an emulated kernel whose twin is off by one code fails."""
     case = {"file": MV.KERNEL_FILE, "entry": "mv_q8_glu_twin", "bucket": 1,
@@ -92,7 +84,7 @@ def test_kernel_check_catches_a_wrong_twin(twin_kernel, monkeypatch):
     assert not o.ok and "differ from quantize_q8" in o.detail
 
 
-def test_a_table_entry_takes_the_quantize_launch_out_of_the_step(twin_kernel, tiny_models):
+def test_a_table_entry_takes_the_quantize_launch_out_of_the_step(tiny_models):
     """gate+up's batch-1 entry with MV_TWIN: the one-row step has no ffn_q8 launch (gate+up writes the twin, down
     reads it), other buckets keep theirs; a sequence's greedy tokens alone (the twin) equal those among 9
     co-runners (bucket 16: quantize_q8), and the CPU reference's."""

@@ -20,7 +20,6 @@ Tolerance TOL (relative, L2) for both: only float rounding separates kernel and 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -30,7 +29,6 @@ from memra.errors import MemraError, UnsupportedModelError
 from memra.gpu.ops import launch_bucket
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 from memra.model.quants import F16_FIELDS
-from memra.paths import kernel_dir
 
 KERNEL_FILE = "matvec.cu"
 Q8_FILE = "q8.cu"
@@ -261,16 +259,10 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
              (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
 
-@functools.lru_cache(maxsize=1)
-def twin_supported() -> bool:
-    """Whether kernels/matvec.cu has mv_q8_glu_twin (MV_TWIN): experiments/glu_twin/land.py adds it."""
-    return "mv_q8_glu_twin" in (kernel_dir() / KERNEL_FILE).read_text(encoding="utf-8")
-
-
 def check_twin(N: int, cfg: dict) -> None:
-    """A launch writing the q8 twin of its output (MV_TWIN 1): a block owns 32 output rows."""
-    if not twin_supported():
-        raise MemraError("MV_TWIN: kernels/matvec.cu has no mv_q8_glu_twin (experiments/glu_twin/land.py adds it)")
+    """A launch writing the q8 twin of its output (MV_TWIN 1, kernels/matvec.cu's mv_q8_glu_twin, which
+    experiments/glu_twin/land.py adds: a source without it fails at the entry's lookup, naming it): a block owns 32
+    output rows."""
     if N % 32 or cfg.get("MV_NWARPS", 4) * cfg.get("MV_ROWS", 1) != 32 or cfg.get("MV_KSPLIT", 1) != 1:
         raise MemraError(f"MV_TWIN: a block must own 32 of the {N} output rows (N % 32 == 0, MV_NWARPS x MV_ROWS = "
                          f"32, MV_KSPLIT 1), got {cfg}")
