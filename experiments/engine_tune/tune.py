@@ -96,7 +96,7 @@ def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
     or a stand-in's `measured_on`): its choice record names that device, as freeze requires, and says in its
     objective which card the A/B ran on."""
     from memra.gpu.plan import Planner
-    from memra.tune.launches import model_specs
+    from memra.tune.launches import launch_set, model_specs, unexecuted_entries
     from memra.tune.receipts import shape_key
 
     adds: dict[str, dict] = {}
@@ -128,7 +128,12 @@ def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
                         "device": e.get("measured_on", shipped["device"])})
     if not members:
         raise SystemExit(f"overlay: no entry of {sorted(adds)} in {model}'s decode step")
-    dropped = _not_launched(specs[0], t, adds, members)
+    # the members as the engine launches them (kernel-check's launch cases of the model under t): a rule whose
+    # define a launcher drops would A/B the shipped kernel
+    mine = {"entries": {}}
+    for m in members:
+        mine["entries"].setdefault(m["kernel"], {})[m["shape"]] = {"1": t["entries"][m["kernel"]][m["shape"]]["1"]}
+    dropped = unexecuted_entries(mine, launch_set(specs, [t], int(t.get("sms") or 132), other_entries=False).values())
     if dropped:
         raise SystemExit(f"overlay: the engine would launch {', '.join(dropped)} without the rule's defines (its "
                          "launcher drops them): the A/B would time the shipped kernel")
@@ -141,22 +146,6 @@ def overlay(out: Path, name: str, model: str, rules: list[str]) -> None:
     (out / "index.json").write_text(json.dumps(idx, indent=1))
     print(f"{name}: {len(members)} entries of {model} ({', '.join(sorted({m['kernel'] for m in members}))})"
           + (f"; without a table entry, left as they are: {', '.join(absent)}" if absent else ""))
-
-
-def _not_launched(spec, table: dict, adds: dict[str, dict], members: list[dict]) -> list[str]:
-    """The members whose launch cases (what the engine's launcher builds for the decode step under `table`, as
-    kernel-check gets them) lack their kernel's added defines: the engine would run the shipped module."""
-    from memra.gpu.plan import Planner
-    from memra.tune.launches import OP_FAMILY, PlanContext, family_module
-    from memra.tune.receipts import shape_key
-
-    plan = Planner(spec, table, path="q8", sms=int(table.get("sms") or 132))
-    ctx, hit = PlanContext(spec.cfg, plan, "q8"), set()
-    for L in plan.step(1, decode=True, sampler="none"):
-        if L.kernel in adds and any(all(c["defines"].get(k) == v for k, v in adds[L.kernel].items())
-                                    for c in family_module(OP_FAMILY[L.op]).launch_cases(L, ctx)):
-            hit.add((L.kernel, shape_key(L.shape)))
-    return [f"{m['kernel']} {m['shape']}" for m in members if (m["kernel"], m["shape"]) not in hit]
 
 
 def _tg128_rows(benches: list[str]):
