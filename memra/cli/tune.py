@@ -256,7 +256,6 @@ def tune_freeze(
     """Pick the winners of the receipts into <device>.json ($MEMRA_HOME/tables unless --out-dir)."""
     from memra.tune import carry as CARRY
     from memra.tune import dispatch as DISPATCH
-    from memra.tune.receipts import read_receipts
     from memra.tune.measure import is_builtin, reached
     from memra.tune.tables import _current_hash
     from memra.tune.freeze import apply_engine_choices, freeze, select_timing, summarize_table, write_table
@@ -266,12 +265,10 @@ def tune_freeze(
     sources = receipts or freeze_inputs()
     if not sources:
         raise MemraError("no receipts to freeze (give receipts files, or run `memra tune` first)")
-    # receipts measured on a kernel source whose modules a later source compiles to the same code count
-    # as measured on the later one (memra tune carry)
-    carries = read_receipts(sources, kinds=("carry",))
-    df = CARRY.apply(read_receipts(sources, kinds=("tune",)), carries)
-    # entries the engine's own A/B chose (experiments/engine_tune), laid over the frozen ones
-    ec = CARRY.apply(read_receipts(sources, kinds=("engine-choice",)), carries)
+    # receipts measured on a kernel source whose modules a later source compiles to the same code count as measured
+    # on the later one (memra tune carry); ec: the entries the engine's own A/B chose (experiments/engine_tune), laid
+    # over the frozen ones
+    df, ec = CARRY.read_current(sources)
     choices = ec.to_dict("records") if len(ec) else []
     if pdl_match is not None and not pdl:
         raise MemraError("--pdl-match needs --pdl")
@@ -337,24 +334,22 @@ def tune_carry(
 
     from memra.gpu.cuda import arch_for
     from memra.tune import carry as CARRY
-    from memra.tune.receipts import normalize_cc, read_receipts
+    from memra.tune.receipts import normalize_cc
     from memra.tune.tables import device_slug, read_table, tables_dir
 
     sources = receipts or freeze_inputs()
-    df = read_receipts(sources, kinds=("tune",)) if sources else None
+    # receipts already carried count at the hash they were carried to (as freeze reads them), so a second edit
+    # carries them on (read raw, a receipt measured two source edits ago was never found at --from's hash)
+    df, ec = CARRY.read_current(sources) if sources else (None, None)
     if df is None or df.empty or device not in set(df["device"]):
         raise MemraError(f"no tuning receipts of {device!r} to carry")
-    # receipts already carried count at the hash they were carried to (as freeze reads them), so a second edit
-    # carries them on (without this, a receipt measured two source edits ago was never found at --from's hash)
-    carries = read_receipts(sources, kinds=("carry",))
-    df = CARRY.apply(df, carries)
     arch = arch_for(tuple(int(v) for v in normalize_cc(df[df["device"] == device]["cc"].iloc[0]).split(".")))
     path = tables_dir() / f"{device_slug(device)}.json"
     table = read_table(path) if path.is_file() else None
     with tempfile.TemporaryDirectory() as tmp:
         old_root = CARRY.tree_at(rev, Path(tmp), project_root())
         records = CARRY.plan(df, table, device, old_root, arch=arch, log=lambda m: err.print(m, markup=False),
-                             choices=CARRY.apply(read_receipts(sources, kinds=("engine-choice",)), carries))
+                             choices=ec)
     if not records:
         err.print("nothing carried", markup=False)
         return

@@ -236,6 +236,16 @@ def apply(df, carries):
     return df
 
 
+def read_current(sources) -> tuple:
+    """(tune receipts, engine-choice records) of `sources` (read_receipts DataFrames), each src_hash the hash its
+    carry records in `sources` carry it to: what freeze reads, and what a further carry starts from."""
+    from memra.tune.receipts import read_receipts
+
+    carries = read_receipts(sources, kinds=("carry",))
+    return (apply(read_receipts(sources, kinds=("tune",)), carries),
+            apply(read_receipts(sources, kinds=("engine-choice",)), carries))
+
+
 def write(records: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
