@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The next session's device calls (prepared in session 47, research/2026-12-06-session47).
+# The next session's device calls (prepared in session 47, research/2026-12-06-session47). Ran in session 48 (H100):
+# N, T, k as below; results in research/2026-12-06-session48/README.md.
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit>[+label] && STAGE=N bash experiments/h200_session48.sh
 # carry .whl and .synthtok; the real models shipped first (experiments/ship_models.py's .models/ship-0N, six calls).
 # Order (one machine, ~25 min of device time): on the CPU `bash experiments/prepare_landing.sh experiments/glu_twin`
