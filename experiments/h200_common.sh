@@ -89,9 +89,11 @@ bench_vs_llamacpp() {
   vs_runs "$1" smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M synth:llama3-8b:Q4_0 \
     synth:llama3-8b:Q8_0 "synth:llama3-8b:Q4_K_M -d 4096" "smollm2-135m -d 4096"
 }
-# llamacpp_vs "MODEL [ARGS]"...: llama.cpp built in the call (carry .llamacpp), then vs_runs of the items
+# llamacpp_vs "MODEL [ARGS]"...: llama.cpp built in the call (carry .llamacpp; experiments/llamacpp_bin.sh unpacks
+# .llamacpp-bin instead when an earlier call packed the binaries, and packs them into $OUT when it builds), then
+# vs_runs of the items
 llamacpp_vs() {
-  timeout 330 bash .llamacpp/build.sh > $R/llamacpp-build.txt 2>&1
+  timeout 360 bash experiments/llamacpp_bin.sh > $R/llamacpp-build.txt 2>&1
   log "llama.cpp build rc=$? $(el)"; tail -1 $R/llamacpp-build.txt | tee -a $R/log.txt
   vs_runs /root/llama.cpp/build/bin/llama-bench "$@"
 }

@@ -38,7 +38,7 @@ build)
   ( synth llama3-8b Q4_K_M "$TOKS" > /root/synth-8b.txt 2>&1; synth llama-1b Q4_0 "$TOK" > /root/synth-1b.txt 2>&1
     python3 -m memra warmup "$(tail -1 /root/synth-8b.txt)" > /root/warmup.txt 2>&1; echo done > /root/synth-done ) &
   log "llama.cpp build"
-  timeout 480 bash .llamacpp/build.sh >> "$OUT/serve-$STAGE.log" 2>&1; log "build rc=$?"
+  timeout 480 bash experiments/llamacpp_bin.sh >> "$OUT/serve-$STAGE.log" 2>&1; log "build rc=$?"
   wait; log "synth: $(tail -1 /root/synth-8b.txt) $(tail -1 /root/synth-1b.txt)"
   tail -2 /root/warmup.txt | tee -a "$OUT/serve-$STAGE.log" ;;
 evidence)
