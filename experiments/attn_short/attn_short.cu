@@ -1,0 +1,247 @@
+// attn_short.cu — EXPERIMENT (experiments/attn_short/README.md): a short-context decode attention with
+// kernels/attention.cu's attn_decode_rope contract (the same parameters and grid), built for rows of at most
+// SHORT_MAX keys, one query head a block (N_GQA 1), f16 K/V, fewer phases than split_body:
+//
+//   before the PDL wait: pos, the block table row, the lane's RoPE / norm constants, and the K rows of this
+//     warp's first SHORT_PF key steps below p (written by earlier steps) into registers;
+//   after it: warp 0 ropes q into shared memory; where the row's key p is writable, warp W-1 ropes and appends
+//     K, warp W-2 appends V (rope.cuh's code: rope_norm_kv's bits, as attn_decode_rope; every block of the KV
+//     head writes the same bits); barrier 1;
+//   scores: LPK lanes a key (LPK = min(32, HEAD_DIM / 8): a lane one 16-byte chunk), KPW = 32 / LPK keys a
+//     warp step, the steps' loads issued before their dot products, one shuffle tree a key, into sc[]; barrier 2;
+//   softmax statistics: every warp reduces max and sum over sc[] itself (the same order in every warp), so no
+//     barrier follows;
+//   P V: warp w the keys i = w (mod W), lane l the dims [l * DPL, (l + 1) * DPL), DPL = HEAD_DIM / 32, the
+//     warp's V rows loaded VB at a time before their products; partials red[w][d]; barrier 3;
+//   output: thread d sums red[0..W)[d] in warp order, divides by l, writes out and (HEAD_DIM % 32 == 0, xq
+//     non-null) the q8 twin with q8_quantize_warp (quantize_q8's rule, bit for bit).
+//
+// Rows with fewer than one key (p < 0) and every block of split index > 0 leave at once (a single split holds
+// the whole row: blockIdx.y == 0); part_o, part_ml and counters are not touched. A row of more than SHORT_MAX
+// keys is not computed (this experiment's probe runs ctx <= SHORT_MAX; an engine module would take such rows by
+// a row filter, as attention.cu's ATT_ROWS).
+//
+// Not kernels/attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane
+// tree), the softmax sums and the P V sums run in this file's order, fixed by the row's own key count
+// (batch- and graph-invariant), so it is compared with the float64 reference (the tune case's TOL), not with
+// attention.cu bit for bit.
+#include "common.cuh"
+#include "q8.cuh"
+#include "rope.cuh"
+#include "kv.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+#ifndef N_GQA
+#error "N_GQA must be defined"
+#endif
+#ifndef ATT_WARPS
+#define ATT_WARPS 8
+#endif
+#ifndef SHORT_MAX
+#define SHORT_MAX 256
+#endif
+#ifndef SHORT_PF   // key steps a warp loads before the PDL wait
+#define SHORT_PF 2
+#endif
+#ifndef SHORT_VB   // V rows a lane loads before their products
+#define SHORT_VB 4
+#endif
+static_assert(N_GQA == 1, "attn_short: one query head a block");
+static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "attn_short: HEAD_DIM a multiple of 32, at most 256");
+static_assert(ATT_WARPS >= 3 && ATT_WARPS * 32 >= HEAD_DIM, "attn_short: ATT_WARPS >= 3 and 32 x ATT_WARPS >= HEAD_DIM");
+#if KV_K_Q8 || KV_V_Q8
+#error "attn_short: f16 K/V only"
+#endif
+
+#define NEG_INF __int_as_float(0xff800000)
+
+namespace {
+constexpr int D = HEAD_DIM;
+constexpr int W = ATT_WARPS;
+constexpr int NT = W * 32;
+constexpr int NCH = D / 8;                    // 16-byte chunks a row
+constexpr int LPK = NCH < 32 ? NCH : 32;      // lanes a key (NCH is 4, 8, 16 or 32 here)
+constexpr int KPW = 32 / LPK;                 // keys a warp step
+constexpr int CPL = NCH / LPK;                // chunks a lane (1)
+constexpr int DPL = D / 32;                   // P V: dims a lane
+constexpr int SSTEP = W * KPW;                // keys a block step
+constexpr int MAXSTEPS = (SHORT_MAX + SSTEP - 1) / SSTEP;
+static_assert(CPL == 1, "attn_short: one chunk a lane");
+
+__device__ __forceinline__ void unpack8(const uint4 u, float* f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = f16_to_f32((uint16_t)(w[i] & 0xffffu));
+        f[2 * i + 1] = f16_to_f32((uint16_t)(w[i] >> 16));
+    }
+}
+
+// DPL halves of a V row from dims l * DPL
+__device__ __forceinline__ void vload(const uint16_t* row, int l, uint32_t (&v)[DPL / 2]) {
+    const uint16_t* s = row + l * DPL;
+    if constexpr (DPL == 2) {
+        v[0] = *(const uint32_t*)s;
+    } else if constexpr (DPL == 4) {
+        const uint2 u = *(const uint2*)s;
+        v[0] = u.x; v[1] = u.y;
+    } else {
+        const uint4 u = *(const uint4*)s;
+        v[0] = u.x; v[1] = u.y; v[2] = u.z; v[3] = u.w;
+    }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode_rope(const float* __restrict__ q_raw, const float* __restrict__ k_raw,
+                     const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
+                     const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+                     const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows,
+                     int rope_dim, int neox, float eps, uint16_t* __restrict__ kcache,
+                     uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+                     int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
+                     Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
+                     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
+                     float scale, float softcap) {
+    __shared__ __align__(16) float qs[D];
+    __shared__ __align__(16) float kvb[D];
+    __shared__ float sc[SHORT_MAX];
+    __shared__ float red[W][D];
+    const int h = blockIdx.x, t = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    if (blockIdx.y != 0) return;
+    const int p = pos[t];
+    const int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    const int n = p + 1 - lo;
+    if (n < 1 || n > SHORT_MAX) return;
+    const int n_head = gridDim.x, kvh = h / qpk;
+    const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
+    const bool appends = kv_writable(bt, max_blocks, p);
+    const size_t row_stride = (size_t)n_kv * D;
+    const uint16_t* kbase = kcache + (size_t)kvh * D;
+    const uint16_t* vbase = vcache + (size_t)kvh * D;
+    RopeLane rq, rk;
+    rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
+    rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+    // the scores' roles: chunk sl of key (step * SSTEP + warp * KPW + ks)
+    const int sl = lane % LPK, ks = lane / LPK;
+    const int nsteps = (n + SSTEP - 1) / SSTEP;
+    // K rows below p (earlier steps wrote them) of this warp's first SHORT_PF steps, before the wait
+    uint4 kpre[SHORT_PF];
+#pragma unroll
+    for (int j = 0; j < SHORT_PF; j++) {
+        const int i = j * SSTEP + warp * KPW + ks;
+        kpre[j] = (j < nsteps && i < n - 1) ? *(const uint4*)(kbase + kv_slot(bt, lo + i) * row_stride + sl * 8)
+                                            : make_uint4(0u, 0u, 0u, 0u);
+    }
+    MEMRA_PDL_WAIT();
+    MEMRA_PDL_LAUNCH();
+    if (warp == 0)
+        rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
+                  q_norm_w != nullptr, rq, eps, rope_dim, neox, qs);
+    if (appends) {
+        const size_t row = kv_slot(bt, p) * row_stride + (size_t)kvh * D;
+        if (warp == W - 1) {
+            rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,
+                      bias ? bias + (size_t)(n_head + kvh) * D : nullptr, k_norm_w != nullptr, rk, eps, rope_dim,
+                      neox, kvb);
+            for (int d = lane; d < D; d += 32) kcache[row + d] = f32_to_f16(kvb[d]);
+        }
+        if (warp == W - 2)
+            v_append(v_raw + (size_t)t * v_stride + (size_t)kvh * D,
+                     bias ? bias + (size_t)(n_head + n_kv + kvh) * D : nullptr, vcache + row);
+    }
+    __syncthreads();  // 1: q roped; key p's K / V rows in the cache, visible to the block
+
+    // scores
+    float qr[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) qr[e] = qs[sl * 8 + e];
+    for (int s0 = 0; s0 < nsteps; s0 += SHORT_PF) {
+        uint4 kr[SHORT_PF];
+#pragma unroll
+        for (int j = 0; j < SHORT_PF; j++) {
+            const int i = (s0 + j) * SSTEP + warp * KPW + ks;
+            if (s0 == 0 && i < n - 1) kr[j] = kpre[j];
+            else kr[j] = (s0 + j < nsteps && i < n) ? *(const uint4*)(kbase + kv_slot(bt, lo + i) * row_stride + sl * 8)
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+        }
+        float dot[SHORT_PF];
+#pragma unroll
+        for (int j = 0; j < SHORT_PF; j++) {
+            float f[8];
+            unpack8(kr[j], f);
+            float a = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) a = fmaf(qr[e], f[e], a);
+            dot[j] = a;
+        }
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < SHORT_PF; j++) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], o);
+#pragma unroll
+        for (int j = 0; j < SHORT_PF; j++) {
+            const int i = (s0 + j) * SSTEP + warp * KPW + ks;
+            if (sl == 0 && s0 + j < nsteps && i < n) {
+                float v = dot[j] * scale;
+                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                sc[i] = v;
+            }
+        }
+    }
+    __syncthreads();  // 2: every score in sc[0, n)
+
+    // softmax statistics, the same in every warp
+    float m = NEG_INF;
+    for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int i = lane; i < n; i += 32) l += expf(sc[i] - m);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+
+    // P V: warp w the keys w, w + W, ...; lane the dims [lane * DPL, lane * DPL + DPL)
+    float acc[DPL];
+#pragma unroll
+    for (int e = 0; e < DPL; e++) acc[e] = 0.f;
+    for (int i0 = warp; i0 < n; i0 += W * SHORT_VB) {
+        uint32_t vr[SHORT_VB][DPL / 2];
+        float pk[SHORT_VB];
+#pragma unroll
+        for (int j = 0; j < SHORT_VB; j++) {
+            const int i = i0 + j * W;
+            if (i < n) {
+                vload(vbase + kv_slot(bt, lo + i) * row_stride, lane, vr[j]);
+                pk[j] = expf(sc[i] - m);
+            } else {
+#pragma unroll
+                for (int e = 0; e < DPL / 2; e++) vr[j][e] = 0u;
+                pk[j] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < SHORT_VB; j++)
+#pragma unroll
+            for (int e = 0; e < DPL / 2; e++) {
+                acc[2 * e] = fmaf(pk[j], f16_to_f32((uint16_t)(vr[j][e] & 0xffffu)), acc[2 * e]);
+                acc[2 * e + 1] = fmaf(pk[j], f16_to_f32((uint16_t)(vr[j][e] >> 16)), acc[2 * e + 1]);
+            }
+    }
+#pragma unroll
+    for (int e = 0; e < DPL; e++) red[warp][lane * DPL + e] = acc[e];
+    __syncthreads();  // 3: the warps' partials
+
+    if (tid < D) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; w++) o += red[w][tid];
+        o = __fdiv_rn(o, l);
+        const size_t base = ((size_t)t * n_head + h) * D;
+        out[base + tid] = o;
+        if (xq) q8_quantize_warp(o, xq + base + (tid & ~31), xs + (base + tid) / 32);
+    }
+}

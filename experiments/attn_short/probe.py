@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""attn_short against the engine's short-context decode attention, per launch (experiments/attn_short/README.md).
+
+Both arms are memra.gpu.ops.attention's tune case (attn_decode_rope as the engine launches it: RoPE and the
+K/V append inside, the q8 twin, one token at position ctx - 1 of its own sequence, the copies rotated past the
+L2): "engine" with kernels/attention.cu and the H200 table's short-row configuration of the shape, the others with
+the module taken from experiments/attn_short/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
+memory), SHORT_PF / SHORT_VB per arm. Every arm's launch is checked first (the tune case's check: the output
+against the float64 reference at TOL, the counters zero, the q8 twin quantize_q8's bits of the output), then
+timed as a graph of 20 PDL launches (experiments/attn_fixed's graph_us), at 1 / 64 / 128 / 256 keys on the
+SmolLM2, Gemma-3, 1B and 8B head shapes.
+
+    python3 experiments/attn_short/probe.py --compile-only            # CPU: NVRTC of every arm's module
+    source .whl/setup.sh && python3 experiments/attn_short/probe.py > $OUT/attn-short.jsonl   # device, ~1 min
+
+A row: {"shape", "ctx", "splits", "engine": µs, "<arm>": µs, "best": arm, "saved_us": engine - best} (or
+"error": the failed check). saved_us x the layers (SmolLM2 30, Gemma-3 18, the 1B 16, the 8B 32) bounds what an
+engine module built from the winner could take off a token at that depth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+from memra.gpu.ops import attention as ATT  # noqa: E402
+
+SHORT_FILE = "../experiments/attn_short/attn_short.cu"   # relative to kernels/
+# n_head, n_head_kv, head_dim; the engine's configuration of the shape's short rows (tune/defaults/nvidia-h200.json,
+# attn_decode's entry at batch 1: its config with `short` laid over it, `switch` dropped)
+SHAPES = {
+    "smollm2": ({"n_head": 9, "n_head_kv": 3, "head_dim": 64},
+                {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1, "ATT_MIN_CHUNK": 256, "ATT_TC": 0}),
+    "gemma3": ({"n_head": 4, "n_head_kv": 1, "head_dim": 256},
+               {"ATT_TILE": 32, "ATT_WARPS": 8, "hpb": 1, "ATT_MIN_CHUNK": 32}),
+    "llama-1b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 64},
+                 {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1, "ATT_MIN_CHUNK": 256, "ATT_TC": 0}),
+    "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},
+                  {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
+}
+ARMS = {"short": {"SHORT_PF": 2, "SHORT_VB": 4}, "short_pf1": {"SHORT_PF": 1, "SHORT_VB": 4},
+        "short_vb8": {"SHORT_PF": 2, "SHORT_VB": 8}, "short_w4": {"SHORT_PF": 2, "SHORT_VB": 4, "ATT_WARPS": 4}}
+CTX = (1, 64, 128, 256)
+
+
+def arm_config(shape: dict, arm: str) -> dict:
+    """The tune-case config of an attn_short arm: one head a block, its warps (ATT_WARPS 4 only where 4 warps
+    cover the head: 32 x warps >= head_dim)."""
+    w = ARMS[arm].get("ATT_WARPS", 8)
+    return {"ATT_WARPS": w if 32 * w >= shape["head_dim"] else 8, "hpb": 1, "ATT_RING": 0, "ATT_EARLY": 0}
+
+
+class ShortGpu:
+    """The device with attention.cu's modules taken from attn_short.cu (the arm's SHORT_* defines added)."""
+
+    def __init__(self, g, extra: dict):
+        self._g, self.extra = g, extra
+
+    def module(self, kernel_file, defines=None):
+        if kernel_file == ATT.KERNEL_FILE:
+            d = {k: v for k, v in (defines or {}).items() if k != "ATT_WARPS"}
+            return self._g.module(SHORT_FILE, {**d, **self.extra})
+        return self._g.module(kernel_file, defines)
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        self._g.launch(kernel, grid, block, args, 0, True)
+
+    def __getattr__(self, name):
+        return getattr(self._g, name)
+
+
+class PdlGpu(ShortGpu):
+    """The engine's arm: kernels/attention.cu, every launch with PDL."""
+
+    def module(self, kernel_file, defines=None):
+        return self._g.module(kernel_file, defines)
+
+    def launch(self, kernel, grid, block, args, shmem=0, pdl=False):
+        self._g.launch(kernel, grid, block, args, shmem, True)
+
+
+def short_defines(shape: dict, arm: str) -> dict:
+    cfg = arm_config(shape, arm)
+    d = ATT.module_defines(shape["head_dim"], 1, cfg)
+    d.update({k: v for k, v in ARMS[arm].items() if k != "ATT_WARPS"}, ATT_WARPS=cfg["ATT_WARPS"])
+    return d
+
+
+def compile_only() -> int:
+    from memra.gpu.compile import compile_cubin
+
+    for name, (s, _) in SHAPES.items():
+        for arm in ARMS:
+            compile_cubin(SHORT_FILE, "sm_90a", short_defines(s, arm))
+            print(f"compiled {name} {arm}", flush=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    args = ap.parse_args()
+    if args.compile_only:
+        return compile_only()
+    from attn_fixed.probe import device, graph_us
+
+    g, rng, rotate = device()
+    for name, (s, engine_cfg) in SHAPES.items():
+        for ctx in CTX:
+            row = {"shape": name, "ctx": ctx, "pdl": True}
+            arms = [("engine", PdlGpu(g, {}), engine_cfg)]
+            for arm in ARMS:
+                cfg = arm_config(s, arm)
+                extra = {k: v for k, v in ARMS[arm].items() if k != "ATT_WARPS"}
+                arms.append((arm, ShortGpu(g, {**extra, "ATT_WARPS": cfg["ATT_WARPS"]}), cfg))
+            for arm, ag, cfg in arms:
+                try:
+                    case = ATT.tune_case(ag, "attn_decode", "default", cfg, {**s, "ctx": ctx, "batch": 1}, rng, rotate)
+                    ok, err, detail = case.check()
+                    if not ok:
+                        row[arm + "_error"] = detail
+                        continue
+                    row["splits"] = case.S
+                    row[arm] = round(graph_us(g, lambda i: case.launch(i % case.sets)), 3)
+                except Exception as e:   # an arm the launcher or the compiler refuses
+                    row[arm + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            timed = [a for a in ARMS if a in row]
+            if "engine" in row and timed:
+                best = min(timed, key=lambda a: row[a])
+                row["best"], row["saved_us"] = best, round(row["engine"] - row[best], 3)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
