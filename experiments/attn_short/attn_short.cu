@@ -21,6 +21,18 @@
 // keys is not computed (this experiment's probe runs ctx <= SHORT_MAX; an engine module would take such rows by
 // a row filter, as attention.cu's ATT_ROWS).
 //
+// Variant history (H100, probe.py: µs a launch in a graph of PDL launches, the engine's launch beside it;
+// research/2026-12-06-session48/a/):
+//   v1  the design above, the P V's p recomputed per key by every lane (expf of sc[i]): at 1 / 64 / 128 / 256
+//       keys against the engine, SmolLM2 2.55 / 3.51 / 4.92 / 8.15 vs 3.12 / 3.37 / 4.41 / 6.77, Gemma-3 (head
+//       256) 3.03 / 5.68 / 8.94 / 15.71 vs 4.15 / 7.74 / 7.65 / 7.70, the 8B 2.80 / 4.23 / 6.26 / 10.63 vs 4.76 /
+//       4.86 / 6.06 / 9.33, the 1B as SmolLM2 (best arm of SHORT_PF 1-2, SHORT_VB 4-8, 4-8 warps each): a
+//       lower fixed cost (-0.5 to -2 µs at one key), a higher cost a key (one block a head).
+//   v2  SHORT_L2 1: the K / V lines below p prefetched into L2 before the wait: within ±0.1 µs of v1 (the
+//       keys' loads are not what grows with the keys).
+//   v3  (this, not yet measured) a warp's p computed once, lane k holding its k-th key's, and shuffled to the
+//       lanes in the P V loop (v1: an expf and a shared-memory load a key and lane).
+//
 // Not kernels/attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane
 // tree), the softmax sums and the P V sums run in this file's order, fixed by the row's own key count
 // (batch- and graph-invariant), so it is compared with the float64 reference (the tune case's TOL), not with
@@ -29,6 +41,8 @@
 #include "q8.cuh"
 #include "rope.cuh"
 #include "kv.cuh"
+
+MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -48,7 +62,11 @@
 #ifndef SHORT_VB   // V rows a lane loads before their products
 #define SHORT_VB 4
 #endif
+#ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait
+#define SHORT_L2 1
+#endif
 static_assert(N_GQA == 1, "attn_short: one query head a block");
+static_assert(SHORT_MAX <= 32 * ATT_WARPS, "attn_short: a warp holds the p of at most 32 keys");
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "attn_short: HEAD_DIM a multiple of 32, at most 256");
 static_assert(ATT_WARPS >= 3 && ATT_WARPS * 32 >= HEAD_DIM, "attn_short: ATT_WARPS >= 3 and 32 x ATT_WARPS >= HEAD_DIM");
 #if KV_K_Q8 || KV_V_Q8
@@ -136,6 +154,16 @@ extern "C" __global__ void __launch_bounds__(NT)
         kpre[j] = (j < nsteps && i < n - 1) ? *(const uint4*)(kbase + kv_slot(bt, lo + i) * row_stride + sl * 8)
                                             : make_uint4(0u, 0u, 0u, 0u);
     }
+#if SHORT_L2
+    {   // the K and V rows below p, line by line (LPR 128-byte lines a row), spread over the block
+        constexpr int LPR = (2 * D + 127) / 128;
+        for (int j = tid; j < 2 * LPR * (n - 1); j += NT) {
+            const int i = j / (2 * LPR), r = j % (2 * LPR);
+            const uint16_t* b = r < LPR ? kbase : vbase;
+            prefetch_l2(b + kv_slot(bt, lo + i) * row_stride + (r % LPR) * 64);
+        }
+    }
+#endif
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
     if (warp == 0)
@@ -204,32 +232,33 @@ extern "C" __global__ void __launch_bounds__(NT)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
 
-    // P V: warp w the keys w, w + W, ...; lane the dims [lane * DPL, lane * DPL + DPL)
+    // P V: warp w the keys w, w + W, ... (its k-th key i = w + W k; lane k holds its p, at most 32 a warp:
+    // SHORT_MAX <= 32 W); lane the dims [lane * DPL, lane * DPL + DPL)
+    const int kw = n > warp ? (n - warp + W - 1) / W : 0;
+    const float pl = lane < kw ? expf(sc[warp + W * lane] - m) : 0.f;
     float acc[DPL];
 #pragma unroll
     for (int e = 0; e < DPL; e++) acc[e] = 0.f;
-    for (int i0 = warp; i0 < n; i0 += W * SHORT_VB) {
+    for (int k0 = 0; k0 < kw; k0 += SHORT_VB) {
         uint32_t vr[SHORT_VB][DPL / 2];
-        float pk[SHORT_VB];
 #pragma unroll
         for (int j = 0; j < SHORT_VB; j++) {
-            const int i = i0 + j * W;
-            if (i < n) {
-                vload(vbase + kv_slot(bt, lo + i) * row_stride, lane, vr[j]);
-                pk[j] = expf(sc[i] - m);
+            if (k0 + j < kw) {
+                vload(vbase + kv_slot(bt, lo + warp + W * (k0 + j)) * row_stride, lane, vr[j]);
             } else {
 #pragma unroll
                 for (int e = 0; e < DPL / 2; e++) vr[j][e] = 0u;
-                pk[j] = 0.f;
             }
         }
 #pragma unroll
-        for (int j = 0; j < SHORT_VB; j++)
+        for (int j = 0; j < SHORT_VB; j++) {
+            const float pk = __shfl_sync(0xffffffffu, pl, (k0 + j) & 31);   // 0 past kw (those lanes hold 0)
 #pragma unroll
             for (int e = 0; e < DPL / 2; e++) {
-                acc[2 * e] = fmaf(pk[j], f16_to_f32((uint16_t)(vr[j][e] & 0xffffu)), acc[2 * e]);
-                acc[2 * e + 1] = fmaf(pk[j], f16_to_f32((uint16_t)(vr[j][e] >> 16)), acc[2 * e + 1]);
+                acc[2 * e] = fmaf(pk, f16_to_f32((uint16_t)(vr[j][e] & 0xffffu)), acc[2 * e]);
+                acc[2 * e + 1] = fmaf(pk, f16_to_f32((uint16_t)(vr[j][e] >> 16)), acc[2 * e + 1]);
             }
+        }
     }
 #pragma unroll
     for (int e = 0; e < DPL; e++) red[warp][lane * DPL + e] = acc[e];

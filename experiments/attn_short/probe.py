@@ -43,8 +43,8 @@ SHAPES = {
     "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},
                   {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
 }
-ARMS = {"short": {"SHORT_PF": 2, "SHORT_VB": 4}, "short_pf1": {"SHORT_PF": 1, "SHORT_VB": 4},
-        "short_vb8": {"SHORT_PF": 2, "SHORT_VB": 8}, "short_w4": {"SHORT_PF": 2, "SHORT_VB": 4, "ATT_WARPS": 4}}
+ARMS = {"vb8": {"SHORT_PF": 2, "SHORT_VB": 8, "SHORT_L2": 0}, "vb4": {"SHORT_PF": 2, "SHORT_VB": 4, "SHORT_L2": 0},
+        "l2_vb8": {"SHORT_PF": 2, "SHORT_VB": 8}, "vb16": {"SHORT_PF": 2, "SHORT_VB": 16, "SHORT_L2": 0}}
 CTX = (1, 64, 128, 256)
 
 
