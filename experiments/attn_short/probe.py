@@ -44,13 +44,15 @@ SHAPES = {
                   {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
 }
 ARMS = {"vb8": {"SHORT_PF": 2, "SHORT_VB": 8, "SHORT_L2": 0}, "vb4": {"SHORT_PF": 2, "SHORT_VB": 4, "SHORT_L2": 0},
-        "l2_vb8": {"SHORT_PF": 2, "SHORT_VB": 8}, "vb16": {"SHORT_PF": 2, "SHORT_VB": 16, "SHORT_L2": 0}}
+        "pf4_vb8": {"SHORT_PF": 4, "SHORT_VB": 8, "SHORT_L2": 0},
+        "w16_vb8": {"SHORT_PF": 2, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16},
+        "w16_pf4": {"SHORT_PF": 4, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16}}
 CTX = (1, 64, 128, 256)
 
 
 def arm_config(shape: dict, arm: str) -> dict:
-    """The tune-case config of an attn_short arm: one head a block, its warps (ATT_WARPS 4 only where 4 warps
-    cover the head: 32 x warps >= head_dim)."""
+    """The tune-case config of an attn_short arm: one head a block, the arm's warps (8 unless it names ATT_WARPS;
+    8 where its warps would not cover the head: 32 x warps >= head_dim)."""
     w = ARMS[arm].get("ATT_WARPS", 8)
     return {"ATT_WARPS": w if 32 * w >= shape["head_dim"] else 8, "hpb": 1, "ATT_RING": 0, "ATT_EARLY": 0}
 
