@@ -8,7 +8,8 @@
 //     K, warp W-2 appends V (rope.cuh's code: rope_norm_kv's bits, as attn_decode_rope; every block of the KV
 //     head writes the same bits); barrier 1;
 //   scores: LPK lanes a key (LPK = min(32, HEAD_DIM / 8): a lane one 16-byte chunk), KPW = 32 / LPK keys a
-//     warp step, the steps' loads issued before their dot products, one shuffle tree a key, into sc[]; barrier 2;
+//     warp step, SHORT_KB steps' loads issued before their dot products, one shuffle tree a key, into sc[];
+//     barrier 2;
 //   softmax statistics: every warp reduces max and sum over sc[] itself (the same order in every warp), so no
 //     barrier follows;
 //   P V: warp w the keys i = w (mod W), lane l the dims [l * DPL, (l + 1) * DPL), DPL = HEAD_DIM / 32, the
@@ -31,7 +32,9 @@
 //   v2  SHORT_L2 1: the K / V lines below p prefetched into L2 before the wait: within ±0.1 µs of v1 (the
 //       keys' loads are not what grows with the keys).
 //   v3  (this, not yet measured) a warp's p computed once, lane k holding its k-th key's, and shuffled to the
-//       lanes in the P V loop (v1: an expf and a shared-memory load a key and lane).
+//       lanes in the P V loop (v1: an expf and a shared-memory load a key and lane); SHORT_KB key steps' K loads
+//       in flight a warp (v1: SHORT_PF, 1-2: at 256 keys head 256 a warp waited on 16 load round trips in
+//       series, which reads as v1's ~0.05 µs a key there).
 //
 // Not kernels/attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane
 // tree), the softmax sums and the P V sums run in this file's order, fixed by the row's own key count
@@ -59,6 +62,9 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #ifndef SHORT_PF   // key steps a warp loads before the PDL wait
 #define SHORT_PF 2
 #endif
+#ifndef SHORT_KB   // key steps a warp loads before their dot products (>= SHORT_PF)
+#define SHORT_KB 8
+#endif
 #ifndef SHORT_VB   // V rows a lane loads before their products
 #define SHORT_VB 4
 #endif
@@ -66,6 +72,7 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #define SHORT_L2 1
 #endif
 static_assert(N_GQA == 1, "attn_short: one query head a block");
+static_assert(SHORT_PF >= 1 && SHORT_PF <= SHORT_KB, "attn_short: SHORT_PF in 1..SHORT_KB");
 static_assert(SHORT_MAX <= 32 * ATT_WARPS, "attn_short: a warp holds the p of at most 32 keys");
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "attn_short: HEAD_DIM a multiple of 32, at most 256");
 static_assert(ATT_WARPS >= 3 && ATT_WARPS * 32 >= HEAD_DIM, "attn_short: ATT_WARPS >= 3 and 32 x ATT_WARPS >= HEAD_DIM");
@@ -187,18 +194,18 @@ extern "C" __global__ void __launch_bounds__(NT)
     float qr[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) qr[e] = qs[sl * 8 + e];
-    for (int s0 = 0; s0 < nsteps; s0 += SHORT_PF) {
-        uint4 kr[SHORT_PF];
+    for (int s0 = 0; s0 < nsteps; s0 += SHORT_KB) {
+        uint4 kr[SHORT_KB];
 #pragma unroll
-        for (int j = 0; j < SHORT_PF; j++) {
+        for (int j = 0; j < SHORT_KB; j++) {
             const int i = (s0 + j) * SSTEP + warp * KPW + ks;
-            if (s0 == 0 && i < n - 1) kr[j] = kpre[j];
+            if (s0 == 0 && j < SHORT_PF && i < n - 1) kr[j] = kpre[j < SHORT_PF ? j : 0];
             else kr[j] = (s0 + j < nsteps && i < n) ? *(const uint4*)(kbase + kv_slot(bt, lo + i) * row_stride + sl * 8)
                                                     : make_uint4(0u, 0u, 0u, 0u);
         }
-        float dot[SHORT_PF];
+        float dot[SHORT_KB];
 #pragma unroll
-        for (int j = 0; j < SHORT_PF; j++) {
+        for (int j = 0; j < SHORT_KB; j++) {
             float f[8];
             unpack8(kr[j], f);
             float a = 0.f;
@@ -209,9 +216,9 @@ extern "C" __global__ void __launch_bounds__(NT)
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1)
 #pragma unroll
-            for (int j = 0; j < SHORT_PF; j++) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], o);
+            for (int j = 0; j < SHORT_KB; j++) dot[j] += __shfl_xor_sync(0xffffffffu, dot[j], o);
 #pragma unroll
-        for (int j = 0; j < SHORT_PF; j++) {
+        for (int j = 0; j < SHORT_KB; j++) {
             const int i = (s0 + j) * SSTEP + warp * KPW + ks;
             if (sl == 0 && s0 + j < nsteps && i < n) {
                 float v = dot[j] * scale;

@@ -43,10 +43,11 @@ SHAPES = {
     "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},
                   {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
 }
-ARMS = {"vb8": {"SHORT_PF": 2, "SHORT_VB": 8, "SHORT_L2": 0}, "vb4": {"SHORT_PF": 2, "SHORT_VB": 4, "SHORT_L2": 0},
-        "pf4_vb8": {"SHORT_PF": 4, "SHORT_VB": 8, "SHORT_L2": 0},
-        "w16_vb8": {"SHORT_PF": 2, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16},
-        "w16_pf4": {"SHORT_PF": 4, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16}}
+ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8, "SHORT_L2": 0},   # v1's scores loop, v3's P V
+        "kb8_vb8": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8, "SHORT_L2": 0},
+        "kb8_vb16": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 16, "SHORT_L2": 0},
+        "kb4_vb8": {"SHORT_PF": 2, "SHORT_KB": 4, "SHORT_VB": 8, "SHORT_L2": 0},
+        "w16_kb8": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16}}
 CTX = (1, 64, 128, 256)
 
 
