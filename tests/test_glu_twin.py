@@ -1,5 +1,5 @@
-"""MV_TWIN: the gate+up matvec writing the q8 twin of its output (kernels/matvec.cu mv_q8_glu_twin, added by
-experiments/glu_twin/land.py; the emulator models it), so a decode step drops the quantize launch before down. On
+"""MV_TWIN: the gate+up matvec writing the q8 twin of its output (kernels/matvec.cu mv_q8_glu_twin; the emulator
+models it), so a decode step drops the quantize launch before down. On
 the CPU emulator: the launcher's refusals, the twin's bits against quantize_q8's, kernel-check's case catching a
 wrong twin, and the engine's step with a table entry choosing it (the launch gone, the tokens and a row's bits
 unchanged)."""

@@ -260,8 +260,7 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
 
 
 def check_twin(N: int, cfg: dict) -> None:
-    """A launch writing the q8 twin of its output (MV_TWIN 1, kernels/matvec.cu's mv_q8_glu_twin, which
-    experiments/glu_twin/land.py adds: a source without it fails at the entry's lookup, naming it): a block owns 32
+    """A launch writing the q8 twin of its output (MV_TWIN 1, kernels/matvec.cu's mv_q8_glu_twin): a block owns 32
     output rows."""
     if N % 32 or cfg.get("MV_NWARPS", 4) * cfg.get("MV_ROWS", 1) != 32 or cfg.get("MV_KSPLIT", 1) != 1:
         raise MemraError(f"MV_TWIN: a block must own 32 of the {N} output rows (N % 32 == 0, MV_NWARPS x MV_ROWS = "
