@@ -7,7 +7,7 @@ L2): "engine" with kernels/attention.cu and the H200 table's short-row configura
 the module taken from experiments/attn_short/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
 memory), SHORT_PF / SHORT_VB per arm. Every arm's launch is checked first (the tune case's check: the output
 against the float64 reference at TOL, the counters zero, the q8 twin quantize_q8's bits of the output), then
-timed as a graph of 20 PDL launches (experiments/attn_fixed's graph_us), at 1 / 64 / 128 / 256 keys on the
+timed as a graph of 20 PDL launches (experiments/attn_fixed's graph_us), at 1 / 32 / 64 / 96 / 128 / 256 keys on the
 SmolLM2, Gemma-3, 1B and 8B head shapes.
 
     python3 experiments/attn_short/probe.py --compile-only            # CPU: NVRTC of every arm's module
@@ -48,7 +48,7 @@ ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8, "SHORT_L2": 0},
         "kb8_vb16": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 16, "SHORT_L2": 0},
         "kb4_vb8": {"SHORT_PF": 2, "SHORT_KB": 4, "SHORT_VB": 8, "SHORT_L2": 0},
         "w16_kb8": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8, "SHORT_L2": 0, "ATT_WARPS": 16}}
-CTX = (1, 64, 128, 256)
+CTX = (1, 32, 64, 96, 128, 256)
 
 
 def arm_config(shape: dict, arm: str) -> dict:
