@@ -1,6 +1,8 @@
 // attn_short.cu — EXPERIMENT (experiments/attn_short/README.md): a short-context decode attention with
 // kernels/attention.cu's attn_decode_rope contract (the same parameters and grid), built for rows of at most
-// SHORT_MAX keys, one query head a block (N_GQA 1), f16 K/V, fewer phases than split_body:
+// SHORT_MAX keys, f16 K/V, fewer phases than split_body. A block of N_GQA heads is N_GQA sub-blocks of
+// W = ATT_WARPS / N_GQA warps, each computing its head exactly as a one-head block would (so a head's bits do not
+// depend on N_GQA, as attention.cu's do not; only sub-block 0 appends the row's K / V). In a sub-block of W warps:
 //
 //   before the PDL wait: pos, the block table row, the lane's RoPE / norm constants, and the K rows of this
 //     warp's first SHORT_PF key steps below p (written by earlier steps) into registers;
@@ -34,7 +36,8 @@
 //   v3  (this, not yet measured) a warp's p computed once, lane k holding its k-th key's, and shuffled to the
 //       lanes in the P V loop (v1: an expf and a shared-memory load a key and lane); SHORT_KB key steps' K loads
 //       in flight a warp (v1: SHORT_PF, 1-2: at 256 keys head 256 a warp waited on 16 load round trips in
-//       series, which reads as v1's ~0.05 µs a key there).
+//       series, which reads as v1's ~0.05 µs a key there); N_GQA > 1 as sub-blocks (the runner launches whole
+//       GQA groups a block from plan.att_group_rows rows), each head's bits those of N_GQA 1 (probe.py checks).
 //
 // Not kernels/attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane
 // tree), the softmax sums and the P V sums run in this file's order, fixed by the row's own key count
@@ -71,11 +74,12 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait
 #define SHORT_L2 1
 #endif
-static_assert(N_GQA == 1, "attn_short: one query head a block");
+static_assert(N_GQA >= 1 && ATT_WARPS % N_GQA == 0, "attn_short: N_GQA sub-blocks of ATT_WARPS / N_GQA warps");
 static_assert(SHORT_PF >= 1 && SHORT_PF <= SHORT_KB, "attn_short: SHORT_PF in 1..SHORT_KB");
-static_assert(SHORT_MAX <= 32 * ATT_WARPS, "attn_short: a warp holds the p of at most 32 keys");
+static_assert(SHORT_MAX <= 32 * (ATT_WARPS / N_GQA), "attn_short: a warp holds the p of at most 32 keys");
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 256, "attn_short: HEAD_DIM a multiple of 32, at most 256");
-static_assert(ATT_WARPS >= 3 && ATT_WARPS * 32 >= HEAD_DIM, "attn_short: ATT_WARPS >= 3 and 32 x ATT_WARPS >= HEAD_DIM");
+static_assert(ATT_WARPS / N_GQA >= 3 && ATT_WARPS / N_GQA * 32 >= HEAD_DIM,
+              "attn_short: a head's warps (ATT_WARPS / N_GQA) >= 3 and 32 x them >= HEAD_DIM");
 #if KV_K_Q8 || KV_V_Q8
 #error "attn_short: f16 K/V only"
 #endif
@@ -84,8 +88,10 @@ static_assert(ATT_WARPS >= 3 && ATT_WARPS * 32 >= HEAD_DIM, "attn_short: ATT_WAR
 
 namespace {
 constexpr int D = HEAD_DIM;
-constexpr int W = ATT_WARPS;
-constexpr int NT = W * 32;
+constexpr int G = N_GQA;                      // heads a block: G sub-blocks, each one head as at N_GQA 1
+constexpr int W = ATT_WARPS / N_GQA;          // a head's warps
+constexpr int NT = ATT_WARPS * 32;
+constexpr int ST = W * 32;                    // a sub-block's threads
 constexpr int NCH = D / 8;                    // 16-byte chunks a row
 constexpr int LPK = NCH < 32 ? NCH : 32;      // lanes a key (NCH is 4, 8, 16 or 32 here)
 constexpr int KPW = 32 / LPK;                 // keys a warp step
@@ -130,18 +136,24 @@ extern "C" __global__ void __launch_bounds__(NT)
                      Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
                      const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
                      float scale, float softcap) {
-    __shared__ __align__(16) float qs[D];
+    __shared__ __align__(16) float qs_all[G][D];
     __shared__ __align__(16) float kvb[D];
-    __shared__ float sc[SHORT_MAX];
-    __shared__ float red[W][D];
-    const int h = blockIdx.x, t = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    __shared__ float sc_all[G][SHORT_MAX];
+    __shared__ float red_all[G][W][D];
+    const int t = blockIdx.z;
+    // sub-block `sub` (warps sub W .. sub W + W - 1) computes head h exactly as a one-head block would: a head's
+    // bits do not depend on N_GQA (as attention.cu's)
+    const int tid = threadIdx.x % ST, sub = threadIdx.x / ST, warp = tid / 32, lane = tid % 32;
+    const int h = blockIdx.x * G + sub;
+    float* qs = qs_all[sub];
+    float* sc = sc_all[sub];
+    float (*red)[D] = red_all[sub];
     if (blockIdx.y != 0) return;
     const int p = pos[t];
     const int lo = window > 0 ? max(0, p + 1 - window) : 0;
     const int n = p + 1 - lo;
     if (n < 1 || n > SHORT_MAX) return;
-    const int n_head = gridDim.x, kvh = h / qpk;
+    const int n_head = gridDim.x * G, kvh = h / qpk;
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
     const bool appends = kv_writable(bt, max_blocks, p);
     const size_t row_stride = (size_t)n_kv * D;
@@ -164,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 #if SHORT_L2
     {   // the K and V rows below p, line by line (LPR 128-byte lines a row), spread over the block
         constexpr int LPR = (2 * D + 127) / 128;
-        for (int j = tid; j < 2 * LPR * (n - 1); j += NT) {
+        for (int j = threadIdx.x; j < 2 * LPR * (n - 1); j += NT) {
             const int i = j / (2 * LPR), r = j % (2 * LPR);
             const uint16_t* b = r < LPR ? kbase : vbase;
             prefetch_l2(b + kv_slot(bt, lo + i) * row_stride + (r % LPR) * 64);
@@ -176,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     if (warp == 0)
         rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
                   q_norm_w != nullptr, rq, eps, rope_dim, neox, qs);
-    if (appends) {
+    if (appends && sub == 0) {   // the block's K / V row once (every block of the KV head writes the same bits)
         const size_t row = kv_slot(bt, p) * row_stride + (size_t)kvh * D;
         if (warp == W - 1) {
             rope_head(k_raw + (size_t)t * k_stride + (size_t)kvh * D,

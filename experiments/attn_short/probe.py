@@ -14,7 +14,8 @@ SmolLM2, Gemma-3, 1B and 8B head shapes.
     source .whl/setup.sh && python3 experiments/attn_short/probe.py > $OUT/attn-short.jsonl   # device, ~1 min
 
 A row: {"shape", "ctx", "splits", "engine": µs, "<arm>": µs, "best": arm, "saved_us": engine - best} (or
-"error": the failed check). saved_us x the layers (SmolLM2 30, Gemma-3 18, the 1B 16, the 8B 32) bounds what an
+"<arm>_error": the failed check), and where a KV head has several query heads "hpb_group_bits_same" /
+"kb8_vb8_hpb_group" (hpb_group: the whole group a block, bit for bit against one head a block, and its µs). saved_us x the layers (SmolLM2 30, Gemma-3 18, the 1B 16, the 8B 32) bounds what an
 engine module built from the winner could take off a token at that depth.
 """
 from __future__ import annotations
@@ -24,10 +25,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
+from attn_fixed.probe import device, graph_us  # noqa: E402
 from memra.gpu.ops import attention as ATT  # noqa: E402
 
 SHORT_FILE = "../experiments/attn_short/attn_short.cu"   # relative to kernels/
@@ -94,6 +98,31 @@ def short_defines(shape: dict, arm: str) -> dict:
     return d
 
 
+def hpb_group(g, s: dict, ctx: int, G: int, rng, rotate: int) -> dict:
+    """kb8_vb8 at the whole GQA group a block (N_GQA = G sub-blocks of 8 warps: what the runner launches from
+    plan.att_group_rows rows) on the inputs of a one-head-a-block launch: its output and q8 twin bit for bit the
+    same (a head's bits must not depend on N_GQA), and its µs a launch."""
+    extra = {k: v for k, v in ARMS["kb8_vb8"].items() if k != "ATT_WARPS"}
+    cfg1 = arm_config(s, "kb8_vb8")
+    case = ATT.tune_case(ShortGpu(g, {**extra, "ATT_WARPS": cfg1["ATT_WARPS"]}), "attn_decode", "default", cfg1,
+                         {**s, "ctx": ctx, "batch": 1}, rng, rotate)
+    n = s["n_head"] * s["head_dim"]
+
+    def outputs():
+        case.launch(0)
+        g.sync()
+        return (case.out.numpy()[:n].view(np.uint32).copy(), case.xq.numpy()[:n].copy() if case.q8 else None)
+
+    one = outputs()
+    w = cfg1["ATT_WARPS"] * G
+    if w > 32:
+        return {"hpb_group": f"skipped: {w} warps"}
+    case.g, case.config, case.hpb = ShortGpu(g, {**extra, "ATT_WARPS": w}), {**cfg1, "ATT_WARPS": w, "hpb": G}, G
+    grp = outputs()
+    same = bool(np.array_equal(one[0], grp[0]) and (one[1] is None or np.array_equal(one[1], grp[1])))
+    return {"hpb_group_bits_same": same, "kb8_vb8_hpb_group": round(graph_us(g, lambda i: case.launch(i % case.sets)), 3)}
+
+
 def compile_only() -> int:
     from memra.gpu.compile import compile_cubin
 
@@ -101,6 +130,12 @@ def compile_only() -> int:
         for arm in ARMS:
             compile_cubin(SHORT_FILE, "sm_90a", short_defines(s, arm))
             print(f"compiled {name} {arm}", flush=True)
+        G = s["n_head"] // s["n_head_kv"]
+        if G > 1:   # hpb_group's module
+            d = {**short_defines(s, "kb8_vb8"), "N_GQA": G}
+            d["ATT_WARPS"] *= G
+            compile_cubin(SHORT_FILE, "sm_90a", d)
+            print(f"compiled {name} kb8_vb8 N_GQA {G}", flush=True)
     return 0
 
 
@@ -110,8 +145,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.compile_only:
         return compile_only()
-    from attn_fixed.probe import device, graph_us
-
     g, rng, rotate = device()
     for name, (s, engine_cfg) in SHAPES.items():
         for ctx in CTX:
@@ -132,6 +165,12 @@ def main() -> int:
                     row[arm] = round(graph_us(g, lambda i: case.launch(i % case.sets)), 3)
                 except Exception as e:   # an arm the launcher or the compiler refuses
                     row[arm + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            G = s["n_head"] // s["n_head_kv"]
+            if G > 1 and "kb8_vb8" in row:
+                try:
+                    row.update(hpb_group(g, s, ctx, G, rng, rotate))
+                except Exception as e:
+                    row["hpb_group_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             timed = [a for a in ARMS if a in row]
             if "engine" in row and timed:
                 best = min(timed, key=lambda a: row[a])
