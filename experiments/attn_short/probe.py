@@ -14,7 +14,8 @@ SmolLM2, Gemma-3, 1B and 8B head shapes.
     source .whl/setup.sh && python3 experiments/attn_short/probe.py > $OUT/attn-short.jsonl   # device, ~1 min
 
 A row: {"shape", "ctx", "splits", "engine": µs, "<arm>": µs, "best": arm, "saved_us": engine - best} (or
-"<arm>_error": the failed check), and where a KV head has several query heads "hpb_group_bits_same" /
+"<arm>_error": the failed check), "engine_long": µs at the entry's own configuration (the long module, which
+would take the rows above a switch lowered to attn_short's crossover), and where a KV head has several query heads "hpb_group_bits_same" /
 "kb8_vb8_hpb_group" (hpb_group: the whole group a block, bit for bit against one head a block, and its µs). saved_us x the layers (SmolLM2 30, Gemma-3 18, the 1B 16, the 8B 32) bounds what an
 engine module built from the winner could take off a token at that depth.
 """
@@ -47,6 +48,7 @@ SHAPES = {
     "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},
                   {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
 }
+LONG = {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}   # every shape's entry without its `short` (the long module)
 ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8, "SHORT_L2": 0},   # v1's scores loop, v3's P V
         "kb8_vb8": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8, "SHORT_L2": 0},
         "kb8_vb16": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 16, "SHORT_L2": 0},
@@ -150,6 +152,8 @@ def main() -> int:
         for ctx in CTX:
             row = {"shape": name, "ctx": ctx, "pdl": True}
             arms = [("engine", PdlGpu(g, {}), engine_cfg)]
+            if engine_cfg != LONG:   # the entry's own configuration: what rows above a lowered switch would run
+                arms.append(("engine_long", PdlGpu(g, {}), LONG))
             for arm in ARMS:
                 cfg = arm_config(s, arm)
                 extra = {k: v for k, v in ARMS[arm].items() if k != "ATT_WARPS"}
