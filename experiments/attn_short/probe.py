@@ -45,8 +45,8 @@ SHAPES = {
                {"ATT_TILE": 32, "ATT_WARPS": 8, "hpb": 1, "ATT_MIN_CHUNK": 32}),
     "llama-1b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 64},
                  {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1, "ATT_MIN_CHUNK": 256, "ATT_TC": 0}),
-    "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},
-                  {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}),
+    "llama3-8b": ({"n_head": 32, "n_head_kv": 8, "head_dim": 128},   # no `short` in its entry: plan.ATT_SHORT
+                  {"ATT_TILE": 32, "ATT_WARPS": 8, "hpb": 1, "ATT_TC": 0}),
 }
 LONG = {"ATT_TILE": 64, "ATT_WARPS": 8, "hpb": 1}   # every shape's entry without its `short` (the long module)
 ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8, "SHORT_L2": 0},   # v1's scores loop, v3's P V
