@@ -30,7 +30,8 @@
 //       keys against the engine (the 8B's: its long module, ATT_TILE 64), SmolLM2 2.55 / 3.51 / 4.92 / 8.15 vs
 //       3.12 / 3.37 / 4.41 / 6.77, Gemma-3 (head 256) 3.03 / 5.68 / 8.94 / 15.71 vs 4.15 / 7.74 / 7.65 / 7.70,
 //       the 8B 2.80 / 4.23 / 6.26 / 10.63 vs 4.76 / 4.86 / 6.06 / 9.33, the 1B as SmolLM2 (best arm of
-//       SHORT_PF 1-2, SHORT_VB 4-8, 4-8 warps each): a lower fixed cost (-0.5 to -2 µs at one key), a higher cost a key (one block a head).
+//       SHORT_PF 1-2, SHORT_VB 4-8, 4-8 warps each): a lower fixed cost (-0.5 to -2 µs at one key), a higher
+//       cost a key (one block a head).
 //   v2  SHORT_L2 1: the K / V lines below p prefetched into L2 before the wait: within ±0.1 µs of v1 (the
 //       keys' loads are not what grows with the keys).
 //   v3  (this, not yet measured) a warp's p computed once, lane k holding its k-th key's, and shuffled to the
