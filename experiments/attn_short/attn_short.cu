@@ -72,8 +72,8 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #ifndef SHORT_VB   // V rows a lane loads before their products
 #define SHORT_VB 4
 #endif
-#ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait
-#define SHORT_L2 1
+#ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait (v2: neutral)
+#define SHORT_L2 0
 #endif
 static_assert(N_GQA >= 1 && ATT_WARPS % N_GQA == 0, "attn_short: N_GQA sub-blocks of ATT_WARPS / N_GQA warps");
 static_assert(SHORT_PF >= 1 && SHORT_PF <= SHORT_KB, "attn_short: SHORT_PF in 1..SHORT_KB");
