@@ -21,8 +21,8 @@
 //
 // Rows with fewer than one key (p < 0) and every block of split index > 0 leave at once (a single split holds
 // the whole row: blockIdx.y == 0); part_o, part_ml and counters are not touched. A row of more than SHORT_MAX
-// keys is not computed (this experiment's probe runs ctx <= SHORT_MAX; an engine module would take such rows by
-// a row filter, as attention.cu's ATT_ROWS).
+// keys is not computed (this experiment's probe runs ctx <= SHORT_MAX); ATT_ROWS 1 / ATT_SWITCH (attention.cu
+// v12's filter, mode 1 only) leaves the rows of ATT_SWITCH keys or more to the long module, before the wait.
 //
 // Variant history (H100, probe.py: µs a launch in a graph of PDL launches, the engine's launch beside it;
 // research/2026-12-06-session48/a/):
@@ -72,6 +72,14 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #ifndef SHORT_VB   // V rows a lane loads before their products
 #define SHORT_VB 4
 #endif
+#ifndef ATT_ROWS   // attention.cu v12's row filter, mode 1 only: 1 computes the rows of fewer than ATT_SWITCH keys
+#define ATT_ROWS 0
+#endif
+#ifndef ATT_SWITCH
+#define ATT_SWITCH SHORT_MAX
+#endif
+static_assert(ATT_ROWS == 0 || (ATT_ROWS == 1 && ATT_SWITCH <= SHORT_MAX + 1),
+              "attn_short: ATT_ROWS 0, or 1 with ATT_SWITCH <= SHORT_MAX + 1 (it computes short rows only)");
 #ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait (v2: neutral)
 #define SHORT_L2 0
 #endif
@@ -154,6 +162,9 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int lo = window > 0 ? max(0, p + 1 - window) : 0;
     const int n = p + 1 - lo;
     if (n < 1 || n > SHORT_MAX) return;
+#if ATT_ROWS == 1
+    if (n >= ATT_SWITCH) return;   // the long module's row (its own key count), as attention.cu's filter
+#endif
     const int n_head = gridDim.x * G, kvh = h / qpk;
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
     const bool appends = kv_writable(bt, max_blocks, p);
