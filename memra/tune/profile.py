@@ -49,12 +49,18 @@ class _Timed:
     launches: int
 
 
-def _time(g, calls, reps: int) -> _Timed:
+def _graph(g, calls, reps: int):
+    """`reps` copies of a plan launch's kernel launches captured in a graph, uploaded."""
     with g.capture() as gr:
         for _ in range(reps):
             for k, grid, block, args, shmem, pdl in calls:
                 g.launch(k, grid, block, args, shmem, pdl)
     gr.upload()
+    return gr
+
+
+def _time(g, calls, reps: int) -> _Timed:
+    gr = _graph(g, calls, reps)
     ms = g.time_ms(gr.launch, reps=8, warmup=2)
     gr.close()
     return _Timed(float(np.median(ms)) * 1e3 / reps, len(calls))
@@ -65,14 +71,9 @@ def _warm(g, calls, ms: float = 20.0) -> None:
     an idle spell read every small launch ~2.7x slow in session 47 (SmolLM2's alone times summed 900 µs against a
     461 µs step; the same call's next model and session 48's runs after benches were normal), as a device not yet at
     its clocks would."""
-    first = _time(g, calls, 50)
-    n = int(ms * 1e3 / max(first.us * 50, 1.0)) + 1
-    with g.capture() as gr:
-        for _ in range(50):
-            for k, grid, block, args, shmem, pdl in calls:
-                g.launch(k, grid, block, args, shmem, pdl)
-    gr.upload()
-    g.time_ms(gr.launch, reps=n, warmup=0)
+    gr = _graph(g, calls, 50)
+    once = float(np.median(g.time_ms(gr.launch, reps=2, warmup=0))) * 1e3   # µs a replay
+    g.time_ms(gr.launch, reps=int(ms * 1e3 / max(once, 1.0)) + 1, warmup=0)
     gr.close()
 
 

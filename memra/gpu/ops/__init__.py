@@ -1,5 +1,7 @@
 """The kernel families: one module per kernels/*.cu file (launcher, references, kernel-check hooks)."""
 
+from memra.errors import MemraError
+
 
 def launch_bucket(rows: int) -> int:
     """The kernel-check bucket of a launch of `rows` token rows (the launch set checks one case
@@ -8,6 +10,18 @@ def launch_bucket(rows: int) -> int:
         if rows <= b:
             return b
     return 8
+
+
+def pdl_trigger_define(config: dict | None, key: str, who: str) -> dict:
+    """{key: 0 | 1 | 2} where a table entry's configuration names the kernel's PDL trigger (0: the dependant launches
+    when the grid completes, 1: after the kernel's own PDL wait, 2: before it), else {} (the module it always was);
+    anything else a MemraError naming `who`."""
+    if not config or key not in config:
+        return {}
+    v = config[key]
+    if v not in (0, 1, 2) or isinstance(v, bool):
+        raise MemraError(f"{who}: {key} must be 0, 1 or 2, got {v!r}")
+    return {key: int(v)}
 
 
 def tile_shape_problems(N: int, obm: int, K: int, kmul: int, nb: int) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError, UnsupportedModelError
-from memra.gpu.ops import launch_bucket
+from memra.gpu.ops import launch_bucket, pdl_trigger_define
 from memra.gpu.q8 import Q8_SCALE, quantize_q8_ref
 from memra.model.quants import F16_FIELDS
 
@@ -232,12 +232,7 @@ def q8_defines(config: dict | None) -> dict:
     warps = int(c.get("Q8_WARPS", Q8_WARPS))
     if not 1 <= warps <= 32:
         raise MemraError(f"quantize_q8: Q8_WARPS must be in 1..32, got {warps}")
-    d = {"Q8_WARPS": warps}
-    if "Q8_PDL_TRIGGER" in c:
-        if c["Q8_PDL_TRIGGER"] not in (0, 1, 2):
-            raise MemraError(f"quantize_q8: Q8_PDL_TRIGGER must be 0, 1 or 2, got {c['Q8_PDL_TRIGGER']!r}")
-        d["Q8_PDL_TRIGGER"] = int(c["Q8_PDL_TRIGGER"])
-    return d
+    return {"Q8_WARPS": warps, **pdl_trigger_define(c, "Q8_PDL_TRIGGER", "quantize_q8")}
 
 
 def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None = None, pdl: bool = False) -> None:

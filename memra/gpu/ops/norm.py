@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from memra.errors import MemraError
-from memra.gpu.ops import launch_bucket
+from memra.gpu.ops import launch_bucket, pdl_trigger_define
 
 KERNEL_FILE = "norm.cu"
 TOL = 1e-5
@@ -77,12 +77,8 @@ def launch_config(n: int, split: bool = False, config: dict | None = None) -> tu
 def _defines(threads: int, maxv: int, canary: bool = False, config: dict | None = None) -> dict:
     """A norm module's -D defines: what every launch, check and tune hook of it names; NORM_PDL_TRIGGER (norm.cu: 0
     never, 1 after the PDL wait, 2 before it) where a table entry's configuration names it."""
-    d = {"NORM_THREADS": threads, "NORM_MAXV": maxv, **({"MEMRA_CANARY": 1} if canary else {})}
-    if config and "NORM_PDL_TRIGGER" in config:
-        if config["NORM_PDL_TRIGGER"] not in (0, 1, 2):
-            raise MemraError(f"norm: NORM_PDL_TRIGGER must be 0, 1 or 2, got {config['NORM_PDL_TRIGGER']!r}")
-        d["NORM_PDL_TRIGGER"] = int(config["NORM_PDL_TRIGGER"])
-    return d
+    return {"NORM_THREADS": threads, "NORM_MAXV": maxv, **({"MEMRA_CANARY": 1} if canary else {}),
+            **pdl_trigger_define(config, "NORM_PDL_TRIGGER", "norm")}
 
 
 def _module(g, threads: int, maxv: int, canary: bool = False, config: dict | None = None):
