@@ -319,9 +319,6 @@ def check_geometry(kernel, grid, block, shmem, v):
             _fail(k, grid, block, "a one-dimensional grid")
         rpb = rows * nw // ks
         _ranges(k, grid, block, f"y (rows of {N})", N, np.arange(grid[0]) * rpb, rpb)
-        if name.endswith("_twin") and (rpb != 32 or N % 32 or ks != 1 or not _d(k, "MV_TWIN", 0)):
-            _fail(k, grid, block, f"mv_q8_glu_twin: blocks of 32 rows of N % 32 == 0 in a MV_TWIN module, got "
-                                  f"{rpb} rows a block, N = {N}")
     elif name.startswith("gemm_q8"):
         # gemm.cu: BM = GM_WM * GM_TM * 16 weight rows (OBM outputs: BM, or BM / 2 for _glu) by
         # BN = GM_WN * GM_TN * 8 batch columns a block; grid (ceil(N / OBM), ceil(nb / BN)),
@@ -1072,11 +1069,7 @@ def _mv(g, k, grid, v):
     from memra.gpu.ops import matvec as MV
 
     t = int(k.defines["MV_TYPE"])
-    glu = k.name.endswith(("_glu", "_glu_twin"))
-    twin = None
-    if k.name == "mv_q8_glu_twin":   # matvec.cu MV_TWIN: the q8 twin of y too (quantize_q8's rule)
-        *v, tq, ts = v
-        twin = (tq, ts)
+    glu = k.name.endswith("_glu")
     if k.name.startswith(("mv_q8", "gemm_q8", "mvt_q8")):
         bulk, meta, xq, xs, y, res, N, K, nb, act = v
         q = g.mem(xq, np.int8, nb * K).reshape(nb, K // 32, 32).astype(np.float64)
@@ -1105,10 +1098,6 @@ def _mv(g, k, grid, v):
     if res:
         yy = yy + _f32(g, res, nb * N).reshape(nb, N)
     _f32(g, y, nb * N)[:] = yy.reshape(-1)
-    if twin is not None:
-        q, sc = MV.quantize_q8_ref(_f32(g, y, nb * N).reshape(nb, N))
-        g.mem(twin[0], np.int8, nb * N)[:] = q.reshape(-1)
-        g.mem(twin[1], MV.Q8_SCALE, nb * N // 32)[:] = sc.reshape(-1)
 
 
 def _quantize_q8(g, k, grid, v):

@@ -159,3 +159,18 @@ def test_cli_carries_receipts_an_earlier_carry_moved(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert (rec["from_hash"], rec["to_hash"], rec["receipts"]) == (h_old, h_new, 1)
+
+
+def test_a_carry_there_and_back_maps_to_the_newest_end():
+    """A kernel file edited, carried, then put back and carried again (session 49's matvec.cu): the receipts of
+    either hash, and of a hash that carried into the cycle, are current at the newest record's to_hash, not at the
+    first edit's."""
+    from memra.tune.carry import hash_map
+
+    def rec(a, b, ts):
+        return {"device": "D", "src": "f.cu", "from_hash": a, "to_hash": b, "ts": ts}
+
+    m = hash_map([rec("old", "a", "1"), rec("a", "b", "2"), rec("b", "a", "3")])
+    assert m[("D", "f.cu", "a")] == "a" and m[("D", "f.cu", "b")] == "a" and m[("D", "f.cu", "old")] == "a"
+    m = hash_map([rec("a", "b", "1"), rec("b", "c", "2")])   # no cycle: the chain's end
+    assert m[("D", "f.cu", "a")] == "c"

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from memra.env import env_choice, env_int
@@ -444,7 +444,7 @@ class Planner:
 
     # -- the steps --------------------------------------------------------------------------
     def _matvec(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, dst: str,
-                dst_offset: int = 0, res: str | None = None, prompt: bool = False, q8_src: str | None = None) -> None:
+                dst_offset: int = 0, res: str | None = None, prompt: bool = False) -> None:
         """The launches of one matvec over `rows` rows: prompt rows of a plan with the tile
         (use_tile) on a weight it supports, one kernels/gemm_tile.cu launch (the chain order), or
         on a weight gemm_f16 supports (MEMRA_PROMPT_GEMM=f16, the default), _gemm_f16's launches;
@@ -458,8 +458,6 @@ class Planner:
         shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
         kernel = "matvec_glu" if w.glu else "matvec"
         base = dict(weight=w.key, src=src, dst=dst, dst_offset=dst_offset, res=res, glu=w.glu, q8=q8)
-        if q8_src is not None and q8:
-            base["q8_src"] = q8_src   # the q8 twin the gate+up launch wrote (MV_TWIN), not the shared one
         if prompt and w.key in self.f16_keys:
             self._gemm_f16(out, name, group, il, w, rows, src, shape, base)
             return
@@ -515,24 +513,6 @@ class Planner:
             self._choices[key] = ch.variant if ch is not None and ch.variant in on else \
                 want if want in on else "matvec"
         return self._choices[key]
-
-    @property
-    def ffn_twin(self) -> bool:
-        """Whether a gate+up table entry asks for MV_TWIN (the runner then keeps a second q8 twin buffer)."""
-        return any((e.get("config") or {}).get("MV_TWIN") for sh in self.table.get("entries", {}).get(
-            "matvec_glu", {}).values() for e in sh.values())
-
-    @staticmethod
-    def _twin_out(out: list, at: int) -> bool:
-        """Make the gate+up launches out[at:] write the FFN activation's q8 twin (args q8_out) when every one is
-        a q8 matvec launch whose configuration has MV_TWIN 1 (kernels/matvec.cu mv_q8_glu_twin: quantize_q8's
-        bits, so the quantize launch goes; the table chooses it per shape and row bucket); True if they do."""
-        mine = out[at:]
-        if not mine or not all(L.op == "matvec" and L.args.get("q8") and (L.config or {}).get("MV_TWIN")
-                               for L in mine):
-            return False
-        out[at:] = [replace(L, args={**L.args, "q8_out": True}) for L in mine]
-        return True
 
     def _quantize(self, out: list, name: str, src: str, K: int, rows: int, group: str, il: int = -1) -> None:
         if self.path == "q8":
@@ -629,27 +609,22 @@ class Planner:
                 self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "x", res="x",
                              prompt=pr)
                 self._norm(out, p + "ffn_norm", p + "ffn_norm.weight", rows, il)
-            twin = False
             if "gate_up" in lw:
-                at = len(out)
                 self._matvec(out, p + "gate_up", "gate_up", il, lw["gate_up"], rows, "h", "ff", prompt=pr)
-                twin = self._twin_out(out, at)
             else:
                 self._matvec(out, p + "gate", "gate_up", il, lw["gate"], rows, "h", "ff", prompt=pr)
                 self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2", prompt=pr)
                 out.append(Launch(p + "act_mul", "act_mul", "act_mul", "default", {"n": c.n_ff}, rows,
                                   self.tuned("act_mul", {"n": c.n_ff}, rows), "ffn", il))
-            if not twin and not (pr and lw["down"].key in self.f16_keys):
+            if not (pr and lw["down"].key in self.f16_keys):
                 self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
-            q8_src = "ffn" if twin else None
             nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight"
             nname = f"blk.{il + 1}.attn_norm" if il + 1 < c.n_layer else "output_norm"
             if c.post_norms:
-                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "t1", prompt=pr, q8_src=q8_src)
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "t1", prompt=pr)
                 self._norm(out, nname, nxt, rows, il, delta="t1", w_post=p + "post_ffw_norm.weight")
             else:
-                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "x", res="x", prompt=pr,
-                             q8_src=q8_src)
+                self._matvec(out, p + "down", "down", il, lw["down"], rows, "ff", "x", res="x", prompt=pr)
                 self._norm(out, nname, nxt, rows, il)
         if sampler != "none" or decode:
             out.extend(self.head(rows, sampler))

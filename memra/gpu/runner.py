@@ -323,10 +323,6 @@ class Runner:
         kmax = max(c.n_embd, c.q_dim, c.n_ff)
         self.xq = g.empty(R * kmax, np.int8)
         self.xs = g.empty(R * kmax // 32, Q8_SCALE)
-        # the FFN activation's q8 twin where the gate+up launch writes it (MV_TWIN: it reads the twin above)
-        tw = self.plan.ffn_twin
-        self.xq_ffn = g.empty(R * c.n_ff, np.int8) if tw else None
-        self.xs_ffn = g.empty(R * c.n_ff // 32, Q8_SCALE) if tw else None
         # the f16 activations of gemm_f16 (the prompt rows' plan.f16_keys), one buffer as the twin
         self.xh = g.empty(R * kmax, np.uint16) if self.plan.f16_keys else None
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
@@ -424,13 +420,11 @@ class Runner:
         self._graphs = {}
 
     # -- executing the plan -------------------------------------------------------------------
-    def _twin(self, rows: int, K: int, row0: int = 0, src: str | None = None):
-        """Views of the q8 twin buffer (src "ffn": the one the gate+up launch writes with MV_TWIN)."""
+    def _twin(self, rows: int, K: int, row0: int = 0):
         if self.path != "q8":
             return None
-        xq, xs = (self.xq_ffn, self.xs_ffn) if src == "ffn" else (self.xq, self.xs)
-        return (xq.view(shape=(rows, K), offset=row0 * K),
-                xs.view(shape=(rows, K // 32), offset=row0 * K // 32 * Q8_SCALE.itemsize))
+        return (self.xq.view(shape=(rows, K), offset=row0 * K),
+                self.xs.view(shape=(rows, K // 32), offset=row0 * K // 32 * Q8_SCALE.itemsize))
 
     def _qkv_views(self, L, rows: int):
         """(q, k, v) views of the QKV matvec output(s) and their row strides (floats)."""
@@ -582,7 +576,7 @@ class Runner:
             xh = self.xh.view(shape=(n, K), offset=2 * r0 * K)
             GF.gemm_f16(g, w, y, xh=xh, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
         elif a["q8"]:
-            xq, xs = self._twin(n, K, r0, a.get("q8_src"))
+            xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":
                 GT.gemm_tile(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             elif L.op == "gemm":
@@ -590,8 +584,7 @@ class Runner:
             elif L.op == "mvt":
                 MVT.mvt(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
             else:
-                MV.matvec(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned,
-                          twin=self._twin(n, N, r0, "ffn") if a.get("q8_out") else None)
+                MV.matvec(g, w, y, xq=xq, xs=xs, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)
         else:
             x = B[a["src"]].view(offset=r0 * K * 4, shape=(n, K))
             MV.matvec(g, w, y, x=x, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, tuned=tuned)

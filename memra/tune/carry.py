@@ -214,13 +214,19 @@ def hash_map(carries) -> dict[tuple[str, str, str], str]:
     """(device, src, from_hash) -> the newest hash it carries to, chains followed (a read_receipts
     DataFrame of kind carry, or records)."""
     recs = carries.to_dict("records") if hasattr(carries, "to_dict") else list(carries)
-    step = {(r["device"], r["src"], r["from_hash"]): r["to_hash"] for r in sorted(recs, key=lambda r: str(r["ts"]))}
+    step = {(r["device"], r["src"], r["from_hash"]): (r["to_hash"], str(r["ts"]))
+            for r in sorted(recs, key=lambda r: str(r["ts"]))}
     out = {}
     for (dev, src, h) in step:
-        seen, cur = {h}, h
-        while (dev, src, cur) in step and step[(dev, src, cur)] not in seen:
-            cur = step[(dev, src, cur)]
-            seen.add(cur)
+        path, cur = [h], h
+        while (dev, src, cur) in step:
+            nxt = step[(dev, src, cur)][0]
+            if nxt in path:   # a file put back as it was (a carry there and back): the cycle's newest record's end
+                cycle = path[path.index(nxt):]
+                cur = max((step[(dev, src, x)] for x in cycle), key=lambda t: t[1])[0]
+                break
+            cur = nxt
+            path.append(cur)
         out[(dev, src, h)] = cur
     return out
 

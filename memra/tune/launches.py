@@ -336,9 +336,8 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
     """The entries of `table` that no case of `cases` (launch_set over it) runs with the entry's tunables in its
     defines — a launcher that drops a tunable, or an entry no plan reaches, leaves the table saying what the engine
     does not do (session 47: quantize_q8 / rmsnorm PDL triggers the launchers did not pass). A dispatch entry names
-    the path a shape runs at a row bucket: some case of that weight type, K and bucket runs that path's kernel (or its
-    _twin entry) with the entry's configuration (the launch set merges launches that differ only in N, so N is not
-    compared); an attention entry's switch (and its short module) is the row filter of its cases (params)."""
+    the path a shape runs at a row bucket: some case of that weight type, K and bucket runs that path's kernel with the
+    entry's configuration (the launch set merges launches that differ only in N, so N is not compared); an attention entry's switch (and its short module) is the row filter of its cases (params)."""
     from memra.gpu.ops.matvec import TYPES as MV_TYPES
 
     type_id = {v[0]: k for k, v in MV_TYPES.items()}
@@ -354,7 +353,7 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
                     shp = dict(kv.split("=") for kv in skey.split(","))
                     entry = PATH_OF[kernel].get(e.get("variant"))
                     hit = entry is not None and any(
-                        c["entry"] in (entry, entry + "_twin") and c["bucket"] == int(b)
+                        c["entry"] == entry and c["bucket"] == int(b)
                         and c["params"].get("type") == type_id.get(shp.get("type"))
                         and c["params"].get("K") == int(shp["cols"])
                         and all(c["defines"].get(k) == v for k, v in want.items()) for c in cases)

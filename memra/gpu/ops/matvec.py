@@ -254,25 +254,14 @@ def quantize_q8(g, x, xq, xs, nb: int, canary: bool = False, config: dict | None
              (x, xq, xs, np.int32(nblocks)), pdl=pdl)
 
 
-def check_twin(N: int, cfg: dict) -> None:
-    """A launch writing the q8 twin of its output (MV_TWIN 1, kernels/matvec.cu's mv_q8_glu_twin): a block owns 32
-    output rows."""
-    if N % 32 or cfg.get("MV_NWARPS", 4) * cfg.get("MV_ROWS", 1) != 32 or cfg.get("MV_KSPLIT", 1) != 1:
-        raise MemraError(f"MV_TWIN: a block must own 32 of the {N} output rows (N % 32 == 0, MV_NWARPS x MV_ROWS = "
-                         f"32, MV_KSPLIT 1), got {cfg}")
-
-
 def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=None,
            glu: str | None = None, config: dict | None = None, canary: int = 0,
-           pdl: bool = False, tuned=None, twin=None) -> None:
+           pdl: bool = False, tuned=None) -> None:
     """y[b, :] (+)= W x[b, :] for b < nb; q8 path when xq/xs are given, else f32 path.
 
     config: the tunables of every launch (kernel checks, tune hook). tuned(n) -> dict | None:
     a tuning table's tunables for a launch of n rows, laid over `default_config` as the tune
-    hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows.
-    twin: (tq, ts), int8 [nb, N] and Q8_SCALE [nb, N / 32] other than xq / xs: a q8 GLU launch
-    whose configuration has MV_TWIN 1 (mv_q8_glu_twin) also writes its output's q8 twin there,
-    quantize_q8's bits of y."""
+    hook measured them (None: the built-in default). Launches are per chunk of <= 8 rows."""
     check_glu("matvec", glu, w.rows)
     q8 = xq is not None
     if q8 and w.ggml_type in FLOAT_TYPES:
@@ -290,12 +279,6 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
             raise MemraError("matvec: xq/xs must be int8 / Q8_SCALE with nb rows of K")
     elif x.dtype != np.float32 or x.size < nb * K:
         raise MemraError(f"matvec: x must be f32 with >= {nb}x{K} values")
-    if twin is not None:
-        tq, ts = twin
-        if not (q8 and glu) or tq.dtype != np.int8 or ts.dtype != Q8_SCALE or tq.size < nb * N \
-                or ts.size < nb * N // 32:
-            raise MemraError("matvec: a q8 twin of the output needs a q8 GLU launch and int8 / Q8_SCALE buffers "
-                             f"of {nb} rows of {N}")
     # batches above the largest bucket: chunks of 8 rows (each chunk re-reads W); the f32
     # family on quantized weights exists at batch 1 only: one launch per row
     chunk = BUCKETS[-1] if q8 or w.ggml_type in FLOAT_TYPES else 1
@@ -303,15 +286,6 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         n = min(chunk, nb - b0)
         cfg = launch_config(w.ggml_type, q8, N, K, n, bool(glu), config, tuned)
         name = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "")
-        tw = ()
-        if twin is not None:
-            if not cfg.get("MV_TWIN"):
-                raise MemraError("matvec: a q8 twin of the output needs MV_TWIN 1 in the launch's configuration")
-            check_twin(N, cfg)
-            name += "_twin"
-            tw = (tq.view(np.int8, (n * N,), b0 * N), ts.view(Q8_SCALE, (n * N // 32,), 8 * b0 * N // 32))
-        elif cfg.get("MV_TWIN"):
-            check_twin(N, cfg)
         k = _module(g, w.ggml_type, n, cfg, canary).kernel(name)
         yo = y.view(np.float32, (n * N,), 4 * b0 * N)
         ro = residual.view(np.float32, (n * N,), 4 * b0 * N) if residual is not None else _NULL
@@ -322,7 +296,7 @@ def matvec(g, w: Weight, y, *, x=None, xq=None, xs=None, nb: int = 1, residual=N
         shmem = xsmem_bytes(n, K) if q8 and cfg.get("MV_XSMEM") else 0
         g.launch(k, (grid_for(N, cfg),), (32 * cfg["MV_NWARPS"],),
                  (w.bulk, w.meta, *act_args, yo, ro, np.int32(N), np.int32(K), np.int32(n),
-                  np.int32(ACTS[glu]), *tw), shmem=shmem, pdl=pdl)
+                  np.int32(ACTS[glu])), shmem=shmem, pdl=pdl)
 
 
 # ---------------------------------------------------------------------------------------
@@ -564,11 +538,10 @@ def launch_cases(L, ctx) -> list[dict]:
     rows, K = int(L.shape["rows"]), int(L.shape["cols"])
     N = rows // 2 if glu else rows
     cfg = launch_config(t, q8, N, K, n, bool(glu), None, lambda _n: L.config)
-    res, twin = bool(L.args.get("res")), bool(L.args.get("q8_out"))
-    entry = ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else "") + ("_twin" if twin else "")
-    return [{"file": KERNEL_FILE, "entry": entry,
+    res = bool(L.args.get("res"))
+    return [{"file": KERNEL_FILE, "entry": ("mv_q8" if q8 else "mv_f32") + ("_glu" if glu else ""),
              "defines": module_defines(t, n, cfg), "bucket": n, "tag": f"K{K}" + (" res=y" if res else ""),
-             "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res, "twin": twin}}]
+             "params": {"type": t, "N": N, "K": K, "nb": n, "glu": glu, "q8": q8, "res": res}}]
 
 
 _LAUNCH_WEIGHTS: dict[tuple, tuple] = {}
@@ -609,10 +582,8 @@ def check_launch(g, rng, case) -> "object":
         return Outcome(f"quantize_q8 rows={rows} K={K} {d}", not any(bad),
                        "bit-exact" if not any(bad) else f"{bad[0]} values, {bad[1]} scale bytes differ",
                        0.0 if not any(bad) else np.inf)
-    t, K, nb, glu, q8, twin = p["type"], p["K"], p["nb"], p["glu"], p["q8"], bool(p.get("twin"))
+    t, K, nb, glu, q8 = p["type"], p["K"], p["nb"], p["glu"], p["q8"]
     N = p["N"] if p["N"] <= 1024 else _LAUNCH_N
-    if twin:
-        N = p["N"] if p["N"] <= 1024 else 256   # the twin's blocks own 32 rows: N a multiple of 32
     config = {k: v for k, v in d.items() if k not in ("MV_TYPE", "MV_B")}
     w, wf = _launch_weight(g, t, N, K, glu, rng)
     x = (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
@@ -625,38 +596,21 @@ def check_launch(g, rng, case) -> "object":
     else:
         xv, act = x, dict(x=g.to_device(x))
     name = f"{case['entry']} {TYPES[t][0]} nb={nb} {N}x{K} {config}"
-    tw = (g.empty((nb, N), np.int8), g.empty((nb, N // 32), Q8_SCALE)) if twin else None
-
-    def twin_ok(yv):   # the twin is quantize_q8's bits of the y the launch wrote
-        q, sc = quantize_q8_ref(yv)
-        bad = (int(np.count_nonzero(tw[0].numpy() != q)),
-               int(np.count_nonzero(tw[1].numpy().view(np.uint8) != sc.view(np.uint8))))
-        return None if not any(bad) else Outcome(name + " twin", False, f"{bad[0]} values, {bad[1]} scale bytes "
-                                                 "differ from quantize_q8 of y", np.inf)
-
     y = g.empty((nb, N), np.float32)
     y.poison()
-    if tw:
-        tw[0].poison()
-        tw[1].poison()
-    matvec(g, w, y, nb=nb, glu=glu, config=config, twin=tw, **act)
+    matvec(g, w, y, nb=nb, glu=glu, config=config, **act)
     g.sync()
     o = compare(name, y.numpy(), matvec_ref(wf, xv, None, glu), TOL)
     if not o.ok:
         return o
-    if tw and (bad := twin_ok(y.numpy())):
-        return bad
     res = rng.standard_normal((nb, N)).astype(np.float32)
     y = g.to_device(res)  # the engine's aliasing: the output is the residual it adds to
-    matvec(g, w, y, nb=nb, glu=glu, config=config, residual=y, twin=tw, **act)
+    matvec(g, w, y, nb=nb, glu=glu, config=config, residual=y, **act)
     g.sync()
     o2 = compare(name + " res=y", y.numpy(), matvec_ref(wf, xv, res, glu), TOL)
     if not o2.ok:
         return o2
-    if tw and (bad := twin_ok(y.numpy())):
-        return bad
-    return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}"
-                   + ("; q8 twin bit-exact" if tw else ""), max(o.err, o2.err))
+    return Outcome(name, True, f"{o.detail}; residual aliased to y: {o2.detail}", max(o.err, o2.err))
 
 
 # ---------------------------------------------------------------------------------------
