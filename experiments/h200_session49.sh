@@ -13,8 +13,15 @@
 #   those pieces into .llamacpp-bin/ here (git-ignored), and every later call carries them instead of building
 #   (~5 min of device time saved a call). On an H200, this is issue 14's board.
 # STAGE d / e / k: h200_session44.sh's (tag s49): `--vs llama.cpp` at depth, the other synthetic 8Bs, kernel-check.
+# STAGE s (~8 min, models shipped): kernels/attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
+#   against the table: Gemma-3 with the switch's first module (MEMRA_ATT_SWITCH0=193: rows of up to 192 keys on
+#   attn_short, the table's 2049-key switch above) at depth 0 and 128 (257 at 128 too: where the crossover sits),
+#   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 16 and 8 warps); first
+#   the device's _check_short of every candidate (attn_short against the float64 reference, fused = unfused).
+# STAGE t (~4 min): the same for SmolLM2 and the 1B (MEMRA_ATT_SWITCH0=65 at 8 warps, SHORT_KB 2: the probe's
+#   one-key gain, nothing past 64 keys).
 set -u
-case "$STAGE" in a|v) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -25,6 +32,39 @@ if [ "$STAGE" = a ]; then
   exit 0
 fi
 link_models "the real models' cells need them"
+if [ "$STAGE" = s ] || [ "$STAGE" = t ]; then
+  timeout 120 python3 - > $R/short-check.txt 2>&1 <<'PY'
+from numpy.random import default_rng
+from memra.gpu.cuda import gpu
+from memra.gpu.ops import attention as ATT
+g, rng = gpu(), default_rng(0)
+cands = [((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1}),
+         ((256, 4, 1, 1, 0, 256, True, True, False), 257, {"ATT_KERNEL": 1}),
+         ((128, 4, 8, 1, 0, 128, False, False, False), 129, {"ATT_KERNEL": 1}),
+         ((128, 4, 8, 1, 0, 128, False, False, False), 129, {"ATT_KERNEL": 1, "ATT_WARPS": 8}),
+         ((64, 3, 3, 1, 0, 64, False, False, False), 65, {"ATT_KERNEL": 1, "ATT_WARPS": 8, "SHORT_KB": 2}),
+         ((64, 4, 8, 1, 0, 64, False, False, False), 65, {"ATT_KERNEL": 1, "ATT_WARPS": 8, "SHORT_KB": 2})]
+for case, keys, cfg in list(ATT.SHORT_CASES) + cands:
+    o = ATT._check_short(g, rng, case, keys, cfg, T=8)
+    print("OK " if o.ok else "FAIL", o.name, "|", o.detail, flush=True)
+PY
+  log "short checks rc=$? $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
+  cat $R/short-check.txt | cut -c1-230 | tee -a $R/log.txt
+  cp $R/short-check.txt $OUT/
+  if [ "$STAGE" = s ]; then
+    env_arms bench-short.jsonl 200 "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
+    env_arms bench-short.jsonl 330 "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193 \
+      MEMRA_ATT_SWITCH0=257
+    env_arms bench-short.jsonl 540 "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
+      MEMRA_ATT_SWITCH=129:ATT_KERNEL=1 MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8
+  else
+    env_arms bench-short.jsonl 150 "smollm2-135m -p 0 -n 128 -r 3" table \
+      MEMRA_ATT_SWITCH0=65:ATT_WARPS=8,SHORT_KB=2
+    env_arms bench-short.jsonl 300 "synth:llama-1b:Q4_0 -p 0 -n 128 -r 3" table \
+      MEMRA_ATT_SWITCH0=65:ATT_WARPS=8,SHORT_KB=2
+  fi
+  exit 0
+fi
 llamacpp_vs smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M
 [ $(( $(date +%s) - T0 )) -lt 420 ] && vs_runs /root/llama.cpp/build/bin/llama-bench synth:llama3-8b:Q4_0
 [ $(( $(date +%s) - T0 )) -lt 480 ] && vs_runs /root/llama.cpp/build/bin/llama-bench synth:llama3-8b:Q8_0

@@ -124,6 +124,9 @@ def _switch(keys, over, base: dict | None, head_dim: int) -> tuple[int, dict]:
         raise MemraError(f"short must map tunables among {', '.join(ATT.TUNABLES)}, got {over!r}")
     short = {**(base or {}), **over}
     ATT.defines(head_dim, short)
+    if ATT.is_short(short) and keys > ATT.SHORT_MAX + 1:
+        raise MemraError(f"a short module of ATT_KERNEL 1 (attn_short.cu) takes rows of at most {ATT.SHORT_MAX} keys: "
+                         f"switch <= {ATT.SHORT_MAX + 1}, got {keys}")
     return keys, short
 
 
@@ -153,6 +156,33 @@ def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
         return _switch(keys, over, att_cfg, head_dim)
     except MemraError as e:
         raise MemraError(f"MEMRA_ATT_SWITCH={v!r}: {e}") from None
+
+
+def att_first(head_dim: int, table: dict | None = None):
+    """The attention switch's first module: None (off), or (keys, config): a row of fewer than `keys` keys runs
+    kernels/attn_short.cu (ATT_KERNEL 1) at that config, after the switch's modules (whose short one also takes
+    such a row where a step launches both: attn_short's bits stand, the same K / V rows appended twice). On where
+    the table's attn_decode entry names `switch0` (its `short0` the configuration: attn_short's tunables);
+    MEMRA_ATT_SWITCH0 (docs/FLAGS.md) overrides it: 0 off, KEYS, or KEYS:SHORT_X=N,... (ATT_KERNEL 1 implied)."""
+    v = os.environ.get("MEMRA_ATT_SWITCH0", "").strip()
+    if v == "":
+        if not table or "switch0" not in table:
+            return None
+        keys, over = table["switch0"], table.get("short0", {})
+    elif v == "0":
+        return None
+    else:
+        head, _, rest = v.partition(":")
+        try:
+            keys = int(head)
+            over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())}
+        except ValueError:
+            raise MemraError(f"MEMRA_ATT_SWITCH0 must be 0, KEYS or KEYS:SHORT_X=N,... (e.g. 193:ATT_WARPS=16), "
+                             f"got {v!r}") from None
+    try:
+        return _switch(keys, {**over, "ATT_KERNEL": 1}, None, head_dim)
+    except MemraError as e:
+        raise MemraError(f"{'MEMRA_ATT_SWITCH0=' + repr(v) if v else 'switch0'}: {e}") from None
 
 
 def graph_bucket(rows: int) -> int:
@@ -390,19 +420,33 @@ class Planner:
 
         def att_ok(d):
             ATT.defines(c.head_dim, d)
+            if ATT.is_short(d):
+                raise MemraError("ATT_KERNEL 1 (attn_short.cu) runs only as the attention switch's short module "
+                                 "(the entry's `short`, under its `switch`)")
             if c.n_gqa % int(d.get("hpb", 1)):
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
                 _switch(d["switch"], d.get("short", ATT_SHORT), d, c.head_dim)
+            if "switch0" in d:   # its first module (att_first)
+                _switch(d["switch0"], {**d.get("short0", {}), "ATT_KERNEL": 1}, None, c.head_dim)
             if "splits" in d:   # the plan's split count (below)
                 ATT.check_splits(d["splits"])
 
         self.att_ctx = min(ctxs) if ctxs else 64
         att = checked("attn_decode", {**self.heads, "ctx": self.att_ctx} if ctxs else None, att_ok)
-        self.att_cfg = None if att is None else {k: v for k, v in att.items() if k not in ("switch", "short", "splits")}
+        self.att_cfg = None if att is None else {k: v for k, v in att.items()
+                                                 if k not in ("switch", "short", "switch0", "short0", "splits")}
         self.att_hpb = int((self.att_cfg or {}).get("hpb", 0)) or ATT.heads_per_block(c.n_head_kv, c.n_gqa)
         self.n_splits = ATT.default_splits(c.n_head // self.att_hpb, self.sms)
         self.att_switch = att_switch(self.att_cfg, c.head_dim, att)
+        if self.att_switch and ATT.is_short(self.att_switch[1]) and self.kv_q8:
+            # attn_short.cu reads an f16 cache: a q8_0 one keeps attention.cu's short module
+            log.info("attention: a q8_0 KV cache runs attention.cu's short module, not attn_short.cu's")
+            self.att_switch = (self.att_switch[0], {**(self.att_cfg or {}), **ATT_SHORT})
+        self.att_first = None if self.kv_q8 else att_first(c.head_dim, att)
+        if self.att_first and self.att_switch and self.att_first[0] > self.att_switch[0]:
+            raise MemraError(f"the attention switch's first module takes rows below {self.att_first[0]} keys, past "
+                             f"the switch's {self.att_switch[0]}: switch0 must be <= switch")
         # MEMRA_ATT_DEPTH (docs/FLAGS.md; on by default with hybrid, whose prompt rows do not run
         # attn_decode): the split count the whole GQA group's blocks would get (more splits: part
         # of every row's bits), decode grids of the deepest row's split count (keyed graphs) and
@@ -529,8 +573,16 @@ class Planner:
             out.append(Launch(name, "add_norm", "add_rmsnorm", "default", {"n": E}, rows,
                               self.norm_cfg["add_rmsnorm"], "rows", il, {"w": w, "delta": delta, "w_post": w_post}))
 
+    @property
+    def att_kinds(self) -> tuple[str, ...]:
+        """The att_kind values a decode step of this plan may take (att_kind_of); the last launches every module."""
+        base = ("short", "long", "both") if self.att_switch else ("both",)
+        if not self.att_first:
+            return base
+        return ("first",) + base + tuple(k + "+first" for k in base if k != "long")
+
     def step(self, rows: int, decode: bool, sampler: str = "none", kinds: str = "p",
-             att_kind: str = "both") -> list[Launch]:
+             att_kind: str | None = None) -> list[Launch]:
         """Every launch of one forward step over `rows` token rows: decode (one row per
         sequence; RoPE and the KV append inside attention when fused) or a prefill chunk
         (rows may share a sequence: RoPE + append first, then attention). sampler: "none"
@@ -538,12 +590,15 @@ class Planner:
         (hybrid plans' steps that are not decode steps): which row kinds the step holds, "p"
         (prompt rows: attn_fa over the rows the runner's prompt positions name), "g" (generated
         rows: attn_decode over its generated positions) or "pg" (both launches); ignored
-        elsewhere. att_kind (the attention switch, a decode step): which of the two attn_decode modules it launches,
-        "short", "long" or "both" (the runner's: every row's key count on that side, att_kind_of)."""
+        elsewhere. att_kind (the attention switch, a decode step): which attn_decode modules it launches,
+        "short", "long" or "both", with the first module (att_first) "first" alone or "+first" after them (the
+        runner's: att_kind_of); None (and every prefill step): all of them (att_kinds' last)."""
         if kinds not in ("p", "g", "pg"):
             raise MemraError(f"step kinds must be p, g or pg, got {kinds!r}")
-        if att_kind not in ("short", "long", "both"):
-            raise MemraError(f"step att_kind must be short, long or both, got {att_kind!r}")
+        every = self.att_kinds[-1]
+        att_kind = every if att_kind is None else att_kind
+        if att_kind not in self.att_kinds:
+            raise MemraError(f"step att_kind must be one of {', '.join(self.att_kinds)}, got {att_kind!r}")
         if self.use_tile and not decode and kinds == "pg":
             raise MemraError("a step of a plan with the prompt tile holds one row kind (p or g), got pg")
         # the layer matmuls of prompt rows (not the head: every row's logits take mv_q8's order)
@@ -590,14 +645,14 @@ class Planner:
                                                         "rows": "prompt" if self.hybrid else "all"}))
                 if self.hybrid and "g" in kinds:
                     self._att_decode(out, p + "attention_gen", "attention", att_shape, rows, il,
-                                     {**att_args, "rows": "gen"}, "both")
+                                     {**att_args, "rows": "gen"}, every)
             elif decode and self.fuse_rope:
                 self._att_decode(out, p + "attention", "attention_rope", att_shape, rows, il, att_args, att_kind)
             else:
                 out.append(Launch(p + "rope", "rope", "rope_norm_kv", "default", self.heads, rows, self.rope_cfg,
                                   "heads", il, att_args))
                 self._att_decode(out, p + "attention", "attention", att_shape, rows, il, att_args,
-                                 att_kind if decode else "both")
+                                 att_kind if decode else every)
             # (the q8 twins of ao and ff feed attn_output and down alone: none where those take gemm_f16)
             if not att_q8 and not (pr and lw["attn_output"].key in self.f16_keys):
                 self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
@@ -634,29 +689,40 @@ class Planner:
                     kind: str) -> None:
         """The attn_decode launch of a layer: one at the table's configuration, or with the attention switch
         (att_switch) the short module's (rows of fewer than its keys) and the long one's (the rest), as `kind`
-        asks."""
-        if self.att_switch is None:
+        asks; the first module (att_first) after them where the kind names it."""
+        base = kind.removesuffix("+first")
+        if base == "first":
+            pass
+        elif self.att_switch is None:
             out.append(Launch(name, op, "attn_decode", "default", shape, rows, self.att_cfg, "attention", il, args))
-            return
-        keys, short = self.att_switch
-        if kind in ("short", "both"):
-            out.append(Launch(name, op, "attn_decode", "default", shape, rows, short, "attention", il,
+        else:
+            keys, short = self.att_switch
+            if base in ("short", "both"):
+                out.append(Launch(name, op, "attn_decode", "default", shape, rows, short, "attention", il,
+                                  {**args, "att_rows": 1, "att_switch": keys}))
+            if base in ("long", "both"):
+                out.append(Launch(name + "_long", op, "attn_decode", "default", shape, rows, self.att_cfg,
+                                  "attention", il, {**args, "att_rows": 2, "att_switch": keys}))
+        if kind.endswith("first"):
+            keys, first = self.att_first
+            out.append(Launch(name + "_first", op, "attn_decode", "default", shape, rows, first, "attention", il,
                               {**args, "att_rows": 1, "att_switch": keys}))
-        if kind in ("long", "both"):
-            out.append(Launch(name + "_long", op, "attn_decode", "default", shape, rows, self.att_cfg, "attention",
-                              il, {**args, "att_rows": 2, "att_switch": keys}))
 
     def att_kind_of(self, lo: int, hi: int) -> str:
         """The attention switch: the att_kind of a decode step whose rows sit at positions lo..hi: "short" when
         every row of every layer has fewer keys than the switch, "long" when none has, else "both" (a
-        sliding-window layer's rows have at most its window's keys)."""
-        if self.att_switch is None:
-            return "both"
-        keys, c = self.att_switch[0], self.cfg
+        sliding-window layer's rows have at most its window's keys); with a first module (att_first) "first" when
+        every row has fewer keys than its switch, that kind + "+first" when some row has."""
+        c = self.cfg
         fewest = min(lo + 1, c.swa_window) if any(c.swa_layers) else lo + 1
-        if hi + 1 < keys:
-            return "short"
-        return "long" if fewest >= keys else "both"
+        if self.att_switch is None:
+            kind = "both"
+        else:
+            keys = self.att_switch[0]
+            kind = "short" if hi + 1 < keys else "long" if fewest >= keys else "both"
+        if self.att_first and fewest < self.att_first[0]:
+            return "first" if hi + 1 < self.att_first[0] else kind + "+first"
+        return kind
 
     def head(self, rows: int, sampler: str = "none", src: str = "h") -> list[Launch]:
         """The output projection of `rows` rows of h (whose q8 twin the last norm made) into

@@ -354,7 +354,7 @@ class Runner:
         self.dec_splits = self.plan.n_splits
         # the attention switch (plan.att_switch): which attention modules a decode step launches
         # (plan.att_kind_of; graphs keyed by it)
-        self.dec_kind = "both"
+        self.dec_kind = self.plan.att_kinds[-1]
         self._split_prefill = (not self.plan.use_fa or self.plan.hybrid) and \
             os.environ.get("MEMRA_PREFILL_SPLITS", "") != "full"
         # decode_run queues a chunk before yielding the last one's tokens (MEMRA_DECODE_AHEAD=0: after)
@@ -1065,10 +1065,10 @@ class Runner:
         the context), so a decode step at any depth replays a graph. Each capture's warm-up run
         masks every row (nothing read from or written to the KV cache). With the attention switch also at each
         attention kind (plan.att_kind_of). Returns how many."""
-        if not self.plan.att_depth and self.plan.att_switch is None:
+        if not self.plan.att_depth and len(self.plan.att_kinds) == 1:
             return 0
         counts = self._split_counts(self.plan.att_depth)
-        kinds = ("short", "long", "both") if self.plan.att_switch else ("both",)
+        kinds = self.plan.att_kinds
         saved, n = (self.dec_splits, self.dec_kind), 0
         for key in [k for k in self._graphs if isinstance(k[0], int)]:   # (bucket, sampler[, "parts"], splits, kind)
             for sp in counts:

@@ -337,7 +337,9 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
     defines — a launcher that drops a tunable, or an entry no plan reaches, leaves the table saying what the engine
     does not do (session 47: quantize_q8 / rmsnorm PDL triggers the launchers did not pass). A dispatch entry names
     the path a shape runs at a row bucket: some case of that weight type, K and bucket runs that path's kernel with the
-    entry's configuration (the launch set merges launches that differ only in N, so N is not compared); an attention entry's switch (and its short module) is the row filter of its cases (params)."""
+    entry's configuration (the launch set merges launches that differ only in N, so N is not compared); an attention
+    entry's switch (and its short module) is the row filter of its cases (params), its switch0 that of some
+    attn_short.cu case."""
     from memra.gpu.ops.matvec import TYPES as MV_TYPES
 
     type_id = {v[0]: k for k, v in MV_TYPES.items()}
@@ -347,8 +349,8 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
         for skey, by_batch in shapes.items():
             for b, e in by_batch.items():
                 want = {("N_GQA" if k == "hpb" else k): v for k, v in e["config"].items()
-                        if k not in ("switch", "short")}
-                switch = e["config"].get("switch")
+                        if k not in ("switch", "short", "switch0", "short0")}
+                switch, switch0 = e["config"].get("switch"), e["config"].get("switch0")
                 if kernel in PATH_OF:
                     shp = dict(kv.split("=") for kv in skey.split(","))
                     entry = PATH_OF[kernel].get(e.get("variant"))
@@ -364,6 +366,9 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
                 hit = pre is not None and any(
                     c["entry"].startswith(pre) and all(c["defines"].get(k) == v for k, v in want.items())
                     and (switch is None or c["params"].get("switch") == switch) for c in cases)
+                if hit and switch0 is not None:   # its first module: attn_short's cases at that switch
+                    hit = any(c["entry"].startswith(pre) and c["file"] == "attn_short.cu"
+                              and c["params"].get("switch") == switch0 for c in cases)
                 if not hit:
                     out.append(f"{kernel} [{skey}] b{b} {e['config']}")
     return out

@@ -59,7 +59,22 @@ def warps_for(head_dim: int) -> int:
     return 8 if head_dim >= 128 else 4
 
 
-TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY", "ATT_TC")
+TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY", "ATT_TC",
+            "ATT_KERNEL", "SHORT_PF", "SHORT_KB", "SHORT_VB")
+# ATT_KERNEL 1: the module comes from kernels/attn_short.cu (rows of fewer than SHORT_MAX + 1 keys, one block a
+# head, f16 K/V, the row filter's mode 1 only: the attention switch's short module), its SHORT_* tunables with it
+SHORT_FILE = "attn_short.cu"
+SHORT_MAX = 256    # attn_short.cu's SHORT_MAX: the most keys a row it computes may have
+SHORT_DEFAULTS = {"ATT_WARPS": 16, "SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8}
+
+
+def is_short(config: dict | None) -> bool:
+    """Whether a configuration names attn_short.cu's module (ATT_KERNEL 1)."""
+    return bool(int((config or {}).get("ATT_KERNEL", 0)))
+
+
+def kernel_file(config: dict | None) -> str:
+    return SHORT_FILE if is_short(config) else KERNEL_FILE
 RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
 
 
@@ -103,7 +118,8 @@ def tc_default() -> int:
 
 def ring_bytes(defines: dict) -> int:
     """The dynamic shared memory of a module's split kernels: ATT_RING f16 K and V tiles."""
-    return int(defines.get("ATT_RING", 0)) * 2 * int(defines["ATT_TILE"]) * int(defines["HEAD_DIM"]) * 2
+    ring = int(defines.get("ATT_RING", 0))
+    return ring * 2 * int(defines["ATT_TILE"]) * int(defines["HEAD_DIM"]) * 2 if ring else 0
 
 
 def defines(head_dim: int, config: dict | None = None) -> dict:
@@ -111,6 +127,10 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
     ATT_* laid over it, checked."""
     d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE}
     d.update({k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
+    if d.get("ATT_KERNEL", 0) not in (0, 1):
+        raise MemraError(f"attention: ATT_KERNEL must be 0 (attention.cu) or 1 (attn_short.cu), got {d['ATT_KERNEL']}")
+    if d.get("ATT_KERNEL"):
+        return _short_defines(head_dim, {k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
     if not 1 <= d["ATT_WARPS"] <= 32:
         raise MemraError(f"attention: ATT_WARPS must be in 1..32, got {d['ATT_WARPS']}")
     if d["ATT_TILE"] < 1 or d.get("ATT_MIN_CHUNK", 1) < 1:
@@ -122,6 +142,20 @@ def defines(head_dim: int, config: dict | None = None) -> dict:
     return d
 
 
+def _short_defines(head_dim: int, d: dict) -> dict:
+    """attn_short.cu's tunables: SHORT_DEFAULTS laid under the config's (its ATT_WARPS and SHORT_*; the other ATT_*
+    are attention.cu's and are dropped), checked as its static_asserts would."""
+    d = {"ATT_KERNEL": 1, **SHORT_DEFAULTS, **{k: v for k, v in d.items() if k in SHORT_DEFAULTS}}
+    w = d["ATT_WARPS"]
+    if head_dim % 32 or head_dim > 256 or 32 * w < head_dim or 32 * w < SHORT_MAX or w > 32:
+        raise MemraError(f"attention: ATT_KERNEL 1 (attn_short.cu) needs head_dim a multiple of 32 up to 256 and "
+                         f"ATT_WARPS in {SHORT_MAX // 32}..32 with 32 x ATT_WARPS >= head_dim; got head_dim "
+                         f"{head_dim}, {d}")
+    if not 1 <= d["SHORT_PF"] <= d["SHORT_KB"] or d["SHORT_VB"] < 1:
+        raise MemraError(f"attention: attn_short needs 1 <= SHORT_PF <= SHORT_KB and SHORT_VB >= 1, got {d}")
+    return d
+
+
 def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_block: int = 16,
                    kv_q8=(False, False)) -> dict:
     """A module's -D macros: head size, heads per block, the tunables (ring_for's ATT_RING and
@@ -129,6 +163,10 @@ def module_defines(head_dim: int, n_gqa: int, config: dict | None = None, kv_blo
     which attn_ring.cuh refuses), the KV layout."""
     from memra.gpu.ops.rope import kv_defines
 
+    if is_short(config):
+        if any(kv_q8):
+            raise MemraError("attention: ATT_KERNEL 1 (attn_short.cu) reads an f16 KV cache only")
+        return {"HEAD_DIM": head_dim, "N_GQA": n_gqa, **defines(head_dim, config), "KV_BLOCK": kv_block}
     d = {"HEAD_DIM": head_dim, "N_GQA": n_gqa, "ATT_RING": ring_for(head_dim), "ATT_EARLY": early_default(),
          **defines(head_dim, config),
          "KV_BLOCK": kv_block, **kv_defines(kv_q8)}
@@ -156,6 +194,14 @@ def red_bytes(d: dict) -> int:
 def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
            kv_q8=(False, False), rows_filter: tuple[int, int] = (0, 0)):
     d = module_defines(head_dim, n_gqa, config, kv_block, kv_q8)
+    if is_short(config):
+        if canary:
+            raise MemraError("attention: attn_short.cu has no canary")
+        if rows_filter[0] != 1 or not 1 <= rows_filter[1] <= SHORT_MAX + 1:
+            raise MemraError(f"attention: ATT_KERNEL 1 (attn_short.cu) computes the rows of fewer than its switch's "
+                             f"keys only: row filter (1, keys <= {SHORT_MAX + 1}), got {rows_filter}")
+        d["ATT_ROWS"], d["ATT_SWITCH"] = 1, int(rows_filter[1])
+        return g.module(SHORT_FILE, d)
     if canary:
         # 1: a token does not see itself; 2: the block table ignored; 4 (q8_0): the scale plane ignored
         d["MEMRA_CANARY"] = int(canary)
@@ -201,6 +247,8 @@ def splits_for(max_keys: int, n_splits: int, head_dim: int, config: dict | None 
     n_splits lays every such row out as n_splits does. The smallest power of two in that range,
     else n_splits (deeper rows' chunks depend on S). A prefill chunk's blocks past its deepest
     row's splits only leave at once; at depth 0 they were most of the grid."""
+    if is_short(config):   # attn_short.cu: a row is one block a head (grid y 1)
+        return 1
     cap = _split_cap(head_dim, config)
     if cap < 1 or max_keys > cap * n_splits:
         return n_splits
@@ -284,6 +332,8 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
     hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
     if hpb < 1 or n_gqa % hpb:
         raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
+    if is_short(config):   # attn_short.cu: one head a block (its bits do not depend on it), one split a row
+        hpb = 1
     nhb = n_head // hpb
     nt = 32 * defines(head_dim, config)["ATT_WARPS"]
     kv_q8 = cache_kinds(kcache, vcache, kscale, vscale, "attention", head_dim)
@@ -301,6 +351,8 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
     m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8, rows_filter)
     shm = ring_bytes(m.defines)
+    if is_short(config):
+        n_splits = 1
     tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
             np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap),
             *(tuple(x if x is not None else _NULL for x in (kscale, vscale)) if any(kv_q8) else ()))
@@ -396,6 +448,9 @@ def compile_variants():
                            **kv_defines(kv)}) for d, gq, kv in q8]
     out.append((KERNEL_FILE, {"HEAD_DIM": 64, "N_GQA": 1, "ATT_WARPS": warps_for(64), "ATT_TILE": TILE,
                               "KV_BLOCK": 16, **kv_defines((True, True)), "MEMRA_CANARY": 4}))
+    # attn_short.cu (ATT_KERNEL 1): SHORT_CASES' modules
+    out += [(SHORT_FILE, {**module_defines(c[0], 1, cfg), "ATT_ROWS": 1, "ATT_SWITCH": keys})
+            for c, keys, cfg in SHORT_CASES]
     return out
 
 
@@ -505,6 +560,12 @@ ROPE_CASES = (  # (head_dim, n_gqa, n_kv, heads per block, window, rope_dim, neo
     (64, 4, 2, 2, 0, 64, False, False, False),     # llama, two heads a block
     (256, 4, 1, 1, 37, 256, True, True, False),    # gemma3, sliding window, Q/K norm
     (128, 4, 2, 4, 0, 64, True, False, True),      # partial rotary, QKV bias, one block per KV head
+)
+
+SHORT_CASES = (  # (a ROPE_CASES case, switch keys, configuration): attn_short.cu's modules in checks()
+    (ROPE_CASES[0], 129, {"ATT_KERNEL": 1}),                                        # smollm2, 16 warps
+    (ROPE_CASES[2], 257, {"ATT_KERNEL": 1, "ATT_WARPS": 8, "SHORT_KB": 2}),         # gemma3, window 37
+    (ROPE_CASES[3], 97, {"ATT_KERNEL": 1, "SHORT_PF": 1, "SHORT_VB": 4}),           # partial rotary, bias
 )
 
 
@@ -636,6 +697,78 @@ def _check_rows_filter(g, rng, case, keys: int, config=None, S=None, fused: bool
                                "give its bits; counters back to zero")
 
 
+def _check_short(g, rng, case, keys: int, config: dict, T: int = 6, twin: bool = True):
+    """An attn_short.cu module (ATT_KERNEL 1) as the switch launches it (row filter mode 1 at `keys`) over T decode
+    rows on both sides of the switch (1, 2, keys - 1 and keys keys, deeper; a sliding window's rows capped by it),
+    each its own sequence: attn_decode_rope and rope_norm_kv + attn_decode give the same bits (outputs, q8 twin, K /
+    V pools: the fused launch appends its rows' keys as rope_norm_kv does); the short rows' outputs match the float64
+    reference at TOL over the appended cache, their q8 twin is quantize_q8's bits of them; the other rows' outputs,
+    twin and (fused) cache rows are untouched; the counters stay zero."""
+    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.ops import rope as ROPE
+    from memra.gpu.paging import logical
+    from memra.gpu.q8 import quantize_q8_ref
+
+    D, G, nkv, _, window, rd, neox, qkn, has_bias = case
+    nh, n_ctx, f32 = nkv * G, max(400, keys + 64), np.float32
+    name = f"attn_short rows below {keys} keys D={D} gqa={G} n_kv={nkv} window={window} {config}"
+    x = ROPE.fused_inputs(g, rng, T, n_ctx, nh, nkv, D, rd, qkn, has_bias)
+    table, d_table, seq, cache0 = x["table"], x["d_table"], x["seq"], x["cache0"]
+    p = np.array(([0, 1, keys - 2, keys - 1, keys + 5] + [int(v) for v in rng.integers(0, n_ctx, T)])[:T], np.int32)
+    n = np.minimum(p + 1, window) if window > 0 else p + 1
+    short = n < keys
+    pos = g.to_device(p)
+    runs = []
+    for fused in (False, True):
+        kc, vc = g.to_device(cache0[0]), g.to_device(cache0[1])
+        out, xq, xs, part_o, part_ml = _fused_outputs(g, T, nh, 1, D, twin)
+        cnt = g.to_device(np.zeros(T * nh, np.int32))
+        q = None
+        if not fused:
+            q = g.empty((T, nh * D), f32)
+            ROPE.unfused_rope(g, x, q, kc, vc, pos, T=T, nh=nh, nkv=nkv, D=D, rope_dim=rd, neox=neox)
+        attention(g, q, kc, vc, out, part_o, part_ml, pos, seq, d_table, table.shape[1],
+                  rope=rope_in(x, rd, neox) if fused else None, n_tokens=T, n_kv=nkv, n_gqa=G, head_dim=D,
+                  window=window, scale=1 / math.sqrt(D), n_splits=1, counters=cnt, xq=xq, xs=xs, config=config,
+                  rows_filter=(1, keys))
+        if int(np.count_nonzero(cnt.numpy())):
+            return Outcome(name, False, "counters written")
+        runs.append((out.numpy(), xq.numpy().reshape(T, -1) if twin else None,
+                     xs.numpy().view(np.uint8).reshape(T, -1) if twin else None, kc.numpy(), vc.numpy(),
+                     q.numpy() if q is not None else None))
+    (o0, q0, s0, k0, v0, qr), (o1, q1, s1, k1, v1, _) = runs
+    # the fused launch appends only its own rows' keys: the unfused pools there, the initial ones elsewhere
+    cells = np.zeros(k0.shape[:2], bool)
+    blk = cells.shape[1]
+    for t in np.flatnonzero(short):
+        cells[table[t, p[t] // blk], p[t] % blk] = True
+    for what, a, b in (("K cache", k1, np.where(cells[:, :, None], k0, cache0[0])),
+                       ("V cache", v1, np.where(cells[:, :, None], v0, cache0[1]))):
+        if not np.array_equal(a, b):
+            return Outcome(name, False, f"attn_decode_rope's {what} is not rope_norm_kv's on its rows' keys and "
+                                        "untouched elsewhere")
+    for what, a, b in (("output", o0, o1), ("q8 twin", q0, q1), ("q8 scales", s0, s1)):
+        if a is not None and not np.array_equal(a, b, equal_nan=True):
+            return Outcome(name, False, f"{what}: attn_decode_rope differs from rope_norm_kv + attn_decode")
+    for what, a, byte in (("output", o0, 0xFF), ("q8 twin", q0, 0x80), ("q8 scales", s0, 0x80)):
+        if a is not None and not (a.reshape(T, -1)[~short].view(np.uint8) == byte).all():
+            return Outcome(name, False, f"a long row's {what} was written")
+    kf = logical(k0, table, n_ctx, blk).view(np.float16).astype(f32).reshape(T, n_ctx, nkv, D)
+    vf = logical(v0, table, n_ctx, blk).view(np.float16).astype(f32).reshape(T, n_ctx, nkv, D)
+    rows = np.flatnonzero(short)
+    ref = reference(qr.reshape(T, nh, D)[rows], kf, vf, p[rows], rows, nkv, window, 1 / math.sqrt(D))
+    c = compare(name, o0[rows], ref, TOL)
+    if not c.ok:
+        return c
+    if twin:
+        tq, ts = quantize_q8_ref(o0[rows])
+        if not (np.array_equal(q0[rows].reshape(tq.shape), tq)
+                and np.array_equal(s0[rows].reshape(-1), ts.view(np.uint8).reshape(-1))):
+            return Outcome(name, False, "q8 twin differs from quantize_q8 of the output")
+    return Outcome(name, True, f"{c.detail}; fused = unfused bit for bit (K/V rows rope_norm_kv's); long rows "
+                               "untouched" + ("; q8 twin bit-exact" if twin else ""), c.err)
+
+
 SPLIT_CASES = (  # (head_dim, n_gqa, n_kv, splits, rows, depth, config): a prefill chunk at depth
     (64, 3, 3, 88, 96, 0, None),                        # smollm2 at depth 0: 1 split of 88
     (128, 4, 8, 33, 64, 700, None),                     # llama3-8b at depth: 8 splits of 33
@@ -684,6 +817,8 @@ def checks(g, rng: np.random.Generator) -> Iterator:
         yield _check_rope_fused(g, rng, case)
     for case in SPLIT_CASES:
         yield _check_split_count(g, rng, case)
+    for case, keys, cfg in SHORT_CASES:
+        yield _check_short(g, rng, case, keys, cfg)
     # the q8_0 cache: every case with K and V q8_0 (two launches and one), each side alone, the
     # fused RoPE + append
     for case in CASES:
@@ -733,7 +868,9 @@ def launch_cases(L, ctx) -> list[dict]:
     tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (
         " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "") + (
         f" rows={rf} switch={int(L.args['att_switch'])}" if rf else "")
-    return [{"file": KERNEL_FILE, "entry": "attn_decode_rope" if fused else "attn_decode",
+    if is_short(L.config):   # attn_short.cu launches one head a block whatever the plan's
+        hpbs = [1]
+    return [{"file": kernel_file(L.config), "entry": "attn_decode_rope" if fused else "attn_decode",
              "defines": module_defines(D, h, L.config, ctx.kv_block, kv), "bucket": b, "tag": tag,
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": h, "window": window, "twin": twin,
                         "splits": plan.n_splits, "T": b, "rope": rope,
@@ -748,6 +885,10 @@ def check_launch(g, rng, case):
     and the q8 twin checked too); attn_decode_rope against rope_norm_kv + attn_decode."""
     p = case["params"]
     kv = tuple(p.get("kv_q8") or (False, False))
+    if is_short(p["config"]):
+        rd, neox, qkn, bias = p["rope"] or (p["D"], False, False, False)
+        return _check_short(g, rng, (p["D"], p["qpk"], p["n_kv"], 1, p["window"], rd, neox, qkn, bias),
+                            p["switch"], p["config"], T=max(p["T"], 6), twin=p["twin"])
     if p["rope"] is not None:
         rd, neox, qkn, bias = p["rope"]
         o = _check_rope_fused(g, rng, (p["D"], p["qpk"], p["n_kv"], p["hpb"], p["window"], rd, neox, qkn, bias),
@@ -787,6 +928,9 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
         raise MemraError(f"attention tune: unknown kernel/variant {kernel}/{variant}")
     nh, nkv, D = int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"])
     hpb = int((config or {}).get("hpb", 0)) or heads_per_block(nkv, nh // nkv)
+    if is_short(config):
+        return [(SHORT_FILE, {**module_defines(D, 1, dict(config), _TUNE_BLOCK), "ATT_ROWS": 1,
+                              "ATT_SWITCH": int(shape["ctx"]) + 1})]
     return [(KERNEL_FILE, module_defines(D, hpb, dict(config or {}), _TUNE_BLOCK))]
 
 
@@ -848,7 +992,8 @@ class _TuneCase:
         attention(self.g, None, kc, vc, out, self.part_o, self.part_ml, self.pos, self.seq, self.table, self.nblk,
                   n_tokens=self.T, n_kv=nkv, n_gqa=self.G, head_dim=D, window=0,
                   scale=1.0 / math.sqrt(D), n_splits=self.S, counters=self.counters, xq=xq, xs=xs,
-                  hpb=self.hpb, config=self.config, rope=rope)
+                  hpb=self.hpb, config=self.config, rope=rope,
+                  rows_filter=(1, self.ctx + 1) if is_short(self.config) else (0, 0))
 
     def launch(self, i: int) -> None:
         T, nh, nkv, D = self.T, self.nh, self.nkv, self.D

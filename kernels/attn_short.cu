@@ -1,55 +1,51 @@
-// attn_short.cu — EXPERIMENT (experiments/attn_short/README.md): a short-context decode attention with
-// kernels/attention.cu's attn_decode_rope contract (the same parameters and grid), built for rows of at most
-// SHORT_MAX keys, f16 K/V, fewer phases than split_body. A block of N_GQA heads is N_GQA sub-blocks of
-// W = ATT_WARPS / N_GQA warps, each computing its head exactly as a one-head block would (so a head's bits do not
-// depend on N_GQA, as attention.cu's do not; only sub-block 0 appends the row's K / V). In a sub-block of W warps:
+// attn_short.cu — short-context decode attention: the attention switch's short module (memra.gpu.plan's
+// att_switch, a table entry's `short` naming ATT_KERNEL 1), for rows of fewer than ATT_SWITCH <= SHORT_MAX + 1
+// keys, f16 K/V. Two entries with kernels/attention.cu's parameters and grid (n_head / N_GQA, splits, n_tokens):
+// attn_decode_rope (RoPE and key p's K / V append inside, rope_norm_kv's bits) and attn_decode (after
+// rope_norm_kv); both give the same bits. Only blockIdx.y == 0 works (a row is one block a head: the launcher
+// gives grid y 1); part_o, part_ml and counters are never touched. A block of N_GQA heads is N_GQA sub-blocks of
+// W = ATT_WARPS / N_GQA warps, each computing its head exactly as a one-head block would (the engine launches
+// one head a block; only sub-block 0 appends). In a sub-block of W warps:
 //
-//   before the PDL wait: pos, the block table row, the lane's RoPE / norm constants, and the K rows of this
-//     warp's first SHORT_PF key steps below p (written by earlier steps) into registers;
-//   after it: warp 0 ropes q into shared memory; where the row's key p is writable, warp W-1 ropes and appends
-//     K, warp W-2 appends V (rope.cuh's code: rope_norm_kv's bits, as attn_decode_rope; every block of the KV
-//     head writes the same bits); barrier 1;
+//   before the PDL wait: pos (written two or more launches back), the block table row, the lane's RoPE / norm
+//     constants, and the K rows of this warp's first SHORT_PF key steps below p (written by earlier steps);
+//   after it: warp 0 ropes q into shared memory (attn_decode: the block reads rope_norm_kv's q); where key p is
+//     writable, warp W-1 ropes and appends K, warp W-2 appends V (every block of the KV head writes the same
+//     bits); barrier 1;
 //   scores: LPK lanes a key (LPK = min(32, HEAD_DIM / 8): a lane one 16-byte chunk), KPW = 32 / LPK keys a
 //     warp step, SHORT_KB steps' loads issued before their dot products, one shuffle tree a key, into sc[];
 //     barrier 2;
 //   softmax statistics: every warp reduces max and sum over sc[] itself (the same order in every warp), so no
 //     barrier follows;
-//   P V: warp w the keys i = w (mod W), lane l the dims [l * DPL, (l + 1) * DPL), DPL = HEAD_DIM / 32, the
-//     warp's V rows loaded VB at a time before their products; partials red[w][d]; barrier 3;
-//   output: thread d sums red[0..W)[d] in warp order, divides by l, writes out and (HEAD_DIM % 32 == 0, xq
-//     non-null) the q8 twin with q8_quantize_warp (quantize_q8's rule, bit for bit).
+//   P V: warp w the keys i = w (mod W), lane k of the warp holding its k-th key's p (shuffled to the lanes),
+//     lane l the dims [l * DPL, (l + 1) * DPL), DPL = HEAD_DIM / 32, V rows loaded SHORT_VB at a time before
+//     their products; partials red[w][d]; barrier 3;
+//   output: thread d sums red[0..W)[d] in warp order, divides by l, writes out and (xq non-null) the q8 twin
+//     with q8_quantize_warp (quantize_q8's rule, bit for bit).
 //
-// Rows with fewer than one key (p < 0) and every block of split index > 0 leave at once (a single split holds
-// the whole row: blockIdx.y == 0); part_o, part_ml and counters are not touched. A row of more than SHORT_MAX
-// keys is not computed (this experiment's probe runs ctx <= SHORT_MAX); ATT_ROWS 1 / ATT_SWITCH (attention.cu
-// v12's filter, mode 1 only) leaves the rows of ATT_SWITCH keys or more to the long module, before the wait.
+// Rows without a key (p < 0) and rows of ATT_SWITCH keys or more (the long module's: ATT_ROWS 1, attention.cu
+// v12's filter, mode 1 only) leave before the wait.
 //
-// Variant history (H100, probe.py: µs a launch in a graph of PDL launches, the engine's launch beside it;
-// research/2026-12-06-session48/a/):
-//   v1  the design above, the P V's p recomputed per key by every lane (expf of sc[i]): at 1 / 64 / 128 / 256
-//       keys against the engine (the 8B's: its long module, ATT_TILE 64), SmolLM2 2.55 / 3.51 / 4.92 / 8.15 vs
-//       3.12 / 3.37 / 4.41 / 6.77, Gemma-3 (head 256) 3.03 / 5.68 / 8.94 / 15.71 vs 4.15 / 7.74 / 7.65 / 7.70,
-//       the 8B 2.80 / 4.23 / 6.26 / 10.63 vs 4.76 / 4.86 / 6.06 / 9.33, the 1B as SmolLM2 (best arm of
-//       SHORT_PF 1-2, SHORT_VB 4-8, 4-8 warps each): a lower fixed cost (-0.5 to -2 µs at one key), a higher
-//       cost a key (one block a head).
-//   v2  SHORT_L2 1: the K / V lines below p prefetched into L2 before the wait: within ±0.1 µs of v1 (the
-//       keys' loads are not what grows with the keys).
-//   v3  (this, not yet measured) a warp's p computed once, lane k holding its k-th key's, and shuffled to the
-//       lanes in the P V loop (v1: an expf and a shared-memory load a key and lane); SHORT_KB key steps' K loads
-//       in flight a warp (v1: SHORT_PF, 1-2: at 256 keys head 256 a warp waited on 16 load round trips in
-//       series, which reads as v1's ~0.05 µs a key there); N_GQA > 1 as sub-blocks (the runner launches whole
-//       GQA groups a block from plan.att_group_rows rows), each head's bits those of N_GQA 1 (probe.py checks).
+// Not attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane tree), the
+// softmax sums and the P V sums run in this file's order, fixed by the row's own key count (batch-, graph- and
+// N_GQA-invariant), so kernel-check compares it with the float64 reference (attention.py's TOL), the two entries
+// with each other bit for bit and the appended rows with rope_norm_kv's.
 //
-// Not kernels/attention.cu's float order: the scores' dot products (a lane's 8 products, then the LPK-lane
-// tree), the softmax sums and the P V sums run in this file's order, fixed by the row's own key count
-// (batch- and graph-invariant), so it is compared with the float64 reference (the tune case's TOL), not with
-// attention.cu bit for bit.
+// Variant history (H100, experiments/attn_short/probe.py: µs a launch in a graph of PDL launches, the engine's
+// attention.cu launch beside it; research/2026-12-06-session48/a/, research/2026-12-06-session49/a/):
+//   v1  p recomputed per key by every lane in the P V (an expf and a shared-memory load a key and lane),
+//       SHORT_PF (1-2) key steps' loads in flight: at 1 / 64 / 128 / 256 keys SmolLM2 2.55 / 3.51 / 4.92 / 8.15
+//       vs 3.12 / 3.37 / 4.41 / 6.77, Gemma-3 (head 256) 3.03 / 5.68 / 8.94 / 15.71 vs 4.15 / 7.74 / 7.65 / 7.70:
+//       a lower fixed cost, a higher cost a key.
+//   v2  the K / V lines below p prefetched into L2 before the wait: within ±0.1 µs of v1 (removed).
+//   v3  (this) a warp's p once, shuffled; SHORT_KB key steps' loads in flight; N_GQA sub-blocks. 16 warps,
+//       SHORT_KB 8, SHORT_VB 8 at 1 / 64 / 128 / 256 keys: SmolLM2 3.60 / 4.00 / 4.41 / 5.90 vs 3.13 / 3.33 /
+//       4.42 / 6.77, Gemma-3 4.26 / 5.02 / 5.79 / 8.87 vs 4.14 / 7.70 / 7.70 / 7.73, the 8B 3.96 / 4.45 / 5.16 /
+//       6.96 vs 3.52 / 4.73 / 7.04 / 9.98; 8 warps, SHORT_KB 2: 2.78 / 3.31 / 4.52 / 7.28 on SmolLM2.
 #include "common.cuh"
 #include "q8.cuh"
 #include "rope.cuh"
 #include "kv.cuh"
-
-MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -70,7 +66,7 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #define SHORT_KB 8
 #endif
 #ifndef SHORT_VB   // V rows a lane loads before their products
-#define SHORT_VB 4
+#define SHORT_VB 8
 #endif
 #ifndef ATT_ROWS   // attention.cu v12's row filter, mode 1 only: 1 computes the rows of fewer than ATT_SWITCH keys
 #define ATT_ROWS 0
@@ -80,9 +76,6 @@ MEMRA_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 
 #endif
 static_assert(ATT_ROWS == 0 || (ATT_ROWS == 1 && ATT_SWITCH <= SHORT_MAX + 1),
               "attn_short: ATT_ROWS 0, or 1 with ATT_SWITCH <= SHORT_MAX + 1 (it computes short rows only)");
-#ifndef SHORT_L2   // 1: every K / V line of the keys below p prefetched into L2 before the PDL wait (v2: neutral)
-#define SHORT_L2 0
-#endif
 static_assert(N_GQA >= 1 && ATT_WARPS % N_GQA == 0, "attn_short: N_GQA sub-blocks of ATT_WARPS / N_GQA warps");
 static_assert(SHORT_PF >= 1 && SHORT_PF <= SHORT_KB, "attn_short: SHORT_PF in 1..SHORT_KB");
 static_assert(SHORT_MAX <= 32 * (ATT_WARPS / N_GQA), "attn_short: a warp holds the p of at most 32 keys");
@@ -134,17 +127,17 @@ __device__ __forceinline__ void vload(const uint16_t* row, int l, uint32_t (&v)[
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT)
-    attn_decode_rope(const float* __restrict__ q_raw, const float* __restrict__ k_raw,
-                     const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
-                     const float* __restrict__ bias, const float* __restrict__ q_norm_w,
-                     const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows,
-                     int rope_dim, int neox, float eps, uint16_t* __restrict__ kcache,
-                     uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
-                     int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
-                     Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
-                     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
-                     float scale, float softcap) {
+// The body of both entries: ROPE (attn_decode_rope) ropes q from the QKV row and appends key p's K / V rows
+// (rope.cuh's code: rope_norm_kv's bits); !ROPE (attn_decode) reads q as rope_norm_kv wrote it, K / V appended.
+template <bool ROPE>
+__device__ __forceinline__ void short_body(
+    const float* __restrict__ q_raw, const float* __restrict__ k_raw, const float* __restrict__ v_raw,
+    int q_stride, int k_stride, int v_stride, const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+    const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows, int rope_dim, int neox,
+    float eps, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache, float* __restrict__ out,
+    int8_t* __restrict__ xq, Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
+    const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window, float scale,
+    float softcap) {
     __shared__ __align__(16) float qs_all[G][D];
     __shared__ __align__(16) float kvb[D];
     __shared__ float sc_all[G][SHORT_MAX];
@@ -167,13 +160,15 @@ extern "C" __global__ void __launch_bounds__(NT)
 #endif
     const int n_head = gridDim.x * G, kvh = h / qpk;
     const int* bt = block_table + (size_t)(seq ? seq[t] : 0) * max_blocks;
-    const bool appends = kv_writable(bt, max_blocks, p);
+    const bool appends = ROPE && kv_writable(bt, max_blocks, p);
     const size_t row_stride = (size_t)n_kv * D;
     const uint16_t* kbase = kcache + (size_t)kvh * D;
     const uint16_t* vbase = vcache + (size_t)kvh * D;
     RopeLane rq, rk;
-    rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
-    rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+    if constexpr (ROPE) {
+        rope_lane_load(rq, cs, cs_rows, p, rope_dim, q_norm_w);
+        rope_lane_load(rk, cs, cs_rows, p, rope_dim, k_norm_w);
+    }
     // the scores' roles: chunk sl of key (step * SSTEP + warp * KPW + ks)
     const int sl = lane % LPK, ks = lane / LPK;
     const int nsteps = (n + SSTEP - 1) / SSTEP;
@@ -185,21 +180,15 @@ extern "C" __global__ void __launch_bounds__(NT)
         kpre[j] = (j < nsteps && i < n - 1) ? *(const uint4*)(kbase + kv_slot(bt, lo + i) * row_stride + sl * 8)
                                             : make_uint4(0u, 0u, 0u, 0u);
     }
-#if SHORT_L2
-    {   // the K and V rows below p, line by line (LPR 128-byte lines a row), spread over the block
-        constexpr int LPR = (2 * D + 127) / 128;
-        for (int j = threadIdx.x; j < 2 * LPR * (n - 1); j += NT) {
-            const int i = j / (2 * LPR), r = j % (2 * LPR);
-            const uint16_t* b = r < LPR ? kbase : vbase;
-            prefetch_l2(b + kv_slot(bt, lo + i) * row_stride + (r % LPR) * 64);
-        }
-    }
-#endif
     MEMRA_PDL_WAIT();
     MEMRA_PDL_LAUNCH();
-    if (warp == 0)
-        rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
-                  q_norm_w != nullptr, rq, eps, rope_dim, neox, qs);
+    if constexpr (ROPE) {
+        if (warp == 0)
+            rope_head(q_raw + (size_t)t * q_stride + (size_t)h * D, bias ? bias + (size_t)h * D : nullptr,
+                      q_norm_w != nullptr, rq, eps, rope_dim, neox, qs);
+    } else {   // q as rope_norm_kv wrote it: [n_tokens, n_head * D]
+        for (int d = tid; d < D; d += ST) qs[d] = q_raw[((size_t)t * n_head + h) * D + d];
+    }
     if (appends && sub == 0) {   // the block's K / V row once (every block of the KV head writes the same bits)
         const size_t row = kv_slot(bt, p) * row_stride + (size_t)kvh * D;
         if (warp == W - 1) {
@@ -304,4 +293,31 @@ extern "C" __global__ void __launch_bounds__(NT)
         out[base + tid] = o;
         if (xq) q8_quantize_warp(o, xq + base + (tid & ~31), xs + (base + tid) / 32);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode_rope(const float* __restrict__ q_raw, const float* __restrict__ k_raw,
+                     const float* __restrict__ v_raw, int q_stride, int k_stride, int v_stride,
+                     const float* __restrict__ bias, const float* __restrict__ q_norm_w,
+                     const float* __restrict__ k_norm_w, const float2* __restrict__ cs, int cs_rows,
+                     int rope_dim, int neox, float eps, uint16_t* __restrict__ kcache,
+                     uint16_t* __restrict__ vcache, float* __restrict__ part_o, float* __restrict__ part_ml,
+                     int* __restrict__ counters, float* __restrict__ out, int8_t* __restrict__ xq,
+                     Q8Scale* __restrict__ xs, const int* __restrict__ pos, const int* __restrict__ seq,
+                     const int* __restrict__ block_table, int max_blocks, int n_kv, int qpk, int window,
+                     float scale, float softcap) {
+    short_body<true>(q_raw, k_raw, v_raw, q_stride, k_stride, v_stride, bias, q_norm_w, k_norm_w, cs, cs_rows,
+                     rope_dim, neox, eps, kcache, vcache, out, xq, xs, pos, seq, block_table, max_blocks, n_kv, qpk,
+                     window, scale, softcap);
+}
+
+// attention.cu's attn_decode parameters: q roped and key p's K / V appended by rope_norm_kv before it
+extern "C" __global__ void __launch_bounds__(NT)
+    attn_decode(const float* __restrict__ q, uint16_t* __restrict__ kcache, uint16_t* __restrict__ vcache,
+                float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
+                float* __restrict__ out, int8_t* __restrict__ xq, Q8Scale* __restrict__ xs,
+                const int* __restrict__ pos, const int* __restrict__ seq, const int* __restrict__ block_table,
+                int max_blocks, int n_kv, int qpk, int window, float scale, float softcap) {
+    short_body<false>(q, nullptr, nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, 0.f, kcache,
+                      vcache, out, xq, xs, pos, seq, block_table, max_blocks, n_kv, qpk, window, scale, softcap);
 }
