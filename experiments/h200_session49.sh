@@ -15,9 +15,11 @@
 # STAGE d / e / k: h200_session44.sh's (tag s49): `--vs llama.cpp` at depth, the other synthetic 8Bs, kernel-check.
 # STAGE s (~8 min, models shipped): kernels/attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
 #   against the table: Gemma-3 with the switch's first module (MEMRA_ATT_SWITCH0=193: rows of up to 192 keys on
-#   attn_short, the table's 2049-key switch above) at depth 0 and 128 (257 at 128 too: where the crossover sits),
+#   attn_short, the table's 2049-key switch above) at depth 0 and 128,
 #   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 16 and 8 warps); first
 #   the device's _check_short of every candidate (attn_short against the float64 reference, fused = unfused).
+#   Then experiments/attn_short/choose.py writes the winners' engine-choice records, the freeze, and kernel-check's
+#   new launch cases (KC_ADD) in the same call; $OUT: bench-short.jsonl, defaults/, tune/, the kernel-check receipt.
 # STAGE t (~4 min): the same for SmolLM2 and the 1B (MEMRA_ATT_SWITCH0=65 at 8 warps, SHORT_KB 2: the probe's
 #   one-key gain, nothing past 64 keys).
 set -u
@@ -51,18 +53,29 @@ PY
   log "short checks rc=$? $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
   cat $R/short-check.txt | cut -c1-230 | tee -a $R/log.txt
   cp $R/short-check.txt $OUT/
+  RES=research/2026-12-06-session49/$STAGE; mkdir -p $RES
   if [ "$STAGE" = s ]; then
-    env_arms bench-short.jsonl 200 "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
-    env_arms bench-short.jsonl 330 "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193 \
-      MEMRA_ATT_SWITCH0=257
-    env_arms bench-short.jsonl 540 "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
-      MEMRA_ATT_SWITCH=129:ATT_KERNEL=1 MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8
+    env_arms bench-short.jsonl 150 "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
+    env_arms bench-short.jsonl 260 "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193
+    env_arms bench-short.jsonl 400 "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
+      MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8 MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=16
   else
-    env_arms bench-short.jsonl 150 "smollm2-135m -p 0 -n 128 -r 3" table \
+    env_arms bench-short.jsonl 130 "smollm2-135m -p 0 -n 128 -r 3" table \
       MEMRA_ATT_SWITCH0=65:ATT_WARPS=8,SHORT_KB=2
-    env_arms bench-short.jsonl 300 "synth:llama-1b:Q4_0 -p 0 -n 128 -r 3" table \
+    env_arms bench-short.jsonl 260 "synth:llama-1b:Q4_0 -p 0 -n 128 -r 3" table \
       MEMRA_ATT_SWITCH0=65:ATT_WARPS=8,SHORT_KB=2
   fi
+  # the winners (every run above the median table run, depth 128 too where measured) as engine-choice records,
+  # the freeze, then kernel-check's new launch cases (attn_short's per configuration and switch; matvec.cu's family
+  # whole: MV_TWIN withdrawn) in one call while the machine is warm
+  cp $R/bench-short.jsonl $RES/
+  python3 experiments/attn_short/choose.py $RES/bench-short.jsonl $RES/bench-short.jsonl \
+    research/tune/engine-choices-nvidia-h200.jsonl 2>&1 | cut -c1-400 | tee -a $R/log.txt
+  freeze_show $STAGE
+  mkdir -p $OUT/defaults $OUT/tune; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  cp research/tune/engine-choices-nvidia-h200.jsonl $OUT/tune/
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-170} kernel_check
+  tar czf $OUT/s49-$STAGE.tgz -C /tmp s49-$STAGE
   exit 0
 fi
 llamacpp_vs smollm2-135m gemma3-270m synth:llama-1b:Q4_0 synth:llama3-8b:Q4_K_M

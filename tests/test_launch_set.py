@@ -15,6 +15,7 @@ import pytest
 
 import gpu_emulator as EMU
 from gpu_emulator import FakeGpu
+from memra.gpu.ops import attention as ATT
 from memra.gpu.plan import ModelSpec
 from memra.gpu.runner import Row, Runner, Sampling
 from memra.model.gguf import open_gguf
@@ -564,7 +565,8 @@ def test_the_shipped_table_switches_attention_by_shape(monkeypatch):
     def switches(model):
         specs, missing = LS.model_specs((model,))
         assert not missing
-        return specs[0].cfg, {(c["params"]["switch"], c["defines"]["ATT_TC"], c["defines"]["ATT_TILE"]) for c in
+        return specs[0].cfg, {(c["params"]["switch"], c["file"], c["defines"].get("ATT_TC"),
+                               c["defines"].get("ATT_TILE")) for c in
                               LS.launch_set(specs, [table]).values() if c["family"] == "attention"
                               and "switch" in c["params"] and c["params"]["D"] == specs[0].cfg.head_dim
                               and "kv_q8" not in c["params"]}
@@ -579,7 +581,10 @@ def test_the_shipped_table_switches_attention_by_shape(monkeypatch):
             continue
         named += 1
         short = {**e, **e.get("short", ATT_SHORT)}
-        assert got == {(e["switch"], short.get("ATT_TC", 1), short["ATT_TILE"]), (e["switch"], 1, e["ATT_TILE"])}
+        mod = (ATT.SHORT_FILE, None, None) if ATT.is_short(short) else \
+            (ATT.KERNEL_FILE, short.get("ATT_TC", 1), short["ATT_TILE"])   # attn_short.cu (ATT_KERNEL 1): its own
+        first = {(e["switch0"], ATT.SHORT_FILE, None, None)} if "switch0" in e else set()
+        assert got == {(e["switch"], *mod), (e["switch"], ATT.KERNEL_FILE, 1, e["ATT_TILE"])} | first
     assert named >= 1
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
     assert switches("synth:llama3-8b:Q4_K_M")[1] == set()
