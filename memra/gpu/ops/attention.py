@@ -26,6 +26,11 @@ depends only on the number of keys), `part_o`/`part_ml` are scratch of
 `scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
 Tolerance: 1e-5 relative.
 
+config "ATT_KERNEL" 1 takes the module from kernels/attn_short.cu instead (the attention switch's short or
+first module, memra.gpu.plan: rows of fewer than its switch's <= SHORT_MAX + 1 keys, the row filter's mode 1 only;
+one block a head, one split; f16 K/V; its tunables ATT_WARPS, SHORT_PF, SHORT_KB, SHORT_VB): another float order,
+checked against the float64 reference, its two entries against each other bit for bit (_check_short).
+
 A q8_0 KV cache (kernels/kv.cuh; either side alone): int8 kcache / vcache code pools with
 kscale / vscale, their uint16 (f16 bits) scale planes [n_blocks, kv_block, n_kv * head_dim /
 32]; the module is built with KV_K_Q8 / KV_V_Q8 and reads d * q in fp32, then the f16 path's
@@ -75,6 +80,8 @@ def is_short(config: dict | None) -> bool:
 
 def kernel_file(config: dict | None) -> str:
     return SHORT_FILE if is_short(config) else KERNEL_FILE
+
+
 RING = 2   # stages (research/2026-12-02-session17 section 3: 3 stages no better, 2 blocks an SM at head 128)
 
 
