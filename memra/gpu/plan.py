@@ -421,8 +421,8 @@ class Planner:
         def att_ok(d):
             ATT.defines(c.head_dim, d)
             if ATT.is_short(d):
-                raise MemraError("ATT_KERNEL 1 (attn_short.cu) runs only as the attention switch's short module "
-                                 "(the entry's `short`, under its `switch`)")
+                raise MemraError("ATT_KERNEL 1 (attn_short.cu) runs only below a switch: the entry's `short` (under "
+                                 "its `switch`) or its first module (`switch0` / `short0`)")
             if c.n_gqa % int(d.get("hpb", 1)):
                 raise MemraError(f"hpb={d['hpb']} does not divide the {c.n_gqa} query heads per KV head")
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
