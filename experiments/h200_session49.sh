@@ -55,9 +55,9 @@ PY
   cp $R/short-check.txt $OUT/
   RES=research/2026-12-06-session49/$STAGE; mkdir -p $RES
   if [ "$STAGE" = s ]; then
-    env_arms bench-short.jsonl 150 "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
-    env_arms bench-short.jsonl 260 "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193
-    env_arms bench-short.jsonl 400 "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
+    env_arms bench-short.jsonl ${S_T1:-150} "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
+    env_arms bench-short.jsonl ${S_T2:-260} "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193
+    env_arms bench-short.jsonl ${S_T3:-400} "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
       MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8 MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=16
   else
     env_arms bench-short.jsonl 130 "smollm2-135m -p 0 -n 128 -r 3" table \
