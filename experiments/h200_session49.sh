@@ -16,7 +16,8 @@
 # STAGE s (~8 min, models shipped): kernels/attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
 #   against the table: Gemma-3 with the switch's first module (MEMRA_ATT_SWITCH0=193: rows of up to 192 keys on
 #   attn_short, the table's 2049-key switch above) at depth 0 and 128,
-#   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 16 and 8 warps); first
+#   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 8 warps; 16 with
+#   S_8B16=1); first
 #   the device's _check_short of every candidate (attn_short against the float64 reference, fused = unfused).
 #   Then experiments/attn_short/choose.py writes the winners' engine-choice records, the freeze, and kernel-check's
 #   new launch cases (KC_ADD) in the same call; $OUT: bench-short.jsonl, defaults/, tune/, the kernel-check receipt.
@@ -58,7 +59,7 @@ PY
     env_arms bench-short.jsonl ${S_T1:-150} "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
     env_arms bench-short.jsonl ${S_T2:-260} "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193
     env_arms bench-short.jsonl ${S_T3:-400} "synth:llama3-8b:Q4_K_M -p 0 -n 128 -r 3" table \
-      MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8 MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=16
+      MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=8 ${S_8B16:+MEMRA_ATT_SWITCH=129:ATT_KERNEL=1,ATT_WARPS=16}
   else
     env_arms bench-short.jsonl 130 "smollm2-135m -p 0 -n 128 -r 3" table \
       MEMRA_ATT_SWITCH0=65:ATT_WARPS=8,SHORT_KB=2
