@@ -13,7 +13,7 @@
 #   those pieces into .llamacpp-bin/ here (git-ignored), and every later call carries them instead of building
 #   (~5 min of device time saved a call). On an H200, this is issue 14's board.
 # STAGE d / e / k: h200_session44.sh's (tag s49): `--vs llama.cpp` at depth, the other synthetic 8Bs, kernel-check.
-# STAGE s (~8 min, models shipped): kernels/attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
+# STAGE s (~8 min, models shipped): attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
 #   against the table: Gemma-3 with the switch's first module (MEMRA_ATT_SWITCH0=193: rows of up to 192 keys on
 #   attn_short, the table's 2049-key switch above) at depth 0 and 128,
 #   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 8 warps; 16 with

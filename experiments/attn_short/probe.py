@@ -4,7 +4,7 @@
 Both arms are memra.gpu.ops.attention's tune case (attn_decode_rope as the engine launches it: RoPE and the
 K/V append inside, the q8 twin, one token at position ctx - 1 of its own sequence, the copies rotated past the
 L2): "engine" with kernels/attention.cu and the H200 table's short-row configuration of the shape, the others with
-the module taken from kernels/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
+the module taken from experiments/attn_short/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
 memory), SHORT_PF / SHORT_KB / SHORT_VB / ATT_WARPS per arm. Every arm's launch is checked first (the tune case's check: the output
 against the float64 reference at TOL, the counters zero, the q8 twin quantize_q8's bits of the output), then
 timed as a graph of 20 PDL launches (experiments/attn_fixed's graph_us), at 1 / 32 / 64 / 96 / 128 / 256 keys on the
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from attn_fixed.probe import device, graph_us  # noqa: E402
 from memra.gpu.ops import attention as ATT  # noqa: E402
 
-SHORT_FILE = "attn_short.cu"
+SHORT_FILE = "../experiments/attn_short/attn_short.cu"   # relative to kernels/
 # n_head, n_head_kv, head_dim; the engine's configuration of the shape's short rows (tune/defaults/nvidia-h200.json,
 # attn_decode's entry at batch 1: its config with `short` laid over it, `switch` dropped)
 SHAPES = {

@@ -367,7 +367,9 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
                     c["entry"].startswith(pre) and all(c["defines"].get(k) == v for k, v in want.items())
                     and (switch is None or c["params"].get("switch") == switch) for c in cases)
                 if hit and switch0 is not None:   # its first module: attn_short's cases at that switch
-                    hit = any(c["entry"].startswith(pre) and c["file"] == "attn_short.cu"
+                    from memra.gpu.ops import attention as ATT
+
+                    hit = any(c["entry"].startswith(pre) and c["file"] == ATT.SHORT_FILE
                               and c["params"].get("switch") == switch0 for c in cases)
                 if not hit:
                     out.append(f"{kernel} [{skey}] b{b} {e['config']}")
