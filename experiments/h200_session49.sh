@@ -23,8 +23,11 @@
 #   new launch cases (KC_ADD) in the same call; $OUT: bench-short.jsonl, defaults/, tune/, the kernel-check receipt.
 # STAGE t (~4 min): the same for SmolLM2 and the 1B (MEMRA_ATT_SWITCH0=65 at 8 warps, SHORT_KB 2: the probe's
 #   one-key gain, nothing past 64 keys).
+# STAGE g (~2.5 min, no models shipped): the short form for a session with little device time: the device's
+#   _check_short of SHORT_CASES and Gemma-3's 193-key candidate, then tg128 of the synthetic Gemma-3-270M
+#   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
 set -u
-case "$STAGE" in a|v|s|t) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t|g) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -32,6 +35,22 @@ if [ "$STAGE" = a ]; then
   timeout 200 python3 experiments/attn_short/probe.py > $OUT/attn-short.jsonl 2> $R/attn-short.err
   log "attn_short probe rc=$? $(el)"; tail -5 $R/attn-short.err | tee -a $R/log.txt
   cat $OUT/attn-short.jsonl | cut -c1-220 | tee -a $R/log.txt
+  exit 0
+fi
+if [ "$STAGE" = g ]; then
+  timeout 60 python3 - > $R/short-check.txt 2>&1 <<'PY'
+from numpy.random import default_rng
+from memra.gpu.cuda import gpu
+from memra.gpu.ops import attention as ATT
+g, rng = gpu(), default_rng(0)
+for case, keys, cfg in list(ATT.SHORT_CASES) + [((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1})]:
+    o = ATT._check_short(g, rng, case, keys, cfg, T=8)
+    print("OK " if o.ok else "FAIL", o.name, "|", o.detail, flush=True)
+PY
+  log "short checks rc=$? $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
+  cut -c1-230 $R/short-check.txt | tee -a $R/log.txt; cp $R/short-check.txt $OUT/
+  env_arms bench-short.jsonl ${S_T1:-120} "synth:gemma3-270m:Q4_K_M -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
+  cp $R/log.txt $OUT/
   exit 0
 fi
 link_models "the real models' cells need them"
