@@ -12,8 +12,8 @@ import gpu_emulator as EMU
 from gpu_emulator import FakeGpu, ModuleLog
 from memra.errors import MemraError
 from memra.gpu.ops import attention as ATT
-from memra.gpu.runner import Row, Runner, Sampling
-from test_runner_emulated import _greedy_steps, _runner
+from memra.gpu.runner import Runner
+from test_runner_emulated import _greedy_steps, _runner, _straddle
 
 SHORT = "129:ATT_KERNEL=1,ATT_WARPS=16,SHORT_KB=8,SHORT_VB=8"
 
@@ -128,20 +128,11 @@ def test_the_first_module_before_the_switch(tiny_models, monkeypatch):
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got_lg, want_lg))
     assert {k[3] for k in r._graphs if isinstance(k[0], int)} == {"first", "short", "long"}
     # two sequences on either side of both switches in one step: each as alone
-    a, b = r.open(), r.open()
-    la = r.step([Row(a, prompt[:8], logits="last", sample=Sampling(0.0))])[0]
-    lb = r.step([Row(b, prompt, logits="last", sample=Sampling(0.0))])[0]
-    r.step([Row(b, [lb.token] * 10, sample=Sampling(0.0))])   # b: 30 tokens cached, a: 8
-    both = r.step([Row(a, [la.token], logits="last"), Row(b, [3], logits="last")])
+    both = _straddle(r, prompt, 10)[0]   # b: 30 tokens cached, a: 8
     assert r.dec_kind == "both+first"
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "0")
     monkeypatch.setenv("MEMRA_ATT_SWITCH0", "0")
-    r0 = _runner(path, max_len=96, max_seqs=4)
-    a0, b0 = r0.open(), r0.open()
-    r0.step([Row(a0, prompt[:8], logits="last", sample=Sampling(0.0))])
-    r0.step([Row(b0, prompt, logits="last", sample=Sampling(0.0))])
-    r0.step([Row(b0, [lb.token] * 10, sample=Sampling(0.0))])
-    alone = r0.step([Row(a0, [la.token], logits="last"), Row(b0, [3], logits="last")])
+    alone = _straddle(_runner(path, max_len=96, max_seqs=4), prompt, 10)[0]
     assert all(np.array_equal(x.logits.view(np.uint32), y.logits.view(np.uint32)) for x, y in zip(both, alone))
     monkeypatch.setenv("MEMRA_ATT_SWITCH", "20")
     monkeypatch.setenv("MEMRA_ATT_SWITCH0", "24")

@@ -604,6 +604,16 @@ def _greedy_steps(r, prompt, n):
     return s, toks, logits
 
 
+def _straddle(r, prompt, more):
+    """Two new sequences, a with prompt[:8], b with the prompt and `more` greedy copies of its next token, then one
+    step of a row each: (that step's outputs, a's token fed, b's token repeated)."""
+    a, b = r.open(), r.open()
+    la = r.step([Row(a, prompt[:8], logits="last", sample=Sampling(0.0))])[0].token
+    lb = r.step([Row(b, prompt, logits="last", sample=Sampling(0.0))])[0].token
+    r.step([Row(b, [lb] * more, sample=Sampling(0.0))])
+    return r.step([Row(a, [la], logits="last"), Row(b, [3], logits="last")]), la, lb
+
+
 def test_att_depth_path_keeps_the_bits_across_split_counts(tiny_models, monkeypatch):
     """MEMRA_ATT_DEPTH=1: a decode step launches its deepest row's split count (graphs keyed by
     it) and, once KV heads x splits fill the SMs (here 4, so from 2 splits), blocks of the whole
@@ -678,17 +688,13 @@ def test_att_switch_computes_every_row_once_and_keys_its_graphs(tiny_models, mon
     assert {k[3] for k in r._graphs if isinstance(k[0], int)} == {"short", "both", "long"}
     # two sequences in one step, one on each side of the switch: each as it is alone
     r = runner("26")
-    a, b = r.open(), r.open()
-    la = r.step([Row(a, prompt[:8], logits="last", sample=Sampling(0.0))])[0]
-    lb = r.step([Row(b, prompt, logits="last", sample=Sampling(0.0))])[0]
-    r.step([Row(b, [lb.token] * 6, sample=Sampling(0.0))])   # b: 26 tokens cached, a: 8
-    both = r.step([Row(a, [la.token], logits="last"), Row(b, [3], logits="last")])
+    both, la, lb = _straddle(r, prompt, 6)   # b: 26 tokens cached, a: 8
     assert r.dec_kind == "both"
     ra = runner("0")
     a1, b1 = ra.open(), ra.open()
     ra.step([Row(a1, prompt[:8])])
-    ra.step([Row(b1, prompt + [lb.token] * 6)])
-    alone = [ra.step([Row(a1, [la.token], logits="last")])[0], ra.step([Row(b1, [3], logits="last")])[0]]
+    ra.step([Row(b1, prompt + [lb] * 6)])
+    alone = [ra.step([Row(a1, [la], logits="last")])[0], ra.step([Row(b1, [3], logits="last")])[0]]
     for x, y in zip(both, alone):
         assert np.array_equal(x.logits.view(np.uint32), y.logits.view(np.uint32))
 
