@@ -37,27 +37,11 @@ if [ "$STAGE" = a ]; then
   cat $OUT/attn-short.jsonl | cut -c1-220 | tee -a $R/log.txt
   exit 0
 fi
-if [ "$STAGE" = g ]; then
-  timeout 60 python3 - > $R/short-check.txt 2>&1 <<'PY'
-from numpy.random import default_rng
-from memra.gpu.cuda import gpu
-from memra.gpu.ops import attention as ATT
-g, rng = gpu(), default_rng(0)
-for case, keys, cfg in list(ATT.SHORT_CASES) + [((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1})]:
-    o = ATT._check_short(g, rng, case, keys, cfg, T=8)
-    print("OK " if o.ok else "FAIL", o.name, "|", o.detail, flush=True)
-PY
-  log "short checks rc=$? $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
-  cut -c1-230 $R/short-check.txt | tee -a $R/log.txt; cp $R/short-check.txt $OUT/
-  env_arms bench-short.jsonl ${S_T1:-120} "synth:gemma3-270m:Q4_K_M -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
-  cp $R/log.txt $OUT/
-  exit 0
-fi
-link_models "the real models' cells need them"
-if [ "$STAGE" = s ] || [ "$STAGE" = t ]; then
-  # S_CHECK=0 skips the device's _check_short of the candidates (kernel-check below checks the chosen one's cases;
-  # S_T1..3=0 skip a cell: a short call's form, e.g. S_CHECK=0 S_T1=110 S_T2=0 S_T3=0 for Gemma-3 at depth 0 alone)
-  [ "${S_CHECK:-1}" = 1 ] && timeout 120 python3 - > $R/short-check.txt 2>&1 <<'PY'
+# short_checks LIMIT N: on the device, _check_short of attn_short.cu's SHORT_CASES and the first N candidates below
+# (Gemma-3's first, then the 8B's, SmolLM2's and the 1B's), logged, $OUT/short-check.txt
+short_checks() {
+  timeout $1 python3 - $2 > $R/short-check.txt 2>&1 <<'PY'
+import sys
 from numpy.random import default_rng
 from memra.gpu.cuda import gpu
 from memra.gpu.ops import attention as ATT
@@ -68,15 +52,24 @@ cands = [((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1}),
          ((128, 4, 8, 1, 0, 128, False, False, False), 129, {"ATT_KERNEL": 1, "ATT_WARPS": 8}),
          ((64, 3, 3, 1, 0, 64, False, False, False), 65, {"ATT_KERNEL": 1, "ATT_WARPS": 8, "SHORT_KB": 2}),
          ((64, 4, 8, 1, 0, 64, False, False, False), 65, {"ATT_KERNEL": 1, "ATT_WARPS": 8, "SHORT_KB": 2})]
-for case, keys, cfg in list(ATT.SHORT_CASES) + cands:
+for case, keys, cfg in list(ATT.SHORT_CASES) + cands[:int(sys.argv[1])]:
     o = ATT._check_short(g, rng, case, keys, cfg, T=8)
     print("OK " if o.ok else "FAIL", o.name, "|", o.detail, flush=True)
 PY
-  if [ "${S_CHECK:-1}" = 1 ]; then
-    log "short checks $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
-    cut -c1-230 $R/short-check.txt | tee -a $R/log.txt
-    cp $R/short-check.txt $OUT/
-  fi
+  log "short checks rc=$? $(grep -c '^OK' $R/short-check.txt) ok, $(grep -c '^FAIL' $R/short-check.txt) failed"
+  cut -c1-230 $R/short-check.txt | tee -a $R/log.txt; cp $R/short-check.txt $OUT/
+}
+if [ "$STAGE" = g ]; then
+  short_checks 60 1
+  env_arms bench-short.jsonl ${S_T1:-120} "synth:gemma3-270m:Q4_K_M -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
+  cp $R/log.txt $OUT/
+  exit 0
+fi
+link_models "the real models' cells need them"
+if [ "$STAGE" = s ] || [ "$STAGE" = t ]; then
+  # S_CHECK=0 skips the device's _check_short of the candidates (kernel-check below checks the chosen one's cases;
+  # S_T1..3=0 skip a cell: a short call's form, e.g. S_CHECK=0 S_T1=110 S_T2=0 S_T3=0 for Gemma-3 at depth 0 alone)
+  [ "${S_CHECK:-1}" = 1 ] && short_checks 120 6
   RES=research/2026-12-06-session49/$STAGE; mkdir -p $RES
   if [ "$STAGE" = s ]; then
     env_arms bench-short.jsonl ${S_T1:-150} "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193

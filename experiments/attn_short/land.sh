@@ -10,8 +10,6 @@ cd "$(dirname "$0")/../.."
 git diff --quiet HEAD -- kernels memra/gpu/ops/attention.py || { echo "land.sh: kernels/ or attention.py has uncommitted changes"; exit 1; }
 git mv experiments/attn_short/attn_short.cu kernels/attn_short.cu
 sed -i 's|^SHORT_FILE = "../experiments/attn_short/attn_short.cu"$|SHORT_FILE = "attn_short.cu"|' memra/gpu/ops/attention.py
-sed -i 's|^SHORT_FILE = "../experiments/attn_short/attn_short.cu"   # relative to kernels/$|SHORT_FILE = "attn_short.cu"|' \
-  experiments/attn_short/probe.py
 grep -q '^SHORT_FILE = "attn_short.cu"$' memra/gpu/ops/attention.py || { echo "land.sh: SHORT_FILE not rewritten"; exit 1; }
 git show 3a92430:kernels/matvec.cu > kernels/matvec.cu   # matvec.cu without mv_q8_glu_twin (78d4201cb5b5e40c)
 python3 -m memra tune carry --from HEAD

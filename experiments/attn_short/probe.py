@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from attn_fixed.probe import device, graph_us  # noqa: E402
 from memra.gpu.ops import attention as ATT  # noqa: E402
 
-SHORT_FILE = "../experiments/attn_short/attn_short.cu"   # relative to kernels/
+SHORT_FILE = ATT.SHORT_FILE
 # n_head, n_head_kv, head_dim; the engine's configuration of the shape's short rows (tune/defaults/nvidia-h200.json,
 # attn_decode's entry at batch 1: its config with `short` laid over it, `switch` dropped)
 SHAPES = {

@@ -130,6 +130,31 @@ def _switch(keys, over, base: dict | None, head_dim: int) -> tuple[int, dict]:
     return keys, short
 
 
+def _setting(var: str, example: str, table: dict | None, keys_key: str, over_key: str, default_over: dict,
+             base: dict | None, head_dim: int, fixed: dict | None = None):
+    """A switch's (keys, config) from the environment variable `var` (0 off, KEYS, or KEYS:X=N,...) or, where it is
+    empty, from the table entry's `keys_key` / `over_key`; None when off. The config is `base` with the values given
+    (default_over without) and `fixed` laid over it, checked by _switch; a bad value a MemraError naming `var`."""
+    v = os.environ.get(var, "").strip()
+    if v == "0":
+        return None
+    if v == "":
+        if not table or keys_key not in table:
+            return None
+        return _switch(table[keys_key], {**table.get(over_key, default_over), **(fixed or {})}, base, head_dim)
+    head, _, rest = v.partition(":")
+    try:
+        keys = int(head)
+        over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())} \
+            if rest else default_over
+    except ValueError:
+        raise MemraError(f"{var} must be 0, KEYS or KEYS:X=N,... (e.g. {example}), got {v!r}") from None
+    try:
+        return _switch(keys, {**over, **(fixed or {})}, base, head_dim)
+    except MemraError as e:
+        raise MemraError(f"{var}={v!r}: {e}") from None
+
+
 def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     """The attention switch: None (off), or (keys, short config): a row of fewer than `keys` keys (its own count)
     runs attn_decode at the short config (att_cfg with ATT_SHORT, or with the ATT_* values given), the others at
@@ -137,52 +162,20 @@ def att_switch(att_cfg: dict | None, head_dim: int, table: dict | None = None):
     names `switch` (table: that entry's configuration, whose `short` may name the short module's ATT_* values; a
     measured engine choice: research/2026-12-05-session36); MEMRA_ATT_SWITCH (docs/FLAGS.md) overrides it: 0 off
     (the rollback), KEYS, or KEYS:ATT_X=N,... for another short module ("256:ATT_TC=0,ATT_TILE=32")."""
-    v = os.environ.get("MEMRA_ATT_SWITCH", "").strip()
-    if v == "":
-        if not table or "switch" not in table:
-            return None
-        return _switch(table["switch"], table.get("short", ATT_SHORT), att_cfg, head_dim)
-    if v == "0":
-        return None
-    head, _, rest = v.partition(":")
-    try:
-        keys = int(head)
-        pairs = [kv.split("=") for kv in rest.split(",") if kv.strip()]
-        over = {k.strip(): int(x) for k, x in pairs} if rest else ATT_SHORT
-    except ValueError:
-        raise MemraError(f"MEMRA_ATT_SWITCH must be 0, KEYS or KEYS:ATT_X=N,... (e.g. 256:ATT_TC=0,ATT_TILE=32), "
-                         f"got {v!r}")
-    try:
-        return _switch(keys, over, att_cfg, head_dim)
-    except MemraError as e:
-        raise MemraError(f"MEMRA_ATT_SWITCH={v!r}: {e}") from None
+    return _setting("MEMRA_ATT_SWITCH", "256:ATT_TC=0,ATT_TILE=32", table, "switch", "short", ATT_SHORT, att_cfg,
+                    head_dim)
+
+
+FIRST = {"ATT_KERNEL": 1}   # the first module's configuration always names attn_short.cu
 
 
 def att_first(head_dim: int, table: dict | None = None):
     """The attention switch's first module: None (off), or (keys, config): a row of fewer than `keys` keys runs
-    attn_short.cu (ATT_KERNEL 1, memra.gpu.ops.attention.SHORT_FILE) at that config, after the switch's modules (whose short one also takes
-    such a row where a step launches both: attn_short's bits stand, the same K / V rows appended twice). On where
-    the table's attn_decode entry names `switch0` (its `short0` the configuration: attn_short's tunables);
-    MEMRA_ATT_SWITCH0 (docs/FLAGS.md) overrides it: 0 off, KEYS, or KEYS:SHORT_X=N,... (ATT_KERNEL 1 implied)."""
-    v = os.environ.get("MEMRA_ATT_SWITCH0", "").strip()
-    if v == "":
-        if not table or "switch0" not in table:
-            return None
-        keys, over = table["switch0"], table.get("short0", {})
-    elif v == "0":
-        return None
-    else:
-        head, _, rest = v.partition(":")
-        try:
-            keys = int(head)
-            over = {k.strip(): int(x) for k, x in (kv.split("=") for kv in rest.split(",") if kv.strip())}
-        except ValueError:
-            raise MemraError(f"MEMRA_ATT_SWITCH0 must be 0, KEYS or KEYS:SHORT_X=N,... (e.g. 193:ATT_WARPS=16), "
-                             f"got {v!r}") from None
-    try:
-        return _switch(keys, {**over, "ATT_KERNEL": 1}, None, head_dim)
-    except MemraError as e:
-        raise MemraError(f"{'MEMRA_ATT_SWITCH0=' + repr(v) if v else 'switch0'}: {e}") from None
+    attn_short.cu (ATT_KERNEL 1, memra.gpu.ops.attention.SHORT_FILE) at that config, after the switch's modules
+    (whose short one also takes such a row where a step launches both: attn_short's bits stand, the same K / V rows
+    appended twice). On where the table's attn_decode entry names `switch0` (its `short0` the configuration:
+    attn_short's tunables); MEMRA_ATT_SWITCH0 (docs/FLAGS.md) overrides it: 0 off, KEYS, or KEYS:SHORT_X=N,..."""
+    return _setting("MEMRA_ATT_SWITCH0", "193:ATT_WARPS=16", table, "switch0", "short0", {}, None, head_dim, FIRST)
 
 
 def graph_bucket(rows: int) -> int:
@@ -428,7 +421,7 @@ class Planner:
             if "switch" in d:   # the attention switch (att_switch): keys, and the short module's configuration
                 _switch(d["switch"], d.get("short", ATT_SHORT), d, c.head_dim)
             if "switch0" in d:   # its first module (att_first)
-                _switch(d["switch0"], {**d.get("short0", {}), "ATT_KERNEL": 1}, None, c.head_dim)
+                _switch(d["switch0"], {**d.get("short0", {}), **FIRST}, None, c.head_dim)
             if "splits" in d:   # the plan's split count (below)
                 ATT.check_splits(d["splits"])
 

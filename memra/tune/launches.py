@@ -340,6 +340,7 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
     entry's configuration (the launch set merges launches that differ only in N, so N is not compared); an attention
     entry's switch (and its short module) is the row filter of its cases (params), its switch0 that of some
     attn_short.cu case."""
+    from memra.gpu.ops import attention as ATT
     from memra.gpu.ops.matvec import TYPES as MV_TYPES
 
     type_id = {v[0]: k for k, v in MV_TYPES.items()}
@@ -367,8 +368,6 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
                     c["entry"].startswith(pre) and all(c["defines"].get(k) == v for k, v in want.items())
                     and (switch is None or c["params"].get("switch") == switch) for c in cases)
                 if hit and switch0 is not None:   # its first module: attn_short's cases at that switch
-                    from memra.gpu.ops import attention as ATT
-
                     hit = any(c["entry"].startswith(pre) and c["file"] == ATT.SHORT_FILE
                               and c["params"].get("switch") == switch0 for c in cases)
                 if not hit:

@@ -134,12 +134,13 @@ def ring_bytes(defines: dict) -> int:
 def defines(head_dim: int, config: dict | None = None) -> dict:
     """The -D tunables of a launch: the built-in rule (warps_for, TILE) with config's
     ATT_* laid over it, checked."""
-    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE}
-    d.update({k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
-    if d.get("ATT_KERNEL", 0) not in (0, 1):
-        raise MemraError(f"attention: ATT_KERNEL must be 0 (attention.cu) or 1 (attn_short.cu), got {d['ATT_KERNEL']}")
-    if d.get("ATT_KERNEL"):
-        return _short_defines(head_dim, {k: int(v) for k, v in (config or {}).items() if k in TUNABLES})
+    given = {k: int(v) for k, v in (config or {}).items() if k in TUNABLES}
+    if given.get("ATT_KERNEL", 0) not in (0, 1):
+        raise MemraError(f"attention: ATT_KERNEL must be 0 (attention.cu) or 1 (attn_short.cu), got "
+                         f"{given['ATT_KERNEL']}")
+    if given.get("ATT_KERNEL"):
+        return _short_defines(head_dim, given)
+    d = {"ATT_WARPS": warps_for(head_dim), "ATT_TILE": TILE, **given}
     if not 1 <= d["ATT_WARPS"] <= 32:
         raise MemraError(f"attention: ATT_WARPS must be in 1..32, got {d['ATT_WARPS']}")
     if d["ATT_TILE"] < 1 or d.get("ATT_MIN_CHUNK", 1) < 1:
@@ -200,17 +201,24 @@ def red_bytes(d: dict) -> int:
     return (kg if kg * G * D <= cap else cap // (G * D)) * G * D * 4
 
 
+def short_module_defines(head_dim: int, config: dict, keys: int, kv_block: int = 16,
+                         kv_q8=(False, False)) -> dict:
+    """attn_short.cu's module as the engine launches it: one head a block, the rows of fewer than `keys` keys (the
+    row filter's mode 1; keys <= SHORT_MAX + 1)."""
+    if not 1 <= keys <= SHORT_MAX + 1:
+        raise MemraError(f"attention: ATT_KERNEL 1 (attn_short.cu) computes the rows of fewer than its switch's keys "
+                         f"only: row filter (1, keys <= {SHORT_MAX + 1}), got keys {keys}")
+    return {**module_defines(head_dim, 1, config, kv_block, kv_q8), "ATT_ROWS": 1, "ATT_SWITCH": int(keys)}
+
+
 def module(g, head_dim: int, n_gqa: int, canary: bool = False, config: dict | None = None, kv_block: int = 16,
            kv_q8=(False, False), rows_filter: tuple[int, int] = (0, 0)):
-    d = module_defines(head_dim, n_gqa, config, kv_block, kv_q8)
     if is_short(config):
-        if canary:
-            raise MemraError("attention: attn_short.cu has no canary")
-        if rows_filter[0] != 1 or not 1 <= rows_filter[1] <= SHORT_MAX + 1:
-            raise MemraError(f"attention: ATT_KERNEL 1 (attn_short.cu) computes the rows of fewer than its switch's "
-                             f"keys only: row filter (1, keys <= {SHORT_MAX + 1}), got {rows_filter}")
-        d["ATT_ROWS"], d["ATT_SWITCH"] = 1, int(rows_filter[1])
-        return g.module(SHORT_FILE, d)
+        if canary or rows_filter[0] != 1:
+            raise MemraError(f"attention: attn_short.cu has no canary and runs with the row filter's mode 1 only "
+                             f"(canary {canary}, row filter {rows_filter})")
+        return g.module(SHORT_FILE, short_module_defines(head_dim, config, rows_filter[1], kv_block, kv_q8))
+    d = module_defines(head_dim, n_gqa, config, kv_block, kv_q8)
     if canary:
         # 1: a token does not see itself; 2: the block table ignored; 4 (q8_0): the scale plane ignored
         d["MEMRA_CANARY"] = int(canary)
@@ -341,7 +349,8 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
     hpb = hpb or int((config or {}).get("hpb", 0)) or heads_per_block(n_kv, n_gqa)
     if hpb < 1 or n_gqa % hpb:
         raise MemraError(f"attention: {hpb} heads per block must divide the {n_gqa} query heads per KV head")
-    if is_short(config):   # attn_short.cu: one head a block (its bits do not depend on it), one split a row
+    short = is_short(config)
+    if short:   # attn_short.cu: one head a block (its bits do not depend on it), one split a row
         hpb = 1
     nhb = n_head // hpb
     nt = 32 * defines(head_dim, config)["ATT_WARPS"]
@@ -360,7 +369,7 @@ def attention(g, q, kcache, vcache, out, part_o, part_ml, pos, seq, block_table,
         raise MemraError("attention: RoPE fuses only into the one-launch variant (give counters)")
     m = module(g, head_dim, hpb, canary, config, kcache.shape[1], kv_q8, rows_filter)
     shm = ring_bytes(m.defines)
-    if is_short(config):
+    if short:
         n_splits = 1
     tail = (pos, seq if seq is not None else _NULL, block_table, np.int32(max_blocks), np.int32(n_kv),
             np.int32(n_gqa), np.int32(window), np.float32(scale), np.float32(softcap),
@@ -458,8 +467,7 @@ def compile_variants():
     out.append((KERNEL_FILE, {"HEAD_DIM": 64, "N_GQA": 1, "ATT_WARPS": warps_for(64), "ATT_TILE": TILE,
                               "KV_BLOCK": 16, **kv_defines((True, True)), "MEMRA_CANARY": 4}))
     # attn_short.cu (ATT_KERNEL 1): SHORT_CASES' modules
-    out += [(SHORT_FILE, {**module_defines(c[0], 1, cfg), "ATT_ROWS": 1, "ATT_SWITCH": keys})
-            for c, keys, cfg in SHORT_CASES]
+    out += [(SHORT_FILE, short_module_defines(c[0], cfg, keys)) for c, keys, cfg in SHORT_CASES]
     return out
 
 
@@ -861,9 +869,9 @@ def launch_cases(L, ctx) -> list[dict]:
     hpb = int(L.args.get("hpb", plan.att_hpb))
     # a decode launch's heads per block follow its grid (the runner's plan.att_hpb_at at the step's split count):
     # on the MEMRA_ATT_DEPTH path the whole GQA group once the splits fill the SMs, a module of its own (N_GQA);
-    # a table entry's case (launches.table_cases: no planner) keeps its own
+    # a table entry's case (launches.table_cases: no planner) keeps its own; attn_short.cu launches one head a block
     at = getattr(plan, "att_hpb_at", None)
-    hpbs = [hpb] if L.args.get("prefill") or at is None else \
+    hpbs = [1] if is_short(L.config) else [hpb] if L.args.get("prefill") or at is None else \
         sorted({hpb, *(at(int(L.rows), s) for s in (1, plan.n_splits))})
     kv = plan_kv_q8(plan)
     fused = L.op == "attention_rope"
@@ -877,8 +885,6 @@ def launch_cases(L, ctx) -> list[dict]:
     tag = f"heads={c.n_head}/{c.n_head_kv} window={window} twin={twin}" + (
         " rope_dim={0} neox={1} qk_norm={2} bias={3}".format(*rope) if fused else "") + (
         f" rows={rf} switch={int(L.args['att_switch'])}" if rf else "")
-    if is_short(L.config):   # attn_short.cu launches one head a block whatever the plan's
-        hpbs = [1]
     return [{"file": kernel_file(L.config), "entry": "attn_decode_rope" if fused else "attn_decode",
              "defines": module_defines(D, h, L.config, ctx.kv_block, kv), "bucket": b, "tag": tag,
              "params": {"D": D, "qpk": c.n_gqa, "n_kv": c.n_head_kv, "hpb": h, "window": window, "twin": twin,
@@ -938,8 +944,7 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
     nh, nkv, D = int(shape["n_head"]), int(shape["n_head_kv"]), int(shape["head_dim"])
     hpb = int((config or {}).get("hpb", 0)) or heads_per_block(nkv, nh // nkv)
     if is_short(config):
-        return [(SHORT_FILE, {**module_defines(D, 1, dict(config), _TUNE_BLOCK), "ATT_ROWS": 1,
-                              "ATT_SWITCH": int(shape["ctx"]) + 1})]
+        return [(SHORT_FILE, short_module_defines(D, dict(config), int(shape["ctx"]) + 1, _TUNE_BLOCK))]
     return [(KERNEL_FILE, module_defines(D, hpb, dict(config or {}), _TUNE_BLOCK))]
 
 
