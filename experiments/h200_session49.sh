@@ -70,7 +70,7 @@ if [ "$STAGE" = s ] || [ "$STAGE" = t ]; then
   # S_CHECK=0 skips the device's _check_short of the candidates (kernel-check below checks the chosen one's cases;
   # S_T1..3=0 skip a cell: a short call's form, e.g. S_CHECK=0 S_T1=110 S_T2=0 S_T3=0 for Gemma-3 at depth 0 alone)
   [ "${S_CHECK:-1}" = 1 ] && short_checks 120 6
-  RES=research/2026-12-06-session49/$STAGE; mkdir -p $RES
+  RES=research/${RES_DIR:-2026-12-06-session49}/$STAGE; mkdir -p $RES   # RES_DIR: a later session's folder
   if [ "$STAGE" = s ]; then
     env_arms bench-short.jsonl ${S_T1:-150} "gemma3-270m -p 0 -n 128 -r 3" table MEMRA_ATT_SWITCH0=193
     env_arms bench-short.jsonl ${S_T2:-260} "gemma3-270m -p 0 -n 128 -d 128 -r 3" table MEMRA_ATT_SWITCH0=193

@@ -44,11 +44,6 @@
 // prefetched into L2: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
-// MV_TWIN (0; q8 family, _glu): the entry mv_q8_glu_twin (extra arguments tq, ts), a block owning 32
-// consecutive output rows (MV_NWARPS x MV_ROWS = 32, MV_KSPLIT 1, N % 32 == 0, grid N / 32) also writes
-// the q8 twin of its rows (tq [nb][N] int8, ts [nb][N / 32]: q8_quantize_warp over each batch row's 32
-// outputs, the bits quantize_q8 makes of y), so the down projection needs no quantize launch
-// (experiments/glu_twin; the twin is read by the next launch only, never by this one).
 // MV_XSMEM (0; q8 family) stages the block's activations in shared memory, tile-interleaved
 // (the strided activation loads, not DRAM, bound the plain q8 kernel: see research/matvec.md).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
@@ -68,8 +63,6 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
-//  6. MV_TWIN: mv_q8_glu_twin writes the q8 twin of its 32-row block (experiments/glu_twin; the 2026-11-30
-//     fold, v2 there, lost on the 1B / 8B and won on SmolLM2's shape: a per-shape engine choice now).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"
@@ -94,9 +87,6 @@
 #endif
 #ifndef MV_XSMEM
 #define MV_XSMEM 0
-#endif
-#ifndef MV_TWIN
-#define MV_TWIN 0
 #endif
 #ifndef MV_PDL_TRIGGER
 #define MV_PDL_TRIGGER 1
@@ -256,45 +246,6 @@ MEMRA_DEVICE void finish(float (&acc)[Rows<B, GLU>::NR][B], float* y, const floa
     }
 }
 
-#if MV_TWIN
-#if MV_NWARPS * MV_ROWS != 32 || MV_KSPLIT != 1
-#error "MV_TWIN: a block must own 32 output rows (MV_NWARPS x MV_ROWS = 32, MV_KSPLIT 1)"
-#endif
-// finish()'s epilogue for a GLU block of 32 output rows, then the q8 twin of those rows: the same operations on the
-// same values (warp_sum, act(gate) * up, + res), each output also parked in shared memory; warp b quantizes batch
-// row b's 32 outputs (q8_quantize_warp: quantize_q8's rule, bit for bit).
-template <int B>
-MEMRA_DEVICE void finish_twin(float (&acc)[2 * MV_ROWS][B], float* y, const float* res, int row0, int N, int nb,
-                              int act, int8_t* tq, Q8Scale* ts) {
-    __shared__ float tw[B][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int r = 0; r < 2 * MV_ROWS; ++r)
-#pragma unroll
-        for (int b = 0; b < B; ++b) acc[r][b] = warp_sum(acc[r][b]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MV_ROWS; ++r) {
-            const int row = row0 + r;
-#pragma unroll
-            for (int b = 0; b < B; ++b) {
-                if (b >= nb) break;
-                const float gte = acc[r][b], up = acc[MV_ROWS + r][b];
-                float v = __fmul_rn(act == 2 ? gelu_tanh_f32(gte) : silu_f32(gte), up);
-                const size_t o = (size_t)b * N + row;
-                if (res) v = __fadd_rn(v, res[o]);
-                y[o] = v;
-                tw[b][warp * MV_ROWS + r] = v;
-            }
-        }
-    }
-    __syncthreads();
-    for (int b = warp; b < nb && b < B; b += MV_NWARPS)
-        q8_quantize_warp(tw[b][lane], tq + (size_t)b * N + (size_t)blockIdx.x * 32,
-                         ts + (size_t)b * (N / 32) + blockIdx.x);
-}
-#endif
-
 MEMRA_DEVICE int weight_row(int r, int row0, int N) {
     // rows [0, MV_ROWS) of the warp are output rows; [MV_ROWS, 2 MV_ROWS) their GLU "up" rows
     // (N further down). Rows past N are clamped: loaded and computed, never stored.
@@ -304,11 +255,10 @@ MEMRA_DEVICE int weight_row(int r, int row0, int N) {
 }
 
 #if !MV_FLOAT_ONLY
-template <int B, bool GLU, bool TWIN = false>
+template <int B, bool GLU>
 MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                         const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
-                        float* y, const float* res, int N, int K, int nb, int act,
-                        int8_t* tq = nullptr, Q8Scale* ts = nullptr) {
+                        float* y, const float* res, int N, int K, int nb, int act) {
     constexpr int NR = Rows<B, GLU>::NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * (MV_NWARPS / MV_KSPLIT) + warp / MV_KSPLIT) * MV_ROWS;
@@ -417,12 +367,6 @@ MEMRA_DEVICE void mv_q8_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         for (int r = 0; r < NR; ++r) w[r] = wn[r];
 #endif
     }
-#if MV_TWIN
-    if constexpr (TWIN) {
-        finish_twin<B>(acc, y, res, row0, N, nb, act, tq, ts);
-        return;
-    }
-#endif
     finish<B, GLU>(acc, y, res, row0, N, nb, act);
 }
 #endif
@@ -550,11 +494,4 @@ mv_q8_glu(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Sc
           const float* res, int N, int K, int nb, int act) {
     mv_q8_body<MV_B, true>(bulk, meta, xq, xs, y, res, N, K, nb, act);
 }
-#if MV_TWIN
-extern "C" __global__ void __launch_bounds__(32 * MV_NWARPS)
-mv_q8_glu_twin(const uint8_t* bulk, const uint8_t* meta, const int8_t* xq, const Q8Scale* xs, float* y,
-               const float* res, int N, int K, int nb, int act, int8_t* tq, Q8Scale* ts) {
-    mv_q8_body<MV_B, true, true>(bulk, meta, xq, xs, y, res, N, K, nb, act, tq, ts);
-}
-#endif
 #endif

@@ -4,7 +4,7 @@
 Both arms are memra.gpu.ops.attention's tune case (attn_decode_rope as the engine launches it: RoPE and the
 K/V append inside, the q8 twin, one token at position ctx - 1 of its own sequence, the copies rotated past the
 L2): "engine" with kernels/attention.cu and the H200 table's short-row configuration of the shape, the others with
-the module taken from experiments/attn_short/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
+the module taken from kernels/attn_short.cu (the same parameters; ATT_RING 0, so no dynamic shared
 memory), SHORT_PF / SHORT_KB / SHORT_VB / ATT_WARPS per arm. Every arm's launch is checked first (the tune case's check: the output
 against the float64 reference at TOL, the counters zero, the q8 twin quantize_q8's bits of the output), then
 timed as a graph of 20 PDL launches (experiments/attn_fixed's graph_us), at 1 / 32 / 64 / 96 / 128 / 256 keys on the

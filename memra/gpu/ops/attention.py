@@ -68,9 +68,7 @@ TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY", "
             "ATT_KERNEL", "SHORT_PF", "SHORT_KB", "SHORT_VB")
 # ATT_KERNEL 1: the module comes from attn_short.cu (rows of fewer than SHORT_MAX + 1 keys, one block a
 # head, f16 K/V, the row filter's mode 1 only: the attention switch's short module), its SHORT_* tunables with it
-# (under experiments/ until a device session's kernel-check lands it in kernels/: a new kernels/ file stales the
-# committed receipt, and session 49 got no machine; the path is relative to kernels/)
-SHORT_FILE = "../experiments/attn_short/attn_short.cu"
+SHORT_FILE = "attn_short.cu"
 SHORT_MAX = 256    # attn_short.cu's SHORT_MAX: the most keys a row it computes may have
 SHORT_DEFAULTS = {"ATT_WARPS": 16, "SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8}
 
