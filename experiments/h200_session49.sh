@@ -4,7 +4,7 @@
 # carry .whl and .synthtok (+ .llamacpp, and .llamacpp-bin once a call has packed it, for STAGE v).
 #
 # STAGE a (~30 s, no models): experiments/attn_short/probe.py — v3 (a warp's p shuffled) against the engine's
-#   launch per shape and depth; $OUT/attn-short.jsonl -> research/<date>-session49/a/. If Gemma-3 / the 8B keep
+#   launch per shape and depth (PROBE_CTX=160,192: those key counts instead); $OUT/attn-short.jsonl -> research/<date>-session49/a/. If Gemma-3 / the 8B keep
 #   their 64-key gains and the crossover stays near 96-128 keys, the engine module is the next CPU work
 #   (experiments/attn_short/README.md "Next").
 # STAGE v (~9 min, the models shipped first): `memra bench --vs llama.cpp` of SmolLM2, Gemma-3, the 1B and the 8B

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,9 @@ ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8},   # v1's score
         "kb4_vb8": {"SHORT_PF": 2, "SHORT_KB": 4, "SHORT_VB": 8},
         "w16_kb8": {"SHORT_PF": 2, "SHORT_KB": 8, "SHORT_VB": 8, "ATT_WARPS": 16}}
 CTX = (1, 32, 64, 96, 128, 256)
+# PROBE_CTX=160,192,...: other key counts (session 50: Gemma-3's switch0 193 lost 0.3-1 % at depth 128, whose rows of
+# 129-192 keys the probe had not timed)
+CTX = tuple(int(x) for x in os.environ["PROBE_CTX"].split(",")) if os.environ.get("PROBE_CTX") else CTX
 
 
 def arm_config(shape: dict, arm: str) -> dict:
