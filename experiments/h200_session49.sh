@@ -47,6 +47,7 @@ from memra.gpu.cuda import gpu
 from memra.gpu.ops import attention as ATT
 g, rng = gpu(), default_rng(0)
 cands = [((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1}),
+         ((256, 4, 1, 1, 0, 256, True, True, False), 193, {"ATT_KERNEL": 1, "SHORT_KB": 12, "SHORT_VB": 12}),
          ((256, 4, 1, 1, 0, 256, True, True, False), 257, {"ATT_KERNEL": 1}),
          ((128, 4, 8, 1, 0, 128, False, False, False), 129, {"ATT_KERNEL": 1}),
          ((128, 4, 8, 1, 0, 128, False, False, False), 129, {"ATT_KERNEL": 1, "ATT_WARPS": 8}),
@@ -69,7 +70,7 @@ link_models "the real models' cells need them"
 if [ "$STAGE" = s ] || [ "$STAGE" = t ]; then
   # S_CHECK=0 skips the device's _check_short of the candidates (kernel-check below checks the chosen one's cases;
   # S_T1..3=0 skip a cell: a short call's form, e.g. S_CHECK=0 S_T1=110 S_T2=0 S_T3=0 for Gemma-3 at depth 0 alone)
-  [ "${S_CHECK:-1}" = 1 ] && short_checks 120 6
+  [ "${S_CHECK:-1}" = 1 ] && short_checks 120 7
   RES=research/${RES_DIR:-2026-12-06-session49}/$STAGE; mkdir -p $RES   # RES_DIR: a later session's folder
   if [ "$STAGE" = s ]; then
     # S_GEMMA: Gemma-3's arms (session 50 measured 193: +8.05 % at depth 0, -0.99 % at 128; 129 keeps the depth-128
