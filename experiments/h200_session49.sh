@@ -4,8 +4,9 @@
 # carry .whl and .synthtok (+ .llamacpp, and .llamacpp-bin once a call has packed it, for STAGE v).
 #
 # STAGE a (~30 s, no models): experiments/attn_short/probe.py — v3 (a warp's p shuffled) against the engine's
-#   launch per shape and depth (PROBE_CTX=160,192: those key counts instead); $OUT/attn-short.jsonl -> research/<date>-session49/a/. If Gemma-3 / the 8B keep
-#   their 64-key gains and the crossover stays near 96-128 keys, the engine module is the next CPU work
+#   launch per shape and depth (PROBE_CTX=160,192: those key counts instead); $OUT/attn-short.jsonl ->
+#   research/<date>-session49/a/. If Gemma-3 / the 8B keep their 64-key gains and the crossover stays near 96-128
+#   keys, the engine module is the next CPU work
 #   (experiments/attn_short/README.md "Next").
 # STAGE v (~9 min, the models shipped first): `memra bench --vs llama.cpp` of SmolLM2, Gemma-3, the 1B and the 8B
 #   Q4_K_M with the tables as committed (depth 0), then the 8B Q4_0 / Q8_0 while the call's time lasts.
@@ -13,7 +14,7 @@
 #   those pieces into .llamacpp-bin/ here (git-ignored), and every later call carries them instead of building
 #   (~5 min of device time saved a call). On an H200, this is issue 14's board.
 # STAGE d / e / k: h200_session44.sh's (tag s49): `--vs llama.cpp` at depth, the other synthetic 8Bs, kernel-check.
-# STAGE s (~8 min, models shipped): attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
+# STAGE s (~8 min, models shipped): kernels/attn_short.cu in the engine (ATT_KERNEL 1), tg128 arms alternating
 #   against the table: Gemma-3 with the switch's first module (MEMRA_ATT_SWITCH0=193: rows of up to 192 keys on
 #   attn_short, the table's 2049-key switch above) at depth 0 and 128,
 #   the 8B with attn_short as its switch's short module (MEMRA_ATT_SWITCH=129:ATT_KERNEL=1, 8 warps; 16 with

@@ -1,4 +1,4 @@
-"""attn_short.cu (memra.gpu.ops.attention.SHORT_FILE) as the attention switch's short module (a configuration naming ATT_KERNEL 1): the
+"""kernels/attn_short.cu as the attention switch's short module (a configuration naming ATT_KERNEL 1): the
 launcher's module and refusals, kernel-check's case (_check_short) on the emulator and a wrong kernel it catches,
 and the engine with the switch naming it (the emulator's attention is float64 whatever the module, so its tokens
 and logits must be the unswitched engine's bit for bit: every row computed, roped and appended exactly once)."""

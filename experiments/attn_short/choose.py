@@ -94,7 +94,7 @@ def main() -> int:
                "shape_key": ENTRY[model], "batch": 1, "base_config": e["config"],
                "config": {**e["config"], **overlay(arm)}, "src": e["src"], "src_hash": e["src_hash"],
                "gain": round(gain, 5), "evidence": [evidence], "model": model, "git_sha": git_sha(), "ts": utc_now(),
-               "objective": f"tg128, attn_short.cu ({arm}) against the table, arms alternating on {card} "
+               "objective": f"tg128, kernels/attn_short.cu ({arm}) against the table, arms alternating on {card} "
                             f"(the H200 table by compute capability; session 49): {what}; the gain is the depth-0 "
                             "cell's smallest run against its median table run"}
         bad = validate_engine_choice(rec)

@@ -58,10 +58,9 @@ ARMS = {"kb2_vb8": {"SHORT_PF": 2, "SHORT_KB": 2, "SHORT_VB": 8},   # v1's score
         # 16 warps x 12 key steps: one batch of loads up to 192 keys at head 256 (KB / VB 8 take two past 128 keys);
         # 128 registers, no spills (16 / 16 spills)
         "w16_kb12": {"SHORT_PF": 2, "SHORT_KB": 12, "SHORT_VB": 12, "ATT_WARPS": 16}}
-CTX = (1, 32, 64, 96, 128, 256)
-# PROBE_CTX=160,192,...: other key counts (session 50: Gemma-3's switch0 193 lost 0.3-1 % at depth 128, whose rows of
-# 129-192 keys the probe had not timed)
-CTX = tuple(int(x) for x in os.environ["PROBE_CTX"].split(",")) if os.environ.get("PROBE_CTX") else CTX
+# the key counts timed; PROBE_CTX=160,192,... others (session 50: Gemma-3's switch0 193 lost 0.3-1 % at depth 128,
+# whose rows of 129-192 keys the probe had not timed)
+CTX = tuple(int(x) for x in os.environ.get("PROBE_CTX", "1,32,64,96,128,256").split(","))
 
 
 def arm_config(shape: dict, arm: str) -> dict:

@@ -171,7 +171,7 @@ FIRST = {"ATT_KERNEL": 1}   # the first module's configuration always names attn
 
 def att_first(head_dim: int, table: dict | None = None):
     """The attention switch's first module: None (off), or (keys, config): a row of fewer than `keys` keys runs
-    attn_short.cu (ATT_KERNEL 1, memra.gpu.ops.attention.SHORT_FILE) at that config, after the switch's modules
+    kernels/attn_short.cu (ATT_KERNEL 1) at that config, after the switch's modules
     (whose short one also takes such a row where a step launches both: attn_short's bits stand, the same K / V rows
     appended twice). On where the table's attn_decode entry names `switch0` (its `short0` the configuration:
     attn_short's tunables); MEMRA_ATT_SWITCH0 (docs/FLAGS.md) overrides it: 0 off, KEYS, or KEYS:SHORT_X=N,..."""

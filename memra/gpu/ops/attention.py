@@ -26,7 +26,7 @@ depends only on the number of keys), `part_o`/`part_ml` are scratch of
 `scratch_shapes(...)`. Reference: softmax attention in float64 over the cached f16 values.
 Tolerance: 1e-5 relative.
 
-config "ATT_KERNEL" 1 takes the module from attn_short.cu instead (SHORT_FILE) (the attention switch's short or
+config "ATT_KERNEL" 1 takes the module from kernels/attn_short.cu instead (the attention switch's short or
 first module, memra.gpu.plan: rows of fewer than its switch's <= SHORT_MAX + 1 keys, the row filter's mode 1 only;
 one block a head, one split; f16 K/V; its tunables ATT_WARPS, SHORT_PF, SHORT_KB, SHORT_VB): another float order,
 checked against the float64 reference, its two entries against each other bit for bit (_check_short).
@@ -66,7 +66,7 @@ def warps_for(head_dim: int) -> int:
 
 TUNABLES = ("ATT_WARPS", "ATT_TILE", "ATT_MIN_CHUNK", "ATT_RING", "ATT_EARLY", "ATT_TC",
             "ATT_KERNEL", "SHORT_PF", "SHORT_KB", "SHORT_VB")
-# ATT_KERNEL 1: the module comes from attn_short.cu (rows of fewer than SHORT_MAX + 1 keys, one block a
+# ATT_KERNEL 1: the module comes from kernels/attn_short.cu (rows of fewer than SHORT_MAX + 1 keys, one block a
 # head, f16 K/V, the row filter's mode 1 only: the attention switch's short module), its SHORT_* tunables with it
 SHORT_FILE = "attn_short.cu"
 SHORT_MAX = 256    # attn_short.cu's SHORT_MAX: the most keys a row it computes may have
