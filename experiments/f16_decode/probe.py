@@ -1,0 +1,198 @@
+"""Generated rows in the f16 arithmetic: what the decode matmuls would cost, and whether its bits hold across kernels.
+
+The question (experiments/f16_decode/README.md): issue 11's c = 64 step is 87 % gemm.cu, whose every output folds
+each 32-element block in float in mv_q8's order (its int8 mma are 1.3 % of its instructions). The prompt rows'
+arithmetic (gemm_f16.cu / gemm_f16_wg.cu: f16 weights and activations, one f32 accumulator an output over the k16
+steps in increasing k) has no per-block float work. Were generated rows in that arithmetic too, a request would keep
+its bits alone or among 63 others only if the one-row launch and the 64-row launch give the same bits, and single-
+stream decode would need a one-row kernel in it about as fast as mv_q8. This probe measures, per shape of the 8B
+Q4_K_M, the 1B Q4_0 and Gemma-3 (random valid blocks, weights rotated through more bytes than L2):
+  - time: the q8 decode kernel the engine runs at nb rows (mv_q8 at 1, mvt at 8, gemm.cu at 16 / 64; the table's
+    configuration for the shape, its nearest bucket, else the built-in), against gemm_f16.cu (mma.sync) at small
+    tiles and gemm_f16_wg.cu (wgmma) at WG_BN 64 / 128, at nb = 1, 8, 16, 64 (µs, median of CUDA-graph launches);
+  - bits: every f16 configuration's output at nb = 64 against the first configuration's (mma.sync m16n8k16 against
+    wgmma m64n64k16 / m64n128k16: the same operands and k16 steps; the hardware's sum inside a step is not
+    documented to agree across instructions), and row 0 at nb = 1 against row 0 at nb = 64 (batch invariance);
+  - error: the f16 outputs' first rows against the float64 product of the f16-rounded operands (plain shapes).
+
+    source .whl/setup.sh && python3 experiments/f16_decode/probe.py --out $OUT/f16-decode.jsonl [--quick]
+
+One JSON line per (shape, kernel, configuration, nb) with us and GB/s; one "bits" line per shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+
+Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 2, 6, 8, 12, 14
+TN = {Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+# (model, op, type, weight rows (glu: gate and up stacked), K, glu)
+SHAPES = [
+    ("8B", "gate_up", Q4_K, 2 * 14336, 4096, True),
+    ("8B", "down", Q6_K, 4096, 14336, False),
+    ("8B", "down", Q4_K, 4096, 14336, False),
+    ("8B", "qkv", Q4_K, 6144, 4096, False),
+    ("8B", "attn_output", Q4_K, 4096, 4096, False),
+    ("1B", "gate_up", Q4_0, 2 * 8192, 2048, True),
+    ("1B", "down", Q4_0, 2048, 8192, False),
+    ("1B", "qkv", Q4_0, 3072, 2048, False),
+    ("gemma3", "gate_up", Q5_0, 2 * 2048, 640, True),
+    ("gemma3", "down", Q8_0, 640, 2048, False),
+]
+NBS = (1, 8, 16, 64)
+# gemm_f16.cu (mma.sync) tiles for few rows: GF_WN 1, GF_TN 2 (BN 16), 16-64 weight rows a block
+GF = [dict(GF_WM=1, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=1, GF_TN=2),
+      dict(GF_WM=4, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=2, GF_TN=2),
+      dict(GF_WM=2, GF_WN=4, GF_TM=4, GF_TN=4)]
+WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
+      dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
+      dict(WG_BN=256, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=0, WG_PREFETCH=1)]
+ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 MB)
+TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
+
+
+def table_config(entries: dict, kernel: str, t: int, rows: int, K: int, nb: int) -> tuple[dict | None, str | None]:
+    """The table's configuration for the shape at nb rows: its bucket nb, else the nearest bucket above, else below."""
+    e = entries.get(kernel, {}).get(f"cols={K},rows={rows},type={TN[t]}")
+    if not e:
+        return None, None
+    keys = sorted(int(b) for b in e)
+    above = [b for b in keys if b >= nb]
+    b = above[0] if above else keys[-1]
+    return dict(e[str(b)]["config"]), str(b)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--limit", type=float, default=400.0, help="seconds: no new shape after this")
+    ap.add_argument("--quick", action="store_true", help="the 8B's shapes and nb 1 / 64 only")
+    args = ap.parse_args()
+    t0 = time.time()
+
+    import tile as TL
+    from memra.errors import MemraError
+    from memra.gpu.compile import compile_many, options_for  # noqa: F401
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import gemm as GM
+    from memra.gpu.ops import gemm_f16 as GF16
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.ops import mvt as MVT
+    from memra.gpu.q8 import Q8_SCALE
+    from memra.model import quants as Q
+
+    shapes = [s for s in SHAPES if s[0] == "8B"] if args.quick else SHAPES
+    nbs = (1, 64) if args.quick else NBS
+    entries = json.loads(TABLE.read_text())["entries"]
+    g = gpu()
+    dev = g.info.name
+    rng = np.random.default_rng(51)
+    out = open(args.out, "a")
+
+    def emit(rec):
+        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    # every module first, in parallel processes (the cubin cache), so the timed loop compiles nothing
+    jobs = []
+    for _, _, t, rows, K, glu in shapes:
+        for cfg in GF + WG:
+            c = GF16.launch_config(t, 64, cfg, rows)
+            jobs.append((GF16.kernel_file(c), "sm_90a", M.type_defines(t, c)))
+    t1 = time.time()
+    fails = [j for j, logtxt, _ in compile_many(jobs, 16) if logtxt]
+    emit({"kind": "compile", "modules": len(jobs), "failed": len(fails), "s": round(time.time() - t1, 1)})
+
+    for model, op, t, rows, K, glu in shapes:
+        if time.time() - t0 > args.limit:
+            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+            continue
+        N = rows // 2 if glu else rows
+        raw = M.random_weight(t, rows, K, rng)
+        nw = max(1, min(8, -(-ROTATE // raw.nbytes)))
+        ws = [M.upload_weight(g, raw, t) for _ in range(nw)]
+        nbytes = ws[0].nbytes
+        x = (rng.standard_normal((64, K)) * 2).astype(np.float32)
+        xd = g.to_device(x)
+        xq = g.empty((64 * K,), np.int8)
+        xs = g.empty((64 * K // 32,), Q8_SCALE)
+        M.quantize_q8(g, xd, xq, xs, 64)
+        xh16 = x.astype(np.float16)
+        xh = g.to_device(xh16.view(np.uint16).reshape(-1))
+        y = g.empty((64 * N,), np.float32)
+        act = "silu" if glu else None
+        base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
+                "rotate": nw}
+
+        def timed(kernel, variant, cfg, nb, fn, extra=None):
+            try:
+                fns = [lambda w=w: fn(w) for w in ws]
+                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
+                emit({"kind": "time", **base, "kernel": kernel, "variant": variant, "config": cfg, "nb": nb,
+                      "us": round(us, 2), "gbps": round(nbytes / us / 1e3, 1), **(extra or {})})
+            except MemraError as e:
+                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
+
+        for nb in nbs:
+            # the q8 decode kernel the engine's rule picks at nb rows (memra.gpu.plan.dispatch_rule), table-tuned
+            if nb <= 8:
+                cfg, b = table_config(entries, "matvec_glu" if glu else "matvec", t, rows, K, nb)
+                timed("matvec", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: M.matvec(
+                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, tuned=(lambda _n, c=cfg: c) if cfg else None),
+                    {"bucket": b})
+            if MVT.MVT_MIN_ROWS <= nb < GM.GEMM_MIN_ROWS:
+                cfg, b = table_config(entries, "mvt_glu" if glu else "mvt", t, rows, K, nb)
+                timed("mvt", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: MVT.mvt(
+                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
+            if nb >= GM.GEMM_MIN_ROWS:
+                cfg, b = table_config(entries, "gemm_glu" if glu else "gemm", t, rows, K, nb)
+                timed("gemm", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: GM.gemm(
+                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
+            for cfg in GF + WG:
+                timed("gemm_f16", "f16", cfg, nb, lambda w, nb=nb, cfg=cfg: GF16.gemm_f16(
+                    g, w, y, xh=xh, nb=nb, glu=act, config=cfg))
+
+        # bits: every f16 configuration at nb = 64 (and nb = 1) against the first one's
+        outs = {}
+        for i, cfg in enumerate(GF + WG):
+            for nb in (1, 64):
+                try:
+                    y.poison()
+                    GF16.gemm_f16(g, ws[0], y, xh=xh, nb=nb, glu=act, config=cfg)
+                    g.sync()
+                    outs[(i, nb)] = y.numpy()[: nb * N].reshape(nb, N).copy()
+                except MemraError:
+                    pass
+        ref = outs.get((0, 64))
+        agree = {}
+        for (i, nb), o in outs.items():
+            if ref is None:
+                break
+            r = ref[:nb]
+            agree[f"{i}@{nb}"] = int(np.sum(o.view(np.uint32) != r.view(np.uint32)))
+        err = None
+        if not glu and ref is not None:
+            nr = 32
+            wf = Q.dequantize(raw[:nr], t, (nr, K)).astype(np.float16).astype(np.float64)
+            want = xh16[:64].astype(np.float64) @ wf.T
+            err = float(np.max(np.abs(ref[:, :nr] - want)) / np.max(np.abs(want)))
+        emit({"kind": "bits", **base, "configs": GF + WG, "differ_vs_config0_nb64": agree, "err_vs_f64": err})
+        del ws
+    emit({"kind": "done", "s": round(time.time() - t0, 1)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
