@@ -82,7 +82,7 @@ def main() -> int:
 
     import tile as TL
     from memra.errors import MemraError
-    from memra.gpu.compile import compile_many, options_for  # noqa: F401
+    from memra.gpu.compile import compile_many
     from memra.gpu.cuda import gpu
     from memra.gpu.ops import gemm as GM
     from memra.gpu.ops import gemm_f16 as GF16
@@ -136,7 +136,7 @@ def main() -> int:
         base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
                 "rotate": nw}
 
-        def timed(kernel, variant, cfg, nb, fn, extra=None):
+        def timed(kernel, variant, cfg, nb, fn, extra=None, ws=ws):
             try:
                 fns = [lambda w=w: fn(w) for w in ws]
                 us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
@@ -189,7 +189,7 @@ def main() -> int:
             want = xh16[:64].astype(np.float64) @ wf.T
             err = float(np.max(np.abs(ref[:, :nr] - want)) / np.max(np.abs(want)))
         emit({"kind": "bits", **base, "configs": GF + WG, "differ_vs_config0_nb64": agree, "err_vs_f64": err})
-        del ws
+        ws = None   # the shape's weight copies freed before the next one's
     emit({"kind": "done", "s": round(time.time() - t0, 1)})
     return 0
 
