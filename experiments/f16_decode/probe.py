@@ -16,6 +16,10 @@ Q4_K_M, the 1B Q4_0 and Gemma-3 (random valid blocks, weights rotated through mo
   - error: the f16 outputs' first rows against the float64 product of the f16-rounded operands (plain shapes).
 
     source .whl/setup.sh && python3 experiments/f16_decode/probe.py --out $OUT/f16-decode.jsonl [--quick]
+    python3 experiments/f16_decode/probe.py --out F --mv     # experiments/f16_decode/mv_f16.cu instead: the one-row
+                                                            # f16 kernel (MV_CONFIGS) against mv_q8 / mvt at 1 and 8
+                                                            # rows; MF_CHAINS 1 bit for bit against gemm_f16, more
+                                                            # chains against the float64 product
 
 One JSON line per (shape, kernel, configuration, nb) with us and GB/s; one "bits" line per shape.
 """
@@ -56,6 +60,9 @@ GF = [dict(GF_WM=1, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=1, 
 WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=256, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=0, WG_PREFETCH=1)]
+# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH); a chain count applies where K / C is a multiple of 256
+MV_CONFIGS = [(4, 1, 4), (8, 1, 4), (4, 1, 8), (4, 2, 4), (8, 2, 4), (8, 4, 2), (8, 4, 4), (8, 8, 2)]
+MV_SRC = Path(__file__).resolve().parent / "mv_f16.cu"
 ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 MB)
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
 
@@ -77,7 +84,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--limit", type=float, default=400.0, help="seconds: no new shape after this")
     ap.add_argument("--quick", action="store_true", help="the 8B's shapes and nb 1 / 64 only")
+    ap.add_argument("--mv", action="store_true", help="mv_f16.cu against the q8 decode kernels (see above)")
     args = ap.parse_args()
+    if args.mv:
+        return mv_main(args)
     t0 = time.time()
 
     import tile as TL
@@ -192,6 +202,135 @@ def main() -> int:
         ws = None   # the shape's weight copies freed before the next one's
     emit({"kind": "done", "s": round(time.time() - t0, 1)})
     return 0
+
+
+def mv_main(args) -> int:
+    """--mv: mv_f16.cu's configurations at 1 and 8 rows against the engine's q8 kernel at those rows (table
+    configurations), on every shape; bits against gemm_f16 (MF_CHAINS 1) or error against float64 (more)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    import tile as TL
+    from memra.errors import MemraError
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import gemm_f16 as GF16
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.ops import mvt as MVT
+    from memra.gpu.q8 import Q8_SCALE
+    from memra.model import quants as Q
+
+    t0 = time.time()
+    types = sorted({s[2] for s in SHAPES})
+    keys = [(t, c) for t in types for c in MV_CONFIGS]
+    with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
+        built = dict(zip(keys, ex.map(_mv_compile, keys)))
+    entries = json.loads(TABLE.read_text())["entries"]
+    g = gpu()
+    dev = g.info.name
+    rng = np.random.default_rng(52)
+    out = open(args.out, "a")
+    cache: dict = {}
+
+    def emit(rec):
+        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    emit({"kind": "mv_compile", "modules": len(keys), "s": round(time.time() - t0, 1),
+          "regs_spill": {f"{t}:{c}": [TL.ptxas_info(log, "mv_f16"), TL.ptxas_info(log, "mv_f16_glu")]
+                         for (t, c), (_, log) in built.items()}})
+
+    def mv_launch(t, c, w, xh, y, N, K, nb, glu, res=None):
+        W, C, D = c
+        m = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, "MF_WARPS": W, "MF_CHAINS": C,
+                                                               "MF_DEPTH": D}, lambda: built[(t, c)][0])
+        tiles = (2 * N if glu else N) // 16
+        grid = (-(-tiles * C // W), 1, 1)
+        if glu:
+            g.launch(m.kernel("mv_f16_glu"), grid, (32 * W, 1, 1),
+                     (w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)))
+        else:
+            g.launch(m.kernel("mv_f16"), grid, (32 * W, 1, 1),
+                     (w.bulk, w.meta, xh, y, np.uint64(0) if res is None else res, np.int32(N), np.int32(K),
+                      np.int32(nb)))
+
+    for model, op, t, rows, K, glu in SHAPES:
+        if time.time() - t0 > args.limit:
+            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+            continue
+        N = rows // 2 if glu else rows
+        raw = M.random_weight(t, rows, K, rng)
+        nw = max(1, min(8, -(-ROTATE // raw.nbytes)))
+        ws = [M.upload_weight(g, raw, t) for _ in range(nw)]
+        nbytes = ws[0].nbytes
+        x = (rng.standard_normal((8, K)) * 2).astype(np.float32)
+        xd = g.to_device(x)
+        xq = g.empty((8 * K,), np.int8)
+        xs = g.empty((8 * K // 32,), Q8_SCALE)
+        M.quantize_q8(g, xd, xq, xs, 8)
+        xh16 = x.astype(np.float16)
+        xh = g.to_device(xh16.view(np.uint16).reshape(-1))
+        y = g.empty((8 * N,), np.float32)
+        act = "silu" if glu else None
+        base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
+                "rotate": nw}
+        cfgs = [c for c in MV_CONFIGS if K % (256 * c[1]) == 0 or c[1] == 1]
+
+        def timed(kernel, cfg, nb, fn, extra=None, ws=ws):
+            try:
+                fns = [lambda w=w: fn(w) for w in ws]
+                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
+                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "us": round(us, 2),
+                      "gbps": round(nbytes / us / 1e3, 1), **(extra or {})})
+            except MemraError as e:
+                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
+
+        for nb in (1, 8):
+            cfg, b = table_config(entries, "matvec_glu" if glu else "matvec", t, rows, K, nb)
+            timed("matvec", cfg, nb, lambda w, nb=nb, cfg=cfg: M.matvec(
+                g, w, y, xq=xq, xs=xs, nb=nb, glu=act, tuned=(lambda _n, c=cfg: c) if cfg else None), {"bucket": b})
+            if nb >= MVT.MVT_MIN_ROWS:
+                cfg, b = table_config(entries, "mvt_glu" if glu else "mvt", t, rows, K, nb)
+                timed("mvt", cfg, nb, lambda w, nb=nb, cfg=cfg: MVT.mvt(
+                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
+            for c in cfgs:
+                timed("mv_f16", dict(zip(("MF_WARPS", "MF_CHAINS", "MF_DEPTH"), c)), nb,
+                      lambda w, nb=nb, c=c: mv_launch(t, c, w, xh, y, N, K, nb, glu))
+
+        # bits / error: gemm_f16's built-in at nb rows against every mv_f16 configuration
+        checks = {}
+        for nb in (1, 8):
+            y.poison()
+            GF16.gemm_f16(g, ws[0], y, xh=xh, nb=nb, glu=act)
+            g.sync()
+            want = y.numpy()[: nb * N].copy()
+            ref64 = None
+            if not glu:
+                nr = 32
+                wf = Q.dequantize(raw[:nr], t, (nr, K)).astype(np.float16).astype(np.float64)
+                ref64 = xh16[:nb].astype(np.float64) @ wf.T
+            for c in cfgs:
+                y.poison()
+                mv_launch(t, c, ws[0], xh, y, N, K, nb, glu)
+                g.sync()
+                got = y.numpy()[: nb * N].copy()
+                rec = {"differ": int(np.sum(got.view(np.uint32) != want.view(np.uint32))),
+                       "finite": bool(np.all(np.isfinite(got)))}
+                if ref64 is not None:
+                    gg = got.reshape(nb, N)[:, :32]
+                    rec["err_vs_f64"] = float(np.max(np.abs(gg - ref64)) / np.max(np.abs(ref64)))
+                checks[f"{c}@{nb}"] = rec
+        emit({"kind": "mv_bits", **base, "checks": checks})
+        ws = None   # the shape's weight copies freed before the next one's
+    emit({"kind": "done", "s": round(time.time() - t0, 1)})
+    return 0
+
+
+def _mv_compile(key):
+    import tile as TL
+    t, (W, C, D) = key
+    return TL.compile_module({"MV_TYPE": t, "MF_WARPS": W, "MF_CHAINS": C, "MF_DEPTH": D}, MV_SRC)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,188 @@
+// mv_f16.cu — experiment (experiments/f16_decode/README.md): the prompt rows' f16 arithmetic for 1..8 activation
+// rows, as a decode matvec. Same entries and arguments as kernels/gemm_f16.cu (mv_f16 ~ gemm_f16, mv_f16_glu ~
+// gemm_f16_glu), nb <= 8.
+//
+// Arithmetic. W dequantized by DeqCvt<T>::deq (qtypes.cuh's T::deq values without I2F) and rounded to f16 once
+// (cvt.rn.f16x2.f32), x in f16; mma.sync m16n8k16 f16 x f16 -> f32 over the k16 steps in increasing k, one chain
+// an output per MF_CHAINS-th of K: chain c covers k in [c K / C, (c + 1) K / C); the output is the left fold
+// ((p_0 + p_1) + p_2) + ... (__fadd_rn), then the epilogue (glu: __fmul_rn(act(gate), up); plain: __fadd_rn(res,
+// y) with a residual). With MF_CHAINS 1 this is gemm_f16.cu's arithmetic exactly (same A values at the same k, same
+// B, same instruction, same order: the same bits, and session 51's probe found wgmma's the same bits too); with
+// C > 1 it is another arithmetic, a function of (K, C) only, that the prompt GEMM would have to share.
+//
+// Work. A warp owns one m16 weight tile (16 weight rows; glu: 8 gate rows n then the same 8 up rows N + n,
+// gemm_f16.cu's wrow) and one chain; MF_WARPS warps a block take consecutive (tile, chain) pairs, the C chains
+// of a tile in one block (MF_WARPS % C == 0) so they fold through shared memory in chain order. Per 128-element
+// stage of its chain a warp's lane l loads unit 2 s + (l & 1) of tile row l >> 1 (T::load, registers), MF_DEPTH
+// stages ahead in a register ring; dequantizes it into the warp's f16 tile in shared memory (16 rows x (128 + 8)
+// halves, gemm_f16.cu's row stride, at T::goff's columns), then 8 k16 steps of ldmatrix.x4 (A) and mma (B, the
+// activation rows as columns gid < nb, loaded straight from global memory). No block barrier in the K loop.
+//
+// Tunables: MV_TYPE (required), MF_WARPS (4), MF_CHAINS (1), MF_DEPTH (4: stages of weights in flight a lane).
+// Launch: grid (ceil(T C / MF_WARPS)), T = Nw / 16 tiles (Nw weight rows: N, or 2N for glu), block 32 MF_WARPS,
+// dynamic shared memory 0 (static: MF_WARPS x 16 x 136 halves + MF_WARPS x 32 x 4 floats). K a multiple of
+// 128 C and of the type's block, (K / C) of 128; bulk / meta / x 16-byte aligned.
+#include "common.cuh"
+#include "q8.cuh"
+#include "qtypes.cuh"
+#include "deq_cvt.cuh"
+#define MMA_FRAG_VOLATILE 0
+#include "mma_frag.cuh"
+
+#ifndef MF_WARPS
+#define MF_WARPS 4
+#endif
+#ifndef MF_CHAINS
+#define MF_CHAINS 1
+#endif
+#ifndef MF_DEPTH
+#define MF_DEPTH 4
+#endif
+static_assert(MF_WARPS % MF_CHAINS == 0, "MF: a tile's chains must share a block");
+static_assert(MF_DEPTH >= 1 && MF_DEPTH <= 8, "MF_DEPTH 1..8");
+
+constexpr int LDS = 136;   // halves a staged row (272 bytes: ldmatrix conflict-free, gemm_f16.cu's)
+
+MEMRA_DEVICE uint32_t pack_h2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+MEMRA_DEVICE void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+MEMRA_DEVICE void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
+    if (!glu) return n0 + r;
+    const int n = n0 + 8 * (r >> 4) + (r & 7);
+    return (r & 8) ? N + n : n;
+}
+
+template <bool GLU>
+MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                              const uint16_t* __restrict__ x, float* y, const float* res, int N, int K, int nb,
+                              int act) {
+    __shared__ __align__(16) uint16_t Ws[MF_WARPS][16 * LDS];
+    __shared__ float part[MF_WARPS][32][4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pair = blockIdx.x * MF_WARPS + warp;
+    const int tiles = (GLU ? 2 * N : N) / 16;
+    const bool live = pair < tiles * MF_CHAINS;
+    const int tile = live ? pair / MF_CHAINS : 0, chain = pair % MF_CHAINS;
+    const int n0 = tile * (GLU ? 8 : 16);
+    const int KC = K / MF_CHAINS, S = KC / 128, s0 = chain * S;   // this chain's stages s0 .. s0 + S - 1
+    const size_t bulk_row = (size_t)(K / T::BLK) * T::BULK, meta_row = (size_t)(K / T::BLK) * T::META;
+    const int ur = lane >> 1, uu = lane & 1;
+    const int gr = wrow(ur, n0, N, GLU);
+    const uint8_t* ub = bulk + gr * bulk_row;
+    const uint8_t* um = meta + gr * meta_row;
+    const int gid = lane >> 2, tig = lane & 3;
+    const bool xcol = gid < nb;
+    const uint16_t* xr = x + (size_t)(xcol ? gid : 0) * K;
+    uint16_t* wt = Ws[warp];
+    const uint32_t wt_s = (uint32_t)__cvta_generic_to_shared(wt);
+
+    typename T::U ring[MF_DEPTH];
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // weights are never written by kernels: the ring fills before the PDL wait
+#pragma unroll
+    for (int i = 0; i < MF_DEPTH; ++i)
+        if (live && i < S) T::load(ring[i], ub, um, 2 * (s0 + i) + uu, K / 64);
+    MEMRA_PDL_WAIT();
+
+    // one stage: dequantize ring slot i (stage s), refill it with stage s + MF_DEPTH, run the 8 k16 steps
+    auto stage = [&](int s, typename T::U& w) {
+        // the activation words of the stage first (their latency under the dequant)
+        uint32_t b[8][2];
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const int k = 128 * s + 16 * kk + 2 * tig;
+            b[kk][0] = xcol ? __ldg(reinterpret_cast<const unsigned int*>(xr + k)) : 0u;
+            b[kk][1] = xcol ? __ldg(reinterpret_cast<const unsigned int*>(xr + k + 8)) : 0u;
+        }
+        const int u = 2 * s + uu;
+        uint16_t* row = wt + ur * LDS;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            float f[16];
+            DeqCvt<T>::deq(w, g, f);
+            const int c = T::goff(u, g, K / 64) - 128 * s;   // 0..127, a multiple of 16
+            uint4 lo, hi;
+            lo.x = pack_h2(f[0], f[1]);   lo.y = pack_h2(f[2], f[3]);
+            lo.z = pack_h2(f[4], f[5]);   lo.w = pack_h2(f[6], f[7]);
+            hi.x = pack_h2(f[8], f[9]);   hi.y = pack_h2(f[10], f[11]);
+            hi.z = pack_h2(f[12], f[13]); hi.w = pack_h2(f[14], f[15]);
+            *reinterpret_cast<uint4*>(row + c) = lo;
+            *reinterpret_cast<uint4*>(row + c + 8) = hi;
+        }
+        if (s + MF_DEPTH < s0 + S) T::load(w, ub, um, 2 * (s + MF_DEPTH) + uu, K / 64);
+        __syncwarp();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            uint32_t a[4];
+            ldsm_x4(a, wt_s + 2 * ((lane & 15) * LDS + 16 * kk + 8 * (lane >> 4)));
+            mma_f16(acc, a, b[kk][0], b[kk][1]);
+        }
+        __syncwarp();   // the tile is rewritten by the next stage
+    };
+    if (live) {
+        int s = s0;
+        for (; s + MF_DEPTH <= s0 + S; s += MF_DEPTH) {
+#pragma unroll
+            for (int i = 0; i < MF_DEPTH; ++i) stage(s + i, ring[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < MF_DEPTH; ++i)
+            if (s + i < s0 + S) stage(s + i, ring[i]);
+    }
+    MEMRA_PDL_LAUNCH();
+
+    // the chains of a tile meet in chain order (warps chain 0 .. C - 1 of one block)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[e];
+    __syncthreads();
+    if (!live || chain != 0) return;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        v[e] = part[warp][lane][e];
+#pragma unroll
+        for (int c = 1; c < MF_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
+    }
+    // C layout: rows gid (e 0, 1) and gid + 8 (e 2, 3) of the tile, columns (activation rows) 2 tig, 2 tig + 1
+    const int m = 2 * tig;
+    if (GLU) {
+        const int n = n0 + gid;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            if (m + e >= nb) continue;
+            y[(size_t)(m + e) * N + n] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[e]) : silu_f32(v[e]), v[2 + e]);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int mm = m + (e & 1), nn = n0 + gid + 8 * (e >> 1);
+            if (mm >= nb) continue;
+            const size_t o = (size_t)mm * N + nn;
+            y[o] = res ? __fadd_rn(res[o], v[e]) : v[e];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MF_WARPS)
+mv_f16(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+       float* y, const float* res, int N, int K, int nb) {
+    mv_f16_body<false>(bulk, meta, x, y, res, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MF_WARPS)
+mv_f16_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+           float* y, int N, int K, int nb, int act) {
+    mv_f16_body<true>(bulk, meta, x, y, nullptr, N, K, nb, act);
+}
