@@ -1,0 +1,142 @@
+"""mv_f16.cu's index arithmetic replayed on the CPU (no device), as experiments/gemm_f16/index_check.py does for
+gemm_f16.cu: per warp its (tile, chain), per stage which weight row, unit and k each tile half holds after the
+dequant's stores, what ldmatrix hands each lane, the B words each lane loads from x, and where the fold and the
+epilogue put each accumulator. Checks that every output (m < nb, n) sums W[n, k] x[m, k] over every k exactly once
+(its chains together), that no live warp's tile is written twice in a stage, and that glu's gate and up rows meet
+in one thread. The formulas are copied from the kernel by hand: a slip in either shows.
+
+    python3 experiments/f16_decode/index_check.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_f16"))
+from index_check import goff, ldsm_x4, wrow  # noqa: E402
+
+LDS = 136
+
+
+def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int) -> list[str]:
+    tiles = (2 * N if glu else N) // 16
+    blocks = -(-tiles * C // W)
+    S = K // C // 128
+    sums: dict = {}
+    errs: list[str] = []
+    for blk in range(blocks):
+        # per warp its chain's accumulator terms, per lane and register: list of (weight row, k, x row)
+        acc = {}
+        for warp in range(W):
+            pair = blk * W + warp
+            if pair >= tiles * C:
+                continue
+            tile, chain = pair // C, pair % C
+            n0 = tile * (8 if glu else 16)
+            s0 = chain * S
+            terms = {(t, e): [] for t in range(32) for e in range(4)}
+            for s in range(s0, s0 + S):
+                Ws = {}
+                for lane in range(32):   # the dequant's stores
+                    ur, uu = lane >> 1, lane & 1
+                    u = 2 * s + uu
+                    gr = wrow(ur, n0, N, glu)
+                    for g in range(4):
+                        c = goff(tname, u, g) - 128 * s
+                        if not (0 <= c < 128 and c % 16 == 0):
+                            errs.append(f"goff out of the stage: u {u} g {g} c {c}")
+                        for e in range(16):
+                            if (ur, c + e) in Ws:
+                                errs.append(f"tile half {(ur, c + e)} written twice")
+                            Ws[(ur, c + e)] = (gr, goff(tname, u, g) + e)
+                if len(Ws) != 16 * 128:
+                    errs.append(f"stage {s}: {len(Ws)} tile halves of {16 * 128}")
+                    return errs
+                for kk in range(8):
+                    A = ldsm_x4(Ws, lambda l, kk=kk: ((l & 15), 16 * kk + 8 * (l >> 4)))
+                    Am = [[None] * 16 for _ in range(16)]
+                    Bm = [[None] * 8 for _ in range(16)]
+                    for t in range(32):
+                        gid, tig = t >> 2, t & 3
+                        a = A[t]
+                        k0 = 128 * s + 16 * kk + 2 * tig
+                        for h in range(2):
+                            Am[gid][2 * tig + h] = a[0][h]
+                            Am[gid + 8][2 * tig + h] = a[1][h]
+                            Am[gid][2 * tig + 8 + h] = a[2][h]
+                            Am[gid + 8][2 * tig + 8 + h] = a[3][h]
+                            # b0 = x[gid][k0, k0 + 1], b1 = x[gid][k0 + 8, k0 + 9] (zero where gid >= nb)
+                            Bm[2 * tig + h][gid] = (gid, k0 + h) if gid < nb else None
+                            Bm[2 * tig + 8 + h][gid] = (gid, k0 + 8 + h) if gid < nb else None
+                    for t in range(32):
+                        gid, tig = t >> 2, t & 3
+                        for e in range(4):
+                            row, col = gid + 8 * (e >> 1), 2 * tig + (e & 1)
+                            for k in range(16):
+                                (wr, wk), xb = Am[row][k], Bm[k][col]
+                                if xb is None:
+                                    continue
+                                if xb[1] != wk:
+                                    errs.append(f"k mismatch {wk} != {xb[1]}")
+                                terms[(t, e)].append((wr, wk, xb[0]))
+            acc[warp] = (tile, chain, n0, terms)
+        # the fold: chain-0 warps add warps warp + 1 .. warp + C - 1 (the same tile's chains, in order)
+        for warp, (tile, chain, n0, terms) in acc.items():
+            if chain != 0:
+                continue
+            for c in range(1, C):
+                if acc.get(warp + c, (None, None))[:2] != (tile, c):
+                    errs.append(f"block {blk} warp {warp}: warp {warp + c} is not chain {c} of tile {tile}")
+            for t in range(32):
+                gid, tig = t >> 2, t & 3
+                m = 2 * tig
+                if glu:
+                    n = n0 + gid
+                    for e in range(2):
+                        if m + e >= nb:
+                            continue
+                        for which, ee, want in (("gate", e, n), ("up", 2 + e, N + n)):
+                            for c in range(C):
+                                for wr, wk, xr in acc[warp + c][3][(t, ee)]:
+                                    if wr != want or xr != m + e:
+                                        errs.append(f"{which} of (m {m + e}, n {n}): row {wr}, x row {xr}")
+                                    sums.setdefault((m + e, n, which), []).append(wk)
+                else:
+                    for e in range(4):
+                        mm, nn = m + (e & 1), n0 + gid + 8 * (e >> 1)
+                        if mm >= nb:
+                            continue
+                        for c in range(C):
+                            for wr, wk, xr in acc[warp + c][3][(t, e)]:
+                                if wr != nn or xr != mm:
+                                    errs.append(f"y (m {mm}, n {nn}): row {wr}, x row {xr}")
+                                sums.setdefault((mm, nn, "y"), []).append(wk)
+            if len(errs) > 20:
+                return errs
+    for key, ks in sums.items():
+        if sorted(ks) != list(range(K)):
+            errs.append(f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once")
+            break
+    whiches = ("gate", "up") if glu else ("y",)
+    want = {(m, n, w) for m in range(nb) for n in range(N) for w in whiches}
+    if set(sums) != want:
+        errs.append(f"outputs covered {len(set(sums))}, want {len(want)}")
+    return errs
+
+
+def main() -> int:
+    bad = 0
+    for W, C in ((4, 1), (8, 4), (4, 2), (8, 8)):
+        for tname, glu in (("Q4_K", True), ("Q6_K", False), ("Q4_0", False), ("Q4_0", True)):
+            N, K = 48, 256 * C
+            for nb in (1, 3, 8):
+                errs = check(tname, W, C, glu, N=N, K=K, nb=nb)
+                bad += bool(errs)
+                if errs or nb == 8:
+                    print(f"MF_WARPS {W} MF_CHAINS {C} {tname} {'glu' if glu else 'plain'} nb {nb}:",
+                          "OK" if not errs else errs[:5], flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
