@@ -18,7 +18,11 @@
 // halves, gemm_f16.cu's row stride, at T::goff's columns), then 8 k16 steps of ldmatrix.x4 (A) and mma (B, the
 // activation rows as columns gid < nb, loaded straight from global memory). No block barrier in the K loop.
 //
-// Tunables: MV_TYPE (required), MF_WARPS (4), MF_CHAINS (1), MF_DEPTH (4: stages of weights in flight a lane).
+// Tunables: MV_TYPE (required), MF_WARPS (4), MF_CHAINS (1), MF_DEPTH (4: stages of weights in flight a lane),
+// MF_H2 (0; 1: Q4_0 and Q8_0 dequantize in f16x2 arithmetic — 1024 + q by the f16 exponent trick, one exact
+// subtraction, then d (q - 8) by mul.rn.f16x2 (Q4_0) or d q + 0 by fma.rn.f16x2 (Q8_0): the exact product rounded
+// once, as the f32 path's exact product then cvt.rn gives, -0 made +0 where T::deq's `+ 0.f` does; ~1.5-2
+// instructions a weight instead of ~3.5; the probe checks the bits; other types ignore it).
 // Launch: grid (ceil(T C / MF_WARPS)), T = Nw / 16 tiles (Nw weight rows: N, or 2N for glu), block 32 MF_WARPS,
 // dynamic shared memory 0 (static: MF_WARPS x 16 x 136 halves + MF_WARPS x 32 x 4 floats). K a multiple of
 // 128 C and of the type's block, (K / C) of 128; bulk / meta / x 16-byte aligned.
@@ -37,6 +41,9 @@
 #endif
 #ifndef MF_DEPTH
 #define MF_DEPTH 4
+#endif
+#ifndef MF_H2
+#define MF_H2 0
 #endif
 static_assert(MF_WARPS % MF_CHAINS == 0, "MF: a tile's chains must share a block");
 static_assert(MF_DEPTH >= 1 && MF_DEPTH <= 8, "MF_DEPTH 1..8");
@@ -58,6 +65,50 @@ MEMRA_DEVICE void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, ui
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+MEMRA_DEVICE uint32_t h2_sub(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+MEMRA_DEVICE uint32_t h2_mul(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+MEMRA_DEVICE uint32_t h2_fma0(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0u));
+    return r;
+}
+// group g of a unit as 8 f16x2 words (elements 2i, 2i + 1 in word i) in the f16x2 arithmetic (MF_H2); false: the
+// type has none (the caller takes DeqCvt)
+template <class TT> MEMRA_DEVICE bool deq_h2(const TT&, int, uint32_t (&)[8]) { return false; }
+// bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of b as the low bytes of two f16 with high byte 0x64: 1024 + byte
+MEMRA_DEVICE uint32_t pair64(uint32_t b, uint32_t sel) { return __byte_perm(b, 0x6464u, sel); }
+#if MF_H2
+template <> MEMRA_DEVICE bool deq_h2<TQ4_0::U>(const TQ4_0::U& w, int g, uint32_t (&o)[8]) {
+    const uint4& v = w.q[g >> 1];
+    const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t b = (g & 1) ? hi4(word(v, i)) : lo4(word(v, i));
+        o[2 * i] = h2_mul(d2, h2_sub(pair64(b, 0x4140), 0x64086408u));       // (1024 + q) - 1032 = q - 8
+        o[2 * i + 1] = h2_mul(d2, h2_sub(pair64(b, 0x4342), 0x64086408u));
+    }
+    return true;
+}
+template <> MEMRA_DEVICE bool deq_h2<TQ8_0::U>(const TQ8_0::U& w, int g, uint32_t (&o)[8]) {
+    const uint4& v = w.q[g];
+    const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t b = word(v, i) ^ 0x80808080u;                           // q + 128
+        o[2 * i] = h2_fma0(d2, h2_sub(pair64(b, 0x4140), 0x64806480u));      // (1024 + q + 128) - 1152 = q
+        o[2 * i + 1] = h2_fma0(d2, h2_sub(pair64(b, 0x4342), 0x64806480u));
+    }
+    return true;
+}
+#endif
 MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
     if (!glu) return n0 + r;
     const int n = n0 + 8 * (r >> 4) + (r & 7);
@@ -110,14 +161,17 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         uint16_t* row = wt + ur * LDS;
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
-            float f[16];
-            DeqCvt<T>::deq(w, g, f);
             const int c = T::goff(u, g, K / 64) - 128 * s;   // 0..127, a multiple of 16
             uint4 lo, hi;
-            lo.x = pack_h2(f[0], f[1]);   lo.y = pack_h2(f[2], f[3]);
-            lo.z = pack_h2(f[4], f[5]);   lo.w = pack_h2(f[6], f[7]);
-            hi.x = pack_h2(f[8], f[9]);   hi.y = pack_h2(f[10], f[11]);
-            hi.z = pack_h2(f[12], f[13]); hi.w = pack_h2(f[14], f[15]);
+            uint32_t h[8];
+            if (!deq_h2<typename T::U>(w, g, h)) {
+                float f[16];
+                DeqCvt<T>::deq(w, g, f);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) h[i] = pack_h2(f[2 * i], f[2 * i + 1]);
+            }
+            lo.x = h[0]; lo.y = h[1]; lo.z = h[2]; lo.w = h[3];
+            hi.x = h[4]; hi.y = h[5]; hi.z = h[6]; hi.w = h[7];
             *reinterpret_cast<uint4*>(row + c) = lo;
             *reinterpret_cast<uint4*>(row + c + 8) = hi;
         }

@@ -60,8 +60,11 @@ GF = [dict(GF_WM=1, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=1, 
 WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=256, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=0, WG_PREFETCH=1)]
-# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH); a chain count applies where K / C is a multiple of 256
-MV_CONFIGS = [(4, 1, 4), (8, 1, 4), (4, 1, 8), (4, 2, 4), (8, 2, 4), (8, 4, 2), (8, 4, 4), (8, 8, 2)]
+# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH, MF_H2); a chain count applies where K / C is a multiple of 256, MF_H2 1
+# to Q4_0 and Q8_0
+MV_CONFIGS = [(4, 1, 4, 0), (8, 1, 4, 0), (4, 1, 8, 0), (4, 2, 4, 0), (8, 2, 4, 0), (8, 4, 2, 0), (8, 4, 4, 0),
+              (8, 8, 2, 0), (4, 1, 4, 1), (8, 4, 4, 1)]
+MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2")
 MV_SRC = Path(__file__).resolve().parent / "mv_f16.cu"
 ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 MB)
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
@@ -221,7 +224,7 @@ def mv_main(args) -> int:
 
     t0 = time.time()
     types = sorted({s[2] for s in SHAPES})
-    keys = [(t, c) for t in types for c in MV_CONFIGS]
+    keys = [(t, c) for t in types for c in MV_CONFIGS if not c[3] or t in (Q4_0, Q8_0)]
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
         built = dict(zip(keys, ex.map(_mv_compile, keys)))
     entries = json.loads(TABLE.read_text())["entries"]
@@ -242,9 +245,9 @@ def mv_main(args) -> int:
                          for (t, c), (_, log) in built.items()}})
 
     def mv_launch(t, c, w, xh, y, N, K, nb, glu, res=None):
-        W, C, D = c
-        m = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, "MF_WARPS": W, "MF_CHAINS": C,
-                                                               "MF_DEPTH": D}, lambda: built[(t, c)][0])
+        W, C = c[0], c[1]
+        m = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
+                               lambda: built[(t, c)][0])
         tiles = (2 * N if glu else N) // 16
         grid = (-(-tiles * C // W), 1, 1)
         if glu:
@@ -275,7 +278,7 @@ def mv_main(args) -> int:
         act = "silu" if glu else None
         base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
                 "rotate": nw}
-        cfgs = [c for c in MV_CONFIGS if K % (256 * c[1]) == 0 or c[1] == 1]
+        cfgs = [c for c in MV_CONFIGS if (K % (256 * c[1]) == 0 or c[1] == 1) and (not c[3] or t in (Q4_0, Q8_0))]
 
         def timed(kernel, cfg, nb, fn, extra=None, ws=ws):
             try:
@@ -295,7 +298,7 @@ def mv_main(args) -> int:
                 timed("mvt", cfg, nb, lambda w, nb=nb, cfg=cfg: MVT.mvt(
                     g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
             for c in cfgs:
-                timed("mv_f16", dict(zip(("MF_WARPS", "MF_CHAINS", "MF_DEPTH"), c)), nb,
+                timed("mv_f16", dict(zip(MV_KEYS, c)), nb,
                       lambda w, nb=nb, c=c: mv_launch(t, c, w, xh, y, N, K, nb, glu))
 
         # bits / error: gemm_f16's built-in at nb rows against every mv_f16 configuration
@@ -329,8 +332,8 @@ def mv_main(args) -> int:
 
 def _mv_compile(key):
     import tile as TL
-    t, (W, C, D) = key
-    return TL.compile_module({"MV_TYPE": t, "MF_WARPS": W, "MF_CHAINS": C, "MF_DEPTH": D}, MV_SRC)
+    t, c = key
+    return TL.compile_module({"MV_TYPE": t, **dict(zip(MV_KEYS, c))}, MV_SRC)
 
 
 if __name__ == "__main__":
