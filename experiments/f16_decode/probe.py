@@ -81,6 +81,28 @@ def table_config(entries: dict, kernel: str, t: int, rows: int, K: int, nb: int)
     return dict(e[str(b)]["config"]), str(b)
 
 
+def shape_inputs(g, rng, model, op, t, rows, K, glu, nrows):
+    """A shape's weight (random valid blocks, uploaded as many times as ROTATE wants), nrows activation rows as f32,
+    their q8 twin and f16 bits, the output buffer and the record's fields:
+    (N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base)."""
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.q8 import Q8_SCALE
+    N = rows // 2 if glu else rows
+    raw = M.random_weight(t, rows, K, rng)
+    nw = max(1, min(8, -(-ROTATE // raw.nbytes)))
+    ws = [M.upload_weight(g, raw, t) for _ in range(nw)]
+    x = (rng.standard_normal((nrows, K)) * 2).astype(np.float32)
+    xq = g.empty((nrows * K,), np.int8)
+    xs = g.empty((nrows * K // 32,), Q8_SCALE)
+    M.quantize_q8(g, g.to_device(x), xq, xs, nrows)
+    xh16 = x.astype(np.float16)
+    xh = g.to_device(xh16.view(np.uint16).reshape(-1))
+    y = g.empty((nrows * N,), np.float32)
+    base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": ws[0].nbytes,
+            "rotate": nw}
+    return N, raw, ws, ws[0].nbytes, xq, xs, xh16, xh, y, ("silu" if glu else None), base
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -101,7 +123,6 @@ def main() -> int:
     from memra.gpu.ops import gemm_f16 as GF16
     from memra.gpu.ops import matvec as M
     from memra.gpu.ops import mvt as MVT
-    from memra.gpu.q8 import Q8_SCALE
     from memra.model import quants as Q
 
     shapes = [s for s in SHAPES if s[0] == "8B"] if args.quick else SHAPES
@@ -132,22 +153,7 @@ def main() -> int:
         if time.time() - t0 > args.limit:
             emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
             continue
-        N = rows // 2 if glu else rows
-        raw = M.random_weight(t, rows, K, rng)
-        nw = max(1, min(8, -(-ROTATE // raw.nbytes)))
-        ws = [M.upload_weight(g, raw, t) for _ in range(nw)]
-        nbytes = ws[0].nbytes
-        x = (rng.standard_normal((64, K)) * 2).astype(np.float32)
-        xd = g.to_device(x)
-        xq = g.empty((64 * K,), np.int8)
-        xs = g.empty((64 * K // 32,), Q8_SCALE)
-        M.quantize_q8(g, xd, xq, xs, 64)
-        xh16 = x.astype(np.float16)
-        xh = g.to_device(xh16.view(np.uint16).reshape(-1))
-        y = g.empty((64 * N,), np.float32)
-        act = "silu" if glu else None
-        base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
-                "rotate": nw}
+        N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
 
         def timed(kernel, variant, cfg, nb, fn, extra=None, ws=ws):
             try:
@@ -219,7 +225,6 @@ def mv_main(args) -> int:
     from memra.gpu.ops import gemm_f16 as GF16
     from memra.gpu.ops import matvec as M
     from memra.gpu.ops import mvt as MVT
-    from memra.gpu.q8 import Q8_SCALE
     from memra.model import quants as Q
 
     t0 = time.time()
@@ -262,22 +267,7 @@ def mv_main(args) -> int:
         if time.time() - t0 > args.limit:
             emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
             continue
-        N = rows // 2 if glu else rows
-        raw = M.random_weight(t, rows, K, rng)
-        nw = max(1, min(8, -(-ROTATE // raw.nbytes)))
-        ws = [M.upload_weight(g, raw, t) for _ in range(nw)]
-        nbytes = ws[0].nbytes
-        x = (rng.standard_normal((8, K)) * 2).astype(np.float32)
-        xd = g.to_device(x)
-        xq = g.empty((8 * K,), np.int8)
-        xs = g.empty((8 * K // 32,), Q8_SCALE)
-        M.quantize_q8(g, xd, xq, xs, 8)
-        xh16 = x.astype(np.float16)
-        xh = g.to_device(xh16.view(np.uint16).reshape(-1))
-        y = g.empty((8 * N,), np.float32)
-        act = "silu" if glu else None
-        base = {"model": model, "op": op, "type": TN[t], "rows": rows, "K": K, "glu": glu, "weight_bytes": nbytes,
-                "rotate": nw}
+        N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 8)
         cfgs = [c for c in MV_CONFIGS if (K % (256 * c[1]) == 0 or c[1] == 1) and (not c[3] or t in (Q4_0, Q8_0))]
 
         def timed(kernel, cfg, nb, fn, extra=None, ws=ws):
