@@ -14,6 +14,7 @@ bench receipts as evidence; `memra tune freeze` then lays it over the entry.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -88,6 +89,8 @@ def main() -> int:
     dry = "--dry" in sys.argv
     table = json.loads((ROOT / "tune" / "defaults" / "nvidia-h200.json").read_text())
     card = " / ".join(sorted({json.loads(x).get("device", "?") for x in bench.read_text().splitlines()}))
+    sess = re.search(r"session(\d+)", evidence)   # the run's session, from its evidence folder
+    when = f"session {sess.group(1)}" if sess else evidence
     for model, (arm, gain, what) in choose(bench).items():
         e = table["entries"]["attn_decode"][ENTRY[model]]["1"]
         rec = {"schema": 1, "kind": "engine-choice", "device": table["device"], "kernel": "attn_decode",
@@ -95,7 +98,7 @@ def main() -> int:
                "config": {**e["config"], **overlay(arm)}, "src": e["src"], "src_hash": e["src_hash"],
                "gain": round(gain, 5), "evidence": [evidence], "model": model, "git_sha": git_sha(), "ts": utc_now(),
                "objective": f"tg128, kernels/attn_short.cu ({arm}) against the table, arms alternating on {card} "
-                            f"(the H200 table by compute capability; session 49): {what}; the gain is the depth-0 "
+                            f"(the H200 table by compute capability; {when}): {what}; the gain is the depth-0 "
                             "cell's smallest run against its median table run"}
         bad = validate_engine_choice(rec)
         if bad:
