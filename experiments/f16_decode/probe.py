@@ -20,6 +20,9 @@ Q4_K_M, the 1B Q4_0 and Gemma-3 (random valid blocks, weights rotated through mo
                                                             # f16 kernel (MV_CONFIGS) against mv_q8 / mvt at 1 and 8
                                                             # rows; MF_CHAINS 1 bit for bit against gemm_f16, more
                                                             # chains against the float64 product
+    python3 experiments/f16_decode/probe.py --out F --wgc    # wgc.py's chained wgmma GEMM (+ its fold) against
+                                                            # gemm.cu at 16 / 64 rows; its bits against gemm_f16
+                                                            # (1 chain) and mv_f16.cu at the same chains (8 rows)
 
 One JSON line per (shape, kernel, configuration, nb) with us and GB/s; one "bits" line per shape.
 """
@@ -110,9 +113,12 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=400.0, help="seconds: no new shape after this")
     ap.add_argument("--quick", action="store_true", help="the 8B's shapes and nb 1 / 64 only")
     ap.add_argument("--mv", action="store_true", help="mv_f16.cu against the q8 decode kernels (see above)")
+    ap.add_argument("--wgc", action="store_true", help="wgc.py's chained wgmma GEMM against gemm.cu (see above)")
     args = ap.parse_args()
     if args.mv:
         return mv_main(args)
+    if args.wgc:
+        return wgc_main(args)
     t0 = time.time()
 
     import tile as TL
@@ -318,6 +324,131 @@ def mv_main(args) -> int:
         ws = None   # the shape's weight copies freed before the next one's
     emit({"kind": "done", "s": round(time.time() - t0, 1)})
     return 0
+
+
+WGC_CHAINS = (1, 2, 4, 8)
+WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
+            dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1)]
+WGC_SRC = Path("/tmp/f16_decode_wgc/gemm_f16_wgc.cu")
+
+
+def wgc_main(args) -> int:
+    """--wgc: the chained wgmma GEMM (wgc.py: chains over K in grid z, then fold_chains) at 16 and 64 rows against
+    the engine's gemm.cu (table configurations); bits: 1 chain against gemm_f16's built-in, C chains against
+    mv_f16.cu at MF_CHAINS C (rows 0..7 of an 8-row launch)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    import tile as TL
+    import wgc
+    from memra.errors import MemraError
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import gemm as GM
+    from memra.gpu.ops import gemm_f16 as GF16
+
+    t0 = time.time()
+    WGC_SRC.parent.mkdir(parents=True, exist_ok=True)
+    wgc.generate(WGC_SRC)
+    types = sorted({s[2] for s in SHAPES})
+    wkeys = [(t, i) for t in types for i in range(len(WGC_CFGS))]
+    mkeys = [(t, (8, c, 2, 0)) for t in types for c in WGC_CHAINS]
+    with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
+        wbuilt = dict(zip(wkeys, ex.map(_wgc_compile, wkeys)))
+        mbuilt = dict(zip(mkeys, ex.map(_mv_compile, mkeys)))
+    entries = json.loads(TABLE.read_text())["entries"]
+    g = gpu()
+    dev = g.info.name
+    rng = np.random.default_rng(53)
+    out = open(args.out, "a")
+    cache: dict = {}
+
+    def emit(rec):
+        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
+          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
+                         for (t, i), (_, log) in wbuilt.items()}})
+
+    def wgc_launch(t, i, C, w, xh, part, y, N, K, nb, glu):
+        cfg = WGC_CFGS[i]
+        m = TL.prebuilt_module(g, cache, ("wgc", t, i), "gemm_f16_wgc.cu", {"MV_TYPE": t, **cfg},
+                               lambda: wbuilt[(t, i)][0])
+        bm, bn, _ = GF16.tile(cfg)
+        smem = GF16.smem_bytes(cfg)
+        Nw = 2 * N if glu else N
+        g.launch(m.kernel("gemm_f16"), (-(-nb // bn), Nw // bm, C), (384, 1, 1),
+                 (w.bulk, w.meta, xh, part, np.uint64(0), np.int32(Nw), np.int32(K), np.int32(nb)), shmem=smem)
+        g.launch(m.kernel("fold_chains"), (-(-(nb * N) // 256), 1, 1), (256, 1, 1),
+                 (part, y, np.uint64(0), np.int32(N), np.int32(nb), np.int32(C), np.int32(1 if glu else 0),
+                  np.int32(1)))
+
+    def mv_launch(t, c, w, xh, y, N, K, nb, glu):
+        m = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
+                               lambda: mbuilt[(t, c)][0])
+        tiles = (2 * N if glu else N) // 16
+        grid = (-(-tiles * c[1] // c[0]), 1, 1)
+        args_ = ((w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu else
+                 (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
+        g.launch(m.kernel("mv_f16_glu" if glu else "mv_f16"), grid, (32 * c[0], 1, 1), args_)
+
+    for model, op, t, rows, K, glu in SHAPES:
+        if time.time() - t0 > args.limit:
+            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+            continue
+        N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
+        chains = [c for c in WGC_CHAINS if K % (256 * c) == 0]
+        part = g.empty((max(chains) * 64 * rows,), np.float32)
+
+        def timed(kernel, cfg, nb, fn, ws=ws):
+            try:
+                fns = [lambda w=w: fn(w) for w in ws]
+                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
+                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "us": round(us, 2),
+                      "gbps": round(nbytes / us / 1e3, 1)})
+            except MemraError as e:
+                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
+
+        for nb in (16, 64):
+            cfg, b = table_config(entries, "gemm_glu" if glu else "gemm", t, rows, K, nb)
+            timed("gemm", cfg, nb, lambda w, nb=nb, cfg=cfg: GM.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
+                                                                     config=cfg))
+            for i, wc in enumerate(WGC_CFGS):
+                for C in chains:
+                    timed("wgc", {**wc, "chains": C}, nb, lambda w, nb=nb, i=i, C=C: wgc_launch(
+                        t, i, C, w, xh, part, y, N, K, nb, glu))
+
+        bits = {}
+        y.poison()
+        GF16.gemm_f16(g, ws[0], y, xh=xh, nb=64, glu=act)
+        g.sync()
+        ref1 = y.numpy()[: 64 * N].copy()
+        for C in chains:
+            y.poison()
+            mv_launch(t, (8, C, 2, 0), ws[0], xh, y, N, K, 8, glu)
+            g.sync()
+            mv8 = y.numpy()[: 8 * N].copy()
+            for i, wc in enumerate(WGC_CFGS):
+                y.poison()
+                wgc_launch(t, i, C, ws[0], xh, part, y, N, K, 64, glu)
+                g.sync()
+                got = y.numpy()[: 64 * N].copy()
+                rec = {"vs_mv_f16_rows0_7": int(np.sum(got[: 8 * N].view(np.uint32) != mv8.view(np.uint32)))}
+                if C == 1:
+                    rec["vs_gemm_f16"] = int(np.sum(got.view(np.uint32) != ref1.view(np.uint32)))
+                bits[f"WG_BN {wc['WG_BN']} chains {C}"] = rec
+        emit({"kind": "wgc_bits", **base, "checks": bits})
+        ws = None
+    emit({"kind": "done", "s": round(time.time() - t0, 1)})
+    return 0
+
+
+def _wgc_compile(key):
+    import tile as TL
+    t, i = key
+    return TL.compile_module({"MV_TYPE": t, **WGC_CFGS[i]}, WGC_SRC, default_device=True)
 
 
 def _mv_compile(key):
