@@ -84,6 +84,16 @@ def table_config(entries: dict, kernel: str, t: int, rows: int, K: int, nb: int)
     return dict(e[str(b)]["config"]), str(b)
 
 
+def recorder(dev: str, out):
+    """emit(rec): one JSON line (device and time added) printed and appended to the open file `out`."""
+    def emit(rec):
+        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return emit
+
+
 def shape_inputs(g, rng, model, op, t, rows, K, glu, nrows):
     """A shape's weight (random valid blocks, uploaded as many times as ROTATE wants), nrows activation rows as f32,
     their q8 twin and f16 bits, the output buffer and the record's fields:
@@ -139,11 +149,7 @@ def main() -> int:
     rng = np.random.default_rng(51)
     out = open(args.out, "a")
 
-    def emit(rec):
-        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
-        print(json.dumps(rec), flush=True)
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
+    emit = recorder(dev, out)
 
     # every module first, in parallel processes (the cubin cache), so the timed loop compiles nothing
     jobs = []
@@ -245,11 +251,7 @@ def mv_main(args) -> int:
     out = open(args.out, "a")
     cache: dict = {}
 
-    def emit(rec):
-        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
-        print(json.dumps(rec), flush=True)
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
+    emit = recorder(dev, out)
 
     emit({"kind": "mv_compile", "modules": len(keys), "s": round(time.time() - t0, 1),
           "regs_spill": {f"{t}:{c}": [TL.ptxas_info(log, "mv_f16"), TL.ptxas_info(log, "mv_f16_glu")]
@@ -362,11 +364,7 @@ def wgc_main(args) -> int:
     out = open(args.out, "a")
     cache: dict = {}
 
-    def emit(rec):
-        rec = {"device": dev, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
-        print(json.dumps(rec), flush=True)
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
+    emit = recorder(dev, out)
 
     emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
           "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
