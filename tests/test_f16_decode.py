@@ -1,0 +1,58 @@
+"""experiments/f16_decode: the generated chained copy of kernels/gemm_f16_wg.cu still applies to the engine's kernel
+(every anchor found once) and builds for sm_90a with kernels/ untouched; mv_f16.cu builds; mv_f16's index arithmetic,
+replayed on the CPU, sums every output's k terms exactly once (and a slipped store index is caught)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = ROOT / "experiments" / "f16_decode"
+
+
+def _load(name: str, path: Path):
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+def _compile(src: Path, defines: dict, default_device: bool = False) -> bytes:
+    from cuda.core import Program, ProgramOptions
+
+    opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[str(ROOT / "kernels"), str(src.parent)],
+                          define_macro=[(k, str(v)) for k, v in defines.items()],
+                          device_as_default_execution_space=default_device or None)
+    return bytes(Program(src.read_text(), "c++", opts).compile("cubin").code)
+
+
+def test_the_chained_copy_applies_and_builds(tmp_path):
+    before = {p.name: p.read_bytes() for p in (ROOT / "kernels").iterdir() if p.is_file()}
+    wgc = _load("f16_decode_wgc", EXP / "wgc.py")
+    dst = wgc.generate(tmp_path / "gemm_f16_wgc.cu")
+    text = dst.read_text()
+    assert "fold_chains" in text and "NSC" in text
+    assert _compile(dst, {"MV_TYPE": 12, "WG_BN": 64}, default_device=True)
+    assert {p.name: p.read_bytes() for p in (ROOT / "kernels").iterdir() if p.is_file()} == before
+
+
+def test_mv_f16_builds():
+    assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": 14, "MF_WARPS": 8, "MF_CHAINS": 4, "MF_DEPTH": 2})
+    assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": 2, "MF_H2": 1})
+
+
+def test_mv_f16_index_replay():
+    ic = _load("f16_decode_index_check", EXP / "index_check.py")
+    for W, C in ((4, 1), (8, 4)):
+        for tname, glu in (("Q4_K", True), ("Q6_K", False)):
+            assert ic.check(tname, W, C, glu, N=32, K=256 * C, nb=3) == []
+    # a slipped index must show: group 0 of every unit stored over group 1
+    real = ic.goff
+    try:
+        ic.goff = lambda t, u, g: real(t, u, g) + (16 if g == 0 else 0)   # group 0 stored over group 1
+        assert ic.check("Q4_0", 4, 1, False, N=16, K=256, nb=1) != []
+    finally:
+        ic.goff = real
