@@ -8,7 +8,8 @@ its bits alone or among 63 others only if the one-row launch and the 64-row laun
 stream decode would need a one-row kernel in it about as fast as mv_q8. This probe measures, per shape of the 8B
 Q4_K_M, the 1B Q4_0 and Gemma-3 (random valid blocks, weights rotated through more bytes than L2):
   - time: the q8 decode kernel the engine runs at nb rows (mv_q8 at 1, mvt at 8, gemm.cu at 16 / 64; the table's
-    configuration for the shape, its nearest bucket, else the built-in), against gemm_f16.cu (mma.sync) at small
+    configuration as memra.tune.tables.lookup gives it — session 51's first run, before time_q8, took the nearest
+    bucket where the row count had none, e.g. mv_q8's 1-row entry at 8 rows), against gemm_f16.cu (mma.sync) at small
     tiles and gemm_f16_wg.cu (wgmma) at WG_BN 64 / 128, at nb = 1, 8, 16, 64 (µs, median of CUDA-graph launches);
   - bits: every f16 configuration's output at nb = 64 against the first configuration's (mma.sync m16n8k16 against
     wgmma m64n64k16 / m64n128k16: the same operands and k16 steps; the hardware's sum inside a step is not
@@ -73,15 +74,72 @@ ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 M
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
 
 
-def table_config(entries: dict, kernel: str, t: int, rows: int, K: int, nb: int) -> tuple[dict | None, str | None]:
-    """The table's configuration for the shape at nb rows: its bucket nb, else the nearest bucket above, else below."""
-    e = entries.get(kernel, {}).get(f"cols={K},rows={rows},type={TN[t]}")
-    if not e:
-        return None, None
-    keys = sorted(int(b) for b in e)
-    above = [b for b in keys if b >= nb]
-    b = above[0] if above else keys[-1]
-    return dict(e[str(b)]["config"]), str(b)
+def table_config(table: dict, kernel: str, t: int, rows: int, K: int, nb: int) -> dict | None:
+    """The shipped table's configuration for the shape at nb rows as the engine looks it up
+    (memra.tune.tables.lookup: the row bucket's entry, else None, the launcher's built-in)."""
+    from memra.tune.tables import lookup
+    c = lookup(table, kernel, f"cols={K},rows={rows},type={TN[t]}", nb)
+    return c.config if c else None
+
+
+def timer(g, emit, reps: int, base: dict, ws: list, nbytes: int):
+    """timed(kernel, cfg, nb, fn): fn(w) over the rotated weight copies ws, one CUDA graph, median µs emitted (a
+    MemraError emitted as the record's error)."""
+    import tile as TL
+    from memra.errors import MemraError
+
+    def timed(kernel, cfg, nb, fn):
+        try:
+            fns = [lambda w=w: fn(w) for w in ws]
+            us = TL.time_us(g, fns, reps, launches=max(24, len(fns) * 3))
+            emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "us": round(us, 2),
+                  "gbps": round(nbytes / us / 1e3, 1)})
+        except MemraError as e:
+            emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
+    return timed
+
+
+def time_q8(timed, g, table, t, rows, K, glu, nb, y, xq, xs):
+    """The q8 decode kernel the engine's rule runs at nb rows (memra.gpu.plan.dispatch_rule: mv_q8 in chunks of up to
+    8, mvt from MVT_MIN_ROWS, gemm.cu from GEMM_MIN_ROWS), at the table's configuration; mv_q8 also at 3..8 rows."""
+    from memra.gpu.ops import gemm as GM
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.ops import mvt as MVT
+    act, sfx = ("silu", "_glu") if glu else (None, "")
+    if nb <= 8:
+        cfg = table_config(table, "matvec" + sfx, t, rows, K, nb)
+        timed("matvec", cfg, nb, lambda w: M.matvec(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
+                                                    tuned=(lambda _n: cfg) if cfg else None))
+    if MVT.MVT_MIN_ROWS <= nb < GM.GEMM_MIN_ROWS:
+        cfg = table_config(table, "mvt" + sfx, t, rows, K, nb)
+        timed("mvt", cfg, nb, lambda w: MVT.mvt(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg))
+    if nb >= GM.GEMM_MIN_ROWS:
+        cfg = table_config(table, "gemm" + sfx, t, rows, K, nb)
+        timed("gemm", cfg, nb, lambda w: GM.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg))
+
+
+def ref_f64(raw, t: int, K: int, xh16, nb: int, nr: int = 32):
+    """The float64 product of the first nr weight rows (dequantized, rounded to f16) and nb f16 activation rows."""
+    from memra.model import quants as Q
+    wf = Q.dequantize(raw[:nr], t, (nr, K)).astype(np.float16).astype(np.float64)
+    return xh16[:nb].astype(np.float64) @ wf.T
+
+
+def mv_launch(g, mod, c, w, xh, y, N, K, nb, glu):
+    """mv_f16.cu's launch (module mod built with configuration c = (MF_WARPS, MF_CHAINS, ..)) of nb rows."""
+    tiles = (2 * N if glu else N) // 16
+    grid = (-(-tiles * c[1] // c[0]), 1, 1)
+    args = ((w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu else
+            (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
+    g.launch(mod.kernel("mv_f16_glu" if glu else "mv_f16"), grid, (32 * c[0], 1, 1), args)
+
+
+def open_run(out_path: str, seed: int):
+    """(table, g, rng, emit): the shipped table, the GPU, the run's random generator and its recorder."""
+    from memra.gpu.cuda import gpu
+    g = gpu()
+    return (json.loads(TABLE.read_text()), g, np.random.default_rng(seed),
+            recorder(g.info.name, open(out_path, "a")))
 
 
 def recorder(dev: str, out):
@@ -131,25 +189,14 @@ def main() -> int:
         return wgc_main(args)
     t0 = time.time()
 
-    import tile as TL
     from memra.errors import MemraError
     from memra.gpu.compile import compile_many
-    from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm as GM
     from memra.gpu.ops import gemm_f16 as GF16
     from memra.gpu.ops import matvec as M
-    from memra.gpu.ops import mvt as MVT
-    from memra.model import quants as Q
 
     shapes = [s for s in SHAPES if s[0] == "8B"] if args.quick else SHAPES
     nbs = (1, 64) if args.quick else NBS
-    entries = json.loads(TABLE.read_text())["entries"]
-    g = gpu()
-    dev = g.info.name
-    rng = np.random.default_rng(51)
-    out = open(args.out, "a")
-
-    emit = recorder(dev, out)
+    table, g, rng, emit = open_run(args.out, 51)
 
     # every module first, in parallel processes (the cubin cache), so the timed loop compiles nothing
     jobs = []
@@ -166,33 +213,11 @@ def main() -> int:
             emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
-
-        def timed(kernel, variant, cfg, nb, fn, extra=None, ws=ws):
-            try:
-                fns = [lambda w=w: fn(w) for w in ws]
-                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
-                emit({"kind": "time", **base, "kernel": kernel, "variant": variant, "config": cfg, "nb": nb,
-                      "us": round(us, 2), "gbps": round(nbytes / us / 1e3, 1), **(extra or {})})
-            except MemraError as e:
-                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
-
+        timed = timer(g, emit, args.reps, base, ws, nbytes)
         for nb in nbs:
-            # the q8 decode kernel the engine's rule picks at nb rows (memra.gpu.plan.dispatch_rule), table-tuned
-            if nb <= 8:
-                cfg, b = table_config(entries, "matvec_glu" if glu else "matvec", t, rows, K, nb)
-                timed("matvec", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: M.matvec(
-                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, tuned=(lambda _n, c=cfg: c) if cfg else None),
-                    {"bucket": b})
-            if MVT.MVT_MIN_ROWS <= nb < GM.GEMM_MIN_ROWS:
-                cfg, b = table_config(entries, "mvt_glu" if glu else "mvt", t, rows, K, nb)
-                timed("mvt", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: MVT.mvt(
-                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
-            if nb >= GM.GEMM_MIN_ROWS:
-                cfg, b = table_config(entries, "gemm_glu" if glu else "gemm", t, rows, K, nb)
-                timed("gemm", "q8", cfg, nb, lambda w, nb=nb, cfg=cfg: GM.gemm(
-                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
+            time_q8(timed, g, table, t, rows, K, glu, nb, y, xq, xs)
             for cfg in GF + WG:
-                timed("gemm_f16", "f16", cfg, nb, lambda w, nb=nb, cfg=cfg: GF16.gemm_f16(
+                timed("gemm_f16", cfg, nb, lambda w, nb=nb, cfg=cfg: GF16.gemm_f16(
                     g, w, y, xh=xh, nb=nb, glu=act, config=cfg))
 
         # bits: every f16 configuration at nb = 64 (and nb = 1) against the first one's
@@ -215,10 +240,8 @@ def main() -> int:
             agree[f"{i}@{nb}"] = int(np.sum(o.view(np.uint32) != r.view(np.uint32)))
         err = None
         if not glu and ref is not None:
-            nr = 32
-            wf = Q.dequantize(raw[:nr], t, (nr, K)).astype(np.float16).astype(np.float64)
-            want = xh16[:64].astype(np.float64) @ wf.T
-            err = float(np.max(np.abs(ref[:, :nr] - want)) / np.max(np.abs(want)))
+            want = ref_f64(raw, t, K, xh16, 64)
+            err = float(np.max(np.abs(ref[:, :want.shape[1]] - want)) / np.max(np.abs(want)))
         emit({"kind": "bits", **base, "configs": GF + WG, "differ_vs_config0_nb64": agree, "err_vs_f64": err})
         ws = None   # the shape's weight copies freed before the next one's
     emit({"kind": "done", "s": round(time.time() - t0, 1)})
@@ -232,44 +255,24 @@ def mv_main(args) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     import tile as TL
-    from memra.errors import MemraError
-    from memra.gpu.cuda import gpu
     from memra.gpu.ops import gemm_f16 as GF16
-    from memra.gpu.ops import matvec as M
-    from memra.gpu.ops import mvt as MVT
-    from memra.model import quants as Q
 
     t0 = time.time()
     types = sorted({s[2] for s in SHAPES})
     keys = [(t, c) for t in types for c in MV_CONFIGS if not c[3] or t in (Q4_0, Q8_0)]
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
         built = dict(zip(keys, ex.map(_mv_compile, keys)))
-    entries = json.loads(TABLE.read_text())["entries"]
-    g = gpu()
-    dev = g.info.name
-    rng = np.random.default_rng(52)
-    out = open(args.out, "a")
+    table, g, rng, emit = open_run(args.out, 52)
     cache: dict = {}
-
-    emit = recorder(dev, out)
 
     emit({"kind": "mv_compile", "modules": len(keys), "s": round(time.time() - t0, 1),
           "regs_spill": {f"{t}:{c}": [TL.ptxas_info(log, "mv_f16"), TL.ptxas_info(log, "mv_f16_glu")]
                          for (t, c), (_, log) in built.items()}})
 
-    def mv_launch(t, c, w, xh, y, N, K, nb, glu, res=None):
-        W, C = c[0], c[1]
-        m = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
-                               lambda: built[(t, c)][0])
-        tiles = (2 * N if glu else N) // 16
-        grid = (-(-tiles * C // W), 1, 1)
-        if glu:
-            g.launch(m.kernel("mv_f16_glu"), grid, (32 * W, 1, 1),
-                     (w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)))
-        else:
-            g.launch(m.kernel("mv_f16"), grid, (32 * W, 1, 1),
-                     (w.bulk, w.meta, xh, y, np.uint64(0) if res is None else res, np.int32(N), np.int32(K),
-                      np.int32(nb)))
+    def mv(t, c, w, xh, y, N, K, nb, glu):
+        mod = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
+                                 lambda: built[(t, c)][0])
+        mv_launch(g, mod, c, w, xh, y, N, K, nb, glu)
 
     for model, op, t, rows, K, glu in SHAPES:
         if time.time() - t0 > args.limit:
@@ -277,27 +280,12 @@ def mv_main(args) -> int:
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 8)
         cfgs = [c for c in MV_CONFIGS if (K % (256 * c[1]) == 0 or c[1] == 1) and (not c[3] or t in (Q4_0, Q8_0))]
-
-        def timed(kernel, cfg, nb, fn, extra=None, ws=ws):
-            try:
-                fns = [lambda w=w: fn(w) for w in ws]
-                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
-                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "us": round(us, 2),
-                      "gbps": round(nbytes / us / 1e3, 1), **(extra or {})})
-            except MemraError as e:
-                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
-
+        timed = timer(g, emit, args.reps, base, ws, nbytes)
         for nb in (1, 8):
-            cfg, b = table_config(entries, "matvec_glu" if glu else "matvec", t, rows, K, nb)
-            timed("matvec", cfg, nb, lambda w, nb=nb, cfg=cfg: M.matvec(
-                g, w, y, xq=xq, xs=xs, nb=nb, glu=act, tuned=(lambda _n, c=cfg: c) if cfg else None), {"bucket": b})
-            if nb >= MVT.MVT_MIN_ROWS:
-                cfg, b = table_config(entries, "mvt_glu" if glu else "mvt", t, rows, K, nb)
-                timed("mvt", cfg, nb, lambda w, nb=nb, cfg=cfg: MVT.mvt(
-                    g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg), {"bucket": b})
+            time_q8(timed, g, table, t, rows, K, glu, nb, y, xq, xs)
             for c in cfgs:
                 timed("mv_f16", dict(zip(MV_KEYS, c)), nb,
-                      lambda w, nb=nb, c=c: mv_launch(t, c, w, xh, y, N, K, nb, glu))
+                      lambda w, nb=nb, c=c: mv(t, c, w, xh, y, N, K, nb, glu))
 
         # bits / error: gemm_f16's built-in at nb rows against every mv_f16 configuration
         checks = {}
@@ -306,20 +294,16 @@ def mv_main(args) -> int:
             GF16.gemm_f16(g, ws[0], y, xh=xh, nb=nb, glu=act)
             g.sync()
             want = y.numpy()[: nb * N].copy()
-            ref64 = None
-            if not glu:
-                nr = 32
-                wf = Q.dequantize(raw[:nr], t, (nr, K)).astype(np.float16).astype(np.float64)
-                ref64 = xh16[:nb].astype(np.float64) @ wf.T
+            ref64 = None if glu else ref_f64(raw, t, K, xh16, nb)
             for c in cfgs:
                 y.poison()
-                mv_launch(t, c, ws[0], xh, y, N, K, nb, glu)
+                mv(t, c, ws[0], xh, y, N, K, nb, glu)
                 g.sync()
                 got = y.numpy()[: nb * N].copy()
                 rec = {"differ": int(np.sum(got.view(np.uint32) != want.view(np.uint32))),
                        "finite": bool(np.all(np.isfinite(got)))}
                 if ref64 is not None:
-                    gg = got.reshape(nb, N)[:, :32]
+                    gg = got.reshape(nb, N)[:, :ref64.shape[1]]
                     rec["err_vs_f64"] = float(np.max(np.abs(gg - ref64)) / np.max(np.abs(ref64)))
                 checks[f"{c}@{nb}"] = rec
         emit({"kind": "mv_bits", **base, "checks": checks})
@@ -343,9 +327,6 @@ def wgc_main(args) -> int:
 
     import tile as TL
     import wgc
-    from memra.errors import MemraError
-    from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm as GM
     from memra.gpu.ops import gemm_f16 as GF16
 
     t0 = time.time()
@@ -357,14 +338,8 @@ def wgc_main(args) -> int:
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
         wbuilt = dict(zip(wkeys, ex.map(_wgc_compile, wkeys)))
         mbuilt = dict(zip(mkeys, ex.map(_mv_compile, mkeys)))
-    entries = json.loads(TABLE.read_text())["entries"]
-    g = gpu()
-    dev = g.info.name
-    rng = np.random.default_rng(53)
-    out = open(args.out, "a")
+    table, g, rng, emit = open_run(args.out, 53)
     cache: dict = {}
-
-    emit = recorder(dev, out)
 
     emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
           "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
@@ -383,14 +358,10 @@ def wgc_main(args) -> int:
                  (part, y, np.uint64(0), np.int32(N), np.int32(nb), np.int32(C), np.int32(1 if glu else 0),
                   np.int32(1)))
 
-    def mv_launch(t, c, w, xh, y, N, K, nb, glu):
-        m = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
-                               lambda: mbuilt[(t, c)][0])
-        tiles = (2 * N if glu else N) // 16
-        grid = (-(-tiles * c[1] // c[0]), 1, 1)
-        args_ = ((w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu else
-                 (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
-        g.launch(m.kernel("mv_f16_glu" if glu else "mv_f16"), grid, (32 * c[0], 1, 1), args_)
+    def mv(t, c, w, xh, y, N, K, nb, glu):
+        mod = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
+                                 lambda: mbuilt[(t, c)][0])
+        mv_launch(g, mod, c, w, xh, y, N, K, nb, glu)
 
     for model, op, t, rows, K, glu in SHAPES:
         if time.time() - t0 > args.limit:
@@ -399,20 +370,9 @@ def wgc_main(args) -> int:
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
         chains = [c for c in WGC_CHAINS if c == 1 or K % (256 * c) == 0]   # 1 chain: any K of 128s
         part = g.empty((max(chains) * 64 * rows,), np.float32)
-
-        def timed(kernel, cfg, nb, fn, ws=ws):
-            try:
-                fns = [lambda w=w: fn(w) for w in ws]
-                us = TL.time_us(g, fns, args.reps, launches=max(24, len(fns) * 3))
-                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "us": round(us, 2),
-                      "gbps": round(nbytes / us / 1e3, 1)})
-            except MemraError as e:
-                emit({"kind": "time", **base, "kernel": kernel, "config": cfg, "nb": nb, "error": str(e)[:300]})
-
+        timed = timer(g, emit, args.reps, base, ws, nbytes)
         for nb in (16, 64):
-            cfg, b = table_config(entries, "gemm_glu" if glu else "gemm", t, rows, K, nb)
-            timed("gemm", cfg, nb, lambda w, nb=nb, cfg=cfg: GM.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
-                                                                     config=cfg))
+            time_q8(timed, g, table, t, rows, K, glu, nb, y, xq, xs)
             for i, wc in enumerate(WGC_CFGS):
                 for C in chains:
                     timed("wgc", {**wc, "chains": C}, nb, lambda w, nb=nb, i=i, C=C: wgc_launch(
@@ -425,7 +385,7 @@ def wgc_main(args) -> int:
         ref1 = y.numpy()[: 64 * N].copy()
         for C in chains:
             y.poison()
-            mv_launch(t, (8, C, 2, 0), ws[0], xh, y, N, K, 8, glu)
+            mv(t, (8, C, 2, 0), ws[0], xh, y, N, K, 8, glu)
             g.sync()
             mv8 = y.numpy()[: 8 * N].copy()
             for i, wc in enumerate(WGC_CFGS):
