@@ -125,13 +125,25 @@ def ref_f64(raw, t: int, K: int, xh16, nb: int, nr: int = 32):
     return xh16[:nb].astype(np.float64) @ wf.T
 
 
-def mv_launch(g, mod, c, w, xh, y, N, K, nb, glu):
-    """mv_f16.cu's launch (module mod built with configuration c = (MF_WARPS, MF_CHAINS, ..)) of nb rows."""
+def mv_launch(g, cache, built, t, c, w, xh, y, N, K, nb, glu):
+    """mv_f16.cu's launch of nb rows at configuration c = (MF_WARPS, MF_CHAINS, ..): its module from built[(t, c)]
+    (a compiled cubin and its log), loaded once into cache."""
+    import tile as TL
+    mod = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
+                             lambda: built[(t, c)][0])
     tiles = (2 * N if glu else N) // 16
     grid = (-(-tiles * c[1] // c[0]), 1, 1)
     args = ((w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu else
             (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
     g.launch(mod.kernel("mv_f16_glu" if glu else "mv_f16"), grid, (32 * c[0], 1, 1), args)
+
+
+def skipped(emit, t0: float, limit: float, model: str, op: str) -> bool:
+    """True (and the skip recorded) once `limit` seconds have passed since t0: no new shape starts."""
+    if time.time() - t0 <= limit:
+        return False
+    emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+    return True
 
 
 def open_run(out_path: str, seed: int):
@@ -209,8 +221,7 @@ def main() -> int:
     emit({"kind": "compile", "modules": len(jobs), "failed": len(fails), "s": round(time.time() - t1, 1)})
 
     for model, op, t, rows, K, glu in shapes:
-        if time.time() - t0 > args.limit:
-            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+        if skipped(emit, t0, args.limit, model, op):
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
         timed = timer(g, emit, args.reps, base, ws, nbytes)
@@ -270,13 +281,10 @@ def mv_main(args) -> int:
                          for (t, c), (_, log) in built.items()}})
 
     def mv(t, c, w, xh, y, N, K, nb, glu):
-        mod = TL.prebuilt_module(g, cache, (t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
-                                 lambda: built[(t, c)][0])
-        mv_launch(g, mod, c, w, xh, y, N, K, nb, glu)
+        mv_launch(g, cache, built, t, c, w, xh, y, N, K, nb, glu)
 
     for model, op, t, rows, K, glu in SHAPES:
-        if time.time() - t0 > args.limit:
-            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+        if skipped(emit, t0, args.limit, model, op):
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 8)
         cfgs = [c for c in MV_CONFIGS if (K % (256 * c[1]) == 0 or c[1] == 1) and (not c[3] or t in (Q4_0, Q8_0))]
@@ -359,13 +367,10 @@ def wgc_main(args) -> int:
                   np.int32(1)))
 
     def mv(t, c, w, xh, y, N, K, nb, glu):
-        mod = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
-                                 lambda: mbuilt[(t, c)][0])
-        mv_launch(g, mod, c, w, xh, y, N, K, nb, glu)
+        mv_launch(g, cache, mbuilt, t, c, w, xh, y, N, K, nb, glu)
 
     for model, op, t, rows, K, glu in SHAPES:
-        if time.time() - t0 > args.limit:
-            emit({"kind": "skipped", "model": model, "op": op, "reason": "limit"})
+        if skipped(emit, t0, args.limit, model, op):
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 64)
         chains = [c for c in WGC_CHAINS if c == 1 or K % (256 * c) == 0]   # 1 chain: any K of 128s
