@@ -21,12 +21,10 @@ def _load(name: str, path: Path):
 
 
 def _compile(src: Path, defines: dict, default_device: bool = False) -> bytes:
-    from cuda.core import Program, ProgramOptions
-
-    opts = ProgramOptions(arch="sm_90a", std="c++17", include_path=[str(ROOT / "kernels"), str(src.parent)],
-                          define_macro=[(k, str(v)) for k, v in defines.items()],
-                          device_as_default_execution_space=default_device or None)
-    return bytes(Program(src.read_text(), "c++", opts).compile("cubin").code)
+    """experiments/gemm_tile/tile.py's compile_module (memra's NVRTC options for sm_90a, -I kernels/ and the file's
+    folder), the cubin alone."""
+    tile = _load("gemm_tile_tile", ROOT / "experiments" / "gemm_tile" / "tile.py")
+    return tile.compile_module(defines, src, default_device=default_device)[0]
 
 
 def test_the_chained_copy_applies_and_builds(tmp_path):
