@@ -65,6 +65,8 @@ PY
   cut -c1-230 $R/short-check.txt | tee -a $R/log.txt; cp $R/short-check.txt $OUT/
 }
 if [ "$STAGE" = m ]; then
+  timeout 90 python3 experiments/f16_decode/perm_probe.py --out $OUT/perm.jsonl > $R/perm.txt 2>&1
+  log "perm probe rc=$? $(el)"; cut -c1-260 $R/perm.txt | tail -14 | tee -a $R/log.txt
   timeout 330 python3 experiments/f16_decode/probe.py --mv --reps ${MV_REPS:-20} --out $OUT/mv-f16.jsonl \
     --limit ${MV_LIMIT:-240} > $R/mv-f16.txt 2>&1
   log "mv_f16 probe rc=$? $(el)"; grep -v '"kind": "time"' $R/mv-f16.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt

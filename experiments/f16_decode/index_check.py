@@ -38,7 +38,7 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int) -> lis
             for s in range(s0, s0 + S):
                 Ws = {}
                 for lane in range(32):   # the dequant's stores
-                    ur, uu = lane >> 1, lane & 1
+                    ur, uu = lane & 15, lane >> 4
                     u = 2 * s + uu
                     gr = wrow(ur, n0, N, glu)
                     for g in range(4):

@@ -13,7 +13,7 @@
 // Work. A warp owns one m16 weight tile (16 weight rows; glu: 8 gate rows n then the same 8 up rows N + n,
 // gemm_f16.cu's wrow) and one chain; MF_WARPS warps a block take consecutive (tile, chain) pairs, the C chains
 // of a tile in one block (MF_WARPS % C == 0) so they fold through shared memory in chain order. Per 128-element
-// stage of its chain a warp's lane l loads unit 2 s + (l & 1) of tile row l >> 1 (T::load, registers), MF_DEPTH
+// stage of its chain a warp's lane l loads unit 2 s + (l >> 4) of tile row l & 15 (T::load, registers), MF_DEPTH
 // stages ahead in a register ring; dequantizes it into the warp's f16 tile in shared memory (16 rows x (128 + 8)
 // halves, gemm_f16.cu's row stride, at T::goff's columns), then 8 k16 steps of ldmatrix.x4 (A) and mma (B, the
 // activation rows as columns gid < nb, loaded straight from global memory). No block barrier in the K loop.
@@ -129,7 +129,7 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     const int n0 = tile * (GLU ? 8 : 16);
     const int KC = K / MF_CHAINS, S = KC / 128, s0 = chain * S;   // this chain's stages s0 .. s0 + S - 1
     const size_t bulk_row = (size_t)(K / T::BLK) * T::BULK, meta_row = (size_t)(K / T::BLK) * T::META;
-    const int ur = lane >> 1, uu = lane & 1;
+    const int ur = lane & 15, uu = lane >> 4;   // v2: a store phase's 8 lanes on 8 rows, 8 bank groups
     const int gr = wrow(ur, n0, N, GLU);
     const uint8_t* ub = bulk + gr * bulk_row;
     const uint8_t* um = meta + gr * meta_row;
