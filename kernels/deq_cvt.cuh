@@ -104,6 +104,11 @@ template <> struct DeqCvt<TQ4_K> {
     static MEMRA_DEVICE void deq(const TQ4_K::U& w, int g, float* o) {
         float d, m;
         k4_dm(w.m, w.j, g, d, m);
+        deq_dm(w, g, d, m, o);
+    }
+    // with group g's d sc and dmin m given (k4_dm's): a caller that dequantizes a unit's four groups computes its
+    // two sub-blocks' once
+    static MEMRA_DEVICE void deq_dm(const TQ4_K::U& w, int g, float d, float m, float* o) {
         const uint4& v = w.q[g & 1];
         uint32_t b[4];
 #pragma unroll

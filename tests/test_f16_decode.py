@@ -40,6 +40,8 @@ def test_the_chained_copy_applies_and_builds(tmp_path):
 def test_mv_f16_builds():
     assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": 14, "MF_WARPS": 8, "MF_CHAINS": 4, "MF_DEPTH": 2})
     assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": 2, "MF_H2": 1})
+    for t in (12, 14):   # f16x2 K-quants with pre-rounded scales, activations in fragment order
+        assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_H2": 2, "MF_XP": 1})
 
 
 def test_mv_f16_index_replay():

@@ -18,7 +18,19 @@ from index_check import goff, ldsm_x4, wrow  # noqa: E402
 LDS = 136
 
 
-def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int) -> list[str]:
+def xperm_src(p: int) -> int:
+    """MF_XP's activation layout: the k (in a row) whose value sits at position p of the fragment-ordered row — per
+    128-k stage s, lane group tig's 32 halves (8 k16 steps kk, each the words k0 = 16 kk + 2 tig and k0 + 8, 2
+    halves a word) in order. probe.py's xperm builds rows this way."""
+    s, r = divmod(p, 128)
+    tig, r = divmod(r, 32)
+    kk, r = divmod(r, 4)
+    j, e = divmod(r, 2)
+    return 128 * s + 16 * kk + 8 * j + 2 * tig + e
+
+
+
+def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bool = False) -> list[str]:
     tiles = (2 * N if glu else N) // 16
     blocks = -(-tiles * C // W)
     S = K // C // 128
@@ -65,9 +77,15 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int) -> lis
                             Am[gid + 8][2 * tig + h] = a[1][h]
                             Am[gid][2 * tig + 8 + h] = a[2][h]
                             Am[gid + 8][2 * tig + 8 + h] = a[3][h]
-                            # b0 = x[gid][k0, k0 + 1], b1 = x[gid][k0 + 8, k0 + 9] (zero where gid >= nb)
-                            Bm[2 * tig + h][gid] = (gid, k0 + h) if gid < nb else None
-                            Bm[2 * tig + 8 + h][gid] = (gid, k0 + 8 + h) if gid < nb else None
+                            # b0 = x[gid][k0, k0 + 1], b1 = x[gid][k0 + 8, k0 + 9] (zero where gid >= nb); MF_XP:
+                            # b[kk][j] is word (kk & 1) 2 + j of uint4 kk / 2 at half 128 s + 32 tig of the row
+                            if xp:
+                                p0 = 128 * s + 32 * tig + 8 * (kk >> 1) + 2 * (2 * (kk & 1))
+                                src0, src1 = xperm_src(p0 + h), xperm_src(p0 + 2 + h)
+                            else:
+                                src0, src1 = k0 + h, k0 + 8 + h
+                            Bm[2 * tig + h][gid] = (gid, src0) if gid < nb else None
+                            Bm[2 * tig + 8 + h][gid] = (gid, src1) if gid < nb else None
                     for t in range(32):
                         gid, tig = t >> 2, t & 3
                         for e in range(4):
@@ -129,11 +147,11 @@ def main() -> int:
     for W, C in ((4, 1), (8, 4), (4, 2), (8, 8)):
         for tname, glu in (("Q4_K", True), ("Q6_K", False), ("Q4_0", False), ("Q4_0", True)):
             N, K = 48, 256 * C
-            for nb in (1, 3, 8):
-                errs = check(tname, W, C, glu, N=N, K=K, nb=nb)
+            for nb, xp in ((1, False), (3, True), (8, False), (8, True)):
+                errs = check(tname, W, C, glu, N=N, K=K, nb=nb, xp=xp)
                 bad += bool(errs)
                 if errs or nb == 8:
-                    print(f"MF_WARPS {W} MF_CHAINS {C} {tname} {'glu' if glu else 'plain'} nb {nb}:",
+                    print(f"MF_WARPS {W} MF_CHAINS {C} MF_XP {int(xp)} {tname} {'glu' if glu else 'plain'} nb {nb}:",
                           "OK" if not errs else errs[:5], flush=True)
     return 1 if bad else 0
 

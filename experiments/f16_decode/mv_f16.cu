@@ -45,6 +45,9 @@
 #ifndef MF_H2
 #define MF_H2 0
 #endif
+#ifndef MF_XP
+#define MF_XP 0
+#endif
 static_assert(MF_WARPS % MF_CHAINS == 0, "MF: a tile's chains must share a block");
 static_assert(MF_DEPTH >= 1 && MF_DEPTH <= 8, "MF_DEPTH 1..8");
 
@@ -75,39 +78,108 @@ MEMRA_DEVICE uint32_t h2_mul(uint32_t a, uint32_t b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
-MEMRA_DEVICE uint32_t h2_fma0(uint32_t a, uint32_t b) {
-    uint32_t r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0u));
-    return r;
-}
-// group g of a unit as 8 f16x2 words (elements 2i, 2i + 1 in word i) in the f16x2 arithmetic (MF_H2); false: the
-// type has none (the caller takes DeqCvt)
-template <class TT> MEMRA_DEVICE bool deq_h2(const TT&, int, uint32_t (&)[8]) { return false; }
 // bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of b as the low bytes of two f16 with high byte 0x64: 1024 + byte
 MEMRA_DEVICE uint32_t pair64(uint32_t b, uint32_t sel) { return __byte_perm(b, 0x6464u, sel); }
-#if MF_H2
-template <> MEMRA_DEVICE bool deq_h2<TQ4_0::U>(const TQ4_0::U& w, int g, uint32_t (&o)[8]) {
-    const uint4& v = w.q[g >> 1];
-    const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint32_t b = (g & 1) ? hi4(word(v, i)) : lo4(word(v, i));
-        o[2 * i] = h2_mul(d2, h2_sub(pair64(b, 0x4140), 0x64086408u));       // (1024 + q) - 1032 = q - 8
-        o[2 * i + 1] = h2_mul(d2, h2_sub(pair64(b, 0x4342), 0x64086408u));
-    }
-    return true;
+MEMRA_DEVICE uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
 }
-template <> MEMRA_DEVICE bool deq_h2<TQ8_0::U>(const TQ8_0::U& w, int g, uint32_t (&o)[8]) {
-    const uint4& v = w.q[g];
-    const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
+MEMRA_DEVICE uint32_t h2_bcast(float v) { return pack_h2(v, v); }   // f16(v) in both halves, round to nearest
+
+// A unit's dequant, group g (16 elements) at a time as 8 f16x2 words (elements 2i, 2i + 1 in word i): Unit<TT>(w)
+// computes what the unit's groups share once (v3: the K-quants' scales were recomputed per group), then group(g, o).
+// The default: DeqCvt<TT>::deq and cvt.rn pairs.
+template <class TT> struct Unit {
+    const typename TT::U& w;
+    MEMRA_DEVICE explicit Unit(const typename TT::U& w_) : w(w_) {}
+    MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
+        float f[16];
+        DeqCvt<TT>::deq(w, g, f);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint32_t b = word(v, i) ^ 0x80808080u;                           // q + 128
-        o[2 * i] = h2_fma0(d2, h2_sub(pair64(b, 0x4140), 0x64806480u));      // (1024 + q + 128) - 1152 = q
-        o[2 * i + 1] = h2_fma0(d2, h2_sub(pair64(b, 0x4342), 0x64806480u));
+        for (int i = 0; i < 8; ++i) o[i] = pack_h2(f[2 * i], f[2 * i + 1]);
     }
-    return true;
-}
+};
+// Q4_K: the two sub-blocks' d sc and dmin m once a unit. MF_H2 < 2: DeqCvt<TQ4_K>::deq_dm (T::deq's value, the same
+// float ops); MF_H2 2: f16x2 with pre-rounded scales — NOT T::deq's value: s = f16(d sc), mn = f16(dmin m) (each the
+// exact f32 product rounded once), w = fma.rn.f16x2(q, s, -mn) (q exact): two roundings more than T::deq's f16(d sc
+// q - dmin m); priced here, the prompt GEMM would have to share it
+template <> struct Unit<TQ4_K> {
+    const TQ4_K::U& w;
+    float d[2], m[2];
+    MEMRA_DEVICE explicit Unit(const TQ4_K::U& w_) : w(w_) {
+        k4_dm(w.m, w.j, 0, d[0], m[0]);
+        k4_dm(w.m, w.j, 2, d[1], m[1]);
+    }
+    MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
+#if MF_H2 == 2
+        const uint32_t s2 = h2_bcast(d[g >> 1]), m2 = h2_bcast(m[g >> 1]) ^ 0x80008000u;
+        const uint4& v = w.q[g & 1];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = (g >> 1) ? hi4(word(v, i)) : lo4(word(v, i));
+            o[2 * i] = h2_fma(h2_sub(pair64(b, 0x4140), 0x64006400u), s2, m2);
+            o[2 * i + 1] = h2_fma(h2_sub(pair64(b, 0x4342), 0x64006400u), s2, m2);
+        }
+#else
+        float f[16];
+        DeqCvt<TQ4_K>::deq_dm(w, g, d[g >> 1], m[g >> 1], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = pack_h2(f[2 * i], f[2 * i + 1]);
+#endif
+    }
+};
+#if MF_H2 == 2
+// Q6_K in f16x2: s = f16(d sc) (the exact f32 product rounded once), w = fma.rn.f16x2(q - 32, s, +0) (q - 32 exact
+// by the exponent trick; + 0 turns a -0 into +0 as T::deq's does) — NOT T::deq's f16(d sc (q - 32)): one rounding more
+template <> struct Unit<TQ6_K> {
+    const TQ6_K::U& w;
+    MEMRA_DEVICE explicit Unit(const TQ6_K::U& w_) : w(w_) {}
+    MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
+        const uint32_t s2 = h2_bcast(w.d * (float)(int8_t)(w.sc >> (8 * g)));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t lq = word((g & 1) ? w.b : w.a, i), h = word(w.h, i);
+            const uint32_t lo = (g >> 1) ? ((lq >> 4) & 0x0F0F0F0Fu) : (lq & 0x0F0F0F0Fu);
+            const uint32_t u = lo | (((h >> (2 * g)) & 0x03030303u) << 4);
+            o[2 * i] = h2_fma(h2_sub(pair64(u, 0x4140), 0x64206420u), s2, 0u);   // (1024 + u) - 1056 = q - 32
+            o[2 * i + 1] = h2_fma(h2_sub(pair64(u, 0x4342), 0x64206420u), s2, 0u);
+        }
+    }
+};
+#endif
+#if MF_H2 >= 1
+// Q4_0 and Q8_0 in f16x2, T::deq's value: 1024 + q by the exponent trick, one exact subtraction, then d (q - 8) by
+// mul.rn.f16x2 (Q4_0) or d q + 0 by fma.rn.f16x2 (Q8_0): the exact product rounded once, as cvt.rn of the f32 path's
+// exact product gives (session 52's first run: the same bits as MF_H2 0)
+template <> struct Unit<TQ4_0> {
+    const TQ4_0::U& w;
+    MEMRA_DEVICE explicit Unit(const TQ4_0::U& w_) : w(w_) {}
+    MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
+        const uint4& v = w.q[g >> 1];
+        const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = (g & 1) ? hi4(word(v, i)) : lo4(word(v, i));
+            o[2 * i] = h2_mul(d2, h2_sub(pair64(b, 0x4140), 0x64086408u));       // (1024 + q) - 1032 = q - 8
+            o[2 * i + 1] = h2_mul(d2, h2_sub(pair64(b, 0x4342), 0x64086408u));
+        }
+    }
+};
+template <> struct Unit<TQ8_0> {
+    const TQ8_0::U& w;
+    MEMRA_DEVICE explicit Unit(const TQ8_0::U& w_) : w(w_) {}
+    MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
+        const uint4& v = w.q[g];
+        const uint32_t dh = (w.d >> (16 * (g >> 1))) & 0xFFFFu, d2 = dh | (dh << 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = word(v, i) ^ 0x80808080u;                           // q + 128
+            o[2 * i] = h2_fma(d2, h2_sub(pair64(b, 0x4140), 0x64806480u), 0u);   // (1024 + q + 128) - 1152 = q
+            o[2 * i + 1] = h2_fma(d2, h2_sub(pair64(b, 0x4342), 0x64806480u), 0u);
+        }
+    }
+};
 #endif
 MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
     if (!glu) return n0 + r;
@@ -151,25 +223,31 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     auto stage = [&](int s, typename T::U& w) {
         // the activation words of the stage first (their latency under the dequant)
         uint32_t b[8][2];
+#if MF_XP
+        // x in fragment order (probe.py's xperm): lane tig's 16 words of stage s are 64 contiguous bytes
+        const uint4* xq = reinterpret_cast<const uint4*>(xr + 128 * s + 32 * tig);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 q = xcol ? __ldg(xq + i) : make_uint4(0u, 0u, 0u, 0u);
+            b[2 * i][0] = q.x; b[2 * i][1] = q.y; b[2 * i + 1][0] = q.z; b[2 * i + 1][1] = q.w;
+        }
+#else
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const int k = 128 * s + 16 * kk + 2 * tig;
             b[kk][0] = xcol ? __ldg(reinterpret_cast<const unsigned int*>(xr + k)) : 0u;
             b[kk][1] = xcol ? __ldg(reinterpret_cast<const unsigned int*>(xr + k + 8)) : 0u;
         }
+#endif
         const int u = 2 * s + uu;
         uint16_t* row = wt + ur * LDS;
+        const Unit<T> un(w);
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
             const int c = T::goff(u, g, K / 64) - 128 * s;   // 0..127, a multiple of 16
             uint4 lo, hi;
             uint32_t h[8];
-            if (!deq_h2<typename T::U>(w, g, h)) {
-                float f[16];
-                DeqCvt<T>::deq(w, g, f);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) h[i] = pack_h2(f[2 * i], f[2 * i + 1]);
-            }
+            un.group(g, h);
             lo.x = h[0]; lo.y = h[1]; lo.z = h[2]; lo.w = h[3];
             hi.x = h[4]; hi.y = h[5]; hi.z = h[6]; hi.w = h[7];
             *reinterpret_cast<uint4*>(row + c) = lo;

@@ -64,14 +64,30 @@ GF = [dict(GF_WM=1, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=1, 
 WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=256, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=0, WG_PREFETCH=1)]
-# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH, MF_H2); a chain count applies where K / C is a multiple of 256, MF_H2 1
-# to Q4_0 and Q8_0
-MV_CONFIGS = [(4, 1, 4, 0), (8, 1, 4, 0), (4, 1, 8, 0), (4, 2, 4, 0), (8, 2, 4, 0), (8, 4, 2, 0), (8, 4, 4, 0),
-              (8, 8, 2, 0), (4, 1, 4, 1), (8, 4, 4, 1)]
-MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2")
+# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH, MF_H2, MF_XP); a chain count applies where K / C is a multiple of 256;
+# MF_H2 1 to Q4_0 and Q8_0 (their exact f16x2 dequant), MF_H2 2 to Q4_K and Q6_K (f16x2 with pre-rounded scales:
+# another arithmetic); MF_XP 1 reads the activations in fragment order (xperm). Session 51's first run: the first
+# ten without MF_XP (v1); session 52: v3 (hoisted K-quant scales, conflict-free stores) with and without MF_XP.
+MV_CONFIGS = [(4, 1, 4, 0, 0), (4, 1, 4, 0, 1), (4, 2, 4, 0, 1), (8, 4, 4, 0, 1), (8, 8, 2, 0, 1),
+              (4, 1, 4, 1, 1), (8, 4, 4, 1, 1), (8, 8, 2, 1, 1),
+              (4, 1, 4, 2, 1), (4, 2, 4, 2, 1), (8, 4, 4, 2, 1), (8, 8, 2, 2, 1)]
+MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2", "MF_XP")
 MV_SRC = Path(__file__).resolve().parent / "mv_f16.cu"
 ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 MB)
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
+
+
+def mv_applies(c, t: int, K: int) -> bool:
+    """Whether mv_f16 configuration c runs on type t at K (chains: K / C a multiple of 256; MF_H2's types)."""
+    return ((K % (256 * c[1]) == 0 or c[1] == 1) and
+            (c[3] == 0 or (c[3] == 1 and t in (Q4_0, Q8_0)) or (c[3] == 2 and t in (Q4_K, Q6_K))))
+
+
+def xperm(xh16: np.ndarray) -> np.ndarray:
+    """Activation rows (f16, K a multiple of 128) in MF_XP's fragment order (index_check.xperm_src: position p holds
+    k = xperm_src(p)): per 128-k stage, lane group tig's words (16 kk + 2 tig, + 8) for kk 0..7, in order."""
+    nb, K = xh16.shape
+    return np.ascontiguousarray(xh16.reshape(nb, K // 128, 8, 2, 4, 2).transpose(0, 1, 4, 2, 3, 5).reshape(nb, K))
 
 
 def table_config(table: dict, kernel: str, t: int, rows: int, K: int, nb: int) -> dict | None:
@@ -270,7 +286,7 @@ def mv_main(args) -> int:
 
     t0 = time.time()
     types = sorted({s[2] for s in SHAPES})
-    keys = [(t, c) for t in types for c in MV_CONFIGS if not c[3] or t in (Q4_0, Q8_0)]
+    keys = [(t, c) for t in types for c in MV_CONFIGS if mv_applies(c, t, 1 << 20)]
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
         built = dict(zip(keys, ex.map(_mv_compile, keys)))
     table, g, rng, emit = open_run(args.out, 52)
@@ -281,13 +297,14 @@ def mv_main(args) -> int:
                          for (t, c), (_, log) in built.items()}})
 
     def mv(t, c, w, xh, y, N, K, nb, glu):
-        mv_launch(g, cache, built, t, c, w, xh, y, N, K, nb, glu)
+        mv_launch(g, cache, built, t, c, w, xhp if c[4] else xh, y, N, K, nb, glu)
 
     for model, op, t, rows, K, glu in SHAPES:
         if skipped(emit, t0, args.limit, model, op):
             continue
         N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 8)
-        cfgs = [c for c in MV_CONFIGS if (K % (256 * c[1]) == 0 or c[1] == 1) and (not c[3] or t in (Q4_0, Q8_0))]
+        cfgs = [c for c in MV_CONFIGS if mv_applies(c, t, K)]
+        xhp = g.to_device(xperm(xh16).view(np.uint16).reshape(-1))
         timed = timer(g, emit, args.reps, base, ws, nbytes)
         for nb in (1, 8):
             time_q8(timed, g, table, t, rows, K, glu, nb, y, xq, xs)
