@@ -30,7 +30,13 @@ def xperm_src(p: int) -> int:
 
 
 
-def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bool = False) -> list[str]:
+def scol(tname: str, ui: int, g: int) -> int:
+    """mv_f16.cu's SCol<T>::at: the stage column of group g of the stage's unit ui."""
+    return 32 * g + 16 * ui if tname == "Q6_K" else 64 * ui + 16 * g
+
+
+def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bool = False,
+          df: bool = False) -> list[str]:
     tiles = (2 * N if glu else N) // 16
     blocks = -(-tiles * C // W)
     S = K // C // 128
@@ -64,8 +70,26 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bo
                 if len(Ws) != 16 * 128:
                     errs.append(f"stage {s}: {len(Ws)} tile halves of {16 * 128}")
                     return errs
+                if df:   # MF_DF: lane (gid, tig)'s slice of rows gid, gid + 8 and units 2 s, 2 s + 1 into its A fragments
+                    Adf = {}
+                    for lane in range(32):
+                        gid, tig = lane >> 2, lane & 3
+                        for r in range(2):
+                            gr = wrow(gid + 8 * r, n0, N, glu)
+                            for ui in range(2):
+                                u = 2 * s + ui
+                                for g in range(4):
+                                    if goff(tname, u, g) - 128 * s != scol(tname, ui, g):
+                                        errs.append(f"SCol {tname} ui {ui} g {g} != goff - 128 s at s {s}")
+                                    kk = scol(tname, ui, g) // 16
+                                    els = [(gr, goff(tname, u, g) + 4 * tig + e) for e in range(4)]
+                                    Adf[(lane, kk, r)] = els[0:2]       # a[r]: slots 2 tig, 2 tig + 1
+                                    Adf[(lane, kk, 2 + r)] = els[2:4]   # a[2 + r]: slots 2 tig + 8, + 9
                 for kk in range(8):
-                    A = ldsm_x4(Ws, lambda l, kk=kk: ((l & 15), 16 * kk + 8 * (l >> 4)))
+                    if df:
+                        A = [[Adf[(lane, kk, q)] for q in range(4)] for lane in range(32)]
+                    else:
+                        A = ldsm_x4(Ws, lambda l, kk=kk: ((l & 15), 16 * kk + 8 * (l >> 4)))
                     Am = [[None] * 16 for _ in range(16)]
                     Bm = [[None] * 8 for _ in range(16)]
                     for t in range(32):
@@ -82,6 +106,8 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bo
                             if xp:
                                 p0 = 128 * s + 32 * tig + 8 * (kk >> 1) + 2 * (2 * (kk & 1))
                                 src0, src1 = xperm_src(p0 + h), xperm_src(p0 + 2 + h)
+                            elif df:   # one uint2 at x + k0 - 2 tig + 4 tig: b0 its low word, b1 its high
+                                src0, src1 = k0 + 2 * tig + h, k0 + 2 * tig + 2 + h
                             else:
                                 src0, src1 = k0 + h, k0 + 8 + h
                             Bm[2 * tig + h][gid] = (gid, src0) if gid < nb else None
@@ -147,12 +173,13 @@ def main() -> int:
     for W, C in ((4, 1), (8, 4), (4, 2), (8, 8)):
         for tname, glu in (("Q4_K", True), ("Q6_K", False), ("Q4_0", False), ("Q4_0", True)):
             N, K = 48, 256 * C
-            for nb, xp in ((1, False), (3, True), (8, False), (8, True)):
-                errs = check(tname, W, C, glu, N=N, K=K, nb=nb, xp=xp)
+            for nb, xp, df in ((1, False, False), (3, True, False), (8, False, False), (8, True, False),
+                               (2, False, True), (8, False, True)):
+                errs = check(tname, W, C, glu, N=N, K=K, nb=nb, xp=xp, df=df)
                 bad += bool(errs)
                 if errs or nb == 8:
-                    print(f"MF_WARPS {W} MF_CHAINS {C} MF_XP {int(xp)} {tname} {'glu' if glu else 'plain'} nb {nb}:",
-                          "OK" if not errs else errs[:5], flush=True)
+                    print(f"MF_WARPS {W} MF_CHAINS {C} MF_XP {int(xp)} MF_DF {int(df)} {tname} "
+                          f"{'glu' if glu else 'plain'} nb {nb}:", "OK" if not errs else errs[:5], flush=True)
     return 1 if bad else 0
 
 

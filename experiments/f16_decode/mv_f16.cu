@@ -48,6 +48,15 @@
 #ifndef MF_XP
 #define MF_XP 0
 #endif
+#ifndef MF_DF
+#define MF_DF 0
+#endif
+#if MF_DF && (MV_TYPE != 2 && MV_TYPE != 8 && MV_TYPE != 12 && MV_TYPE != 14)
+#error "mv_f16.cu: MF_DF has slices for Q4_0, Q8_0, Q4_K and Q6_K only"
+#endif
+#if MF_DF && MF_XP
+#error "mv_f16.cu: MF_DF reads x in its natural order (MF_XP 0)"
+#endif
 static_assert(MF_WARPS % MF_CHAINS == 0, "MF: a tile's chains must share a block");
 static_assert(MF_DEPTH >= 1 && MF_DEPTH <= 8, "MF_DEPTH 1..8");
 
@@ -181,6 +190,46 @@ template <> struct Unit<TQ8_0> {
     }
 };
 #endif
+// MF_DF: a lane's slice of a unit — word t of each of its 16-byte pieces in the .x of T::U's uint4s (the rest
+// zero), its meta as T::load_meta loads it: Unit<T>(w).group(g, o) then gives elements 4 t .. 4 t + 3 of group g in
+// o[0], o[1] (its other words are dead code). Types whose dequant indexes more per-element data by word (Q5_0's,
+// Q5_1's high bits) have no slice.
+template <class TT> struct Slice;
+template <> struct Slice<TQ4_K> {
+    static MEMRA_DEVICE void load(TQ4_K::U& w, const uint8_t* bulk, const uint8_t* meta, int u, int t) {
+        w = TQ4_K::U{};
+        w.q[0].x = ld4(bulk + 32 * u + 4 * t); w.q[1].x = ld4(bulk + 32 * u + 16 + 4 * t);
+        TQ4_K::load_meta<GLd>(w, meta + TQ4_K::moff(u), u);
+    }
+};
+template <> struct Slice<TQ4_0> {
+    static MEMRA_DEVICE void load(TQ4_0::U& w, const uint8_t* bulk, const uint8_t* meta, int u, int t) {
+        w = TQ4_0::U{};
+        w.q[0].x = ld4(bulk + 32 * u + 4 * t); w.q[1].x = ld4(bulk + 32 * u + 16 + 4 * t);
+        TQ4_0::load_meta<GLd>(w, meta + TQ4_0::moff(u), u);
+    }
+};
+template <> struct Slice<TQ8_0> {
+    static MEMRA_DEVICE void load(TQ8_0::U& w, const uint8_t* bulk, const uint8_t* meta, int u, int t) {
+        w = TQ8_0::U{};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w.q[i].x = ld4(bulk + 64 * u + 16 * i + 4 * t);
+        TQ8_0::load_meta<GLd>(w, meta + TQ8_0::moff(u), u);
+    }
+};
+template <> struct Slice<TQ6_K> {
+    static MEMRA_DEVICE void load(TQ6_K::U& w, const uint8_t* bulk, const uint8_t* meta, int u, int t) {
+        w = TQ6_K::U{};
+        const int j = u & 3, n = j >> 1, l0 = 16 * (j & 1) + 4 * t;
+        const uint8_t* blk = bulk + 192 * (u >> 2);
+        w.a.x = ld4(blk + 64 * n + l0); w.b.x = ld4(blk + 64 * n + 32 + l0); w.h.x = ld4(blk + 128 + 32 * n + l0);
+        TQ6_K::load_meta<GLd>(w, meta + TQ6_K::moff(u), u);
+    }
+};
+// the stage column (0..127) of group g of the stage's unit ui (u = 2 s + ui): T::goff(u, g) - 128 s, a constant
+template <class TT> struct SCol { static MEMRA_DEVICE constexpr int at(int ui, int g) { return 64 * ui + 16 * g; } };
+template <> struct SCol<TQ6_K> { static MEMRA_DEVICE constexpr int at(int ui, int g) { return 32 * g + 16 * ui; } };
+
 MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
     if (!glu) return n0 + r;
     const int n = n0 + 8 * (r >> 4) + (r & 7);
@@ -191,7 +240,9 @@ template <bool GLU>
 MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                               const uint16_t* __restrict__ x, float* y, const float* res, int N, int K, int nb,
                               int act) {
+#if !MF_DF
     __shared__ __align__(16) uint16_t Ws[MF_WARPS][16 * LDS];
+#endif
     __shared__ float part[MF_WARPS][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int pair = blockIdx.x * MF_WARPS + warp;
@@ -201,18 +252,78 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     const int n0 = tile * (GLU ? 8 : 16);
     const int KC = K / MF_CHAINS, S = KC / 128, s0 = chain * S;   // this chain's stages s0 .. s0 + S - 1
     const size_t bulk_row = (size_t)(K / T::BLK) * T::BULK, meta_row = (size_t)(K / T::BLK) * T::META;
+#if !MF_DF
     const int ur = lane & 15, uu = lane >> 4;   // v2: a store phase's 8 lanes on 8 rows, 8 bank groups
     const int gr = wrow(ur, n0, N, GLU);
     const uint8_t* ub = bulk + gr * bulk_row;
     const uint8_t* um = meta + gr * meta_row;
+#endif
     const int gid = lane >> 2, tig = lane & 3;
     const bool xcol = gid < nb;
     const uint16_t* xr = x + (size_t)(xcol ? gid : 0) * K;
+#if !MF_DF
     uint16_t* wt = Ws[warp];
     const uint32_t wt_s = (uint32_t)__cvta_generic_to_shared(wt);
+#endif
 
-    typename T::U ring[MF_DEPTH];
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#if MF_DF
+    // v4 (MF_DF): no shared tile. Lane (gid, tig) dequantizes, of tile rows gid and gid + 8, its slice (word tig of
+    // every 16-byte piece) of the stage's two units: elements 4 tig .. 4 tig + 3 of each group, straight into its A
+    // fragment, slots 2 tig, 2 tig + 1 (elements 4 tig, + 1) and 2 tig + 8, 2 tig + 9 (4 tig + 2, + 3): a permutation of
+    // k inside each k16 step, the B fragment loaded alike (x[k0 + 4 tig .. + 3], 8 bytes). The same bits as the tile
+    // version only if the mma's sum does not depend on the slots (perm_probe.py)
+    const uint8_t* db[2];
+    const uint8_t* dm[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int gr2 = wrow(gid + 8 * r, n0, N, GLU);
+        db[r] = bulk + gr2 * bulk_row;
+        dm[r] = meta + gr2 * meta_row;
+    }
+    typename T::U ring[MF_DEPTH][2][2];
+#pragma unroll
+    for (int i = 0; i < MF_DEPTH; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int ui = 0; ui < 2; ++ui)
+                if (live && i < S) Slice<T>::load(ring[i][r][ui], db[r], dm[r], 2 * (s0 + i) + ui, tig);
+    MEMRA_PDL_WAIT();
+    auto stage = [&](int s, typename T::U (&w)[2][2]) {
+        uint32_t b[8][2];
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const uint2 v = xcol ? __ldg(reinterpret_cast<const uint2*>(xr + 128 * s + 16 * kk + 4 * tig))
+                                 : make_uint2(0u, 0u);
+            b[kk][0] = v.x; b[kk][1] = v.y;
+        }
+        uint32_t a[8][4];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int ui = 0; ui < 2; ++ui) {
+                const Unit<T> un(w[r][ui]);
+#pragma unroll
+                for (int g = 0; g < 4; ++g) {
+                    uint32_t o[8];
+                    un.group(g, o);
+                    const int kk = SCol<T>::at(ui, g) / 16;
+                    a[kk][r] = o[0];
+                    a[kk][2 + r] = o[1];
+                }
+            }
+        if (s + MF_DEPTH < s0 + S) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int ui = 0; ui < 2; ++ui) Slice<T>::load(w[r][ui], db[r], dm[r], 2 * (s + MF_DEPTH) + ui, tig);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) mma_f16(acc, a[kk], b[kk][0], b[kk][1]);
+    };
+#else
+    typename T::U ring[MF_DEPTH];
     // weights are never written by kernels: the ring fills before the PDL wait
 #pragma unroll
     for (int i = 0; i < MF_DEPTH; ++i)
@@ -263,6 +374,7 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         }
         __syncwarp();   // the tile is rewritten by the next stage
     };
+#endif
     if (live) {
         int s = s0;
         for (; s + MF_DEPTH <= s0 + S; s += MF_DEPTH) {
