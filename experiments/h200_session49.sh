@@ -26,7 +26,8 @@
 #   one-key gain, nothing past 64 keys).
 # STAGE m (~6 min, no models): experiments/f16_decode/probe.py --mv (mv_f16.cu against mv_q8 / mvt at 1 and 8 rows,
 #   its bits against gemm_f16), then --wgc (the chained wgmma GEMM against gemm.cu at 16 / 64 rows, its bits against
-#   mv_f16 at the same chains); $OUT/mv-f16.jsonl, $OUT/wgc.jsonl -> research/<date>-sessionN/f16/.
+#   mv_f16 at the same chains); $OUT/mv-f16.jsonl, $OUT/wgc.jsonl -> research/<date>-sessionN/f16/. Session 52 put
+#   perm_probe.py first ($OUT/perm.jsonl, ~10 s) and, with KC=1, the whole kernel-check before it (~1.5 min).
 # STAGE g (~2.5 min, no models shipped): the short form for a session with little device time: the device's
 #   _check_short of SHORT_CASES and Gemma-3's 193-key candidate, then tg128 of the synthetic Gemma-3-270M
 #   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
@@ -65,6 +66,8 @@ PY
   cut -c1-230 $R/short-check.txt | tee -a $R/log.txt; cp $R/short-check.txt $OUT/
 }
 if [ "$STAGE" = m ]; then
+  # KC=1: first the whole kernel-check at this tree (a kernels/ edit staled the receipt; --add-to cannot extend it)
+  [ "${KC:-0}" = 1 ] && KC_LIMIT=${KC_LIMIT:-200} kernel_check
   timeout 90 python3 experiments/f16_decode/perm_probe.py --out $OUT/perm.jsonl > $R/perm.txt 2>&1
   log "perm probe rc=$? $(el)"; cut -c1-260 $R/perm.txt | tail -14 | tee -a $R/log.txt
   timeout 330 python3 experiments/f16_decode/probe.py --mv --reps ${MV_REPS:-20} --out $OUT/mv-f16.jsonl \
