@@ -29,20 +29,10 @@ MEMRA_DEVICE void cvt16(const uint32_t (&b)[4], float* o, F f) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) o[4 * i + j] = f(ubyte_f(b[i], j, CVT_2P23 + K));
 }
-// scale_min_k4's integers for sub-block i (0..7) without its branches: i is the unit's runtime j, and the byte
-// select of qtypes.cuh's byte_of compiled to ~50 ISETP / SEL / BRA a 128-element stage in mv_f16 (session 52's
-// SASS); here one shift per scale word and a select on i >= 4
-MEMRA_DEVICE void scale_min_k4_bf(const uint4& m4, int i, int& sc, int& mn) {
-    const int sh = 8 * (i & 3);
-    const uint32_t y = m4.y >> sh, z = m4.z >> sh, w = m4.w >> sh;   // scales[i & 3], [4 + (i & 3)], [8 + (i & 3)]
-    const bool hi = i >= 4;
-    sc = (int)(hi ? ((w & 0xFu) | ((y >> 2) & 0x30u)) : (y & 63u));
-    mn = (int)(hi ? (((w >> 4) & 0xFu) | ((z >> 2) & 0x30u)) : (z & 63u));
-}
 // d sc and dmin m of sub-block 2 j + g / 2 of a Q4_K / Q5_K unit (their T::deq's)
 MEMRA_DEVICE void k4_dm(const uint4& m4, int j, int g, float& d, float& m) {
     int sc, mn;
-    scale_min_k4_bf(m4, 2 * j + (g >> 1), sc, mn);
+    scale_min_k4(m4, 2 * j + (g >> 1), sc, mn);
     d = f16_to_f32((uint16_t)m4.x) * (float)sc;
     m = f16_to_f32((uint16_t)(m4.x >> 16)) * (float)mn;
 }
@@ -104,11 +94,6 @@ template <> struct DeqCvt<TQ4_K> {
     static MEMRA_DEVICE void deq(const TQ4_K::U& w, int g, float* o) {
         float d, m;
         k4_dm(w.m, w.j, g, d, m);
-        deq_dm(w, g, d, m, o);
-    }
-    // with group g's d sc and dmin m given (k4_dm's): a caller that dequantizes a unit's four groups computes its
-    // two sub-blocks' once
-    static MEMRA_DEVICE void deq_dm(const TQ4_K::U& w, int g, float d, float m, float* o) {
         const uint4& v = w.q[g & 1];
         uint32_t b[4];
 #pragma unroll

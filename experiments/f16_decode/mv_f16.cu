@@ -96,6 +96,23 @@ MEMRA_DEVICE uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
 }
 MEMRA_DEVICE uint32_t h2_bcast(float v) { return pack_h2(v, v); }   // f16(v) in both halves, round to nearest
 
+// qtypes.cuh's scale_min_k4 integers for sub-block i (0..7) without its branches: with the unit's runtime j its byte
+// select compiled to ~50 ISETP / SEL / BRA a 128-element stage (session 52's SASS); here one shift per scale word and
+// a select on i >= 4. k4_dm_bf: deq_cvt.cuh's k4_dm on it (the same floats).
+MEMRA_DEVICE void scale_min_k4_bf(const uint4& m4, int i, int& sc, int& mn) {
+    const int sh = 8 * (i & 3);
+    const uint32_t y = m4.y >> sh, z = m4.z >> sh, w = m4.w >> sh;   // scales[i & 3], [4 + (i & 3)], [8 + (i & 3)]
+    const bool hi = i >= 4;
+    sc = (int)(hi ? ((w & 0xFu) | ((y >> 2) & 0x30u)) : (y & 63u));
+    mn = (int)(hi ? (((w >> 4) & 0xFu) | ((z >> 2) & 0x30u)) : (z & 63u));
+}
+MEMRA_DEVICE void k4_dm_bf(const uint4& m4, int j, int g, float& d, float& m) {
+    int sc, mn;
+    scale_min_k4_bf(m4, 2 * j + (g >> 1), sc, mn);
+    d = f16_to_f32((uint16_t)m4.x) * (float)sc;
+    m = f16_to_f32((uint16_t)(m4.x >> 16)) * (float)mn;
+}
+
 // A unit's dequant, group g (16 elements) at a time as 8 f16x2 words (elements 2i, 2i + 1 in word i): Unit<TT>(w)
 // computes what the unit's groups share once (v3: the K-quants' scales were recomputed per group), then group(g, o).
 // The default: DeqCvt<TT>::deq and cvt.rn pairs.
@@ -109,16 +126,16 @@ template <class TT> struct Unit {
         for (int i = 0; i < 8; ++i) o[i] = pack_h2(f[2 * i], f[2 * i + 1]);
     }
 };
-// Q4_K: the two sub-blocks' d sc and dmin m once a unit. MF_H2 < 2: DeqCvt<TQ4_K>::deq_dm (T::deq's value, the same
-// float ops); MF_H2 2: f16x2 with pre-rounded scales — NOT T::deq's value: s = f16(d sc), mn = f16(dmin m) (each the
+// Q4_K: the two sub-blocks' d sc and dmin m once a unit. MF_H2 < 2: DeqCvt<TQ4_K>::deq's float ops (T::deq's
+// value); MF_H2 2: f16x2 with pre-rounded scales — NOT T::deq's value: s = f16(d sc), mn = f16(dmin m) (each the
 // exact f32 product rounded once), w = fma.rn.f16x2(q, s, -mn) (q exact): two roundings more than T::deq's f16(d sc
 // q - dmin m); priced here, the prompt GEMM would have to share it
 template <> struct Unit<TQ4_K> {
     const TQ4_K::U& w;
     float d[2], m[2];
     MEMRA_DEVICE explicit Unit(const TQ4_K::U& w_) : w(w_) {
-        k4_dm(w.m, w.j, 0, d[0], m[0]);
-        k4_dm(w.m, w.j, 2, d[1], m[1]);
+        k4_dm_bf(w.m, w.j, 0, d[0], m[0]);
+        k4_dm_bf(w.m, w.j, 2, d[1], m[1]);
     }
     MEMRA_DEVICE void group(int g, uint32_t (&o)[8]) const {
 #if MF_H2 == 2
@@ -131,8 +148,14 @@ template <> struct Unit<TQ4_K> {
             o[2 * i + 1] = h2_fma(h2_sub(pair64(b, 0x4342), 0x64006400u), s2, m2);
         }
 #else
+        // DeqCvt<TQ4_K>::deq's arithmetic with the unit's d, m
+        const uint4& v = w.q[g & 1];
+        uint32_t b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = (g >> 1) ? hi4(word(v, i)) : lo4(word(v, i));
+        const float dd = d[g >> 1], mm = m[g >> 1];
         float f[16];
-        DeqCvt<TQ4_K>::deq_dm(w, g, d[g >> 1], m[g >> 1], f);
+        cvt16<0>(b, f, [dd, mm](float x) { return dd * x - mm; });
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] = pack_h2(f[2 * i], f[2 * i + 1]);
 #endif
