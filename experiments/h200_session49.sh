@@ -27,7 +27,8 @@
 # STAGE m (~6 min, no models): experiments/f16_decode/probe.py --mv (mv_f16.cu against mv_q8 / mvt at 1 and 8 rows,
 #   its bits against gemm_f16), then --wgc (the chained wgmma GEMM against gemm.cu at 16 / 64 rows, its bits against
 #   mv_f16 at the same chains); $OUT/mv-f16.jsonl, $OUT/wgc.jsonl -> research/<date>-sessionN/f16/. Session 52 put
-#   perm_probe.py first ($OUT/perm.jsonl, ~10 s) and, with KC=1, the whole kernel-check before it (~1.5 min).
+#   perm_probe.py first ($OUT/perm.jsonl, ~10 s) and, with KC=1, the whole kernel-check before it (~1.5 min);
+#   WGC=0 skips --wgc.
 # STAGE g (~2.5 min, no models shipped): the short form for a session with little device time: the device's
 #   _check_short of SHORT_CASES and Gemma-3's 193-key candidate, then tg128 of the synthetic Gemma-3-270M
 #   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
@@ -73,7 +74,7 @@ if [ "$STAGE" = m ]; then
   timeout 330 python3 experiments/f16_decode/probe.py --mv --reps ${MV_REPS:-20} --out $OUT/mv-f16.jsonl \
     --limit ${MV_LIMIT:-240} > $R/mv-f16.txt 2>&1
   log "mv_f16 probe rc=$? $(el)"; grep -v '"kind": "time"' $R/mv-f16.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
-  timeout 250 python3 experiments/f16_decode/probe.py --wgc --reps ${MV_REPS:-20} --out $OUT/wgc.jsonl \
+  [ "${WGC:-1}" = 1 ] && timeout 250 python3 experiments/f16_decode/probe.py --wgc --reps ${MV_REPS:-20} --out $OUT/wgc.jsonl \
     --limit ${WGC_LIMIT:-200} > $R/wgc.txt 2>&1
   log "wgc probe rc=$? $(el)"; grep -v '"kind": "time"' $R/wgc.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
   exit 0
