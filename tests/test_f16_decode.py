@@ -42,7 +42,7 @@ def test_mv_f16_builds():
     assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": 2, "MF_H2": 1})
     for t in (12, 14):   # f16x2 K-quants with pre-rounded scales, activations in fragment order
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_H2": 2, "MF_XP": 1})
-        assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_DF": 1, "MF_DEPTH": 2})
+        assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_DF": 1, "MF_DEPTH": 2, "MF_PF": 8})
 
 
 def test_mv_f16_index_replay():
