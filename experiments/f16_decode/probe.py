@@ -343,8 +343,10 @@ def mv_main(args) -> int:
 
 
 WGC_CHAINS = (1, 2, 4, 8)
-WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
-            dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1)]
+# session 51's run: WG_BN 64 and 128 (128 lost on every shape); session 52: WG_BN 64 with wgc.py's WGC_PF 0 / 4 / 8
+WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=0),
+            dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=4),
+            dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=8)]
 WGC_SRC = Path("/tmp/f16_decode_wgc/gemm_f16_wgc.cu")
 
 
@@ -372,7 +374,7 @@ def wgc_main(args) -> int:
     cache: dict = {}
 
     emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
-          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
+          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}:{WGC_CFGS[i]['WGC_PF']}": TL.ptxas_info(log, "gemm_f16")
                          for (t, i), (_, log) in wbuilt.items()}})
 
     def wgc_launch(t, i, C, w, xh, part, y, N, K, nb, glu):

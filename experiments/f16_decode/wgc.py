@@ -36,6 +36,33 @@ EDITS = [
      "    for (int i = 0; i < NSC; ++i) {\n        const int s = i % S;\n"),
     ("                    y[o] = res ? __fadd_rn(res[o], d[e]) : d[e];\n",
      "                    y[(size_t)CH * nb * N + o] = d[e];   // wgc: chain CH's partial (res unused)\n"),
+    # session 52 (WGC_PF, pairs; 0 off): the producer loads one pair ahead (WG_PREFETCH), so a CTA has ~128 rows x 64
+    # bytes in flight; every WGC_PF pairs each producer thread bulk-prefetches its rows' next WGC_PF pairs into L2
+    ("        auto pair = [&](int P, auto parc) {\n            constexpr int par = decltype(parc)::value;\n",
+     "        auto pair = [&](int P, auto parc) {\n            constexpr int par = decltype(parc)::value;\n"
+     "#if WGC_PF\n"
+     "            if (P % WGC_PF == 0)\n"
+     "#pragma unroll\n"
+     "                for (int i = 0; i < WG_MT; ++i) wgc_prefetch(ub[i], P0 + P + WGC_PF, P0 + NSC / 2);\n"
+     "#endif\n"),
+    ("        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n",
+     "#if WGC_PF\n"
+     "#pragma unroll\n"
+     "        for (int i = 0; i < WG_MT; ++i) wgc_prefetch(ub[i], P0, P0 + NSC / 2);\n"
+     "#endif\n"
+     "        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n"),
+    ("template <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body(",
+     "#ifndef WGC_PF\n#define WGC_PF 0\n#endif\n"
+     "// the row's bulk bytes of pairs [p0, min(p0 + WGC_PF, pend)) (128 k a pair; whole blocks, 16-byte rounded) into L2\n"
+     "MEMRA_DEVICE void wgc_prefetch(const uint8_t* row, int p0, int pend) {\n"
+     "#if WGC_PF\n"
+     "    const int b0 = (128 * p0) / T::BLK, b1 = (128 * min(p0 + WGC_PF, pend) + T::BLK - 1) / T::BLK;\n"
+     "    if (b1 <= b0) return;\n"
+     "    const uint32_t o0 = (uint32_t)(b0 * T::BULK) & ~15u, o1 = ((uint32_t)(b1 * T::BULK) + 15u) & ~15u;\n"
+     "    asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(row + o0), \"r\"(o1 - o0) : \"memory\");\n"
+     "#endif\n"
+     "}\n"
+     "template <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body("),
 ]
 
 FOLD = r'''
