@@ -43,6 +43,7 @@ def test_mv_f16_builds():
     for t in (12, 14):   # f16x2 K-quants with pre-rounded scales, activations in fragment order
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_H2": 2, "MF_XP": 1})
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_DF": 1, "MF_DEPTH": 2, "MF_PF": 8})
+        assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_XP": 1, "MF_DEPTH": 2, "MF_MINB": 8})
 
 
 def test_mv_f16_index_replay():

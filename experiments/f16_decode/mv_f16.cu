@@ -51,6 +51,14 @@
 #ifndef MF_DF
 #define MF_DF 0
 #endif
+#ifndef MF_MINB
+#define MF_MINB 0   // v6: __launch_bounds__'s minimum resident blocks an SM (0: none) — a register budget for occupancy
+#endif
+#if MF_MINB
+#define MF_BOUNDS __launch_bounds__(32 * MF_WARPS, MF_MINB)
+#else
+#define MF_BOUNDS __launch_bounds__(32 * MF_WARPS)
+#endif
 #ifndef MF_PF
 #define MF_PF 0   // v5: every MF_PF stages a bulk L2 prefetch of each tile row's next MF_PF stages of weight bytes
 #endif
@@ -469,13 +477,13 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MF_WARPS)
+extern "C" __global__ void MF_BOUNDS
 mv_f16(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
        float* y, const float* res, int N, int K, int nb) {
     mv_f16_body<false>(bulk, meta, x, y, res, N, K, nb, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MF_WARPS)
+extern "C" __global__ void MF_BOUNDS
 mv_f16_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
            float* y, int N, int K, int nb, int act) {
     mv_f16_body<true>(bulk, meta, x, y, nullptr, N, K, nb, act);

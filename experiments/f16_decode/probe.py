@@ -64,17 +64,17 @@ GF = [dict(GF_WM=1, GF_WN=1, GF_TM=1, GF_TN=2), dict(GF_WM=2, GF_WN=1, GF_TM=1, 
 WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=128, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
       dict(WG_BN=256, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=0, WG_PREFETCH=1)]
-# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH, MF_H2, MF_XP, MF_DF, MF_PF); a chain count applies where K / C is a
-# multiple of 256; MF_H2 1 to Q4_0 and Q8_0 (their exact f16x2 dequant), MF_H2 2 to Q4_K and Q6_K (f16x2 with
+# mv_f16.cu (MF_WARPS, MF_CHAINS, MF_DEPTH, MF_H2, MF_XP, MF_DF, MF_PF, MF_MINB); a chain count applies where K / C
+# is a multiple of 256; MF_H2 1 to Q4_0 and Q8_0 (their exact f16x2 dequant), MF_H2 2 to Q4_K and Q6_K (f16x2 with
 # pre-rounded scales: another arithmetic); MF_XP 1 reads the activations in fragment order (xperm); MF_DF 1 (no shared
-# tile) to Q4_0, Q8_0, Q4_K, Q6_K; MF_PF the bulk L2 prefetch distance in stages. Session 51's first run: v1 (the first
-# ten, then 4-tuples); session 52's second: v3 / v4 (6-tuples); its third: v5 (MF_PF) against them.
-MV_CONFIGS = [(4, 1, 4, 0, 1, 0, 0), (8, 8, 2, 0, 1, 0, 0), (4, 1, 4, 2, 1, 0, 0), (8, 8, 2, 2, 1, 0, 0),
-              (4, 1, 2, 0, 0, 1, 0), (4, 2, 2, 2, 0, 1, 0), (4, 1, 4, 1, 1, 0, 0), (8, 8, 2, 1, 1, 0, 0),
-              (4, 1, 4, 0, 1, 0, 8), (4, 1, 4, 0, 1, 0, 16), (8, 8, 2, 0, 1, 0, 8), (4, 1, 4, 2, 1, 0, 8),
-              (8, 8, 2, 2, 1, 0, 8), (4, 1, 2, 0, 0, 1, 8), (4, 1, 2, 2, 0, 1, 8), (4, 1, 4, 1, 1, 0, 8),
-              (8, 8, 2, 1, 1, 0, 8)]
-MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2", "MF_XP", "MF_DF", "MF_PF")
+# tile) to Q4_0, Q8_0, Q4_K, Q6_K; MF_PF the bulk L2 prefetch distance in stages; MF_MINB __launch_bounds__'s minimum
+# blocks (a register budget). Session 51's first run: v1 (4-tuples); session 52's runs: v3 / v4 (6-tuples), v5 MF_PF
+# (7-tuples); the configurations below (8-tuples) are v6's occupancy question: 16 (the baselines), 24 and 32 warps
+# an SM (CPU-compiled: 64-80 registers, 0-60 bytes of spills at ring depth 2-3).
+MV_CONFIGS = [(4, 1, 4, 0, 1, 0, 0, 0), (8, 1, 2, 0, 1, 0, 0, 3), (4, 1, 3, 0, 1, 0, 0, 6), (4, 1, 2, 0, 1, 0, 0, 8),
+              (8, 1, 2, 0, 1, 0, 0, 4), (4, 1, 2, 2, 1, 0, 0, 8), (4, 1, 2, 1, 1, 0, 0, 8),
+              (8, 8, 2, 0, 1, 0, 0, 0), (8, 8, 2, 0, 1, 0, 0, 4), (8, 4, 2, 0, 1, 0, 0, 4), (8, 8, 2, 2, 1, 0, 0, 4)]
+MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2", "MF_XP", "MF_DF", "MF_PF", "MF_MINB")
 MV_SRC = Path(__file__).resolve().parent / "mv_f16.cu"
 ROTATE = 160 << 20   # weight bytes a timed shape rotates through (H200 L2: 50 MB)
 TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
