@@ -44,6 +44,7 @@ def test_mv_f16_builds():
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_H2": 2, "MF_XP": 1})
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_DF": 1, "MF_DEPTH": 2, "MF_PF": 8})
         assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_XP": 1, "MF_DEPTH": 2, "MF_MINB": 8})
+        assert _compile(EXP / "mv_f16.cu", {"MV_TYPE": t, "MF_DF": 2, "MF_DEPTH": 2})
 
 
 def test_mv_f16_index_replay():
@@ -51,10 +52,14 @@ def test_mv_f16_index_replay():
     for W, C in ((4, 1), (8, 4)):
         for tname, glu in (("Q4_K", True), ("Q6_K", False)):
             assert ic.check(tname, W, C, glu, N=32, K=256 * C, nb=3) == []
+            assert ic.check(tname, W, C, glu, N=32, K=256 * C, nb=3, xp=True) == []   # MF_XP's x order
+            assert ic.check(tname, W, C, glu, N=32, K=256 * C, nb=3, df=True) == []   # v4's fragments
+            assert ic.check_df2(tname, C, glu, N=32, K=256 * C, nb=3) == []           # v7: weights as B
     # a slipped index must show: group 0 of every unit stored over group 1
     real = ic.goff
     try:
         ic.goff = lambda t, u, g: real(t, u, g) + (16 if g == 0 else 0)   # group 0 stored over group 1
         assert ic.check("Q4_0", 4, 1, False, N=16, K=256, nb=1) != []
+        assert ic.check_df2("Q4_0", 1, False, N=16, K=256, nb=1) != []
     finally:
         ic.goff = real

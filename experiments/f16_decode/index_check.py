@@ -168,6 +168,69 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bo
     return errs
 
 
+def check_df2(tname: str, C: int, glu: bool, N: int, K: int, nb: int) -> list[str]:
+    """MF_DF 2 (v7): 8 weight rows a warp as mma's B operand, the activation rows as A. Per warp (tile, chain) and
+    stage, lane (gid, tig)'s B column gid = weight row wr(gid) with its slice's elements in slots 2 tig, + 1 / 2 tig
+    + 8, + 9, and A's row gid from x at k0 + 4 tig; checks that every slot pairs the same k, that every output
+    (m < nb, n) sums each k once over its chains, and that glu's gate and up meet in one lane."""
+    errs: list[str] = []
+    tiles = (2 * N if glu else N) // 8
+    S = K // C // 128
+    sums: dict = {}
+    for tile in range(tiles):
+        n0 = tile * (4 if glu else 8)
+        for chain in range(C):
+            for s in range(chain * S, (chain + 1) * S):
+                for ui in range(2):
+                    u = 2 * s + ui
+                    for g in range(4):
+                        if goff(tname, u, g) - 128 * s != scol(tname, ui, g):
+                            errs.append(f"SCol {tname} ui {ui} g {g}")
+                        kk = scol(tname, ui, g) // 16
+                        k0 = 128 * s + 16 * kk
+                        Am = [[None] * 16 for _ in range(16)]
+                        Bm = [[None] * 8 for _ in range(16)]
+                        for lane in range(32):
+                            gid, tig = lane >> 2, lane & 3
+                            wr = ((N + n0 + (gid >> 1)) if gid & 1 else n0 + (gid >> 1)) if glu else n0 + gid
+                            for h in range(2):
+                                Bm[2 * tig + h][gid] = (wr, goff(tname, u, g) + 4 * tig + h)
+                                Bm[2 * tig + 8 + h][gid] = (wr, goff(tname, u, g) + 4 * tig + 2 + h)
+                                if gid < nb:
+                                    Am[gid][2 * tig + h] = (gid, k0 + 4 * tig + h)
+                                    Am[gid][2 * tig + 8 + h] = (gid, k0 + 4 * tig + 2 + h)
+                        for m in range(nb):
+                            for n in range(8):
+                                for slot in range(16):
+                                    (xm, xk), (wr, wk) = Am[m][slot], Bm[slot][n]
+                                    if xk != wk:
+                                        errs.append(f"k mismatch {xk} != {wk}")
+                                    sums.setdefault((m, wr), []).append(wk)
+                if len(errs) > 20:
+                    return errs
+    # the epilogue: lane (gid, tig) holds D[gid][2 tig + e]; glu: columns 2 tig / 2 tig + 1 are one output's gate / up
+    for m in range(nb):
+        for tile in range(tiles):
+            n0 = tile * (4 if glu else 8)
+            for tig in range(4):
+                if glu:
+                    gate, up = n0 + tig, N + n0 + tig
+                    if (m, gate) not in sums or (m, up) not in sums:
+                        errs.append(f"glu output {n0 + tig}: gate / up not both summed")
+                else:
+                    for e in range(2):
+                        if (m, n0 + 2 * tig + e) not in sums:
+                            errs.append(f"output {n0 + 2 * tig + e} not summed")
+    for key, ks in sums.items():
+        if sorted(ks) != list(range(K)):
+            errs.append(f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once")
+            break
+    want = {(m, r) for m in range(nb) for r in range(2 * N if glu else N)}
+    if set(sums) != want:
+        errs.append(f"weight rows covered {len(set(sums))}, want {len(want)}")
+    return errs
+
+
 def main() -> int:
     bad = 0
     for W, C in ((4, 1), (8, 4), (4, 2), (8, 8)):
@@ -180,6 +243,14 @@ def main() -> int:
                 if errs or nb == 8:
                     print(f"MF_WARPS {W} MF_CHAINS {C} MF_XP {int(xp)} MF_DF {int(df)} {tname} "
                           f"{'glu' if glu else 'plain'} nb {nb}:", "OK" if not errs else errs[:5], flush=True)
+    for C in (1, 2, 4):
+        for tname, glu in (("Q4_K", True), ("Q6_K", False), ("Q4_0", True)):
+            for nb in (1, 8):
+                errs = check_df2(tname, C, glu, N=48, K=256 * C, nb=nb)
+                bad += bool(errs)
+                if errs or nb == 8:
+                    print(f"MF_DF 2 MF_CHAINS {C} {tname} {'glu' if glu else 'plain'} nb {nb}:",
+                          "OK" if not errs else errs[:5], flush=True)
     return 1 if bad else 0
 
 

@@ -68,6 +68,9 @@
 #if MF_DF && MF_XP
 #error "mv_f16.cu: MF_DF reads x in its natural order (MF_XP 0)"
 #endif
+#if MF_DF == 2 && MF_PF
+#error "mv_f16.cu: MF_DF 2 has no MF_PF"
+#endif
 static_assert(MF_WARPS % MF_CHAINS == 0, "MF: a tile's chains must share a block");
 static_assert(MF_DEPTH >= 1 && MF_DEPTH <= 8, "MF_DEPTH 1..8");
 
@@ -293,13 +296,14 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     __shared__ float part[MF_WARPS][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int pair = blockIdx.x * MF_WARPS + warp;
-    const int tiles = (GLU ? 2 * N : N) / 16;
+    constexpr int TR = MF_DF == 2 ? 8 : 16;                       // weight rows a warp (v7: 8, the B operand's)
+    const int tiles = (GLU ? 2 * N : N) / TR;
     const bool live = pair < tiles * MF_CHAINS;
     const int tile = live ? pair / MF_CHAINS : 0, chain = pair % MF_CHAINS;
-    const int n0 = tile * (GLU ? 8 : 16);
+    const int n0 = tile * (GLU ? TR / 2 : TR);
     const int KC = K / MF_CHAINS, S = KC / 128, s0 = chain * S;   // this chain's stages s0 .. s0 + S - 1
     const size_t bulk_row = (size_t)(K / T::BLK) * T::BULK, meta_row = (size_t)(K / T::BLK) * T::META;
-#if MF_PF
+#if MF_PF && MF_DF != 2
     if (live && lane < 16) prefetch_row(bulk + wrow(lane, n0, N, GLU) * bulk_row, s0, 128 * (s0 + S));
 #endif
 #if !MF_DF
@@ -317,7 +321,56 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
 #endif
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#if MF_DF
+#if MF_DF == 2
+    // v7 (MF_DF 2): the weights as mma's B operand (k16 x n8: 8 weight rows a warp, twice v4's warps), the activation
+    // rows as A (16 x k16: rows gid < nb, rows gid + 8 zero). Lane (gid, tig) holds B's column gid = weight row
+    // wrow8(gid) — its slice of the stage's two units, elements 4 tig .. 4 tig + 3 of each group in slots 2 tig, + 1
+    // (b0) and 2 tig + 8, + 9 (b1), v4's permutation — and A's row gid: x[gid][k0 + 4 tig .. + 3] in the same slots
+    // (a0, a2; a1 = a3 = 0). D[m][n] = sum_k x[m][k] w[n][k]: the same 16 exact products a step as W-as-A (the same
+    // bits if the sum is the set's, as perm_probe.py's swap check asks). glu: weight rows 2 t / 2 t + 1 are the gate
+    // / up rows of output n0 + t, so one lane holds both.
+    const int wr = GLU ? ((gid & 1) ? N + n0 + (gid >> 1) : n0 + (gid >> 1)) : n0 + gid;
+    const uint8_t* db = bulk + wr * bulk_row;
+    const uint8_t* dm = meta + wr * meta_row;
+    typename T::U ring[MF_DEPTH][2];
+#pragma unroll
+    for (int i = 0; i < MF_DEPTH; ++i)
+#pragma unroll
+        for (int ui = 0; ui < 2; ++ui)
+            if (live && i < S) Slice<T>::load(ring[i][ui], db, dm, 2 * (s0 + i) + ui, tig);
+    MEMRA_PDL_WAIT();
+    auto stage = [&](int s, typename T::U (&w)[2]) {
+        uint32_t xa[8][2];
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const uint2 v = xcol ? __ldg(reinterpret_cast<const uint2*>(xr + 128 * s + 16 * kk + 4 * tig))
+                                 : make_uint2(0u, 0u);
+            xa[kk][0] = v.x; xa[kk][1] = v.y;
+        }
+        uint32_t bw[8][2];
+#pragma unroll
+        for (int ui = 0; ui < 2; ++ui) {
+            const Unit<T> un(w[ui]);
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                uint32_t o[8];
+                un.group(g, o);
+                const int kk = SCol<T>::at(ui, g) / 16;
+                bw[kk][0] = o[0];
+                bw[kk][1] = o[1];
+            }
+        }
+        if (s + MF_DEPTH < s0 + S) {
+#pragma unroll
+            for (int ui = 0; ui < 2; ++ui) Slice<T>::load(w[ui], db, dm, 2 * (s + MF_DEPTH) + ui, tig);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const uint32_t a[4] = {xa[kk][0], 0u, xa[kk][1], 0u};
+            mma_f16(acc, a, bw[kk][0], bw[kk][1]);
+        }
+    };
+#elif MF_DF
     // v4 (MF_DF): no shared tile. Lane (gid, tig) dequantizes, of tile rows gid and gid + 8, its slice (word tig of
     // every 16-byte piece) of the stage's two units: elements 4 tig .. 4 tig + 3 of each group, straight into its A
     // fragment, slots 2 tig, 2 tig + 1 (elements 4 tig, + 1) and 2 tig + 8, 2 tig + 9 (4 tig + 2, + 3): a permutation of
@@ -457,6 +510,20 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
 #pragma unroll
         for (int c = 1; c < MF_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
     }
+#if MF_DF == 2
+    // D layout: activation row gid (e 0, 1; rows gid + 8 are the zero rows), weight rows 2 tig, 2 tig + 1 of the warp's 8
+    if (gid >= nb) return;
+    if (GLU) {
+        y[(size_t)gid * N + n0 + tig] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[0]) : silu_f32(v[0]), v[1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const size_t o = (size_t)gid * N + n0 + 2 * tig + e;
+            y[o] = res ? __fadd_rn(res[o], v[e]) : v[e];
+        }
+    }
+    return;
+#endif
     // C layout: rows gid (e 0, 1) and gid + 8 (e 2, 3) of the tile, columns (activation rows) 2 tig, 2 tig + 1
     const int m = 2 * tig;
     if (GLU) {

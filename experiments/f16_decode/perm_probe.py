@@ -5,7 +5,8 @@ k inside each k16 step (the activations permuted alike). That keeps the prompt G
 sum of 16 products does not depend on their slots. perm.cu runs one mma a trial on (A, B, C) and on (A[:, P],
 B[P, :], C); this counts the outputs whose bits differ, per kind of P: 'halves' (inside k 0..7 and 8..15), 'full'
 (any), 'q4k' (the slots a lane's four contiguous bytes would fill: 2t, 2t + 1 <- 4t, 4t + 1; 2t + 8, 2t + 9 <-
-4t + 2, 4t + 3), 'swap' (the two halves exchanged), on values of three kinds: 'wide' (exponents over 2^-12..2^12:
+4t + 2, 4t + 3), 'swap' (the two halves exchanged), and 'swapAB' (the operands' roles exchanged: D' = B^T A^T
+against D^T on the 8 x 8 overlap, as mv_f16's MF_DF 2 runs them), on values of three kinds: 'wide' (exponents over 2^-12..2^12:
 alignment truncation shows), 'model' (dequantized-weight-like A, normal B, C the size of a partial sum), 'zeroC'.
 
     python3 experiments/f16_decode/perm_probe.py [--trials 20000] [--out perm.jsonl]
@@ -89,6 +90,20 @@ def main() -> int:
                    "max_rel_vs_f64": float(np.max(np.abs(base - ref) / (np.abs(ref) + 1e-30)))}
             print(json.dumps(rec), flush=True)
             out.write(json.dumps(rec) + "\n")
+        # session 52's v7 question: the weights as B and the activations as A — D'[m][n] against D[n][m] on the
+        # 8 x 8 overlap (A' rows 0..7 the activation rows, 8..15 zero; B' columns weight rows 0..7; C' = C^T)
+        a2 = np.zeros_like(a)
+        a2[:, :8, :] = b
+        b2 = np.ascontiguousarray(a[:, :8, :])
+        c2 = np.zeros_like(c)
+        c2[:, :8, :] = c[:, :8, :].transpose(0, 2, 1)
+        got = run(np.ascontiguousarray(a2), b2, c2).reshape(n, 16, 8)[:, :8, :]
+        want = base.reshape(n, 16, 8)[:, :8, :].transpose(0, 2, 1)
+        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "kind": "perm",
+               "values": vk, "perm": "swapAB", "trials": n, "outputs": int(want.size),
+               "differ": int(np.sum(np.ascontiguousarray(got).view(np.uint32) != np.ascontiguousarray(want).view(np.uint32)))}
+        print(json.dumps(rec), flush=True)
+        out.write(json.dumps(rec) + "\n")
     return 0
 
 

@@ -70,8 +70,10 @@ WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
 # tile) to Q4_0, Q8_0, Q4_K, Q6_K; MF_PF the bulk L2 prefetch distance in stages; MF_MINB __launch_bounds__'s minimum
 # blocks (a register budget). Session 51's first run: v1 (4-tuples); session 52's runs: v3 / v4 (6-tuples), v5 MF_PF
 # (7-tuples); the configurations below (8-tuples) are v6's occupancy question: 16 (the baselines), 24 and 32 warps
-# an SM (CPU-compiled: 64-80 registers, 0-60 bytes of spills at ring depth 2-3).
-MV_CONFIGS = [(4, 1, 4, 0, 1, 0, 0, 0), (8, 1, 2, 0, 1, 0, 0, 3), (4, 1, 3, 0, 1, 0, 0, 6), (4, 1, 2, 0, 1, 0, 0, 8),
+# an SM (CPU-compiled: 64-80 registers, 0-60 bytes of spills at ring depth 2-3); the first four are v7 (MF_DF 2:
+# the weights as mma's B operand, 8 rows a warp).
+MV_CONFIGS = [(4, 1, 2, 0, 0, 2, 0, 0), (8, 2, 2, 0, 0, 2, 0, 0), (4, 1, 2, 2, 0, 2, 0, 0), (4, 1, 2, 1, 0, 2, 0, 0),
+              (4, 1, 4, 0, 1, 0, 0, 0), (8, 1, 2, 0, 1, 0, 0, 3), (4, 1, 3, 0, 1, 0, 0, 6), (4, 1, 2, 0, 1, 0, 0, 8),
               (8, 1, 2, 0, 1, 0, 0, 4), (4, 1, 2, 2, 1, 0, 0, 8), (4, 1, 2, 1, 1, 0, 0, 8),
               (8, 8, 2, 0, 1, 0, 0, 0), (8, 8, 2, 0, 1, 0, 0, 4), (8, 4, 2, 0, 1, 0, 0, 4), (8, 8, 2, 2, 1, 0, 0, 4)]
 MV_KEYS = ("MF_WARPS", "MF_CHAINS", "MF_DEPTH", "MF_H2", "MF_XP", "MF_DF", "MF_PF", "MF_MINB")
@@ -152,7 +154,7 @@ def mv_launch(g, cache, built, t, c, w, xh, y, N, K, nb, glu):
     import tile as TL
     mod = TL.prebuilt_module(g, cache, ("mv", t, c), "mv_f16.cu", {"MV_TYPE": t, **dict(zip(MV_KEYS, c))},
                              lambda: built[(t, c)][0])
-    tiles = (2 * N if glu else N) // 16
+    tiles = (2 * N if glu else N) // (8 if len(c) > 5 and c[5] == 2 else 16)   # MF_DF 2: 8 weight rows a warp
     grid = (-(-tiles * c[1] // c[0]), 1, 1)
     args = ((w.bulk, w.meta, xh, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu else
             (w.bulk, w.meta, xh, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
