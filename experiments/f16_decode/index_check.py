@@ -35,6 +35,13 @@ def scol(tname: str, ui: int, g: int) -> int:
     return 32 * g + 16 * ui if tname == "Q6_K" else 64 * ui + 16 * g
 
 
+def stage_kk(tname: str, s: int, ui: int, g: int, errs: list[str]) -> int:
+    """The k16 step of group g of stage s's unit ui (mv_f16.cu's SCol<T>::at / 16), checked against goff."""
+    if goff(tname, 2 * s + ui, g) - 128 * s != scol(tname, ui, g):
+        errs.append(f"SCol {tname} ui {ui} g {g} != goff - 128 s at s {s}")
+    return scol(tname, ui, g) // 16
+
+
 def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bool = False,
           df: bool = False) -> list[str]:
     tiles = (2 * N if glu else N) // 16
@@ -79,9 +86,7 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bo
                             for ui in range(2):
                                 u = 2 * s + ui
                                 for g in range(4):
-                                    if goff(tname, u, g) - 128 * s != scol(tname, ui, g):
-                                        errs.append(f"SCol {tname} ui {ui} g {g} != goff - 128 s at s {s}")
-                                    kk = scol(tname, ui, g) // 16
+                                    kk = stage_kk(tname, s, ui, g, errs)
                                     els = [(gr, goff(tname, u, g) + 4 * tig + e) for e in range(4)]
                                     Adf[(lane, kk, r)] = els[0:2]       # a[r]: slots 2 tig, 2 tig + 1
                                     Adf[(lane, kk, 2 + r)] = els[2:4]   # a[2 + r]: slots 2 tig + 8, + 9
@@ -184,9 +189,7 @@ def check_df2(tname: str, C: int, glu: bool, N: int, K: int, nb: int) -> list[st
                 for ui in range(2):
                     u = 2 * s + ui
                     for g in range(4):
-                        if goff(tname, u, g) - 128 * s != scol(tname, ui, g):
-                            errs.append(f"SCol {tname} ui {ui} g {g}")
-                        kk = scol(tname, ui, g) // 16
+                        kk = stage_kk(tname, s, ui, g, errs)
                         k0 = 128 * s + 16 * kk
                         Am = [[None] * 16 for _ in range(16)]
                         Bm = [[None] * 8 for _ in range(16)]
@@ -203,8 +206,8 @@ def check_df2(tname: str, C: int, glu: bool, N: int, K: int, nb: int) -> list[st
                             for n in range(8):
                                 for slot in range(16):
                                     (xm, xk), (wr, wk) = Am[m][slot], Bm[slot][n]
-                                    if xk != wk:
-                                        errs.append(f"k mismatch {xk} != {wk}")
+                                    if xk != wk or xm != m:
+                                        errs.append(f"A row {xm} k {xk} against output row {m} k {wk}")
                                     sums.setdefault((m, wr), []).append(wk)
                 if len(errs) > 20:
                     return errs

@@ -280,6 +280,17 @@ MEMRA_DEVICE void prefetch_row(const uint8_t* row, int sp, int K) {
 #endif
 }
 
+// MF_DF 1 / 2: stage s's activation words of lane group tig in v4's permuted slots — per k16 step kk, elements k0 +
+// 4 tig, + 1 (word 0) and k0 + 4 tig + 2, + 3 (word 1), one 8-byte load (zero where the lane's row is past nb)
+MEMRA_DEVICE void x_slots(const uint16_t* xr, bool xcol, int s, int tig, uint32_t (&b)[8][2]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const uint2 v = xcol ? __ldg(reinterpret_cast<const uint2*>(xr + 128 * s + 16 * kk + 4 * tig))
+                             : make_uint2(0u, 0u);
+        b[kk][0] = v.x; b[kk][1] = v.y;
+    }
+}
+
 MEMRA_DEVICE int wrow(int r, int n0, int N, bool glu) {
     if (!glu) return n0 + r;
     const int n = n0 + 8 * (r >> 4) + (r & 7);
@@ -341,12 +352,7 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     MEMRA_PDL_WAIT();
     auto stage = [&](int s, typename T::U (&w)[2]) {
         uint32_t xa[8][2];
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            const uint2 v = xcol ? __ldg(reinterpret_cast<const uint2*>(xr + 128 * s + 16 * kk + 4 * tig))
-                                 : make_uint2(0u, 0u);
-            xa[kk][0] = v.x; xa[kk][1] = v.y;
-        }
+        x_slots(xr, xcol, s, tig, xa);
         uint32_t bw[8][2];
 #pragma unroll
         for (int ui = 0; ui < 2; ++ui) {
@@ -399,12 +405,7 @@ MEMRA_DEVICE void mv_f16_body(const uint8_t* __restrict__ bulk, const uint8_t* _
             prefetch_row(bulk + wrow(lane, n0, N, GLU) * bulk_row, s + MF_PF, 128 * (s0 + S));
 #endif
         uint32_t b[8][2];
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            const uint2 v = xcol ? __ldg(reinterpret_cast<const uint2*>(xr + 128 * s + 16 * kk + 4 * tig))
-                                 : make_uint2(0u, 0u);
-            b[kk][0] = v.x; b[kk][1] = v.y;
-        }
+        x_slots(xr, xcol, s, tig, b);
         uint32_t a[8][4];
 #pragma unroll
         for (int r = 0; r < 2; ++r)
