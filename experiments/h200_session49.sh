@@ -24,7 +24,7 @@
 #   new launch cases (KC_ADD) in the same call; $OUT: bench-short.jsonl, defaults/, tune/, the kernel-check receipt.
 # STAGE t (~4 min): the same for SmolLM2 and the 1B (MEMRA_ATT_SWITCH0=65 at 8 warps, SHORT_KB 2: the probe's
 #   one-key gain, nothing past 64 keys).
-# STAGE m (~6 min, no models): experiments/f16_decode/probe.py --mv (mv_f16.cu against mv_q8 / mvt at 1 and 8 rows,
+# STAGE m (~2 min, no models): experiments/f16_decode/probe.py --mv (mv_f16.cu against mv_q8 / mvt at 1 and 8 rows,
 #   its bits against gemm_f16), then --wgc (the chained wgmma GEMM against gemm.cu at 16 / 64 rows, its bits against
 #   mv_f16 at the same chains); $OUT/mv-f16.jsonl, $OUT/wgc.jsonl -> research/<date>-sessionN/f16/. Session 52 put
 #   perm_probe.py first ($OUT/perm.jsonl, ~10 s) and, with KC=1, the whole kernel-check before it (~1.5 min);

@@ -21,11 +21,22 @@
 // Tunables: MV_TYPE (required), MF_WARPS (4), MF_CHAINS (1), MF_DEPTH (4: stages of weights in flight a lane),
 // MF_H2 (0; 1: Q4_0 and Q8_0 dequantize in f16x2 arithmetic — 1024 + q by the f16 exponent trick, one exact
 // subtraction, then d (q - 8) by mul.rn.f16x2 (Q4_0) or d q + 0 by fma.rn.f16x2 (Q8_0): the exact product rounded
-// once, as the f32 path's exact product then cvt.rn gives, -0 made +0 where T::deq's `+ 0.f` does; ~1.5-2
-// instructions a weight instead of ~3.5; the probe checks the bits; other types ignore it).
-// Launch: grid (ceil(T C / MF_WARPS)), T = Nw / 16 tiles (Nw weight rows: N, or 2N for glu), block 32 MF_WARPS,
-// dynamic shared memory 0 (static: MF_WARPS x 16 x 136 halves + MF_WARPS x 32 x 4 floats). K a multiple of
-// 128 C and of the type's block, (K / C) of 128; bulk / meta / x 16-byte aligned.
+// once, as the f32 path's exact product then cvt.rn gives, -0 made +0 where T::deq's `+ 0.f` does — measured: the
+// same bits; 2: also Q4_K / Q6_K in f16x2 with the scales rounded to f16 first — another arithmetic, see Unit<>),
+// MF_XP (0; 1: x in fragment order, probe.py's xperm), MF_DF (0; 1: no shared tile, v4; 2: the weights as mma's
+// B operand, 8 rows a warp, v7), MF_PF (0; a bulk L2 prefetch distance in stages, v5), MF_MINB (0;
+// __launch_bounds__'s minimum blocks, v6).
+// Launch: grid (ceil(T C / MF_WARPS)), T = Nw / 16 tiles (MF_DF 2: Nw / 8; Nw weight rows: N, or 2N for glu), block
+// 32 MF_WARPS, dynamic shared memory 0 (static: MF_WARPS x 16 x 136 halves unless MF_DF, + MF_WARPS x 32 x 4 floats).
+// K a multiple of 128 C and of the type's block, (K / C) of 128; bulk / meta / x 16-byte aligned.
+//
+// Versions (numbers: research/2026-12-07-session52/f16/, NVIDIA H100, the 8B gate+up Q4_K at one row; mv_q8 25.0 µs):
+//  v1 (session 51) 62.5 µs at its best (8 warps, 4 chains; 64.2 at one chain), ~760 instructions a stage.
+//  v2 (session 52) the lane map l & 15 / l >> 4: conflict-free stores.
+//  v3 a unit's Q4_K scales once and branch-free (416 a stage with MF_XP); 58.3 µs, with MF_XP 54.9, MF_H2 2 52.4.
+//  v4 MF_DF 1: the same bits (the mma's sum is slot-invariant), 70.9 µs (4x the per-unit work, 128-193 registers).
+//  v5 MF_PF: 57.3 / 63.3 µs at 8 / 16 (slower: not the DRAM pattern); with v4 + MF_H2 2 50.2, the best so far.
+//  v6 MF_MINB, v7 MF_DF 2: built, not run (latency at 16 warps an SM is the fit; these raise it to 24-48).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"

@@ -345,10 +345,9 @@ def mv_main(args) -> int:
 
 
 WGC_CHAINS = (1, 2, 4, 8)
-# session 51's run: WG_BN 64 and 128 (128 lost on every shape); session 52: WG_BN 64 with wgc.py's WGC_PF 0 / 4 / 8
-WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=0),
-            dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=4),
-            dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=8)]
+# session 51's run: WG_BN 64 and 128 (128 lost on every shape); session 52's: WG_BN 64 with wgc.py's WGC_PF 0 / 4 / 8
+# (4 and 8 slower on every shape); now WG_BN 64 alone
+WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=0)]
 WGC_SRC = Path("/tmp/f16_decode_wgc/gemm_f16_wgc.cu")
 
 
