@@ -346,8 +346,8 @@ def mv_main(args) -> int:
 
 WGC_CHAINS = (1, 2, 4, 8)
 # session 51's run: WG_BN 64 and 128 (128 lost on every shape); session 52's: WG_BN 64 with wgc.py's WGC_PF 0 / 4 / 8
-# (4 and 8 slower on every shape); now WG_BN 64 alone
-WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_PF=0)]
+# (4 and 8 slower on every shape; the edit is gone from wgc.py); now WG_BN 64 alone
+WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1)]
 WGC_SRC = Path("/tmp/f16_decode_wgc/gemm_f16_wgc.cu")
 
 
@@ -375,7 +375,7 @@ def wgc_main(args) -> int:
     cache: dict = {}
 
     emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
-          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}:{WGC_CFGS[i]['WGC_PF']}": TL.ptxas_info(log, "gemm_f16")
+          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
                          for (t, i), (_, log) in wbuilt.items()}})
 
     def wgc_launch(t, i, C, w, xh, part, y, N, K, nb, glu):

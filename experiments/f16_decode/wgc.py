@@ -9,6 +9,8 @@ mv_f16.cu's fold), then the epilogue (glu: __fmul_rn(act(gate), up) with gate at
 __fadd_rn(res, y) with a residual). With C = 1 the bits are gemm_f16's; with C chains they should equal mv_f16.cu's
 at MF_CHAINS C (the same chains of k16 steps, the same fold) — probe.py --wgc checks both.
 Every other line of the kernel is the engine's, so the mbarrier ring protocol is unchanged (local stage indices).
+Session 52 also tried a bulk L2 prefetch of each producer row's next 4 / 8 pairs (the producer keeps one pair in
+flight): slower on every shape (research/2026-12-07-session52/f16/wgc.jsonl, WGC_PF), so not kept.
 Host contract beside the kernel's: K / C a multiple of 256 (each chain starts on an even pair, so the compile-time
 unit parity holds), part holds C x nb x N' floats (N' the weight's rows).
 """
@@ -36,33 +38,6 @@ EDITS = [
      "    for (int i = 0; i < NSC; ++i) {\n        const int s = i % S;\n"),
     ("                    y[o] = res ? __fadd_rn(res[o], d[e]) : d[e];\n",
      "                    y[(size_t)CH * nb * N + o] = d[e];   // wgc: chain CH's partial (res unused)\n"),
-    # session 52 (WGC_PF, pairs; 0 off): the producer loads one pair ahead (WG_PREFETCH), so a CTA has ~128 rows x 64
-    # bytes in flight; every WGC_PF pairs each producer thread bulk-prefetches its rows' next WGC_PF pairs into L2
-    ("        auto pair = [&](int P, auto parc) {\n            constexpr int par = decltype(parc)::value;\n",
-     "        auto pair = [&](int P, auto parc) {\n            constexpr int par = decltype(parc)::value;\n"
-     "#if WGC_PF\n"
-     "            if (P % WGC_PF == 0)\n"
-     "#pragma unroll\n"
-     "                for (int i = 0; i < WG_MT; ++i) wgc_prefetch(ub[i], P0 + P + WGC_PF, P0 + NSC / 2);\n"
-     "#endif\n"),
-    ("        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n",
-     "#if WGC_PF\n"
-     "#pragma unroll\n"
-     "        for (int i = 0; i < WG_MT; ++i) wgc_prefetch(ub[i], P0, P0 + NSC / 2);\n"
-     "#endif\n"
-     "        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n"),
-    ("template <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body(",
-     "#ifndef WGC_PF\n#define WGC_PF 0\n#endif\n"
-     "// the row's bulk bytes of pairs [p0, min(p0 + WGC_PF, pend)) (128 k a pair; whole blocks, 16-byte rounded) into L2\n"
-     "MEMRA_DEVICE void wgc_prefetch(const uint8_t* row, int p0, int pend) {\n"
-     "#if WGC_PF\n"
-     "    const int b0 = (128 * p0) / T::BLK, b1 = (128 * min(p0 + WGC_PF, pend) + T::BLK - 1) / T::BLK;\n"
-     "    if (b1 <= b0) return;\n"
-     "    const uint32_t o0 = (uint32_t)(b0 * T::BULK) & ~15u, o1 = ((uint32_t)(b1 * T::BULK) + 15u) & ~15u;\n"
-     "    asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(row + o0), \"r\"(o1 - o0) : \"memory\");\n"
-     "#endif\n"
-     "}\n"
-     "template <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body("),
 ]
 
 FOLD = r'''
