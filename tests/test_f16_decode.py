@@ -34,6 +34,7 @@ def test_the_chained_copy_applies_and_builds(tmp_path):
     text = dst.read_text()
     assert "fold_chains" in text and "NSC" in text
     assert _compile(dst, {"MV_TYPE": 12, "WG_BN": 64}, default_device=True)
+    assert _compile(dst, {"MV_TYPE": 14, "WG_BN": 64, "WGC_AHEAD": 1}, default_device=True)
     assert {p.name: p.read_bytes() for p in (ROOT / "kernels").iterdir() if p.is_file()} == before
 
 

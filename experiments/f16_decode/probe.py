@@ -346,8 +346,10 @@ def mv_main(args) -> int:
 
 WGC_CHAINS = (1, 2, 4, 8)
 # session 51's run: WG_BN 64 and 128 (128 lost on every shape); session 52's: WG_BN 64 with wgc.py's WGC_PF 0 / 4 / 8
-# (4 and 8 slower on every shape; the edit is gone from wgc.py); now WG_BN 64 alone
-WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1)]
+# (4 and 8 slower on every shape; the edit is gone from wgc.py); now WG_BN 64 with and without WGC_AHEAD (the
+# producer's loads two pairs ahead)
+WGC_CFGS = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_AHEAD=0),
+            dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1, WGC_AHEAD=1)]
 WGC_SRC = Path("/tmp/f16_decode_wgc/gemm_f16_wgc.cu")
 
 
@@ -375,7 +377,7 @@ def wgc_main(args) -> int:
     cache: dict = {}
 
     emit({"kind": "wgc_compile", "modules": len(wkeys) + len(mkeys), "s": round(time.time() - t0, 1),
-          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}": TL.ptxas_info(log, "gemm_f16")
+          "regs_spill": {f"{t}:{WGC_CFGS[i]['WG_BN']}:{WGC_CFGS[i]['WGC_AHEAD']}": TL.ptxas_info(log, "gemm_f16")
                          for (t, i), (_, log) in wbuilt.items()}})
 
     def wgc_launch(t, i, C, w, xh, part, y, N, K, nb, glu):
@@ -426,7 +428,7 @@ def wgc_main(args) -> int:
                 rec = {"vs_mv_f16_rows0_7": int(np.sum(got[: 8 * N].view(np.uint32) != mv8.view(np.uint32)))}
                 if C == 1:
                     rec["vs_gemm_f16"] = int(np.sum(got.view(np.uint32) != ref1.view(np.uint32)))
-                bits[f"WG_BN {wc['WG_BN']} chains {C}"] = rec
+                bits[f"WG_BN {wc['WG_BN']} WGC_AHEAD {wc['WGC_AHEAD']} chains {C}"] = rec
         emit({"kind": "wgc_bits", **base, "checks": bits})
         ws = None
     emit({"kind": "done", "s": round(time.time() - t0, 1)})

@@ -10,7 +10,8 @@ __fadd_rn(res, y) with a residual). With C = 1 the bits are gemm_f16's; with C c
 at MF_CHAINS C (the same chains of k16 steps, the same fold) — probe.py --wgc checks both.
 Every other line of the kernel is the engine's, so the mbarrier ring protocol is unchanged (local stage indices).
 Session 52 also tried a bulk L2 prefetch of each producer row's next 4 / 8 pairs (the producer keeps one pair in
-flight): slower on every shape (research/2026-12-07-session52/f16/wgc.jsonl, WGC_PF), so not kept.
+flight): slower on every shape (research/2026-12-07-session52/f16/wgc.jsonl, WGC_PF), so not kept. WGC_AHEAD 1
+(built, not run) loads two pairs ahead instead.
 Host contract beside the kernel's: K / C a multiple of 256 (each chain starts on an even pair, so the compile-time
 unit parity holds), part holds C x nb x N' floats (N' the weight's rows).
 """
@@ -38,6 +39,27 @@ EDITS = [
      "    for (int i = 0; i < NSC; ++i) {\n        const int s = i % S;\n"),
     ("                    y[o] = res ? __fadd_rn(res[o], d[e]) : d[e];\n",
      "                    y[(size_t)CH * nb * N + o] = d[e];   // wgc: chain CH's partial (res unused)\n"),
+    # WGC_AHEAD (0; 1): the producer's weight loads two pairs ahead instead of one (a register slot a pair parity,
+    # loaded after that slot's dequant): session 52's fit says the 64-row GEMM waits on them (one CTA an SM)
+    ("        typename T::U w[WG_MT][2];\n",
+     "        typename T::U w[WG_MT][2];\n"
+     "#if WGC_AHEAD\n"
+     "        typename T::U w2[2][WG_MT][2];   // wgc: the units of pairs P and P + 1, slot P % 2\n"
+     "#endif\n"),
+    ("#if WG_PREFETCH\n            typename T::U wn[WG_MT][2];\n",
+     "#if WGC_AHEAD\n"
+     "            store_pair(w2[par], parc, wa, wb);\n"
+     "            load_pair(w2[par], P + 2 < NSC / 2 ? P + 2 : P, parc);   // wgc: two pairs ahead, the same parity\n"
+     "#elif WG_PREFETCH\n            typename T::U wn[WG_MT][2];\n"),
+    ("        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n",
+     "#if WGC_AHEAD\n"
+     "        load_pair(w2[0], 0, IntC<0>{});\n"
+     "        load_pair(w2[1], NSC / 2 > 1 ? 1 : 0, IntC<1>{});   // one pair: slot 1 is never read\n"
+     "#else\n"
+     "        load_pair(w, 0, IntC<0>{});                // weights are never written by kernels: before the PDL wait\n"
+     "#endif\n"),
+    ("template <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body(",
+     "#ifndef WGC_AHEAD\n#define WGC_AHEAD 0\n#endif\ntemplate <bool GLU>\nMEMRA_DEVICE void gemm_f16_wg_body("),
 ]
 
 FOLD = r'''
