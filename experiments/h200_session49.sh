@@ -28,7 +28,7 @@
 #   its bits against gemm_f16), then --wgc (the chained wgmma GEMM against gemm.cu at 16 / 64 rows, its bits against
 #   mv_f16 at the same chains); $OUT/mv-f16.jsonl, $OUT/wgc.jsonl -> research/<date>-sessionN/f16/. Session 52 put
 #   perm_probe.py first ($OUT/perm.jsonl, ~10 s) and, with KC=1, the whole kernel-check before it (~1.5 min);
-#   WGC=0 skips --wgc.
+#   WGC=0 skips --wgc; NCU=1 adds ncu's stall reasons of one launch per NCU_CFGS configuration and of mv_q8 (~1 min).
 # STAGE g (~2.5 min, no models shipped): the short form for a session with little device time: the device's
 #   _check_short of SHORT_CASES and Gemma-3's 193-key candidate, then tg128 of the synthetic Gemma-3-270M
 #   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
@@ -74,6 +74,21 @@ if [ "$STAGE" = m ]; then
   timeout 330 python3 experiments/f16_decode/probe.py --mv --reps ${MV_REPS:-20} --out $OUT/mv-f16.jsonl \
     --limit ${MV_LIMIT:-240} > $R/mv-f16.txt 2>&1
   log "mv_f16 probe rc=$? $(el)"; grep -v '"kind": "time"' $R/mv-f16.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
+  # NCU=1: ncu's warp-state, scheduler, occupancy and memory sections of one mv_f16 launch per configuration in
+  # NCU_CFGS and of mv_q8 (the 8B gate+up at one row; probe.py --one), text in $OUT/ncu.txt
+  if [ "${NCU:-0}" = 1 ]; then
+    local_q8=mv_q8   # mv_q8 once, beside the first configuration
+    for cfg in ${NCU_CFGS:-4,1,4,0,1,0,0,0 4,1,2,0,0,2,0,0}; do
+      for k in mv_f16 $local_q8; do
+        echo "=== $k ($cfg)" >> $OUT/ncu.txt
+        timeout 120 ncu --clock-control none --section LaunchStats --section Occupancy --section SchedulerStats \
+          --section WarpStateStats --section MemoryWorkloadAnalysis -k regex:$k -s 1 -c 1 \
+          python3 experiments/f16_decode/probe.py --out /dev/null --reps 3 --one 8B gate_up $cfg >> $OUT/ncu.txt 2>&1
+      done
+      local_q8=
+    done
+    log "ncu rc=$? $(el)"; grep -E "Stall|Occupancy|Issued|Eligible|Registers" $OUT/ncu.txt | head -30 | tee -a $R/log.txt
+  fi
   [ "${WGC:-1}" = 1 ] && timeout 250 python3 experiments/f16_decode/probe.py --wgc --reps ${MV_REPS:-20} --out $OUT/wgc.jsonl \
     --limit ${WGC_LIMIT:-200} > $R/wgc.txt 2>&1
   log "wgc probe rc=$? $(el)"; grep -v '"kind": "time"' $R/wgc.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
