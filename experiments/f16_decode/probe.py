@@ -70,9 +70,10 @@ WG = [dict(WG_BN=64, WG_MT=1, WG_STAGES=4, WG_INFLIGHT=1, WG_PREFETCH=1),
 # tile) to Q4_0, Q8_0, Q4_K, Q6_K; MF_PF the bulk L2 prefetch distance in stages; MF_MINB __launch_bounds__'s minimum
 # blocks (a register budget). Session 51's first run: v1 (4-tuples); session 52's runs: v3 / v4 (6-tuples), v5 MF_PF
 # (7-tuples); the configurations below (8-tuples) are v6's occupancy question: 16 (the baselines), 24 and 32 warps
-# an SM (CPU-compiled: 64-80 registers, 0-60 bytes of spills at ring depth 2-3); the first four are v7 (MF_DF 2:
-# the weights as mma's B operand, 8 rows a warp).
+# an SM (CPU-compiled: 64-80 registers, 0-60 bytes of spills at ring depth 2-3); the first six are v7 (MF_DF 2:
+# the weights as mma's B operand, 8 rows a warp), at 1, 2, 4 and 8 chains.
 MV_CONFIGS = [(4, 1, 2, 0, 0, 2, 0, 0), (8, 2, 2, 0, 0, 2, 0, 0), (4, 1, 2, 2, 0, 2, 0, 0), (4, 1, 2, 1, 0, 2, 0, 0),
+              (8, 8, 2, 0, 0, 2, 0, 0), (8, 4, 2, 2, 0, 2, 0, 0),
               (4, 1, 4, 0, 1, 0, 0, 0), (8, 1, 2, 0, 1, 0, 0, 3), (4, 1, 3, 0, 1, 0, 0, 6), (4, 1, 2, 0, 1, 0, 0, 8),
               (8, 1, 2, 0, 1, 0, 0, 4), (4, 1, 2, 2, 1, 0, 0, 8), (4, 1, 2, 1, 1, 0, 0, 8),
               (8, 8, 2, 0, 1, 0, 0, 0), (8, 8, 2, 0, 1, 0, 0, 4), (8, 4, 2, 0, 1, 0, 0, 4), (8, 8, 2, 2, 1, 0, 0, 4)]
