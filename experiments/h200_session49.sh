@@ -89,9 +89,11 @@ if [ "$STAGE" = m ]; then
     done
     log "ncu rc=$? $(el)"; grep -E "Stall|Occupancy|Issued|Eligible|Registers" $OUT/ncu.txt | head -30 | tee -a $R/log.txt
   fi
-  [ "${WGC:-1}" = 1 ] && timeout 250 python3 experiments/f16_decode/probe.py --wgc --reps ${MV_REPS:-20} --out $OUT/wgc.jsonl \
-    --limit ${WGC_LIMIT:-200} > $R/wgc.txt 2>&1
-  log "wgc probe rc=$? $(el)"; grep -v '"kind": "time"' $R/wgc.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
+  if [ "${WGC:-1}" = 1 ]; then
+    timeout 250 python3 experiments/f16_decode/probe.py --wgc --reps ${MV_REPS:-20} --out $OUT/wgc.jsonl \
+      --limit ${WGC_LIMIT:-200} > $R/wgc.txt 2>&1
+    log "wgc probe rc=$? $(el)"; grep -v '"kind": "time"' $R/wgc.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
+  fi
   exit 0
 fi
 if [ "$STAGE" = g ]; then

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gemm_f16"))
-from index_check import goff, ldsm_x4, wrow  # noqa: E402
+from index_check import each_k_once, goff, ldsm_x4, wrow  # noqa: E402
 
 LDS = 136
 
@@ -162,10 +162,7 @@ def check(tname: str, W: int, C: int, glu: bool, N: int, K: int, nb: int, xp: bo
                                 sums.setdefault((mm, nn, "y"), []).append(wk)
             if len(errs) > 20:
                 return errs
-    for key, ks in sums.items():
-        if sorted(ks) != list(range(K)):
-            errs.append(f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once")
-            break
+    errs += each_k_once(sums, K)
     whiches = ("gate", "up") if glu else ("y",)
     want = {(m, n, w) for m in range(nb) for n in range(N) for w in whiches}
     if set(sums) != want:
@@ -224,10 +221,7 @@ def check_df2(tname: str, C: int, glu: bool, N: int, K: int, nb: int) -> list[st
                     for e in range(2):
                         if (m, n0 + 2 * tig + e) not in sums:
                             errs.append(f"output {n0 + 2 * tig + e} not summed")
-    for key, ks in sums.items():
-        if sorted(ks) != list(range(K)):
-            errs.append(f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once")
-            break
+    errs += each_k_once(sums, K)
     want = {(m, r) for m in range(nb) for r in range(2 * N if glu else N)}
     if set(sums) != want:
         errs.append(f"weight rows covered {len(set(sums))}, want {len(want)}")

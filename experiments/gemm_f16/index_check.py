@@ -43,6 +43,15 @@ def ldsm_x4(tags, addr_of_lane):
     return out
 
 
+
+def each_k_once(sums: dict, K: int) -> list[str]:
+    """The first output (a key of sums: output -> its k terms) whose terms are not each of 0..K-1 exactly once."""
+    for key, ks in sums.items():
+        if sorted(ks) != list(range(K)):
+            return [f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once"]
+    return []
+
+
 def check(tname: str, cfg: dict, glu: bool, N: int, K: int, nb: int, n_block: int, m_block: int) -> list[str]:
     WM, WN, TM, TN = cfg["WM"], cfg["WN"], cfg["TM"], cfg["TN"]
     NT, BM, BN = 32 * WM * WN, 16 * TM * WM, 8 * TN * WN
@@ -128,10 +137,7 @@ def check(tname: str, cfg: dict, glu: bool, N: int, K: int, nb: int, n_block: in
                                     sums.setdefault((m, n, which), []).append(wk)
                             if len(errs) > 20:
                                 return errs
-    for key, ks in sums.items():
-        if sorted(ks) != list(range(K)):
-            errs.append(f"{key}: {len(ks)} k terms, not each of 0..{K - 1} once")
-            break
+    errs += each_k_once(sums, K)
     outs = {(m, n) for m, n, _ in sums}
     n_out = BM // 2 if glu else BM
     want = {(m, n) for m in range(m0, min(m0 + BN, nb)) for n in range(n0, n0 + n_out)}
