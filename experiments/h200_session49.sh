@@ -32,8 +32,11 @@
 # STAGE g (~2.5 min, no models shipped): the short form for a session with little device time: the device's
 #   _check_short of SHORT_CASES and Gemma-3's 193-key candidate, then tg128 of the synthetic Gemma-3-270M
 #   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
+# STAGE p (~3 min, no models; session 53): ncu's full set on the q8 kernels the engine runs (probe.py --one SHAPE q8
+#   --nb NB; PROF_CASES "model:op:nb ..."): per case $OUT/prof-<model>-<op>-<nb>.txt (the details page and the
+#   pipes' utilization) and .csv (the source page: every SASS instruction's executions and stall samples).
 set -u
-case "$STAGE" in a|v|s|t|g|m) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t|g|m|p) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -94,6 +97,21 @@ if [ "$STAGE" = m ]; then
       --limit ${WGC_LIMIT:-200} > $R/wgc.txt 2>&1
     log "wgc probe rc=$? $(el)"; grep -v '"kind": "time"' $R/wgc.txt | cut -c1-300 | tail -15 | tee -a $R/log.txt
   fi
+  exit 0
+fi
+if [ "$STAGE" = p ]; then
+  for case in ${PROF_CASES:-8B:gate_up:64 8B:down:64 8B:gate_up:1 8B:down:1}; do
+    IFS=: read -r model op nb <<< "$case"; f=$OUT/prof-$model-$op-$nb
+    timeout 150 ncu --clock-control none --set full --import-source no -k regex:'gemm|matvec|mvt|mv_q8' -s 1 -c 1 \
+      --metrics regex:'sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active' -f -o $f \
+      python3 experiments/f16_decode/probe.py --out /dev/null --reps 3 --one $model $op q8 --nb $nb > $f.log 2>&1
+    log "ncu $case rc=$? $(el)"; tail -3 $f.log | tee -a $R/log.txt
+    ncu -i $f.ncu-rep --page details > $f.txt 2>&1
+    ncu -i $f.ncu-rep --page raw --csv --metrics regex:'sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active' \
+      > $f-pipes.csv 2>&1
+    ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
+    log "$case: $(wc -c < $f.txt) / $(wc -c < $f.csv) bytes"; rm -f $f.ncu-rep
+  done
   exit 0
 fi
 if [ "$STAGE" = g ]; then

@@ -219,8 +219,9 @@ def main() -> int:
     ap.add_argument("--mv", action="store_true", help="mv_f16.cu against the q8 decode kernels (see above)")
     ap.add_argument("--wgc", action="store_true", help="wgc.py's chained wgmma GEMM against gemm.cu (see above)")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "OP", "CONFIG"),
-                    help="for a profiler: mv_f16 at CONFIG (comma-separated MV_KEYS values) on one shape (e.g. 8B "
-                         "gate_up), then the q8 kernel on it, --reps launches each at one row; --out unused")
+                    help="for a profiler: mv_f16 at CONFIG (comma-separated MV_KEYS values; q8: none) on one shape "
+                         "(e.g. 8B gate_up), then the q8 kernel on it, --reps launches each at --nb rows; --out unused")
+    ap.add_argument("--nb", type=int, default=1, help="--one's activation rows (the q8 kernel the engine runs there)")
     args = ap.parse_args()
     if args.one:
         return one_main(args)
@@ -351,24 +352,28 @@ def mv_main(args) -> int:
 
 
 def one_main(args) -> int:
-    """--one MODEL OP CONFIG: a profiler's run (ncu -k regex:mv_f16|matvec): the shape's first (Q4_K for the 8B's down)
-    weight, mv_f16 at CONFIG and the engine's q8 kernel at one row, args.reps launches each, no timing, no records."""
+    """--one MODEL OP CONFIG: a profiler's run (ncu -k regex:mv_f16|matvec|gemm): the shape's first (Q4_K for the 8B's
+    down) weight, mv_f16 at CONFIG (unless CONFIG is q8; at most 8 rows) and the engine's q8 kernel at args.nb rows,
+    args.reps launches each, no timing, no records."""
     import tile as TL
     model, op, cfg = args.one
-    c = tuple(int(v) for v in cfg.split(","))
+    c = None if cfg == "q8" else tuple(int(v) for v in cfg.split(","))
     shape = next(sh for sh in SHAPES if sh[0] == model and sh[1] == op)
     _, _, t, rows, K, glu = shape
     table, g, rng, _ = open_run("/dev/null", 54)
-    N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu, 8)
-    built = {(t, c): TL.compile_module({"MV_TYPE": t, **dict(zip(MV_KEYS, c))}, MV_SRC)}
-    xin = g.to_device(xperm(xh16).view(np.uint16).reshape(-1)) if len(c) > 4 and c[4] else xh
-    cache: dict = {}
-    for i in range(args.reps):
-        mv_launch(g, cache, built, t, c, ws[i % len(ws)], xin, y, N, K, 1, glu)
+    N, raw, ws, nbytes, xq, xs, xh16, xh, y, act, base = shape_inputs(g, rng, model, op, t, rows, K, glu,
+                                                                        max(8, args.nb))
+    if c is not None:
+        built = {(t, c): TL.compile_module({"MV_TYPE": t, **dict(zip(MV_KEYS, c))}, MV_SRC)}
+        xin = g.to_device(xperm(xh16).view(np.uint16).reshape(-1)) if len(c) > 4 and c[4] else xh
+        cache: dict = {}
+        for i in range(args.reps):
+            mv_launch(g, cache, built, t, c, ws[i % len(ws)], xin, y, N, K, min(args.nb, 8), glu)
     time_q8(lambda kernel, cfg, nb, fn: [fn(ws[i % len(ws)]) for i in range(args.reps)], g, table, t, rows, K, glu,
-            1, y, xq, xs)
+            args.nb, y, xq, xs)
     g.sync()
-    print(f"one: {model} {op} {c} and the q8 kernel, {args.reps} launches each, {nbytes} weight bytes", flush=True)
+    print(f"one: {model} {op} {c} and the q8 kernel at {args.nb} rows, {args.reps} launches each, {nbytes} weight "
+          f"bytes", flush=True)
     return 0
 
 
