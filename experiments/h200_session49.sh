@@ -34,9 +34,13 @@
 #   (plan()'s real types; the padded smollm2 tokenizer) with and without MEMRA_ATT_SWITCH0=193, alternating.
 # STAGE p (~3 min, no models; session 53): ncu's full set on the q8 kernels the engine runs (probe.py --one SHAPE q8
 #   --nb NB; PROF_CASES "model:op:nb ..."): per case $OUT/prof-<model>-<op>-<nb>.txt (the details page and the
-#   pipes' utilization) and .csv (the source page: every SASS instruction's executions and stall samples).
+#   pipes' utilization) and .csv (the source page: every SASS instruction's executions and stall samples), packed
+#   into $OUT/prof.tgz.
+# STAGE x (~2 min, no models; session 53): experiments/mv_stream/mvs.py — the bulk-copy streamed one-row matvec
+#   against mv_q8 (bits and µs) on the 8B / 1B shapes; $OUT/mvs.jsonl. NCU=1 adds ncu's full set of one mvs launch
+#   (MVS_NCU="model op W,R,S,CPS") beside mv_q8, packed into $OUT/prof.tgz.
 set -u
-case "$STAGE" in a|v|s|t|g|m|p) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t|g|m|p|x) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -112,6 +116,29 @@ if [ "$STAGE" = p ]; then
     ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
     log "$case: $(wc -c < $f.txt) / $(wc -c < $f.csv) bytes"; rm -f $f.ncu-rep
   done
+  (cd $OUT && tar czf prof.tgz prof-* && rm -f prof-*.txt prof-*.csv prof-*.log)
+  exit 0
+fi
+if [ "$STAGE" = x ]; then
+  timeout 400 python3 experiments/mv_stream/mvs.py --out $OUT/mvs.jsonl ${MVS_ARGS:-} > $R/mvs.txt 2>&1
+  log "mvs rc=$? $(el)"; grep -v '"kind": "time"' $R/mvs.txt | cut -c1-300 | tail -8 | tee -a $R/log.txt
+  python3 - $OUT/mvs.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("kind") != "time" or "us" not in r:
+        continue
+    k = (r["model"], r["op"])
+    if r["kernel"] == "mv_q8":
+        best.setdefault(k, {})["q8"] = r["us"]
+    elif r.get("differ") == 0 and r["us"] < best.setdefault(k, {}).get("mvs", (1e9,))[0]:
+        best[k]["mvs"] = (r["us"], tuple(r["config"].values()))
+    elif r.get("differ"):
+        print("DIFFER", k, r["config"], r["differ"])
+for k, v in best.items():
+    print(k, v)
+PY
   exit 0
 fi
 if [ "$STAGE" = g ]; then
