@@ -39,8 +39,10 @@
 # STAGE x (~2 min, no models; session 53): experiments/mv_stream/mvs.py — the bulk-copy streamed one-row matvec
 #   against mv_q8 (bits and µs) on the 8B / 1B shapes; $OUT/mvs.jsonl. NCU=1 adds ncu's full set of one mvs launch
 #   (MVS_NCU="model op W,R,S,CPS") beside mv_q8, packed into $OUT/prof.tgz.
+# STAGE y (~1.5 min, no models; session 53): experiments/mv_k4bf/ab.py — the engine's mv_q8 / mvt against a copy of
+#   kernels/ with the branch-free rowscal_k4, the 8B's Q4_K shapes at 1 and 8 rows, alternating; $OUT/k4bf.jsonl.
 set -u
-case "$STAGE" in a|v|s|t|g|m|p|x) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t|g|m|p|x|y) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -117,6 +119,11 @@ if [ "$STAGE" = p ]; then
     log "$case: $(wc -c < $f.txt) / $(wc -c < $f.csv) bytes"; rm -f $f.ncu-rep
   done
   (cd $OUT && tar czf prof.tgz prof-* && rm -f prof-*.txt prof-*.csv prof-*.log)
+  exit 0
+fi
+if [ "$STAGE" = y ]; then
+  timeout 300 python3 experiments/mv_k4bf/ab.py --out $OUT/k4bf.jsonl > $R/k4bf.txt 2>&1
+  log "k4bf rc=$? $(el)"; cut -c1-300 $R/k4bf.txt | tail -12 | tee -a $R/log.txt
   exit 0
 fi
 if [ "$STAGE" = x ]; then
