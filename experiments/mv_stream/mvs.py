@@ -40,16 +40,23 @@ SHAPES = [
     ("1B", "qkv", Q4_0, 3072, 2048, False),
 ]
 # (MVS_WARPS, MVS_ROWS, MVS_STAGES, CPS: resident blocks an SM the grid is sized for)
+# (session 53's first run: every configuration slower than mv_q8; the second adds the Q6_K down's, which did not fit)
 CONFIGS = [(4, 1, 4, 2), (4, 1, 3, 3), (8, 1, 3, 2), (4, 2, 3, 2), (2, 1, 4, 4), (8, 1, 2, 3), (4, 1, 2, 4),
-           (2, 2, 3, 3)]
+           (2, 2, 3, 3), (2, 1, 2, 4), (4, 1, 2, 2), (2, 1, 3, 3), (8, 1, 2, 2)]
 KEYS = ("MVS_WARPS", "MVS_ROWS", "MVS_STAGES")
 SMEM_MAX = 227 * 1024   # an H100 / H200 SM's shared memory for blocks (228 KB less 1 KB a block reserved)
 
 
-def build_dir() -> Path:
-    """/tmp/mv_stream: mvs.cu and qtypes_s.cuh (kernels/qtypes.cuh with the weight loaders' __ldg plain loads)."""
+def build_dir(k4bf: bool = False) -> Path:
+    """/tmp/mv_stream: mvs.cu and qtypes_s.cuh (kernels/qtypes.cuh with the weight loaders' __ldg plain loads; k4bf:
+    and experiments/mv_k4bf's branch-free rowscal_k4)."""
     BUILD.mkdir(parents=True, exist_ok=True)
     src = (ROOT / "kernels" / "qtypes.cuh").read_text()
+    if k4bf:
+        sys.path.insert(0, str(ROOT / "experiments" / "mv_k4bf"))
+        import ab
+        a = src.index("MEMRA_DEVICE RK4 rowscal_k4(const uint4& meta, int j) {")
+        src = src[:a] + ab.BODY + src[src.index("\n}\n", a) + 3:]
     a = src.index("MEMRA_DEVICE uint4 ld16(")
     b = src.index("template <class L>", a)
     head = src[a:b]
@@ -77,11 +84,11 @@ def fits(t, rows, K, glu, c) -> bool:
     return N % (c[0] * c[1]) == 0 and smem * c[3] <= SMEM_MAX and smem <= SMEM_MAX
 
 
-def compile_all(jobs):
+def compile_all(jobs, k4bf: bool = False):
     """{(t, c[:3]): (cubin, log)} for every (type, configuration), in parallel."""
     import os
     from concurrent.futures import ProcessPoolExecutor
-    src = build_dir()
+    src = build_dir(k4bf)
     keys = sorted(set(jobs))
     with ProcessPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as ex:
         outs = list(ex.map(_compile, [(src, t, c) for t, c in keys]))
@@ -106,11 +113,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="the 8B gate+up and down only")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--k4bf", action="store_true", help="mvs.cu with experiments/mv_k4bf's rowscal_k4 (mv_q8 as is)")
     args = ap.parse_args()
     shapes = SHAPES[:2] if args.quick else SHAPES
     jobs = [(t, c[:3]) for _, _, t, rows, K, glu in shapes for c in CONFIGS if fits(t, rows, K, glu, c)]
     t0 = time.time()
-    built = compile_all(jobs)
+    built = compile_all(jobs, args.k4bf)
     info = {f"{TN[t]}:{c}": regs(v[1]) for (t, c), v in built.items()}
     if args.compile_only:
         print(json.dumps({"kind": "mvs_compile", "modules": len(built), "s": round(time.time() - t0, 1),
@@ -176,7 +184,7 @@ def main() -> int:
             def run(w, kern=kern, grid=grid, block=block, smem=smem):
                 g.launch(kern, grid, block, (w.bulk, w.meta, xq, xs, y1, np.uint64(0), np.int32(N), np.int32(K),
                                              np.int32(1)), shmem=smem)
-            rec = {"kind": "time", **base, "kernel": "mvs", "config": dict(zip(KEYS + ("CPS",), cf)),
+            rec = {"kind": "time", **base, "kernel": "mvs", "k4bf": args.k4bf, "config": dict(zip(KEYS + ("CPS",), cf)),
                    "grid": grid[0], "smem": smem}
             try:
                 y1.upload(np.full(N, np.nan, np.float32))
