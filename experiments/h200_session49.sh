@@ -41,8 +41,11 @@
 #   (MVS_NCU="model op W,R,S,CPS") beside mv_q8, packed into $OUT/prof.tgz.
 # STAGE y (~1.5 min, no models; session 53): experiments/mv_k4bf/ab.py — the engine's mv_q8 / mvt against a copy of
 #   kernels/ with the branch-free rowscal_k4, the 8B's Q4_K shapes at 1 and 8 rows, alternating; $OUT/k4bf.jsonl.
+# STAGE q (~1.5 min, no models; session 53): experiments/f16_decode/qf_probe.py — mv_qf.cu (v8 / v9, the qf
+#   arithmetic) against mv_q8 / mvt on the 8B's Q4_K shapes at 1 and 8 rows; $OUT/qf.jsonl. NCU=1 adds ncu's full set
+#   of one v9 launch (QF_NCU "W,C,A,WA") on the 8B gate+up at one row, packed into $OUT/prof.tgz.
 set -u
-case "$STAGE" in a|v|s|t|g|m|p|x|y) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
+case "$STAGE" in a|v|s|t|g|m|p|x|y|q) ;; *) SESSION_TAG=s49 exec bash experiments/h200_session44.sh ;; esac
 source experiments/h200_common.sh
 stage_begin s49
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -119,6 +122,19 @@ if [ "$STAGE" = p ]; then
     log "$case: $(wc -c < $f.txt) / $(wc -c < $f.csv) bytes"; rm -f $f.ncu-rep
   done
   (cd $OUT && tar czf prof.tgz prof-* && rm -f prof-*.txt prof-*.csv prof-*.log)
+  exit 0
+fi
+if [ "$STAGE" = q ]; then
+  timeout 300 python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl > $R/qf.txt 2>&1
+  log "qf rc=$? $(el)"
+  python3 - $OUT/qf.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("kind") == "time":
+        print(r["op"], r["nb"], r["kernel"], tuple(r["config"].values()) if r["kernel"] == "mv_qf" else "",
+              r.get("us"), r.get("rel"), r.get("differ"), r.get("differ_wa"), r.get("error", "")[:120])
+PY
   exit 0
 fi
 if [ "$STAGE" = y ]; then

@@ -1,0 +1,265 @@
+// mv_qf.cu — experiment v8 (experiments/f16_decode/README.md, session 53): the "qf" arithmetic at 1..8 activation
+// rows, Q4_K. Entries and arguments as mv_f16.cu's plus xs2 (the activation rows' sub-block sums).
+//
+// Arithmetic ("qf"): weights stay integers. For weight row n and sub-block s (32 k): q in 0..15 exactly in f16 (the
+// exponent trick, one exact subtraction); S1 = the tensor core's f32 sum of q x over the sub-block (mma.sync
+// m16n8k16 twice from a zero accumulator: its k16 steps in increasing k, the sum inside a step the hardware's,
+// slot-invariant: perm_probe.py); S2 = xs2[b][s], the activation row's sub-block sum (one definition, computed once
+// per activation row by whoever makes x: here the host); then per output, sub-blocks in increasing k:
+// acc = fma(d sc, S1, acc), acc = fma(-(dmin m), S2, acc) (d sc, dmin m exact in f32). Chains over K as mv_f16's
+// (MQ_CHAINS), folded left; then the epilogue. The 64-row GEMM would run the same per-sub-block steps (wgmma k16
+// pairs from zero, the same fold) — no per-weight float work, two FFMA per output and 32 k.
+//
+// Work (v7's layout): a warp owns 8 weight rows as mma's B operand (glu: gate / up rows of 4 outputs in columns 2 t /
+// 2 t + 1) and one chain; the activation rows are A's rows gid < nb (rows gid + 8 zero). Per 64-k pair of sub-blocks
+// lane (gid, tig) loads 8 bytes of its row's nibbles (elements 8 tig .. 8 tig + 7 of both sub-blocks) and x[gid]'s
+// 8 halves of each sub-block at the same elements: step 1 elements 8 tig + 0..3 (slots 2 tig, +1 <- e0, e2; 2 tig +
+// 8, +9 <- e1, e3), step 2 elements 8 tig + 4..7. The lane's D holds outputs (gid, 2 tig), (gid, 2 tig + 1), so it
+// needs the scales of weight rows 2 tig, 2 tig + 1 (not its own B row): it loads their 16 meta bytes a superblock.
+// Weights and meta one superblock ahead in registers (MQ_AHEAD 1), before the PDL wait for the first.
+//
+// MQ_WA 1 (v9): the weights as mma's A operand instead (16 weight rows a warp, glu: gate rows gid, up rows gid + 8 of
+// 8 outputs), the activation rows as B's columns gid < nb: a lane dequantizes rows gid and gid + 8 (the same
+// elements) and its D holds those rows x activation rows 2 tig, 2 tig + 1, so it folds with its own rows' scales
+// (4 lanes share a row's scale work instead of 8). v8's SASS: ~45 instructions a sub-block for 256 weights (scales
+// of two other rows 16, dequant 10, x 6, fold 4); v9's estimate ~58 for 512.
+// Tunables: MQ_WARPS (4), MQ_CHAINS (1; divides MQ_WARPS), MQ_AHEAD (1: superblocks in flight beyond the current),
+// MQ_WA (0).
+// Launch: grid ceil(T C / MQ_WARPS), T = Nw / 8 (MQ_WA: Nw / 16; Nw = N, 2N for glu), block 32 MQ_WARPS. K a
+// multiple of 256 C.
+#include "common.cuh"
+
+#ifndef MQ_WARPS
+#define MQ_WARPS 4
+#endif
+#ifndef MQ_CHAINS
+#define MQ_CHAINS 1
+#endif
+#ifndef MQ_AHEAD
+#define MQ_AHEAD 1
+#endif
+#ifndef MQ_WA
+#define MQ_WA 0
+#endif
+static_assert(MQ_WARPS % MQ_CHAINS == 0, "MQ: a tile's chains share a block");
+static_assert(MQ_AHEAD >= 1 && MQ_AHEAD <= 3, "MQ_AHEAD 1..3");
+
+MEMRA_DEVICE void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                          uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// nibbles 0 and 2 of v's halves (bits 0..3 of each 16-bit half) as exact f16 integers: (1024 + q) - 1024
+MEMRA_DEVICE uint32_t nib_h2(uint32_t v) {
+    uint32_t t, r;
+    asm("lop3.b32 %0, %1, 0x000F000F, 0x64006400, 0xEA;" : "=r"(t) : "r"(v));   // (v & mask) | magic
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x64006400u));
+    return r;
+}
+MEMRA_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
+// sub-block s (compile-time) of a Q4_K meta (x: d | dmin; y, z, w: scales[0..11]): d sc, dmin m (exact in f32)
+template <int s>
+MEMRA_DEVICE void k4_scales(const uint4& m, float d, float dmin, float& dsc, float& dm) {
+    int sc, mn;
+    if (s < 4) {
+        sc = (m.y >> (8 * s)) & 63;
+        mn = (m.z >> (8 * s)) & 63;
+    } else {
+        constexpr int i = s & 3;
+        sc = ((m.w >> (8 * i)) & 0xF) | (((m.y >> (8 * i + 6)) & 3) << 4);
+        mn = ((m.w >> (8 * i + 4)) & 0xF) | (((m.z >> (8 * i + 6)) & 3) << 4);
+    }
+    dsc = __fmul_rn(d, (float)sc);
+    dm = __fmul_rn(dmin, (float)mn);
+}
+
+// the scales of sub-block s (run-time s, in an unrolled loop: a constant) of meta m
+MEMRA_DEVICE void k4_sub(int s, const uint4& m, float d, float dmin, float& dsc, float& dm) {
+    switch (s) {
+    case 0: k4_scales<0>(m, d, dmin, dsc, dm); break;
+    case 1: k4_scales<1>(m, d, dmin, dsc, dm); break;
+    case 2: k4_scales<2>(m, d, dmin, dsc, dm); break;
+    case 3: k4_scales<3>(m, d, dmin, dsc, dm); break;
+    case 4: k4_scales<4>(m, d, dmin, dsc, dm); break;
+    case 5: k4_scales<5>(m, d, dmin, dsc, dm); break;
+    case 6: k4_scales<6>(m, d, dmin, dsc, dm); break;
+    default: k4_scales<7>(m, d, dmin, dsc, dm); break;
+    }
+}
+
+template <bool GLU>
+MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                             const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
+                             int N, int K, int nb, int act) {
+    constexpr int TR = MQ_WA ? 16 : 8;   // weight rows a warp
+    constexpr int NA = MQ_WA ? 4 : 2;    // accumulators a lane
+    __shared__ float part[MQ_WARPS][32][NA];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pair = blockIdx.x * MQ_WARPS + warp;
+    const int tiles = (GLU ? 2 * N : N) / TR;
+    const bool live = pair < tiles * MQ_CHAINS;
+    const int tile = live ? pair / MQ_CHAINS : 0, chain = pair % MQ_CHAINS;
+    const int n0 = tile * (GLU ? TR / 2 : TR);
+    const int nsb = K / 256, SB = nsb / MQ_CHAINS, sb0 = chain * SB;   // this chain's superblocks
+    const int gid = lane >> 2, tig = lane & 3;
+    const bool xrow = gid < nb;
+#if MQ_WA
+    // A rows gid, gid + 8: glu the gate and up rows of output n0 + gid; the lane's D: those rows x columns 2 tig, + 1
+    const int ra = GLU ? n0 + gid : n0 + gid, rb = GLU ? N + n0 + gid : n0 + gid + 8;
+    const int ca = min(2 * tig, nb - 1), cb = min(2 * tig + 1, nb - 1);   // D columns' activation rows (clamped)
+    const uint8_t* qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
+    const uint8_t* qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
+    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
+    const uint4* m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
+    const float* s2a = xs2 + (size_t)ca * (K / 32);
+    const float* s2b = xs2 + (size_t)cb * (K / 32);
+#else
+    const int wr = GLU ? ((gid & 1) ? N + n0 + (gid >> 1) : n0 + (gid >> 1)) : n0 + gid;   // B column gid's row
+    const int f0 = GLU ? n0 + tig : n0 + 2 * tig, f1 = GLU ? N + n0 + tig : n0 + 2 * tig + 1;   // D columns' rows
+    const uint8_t* qa = bulk + (size_t)wr * nsb * 128 + 8 * tig;
+    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)f0 * nsb * 16);
+    const uint4* m1p = reinterpret_cast<const uint4*>(meta + (size_t)f1 * nsb * 16);
+    const float* s2a = xs2 + (size_t)(xrow ? gid : 0) * (K / 32);
+#endif
+    const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + 8 * tig;
+
+    // ring: a superblock's 4 pairs x 8 bytes of nibbles (of each loaded row) and two rows' meta
+    constexpr int NW = MQ_WA ? 2 : 1;
+    uint2 wq[MQ_AHEAD + 1][NW][4];
+    uint4 mA[MQ_AHEAD + 1], mB[MQ_AHEAD + 1];
+    auto load = [&](int sb, uint2 (&w)[NW][4], uint4& a, uint4& b) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[0][j] = __ldg(reinterpret_cast<const uint2*>(qa + (size_t)sb * 128 + 32 * j));
+#if MQ_WA
+            w[1][j] = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)sb * 128 + 32 * j));
+#endif
+        }
+        a = __ldg(m0p + sb);
+        b = __ldg(m1p + sb);
+    };
+#pragma unroll
+    for (int i = 0; i < MQ_AHEAD; ++i)
+        if (live && i < SB) load(sb0 + i, wq[i], mA[i], mB[i]);
+    MEMRA_PDL_WAIT();
+
+    float acc[NA];
+#pragma unroll
+    for (int e = 0; e < NA; ++e) acc[e] = 0.f;
+    auto superblock = [&](int sb, const uint2 (&w)[NW][4], const uint4& ma, const uint4& mb) {
+        const float da = f16_to_f32((uint16_t)ma.x), dmina = f16_to_f32((uint16_t)(ma.x >> 16));
+        const float db = f16_to_f32((uint16_t)mb.x), dminb = f16_to_f32((uint16_t)(mb.x >> 16));
+        const float4* s2p = reinterpret_cast<const float4*>(s2a + 8 * sb);
+        const float4 sa0 = xrow || MQ_WA ? __ldg(s2p) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 sa1 = xrow || MQ_WA ? __ldg(s2p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float s2[8] = {sa0.x, sa0.y, sa0.z, sa0.w, sa1.x, sa1.y, sa1.z, sa1.w};
+#if MQ_WA
+        const float4* s2q = reinterpret_cast<const float4*>(s2b + 8 * sb);
+        const float4 sb0v = __ldg(s2q), sb1v = __ldg(s2q + 1);
+        const float s2o[8] = {sb0v.x, sb0v.y, sb0v.z, sb0v.w, sb1v.x, sb1v.y, sb1v.z, sb1v.w};
+#endif
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // x[gid] at elements 8 tig .. 8 tig + 7 of sub-blocks 2j (k 64 j ..) and 2j + 1 (k 64 j + 32 ..)
+            const uint4 xa = xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j)) : make_uint4(0, 0, 0, 0);
+            const uint4 xb = xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32))
+                                  : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {   // h 0: sub-block 2j (low nibbles), 1: 2j + 1 (high nibbles)
+                const uint4& xv = h ? xb : xa;
+                const int sub = 2 * j + h;
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                float dsa, dma, dsb, dmb;
+                k4_sub(sub, ma, da, dmina, dsa, dma);
+                k4_sub(sub, mb, db, dminb, dsb, dmb);
+#if MQ_WA
+                const uint32_t u0 = w[0][j].x >> (4 * h), u1 = w[0][j].y >> (4 * h);   // row gid
+                const uint32_t v0 = w[1][j].x >> (4 * h), v1 = w[1][j].y >> (4 * h);   // row gid + 8
+                mma_f16(d, nib_h2(u0), nib_h2(v0), nib_h2(u0 >> 8), nib_h2(v0 >> 8),
+                        prmt(xv.x, xv.y, 0x5410), prmt(xv.x, xv.y, 0x7632));
+                mma_f16(d, nib_h2(u1), nib_h2(v1), nib_h2(u1 >> 8), nib_h2(v1 >> 8),
+                        prmt(xv.z, xv.w, 0x5410), prmt(xv.z, xv.w, 0x7632));
+                // D: (row gid, col 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig), (gid + 8, 2 tig + 1)
+                acc[0] = __fmaf_rn(-dma, s2[sub], __fmaf_rn(dsa, d[0], acc[0]));
+                acc[1] = __fmaf_rn(-dma, s2o[sub], __fmaf_rn(dsa, d[1], acc[1]));
+                acc[2] = __fmaf_rn(-dmb, s2[sub], __fmaf_rn(dsb, d[2], acc[2]));
+                acc[3] = __fmaf_rn(-dmb, s2o[sub], __fmaf_rn(dsb, d[3], acc[3]));
+#else
+                const uint32_t w0 = w[0][j].x >> (4 * h), w1 = w[0][j].y >> (4 * h);
+                mma_f16(d, prmt(xv.x, xv.y, 0x5410), 0u, prmt(xv.x, xv.y, 0x7632), 0u, nib_h2(w0), nib_h2(w0 >> 8));
+                mma_f16(d, prmt(xv.z, xv.w, 0x5410), 0u, prmt(xv.z, xv.w, 0x7632), 0u, nib_h2(w1), nib_h2(w1 >> 8));
+                const float sv = s2[sub];
+                acc[0] = __fmaf_rn(-dma, sv, __fmaf_rn(dsa, d[0], acc[0]));
+                acc[1] = __fmaf_rn(-dmb, sv, __fmaf_rn(dsb, d[1], acc[1]));
+#endif
+            }
+        }
+    };
+    if (live) {
+        for (int i = 0; i < SB; i += MQ_AHEAD + 1) {
+#pragma unroll
+            for (int r = 0; r <= MQ_AHEAD; ++r) {
+                if (i + r >= SB) break;
+                const int nx = i + r + MQ_AHEAD;   // refill the slot before r's: superblock i + r + AHEAD
+                if (nx < SB) {
+                    const int slot = (r + MQ_AHEAD) % (MQ_AHEAD + 1);
+                    load(sb0 + nx, wq[slot], mA[slot], mB[slot]);
+                }
+                superblock(sb0 + i + r, wq[r], mA[r], mB[r]);
+            }
+        }
+    }
+    MEMRA_PDL_LAUNCH();
+#pragma unroll
+    for (int e = 0; e < NA; ++e) part[warp][lane][e] = acc[e];
+    __syncthreads();
+    if (!live || chain != 0) return;
+    float v[NA];
+#pragma unroll
+    for (int e = 0; e < NA; ++e) {
+        v[e] = part[warp][lane][e];
+#pragma unroll
+        for (int c = 1; c < MQ_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
+    }
+#if MQ_WA
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const int col = 2 * tig + c;
+        if (col >= nb) continue;
+        if (GLU) {
+            y[(size_t)col * N + n0 + gid] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[c]) : silu_f32(v[c]), v[2 + c]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const size_t o = (size_t)col * N + n0 + gid + 8 * r;
+                y[o] = res ? __fadd_rn(res[o], v[2 * r + c]) : v[2 * r + c];
+            }
+        }
+    }
+#else
+    if (!xrow) return;
+    if (GLU) {
+        y[(size_t)gid * N + n0 + tig] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[0]) : silu_f32(v[0]), v[1]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const size_t o = (size_t)gid * N + n0 + 2 * tig + e;
+            y[o] = res ? __fadd_rn(res[o], v[e]) : v[e];
+        }
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MQ_WARPS)
+mv_qf(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+      const float* __restrict__ xs2, float* y, const float* res, int N, int K, int nb) {
+    mv_qf_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MQ_WARPS)
+mv_qf_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+          const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
+    mv_qf_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
+}

@@ -1,0 +1,185 @@
+"""mv_qf.cu (v8, the "qf" arithmetic: integer weights through the tensor core, a per-sub-block f32 fold) against the
+engine's q8 decode kernels at 1 and 8 rows, on the 8B Q4_K_M's Q4_K shapes (experiments/f16_decode/README.md,
+session 53).
+
+Per shape and row count: mv_q8 (1 row) / mvt (8 rows) at the shipped H200 table's configuration, then mv_qf at every
+configuration in CONFIGS: µs (median of CUDA-graph launches over weight copies rotated past L2), GB/s, and the
+error of the first outputs against the float64 qf value (sum over sub-blocks of d sc S1 - dmin m S2 with S1 exact):
+`rel` = max |y - ref| / max |ref| (glu: on act(gate) up). Bits between configurations with the same chain count and
+layout (`differ` against `same_bits_as`: MQ_WARPS / MQ_AHEAD must not change them; different chains are different
+arithmetics; the two layouts (MQ_WA) should agree too if the tensor core's sum does not care which operand is which —
+printed as `differ_wa` against the first configuration of the other layout with the same chains).
+
+    source .whl/setup.sh && python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl
+    python3 experiments/f16_decode/qf_probe.py --compile-only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "gemm_tile"))
+
+SRC = Path(__file__).with_name("mv_qf.cu")
+TABLE = ROOT / "tune" / "defaults" / "nvidia-h200.json"
+ROTATE = 160 << 20
+Q4_K = 12
+SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, False),
+          ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
+KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA")
+CONFIGS = [(4, 1, 1, 0), (8, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 1), (8, 1, 1, 1), (4, 2, 1, 1), (4, 4, 1, 1),
+           (8, 4, 1, 1), (8, 8, 1, 1), (8, 2, 2, 1), (4, 1, 3, 1)]
+
+
+def compile_all():
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as ex:
+        return dict(zip(CONFIGS, ex.map(_compile, CONFIGS)))
+
+
+def _compile(c):
+    import tile as TL
+    return TL.compile_module(dict(zip(KEYS, c)), SRC)
+
+
+def regs(log: str):
+    import re
+    return [int(v) for v in re.findall(r"Used (\d+) registers", log)], \
+        [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
+
+
+def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -> np.ndarray:
+    """float64 qf outputs of weight rows 0..nr-1: sum_s d sc S1 - dmin m S2, S1 = sum q x exact."""
+    from memra.model import quants as Q
+    blocks = raw[:nr].reshape(nr * (K // 256), 144)
+    q, dsc, mneg = Q._q4_k(blocks)                       # q (nr*nsb, 256), d sc (., 8), -(dmin m) (., 8)
+    q = q.reshape(nr, K // 32, 32).astype(np.float64)
+    dsc = dsc.reshape(nr, K // 32).astype(np.float64)
+    dm = -mneg.reshape(nr, K // 32).astype(np.float64)
+    x = xh16.astype(np.float64).reshape(xh16.shape[0], K // 32, 32)
+    s1 = np.einsum("nsk,bsk->bns", q, x)
+    return (s1 * dsc[None] - dm[None] * s2.astype(np.float64)[:, None, :]).sum(-1)   # (nb, nr)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--compile-only", action="store_true")
+    args = ap.parse_args()
+    t0 = time.time()
+    built = compile_all()
+    info = {str(c): regs(v[1]) for c, v in built.items()}
+    if args.compile_only:
+        print(json.dumps({"kind": "qf_compile", "modules": len(built), "s": round(time.time() - t0, 1),
+                          "regs_spill": info}))
+        return 0
+    import tile as TL
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.ops import mvt as MVT
+    from memra.gpu.q8 import Q8_SCALE
+    from memra.tune.tables import lookup
+    g = gpu()
+    table = json.loads(TABLE.read_text())
+    out = open(args.out, "a")
+
+    def emit(rec):
+        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec)[:300], flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    emit({"kind": "qf_compile", "modules": len(built), "s": round(time.time() - t0, 1), "regs_spill": info})
+    rng = np.random.default_rng(53)
+    cache: dict = {}
+    for model, op, rows, K, glu in SHAPES:
+        N = rows // 2 if glu else rows
+        raw = M.random_weight(Q4_K, rows, K, rng)
+        ws = [M.upload_weight(g, raw, Q4_K) for _ in range(max(1, min(8, -(-ROTATE // raw.nbytes))))]
+        act = "silu" if glu else None
+        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
+                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
+        nr = 32
+        for nb in (1, 8):
+            x = (rng.standard_normal((nb, K)) * 2).astype(np.float32)
+            xh16 = x.astype(np.float16)
+            s2 = xh16.astype(np.float32).reshape(nb, K // 32, 32).sum(-1, dtype=np.float32)
+            xh = g.to_device(xh16.view(np.uint16).reshape(-1))
+            xs2 = g.to_device(s2.reshape(-1))
+            xq = g.empty((nb * K,), np.int8)
+            xs = g.empty((nb * K // 32,), Q8_SCALE)
+            M.quantize_q8(g, g.to_device(x), xq, xs, nb)
+            y = g.empty((nb * N,), np.float32)
+            shape = f"cols={K},rows={rows},type=Q4_K"
+            if nb == 1:
+                c = lookup(table, "matvec_glu" if glu else "matvec", shape, nb)
+                cfg, kern = (c.config if c else None), "mv_q8"
+
+                def q8(w, cfg=cfg):
+                    M.matvec(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, tuned=(lambda _n: cfg) if cfg else None)
+            else:
+                c = lookup(table, "mvt_glu" if glu else "mvt", shape, nb)
+                cfg, kern = (c.config if c else None), "mvt"
+
+                def q8(w, cfg=cfg):
+                    MVT.mvt(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg)
+            us = TL.time_us(g, [lambda w=w: q8(w) for w in ws], args.reps, launches=max(24, 3 * len(ws)))
+            emit({"kind": "time", **base, "nb": nb, "kernel": kern, "config": cfg, "us": round(us, 2),
+                  "gbps": round(ws[0].nbytes / us / 1e3, 1)})
+            # the reference: output rows 0..nr-1 (glu: gate rows 0..nr-1 and up rows N..N+nr-1)
+            if glu:
+                gt = ref_qf(raw[:nr], K, xh16, s2, nr)
+                up = ref_qf(raw[N:N + nr], K, xh16, s2, nr)
+                ref = gt / (1 + np.exp(-gt)) * up
+            else:
+                ref = ref_qf(raw, K, xh16, s2, nr)
+            outs = {}
+            for cf in CONFIGS:
+                if K % (256 * cf[1]):
+                    continue
+                mod = TL.prebuilt_module(g, cache, ("qf", cf), "mv_qf.cu", dict(zip(KEYS, cf)),
+                                         lambda cf=cf: built[cf][0])
+                kernel = mod.kernel("mv_qf_glu" if glu else "mv_qf")
+                tiles = (2 * N if glu else N) // (16 if cf[3] else 8)
+                grid = (-(-tiles * cf[1] // cf[0]), 1, 1)
+
+                def run(w, kernel=kernel, grid=grid, cf=cf):
+                    a = ((w.bulk, w.meta, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu
+                         else (w.bulk, w.meta, xh, xs2, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
+                    g.launch(kernel, grid, (32 * cf[0], 1, 1), a)
+                rec = {"kind": "time", **base, "nb": nb, "kernel": "mv_qf", "config": dict(zip(KEYS, cf))}
+                try:
+                    y.upload(np.full(nb * N, np.nan, np.float32))
+                    run(ws[0])
+                    g.sync()
+                    got = y.numpy().reshape(nb, N)
+                    outs[cf] = got.view(np.uint32).copy()
+                    rel = float(np.max(np.abs(got[:, :nr] - ref)) / np.max(np.abs(ref)))
+                    rec["rel"] = rel
+                    rec["finite"] = bool(np.isfinite(got).all())
+                    same = [o for o in outs if o[1] == cf[1] and o != cf and o[3] == cf[3]]
+                    if same:
+                        rec["same_bits_as"] = str(same[0])
+                        rec["differ"] = int((outs[same[0]] != outs[cf]).sum())
+                    other = [o for o in outs if o[1] == cf[1] and o[3] != cf[3]]
+                    if other:
+                        rec["differ_wa"] = int((outs[other[0]] != outs[cf]).sum())
+                    us = TL.time_us(g, [lambda w=w: run(w) for w in ws], args.reps, launches=max(24, 3 * len(ws)))
+                    rec.update(us=round(us, 2), gbps=round(ws[0].nbytes / us / 1e3, 1))
+                except Exception as e:
+                    rec["error"] = str(e)[:300]
+                emit(rec)
+        del ws
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
