@@ -23,8 +23,13 @@
 // elements) and its D holds those rows x activation rows 2 tig, 2 tig + 1, so it folds with its own rows' scales
 // (4 lanes share a row's scale work instead of 8). v8's SASS: ~45 instructions a sub-block for 256 weights (scales
 // of two other rows 16, dequant 10, x 6, fold 4); v9's estimate ~58 for 512.
+// v10 options (MQ_WA 1), the same bits if the tensor core's sum scales exactly by powers of two (asked on the device:
+// qf_probe.py's differ against v9): MQ_SUBN 1 feeds q as the f16 subnormal q 2^-24 (low nibbles: w & 0x000F000F)
+// or 16 q 2^-24 = q 2^-20 (high nibbles: w & 0x00F000F0, no shift) — one LOP3 a pair of weights instead of SHF + LOP3
+// + HSUB2 — and folds with d 2^24 sc / d 2^20 sc (exact); MQ_SHARE 1: lane tig of a quad computes the scales of
+// sub-blocks 2 tig, 2 tig + 1 of rows gid, gid + 8 (mv_k4bf's branch-free pair) and the quad shuffles them.
 // Tunables: MQ_WARPS (4), MQ_CHAINS (1; divides MQ_WARPS), MQ_AHEAD (1: superblocks in flight beyond the current),
-// MQ_WA (0).
+// MQ_WA (0), MQ_SUBN (0), MQ_SHARE (0), MQ_MINB (0).
 // Launch: grid ceil(T C / MQ_WARPS), T = Nw / 8 (MQ_WA: Nw / 16; Nw = N, 2N for glu), block 32 MQ_WARPS. K a
 // multiple of 256 C.
 #include "common.cuh"
@@ -40,6 +45,23 @@
 #endif
 #ifndef MQ_WA
 #define MQ_WA 0
+#endif
+#ifndef MQ_SUBN
+#define MQ_SUBN 0   // v10 (MQ_WA): q as an f16 subnormal, no exponent trick (see the header)
+#endif
+#ifndef MQ_SHARE
+#define MQ_SHARE 0  // v10 (MQ_WA): a quad's 4 lanes share the scale work (rows gid, gid + 8) by shuffles
+#endif
+#ifndef MQ_MINB
+#define MQ_MINB 0   // __launch_bounds__'s minimum blocks an SM (a register budget; 0: none)
+#endif
+#if MQ_MINB
+#define MQ_BOUNDS __launch_bounds__(32 * MQ_WARPS, MQ_MINB)
+#else
+#define MQ_BOUNDS __launch_bounds__(32 * MQ_WARPS)
+#endif
+#if (MQ_SUBN || MQ_SHARE) && !MQ_WA
+#error "MQ_SUBN / MQ_SHARE need MQ_WA 1"
 #endif
 static_assert(MQ_WARPS % MQ_CHAINS == 0, "MQ: a tile's chains share a block");
 static_assert(MQ_AHEAD >= 1 && MQ_AHEAD <= 3, "MQ_AHEAD 1..3");
@@ -64,8 +86,8 @@ template <int s>
 MEMRA_DEVICE void k4_scales(const uint4& m, float d, float dmin, float& dsc, float& dm) {
     int sc, mn;
     if (s < 4) {
-        sc = (m.y >> (8 * s)) & 63;
-        mn = (m.z >> (8 * s)) & 63;
+        sc = (m.y >> (8 * (s & 3))) & 63;
+        mn = (m.z >> (8 * (s & 3))) & 63;
     } else {
         constexpr int i = s & 3;
         sc = ((m.w >> (8 * i)) & 0xF) | (((m.y >> (8 * i + 6)) & 3) << 4);
@@ -75,6 +97,15 @@ MEMRA_DEVICE void k4_scales(const uint4& m, float d, float dmin, float& dsc, flo
     dm = __fmul_rn(dmin, (float)mn);
 }
 
+// sub-blocks 2j, 2j + 1 (run-time j) of a Q4_K meta without branches (experiments/mv_k4bf's rowscal): sc, mn pairs
+MEMRA_DEVICE void k4_pair(const uint4& m, int j, int (&sc)[2], int (&mn)[2]) {
+    const int sh = 16 * (j & 1);
+    const uint32_t yy = m.y >> sh, zz = m.z >> sh, ww = m.w >> sh;
+    const uint32_t c = j >= 2 ? ((ww & 0x0F0Fu) | ((yy >> 2) & 0x3030u)) : (yy & 0x3F3Fu);
+    const uint32_t n = j >= 2 ? (((ww >> 4) & 0x0F0Fu) | ((zz >> 2) & 0x3030u)) : (zz & 0x3F3Fu);
+    sc[0] = (int)(c & 0xFFu); sc[1] = (int)((c >> 8) & 0xFFu);
+    mn[0] = (int)(n & 0xFFu); mn[1] = (int)((n >> 8) & 0xFFu);
+}
 // the scales of sub-block s (run-time s, in an unrolled loop: a constant) of meta m
 MEMRA_DEVICE void k4_sub(int s, const uint4& m, float d, float dmin, float& dsc, float& dm) {
     switch (s) {
@@ -151,6 +182,25 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     auto superblock = [&](int sb, const uint2 (&w)[NW][4], const uint4& ma, const uint4& mb) {
         const float da = f16_to_f32((uint16_t)ma.x), dmina = f16_to_f32((uint16_t)(ma.x >> 16));
         const float db = f16_to_f32((uint16_t)mb.x), dminb = f16_to_f32((uint16_t)(mb.x >> 16));
+#if MQ_SHARE
+        // lane tig: sub-blocks 2 tig (p 0), 2 tig + 1 (p 1) of rows gid (a), gid + 8 (b); [p][row][dsc, dm]
+        float sh[2][2][2];
+        {
+            int sca[2], mna[2], scb[2], mnb[2];
+            k4_pair(ma, tig, sca, mna);
+            k4_pair(mb, tig, scb, mnb);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const float ea = MQ_SUBN ? __fmul_rn(da, q ? 1048576.f : 16777216.f) : da;   // d 2^20 / d 2^24
+                const float eb = MQ_SUBN ? __fmul_rn(db, q ? 1048576.f : 16777216.f) : db;
+                sh[q][0][0] = __fmul_rn(ea, (float)sca[q]); sh[q][0][1] = __fmul_rn(dmina, (float)mna[q]);
+                sh[q][1][0] = __fmul_rn(eb, (float)scb[q]); sh[q][1][1] = __fmul_rn(dminb, (float)mnb[q]);
+            }
+        }
+#elif MQ_SUBN
+        const float da24 = __fmul_rn(da, 16777216.f), da20 = __fmul_rn(da, 1048576.f);
+        const float db24 = __fmul_rn(db, 16777216.f), db20 = __fmul_rn(db, 1048576.f);
+#endif
         const float4* s2p = reinterpret_cast<const float4*>(s2a + 8 * sb);
         const float4 sa0 = xrow || MQ_WA ? __ldg(s2p) : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 sa1 = xrow || MQ_WA ? __ldg(s2p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -172,15 +222,40 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                 const int sub = 2 * j + h;
                 float d[4] = {0.f, 0.f, 0.f, 0.f};
                 float dsa, dma, dsb, dmb;
+#if MQ_SHARE
+                {
+                    const int src = (lane & ~3) | j;   // the quad lane that computed pair j
+                    dsa = __shfl_sync(0xffffffffu, sh[h][0][0], src);
+                    dma = __shfl_sync(0xffffffffu, sh[h][0][1], src);
+                    dsb = __shfl_sync(0xffffffffu, sh[h][1][0], src);
+                    dmb = __shfl_sync(0xffffffffu, sh[h][1][1], src);
+                }
+#elif MQ_SUBN
+                k4_sub(sub, ma, h ? da20 : da24, dmina, dsa, dma);
+                k4_sub(sub, mb, h ? db20 : db24, dminb, dsb, dmb);
+#else
                 k4_sub(sub, ma, da, dmina, dsa, dma);
                 k4_sub(sub, mb, db, dminb, dsb, dmb);
+#endif
+#if MQ_WA && MQ_SUBN
+                {
+                    const uint32_t mk = h ? 0x00F000F0u : 0x000F000Fu;   // q 2^-24 / 16 q 2^-24 as f16 subnormals
+                    const uint32_t u0 = w[0][j].x, u1 = w[0][j].y, v0 = w[1][j].x, v1 = w[1][j].y;
+                    mma_f16(d, u0 & mk, v0 & mk, (u0 >> 8) & mk, (v0 >> 8) & mk,
+                            prmt(xv.x, xv.y, 0x5410), prmt(xv.x, xv.y, 0x7632));
+                    mma_f16(d, u1 & mk, v1 & mk, (u1 >> 8) & mk, (v1 >> 8) & mk,
+                            prmt(xv.z, xv.w, 0x5410), prmt(xv.z, xv.w, 0x7632));
+                }
+#endif
 #if MQ_WA
+#if !MQ_SUBN
                 const uint32_t u0 = w[0][j].x >> (4 * h), u1 = w[0][j].y >> (4 * h);   // row gid
                 const uint32_t v0 = w[1][j].x >> (4 * h), v1 = w[1][j].y >> (4 * h);   // row gid + 8
                 mma_f16(d, nib_h2(u0), nib_h2(v0), nib_h2(u0 >> 8), nib_h2(v0 >> 8),
                         prmt(xv.x, xv.y, 0x5410), prmt(xv.x, xv.y, 0x7632));
                 mma_f16(d, nib_h2(u1), nib_h2(v1), nib_h2(u1 >> 8), nib_h2(v1 >> 8),
                         prmt(xv.z, xv.w, 0x5410), prmt(xv.z, xv.w, 0x7632));
+#endif
                 // D: (row gid, col 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig), (gid + 8, 2 tig + 1)
                 acc[0] = __fmaf_rn(-dma, s2[sub], __fmaf_rn(dsa, d[0], acc[0]));
                 acc[1] = __fmaf_rn(-dma, s2o[sub], __fmaf_rn(dsa, d[1], acc[1]));
@@ -252,13 +327,13 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MQ_WARPS)
+extern "C" __global__ void MQ_BOUNDS
 mv_qf(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
       const float* __restrict__ xs2, float* y, const float* res, int N, int K, int nb) {
     mv_qf_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MQ_WARPS)
+extern "C" __global__ void MQ_BOUNDS
 mv_qf_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
           const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
     mv_qf_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
