@@ -125,6 +125,16 @@ if [ "$STAGE" = p ]; then
   exit 0
 fi
 if [ "$STAGE" = q ]; then
+  if [ "${NCU:-0}" = 1 ]; then
+    f=$OUT/prof-qf
+    QF_CONFIGS="${QF_NCU:-4,4,1,1,0,0,0}" QF_OPS=gate_up timeout 200 ncu --clock-control none --set full \
+      --import-source no -k regex:mv_qf -s 1 -c 1 -f -o $f \
+      python3 experiments/f16_decode/qf_probe.py --out /dev/null --reps 3 > $f.log 2>&1
+    log "ncu qf rc=$? $(el)"
+    ncu -i $f.ncu-rep --page details > $f.txt 2>&1
+    ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
+    rm -f $f.ncu-rep; (cd $OUT && tar czf prof.tgz prof-qf.* && rm -f prof-qf.*)
+  fi
   timeout 300 python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl > $R/qf.txt 2>&1
   log "qf rc=$? $(el)"
   python3 - $OUT/qf.jsonl <<'PY' | tee -a $R/log.txt

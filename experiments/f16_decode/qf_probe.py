@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,8 +43,13 @@ CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), 
            (8, 4, 1, 1, 1, 1, 2), (4, 4, 2, 1, 1, 1, 4)]
 
 
+if os.environ.get("QF_CONFIGS"):   # "W,C,A,WA,SUBN,SHARE,MINB;..." (a profiler's run: one configuration)
+    CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["QF_CONFIGS"].split(";")]
+if os.environ.get("QF_OPS"):       # "gate_up,qkv"
+    SHAPES = [sh for sh in SHAPES if sh[1] in os.environ["QF_OPS"].split(",")]
+
+
 def compile_all():
-    import os
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as ex:
         return dict(zip(CONFIGS, ex.map(_compile, CONFIGS)))
