@@ -135,7 +135,7 @@ if [ "$STAGE" = q ]; then
     ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
     rm -f $f.ncu-rep; (cd $OUT && tar czf prof.tgz prof-qf.* && rm -f prof-qf.*)
   fi
-  timeout 300 python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl > $R/qf.txt 2>&1
+  timeout 300 python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl > $R/qf.txt 2>&1   # QF_SET=3: the third run
   log "qf rc=$? $(el)"
   python3 - $OUT/qf.jsonl <<'PY' | tee -a $R/log.txt
 import json, sys

@@ -29,7 +29,7 @@
 // + HSUB2 — and folds with d 2^24 sc / d 2^20 sc (exact); MQ_SHARE 1: lane tig of a quad computes the scales of
 // sub-blocks 2 tig, 2 tig + 1 of rows gid, gid + 8 (mv_k4bf's branch-free pair) and the quad shuffles them.
 // Tunables: MQ_WARPS (4), MQ_CHAINS (1; divides MQ_WARPS), MQ_AHEAD (1: superblocks in flight beyond the current),
-// MQ_WA (0), MQ_SUBN (0), MQ_SHARE (0), MQ_MINB (0).
+// MQ_WA (0), MQ_SUBN (0), MQ_SHARE (0), MQ_MINB (0), MQ_XV (0: see ldx).
 // Launch: grid ceil(T C / MQ_WARPS), T = Nw / 8 (MQ_WA: Nw / 16; Nw = N, 2N for glu), block 32 MQ_WARPS. K a
 // multiple of 256 C.
 #include "common.cuh"
@@ -52,6 +52,9 @@
 #ifndef MQ_SHARE
 #define MQ_SHARE 0  // v10 (MQ_WA): a quad's 4 lanes share the scale work (rows gid, gid + 8) by shuffles
 #endif
+#ifndef MQ_XV
+#define MQ_XV 0
+#endif
 #ifndef MQ_MINB
 #define MQ_MINB 0   // __launch_bounds__'s minimum blocks an SM (a register budget; 0: none)
 #endif
@@ -68,7 +71,12 @@ static_assert(MQ_AHEAD >= 1 && MQ_AHEAD <= 3, "MQ_AHEAD 1..3");
 
 MEMRA_DEVICE void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                           uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+#if MQ_XV
+    asm volatile(
+#else
+    asm(
+#endif
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -79,6 +87,17 @@ MEMRA_DEVICE uint32_t nib_h2(uint32_t v) {
     asm("lop3.b32 %0, %1, 0x000F000F, 0x64006400, 0xEA;" : "=r"(t) : "r"(v));   // (v & mask) | magic
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x64006400u));
     return r;
+}
+// x's 16 bytes; MQ_XV 1: as volatile asm, which the compiler keeps in program order with the (then volatile) mma,
+// so a superblock's x loads are not all hoisted to its start (v9: 162 registers, 12 warps an SM)
+MEMRA_DEVICE uint4 ldx(const uint16_t* p) {
+#if MQ_XV
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
 }
 MEMRA_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
 // sub-block s (compile-time) of a Q4_K meta (x: d | dmin; y, z, w: scales[0..11]): d sc, dmin m (exact in f32)
@@ -213,9 +232,8 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             // x[gid] at elements 8 tig .. 8 tig + 7 of sub-blocks 2j (k 64 j ..) and 2j + 1 (k 64 j + 32 ..)
-            const uint4 xa = xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j)) : make_uint4(0, 0, 0, 0);
-            const uint4 xb = xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32))
-                                  : make_uint4(0, 0, 0, 0);
+            const uint4 xa = xrow ? ldx(xr + 256 * sb + 64 * j) : make_uint4(0, 0, 0, 0);
+            const uint4 xb = xrow ? ldx(xr + 256 * sb + 64 * j + 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {   // h 0: sub-block 2j (low nibbles), 1: 2j + 1 (high nibbles)
                 const uint4& xv = h ? xb : xa;

@@ -34,8 +34,9 @@ ROTATE = 160 << 20
 Q4_K = 12
 SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, False),
           ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
-KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB")
+KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV")
 # session 53's first run: v8 (MQ_WA 0) and v9 (MQ_WA 1) at these 11 (4-tuples); v10 (MQ_SUBN / MQ_SHARE) in the second
+# (the second run's, 7-tuples: MQ_XV 0) — the third run: MQ_XV (ldx) with register budgets, QF_CONFIGS below
 CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
            (4, 4, 1, 1, 1, 1, 0), (4, 1, 1, 1, 0, 0, 0), (4, 1, 1, 1, 1, 1, 0), (4, 2, 1, 1, 0, 0, 0),
            (4, 2, 1, 1, 1, 1, 0), (8, 4, 1, 1, 1, 1, 0), (8, 8, 1, 1, 1, 1, 0), (2, 2, 1, 1, 1, 1, 0),
@@ -43,6 +44,12 @@ CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), 
            (8, 4, 1, 1, 1, 1, 2), (4, 4, 2, 1, 1, 1, 4)]
 
 
+CONFIGS = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS]
+CONFIGS3 = [(4, 4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 1), (4, 2, 1, 1, 0, 0, 4, 1),
+            (4, 1, 1, 1, 0, 0, 4, 1), (4, 4, 1, 1, 1, 0, 4, 1), (8, 4, 1, 1, 0, 0, 2, 1), (4, 4, 2, 1, 0, 0, 4, 1),
+            (4, 1, 1, 1, 0, 0, 0, 0), (4, 1, 1, 1, 0, 0, 0, 1)]
+if os.environ.get("QF_SET") == "3":
+    CONFIGS = CONFIGS3
 if os.environ.get("QF_CONFIGS"):   # "W,C,A,WA,SUBN,SHARE,MINB;..." (a profiler's run: one configuration)
     CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["QF_CONFIGS"].split(";")]
 if os.environ.get("QF_OPS"):       # "gate_up,qkv"
