@@ -30,6 +30,9 @@
 // sub-blocks 2 tig, 2 tig + 1 of rows gid, gid + 8 (mv_k4bf's branch-free pair) and the quad shuffles them.
 // Tunables: MQ_WARPS (4), MQ_CHAINS (1; divides MQ_WARPS), MQ_AHEAD (1: superblocks in flight beyond the current),
 // MQ_WA (0), MQ_SUBN (0), MQ_SHARE (0), MQ_MINB (0), MQ_XV (0: see ldx).
+// MQ_ABL (0), an ablation bit mask for timing only (the outputs are wrong): 1 the scales constant (no extraction /
+// I2F / FMUL), 2 one x load a superblock instead of eight, 4 no dequant (the raw words as A), 8 no mma (an XOR into
+// D instead), 16 no fold (acc += D), 32 no S2 loads.
 // Launch: grid ceil(T C / MQ_WARPS), T = Nw / 8 (MQ_WA: Nw / 16; Nw = N, 2N for glu), block 32 MQ_WARPS. K a
 // multiple of 256 C.
 #include "common.cuh"
@@ -54,6 +57,9 @@
 #endif
 #ifndef MQ_XV
 #define MQ_XV 0
+#endif
+#ifndef MQ_ABL
+#define MQ_ABL 0    // ablation (wrong results, timing only; MQ_WA 1 without SUBN / SHARE): see the header
 #endif
 #ifndef MQ_MINB
 #define MQ_MINB 0   // __launch_bounds__'s minimum blocks an SM (a register budget; 0: none)
@@ -99,6 +105,20 @@ MEMRA_DEVICE uint4 ldx(const uint16_t* p) {
     return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
 }
+// MQ_ABL's stand-ins: NIB (4: the raw word), MMA_A (8: an XOR of the fragments into D instead of the mma)
+#if MQ_ABL & 4
+#define NIB(v) (v)
+#else
+#define NIB(v) nib_h2(v)
+#endif
+#if MQ_ABL & 8
+#define MMA_A(d, a0, a1, a2, a3, b0, b1) do { \
+    d[0] += __uint_as_float(((a0) ^ (b0)) & 0x3F7FFFFFu); d[1] += __uint_as_float(((a1) ^ (b1)) & 0x3F7FFFFFu); \
+    d[2] += __uint_as_float(((a2) ^ (b0)) & 0x3F7FFFFFu); d[3] += __uint_as_float(((a3) ^ (b1)) & 0x3F7FFFFFu); \
+} while (0)
+#else
+#define MMA_A(d, a0, a1, a2, a3, b0, b1) mma_f16(d, a0, a1, a2, a3, b0, b1)
+#endif
 MEMRA_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
 // sub-block s (compile-time) of a Q4_K meta (x: d | dmin; y, z, w: scales[0..11]): d sc, dmin m (exact in f32)
 template <int s>
@@ -221,19 +241,40 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
         const float db24 = __fmul_rn(db, 16777216.f), db20 = __fmul_rn(db, 1048576.f);
 #endif
         const float4* s2p = reinterpret_cast<const float4*>(s2a + 8 * sb);
+#if MQ_ABL & 32
+        const float4 sa0 = make_float4(1.f, 2.f, 3.f, 4.f), sa1 = sa0;
+        (void)s2p;
+#else
         const float4 sa0 = xrow || MQ_WA ? __ldg(s2p) : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 sa1 = xrow || MQ_WA ? __ldg(s2p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
         const float s2[8] = {sa0.x, sa0.y, sa0.z, sa0.w, sa1.x, sa1.y, sa1.z, sa1.w};
 #if MQ_WA
         const float4* s2q = reinterpret_cast<const float4*>(s2b + 8 * sb);
+#if MQ_ABL & 32
+        const float4 sb0v = make_float4(5.f, 6.f, 7.f, 8.f), sb1v = sb0v;
+        (void)s2q;
+#else
         const float4 sb0v = __ldg(s2q), sb1v = __ldg(s2q + 1);
+#endif
         const float s2o[8] = {sb0v.x, sb0v.y, sb0v.z, sb0v.w, sb1v.x, sb1v.y, sb1v.z, sb1v.w};
+#endif
+#if MQ_ABL & 2
+        uint4 x0a, x0b;
 #endif
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             // x[gid] at elements 8 tig .. 8 tig + 7 of sub-blocks 2j (k 64 j ..) and 2j + 1 (k 64 j + 32 ..)
+#if MQ_ABL & 2
+            if (j == 0) {
+                x0a = xrow ? ldx(xr + 256 * sb) : make_uint4(0, 0, 0, 0);
+                x0b = make_uint4(x0a.y, x0a.z, x0a.w, x0a.x);
+            }
+            const uint4 xa = x0a, xb = x0b;
+#else
             const uint4 xa = xrow ? ldx(xr + 256 * sb + 64 * j) : make_uint4(0, 0, 0, 0);
             const uint4 xb = xrow ? ldx(xr + 256 * sb + 64 * j + 32) : make_uint4(0, 0, 0, 0);
+#endif
 #pragma unroll
             for (int h = 0; h < 2; ++h) {   // h 0: sub-block 2j (low nibbles), 1: 2j + 1 (high nibbles)
                 const uint4& xv = h ? xb : xa;
@@ -251,6 +292,8 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #elif MQ_SUBN
                 k4_sub(sub, ma, h ? da20 : da24, dmina, dsa, dma);
                 k4_sub(sub, mb, h ? db20 : db24, dminb, dsb, dmb);
+#elif MQ_ABL & 1
+                dsa = da; dma = dmina; dsb = db; dmb = dminb;
 #else
                 k4_sub(sub, ma, da, dmina, dsa, dma);
                 k4_sub(sub, mb, db, dminb, dsb, dmb);
@@ -275,10 +318,15 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                         prmt(xv.z, xv.w, 0x5410), prmt(xv.z, xv.w, 0x7632));
 #endif
                 // D: (row gid, col 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig), (gid + 8, 2 tig + 1)
+#if MQ_ABL & 16
+                acc[0] += d[0] + dsa + dma + s2[sub]; acc[1] += d[1] + s2o[sub];
+                acc[2] += d[2] + dsb + dmb; acc[3] += d[3];
+#else
                 acc[0] = __fmaf_rn(-dma, s2[sub], __fmaf_rn(dsa, d[0], acc[0]));
                 acc[1] = __fmaf_rn(-dma, s2o[sub], __fmaf_rn(dsa, d[1], acc[1]));
                 acc[2] = __fmaf_rn(-dmb, s2[sub], __fmaf_rn(dsb, d[2], acc[2]));
                 acc[3] = __fmaf_rn(-dmb, s2o[sub], __fmaf_rn(dsb, d[3], acc[3]));
+#endif
 #else
                 const uint32_t w0 = w[0][j].x >> (4 * h), w1 = w[0][j].y >> (4 * h);
                 mma_f16(d, prmt(xv.x, xv.y, 0x5410), 0u, prmt(xv.x, xv.y, 0x7632), 0u, nib_h2(w0), nib_h2(w0 >> 8));

@@ -34,7 +34,7 @@ ROTATE = 160 << 20
 Q4_K = 12
 SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, False),
           ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
-KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV")
+KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL")
 # session 53's first run: v8 (MQ_WA 0) and v9 (MQ_WA 1) at these 11 (4-tuples); v10 (MQ_SUBN / MQ_SHARE) in the second
 # (the second run's, 7-tuples: MQ_XV 0) — the third run: MQ_XV (ldx) with register budgets, QF_CONFIGS below
 CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
@@ -48,8 +48,14 @@ CONFIGS = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS]
 CONFIGS3 = [(4, 4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 1), (4, 2, 1, 1, 0, 0, 4, 1),
             (4, 1, 1, 1, 0, 0, 4, 1), (4, 4, 1, 1, 1, 0, 4, 1), (8, 4, 1, 1, 0, 0, 2, 1), (4, 4, 2, 1, 0, 0, 4, 1),
             (4, 1, 1, 1, 0, 0, 0, 0), (4, 1, 1, 1, 0, 0, 0, 1)]
+CONFIGS3 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS3]
+# the fourth run: v9's ablations (MQ_ABL: timing only, the outputs are wrong)
+CONFIGS4 = [(4, 4, 1, 1, 0, 0, 0, 0, a) for a in (0, 1, 2, 4, 8, 16, 32, 49, 14, 63)] + \
+    [(4, 1, 1, 1, 0, 0, 0, 0, a) for a in (0, 63)]
 if os.environ.get("QF_SET") == "3":
     CONFIGS = CONFIGS3
+if os.environ.get("QF_SET") == "4":
+    CONFIGS = CONFIGS4
 if os.environ.get("QF_CONFIGS"):   # "W,C,A,WA,SUBN,SHARE,MINB;..." (a profiler's run: one configuration)
     CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["QF_CONFIGS"].split(";")]
 if os.environ.get("QF_OPS"):       # "gate_up,qkv"
