@@ -30,6 +30,11 @@
 // sub-blocks 2 tig, 2 tig + 1 of rows gid, gid + 8 (mv_k4bf's branch-free pair) and the quad shuffles them.
 // Tunables: MQ_WARPS (4), MQ_CHAINS (1; divides MQ_WARPS), MQ_AHEAD (1: superblocks in flight beyond the current),
 // MQ_WA (0), MQ_SUBN (0), MQ_SHARE (0), MQ_MINB (0), MQ_XV (0: see ldx).
+// MQ_TL 1 (v11, MQ_WA): `bulk` holds the nibbles in the tile layout instead of the planes: per 16-row tile (v9's A
+// rows: glu the gate rows n0 .. n0 + 7 then their up rows; plain rows n0 .. n0 + 15) and superblock, 2,048 bytes in
+// [tig 4][half 2][A row 16][pair 2][8 bytes] order (half h: pairs 2h, 2h + 1), so lane (gid, tig) reads rows gid and
+// gid + 8 as four 16-byte loads and a warp's load covers four 128-byte lines (v9: 8-byte slices, 8 rows a load).
+// The same bytes and arithmetic: the same bits as v9.
 // MQ_ABL (0), an ablation bit mask for timing only (the outputs are wrong): 1 the scales constant (no extraction /
 // I2F / FMUL), 2 one x load a superblock instead of eight, 4 no dequant (the raw words as A), 8 no mma (an XOR into
 // D instead), 16 no fold (acc += D), 32 no S2 loads.
@@ -57,6 +62,12 @@
 #endif
 #ifndef MQ_XV
 #define MQ_XV 0
+#endif
+#ifndef MQ_TL
+#define MQ_TL 0     // v11 (MQ_WA): the nibbles in the tile layout (qf_probe.py's tile_layout; see the header)
+#endif
+#if MQ_TL && !MQ_WA
+#error "MQ_TL needs MQ_WA 1"
 #endif
 #ifndef MQ_ABL
 #define MQ_ABL 0    // ablation (wrong results, timing only; MQ_WA 1 without SUBN / SHARE): see the header
@@ -179,8 +190,13 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     // A rows gid, gid + 8: glu the gate and up rows of output n0 + gid; the lane's D: those rows x columns 2 tig, + 1
     const int ra = GLU ? n0 + gid : n0 + gid, rb = GLU ? N + n0 + gid : n0 + gid + 8;
     const int ca = min(2 * tig, nb - 1), cb = min(2 * tig + 1, nb - 1);   // D columns' activation rows (clamped)
+#if MQ_TL
+    const uint8_t* qa = bulk + (size_t)tile * nsb * 2048 + 512 * tig + 16 * gid;   // row gid; row gid + 8 at + 128
+    const uint8_t* qb = qa + 128;
+#else
     const uint8_t* qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
     const uint8_t* qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
+#endif
     const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
     const uint4* m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
     const float* s2a = xs2 + (size_t)ca * (K / 32);
@@ -200,6 +216,16 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     uint2 wq[MQ_AHEAD + 1][NW][4];
     uint4 mA[MQ_AHEAD + 1], mB[MQ_AHEAD + 1];
     auto load = [&](int sb, uint2 (&w)[NW][4], uint4& a, uint4& b) {
+#if MQ_TL
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>((r ? qb : qa) + (size_t)sb * 2048 + 256 * hh));
+                w[r][2 * hh] = make_uint2(v.x, v.y);
+                w[r][2 * hh + 1] = make_uint2(v.z, v.w);
+            }
+#else
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             w[0][j] = __ldg(reinterpret_cast<const uint2*>(qa + (size_t)sb * 128 + 32 * j));
@@ -207,6 +233,7 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
             w[1][j] = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)sb * 128 + 32 * j));
 #endif
         }
+#endif
         a = __ldg(m0p + sb);
         b = __ldg(m1p + sb);
     };

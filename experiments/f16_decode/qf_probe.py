@@ -34,7 +34,7 @@ ROTATE = 160 << 20
 Q4_K = 12
 SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, False),
           ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
-KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL")
+KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL", "MQ_TL")
 # session 53's first run: v8 (MQ_WA 0) and v9 (MQ_WA 1) at these 11 (4-tuples); v10 (MQ_SUBN / MQ_SHARE) in the second
 # (the second run's, 7-tuples: MQ_XV 0) — the third run: MQ_XV (ldx) with register budgets, QF_CONFIGS below
 CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
@@ -52,6 +52,14 @@ CONFIGS3 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS3]
 # the fourth run: v9's ablations (MQ_ABL: timing only, the outputs are wrong)
 CONFIGS4 = [(4, 4, 1, 1, 0, 0, 0, 0, a) for a in (0, 1, 2, 4, 8, 16, 32, 49, 14, 63)] + \
     [(4, 1, 1, 1, 0, 0, 0, 0, a) for a in (0, 63)]
+CONFIGS4 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS4]
+# the fifth run: v11 (MQ_TL, the tile layout) against v9, and its skeleton (MQ_ABL 63)
+CONFIGS5 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 2, 1, 1, 0, 0, 0, 0, 0, 1),
+            (4, 1, 1, 1, 0, 0, 0, 0, 0, 1), (8, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 2, 1, 0, 0, 0, 0, 0, 1),
+            (4, 4, 1, 1, 1, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1), (4, 1, 1, 1, 0, 0, 0, 0, 63, 1),
+            (8, 8, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 0, 0, 1)]
+if os.environ.get("QF_SET") == "5":
+    CONFIGS = CONFIGS5
 if os.environ.get("QF_SET") == "3":
     CONFIGS = CONFIGS3
 if os.environ.get("QF_SET") == "4":
@@ -77,6 +85,19 @@ def regs(log: str):
     import re
     return [int(v) for v in re.findall(r"Used (\d+) registers", log)], \
         [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
+
+
+def tile_layout(bulk: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
+    """mv_qf.cu's MQ_TL layout of a Q4_K bulk plane (rows x K/256 x 128 bytes): per 16-row tile (glu: gate rows
+    8t .. 8t + 7, then up rows N + 8t ..; plain: rows 16t .. 16t + 15) and superblock, [tig][half][A row][pair][8 B]."""
+    nsb = K // 256
+    if glu:
+        idx = np.concatenate([np.stack([np.arange(8 * t, 8 * t + 8), N + np.arange(8 * t, 8 * t + 8)]).ravel()
+                              for t in range(N // 8)])
+    else:
+        idx = np.arange(N)
+    x = bulk.reshape(-1, nsb * 128)[idx].reshape(-1, 16, nsb, 2, 2, 4, 8)   # tile, A row, sb, half, pair, tig, byte
+    return np.ascontiguousarray(x.transpose(0, 2, 5, 3, 1, 4, 6)).reshape(-1)
 
 
 def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -> np.ndarray:
@@ -127,6 +148,11 @@ def main() -> int:
         N = rows // 2 if glu else rows
         raw = M.random_weight(Q4_K, rows, K, rng)
         ws = [M.upload_weight(g, raw, Q4_K) for _ in range(max(1, min(8, -(-ROTATE // raw.nbytes))))]
+        tls = None
+        if any(len(c) > 9 and c[9] for c in CONFIGS):
+            bulk, _ = M.pack_planes(raw, Q4_K)
+            tl = tile_layout(np.asarray(bulk), rows // 2 if glu else rows, K, glu)
+            tls = [g.to_device(tl) for _ in ws]
         act = "silu" if glu else None
         base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
                 "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
@@ -174,9 +200,10 @@ def main() -> int:
                 tiles = (2 * N if glu else N) // (16 if cf[3] else 8)
                 grid = (-(-tiles * cf[1] // cf[0]), 1, 1)
 
-                def run(w, kernel=kernel, grid=grid, cf=cf):
-                    a = ((w.bulk, w.meta, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu
-                         else (w.bulk, w.meta, xh, xs2, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
+                def run(w, kernel=kernel, grid=grid, cf=cf, ws=ws, tls=tls):
+                    b = tls[ws.index(w)] if len(cf) > 9 and cf[9] else w.bulk
+                    a = ((b, w.meta, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu
+                         else (b, w.meta, xh, xs2, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
                     g.launch(kernel, grid, (32 * cf[0], 1, 1), a)
                 rec = {"kind": "time", **base, "nb": nb, "kernel": "mv_qf", "config": dict(zip(KEYS, cf))}
                 try:
