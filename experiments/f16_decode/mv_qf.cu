@@ -34,7 +34,8 @@
 // rows: glu the gate rows n0 .. n0 + 7 then their up rows; plain rows n0 .. n0 + 15) and superblock, 2,048 bytes in
 // [tig 4][half 2][A row 16][pair 2][8 bytes] order (half h: pairs 2h, 2h + 1), so lane (gid, tig) reads rows gid and
 // gid + 8 as four 16-byte loads and a warp's load covers four 128-byte lines (v9: 8-byte slices, 8 rows a load).
-// The same bytes and arithmetic: the same bits as v9.
+// The same bytes and arithmetic: the same bits as v9. MQ_TL 2: the meta plane tiled too ([tile][superblock][A row
+// 16][16 bytes]: a warp's meta load one 128-byte line instead of 8 rows' pieces).
 // MQ_ABL (0), an ablation bit mask for timing only (the outputs are wrong): 1 the scales constant (no extraction /
 // I2F / FMUL), 2 one x load a superblock instead of eight, 4 no dequant (the raw words as A), 8 no mma (an XOR into
 // D instead), 16 no fold (acc += D), 32 no S2 loads.
@@ -197,8 +198,14 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const uint8_t* qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
     const uint8_t* qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
 #endif
+#if MQ_TL >= 2
+    // the meta tiled too: per tile and superblock its 16 A rows' 16 bytes (256 bytes), row gid then gid + 8
+    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)tile * nsb * 256 + 16 * gid) - 0;
+    const uint4* m1p = m0p + 8;
+#else
     const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
     const uint4* m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
+#endif
     const float* s2a = xs2 + (size_t)ca * (K / 32);
     const float* s2b = xs2 + (size_t)cb * (K / 32);
 #else
@@ -234,8 +241,8 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #endif
         }
 #endif
-        a = __ldg(m0p + sb);
-        b = __ldg(m1p + sb);
+        a = __ldg(m0p + (MQ_TL >= 2 ? 16 : 1) * sb);
+        b = __ldg(m1p + (MQ_TL >= 2 ? 16 : 1) * sb);
     };
 #pragma unroll
     for (int i = 0; i < MQ_AHEAD; ++i)

@@ -58,6 +58,12 @@ CONFIGS5 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 
             (4, 1, 1, 1, 0, 0, 0, 0, 0, 1), (8, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 2, 1, 0, 0, 0, 0, 0, 1),
             (4, 4, 1, 1, 1, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1), (4, 1, 1, 1, 0, 0, 0, 0, 63, 1),
             (8, 8, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 0, 0, 1)]
+# the sixth run: MQ_TL 2 (the meta tiled too)
+CONFIGS6 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2),
+            (4, 2, 1, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1),
+            (4, 4, 1, 1, 1, 0, 0, 0, 0, 2), (4, 4, 2, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 4, 0, 0, 2)]
+if os.environ.get("QF_SET") == "6":
+    CONFIGS = CONFIGS6
 if os.environ.get("QF_SET") == "5":
     CONFIGS = CONFIGS5
 if os.environ.get("QF_SET") == "3":
@@ -98,6 +104,18 @@ def tile_layout(bulk: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
         idx = np.arange(N)
     x = bulk.reshape(-1, nsb * 128)[idx].reshape(-1, 16, nsb, 2, 2, 4, 8)   # tile, A row, sb, half, pair, tig, byte
     return np.ascontiguousarray(x.transpose(0, 2, 5, 3, 1, 4, 6)).reshape(-1)
+
+
+def tile_meta(meta: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
+    """mv_qf.cu's MQ_TL 2 meta: per 16-row tile and superblock the A rows' 16 meta bytes, [tile][sb][A row][16 B]."""
+    nsb = K // 256
+    if glu:
+        idx = np.concatenate([np.stack([np.arange(8 * t, 8 * t + 8), N + np.arange(8 * t, 8 * t + 8)]).ravel()
+                              for t in range(N // 8)])
+    else:
+        idx = np.arange(N)
+    x = meta.reshape(-1, nsb * 16)[idx].reshape(-1, 16, nsb, 16)   # tile, A row, sb, byte
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(-1)
 
 
 def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -> np.ndarray:
@@ -148,11 +166,13 @@ def main() -> int:
         N = rows // 2 if glu else rows
         raw = M.random_weight(Q4_K, rows, K, rng)
         ws = [M.upload_weight(g, raw, Q4_K) for _ in range(max(1, min(8, -(-ROTATE // raw.nbytes))))]
-        tls = None
+        tls = tms = None
         if any(len(c) > 9 and c[9] for c in CONFIGS):
-            bulk, _ = M.pack_planes(raw, Q4_K)
+            bulk, meta = M.pack_planes(raw, Q4_K)
             tl = tile_layout(np.asarray(bulk), rows // 2 if glu else rows, K, glu)
             tls = [g.to_device(tl) for _ in ws]
+            tm = tile_meta(np.asarray(meta), rows // 2 if glu else rows, K, glu)
+            tms = [g.to_device(tm) for _ in ws]
         act = "silu" if glu else None
         base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
                 "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
@@ -200,10 +220,11 @@ def main() -> int:
                 tiles = (2 * N if glu else N) // (16 if cf[3] else 8)
                 grid = (-(-tiles * cf[1] // cf[0]), 1, 1)
 
-                def run(w, kernel=kernel, grid=grid, cf=cf, ws=ws, tls=tls):
+                def run(w, kernel=kernel, grid=grid, cf=cf, ws=ws, tls=tls, tms=tms):
                     b = tls[ws.index(w)] if len(cf) > 9 and cf[9] else w.bulk
-                    a = ((b, w.meta, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu
-                         else (b, w.meta, xh, xs2, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
+                    m = tms[ws.index(w)] if len(cf) > 9 and cf[9] >= 2 else w.meta
+                    a = ((b, m, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(1)) if glu
+                         else (b, m, xh, xs2, y, np.uint64(0), np.int32(N), np.int32(K), np.int32(nb)))
                     g.launch(kernel, grid, (32 * cf[0], 1, 1), a)
                 rec = {"kind": "time", **base, "nb": nb, "kernel": "mv_qf", "config": dict(zip(KEYS, cf))}
                 try:
