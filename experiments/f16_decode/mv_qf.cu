@@ -36,11 +36,23 @@
 // gid + 8 as four 16-byte loads and a warp's load covers four 128-byte lines (v9: 8-byte slices, 8 rows a load).
 // The same bytes and arithmetic: the same bits as v9. MQ_TL 2: the meta plane tiled too ([tile][superblock][A row
 // 16][16 bytes]: a warp's meta load one 128-byte line instead of 8 rows' pieces).
+// MQ_PF n (v12, MQ_TL 2): each superblock step, one warp-wide prefetch.global.L2 of the tile's bytes n superblocks
+// beyond the register ring (lanes 0..15 a nibble line each, 16..17 the meta's): bytes in flight without registers.
 // MQ_ABL (0), an ablation bit mask for timing only (the outputs are wrong): 1 the scales constant (no extraction /
 // I2F / FMUL), 2 one x load a superblock instead of eight, 4 no dequant (the raw words as A), 8 no mma (an XOR into
 // D instead), 16 no fold (acc += D), 32 no S2 loads.
 // Launch: grid ceil(T C / MQ_WARPS), T = Nw / 8 (MQ_WA: Nw / 16; Nw = N, 2N for glu), block 32 MQ_WARPS. K a
 // multiple of 256 C.
+// Versions (research/2026-12-07-session53/f16/qf.jsonl, NVIDIA H100, the 8B gate+up Q4_K at one row; mv_q8 24.6 µs):
+//  v8  (MQ_WA 0) weights as B: 53.6 µs at its best (2 chains): the D columns' scales are two other rows' (8x work).
+//  v9  (MQ_WA 1) weights as A: 33.4 (4 chains); 8 rows 37.9 against mvt's 47.5. Bits = v8's (the operand roles do
+//      not change the sum). ncu: 162 registers, 56 % DRAM, stalls long-scoreboard 31 %.
+//  v10 MQ_SUBN 31.5 but other bits (subnormal sums are not 2^-24 times the normal ones); MQ_SHARE 37.6 (shuffles
+//      cost more than the scale work they share); MQ_MINB 4 / 5, MQ_XV: slower or no change.
+//      MQ_ABL: with everything but the weight / meta loads removed, 27.8 (the skeleton is the bound).
+//  v11 MQ_TL 1 / 2 (the tile layout, the meta tiled too): 32.6 / 32.1 (2 chains 31.9); the skeleton 27.2 / 26.5 —
+//      not the access pattern either: ncu of the skeleton, 70 % DRAM, 60 % long-scoreboard at 24 warps an SM with
+//      one superblock (2.3 KB a warp) in flight.
 #include "common.cuh"
 
 #ifndef MQ_WARPS
@@ -69,6 +81,12 @@
 #endif
 #if MQ_TL && !MQ_WA
 #error "MQ_TL needs MQ_WA 1"
+#endif
+#ifndef MQ_PF
+#define MQ_PF 0     // v12 (MQ_TL 2): an L2 prefetch distance in superblocks beyond the register ring (0: none)
+#endif
+#if MQ_PF && MQ_TL < 2
+#error "MQ_PF needs MQ_TL 2"
 #endif
 #ifndef MQ_ABL
 #define MQ_ABL 0    // ablation (wrong results, timing only; MQ_WA 1 without SUBN / SHARE): see the header
@@ -192,6 +210,9 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const int ra = GLU ? n0 + gid : n0 + gid, rb = GLU ? N + n0 + gid : n0 + gid + 8;
     const int ca = min(2 * tig, nb - 1), cb = min(2 * tig + 1, nb - 1);   // D columns' activation rows (clamped)
 #if MQ_TL
+    const uint8_t* tbase = bulk + (size_t)tile * nsb * 2048;   // the tile's nibbles (and meta, MQ_TL 2: mbase)
+    const uint8_t* mbase = meta + (size_t)tile * nsb * 256;
+    (void)tbase; (void)mbase;
     const uint8_t* qa = bulk + (size_t)tile * nsb * 2048 + 512 * tig + 16 * gid;   // row gid; row gid + 8 at + 128
     const uint8_t* qb = qa + 128;
 #else
@@ -382,6 +403,15 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                     const int slot = (r + MQ_AHEAD) % (MQ_AHEAD + 1);
                     load(sb0 + nx, wq[slot], mA[slot], mB[slot]);
                 }
+#if MQ_PF
+                // v12: one L2 prefetch a warp of superblock i + r + AHEAD + MQ_PF's tile bytes (16 lines of nibbles,
+                // 2 of meta: lanes 0..17), no registers
+                if (nx + MQ_PF < SB && lane < 18) {
+                    const uint8_t* pf = lane < 16 ? tbase + (size_t)(sb0 + nx + MQ_PF) * 2048 + 128 * lane
+                                                  : mbase + (size_t)(sb0 + nx + MQ_PF) * 256 + 128 * (lane - 16);
+                    asm volatile("prefetch.global.L2 [%0];" :: "l"(pf));
+                }
+#endif
                 superblock(sb0 + i + r, wq[r], mA[r], mB[r]);
             }
         }

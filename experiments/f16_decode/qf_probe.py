@@ -34,7 +34,8 @@ ROTATE = 160 << 20
 Q4_K = 12
 SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, False),
           ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
-KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL", "MQ_TL")
+KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL", "MQ_TL",
+        "MQ_PF")
 # session 53's first run: v8 (MQ_WA 0) and v9 (MQ_WA 1) at these 11 (4-tuples); v10 (MQ_SUBN / MQ_SHARE) in the second
 # (the second run's, 7-tuples: MQ_XV 0) — the third run: MQ_XV (ldx) with register budgets, QF_CONFIGS below
 CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
@@ -62,6 +63,15 @@ CONFIGS5 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 
 CONFIGS6 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2),
             (4, 2, 1, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1),
             (4, 4, 1, 1, 1, 0, 0, 0, 0, 2), (4, 4, 2, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 4, 0, 0, 2)]
+CONFIGS5 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS5]
+CONFIGS6 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS6]
+# the seventh run: v12 (MQ_PF: L2 prefetch beyond the ring), the skeleton with it, chains 1 / 2 / 4
+CONFIGS7 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 2),
+            (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 4),
+            (4, 4, 1, 1, 0, 0, 0, 0, 63, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 63, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 8),
+            (4, 4, 1, 1, 1, 0, 0, 0, 0, 2, 2)]
+if os.environ.get("QF_SET") == "7":
+    CONFIGS = CONFIGS7
 if os.environ.get("QF_SET") == "6":
     CONFIGS = CONFIGS6
 if os.environ.get("QF_SET") == "5":

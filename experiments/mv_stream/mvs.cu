@@ -24,6 +24,9 @@
 // Launch: grid min(N / NRO, SMs x CPS), block 32 (MVS_WARPS + 1), dynamic shared memory MVS_STAGES x SB + 16
 // MVS_STAGES, SB = NRW (K / BLK) (BULK + META) rounded up to 128 (NRW = NRO, 2 NRO for glu). Host contract: N a
 // multiple of NRO, (K / BLK) BULK and (K / BLK) META multiples of 16 (bulk copies move 16-byte multiples).
+// Measured (session 53, H100, research/2026-12-07-session53/mv_stream/): the same bits as mv_q8 on every shape and
+// slower on every shape (8B gate+up 28.3 µs at (4, 1, 2, 4 blocks an SM) against mv_q8's 24.6; 25.8 with
+// mv_k4bf's branch-free scales): the consumer warps' instruction stream, not the loads, bounds it (README.md).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes_s.cuh"
