@@ -53,6 +53,7 @@
 //  v11 MQ_TL 1 / 2 (the tile layout, the meta tiled too): 32.6 / 32.1 (2 chains 31.9); the skeleton 27.2 / 26.5 —
 //      not the access pattern either: ncu of the skeleton, 70 % DRAM, 60 % long-scoreboard at 24 warps an SM with
 //      one superblock (2.3 KB a warp) in flight.
+//  v12 MQ_PF 1-8 (an L2 prefetch beyond the ring): slower everywhere (32.2 -> 35.3-40.3; the skeleton 26.5 -> 30.2).
 #include "common.cuh"
 
 #ifndef MQ_WARPS
