@@ -174,3 +174,67 @@ def test_a_carry_there_and_back_maps_to_the_newest_end():
     assert m[("D", "f.cu", "a")] == "a" and m[("D", "f.cu", "b")] == "a" and m[("D", "f.cu", "old")] == "a"
     m = hash_map([rec("a", "b", "1"), rec("b", "c", "2")])   # no cycle: the chain's end
     assert m[("D", "f.cu", "a")] == "c"
+
+
+def _rec_q8(src_hash, us=4.0):
+    """A receipt of a Q8_0 shape (another module of matvec.cu than _rec's Q4_0 one)."""
+    return {**_rec(src_hash, us), "shape": {**SHAPE, "type": "Q8_0"}}
+
+
+def test_a_partial_carry_names_the_receipts_whose_modules_are_the_same(tmp_path):
+    """An edit that changes the code of one type's modules only (here the older tree had the canary on for Q8_0):
+    the record is partial — it names the Q4_0 receipt (its module compiles to the same code) and not the Q8_0 one —
+    and apply / freeze read only the named receipt as current; the other stays stale. A failed receipt is not
+    carried by a partial record (its failure may not hold on the new code)."""
+    old = _tree(tmp_path, "old", lambda t: t.replace("#ifndef MEMRA_CANARY\n",
+                                                      "#if MV_TYPE == 8\n#define MEMRA_CANARY 1\n#endif\n"
+                                                      "#ifndef MEMRA_CANARY\n", 1))
+    new = kernel_dir()
+    h_old, h_new = source_hash("matvec.cu", old), source_hash("matvec.cu", new)
+    failed = make_receipt(kernel="matvec", variant="q8", config={"MV_NWARPS": 3}, shape=SHAPE, src="matvec.cu",
+                          src_hash=h_old, ok=False, error="bad configuration", git_sha="0" * 40,
+                          ts="2026-12-01T00:00:00Z", **H200)
+    df = _df(tmp_path, [_rec(h_old), _rec_q8(h_old), failed])
+    logs = []
+    (rec,) = CARRY.plan(df, None, "NVIDIA H200", old, new, log=logs.append)
+    assert (rec["from_hash"], rec["to_hash"], rec["modules"], rec["receipts"]) == (h_old, h_new, 1, 1)
+    assert rec["only"] == [CARRY.receipt_id(df.iloc[0])] and rec["only_choices"] == []
+    kind, problems = check_line(rec)
+    assert kind.name == "carry" and not problems
+    assert any("1 of 2 modules compile to different code" in m and "1 of 3 receipts" in m for m in logs)
+    moved = CARRY.apply(df, [rec])
+    assert list(moved["src_hash"]) == [h_new, h_old, h_old]
+    e = F.freeze(moved, "NVIDIA H200", current_hashes={"matvec.cu": h_new})["entries"]["matvec"]
+    assert set(e) == {"cols=512,rows=256,type=Q4_0"}
+    # a later full record from the new hash carries the named receipt on, not the others
+    nxt = {"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": h_new, "to_hash": "next", "device": "NVIDIA H200",
+           "ts": "2026-12-09T00:00:00Z"}
+    assert list(CARRY.apply(df, [rec, nxt])["src_hash"]) == ["next", h_old, h_old]
+
+
+def test_a_partial_record_carries_the_engine_choices_it_names():
+    import pandas as pd
+
+    rec = {"schema": CARRY.SCHEMA, "src": "matvec.cu", "from_hash": "a", "to_hash": "b", "device": "D", "ts": "1",
+           "only": [], "only_choices": []}
+    ch = pd.DataFrame([{"device": "D", "src": "matvec.cu", "src_hash": "a", "kernel": "matvec", "batch": 1,
+                        "shape_key": "cols=512,rows=256,type=Q4_0", "config": {"MV_NWARPS": 8}},
+                       {"device": "D", "src": "matvec.cu", "src_hash": "a", "kernel": "matvec", "batch": 1,
+                        "shape_key": "cols=512,rows=256,type=Q8_0", "config": {"MV_NWARPS": 8}}])
+    rec["only_choices"] = [CARRY.choice_id(ch.iloc[0])]
+    assert list(CARRY.apply(ch, [rec], CARRY.choice_id)["src_hash"]) == ["b", "a"]
+
+
+def test_dispatch_receipts_name_their_paths_module():
+    """A dispatch receipt (kernel dispatch / dispatch_glu, variant the path, src the path's file) measured the
+    path's own module: row_modules resolves it through the path's hook (gemm.cu's and mvt.cu's hooks refused the
+    dispatch kernel names, which stopped their carry: session 53's `memra tune carry` of a qtypes.cuh edit)."""
+    shape = {"type": "Q4_0", "rows": 256, "cols": 512, "batch": 16}
+    for src, variant, kernel in (("gemm.cu", "gemm", "dispatch"), ("mvt.cu", "mvt", "dispatch_glu"),
+                                 ("matvec.cu", "matvec", "dispatch")):
+        r = {"kernel": kernel, "variant": variant, "config": {}, "shape": shape if src != "matvec.cu" else SHAPE,
+             "ok": True}
+        direct = {"kernel": variant + ("_glu" if kernel == "dispatch_glu" else ""), "variant": "q8",
+                  "config": {}, "shape": r["shape"], "ok": True}
+        mods = CARRY.row_modules(r, src)
+        assert mods and mods == CARRY.row_modules(direct, src), src

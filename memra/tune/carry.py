@@ -9,10 +9,14 @@ kernels/matvec.cu's MV_NORM would), their machine code is unchanged and the meas
 the device names (the family's tune_modules hook) is compiled from the older tree and from this one for the
 device's arch, and the CUBINs' code (code_sections: the .text sections, their relocations, the .nv.info
 records, the shared-memory and parameter-bank sizes) is compared byte for byte; line tables, debug and
-symbol tables are left out. Only when every module is identical does it write a carry record
+symbol tables are left out. When every module is identical it writes a carry record
 {src, from_hash, to_hash, modules}; `memra tune freeze` then reads the receipts (and engine choices)
-measured on from_hash as measured on to_hash. A file whose family has no tune_modules hook, or with one
-module that differs, is not carried: its campaign runs again.
+measured on from_hash as measured on to_hash. When some differ (an edit of a header that changes one
+family's modules, as qtypes.cuh's K-quant scales change only the K-quant matvecs), the record is partial:
+it names the receipts (`only`) and engine choices (`only_choices`) all of whose modules are identical, and
+only those are read as current; the others stay on from_hash, stale, for their campaign to run again. A
+file whose family has no tune_modules hook is not carried. A dispatch receipt (kernel dispatch /
+dispatch_glu, variant the path, src the path's file: memra.tune.dispatch) measured its path's own module.
 
     memra tune carry --from REV                 # REV: the commit the receipts' sources were measured at
 """
@@ -86,18 +90,44 @@ def _family_modules(src: str, kernel: str, variant: str, config: Mapping, shape:
     return hook(kernel, variant, dict(config), dict(shape))
 
 
+def _path_kernel(kernel: str, variant: str) -> tuple[str, str]:
+    """The (kernel, variant) whose module a receipt measured: a dispatch receipt's is its path's own job
+    (memra.tune.dispatch.path_job: the path's kernel, _glu for dispatch_glu, variant q8)."""
+    if kernel in ("dispatch", "dispatch_glu"):
+        return variant + ("_glu" if kernel == "dispatch_glu" else ""), "q8"
+    return kernel, variant
+
+
+def row_modules(r: Mapping, src: str) -> dict[tuple, dict]:
+    """The modules of kernel file `src` that one receipt / table entry (kernel, variant, config, shape) measured,
+    keyed by (file, sorted defines). A failed receipt (ok false: a configuration the family refused or that did
+    not build) measured none."""
+    out: dict[tuple, dict] = {}
+    if not r.get("ok", True):
+        return out
+    kernel, variant = _path_kernel(r["kernel"], r["variant"])
+    for f, d in _family_modules(src, kernel, variant, r["config"], r["shape"]):
+        if f == src:
+            out[(f, tuple(sorted((k, str(v)) for k, v in d.items())))] = dict(d)
+    return out
+
+
 def modules_of(rows: Iterable[Mapping], src: str) -> dict[tuple, dict]:
-    """The modules of kernel file `src` that these receipts / table entries (kernel, variant, config, shape)
-    measured, keyed by (file, sorted defines). A failed receipt (ok false: a configuration the family refused or
-    that did not build) measured none."""
+    """The modules of kernel file `src` that these receipts / table entries measured (row_modules of each)."""
     out: dict[tuple, dict] = {}
     for r in rows:
-        if not r.get("ok", True):
-            continue
-        for f, d in _family_modules(src, r["kernel"], r["variant"], r["config"], r["shape"]):
-            if f == src:
-                out[(f, tuple(sorted((k, str(v)) for k, v in d.items())))] = dict(d)
+        out.update(row_modules(r, src))
     return out
+
+
+def receipt_id(r: Mapping) -> str:
+    """A tune receipt's identity in a partial carry record: kernel, variant, shape key, batch, config key."""
+    return f"{r['kernel']}|{r['variant']}|{r['shape_key']}|{int(r['batch'])}|{r['config_key']}"
+
+
+def choice_id(c: Mapping) -> str:
+    """An engine-choice record's identity in a partial carry record: kernel, shape key, batch, configuration."""
+    return f"{c['kernel']}|{c['shape_key']}|{int(c['batch'])}|{json.dumps(dict(c['config']), sort_keys=True)}"
 
 
 def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path | None = None,
@@ -128,11 +158,12 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
                for b, e in by.items()]
     variant = {(k, skey): e["variant"] for k, shapes in (table or {}).get("entries", {}).items()
                for skey, by in shapes.items() for e in by.values()}
+    chosen = []   # (the choice as a table entry, its identity)
     for c in (choices.to_dict("records") if hasattr(choices, "to_dict") else choices or []):
         if c["device"] == device and (c["kernel"], c["shape_key"]) in variant:
-            entries.append({"kernel": c["kernel"], "variant": variant[(c["kernel"], c["shape_key"])],
+            chosen.append(({"kernel": c["kernel"], "variant": variant[(c["kernel"], c["shape_key"])],
                             "config": c["config"], "shape": {**_shape(c["shape_key"]), "batch": int(c["batch"])},
-                            "src": c["src"], "src_hash": c["src_hash"]})
+                            "src": c["src"], "src_hash": c["src_hash"]}, choice_id(c)))
     records, carried = [], {}
     for f, (old, new) in sorted(hashes.items()):
         if old == new or f not in singles:
@@ -140,21 +171,38 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
         on_old = rows[(rows["src"] == f) & (rows["src_hash"] == old)]
         if on_old.empty:
             continue
+        recs_old = on_old.to_dict("records")
+        ch_old = [(e, cid) for e, cid in chosen if e.get("src") == f and e.get("src_hash") == old]
         try:
-            mods = modules_of(on_old.to_dict("records"), f)
+            rmods = [row_modules(r, f) for r in recs_old]
+            cmods = [row_modules(e, f) for e, _ in ch_old]
+            mods = {k: d for m in rmods + cmods for k, d in m.items()}
             mods.update(modules_of([e for e in entries if e.get("src") == f and e.get("src_hash") == old], f))
         except MemraError as e:
             log(f"{f}: {e}; not carried")
             continue
-        jobs = [(root, f, arch, d) for d in mods.values() for root in (old_root, new_root)]
+        keys = list(mods)
+        jobs = [(root, f, arch, mods[k]) for k in keys for root in (old_root, new_root)]
         secs = [code_sections(compiler(*j)) for j in jobs] if compiler else _sections_many(jobs)
-        differ = [d for d, a, b in zip(mods.values(), secs[0::2], secs[1::2]) if a != b]
-        if differ:
+        same = {k for k, a, b in zip(keys, secs[0::2], secs[1::2]) if a == b}
+        differ = [mods[k] for k in keys if k not in same]
+        if not differ:
+            log(f"{f}: {len(mods)} modules identical on {arch}: {len(on_old)} receipts carried {old} -> {new}")
+            carried[f] = (old, new)
+            records.append(_record(f, old, new, device, arch, len(mods), len(on_old)))
+            continue
+        # partial: the receipts and choices every module of which is identical (a failed receipt measured none:
+        # its failure may not hold on the new code, so it is not carried)
+        only = [receipt_id(r) for r, m in zip(recs_old, rmods) if m and set(m) <= same]
+        only_ch = [cid for (_, cid), m in zip(ch_old, cmods) if m and set(m) <= same]
+        if not only and not only_ch:
             log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}); not carried")
             continue
-        log(f"{f}: {len(mods)} modules identical on {arch}: {len(on_old)} receipts carried {old} -> {new}")
-        carried[f] = (old, new)
-        records.append(_record(f, old, new, device, arch, len(mods), len(on_old)))
+        log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}): "
+            f"{len(only)} of {len(recs_old)} receipts and {len(only_ch)} of {len(ch_old)} engine choices carried "
+            f"{old} -> {new}, the rest stale")
+        records.append({**_record(f, old, new, device, arch, len(same), len(only)), "only": sorted(only),
+                        "only_choices": sorted(only_ch)})
     for s in sorted(srcs - singles):
         parts = s.split("+")
         if any(p not in hashes for p in parts) or all(hashes[p][0] == hashes[p][1] for p in parts):
@@ -210,10 +258,19 @@ def _record(src: str, old: str, new: str, device: str, arch: str, modules: int, 
             "ts": utc_now()}
 
 
+def _records(carries) -> list[dict]:
+    return carries.to_dict("records") if hasattr(carries, "to_dict") else list(carries)
+
+
+def _partial(r: Mapping) -> bool:
+    """Whether a carry record names the receipts it carries (`only`; a DataFrame row of a full record holds NaN)."""
+    return isinstance(r.get("only"), list) or isinstance(r.get("only_choices"), list)
+
+
 def hash_map(carries) -> dict[tuple[str, str, str], str]:
     """(device, src, from_hash) -> the newest hash it carries to, chains followed (a read_receipts
-    DataFrame of kind carry, or records)."""
-    recs = carries.to_dict("records") if hasattr(carries, "to_dict") else list(carries)
+    DataFrame of kind carry, or records; partial records are left to apply)."""
+    recs = [r for r in _records(carries) if not _partial(r)]
     step = {(r["device"], r["src"], r["from_hash"]): (r["to_hash"], str(r["ts"]))
             for r in sorted(recs, key=lambda r: str(r["ts"]))}
     out = {}
@@ -231,14 +288,33 @@ def hash_map(carries) -> dict[tuple[str, str, str], str]:
     return out
 
 
-def apply(df, carries):
+def apply(df, carries, ident=None):
     """df (receipts with device, src, src_hash columns) with each src_hash a carry record maps replaced by
-    the hash it carries to; unchanged without carries."""
+    the hash it carries to; unchanged without carries. A partial record maps only the rows it names:
+    ident(row) (default receipt_id; choice_id for engine choices) in its `only` (`only_choices`) list; full
+    records are followed after it, and partial ones again, until nothing moves."""
     if carries is None or not len(carries) or not len(df):
         return df
+    ident = ident or receipt_id
+    key = "only_choices" if ident is choice_id else "only"
     m = hash_map(carries)
+    part = {}
+    for r in sorted((r for r in _records(carries) if _partial(r)), key=lambda r: str(r["ts"])):
+        names = r.get(key) if isinstance(r.get(key), list) else []
+        part[(r["device"], r["src"], r["from_hash"])] = (r["to_hash"], set(names))
+    out = []
+    for row in df.to_dict("records") if part else []:
+        h, seen = row["src_hash"], set()
+        while (row["device"], row["src"], h) not in seen:
+            seen.add((row["device"], row["src"], h))
+            h = m.get((row["device"], row["src"], h), h)
+            p = part.get((row["device"], row["src"], h))
+            if p is None or ident(row) not in p[1]:
+                break
+            h = p[0]
+        out.append(h)
     df = df.copy()
-    df["src_hash"] = [m.get((d, s, h), h) for d, s, h in zip(df["device"], df["src"], df["src_hash"])]
+    df["src_hash"] = out if part else [m.get((d, s, h), h) for d, s, h in zip(df["device"], df["src"], df["src_hash"])]
     return df
 
 
@@ -249,7 +325,7 @@ def read_current(sources) -> tuple:
 
     carries = read_receipts(sources, kinds=("carry",))
     return (apply(read_receipts(sources, kinds=("tune",)), carries),
-            apply(read_receipts(sources, kinds=("engine-choice",)), carries))
+            apply(read_receipts(sources, kinds=("engine-choice",)), carries, choice_id))
 
 
 def write(records: list[dict], path: Path) -> None:
