@@ -238,3 +238,25 @@ def test_dispatch_receipts_name_their_paths_module():
                   "config": {}, "shape": r["shape"], "ok": True}
         mods = CARRY.row_modules(r, src)
         assert mods and mods == CARRY.row_modules(direct, src), src
+
+
+def test_a_file_under_a_joint_src_is_compared_and_carried(tmp_path):
+    """gemm_f16's receipts name src gemm_f16.cu+gemm_f16_wg.cu: neither file is ever a receipt's src alone, so an
+    edit of a header both include (session 53's qtypes.cuh) left them uncarried even with every module unchanged.
+    Now each file's modules among the joint family's are compared and the joint record follows."""
+    old = tmp_path / "old"
+    shutil.copytree(kernel_dir(), old)
+    f = old / "gemm_f16_wg.cu"
+    f.write_text("// an older comment\n" + f.read_text())
+    src = "gemm_f16.cu+gemm_f16_wg.cu"
+    h_old = combined_hash([source_hash("gemm_f16.cu", old), source_hash("gemm_f16_wg.cu", old)])
+    h_new = combined_hash([source_hash("gemm_f16.cu"), source_hash("gemm_f16_wg.cu")])
+    r = make_receipt(kernel="gemm_f16", variant="f16", src=src, src_hash=h_old, ok=True, max_err=0.0,
+                     config={"WG_BN": 128, "WG_INFLIGHT": 1, "WG_MT": 1, "WG_PREFETCH": 1, "WG_STAGES": 4},
+                     shape={"batch": 64, "cols": 512, "rows": 256, "type": "Q4_0"}, peak_gbps=4500.0,
+                     git_sha="0" * 40, ts="2026-12-01T00:00:00Z", median_us=5.0, p20_us=5.0, p80_us=5.0, reps=10,
+                     bytes=100_000, **H200)
+    logs = []
+    recs = CARRY.plan(_df(tmp_path, [r]), None, "NVIDIA H200", old, kernel_dir(), log=logs.append)
+    assert [(x["src"], x["from_hash"], x["to_hash"], x["receipts"]) for x in recs] == [(src, h_old, h_new, 1)], logs
+    assert any("gemm_f16_wg.cu" in m and "modules identical" in m for m in logs)

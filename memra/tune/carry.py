@@ -98,15 +98,18 @@ def _path_kernel(kernel: str, variant: str) -> tuple[str, str]:
     return kernel, variant
 
 
-def row_modules(r: Mapping, src: str) -> dict[tuple, dict]:
+def row_modules(r: Mapping, src: str, family: str | None = None) -> dict[tuple, dict]:
     """The modules of kernel file `src` that one receipt / table entry (kernel, variant, config, shape) measured,
-    keyed by (file, sorted defines). A failed receipt (ok false: a configuration the family refused or that did
-    not build) measured none."""
+    keyed by (file, sorted defines); family: the receipt's src when it joins several files ("a+b"). A failed
+    receipt (ok false: a configuration the family refused or that did not build) measured none."""
     out: dict[tuple, dict] = {}
     if not r.get("ok", True):
         return out
     kernel, variant = _path_kernel(r["kernel"], r["variant"])
-    for f, d in _family_modules(src, kernel, variant, r["config"], r["shape"]):
+    if kernel != r["kernel"]:   # a dispatch receipt: the path's own family, whatever src it was filed under
+        from memra.tune.dispatch import PATH_SRC
+        family = PATH_SRC[r["variant"]]
+    for f, d in _family_modules(family or src, kernel, variant, r["config"], r["shape"]):
         if f == src:
             out[(f, tuple(sorted((k, str(v)) for k, v in d.items())))] = dict(d)
     return out
@@ -166,17 +169,26 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
                             "src": c["src"], "src_hash": c["src_hash"]}, choice_id(c)))
     records, carried = [], {}
     for f, (old, new) in sorted(hashes.items()):
-        if old == new or f not in singles:
+        if old == new:
             continue
-        on_old = rows[(rows["src"] == f) & (rows["src_hash"] == old)]
-        if on_old.empty:
+        on_old = rows[(rows["src"] == f) & (rows["src_hash"] == old)] if f in singles else rows.iloc[:0]
+        # the receipts of the families whose src joins f with other files ("a+b": the family of the first, its
+        # modules in either file), on their combined hash before the edit: f's modules among theirs must be
+        # unchanged for those to be carried (by the combined branch below), e.g. gemm_f16.cu's under
+        # gemm_f16.cu+gemm_f16_wg.cu, a file that is never a receipt's src alone
+        joint = [(j, r) for j in sorted(srcs - singles) if f in j.split("+") and all(p in hashes for p in j.split("+"))
+                 for r in rows[(rows["src"] == j) &
+                               (rows["src_hash"] == combined_hash(hashes[p][0] for p in j.split("+")))]
+                 .to_dict("records")]
+        if on_old.empty and not joint:
             continue
         recs_old = on_old.to_dict("records")
         ch_old = [(e, cid) for e, cid in chosen if e.get("src") == f and e.get("src_hash") == old]
         try:
             rmods = [row_modules(r, f) for r in recs_old]
             cmods = [row_modules(e, f) for e, _ in ch_old]
-            mods = {k: d for m in rmods + cmods for k, d in m.items()}
+            jmods = [row_modules(r, f, family=j) for j, r in joint]
+            mods = {k: d for m in rmods + cmods + jmods for k, d in m.items()}
             mods.update(modules_of([e for e in entries if e.get("src") == f and e.get("src_hash") == old], f))
         except MemraError as e:
             log(f"{f}: {e}; not carried")
@@ -187,9 +199,15 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
         same = {k for k, a, b in zip(keys, secs[0::2], secs[1::2]) if a == b}
         differ = [mods[k] for k in keys if k not in same]
         if not differ:
-            log(f"{f}: {len(mods)} modules identical on {arch}: {len(on_old)} receipts carried {old} -> {new}")
             carried[f] = (old, new)
-            records.append(_record(f, old, new, device, arch, len(mods), len(on_old)))
+            if len(on_old):
+                log(f"{f}: {len(mods)} modules identical on {arch}: {len(on_old)} receipts carried {old} -> {new}")
+                records.append(_record(f, old, new, device, arch, len(mods), len(on_old)))
+            else:
+                log(f"{f}: {len(mods)} modules identical on {arch} (its receipts are under a joint src)")
+            continue
+        if not recs_old and not ch_old:
+            log(f"{f}: {len(differ)} of {len(mods)} modules compile to different code (e.g. {differ[0]}); not carried")
             continue
         # partial: the receipts and choices every module of which is identical (a failed receipt measured none:
         # its failure may not hold on the new code, so it is not carried)
