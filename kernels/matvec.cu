@@ -44,8 +44,6 @@
 // prefetched into L2: weights are never written by kernels),
 // MEMRA_CANARY=1 drops unit 1 of every row (a deliberately wrong variant that kernel-check
 // must catch).
-// MV_K4BF (0; Q4_K / Q5_K) takes a unit's two sub-block scales without branches (qtypes.cuh's rowscal_k4: the
-// same integers; experiments/mv_k4bf: the 8B's Q4_K matvecs -0.9 .. -5.6 % on the H100); 0 keeps the branches.
 // MV_XSMEM (0; q8 family) stages the block's activations in shared memory, tile-interleaved
 // (the strided activation loads, not DRAM, bound the plain q8 kernel: see research/matvec.md).
 // Launch: grid = ceil(N / (MV_ROWS * MV_NWARPS / MV_KSPLIT)), block = 32 * MV_NWARPS,
@@ -65,8 +63,6 @@
 //     __fmaf_rn, pinned to the contractions NVRTC made before, so decode bits are unchanged)
 //     and the epilogue's act * up and + res are explicit roundings too; gemm.cu calls the
 //     same accum, so its results equal mv_q8's bit for bit.
-//  6. MV_K4BF: the Q4_K / Q5_K row scalars without branches (a tunable, so the modules tabled before it compile to
-//     the code they were measured with).
 #include "common.cuh"
 #include "q8.cuh"
 #include "qtypes.cuh"

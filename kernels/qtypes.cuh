@@ -353,27 +353,11 @@ MEMRA_DEVICE void scale_min_k4(const uint4& meta, int j, int& sc, int& mn) {
 
 // The row scalars and float part of Q4_K and Q5_K: sub-blocks 2j (ints[0]) and 2j+1
 // (ints[1]), w = d sc q - dmin m; ptxas contracted d * X - dmin * Y to fma(d, X, -(dmin * Y)).
-// MV_K4BF (a matvec.cu tunable, 0 or 1): 1 takes sub-blocks 2j, 2j + 1 without branches — they are bytes 2 (j & 1)
-// and 2 (j & 1) + 1 of each scale word, so one shift, two masks and a select on j >= 2 give both — where
-// scale_min_k4's `if (j < 4)` and run-time byte selects split a warp whose lanes hold units of different j (ncu:
-// most of mv_q8's Q4_K unit loop at 16 active threads, experiments/mv_k4bf). The same integers either way.
-#ifndef MV_K4BF
-#define MV_K4BF 0
-#endif
 struct RK4 { int sc0, m0, sc1, m1; float d, dmin; };
 MEMRA_DEVICE RK4 rowscal_k4(const uint4& meta, int j) {
     RK4 q;
-#if MV_K4BF
-    const int sh = 16 * (j & 1);
-    const uint32_t y = meta.y >> sh, z = meta.z >> sh, w = meta.w >> sh;   // scales[0..3], [4..7], [8..11]
-    const uint32_t sc = j >= 2 ? ((w & 0x0F0Fu) | ((y >> 2) & 0x3030u)) : (y & 0x3F3Fu);
-    const uint32_t mn = j >= 2 ? (((w >> 4) & 0x0F0Fu) | ((z >> 2) & 0x3030u)) : (z & 0x3F3Fu);
-    q.sc0 = (int)(sc & 0xFFu); q.sc1 = (int)((sc >> 8) & 0xFFu);
-    q.m0 = (int)(mn & 0xFFu); q.m1 = (int)((mn >> 8) & 0xFFu);
-#else
     scale_min_k4(meta, 2 * j, q.sc0, q.m0);
     scale_min_k4(meta, 2 * j + 1, q.sc1, q.m1);
-#endif
     q.d = f16_to_f32((uint16_t)meta.x);
     q.dmin = f16_to_f32((uint16_t)(meta.x >> 16));
     return q;
