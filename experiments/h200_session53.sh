@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Session 53's landing of MV_K4BF (kernels/qtypes.cuh: the Q4_K / Q5_K row scalars without branches, a matvec.cu
-# tunable defaulting to the old code, so every tabled module compiles as before and `memra tune carry` carried all
-# receipts; experiments/mv_k4bf: the same bits, the 8B's Q4_K matvecs -0.9 .. -5.6 % alone). Chosen the way the
-# matvec PDL triggers were (sessions 47-48): by the engine's own tg128, as an engine-choice group.
+# Session 53's landing attempt of MV_K4BF (kernels/qtypes.cuh: the Q4_K / Q5_K row scalars without branches, a
+# matvec.cu tunable defaulting to the old code, so every tabled module compiled as before and `memra tune carry`
+# carried all receipts; experiments/mv_k4bf: the same bits, the 8B's Q4_K matvecs -0.9 .. -5.6 % alone), chosen the
+# way the matvec PDL triggers were (sessions 47-48): by the engine's own tg128, as an engine-choice group. Ran at
+# f12efb3 (H100): -0.19 %, nothing chosen, the edit withdrawn (experiments/mv_k4bf/README.md); kept for the next
+# candidate of this shape (the kernel edit must be in the tree; ship the real models first, or kernel-check's
+# launch set cannot be built and its receipt is not ALL GREEN).
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && STAGE=K bash experiments/h200_session53.sh
 # carry .whl and .synthtok. STAGE K (~6 min, no shipped models): the synthetic 8B Q4_K_M made first; a candidate
 # table "k4" = the shipped table with MV_K4BF=1 on every batch-1 matvec / matvec_glu entry the 8B's decode step
