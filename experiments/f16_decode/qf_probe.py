@@ -103,28 +103,27 @@ def regs(log: str):
         [int(v) for v in re.findall(r"(\d+) bytes spill stores", log)]
 
 
+def tile_rows(N: int, glu: bool) -> np.ndarray:
+    """The weight rows of mv_qf.cu's 16-row tiles in A-row order (glu: gate rows 8t .. 8t + 7, then their up rows
+    N + 8t ..; plain: rows 16t .. 16t + 15)."""
+    if not glu:
+        return np.arange(N)
+    t8 = np.arange(N).reshape(-1, 1, 8)
+    return np.concatenate([t8, t8 + N], axis=1).ravel()
+
+
 def tile_layout(bulk: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
-    """mv_qf.cu's MQ_TL layout of a Q4_K bulk plane (rows x K/256 x 128 bytes): per 16-row tile (glu: gate rows
-    8t .. 8t + 7, then up rows N + 8t ..; plain: rows 16t .. 16t + 15) and superblock, [tig][half][A row][pair][8 B]."""
+    """mv_qf.cu's MQ_TL layout of a Q4_K bulk plane (rows x K/256 x 128 bytes): per 16-row tile (tile_rows) and
+    superblock, [tig][half][A row][pair][8 B]."""
     nsb = K // 256
-    if glu:
-        idx = np.concatenate([np.stack([np.arange(8 * t, 8 * t + 8), N + np.arange(8 * t, 8 * t + 8)]).ravel()
-                              for t in range(N // 8)])
-    else:
-        idx = np.arange(N)
-    x = bulk.reshape(-1, nsb * 128)[idx].reshape(-1, 16, nsb, 2, 2, 4, 8)   # tile, A row, sb, half, pair, tig, byte
+    x = bulk.reshape(-1, nsb * 128)[tile_rows(N, glu)].reshape(-1, 16, nsb, 2, 2, 4, 8)   # tile, row, sb, half, pair, tig, B
     return np.ascontiguousarray(x.transpose(0, 2, 5, 3, 1, 4, 6)).reshape(-1)
 
 
 def tile_meta(meta: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
     """mv_qf.cu's MQ_TL 2 meta: per 16-row tile and superblock the A rows' 16 meta bytes, [tile][sb][A row][16 B]."""
     nsb = K // 256
-    if glu:
-        idx = np.concatenate([np.stack([np.arange(8 * t, 8 * t + 8), N + np.arange(8 * t, 8 * t + 8)]).ravel()
-                              for t in range(N // 8)])
-    else:
-        idx = np.arange(N)
-    x = meta.reshape(-1, nsb * 16)[idx].reshape(-1, 16, nsb, 16)   # tile, A row, sb, byte
+    x = meta.reshape(-1, nsb * 16)[tile_rows(N, glu)].reshape(-1, 16, nsb, 16)   # tile, A row, sb, byte
     return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(-1)
 
 
