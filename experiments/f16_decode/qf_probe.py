@@ -10,7 +10,8 @@ layout (`differ` against `same_bits_as`, the first configuration run with the sa
 MQ_WA / MQ_SUBN / MQ_SHARE must not change them; different chains are different arithmetics; `differ_wa` against the
 first configuration of the other layout with the same chains).
 
-    source .whl/setup.sh && python3 experiments/f16_decode/qf_probe.py --out $OUT/qf.jsonl
+    source .whl/setup.sh && [QF_SET=1..8] [QF_OPS=gate_up,qkv] python3 experiments/f16_decode/qf_probe.py --out F
+    QF_CONFIGS="4,4,1,1" python3 experiments/f16_decode/qf_probe.py --out F      # one configuration (ncu)
     python3 experiments/f16_decode/qf_probe.py --compile-only
 """
 from __future__ import annotations
@@ -36,59 +37,43 @@ SHAPES = [("8B", "gate_up", 2 * 14336, 4096, True), ("8B", "down", 4096, 14336, 
           ("8B", "qkv", 6144, 4096, False), ("8B", "attn_output", 4096, 4096, False)]
 KEYS = ("MQ_WARPS", "MQ_CHAINS", "MQ_AHEAD", "MQ_WA", "MQ_SUBN", "MQ_SHARE", "MQ_MINB", "MQ_XV", "MQ_ABL", "MQ_TL",
         "MQ_PF")
-# session 53's first run: v8 (MQ_WA 0) and v9 (MQ_WA 1) at these 11 (4-tuples); v10 (MQ_SUBN / MQ_SHARE) in the second
-# (the second run's, 7-tuples: MQ_XV 0) — the third run: MQ_XV (ldx) with register budgets, QF_CONFIGS below
-CONFIGS = [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
-           (4, 4, 1, 1, 1, 1, 0), (4, 1, 1, 1, 0, 0, 0), (4, 1, 1, 1, 1, 1, 0), (4, 2, 1, 1, 0, 0, 0),
-           (4, 2, 1, 1, 1, 1, 0), (8, 4, 1, 1, 1, 1, 0), (8, 8, 1, 1, 1, 1, 0), (2, 2, 1, 1, 1, 1, 0),
-           (4, 4, 1, 1, 1, 1, 4), (4, 2, 1, 1, 1, 1, 4), (4, 4, 1, 1, 1, 1, 5), (4, 1, 1, 1, 1, 1, 4),
-           (8, 4, 1, 1, 1, 1, 2), (4, 4, 2, 1, 1, 1, 4)]
-
-
-CONFIGS = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS]
-CONFIGS3 = [(4, 4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 1), (4, 2, 1, 1, 0, 0, 4, 1),
-            (4, 1, 1, 1, 0, 0, 4, 1), (4, 4, 1, 1, 1, 0, 4, 1), (8, 4, 1, 1, 0, 0, 2, 1), (4, 4, 2, 1, 0, 0, 4, 1),
-            (4, 1, 1, 1, 0, 0, 0, 0), (4, 1, 1, 1, 0, 0, 0, 1)]
-CONFIGS3 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS3]
-# the fourth run: v9's ablations (MQ_ABL: timing only, the outputs are wrong)
-CONFIGS4 = [(4, 4, 1, 1, 0, 0, 0, 0, a) for a in (0, 1, 2, 4, 8, 16, 32, 49, 14, 63)] + \
-    [(4, 1, 1, 1, 0, 0, 0, 0, a) for a in (0, 63)]
-CONFIGS4 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS4]
-# the fifth run: v11 (MQ_TL, the tile layout) against v9, and its skeleton (MQ_ABL 63)
-CONFIGS5 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 2, 1, 1, 0, 0, 0, 0, 0, 1),
-            (4, 1, 1, 1, 0, 0, 0, 0, 0, 1), (8, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 2, 1, 0, 0, 0, 0, 0, 1),
-            (4, 4, 1, 1, 1, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1), (4, 1, 1, 1, 0, 0, 0, 0, 63, 1),
-            (8, 8, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 0, 0, 1)]
-# the sixth run: MQ_TL 2 (the meta tiled too)
-CONFIGS6 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2),
-            (4, 2, 1, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1),
-            (4, 4, 1, 1, 1, 0, 0, 0, 0, 2), (4, 4, 2, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 4, 0, 0, 2)]
-CONFIGS5 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS5]
-CONFIGS6 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS6]
-# the seventh run: v12 (MQ_PF: L2 prefetch beyond the ring), the skeleton with it, chains 1 / 2 / 4
-CONFIGS7 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 2),
-            (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 4),
-            (4, 4, 1, 1, 0, 0, 0, 0, 63, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 63, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 8),
-            (4, 4, 1, 1, 1, 0, 0, 0, 0, 2, 2)]
-CONFIGS7 = [c + (0,) * (len(KEYS) - len(c)) for c in CONFIGS7]
-# the eighth run: short-lived warps (one or two superblocks a warp: 8 / 16 chains a tile, mv_q8's pattern)
-CONFIGS8 = [(4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 0), (8, 8, 1, 1, 0, 0, 0, 0, 0, 2, 0), (16, 16, 1, 1, 0, 0, 0, 0, 0, 2, 0),
-            (16, 8, 1, 1, 0, 0, 0, 0, 0, 2, 0), (8, 8, 1, 1, 0, 0, 0, 0, 63, 2, 0), (16, 16, 1, 1, 0, 0, 0, 0, 63, 2, 0),
-            (16, 16, 1, 1, 1, 0, 0, 0, 0, 2, 0)]
-if os.environ.get("QF_SET") == "8":
-    CONFIGS = CONFIGS8
-if os.environ.get("QF_SET") == "7":
-    CONFIGS = CONFIGS7
-if os.environ.get("QF_SET") == "6":
-    CONFIGS = CONFIGS6
-if os.environ.get("QF_SET") == "5":
-    CONFIGS = CONFIGS5
-if os.environ.get("QF_SET") == "3":
-    CONFIGS = CONFIGS3
-if os.environ.get("QF_SET") == "4":
-    CONFIGS = CONFIGS4
-if os.environ.get("QF_CONFIGS"):   # "W,C,A,WA,SUBN,SHARE,MINB;..." (a profiler's run: one configuration)
-    CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ["QF_CONFIGS"].split(";")]
+# Session 53's runs, one configuration set each (QF_SET; tuples in KEYS' order, the missing tail 0), the receipts
+# spelling each configuration out by name:
+#  1 v8 (MQ_WA 0) against v9 (MQ_WA 1); 2 (the default) v10's MQ_SUBN / MQ_SHARE and register budgets; 3 MQ_XV;
+#  4 v9's ablations (MQ_ABL: timing only, the outputs are wrong); 5 v11's tile layout (MQ_TL 1); 6 the meta tiled
+#  too (MQ_TL 2); 7 v12's L2 prefetch (MQ_PF); 8 short-lived warps (8 / 16 chains a tile)
+SETS = {
+    "1": [(4, 1, 1, 0), (8, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 1), (8, 1, 1, 1), (4, 2, 1, 1), (4, 4, 1, 1),
+          (8, 4, 1, 1), (8, 8, 1, 1), (8, 2, 2, 1), (4, 1, 3, 1)],
+    "2": [(4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0), (4, 4, 1, 1, 1, 0, 0), (4, 4, 1, 1, 0, 1, 0),
+          (4, 4, 1, 1, 1, 1, 0), (4, 1, 1, 1, 0, 0, 0), (4, 1, 1, 1, 1, 1, 0), (4, 2, 1, 1, 0, 0, 0),
+          (4, 2, 1, 1, 1, 1, 0), (8, 4, 1, 1, 1, 1, 0), (8, 8, 1, 1, 1, 1, 0), (2, 2, 1, 1, 1, 1, 0),
+          (4, 4, 1, 1, 1, 1, 4), (4, 2, 1, 1, 1, 1, 4), (4, 4, 1, 1, 1, 1, 5), (4, 1, 1, 1, 1, 1, 4),
+          (8, 4, 1, 1, 1, 1, 2), (4, 4, 2, 1, 1, 1, 4)],
+    "3": [(4, 4, 1, 1, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 1), (4, 2, 1, 1, 0, 0, 4, 1),
+          (4, 1, 1, 1, 0, 0, 4, 1), (4, 4, 1, 1, 1, 0, 4, 1), (8, 4, 1, 1, 0, 0, 2, 1), (4, 4, 2, 1, 0, 0, 4, 1),
+          (4, 1, 1, 1, 0, 0, 0, 0), (4, 1, 1, 1, 0, 0, 0, 1)],
+    "4": [(4, 4, 1, 1, 0, 0, 0, 0, a) for a in (0, 1, 2, 4, 8, 16, 32, 49, 14, 63)] +
+         [(4, 1, 1, 1, 0, 0, 0, 0, a) for a in (0, 63)],
+    "5": [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 2, 1, 1, 0, 0, 0, 0, 0, 1),
+          (4, 1, 1, 1, 0, 0, 0, 0, 0, 1), (8, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 2, 1, 0, 0, 0, 0, 0, 1),
+          (4, 4, 1, 1, 1, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1), (4, 1, 1, 1, 0, 0, 0, 0, 63, 1),
+          (8, 8, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 4, 0, 0, 1)],
+    "6": [(4, 4, 1, 1, 0, 0, 0, 0, 0, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2),
+          (4, 2, 1, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 2), (4, 4, 1, 1, 0, 0, 0, 0, 63, 1),
+          (4, 4, 1, 1, 1, 0, 0, 0, 0, 2), (4, 4, 2, 1, 0, 0, 0, 0, 0, 2), (4, 4, 1, 1, 0, 0, 4, 0, 0, 2)],
+    "7": [(4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 0), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 1), (4, 4, 1, 1, 0, 0, 0, 0, 0, 2, 2),
+          (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 0, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 4),
+          (4, 4, 1, 1, 0, 0, 0, 0, 63, 2, 2), (4, 2, 1, 1, 0, 0, 0, 0, 63, 2, 4), (4, 1, 1, 1, 0, 0, 0, 0, 0, 2, 8),
+          (4, 4, 1, 1, 1, 0, 0, 0, 0, 2, 2)],
+    "8": [(4, 4, 1, 1, 0, 0, 0, 0, 0, 2), (8, 8, 1, 1, 0, 0, 0, 0, 0, 2), (16, 16, 1, 1, 0, 0, 0, 0, 0, 2),
+          (16, 8, 1, 1, 0, 0, 0, 0, 0, 2), (8, 8, 1, 1, 0, 0, 0, 0, 63, 2), (16, 16, 1, 1, 0, 0, 0, 0, 63, 2),
+          (16, 16, 1, 1, 1, 0, 0, 0, 0, 2)],
+}
+CONFIGS = [c + (0,) * (len(KEYS) - len(c)) for c in SETS[os.environ.get("QF_SET", "2")]]
+if os.environ.get("QF_CONFIGS"):   # "W,C,A,...;..." in KEYS' order (a profiler's run: one configuration)
+    CONFIGS = [c + (0,) * (len(KEYS) - len(c)) for c in
+               (tuple(int(v) for v in x.split(",")) for x in os.environ["QF_CONFIGS"].split(";"))]
 if os.environ.get("QF_OPS"):       # "gate_up,qkv"
     SHAPES = [sh for sh in SHAPES if sh[1] in os.environ["QF_OPS"].split(",")]
 
