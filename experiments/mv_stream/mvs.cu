@@ -31,27 +31,8 @@
 #include "q8.cuh"
 #include "qtypes_s.cuh"
 
-#if MV_TYPE == 2
-typedef TQ4_0 T;
-#elif MV_TYPE == 3
-typedef TQ4_1 T;
-#elif MV_TYPE == 6
-typedef TQ5_0 T;
-#elif MV_TYPE == 7
-typedef TQ5_1 T;
-#elif MV_TYPE == 8
-typedef TQ8_0 T;
-#elif MV_TYPE == 12
-typedef TQ4_K T;
-#elif MV_TYPE == 13
-typedef TQ5_K T;
-#elif MV_TYPE == 14
-typedef TQ6_K T;
-#elif MV_TYPE == 23
-typedef TIQ4_XS T;
-#else
-#error "mvs.cu: a quantized MV_TYPE"
-#endif
+#define MMA_FRAG_VOLATILE 0
+#include "mma_frag.cuh"   // T, the MV_TYPE's qtypes struct (gemm.cu's and mv_f16.cu's selection)
 #ifndef MVS_WARPS
 #define MVS_WARPS 4
 #endif
