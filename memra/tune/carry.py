@@ -167,19 +167,18 @@ def plan(df, table: Mapping | None, device: str, old_root: Path, new_root: Path 
             chosen.append(({"kernel": c["kernel"], "variant": variant[(c["kernel"], c["shape_key"])],
                             "config": c["config"], "shape": {**_shape(c["shape_key"]), "batch": int(c["batch"])},
                             "src": c["src"], "src_hash": c["src_hash"]}, choice_id(c)))
+    # the receipts of the families whose src joins several files ("a+b": the family of the first, its modules in
+    # either file) on their combined hash before the edit: a file's modules among theirs must be unchanged for them
+    # to be carried (by the joint branch below), e.g. gemm_f16.cu's under gemm_f16.cu+gemm_f16_wg.cu, a file that
+    # is never a receipt's src alone
+    joint_old = {j: rows[(rows["src"] == j) & (rows["src_hash"] == combined_hash(hashes[p][0] for p in j.split("+")))]
+                 .to_dict("records") for j in sorted(srcs - singles) if all(p in hashes for p in j.split("+"))}
     records, carried = [], {}
     for f, (old, new) in sorted(hashes.items()):
         if old == new:
             continue
         on_old = rows[(rows["src"] == f) & (rows["src_hash"] == old)] if f in singles else rows.iloc[:0]
-        # the receipts of the families whose src joins f with other files ("a+b": the family of the first, its
-        # modules in either file), on their combined hash before the edit: f's modules among theirs must be
-        # unchanged for those to be carried (by the combined branch below), e.g. gemm_f16.cu's under
-        # gemm_f16.cu+gemm_f16_wg.cu, a file that is never a receipt's src alone
-        joint = [(j, r) for j in sorted(srcs - singles) if f in j.split("+") and all(p in hashes for p in j.split("+"))
-                 for r in rows[(rows["src"] == j) &
-                               (rows["src_hash"] == combined_hash(hashes[p][0] for p in j.split("+")))]
-                 .to_dict("records")]
+        joint = [(j, r) for j, rs in joint_old.items() if f in j.split("+") for r in rs]
         if on_old.empty and not joint:
             continue
         recs_old = on_old.to_dict("records")
@@ -321,7 +320,7 @@ def apply(df, carries, ident=None):
         names = r.get(key) if isinstance(r.get(key), list) else []
         part[(r["device"], r["src"], r["from_hash"])] = (r["to_hash"], set(names))
     out = []
-    for row in df.to_dict("records") if part else []:
+    for row in df.to_dict("records"):
         h, seen = row["src_hash"], set()
         while (row["device"], row["src"], h) not in seen:
             seen.add((row["device"], row["src"], h))
@@ -332,7 +331,7 @@ def apply(df, carries, ident=None):
             h = p[0]
         out.append(h)
     df = df.copy()
-    df["src_hash"] = out if part else [m.get((d, s, h), h) for d, s, h in zip(df["device"], df["src"], df["src_hash"])]
+    df["src_hash"] = out
     return df
 
 
