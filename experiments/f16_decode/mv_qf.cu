@@ -222,7 +222,7 @@ MEMRA_DEVICE void mv_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __
 #endif
 #if MQ_TL >= 2
     // the meta tiled too: per tile and superblock its 16 A rows' 16 bytes (256 bytes), row gid then gid + 8
-    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)tile * nsb * 256 + 16 * gid) - 0;
+    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)tile * nsb * 256 + 16 * gid);
     const uint4* m1p = m0p + 8;
 #else
     const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
