@@ -55,6 +55,7 @@
 //      one superblock (2.3 KB a warp) in flight.
 //  v12 MQ_PF 1-8 (an L2 prefetch beyond the ring): slower everywhere (32.2 -> 35.3-40.3; the skeleton 26.5 -> 30.2).
 #include "common.cuh"
+#include "smem_stage.cuh"
 
 #ifndef MQ_WARPS
 #define MQ_WARPS 4
@@ -468,4 +469,185 @@ extern "C" __global__ void MQ_BOUNDS
 mv_qf_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
           const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
     mv_qf_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
+}
+
+// ---- gm_qf (v13): the qf arithmetic for 8 GQ_NT activation rows a block column (issue 11's 8..64-row step) ----
+// The same per-output operations as mv_qf at MQ_WA 1 and the same MQ_CHAINS, so every activation row's outputs have
+// the one-row launch's bits: a warp owns one 16-row A tile (v9's rows: glu gate rows n0 + gid, up rows N + n0 + gid;
+// plain rows n0 + gid, + 8) and all of the block column's activation rows (GQ_NT n8 tiles), walking K in increasing
+// superblocks; a chain's sum is parked at its end and the chains are folded left as mv_qf's epilogue does
+// (tot = c0, tot = tot + c1, ...). Per sub-block and n8 tile: d = two m16n8k16 from zero with mv_qf's slots (elements
+// 8 tig + 0, 2 | 1, 3 then + 4 ..), then mv_qf's two FMA an output. The block's warps share each superblock's
+// activations (8 GQ_NT rows x 256 halves, rows padded to GQ_XROW halves: a quarter warp's LDS.128 reads two rows 16
+// banks apart) and their sub-block sums ([sub][row]), staged by cp.async GQ_STAGES deep (rows >= nb zero-filled); the
+// weights and meta ride a register ring one superblock ahead as in mv_qf (the first before the PDL wait); a finished
+// chain's sums are parked in shared memory (registers for two sets of 4 GQ_NT outputs took 255 at GQ_NT 8).
+// Launch: grid (ceil(T / GQ_WARPS), ceil(nb / (8 GQ_NT))), T = Nw / 16, block 32 GQ_WARPS, dynamic shared memory
+// GQ_STAGES 8 GQ_NT (2 GQ_XROW + 32) + (MQ_CHAINS > 1: 4 GQ_NT 32 GQ_WARPS 4) bytes. K a multiple of 256 MQ_CHAINS.
+#ifndef GQ_NT
+#define GQ_NT 8
+#endif
+#ifndef GQ_STAGES
+#define GQ_STAGES 2
+#endif
+#ifndef GQ_WARPS
+#define GQ_WARPS MQ_WARPS   // gm_qf's warps a block (one 16-row A tile each)
+#endif
+#define GQ_XROW 288
+static_assert(GQ_STAGES >= 2 && GQ_STAGES <= 4, "GQ_STAGES 2..4");
+
+MEMRA_DEVICE void cp16z(uint32_t dst, const void* src, int n) {   // 16 bytes, the source's first n read (0 or 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+template <bool GLU>
+MEMRA_DEVICE void gm_qf_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                             const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
+                             int N, int K, int nb, int act) {
+    constexpr int R = 8 * GQ_NT;
+    extern __shared__ __align__(16) uint8_t gq_smem[];
+    uint16_t* xsm = reinterpret_cast<uint16_t*>(gq_smem);                                       // [stage][R][XROW]
+    float* s2sm = reinterpret_cast<float*>(gq_smem + (size_t)GQ_STAGES * R * GQ_XROW * 2);     // [stage][sub][R]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tiles = (GLU ? 2 * N : N) / 16;
+    const bool live = blockIdx.x * GQ_WARPS + warp < tiles;
+    const int tile = live ? blockIdx.x * GQ_WARPS + warp : 0;
+    const int n0 = tile * (GLU ? 8 : 16), c0 = blockIdx.y * R;
+    const int nsb = K / 256, SB = nsb / MQ_CHAINS;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int ra = n0 + gid, rb = GLU ? N + n0 + gid : n0 + gid + 8;
+    const uint8_t* qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
+    const uint8_t* qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
+    const uint4* m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
+    const uint4* m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
+
+    auto load = [&](int sb, uint2 (&w)[2][4], uint4& a, uint4& b) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[0][j] = __ldg(reinterpret_cast<const uint2*>(qa + (size_t)sb * 128 + 32 * j));
+            w[1][j] = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)sb * 128 + 32 * j));
+        }
+        a = __ldg(m0p + sb);
+        b = __ldg(m1p + sb);
+    };
+    auto stage = [&](int sb, int s) {   // superblock sb's activations and sub-block sums into stage s
+        const uint32_t xd = smem_u32(xsm + (size_t)s * R * GQ_XROW);
+        for (int i = threadIdx.x; i < R * 32; i += 32 * GQ_WARPS) {
+            const int r = i >> 5, c = i & 31, row = c0 + r;
+            cp16z(xd + 2 * (r * GQ_XROW + 8 * c), x + (size_t)(row < nb ? row : 0) * K + 256 * sb + 8 * c,
+                  row < nb ? 16 : 0);
+        }
+        const uint32_t sd = smem_u32(s2sm + (size_t)s * 8 * R);
+        for (int i = threadIdx.x; i < R * 8; i += 32 * GQ_WARPS) {
+            const int r = i >> 3, sub = i & 7, row = c0 + r;
+            cp4n(sd + 4 * (sub * R + r), xs2 + (size_t)(row < nb ? row : 0) * (K / 32) + 8 * sb + sub, row < nb ? 4 : 0);
+        }
+    };
+    uint2 wq[2][2][4];
+    uint4 mA[2], mB[2];
+    if (live) load(0, wq[0], mA[0], mB[0]);
+    MEMRA_PDL_WAIT();
+#pragma unroll
+    for (int s = 0; s < GQ_STAGES - 1; ++s) {
+        if (s < nsb) stage(s, s);
+        cp_commit();
+    }
+    // the parked chain sums (MQ_CHAINS > 1), [output 4 GQ_NT][warp][lane]: each lane's own, touched once a chain
+    float* park = reinterpret_cast<float*>(gq_smem + (size_t)GQ_STAGES * R * (GQ_XROW * 2 + 32)) + threadIdx.x;
+    float acc[GQ_NT][4];
+#pragma unroll
+    for (int t = 0; t < GQ_NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+
+    auto superblock = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb) {
+        const int s = i % GQ_STAGES;
+        const float da = f16_to_f32((uint16_t)ma.x), dmina = f16_to_f32((uint16_t)(ma.x >> 16));
+        const float db = f16_to_f32((uint16_t)mb.x), dminb = f16_to_f32((uint16_t)(mb.x >> 16));
+        const uint16_t* xb = xsm + (size_t)s * R * GQ_XROW + gid * GQ_XROW + 8 * tig;
+        const float* sb2 = s2sm + (size_t)s * 8 * R + 2 * tig;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int sub = 2 * j + h;
+                float dsa, dma, dsb, dmb;
+                k4_sub(sub, ma, da, dmina, dsa, dma);
+                k4_sub(sub, mb, db, dminb, dsb, dmb);
+                const uint32_t u0 = w[0][j].x >> (4 * h), u1 = w[0][j].y >> (4 * h);   // row gid
+                const uint32_t v0 = w[1][j].x >> (4 * h), v1 = w[1][j].y >> (4 * h);   // row gid + 8
+                const uint32_t a0 = nib_h2(u0), a1 = nib_h2(v0), a2 = nib_h2(u0 >> 8), a3 = nib_h2(v0 >> 8);
+                const uint32_t e0 = nib_h2(u1), e1 = nib_h2(v1), e2 = nib_h2(u1 >> 8), e3 = nib_h2(v1 >> 8);
+#pragma unroll
+                for (int t = 0; t < GQ_NT; ++t) {
+                    const uint4 xv = *reinterpret_cast<const uint4*>(xb + t * 8 * GQ_XROW + 64 * j + 32 * h);
+                    const float2 s2 = *reinterpret_cast<const float2*>(sb2 + sub * R + 8 * t);
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(d, a0, a1, a2, a3, prmt(xv.x, xv.y, 0x5410), prmt(xv.x, xv.y, 0x7632));
+                    mma_f16(d, e0, e1, e2, e3, prmt(xv.z, xv.w, 0x5410), prmt(xv.z, xv.w, 0x7632));
+                    acc[t][0] = __fmaf_rn(-dma, s2.x, __fmaf_rn(dsa, d[0], acc[t][0]));
+                    acc[t][1] = __fmaf_rn(-dma, s2.y, __fmaf_rn(dsa, d[1], acc[t][1]));
+                    acc[t][2] = __fmaf_rn(-dmb, s2.x, __fmaf_rn(dsb, d[2], acc[t][2]));
+                    acc[t][3] = __fmaf_rn(-dmb, s2.y, __fmaf_rn(dsb, d[3], acc[t][3]));
+                }
+            }
+        }
+    };
+    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
+                    uint4& bn) {
+        cp_wait<GQ_STAGES - 2>();
+        __syncthreads();   // superblock i staged for all; stage (i - 1) % STAGES free
+        if (i + GQ_STAGES - 1 < nsb) stage(i + GQ_STAGES - 1, (i + GQ_STAGES - 1) % GQ_STAGES);
+        cp_commit();
+        if (MQ_CHAINS > 1 && i > 0 && i % SB == 0) {   // a chain ends: park it (tot = c0, then tot + c)
+#pragma unroll
+            for (int t = 0; t < GQ_NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float& p = park[(4 * t + e) * 32 * GQ_WARPS];
+                    p = i == SB ? acc[t][e] : __fadd_rn(p, acc[t][e]);
+                    acc[t][e] = 0.f;
+                }
+        }
+        if (live && i + 1 < nsb) load(i + 1, wn, an, bn);
+        if (live) superblock(i, w, ma, mb);
+    };
+    for (int i = 0; i < nsb; i += 2) {
+        step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
+        if (i + 1 < nsb) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
+    }
+    MEMRA_PDL_LAUNCH();
+    if (!live) return;
+#pragma unroll
+    for (int t = 0; t < GQ_NT; ++t) {
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = MQ_CHAINS > 1 ? __fadd_rn(park[(4 * t + e) * 32 * GQ_WARPS], acc[t][e]) : acc[t][e];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = c0 + 8 * t + 2 * tig + c;
+            if (col >= nb) continue;
+            if (GLU) {
+                y[(size_t)col * N + n0 + gid] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[c]) : silu_f32(v[c]), v[2 + c]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const size_t o = (size_t)col * N + n0 + gid + 8 * r;
+                    y[o] = res ? __fadd_rn(res[o], v[2 * r + c]) : v[2 * r + c];
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GQ_WARPS)
+gm_qf(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+      const float* __restrict__ xs2, float* y, const float* res, int N, int K, int nb) {
+    gm_qf_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GQ_WARPS)
+gm_qf_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+          const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
+    gm_qf_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
 }
