@@ -5,6 +5,10 @@
 #   (mvt at 8 rows, gemm.cu at 64) on the 8B's Q4_K shapes, its bits against mv_qf's one-row launches of every
 #   activation row (GQ_NBS rows: 8,64); $OUT/gq.jsonl -> research/<date>-session54/gq/. NCU=1 adds ncu's full set of
 #   one gm_qf launch (GQ_NCU "C W NT ST", the gate+up at 64 rows), packed into $OUT/prof.tgz.
+# STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — qf2.cu (v14: the qf2 arithmetic, one-row and GEMM
+#   kernels) against the engine's q8 kernel at 1 / 8 / 64 rows (Q2_NBS) on the 8B's Q4_K shapes, bits against the
+#   one-row launches; $OUT/q2.jsonl. NCU=1 adds ncu's full set of one gm_qf2 launch (Q2_NCU "C W NT ST KS", the
+#   gate+up at 64 rows), packed into $OUT/prof.tgz.
 set -u
 source experiments/h200_common.sh
 stage_begin s54
@@ -30,6 +34,31 @@ for line in open(sys.argv[1]):
         c = r.get("config") or {}
         print(r["op"], r["nb"], r["kernel"], tuple(c.values()) if r["kernel"] != "gemm" and c else "",
               r.get("us"), r.get("gbps"), r.get("rel"), r.get("differ"), r.get("error", "")[:160])
+PY
+  cp $R/log.txt $OUT/log.txt
+  exit 0
+fi
+if [ "$STAGE" = Q ]; then
+  if [ "${NCU:-0}" = 1 ]; then
+    f=$OUT/prof-q2
+    Q2_ONLY="${Q2_NCU:-1 4 8 2 0}" Q2_NBS=64 QF_OPS=gate_up timeout 200 ncu --clock-control none --set full \
+      --import-source no -k regex:gm_qf2 -s 1 -c 1 -f -o $f \
+      python3 experiments/f16_decode/qf2_probe.py --out /dev/null --reps 3 > $f.log 2>&1
+    log "ncu q2 rc=$? $(el)"
+    ncu -i $f.ncu-rep --page details > $f.txt 2>&1
+    ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
+    rm -f $f.ncu-rep; (cd $OUT && tar czf prof.tgz prof-q2.* && rm -f prof-q2.*)
+  fi
+  timeout 480 python3 experiments/f16_decode/qf2_probe.py --out $OUT/q2.jsonl > $R/q2.txt 2>&1
+  log "q2 rc=$? $(el)"; tail -3 $R/q2.txt | cut -c1-300 | tee -a $R/log.txt
+  python3 - $OUT/q2.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("kind") == "time":
+        c = r.get("config") or {}
+        print(r["op"], r["nb"], r["kernel"], tuple(c.values()) if r["kernel"] not in ("gemm", "mvt", "matvec") and c
+              else "", r.get("us"), r.get("gbps"), r.get("rel"), r.get("differ"), r.get("error", "")[:160])
 PY
   cp $R/log.txt $OUT/log.txt
   exit 0

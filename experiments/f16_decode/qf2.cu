@@ -1,0 +1,429 @@
+// qf2.cu — experiment v14 (experiments/f16_decode/README.md, session 54): the "qf2" arithmetic, Q4_K, one kernel for
+// 1..8 activation rows (mv_qf2: chains over K across a block's warps) and one for 8..64 a block column (gm_qf2), the
+// same bits at every row count.
+//
+// Why (v13, mv_qf.cu's gm_qf): mv_qf's per-sub-block fold — two FFMA an output and 32 k, four PRMT an n8 tile to put
+// x in its slots — made the 64-row GEMM ~250 instructions a warp and sub-block; at 47 % issue it ran the 8B gate+up
+// at 64 rows in 132.6 µs against gemm.cu's 159.3 (H100). v14 moves every per-sub-block float operation into the
+// tensor core:
+//
+// Arithmetic (per output: weight row n, activation row b; per superblock of 256 k, in increasing k within a chain):
+//  D1 = the tensor core's f32 sum of (sc_s q) x over the superblock: sc_s q (<= 63 * 15) exact in f16 (one HFMA2 a
+//       pair: (1024 + q) sc - 1024 sc), x f16; 16 mma.sync m16n8k16 chained from a zero accumulator, k16 steps in
+//       increasing k with v9's slots (elements 8 tig + 0, 2 | 1, 3, then + 4 ..);
+//  D2 = the tensor core's f32 sum of m_s S2_s over the superblock's 8 sub-blocks: m16n8k8 tf32, A = m_s (exact),
+//       B = S2 split as hi = tf32(S2), lo = tf32(S2 - hi): two mma chained from zero (hi, then lo);
+//  acc = fma(d, D1, acc), acc = fma(-dmin, D2, acc) (d, dmin the superblock's f16 scales in f32).
+// Chains (Q2_CHAINS) over K, folded left (c0 + c1, + c2 ..); then the epilogue (glu: act(gate) up; res added last).
+// The activation producer's contract (here the host): x f16 in "qf order" — each 8 elements stored as e0 e2 e1 e3
+// e4 e6 e5 e7, so a lane's 16-byte load at 8 tig is its two k16 steps' B fragments as they are (no PRMT) — and xs2,
+// per activation row and superblock 16 floats [tig 4][hi_tig, hi_tig+4, lo_tig, lo_tig+4] (S2_s: the f32 sum of the
+// sub-block's 32 f16 values, in the producer's fixed order), a lane's tf32 B fragments in one 16-byte load.
+//
+// mv_qf2 (1..8 rows): v9's work split — a warp owns a 16-row A tile (glu: gate rows n0 + gid, up rows N + n0 + gid
+// of 8 outputs; plain rows n0 + gid, + 8) and one chain; activation rows are B's columns gid < nb; weights and meta
+// one superblock ahead in registers (the first before the PDL wait); the chains of a tile share a block and meet in
+// shared memory. Launch: grid ceil(T Q2_CHAINS / Q2_WARPS), T = Nw / 16, block 32 Q2_WARPS.
+// gm_qf2 (8 G2_NT rows a block column): a warp owns one A tile and all the column's n8 tiles; the block's G2_WARPS
+// warps share each superblock's activations and sums staged by cp.async G2_STAGES deep (rows padded to G2_XROW
+// halves: a quarter warp's LDS.128 reads two rows 16 banks apart; rows >= nb zero-filled). G2_KSPLIT 0: a warp walks
+// its chains one after another, a finished chain's sums parked in shared memory; G2_KSPLIT 1: grid.z = Q2_CHAINS
+// blocks, one chain each, the chains' sums written to ws [chain][row][weight row] and the last block of a (x, y)
+// tile (a counter in cnt, reset by it) folds them in chain order and runs the epilogue. Launch: grid (ceil(T /
+// G2_WARPS), ceil(nb / (8 G2_NT)), G2_KSPLIT ? Q2_CHAINS : 1), block 32 G2_WARPS, dynamic shared memory
+// G2_STAGES 8 G2_NT (2 G2_XROW + 64) + (!G2_KSPLIT && Q2_CHAINS > 1: 4 G2_NT 32 G2_WARPS 4) bytes.
+// K a multiple of 256 Q2_CHAINS.
+#include "common.cuh"
+#include "smem_stage.cuh"
+
+#ifndef Q2_WARPS
+#define Q2_WARPS 4
+#endif
+#ifndef Q2_CHAINS
+#define Q2_CHAINS 1
+#endif
+#ifndef G2_WARPS
+#define G2_WARPS 4
+#endif
+#ifndef G2_NT
+#define G2_NT 8
+#endif
+#ifndef G2_STAGES
+#define G2_STAGES 2
+#endif
+#ifndef G2_KSPLIT
+#define G2_KSPLIT 0
+#endif
+#define G2_XROW 288
+static_assert(Q2_WARPS % Q2_CHAINS == 0, "mv_qf2: a tile's chains share a block");
+static_assert(G2_STAGES >= 2 && G2_STAGES <= 4, "G2_STAGES 2..4");
+
+MEMRA_DEVICE void mma16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+MEMRA_DEVICE void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// nibbles 0 and 2 of v's halves times sc, exact in f16: ((1024 + q) sc - 1024 sc) in one fused HFMA2; s2 = (sc, sc),
+// k2 = (-1024 sc, -1024 sc)
+MEMRA_DEVICE uint32_t nib_sc(uint32_t v, uint32_t s2, uint32_t k2) {
+    uint32_t t, r;
+    asm("lop3.b32 %0, %1, 0x000F000F, 0x64006400, 0xEA;" : "=r"(t) : "r"(v));   // (v & mask) | magic
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(t), "r"(s2), "r"(k2));
+    return r;
+}
+// (sc, sc) and (-1024 sc, -1024 sc) as f16 pairs for 0 <= sc < 64: (1024 + sc) - 1024 by the exponent trick, then
+// times -1024 (exact)
+MEMRA_DEVICE void sc_pair(int sc, uint32_t& s2, uint32_t& k2) {
+    uint32_t t;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(t) : "r"(((uint32_t)sc * 0x10001u) | 0x64006400u), "r"(0x64006400u));
+    s2 = t;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(k2) : "r"(t), "r"(0xE400E400u));   // -1024
+}
+// Q4_K meta (x: d | dmin; y, z, w: scales[0..11]): the scale (sub-block s < 8, compile-time) and the min (run-time s)
+template <int s>
+MEMRA_DEVICE int k4_sc(const uint4& m) {
+    if (s < 4) return (m.y >> (8 * (s & 3))) & 63;
+    constexpr int i = s & 3;
+    return ((m.w >> (8 * i)) & 0xF) | (((m.y >> (8 * i + 6)) & 3) << 4);
+}
+MEMRA_DEVICE int k4_mn(const uint4& m, int s) {   // s in 0..7 at run time (s < 4 and s >= 4 are the two halves)
+    const int i = s & 3;
+    return s < 4 ? (int)((m.z >> (8 * i)) & 63) : (int)(((m.w >> (8 * i + 4)) & 0xF) | (((m.z >> (8 * i + 6)) & 3) << 4));
+}
+MEMRA_DEVICE int k4_sc_rt(const uint4& m, int s) {
+    switch (s) {
+    case 0: return k4_sc<0>(m);
+    case 1: return k4_sc<1>(m);
+    case 2: return k4_sc<2>(m);
+    case 3: return k4_sc<3>(m);
+    case 4: return k4_sc<4>(m);
+    case 5: return k4_sc<5>(m);
+    case 6: return k4_sc<6>(m);
+    default: return k4_sc<7>(m);
+    }
+}
+
+// One superblock of a warp's 16-row A tile against NT n8 tiles of activation rows: w the rows' nibbles (row gid:
+// w[0], gid + 8: w[1]; pair j = sub-blocks 2j (low nibbles) / 2j + 1 (high), elements 8 tig .. + 7), ma / mb their
+// meta; xl(t, j, h) the lane's 16 bytes of n8 tile t's column gid at sub-block 2j + h (qf order), sl(t) its 16-byte
+// S2 fragment; acc[t] += the superblock (see the header).
+template <int NT, class XL, class SL>
+MEMRA_DEVICE void qf2_superblock(const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, int tig, XL xl, SL sl,
+                                 float (&acc)[NT][4]) {
+    float d1[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d1[t][e] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t sa, ka, sb, kb;
+            sc_pair(k4_sc_rt(ma, 2 * j + h), sa, ka);
+            sc_pair(k4_sc_rt(mb, 2 * j + h), sb, kb);
+            const uint32_t u0 = w[0][j].x >> (4 * h), u1 = w[0][j].y >> (4 * h);   // row gid
+            const uint32_t v0 = w[1][j].x >> (4 * h), v1 = w[1][j].y >> (4 * h);   // row gid + 8
+            const uint32_t a0 = nib_sc(u0, sa, ka), a1 = nib_sc(v0, sb, kb);
+            const uint32_t a2 = nib_sc(u0 >> 8, sa, ka), a3 = nib_sc(v0 >> 8, sb, kb);
+            const uint32_t e0 = nib_sc(u1, sa, ka), e1 = nib_sc(v1, sb, kb);
+            const uint32_t e2 = nib_sc(u1 >> 8, sa, ka), e3 = nib_sc(v1 >> 8, sb, kb);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                const uint4 xv = xl(t, j, h);
+                mma16(d1[t], a0, a1, a2, a3, xv.x, xv.y);
+                mma16(d1[t], e0, e1, e2, e3, xv.z, xv.w);
+            }
+        }
+    }
+    // the mins: A (16 rows x 8 sub-blocks) = m, the lane's (gid, tig), (gid + 8, tig), (gid, tig + 4), (gid + 8, tig + 4)
+    const uint32_t m0 = __float_as_uint((float)k4_mn(ma, tig)), m1 = __float_as_uint((float)k4_mn(mb, tig));
+    const uint32_t m2 = __float_as_uint((float)k4_mn(ma, tig + 4)), m3 = __float_as_uint((float)k4_mn(mb, tig + 4));
+    const float da = f16_to_f32((uint16_t)ma.x), dmina = f16_to_f32((uint16_t)(ma.x >> 16));
+    const float db = f16_to_f32((uint16_t)mb.x), dminb = f16_to_f32((uint16_t)(mb.x >> 16));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        const uint4 sv = sl(t);
+        float d2[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_tf32(d2, m0, m1, m2, m3, sv.x, sv.y);   // hi
+        mma_tf32(d2, m0, m1, m2, m3, sv.z, sv.w);   // lo
+        // D: (row gid, col 2 tig), (gid, 2 tig + 1), (gid + 8, 2 tig), (gid + 8, 2 tig + 1)
+        acc[t][0] = __fmaf_rn(-dmina, d2[0], __fmaf_rn(da, d1[t][0], acc[t][0]));
+        acc[t][1] = __fmaf_rn(-dmina, d2[1], __fmaf_rn(da, d1[t][1], acc[t][1]));
+        acc[t][2] = __fmaf_rn(-dminb, d2[2], __fmaf_rn(db, d1[t][2], acc[t][2]));
+        acc[t][3] = __fmaf_rn(-dminb, d2[3], __fmaf_rn(db, d1[t][3], acc[t][3]));
+    }
+}
+
+// the epilogue of one n8 tile's outputs v (D layout) at activation rows col0 + 2 tig, + 1 (< nb)
+template <bool GLU>
+MEMRA_DEVICE void qf2_store(const float (&v)[4], float* y, const float* res, int N, int n0, int gid, int col0, int tig,
+                            int nb, int act) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const int col = col0 + 2 * tig + c;
+        if (col >= nb) continue;
+        if (GLU) {
+            y[(size_t)col * N + n0 + gid] = __fmul_rn(act == 2 ? gelu_tanh_f32(v[c]) : silu_f32(v[c]), v[2 + c]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const size_t o = (size_t)col * N + n0 + gid + 8 * r;
+                y[o] = res ? __fadd_rn(res[o], v[2 * r + c]) : v[2 * r + c];
+            }
+        }
+    }
+}
+
+// a warp's A tile: rows ra (gid), rb (gid + 8) of weight tile `tile`
+struct Q2Tile {
+    const uint8_t* qa;
+    const uint8_t* qb;
+    const uint4* m0p;
+    const uint4* m1p;
+    int n0;
+    MEMRA_DEVICE Q2Tile(const uint8_t* bulk, const uint8_t* meta, int tile, bool glu, int N, int nsb, int gid,
+                        int tig) {
+        n0 = tile * (glu ? 8 : 16);
+        const int ra = n0 + gid, rb = glu ? N + n0 + gid : n0 + gid + 8;
+        qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
+        qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
+        m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
+        m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
+    }
+    MEMRA_DEVICE void load(int sb, uint2 (&w)[2][4], uint4& a, uint4& b) const {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[0][j] = __ldg(reinterpret_cast<const uint2*>(qa + (size_t)sb * 128 + 32 * j));
+            w[1][j] = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)sb * 128 + 32 * j));
+        }
+        a = __ldg(m0p + sb);
+        b = __ldg(m1p + sb);
+    }
+};
+
+template <bool GLU>
+MEMRA_DEVICE void mv_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                              const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
+                              int N, int K, int nb, int act) {
+    __shared__ float part[Q2_WARPS][32][4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pair = blockIdx.x * Q2_WARPS + warp;
+    const int tiles = (GLU ? 2 * N : N) / 16;
+    const bool live = pair < tiles * Q2_CHAINS;
+    const int tile = live ? pair / Q2_CHAINS : 0, chain = pair % Q2_CHAINS;
+    const int nsb = K / 256, SB = nsb / Q2_CHAINS, sb0 = chain * SB;
+    const int gid = lane >> 2, tig = lane & 3;
+    const bool xrow = gid < nb;
+    const Q2Tile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
+    const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + 8 * tig;
+    const float* sr = xs2 + (size_t)(xrow ? gid : 0) * nsb * 16 + 4 * tig;
+    uint2 wq[2][2][4];
+    uint4 mA[2], mB[2];
+    if (live && SB > 0) T.load(sb0, wq[0], mA[0], mB[0]);
+    MEMRA_PDL_WAIT();
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
+                    uint4& bn) {
+        if (i + 1 < SB) T.load(sb0 + i + 1, wn, an, bn);
+        const int sb = sb0 + i;
+        qf2_superblock<1>(w, ma, mb, tig,
+            [&](int, int j, int h) {
+                return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
+                            : make_uint4(0, 0, 0, 0);
+            },
+            [&](int) { return xrow ? __ldg(reinterpret_cast<const uint4*>(sr + 16 * sb)) : make_uint4(0, 0, 0, 0); },
+            acc);
+    };
+    if (live) {
+        for (int i = 0; i < SB; i += 2) {
+            step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
+            if (i + 1 < SB) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
+        }
+    }
+    MEMRA_PDL_LAUNCH();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[warp][lane][e] = acc[0][e];
+    __syncthreads();
+    if (!live || chain != 0) return;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        v[e] = part[warp][lane][e];
+#pragma unroll
+        for (int c = 1; c < Q2_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
+    }
+    qf2_store<GLU>(v, y, res, N, T.n0, gid, 0, tig, nb, act);
+}
+
+template <bool GLU>
+MEMRA_DEVICE void gm_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+                              const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
+                              float* ws, int* cnt, int N, int K, int nb, int act) {
+    constexpr int R = 8 * G2_NT;
+    extern __shared__ __align__(16) uint8_t g2_smem[];
+    uint16_t* xsm = reinterpret_cast<uint16_t*>(g2_smem);                                    // [stage][R][XROW]
+    float* ssm = reinterpret_cast<float*>(g2_smem + (size_t)G2_STAGES * R * G2_XROW * 2);   // [stage][R][16]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tiles = (GLU ? 2 * N : N) / 16;
+    const bool live = blockIdx.x * G2_WARPS + warp < tiles;
+    const int tile = live ? blockIdx.x * G2_WARPS + warp : 0;
+    const int c0 = blockIdx.y * R;
+    const int nsb = K / 256, SB = nsb / Q2_CHAINS;
+    const int sb0 = G2_KSPLIT ? blockIdx.z * SB : 0, nloc = G2_KSPLIT ? SB : nsb;   // this block's superblocks
+    const int gid = lane >> 2, tig = lane & 3;
+    const Q2Tile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
+    auto stage = [&](int i, int s) {   // superblock sb0 + i's activations and sums into stage s
+        const int sb = sb0 + i;
+        const uint32_t xd = smem_u32(xsm + (size_t)s * R * G2_XROW);
+        for (int k = threadIdx.x; k < R * 32; k += 32 * G2_WARPS) {
+            const int r = k >> 5, c = k & 31, row = c0 + r;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         :: "r"(xd + 2 * (r * G2_XROW + 8 * c)),
+                            "l"(x + (size_t)(row < nb ? row : 0) * K + 256 * sb + 8 * c), "r"(row < nb ? 16 : 0)
+                         : "memory");
+        }
+        const uint32_t sd = smem_u32(ssm + (size_t)s * R * 16);
+        for (int k = threadIdx.x; k < R * 4; k += 32 * G2_WARPS) {
+            const int r = k >> 2, c = k & 3, row = c0 + r;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         :: "r"(sd + 4 * (r * 16 + 4 * c)),
+                            "l"(xs2 + ((size_t)(row < nb ? row : 0) * nsb + sb) * 16 + 4 * c), "r"(row < nb ? 16 : 0)
+                         : "memory");
+        }
+    };
+    uint2 wq[2][2][4];
+    uint4 mA[2], mB[2];
+    if (live) T.load(sb0, wq[0], mA[0], mB[0]);
+    MEMRA_PDL_WAIT();
+#pragma unroll
+    for (int s = 0; s < G2_STAGES - 1; ++s) {
+        if (s < nloc) stage(s, s);
+        cp_commit();
+    }
+    // the parked chain sums (G2_KSPLIT 0, Q2_CHAINS > 1): [output 4 G2_NT][thread], each lane's own
+    float* park = reinterpret_cast<float*>(g2_smem + (size_t)G2_STAGES * R * (G2_XROW * 2 + 64)) + threadIdx.x;
+    float acc[G2_NT][4];
+#pragma unroll
+    for (int t = 0; t < G2_NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
+    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
+                    uint4& bn) {
+        cp_wait<G2_STAGES - 2>();
+        __syncthreads();   // superblock i staged for all; stage (i - 1) % STAGES free
+        if (i + G2_STAGES - 1 < nloc) stage(i + G2_STAGES - 1, (i + G2_STAGES - 1) % G2_STAGES);
+        cp_commit();
+        if (!G2_KSPLIT && Q2_CHAINS > 1 && i > 0 && i % SB == 0) {   // a chain ends: park it (c0, then + c)
+#pragma unroll
+            for (int t = 0; t < G2_NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float& p = park[(4 * t + e) * 32 * G2_WARPS];
+                    p = i == SB ? acc[t][e] : __fadd_rn(p, acc[t][e]);
+                    acc[t][e] = 0.f;
+                }
+        }
+        if (live && i + 1 < nloc) T.load(sb0 + i + 1, wn, an, bn);
+        if (!live) return;
+        const int s = i % G2_STAGES;
+        const uint16_t* xb = xsm + (size_t)s * R * G2_XROW + gid * G2_XROW + 8 * tig;
+        const float* sbp = ssm + (size_t)s * R * 16 + gid * 16 + 4 * tig;
+        qf2_superblock<G2_NT>(w, ma, mb, tig,
+            [&](int t, int j, int h) {
+                return *reinterpret_cast<const uint4*>(xb + t * 8 * G2_XROW + 64 * j + 32 * h);
+            },
+            [&](int t) { return *reinterpret_cast<const uint4*>(sbp + t * 8 * 16); }, acc);
+    };
+    for (int i = 0; i < nloc; i += 2) {
+        step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
+        if (i + 1 < nloc) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
+    }
+    MEMRA_PDL_LAUNCH();
+    const int Nw = GLU ? 2 * N : N;
+    const int ra = T.n0 + gid, rb = GLU ? N + T.n0 + gid : T.n0 + gid + 8;
+    if (G2_KSPLIT && Q2_CHAINS > 1) {
+        // this chain's sums into ws[chain][row][weight row]; the (x, y) tile's last block folds them in chain order
+        __shared__ int last;
+        if (live) {
+#pragma unroll
+            for (int t = 0; t < G2_NT; ++t)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int col = c0 + 8 * t + 2 * tig + c;
+                    if (col >= nb) continue;
+                    float* o = ws + ((size_t)blockIdx.z * nb + col) * Nw;
+                    o[ra] = acc[t][c];
+                    o[rb] = acc[t][2 + c];
+                }
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int* ct = cnt + blockIdx.y * gridDim.x + blockIdx.x;
+            last = atomicAdd(ct, 1) == Q2_CHAINS - 1;
+            if (last) *ct = 0;
+        }
+        __syncthreads();
+        if (!last || !live) return;
+        __threadfence();
+#pragma unroll
+        for (int t = 0; t < G2_NT; ++t) {
+            float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = c0 + 8 * t + 2 * tig + c;
+                if (col >= nb) continue;
+                for (int ch = 0; ch < Q2_CHAINS; ++ch) {
+                    const float* o = ws + ((size_t)ch * nb + col) * Nw;
+                    const float pa = __ldcg(o + ra), pb = __ldcg(o + rb);
+                    v[c] = ch ? __fadd_rn(v[c], pa) : pa;
+                    v[2 + c] = ch ? __fadd_rn(v[2 + c], pb) : pb;
+                }
+            }
+            qf2_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
+        }
+        return;
+    }
+    if (!live) return;
+#pragma unroll
+    for (int t = 0; t < G2_NT; ++t) {
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            v[e] = Q2_CHAINS > 1 ? __fadd_rn(park[(4 * t + e) * 32 * G2_WARPS], acc[t][e]) : acc[t][e];
+        qf2_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * Q2_WARPS)
+mv_qf2(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+       const float* __restrict__ xs2, float* y, const float* res, int N, int K, int nb) {
+    mv_qf2_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * Q2_WARPS)
+mv_qf2_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+           const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
+    mv_qf2_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * G2_WARPS)
+gm_qf2(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+       const float* __restrict__ xs2, float* y, const float* res, float* ws, int* cnt, int N, int K, int nb) {
+    gm_qf2_body<false>(bulk, meta, x, xs2, y, res, ws, cnt, N, K, nb, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * G2_WARPS)
+gm_qf2_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+           const float* __restrict__ xs2, float* y, float* ws, int* cnt, int N, int K, int nb, int act) {
+    gm_qf2_body<true>(bulk, meta, x, xs2, y, nullptr, ws, cnt, N, K, nb, act);
+}

@@ -1,0 +1,221 @@
+"""qf2.cu (v14, the qf2 arithmetic: every per-sub-block float operation in the tensor core) against the engine's q8
+decode kernels at 1, 8 and 64 rows on the 8B Q4_K_M's Q4_K shapes, and its bits across row counts
+(experiments/f16_decode/README.md, session 54).
+
+Per shape and row count nb: the engine's q8 kernel (mv_q8 / mvt / gemm.cu at the shipped H200 table's configuration);
+then per chain count C (CHAINS: the arithmetic) the one-row reference — mv_qf2 launched once for every activation row
+alone — and mv_qf2 at nb rows (nb <= 8) and gm_qf2 at every configuration in GM that fits nb: µs (median of CUDA-graph
+launches over weight copies rotated past L2), GB/s, `differ` = outputs whose bits differ from the one-row launches'
+(the isolation contract: must be 0), `rel` = max |y - ref| / max |ref| on the first 32 weight rows against the
+float64 value of the same arithmetic (S1 exact, S2 = hi + lo as the kernel sees it).
+
+    source .whl/setup.sh && [Q2_NBS=1,8,64] [QF_OPS=gate_up,qkv] python3 experiments/f16_decode/qf2_probe.py --out F
+    python3 experiments/f16_decode/qf2_probe.py --compile-only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
+
+SRC = HERE / "qf2.cu"
+KEYS = ("Q2_WARPS", "Q2_CHAINS", "G2_WARPS", "G2_NT", "G2_STAGES", "G2_KSPLIT")
+CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
+ONE_WARPS = (4, 8)                         # mv_qf2's Q2_WARPS (>= C) timed at one row
+GM = [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
+      (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)]   # (G2_WARPS, G2_NT, G2_STAGES, G2_KSPLIT)
+NBS = tuple(int(v) for v in os.environ.get("Q2_NBS", "1,8,64").split(","))
+if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and gm_qf2 configuration (a profiler's run)
+    _c, *_g = (int(v) for v in os.environ["Q2_ONLY"].split())
+    CHAINS = {k: (_c,) for k in CHAINS}
+    GM = [tuple(_g)]
+XROW = 288
+QF_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def modules() -> list[tuple]:
+    cs = sorted({c for sh in QP.SHAPES for c in CHAINS[sh[1]]})
+    out = [(max(4, c), c) + cfg for c in cs for cfg in GM]
+    out += [(w, c) + GM[0] for c in cs for w in ONE_WARPS if w > max(4, c) and w % c == 0]
+    return out
+
+
+def _compile(m):
+    import tile as TL
+    return TL.compile_module(dict(zip(KEYS, m)), SRC)
+
+
+def smem(w: int, c: int, nt: int, st: int, ks: int) -> int:
+    return st * 8 * nt * (2 * XROW + 64) + (4 * nt * 32 * w * 4 if c > 1 and not ks else 0)
+
+
+def tf32(a: np.ndarray) -> np.ndarray:
+    """Round f32 to tf32 (nearest, ties away: cvt.rna.tf32.f32), as f32."""
+    b = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def producer(xh16: np.ndarray):
+    """The activation producer's contract: x in qf order, and xs2 [row][superblock][tig][hi_t, hi_t+4, lo_t, lo_t+4]
+    with S2 the f32 sum of each 32-element sub-block of the f16 values; also S2 = hi + lo (float64) for the
+    reference."""
+    nb, K = xh16.shape
+    xq = np.ascontiguousarray(xh16.reshape(nb, K // 8, 8)[:, :, QF_ORDER].reshape(nb, K))
+    s2 = xh16.astype(np.float32).reshape(nb, K // 32, 32).sum(-1, dtype=np.float32)
+    hi = tf32(s2)
+    lo = tf32((s2 - hi).astype(np.float32))
+    h = hi.reshape(nb, K // 256, 8)
+    lw = lo.reshape(nb, K // 256, 8)
+    t = np.arange(4)
+    xs2 = np.stack([h[:, :, t], h[:, :, t + 4], lw[:, :, t], lw[:, :, t + 4]], axis=-1)   # (nb, nsb, 4 tig, 4)
+    return xq, np.ascontiguousarray(xs2.astype(np.float32)).reshape(nb, -1), hi.astype(np.float64) + lo
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--compile-only", action="store_true")
+    args = ap.parse_args()
+    t0 = time.time()
+    from concurrent.futures import ProcessPoolExecutor
+    mods = modules()
+    with ProcessPoolExecutor(max_workers=max(1, min(12, os.cpu_count() or 1))) as ex:
+        built = dict(zip(mods, ex.map(_compile, mods)))
+    info = {str(m): QP.regs(v[1]) for m, v in built.items()}
+    if args.compile_only:
+        print(json.dumps({"kind": "q2_compile", "modules": len(built), "s": round(time.time() - t0, 1),
+                          "regs_spill": info}))
+        return 0
+    import probe as PR
+    import tile as TL
+    from memra.gpu.cuda import gpu
+    from memra.gpu.ops import gemm as GM_
+    from memra.gpu.ops import matvec as M
+    from memra.gpu.ops import mvt as MVT
+    from memra.gpu.q8 import Q8_SCALE
+    g = gpu()
+    table = json.loads(QP.TABLE.read_text())
+    out = open(args.out, "a")
+
+    def emit(rec):
+        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec)[:300], flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    emit({"kind": "q2_compile", "modules": len(built), "s": round(time.time() - t0, 1), "regs_spill": info})
+    rng = np.random.default_rng(54)
+    cache: dict = {}
+
+    def module(m):
+        return TL.prebuilt_module(g, cache, ("q2", m), "qf2.cu", dict(zip(KEYS, m)), lambda m=m: built[m][0])
+    for model, op, rows, K, glu in QP.SHAPES:
+        N = rows // 2 if glu else rows
+        raw = M.random_weight(QP.Q4_K, rows, K, rng)
+        ws = [M.upload_weight(g, raw, QP.Q4_K) for _ in range(max(1, min(8, -(-QP.ROTATE // raw.nbytes))))]
+        act = "silu" if glu else None
+        sfx = "_glu" if glu else ""
+        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
+                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
+        timed = PR.timer(g, emit, args.reps, base, ws, ws[0].nbytes)
+        tiles = rows // 16
+        nr = 32
+        for nb in NBS:
+            x = (rng.standard_normal((nb, K)) * 2).astype(np.float32)
+            xh16 = x.astype(np.float16)
+            xq16, xs2h, s2ref = producer(xh16)
+            xh = g.to_device(xq16.view(np.uint16).reshape(-1))
+            xs2 = g.to_device(xs2h.reshape(-1))
+            xq = g.empty((nb * K,), np.int8)
+            xs = g.empty((nb * K // 32,), Q8_SCALE)
+            M.quantize_q8(g, g.to_device(x), xq, xs, nb)
+            y = g.empty((nb * N,), np.float32)
+            if nb < MVT.MVT_MIN_ROWS:
+                cfg = PR.table_config(table, "matvec" + sfx, QP.Q4_K, rows, K, nb)
+                timed("matvec", cfg, nb, lambda w, cfg=cfg: M.matvec(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
+                                                                      tuned=(lambda _n: cfg) if cfg else None))
+            elif nb < GM_.GEMM_MIN_ROWS:
+                cfg = PR.table_config(table, "mvt" + sfx, QP.Q4_K, rows, K, nb)
+                timed("mvt", cfg, nb, lambda w, cfg=cfg: MVT.mvt(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg))
+            else:
+                cfg = PR.table_config(table, "gemm" + sfx, QP.Q4_K, rows, K, nb)
+                timed("gemm", cfg, nb, lambda w, cfg=cfg: GM_.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
+                                                                   config=cfg))
+            if glu:
+                gt = QP.ref_qf(raw[:nr], K, xh16, s2ref, nr)
+                up = QP.ref_qf(raw[N:N + nr], K, xh16, s2ref, nr)
+                ref = gt / (1 + np.exp(-gt)) * up
+            else:
+                ref = QP.ref_qf(raw, K, xh16, s2ref, nr)
+            rows_x = [g.to_device(xq16[r].view(np.uint16)) for r in range(nb)]
+            rows_s = [g.to_device(xs2h[r]) for r in range(nb)]
+            y1 = g.empty((N,), np.float32)
+            for C in CHAINS[op]:
+                if K % (256 * C):
+                    continue
+
+                def mv(w, xa, sa, yy, n, W, C=C):
+                    k = module((W, C) + GM[0] if W > max(4, C) else (max(4, C), C) + GM[0]).kernel("mv_qf2" + sfx)
+                    a = ((w.bulk, w.meta, xa, sa, yy, np.int32(N), np.int32(K), np.int32(n), np.int32(1)) if glu
+                         else (w.bulk, w.meta, xa, sa, yy, np.uint64(0), np.int32(N), np.int32(K), np.int32(n)))
+                    g.launch(k, (-(-tiles * C // W), 1, 1), (32 * W, 1, 1), a)
+                w0 = max(4, C)
+                bits = np.empty((nb, N), np.uint32)
+                for r in range(nb):
+                    mv(ws[0], rows_x[r], rows_s[r], y1, 1, w0)
+                    g.sync()
+                    bits[r] = y1.numpy().view(np.uint32)
+                rel1 = float(np.max(np.abs(bits[:, :nr].view(np.float32) - ref)) / np.max(np.abs(ref)))
+                cfgs = [("mv_qf2", W, None) for W in ONE_WARPS if W >= C and W % C == 0 and nb <= 8]
+                cfgs += [("gm_qf2", None, c) for c in GM if nb > 1 and 8 * c[1] <= max(8, nb)
+                         and not (8 * c[1] < nb and c[1] < 4)]
+                for kern, W, c in cfgs:
+                    if kern == "mv_qf2":
+                        config = {"Q2_WARPS": W, "Q2_CHAINS": C}
+
+                        def run(w, W=W):
+                            mv(w, xh, xs2, y, nb, W)
+                    else:
+                        m = (max(4, C), C) + c
+                        config = dict(zip(KEYS, m))
+                        kg = module(m).kernel("gm_qf2" + sfx)
+                        grid = (-(-tiles // c[0]), -(-nb // (8 * c[1])), C if c[3] else 1)
+                        sm = smem(c[0], C, c[1], c[2], c[3])
+                        wsp = g.empty((max(1, C * nb * rows),), np.float32)
+                        cnt = g.to_device(np.zeros(grid[0] * grid[1], np.int32))
+
+                        def run(w, kg=kg, grid=grid, sm=sm, c=c, wsp=wsp, cnt=cnt):
+                            a = ((w.bulk, w.meta, xh, xs2, y, wsp, cnt, np.int32(N), np.int32(K), np.int32(nb),
+                                  np.int32(1)) if glu else
+                                 (w.bulk, w.meta, xh, xs2, y, np.uint64(0), wsp, cnt, np.int32(N), np.int32(K),
+                                  np.int32(nb)))
+                            g.launch(kg, grid, (32 * c[0], 1, 1), a, shmem=sm)
+                    rec = {"kind": "time", **base, "nb": nb, "kernel": kern, "config": config, "rel_one_row": rel1}
+                    try:
+                        y.upload(np.full(nb * N, np.nan, np.float32))
+                        run(ws[0])
+                        g.sync()
+                        got = y.numpy().reshape(nb, N)
+                        rec["differ"] = int((got.view(np.uint32) != bits).sum())
+                        rec["rel"] = float(np.max(np.abs(got[:, :nr] - ref)) / np.max(np.abs(ref)))
+                        us = TL.time_us(g, [lambda w=w: run(w) for w in ws], args.reps,
+                                        launches=max(24, 3 * len(ws)))
+                        rec.update(us=round(us, 2), gbps=round(ws[0].nbytes / us / 1e3, 1))
+                    except Exception as e:
+                        rec["error"] = str(e)[:300]
+                    emit(rec)
+        del ws
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
