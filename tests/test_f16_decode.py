@@ -110,3 +110,38 @@ def test_mv_qf_tile_layout_matches_the_kernels_addresses():
         tl, tm = qp.tile_layout(bulk, N, K, glu), qp.tile_meta(meta, N, K, glu)
         assert misplaced(tl, tm, bulk, meta, N, nsb, glu) == 0
         assert misplaced(qp.tile_layout(bulk[::-1].copy(), N, K, glu), tm, bulk, meta, N, nsb, glu) > 0
+
+
+def test_qf2_builds():
+    """qf2.cu (session 54's v14): the one-row kernel and the GEMM, chains parked and split across blocks."""
+    src = EXP / "qf2.cu"
+    assert _compile(src, {"Q2_WARPS": 4, "Q2_CHAINS": 1})
+    assert _compile(src, {"Q2_WARPS": 8, "Q2_CHAINS": 8, "G2_NT": 4, "G2_STAGES": 3, "G2_KSPLIT": 1})
+
+
+def test_qf2_producer_puts_each_fragment_where_a_lane_loads_it():
+    """qf2_probe.py's producer (the activation contract of qf2.cu): lane (gid, tig)'s 16 bytes at element 8 tig of a
+    32-element sub-block are its two k16 steps' B fragments (e0 e2 | e1 e3 | e4 e6 | e5 e7); its 16 bytes at float
+    16 sb + 4 tig of a row's sums are (hi, hi, lo, lo) of sub-blocks tig and tig + 4 (the tf32 mma's b0 / b1), hi a
+    tf32 value and hi + lo within 2^-22 of the f32 sum (and the reference's S2 exactly)."""
+    import numpy as np
+
+    qp = _load("f16_decode_qf2_probe", EXP / "qf2_probe.py")
+    rng = np.random.default_rng(1)
+    nb, K = 3, 512
+    xh = (rng.standard_normal((nb, K)) * 3).astype(np.float16)
+    xq, xs2, s2ref = qp.producer(xh)
+    s2 = xh.astype(np.float32).reshape(nb, K // 32, 32).sum(-1, dtype=np.float32)
+    for b in range(nb):
+        for sub in range(K // 32):
+            for tig in range(4):
+                got = xq[b, 32 * sub + 8 * tig:32 * sub + 8 * tig + 8]
+                e = xh[b, 32 * sub + 8 * tig:32 * sub + 8 * tig + 8]
+                assert (got.view(np.uint16) == e[[0, 2, 1, 3, 4, 6, 5, 7]].view(np.uint16)).all()
+        for sb in range(K // 256):
+            for tig in range(4):
+                hi0, hi4, lo0, lo4 = xs2[b, 16 * sb + 4 * tig:16 * sb + 4 * tig + 4]
+                for v_hi, v_lo, sub in ((hi0, lo0, 8 * sb + tig), (hi4, lo4, 8 * sb + tig + 4)):
+                    assert (np.float32(v_hi).view(np.uint32) & 0x1FFF) == 0
+                    assert abs(float(v_hi) + float(v_lo) - float(s2[b, sub])) <= abs(float(s2[b, sub])) * 2 ** -22
+                    assert float(v_hi) + float(v_lo) == s2ref[b, sub]
