@@ -427,3 +427,46 @@ gm_qf2_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, c
            const float* __restrict__ xs2, float* y, float* ws, int* cnt, int N, int K, int nb, int act) {
     gm_qf2_body<true>(bulk, meta, x, xs2, y, nullptr, ws, cnt, N, K, nb, act);
 }
+
+// to_qf2: the activation producer (x f32, nb rows of K, K a multiple of 256) -> xh (f16 in qf order) and xs2 (per
+// row and superblock [tig 4][hi_tig, hi_tig+4, lo_tig, lo_tig+4]). A warp per superblock of a row: lane l converts
+// elements 8 l .. 8 l + 7 (sub-block l / 4), stores them as e0 e2 e1 e3 e4 e6 e5 e7, sums its 8 f16 values in f32
+// in increasing k, then its quad's sums as (l0 + l1) + (l2 + l3) (xor shuffles 1 then 2); S2's hi = tf32 (rna), lo =
+// tf32 (S2 - hi). Launch: grid ceil(nb K / 256 / 8), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+to_qf2(const float* __restrict__ x, uint16_t* __restrict__ xh, float* __restrict__ xs2, int nb, int K) {
+    MEMRA_PDL_WAIT();
+    const int lane = threadIdx.x & 31;
+    const size_t u = (size_t)blockIdx.x * 8 + (threadIdx.x >> 5);   // superblock index over all rows
+    if (u >= (size_t)nb * (K / 256)) return;
+    const float4* src = reinterpret_cast<const float4*>(x + u * 256 + 8 * lane);
+    const float4 p = src[0], q = src[1];
+    const float e[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+    uint16_t h[8];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        uint16_t v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(e[i]));
+        h[i] = v;
+        s = __fadd_rn(s, f16_to_f32(v));
+    }
+    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+    uint4 o;
+    o.x = h[0] | ((uint32_t)h[2] << 16);
+    o.y = h[1] | ((uint32_t)h[3] << 16);
+    o.z = h[4] | ((uint32_t)h[6] << 16);
+    o.w = h[5] | ((uint32_t)h[7] << 16);
+    *reinterpret_cast<uint4*>(xh + u * 256 + 8 * lane) = o;
+    if ((lane & 3) == 0) {
+        const int sub = lane >> 2, t = sub & 3, hi4 = sub >> 2;
+        uint32_t hi, lo;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(s));
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(__fsub_rn(s, __uint_as_float(hi))));
+        float* d = xs2 + u * 16 + 4 * t + hi4;
+        d[0] = __uint_as_float(hi);
+        d[2] = __uint_as_float(lo);
+    }
+    MEMRA_PDL_LAUNCH();
+}

@@ -64,20 +64,28 @@ def tf32(a: np.ndarray) -> np.ndarray:
     return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def producer(xh16: np.ndarray):
-    """The activation producer's contract: x in qf order, and xs2 [row][superblock][tig][hi_t, hi_t+4, lo_t, lo_t+4]
-    with S2 the f32 sum of each 32-element sub-block of the f16 values; also S2 = hi + lo (float64) for the
-    reference."""
-    nb, K = xh16.shape
+def producer(x: np.ndarray):
+    """qf2.cu's to_qf2 on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
+    [hi_t, hi_t+4, lo_t, lo_t+4] with S2 = each 8 f16 values summed in f32 in increasing k, then a sub-block's four
+    as (s0 + s1) + (s2 + s3); hi = tf32(S2), lo = tf32(S2 - hi). Also xh16 (natural order) and S2 = hi + lo (float64)
+    for the reference."""
+    nb, K = x.shape
+    xh16 = x.astype(np.float16)
     xq = np.ascontiguousarray(xh16.reshape(nb, K // 8, 8)[:, :, QF_ORDER].reshape(nb, K))
-    s2 = xh16.astype(np.float32).reshape(nb, K // 32, 32).sum(-1, dtype=np.float32)
+    v = xh16.astype(np.float32).reshape(nb, K // 8, 8)
+    p = np.zeros((nb, K // 8), np.float32)
+    for i in range(8):
+        p = (p + v[:, :, i]).astype(np.float32)
+    p = p.reshape(nb, K // 32, 4)
+    s2 = ((p[:, :, 0] + p[:, :, 1]).astype(np.float32) + (p[:, :, 2] + p[:, :, 3]).astype(np.float32)).astype(
+        np.float32)
     hi = tf32(s2)
     lo = tf32((s2 - hi).astype(np.float32))
     h = hi.reshape(nb, K // 256, 8)
     lw = lo.reshape(nb, K // 256, 8)
     t = np.arange(4)
     xs2 = np.stack([h[:, :, t], h[:, :, t + 4], lw[:, :, t], lw[:, :, t + 4]], axis=-1)   # (nb, nsb, 4 tig, 4)
-    return xq, np.ascontiguousarray(xs2.astype(np.float32)).reshape(nb, -1), hi.astype(np.float64) + lo
+    return xq, np.ascontiguousarray(xs2.astype(np.float32)).reshape(nb, -1), xh16, hi.astype(np.float64) + lo
 
 
 def main() -> int:
@@ -131,8 +139,16 @@ def main() -> int:
         nr = 32
         for nb in NBS:
             x = (rng.standard_normal((nb, K)) * 2).astype(np.float32)
-            xh16 = x.astype(np.float16)
-            xq16, xs2h, s2ref = producer(xh16)
+            xq16, xs2h, xh16, s2ref = producer(x)
+            # the device's producer against its host replay
+            xh = g.empty((nb * K,), np.uint16)
+            xs2 = g.empty((nb * K // 16,), np.float32)
+            g.launch(module(modules()[0]).kernel("to_qf2"), (-(-nb * K // 256 // 8), 1, 1), (256, 1, 1),
+                     (g.to_device(x.reshape(-1)), xh, xs2, np.int32(nb), np.int32(K)))
+            g.sync()
+            emit({"kind": "producer", **base, "nb": nb,
+                  "differ_x": int((xh.numpy().reshape(nb, K) != xq16.view(np.uint16)).sum()),
+                  "differ_s2": int((xs2.numpy().reshape(nb, -1).view(np.uint32) != xs2h.view(np.uint32)).sum())})
             xh = g.to_device(xq16.view(np.uint16).reshape(-1))
             xs2 = g.to_device(xs2h.reshape(-1))
             xq = g.empty((nb * K,), np.int8)
