@@ -5,9 +5,9 @@
 #   (mvt at 8 rows, gemm.cu at 64) on the 8B's Q4_K shapes, its bits against mv_qf's one-row launches of every
 #   activation row (GQ_NBS rows: 8,64); $OUT/gq.jsonl -> research/<date>-session54/gq/. NCU=1 adds ncu's full set of
 #   one gm_qf launch (GQ_NCU "C W NT ST", the gate+up at 64 rows), packed into $OUT/prof.tgz.
-# STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — qf2.cu (v14: the qf2 arithmetic, one-row and GEMM
-#   kernels) against the engine's q8 kernel at 1 / 8 / 64 rows (Q2_NBS) on the 8B's Q4_K shapes, bits against the
-#   one-row launches; $OUT/q2.jsonl. NCU=1 adds ncu's full set of one gm_qf2 launch (Q2_NCU "C W NT ST KS", the
+# STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — kernels/qf.cu (v14, landed from qf2.cu: one-row
+#   and GEMM kernels) against the engine's q8 kernel at 1 / 8 / 64 rows (Q2_NBS) on the 8B's Q4_K shapes, bits against the
+#   one-row launches; $OUT/q2.jsonl. NCU=1 adds ncu's full set of one qf_gemm launch (Q2_NCU "C W NT ST KS", the
 #   gate+up at 64 rows), packed into $OUT/prof.tgz.
 set -u
 source experiments/h200_common.sh
@@ -42,7 +42,7 @@ if [ "$STAGE" = Q ]; then
   if [ "${NCU:-0}" = 1 ]; then
     f=$OUT/prof-q2
     Q2_ONLY="${Q2_NCU:-1 4 8 2 0}" Q2_NBS=64 QF_OPS=gate_up timeout 200 ncu --clock-control none --set full \
-      --import-source no -k regex:gm_qf2 -s 1 -c 1 -f -o $f \
+      --import-source no -k regex:qf_gemm -s 1 -c 1 -f -o $f \
       python3 experiments/f16_decode/qf2_probe.py --out /dev/null --reps 3 > $f.log 2>&1
     log "ncu q2 rc=$? $(el)"
     ncu -i $f.ncu-rep --page details > $f.txt 2>&1

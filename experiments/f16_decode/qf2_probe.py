@@ -1,10 +1,10 @@
-"""qf2.cu (v14, the qf2 arithmetic: every per-sub-block float operation in the tensor core) against the engine's q8
-decode kernels at 1, 8 and 64 rows on the 8B Q4_K_M's Q4_K shapes, and its bits across row counts
+"""kernels/qf.cu (v14, landed from this folder's qf2.cu: every per-sub-block float operation in the tensor core)
+against the engine's q8 decode kernels at 1, 8 and 64 rows on the 8B Q4_K_M's Q4_K shapes, and its bits across row counts
 (experiments/f16_decode/README.md, session 54).
 
 Per shape and row count nb: the engine's q8 kernel (mv_q8 / mvt / gemm.cu at the shipped H200 table's configuration);
-then per chain count C (CHAINS: the arithmetic) the one-row reference — mv_qf2 launched once for every activation row
-alone — and mv_qf2 at nb rows (nb <= 8) and gm_qf2 at every configuration in GM that fits nb: µs (median of CUDA-graph
+then per chain count C (CHAINS: the arithmetic) the one-row reference — qf_mv launched once for every activation row
+alone — and qf_mv at nb rows (nb <= 8) and qf_gemm at every configuration in GM that fits nb: µs (median of CUDA-graph
 launches over weight copies rotated past L2), GB/s, `differ` = outputs whose bits differ from the one-row launches'
 (the isolation contract: must be 0), `rel` = max |y - ref| / max |ref| on the first 32 weight rows against the
 float64 value of the same arithmetic (S1 exact, S2 = hi + lo as the kernel sees it).
@@ -27,14 +27,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
 
-SRC = HERE / "qf2.cu"
-KEYS = ("Q2_WARPS", "Q2_CHAINS", "G2_WARPS", "G2_NT", "G2_STAGES", "G2_KSPLIT")
+SRC = QP.ROOT / "kernels" / "qf.cu"   # landed from this folder's qf2.cu (v14)
+KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
-ONE_WARPS = (4, 8)                         # mv_qf2's Q2_WARPS (>= C) timed at one row
+ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
 GM = [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
       (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)]   # (G2_WARPS, G2_NT, G2_STAGES, G2_KSPLIT)
 NBS = tuple(int(v) for v in os.environ.get("Q2_NBS", "1,8,64").split(","))
-if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and gm_qf2 configuration (a profiler's run)
+if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and qf_gemm configuration (a profiler's run)
     _c, *_g = (int(v) for v in os.environ["Q2_ONLY"].split())
     CHAINS = {k: (_c,) for k in CHAINS}
     GM = [tuple(_g)]
@@ -65,7 +65,7 @@ def tf32(a: np.ndarray) -> np.ndarray:
 
 
 def producer(x: np.ndarray):
-    """qf2.cu's to_qf2 on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
+    """kernels/qf.cu's to_qf on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
     [hi_t, hi_t+4, lo_t, lo_t+4] with S2 = each 8 f16 values summed in f32 in increasing k, then a sub-block's four
     as (s0 + s1) + (s2 + s3); hi = tf32(S2), lo = tf32(S2 - hi). Also xh16 (natural order) and S2 = hi + lo (float64)
     for the reference."""
@@ -125,7 +125,7 @@ def main() -> int:
     cache: dict = {}
 
     def module(m):
-        return TL.prebuilt_module(g, cache, ("q2", m), "qf2.cu", dict(zip(KEYS, m)), lambda m=m: built[m][0])
+        return TL.prebuilt_module(g, cache, ("q2", m), "qf.cu", dict(zip(KEYS, m)), lambda m=m: built[m][0])
     for model, op, rows, K, glu in QP.SHAPES:
         N = rows // 2 if glu else rows
         raw = M.random_weight(QP.Q4_K, rows, K, rng)
@@ -143,7 +143,7 @@ def main() -> int:
             # the device's producer against its host replay
             xh = g.empty((nb * K,), np.uint16)
             xs2 = g.empty((nb * K // 16,), np.float32)
-            g.launch(module(modules()[0]).kernel("to_qf2"), (-(-nb * K // 256 // 8), 1, 1), (256, 1, 1),
+            g.launch(module(modules()[0]).kernel("to_qf"), (-(-nb * K // 256 // 8), 1, 1), (256, 1, 1),
                      (g.to_device(x.reshape(-1)), xh, xs2, np.int32(nb), np.int32(K)))
             g.sync()
             emit({"kind": "producer", **base, "nb": nb,
@@ -180,7 +180,7 @@ def main() -> int:
                     continue
 
                 def mv(w, xa, sa, yy, n, W, C=C):
-                    k = module((W, C) + GM[0] if W > max(4, C) else (max(4, C), C) + GM[0]).kernel("mv_qf2" + sfx)
+                    k = module((W, C) + GM[0] if W > max(4, C) else (max(4, C), C) + GM[0]).kernel("qf_mv" + sfx)
                     a = ((w.bulk, w.meta, xa, sa, yy, np.int32(N), np.int32(K), np.int32(n), np.int32(1)) if glu
                          else (w.bulk, w.meta, xa, sa, yy, np.uint64(0), np.int32(N), np.int32(K), np.int32(n)))
                     g.launch(k, (-(-tiles * C // W), 1, 1), (32 * W, 1, 1), a)
@@ -191,11 +191,11 @@ def main() -> int:
                     g.sync()
                     bits[r] = y1.numpy().view(np.uint32)
                 rel1 = float(np.max(np.abs(bits[:, :nr].view(np.float32) - ref)) / np.max(np.abs(ref)))
-                cfgs = [("mv_qf2", W, None) for W in ONE_WARPS if W >= C and W % C == 0 and nb <= 8]
-                cfgs += [("gm_qf2", None, c) for c in GM if nb > 1 and 8 * c[1] <= max(8, nb)
+                cfgs = [("qf_mv", W, None) for W in ONE_WARPS if W >= C and W % C == 0 and nb <= 8]
+                cfgs += [("qf_gemm", None, c) for c in GM if nb > 1 and 8 * c[1] <= max(8, nb)
                          and not (8 * c[1] < nb and c[1] < 4)]
                 for kern, W, c in cfgs:
-                    if kern == "mv_qf2":
+                    if kern == "qf_mv":
                         config = {"Q2_WARPS": W, "Q2_CHAINS": C}
 
                         def run(w, W=W):
@@ -203,7 +203,7 @@ def main() -> int:
                     else:
                         m = (max(4, C), C) + c
                         config = dict(zip(KEYS, m))
-                        kg = module(m).kernel("gm_qf2" + sfx)
+                        kg = module(m).kernel("qf_gemm" + sfx)
                         grid = (-(-tiles // c[0]), -(-nb // (8 * c[1])), C if c[3] else 1)
                         sm = smem(c[0], C, c[1], c[2], c[3])
                         wsp = g.empty((max(1, C * nb * rows),), np.float32)

@@ -1,62 +1,95 @@
-// qf2.cu — experiment v14 (experiments/f16_decode/README.md, session 54): the "qf2" arithmetic, Q4_K, one kernel for
-// 1..8 activation rows (mv_qf2: chains over K across a block's warps) and one for 8..64 a block column (gm_qf2), the
-// same bits at every row count.
+// qf.cu — the "qf" arithmetic of generated rows' Q4_K matmuls (MEMRA_DECODE=qf, memra.gpu.ops.qf): one kernel for 1..8
+// activation rows (qf_mv), one for more (qf_gemm), and the activation producer (to_qf); every row's bits the same at
+// any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Landed from
+// experiments/f16_decode (v14 there, session 54: qf2.cu; v8-v13 mv_qf.cu).
 //
-// Why (v13, mv_qf.cu's gm_qf): mv_qf's per-sub-block fold — two FFMA an output and 32 k, four PRMT an n8 tile to put
-// x in its slots — made the 64-row GEMM ~250 instructions a warp and sub-block; at 47 % issue it ran the 8B gate+up
-// at 64 rows in 132.6 µs against gemm.cu's 159.3 (H100). v14 moves every per-sub-block float operation into the
-// tensor core:
+// What it computes. W: N rows (qf_mv / qf_gemm) or 2N rows [gate; up] (_glu) of K Q4_K weights in memra's planes
+// layout (bulk: a row's superblocks' 128 nibble bytes; meta: their 16 bytes, d | dmin | scales[12]); x: nb activation
+// rows as to_qf writes them. For every output (weight row n, activation row b) and superblock of 256 k in increasing
+// k within a chain:
+//  D1 = the tensor core's f32 sum of (sc_s q) x over the superblock: sc_s q (<= 63 * 15) exact in f16 (one fused
+//       HFMA2 a pair: (1024 + q) sc - 1024 sc), x f16; 16 mma.sync m16n8k16 chained from a zero accumulator, k16
+//       steps in increasing k, slots 2 tig, 2 tig + 1 | 2 tig + 8, 2 tig + 9 <- elements 8 tig + 0, 2 | 1, 3 (then
+//       + 4 ..) of each 32-element sub-block;
+//  D2 = the tensor core's f32 sum of m_s S2_s over the superblock's 8 sub-blocks: mma.sync m16n8k8 tf32, A = m_s
+//       (exact), B = S2's hi, then S2's lo, chained from zero;
+//  acc = fma(d, D1, acc), then acc = fma(-dmin, D2, acc) (d, dmin the superblock's f16 scales in f32).
+// QF_CHAINS chains split K into equal runs of superblocks, each from acc = +0, folded left (c0 + c1, + c2 ..) —
+// the chain count is part of the arithmetic (memra.gpu.ops.qf.chains: by the shape alone). Then the epilogue:
+//   plain: y[b N + n] = v, or with res != null fl(res[b N + n] + v) (res may alias y)
+//   glu:   y[b N + n] = fl(act(gate) * up), act 1 = silu_f32, 2 = gelu_tanh_f32 (common.cuh)
+//   to_qf: xh = f16(x) (cvt.rn) with each 8 elements stored e0 e2 e1 e3 e4 e6 e5 e7 (a lane's 16-byte load at element
+//          8 tig is its two k16 steps' B fragments), xs2 per row and superblock 16 floats [tig 4][hi_t, hi_t+4,
+//          lo_t, lo_t+4], S2_s = each 8 f16 values of sub-block s summed in f32 in increasing k, then the four as
+//          (s0 + s1) + (s2 + s3); hi = tf32(S2) (cvt.rna), lo = tf32(S2 - hi)
+// Nothing depends on nb, on the rows beside a row, on the grid, or on QF_WARPS / QF_GWARPS / QF_NT / QF_STAGES /
+// QF_KSPLIT (kernel-check compares them bit for bit). Not mv_q8's arithmetic (q8 activations there: 8 significant
+// bits relative to a block's largest; here 11 each, and S2 to ~22 bits).
 //
-// Arithmetic (per output: weight row n, activation row b; per superblock of 256 k, in increasing k within a chain):
-//  D1 = the tensor core's f32 sum of (sc_s q) x over the superblock: sc_s q (<= 63 * 15) exact in f16 (one HFMA2 a
-//       pair: (1024 + q) sc - 1024 sc), x f16; 16 mma.sync m16n8k16 chained from a zero accumulator, k16 steps in
-//       increasing k with v9's slots (elements 8 tig + 0, 2 | 1, 3, then + 4 ..);
-//  D2 = the tensor core's f32 sum of m_s S2_s over the superblock's 8 sub-blocks: m16n8k8 tf32, A = m_s (exact),
-//       B = S2 split as hi = tf32(S2), lo = tf32(S2 - hi): two mma chained from zero (hi, then lo);
-//  acc = fma(d, D1, acc), acc = fma(-dmin, D2, acc) (d, dmin the superblock's f16 scales in f32).
-// Chains (Q2_CHAINS) over K, folded left (c0 + c1, + c2 ..); then the epilogue (glu: act(gate) up; res added last).
-// The activation producer's contract (here the host): x f16 in "qf order" — each 8 elements stored as e0 e2 e1 e3
-// e4 e6 e5 e7, so a lane's 16-byte load at 8 tig is its two k16 steps' B fragments as they are (no PRMT) — and xs2,
-// per activation row and superblock 16 floats [tig 4][hi_tig, hi_tig+4, lo_tig, lo_tig+4] (S2_s: the f32 sum of the
-// sub-block's 32 f16 values, in the producer's fixed order), a lane's tf32 B fragments in one 16-byte load.
+// Work. qf_mv: a warp owns a 16-row A tile (glu: gate rows n0 + gid and up rows N + n0 + gid of 8 outputs; plain
+// rows n0 + gid, + 8) and one chain; activation rows are B's columns gid < nb; weights and meta one superblock ahead
+// in registers (the first before the PDL wait); a tile's chains share a block and meet in shared memory. qf_gemm:
+// a warp owns one A tile and QF_NT n8 tiles of activation rows; the block's QF_GWARPS warps share each superblock's
+// activations and sums staged by cp.async QF_STAGES deep (rows padded to QF_XROW halves: a quarter warp's LDS.128
+// reads two rows 16 banks apart; rows >= nb zero-filled). QF_KSPLIT 0: a warp walks its chains one after another, a
+// finished chain's sums parked in shared memory; QF_KSPLIT 1: QF_CHAINS blocks along z, one chain each, their sums
+// written to ws [chain][row][weight row] and the (x, y) tile's last block (cnt, reset by it) folds them in chain
+// order and runs the epilogue.
 //
-// mv_qf2 (1..8 rows): v9's work split — a warp owns a 16-row A tile (glu: gate rows n0 + gid, up rows N + n0 + gid
-// of 8 outputs; plain rows n0 + gid, + 8) and one chain; activation rows are B's columns gid < nb; weights and meta
-// one superblock ahead in registers (the first before the PDL wait); the chains of a tile share a block and meet in
-// shared memory. Launch: grid ceil(T Q2_CHAINS / Q2_WARPS), T = Nw / 16, block 32 Q2_WARPS.
-// gm_qf2 (8 G2_NT rows a block column): a warp owns one A tile and all the column's n8 tiles; the block's G2_WARPS
-// warps share each superblock's activations and sums staged by cp.async G2_STAGES deep (rows padded to G2_XROW
-// halves: a quarter warp's LDS.128 reads two rows 16 banks apart; rows >= nb zero-filled). G2_KSPLIT 0: a warp walks
-// its chains one after another, a finished chain's sums parked in shared memory; G2_KSPLIT 1: grid.z = Q2_CHAINS
-// blocks, one chain each, the chains' sums written to ws [chain][row][weight row] and the last block of a (x, y)
-// tile (a counter in cnt, reset by it) folds them in chain order and runs the epilogue. Launch: grid (ceil(T /
-// G2_WARPS), ceil(nb / (8 G2_NT)), G2_KSPLIT ? Q2_CHAINS : 1), block 32 G2_WARPS, dynamic shared memory
-// G2_STAGES 8 G2_NT (2 G2_XROW + 64) + (!G2_KSPLIT && Q2_CHAINS > 1: 4 G2_NT 32 G2_WARPS 4) bytes.
-// K a multiple of 256 Q2_CHAINS.
+// Tunables (-D): QF_CHAINS (1; the arithmetic), QF_WARPS (4; a multiple of QF_CHAINS), QF_GWARPS (4), QF_NT (8),
+// QF_STAGES (2; 2..4), QF_KSPLIT (0). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
+// k16 step of every superblock's first sub-block skipped (its products dropped from every output); 2, qf_gemm's
+// QF_KSPLIT fold walks the chains in reverse order (other bits than qf_mv's from 3 chains on).
+//
+// Launch contract (memra.gpu.ops.qf computes it):
+//   qf_mv / _glu: grid (ceil(T QF_CHAINS / QF_WARPS), 1, 1), T = Nw / 16 (Nw = N, 2N for glu), block (32 QF_WARPS);
+//     nb <= 8
+//   qf_gemm / _glu: grid (ceil(T / QF_GWARPS), ceil(nb / (8 QF_NT)), QF_KSPLIT ? QF_CHAINS : 1), block (32
+//     QF_GWARPS), dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW + 64) + (!QF_KSPLIT && QF_CHAINS > 1: 4 QF_NT
+//     32 QF_GWARPS 4) bytes; QF_KSPLIT: ws >= QF_CHAINS nb Nw floats, cnt >= grid.x grid.y ints, zero before the
+//     first launch (each launch leaves them zero)
+//   to_qf: grid (ceil(nb K / 2048), 1, 1), block (256, 1, 1)
+// Host contract: Q4_K (type 12); K % (256 QF_CHAINS) == 0; Nw % 16 == 0; nb >= 1; bulk, meta, xh, xs2 16-byte
+// aligned; N, K, nb int32.
+// PDL: the first superblock's weights load before MEMRA_PDL_WAIT(), the rest after it; MEMRA_PDL_LAUNCH() after the
+// K loop. to_qf: wait first, launch last.
+//
+// Variant history (experiments/f16_decode/README.md; research/2026-12-07-session53/f16/qf.jsonl and
+// research/2026-12-07-session54/, NVIDIA H100, the 8B's Q4_K shapes):
+//  v8-v12 (mv_qf.cu, one row): nibbles exact in f16 into mma.sync, a per-sub-block fold acc = fma(d sc, S1, acc),
+//      fma(-dmin m, S2, acc): gate+up 31.9 µs against mv_q8's 24.6.
+//  v13 (mv_qf.cu's gm_qf, 8..64 rows, that arithmetic): every output bit-identical to the one-row launches, but
+//      ~250 instructions a warp and sub-block (the fold, four PRMT an n8 tile): gate+up at 64 rows 132.6 µs against
+//      gemm.cu's 159.3, down 122.3 against 90.4.
+//  v14 (this file): the scales in the A values and the mins through a tf32 mma — one fold a superblock, x in qf
+//      order (no PRMT): ~106 instructions a warp and sub-block at QF_NT 8 (static SASS).
 #include "common.cuh"
 #include "smem_stage.cuh"
 
-#ifndef Q2_WARPS
-#define Q2_WARPS 4
+#ifndef QF_WARPS
+#define QF_WARPS 4
 #endif
-#ifndef Q2_CHAINS
-#define Q2_CHAINS 1
+#ifndef QF_CHAINS
+#define QF_CHAINS 1
 #endif
-#ifndef G2_WARPS
-#define G2_WARPS 4
+#ifndef QF_GWARPS
+#define QF_GWARPS 4
 #endif
-#ifndef G2_NT
-#define G2_NT 8
+#ifndef QF_NT
+#define QF_NT 8
 #endif
-#ifndef G2_STAGES
-#define G2_STAGES 2
+#ifndef QF_STAGES
+#define QF_STAGES 2
 #endif
-#ifndef G2_KSPLIT
-#define G2_KSPLIT 0
+#ifndef QF_KSPLIT
+#define QF_KSPLIT 0
 #endif
-#define G2_XROW 288
-static_assert(Q2_WARPS % Q2_CHAINS == 0, "mv_qf2: a tile's chains share a block");
-static_assert(G2_STAGES >= 2 && G2_STAGES <= 4, "G2_STAGES 2..4");
+#ifndef MEMRA_CANARY
+#define MEMRA_CANARY 0
+#endif
+#define QF_XROW 288
+static_assert(QF_WARPS % QF_CHAINS == 0, "qf_mv: a tile's chains share a block");
+static_assert(QF_STAGES >= 2 && QF_STAGES <= 4, "QF_STAGES 2..4");
 
 MEMRA_DEVICE void mma16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -116,7 +149,7 @@ MEMRA_DEVICE int k4_sc_rt(const uint4& m, int s) {
 // meta; xl(t, j, h) the lane's 16 bytes of n8 tile t's column gid at sub-block 2j + h (qf order), sl(t) its 16-byte
 // S2 fragment; acc[t] += the superblock (see the header).
 template <int NT, class XL, class SL>
-MEMRA_DEVICE void qf2_superblock(const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, int tig, XL xl, SL sl,
+MEMRA_DEVICE void qf_superblock(const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, int tig, XL xl, SL sl,
                                  float (&acc)[NT][4]) {
     float d1[NT][4];
 #pragma unroll
@@ -140,6 +173,9 @@ MEMRA_DEVICE void qf2_superblock(const uint2 (&w)[2][4], const uint4& ma, const 
             for (int t = 0; t < NT; ++t) {
                 const uint4 xv = xl(t, j, h);
                 mma16(d1[t], a0, a1, a2, a3, xv.x, xv.y);
+#if MEMRA_CANARY == 1
+                if (j == 0 && h == 0) continue;   // canary: the sub-block's second k16 step dropped
+#endif
                 mma16(d1[t], e0, e1, e2, e3, xv.z, xv.w);
             }
         }
@@ -165,7 +201,7 @@ MEMRA_DEVICE void qf2_superblock(const uint2 (&w)[2][4], const uint4& ma, const 
 
 // the epilogue of one n8 tile's outputs v (D layout) at activation rows col0 + 2 tig, + 1 (< nb)
 template <bool GLU>
-MEMRA_DEVICE void qf2_store(const float (&v)[4], float* y, const float* res, int N, int n0, int gid, int col0, int tig,
+MEMRA_DEVICE void qf_store(const float (&v)[4], float* y, const float* res, int N, int n0, int gid, int col0, int tig,
                             int nb, int act) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -184,13 +220,13 @@ MEMRA_DEVICE void qf2_store(const float (&v)[4], float* y, const float* res, int
 }
 
 // a warp's A tile: rows ra (gid), rb (gid + 8) of weight tile `tile`
-struct Q2Tile {
+struct QfTile {
     const uint8_t* qa;
     const uint8_t* qb;
     const uint4* m0p;
     const uint4* m1p;
     int n0;
-    MEMRA_DEVICE Q2Tile(const uint8_t* bulk, const uint8_t* meta, int tile, bool glu, int N, int nsb, int gid,
+    MEMRA_DEVICE QfTile(const uint8_t* bulk, const uint8_t* meta, int tile, bool glu, int N, int nsb, int gid,
                         int tig) {
         n0 = tile * (glu ? 8 : 16);
         const int ra = n0 + gid, rb = glu ? N + n0 + gid : n0 + gid + 8;
@@ -211,19 +247,19 @@ struct Q2Tile {
 };
 
 template <bool GLU>
-MEMRA_DEVICE void mv_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                               const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
                               int N, int K, int nb, int act) {
-    __shared__ float part[Q2_WARPS][32][4];
+    __shared__ float part[QF_WARPS][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int pair = blockIdx.x * Q2_WARPS + warp;
+    const int pair = blockIdx.x * QF_WARPS + warp;
     const int tiles = (GLU ? 2 * N : N) / 16;
-    const bool live = pair < tiles * Q2_CHAINS;
-    const int tile = live ? pair / Q2_CHAINS : 0, chain = pair % Q2_CHAINS;
-    const int nsb = K / 256, SB = nsb / Q2_CHAINS, sb0 = chain * SB;
+    const bool live = pair < tiles * QF_CHAINS;
+    const int tile = live ? pair / QF_CHAINS : 0, chain = pair % QF_CHAINS;
+    const int nsb = K / 256, SB = nsb / QF_CHAINS, sb0 = chain * SB;
     const int gid = lane >> 2, tig = lane & 3;
     const bool xrow = gid < nb;
-    const Q2Tile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
+    const QfTile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
     const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + 8 * tig;
     const float* sr = xs2 + (size_t)(xrow ? gid : 0) * nsb * 16 + 4 * tig;
     uint2 wq[2][2][4];
@@ -235,7 +271,7 @@ MEMRA_DEVICE void mv_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* _
                     uint4& bn) {
         if (i + 1 < SB) T.load(sb0 + i + 1, wn, an, bn);
         const int sb = sb0 + i;
-        qf2_superblock<1>(w, ma, mb, tig,
+        qf_superblock<1>(w, ma, mb, tig,
             [&](int, int j, int h) {
                 return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
                             : make_uint4(0, 0, 0, 0);
@@ -259,40 +295,40 @@ MEMRA_DEVICE void mv_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     for (int e = 0; e < 4; ++e) {
         v[e] = part[warp][lane][e];
 #pragma unroll
-        for (int c = 1; c < Q2_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
+        for (int c = 1; c < QF_CHAINS; ++c) v[e] = __fadd_rn(v[e], part[warp + c][lane][e]);
     }
-    qf2_store<GLU>(v, y, res, N, T.n0, gid, 0, tig, nb, act);
+    qf_store<GLU>(v, y, res, N, T.n0, gid, 0, tig, nb, act);
 }
 
 template <bool GLU>
-MEMRA_DEVICE void gm_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
+MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta,
                               const uint16_t* __restrict__ x, const float* __restrict__ xs2, float* y, const float* res,
                               float* ws, int* cnt, int N, int K, int nb, int act) {
-    constexpr int R = 8 * G2_NT;
-    extern __shared__ __align__(16) uint8_t g2_smem[];
-    uint16_t* xsm = reinterpret_cast<uint16_t*>(g2_smem);                                    // [stage][R][XROW]
-    float* ssm = reinterpret_cast<float*>(g2_smem + (size_t)G2_STAGES * R * G2_XROW * 2);   // [stage][R][16]
+    constexpr int R = 8 * QF_NT;
+    extern __shared__ __align__(16) uint8_t qf_smem[];
+    uint16_t* xsm = reinterpret_cast<uint16_t*>(qf_smem);                                    // [stage][R][XROW]
+    float* ssm = reinterpret_cast<float*>(qf_smem + (size_t)QF_STAGES * R * QF_XROW * 2);   // [stage][R][16]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tiles = (GLU ? 2 * N : N) / 16;
-    const bool live = blockIdx.x * G2_WARPS + warp < tiles;
-    const int tile = live ? blockIdx.x * G2_WARPS + warp : 0;
+    const bool live = blockIdx.x * QF_GWARPS + warp < tiles;
+    const int tile = live ? blockIdx.x * QF_GWARPS + warp : 0;
     const int c0 = blockIdx.y * R;
-    const int nsb = K / 256, SB = nsb / Q2_CHAINS;
-    const int sb0 = G2_KSPLIT ? blockIdx.z * SB : 0, nloc = G2_KSPLIT ? SB : nsb;   // this block's superblocks
+    const int nsb = K / 256, SB = nsb / QF_CHAINS;
+    const int sb0 = QF_KSPLIT ? blockIdx.z * SB : 0, nloc = QF_KSPLIT ? SB : nsb;   // this block's superblocks
     const int gid = lane >> 2, tig = lane & 3;
-    const Q2Tile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
+    const QfTile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
     auto stage = [&](int i, int s) {   // superblock sb0 + i's activations and sums into stage s
         const int sb = sb0 + i;
-        const uint32_t xd = smem_u32(xsm + (size_t)s * R * G2_XROW);
-        for (int k = threadIdx.x; k < R * 32; k += 32 * G2_WARPS) {
+        const uint32_t xd = smem_u32(xsm + (size_t)s * R * QF_XROW);
+        for (int k = threadIdx.x; k < R * 32; k += 32 * QF_GWARPS) {
             const int r = k >> 5, c = k & 31, row = c0 + r;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         :: "r"(xd + 2 * (r * G2_XROW + 8 * c)),
+                         :: "r"(xd + 2 * (r * QF_XROW + 8 * c)),
                             "l"(x + (size_t)(row < nb ? row : 0) * K + 256 * sb + 8 * c), "r"(row < nb ? 16 : 0)
                          : "memory");
         }
         const uint32_t sd = smem_u32(ssm + (size_t)s * R * 16);
-        for (int k = threadIdx.x; k < R * 4; k += 32 * G2_WARPS) {
+        for (int k = threadIdx.x; k < R * 4; k += 32 * QF_GWARPS) {
             const int r = k >> 2, c = k & 3, row = c0 + r;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                          :: "r"(sd + 4 * (r * 16 + 4 * c)),
@@ -305,41 +341,41 @@ MEMRA_DEVICE void gm_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     if (live) T.load(sb0, wq[0], mA[0], mB[0]);
     MEMRA_PDL_WAIT();
 #pragma unroll
-    for (int s = 0; s < G2_STAGES - 1; ++s) {
+    for (int s = 0; s < QF_STAGES - 1; ++s) {
         if (s < nloc) stage(s, s);
         cp_commit();
     }
-    // the parked chain sums (G2_KSPLIT 0, Q2_CHAINS > 1): [output 4 G2_NT][thread], each lane's own
-    float* park = reinterpret_cast<float*>(g2_smem + (size_t)G2_STAGES * R * (G2_XROW * 2 + 64)) + threadIdx.x;
-    float acc[G2_NT][4];
+    // the parked chain sums (QF_KSPLIT 0, QF_CHAINS > 1): [output 4 QF_NT][thread], each lane's own
+    float* park = reinterpret_cast<float*>(qf_smem + (size_t)QF_STAGES * R * (QF_XROW * 2 + 64)) + threadIdx.x;
+    float acc[QF_NT][4];
 #pragma unroll
-    for (int t = 0; t < G2_NT; ++t)
+    for (int t = 0; t < QF_NT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
     auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
                     uint4& bn) {
-        cp_wait<G2_STAGES - 2>();
+        cp_wait<QF_STAGES - 2>();
         __syncthreads();   // superblock i staged for all; stage (i - 1) % STAGES free
-        if (i + G2_STAGES - 1 < nloc) stage(i + G2_STAGES - 1, (i + G2_STAGES - 1) % G2_STAGES);
+        if (i + QF_STAGES - 1 < nloc) stage(i + QF_STAGES - 1, (i + QF_STAGES - 1) % QF_STAGES);
         cp_commit();
-        if (!G2_KSPLIT && Q2_CHAINS > 1 && i > 0 && i % SB == 0) {   // a chain ends: park it (c0, then + c)
+        if (!QF_KSPLIT && QF_CHAINS > 1 && i > 0 && i % SB == 0) {   // a chain ends: park it (c0, then + c)
 #pragma unroll
-            for (int t = 0; t < G2_NT; ++t)
+            for (int t = 0; t < QF_NT; ++t)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float& p = park[(4 * t + e) * 32 * G2_WARPS];
+                    float& p = park[(4 * t + e) * 32 * QF_GWARPS];
                     p = i == SB ? acc[t][e] : __fadd_rn(p, acc[t][e]);
                     acc[t][e] = 0.f;
                 }
         }
         if (live && i + 1 < nloc) T.load(sb0 + i + 1, wn, an, bn);
         if (!live) return;
-        const int s = i % G2_STAGES;
-        const uint16_t* xb = xsm + (size_t)s * R * G2_XROW + gid * G2_XROW + 8 * tig;
+        const int s = i % QF_STAGES;
+        const uint16_t* xb = xsm + (size_t)s * R * QF_XROW + gid * QF_XROW + 8 * tig;
         const float* sbp = ssm + (size_t)s * R * 16 + gid * 16 + 4 * tig;
-        qf2_superblock<G2_NT>(w, ma, mb, tig,
+        qf_superblock<QF_NT>(w, ma, mb, tig,
             [&](int t, int j, int h) {
-                return *reinterpret_cast<const uint4*>(xb + t * 8 * G2_XROW + 64 * j + 32 * h);
+                return *reinterpret_cast<const uint4*>(xb + t * 8 * QF_XROW + 64 * j + 32 * h);
             },
             [&](int t) { return *reinterpret_cast<const uint4*>(sbp + t * 8 * 16); }, acc);
     };
@@ -350,12 +386,12 @@ MEMRA_DEVICE void gm_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* _
     MEMRA_PDL_LAUNCH();
     const int Nw = GLU ? 2 * N : N;
     const int ra = T.n0 + gid, rb = GLU ? N + T.n0 + gid : T.n0 + gid + 8;
-    if (G2_KSPLIT && Q2_CHAINS > 1) {
+    if (QF_KSPLIT && QF_CHAINS > 1) {
         // this chain's sums into ws[chain][row][weight row]; the (x, y) tile's last block folds them in chain order
         __shared__ int last;
         if (live) {
 #pragma unroll
-            for (int t = 0; t < G2_NT; ++t)
+            for (int t = 0; t < QF_NT; ++t)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int col = c0 + 8 * t + 2 * tig + c;
@@ -369,72 +405,77 @@ MEMRA_DEVICE void gm_qf2_body(const uint8_t* __restrict__ bulk, const uint8_t* _
         __syncthreads();
         if (threadIdx.x == 0) {
             int* ct = cnt + blockIdx.y * gridDim.x + blockIdx.x;
-            last = atomicAdd(ct, 1) == Q2_CHAINS - 1;
+            last = atomicAdd(ct, 1) == QF_CHAINS - 1;
             if (last) *ct = 0;
         }
         __syncthreads();
         if (!last || !live) return;
         __threadfence();
 #pragma unroll
-        for (int t = 0; t < G2_NT; ++t) {
+        for (int t = 0; t < QF_NT; ++t) {
             float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int col = c0 + 8 * t + 2 * tig + c;
                 if (col >= nb) continue;
-                for (int ch = 0; ch < Q2_CHAINS; ++ch) {
+                for (int c_ = 0; c_ < QF_CHAINS; ++c_) {
+#if MEMRA_CANARY == 2
+                    const int ch = QF_CHAINS - 1 - c_;   // canary: the chains folded in reverse order
+#else
+                    const int ch = c_;
+#endif
                     const float* o = ws + ((size_t)ch * nb + col) * Nw;
                     const float pa = __ldcg(o + ra), pb = __ldcg(o + rb);
-                    v[c] = ch ? __fadd_rn(v[c], pa) : pa;
-                    v[2 + c] = ch ? __fadd_rn(v[2 + c], pb) : pb;
+                    v[c] = c_ ? __fadd_rn(v[c], pa) : pa;
+                    v[2 + c] = c_ ? __fadd_rn(v[2 + c], pb) : pb;
                 }
             }
-            qf2_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
+            qf_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
         }
         return;
     }
     if (!live) return;
 #pragma unroll
-    for (int t = 0; t < G2_NT; ++t) {
+    for (int t = 0; t < QF_NT; ++t) {
         float v[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            v[e] = Q2_CHAINS > 1 ? __fadd_rn(park[(4 * t + e) * 32 * G2_WARPS], acc[t][e]) : acc[t][e];
-        qf2_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
+            v[e] = QF_CHAINS > 1 ? __fadd_rn(park[(4 * t + e) * 32 * QF_GWARPS], acc[t][e]) : acc[t][e];
+        qf_store<GLU>(v, y, res, N, T.n0, gid, c0 + 8 * t, tig, nb, act);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * Q2_WARPS)
-mv_qf2(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(32 * QF_WARPS)
+qf_mv(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
        const float* __restrict__ xs2, float* y, const float* res, int N, int K, int nb) {
-    mv_qf2_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
+    qf_mv_body<false>(bulk, meta, x, xs2, y, res, N, K, nb, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * Q2_WARPS)
-mv_qf2_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(32 * QF_WARPS)
+qf_mv_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
            const float* __restrict__ xs2, float* y, int N, int K, int nb, int act) {
-    mv_qf2_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
+    qf_mv_body<true>(bulk, meta, x, xs2, y, nullptr, N, K, nb, act);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * G2_WARPS)
-gm_qf2(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(32 * QF_GWARPS)
+qf_gemm(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
        const float* __restrict__ xs2, float* y, const float* res, float* ws, int* cnt, int N, int K, int nb) {
-    gm_qf2_body<false>(bulk, meta, x, xs2, y, res, ws, cnt, N, K, nb, 0);
+    qf_gemm_body<false>(bulk, meta, x, xs2, y, res, ws, cnt, N, K, nb, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * G2_WARPS)
-gm_qf2_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(32 * QF_GWARPS)
+qf_gemm_glu(const uint8_t* __restrict__ bulk, const uint8_t* __restrict__ meta, const uint16_t* __restrict__ x,
            const float* __restrict__ xs2, float* y, float* ws, int* cnt, int N, int K, int nb, int act) {
-    gm_qf2_body<true>(bulk, meta, x, xs2, y, nullptr, ws, cnt, N, K, nb, act);
+    qf_gemm_body<true>(bulk, meta, x, xs2, y, nullptr, ws, cnt, N, K, nb, act);
 }
 
-// to_qf2: the activation producer (x f32, nb rows of K, K a multiple of 256) -> xh (f16 in qf order) and xs2 (per
+// to_qf: the activation producer (x f32, nb rows of K, K a multiple of 256) -> xh (f16 in qf order) and xs2 (per
 // row and superblock [tig 4][hi_tig, hi_tig+4, lo_tig, lo_tig+4]). A warp per superblock of a row: lane l converts
 // elements 8 l .. 8 l + 7 (sub-block l / 4), stores them as e0 e2 e1 e3 e4 e6 e5 e7, sums its 8 f16 values in f32
 // in increasing k, then its quad's sums as (l0 + l1) + (l2 + l3) (xor shuffles 1 then 2); S2's hi = tf32 (rna), lo =
 // tf32 (S2 - hi). Launch: grid ceil(nb K / 256 / 8), block 256.
 extern "C" __global__ void __launch_bounds__(256)
-to_qf2(const float* __restrict__ x, uint16_t* __restrict__ xh, float* __restrict__ xs2, int nb, int K) {
+to_qf(const float* __restrict__ x, uint16_t* __restrict__ xh, float* __restrict__ xs2, int nb, int K) {
     MEMRA_PDL_WAIT();
     const int lane = threadIdx.x & 31;
     const size_t u = (size_t)blockIdx.x * 8 + (threadIdx.x >> 5);   // superblock index over all rows
