@@ -32,7 +32,7 @@ KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
 ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
 GM = [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
-      (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)]   # (G2_WARPS, G2_NT, G2_STAGES, G2_KSPLIT)
+      (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)]   # (QF_GWARPS, QF_NT, QF_STAGES, QF_KSPLIT)
 NBS = tuple(int(v) for v in os.environ.get("Q2_NBS", "1,8,64").split(","))
 if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and qf_gemm configuration (a profiler's run)
     _c, *_g = (int(v) for v in os.environ["Q2_ONLY"].split())
@@ -196,7 +196,7 @@ def main() -> int:
                          and not (8 * c[1] < nb and c[1] < 4)]
                 for kern, W, c in cfgs:
                     if kern == "qf_mv":
-                        config = {"Q2_WARPS": W, "Q2_CHAINS": C}
+                        config = {"QF_WARPS": W, "QF_CHAINS": C}
 
                         def run(w, W=W):
                             mv(w, xh, xs2, y, nb, W)
