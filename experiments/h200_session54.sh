@@ -5,7 +5,7 @@
 #   (mvt at 8 rows, gemm.cu at 64) on the 8B's Q4_K shapes, its bits against mv_qf's one-row launches of every
 #   activation row (GQ_NBS rows: 8,64); $OUT/gq.jsonl -> research/<date>-session54/gq/. NCU=1 adds ncu's full set of
 #   one gm_qf launch (GQ_NCU "C W NT ST", the gate+up at 64 rows), packed into $OUT/prof.tgz.
-# STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — kernels/qf.cu (v14, landed from qf2.cu: one-row
+# STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — experiments/f16_decode/qf.cu (v14: one-row
 #   and GEMM kernels) against the engine's q8 kernel at 1 / 8 / 64 rows (Q2_NBS) on the 8B's Q4_K shapes, bits against the
 #   one-row launches; $OUT/q2.jsonl. NCU=1 adds ncu's full set of one qf_gemm launch (Q2_NCU "C W NT ST KS", the
 #   gate+up at 64 rows), packed into $OUT/prof.tgz.

@@ -113,15 +113,15 @@ def test_mv_qf_tile_layout_matches_the_kernels_addresses():
 
 
 def test_qf2_builds():
-    """kernels/qf.cu (session 54's v14, landed from qf2.cu): the one-row kernel and the GEMM, chains parked and split
-    across blocks (qf2_probe.py's modules)."""
-    src = ROOT / "kernels" / "qf.cu"
+    """qf.cu (session 54's v14): the one-row kernel and the GEMM, chains parked and split across blocks (qf2_probe.py's
+    modules)."""
+    src = EXP / "qf.cu"
     assert _compile(src, {"QF_WARPS": 4, "QF_CHAINS": 1})
     assert _compile(src, {"QF_WARPS": 8, "QF_CHAINS": 8, "QF_NT": 4, "QF_STAGES": 3, "QF_KSPLIT": 1})
 
 
 def test_qf2_producer_puts_each_fragment_where_a_lane_loads_it():
-    """qf2_probe.py's producer (the activation contract of kernels/qf.cu's to_qf): lane (gid, tig)'s 16 bytes at element 8 tig of a
+    """qf2_probe.py's producer (the activation contract of qf.cu's to_qf): lane (gid, tig)'s 16 bytes at element 8 tig of a
     32-element sub-block are its two k16 steps' B fragments (e0 e2 | e1 e3 | e4 e6 | e5 e7); its 16 bytes at float
     16 sb + 4 tig of a row's sums are (hi, hi, lo, lo) of sub-blocks tig and tig + 4 (the tf32 mma's b0 / b1), hi a
     tf32 value and hi + lo within 2^-21 of to_qf2's f32 sum (and the reference's S2 exactly)."""

@@ -1,4 +1,4 @@
-"""kernels/qf.cu (v14, landed from this folder's qf2.cu: every per-sub-block float operation in the tensor core)
+"""qf.cu (v14: every per-sub-block float operation in the tensor core; written as the engine kernel it is to become)
 against the engine's q8 decode kernels at 1, 8 and 64 rows on the 8B Q4_K_M's Q4_K shapes, and its bits across row counts
 (experiments/f16_decode/README.md, session 54).
 
@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
 
-SRC = QP.ROOT / "kernels" / "qf.cu"   # landed from this folder's qf2.cu (v14)
+SRC = HERE / "qf.cu"   # (v14; kernels/qf.cu once kernel-checked on a device)
 KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
 ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
@@ -65,7 +65,7 @@ def tf32(a: np.ndarray) -> np.ndarray:
 
 
 def producer(x: np.ndarray):
-    """kernels/qf.cu's to_qf on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
+    """qf.cu's to_qf on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
     [hi_t, hi_t+4, lo_t, lo_t+4] with S2 = each 8 f16 values summed in f32 in increasing k, then a sub-block's four
     as (s0 + s1) + (s2 + s3); hi = tf32(S2), lo = tf32(S2 - hi). Also xh16 (natural order) and S2 = hi + lo (float64)
     for the reference."""

@@ -1,7 +1,8 @@
 // qf.cu — the "qf" arithmetic of generated rows' Q4_K matmuls (MEMRA_DECODE=qf, memra.gpu.ops.qf): one kernel for 1..8
 // activation rows (qf_mv), one for more (qf_gemm), and the activation producer (to_qf); every row's bits the same at
-// any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Landed from
-// experiments/f16_decode (v14 there, session 54: qf2.cu; v8-v13 mv_qf.cu).
+// any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Written as the engine kernel
+// file it is to become (kernels/qf.cu, memra.gpu.ops.qf) once measured and kernel-checked on a device; v8-v13 are
+// mv_qf.cu.
 //
 // What it computes. W: N rows (qf_mv / qf_gemm) or 2N rows [gate; up] (_glu) of K Q4_K weights in memra's planes
 // layout (bulk: a row's superblocks' 128 nibble bytes; meta: their 16 bytes, d | dmin | scales[12]); x: nb activation
