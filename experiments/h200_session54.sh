@@ -8,7 +8,7 @@
 # STAGE Q (~3 min, no models): experiments/f16_decode/qf2_probe.py — experiments/f16_decode/qf.cu (v14: one-row
 #   and GEMM kernels) against the engine's q8 kernel at 1 / 8 / 64 rows (Q2_NBS) on the 8B's Q4_K shapes, bits against the
 #   one-row launches; $OUT/q2.jsonl. NCU=1 adds ncu's full set of one qf_gemm launch (Q2_NCU "C W NT ST KS", the
-#   gate+up at 64 rows), packed into $OUT/prof.tgz.
+#   gate+up at 64 rows) and of one qf_mv launch (Q2_NCU_MV, the gate+up at one row), packed into $OUT/prof.tgz.
 set -u
 source experiments/h200_common.sh
 stage_begin s54
@@ -47,7 +47,15 @@ if [ "$STAGE" = Q ]; then
     log "ncu q2 rc=$? $(el)"
     ncu -i $f.ncu-rep --page details > $f.txt 2>&1
     ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
-    rm -f $f.ncu-rep; (cd $OUT && tar czf prof.tgz prof-q2.* && rm -f prof-q2.*)
+    rm -f $f.ncu-rep
+    f=$OUT/prof-q2mv   # the one-row kernel (a reference launch of the gate+up at one row, chains Q2_NCU_MV)
+    Q2_ONLY="${Q2_NCU_MV:-2 4 1 2 0}" Q2_NBS=1 QF_OPS=gate_up timeout 200 ncu --clock-control none --set full \
+      --import-source no -k regex:qf_mv -s 1 -c 1 -f -o $f \
+      python3 experiments/f16_decode/qf2_probe.py --out /dev/null --reps 3 > $f.log 2>&1
+    log "ncu q2mv rc=$? $(el)"
+    ncu -i $f.ncu-rep --page details > $f.txt 2>&1
+    ncu -i $f.ncu-rep --page source --csv --print-source sass > $f.csv 2>&1
+    rm -f $f.ncu-rep; (cd $OUT && tar czf prof.tgz prof-q2* && rm -f prof-q2*)
   fi
   timeout 480 python3 experiments/f16_decode/qf2_probe.py --out $OUT/q2.jsonl > $R/q2.txt 2>&1
   log "q2 rc=$? $(el)"; tail -3 $R/q2.txt | cut -c1-300 | tee -a $R/log.txt
