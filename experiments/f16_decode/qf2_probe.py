@@ -28,16 +28,21 @@ sys.path.insert(0, str(HERE))
 import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
 
 SRC = HERE / "qf.cu"   # (v14; kernels/qf.cu once kernel-checked on a device)
-KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT")
+KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
 ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
-GM = [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
-      (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)]   # (QF_GWARPS, QF_NT, QF_STAGES, QF_KSPLIT)
+# qf_gemm's configurations (QF_GWARPS, QF_NT, QF_STAGES, QF_KSPLIT[, QF_WSMEM]); Q2_SET 2: session 54's second run (v15,
+# the weights staged through shared memory, against v14's best)
+GMS = {"1": [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
+             (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1)],
+       "2": [(4, 1, 2, 1), (4, 1, 2, 1, 1), (4, 4, 2, 1), (4, 8, 2, 1), (8, 8, 2, 1), (4, 8, 2, 0, 1), (4, 8, 2, 1, 1),
+             (8, 4, 2, 0, 1), (8, 4, 2, 1, 1), (4, 4, 2, 0, 1), (4, 4, 2, 1, 1), (8, 8, 2, 1, 1), (4, 8, 3, 1, 1)]}
+GM = [c + (0,) * (5 - len(c)) for c in GMS[os.environ.get("Q2_SET", "1")]]
 NBS = tuple(int(v) for v in os.environ.get("Q2_NBS", "1,8,64").split(","))
 if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and qf_gemm configuration (a profiler's run)
     _c, *_g = (int(v) for v in os.environ["Q2_ONLY"].split())
     CHAINS = {k: (_c,) for k in CHAINS}
-    GM = [tuple(_g)]
+    GM = [tuple(_g) + (0,) * (5 - len(_g))]
 XROW = 288
 QF_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
 
@@ -54,8 +59,9 @@ def _compile(m):
     return TL.compile_module(dict(zip(KEYS, m)), SRC)
 
 
-def smem(w: int, c: int, nt: int, st: int, ks: int) -> int:
-    return st * 8 * nt * (2 * XROW + 64) + (4 * nt * 32 * w * 4 if c > 1 and not ks else 0)
+def smem(w: int, c: int, nt: int, st: int, ks: int, wsm: int = 0) -> int:
+    return st * 8 * nt * (2 * XROW + 64) + (st * w * 16 * (160 + 16) if wsm else 0) + \
+        (4 * nt * 32 * w * 4 if c > 1 and not ks else 0)
 
 
 def tf32(a: np.ndarray) -> np.ndarray:
@@ -205,7 +211,7 @@ def main() -> int:
                         config = dict(zip(KEYS, m))
                         kg = module(m).kernel("qf_gemm" + sfx)
                         grid = (-(-tiles // c[0]), -(-nb // (8 * c[1])), C if c[3] else 1)
-                        sm = smem(c[0], C, c[1], c[2], c[3])
+                        sm = smem(c[0], C, c[1], c[2], c[3], c[4])
                         wsp = g.empty((max(1, C * nb * rows),), np.float32)
                         cnt = g.to_device(np.zeros(grid[0] * grid[1], np.int32))
 
