@@ -85,6 +85,9 @@
 #ifndef QF_KSPLIT
 #define QF_KSPLIT 0
 #endif
+#ifndef QF_AHEAD
+#define QF_AHEAD 1   // qf_mv: superblocks of weights and meta in registers ahead of the one computed (1..3)
+#endif
 #ifndef QF_WSMEM
 #define QF_WSMEM 0   // v15 (qf_gemm): the weights and meta staged through shared memory with the activations
 #endif
@@ -267,27 +270,36 @@ MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const QfTile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
     const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + 8 * tig;
     const float* sr = xs2 + (size_t)(xrow ? gid : 0) * nsb * 16 + 4 * tig;
-    uint2 wq[2][2][4];
-    uint4 mA[2], mB[2];
-    if (live && SB > 0) T.load(sb0, wq[0], mA[0], mB[0]);
+    // the register ring: QF_AHEAD superblocks loaded ahead of the one being computed (slots rotate, unrolled)
+    constexpr int RING = QF_AHEAD + 1;
+    uint2 wq[RING][2][4];
+    uint4 mA[RING], mB[RING];
+#pragma unroll
+    for (int r = 0; r < QF_AHEAD; ++r)
+        if (live && r < SB) T.load(sb0 + r, wq[r], mA[r], mB[r]);
     MEMRA_PDL_WAIT();
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
-                    uint4& bn) {
-        if (i + 1 < SB) T.load(sb0 + i + 1, wn, an, bn);
-        const int sb = sb0 + i;
-        qf_superblock<1>(w, ma, mb, tig,
-            [&](int, int j, int h) {
-                return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
-                            : make_uint4(0, 0, 0, 0);
-            },
-            [&](int) { return xrow ? __ldg(reinterpret_cast<const uint4*>(sr + 16 * sb)) : make_uint4(0, 0, 0, 0); },
-            acc);
-    };
     if (live) {
-        for (int i = 0; i < SB; i += 2) {
-            step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
-            if (i + 1 < SB) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
+        for (int i = 0; i < SB; i += RING) {
+#pragma unroll
+            for (int r = 0; r < RING; ++r) {
+                if (i + r >= SB) break;
+                const int nx = i + r + QF_AHEAD;   // refill the slot freed last step: superblock i + r + AHEAD
+                if (nx < SB) {
+                    const int slot = (r + QF_AHEAD) % RING;
+                    T.load(sb0 + nx, wq[slot], mA[slot], mB[slot]);
+                }
+                const int sb = sb0 + i + r;
+                qf_superblock<1>(wq[r], mA[r], mB[r], tig,
+                    [&](int, int j, int h) {
+                        return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
+                                    : make_uint4(0, 0, 0, 0);
+                    },
+                    [&](int) {
+                        return xrow ? __ldg(reinterpret_cast<const uint4*>(sr + 16 * sb)) : make_uint4(0, 0, 0, 0);
+                    },
+                    acc);
+            }
         }
     }
     MEMRA_PDL_LAUNCH();

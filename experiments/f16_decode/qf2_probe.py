@@ -28,9 +28,10 @@ sys.path.insert(0, str(HERE))
 import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
 
 SRC = HERE / "qf.cu"   # (v14; kernels/qf.cu once kernel-checked on a device)
-KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM")
+KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM", "QF_AHEAD")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
 ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
+ONE_AHEAD = tuple(int(v) for v in os.environ.get("Q2_AHEAD", "1").split(","))   # and its QF_AHEAD
 # qf_gemm's configurations (QF_GWARPS, QF_NT, QF_STAGES, QF_KSPLIT[, QF_WSMEM]); Q2_SET 2: session 54's second run (v15,
 # the weights staged through shared memory, against v14's best)
 GMS = {"1": [(4, 1, 2, 0), (8, 1, 2, 0), (4, 1, 2, 1), (4, 4, 2, 0), (4, 8, 2, 0), (8, 8, 2, 0), (4, 8, 3, 0),
@@ -49,8 +50,9 @@ QF_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
 
 def modules() -> list[tuple]:
     cs = sorted({c for sh in QP.SHAPES for c in CHAINS[sh[1]]})
-    out = [(max(4, c), c) + cfg for c in cs for cfg in GM]
-    out += [(w, c) + GM[0] for c in cs for w in ONE_WARPS if w > max(4, c) and w % c == 0]
+    out = [(max(4, c), c) + cfg + (1,) for c in cs for cfg in GM]
+    out += [(w, c) + GM[0] + (a,) for c in cs for w in ONE_WARPS for a in ONE_AHEAD
+            if w >= max(4, c) and w % c == 0 and (w, a) != (max(4, c), 1)]
     return out
 
 
@@ -185,8 +187,8 @@ def main() -> int:
                 if K % (256 * C):
                     continue
 
-                def mv(w, xa, sa, yy, n, W, C=C):
-                    k = module((W, C) + GM[0] if W > max(4, C) else (max(4, C), C) + GM[0]).kernel("qf_mv" + sfx)
+                def mv(w, xa, sa, yy, n, W, A=1, C=C):
+                    k = module((W, C) + GM[0] + (A,)).kernel("qf_mv" + sfx)
                     a = ((w.bulk, w.meta, xa, sa, yy, np.int32(N), np.int32(K), np.int32(n), np.int32(1)) if glu
                          else (w.bulk, w.meta, xa, sa, yy, np.uint64(0), np.int32(N), np.int32(K), np.int32(n)))
                     g.launch(k, (-(-tiles * C // W), 1, 1), (32 * W, 1, 1), a)
@@ -197,17 +199,18 @@ def main() -> int:
                     g.sync()
                     bits[r] = y1.numpy().view(np.uint32)
                 rel1 = float(np.max(np.abs(bits[:, :nr].view(np.float32) - ref)) / np.max(np.abs(ref)))
-                cfgs = [("qf_mv", W, None) for W in ONE_WARPS if W >= C and W % C == 0 and nb <= 8]
+                cfgs = [("qf_mv", (W, A), None) for W in ONE_WARPS for A in ONE_AHEAD if W >= C and W % C == 0
+                        and nb <= 8]
                 cfgs += [("qf_gemm", None, c) for c in GM if nb > 1 and 8 * c[1] <= max(8, nb)
                          and not (8 * c[1] < nb and c[1] < 4)]
                 for kern, W, c in cfgs:
                     if kern == "qf_mv":
-                        config = {"QF_WARPS": W, "QF_CHAINS": C}
+                        config = {"QF_WARPS": W[0], "QF_CHAINS": C, "QF_AHEAD": W[1]}
 
                         def run(w, W=W):
-                            mv(w, xh, xs2, y, nb, W)
+                            mv(w, xh, xs2, y, nb, *W)
                     else:
-                        m = (max(4, C), C) + c
+                        m = (max(4, C), C) + c + (1,)
                         config = dict(zip(KEYS, m))
                         kg = module(m).kernel("qf_gemm" + sfx)
                         grid = (-(-tiles // c[0]), -(-nb // (8 * c[1])), C if c[3] else 1)
