@@ -337,7 +337,7 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
     const int sb0 = QF_KSPLIT ? blockIdx.z * SB : 0, nloc = QF_KSPLIT ? SB : nsb;   // this block's superblocks
     const int gid = lane >> 2, tig = lane & 3;
     const QfTile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
-    auto stage_xw = [&](int i, int s, bool with_w) {   // superblock sb0 + i's activations and sums into stage s
+    auto stage_x = [&](int i, int s) {   // superblock sb0 + i's activations and sums into stage s
         const int sb = sb0 + i;
         const uint32_t xd = smem_u32(xsm + (size_t)s * R * QF_XROW);
         for (int k = threadIdx.x; k < R * 32; k += 32 * QF_GWARPS) {
@@ -355,11 +355,12 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                             "l"(xs2 + ((size_t)(row < nb ? row : 0) * nsb + sb) * 16 + 4 * c), "r"(row < nb ? 16 : 0)
                          : "memory");
         }
-#if QF_WSMEM
-        // the warp's own 16 A rows (row q: q < 8 the row of ra = n0 + q, else of rb) and their meta
-        if (!with_w) return;
+    };
+    // QF_WSMEM: superblock sb0 + i of the warp's own 16 A rows (row q: q < 8 the row of ra = n0 + q, else of rb) and
+    // their meta into stage s
+    auto stage_w = [&](int i, int s) {
+        const int sb = sb0 + i;
         const uint32_t wd = smem_u32(wsm + ((size_t)s * QF_GWARPS + warp) * 16 * (QF_WROW + 16));
-#pragma unroll
         for (int k = lane; k < 16 * 9; k += 32) {
             const int q = k / 9, c = k % 9;
             const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);
@@ -367,28 +368,15 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                                        : meta + ((size_t)row * nsb + sb) * 16;
             cp16(wd + (c < 8 ? q * QF_WROW + 16 * c : 16 * QF_WROW + 16 * q), src);
         }
-#else
-        (void)with_w;
-#endif
     };
-    auto stage = [&](int i, int s) { stage_xw(i, s, true); };
-    auto stage_x = [&](int i, int s) { stage_xw(i, s, false); };
-    (void)stage_x;
+    auto stage = [&](int i, int s) {
+        stage_x(i, s);
+        if (QF_WSMEM) stage_w(i, s);
+    };
 #if QF_WSMEM
 #pragma unroll
-    for (int s = 0; s < QF_STAGES - 1; ++s) {   // the weights need no PDL wait: the first stages' before it
-        if (s < nloc) {
-            const int sb = sb0 + s;
-            const uint32_t wd = smem_u32(wsm + ((size_t)s * QF_GWARPS + warp) * 16 * (QF_WROW + 16));
-            for (int k = lane; k < 16 * 9; k += 32) {
-                const int q = k / 9, c = k % 9;
-                const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);
-                const uint8_t* src = c < 8 ? bulk + ((size_t)row * nsb + sb) * 128 + 16 * c
-                                           : meta + ((size_t)row * nsb + sb) * 16;
-                cp16(wd + (c < 8 ? q * QF_WROW + 16 * c : 16 * QF_WROW + 16 * q), src);
-            }
-        }
-    }
+    for (int s = 0; s < QF_STAGES - 1; ++s)   // the weights need no PDL wait: the first stages' before it
+        if (s < nloc) stage_w(s, s);
     MEMRA_PDL_WAIT();
 #pragma unroll
     for (int s = 0; s < QF_STAGES - 1; ++s) {
@@ -414,14 +402,13 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
     for (int t = 0; t < QF_NT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[t][e] = 0.f;
-#if !QF_WSMEM
-    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
-                    uint4& bn) {
+    // superblock i staged for all (stage (i - 1) % STAGES free: the next one issued into it); a finished chain parked
+    auto advance = [&](int i) {
         cp_wait<QF_STAGES - 2>();
-        __syncthreads();   // superblock i staged for all; stage (i - 1) % STAGES free
+        __syncthreads();
         if (i + QF_STAGES - 1 < nloc) stage(i + QF_STAGES - 1, (i + QF_STAGES - 1) % QF_STAGES);
         cp_commit();
-        if (!QF_KSPLIT && QF_CHAINS > 1 && i > 0 && i % SB == 0) {   // a chain ends: park it (c0, then + c)
+        if (!QF_KSPLIT && QF_CHAINS > 1 && i > 0 && i % SB == 0) {   // park it (c0, then + c)
 #pragma unroll
             for (int t = 0; t < QF_NT; ++t)
 #pragma unroll
@@ -431,8 +418,8 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                     acc[t][e] = 0.f;
                 }
         }
-        if (live && i + 1 < nloc) T.load(sb0 + i + 1, wn, an, bn);
-        if (!live) return;
+    };
+    auto compute = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb) {
         const int s = i % QF_STAGES;
         const uint16_t* xb = xsm + (size_t)s * R * QF_XROW + gid * QF_XROW + 8 * tig;
         const float* sbp = ssm + (size_t)s * R * 16 + gid * 16 + 4 * tig;
@@ -442,43 +429,27 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
             },
             [&](int t) { return *reinterpret_cast<const uint4*>(sbp + t * 8 * 16); }, acc);
     };
-#endif
 #if QF_WSMEM
     for (int i = 0; i < nloc; ++i) {
-        cp_wait<QF_STAGES - 2>();
-        __syncthreads();   // superblock i staged for all; stage (i - 1) % STAGES free
-        if (i + QF_STAGES - 1 < nloc) stage(i + QF_STAGES - 1, (i + QF_STAGES - 1) % QF_STAGES);
-        cp_commit();
-        if (!QF_KSPLIT && QF_CHAINS > 1 && i > 0 && i % SB == 0) {
-#pragma unroll
-            for (int t = 0; t < QF_NT; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float& p = park[(4 * t + e) * 32 * QF_GWARPS];
-                    p = i == SB ? acc[t][e] : __fadd_rn(p, acc[t][e]);
-                    acc[t][e] = 0.f;
-                }
-        }
+        advance(i);
         if (!live) continue;
-        const int s = i % QF_STAGES;
-        const uint8_t* wb = wsm + ((size_t)s * QF_GWARPS + warp) * 16 * (QF_WROW + 16);
+        const uint8_t* wb = wsm + ((size_t)(i % QF_STAGES) * QF_GWARPS + warp) * 16 * (QF_WROW + 16);
         uint2 w[2][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             w[0][j] = *reinterpret_cast<const uint2*>(wb + gid * QF_WROW + 32 * j + 8 * tig);
             w[1][j] = *reinterpret_cast<const uint2*>(wb + (gid + 8) * QF_WROW + 32 * j + 8 * tig);
         }
-        const uint4 ma = *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * gid);
-        const uint4 mb = *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * (gid + 8));
-        const uint16_t* xb = xsm + (size_t)s * R * QF_XROW + gid * QF_XROW + 8 * tig;
-        const float* sbp = ssm + (size_t)s * R * 16 + gid * 16 + 4 * tig;
-        qf_superblock<QF_NT>(w, ma, mb, tig,
-            [&](int t, int j, int h) {
-                return *reinterpret_cast<const uint4*>(xb + t * 8 * QF_XROW + 64 * j + 32 * h);
-            },
-            [&](int t) { return *reinterpret_cast<const uint4*>(sbp + t * 8 * 16); }, acc);
+        compute(i, w, *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * gid),
+                *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * (gid + 8)));
     }
 #else
+    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
+                    uint4& bn) {
+        advance(i);
+        if (live && i + 1 < nloc) T.load(sb0 + i + 1, wn, an, bn);
+        if (live) compute(i, w, ma, mb);
+    };
     for (int i = 0; i < nloc; i += 2) {
         step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
         if (i + 1 < nloc) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
