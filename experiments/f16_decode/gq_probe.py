@@ -1,8 +1,9 @@
-"""mv_qf.cu's gm_qf (v13, the qf arithmetic at 8..64 activation rows a block column) against the engine's q8 kernel at
-the same rows (mvt at 8, gemm.cu from 16, the shipped H200 table's configurations) on the 8B Q4_K_M's Q4_K shapes,
+"""mv_qf.cu's gm_qf (v13, the qf arithmetic at 8..64 activation rows a block column) against the engine's q8 kernels at
+the same rows (probe.time_q8: mv_q8 up to 8 rows, mvt at 3..15, gemm.cu from 16, the shipped H200 table's
+configurations; session 54's run timed mvt alone at 8) on the 8B Q4_K_M's Q4_K shapes,
 and its bits against the one-row kernel's (experiments/f16_decode/README.md, session 54).
 
-Per shape and row count nb: the engine's q8 kernel; then per chain count C (the arithmetic: chains over K, CHAINS)
+Per shape and row count nb: the engine's q8 kernels; then per chain count C (the arithmetic: chains over K, CHAINS)
 mv_qf at one row (MQ_WARPS max(4, C), MQ_WA 1) launched once for every activation row alone — the isolation contract's
 reference — and gm_qf at every (GQ_WARPS, GQ_NT, GQ_STAGES) in GM with 8 GQ_NT <= nb rounded up: µs (median of CUDA
 graph launches over weight copies rotated past L2), GB/s, `differ` = outputs whose bits differ from the one-row
@@ -77,9 +78,7 @@ def main() -> int:
     import probe as PR
     import tile as TL
     from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm as GM_
     from memra.gpu.ops import matvec as M
-    from memra.gpu.ops import mvt as MVT
     from memra.gpu.q8 import Q8_SCALE
     g = gpu()
     table = json.loads(QP.TABLE.read_text())
@@ -100,7 +99,6 @@ def main() -> int:
         N = rows // 2 if glu else rows
         raw = M.random_weight(QP.Q4_K, rows, K, rng)
         ws = [M.upload_weight(g, raw, QP.Q4_K) for _ in range(max(1, min(8, -(-QP.ROTATE // raw.nbytes))))]
-        act = "silu" if glu else None
         base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
                 "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
         timed = PR.timer(g, emit, args.reps, base, ws, ws[0].nbytes)
@@ -115,17 +113,7 @@ def main() -> int:
             xs = g.empty((nb * K // 32,), Q8_SCALE)
             M.quantize_q8(g, g.to_device(x), xq, xs, nb)
             y = g.empty((nb * N,), np.float32)
-            if nb < MVT.MVT_MIN_ROWS:
-                cfg = PR.table_config(table, "matvec" + ("_glu" if glu else ""), QP.Q4_K, rows, K, nb)
-                timed("matvec", cfg, nb, lambda w, cfg=cfg: M.matvec(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
-                                                                      tuned=(lambda _n: cfg) if cfg else None))
-            elif nb < GM_.GEMM_MIN_ROWS:
-                cfg = PR.table_config(table, "mvt" + ("_glu" if glu else ""), QP.Q4_K, rows, K, nb)
-                timed("mvt", cfg, nb, lambda w, cfg=cfg: MVT.mvt(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg))
-            else:
-                cfg = PR.table_config(table, "gemm" + ("_glu" if glu else ""), QP.Q4_K, rows, K, nb)
-                timed("gemm", cfg, nb, lambda w, cfg=cfg: GM_.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
-                                                                   config=cfg))
+            PR.time_q8(timed, g, table, QP.Q4_K, rows, K, glu, nb, y, xq, xs)   # mv_q8 / mvt / gemm.cu
             if glu:
                 gt = QP.ref_qf(raw[:nr], K, xh16, s2, nr)
                 up = QP.ref_qf(raw[N:N + nr], K, xh16, s2, nr)

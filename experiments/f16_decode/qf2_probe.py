@@ -2,7 +2,8 @@
 against the engine's q8 decode kernels at 1, 8 and 64 rows on the 8B Q4_K_M's Q4_K shapes, and its bits across row counts
 (experiments/f16_decode/README.md, session 54).
 
-Per shape and row count nb: the engine's q8 kernel (mv_q8 / mvt / gemm.cu at the shipped H200 table's configuration);
+Per shape and row count nb: the engine's q8 kernels (probe.time_q8: mv_q8 up to 8 rows, mvt at 3..15, gemm.cu from
+16, the shipped H200 table's configurations; session 54's first run timed mvt alone at 8);
 then per chain count C (CHAINS: the arithmetic) the one-row reference — qf_mv launched once for every activation row
 alone — and qf_mv at nb rows (nb <= 8) and qf_gemm at every configuration in GM that fits nb: µs (median of CUDA-graph
 launches over weight copies rotated past L2), GB/s, `differ` = outputs whose bits differ from the one-row launches'
@@ -115,9 +116,7 @@ def main() -> int:
     import probe as PR
     import tile as TL
     from memra.gpu.cuda import gpu
-    from memra.gpu.ops import gemm as GM_
     from memra.gpu.ops import matvec as M
-    from memra.gpu.ops import mvt as MVT
     from memra.gpu.q8 import Q8_SCALE
     g = gpu()
     table = json.loads(QP.TABLE.read_text())
@@ -138,7 +137,6 @@ def main() -> int:
         N = rows // 2 if glu else rows
         raw = M.random_weight(QP.Q4_K, rows, K, rng)
         ws = [M.upload_weight(g, raw, QP.Q4_K) for _ in range(max(1, min(8, -(-QP.ROTATE // raw.nbytes))))]
-        act = "silu" if glu else None
         sfx = "_glu" if glu else ""
         base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
                 "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
@@ -163,17 +161,7 @@ def main() -> int:
             xs = g.empty((nb * K // 32,), Q8_SCALE)
             M.quantize_q8(g, g.to_device(x), xq, xs, nb)
             y = g.empty((nb * N,), np.float32)
-            if nb < MVT.MVT_MIN_ROWS:
-                cfg = PR.table_config(table, "matvec" + sfx, QP.Q4_K, rows, K, nb)
-                timed("matvec", cfg, nb, lambda w, cfg=cfg: M.matvec(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
-                                                                      tuned=(lambda _n: cfg) if cfg else None))
-            elif nb < GM_.GEMM_MIN_ROWS:
-                cfg = PR.table_config(table, "mvt" + sfx, QP.Q4_K, rows, K, nb)
-                timed("mvt", cfg, nb, lambda w, cfg=cfg: MVT.mvt(g, w, y, xq=xq, xs=xs, nb=nb, glu=act, config=cfg))
-            else:
-                cfg = PR.table_config(table, "gemm" + sfx, QP.Q4_K, rows, K, nb)
-                timed("gemm", cfg, nb, lambda w, cfg=cfg: GM_.gemm(g, w, y, xq=xq, xs=xs, nb=nb, glu=act,
-                                                                   config=cfg))
+            PR.time_q8(timed, g, table, QP.Q4_K, rows, K, glu, nb, y, xq, xs)   # mv_q8 / mvt / gemm.cu
             if glu:
                 gt = QP.ref_qf(raw[:nr], K, xh16, s2ref, nr)
                 up = QP.ref_qf(raw[N:N + nr], K, xh16, s2ref, nr)
