@@ -28,17 +28,18 @@
 // bits relative to a block's largest; here 11 each, and S2 to ~22 bits).
 //
 // Work. qf_mv: a warp owns a 16-row A tile (glu: gate rows n0 + gid and up rows N + n0 + gid of 8 outputs; plain
-// rows n0 + gid, + 8) and one chain; activation rows are B's columns gid < nb; weights and meta one superblock ahead
-// in registers (the first before the PDL wait); a tile's chains share a block and meet in shared memory. qf_gemm:
+// rows n0 + gid, + 8) and one chain; activation rows are B's columns gid < nb; weights and meta QF_AHEAD superblocks
+// ahead in registers (the first before the PDL wait); a tile's chains share a block and meet in shared memory. qf_gemm:
 // a warp owns one A tile and QF_NT n8 tiles of activation rows; the block's QF_GWARPS warps share each superblock's
 // activations and sums staged by cp.async QF_STAGES deep (rows padded to QF_XROW halves: a quarter warp's LDS.128
 // reads two rows 16 banks apart; rows >= nb zero-filled). QF_KSPLIT 0: a warp walks its chains one after another, a
 // finished chain's sums parked in shared memory; QF_KSPLIT 1: QF_CHAINS blocks along z, one chain each, their sums
 // written to ws [chain][row][weight row] and the (x, y) tile's last block (cnt, reset by it) folds them in chain
-// order and runs the epilogue.
+// order and runs the epilogue. The weights and meta ride a register ring one superblock ahead, or (QF_WSMEM 1)
+// the stages too: each warp copies its 16 rows (QF_WROW bytes apart) and their meta with the activations.
 //
 // Tunables (-D): QF_CHAINS (1; the arithmetic), QF_WARPS (4; a multiple of QF_CHAINS), QF_GWARPS (4), QF_NT (8),
-// QF_STAGES (2; 2..4), QF_KSPLIT (0). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
+// QF_STAGES (2; 2..4), QF_KSPLIT (0), QF_WSMEM (0), QF_AHEAD (1; 1..3, qf_mv). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
 // k16 step of every superblock's first sub-block skipped (its products dropped from every output); 2, qf_gemm's
 // QF_KSPLIT fold walks the chains in reverse order (other bits than qf_mv's from 3 chains on).
 //
@@ -46,8 +47,8 @@
 //   qf_mv / _glu: grid (ceil(T QF_CHAINS / QF_WARPS), 1, 1), T = Nw / 16 (Nw = N, 2N for glu), block (32 QF_WARPS);
 //     nb <= 8
 //   qf_gemm / _glu: grid (ceil(T / QF_GWARPS), ceil(nb / (8 QF_NT)), QF_KSPLIT ? QF_CHAINS : 1), block (32
-//     QF_GWARPS), dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW + 64) + (!QF_KSPLIT && QF_CHAINS > 1: 4 QF_NT
-//     32 QF_GWARPS 4) bytes; QF_KSPLIT: ws >= QF_CHAINS nb Nw floats, cnt >= grid.x grid.y ints, zero before the
+//     QF_GWARPS), dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW + 64) + (QF_WSMEM: QF_STAGES QF_GWARPS 16
+//     (QF_WROW + 16)) + (!QF_KSPLIT && QF_CHAINS > 1: 4 QF_NT 32 QF_GWARPS 4) bytes; QF_KSPLIT: ws >= QF_CHAINS nb Nw floats, cnt >= grid.x grid.y ints, zero before the
 //     first launch (each launch leaves them zero)
 //   to_qf: grid (ceil(nb K / 2048), 1, 1), block (256, 1, 1)
 // Host contract: Q4_K (type 12); K % (256 QF_CHAINS) == 0; Nw % 16 == 0; nb >= 1; bulk, meta, xh, xs2 16-byte
@@ -63,7 +64,12 @@
 //      ~250 instructions a warp and sub-block (the fold, four PRMT an n8 tile): gate+up at 64 rows 132.6 µs against
 //      gemm.cu's 159.3, down 122.3 against 90.4.
 //  v14 (this file): the scales in the A values and the mins through a tf32 mma — one fold a superblock, x in qf
-//      order (no PRMT): ~106 instructions a warp and sub-block at QF_NT 8 (static SASS).
+//      order (no PRMT): ~106 instructions a warp and sub-block at QF_NT 8 (static SASS). Every output at 1 / 8 / 64
+//      rows = the one-row launches'. One row 1.06-1.18x mv_q8 (gate+up 29.5 µs), 8 rows 0.58-0.81x mvt, 64 rows
+//      0.66-0.84x gemm.cu (gate+up 104.0 against 157.8): 8 warps an SM, 31 % issue, long-scoreboard stalls on the
+//      register ring's meta (ncu).
+//  v15 (QF_WSMEM, qf_gemm; QF_AHEAD, qf_mv): the weights through shared memory; the one-row ring deeper. Not yet
+//      run.
 #include "common.cuh"
 #include "smem_stage.cuh"
 
