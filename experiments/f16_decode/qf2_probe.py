@@ -16,10 +16,8 @@ float64 value of the same arithmetic (S1 exact, S2 = hi + lo as the kernel sees 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -103,36 +101,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
-    t0 = time.time()
-    from concurrent.futures import ProcessPoolExecutor
-    mods = modules()
-    with ProcessPoolExecutor(max_workers=max(1, min(12, os.cpu_count() or 1))) as ex:
-        built = dict(zip(mods, ex.map(_compile, mods)))
-    info = {str(m): QP.regs(v[1]) for m, v in built.items()}
-    if args.compile_only:
-        print(json.dumps({"kind": "q2_compile", "modules": len(built), "s": round(time.time() - t0, 1),
-                          "regs_spill": info}))
+    got = QP.probe_session(args, "q2_compile", SRC, KEYS, modules(), _compile, "q2")
+    if got is None:
         return 0
+    g, table, emit, module = got
     import probe as PR
     import tile as TL
-    from memra.gpu.cuda import gpu
     from memra.gpu.ops import matvec as M
     from memra.gpu.q8 import Q8_SCALE
-    g = gpu()
-    table = json.loads(QP.TABLE.read_text())
-    out = open(args.out, "a")
-
-    def emit(rec):
-        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
-        print(json.dumps(rec)[:300], flush=True)
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-    emit({"kind": "q2_compile", "modules": len(built), "s": round(time.time() - t0, 1), "regs_spill": info})
     rng = np.random.default_rng(54)
-    cache: dict = {}
-
-    def module(m):
-        return TL.prebuilt_module(g, cache, ("q2", m), "qf.cu", dict(zip(KEYS, m)), lambda m=m: built[m][0])
     for model, op, rows, K, glu in QP.SHAPES:
         N = rows // 2 if glu else rows
         raw = M.random_weight(QP.Q4_K, rows, K, rng)

@@ -132,6 +132,39 @@ def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -
     return (s1 * dsc[None] - dm[None] * s2.astype(np.float64)[:, None, :]).sum(-1)   # (nb, nr)
 
 
+def probe_session(args, kind: str, src: Path, keys: tuple, mods: list, compile_fn, tag: str):
+    """The set-up gq_probe.py and qf2_probe.py share: `mods` (tuples of `keys`' values) built from `src` in a process
+    pool by compile_fn (a module-level function: (cubin, log)); with --compile-only their registers printed and None
+    returned; else (g, table, emit, module): the device, the shipped H200 table, a JSONL writer appending to
+    args.out (the compile record first) and module(m), m's prebuilt module (cached under `tag`)."""
+    from concurrent.futures import ProcessPoolExecutor
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, min(12, os.cpu_count() or 1))) as ex:
+        built = dict(zip(mods, ex.map(compile_fn, mods)))
+    rec0 = {"kind": kind, "modules": len(built), "s": round(time.time() - t0, 1),
+            "regs_spill": {str(m): regs(v[1]) for m, v in built.items()}}
+    if args.compile_only:
+        print(json.dumps(rec0))
+        return None
+    import tile as TL
+    from memra.gpu.cuda import gpu
+    g = gpu()
+    table = json.loads(TABLE.read_text())
+    out = open(args.out, "a")
+
+    def emit(rec):
+        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
+        print(json.dumps(rec)[:300], flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    emit(rec0)
+    cache: dict = {}
+
+    def module(m):
+        return TL.prebuilt_module(g, cache, (tag, m), src.name, dict(zip(keys, m)), lambda m=m: built[m][0])
+    return g, table, emit, module
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
