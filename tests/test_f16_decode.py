@@ -156,3 +156,56 @@ def test_qf2_producer_puts_each_fragment_where_a_lane_loads_it():
                     want = float(s2_of(b, sub))
                     assert abs(float(v_hi) + float(v_lo) - want) <= abs(want) * 2 ** -21
                     assert float(v_hi) + float(v_lo) == s2ref[b, sub]
+
+
+def test_qf_wsmem_stage_puts_each_weight_byte_where_the_lane_reads_it():
+    """qf.cu's QF_WSMEM staging, replayed: stage_w's copies (lane k of 16 x 9: row q's 16-byte chunk c < 8 at q
+    QF_WROW + 16 c, its meta at 16 QF_WROW + 16 q; row q < 8 the row of ra = n0 + q, else of rb: glu N + n0 + q - 8,
+    plain n0 + q) against the step's reads (w[0][j] at gid QF_WROW + 32 j + 8 tig, w[1][j] at (gid + 8) QF_WROW + ..,
+    the meta at 16 QF_WROW + 16 gid / 16 (gid + 8)): every lane gets its own rows' bytes; a slipped row map is
+    caught."""
+    import re
+
+    import numpy as np
+
+    src = (EXP / "qf.cu").read_text()
+    wrow = int(re.search(r"#define QF_WROW (\d+)", src).group(1))
+    rng = np.random.default_rng(2)
+
+    def replay(N, nsb, glu, tile, sb, row_of):
+        bulk = rng.integers(0, 256, ((2 * N if glu else N), nsb * 128), dtype=np.uint8)
+        meta = rng.integers(0, 256, ((2 * N if glu else N), nsb * 16), dtype=np.uint8)
+        n0 = tile * (8 if glu else 16)
+        smem = np.zeros(16 * (wrow + 16), np.uint8)
+        for k in range(16 * 9):
+            q, c = divmod(k, 9)
+            row = row_of(q, n0, N, glu)
+            data = bulk[row, sb * 128 + 16 * c:sb * 128 + 16 * c + 16] if c < 8 else meta[row, 16 * sb:16 * sb + 16]
+            o = q * wrow + 16 * c if c < 8 else 16 * wrow + 16 * q
+            smem[o:o + 16] = data
+        bad = 0
+        for gid in range(8):
+            ra, rb = n0 + gid, (N + n0 + gid) if glu else n0 + gid + 8
+            for tig in range(4):
+                for j in range(4):
+                    for r, row in ((0, ra), (1, rb)):
+                        o = (gid + 8 * r) * wrow + 32 * j + 8 * tig
+                        bad += int((smem[o:o + 8] != bulk[row, sb * 128 + 32 * j + 8 * tig:][:8]).any())
+            for r, row in ((0, ra), (1, rb)):
+                o = 16 * wrow + 16 * (gid + 8 * r)
+                bad += int((smem[o:o + 16] != meta[row, 16 * sb:16 * sb + 16]).any())
+        return bad
+
+    def kernel_rows(q, n0, N, glu):
+        return n0 + q if q < 8 else ((N + n0 + q - 8) if glu else n0 + q)
+
+    for glu in (True, False):
+        assert replay(32, 3, glu, 1, 2, kernel_rows) == 0
+        assert replay(32, 3, glu, 1, 2, lambda q, n0, N, g: kernel_rows(q ^ 1, n0, N, g)) > 0
+    # the kernel's own row map, as written in stage_w
+    assert "const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);" in src
+    assert "cp16(wd + (c < 8 ? q * QF_WROW + 16 * c : 16 * QF_WROW + 16 * q), src);" in src
+    assert "w[0][j] = *reinterpret_cast<const uint2*>(wb + gid * QF_WROW + 32 * j + 8 * tig);" in src
+    assert "w[1][j] = *reinterpret_cast<const uint2*>(wb + (gid + 8) * QF_WROW + 32 * j + 8 * tig);" in src
+    assert "compute(i, w, *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * gid)," in src
+    assert "*reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * (gid + 8)));" in src
