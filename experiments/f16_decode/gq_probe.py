@@ -139,19 +139,7 @@ def main() -> int:
                         g.launch(kern, grid, (32 * W, 1, 1), a, shmem=sm)
                     rec = {"kind": "time", **base, "nb": nb, "kernel": "gm_qf", "config": dict(zip(KEYS, m)),
                            "smem": sm}
-                    try:
-                        y.upload(np.full(nb * N, np.nan, np.float32))
-                        run(ws[0])
-                        g.sync()
-                        got = y.numpy().reshape(nb, N)
-                        rec["differ"] = int((got.view(np.uint32) != bits).sum())
-                        rec["rel"] = float(np.max(np.abs(got[:, :nr] - ref)) / np.max(np.abs(ref)))
-                        us = TL.time_us(g, [lambda w=w: run(w) for w in ws], args.reps,
-                                        launches=max(24, 3 * len(ws)))
-                        rec.update(us=round(us, 2), gbps=round(ws[0].nbytes / us / 1e3, 1))
-                    except Exception as e:
-                        rec["error"] = str(e)[:300]
-                    emit(rec)
+                    emit(QP.measure(g, rec, run, ws, y, (nb, N), bits, ref, nr, args.reps))
         del ws
     return 0
 

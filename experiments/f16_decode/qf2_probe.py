@@ -106,7 +106,6 @@ def main() -> int:
         return 0
     g, table, emit, module = got
     import probe as PR
-    import tile as TL
     from memra.gpu.ops import matvec as M
     from memra.gpu.q8 import Q8_SCALE
     rng = np.random.default_rng(54)
@@ -190,19 +189,7 @@ def main() -> int:
                                   np.int32(nb)))
                             g.launch(kg, grid, (32 * c[0], 1, 1), a, shmem=sm)
                     rec = {"kind": "time", **base, "nb": nb, "kernel": kern, "config": config, "rel_one_row": rel1}
-                    try:
-                        y.upload(np.full(nb * N, np.nan, np.float32))
-                        run(ws[0])
-                        g.sync()
-                        got = y.numpy().reshape(nb, N)
-                        rec["differ"] = int((got.view(np.uint32) != bits).sum())
-                        rec["rel"] = float(np.max(np.abs(got[:, :nr] - ref)) / np.max(np.abs(ref)))
-                        us = TL.time_us(g, [lambda w=w: run(w) for w in ws], args.reps,
-                                        launches=max(24, 3 * len(ws)))
-                        rec.update(us=round(us, 2), gbps=round(ws[0].nbytes / us / 1e3, 1))
-                    except Exception as e:
-                        rec["error"] = str(e)[:300]
-                    emit(rec)
+                    emit(QP.measure(g, rec, run, ws, y, (nb, N), bits, ref, nr, args.reps))
         del ws
     return 0
 

@@ -165,6 +165,25 @@ def probe_session(args, kind: str, src: Path, keys: tuple, mods: list, compile_f
     return g, table, emit, module
 
 
+def measure(g, rec: dict, run, ws: list, y, shape: tuple, bits: np.ndarray, ref: np.ndarray, nr: int, reps: int) -> dict:
+    """One configuration of gq_probe.py / qf2_probe.py into rec: run(w) on a NaN-poisoned y (shape (nb, N)) — its
+    outputs whose bits differ from `bits` (the one-row launches'), `rel` against the float64 `ref` on the first nr
+    weight rows — then µs (time_us over the rotated weight copies ws) and GB/s; an exception as rec's error."""
+    import tile as TL
+    try:
+        y.upload(np.full(shape[0] * shape[1], np.nan, np.float32))
+        run(ws[0])
+        g.sync()
+        got = y.numpy().reshape(shape)
+        rec["differ"] = int((got.view(np.uint32) != bits).sum())
+        rec["rel"] = float(np.max(np.abs(got[:, :nr] - ref)) / np.max(np.abs(ref)))
+        us = TL.time_us(g, [lambda w=w: run(w) for w in ws], reps, launches=max(24, 3 * len(ws)))
+        rec.update(us=round(us, 2), gbps=round(ws[0].nbytes / us / 1e3, 1))
+    except Exception as e:
+        rec["error"] = str(e)[:300]
+    return rec
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
