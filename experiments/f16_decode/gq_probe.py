@@ -14,7 +14,6 @@ launches' (must be 0), `rel` = max |y - ref| / max |ref| on the first 32 weight 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -58,11 +57,7 @@ def smem(w: int, c: int, nt: int, st: int) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--compile-only", action="store_true")
-    args = ap.parse_args()
+    args = QP.probe_args()
     got = QP.probe_session(args, "gq_compile", SRC, KEYS, modules(), _compile, "gq")
     if got is None:
         return 0
@@ -72,12 +67,7 @@ def main() -> int:
     from memra.gpu.ops import matvec as M
     from memra.gpu.q8 import Q8_SCALE
     rng = np.random.default_rng(54)
-    for model, op, rows, K, glu in QP.SHAPES:
-        N = rows // 2 if glu else rows
-        raw = M.random_weight(QP.Q4_K, rows, K, rng)
-        ws = [M.upload_weight(g, raw, QP.Q4_K) for _ in range(max(1, min(8, -(-QP.ROTATE // raw.nbytes))))]
-        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
-                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
+    for op, rows, K, glu, N, raw, ws, base in QP.shape_weights(g, rng):
         timed = PR.timer(g, emit, args.reps, base, ws, ws[0].nbytes)
         nr = 32
         for nb in NBS:
@@ -140,7 +130,6 @@ def main() -> int:
                     rec = {"kind": "time", **base, "nb": nb, "kernel": "gm_qf", "config": dict(zip(KEYS, m)),
                            "smem": sm}
                     emit(QP.measure(g, rec, run, ws, y, (nb, N), bits, ref, nr, args.reps))
-        del ws
     return 0
 
 

@@ -15,7 +15,6 @@ float64 value of the same arithmetic (S1 exact, S2 = hi + lo as the kernel sees 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -96,11 +95,7 @@ def producer(x: np.ndarray):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--compile-only", action="store_true")
-    args = ap.parse_args()
+    args = QP.probe_args()
     got = QP.probe_session(args, "q2_compile", SRC, KEYS, modules(), _compile, "q2")
     if got is None:
         return 0
@@ -109,13 +104,8 @@ def main() -> int:
     from memra.gpu.ops import matvec as M
     from memra.gpu.q8 import Q8_SCALE
     rng = np.random.default_rng(54)
-    for model, op, rows, K, glu in QP.SHAPES:
-        N = rows // 2 if glu else rows
-        raw = M.random_weight(QP.Q4_K, rows, K, rng)
-        ws = [M.upload_weight(g, raw, QP.Q4_K) for _ in range(max(1, min(8, -(-QP.ROTATE // raw.nbytes))))]
+    for op, rows, K, glu, N, raw, ws, base in QP.shape_weights(g, rng):
         sfx = "_glu" if glu else ""
-        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
-                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
         timed = PR.timer(g, emit, args.reps, base, ws, ws[0].nbytes)
         tiles = rows // 16
         nr = 32
@@ -190,7 +180,6 @@ def main() -> int:
                             g.launch(kg, grid, (32 * c[0], 1, 1), a, shmem=sm)
                     rec = {"kind": "time", **base, "nb": nb, "kernel": kern, "config": config, "rel_one_row": rel1}
                     emit(QP.measure(g, rec, run, ws, y, (nb, N), bits, ref, nr, args.reps))
-        del ws
     return 0
 
 

@@ -132,6 +132,27 @@ def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -
     return (s1 * dsc[None] - dm[None] * s2.astype(np.float64)[:, None, :]).sum(-1)   # (nb, nr)
 
 
+def probe_args():
+    """The probes' command line (qf_probe.py, gq_probe.py, qf2_probe.py): --out, --reps, --compile-only."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--compile-only", action="store_true")
+    return ap.parse_args()
+
+
+def shape_weights(g, rng):
+    """Per SHAPES entry: (op, rows, K, glu, N, raw, ws, base) — N output rows, raw random valid Q4_K rows, ws their
+    uploads copied until the copies pass ROTATE bytes (at most 8), base the records' shape fields."""
+    from memra.gpu.ops import matvec as M
+    for model, op, rows, K, glu in SHAPES:
+        raw = M.random_weight(Q4_K, rows, K, rng)
+        ws = [M.upload_weight(g, raw, Q4_K) for _ in range(max(1, min(8, -(-ROTATE // raw.nbytes))))]
+        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
+                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
+        yield op, rows, K, glu, (rows // 2 if glu else rows), raw, ws, base
+
+
 def probe_session(args, kind: str, src: Path, keys: tuple, mods: list, compile_fn, tag: str):
     """The set-up gq_probe.py and qf2_probe.py share: `mods` (tuples of `keys`' values) built from `src` in a process
     pool by compile_fn (a module-level function: (cubin, log)); with --compile-only their registers printed and None
@@ -185,11 +206,7 @@ def measure(g, rec: dict, run, ws: list, y, shape: tuple, bits: np.ndarray, ref:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--compile-only", action="store_true")
-    args = ap.parse_args()
+    args = probe_args()
     t0 = time.time()
     built = compile_all()
     info = {str(c): regs(v[1]) for c, v in built.items()}
@@ -215,10 +232,7 @@ def main() -> int:
     emit({"kind": "qf_compile", "modules": len(built), "s": round(time.time() - t0, 1), "regs_spill": info})
     rng = np.random.default_rng(53)
     cache: dict = {}
-    for model, op, rows, K, glu in SHAPES:
-        N = rows // 2 if glu else rows
-        raw = M.random_weight(Q4_K, rows, K, rng)
-        ws = [M.upload_weight(g, raw, Q4_K) for _ in range(max(1, min(8, -(-ROTATE // raw.nbytes))))]
+    for op, rows, K, glu, N, raw, ws, base in shape_weights(g, rng):
         tls = tms = None
         if any(len(c) > 9 and c[9] for c in CONFIGS):
             bulk, meta = M.pack_planes(raw, Q4_K)
@@ -227,8 +241,6 @@ def main() -> int:
             tm = tile_meta(np.asarray(meta), rows // 2 if glu else rows, K, glu)
             tms = [g.to_device(tm) for _ in ws]
         act = "silu" if glu else None
-        base = {"model": model, "op": op, "type": "Q4_K", "rows": rows, "K": K, "glu": glu,
-                "weight_bytes": ws[0].nbytes, "rotate": len(ws)}
         nr = 32
         for nb in (1, 8):
             x = (rng.standard_normal((nb, K)) * 2).astype(np.float32)
@@ -301,7 +313,6 @@ def main() -> int:
                 except Exception as e:
                     rec["error"] = str(e)[:300]
                 emit(rec)
-        del ws
     return 0
 
 
