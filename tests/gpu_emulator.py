@@ -532,6 +532,51 @@ def check_geometry(kernel, grid, block, shmem, v):
             _fail(k, grid, block, f"the grid must be (ceil(nb / {bn}), N / {obm}, 1)")
         if shmem != smem:
             _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {smem}")
+    elif name.startswith("qf_mv") or name.startswith("qf_gemm"):
+        # qf.cu: T = Nw / 16 weight tiles (Nw = N, 2N for _glu). qf_mv: grid (ceil(T QF_CHAINS / QF_WARPS), 1, 1),
+        # block 32 QF_WARPS, no dynamic shared memory, nb <= 8; qf_gemm: grid (ceil(T / QF_GWARPS), ceil(nb / (8
+        # QF_NT)), QF_KSPLIT ? QF_CHAINS : 1), block 32 QF_GWARPS, dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW
+        # + 64) + (QF_WSMEM: QF_STAGES QF_GWARPS 16 (QF_WROW + 16)) + (!QF_KSPLIT, QF_CHAINS > 1: 4 QF_NT 32
+        # QF_GWARPS 4); K a multiple of 256 QF_CHAINS, QF_WARPS of QF_CHAINS
+        glu = name.endswith("_glu")
+        gemm = name.startswith("qf_gemm")
+        if gemm:
+            N, K, nb = (v[7:10] if glu else v[8:11])
+        else:
+            N, K, nb = (v[5:8] if glu else v[6:9])
+        N, K, nb = int(N), int(K), int(nb)
+        C, W = _d(k, "QF_CHAINS", 1), _d(k, "QF_WARPS", 4)
+        T = (2 * N if glu else N) // 16
+        if K % (256 * C) or W % C or (2 * N if glu else N) % 16 or nb < 1:
+            _fail(k, grid, block, f"K = {K} not a multiple of {256 * C}, QF_WARPS {W} of QF_CHAINS {C}, or the weight "
+                                  f"rows of 16 ({N}), or nb = {nb} < 1")
+        if not gemm:
+            _block_is(k, grid, block, 32 * W, "32 QF_WARPS")
+            _no_dynamic_smem(k, grid, block, shmem)
+            if nb > 8:
+                _fail(k, grid, block, f"qf_mv takes at most 8 rows, got {nb}")
+            if grid != (-(-T * C // W), 1, 1):
+                _fail(k, grid, block, f"the grid must be (ceil({T} x {C} / {W}), 1, 1)")
+        else:
+            gw, nt, st = _d(k, "QF_GWARPS", 4), _d(k, "QF_NT", 8), _d(k, "QF_STAGES", 2)
+            ks, wsm = _d(k, "QF_KSPLIT", 0), _d(k, "QF_WSMEM", 0)
+            _block_is(k, grid, block, 32 * gw, "32 QF_GWARPS")
+            if grid != (-(-T // gw), -(-nb // (8 * nt)), C if ks else 1):
+                _fail(k, grid, block, f"the grid must be (ceil({T} / {gw}), ceil({nb} / {8 * nt}), {C if ks else 1})")
+            want = st * 8 * nt * (2 * 288 + 64) + (st * gw * 16 * (160 + 16) if wsm else 0) + \
+                (4 * nt * 32 * gw * 4 if C > 1 and not ks else 0)
+            if shmem != want:
+                _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
+            if ks and C > 1 and (not v[6 if glu else 7] or not v[5 if glu else 6]):
+                _fail(k, grid, block, "QF_KSPLIT with several chains needs ws and cnt")
+    elif name == "to_qf":
+        # qf.cu: a warp a superblock of a row, grid ceil(nb K / 2048), block 256, no shared memory
+        _block_is(k, grid, block, 256, "to_qf's 256 threads")
+        _no_dynamic_smem(k, grid, block, shmem)
+        nb, K = int(v[3]), int(v[4])
+        if K % 256:
+            _fail(k, grid, block, f"K = {K} not a multiple of 256")
+        _ranges(k, grid, block, f"superblocks ({nb * K // 256})", nb * K // 256, np.arange(grid[0]) * 8, 8)
     elif name == "to_f16":
         # gemm_f16.cu: grid ceil(n / 512), block 256, two values a thread, no shared memory
         _block_is(k, grid, block, 256, "to_f16's 256 threads")
@@ -1000,6 +1045,81 @@ def _to_f16(g, k, grid, v):
     g.mem(h, np.uint16, n)[:] = bits
 
 
+def _qf(g, k, grid, v):
+    """qf.cu's qf_mv / qf_gemm (the same bits): per output and chain (QF_CHAINS equal runs of superblocks) the float64
+    value of the qf arithmetic on what the launch reads — the Q4_K integers with d sc and dmin m, the f16
+    activations of xh (qf order undone), S2 = hi + lo from xs2 — rounded to float32, the chains folded left in
+    float32 (the kernel: f32 accumulation inside a superblock's mma chain and fold, within ~1e-6 of this; the model
+    gives its operands, chains and epilogue, not its accumulation's bits), a row's value from its own activations
+    alone; then act(gate) * up (act.cu's model) or fl(res + acc). MEMRA_CANARY=1 drops the second k16 step of each
+    superblock's first sub-block from S1; 2 folds qf_gemm's chains split across blocks in reverse order."""
+    from memra.gpu.ops import act as ACT
+    from memra.gpu.ops import matvec as MV
+    from memra.model import quants as Q
+
+    glu, gemm = k.name.endswith("_glu"), k.name.startswith("qf_gemm")
+    if gemm:
+        if glu:
+            bulk, meta, x, xs2, y, _ws, _cnt, N, K, nb, act = v
+            res = 0
+        else:
+            bulk, meta, x, xs2, y, res, _ws, _cnt, N, K, nb = v
+            act = 0
+    elif glu:
+        bulk, meta, x, xs2, y, N, K, nb, act = v
+        res = 0
+    else:
+        bulk, meta, x, xs2, y, res, N, K, nb = v
+        act = 0
+    N, K, nb = int(N), int(K), int(nb)
+    rows, nsb, C = 2 * N if glu else N, K // 256, _d(k, "QF_CHAINS", 1)
+    key = ("qf", bulk, meta, rows, K)
+    hit = g.wcache.get(key)  # weights are uploaded once and never written
+    if hit is None:
+        raw = MV.unpack_planes(g.mem(bulk, np.uint8, rows * nsb * 128).reshape(rows, -1),
+                               g.mem(meta, np.uint8, rows * nsb * 16).reshape(rows, -1), 12)
+        q, dsc, mneg = Q._q4_k(np.ascontiguousarray(raw).reshape(rows * nsb, 144))
+        hit = g.wcache[key] = (q.reshape(rows, K // 32, 32).astype(np.float64),
+                               dsc.reshape(rows, K // 32).astype(np.float64), mneg.reshape(rows, K // 32).astype(np.float64))
+    q, dsc, mneg = hit
+    canary = _d(k, "MEMRA_CANARY", 0)
+    inv = np.argsort([0, 2, 1, 3, 4, 6, 5, 7])
+    xv = g.mem(x, np.float16, nb * K).reshape(nb, K // 8, 8)[:, :, inv].reshape(nb, K // 32, 32).astype(np.float64)
+    if canary == 1:   # sub-block 0 of each superblock: elements 8 tig + 4 .. 8 tig + 7 dropped from S1
+        drop = (np.arange(32) % 8) >= 4
+        xv[:, ::8, drop] = 0.0
+    s = g.mem(xs2, np.float32, nb * K // 16).reshape(nb, nsb, 4, 4).astype(np.float64)
+    s2 = np.empty((nb, nsb, 8))
+    s2[:, :, 0:4], s2[:, :, 4:8] = s[..., 0] + s[..., 2], s[..., 1] + s[..., 3]
+    s2 = s2.reshape(nb, K // 32)
+    out = np.empty((nb, rows), np.float32)
+    for b in range(nb):   # row by row: a row's value from its own activations alone
+        per = (np.einsum("nsk,sk->ns", q, xv[b]) * dsc + mneg * s2[b][None, :]).reshape(rows, C, -1).sum(-1)
+        parts = per.astype(np.float32)
+        order = range(C - 1, -1, -1) if canary == 2 and gemm and _d(k, "QF_KSPLIT", 0) and C > 1 else range(C)
+        acc = None
+        for c in order:
+            acc = parts[:, c] if acc is None else (acc + parts[:, c]).astype(np.float32)
+        out[b] = acc
+    if glu:
+        out = ACT.reference(out[:, :N], out[:, N:], "gelu_tanh" if act == 2 else "silu").astype(np.float32)
+    elif res:
+        out = (_f32(g, res, nb * N).reshape(nb, N) + out).astype(np.float32)
+    _f32(g, y, nb * N)[:] = out.reshape(-1)
+
+
+def _to_qf(g, k, grid, v):
+    """qf.cu's to_qf: memra.gpu.ops.qf.producer, the host replay kernel-check holds the kernel to bit for bit
+    (MEMRA_CANARY=3: its canary's sum order)."""
+    from memra.gpu.ops.qf import producer
+
+    x, xh, xs2, nb, K = v
+    nb, K = int(nb), int(K)
+    h, s, _, _ = producer(_f32(g, x, nb * K).reshape(nb, K), canary=_d(k, "MEMRA_CANARY", 0))
+    g.mem(xh, np.uint16, nb * K)[:] = h.reshape(-1)
+    g.mem(xs2, np.float32, nb * K // 16)[:] = s.reshape(-1)
+
+
 def _softcap(g, k, grid, v):
     x, n, cap = v
     a = _f32(g, x, n)
@@ -1116,6 +1236,7 @@ _KERNELS = {
     "attn_decode_rope": _attn_decode_rope, "attn_fa": _attn_fa, "attn_fa_dec": _attn_fa, "fa_combine": _fa_combine,
     "act_mul": _act_mul, "gemm_tile": _gemm_tile, "gemm_tile_glu": _gemm_tile,
     "gemm_f16": _gemm_f16, "gemm_f16_glu": _gemm_f16, "to_f16": _to_f16,
+    "qf_mv": _qf, "qf_mv_glu": _qf, "qf_gemm": _qf, "qf_gemm_glu": _qf, "to_qf": _to_qf,
     "softcap": _softcap, "argmax_partial": _argmax_partial, "argmax_final": _argmax_final,
     "sample": _sample, "quantize_q8": _quantize_q8, "apply_mask": _apply_mask,
 }

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import qf_probe as QP  # noqa: E402  (ROOT / gemm_tile on sys.path, SHAPES, ref_qf, regs)
 
-SRC = HERE / "qf.cu"   # (v14; kernels/qf.cu once kernel-checked on a device)
+SRC = HERE.parents[1] / "kernels" / "qf.cu"   # (v14-v15: the engine kernel since session 55)
 KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM", "QF_AHEAD")
 CHAINS = {"gate_up": (1, 2), "down": (4, 8), "qkv": (2, 4), "attn_output": (2, 4)}
 ONE_WARPS = (4, 8)                         # qf_mv's QF_WARPS (>= C) timed at one row
@@ -43,7 +43,6 @@ if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and qf_gemm co
     CHAINS = {k: (_c,) for k in CHAINS}
     GM = [tuple(_g) + (0,) * (5 - len(_g))]
 XROW = 288
-QF_ORDER = [0, 2, 1, 3, 4, 6, 5, 7]
 
 
 def modules() -> list[tuple]:
@@ -64,34 +63,12 @@ def smem(w: int, c: int, nt: int, st: int, ks: int, wsm: int = 0) -> int:
         (4 * nt * 32 * w * 4 if c > 1 and not ks else 0)
 
 
-def tf32(a: np.ndarray) -> np.ndarray:
-    """Round f32 to tf32 (nearest, ties away: cvt.rna.tf32.f32), as f32."""
-    b = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 def producer(x: np.ndarray):
-    """qf.cu's to_qf on the host, bit for bit: x (f32) rounded to f16 in qf order, and xs2 [row][superblock][tig]
-    [hi_t, hi_t+4, lo_t, lo_t+4] with S2 = each 8 f16 values summed in f32 in increasing k, then a sub-block's four
-    as (s0 + s1) + (s2 + s3); hi = tf32(S2), lo = tf32(S2 - hi). Also xh16 (natural order) and S2 = hi + lo (float64)
-    for the reference."""
-    nb, K = x.shape
-    xh16 = x.astype(np.float16)
-    xq = np.ascontiguousarray(xh16.reshape(nb, K // 8, 8)[:, :, QF_ORDER].reshape(nb, K))
-    v = xh16.astype(np.float32).reshape(nb, K // 8, 8)
-    p = np.zeros((nb, K // 8), np.float32)
-    for i in range(8):
-        p = (p + v[:, :, i]).astype(np.float32)
-    p = p.reshape(nb, K // 32, 4)
-    s2 = ((p[:, :, 0] + p[:, :, 1]).astype(np.float32) + (p[:, :, 2] + p[:, :, 3]).astype(np.float32)).astype(
-        np.float32)
-    hi = tf32(s2)
-    lo = tf32((s2 - hi).astype(np.float32))
-    h = hi.reshape(nb, K // 256, 8)
-    lw = lo.reshape(nb, K // 256, 8)
-    t = np.arange(4)
-    xs2 = np.stack([h[:, :, t], h[:, :, t + 4], lw[:, :, t], lw[:, :, t + 4]], axis=-1)   # (nb, nsb, 4 tig, 4)
-    return xq, np.ascontiguousarray(xs2.astype(np.float32)).reshape(nb, -1), xh16, hi.astype(np.float64) + lo
+    """to_qf's host replay (memra.gpu.ops.qf.producer): xh bits in qf order, xs2, the natural-order f16 values and
+    S2 = hi + lo."""
+    from memra.gpu.ops.qf import producer as P
+    xh, xs2, x16, s2 = P(x)
+    return xh.view(np.float16), xs2, x16, s2
 
 
 def main() -> int:

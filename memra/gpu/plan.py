@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from memra.env import env_choice, env_int
 from memra.errors import MemraError, UnsupportedModelError
@@ -45,6 +45,7 @@ from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import mvt as MVT
 from memra.gpu.ops import norm as NORM
+from memra.gpu.ops import qf as QF
 from memra.gpu.ops import rope as ROPE
 from memra.model.config import ModelConfig, read_config
 from memra.tune import tables as TABLES
@@ -90,9 +91,12 @@ DISPATCH_KERNELS = ("dispatch", "dispatch_glu")
 
 
 # the plan ops that are a weight's product (the runner's _matvec handles them; profile counts their ops)
-MATRIX_OPS = ("matvec", "gemm", "mvt", "gemm_tile", "gemm_f16")
+MATRIX_OPS = ("matvec", "gemm", "mvt", "gemm_tile", "gemm_f16", "qf")
 # MEMRA_PROMPT_GEMM (docs/FLAGS.md): the kernel of MEMRA_ATTN=hybrid's prompt rows' layer matmuls
 PROMPT_GEMMS = ("tile", "f16")
+# MEMRA_DECODE (docs/FLAGS.md): the arithmetic of MEMRA_ATTN=hybrid's generated rows' layer matmuls on the weights
+# kernels/qf.cu supports ("q8": mv_q8's order, matvec / mvt / gemm.cu by row count; "qf": kernels/qf.cu)
+DECODES = ("q8", "qf")
 
 
 def dispatch_kernel(glu: bool) -> str:
@@ -237,7 +241,7 @@ class Planner:
     def __init__(self, spec: ModelSpec, table: Mapping | None = None, *, path: str = "q8",
                  fuse_rope: bool = True, sms: int = 132, gemm: bool = True, att_group_rows: int | None = None,
                  mvt: bool = True, fa: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 hybrid: bool = False, tile: bool = True, prompt_gemm: str | None = None):
+                 hybrid: bool = False, tile: bool = True, prompt_gemm: str | None = None, decode: str | None = None):
         if path not in ("q8", "f32"):
             raise MemraError(f"matvec path must be f32 or q8, got {path!r}")
         self.spec, self.cfg = spec, spec.cfg
@@ -298,8 +302,23 @@ class Planner:
             w.key for w in layer if w.key not in self.f16_keys
             and GT.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu), tile_min)
         ) if prompt_order else frozenset()
-        # prompt rows in an order of their own (the tile's or gemm_f16's): a step holds one row kind
-        self.use_tile = bool(self.tile_keys or self.f16_keys)
+        # MEMRA_DECODE (docs/FLAGS.md; decode=None reads it), under the same condition: with "qf" the generated
+        # rows' (decode steps', verification rows', forced runs') layer matmuls on the weights kernels/qf.cu supports
+        # (QF.supports: Q4_K, by the weight alone) take one to_qf launch per source activation and a qf launch
+        # (qf_mv up to 8 rows, qf_gemm above: the same bits; another arithmetic than mv_q8's), every generated row
+        # of every step alike, so a row's tokens do not depend on its batch; "q8" (the default) keeps mv_q8's order
+        if decode is None:
+            decode = env_choice("MEMRA_DECODE", "q8", DECODES)
+        elif decode not in DECODES:
+            raise MemraError(f"decode must be {' or '.join(DECODES)}, got {decode!r}")
+        self.decode = decode
+        self.qf_keys = frozenset(
+            w.key for w in layer if QF.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols,
+                                                bool(w.glu))
+        ) if prompt_order and decode == "qf" else frozenset()
+        # prompt and generated rows in arithmetics of their own (the tile's, gemm_f16's, qf's): a step holds one
+        # row kind
+        self.use_tile = bool(self.tile_keys or self.f16_keys or self.qf_keys)
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
 
@@ -498,6 +517,9 @@ class Planner:
         if prompt and w.key in self.f16_keys:
             self._gemm_f16(out, name, group, il, w, rows, src, shape, base)
             return
+        if not prompt and w.key in self.qf_keys:
+            self._qf(out, name, group, il, w, rows, src, shape, base)
+            return
         if prompt and w.key in self.tile_keys:
             tk = "gemm_tile_glu" if w.glu else "gemm_tile"
             out.append(Launch(name, "gemm_tile", tk, "chain", shape, rows, self.tuned(tk, shape, rows, "chain"),
@@ -536,6 +558,35 @@ class Planner:
         out.append(Launch(name, "gemm_f16", gk, "f16", shape, rows, self.tuned(gk, shape, rows, "f16"), group, il,
                           {**base, "q8": False, "row0": 0}))
 
+    def _qf(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
+            base: dict) -> None:
+        """A generated rows' matmul on kernels/qf.cu (MEMRA_DECODE=qf): the to_qf launch of its source activation
+        into the runner's qf buffers, unless the launch just before converted that source or is another qf launch
+        reading it (and not writing it), then the qf launch (its kernel by the row count: memra.gpu.ops.qf)."""
+        prev = out[-1] if out else None
+        shared = prev is not None and prev.args.get("src") == src and (
+            prev.op == "to_qf" or (prev.op == "qf" and prev.args.get("dst") != src))
+        if not shared:
+            out.append(Launch(name + "_qf", "to_qf", "to_qf", "default", {"n": w.cols}, rows, None, group, il,
+                              {"src": src, "K": w.cols}))
+        k = "qf_glu" if w.glu else "qf"
+        out.append(Launch(name, "qf", k, "qf", shape, rows, self.tuned(k, shape, rows, "qf"), group, il,
+                          {**base, "q8": False, "row0": 0}))
+
+    def qf_workspace(self, rows: Sequence[int]) -> tuple[int, int]:
+        """(ws floats, cnt ints) the qf launches of this plan need at any of these row counts (0, 0 without)."""
+        ws = cnt = 0
+        for w in self.weights():
+            if w.key not in self.qf_keys:
+                continue
+            shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
+            k = "qf_glu" if w.glu else "qf"
+            for n in rows:
+                a, b = QF.workspace(w.rows // 2 if w.glu else w.rows, w.cols, n, bool(w.glu),
+                                    self.tuned(k, shape, n, "qf"))
+                ws, cnt = max(ws, a), max(cnt, b)
+        return ws, cnt
+
     def _dispatch(self, t: int, shape: dict, glu: bool, rows: int) -> str:
         """The q8 matvec's path at `rows` rows (matvec, mvt or gemm: the same bits): the table's
         dispatch entry for this shape and row bucket (memra.tune.dispatch), else dispatch_rule's;
@@ -550,6 +601,11 @@ class Planner:
             self._choices[key] = ch.variant if ch is not None and ch.variant in on else \
                 want if want in on else "matvec"
         return self._choices[key]
+
+    def _own_input(self, w: Weight, prompt: bool) -> bool:
+        """Whether a weight's matmul in a step of this row kind converts its own input (gemm_f16's to_f16, qf's
+        to_qf), so no q8 twin of it is needed."""
+        return w.key in (self.f16_keys if prompt else self.qf_keys)
 
     def _quantize(self, out: list, name: str, src: str, K: int, rows: int, group: str, il: int = -1) -> None:
         if self.path == "q8":
@@ -646,8 +702,8 @@ class Planner:
                                   "heads", il, att_args))
                 self._att_decode(out, p + "attention", "attention", att_shape, rows, il, att_args,
                                  att_kind if decode else every)
-            # (the q8 twins of ao and ff feed attn_output and down alone: none where those take gemm_f16)
-            if not att_q8 and not (pr and lw["attn_output"].key in self.f16_keys):
+            # (the q8 twins of ao and ff feed attn_output and down alone: none where those take gemm_f16 or qf)
+            if not att_q8 and not self._own_input(lw["attn_output"], pr):
                 self._quantize(out, p + "attn_q8", "ao", c.q_dim, rows, "ffn", il)
             if c.post_norms:
                 self._matvec(out, p + "attn_output", "attn_output", il, lw["attn_output"], rows, "ao", "t1", prompt=pr)
@@ -664,7 +720,7 @@ class Planner:
                 self._matvec(out, p + "up", "gate_up", il, lw["up"], rows, "h", "ff2", prompt=pr)
                 out.append(Launch(p + "act_mul", "act_mul", "act_mul", "default", {"n": c.n_ff}, rows,
                                   self.tuned("act_mul", {"n": c.n_ff}, rows), "ffn", il))
-            if not (pr and lw["down"].key in self.f16_keys):
+            if not self._own_input(lw["down"], pr):
                 self._quantize(out, p + "ffn_q8", "ff", c.n_ff, rows, "ffn", il)
             nxt = f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight"
             nname = f"blk.{il + 1}.attn_norm" if il + 1 < c.n_layer else "output_norm"

@@ -55,6 +55,7 @@ from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import embed as EMB
 from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import gemm_f16 as GF
+from memra.gpu.ops import qf as QF
 from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
@@ -325,6 +326,15 @@ class Runner:
         self.xs = g.empty(R * kmax // 32, Q8_SCALE)
         # the f16 activations of gemm_f16 (the prompt rows' plan.f16_keys), one buffer as the twin
         self.xh = g.empty(R * kmax, np.uint16) if self.plan.f16_keys else None
+        # the qf activations (the generated rows' plan.qf_keys, MEMRA_DECODE=qf): f16 in qf order and the S2 sums,
+        # one pair as the twin; the workspace of qf_gemm's chains split across blocks and its counters (zero
+        # between launches: each launch leaves them so)
+        self.xqf = self.xs2 = self.qf_ws = self.qf_cnt = None
+        if self.plan.qf_keys:
+            self.xqf, self.xs2 = g.empty(R * kmax, np.uint16), g.empty(R * kmax // 16, f)
+            n_ws, n_cnt = self.plan.qf_workspace(sorted(set(PLAN.GRAPH_BUCKETS) | set(PLAN.PREFILL_BUCKETS)))
+            self.qf_ws = g.empty(max(1, n_ws), f)
+            self.qf_cnt = g.to_device(np.zeros(max(1, n_cnt), i32))
         po, pml = ATT.scratch_shapes(R, c.n_head, self.plan.n_splits, c.head_dim)
         self.part_o, self.part_ml = g.empty(po, f), g.empty(pml, f)
         self.att_cnt = g.to_device(np.zeros(R * c.n_head, i32))  # zero between launches
@@ -498,6 +508,10 @@ class Runner:
             elif op == "to_f16":
                 K = a["K"]
                 GF.to_f16(g, B[a["src"]].view(shape=(rows * K,)), self.xh.view(shape=(rows * K,)), rows * K, pdl=pdl)
+            elif op == "to_qf":
+                K = a["K"]
+                QF.to_qf(g, B[a["src"]].view(shape=(rows * K,)), self.xqf.view(shape=(rows * K,)),
+                         self.xs2.view(shape=(rows * K // 16,)), rows, K, pdl=pdl)
             elif op == "rope":
                 q, k, v, qs, ks, vs = self._qkv_views(L, rows)
                 il = L.layer
@@ -575,6 +589,10 @@ class Runner:
         if L.op == "gemm_f16":
             xh = self.xh.view(shape=(n, K), offset=2 * r0 * K)
             GF.gemm_f16(g, w, y, xh=xh, nb=n, residual=res, glu=a["glu"], pdl=self.pdl, config=cfg)
+        elif L.op == "qf":
+            QF.qf(g, w, y, xh=self.xqf.view(shape=(n * K,), offset=2 * r0 * K),
+                  xs2=self.xs2.view(shape=(n * K // 16,), offset=4 * r0 * K // 16), nb=n, residual=res, glu=a["glu"],
+                  config=cfg, ws=self.qf_ws, cnt=self.qf_cnt, pdl=self.pdl)
         elif a["q8"]:
             xq, xs = self._twin(n, K, r0)
             if L.op == "gemm_tile":

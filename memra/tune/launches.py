@@ -10,7 +10,8 @@ so each tuned configuration is launched) and every rollback seam the runner read
 (MEMRA_MATVEC_PATH q8 / f32, MEMRA_FUSED_ROPE on / off, a q8_0 KV cache, MEMRA_GEMM when the GEMM family
 exists, MEMRA_MVT when the mvt family exists, MEMRA_ATTN=fa and hybrid when the attn_fa family exists,
 hybrid with MEMRA_TILE=0 when the gemm_tile family exists too, and hybrid with MEMRA_PROMPT_GEMM=tile
-when the gemm_f16 family does: its prompt steps launch gemm_tile where the default's launch gemm_f16), the planner (memra.gpu.plan) lists
+when the gemm_f16 family does: its prompt steps launch gemm_tile where the default's launch gemm_f16; hybrid with
+MEMRA_DECODE=qf when the qf family does: its generated rows launch qf where the default's launch mv_q8's order), the planner (memra.gpu.plan) lists
 its launches: decode steps at every CUDA-graph bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
 and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
@@ -56,6 +57,7 @@ SAMPLERS = ("none", "greedy", "sample")
 # the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
 OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
              "gemm": "gemm", "gemm_tile": "gemm_tile", "gemm_f16": "gemm_f16", "to_f16": "gemm_f16",
+             "qf": "qf", "to_qf": "qf",
              "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
              "attention_fa": "attn_fa",
              "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
@@ -63,7 +65,8 @@ FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed
                  "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
                  "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
                  "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa",
-                 "gemm_tile": "memra.gpu.ops.gemm_tile", "gemm_f16": "memra.gpu.ops.gemm_f16"}
+                 "gemm_tile": "memra.gpu.ops.gemm_tile", "gemm_f16": "memra.gpu.ops.gemm_f16",
+                 "qf": "memra.gpu.ops.qf"}
 
 
 def case_key(case: Mapping) -> str:
@@ -147,6 +150,10 @@ def _plans(spec, table, sms: int):
             if family_available("gemm_f16") and family_available("gemm_tile") and path == "q8":
                 yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True,
                                           prompt_gemm="tile")
+            # MEMRA_DECODE=qf: hybrid with the generated rows' matmuls on kernels/qf.cu where it takes the weight
+            if family_available("qf") and family_available("gemm_tile") and path == "q8":
+                yield path, gemm, Planner(spec, table, path=path, sms=sms, gemm=gemm, mvt=mvt, hybrid=True,
+                                          decode="qf")
         # a q8_0 KV cache (K and V; --cache-type-k/-v q8_0): the rope and attention modules built
         # for it (KV_K_Q8 / KV_V_Q8), RoPE fused and not, the default seams
         if spec.cfg.head_dim % 32 == 0:

@@ -85,8 +85,8 @@ def _bytes(runner, L, depth: int) -> int:
     if L.op in MATRIX_OPS:
         w = runner.W[L.args["weight"]]
         n_out = w.rows // 2 if L.args["glu"] else w.rows
-        act = w.K * (2 if L.op == "gemm_f16" else 1 if L.args["q8"] else 4)
-        return w.nbytes + rows * (act + 4 * n_out * (2 if L.args["res"] else 1))
+        act = w.K * (2 if L.op == "gemm_f16" else 2.25 if L.op == "qf" else 1 if L.args["q8"] else 4)
+        return w.nbytes + int(rows * (act + 4 * n_out * (2 if L.args["res"] else 1)))
     if L.op in ("attention", "attention_rope"):
         w = L.args["window"]
         keys = min(depth + 1, w) if w else depth + 1

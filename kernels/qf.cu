@@ -1,8 +1,7 @@
 // qf.cu — the "qf" arithmetic of generated rows' Q4_K matmuls (MEMRA_DECODE=qf, memra.gpu.ops.qf): one kernel for 1..8
 // activation rows (qf_mv), one for more (qf_gemm), and the activation producer (to_qf); every row's bits the same at
-// any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Written as the engine kernel
-// file it is to become (kernels/qf.cu, memra.gpu.ops.qf) once measured and kernel-checked on a device; v8-v13 are
-// mv_qf.cu.
+// any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Its experiments (v8-v13,
+// mv_qf.cu, and the probes) are experiments/f16_decode.
 //
 // What it computes. W: N rows (qf_mv / qf_gemm) or 2N rows [gate; up] (_glu) of K Q4_K weights in memra's planes
 // layout (bulk: a row's superblocks' 128 nibble bytes; meta: their 16 bytes, d | dmin | scales[12]); x: nb activation
@@ -39,9 +38,11 @@
 // the stages too: each warp copies its 16 rows (QF_WROW bytes apart) and their meta with the activations.
 //
 // Tunables (-D): QF_CHAINS (1; the arithmetic), QF_WARPS (4; a multiple of QF_CHAINS), QF_GWARPS (4), QF_NT (8),
-// QF_STAGES (2; 2..4), QF_KSPLIT (0), QF_WSMEM (0), QF_AHEAD (1; 1..3, qf_mv). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
+// QF_STAGES (2; 2..4), QF_KSPLIT (0), QF_WSMEM (0), QF_AHEAD (1; 1..3, qf_mv); the launcher passes them all
+// (memra.gpu.ops.qf.launch_config). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
 // k16 step of every superblock's first sub-block skipped (its products dropped from every output); 2, qf_gemm's
-// QF_KSPLIT fold walks the chains in reverse order (other bits than qf_mv's from 3 chains on).
+// QF_KSPLIT fold walks the chains in reverse order (other bits than qf_mv's from 3 chains on); 3, to_qf sums a
+// sub-block's four partial sums as (s0 + s2) + (s1 + s3) (other S2 bits than the host replay's).
 //
 // Launch contract (memra.gpu.ops.qf computes it):
 //   qf_mv / _glu: grid (ceil(T QF_CHAINS / QF_WARPS), 1, 1), T = Nw / 16 (Nw = N, 2N for glu), block (32 QF_WARPS);
@@ -68,8 +69,10 @@
 //      rows = the one-row launches'. One row 1.06-1.18x mv_q8 (gate+up 29.5 µs), 8 rows 0.58-0.81x mvt, 64 rows
 //      0.66-0.84x gemm.cu (gate+up 104.0 against 157.8): 8 warps an SM, 31 % issue, long-scoreboard stalls on the
 //      register ring's meta (ncu).
-//  v15 (QF_WSMEM, qf_gemm; QF_AHEAD, qf_mv): the weights through shared memory; the one-row ring deeper. Not yet
-//      run.
+//  v15 (QF_WSMEM, qf_gemm; QF_AHEAD, qf_mv; research/2026-12-07-session55/q2): the weights and meta through shared
+//      memory with the activations: 64 rows 0.57-0.72x gemm.cu (gate+up 93.9 µs against 154.6, down 51.1 against
+//      89.2), 16 warps an SM at QF_NT 4 (100 registers), 48 % issue; the one-row ring deeper (QF_AHEAD 2, 3) loses
+//      1.2-2x (registers). The engine's configurations: memra.gpu.ops.qf.default_config.
 #include "common.cuh"
 #include "smem_stage.cuh"
 
@@ -570,8 +573,13 @@ to_qf(const float* __restrict__ x, uint16_t* __restrict__ xh, float* __restrict_
         h[i] = v;
         s = __fadd_rn(s, f16_to_f32(v));
     }
+#if MEMRA_CANARY == 3
+    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));   // canary: (s0 + s2) + (s1 + s3)
+    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
+#else
     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1));
     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2));
+#endif
     uint4 o;
     o.x = h[0] | ((uint32_t)h[2] << 16);
     o.y = h[1] | ((uint32_t)h[3] << 16);

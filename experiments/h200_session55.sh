@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 55's device calls: kernels/qf.cu landed behind MEMRA_DECODE=qf (memra.gpu.ops.qf, the planner's generated
+# rows), its kernel-check and GPU tests, and the serve A/B that decides it.
+#   python3 experiments/ship_models.py; then one call per part, back to back, carrying .models/ship-NN:
+#     bash .models/ship-NN/take.sh                        (parts 00..04)
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && bash .models/ship-05/take.sh && \
+#     RES_DIR=<date>-session55 STAGE=C bash experiments/h200_session55.sh    (carry .whl, .synthtok, .models/ship-05)
+# STAGE C (~7 min): kernel-check --add-to the committed receipt (the qf family whole: a new kernel source; every other
+#   family's new launch cases), then the GPU tests (pytest -m gpu); $OUT: the receipt (nvidia-h200.json),
+#   kernel-check.txt.gz, gpu-tests.txt, log.txt.
+# STAGE A (~6 min, the machine still warm: the 8B made there is reused): `memra bench serve` of the synthetic 8B
+#   Q4_K_M at c = 1, 8, 64 (~100-token prompts, 128 tokens) with MEMRA_DECODE=q8 then qf (A_ARMS), receipts tagged
+#   by arm in $OUT/serve-ab.jsonl, the cells summarized in log.txt.
+set -u
+source experiments/h200_common.sh
+stage_begin s55
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+if [ "$STAGE" = C ]; then
+  link_models "kernel-check's launch set needs the real models"
+  ( synth llama3-8b Q4_K_M "$TOK" > /root/synth-8b.txt 2>&1 ) &
+  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-260} kernel_check
+  gpu_tests ${C_END:-560}
+  cp $R/gpu-tests.txt $R/log.txt $OUT/
+  wait
+  exit 0
+fi
+if [ "$STAGE" = A ]; then
+  link_models
+  log "synth: $(synth llama3-8b Q4_K_M $TOK | tail -1) $(el)"
+  for arm in ${A_ARMS:-q8 qf}; do
+    MEMRA_DECODE=$arm timeout 240 python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
+      --synth-tokenizer $TOK -c ${A_C:-1,8,64} --prompt-tokens 100 --max-tokens 128 \
+      --out $OUT/serve-ab.jsonl --tag "s55 MEMRA_DECODE=$arm" > $R/serve-$arm.txt 2>&1
+    log "serve $arm rc=$? $(el)"; tail -6 $R/serve-$arm.txt | cut -c1-200 | tee -a $R/log.txt
+  done
+  python3 - $OUT/serve-ab.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(r.get("tag"), r.get("engine"), "c=%s" % r.get("concurrency"), "agg %.1f t/s" % r.get("agg_tok_s", 0),
+          "TPOT p50 %s" % r.get("tpot_p50_s"), "TTFT p95 %s" % r.get("ttft_p95_s"), r.get("seams"))
+PY
+  cp $R/log.txt $OUT/
+  exit 0
+fi
+echo "unknown STAGE $STAGE"; exit 2

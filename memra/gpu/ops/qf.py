@@ -1,0 +1,540 @@
+"""The generated rows' Q4_K matmuls in the "qf" arithmetic (kernels/qf.cu; MEMRA_DECODE=qf): integer
+weights times f16 activations through the tensor core, one f32 fold a superblock, so a row's bits
+depend neither on the batch, the rows beside it, the kernel (qf_mv up to 8 rows, qf_gemm above) nor
+any tunable but the chain count, which is fixed by the weight's shape alone (`chains`).
+
+    to_qf(g, x, xh, xs2, nb, K)                       # the activations: f16 in qf order + the S2 sums
+    qf(g, w, y, xh=xh, xs2=xs2, nb=nb, ws=ws, cnt=cnt)  # y[b, :] = W x[b, :], b < nb
+        residual=r   y = fl(r + W x) (r may be y itself)
+        glu="silu"|"gelu"   W holds [gate; up] (2N rows): y = fl(act(gate x) * (up x))
+
+Weights: Q4_K (type 12) in memra.gpu.ops.matvec's planes layout, the engine's own upload (no
+copy). What it computes (kernels/qf.cu's header): per output and superblock, D1 = the tensor core's
+f32 sum of (sc q) x (sc q <= 945, exact in f16; x f16), D2 = its f32 sum of m S2 (tf32, S2 split
+hi + lo), acc = fma(-dmin, D2, fma(d, D1, acc)); QF_CHAINS runs of superblocks folded left. Not
+mv_q8's arithmetic (its activations are q8: 8 significant bits relative to a 32-block's largest;
+here 11 each), so a plan's generated rows take one or the other as a whole (memra.gpu.plan).
+
+Measured (experiments/f16_decode/README.md, sessions 54-55, H100, the 8B's Q4_K shapes): 64 rows
+0.57-0.72x gemm.cu (gate+up 93.9 µs against 154.6), 8 rows 0.69-0.81x mvt, one row 1.05-1.28x
+mv_q8; every output at 1, 8 and 64 rows equal to the one-row launches bit for bit.
+
+The oracle (kernel-check): the float64 value of the same arithmetic (the Q4_K integers, d sc and
+dmin m exact, the f16 activations, S2 = hi + lo as the kernel reads it) at TOL of the largest
+|output|; bit for bit: to_qf against its host replay (`producer`), rows of an nb-row launch equal
+launches over those rows alone, qf_mv equal to qf_gemm and every configuration the built-in one's
+bits, glu outputs act_mul of the plain kernel's gate and up outputs, a residual's fl(plain + r).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from memra.errors import MemraError
+from memra.gpu.ops import launch_bucket
+from memra.gpu.ops import matvec as MV
+
+# -- the launch and host contract (kernels/qf.cu's header) ---------------------------------
+
+KERNEL_FILE = "qf.cu"
+TYPES = (12,)   # Q4_K
+KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM", "QF_AHEAD")
+MV_KEYS = ("QF_WARPS", "QF_AHEAD")                                          # qf_mv's own
+GEMM_KEYS = ("QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM")    # qf_gemm's own
+MV_ROWS = 8          # qf_mv takes up to this many activation rows (a warp's n8 tile)
+KSPLIT_ROWS = 64     # qf_gemm splits its chains across blocks up to this many rows (the workspace's bound)
+XROW, WROW = 288, 160   # a staged activation row (halves) / weight row (bytes) of qf_gemm's shared memory
+SMEM_MAX = 232448    # 227 KiB: the sm_90 opt-in limit a block
+TO_QF_THREADS = 256  # to_qf: a warp a superblock of a row, 8 a block
+_NULL = np.uint64(0)
+
+
+def _name(t: int) -> str:
+    return MV.TYPES[t][0] if t in MV.TYPES else f"type {t}"
+
+
+def chains(N: int, K: int, glu: bool) -> int:
+    """The chain count of a weight (the arithmetic: part of every output's bits), by its shape alone: one for a
+    gate+up weight (its 64-row GEMM fastest there; research/2026-12-07-session55/q2), else 4 where K holds a
+    multiple of 4 superblocks, 2 of two, else 1 (qkv / attn_output / down at 64 rows: 4 chains split across
+    blocks)."""
+    if glu:
+        return 1
+    for c in (4, 2):
+        if K % (256 * c) == 0:
+            return c
+    return 1
+
+
+def default_config(nb: int, N: int, K: int, glu: bool) -> dict:
+    """The built-in tunables of a launch over nb rows: qf_mv's (QF_WARPS max(4, chains), QF_AHEAD 1) up to MV_ROWS
+    rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1, session 55's best on
+    every 64-row shape): gate+up 4 warps of QF_NT 8 n8 tiles from 33 rows, the others 8 warps of QF_NT 4,
+    fewer n8 tiles at fewer rows; the chains split across blocks (QF_KSPLIT) up to KSPLIT_ROWS rows."""
+    c = chains(N, K, glu)
+    cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c}
+    if nb <= MV_ROWS:
+        return {**cfg, "QF_AHEAD": 1}
+    nt = 8 if glu and nb > 32 else 4 if nb > 16 else 2
+    return {**cfg, "QF_GWARPS": 4 if glu else 8, "QF_NT": nt, "QF_STAGES": 2,
+            "QF_KSPLIT": int(c > 1 and nb <= KSPLIT_ROWS), "QF_WSMEM": 1}
+
+
+def is_gemm(config: dict) -> bool:
+    return any(k in config for k in GEMM_KEYS)
+
+
+def launch_config(nb: int, N: int, K: int, glu: bool, config: dict | None = None, arith: int | None = None) -> dict:
+    """The launch's tunables: `config` (a table entry, kernel-check's case) over default_config; its kernel is
+    qf_gemm where it names qf_gemm's tunables or nb > MV_ROWS, else qf_mv. QF_CHAINS is the shape's (`chains`), or
+    `arith`'s (kernel-check's plain launch over a gate+up weight: its outputs in the glu kernel's chains): a
+    configuration naming another count is refused (it would be another arithmetic)."""
+    own = {k: int(v) for k, v in (config or {}).items() if k.startswith("QF_")}
+    c = chains(N, K, glu) if arith is None else arith
+    if own.get("QF_CHAINS", c) != c:
+        raise MemraError(f"qf: QF_CHAINS={own['QF_CHAINS']} is not the weight's chain count {c} (the arithmetic: "
+                         f"memra.gpu.ops.qf.chains, by the shape alone)")
+    gemm = nb > MV_ROWS or is_gemm(own)
+    base = default_config(max(nb, MV_ROWS + 1) if gemm else nb, N, K, glu)
+    return {**base, "QF_WARPS": max(base["QF_WARPS"], c), **own, "QF_CHAINS": c}
+
+
+def smem_bytes(cfg: dict) -> int:
+    """qf_gemm's dynamic shared memory: QF_STAGES stages of 8 QF_NT activation rows (XROW halves and 16 sums
+    each), with QF_WSMEM each warp's 16 weight rows and their meta, and without QF_KSPLIT a multi-chain tile's
+    parked sums; qf_mv none."""
+    if not is_gemm(cfg):
+        return 0
+    st, nt, gw = cfg["QF_STAGES"], cfg["QF_NT"], cfg["QF_GWARPS"]
+    return st * 8 * nt * (2 * XROW + 64) + (st * gw * 16 * (WROW + 16) if cfg.get("QF_WSMEM") else 0) + \
+        (4 * nt * 32 * gw * 4 if cfg["QF_CHAINS"] > 1 and not cfg.get("QF_KSPLIT") else 0)
+
+
+def check_config(cfg: dict) -> None:
+    """The kernel's static_asserts and limits, on the host."""
+    bad = [f"unknown tunable {k}" for k in sorted(set(cfg) - set(KEYS))]
+    c = cfg.get("QF_CHAINS", 1)
+    if c < 1 or cfg.get("QF_WARPS", 4) % c:
+        bad.append("QF_WARPS a multiple of QF_CHAINS (a tile's chains share a qf_mv block)")
+    if not 1 <= cfg.get("QF_WARPS", 4) <= 32 or not 1 <= cfg.get("QF_AHEAD", 1) <= 3:
+        bad.append("QF_WARPS 1..32, QF_AHEAD 1..3")
+    if is_gemm(cfg):
+        if not 2 <= cfg["QF_STAGES"] <= 4 or cfg["QF_NT"] not in (1, 2, 4, 8) or not 1 <= cfg["QF_GWARPS"] <= 16:
+            bad.append("QF_STAGES 2..4, QF_NT 1, 2, 4 or 8, QF_GWARPS 1..16")
+        if cfg.get("QF_KSPLIT", 0) not in (0, 1) or cfg.get("QF_WSMEM", 0) not in (0, 1):
+            bad.append("QF_KSPLIT and QF_WSMEM 0 or 1")
+        elif smem_bytes(cfg) > SMEM_MAX:
+            bad.append(f"shared memory {smem_bytes(cfg)} > {SMEM_MAX}")
+    if bad:
+        raise MemraError(f"qf {cfg}: " + "; ".join(bad))
+
+
+def check_shape(t: int, N: int, K: int, nb: int, glu: bool, arith: int | None = None) -> None:
+    """The host contract: Q4_K, K a positive multiple of 256 chains(N, K, glu) (or `arith`), 16-row weight tiles (N
+    a multiple of 16, glu of 8), nb >= 1, the int32 arguments in range."""
+    bad = []
+    if t not in TYPES:
+        bad.append(f"no qf kernel for {_name(t)} weights (it has {', '.join(_name(x) for x in TYPES)})")
+    c = chains(N, K, glu) if arith is None else arith
+    if K <= 0 or K % (256 * c):
+        bad.append(f"K = {K} not a positive multiple of {256 * c}")
+    if N <= 0 or N % (8 if glu else 16):
+        bad.append(f"N = {N} not a positive multiple of {8 if glu else 16}")
+    if nb < 1:
+        bad.append(f"nb = {nb} < 1")
+    if max(2 * N, K, nb) >= 2 ** 31 or nb * max(K, 2 * N) * c >= 2 ** 31:
+        bad.append("the int32 arguments overflow")
+    if bad:
+        raise MemraError(f"qf{' glu' if glu else ''}: " + "; ".join(bad))
+
+
+def supports(t: int, N: int, K: int, glu: bool) -> bool:
+    """Whether a plan's generated rows (MEMRA_DECODE=qf) take qf for a weight of type t with N output rows (glu:
+    2N weight rows) of K: a function of the weight alone, never of the row count."""
+    try:
+        check_shape(t, N, K, 1, glu)
+    except MemraError:
+        return False
+    return True
+
+
+def launch_shape(cfg: dict, N: int, nb: int, glu: bool):
+    """(entry, grid, block, smem bytes, ws floats, cnt ints) of a launch (N output rows)."""
+    check_config(cfg)
+    tiles = (2 * N if glu else N) // 16
+    c = cfg["QF_CHAINS"]
+    sfx = "_glu" if glu else ""
+    if not is_gemm(cfg):
+        if nb > MV_ROWS:
+            raise MemraError(f"qf_mv takes at most {MV_ROWS} rows, got {nb}")
+        w = cfg["QF_WARPS"]
+        return "qf_mv" + sfx, (-(-tiles * c // w), 1, 1), (32 * w, 1, 1), 0, 0, 0
+    gw, nt, ks = cfg["QF_GWARPS"], cfg["QF_NT"], cfg.get("QF_KSPLIT", 0)
+    grid = (-(-tiles // gw), -(-nb // (8 * nt)), c if ks else 1)
+    split = ks and c > 1
+    return ("qf_gemm" + sfx, grid, (32 * gw, 1, 1), smem_bytes(cfg),
+            c * nb * (2 * N if glu else N) if split else 0, grid[0] * grid[1] if split else 0)
+
+
+def workspace(N: int, K: int, nb: int, glu: bool, config: dict | None = None) -> tuple[int, int]:
+    """(ws floats, cnt ints) a launch over nb rows needs (0, 0 without the chains split across blocks)."""
+    return launch_shape(launch_config(nb, N, K, glu, config), N, nb, glu)[4:]
+
+
+def _module(g, cfg: dict, canary: int = 0):
+    return g.module(KERNEL_FILE, {**cfg, **({"MEMRA_CANARY": canary} if canary else {})})
+
+
+def qf(g, w, y, *, xh, xs2, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
+       ws=None, cnt=None, canary: int = 0, pdl: bool = False, arith: int | None = None) -> None:
+    """y[b, :] (+)= W x[b, :] for b < nb on to_qf's activations (xh: uint16 f16 bits in qf order, xs2: the
+    sums), qf_mv up to MV_ROWS rows else qf_gemm (or as `config` names); ws / cnt: float32 / int32 device
+    arrays of workspace()'s sizes (cnt zero before the first launch; each launch leaves it zero); arith: another
+    chain count than the shape's (kernel-check only: launch_config)."""
+    t = w.ggml_type
+    MV.check_glu("qf", glu, w.rows)
+    if glu and residual is not None:
+        raise MemraError("qf: the glu entry takes no residual")
+    N, K = (w.rows // 2 if glu else w.rows), w.K
+    check_shape(t, N, K, nb, bool(glu), arith)
+    cfg = launch_config(nb, N, K, bool(glu), config, arith)
+    entry, grid, block, smem, n_ws, n_cnt = launch_shape(cfg, N, nb, bool(glu))
+    if xh.dtype != np.uint16 or xh.size < nb * K or xs2.dtype != np.float32 or xs2.size < nb * K // 16:
+        raise MemraError(f"qf: xh must be uint16 with >= {nb}x{K} values and xs2 float32 with >= {nb}x{K // 16}")
+    if y.dtype != np.float32 or y.size < nb * N or (residual is not None and residual.size < nb * N):
+        raise MemraError(f"qf: y (and residual) must be f32 with >= {nb}x{N} values")
+    if n_ws and (ws is None or cnt is None or ws.dtype != np.float32 or ws.size < n_ws or cnt.dtype != np.int32
+                 or cnt.size < n_cnt):
+        raise MemraError(f"qf: this launch splits its chains across blocks: ws float32 >= {n_ws} and cnt int32 >= "
+                         f"{n_cnt} values (zero) needed")
+    k = _module(g, cfg, canary).kernel(entry)
+    if entry.startswith("qf_mv"):
+        args = ((w.bulk, w.meta, xh, xs2, y, np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu]))
+                if glu else (w.bulk, w.meta, xh, xs2, y, residual if residual is not None else _NULL,
+                             np.int32(N), np.int32(K), np.int32(nb)))
+    else:
+        wsp = ws if n_ws else _NULL
+        cp = cnt if n_ws else _NULL
+        args = ((w.bulk, w.meta, xh, xs2, y, wsp, cp, np.int32(N), np.int32(K), np.int32(nb), np.int32(MV.ACTS[glu]))
+                if glu else (w.bulk, w.meta, xh, xs2, y, residual if residual is not None else _NULL, wsp, cp,
+                             np.int32(N), np.int32(K), np.int32(nb)))
+    g.launch(k, grid, block, args, shmem=smem, pdl=pdl)
+
+
+def to_qf(g, x, xh, xs2, nb: int, K: int, pdl: bool = False, canary: int = 0) -> None:
+    """xh, xs2 = the qf activations of x (nb rows of K, K a multiple of 256): `producer` on the device."""
+    if x.dtype != np.float32 or xh.dtype != np.uint16 or xs2.dtype != np.float32:
+        raise MemraError("to_qf: x must be f32, xh uint16 and xs2 f32")
+    if K <= 0 or K % 256 or nb < 1 or nb * K >= 2 ** 31:
+        raise MemraError(f"to_qf: K = {K} must be a positive multiple of 256 and nb = {nb} >= 1 (nb K < 2^31)")
+    if x.size < nb * K or xh.size < nb * K or xs2.size < nb * K // 16:
+        raise MemraError(f"to_qf: x and xh need >= {nb}x{K} values, xs2 >= {nb}x{K // 16}")
+    m = g.module(KERNEL_FILE, {"MEMRA_CANARY": canary} if canary else {})
+    g.launch(m.kernel("to_qf"), (-(-nb * K // 256 // 8), 1, 1), (TO_QF_THREADS, 1, 1),
+             (x, xh, xs2, np.int32(nb), np.int32(K)), pdl=pdl)
+
+
+# -- the host side: to_qf's replay and the float64 reference ------------------------------
+
+QF_ORDER = (0, 2, 1, 3, 4, 6, 5, 7)   # each 8 activations' places in xh
+
+
+def tf32(a: np.ndarray) -> np.ndarray:
+    """f32 rounded to tf32 (to nearest, ties away from zero: cvt.rna.tf32.f32), as f32."""
+    b = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def producer(x: np.ndarray, canary: int = 0):
+    """to_qf on the host, bit for bit: (xh [nb, K] uint16, f16 of x in qf order; xs2 [nb, K / 16] f32, per
+    superblock [tig 4][hi_t, hi_t+4, lo_t, lo_t+4]; x16 [nb, K] float16 in natural order; S2 [nb, K / 32]
+    float64 = hi + lo, what the kernel's mins see). S2 of a 32-element sub-block: each 8 f16 values summed in
+    f32 in increasing k, then the four as (s0 + s1) + (s2 + s3); hi = tf32(S2), lo = tf32(S2 - hi).
+    canary 3: the four as (s0 + s2) + (s1 + s3) (the kernel's MEMRA_CANARY 3)."""
+    x = np.asarray(x, np.float32)
+    nb, K = x.shape
+    with np.errstate(over="ignore"):
+        x16 = x.astype(np.float16)
+    xh = np.ascontiguousarray(x16.reshape(nb, K // 8, 8)[:, :, list(QF_ORDER)].reshape(nb, K)).view(np.uint16)
+    v = x16.astype(np.float32).reshape(nb, K // 8, 8)
+    p = np.zeros((nb, K // 8), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(8):
+            p = (p + v[:, :, i]).astype(np.float32)
+        p = p.reshape(nb, K // 32, 4)
+        a, b = ((0, 1), (2, 3)) if canary != 3 else ((0, 2), (1, 3))
+        s2 = ((p[:, :, a[0]] + p[:, :, a[1]]).astype(np.float32) +
+              (p[:, :, b[0]] + p[:, :, b[1]]).astype(np.float32)).astype(np.float32)
+        hi = tf32(s2)
+        lo = tf32((s2 - hi).astype(np.float32))
+    h, lw = hi.reshape(nb, K // 256, 8), lo.reshape(nb, K // 256, 8)
+    t = np.arange(4)
+    xs2 = np.stack([h[:, :, t], h[:, :, t + 4], lw[:, :, t], lw[:, :, t + 4]], axis=-1).astype(np.float32)
+    return xh, np.ascontiguousarray(xs2).reshape(nb, K // 16), x16, hi.astype(np.float64) + lo
+
+
+def reference(raw: np.ndarray, x16: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """float64 outputs [nb, rows] of GGUF Q4_K rows `raw` on the activations x16 [nb, K] (f16) with sums s2
+    [nb, K / 32] (producer's): per 32-sub-block d sc S1 - dmin m S2, S1 = sum q x exact."""
+    from memra.model import quants as Q
+
+    rows = raw.shape[0]
+    nb, K = x16.shape
+    q, dsc, mneg = Q._q4_k(np.ascontiguousarray(raw).reshape(rows * (K // 256), 144))
+    q = q.reshape(rows, K // 32, 32).astype(np.float64)
+    x = x16.astype(np.float64).reshape(nb, K // 32, 32)
+    s1 = np.einsum("nsk,bsk->bns", q, x)
+    return (s1 * dsc.reshape(rows, K // 32).astype(np.float64)[None]
+            + mneg.reshape(rows, K // 32).astype(np.float64)[None] * s2[:, None, :]).sum(-1)
+
+
+# -- kernel-check -----------------------------------------------------------------------
+
+# The oracle's bound, max |got - ref| / max |ref|: the reference is the float64 value of the very operands the
+# kernel multiplies (sc q exact in f16, x f16, m and S2's hi / lo exact in tf32), whose products are exact in
+# f32, so all the kernel adds is its f32 accumulation — inside a superblock's mma chain (16 k16 steps), the two
+# fmas of its fold, the chains' sums: measured 2e-7 .. 6e-7 of the largest output on the 8B's shapes
+# (research/2026-12-07-session54/q2). 1e-4 sits 100x above that and far below what the checks exist to catch:
+# one dropped k16 step moves an output by ~sqrt(16 / K) of its size (>= 3 % at K = 14336), a wrong row all of it.
+TOL = 1e-4
+# (N, K, nb, glu, residual aliasing y): one row, a partial n8 tile, qf_mv's 8, qf_gemm with and without the
+# chains split (2 and 4 chains, a partial 64-row column tile), glu on both activations, a residual
+_CHECK = ((64, 1024, 1, None, False), (64, 1024, 3, "silu", False), (48, 2048, 8, None, True),
+          (64, 1024, 9, "gelu", False), (128, 1024, 17, None, False), (64, 1536, 40, None, True),
+          (128, 1024, 64, "silu", False), (96, 1024, 70, None, False))
+# qf_gemm configurations (over default_config's) whose bits kernel-check compares with qf_mv's / the built-in's
+_GEMM = ({"QF_GWARPS": 4, "QF_NT": 1, "QF_STAGES": 2, "QF_KSPLIT": 0, "QF_WSMEM": 0},
+         {"QF_GWARPS": 4, "QF_NT": 8, "QF_STAGES": 3, "QF_KSPLIT": 0, "QF_WSMEM": 1},
+         {"QF_GWARPS": 8, "QF_NT": 4, "QF_STAGES": 2, "QF_KSPLIT": 1, "QF_WSMEM": 1},
+         {"QF_GWARPS": 2, "QF_NT": 2, "QF_STAGES": 4, "QF_KSPLIT": 1, "QF_WSMEM": 0})
+_MV = ({"QF_AHEAD": 2}, {"QF_AHEAD": 3})
+
+
+def compile_variants() -> list[tuple[str, dict]]:
+    out = [(KERNEL_FILE, {})]
+    for glu, K in ((False, 1024), (False, 512), (False, 256), (True, 1024)):
+        for nb in (1, 64):
+            out.append((KERNEL_FILE, launch_config(nb, 64, K, glu)))
+        for c in _GEMM + _MV:
+            out.append((KERNEL_FILE, launch_config(64 if "QF_NT" in c else 1, 64, K, glu, c)))
+    out += [(KERNEL_FILE, {**launch_config(1, 64, 1024, False), "MEMRA_CANARY": 1}),
+            (KERNEL_FILE, {**launch_config(64, 64, 1024, False, _GEMM[2]), "MEMRA_CANARY": 2}),
+            (KERNEL_FILE, {"MEMRA_CANARY": 3})]
+    seen, uniq = set(), []
+    for f, d in out:
+        k = tuple(sorted(d.items()))
+        if k not in seen:
+            seen.add(k)
+            uniq.append((f, d))
+    return uniq
+
+
+def _x(rng, nb: int, K: int) -> np.ndarray:
+    return (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
+
+
+def _bits_differ(got: np.ndarray, want: np.ndarray) -> int:
+    return int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
+
+
+class _Inputs:
+    """A weight and nb activation rows on the device as the engine holds them (to_qf's outputs from the host
+    replay, so the matmul checks do not depend on to_qf), and the launch's scratch."""
+
+    def __init__(self, g, rng, raw: np.ndarray, nb: int, glu: str | None):
+        self.g, self.raw, self.nb, self.glu = g, raw, nb, glu
+        self.w = MV.upload_weight(g, raw, 12)
+        self.K = self.w.K
+        self.N = raw.shape[0] // 2 if glu else raw.shape[0]
+        self.xh_h, self.xs2_h, self.x16, self.s2 = producer(_x(rng, nb, self.K))
+        self.xh, self.xs2 = g.to_device(self.xh_h.reshape(-1)), g.to_device(self.xs2_h.reshape(-1))
+        self.ws = g.empty(max(1, 4 * nb * raw.shape[0]), np.float32)
+        self.cnt = g.to_device(np.zeros(4096, np.int32))
+
+    def run(self, config=None, canary: int = 0, rows=None, residual=None, glu="same", plain=False):
+        """One launch over rows r0..r1 - 1 (default all) on a poisoned y (or the residual aliased as y); plain: the
+        plain kernel over every weight row (a gate+up weight's in the glu kernel's chains)."""
+        g, K = self.g, self.K
+        r0, r1 = rows or (0, self.nb)
+        n = r1 - r0
+        act = None if plain else self.glu if glu == "same" else glu
+        out = self.raw.shape[0] if plain else self.N
+        y = residual if residual is not None else g.empty((n, out), np.float32)
+        if residual is None:
+            y.poison()
+        qf(g, self.w, y, xh=self.xh.view(shape=(n * K,), offset=2 * r0 * K),
+           xs2=self.xs2.view(shape=(n * K // 16,), offset=4 * r0 * K // 16), nb=n, residual=residual, glu=act,
+           config=config, ws=self.ws, cnt=self.cnt, canary=canary,
+           arith=chains(self.N, K, True) if plain and self.glu else None)
+        g.sync()
+        return y.numpy().reshape(n, out)
+
+
+def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, alias: bool, config=None,
+                canary: int = 0):
+    """The kernel on GGUF rows `raw` (2N rows for glu) and nb random activation rows: the plain kernel over every
+    row against the float64 reference (TOL); its first and last rows launched alone bit for bit; then glu: the
+    glu kernel against act_mul of the plain gate and up outputs bit for bit (and the float64 reference), or a
+    residual aliased as y: fl(plain + r) bit for bit."""
+    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.ops import act as ACT
+
+    I = _Inputs(g, rng, raw, nb, glu)
+    rows, N = raw.shape[0], I.N
+    ref = reference(raw, I.x16, I.s2)
+    plain = I.run(config, canary, plain=True)
+    o = compare(name + " (plain)", plain, ref, TOL, kind="max")
+    if not o.ok:
+        return o
+    c = max(1, nb // 3)
+    for r0 in ((0, nb - c) if nb > 1 else ()):
+        part = I.run(config, canary, rows=(r0, r0 + c), plain=True)
+        bad = _bits_differ(part, plain[r0:r0 + c])
+        if bad:
+            return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
+                                        f"differ from the {nb}-row launch's bits", o.err)
+    if not glu and not alias:
+        return Outcome(name, True, o.detail + "; rows alone = in the batch bit for bit", o.err)
+    if glu:
+        gate_up = g.to_device(np.ascontiguousarray(plain))
+        want = g.empty((nb, N), np.float32)
+        ACT.act_mul(g, gate_up.view(np.float32, (nb * rows,), 0), gate_up.view(np.float32, (nb * rows - N,), 4 * N),
+                    want, N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
+        g.sync()
+        want = want.numpy()
+        got = I.run(config, canary)
+        gt, up = ref[:, :N], ref[:, N:]
+        ref2 = (gt / (1 + np.exp(-gt)) if glu == "silu" else
+                0.5 * gt * (1 + np.tanh(0.7978845608028654 * (gt + 0.044715 * gt ** 3)))) * up
+        what = "act_mul of the plain gate and up outputs"
+    else:
+        res = rng.standard_normal((nb, N)).astype(np.float32)
+        want = plain + res                                                   # float32: one rounding
+        got = I.run(config, canary, residual=g.to_device(res))
+        ref2 = ref + res.astype(np.float64)
+        what = "fl(plain + residual)"
+    o = compare(name, got, ref2, TOL, kind="max")
+    if not o.ok:
+        return o
+    bad = _bits_differ(got, want)
+    if bad:
+        return Outcome(name, False, f"{bad} of {got.size} values differ from {what}", o.err)
+    return Outcome(name, True, o.detail + f"; rows alone bit for bit; = {what} bit for bit", o.err)
+
+
+def check_case(g, rng, N: int, K: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0):
+    raw = MV.random_weight(12, 2 * N if glu else N, K, rng)
+    name = (f"qf Q4_K nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''}"
+            f"{' +res(alias y)' if alias else ''}{' ' + ','.join(f'{k}={v}' for k, v in config.items()) if config else ''}")
+    return against_ref(g, rng, name, raw, nb, glu, alias, config, canary)
+
+
+def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: int = 0):
+    """qf_gemm at every configuration of _GEMM and qf_mv at every one of _MV give the bits of qf_mv's built-in
+    configuration (which check_case holds to the reference) on the same weight and activations, and every row of
+    qf_gemm's launch those of that row launched alone on qf_mv (nb <= 8: qf_mv takes them all at once)."""
+    from memra.gpu.compare import Outcome
+
+    I = _Inputs(g, rng, MV.random_weight(12, 2 * N if glu else N, K, rng), nb, glu)
+    name = f"qf Q4_K nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''} kernels"
+    base = I.run()
+    if not np.all(np.isfinite(base)):
+        return Outcome(name, False, "qf_mv's built-in configuration left outputs unwritten")
+    for c in _GEMM + _MV:
+        bad = _bits_differ(I.run(c, canary), base)
+        if bad:
+            return Outcome(name, False, f"{c}: {bad} of {base.size} values differ from qf_mv's bits")
+    return Outcome(name, True, f"qf_gemm at {len(_GEMM)} and qf_mv at {len(_MV) + 1} configurations: the same bits",
+                   0.0)
+
+
+def check_to_qf(g, rng, nb: int, K: int, canary: int = 0):
+    """to_qf over nb rows of K (values past f16's range and in its subnormal range, exact halfway cases) against
+    its host replay (producer) bit for bit, xh and xs2."""
+    from memra.gpu.compare import Outcome
+
+    x = _x(rng, nb, K)
+    flat = x.reshape(-1)
+    m = min(flat.size, 64)
+    flat[:m] *= np.float32(2.0) ** rng.integers(-30, 18, m).astype(np.float32)
+    if flat.size > 80:
+        flat[m:m + 6] = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, -(2 + 2 ** -10), 65520.0, 2 ** -25, -3 * 2 ** -25],
+                                 np.float32)
+    if flat.size >= 256:   # a sub-block whose S2 depends on the sum order (plant)
+        flat[96:128] = plant()
+    xh_h, xs2_h, _, _ = producer(x)
+    xh, xs2 = g.empty(nb * K, np.uint16), g.empty(nb * K // 16, np.float32)
+    xh.poison()
+    xs2.poison()
+    to_qf(g, g.to_device(x), xh, xs2, nb, K, canary=canary)
+    g.sync()
+    bx = int(np.count_nonzero(xh.numpy() != xh_h.reshape(-1)))
+    bs = int(np.count_nonzero(xs2.numpy().view(np.uint32) != xs2_h.reshape(-1).view(np.uint32)))
+    ok = bx == 0 and bs == 0
+    return Outcome(f"to_qf nb={nb} K={K}{' canary ' + str(canary) if canary else ''}", ok,
+                   "xh and xs2 = the host replay bit for bit" if ok else
+                   f"{bx} of {nb * K} xh and {bs} of {nb * K // 16} xs2 values differ from the host replay",
+                   0.0 if ok else np.inf)
+
+
+def plant() -> np.ndarray:
+    """32 activations whose S2 depends on to_qf's order: partial sums 2^18, 2^-10, -2^18, 2^-10 give 0 as (s0 + s1) +
+    (s2 + s3) and 2^-9 as (s0 + s2) + (s1 + s3)."""
+    return np.repeat(np.array([32768.0, 2.0 ** -13, -32768.0, 2.0 ** -13], np.float32), 8)
+
+
+def checks(g, rng: np.random.Generator) -> Iterator:
+    for nb, K in ((1, 256), (3, 4096), (64, 14336)):
+        yield check_to_qf(g, rng, nb, K)
+    for N, K, nb, glu, alias in _CHECK:
+        yield check_case(g, rng, N, K, nb, glu, alias)
+    for N, K, glu in ((64, 1024, None), (48, 512, None), (32, 1024, "silu"), (64, 2048, None)):
+        yield check_kernels(g, rng, N, K, glu, nb=7)
+    # an 8B layer's K at qf_gemm's 64 rows (the down's 56 superblocks in 4 chains across blocks)
+    yield check_case(g, rng, 64, 14336, 64, None, True)
+    yield check_case(g, rng, 64, 4096, 64, "silu", False)
+
+
+def canaries(g, rng: np.random.Generator) -> Iterator:
+    yield check_case(g, rng, 64, 1024, 3, None, alias=False, canary=1)
+    yield check_kernels(g, rng, 64, 1024, None, nb=7, canary=2)
+    yield check_to_qf(g, rng, 3, 512, canary=3)
+
+
+# -- the launch set (memra.tune.launches: the engine's own launches, run by kernel-check) ----------
+
+_LAUNCH_N = 128   # output rows checked of a larger weight
+
+
+def launch_cases(L, ctx) -> list[dict]:
+    """A plan launch of op to_qf (the module without tunables, one case per row bucket and K) or qf: the module
+    the launcher builds (launch_config with the launch's tunables), the exact batch, K and whether the output
+    aliases the residual."""
+    if L.op == "to_qf":
+        K, b = int(L.shape["n"]), launch_bucket(L.rows)
+        return [{"file": KERNEL_FILE, "entry": "to_qf", "defines": {}, "bucket": b, "tag": f"K{K}",
+                 "params": {"K": K, "rows": b}}]
+    glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
+    N = int(L.shape["rows"]) // (2 if glu else 1)
+    cfg = launch_config(nb, N, K, bool(glu), L.config)
+    entry = launch_shape(cfg, N, nb, bool(glu))[0]
+    res = bool(L.args.get("res"))
+    return [{"file": KERNEL_FILE, "entry": entry, "defines": cfg, "bucket": nb,
+             "tag": f"K{K}" + (" res=y" if res else ""),
+             "params": {"type": 12, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
+
+
+def check_launch(g, rng, case):
+    """to_qf at the case's rows and K against its host replay; qf at the launch's module, batch, K (and so chain
+    count) and residual aliasing on a random weight (at most _LAUNCH_N output rows), as against_ref."""
+    p = case["params"]
+    if case["entry"] == "to_qf":
+        return check_to_qf(g, rng, p["rows"], p["K"])
+    nb, K, glu, alias = p["nb"], p["K"], p["glu"], p["res"]
+    cfg = {k: v for k, v in case["defines"].items() if k in KEYS}
+    N = min(p["N"], _LAUNCH_N)
+    raw = MV.random_weight(12, 2 * N if glu else N, K, rng)
+    name = f"{case['entry']} Q4_K nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
+    return against_ref(g, rng, name, raw, nb, glu, alias, cfg)

@@ -1,0 +1,383 @@
+"""kernels/qf.cu and memra.gpu.ops.qf (MEMRA_DECODE=qf): the host contract, to_qf's activation layout (replayed),
+the weight staging of qf_gemm (replayed), the planner's generated-row launches, the engine on the emulator, and the
+family's kernel-check on the emulator (its checks against the launch contracts, its canaries caught)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_emulator import FakeGpu
+from memra.errors import MemraError
+from memra.gpu.ops import matvec as MV
+from memra.gpu.ops import qf as QF
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the host contract ----------------------------------------------------------------------------
+
+def test_the_chain_count_is_the_shapes_alone():
+    """The chain count (the arithmetic) by the weight's shape: gate+up one, others 4 / 2 / 1 by K's superblocks;
+    every row count and configuration of a shape carries it, and a configuration naming another is refused."""
+    assert [QF.chains(4096, k, False) for k in (14336, 4096, 1536, 256)] == [4, 4, 2, 1]
+    assert QF.chains(14336, 4096, True) == 1
+    for nb in (1, 8, 9, 64, 512):
+        assert QF.launch_config(nb, 4096, 14336, False)["QF_CHAINS"] == 4
+    with pytest.raises(MemraError, match="QF_CHAINS=8 is not the weight's chain count 4"):
+        QF.launch_config(64, 4096, 14336, False, {"QF_CHAINS": 8})
+
+
+def test_the_kernel_by_the_row_count_and_the_built_in_configurations():
+    """qf_mv up to 8 rows, qf_gemm above (or where a configuration names its tunables); session 55's best at 64 rows:
+    gate+up 4 warps x 8 n8 tiles, the others 8 warps x 4 with the chains split across blocks (up to 64 rows), the
+    weights through shared memory; the grids and workspaces of the contract."""
+    gu = QF.launch_config(64, 14336, 4096, True)
+    assert gu == {"QF_WARPS": 4, "QF_CHAINS": 1, "QF_GWARPS": 4, "QF_NT": 8, "QF_STAGES": 2, "QF_KSPLIT": 0,
+                  "QF_WSMEM": 1}
+    assert QF.launch_shape(gu, 14336, 64, True)[:3] == ("qf_gemm_glu", (448, 1, 1), (128, 1, 1))
+    dn = QF.launch_config(64, 4096, 14336, False)
+    assert (dn["QF_GWARPS"], dn["QF_NT"], dn["QF_KSPLIT"]) == (8, 4, 1)
+    assert QF.launch_shape(dn, 4096, 64, False) == ("qf_gemm", (32, 2, 4), (256, 1, 1), QF.smem_bytes(dn),
+                                                    4 * 64 * 4096, 64)
+    assert QF.workspace(4096, 14336, 65, False) == (0, 0)              # past KSPLIT_ROWS: the chains in a warp
+    one = QF.launch_config(1, 4096, 14336, False)
+    assert one == {"QF_WARPS": 4, "QF_CHAINS": 4, "QF_AHEAD": 1}
+    assert QF.launch_shape(one, 4096, 1, False)[:4] == ("qf_mv", (256, 1, 1), (128, 1, 1), 0)
+    assert QF.launch_shape(QF.launch_config(8, 4096, 4096, False, {"QF_NT": 1}), 4096, 8, False)[0] == "qf_gemm"
+    assert [QF.launch_config(n, 4096, 4096, False)["QF_NT"] for n in (9, 17, 33, 512)] == [2, 4, 4, 4]
+    with pytest.raises(MemraError, match="qf_mv takes at most 8 rows"):
+        QF.launch_shape(one, 4096, 9, False)
+
+
+@pytest.mark.parametrize("t, N, K, glu, needle", [
+    (14, 4096, 4096, False, "no qf kernel for Q6_K"), (12, 4096, 640, False, "K = 640 not a positive multiple of 256"),
+    (12, 40, 4096, False, "N = 40 not a positive multiple of 16"), (12, 12, 4096, True, "N = 12 not a positive multiple of 8")])
+def test_check_shape_refuses_what_the_kernel_cannot_run(t, N, K, glu, needle):
+    with pytest.raises(MemraError, match=needle):
+        QF.check_shape(t, N, K, 1, glu)
+    assert not QF.supports(t, N, K, glu)
+    assert QF.supports(12, 4096, 14336, False) and QF.supports(12, 14336, 4096, True) and QF.supports(12, 8, 256, True)
+
+
+@pytest.mark.parametrize("config, needle", [({"QF_NT": 3}, "QF_NT 1, 2, 4 or 8"), ({"QF_STAGES": 5}, "QF_STAGES 2..4"),
+                                            ({"QF_WARPS": 2}, "QF_WARPS a multiple of QF_CHAINS"),
+                                            ({"QF_AHEAD": 4}, "QF_AHEAD 1..3"), ({"QF_BOGUS": 1}, "unknown tunable"),
+                                            ({"QF_NT": 8, "QF_GWARPS": 16, "QF_STAGES": 4}, "shared memory")])
+def test_check_config_refuses_what_the_kernel_asserts(config, needle):
+    with pytest.raises(MemraError, match=needle):
+        QF.check_config(QF.launch_config(64, 4096, 4096, False, config))
+
+
+def test_the_launchers_check_their_operands():
+    g = FakeGpu(1 << 24)
+    w = MV.upload_weight(g, MV.random_weight(12, 64, 1024, np.random.default_rng(0)), 12)
+    xh, xs2, y = g.empty(64 * 1024, np.uint16), g.empty(64 * 64, np.float32), g.empty(64 * 64, np.float32)
+    with pytest.raises(MemraError, match="splits its chains across blocks: ws float32"):
+        QF.qf(g, w, y, xh=xh, xs2=xs2, nb=64)
+    with pytest.raises(MemraError, match="xh must be uint16"):
+        QF.qf(g, w, y, xh=y, xs2=xs2, nb=1)
+    with pytest.raises(MemraError, match="the glu entry takes no residual"):
+        QF.qf(g, w, g.empty(64 * 32, np.float32), xh=xh, xs2=xs2, nb=1, glu="silu", residual=y)
+    with pytest.raises(MemraError, match="K = 100 must be a positive multiple of 256"):
+        QF.to_qf(g, y, xh, xs2, 1, 100)
+
+
+def test_compile_variants_cover_both_kernels_the_configurations_and_the_canaries():
+    v = QF.compile_variants()
+    assert all(f == "qf.cu" for f, _ in v) and len({tuple(sorted(d.items())) for _, d in v}) == len(v)
+    canaries = sorted(d.get("MEMRA_CANARY", 0) for _, d in v)
+    assert canaries.count(1) == 1 and canaries.count(2) == 1 and canaries.count(3) == 1
+    assert any(QF.is_gemm(d) and d.get("QF_KSPLIT") and d["QF_CHAINS"] > 1 for _, d in v)
+    assert any(not QF.is_gemm(d) and d.get("QF_CHAINS", 1) > 1 for _, d in v if "QF_CHAINS" in d)
+    assert any(d.get("QF_CHAINS") == 2 for _, d in v) and any(d.get("QF_AHEAD") == 3 for _, d in v)
+
+
+# -- the activation and weight layouts, replayed ----------------------------------------------------
+
+def test_the_producer_puts_each_fragment_where_a_lane_loads_it():
+    """to_qf's host replay (the contract kernel-check holds the kernel to): lane (gid, tig)'s 16 bytes at element 8 tig
+    of a 32-element sub-block are its two k16 steps' B fragments (e0 e2 | e1 e3 | e4 e6 | e5 e7); its 16 bytes at float
+    16 sb + 4 tig of a row's sums are (hi, hi, lo, lo) of sub-blocks tig and tig + 4 (the tf32 mma's b0 / b1), hi a
+    tf32 value and hi + lo within 2^-21 of the f32 sum in to_qf's order (and the reference's S2 exactly); canary 3's
+    order gives other sums."""
+    rng = np.random.default_rng(1)
+    nb, K = 3, 512
+    x = (rng.standard_normal((nb, K)) * 3).astype(np.float32)
+    xq, xs2, xh, s2ref = QF.producer(x)
+    f = np.float32
+
+    def s2_of(b, sub):   # each 8 in increasing k, then (s0 + s1) + (s2 + s3)
+        q = []
+        for t in range(4):
+            acc = f(0)
+            for v in xh[b, 32 * sub + 8 * t:32 * sub + 8 * t + 8]:
+                acc = f(acc + f(v))
+            q.append(acc)
+        return f(f(q[0] + q[1]) + f(q[2] + q[3]))
+    for b in range(nb):
+        for sub in range(K // 32):
+            for tig in range(4):
+                got = xq[b, 32 * sub + 8 * tig:32 * sub + 8 * tig + 8]
+                e = xh[b, 32 * sub + 8 * tig:32 * sub + 8 * tig + 8]
+                assert (got == e[[0, 2, 1, 3, 4, 6, 5, 7]].view(np.uint16)).all()
+        for sb in range(K // 256):
+            for tig in range(4):
+                hi0, hi4, lo0, lo4 = xs2[b, 16 * sb + 4 * tig:16 * sb + 4 * tig + 4]
+                for v_hi, v_lo, sub in ((hi0, lo0, 8 * sb + tig), (hi4, lo4, 8 * sb + tig + 4)):
+                    assert (np.float32(v_hi).view(np.uint32) & 0x1FFF) == 0
+                    want = float(s2_of(b, sub))
+                    assert abs(float(v_hi) + float(v_lo) - want) <= abs(want) * 2 ** -21
+                    assert float(v_hi) + float(v_lo) == s2ref[b, sub]
+    x[0, 96:128] = QF.plant()   # kernel-check's planted sub-block: S2 0 in to_qf's order, 2^-9 in canary 3's
+    sums = [QF.producer(x, canary=c)[3][0, 3] for c in (0, 3)]
+    assert sums == [0.0, 2.0 ** -9]
+
+
+def test_the_reference_is_the_dequantized_product():
+    """reference (kernel-check's float64 oracle) = the float64 product of memra.model.quants' dequantized Q4_K rows
+    and the f16 activations, to f16-rounding of S2 (hi + lo: ~2^-22 of a sub-block's sum)."""
+    rng = np.random.default_rng(3)
+    raw = MV.random_weight(12, 16, 512, rng)
+    x = (rng.standard_normal((2, 512)) * 2).astype(np.float32)
+    _, _, x16, s2 = QF.producer(x)
+    got = QF.reference(raw, x16, s2)
+    want = x16.astype(np.float64) @ MV.dequant_rows(raw, 12).astype(np.float64).T
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_the_weight_staging_puts_each_byte_where_the_lane_reads_it():
+    """qf_gemm's QF_WSMEM staging, replayed: stage_w's copies (lane k of 16 x 9: row q's 16-byte chunk c < 8 at q
+    QF_WROW + 16 c, its meta at 16 QF_WROW + 16 q; row q < 8 the row of ra = n0 + q, else of rb: glu N + n0 + q - 8,
+    plain n0 + q) against the step's reads (w[0][j] at gid QF_WROW + 32 j + 8 tig, w[1][j] at (gid + 8) QF_WROW + ..,
+    the meta at 16 QF_WROW + 16 gid / 16 (gid + 8)): every lane gets its own rows' bytes; a slipped row map is
+    caught."""
+    src = (ROOT / "kernels" / "qf.cu").read_text()
+    wrow = int(re.search(r"#define QF_WROW (\d+)", src).group(1))
+    assert wrow == QF.WROW and int(re.search(r"#define QF_XROW (\d+)", src).group(1)) == QF.XROW
+    rng = np.random.default_rng(2)
+
+    def replay(N, nsb, glu, tile, sb, row_of):
+        bulk = rng.integers(0, 256, ((2 * N if glu else N), nsb * 128), dtype=np.uint8)
+        meta = rng.integers(0, 256, ((2 * N if glu else N), nsb * 16), dtype=np.uint8)
+        n0 = tile * (8 if glu else 16)
+        smem = np.zeros(16 * (wrow + 16), np.uint8)
+        for k in range(16 * 9):
+            q, c = divmod(k, 9)
+            row = row_of(q, n0, N, glu)
+            data = bulk[row, sb * 128 + 16 * c:sb * 128 + 16 * c + 16] if c < 8 else meta[row, 16 * sb:16 * sb + 16]
+            o = q * wrow + 16 * c if c < 8 else 16 * wrow + 16 * q
+            smem[o:o + 16] = data
+        bad = 0
+        for gid in range(8):
+            ra, rb = n0 + gid, (N + n0 + gid) if glu else n0 + gid + 8
+            for tig in range(4):
+                for j in range(4):
+                    for r, row in ((0, ra), (1, rb)):
+                        o = (gid + 8 * r) * wrow + 32 * j + 8 * tig
+                        bad += int((smem[o:o + 8] != bulk[row, sb * 128 + 32 * j + 8 * tig:][:8]).any())
+            for r, row in ((0, ra), (1, rb)):
+                o = 16 * wrow + 16 * (gid + 8 * r)
+                bad += int((smem[o:o + 16] != meta[row, 16 * sb:16 * sb + 16]).any())
+        return bad
+
+    def kernel_rows(q, n0, N, glu):
+        return n0 + q if q < 8 else ((N + n0 + q - 8) if glu else n0 + q)
+
+    for glu in (False, True):
+        assert replay(32, 3, glu, 1, 2, kernel_rows) == 0
+        assert replay(32, 3, glu, 1, 2, lambda q, n0, N, g_: n0 + q) > 0 if glu else True
+    assert replay(32, 3, False, 1, 2, lambda q, n0, N, g_: n0 + (q + 1) % 16) > 0
+
+
+# -- the planner -----------------------------------------------------------------------------------
+
+def _spec(model="synth:llama3-8b:Q4_K_M"):
+    from memra.tune import launches as LS
+
+    (spec,), missing = LS.model_specs((model,))
+    assert not missing
+    return spec
+
+
+def _plans(spec, monkeypatch):
+    from memra.gpu.plan import Planner
+
+    monkeypatch.delenv("MEMRA_DECODE", raising=False)
+    return Planner(spec, hybrid=True), Planner(spec, hybrid=True, decode="qf")
+
+
+@pytest.mark.parametrize("model", ["synth:llama3-8b:Q4_K_M", "synth:tiny-llama:Q4_K_M"])
+def test_generated_rows_convert_each_source_once_then_run_qf(model, monkeypatch):
+    """Every Q4_K layer weight qf supports takes it in decode steps and steps of generated rows (to_qf of its source
+    first; q/k/v weights or gate and up reading h share it); the Q6_K ones (the 8B Q4_K_M's v and half its downs)
+    keep mv_q8's order and their twins; no quantize of ao, or of ff before a qf down; prompt steps and the head:
+    the default plan's launches."""
+    q8, qf = _plans(_spec(model), monkeypatch)
+    assert not q8.qf_keys and qf.decode == "qf" and qf.use_tile
+    layer = {w.key: w for w in qf.weights() if w.key != "output"}
+    assert qf.qf_keys == {k for k, w in layer.items() if w.type == "Q4_K"} and qf.qf_keys
+    for rows in (1, 8, 64):
+        for steps in (qf.step(rows, decode=True, sampler="greedy"), qf.step(rows, decode=False, kinds="g")):
+            assert sum(L.op == "qf" for L in steps) == len(qf.qf_keys)
+            for i, L in enumerate(steps):
+                if L.op != "qf":
+                    continue
+                j = i - 1
+                while steps[j].op == "qf":
+                    assert steps[j].args["src"] == L.args["src"] and steps[j].args["dst"] != L.args["src"]
+                    j -= 1
+                assert steps[j].op == "to_qf" and steps[j].args["src"] == L.args["src"], (L.name, steps[j].name)
+                assert steps[j].args["K"] == int(L.shape["cols"]) and steps[j].rows == L.rows == rows
+                assert L.kernel == ("qf_glu" if L.args["glu"] else "qf") and L.variant == "qf"
+            for il in range(qf.cfg.n_layer):
+                lw = qf.layer_weights(il)
+                names = [L.name for L in steps if L.layer == il]
+                assert (f"blk.{il}.ffn_q8" in names) == (lw["down"].key not in qf.qf_keys)
+                assert f"blk.{il}.attn_q8" not in names
+        tail = lambda s: s[max(i for i, L in enumerate(s) if L.layer == qf.cfg.n_layer - 1) + 1:]  # noqa: E731
+        assert tail(qf.step(rows, decode=True, sampler="greedy")) == tail(q8.step(rows, decode=True, sampler="greedy"))
+        assert qf.step(rows, decode=False, kinds="p") == q8.step(rows, decode=False, kinds="p")
+    assert qf.qf_workspace([1, 8]) == (0, 0) and qf.qf_workspace([64])[0] > 0
+
+
+def test_the_flag_needs_hybrid_on_the_q8_path_and_a_bad_value_is_refused(monkeypatch, tiny_models):
+    from memra.gpu.plan import Planner
+    from memra.gpu.runner import Runner
+
+    spec = _spec("synth:tiny-llama:Q4_K_M")
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    assert Planner(spec, hybrid=True).qf_keys                         # read from the environment
+    for kw in ({}, {"fa": True}, {"hybrid": True, "tile": False}, {"hybrid": True, "path": "f32"}):
+        p = Planner(spec, **kw)
+        assert not p.qf_keys and not any(L.op in ("qf", "to_qf") for L in p.step(8, decode=True)), kw
+    monkeypatch.setenv("MEMRA_DECODE", "f16")
+    with pytest.raises(MemraError, match="MEMRA_DECODE must be q8 or qf, got 'f16'"):
+        Planner(spec, hybrid=True)
+    with pytest.raises(MemraError, match="MEMRA_DECODE must be"):
+        Runner(tiny_models("llama", "Q4_K_M"), gpu=FakeGpu(1 << 28), max_len=64, max_seqs=2)
+    with pytest.raises(MemraError, match="decode must be q8 or qf"):
+        Planner(spec, hybrid=True, decode="f16")
+
+
+# -- the engine and kernel-check on the emulator ------------------------------------------------------
+
+def test_the_engine_with_qf_gives_the_references_tokens_batch_invariant(tiny_models, monkeypatch):
+    """MEMRA_DECODE=qf on the emulated GPU (tests/gpu_emulator.py's models of to_qf and qf): the runner allocates the
+    qf buffers, decode steps launch to_qf and both kernels (qf_mv alone, qf_gemm beside 9 others), a row's tokens are
+    the same alone and in the batch, graph replay = eager launches, and the greedy tokens are the CPU reference's;
+    the generated rows' bits differ from mv_q8's order's (another arithmetic)."""
+    from test_runner_emulated import PROMPT, _reference_greedy, _runner
+
+    from memra.gpu.runner import Row
+    from memra.tune.invariance import batch_invariance, graph_vs_eager
+
+    path = tiny_models("llama", "Q4_K_M")
+    monkeypatch.delenv("MEMRA_TILE", raising=False)
+    monkeypatch.setenv("MEMRA_DECODE", "q8")
+    default = _runner(path, attn="hybrid")
+    assert default.xqf is None
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    r = _runner(path, attn="hybrid")
+    assert r.xqf is not None and r.xs2.size == r.xqf.size // 16
+    launched = []
+    real = r.g.launch
+    r.g.launch = lambda k, *a, **kw: (launched.append(k.name), real(k, *a, **kw))[1]
+    res = batch_invariance(r, PROMPT, n_steps=5, co=9)
+    assert res["identical"], res
+    assert res["tokens_alone"] == _reference_greedy(path, 5)
+    assert {"to_qf", "qf_mv", "qf_mv_glu", "qf_gemm", "qf_gemm_glu"} <= set(launched)
+    assert graph_vs_eager(_runner(path, attn="hybrid"), PROMPT, buckets=(1, 2, 4, 16))["identical"]
+
+    def decoded(e):
+        s = e.open()
+        e.step([Row(s, PROMPT)])
+        return np.stack([e.step([Row(s, [t], logits="last")])[0].logits for t in (5, 9, 300)]).view(np.uint32)
+
+    assert not np.array_equal(decoded(_runner(path, attn="hybrid")), decoded(default))
+
+
+def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
+    """`memra kernel-check --only qf` on the emulator: its checks and the launch cases of the tiny model's plans pass
+    (the references agree with the launch contracts; every grid passes the emulator's geometry check) and its three
+    canaries are caught."""
+    from test_launch_set import _emulated_kernel_check
+
+    from memra.tune import kernelcheck as KC
+
+    report = {}
+    lines = _emulated_kernel_check(monkeypatch, heap=3 << 29, only="qf", report=report)
+    assert KC.all_green(lines), [ln for ln in lines if not ln.startswith("PASS")][:5]
+    assert sum(" canary " in ln and "caught" in ln for ln in lines) == 3
+    fam = report["families"]["qf"]
+    assert fam["launch_cases"] > 0 and fam["checks"] > 15
+    assert fam["files"] == ["act.cu", "qf.cu"]   # act_mul: the glu check's other side
+
+
+def test_the_launch_set_holds_what_the_engine_loads(tiny_models, monkeypatch):
+    """With MEMRA_DECODE=qf the launch set kernel-check builds (its hybrid plan with decode qf, whatever the
+    environment) holds every module the emulated runner loads, and one case of each qf module passes its
+    check_launch on the emulator."""
+    from test_launch_set import PROMPT, _modules, _one_per_module, _recorded
+
+    from memra.gpu.plan import ModelSpec
+    from memra.gpu.runner import Row, Runner, Sampling
+    from memra.model.gguf import open_gguf
+    from memra.tune import launches as LS
+
+    path = tiny_models("llama", "Q4_K_M")
+    spec = ModelSpec.from_gguf(open_gguf(path), "llama")
+    monkeypatch.delenv("MEMRA_DECODE", raising=False)
+    monkeypatch.setenv("MEMRA_ATTN", "hybrid")
+    cases = LS.launch_set([spec])
+    mine = {k: c for k, c in cases.items() if c["family"] == "qf"}
+    assert {c["entry"] for c in mine.values()} == {"to_qf", "qf_mv", "qf_mv_glu", "qf_gemm", "qf_gemm_glu"}
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    g = FakeGpu(1 << 28)
+    seen = _recorded(g)
+    r = Runner(path, gpu=g, max_len=64, max_seqs=12)
+    seqs = [r.open() for _ in range(10)]
+    for s in seqs:
+        r.step([Row(s, PROMPT[:4])])
+    r.step([Row(seqs[0], [7], sample=Sampling(0.0))])
+    r.step([Row(s, [7], sample=Sampling(0.0)) for s in seqs])
+    assert {m[1] for m in seen} >= {"to_qf", "qf_mv", "qf_gemm"}
+    missing = seen - _modules(LS.launch_set([spec], [r.tune_table]))
+    assert not missing, sorted(missing)[:5]
+    g, rng = FakeGpu(1 << 30), np.random.default_rng(0)
+    for c in _one_per_module(mine):
+        o = QF.check_launch(g, rng, c)
+        assert o.ok, (c["entry"], c["defines"], o.name, o.detail)
+
+
+# -- on the GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["synth:tiny-llama:Q4_K_M", "gemma3-270m"])
+def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(model, monkeypatch):
+    """MEMRA_DECODE=qf on the device: a sequence's greedy tokens and logits are bit-identical alone and among 63
+    co-runners (qf_mv alone, qf_gemm in the batch: issue 11's isolation in this arithmetic), and a captured decode
+    step replays its eager launches at every graph bucket."""
+    from memra.gpu import cuda
+
+    if not cuda.has_gpu():
+        pytest.skip("needs an NVIDIA GPU")
+    from test_gpu_runner import PROMPT, _model
+
+    from memra.gpu.runner import Runner
+    from memra.model.gguf import open_gguf
+    from memra.text.tokenizer import Tokenizer
+    from memra.tune.invariance import batch_invariance, graph_vs_eager
+
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    monkeypatch.delenv("MEMRA_ATTN", raising=False)
+    path = _model(model, None)
+    ids = Tokenizer.from_gguf(open_gguf(path)).encode(PROMPT, add_special=True, parse_special=True)
+    r = Runner(path, max_len=512, max_seqs=64)
+    assert r.plan.qf_keys, model
+    res = batch_invariance(r, ids, n_steps=24, co=63)
+    assert res["identical"], f"{model}: {res}"
+    res = graph_vs_eager(r, ids)
+    assert res["identical"], f"{model}: {res}"
