@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 55's device calls: kernels/qf.cu landed behind MEMRA_DECODE=qf (memra.gpu.ops.qf, the planner's generated
-# rows), its kernel-check and GPU tests, and the serve A/B that decides it.
-#   python3 experiments/ship_models.py; then one call per part, back to back, carrying .models/ship-NN:
-#     bash .models/ship-NN/take.sh                        (parts 00..04)
-#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && bash .models/ship-05/take.sh && \
-#     RES_DIR=<date>-session55 STAGE=C bash experiments/h200_session55.sh    (carry .whl, .synthtok, .models/ship-05)
-# STAGE C (~7 min): kernel-check --add-to the committed receipt (the qf family whole: a new kernel source; every other
-#   family's new launch cases), then the GPU tests (pytest -m gpu); $OUT: the receipt (nvidia-h200.json),
-#   kernel-check.txt.gz, gpu-tests.txt, log.txt.
+# rows), its kernel-check and GPU tests, and the serve A/B that decides it. The real models no longer travel (the
+# tracked tree is 44 MB of the 64 MiB a call carries): kernel-check builds their launch cases from their exported
+# specs (here: python3 -m memra kernel-check --export-specs .models/specs.json; MEMRA_MODEL_SPECS).
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<commit> && RES_DIR=<date>-session55 STAGE=C \
+#     bash experiments/h200_session55.sh                  (carry .whl, .synthtok, .models/specs.json)
+# STAGE C (~6 min): the synthetic 8B made in the background (for STAGE A), kernel-check --add-to the committed
+#   receipt (the qf family whole: a new kernel source; every other family's new launch cases), then the qf GPU
+#   tests; $OUT: the receipt (nvidia-h200.json), kernel-check.txt.gz, gpu-tests.txt, log.txt.
 # STAGE A (~6 min, the machine still warm: the 8B made there is reused): `memra bench serve` of the synthetic 8B
 #   Q4_K_M at c = 1, 8, 64 (~100-token prompts, 128 tokens) with MEMRA_DECODE=q8 then qf (A_ARMS), receipts tagged
 #   by arm in $OUT/serve-ab.jsonl, the cells summarized in log.txt.
@@ -16,10 +16,17 @@ source experiments/h200_common.sh
 stage_begin s55
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 if [ "$STAGE" = C ]; then
-  link_models "kernel-check's launch set needs the real models"
-  ( synth llama3-8b Q4_K_M "$TOK" > /root/synth-8b.txt 2>&1 ) &
-  KC_ADD=research/kernel-check/nvidia-h200.json KC_LIMIT=${KC_LIMIT:-260} kernel_check
-  gpu_tests ${C_END:-560}
+  export MEMRA_MODEL_SPECS=.models/specs.json
+  ( nice -n 10 bash -c "source experiments/h200_common.sh; synth llama3-8b Q4_K_M $TOK" > /root/synth-8b.txt 2>&1 ) &
+  # (h200_common's kernel_check, without its --status: that fetches the real models, which this machine cannot)
+  mkdir -p $R/kernel-check
+  timeout ${KC_LIMIT:-300} python3 -m memra kernel-check --out $R/kernel-check/ \
+    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
+  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
+  gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
+  GPU_TESTS_EXTRA="-k qf" gpu_tests ${C_END:-520}
   cp $R/gpu-tests.txt $R/log.txt $OUT/
   wait
   exit 0

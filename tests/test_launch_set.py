@@ -15,6 +15,7 @@ import pytest
 
 import gpu_emulator as EMU
 from gpu_emulator import FakeGpu
+from memra.errors import MemraError
 from memra.gpu.ops import attention as ATT
 from memra.gpu.plan import ModelSpec
 from memra.gpu.runner import Row, Runner, Sampling
@@ -607,3 +608,27 @@ def test_att_switch_launches_check_their_row_filter_on_the_emulator(monkeypatch)
     for c in _one_per_module({k: c for k, c in enumerate(cases)}):
         o = LS.family_module("attention").check_launch(g, rng, c)
         assert o.ok and "row filter" in o.name, (o.name, o.detail)
+
+
+def test_exported_specs_stand_for_models_that_are_not_here(tmp_path, monkeypatch):
+    """`kernel-check --export-specs` writes each real model's config and tensor types; with MEMRA_MODEL_SPECS naming
+    that file, a machine without the model files (a models folder empty) builds the same specs, hence the same launch
+    set, and kernel-check says which models came from the file; without it they are missing."""
+    from memra.model.aliases import ALIASES
+
+    f = tmp_path / "specs.json"
+    names = LS.export_specs(f, ("smollm2-135m", "synth:tiny-llama:Q4_K_M"))
+    assert names == ["smollm2-135m"] and "smollm2-135m" in ALIASES
+    (here,), missing = LS.model_specs(("smollm2-135m",), fetch=True)
+    assert not missing
+    monkeypatch.setenv("MEMRA_HOME", str(tmp_path / "home"))           # no model files there
+    monkeypatch.delenv(LS.SPECS_ENV, raising=False)
+    specs, missing = LS.model_specs(("smollm2-135m",))
+    assert not specs and missing and LS.from_exported(["smollm2-135m"]) == []
+    monkeypatch.setenv(LS.SPECS_ENV, str(f))
+    (spec,), missing = LS.model_specs(("smollm2-135m",))
+    assert not missing and spec == here and LS.from_exported(["smollm2-135m"]) == ["smollm2-135m"]
+    assert LS.launch_set([spec]).keys() == LS.launch_set([here]).keys()
+    f.write_text("not json")
+    with pytest.raises(MemraError, match="MEMRA_MODEL_SPECS=.*not a readable spec file"):
+        LS.model_specs(("smollm2-135m",))

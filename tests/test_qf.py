@@ -355,29 +355,28 @@ def test_the_launch_set_holds_what_the_engine_loads(tiny_models, monkeypatch):
 # -- on the GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["synth:tiny-llama:Q4_K_M", "gemma3-270m"])
-def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(model, monkeypatch):
-    """MEMRA_DECODE=qf on the device: a sequence's greedy tokens and logits are bit-identical alone and among 63
-    co-runners (qf_mv alone, qf_gemm in the batch: issue 11's isolation in this arithmetic), and a captured decode
-    step replays its eager launches at every graph bucket."""
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(arch, tiny_models, monkeypatch):
+    """MEMRA_DECODE=qf on the device (the tiny synthetic Q4_K_M models: every llama weight in qf, gemma3's downs):
+    a sequence's greedy tokens and logits are bit-identical alone and among 63 co-runners (qf_mv alone, qf_gemm in
+    the batch: issue 11's isolation in this arithmetic), and a captured decode step replays its eager launches at
+    every graph bucket."""
     from memra.gpu import cuda
 
     if not cuda.has_gpu():
         pytest.skip("needs an NVIDIA GPU")
-    from test_gpu_runner import PROMPT, _model
+    from test_launch_set import PROMPT
 
     from memra.gpu.runner import Runner
-    from memra.model.gguf import open_gguf
-    from memra.text.tokenizer import Tokenizer
     from memra.tune.invariance import batch_invariance, graph_vs_eager
 
     monkeypatch.setenv("MEMRA_DECODE", "qf")
     monkeypatch.delenv("MEMRA_ATTN", raising=False)
-    path = _model(model, None)
-    ids = Tokenizer.from_gguf(open_gguf(path)).encode(PROMPT, add_special=True, parse_special=True)
-    r = Runner(path, max_len=512, max_seqs=64)
-    assert r.plan.qf_keys, model
-    res = batch_invariance(r, ids, n_steps=24, co=63)
-    assert res["identical"], f"{model}: {res}"
-    res = graph_vs_eager(r, ids)
-    assert res["identical"], f"{model}: {res}"
+    tok = ROOT / ".synthtok" / "smollm2-tokenizer.gguf"   # the device's (experiments/h200_common.sh), else the alias
+    r = Runner(tiny_models(arch, "Q4_K_M", tokenizer_from=str(tok) if tok.is_file() else "smollm2-135m"),
+               max_len=256, max_seqs=64)
+    assert r.plan.qf_keys, arch
+    res = batch_invariance(r, PROMPT, n_steps=24, co=63)
+    assert res["identical"], f"{arch}: {res}"
+    res = graph_vs_eager(r, PROMPT)
+    assert res["identical"], f"{arch}: {res}"

@@ -44,6 +44,10 @@ def kernel_check(
     device: Annotated[str, typer.Option("--device", help="With --status: the device (name or slug) whose "
                                         "receipt to check.")] = "nvidia-h200",
     as_json: Annotated[bool, typer.Option("--json", help="With --status: print one JSON object.")] = False,
+    export_specs: Annotated[Optional[Path], typer.Option("--export-specs", help="Write the real models' specs (config "
+                                                         "and tensor types: all the launch set reads of a model) "
+                                                         "to this JSON file and exit, for MEMRA_MODEL_SPECS on a "
+                                                         "machine without the model files.")] = None,
     add_to: Annotated[Optional[Path], typer.Option("--add-to", help="A green receipt of this device (e.g. "
                                                    "research/kernel-check/nvidia-h200.json): check only the launch "
                                                    "cases it lacks (its own checks and canaries stand) and write a "
@@ -55,6 +59,11 @@ def kernel_check(
     ends ALL GREEN or exits 1. A complete run on a GPU writes a receipt (source hashes, launch set)."""
     from memra.tune.kernelcheck import all_green, make_receipt, receipt_path, run_kernel_check, status, write_receipt
 
+    if export_specs is not None:
+        from memra.tune.launches import export_specs as export
+
+        print(f"{', '.join(export(export_specs))} -> {export_specs}", flush=True)
+        return
     if show_status:
         if compile_only or only or arch:
             raise MemraError("--status takes no --only, --compile-only or --arch")

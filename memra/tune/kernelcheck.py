@@ -119,6 +119,9 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         return
     # the launch set: every plan launch over the models and tables
     specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
+    from_specs = LS.from_exported([s.name for s in specs])
+    for m in from_specs:
+        yield f"NOTE  launch set: model {m} from its exported spec ({LS.SPECS_ENV}; the file is not here)"
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here
         failures += not compile_only
         yield f"{'NOTE' if compile_only else 'FAIL'}  launch set: model {m}"
@@ -275,7 +278,7 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
                       else str(g.info.cc), sms=g.info.sm_count, arch=g.info.arch,
                       nvrtc=".".join(str(x) for x in nvrtc_version()), seed=seed, complete=only is None,
                       all_green=green, failures=failures, families=per_family,
-                      models=[s.name for s in specs], models_missing=missing,
+                      models=[s.name for s in specs], models_missing=missing, models_from_specs=from_specs,
                       tables=[{"device": t.get("device"), "path": t.get("path"), "frozen_at": t.get("frozen_at")}
                               for t in tables],
                       launch_set=sorted(set(cases) | covered))
@@ -395,7 +398,8 @@ def make_receipt(report: dict) -> dict:
             "failures": report["failures"], "families": report["families"], "sources": src,
             "sources_hash": sources_hash(src), "models": report["models"], "models_missing": report["models_missing"],
             "tables": report["tables"], "launch_set_hash": launch_set_hash(keys), "launch_set": keys,
-            **({"incremental": report["incremental"]} if report.get("incremental") else {})}
+            **({"incremental": report["incremental"]} if report.get("incremental") else {}),
+            **({"models_from_specs": report["models_from_specs"]} if report.get("models_from_specs") else {})}
 
 
 def receipt_path(device: str, out: str | Path | None = None) -> Path:
