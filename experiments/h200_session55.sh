@@ -7,7 +7,7 @@
 #     bash experiments/h200_session55.sh                  (carry .whl, .synthtok, .models/specs.json)
 # STAGE C (~6 min): the synthetic 8B made in the background (for STAGE A), kernel-check --add-to the committed
 #   receipt (the qf family whole: a new kernel source; every other family's new launch cases), then the qf GPU
-#   tests; $OUT: the receipt (nvidia-h200.json), kernel-check.txt.gz, gpu-tests.txt, log.txt.
+#   tests (tests/test_qf.py: the GPU suite's other files need the real models); $OUT: the receipt (nvidia-h200.json), kernel-check.txt.gz, gpu-tests.txt, log.txt.
 # STAGE A (~6 min, the machine still warm: the 8B made there is reused): `memra bench serve` of the synthetic 8B
 #   Q4_K_M at c = 1, 8, 64 (~100-token prompts, 128 tokens) with MEMRA_DECODE=q8 then qf (A_ARMS), receipts tagged
 #   by arm in $OUT/serve-ab.jsonl, the cells summarized in log.txt.
@@ -26,7 +26,8 @@ if [ "$STAGE" = C ]; then
   grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
   cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null
   gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
-  GPU_TESTS_EXTRA="-k qf" gpu_tests ${C_END:-520}
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests.txt 2>&1
+  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
   cp $R/gpu-tests.txt $R/log.txt $OUT/
   wait
   exit 0

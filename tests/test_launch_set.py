@@ -618,7 +618,7 @@ def test_exported_specs_stand_for_models_that_are_not_here(tmp_path, monkeypatch
 
     f = tmp_path / "specs.json"
     names = LS.export_specs(f, ("smollm2-135m", "synth:tiny-llama:Q4_K_M"))
-    assert names == ["smollm2-135m"] and "smollm2-135m" in ALIASES
+    assert names == ["smollm2-135m", "synth:tiny-llama:Q4_K_M"] and "smollm2-135m" in ALIASES
     (here,), missing = LS.model_specs(("smollm2-135m",), fetch=True)
     assert not missing
     monkeypatch.setenv("MEMRA_HOME", str(tmp_path / "home"))           # no model files there
@@ -629,6 +629,16 @@ def test_exported_specs_stand_for_models_that_are_not_here(tmp_path, monkeypatch
     (spec,), missing = LS.model_specs(("smollm2-135m",))
     assert not missing and spec == here and LS.from_exported(["smollm2-135m"]) == ["smollm2-135m"]
     assert LS.launch_set([spec]).keys() == LS.launch_set([here]).keys()
+    # a synthetic shape that cannot be built here (its tokenizer's vocabulary unreadable) comes from the file too
+    from memra.tune import campaign
+
+    (tiny,), _ = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
+    monkeypatch.setattr(campaign, "model_info", lambda n: (_ for _ in ()).throw(OSError("offline")))
+    (spec,), missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
+    assert not missing and spec == tiny and LS.from_exported(["synth:tiny-llama:Q4_K_M"]) == ["synth:tiny-llama:Q4_K_M"]
+    monkeypatch.delenv(LS.SPECS_ENV)
+    assert LS.model_specs(("synth:tiny-llama:Q4_K_M",))[1]
+    monkeypatch.setenv(LS.SPECS_ENV, str(f))
     f.write_text("not json")
     with pytest.raises(MemraError, match="MEMRA_MODEL_SPECS=.*not a readable spec file"):
         LS.model_specs(("smollm2-135m",))

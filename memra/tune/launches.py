@@ -91,10 +91,11 @@ def family_module(fam: str):
         return None
 
 
-# MEMRA_MODEL_SPECS (docs/FLAGS.md): a JSON file of real models' specs (spec_json: the config and every tensor's
-# type, all a launch set reads of a model) for a machine that lacks the files (a device reached through a transfer
-# limit); `python3 -m memra kernel-check --export-specs FILE` writes it where the models are. CI's `--status`
-# rebuilds the launch set from the models themselves, so a spec that drifted from its model shows as uncovered cases.
+# MEMRA_MODEL_SPECS (docs/FLAGS.md): a JSON file of models' specs (spec_json: the config and every tensor's type,
+# all a launch set reads of a model) for a machine that lacks the real files (a device reached through a transfer
+# limit: the real models, and the tokenizer the tiny synthetic shapes take their vocabulary from);
+# `python3 -m memra kernel-check --export-specs FILE` writes it where the models are. CI's `--status` rebuilds the
+# launch set from the models themselves, so a spec that drifted from its model shows as uncovered cases.
 SPECS_ENV = "MEMRA_MODEL_SPECS"
 
 
@@ -128,25 +129,23 @@ def _exported_specs() -> dict:
         raise MemraError(f"{SPECS_ENV}={f}: not a readable spec file ({e})") from None
 
 
-def from_exported(names: Sequence[str]) -> list[str]:
-    """The models of `names` whose spec model_specs takes from MEMRA_MODEL_SPECS (an alias whose file is not here)."""
-    from memra.model.aliases import ALIASES
-    from memra.paths import models_dir
+_FROM_EXPORTED: set[str] = set()   # the models model_specs last took from MEMRA_MODEL_SPECS
 
-    exported = _exported_specs()
-    return [n for n in names if n in exported and n in ALIASES and not (models_dir() / ALIASES[n].filename).is_file()]
+
+def from_exported(names: Sequence[str]) -> list[str]:
+    """The models of `names` whose spec model_specs took from MEMRA_MODEL_SPECS (not readable here)."""
+    return [n for n in names if n in _FROM_EXPORTED]
 
 
 def export_specs(path, names: Sequence[str] = MODELS) -> list[str]:
-    """Write the specs (spec_json) of the real models among `names` (pulled where missing) to `path`, for
-    MEMRA_MODEL_SPECS on a machine without them; the names written."""
+    """Write the specs (spec_json) of `names` (real models pulled where missing) to `path`, for MEMRA_MODEL_SPECS on
+    a machine without the files; the names written."""
     from pathlib import Path
 
     from memra.atomic import write_atomic
-    from memra.model.aliases import ALIASES
     from memra.tune.campaign import model_info
 
-    docs = [spec_json(model_info(n)) for n in names if n in ALIASES]
+    docs = [spec_json(model_info(n)) for n in names]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(path), (json.dumps(docs, sort_keys=True) + "\n").encode())
     return [d["name"] for d in docs]
@@ -154,25 +153,31 @@ def export_specs(path, names: Sequence[str] = MODELS) -> list[str]:
 
 def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
     """(specs, missing): ModelSpec of each model that can be read here (a real model's
-    header, a synthetic model's shapes, or a real model's exported spec where MEMRA_MODEL_SPECS
-    names one and the file is not here), and 'name: why' for those that cannot. An alias not
-    in the model cache is fetched only with `fetch` (kernel-check never downloads)."""
+    header, a synthetic model's shapes), else (without `fetch`) its exported spec where
+    MEMRA_MODEL_SPECS holds one, and 'name: why' for those that cannot. An alias not in the
+    model cache is fetched only with `fetch` (kernel-check never downloads)."""
     from memra.model.aliases import ALIASES
     from memra.paths import models_dir
     from memra.tune.campaign import model_info
 
     specs, missing = [], []
     exported = _exported_specs()
+    _FROM_EXPORTED.difference_update(names)
     for n in names:
         if n in ALIASES and not fetch and not (models_dir() / ALIASES[n].filename).is_file():
             if n in exported:
                 specs.append(spec_from_json(exported[n]))
+                _FROM_EXPORTED.add(n)
                 continue
             missing.append(f"{n}: not in {models_dir()} (memra pull {n})")
             continue
         try:
             specs.append(model_info(n))
         except Exception as e:
+            if n in exported and not fetch:   # e.g. a tiny synthetic shape whose vocabulary is a real tokenizer's
+                specs.append(spec_from_json(exported[n]))
+                _FROM_EXPORTED.add(n)
+                continue
             missing.append(f"{n}: {type(e).__name__}: {e}")
     return specs, missing
 

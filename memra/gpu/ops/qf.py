@@ -471,7 +471,10 @@ def check_to_qf(g, rng, nb: int, K: int, canary: int = 0):
     to_qf(g, g.to_device(x), xh, xs2, nb, K, canary=canary)
     g.sync()
     bx = int(np.count_nonzero(xh.numpy() != xh_h.reshape(-1)))
-    bs = int(np.count_nonzero(xs2.numpy().view(np.uint32) != xs2_h.reshape(-1).view(np.uint32)))
+    got, want = xs2.numpy(), xs2_h.reshape(-1)
+    # bit for bit, a NaN against a NaN excepted (a sub-block holding f16 infinities of both signs, or an infinite S2's
+    # lo = inf - inf: the host's NaN carries another sign / payload than the device's canonical one)
+    bs = int(np.count_nonzero((got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))))
     ok = bx == 0 and bs == 0
     return Outcome(f"to_qf nb={nb} K={K}{' canary ' + str(canary) if canary else ''}", ok,
                    "xh and xs2 = the host replay bit for bit" if ok else
