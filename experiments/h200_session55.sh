@@ -8,6 +8,7 @@
 # STAGE C (~6 min): the synthetic 8B made in the background (for STAGE A), kernel-check --add-to the committed
 #   receipt (the qf family whole: a new kernel source; every other family's new launch cases), then the qf GPU
 #   tests (tests/test_qf.py: the GPU suite's other files need the real models); $OUT: the receipt (nvidia-h200.json), kernel-check.txt.gz, gpu-tests.txt, log.txt.
+# STAGE CA: C then A in one call (A's arms in what is left of A_END = 560 s).
 # STAGE A (~6 min, the machine still warm: the 8B made there is reused): `memra bench serve` of the synthetic 8B
 #   Q4_K_M at c = 1, 8, 64 (~100-token prompts, 128 tokens) with MEMRA_DECODE=q8 then qf (A_ARMS), receipts tagged
 #   by arm in $OUT/serve-ab.jsonl, the cells summarized in log.txt.
@@ -15,7 +16,7 @@ set -u
 source experiments/h200_common.sh
 stage_begin s55
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
-if [ "$STAGE" = C ]; then
+if [ "$STAGE" = C ] || [ "$STAGE" = CA ]; then
   export MEMRA_MODEL_SPECS=.models/specs.json
   ( nice -n 10 bash -c "source experiments/h200_common.sh; synth llama3-8b Q4_K_M $TOK" > /root/synth-8b.txt 2>&1 ) &
   # (h200_common's kernel_check, without its --status: that fetches the real models, which this machine cannot)
@@ -30,13 +31,17 @@ if [ "$STAGE" = C ]; then
   log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests.txt) $(el)"; grep -E "^(FAILED|ERROR)" $R/gpu-tests.txt | head | tee -a $R/log.txt
   cp $R/gpu-tests.txt $R/log.txt $OUT/
   wait
-  exit 0
+  [ "$STAGE" = CA ] || exit 0
 fi
-if [ "$STAGE" = A ]; then
+if [ "$STAGE" = A ] || [ "$STAGE" = CA ]; then
   link_models
   log "synth: $(synth llama3-8b Q4_K_M $TOK | tail -1) $(el)"
-  for arm in ${A_ARMS:-q8 qf}; do
-    MEMRA_DECODE=$arm timeout 240 python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
+  set -- ${A_ARMS:-q8 qf}
+  for arm in "$@"; do
+    # an arm's share of what is left of A_END seconds since the stage began (STAGE CA: one call for both)
+    lim=$(( (${A_END:-560} - ($(date +%s) - T0)) / $# )); shift
+    [ $lim -gt 60 ] || { log "serve $arm: no time left"; continue; }
+    MEMRA_DECODE=$arm timeout $lim python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
       --synth-tokenizer $TOK -c ${A_C:-1,8,64} --prompt-tokens 100 --max-tokens 128 \
       --out $OUT/serve-ab.jsonl --tag "s55 MEMRA_DECODE=$arm" > $R/serve-$arm.txt 2>&1
     log "serve $arm rc=$? $(el)"; tail -6 $R/serve-$arm.txt | cut -c1-200 | tee -a $R/log.txt
