@@ -44,9 +44,9 @@ def kernel_check(
     device: Annotated[str, typer.Option("--device", help="With --status: the device (name or slug) whose "
                                         "receipt to check.")] = "nvidia-h200",
     as_json: Annotated[bool, typer.Option("--json", help="With --status: print one JSON object.")] = False,
-    export_specs: Annotated[Optional[Path], typer.Option("--export-specs", help="Write the real models' specs (config "
-                                                         "and tensor types: all the launch set reads of a model) "
-                                                         "to this JSON file and exit, for MEMRA_MODEL_SPECS on a "
+    export_specs: Annotated[Optional[Path], typer.Option("--export-specs", help="Write the launch set's models' specs "
+                                                         "(config and tensor types: all it reads of a model) to "
+                                                         "this JSON file and exit, for MEMRA_MODEL_SPECS on a "
                                                          "machine without the model files.")] = None,
     add_to: Annotated[Optional[Path], typer.Option("--add-to", help="A green receipt of this device (e.g. "
                                                    "research/kernel-check/nvidia-h200.json): check only the launch "

@@ -55,12 +55,12 @@ from memra.gpu.ops import attn_fa as FA
 from memra.gpu.ops import embed as EMB
 from memra.gpu.ops import gemm as GEMM
 from memra.gpu.ops import gemm_f16 as GF
-from memra.gpu.ops import qf as QF
 from memra.gpu.ops import gemm_tile as GT
 from memra.gpu.ops import mask as MASK
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import mvt as MVT
 from memra.gpu.ops import norm as NORM
+from memra.gpu.ops import qf as QF
 from memra.gpu.ops import rope as ROPE
 from memra.gpu.ops import sample as SMP
 from memra.gpu.q8 import Q8_SCALE
