@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # -- the host contract ----------------------------------------------------------------------------
 
 def test_the_chain_count_is_the_shapes_alone():
-    """The chain count (the arithmetic) by the weight's shape: gate+up one, others 4 / 2 / 1 by K's superblocks;
+    """The chain count (the arithmetic) by the weight's shape: gate+up 2 / 1, others 4 / 2 / 1 by K's superblocks;
     every row count and configuration of a shape carries it, and a configuration naming another is refused."""
     assert [QF.chains(4096, k, False) for k in (14336, 4096, 1536, 256)] == [4, 4, 2, 1]
-    assert QF.chains(14336, 4096, True) == 1
+    assert QF.chains(14336, 4096, True) == 2 and QF.chains(512, 768, True) == 1
     for nb in (1, 8, 9, 64, 512):
         assert QF.launch_config(nb, 4096, 14336, False)["QF_CHAINS"] == 4
     with pytest.raises(MemraError, match="QF_CHAINS=8 is not the weight's chain count 4"):
@@ -32,12 +32,13 @@ def test_the_chain_count_is_the_shapes_alone():
 
 def test_the_kernel_by_the_row_count_and_the_built_in_configurations():
     """qf_mv up to 8 rows, qf_gemm above (or where a configuration names its tunables); session 55's best at 64 rows:
-    gate+up 4 warps x 8 n8 tiles, the others 8 warps x 4 with the chains split across blocks (up to 64 rows), the
-    weights through shared memory; the grids and workspaces of the contract."""
+    8 warps x 4 n8 tiles, the weights through shared memory, the chains split across blocks up to 64 rows but a
+    gate+up's; the grids and workspaces of the contract."""
     gu = QF.launch_config(64, 14336, 4096, True)
-    assert gu == {"QF_WARPS": 4, "QF_CHAINS": 1, "QF_GWARPS": 4, "QF_NT": 8, "QF_STAGES": 2, "QF_KSPLIT": 0,
+    assert gu == {"QF_WARPS": 4, "QF_CHAINS": 2, "QF_GWARPS": 8, "QF_NT": 4, "QF_STAGES": 2, "QF_KSPLIT": 0,
                   "QF_WSMEM": 1}
-    assert QF.launch_shape(gu, 14336, 64, True)[:3] == ("qf_gemm_glu", (448, 1, 1), (128, 1, 1))
+    assert QF.launch_shape(gu, 14336, 64, True)[:3] == ("qf_gemm_glu", (224, 2, 1), (256, 1, 1))
+    assert QF.smem_bytes(gu) == 2 * 32 * 640 + 2 * 8 * 16 * 176 + 4 * 4 * 32 * 8 * 4   # + the parked chain sums
     dn = QF.launch_config(64, 4096, 14336, False)
     assert (dn["QF_GWARPS"], dn["QF_NT"], dn["QF_KSPLIT"]) == (8, 4, 1)
     assert QF.launch_shape(dn, 4096, 64, False) == ("qf_gemm", (32, 2, 4), (256, 1, 1), QF.smem_bytes(dn),

@@ -56,14 +56,11 @@ def _name(t: int) -> str:
 
 
 def chains(N: int, K: int, glu: bool) -> int:
-    """The chain count of a weight (the arithmetic: part of every output's bits), by its shape alone: one for a
-    gate+up weight (its 64-row GEMM fastest there; research/2026-12-07-session55/q2 — but its one-row launch 42.7 µs
-    against 29.1 at two chains, most of the serve A/B's c = 1 -18.5 %: experiments/f16_decode/qf-gate-up-two-chains.patch
-    is the change, to land with its kernel-check launch cases), else 4 where K holds a multiple of 4 superblocks, 2
-    of two, else 1 (qkv / attn_output / down at 64 rows: 4 chains split across blocks)."""
-    if glu:
-        return 1
-    for c in (4, 2):
+    """The chain count of a weight (the arithmetic: part of every output's bits), by its shape alone: a gate+up
+    weight two where K holds an even count of superblocks (one chain: 64 rows 11 % faster, one row 1.3-1.5x slower,
+    the serve A/B's c = 1 -18.5 %; research/2026-12-07-session55), the others 4 where K holds a multiple of 4
+    superblocks (qkv / attn_output / down at 64 rows: 4 chains split across blocks), else 2, else 1."""
+    for c in ((2,) if glu else (4, 2)):
         if K % (256 * c) == 0:
             return c
     return 1
@@ -71,16 +68,16 @@ def chains(N: int, K: int, glu: bool) -> int:
 
 def default_config(nb: int, N: int, K: int, glu: bool) -> dict:
     """The built-in tunables of a launch over nb rows: qf_mv's (QF_WARPS max(4, chains), QF_AHEAD 1) up to MV_ROWS
-    rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1, session 55's best on
-    every 64-row shape): gate+up 4 warps of QF_NT 8 n8 tiles from 33 rows, the others 8 warps of QF_NT 4,
-    fewer n8 tiles at fewer rows; the chains split across blocks (QF_KSPLIT) up to KSPLIT_ROWS rows."""
+    rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1: session 55's best on every
+    64-row shape), 8 warps of QF_NT 4 n8 tiles from 17 rows (2 below); the chains split across blocks (QF_KSPLIT)
+    up to KSPLIT_ROWS rows except a gate+up's (its two chains walked by one warp: 105.6 µs at 64 rows against
+    114.9 split)."""
     c = chains(N, K, glu)
     cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c}
     if nb <= MV_ROWS:
         return {**cfg, "QF_AHEAD": 1}
-    nt = 8 if glu and nb > 32 else 4 if nb > 16 else 2
-    return {**cfg, "QF_GWARPS": 4 if glu else 8, "QF_NT": nt, "QF_STAGES": 2,
-            "QF_KSPLIT": int(c > 1 and nb <= KSPLIT_ROWS), "QF_WSMEM": 1}
+    return {**cfg, "QF_GWARPS": 8, "QF_NT": 4 if nb > 16 else 2, "QF_STAGES": 2,
+            "QF_KSPLIT": int(c > 1 and nb <= KSPLIT_ROWS and not glu), "QF_WSMEM": 1}
 
 
 def is_gemm(config: dict) -> bool:
