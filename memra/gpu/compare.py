@@ -49,3 +49,18 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str =
     else:
         raise ValueError(f"unknown comparison kind {kind!r}")
     return Outcome(name, err <= tol, f"err={err:.2e} tol={tol:.0e}", err)
+
+
+def rows_alone(name: str, plain: np.ndarray, run_rows, err: float) -> Outcome | None:
+    """The batch-invariance half of a matmul family's kernel-check: the first and the last third of an nb-row
+    launch's rows launched alone (run_rows(r0, n) -> their outputs [n, ...]) against that launch's bits `plain`;
+    a failing Outcome on the first that differs, else None."""
+    nb = plain.shape[0]
+    c = max(1, nb // 3)
+    for r0 in ((0, nb - c) if nb > 1 else ()):
+        part = run_rows(r0, c)
+        bad = int(np.count_nonzero(np.asarray(part).view(np.uint32) != plain[r0:r0 + c].view(np.uint32)))
+        if bad:
+            return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
+                                        f"differ from the {nb}-row launch's bits", err)
+    return None

@@ -544,33 +544,29 @@ class Planner:
 
     def _gemm_f16(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
                   base: dict) -> None:
-        """A prompt matmul on gemm_f16 (MEMRA_PROMPT_GEMM=f16, the default): the to_f16 launch of its
-        source activation into the runner's one f16 buffer, unless the launch just before converted
-        that source or is another gemm_f16 launch reading it (and not writing it: q/k/v weights or
-        gate and up reading h share one conversion), then the gemm_f16 launch."""
-        prev = out[-1] if out else None
-        shared = prev is not None and prev.args.get("src") == src and (
-            prev.op == "to_f16" or (prev.op == "gemm_f16" and prev.args.get("dst") != src))
-        if not shared:
-            out.append(Launch(name + "_f16", "to_f16", "to_f16", "default", {"n": w.cols}, rows, None, group, il,
-                              {"src": src, "K": w.cols}))
-        gk = "gemm_f16_glu" if w.glu else "gemm_f16"
-        out.append(Launch(name, "gemm_f16", gk, "f16", shape, rows, self.tuned(gk, shape, rows, "f16"), group, il,
-                          {**base, "q8": False, "row0": 0}))
+        """A prompt matmul on gemm_f16 (MEMRA_PROMPT_GEMM=f16, the default): _converted's to_f16 launch into the
+        runner's one f16 buffer, then the gemm_f16 launch."""
+        self._converted(out, name, group, il, w, rows, src, shape, base, "to_f16", "gemm_f16", "f16")
 
     def _qf(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
             base: dict) -> None:
-        """A generated rows' matmul on kernels/qf.cu (MEMRA_DECODE=qf): the to_qf launch of its source activation
-        into the runner's qf buffers, unless the launch just before converted that source or is another qf launch
-        reading it (and not writing it), then the qf launch (its kernel by the row count: memra.gpu.ops.qf)."""
+        """A generated rows' matmul on kernels/qf.cu (MEMRA_DECODE=qf): _converted's to_qf launch into the runner's
+        qf buffers, then the qf launch (its kernel by the row count: memra.gpu.ops.qf)."""
+        self._converted(out, name, group, il, w, rows, src, shape, base, "to_qf", "qf", "qf")
+
+    def _converted(self, out: list, name: str, group: str, il: int, w: Weight, rows: int, src: str, shape: dict,
+                   base: dict, conv: str, op: str, variant: str) -> None:
+        """A matmul whose family converts its own input: the `conv` launch of its source activation, unless the
+        launch just before converted that source or is another `op` launch reading it (and not writing it: q/k/v
+        weights or gate and up reading h share one conversion), then the `op` launch."""
         prev = out[-1] if out else None
         shared = prev is not None and prev.args.get("src") == src and (
-            prev.op == "to_qf" or (prev.op == "qf" and prev.args.get("dst") != src))
+            prev.op == conv or (prev.op == op and prev.args.get("dst") != src))
         if not shared:
-            out.append(Launch(name + "_qf", "to_qf", "to_qf", "default", {"n": w.cols}, rows, None, group, il,
-                              {"src": src, "K": w.cols}))
-        k = "qf_glu" if w.glu else "qf"
-        out.append(Launch(name, "qf", k, "qf", shape, rows, self.tuned(k, shape, rows, "qf"), group, il,
+            out.append(Launch(name + conv.removeprefix("to"), conv, conv, "default", {"n": w.cols}, rows, None, group,
+                              il, {"src": src, "K": w.cols}))
+        k = op + "_glu" if w.glu else op
+        out.append(Launch(name, op, k, variant, shape, rows, self.tuned(k, shape, rows, variant), group, il,
                           {**base, "q8": False, "row0": 0}))
 
     def qf_workspace(self, rows: Sequence[int]) -> tuple[int, int]:

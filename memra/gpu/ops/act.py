@@ -52,6 +52,20 @@ def act_mul(g, gate, up, out, n: int, rows: int, act: str, gate_stride: int | No
               np.int32(out_stride or n), np.int32(ACTS[act])), pdl=pdl)
 
 
+def act_mul_of(g, gate_up: np.ndarray, act: str) -> np.ndarray:
+    """act_mul on the device of a host [nb, 2N] float32 array holding each row's gate (first N) and up outputs: the
+    bits a matmul family's glu epilogue must equal (its oracle in kernel-check: the plain kernel's outputs of the
+    same weight, through the engine's own activation)."""
+    nb, rows = gate_up.shape
+    N = rows // 2
+    d = g.to_device(np.ascontiguousarray(gate_up, np.float32))
+    out = g.empty((nb, N), np.float32)
+    act_mul(g, d.view(np.float32, (nb * rows,), 0), d.view(np.float32, (nb * rows - N,), 4 * N), out, N, nb, act,
+            gate_stride=rows, up_stride=rows, out_stride=N)
+    g.sync()
+    return out.numpy()
+
+
 def softcap(g, x, n: int, cap: float, rows: int = 1, pdl: bool = False, canary: bool = False) -> None:
     k = _module(g, canary).kernel("softcap")
     g.launch(k, ((n * rows + THREADS - 1) // THREADS,), (THREADS,), (x, np.int32(n * rows), np.float32(cap)),

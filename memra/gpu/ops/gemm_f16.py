@@ -326,7 +326,7 @@ def against_ref(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str | 
     f16-rounded operands (TOL); its first c and last c rows launched alone, bit for bit; then glu:
     the glu kernel against act_mul of the plain gate and up outputs bit for bit (and the float64
     reference), or a residual aliased as y: fl(plain + r) bit for bit."""
-    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.compare import Outcome, compare, rows_alone
     from memra.gpu.ops import act as ACT
 
     w = MV.upload_weight(g, raw, t)
@@ -347,22 +347,13 @@ def against_ref(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str | 
     o = compare(name + " (plain)", plain, prod, TOL, kind="max")
     if not o.ok:
         return o
-    c = max(1, nb // 3)
-    for r0 in ((0, nb - c) if nb > 1 else ()):
-        part = _launch(g, w, xh, c, rows, config, canary, row0=r0)
-        bad = _bits_differ(part, plain[r0:r0 + c])
-        if bad:
-            return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
-                                        f"differ from the {nb}-row launch's bits", o.err)
+    alone = rows_alone(name, plain, lambda r0, n: _launch(g, w, xh, n, rows, config, canary, row0=r0), o.err)
+    if alone is not None:
+        return alone
     if not glu and not alias:
         return Outcome(name, True, o.detail + "; rows alone = in the batch bit for bit", o.err)
     if glu:
-        gate_up = g.to_device(np.ascontiguousarray(plain))
-        want = g.empty((nb, N), np.float32)
-        ACT.act_mul(g, gate_up.view(np.float32, (nb * rows,), 0), gate_up.view(np.float32, (nb * rows - N,), 4 * N),
-                    want, N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
-        g.sync()
-        want = want.numpy()
+        want = ACT.act_mul_of(g, plain, MV.ACT_MUL[glu])
         got = _launch(g, w, xh, nb, N, config, canary, glu=glu)
         ref = MV.matvec_ref(wf, x16.astype(np.float64), None, glu)
         what = "act_mul of the plain gate and up outputs"

@@ -265,11 +265,7 @@ def against_chain(g, rng, name: str, t: int, raw: np.ndarray, nb: int, glu: str 
         return Outcome(name, True, o.detail + "; = chain bit for bit", o.err)
     res = rng.standard_normal((nb, N)).astype(np.float32)
     if glu:   # the engine's activation on the checked plain outputs: the glu kernel's oracle
-        ref_out = g.empty((nb, N), np.float32)
-        ACT.act_mul(g, yp.view(np.float32, (nb * rows,), 0), yp.view(np.float32, (nb * rows - N,), 4 * N), ref_out,
-                    N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
-        g.sync()
-        want_out = ref_out.numpy()
+        want_out = ACT.act_mul_of(g, got, MV.ACT_MUL[glu])
     else:
         want_out = (want + res).astype(np.float32)
     y = g.to_device(res) if alias else g.empty((nb, N), np.float32)

@@ -376,32 +376,23 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
     row against the float64 reference (TOL); its first and last rows launched alone bit for bit; then glu: the
     glu kernel against act_mul of the plain gate and up outputs bit for bit (and the float64 reference), or a
     residual aliased as y: fl(plain + r) bit for bit."""
-    from memra.gpu.compare import Outcome, compare
+    from memra.gpu.compare import Outcome, compare, rows_alone
     from memra.gpu.ops import act as ACT
 
     I = _Inputs(g, rng, raw, nb, glu)
-    rows, N = raw.shape[0], I.N
+    N = I.N
     ref = reference(raw, I.x16, I.s2)
     plain = I.run(config, canary, plain=True)
     o = compare(name + " (plain)", plain, ref, TOL, kind="max")
     if not o.ok:
         return o
-    c = max(1, nb // 3)
-    for r0 in ((0, nb - c) if nb > 1 else ()):
-        part = I.run(config, canary, rows=(r0, r0 + c), plain=True)
-        bad = _bits_differ(part, plain[r0:r0 + c])
-        if bad:
-            return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
-                                        f"differ from the {nb}-row launch's bits", o.err)
+    alone = rows_alone(name, plain, lambda r0, n: I.run(config, canary, rows=(r0, r0 + n), plain=True), o.err)
+    if alone is not None:
+        return alone
     if not glu and not alias:
         return Outcome(name, True, o.detail + "; rows alone = in the batch bit for bit", o.err)
     if glu:
-        gate_up = g.to_device(np.ascontiguousarray(plain))
-        want = g.empty((nb, N), np.float32)
-        ACT.act_mul(g, gate_up.view(np.float32, (nb * rows,), 0), gate_up.view(np.float32, (nb * rows - N,), 4 * N),
-                    want, N, nb, MV.ACT_MUL[glu], gate_stride=rows, up_stride=rows, out_stride=N)
-        g.sync()
-        want = want.numpy()
+        want = ACT.act_mul_of(g, plain, MV.ACT_MUL[glu])
         got = I.run(config, canary)
         gt, up = ref[:, :N], ref[:, N:]
         ref2 = (gt / (1 + np.exp(-gt)) if glu == "silu" else
