@@ -64,3 +64,16 @@ def rows_alone(name: str, plain: np.ndarray, run_rows, err: float) -> Outcome | 
             return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
                                         f"differ from the {nb}-row launch's bits", err)
     return None
+
+
+def epilogue(name: str, got: np.ndarray, ref: np.ndarray, want: np.ndarray, what: str, tol: float) -> Outcome:
+    """The epilogue half of a matmul family's kernel-check: a glu or residual launch's outputs against their float64
+    reference at tol ("max"), then bit for bit against `want` (what the plain launch's bits give through the
+    engine's own epilogue: act_mul's, fl(plain + r))."""
+    o = compare(name, got, ref, tol, kind="max")
+    if not o.ok:
+        return o
+    bad = int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
+    if bad:
+        return Outcome(name, False, f"{bad} of {got.size} values differ from {what}", o.err)
+    return Outcome(name, True, o.detail + f"; rows alone bit for bit; = {what} bit for bit", o.err)

@@ -376,7 +376,7 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
     row against the float64 reference (TOL); its first and last rows launched alone bit for bit; then glu: the
     glu kernel against act_mul of the plain gate and up outputs bit for bit (and the float64 reference), or a
     residual aliased as y: fl(plain + r) bit for bit."""
-    from memra.gpu.compare import Outcome, compare, rows_alone
+    from memra.gpu.compare import Outcome, compare, epilogue, rows_alone
     from memra.gpu.ops import act as ACT
 
     I = _Inputs(g, rng, raw, nb, glu)
@@ -404,13 +404,7 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
         got = I.run(config, canary, residual=g.to_device(res))
         ref2 = ref + res.astype(np.float64)
         what = "fl(plain + residual)"
-    o = compare(name, got, ref2, TOL, kind="max")
-    if not o.ok:
-        return o
-    bad = _bits_differ(got, want)
-    if bad:
-        return Outcome(name, False, f"{bad} of {got.size} values differ from {what}", o.err)
-    return Outcome(name, True, o.detail + f"; rows alone bit for bit; = {what} bit for bit", o.err)
+    return epilogue(name, got, ref2, want, what, TOL)
 
 
 def check_case(g, rng, N: int, K: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0):
