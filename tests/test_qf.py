@@ -381,3 +381,29 @@ def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(arch, tin
     assert res["identical"], f"{arch}: {res}"
     res = graph_vs_eager(r, PROMPT)
     assert res["identical"], f"{arch}: {res}"
+
+
+def test_the_gates_match_with_qf_and_bite_on_a_batch_dependent_qf(tiny_models, monkeypatch):
+    """`memra run`'s gate on the emulated engine with MEMRA_DECODE=qf: MATCH (generated rows batched = decoded one at a
+    time, in qf's arithmetic); a qf whose outputs depend on the batch (a launch of several rows missing its last row's
+    products) turns it red."""
+    from test_gates import PROMPT
+
+    from memra.gpu import gate as G
+    from memra.gpu.engine import GPUEngine
+
+    monkeypatch.delenv("MEMRA_TILE", raising=False)
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    path = tiny_models("llama", "Q4_K_M")
+    eng = GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), attn="hybrid")
+    assert eng.plan.qf_keys
+    x, _ = G.cross_check(eng, PROMPT)
+    assert x.verdict == "MATCH", x.line()
+    real = QF.qf
+
+    def short(g, w, y, *, nb, **kw):  # a launch's last row left out when it has several
+        real(g, w, y, nb=nb - 1 if nb > 1 else nb, **kw)
+
+    monkeypatch.setattr(QF, "qf", short)
+    x, _ = G.cross_check(GPUEngine(path, n_ctx=64, gpu=FakeGpu(1 << 28), attn="hybrid"), PROMPT)
+    assert x.verdict == "MISMATCH" and G.failed(x), x.line()
