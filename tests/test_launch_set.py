@@ -623,19 +623,21 @@ def test_exported_specs_stand_for_models_that_are_not_here(tmp_path, monkeypatch
     assert not missing
     monkeypatch.setenv("MEMRA_HOME", str(tmp_path / "home"))           # no model files there
     monkeypatch.delenv(LS.SPECS_ENV, raising=False)
-    specs, missing = LS.model_specs(("smollm2-135m",))
-    assert not specs and missing and LS.from_exported(["smollm2-135m"]) == []
+    took = []
+    specs, missing = LS.model_specs(("smollm2-135m",), from_specs=took)
+    assert not specs and missing and took == []
     monkeypatch.setenv(LS.SPECS_ENV, str(f))
-    (spec,), missing = LS.model_specs(("smollm2-135m",))
-    assert not missing and spec == here and LS.from_exported(["smollm2-135m"]) == ["smollm2-135m"]
+    (spec,), missing = LS.model_specs(("smollm2-135m",), from_specs=took)
+    assert not missing and spec == here and took == ["smollm2-135m"]
     assert LS.launch_set([spec]).keys() == LS.launch_set([here]).keys()
     # a synthetic shape that cannot be built here (its tokenizer's vocabulary unreadable) comes from the file too
     from memra.tune import campaign
 
     (tiny,), _ = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
     monkeypatch.setattr(campaign, "model_info", lambda n: (_ for _ in ()).throw(OSError("offline")))
-    (spec,), missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",))
-    assert not missing and spec == tiny and LS.from_exported(["synth:tiny-llama:Q4_K_M"]) == ["synth:tiny-llama:Q4_K_M"]
+    took = []
+    (spec,), missing = LS.model_specs(("synth:tiny-llama:Q4_K_M",), from_specs=took)
+    assert not missing and spec == tiny and took == ["synth:tiny-llama:Q4_K_M"]
     monkeypatch.delenv(LS.SPECS_ENV)
     assert LS.model_specs(("synth:tiny-llama:Q4_K_M",))[1]
     monkeypatch.setenv(LS.SPECS_ENV, str(f))

@@ -11,6 +11,7 @@ import pytest
 
 from gpu_emulator import FakeGpu
 from memra.errors import MemraError
+from memra.gpu import cuda
 from memra.gpu.ops import matvec as MV
 from memra.gpu.ops import qf as QF
 
@@ -356,16 +357,13 @@ def test_the_launch_set_holds_what_the_engine_loads(tiny_models, monkeypatch):
 # -- on the GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(arch, tiny_models, monkeypatch):
     """MEMRA_DECODE=qf on the device (the tiny synthetic Q4_K_M models: every llama weight in qf, gemma3's downs):
     a sequence's greedy tokens and logits are bit-identical alone and among 63 co-runners (qf_mv alone, qf_gemm in
     the batch: issue 11's isolation in this arithmetic), and a captured decode step replays its eager launches at
     every graph bucket."""
-    from memra.gpu import cuda
-
-    if not cuda.has_gpu():
-        pytest.skip("needs an NVIDIA GPU")
     from test_launch_set import PROMPT
 
     from memra.gpu.runner import Runner

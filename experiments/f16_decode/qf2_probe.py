@@ -42,7 +42,6 @@ if os.environ.get("Q2_ONLY"):   # "C W NT ST KS": one chain count and qf_gemm co
     _c, *_g = (int(v) for v in os.environ["Q2_ONLY"].split())
     CHAINS = {k: (_c,) for k in CHAINS}
     GM = [tuple(_g) + (0,) * (5 - len(_g))]
-XROW = 288
 
 
 def modules() -> list[tuple]:
@@ -59,8 +58,8 @@ def _compile(m):
 
 
 def smem(w: int, c: int, nt: int, st: int, ks: int, wsm: int = 0) -> int:
-    return st * 8 * nt * (2 * XROW + 64) + (st * w * 16 * (160 + 16) if wsm else 0) + \
-        (4 * nt * 32 * w * 4 if c > 1 and not ks else 0)
+    from memra.gpu.ops.qf import smem_bytes
+    return smem_bytes({"QF_GWARPS": w, "QF_CHAINS": c, "QF_NT": nt, "QF_STAGES": st, "QF_KSPLIT": ks, "QF_WSMEM": wsm})
 
 
 def producer(x: np.ndarray):

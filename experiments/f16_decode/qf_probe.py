@@ -78,12 +78,6 @@ if os.environ.get("QF_OPS"):       # "gate_up,qkv"
     SHAPES = [sh for sh in SHAPES if sh[1] in os.environ["QF_OPS"].split(",")]
 
 
-def compile_all():
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as ex:
-        return dict(zip(CONFIGS, ex.map(_compile, CONFIGS)))
-
-
 def _compile(c):
     import tile as TL
     return TL.compile_module(dict(zip(KEYS, c)), SRC)
@@ -120,16 +114,9 @@ def tile_meta(meta: np.ndarray, N: int, K: int, glu: bool) -> np.ndarray:
 
 
 def ref_qf(raw: np.ndarray, K: int, xh16: np.ndarray, s2: np.ndarray, nr: int) -> np.ndarray:
-    """float64 qf outputs of weight rows 0..nr-1: sum_s d sc S1 - dmin m S2, S1 = sum q x exact."""
-    from memra.model import quants as Q
-    blocks = raw[:nr].reshape(nr * (K // 256), 144)
-    q, dsc, mneg = Q._q4_k(blocks)                       # q (nr*nsb, 256), d sc (., 8), -(dmin m) (., 8)
-    q = q.reshape(nr, K // 32, 32).astype(np.float64)
-    dsc = dsc.reshape(nr, K // 32).astype(np.float64)
-    dm = -mneg.reshape(nr, K // 32).astype(np.float64)
-    x = xh16.astype(np.float64).reshape(xh16.shape[0], K // 32, 32)
-    s1 = np.einsum("nsk,bsk->bns", q, x)
-    return (s1 * dsc[None] - dm[None] * s2.astype(np.float64)[:, None, :]).sum(-1)   # (nb, nr)
+    """float64 qf outputs of weight rows 0..nr-1 (memra.gpu.ops.qf.reference: sum_s d sc S1 - dmin m S2, S1 exact)."""
+    from memra.gpu.ops.qf import reference
+    return reference(raw[:nr], xh16, np.asarray(s2, np.float64))
 
 
 def probe_args():
@@ -207,31 +194,16 @@ def measure(g, rec: dict, run, ws: list, y, shape: tuple, bits: np.ndarray, ref:
 
 def main() -> int:
     args = probe_args()
-    t0 = time.time()
-    built = compile_all()
-    info = {str(c): regs(v[1]) for c, v in built.items()}
-    if args.compile_only:
-        print(json.dumps({"kind": "qf_compile", "modules": len(built), "s": round(time.time() - t0, 1),
-                          "regs_spill": info}))
+    got = probe_session(args, "qf_compile", SRC, KEYS, CONFIGS, _compile, "qf")
+    if got is None:
         return 0
+    g, table, emit, module = got
     import tile as TL
-    from memra.gpu.cuda import gpu
     from memra.gpu.ops import matvec as M
     from memra.gpu.ops import mvt as MVT
     from memra.gpu.q8 import Q8_SCALE
     from memra.tune.tables import lookup
-    g = gpu()
-    table = json.loads(TABLE.read_text())
-    out = open(args.out, "a")
-
-    def emit(rec):
-        rec = {"device": g.info.name, "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **rec}
-        print(json.dumps(rec)[:300], flush=True)
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-    emit({"kind": "qf_compile", "modules": len(built), "s": round(time.time() - t0, 1), "regs_spill": info})
     rng = np.random.default_rng(53)
-    cache: dict = {}
     for op, rows, K, glu, N, raw, ws, base in shape_weights(g, rng):
         tls = tms = None
         if any(len(c) > 9 and c[9] for c in CONFIGS):
@@ -279,9 +251,7 @@ def main() -> int:
             for cf in CONFIGS:
                 if K % (256 * cf[1]):
                     continue
-                mod = TL.prebuilt_module(g, cache, ("qf", cf), "mv_qf.cu", dict(zip(KEYS, cf)),
-                                         lambda cf=cf: built[cf][0])
-                kernel = mod.kernel("mv_qf_glu" if glu else "mv_qf")
+                kernel = module(cf).kernel("mv_qf_glu" if glu else "mv_qf")
                 tiles = (2 * N if glu else N) // (16 if cf[3] else 8)
                 grid = (-(-tiles * cf[1] // cf[0]), 1, 1)
 

@@ -51,6 +51,11 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float, kind: str =
     return Outcome(name, err <= tol, f"err={err:.2e} tol={tol:.0e}", err)
 
 
+def bits_differ(got: np.ndarray, want: np.ndarray) -> int:
+    """How many float32 values of got and want differ in their bits."""
+    return int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
+
+
 def rows_alone(name: str, plain: np.ndarray, run_rows, err: float) -> Outcome | None:
     """The batch-invariance half of a matmul family's kernel-check: the first and the last third of an nb-row
     launch's rows launched alone (run_rows(r0, n) -> their outputs [n, ...]) against that launch's bits `plain`;
@@ -59,7 +64,7 @@ def rows_alone(name: str, plain: np.ndarray, run_rows, err: float) -> Outcome | 
     c = max(1, nb // 3)
     for r0 in ((0, nb - c) if nb > 1 else ()):
         part = run_rows(r0, c)
-        bad = int(np.count_nonzero(np.asarray(part).view(np.uint32) != plain[r0:r0 + c].view(np.uint32)))
+        bad = bits_differ(part, plain[r0:r0 + c])
         if bad:
             return Outcome(name, False, f"rows {r0}..{r0 + c - 1} launched alone: {bad} of {part.size} values "
                                         f"differ from the {nb}-row launch's bits", err)
@@ -73,7 +78,7 @@ def epilogue(name: str, got: np.ndarray, ref: np.ndarray, want: np.ndarray, what
     o = compare(name, got, ref, tol, kind="max")
     if not o.ok:
         return o
-    bad = int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
+    bad = bits_differ(got, want)
     if bad:
         return Outcome(name, False, f"{bad} of {got.size} values differ from {what}", o.err)
     return Outcome(name, True, o.detail + f"; rows alone bit for bit; = {what} bit for bit", o.err)

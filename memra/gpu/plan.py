@@ -572,14 +572,12 @@ class Planner:
     def qf_workspace(self, rows: Sequence[int]) -> tuple[int, int]:
         """(ws floats, cnt ints) the qf launches of this plan need at any of these row counts (0, 0 without)."""
         ws = cnt = 0
-        for w in self.weights():
-            if w.key not in self.qf_keys:
-                continue
-            shape = {"type": w.type, "rows": w.rows, "cols": w.cols}
-            k = "qf_glu" if w.glu else "qf"
+        shapes = {(w.type, w.rows, w.cols, bool(w.glu)) for w in self.weights() if w.key in self.qf_keys}
+        for t, wr, cols, glu in shapes:   # (every layer's weight of a shape launches alike)
+            shape = {"type": t, "rows": wr, "cols": cols}
+            k = "qf_glu" if glu else "qf"
             for n in rows:
-                a, b = QF.workspace(w.rows // 2 if w.glu else w.rows, w.cols, n, bool(w.glu),
-                                    self.tuned(k, shape, n, "qf"))
+                a, b = QF.workspace(wr // 2 if glu else wr, cols, n, glu, self.tuned(k, shape, n, "qf"))
                 ws, cnt = max(ws, a), max(cnt, b)
         return ws, cnt
 

@@ -118,8 +118,8 @@ def run_kernel_check(only: str | None = None, compile_only: bool = False, seed: 
         yield f"FAILED: the base receipt cannot be extended: {why}"
         return
     # the launch set: every plan launch over the models and tables
-    specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS)
-    from_specs = LS.from_exported([s.name for s in specs])
+    from_specs: list[str] = []
+    specs, missing = LS.model_specs(tuple(models) if models else LS.MODELS, from_specs=from_specs)
     for m in from_specs:
         yield f"NOTE  launch set: model {m} from its exported spec ({LS.SPECS_ENV}; the file is not here)"
     for m in missing:  # a GPU run's receipt must cover every model; compiling covers what is here

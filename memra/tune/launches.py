@@ -129,14 +129,6 @@ def _exported_specs() -> dict:
         raise MemraError(f"{SPECS_ENV}={f}: not a readable spec file ({e})") from None
 
 
-_FROM_EXPORTED: set[str] = set()   # the models model_specs last took from MEMRA_MODEL_SPECS
-
-
-def from_exported(names: Sequence[str]) -> list[str]:
-    """The models of `names` whose spec model_specs took from MEMRA_MODEL_SPECS (not readable here)."""
-    return [n for n in names if n in _FROM_EXPORTED]
-
-
 def export_specs(path, names: Sequence[str] = MODELS) -> list[str]:
     """Write the specs (spec_json) of `names` (real models pulled where missing) to `path`, for MEMRA_MODEL_SPECS on
     a machine without the files; the names written."""
@@ -151,23 +143,24 @@ def export_specs(path, names: Sequence[str] = MODELS) -> list[str]:
     return [d["name"] for d in docs]
 
 
-def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
+def model_specs(names: Sequence[str] = MODELS, fetch: bool = False, from_specs: list | None = None):
     """(specs, missing): ModelSpec of each model that can be read here (a real model's
     header, a synthetic model's shapes), else (without `fetch`) its exported spec where
-    MEMRA_MODEL_SPECS holds one, and 'name: why' for those that cannot. An alias not in the
-    model cache is fetched only with `fetch` (kernel-check never downloads)."""
+    MEMRA_MODEL_SPECS holds one (its name appended to `from_specs`), and 'name: why' for those
+    that cannot. An alias not in the model cache is fetched only with `fetch` (kernel-check
+    never downloads)."""
     from memra.model.aliases import ALIASES
     from memra.paths import models_dir
     from memra.tune.campaign import model_info
 
     specs, missing = [], []
     exported = _exported_specs()
-    _FROM_EXPORTED.difference_update(names)
+    took = from_specs if from_specs is not None else []
     for n in names:
         if n in ALIASES and not fetch and not (models_dir() / ALIASES[n].filename).is_file():
             if n in exported:
                 specs.append(spec_from_json(exported[n]))
-                _FROM_EXPORTED.add(n)
+                took.append(n)
                 continue
             missing.append(f"{n}: not in {models_dir()} (memra pull {n})")
             continue
@@ -176,7 +169,7 @@ def model_specs(names: Sequence[str] = MODELS, fetch: bool = False):
         except Exception as e:
             if n in exported and not fetch:   # e.g. a tiny synthetic shape whose vocabulary is a real tokenizer's
                 specs.append(spec_from_json(exported[n]))
-                _FROM_EXPORTED.add(n)
+                took.append(n)
                 continue
             missing.append(f"{n}: {type(e).__name__}: {e}")
     return specs, missing

@@ -302,10 +302,6 @@ def _x(rng, nb: int, K: int) -> np.ndarray:
     return (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
 
 
-def _bits_differ(got: np.ndarray, want: np.ndarray) -> int:
-    return int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
-
-
 def _launch(g, w, xh, nb: int, rows_out: int, config, canary: int, glu=None, residual=None, row0: int = 0):
     """One gemm_f16 launch over rows row0..row0 + nb - 1 of xh on a poisoned y (or the residual
     aliased as y); returns y's values."""
@@ -378,7 +374,7 @@ def check_case(g, rng, t: int, nb: int, glu: str | None, alias: bool, config=Non
 def check_configs(g, rng, t: int, glu: str | None, nb: int = 77, N: int = _CHECK_N, K: int = _CHECK_K):
     """Every configuration of _CONFIGS gives the built-in configuration's bits (which check_case holds
     to the reference) on the same weight and activations."""
-    from memra.gpu.compare import Outcome
+    from memra.gpu.compare import Outcome, bits_differ
 
     w = MV.upload_weight(g, MV.random_weight(t, 2 * N if glu else N, K, rng), t)
     xh = g.to_device(_x(rng, nb, K).astype(np.float16).view(np.uint16))
@@ -387,7 +383,7 @@ def check_configs(g, rng, t: int, glu: str | None, nb: int = 77, N: int = _CHECK
     if not np.all(np.isfinite(base)):
         return Outcome(name, False, "the built-in configuration left outputs unwritten")
     for c in _CONFIGS:
-        bad = _bits_differ(_launch(g, w, xh, nb, N, c, 0, glu=glu), base)
+        bad = bits_differ(_launch(g, w, xh, nb, N, c, 0, glu=glu), base)
         if bad:
             return Outcome(name, False, f"{c}: {bad} of {base.size} values differ from the built-in's bits")
     return Outcome(name, True, f"{len(_CONFIGS)} configurations = the built-in's bits", 0.0)

@@ -311,18 +311,23 @@ def dequant_rows(data: np.ndarray, ggml_type: int) -> np.ndarray:
                       (rows, data.shape[1] // bb * blk))
 
 
+def glu_ref(y: np.ndarray, glu: str) -> np.ndarray:
+    """float64 act(gate) * up of products y [nb, 2N] (gate the first N): the glu epilogue's reference."""
+    n = y.shape[1] // 2
+    gte, up = y[:, :n], y[:, n:]
+    if glu == "silu":
+        with np.errstate(over="ignore"):
+            a = gte / (1.0 + np.exp(-gte))
+    else:
+        a = 0.5 * gte * (1.0 + np.tanh(0.7978845608028654 * (gte + 0.044715 * gte ** 3)))
+    return a * up
+
+
 def matvec_ref(wf: np.ndarray, xv: np.ndarray, residual=None, glu=None) -> np.ndarray:
     """float64 reference: wf [rows, K] (dequantized), xv [nb, K] -> [nb, N]."""
     y = np.asarray(xv, np.float64) @ np.asarray(wf, np.float64).T  # no copy of a float64 wf
     if glu:
-        n = wf.shape[0] // 2
-        gte, up = y[:, :n], y[:, n:]
-        if glu == "silu":
-            with np.errstate(over="ignore"):
-                a = gte / (1.0 + np.exp(-gte))
-        else:
-            a = 0.5 * gte * (1.0 + np.tanh(0.7978845608028654 * (gte + 0.044715 * gte ** 3)))
-        y = a * up
+        y = glu_ref(y, glu)
     if residual is not None:
         y = y + residual.astype(np.float64)
     return y

@@ -84,19 +84,17 @@ def is_gemm(config: dict) -> bool:
     return any(k in config for k in GEMM_KEYS)
 
 
-def launch_config(nb: int, N: int, K: int, glu: bool, config: dict | None = None, arith: int | None = None) -> dict:
+def launch_config(nb: int, N: int, K: int, glu: bool, config: dict | None = None) -> dict:
     """The launch's tunables: `config` (a table entry, kernel-check's case) over default_config; its kernel is
-    qf_gemm where it names qf_gemm's tunables or nb > MV_ROWS, else qf_mv. QF_CHAINS is the shape's (`chains`), or
-    `arith`'s (kernel-check's plain launch over a gate+up weight: its outputs in the glu kernel's chains): a
-    configuration naming another count is refused (it would be another arithmetic)."""
+    qf_gemm where it names qf_gemm's tunables or nb > MV_ROWS, else qf_mv. QF_CHAINS is the shape's (`chains`):
+    a configuration naming another count is refused (it would be another arithmetic)."""
     own = {k: int(v) for k, v in (config or {}).items() if k.startswith("QF_")}
-    c = chains(N, K, glu) if arith is None else arith
+    c = chains(N, K, glu)
     if own.get("QF_CHAINS", c) != c:
         raise MemraError(f"qf: QF_CHAINS={own['QF_CHAINS']} is not the weight's chain count {c} (the arithmetic: "
                          f"memra.gpu.ops.qf.chains, by the shape alone)")
     gemm = nb > MV_ROWS or is_gemm(own)
-    base = default_config(max(nb, MV_ROWS + 1) if gemm else nb, N, K, glu)
-    return {**base, "QF_WARPS": max(base["QF_WARPS"], c), **own, "QF_CHAINS": c}
+    return {**default_config(max(nb, MV_ROWS + 1) if gemm else nb, N, K, glu), **own}
 
 
 def smem_bytes(cfg: dict) -> int:
@@ -129,13 +127,13 @@ def check_config(cfg: dict) -> None:
         raise MemraError(f"qf {cfg}: " + "; ".join(bad))
 
 
-def check_shape(t: int, N: int, K: int, nb: int, glu: bool, arith: int | None = None) -> None:
-    """The host contract: Q4_K, K a positive multiple of 256 chains(N, K, glu) (or `arith`), 16-row weight tiles (N
-    a multiple of 16, glu of 8), nb >= 1, the int32 arguments in range."""
+def check_shape(t: int, N: int, K: int, nb: int, glu: bool) -> None:
+    """The host contract: Q4_K, K a positive multiple of 256 chains(N, K, glu), 16-row weight tiles (N a multiple
+    of 16, glu of 8), nb >= 1, the int32 arguments in range."""
     bad = []
     if t not in TYPES:
         bad.append(f"no qf kernel for {_name(t)} weights (it has {', '.join(_name(x) for x in TYPES)})")
-    c = chains(N, K, glu) if arith is None else arith
+    c = chains(N, K, glu)
     if K <= 0 or K % (256 * c):
         bad.append(f"K = {K} not a positive multiple of {256 * c}")
     if N <= 0 or N % (8 if glu else 16):
@@ -186,18 +184,21 @@ def _module(g, cfg: dict, canary: int = 0):
 
 
 def qf(g, w, y, *, xh, xs2, nb: int, residual=None, glu: str | None = None, config: dict | None = None,
-       ws=None, cnt=None, canary: int = 0, pdl: bool = False, arith: int | None = None) -> None:
+       ws=None, cnt=None, canary: int = 0, pdl: bool = False) -> None:
     """y[b, :] (+)= W x[b, :] for b < nb on to_qf's activations (xh: uint16 f16 bits in qf order, xs2: the
     sums), qf_mv up to MV_ROWS rows else qf_gemm (or as `config` names); ws / cnt: float32 / int32 device
-    arrays of workspace()'s sizes (cnt zero before the first launch; each launch leaves it zero); arith: another
-    chain count than the shape's (kernel-check only: launch_config)."""
-    t = w.ggml_type
+    arrays of workspace()'s sizes (cnt zero before the first launch; each launch leaves it zero)."""
     MV.check_glu("qf", glu, w.rows)
     if glu and residual is not None:
         raise MemraError("qf: the glu entry takes no residual")
+    N = w.rows // 2 if glu else w.rows
+    check_shape(w.ggml_type, N, w.K, nb, bool(glu))
+    _launch(g, w, y, launch_config(nb, N, w.K, bool(glu), config), xh, xs2, nb, residual, glu, ws, cnt, canary, pdl)
+
+
+def _launch(g, w, y, cfg: dict, xh, xs2, nb: int, residual, glu, ws, cnt, canary: int = 0, pdl: bool = False):
+    """One launch at the tunables cfg (qf's, after its checks of the weight and shape): the operands' checks."""
     N, K = (w.rows // 2 if glu else w.rows), w.K
-    check_shape(t, N, K, nb, bool(glu), arith)
-    cfg = launch_config(nb, N, K, bool(glu), config, arith)
     entry, grid, block, smem, n_ws, n_cnt = launch_shape(cfg, N, nb, bool(glu))
     if xh.dtype != np.uint16 or xh.size < nb * K or xs2.dtype != np.float32 or xs2.size < nb * K // 16:
         raise MemraError(f"qf: xh must be uint16 with >= {nb}x{K} values and xs2 float32 with >= {nb}x{K // 16}")
@@ -333,10 +334,6 @@ def _x(rng, nb: int, K: int) -> np.ndarray:
     return (rng.standard_normal((nb, K)) * rng.uniform(0.5, 4)).astype(np.float32)
 
 
-def _bits_differ(got: np.ndarray, want: np.ndarray) -> int:
-    return int(np.count_nonzero(np.asarray(got).view(np.uint32) != np.asarray(want).view(np.uint32)))
-
-
 class _Inputs:
     """A weight and nb activation rows on the device as the engine holds them (to_qf's outputs from the host
     replay, so the matmul checks do not depend on to_qf), and the launch's scratch."""
@@ -362,10 +359,16 @@ class _Inputs:
         y = residual if residual is not None else g.empty((n, out), np.float32)
         if residual is None:
             y.poison()
-        qf(g, self.w, y, xh=self.xh.view(shape=(n * K,), offset=2 * r0 * K),
-           xs2=self.xs2.view(shape=(n * K // 16,), offset=4 * r0 * K // 16), nb=n, residual=residual, glu=act,
-           config=config, ws=self.ws, cnt=self.cnt, canary=canary,
-           arith=chains(self.N, K, True) if plain and self.glu else None)
+        xh, xs2 = self.xh.view(shape=(n * K,), offset=2 * r0 * K), self.xs2.view(shape=(n * K // 16,),
+                                                                                offset=4 * r0 * K // 16)
+        if plain and self.glu:   # gate and up through the plain kernel in the glu kernel's chains: its oracle
+            cfg = launch_config(n, out, K, False, config)
+            c = chains(self.N, K, True)
+            _launch(g, self.w, y, {**cfg, "QF_CHAINS": c, "QF_WARPS": max(cfg["QF_WARPS"], c)}, xh, xs2, n, None,
+                    None, self.ws, self.cnt, canary)
+        else:
+            qf(g, self.w, y, xh=xh, xs2=xs2, nb=n, residual=residual, glu=act, config=config, ws=self.ws,
+               cnt=self.cnt, canary=canary)
         g.sync()
         return y.numpy().reshape(n, out)
 
@@ -394,9 +397,7 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
     if glu:
         want = ACT.act_mul_of(g, plain, MV.ACT_MUL[glu])
         got = I.run(config, canary)
-        gt, up = ref[:, :N], ref[:, N:]
-        ref2 = (gt / (1 + np.exp(-gt)) if glu == "silu" else
-                0.5 * gt * (1 + np.tanh(0.7978845608028654 * (gt + 0.044715 * gt ** 3)))) * up
+        ref2 = MV.glu_ref(ref, glu)
         what = "act_mul of the plain gate and up outputs"
     else:
         res = rng.standard_normal((nb, N)).astype(np.float32)
@@ -418,7 +419,7 @@ def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: 
     """qf_gemm at every configuration of _GEMM and qf_mv at every one of _MV give the bits of qf_mv's built-in
     configuration (which check_case holds to the reference) on the same weight and activations, and every row of
     qf_gemm's launch those of that row launched alone on qf_mv (nb <= 8: qf_mv takes them all at once)."""
-    from memra.gpu.compare import Outcome
+    from memra.gpu.compare import Outcome, bits_differ
 
     I = _Inputs(g, rng, MV.random_weight(12, 2 * N if glu else N, K, rng), nb, glu)
     name = f"qf Q4_K nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''} kernels"
@@ -426,7 +427,7 @@ def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: 
     if not np.all(np.isfinite(base)):
         return Outcome(name, False, "qf_mv's built-in configuration left outputs unwritten")
     for c in _GEMM + _MV:
-        bad = _bits_differ(I.run(c, canary), base)
+        bad = bits_differ(I.run(c, canary), base)
         if bad:
             return Outcome(name, False, f"{c}: {bad} of {base.size} values differ from qf_mv's bits")
     return Outcome(name, True, f"qf_gemm at {len(_GEMM)} and qf_mv at {len(_MV) + 1} configurations: the same bits",
