@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Session 56's device calls: issue 11's serve table against llama-server in one session, with MEMRA_DECODE=qf (the
+# two-chain gate+up) and q8 as arms of the same call, and the GPU tests of the server and of qf.
+# Here, once: bash ../shared/device/llamacpp.sh (.llamacpp) and the tokenizers of experiments/h200_serve.sh:
+#   python3 -m memra synth .synthtok/smollm2-tokenizer.gguf --tokenizer-only
+#   python3 -m memra synth .synthtok/smollm2-utf8-tokenizer.gguf --tokenizer-only --utf8-safe
+# Then two calls back to back (llama.cpp's build lasts only while the machine is warm), carrying
+# [".whl", ".llamacpp", ".synthtok"]:
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<sha> && STAGE=build bash experiments/h200_session56.sh
+#   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<sha> && STAGE=evidence bash experiments/h200_session56.sh
+# build (~6-8 min): llama.cpp's llama-server in the background; the synthetic 8B (UTF-8-safe tokenizer, as
+#   h200_serve.sh says why) and 1B Q4_K_M; memra warmup of the 8B at both arms; the GPU tests of the server (on the Q4_K_M 1B:
+#   qf reaches its Q4_K weights) at both arms and of qf. evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
+#   (default "qf q8"), receipts in $OUT/serve-bench.jsonl tagged by arm; the floors summarized in log.txt.
+set -u
+source experiments/h200_common.sh
+stage_begin s56
+TOKS=.synthtok/smollm2-utf8-tokenizer.gguf
+BIN=/root/llama.cpp/build/bin
+log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+case "$STAGE" in
+build)
+  ( timeout 480 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
+  B=$!
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
+  log "synth: $M8 $M1 $(el)"
+  for arm in qf q8; do
+    MEMRA_DECODE=$arm timeout 150 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
+    log "warmup $arm rc=$? $(tail -1 $R/warmup-$arm.txt | cut -c1-200) $(el)"
+  done
+  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
+  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"
+  for arm in qf q8; do
+    MEMRA_DECODE=$arm MEMRA_SERVE_TEST_MODEL=$M1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_serve_gpu.py > $R/gpu-tests-serve-$arm.txt 2>&1
+    log "serve gpu tests ($arm) rc=$? $(tail -1 $R/gpu-tests-serve-$arm.txt) $(el)"
+  done
+  grep -hE "^(FAILED|ERROR)" $R/gpu-tests-*.txt | head -20 | tee -a $R/log.txt
+  wait $B; log "llama.cpp: $(tail -3 $R/build.txt | tr '\n' ' ') $(el)"
+  cp $R/*.txt $OUT/ ;;
+evidence)
+  [ -x $BIN/llama-server ] || { log "no llama-server: run STAGE=build in the call just before"; cp $R/log.txt $OUT/; exit 1; }
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
+  $BIN/llama-server -m "$M8" -ngl 99 -fa on -np 64 -c 131072 --port 8081 --host 127.0.0.1 > $R/llama-server.log 2>&1 &
+  LS=$!
+  for _ in $(seq 240); do curl -sf http://127.0.0.1:8081/health > /dev/null && break; sleep 0.5; done
+  log "llama-server: $(curl -s http://127.0.0.1:8081/health) $(el)"
+  for arm in ${E_ARMS:-qf q8}; do
+    MEMRA_DECODE=$arm timeout ${E_LIMIT:-240} python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
+      --synth-tokenizer "$TOKS" --vs http://127.0.0.1:8081 -c ${E_C:-1,8,32,64} --prompt-tokens 100 \
+      --max-tokens 128 --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
+    log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
+  done
+  kill $LS; wait $LS 2>/dev/null
+  python3 - $OUT/serve-bench.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+floors = {1: 1.5, 8: 3.0, 64: 5.0}
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cells = {}
+for r in rows:
+    cells.setdefault((r.get("tag"), r["concurrency"]), {})[r["engine"]] = r
+for (tag, c), e in cells.items():
+    m, l = e.get("memra"), e.get("llama-server")
+    if not (m and l):
+        continue
+    x, f = m["agg_tok_s"] / l["agg_tok_s"], floors.get(c)
+    print(f"{tag}  c={c:>2}  memra {m['agg_tok_s']:8.1f} t/s (TPOT p50 {m.get('tpot_p50_s')}, TTFT p95 "
+          f"{m['ttft_p95_s']:.3f} s)  llama-server {l['agg_tok_s']:7.1f} t/s  {x:5.2f}x  floor {f or '-'}  "
+          f"{'MET' if f is None or x >= f else 'MISSED'}")
+PY
+  cp $R/log.txt $R/llama-server.log $R/bench-*.txt $OUT/ ;;
+*) echo "unknown STAGE $STAGE"; exit 2 ;;
+esac
