@@ -5,12 +5,13 @@
 #   python3 -m memra synth .synthtok/smollm2-tokenizer.gguf --tokenizer-only
 #   python3 -m memra synth .synthtok/smollm2-utf8-tokenizer.gguf --tokenizer-only --utf8-safe
 # Then two calls back to back (llama.cpp's build lasts only while the machine is warm), carrying
-# [".whl", ".llamacpp", ".synthtok"]:
+# [".whl", ".llamacpp", ".synthtok", ".models/specs.json"]:
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<sha> && STAGE=build bash experiments/h200_session56.sh
 #   source .whl/setup.sh >/dev/null && export MEMRA_GIT_SHA=<sha> && STAGE=evidence bash experiments/h200_session56.sh
-# build (~6-8 min): llama.cpp's llama-server in the background; the synthetic 8B (UTF-8-safe tokenizer, as
-#   h200_serve.sh says why) and 1B Q4_K_M; memra warmup of the 8B at both arms; the GPU tests of the server (on the Q4_K_M 1B:
-#   qf reaches its Q4_K weights) at both arms and of qf. evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
+# build (~9 min): llama.cpp's llama-server in the background; kernel-check --add-to the committed receipt (carry
+#   .models/specs.json too) and the qf GPU tests; the synthetic 8B (UTF-8-safe tokenizer, as h200_serve.sh says why)
+#   and 1B Q4_K_M; `memra profile` of the 8B's decode step at 64 and 1 rows at both arms; memra warmup of the 8B at
+#   both arms; the server's GPU tests with qf (on the Q4_K_M 1B: qf reaches its Q4_K and Q6_K weights). evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
 #   (default "qf q8"), receipts in $OUT/serve-bench.jsonl tagged by arm; the floors summarized in log.txt.
 set -u
 source experiments/h200_common.sh
@@ -22,19 +23,38 @@ case "$STAGE" in
 build)
   ( timeout 480 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
-  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
-  log "synth: $M8 $M1 $(el)"
-  for arm in qf q8; do
-    MEMRA_DECODE=$arm timeout 150 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
-    log "warmup $arm rc=$? $(tail -1 $R/warmup-$arm.txt | cut -c1-200) $(el)"
-  done
+  left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }   # seconds of the call's budget not yet spent
+  # kernel-check --add-to the committed receipt (qf.cu changed: its family whole, the new launch cases), from the
+  # real models' exported specs (carry .models/specs.json)
+  mkdir -p $R/kernel-check
+  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-240} python3 -m memra kernel-check --out $R/kernel-check/ \
+    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
+  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
   log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"
-  for arm in qf q8; do
-    MEMRA_DECODE=$arm MEMRA_SERVE_TEST_MODEL=$M1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_serve_gpu.py > $R/gpu-tests-serve-$arm.txt 2>&1
-    log "serve gpu tests ($arm) rc=$? $(tail -1 $R/gpu-tests-serve-$arm.txt) $(el)"
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
+  log "synth: $M8 $M1 $(el)"
+  # where a 64-row and a one-row decode step's time goes at each arm (Q6_K in qf: the downs, the v's)
+  for np in 64 1; do
+    for arm in q8 qf; do
+      left 420 || break
+      MEMRA_ATTN=hybrid MEMRA_DECODE=$arm timeout 90 python3 -m memra profile "$M8" -np $np --json \
+        > $R/profile-$arm-$np.json 2> $R/profile-$arm-$np.err
+      log "profile $arm np=$np rc=$? $(el)"; cp $R/profile-$arm-$np.json $OUT/ 2>/dev/null
+    done
   done
+  for arm in qf q8; do
+    left 500 || break
+    MEMRA_DECODE=$arm timeout 100 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
+    log "warmup $arm rc=$? $(tail -1 $R/warmup-$arm.txt | cut -c1-200) $(el)"
+  done
+  if left 450; then
+    MEMRA_DECODE=qf MEMRA_SERVE_TEST_MODEL=$M1 timeout 120 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_serve_gpu.py > $R/gpu-tests-serve-qf.txt 2>&1
+    log "serve gpu tests (qf) rc=$? $(tail -1 $R/gpu-tests-serve-qf.txt) $(el)"
+  fi
   grep -hE "^(FAILED|ERROR)" $R/gpu-tests-*.txt | head -20 | tee -a $R/log.txt
   wait $B; log "llama.cpp: $(tail -3 $R/build.txt | tr '\n' ' ') $(el)"
   cp $R/*.txt $OUT/ ;;

@@ -103,8 +103,24 @@
 #ifndef MEMRA_CANARY
 #define MEMRA_CANARY 0
 #endif
-#define QF_WROW 160   // bytes a staged weight row (QF_WSMEM): 128 + 32 (rows gid, gid + 1 on other banks)
+#ifndef QF_TYPE
+#define QF_TYPE 12   // the weight type: 12 Q4_K, 14 Q6_K (the launcher passes the weight's)
+#endif
+#if QF_TYPE == 14
+#define QF_BULK 192   // bulk bytes a superblock: ql[128], qh[64]
+#define QF_MROW 20    // a staged row's meta: the 4-byte-aligned 20-byte window holding its 18 (scales[16], d)
+#define QF_WROW 208   // bytes a staged weight row (QF_WSMEM): 192 + 16 (a warp's 4-byte reads of 8 rows: 32 banks)
+#define QF_XROW 272   // halves a staged activation row: a half warp's LDS.64 reads 4 rows 8 banks apart
+#define QF_XLANE 4    // a lane's activations start 4 tig into a 16-element sub-block
+#elif QF_TYPE == 12
+#define QF_BULK 128
+#define QF_MROW 16
+#define QF_WROW 160   // 128 + 32 (rows gid, gid + 1 on other banks)
 #define QF_XROW 288
+#define QF_XLANE 8    // 8 tig into a 32-element sub-block
+#else
+#error "QF_TYPE: 12 (Q4_K) or 14 (Q6_K)"
+#endif
 static_assert(QF_WARPS % QF_CHAINS == 0, "qf_mv: a tile's chains share a block");
 static_assert(QF_STAGES >= 2 && QF_STAGES <= 4, "QF_STAGES 2..4");
 
@@ -137,6 +153,23 @@ MEMRA_DEVICE void sc_pair(int sc, uint32_t& s2, uint32_t& k2) {
     s2 = t;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(k2) : "r"(t), "r"(0xE400E400u));   // -1024
 }
+// A superblock of a warp's two A rows (ra: gid, rb: gid + 8) as a lane holds it. Q4_K: w[r][j] the row's nibble
+// bytes 32 j + 8 tig .. + 7, m[r] its 16 meta bytes. Q6_K: w[r][3 (2 h + j) + c] the row's 4 bytes at l0 = 16 j + 4
+// tig of ql[64 h + l0] (c 0), ql[64 h + 32 + l0] (c 1), qh[32 h + l0] (c 2); m[r] the 20-byte window of its meta at
+// the 4-aligned byte below it, o[r] (0 or 2) where the 18 bytes (scales[16], d) start in it.
+#if QF_TYPE == 14
+struct QfRegs {
+    uint32_t w[2][12];
+    uint32_t m[2][5];
+    int o[2];
+};
+#else
+struct QfRegs {
+    uint2 w[2][4];
+    uint4 m[2];
+};
+#endif
+
 // Q4_K meta (x: d | dmin; y, z, w: scales[0..11]): the scale (sub-block s < 8, compile-time) and the min (run-time s)
 template <int s>
 MEMRA_DEVICE int k4_sc(const uint4& m) {
@@ -216,6 +249,62 @@ MEMRA_DEVICE void qf_superblock(const uint2 (&w)[2][4], const uint4& ma, const u
     }
 }
 
+#if QF_TYPE == 14
+// f16 pairs (q - 32) of a word's bytes 0, 2 (lo) and 1, 3 (hi), q < 64, exact: (1024 + q) - 1056
+MEMRA_DEVICE void q6_pairs(uint32_t q, uint32_t& lo, uint32_t& hi) {
+    uint32_t t0, t1;
+    asm("lop3.b32 %0, %1, 0x00FF00FF, 0x64006400, 0xEA;" : "=r"(t0) : "r"(q));
+    asm("lop3.b32 %0, %1, 0x00FF00FF, 0x64006400, 0xEA;" : "=r"(t1) : "r"(q >> 8));
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(lo) : "r"(t0), "r"(0x64206420u));   // 1056
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(t1), "r"(0x64206420u));
+}
+// One Q6_K superblock of a warp's A tile against NT n8 tiles: for its 16-element sub-blocks s = 0..15 in increasing
+// k, D = one mma.sync m16n8k16 from zero of (q - 32) x (the lane's slots 2 tig, 2 tig + 1 | 2 tig + 8, 2 tig + 9 <-
+// elements 4 tig + 0, 2 | 1, 3 of the sub-block), acc = fma(d sc_s, D, acc) (d sc_s exact in f32); xl(t, s) the
+// lane's 8 bytes of n8 tile t's column gid at sub-block s (qf order: elements 4 tig + 0, 2, 1, 3).
+template <int NT, class XL>
+MEMRA_DEVICE void qf6_superblock(const QfRegs& q, XL xl, float (&acc)[NT][4]) {
+    uint32_t sw[2][4];
+    float d[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sw[r][k] = q.o[r] ? __funnelshift_r(q.m[r][k], q.m[r][k + 1], 16) : q.m[r][k];
+        d[r] = f16_to_f32((uint16_t)(q.o[r] ? q.m[r][4] >> 16 : q.m[r][4]));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int qd = 0; qd < 4; ++qd)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int s = 8 * h + 2 * qd + j;   // elements 128 h + 32 qd + 16 j .. + 15
+                uint32_t a[2][2];
+                float ds[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t v = ((q.w[r][3 * (2 * h + j) + (qd & 1)] >> (4 * (qd >> 1))) & 0x0F0F0F0Fu) |
+                                       (((q.w[r][3 * (2 * h + j) + 2] >> (2 * qd)) & 0x03030303u) << 4);
+                    q6_pairs(v, a[r][0], a[r][1]);
+                    ds[r] = __fmul_rn(d[r], (float)(int)(int8_t)(sw[r][s >> 2] >> (8 * (s & 3))));
+                }
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+#if MEMRA_CANARY == 1
+                    if (s == 1) continue;   // canary: sub-block 1 dropped from every output
+#endif
+                    const uint2 xv = xl(t, s);
+                    float D[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma16(D, a[0][0], a[1][0], a[0][1], a[1][1], xv.x, xv.y);
+                    acc[t][0] = __fmaf_rn(ds[0], D[0], acc[t][0]);
+                    acc[t][1] = __fmaf_rn(ds[0], D[1], acc[t][1]);
+                    acc[t][2] = __fmaf_rn(ds[1], D[2], acc[t][2]);
+                    acc[t][3] = __fmaf_rn(ds[1], D[3], acc[t][3]);
+                }
+            }
+}
+#endif
+
 // the epilogue of one n8 tile's outputs v (D layout) at activation rows col0 + 2 tig, + 1 (< nb)
 template <bool GLU>
 MEMRA_DEVICE void qf_store(const float (&v)[4], float* y, const float* res, int N, int n0, int gid, int col0, int tig,
@@ -238,29 +327,53 @@ MEMRA_DEVICE void qf_store(const float (&v)[4], float* y, const float* res, int 
 
 // a warp's A tile: rows ra (gid), rb (gid + 8) of weight tile `tile`
 struct QfTile {
-    const uint8_t* qa;
-    const uint8_t* qb;
-    const uint4* m0p;
-    const uint4* m1p;
+    const uint8_t* bulk;
+    const uint8_t* meta;
+    int ra, rb, nsb, tig;
     int n0;
-    MEMRA_DEVICE QfTile(const uint8_t* bulk, const uint8_t* meta, int tile, bool glu, int N, int nsb, int gid,
-                        int tig) {
+    MEMRA_DEVICE QfTile(const uint8_t* bulk_, const uint8_t* meta_, int tile, bool glu, int N, int nsb_, int gid,
+                        int tig_) : bulk(bulk_), meta(meta_), nsb(nsb_), tig(tig_) {
         n0 = tile * (glu ? 8 : 16);
-        const int ra = n0 + gid, rb = glu ? N + n0 + gid : n0 + gid + 8;
-        qa = bulk + (size_t)ra * nsb * 128 + 8 * tig;
-        qb = bulk + (size_t)rb * nsb * 128 + 8 * tig;
-        m0p = reinterpret_cast<const uint4*>(meta + (size_t)ra * nsb * 16);
-        m1p = reinterpret_cast<const uint4*>(meta + (size_t)rb * nsb * 16);
+        ra = n0 + gid;
+        rb = glu ? N + n0 + gid : n0 + gid + 8;
     }
-    MEMRA_DEVICE void load(int sb, uint2 (&w)[2][4], uint4& a, uint4& b) const {
+    MEMRA_DEVICE int row(int r) const { return r ? rb : ra; }
+    // the global superblock index of row r's superblock sb, its bulk, and (Q6_K) its meta window and offset
+    MEMRA_DEVICE size_t unit(int r, int sb) const { return (size_t)row(r) * nsb + sb; }
+    MEMRA_DEVICE const uint8_t* bulk_of(int r, int sb) const { return bulk + unit(r, sb) * QF_BULK; }
+#if QF_TYPE == 14
+    MEMRA_DEVICE const uint8_t* window_of(int r, int sb) const { return meta + ((unit(r, sb) * 18) & ~(size_t)3); }
+    MEMRA_DEVICE int offset_of(int r, int sb) const { return (int)(unit(r, sb) & 1) * 2; }
+    MEMRA_DEVICE void load(int sb, QfRegs& q) const {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            w[0][j] = __ldg(reinterpret_cast<const uint2*>(qa + (size_t)sb * 128 + 32 * j));
-            w[1][j] = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)sb * 128 + 32 * j));
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* p = bulk_of(r, sb);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int l0 = 16 * j + 4 * tig;
+                    q.w[r][3 * (2 * h + j) + 0] = __ldg(reinterpret_cast<const uint32_t*>(p + 64 * h + l0));
+                    q.w[r][3 * (2 * h + j) + 1] = __ldg(reinterpret_cast<const uint32_t*>(p + 64 * h + 32 + l0));
+                    q.w[r][3 * (2 * h + j) + 2] = __ldg(reinterpret_cast<const uint32_t*>(p + 128 + 32 * h + l0));
+                }
+            const uint32_t* m = reinterpret_cast<const uint32_t*>(window_of(r, sb));
+#pragma unroll
+            for (int c = 0; c < 5; ++c) q.m[r][c] = __ldg(m + c);
+            q.o[r] = offset_of(r, sb);
         }
-        a = __ldg(m0p + sb);
-        b = __ldg(m1p + sb);
     }
+#else
+    MEMRA_DEVICE void load(int sb, QfRegs& q) const {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* p = bulk_of(r, sb) + 8 * tig;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) q.w[r][j] = __ldg(reinterpret_cast<const uint2*>(p + 32 * j));
+            q.m[r] = __ldg(reinterpret_cast<const uint4*>(meta + unit(r, sb) * 16));
+        }
+    }
+#endif
 };
 
 template <bool GLU>
@@ -277,15 +390,15 @@ MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __
     const int gid = lane >> 2, tig = lane & 3;
     const bool xrow = gid < nb;
     const QfTile T(bulk, meta, tile, GLU, N, nsb, gid, tig);
-    const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + 8 * tig;
+    const uint16_t* xr = x + (size_t)(xrow ? gid : 0) * K + QF_XLANE * tig;
     const float* sr = xs2 + (size_t)(xrow ? gid : 0) * nsb * 16 + 4 * tig;
+    (void)sr;
     // the register ring: QF_AHEAD superblocks loaded ahead of the one being computed (slots rotate, unrolled)
     constexpr int RING = QF_AHEAD + 1;
-    uint2 wq[RING][2][4];
-    uint4 mA[RING], mB[RING];
+    QfRegs rq[RING];
 #pragma unroll
     for (int r = 0; r < QF_AHEAD; ++r)
-        if (live && r < SB) T.load(sb0 + r, wq[r], mA[r], mB[r]);
+        if (live && r < SB) T.load(sb0 + r, rq[r]);
     MEMRA_PDL_WAIT();
     float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
     if (live) {
@@ -296,10 +409,17 @@ MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                 const int nx = i + r + QF_AHEAD;   // refill the slot freed last step: superblock i + r + AHEAD
                 if (nx < SB) {
                     const int slot = (r + QF_AHEAD) % RING;
-                    T.load(sb0 + nx, wq[slot], mA[slot], mB[slot]);
+                    T.load(sb0 + nx, rq[slot]);
                 }
                 const int sb = sb0 + i + r;
-                qf_superblock<1>(wq[r], mA[r], mB[r], tig,
+#if QF_TYPE == 14
+                qf6_superblock<1>(rq[r],
+                    [&](int, int s) {
+                        return xrow ? __ldg(reinterpret_cast<const uint2*>(xr + 256 * sb + 16 * s)) : make_uint2(0, 0);
+                    },
+                    acc);
+#else
+                qf_superblock<1>(rq[r].w, rq[r].m[0], rq[r].m[1], tig,
                     [&](int, int j, int h) {
                         return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
                                     : make_uint4(0, 0, 0, 0);
@@ -308,6 +428,7 @@ MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                         return xrow ? __ldg(reinterpret_cast<const uint4*>(sr + 16 * sb)) : make_uint4(0, 0, 0, 0);
                     },
                     acc);
+#endif
             }
         }
     }
@@ -334,7 +455,7 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
     extern __shared__ __align__(16) uint8_t qf_smem[];
     uint16_t* xsm = reinterpret_cast<uint16_t*>(qf_smem);                                    // [stage][R][XROW]
     float* ssm = reinterpret_cast<float*>(qf_smem + (size_t)QF_STAGES * R * QF_XROW * 2);   // [stage][R][16]
-    // QF_WSMEM: [stage][warp][16 rows of QF_WROW bytes, then their 16 meta bytes each]
+    // QF_WSMEM: [stage][warp][16 rows of QF_WROW bytes, then their QF_MROW meta bytes each]
     uint8_t* wsm = qf_smem + (size_t)QF_STAGES * R * (QF_XROW * 2 + 64);
     (void)wsm;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -356,6 +477,7 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                             "l"(x + (size_t)(row < nb ? row : 0) * K + 256 * sb + 8 * c), "r"(row < nb ? 16 : 0)
                          : "memory");
         }
+#if QF_TYPE == 12   // (Q6_K reads no sums)
         const uint32_t sd = smem_u32(ssm + (size_t)s * R * 16);
         for (int k = threadIdx.x; k < R * 4; k += 32 * QF_GWARPS) {
             const int r = k >> 2, c = k & 3, row = c0 + r;
@@ -364,12 +486,25 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                             "l"(xs2 + ((size_t)(row < nb ? row : 0) * nsb + sb) * 16 + 4 * c), "r"(row < nb ? 16 : 0)
                          : "memory");
         }
+#endif
     };
     // QF_WSMEM: superblock sb0 + i of the warp's own 16 A rows (row q: q < 8 the row of ra = n0 + q, else of rb) and
     // their meta into stage s
     auto stage_w = [&](int i, int s) {
         const int sb = sb0 + i;
-        const uint32_t wd = smem_u32(wsm + ((size_t)s * QF_GWARPS + warp) * 16 * (QF_WROW + 16));
+        const uint32_t wd = smem_u32(wsm + ((size_t)s * QF_GWARPS + warp) * 16 * (QF_WROW + QF_MROW));
+#if QF_TYPE == 14   // 12 16-byte pieces of bulk a row, then its meta window in 5 4-byte ones
+        for (int k = lane; k < 16 * 12; k += 32) {
+            const int q = k / 12, c = k % 12;
+            const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);
+            cp16(wd + q * QF_WROW + 16 * c, bulk + ((size_t)row * nsb + sb) * QF_BULK + 16 * c);
+        }
+        for (int k = lane; k < 16 * 5; k += 32) {
+            const int q = k / 5, c = k % 5;
+            const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);
+            cpn<4>(wd + 16 * QF_WROW + QF_MROW * q + 4 * c, meta + ((((size_t)row * nsb + sb) * 18) & ~(size_t)3) + 4 * c);
+        }
+#else
         for (int k = lane; k < 16 * 9; k += 32) {
             const int q = k / 9, c = k % 9;
             const int row = q < 8 ? T.n0 + q : (GLU ? N + T.n0 + q - 8 : T.n0 + q);
@@ -377,6 +512,7 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                                        : meta + ((size_t)row * nsb + sb) * 16;
             cp16(wd + (c < 8 ? q * QF_WROW + 16 * c : 16 * QF_WROW + 16 * q), src);
         }
+#endif
     };
     auto stage = [&](int i, int s) {
         stage_x(i, s);
@@ -393,9 +529,8 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
         cp_commit();
     }
 #else
-    uint2 wq[2][2][4];
-    uint4 mA[2], mB[2];
-    if (live) T.load(sb0, wq[0], mA[0], mB[0]);
+    QfRegs rq[2];
+    if (live) T.load(sb0, rq[0]);
     MEMRA_PDL_WAIT();
 #pragma unroll
     for (int s = 0; s < QF_STAGES - 1; ++s) {
@@ -404,7 +539,7 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
     }
 #endif
     // the parked chain sums (QF_KSPLIT 0, QF_CHAINS > 1): [output 4 QF_NT][thread], each lane's own
-    float* park = reinterpret_cast<float*>(wsm + (QF_WSMEM ? (size_t)QF_STAGES * QF_GWARPS * 16 * (QF_WROW + 16) : 0))
+    float* park = reinterpret_cast<float*>(wsm + (QF_WSMEM ? (size_t)QF_STAGES * QF_GWARPS * 16 * (QF_WROW + QF_MROW) : 0))
                   + threadIdx.x;
     float acc[QF_NT][4];
 #pragma unroll
@@ -428,40 +563,61 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
                 }
         }
     };
-    auto compute = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb) {
+    auto compute = [&](int i, const QfRegs& q) {
         const int s = i % QF_STAGES;
-        const uint16_t* xb = xsm + (size_t)s * R * QF_XROW + gid * QF_XROW + 8 * tig;
+        const uint16_t* xb = xsm + (size_t)s * R * QF_XROW + gid * QF_XROW + QF_XLANE * tig;
+#if QF_TYPE == 14
+        qf6_superblock<QF_NT>(q,
+            [&](int t, int sub) { return *reinterpret_cast<const uint2*>(xb + t * 8 * QF_XROW + 16 * sub); }, acc);
+#else
         const float* sbp = ssm + (size_t)s * R * 16 + gid * 16 + 4 * tig;
-        qf_superblock<QF_NT>(w, ma, mb, tig,
+        qf_superblock<QF_NT>(q.w, q.m[0], q.m[1], tig,
             [&](int t, int j, int h) {
                 return *reinterpret_cast<const uint4*>(xb + t * 8 * QF_XROW + 64 * j + 32 * h);
             },
             [&](int t) { return *reinterpret_cast<const uint4*>(sbp + t * 8 * 16); }, acc);
+#endif
     };
 #if QF_WSMEM
     for (int i = 0; i < nloc; ++i) {
         advance(i);
         if (!live) continue;
-        const uint8_t* wb = wsm + ((size_t)(i % QF_STAGES) * QF_GWARPS + warp) * 16 * (QF_WROW + 16);
-        uint2 w[2][4];
+        const uint8_t* wb = wsm + ((size_t)(i % QF_STAGES) * QF_GWARPS + warp) * 16 * (QF_WROW + QF_MROW);
+        QfRegs q;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            w[0][j] = *reinterpret_cast<const uint2*>(wb + gid * QF_WROW + 32 * j + 8 * tig);
-            w[1][j] = *reinterpret_cast<const uint2*>(wb + (gid + 8) * QF_WROW + 32 * j + 8 * tig);
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* wr = wb + (gid + 8 * r) * QF_WROW;
+#if QF_TYPE == 14
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int l0 = 16 * j + 4 * tig;
+                    q.w[r][3 * (2 * h + j) + 0] = *reinterpret_cast<const uint32_t*>(wr + 64 * h + l0);
+                    q.w[r][3 * (2 * h + j) + 1] = *reinterpret_cast<const uint32_t*>(wr + 64 * h + 32 + l0);
+                    q.w[r][3 * (2 * h + j) + 2] = *reinterpret_cast<const uint32_t*>(wr + 128 + 32 * h + l0);
+                }
+            const uint32_t* m = reinterpret_cast<const uint32_t*>(wb + 16 * QF_WROW + QF_MROW * (gid + 8 * r));
+#pragma unroll
+            for (int c = 0; c < 5; ++c) q.m[r][c] = m[c];
+            q.o[r] = T.offset_of(r, sb0 + i);
+#else
+#pragma unroll
+            for (int j = 0; j < 4; ++j) q.w[r][j] = *reinterpret_cast<const uint2*>(wr + 32 * j + 8 * tig);
+            q.m[r] = *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * (gid + 8 * r));
+#endif
         }
-        compute(i, w, *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * gid),
-                *reinterpret_cast<const uint4*>(wb + 16 * QF_WROW + 16 * (gid + 8)));
+        compute(i, q);
     }
 #else
-    auto step = [&](int i, const uint2 (&w)[2][4], const uint4& ma, const uint4& mb, uint2 (&wn)[2][4], uint4& an,
-                    uint4& bn) {
+    auto step = [&](int i, const QfRegs& q, QfRegs& qn) {
         advance(i);
-        if (live && i + 1 < nloc) T.load(sb0 + i + 1, wn, an, bn);
-        if (live) compute(i, w, ma, mb);
+        if (live && i + 1 < nloc) T.load(sb0 + i + 1, qn);
+        if (live) compute(i, q);
     };
     for (int i = 0; i < nloc; i += 2) {
-        step(i, wq[0], mA[0], mB[0], wq[1], mA[1], mB[1]);
-        if (i + 1 < nloc) step(i + 1, wq[1], mA[1], mB[1], wq[0], mA[0], mB[0]);
+        step(i, rq[0], rq[1]);
+        if (i + 1 < nloc) step(i + 1, rq[1], rq[0]);
     }
 #endif
     MEMRA_PDL_LAUNCH();

@@ -536,8 +536,9 @@ def check_geometry(kernel, grid, block, shmem, v):
         # qf.cu: T = Nw / 16 weight tiles (Nw = N, 2N for _glu). qf_mv: grid (ceil(T QF_CHAINS / QF_WARPS), 1, 1),
         # block 32 QF_WARPS, no dynamic shared memory, nb <= 8; qf_gemm: grid (ceil(T / QF_GWARPS), ceil(nb / (8
         # QF_NT)), QF_KSPLIT ? QF_CHAINS : 1), block 32 QF_GWARPS, dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW
-        # + 64) + (QF_WSMEM: QF_STAGES QF_GWARPS 16 (QF_WROW + 16)) + (!QF_KSPLIT, QF_CHAINS > 1: 4 QF_NT 32
-        # QF_GWARPS 4); K a multiple of 256 QF_CHAINS, QF_WARPS of QF_CHAINS
+        # + 64) + (QF_WSMEM: QF_STAGES QF_GWARPS 16 (QF_WROW + QF_MROW)) + (!QF_KSPLIT, QF_CHAINS > 1: 4 QF_NT 32
+        # QF_GWARPS 4) (XROW / WROW / MROW 288 / 160 / 16 for Q4_K, 272 / 208 / 20 for Q6_K); K a multiple of 256
+        # QF_CHAINS, QF_WARPS of QF_CHAINS
         glu = name.endswith("_glu")
         gemm = name.startswith("qf_gemm")
         if gemm:
@@ -563,7 +564,8 @@ def check_geometry(kernel, grid, block, shmem, v):
             _block_is(k, grid, block, 32 * gw, "32 QF_GWARPS")
             if grid != (-(-T // gw), -(-nb // (8 * nt)), C if ks else 1):
                 _fail(k, grid, block, f"the grid must be (ceil({T} / {gw}), ceil({nb} / {8 * nt}), {C if ks else 1})")
-            want = st * 8 * nt * (2 * 288 + 64) + (st * gw * 16 * (160 + 16) if wsm else 0) + \
+            xrow, wrow, mrow = {12: (288, 160, 16), 14: (272, 208, 20)}[_d(k, "QF_TYPE", 12)]
+            want = st * 8 * nt * (2 * xrow + 64) + (st * gw * 16 * (wrow + mrow) if wsm else 0) + \
                 (4 * nt * 32 * gw * 4 if C > 1 and not ks else 0)
             if shmem != want:
                 _fail(k, grid, block, f"{shmem} bytes of dynamic shared memory, the kernel addresses {want}")
@@ -1047,12 +1049,12 @@ def _to_f16(g, k, grid, v):
 
 def _qf(g, k, grid, v):
     """qf.cu's qf_mv / qf_gemm (the same bits): per output and chain (QF_CHAINS equal runs of superblocks) the float64
-    value of the qf arithmetic on what the launch reads — the Q4_K integers with d sc and dmin m, the f16
-    activations of xh (qf order undone), S2 = hi + lo from xs2 — rounded to float32, the chains folded left in
+    value of the qf arithmetic on what the launch reads — the Q4_K integers with d sc and dmin m (Q6_K: q - 32 with d
+    sc a 16-sub-block), the f16 activations of xh (qf order undone), S2 = hi + lo from xs2 — rounded to float32, the chains folded left in
     float32 (the kernel: f32 accumulation inside a superblock's mma chain and fold, within ~1e-6 of this; the model
     gives its operands, chains and epilogue, not its accumulation's bits), a row's value from its own activations
     alone; then act(gate) * up (act.cu's model) or fl(res + acc). MEMRA_CANARY=1 drops the second k16 step of each
-    superblock's first sub-block from S1; 2 folds qf_gemm's chains split across blocks in reverse order."""
+    superblock's first sub-block from S1 (Q6_K: sub-block 1 whole); 2 folds qf_gemm's chains split across blocks in reverse order."""
     from memra.gpu.ops import act as ACT
     from memra.gpu.ops import matvec as MV
     from memra.model import quants as Q
@@ -1072,29 +1074,39 @@ def _qf(g, k, grid, v):
         bulk, meta, x, xs2, y, res, N, K, nb = v
         act = 0
     N, K, nb = int(N), int(K), int(nb)
-    rows, nsb, C = 2 * N if glu else N, K // 256, _d(k, "QF_CHAINS", 1)
+    rows, nsb, C, t = 2 * N if glu else N, K // 256, _d(k, "QF_CHAINS", 1), _d(k, "QF_TYPE", 12)
+    sub = 16 if t == 14 else 32   # the elements a scale covers
     key = ("qf", bulk, meta, rows, K)
     hit = g.wcache.get(key)  # weights are uploaded once and never written
     if hit is None:
-        raw = MV.unpack_planes(g.mem(bulk, np.uint8, rows * nsb * 128).reshape(rows, -1),
-                               g.mem(meta, np.uint8, rows * nsb * 16).reshape(rows, -1), 12)
-        q, dsc, mneg = Q._q4_k(np.ascontiguousarray(raw).reshape(rows * nsb, 144))
-        hit = g.wcache[key] = (q.reshape(rows, K // 32, 32).astype(np.float64),
-                               dsc.reshape(rows, K // 32).astype(np.float64), mneg.reshape(rows, K // 32).astype(np.float64))
+        _, _, bb, _, bl = MV.TYPES[t]
+        raw = MV.unpack_planes(g.mem(bulk, np.uint8, rows * nsb * bl).reshape(rows, -1),
+                               g.mem(meta, np.uint8, rows * nsb * (bb - bl)).reshape(rows, -1), t)
+        q, dsc, mneg = (Q._q6_k if t == 14 else Q._q4_k)(np.ascontiguousarray(raw).reshape(rows * nsb, bb))
+        hit = g.wcache[key] = (q.reshape(rows, K // sub, sub).astype(np.float64),
+                               dsc.reshape(rows, K // sub).astype(np.float64),
+                               None if mneg is None else mneg.reshape(rows, K // 32).astype(np.float64))
     q, dsc, mneg = hit
     canary = _d(k, "MEMRA_CANARY", 0)
     inv = np.argsort([0, 2, 1, 3, 4, 6, 5, 7])
-    xv = g.mem(x, np.float16, nb * K).reshape(nb, K // 8, 8)[:, :, inv].reshape(nb, K // 32, 32).astype(np.float64)
-    if canary == 1:   # sub-block 0 of each superblock: elements 8 tig + 4 .. 8 tig + 7 dropped from S1
+    xv = g.mem(x, np.float16, nb * K).reshape(nb, K // 8, 8)[:, :, inv].reshape(nb, K // sub, sub).astype(np.float64)
+    if canary == 1 and t == 14:   # sub-block 1 of each superblock dropped
+        xv[:, 1::16, :] = 0.0
+    elif canary == 1:   # sub-block 0 of each superblock: elements 8 tig + 4 .. 8 tig + 7 dropped from S1
         drop = (np.arange(32) % 8) >= 4
         xv[:, ::8, drop] = 0.0
-    s = g.mem(xs2, np.float32, nb * K // 16).reshape(nb, nsb, 4, 4).astype(np.float64)
-    s2 = np.empty((nb, nsb, 8))
-    s2[:, :, 0:4], s2[:, :, 4:8] = s[..., 0] + s[..., 2], s[..., 1] + s[..., 3]
-    s2 = s2.reshape(nb, K // 32)
+    s2 = np.zeros((nb, K // 32))
+    if mneg is not None:
+        s = g.mem(xs2, np.float32, nb * K // 16).reshape(nb, nsb, 4, 4).astype(np.float64)
+        s2 = np.empty((nb, nsb, 8))
+        s2[:, :, 0:4], s2[:, :, 4:8] = s[..., 0] + s[..., 2], s[..., 1] + s[..., 3]
+        s2 = s2.reshape(nb, K // 32)
     out = np.empty((nb, rows), np.float32)
     for b in range(nb):   # row by row: a row's value from its own activations alone
-        per = (np.einsum("nsk,sk->ns", q, xv[b]) * dsc + mneg * s2[b][None, :]).reshape(rows, C, -1).sum(-1)
+        per = np.einsum("nsk,sk->ns", q, xv[b]) * dsc
+        if mneg is not None:
+            per = per + mneg * s2[b][None, :]
+        per = per.reshape(rows, C, -1).sum(-1)
         parts = per.astype(np.float32)
         order = range(C - 1, -1, -1) if canary == 2 and gemm and _d(k, "QF_KSPLIT", 0) and C > 1 else range(C)
         acc = None

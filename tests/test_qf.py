@@ -55,13 +55,14 @@ def test_the_kernel_by_the_row_count_and_the_built_in_configurations():
 
 
 @pytest.mark.parametrize("t, N, K, glu, needle", [
-    (14, 4096, 4096, False, "no qf kernel for Q6_K"), (12, 4096, 640, False, "K = 640 not a positive multiple of 256"),
+    (13, 4096, 4096, False, "no qf kernel for Q5_K"), (12, 4096, 640, False, "K = 640 not a positive multiple of 256"),
     (12, 40, 4096, False, "N = 40 not a positive multiple of 16"), (12, 12, 4096, True, "N = 12 not a positive multiple of 8")])
 def test_check_shape_refuses_what_the_kernel_cannot_run(t, N, K, glu, needle):
     with pytest.raises(MemraError, match=needle):
         QF.check_shape(t, N, K, 1, glu)
     assert not QF.supports(t, N, K, glu)
     assert QF.supports(12, 4096, 14336, False) and QF.supports(12, 14336, 4096, True) and QF.supports(12, 8, 256, True)
+    assert QF.supports(14, 4096, 14336, False) and QF.supports(14, 1024, 4096, False)
 
 
 @pytest.mark.parametrize("config, needle", [({"QF_NT": 3}, "QF_NT 1, 2, 4 or 8"), ({"QF_STAGES": 5}, "QF_STAGES 2..4"),
@@ -87,11 +88,14 @@ def test_the_launchers_check_their_operands():
         QF.to_qf(g, y, xh, xs2, 1, 100)
 
 
-def test_compile_variants_cover_both_kernels_the_configurations_and_the_canaries():
+def test_compile_variants_cover_both_kernels_both_types_the_configurations_and_the_canaries():
     v = QF.compile_variants()
     assert all(f == "qf.cu" for f, _ in v) and len({tuple(sorted(d.items())) for _, d in v}) == len(v)
     canaries = sorted(d.get("MEMRA_CANARY", 0) for _, d in v)
-    assert canaries.count(1) == 1 and canaries.count(2) == 1 and canaries.count(3) == 1
+    assert canaries.count(1) == 2 and canaries.count(2) == 1 and canaries.count(3) == 1   # 1: Q4_K's and Q6_K's
+    for t in QF.TYPES:
+        of_t = [d for _, d in v if d.get("QF_TYPE", 12) == t and "QF_CHAINS" in d]
+        assert any(QF.is_gemm(d) and d["QF_WSMEM"] for d in of_t) and any(not QF.is_gemm(d) for d in of_t)
     assert any(QF.is_gemm(d) and d.get("QF_KSPLIT") and d["QF_CHAINS"] > 1 for _, d in v)
     assert any(not QF.is_gemm(d) and d.get("QF_CHAINS", 1) > 1 for _, d in v if "QF_CHAINS" in d)
     assert any(d.get("QF_CHAINS") == 2 for _, d in v) and any(d.get("QF_AHEAD") == 3 for _, d in v)
@@ -156,9 +160,7 @@ def test_the_weight_staging_puts_each_byte_where_the_lane_reads_it():
     plain n0 + q) against the step's reads (w[0][j] at gid QF_WROW + 32 j + 8 tig, w[1][j] at (gid + 8) QF_WROW + ..,
     the meta at 16 QF_WROW + 16 gid / 16 (gid + 8)): every lane gets its own rows' bytes; a slipped row map is
     caught."""
-    src = (ROOT / "kernels" / "qf.cu").read_text()
-    wrow = int(re.search(r"#define QF_WROW (\d+)", src).group(1))
-    assert wrow == QF.WROW and int(re.search(r"#define QF_XROW (\d+)", src).group(1)) == QF.XROW
+    wrow = _geometry()[12][1]
     rng = np.random.default_rng(2)
 
     def replay(N, nsb, glu, tile, sb, row_of):
@@ -194,6 +196,85 @@ def test_the_weight_staging_puts_each_byte_where_the_lane_reads_it():
     assert replay(32, 3, False, 1, 2, lambda q, n0, N, g_: n0 + (q + 1) % 16) > 0
 
 
+def _geometry() -> dict:
+    """kernels/qf.cu's QF_XROW / QF_WROW / QF_MROW a QF_TYPE, which memra.gpu.ops.qf.GEOM must mirror."""
+    src = (ROOT / "kernels" / "qf.cu").read_text()
+    geo = {}
+    for t, body in re.findall(r"#(?:el)?if QF_TYPE == (\d+)\n((?:#define .*\n)+)", src):
+        geo[int(t)] = tuple(int(re.search(rf"#define QF_{k} (\d+)", body).group(1)) for k in ("XROW", "WROW", "MROW"))
+    assert geo == QF.GEOM
+    return geo
+
+
+def _q6_lane(words: dict, o: int, tig: int, s: int) -> tuple[list[int], int, int]:
+    """A lane's decode of Q6_K sub-block s, as qf6_superblock does it: from its 4-byte words (ql at 64 h + l0 and 64 h
+    + 32 + l0, qh at 128 + 32 h + l0, l0 = 16 j + 4 tig) the four values q - 32 of elements 4 tig + 0, 1, 2, 3, and
+    from the meta window (5 words, the 18 bytes at o) the sub-block's int8 scale and d's bits."""
+    h, qd, j = s // 8, (s % 8) // 2, s % 2
+    ql, qh = words[(h, j, qd & 1)], words[(h, j, 2)]
+    v = ((ql >> (4 * (qd >> 1))) & 0x0F0F0F0F) | (((qh >> (2 * qd)) & 0x03030303) << 4)
+    m = words["m"]
+    sw = [((m[k] | (m[k + 1] << 32)) >> 16) & 0xFFFFFFFF if o else m[k] for k in range(4)]
+    sc = (sw[s >> 2] >> (8 * (s & 3))) & 0xFF
+    d = (m[4] >> 16) if o else (m[4] & 0xFFFF)
+    return [((v >> (8 * i)) & 0xFF) - 32 for i in range(4)], sc - 256 if sc >= 128 else sc, d
+
+
+def test_q6k_lanes_decode_the_gguf_values_from_global_and_from_the_staging():
+    """Q6_K, replayed on the host: a lane's words (from the planes in global memory as QfTile.load reads them, and
+    from qf_gemm's staging: stage_w's 12 16-byte bulk pieces of a row at q QF_WROW + 16 c and its 5-word meta window
+    at 16 QF_WROW + QF_MROW q, read back at the lane's offsets) decode to memra.model.quants' values: q - 32 of
+    elements 16 s + 4 tig + i, the sub-block's scale, d. Rows of an odd superblock count put the windows at both
+    offsets; reading every window at offset 0 is caught."""
+    from memra.model import quants as Q
+
+    xrow, wrow, mrow = _geometry()[14]
+    rng = np.random.default_rng(5)
+    rows, nsb = 16, 3
+    raw = MV.random_weight(14, rows, 256 * nsb, rng)
+    bulk, meta = MV.pack_planes(raw, 14)
+    q, dsc, _ = Q._q6_k(raw.reshape(rows * nsb, 210))
+    q = q.reshape(rows, nsb, 256)
+    sc = raw.reshape(rows, nsb, 210)[:, :, 192:208].view(np.int8)
+    dbits = raw.reshape(rows, nsb, 210)[:, :, 208:210].copy().view("<u2")[..., 0]
+    flat = meta.reshape(-1)
+    w32 = lambda b, o: int.from_bytes(bytes(b[o:o + 4]), "little")  # noqa: E731
+
+    def words_of(src_bulk, src_win):
+        out = {"m": [w32(src_win, 4 * c) for c in range(5)]}
+        for h in range(2):
+            for j in range(2):
+                l0 = 16 * j + 4 * tig
+                out[(h, j, 0)], out[(h, j, 1)] = w32(src_bulk, 64 * h + l0), w32(src_bulk, 64 * h + 32 + l0)
+                out[(h, j, 2)] = w32(src_bulk, 128 + 32 * h + l0)
+        return out
+
+    def bad_lanes(staged: bool, offset=None):
+        bad = 0
+        for r in range(rows):
+            for sb in range(nsb):
+                u = r * nsb + sb
+                win = flat[(18 * u) & ~3:((18 * u) & ~3) + 20]
+                src_b = bulk[r, 192 * sb:192 * sb + 192]
+                if staged:   # one warp's stage: this row as its q = r
+                    smem = np.zeros(16 * (wrow + mrow), np.uint8)
+                    for c in range(12):
+                        smem[r * wrow + 16 * c:r * wrow + 16 * c + 16] = src_b[16 * c:16 * c + 16]
+                    for c in range(5):
+                        smem[16 * wrow + mrow * r + 4 * c:16 * wrow + mrow * r + 4 * c + 4] = win[4 * c:4 * c + 4]
+                    src_b, win = smem[r * wrow:r * wrow + 192], smem[16 * wrow + mrow * r:16 * wrow + mrow * r + 20]
+                o = 2 * (u & 1) if offset is None else offset
+                for s in range(16):
+                    vals, scale, d = _q6_lane(words_of(src_b, win), o, tig, s)
+                    bad += vals != list(q[r, sb, 16 * s + 4 * tig:16 * s + 4 * tig + 4]) or scale != sc[r, sb, s] \
+                        or d != dbits[r, sb]
+        return bad
+
+    for tig in range(4):
+        assert bad_lanes(False) == 0 and bad_lanes(True) == 0
+    assert bad_lanes(False, offset=0) > 0
+
+
 # -- the planner -----------------------------------------------------------------------------------
 
 def _spec(model="synth:llama3-8b:Q4_K_M"):
@@ -213,14 +294,14 @@ def _plans(spec, monkeypatch):
 
 @pytest.mark.parametrize("model", ["synth:llama3-8b:Q4_K_M", "synth:tiny-llama:Q4_K_M"])
 def test_generated_rows_convert_each_source_once_then_run_qf(model, monkeypatch):
-    """Every Q4_K layer weight qf supports takes it in decode steps and steps of generated rows (to_qf of its source
-    first; q/k/v weights or gate and up reading h share it); the Q6_K ones (the 8B Q4_K_M's v and half its downs)
-    keep mv_q8's order and their twins; no quantize of ao, or of ff before a qf down; prompt steps and the head:
-    the default plan's launches."""
+    """Every Q4_K and Q6_K layer weight (the 8B Q4_K_M's v and half its downs Q6_K) takes qf in decode steps and
+    steps of generated rows (to_qf of its source first; q/k/v weights or gate and up reading h share it); no
+    quantize of ao, or of ff before a qf down; prompt steps and the head: the default plan's launches."""
     q8, qf = _plans(_spec(model), monkeypatch)
     assert not q8.qf_keys and qf.decode == "qf" and qf.use_tile
     layer = {w.key: w for w in qf.weights() if w.key != "output"}
-    assert qf.qf_keys == {k for k, w in layer.items() if w.type == "Q4_K"} and qf.qf_keys
+    assert qf.qf_keys == {k for k, w in layer.items() if w.type in ("Q4_K", "Q6_K")} and qf.qf_keys
+    assert any(layer[k].type == "Q6_K" for k in qf.qf_keys) or model.startswith("synth:tiny")
     for rows in (1, 8, 64):
         for steps in (qf.step(rows, decode=True, sampler="greedy"), qf.step(rows, decode=False, kinds="g")):
             assert sum(L.op == "qf" for L in steps) == len(qf.qf_keys)
@@ -303,8 +384,8 @@ def test_the_engine_with_qf_gives_the_references_tokens_batch_invariant(tiny_mod
 
 def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
     """`memra kernel-check --only qf` on the emulator: its checks and the launch cases of the tiny model's plans pass
-    (the references agree with the launch contracts; every grid passes the emulator's geometry check) and its three
-    canaries are caught."""
+    (the references agree with the launch contracts; every grid passes the emulator's geometry check) and its four
+    canaries (Q4_K's and Q6_K's dropped products, the reversed chain fold, to_qf's sum order) are caught."""
     from test_launch_set import _emulated_kernel_check
 
     from memra.tune import kernelcheck as KC
@@ -312,7 +393,7 @@ def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
     report = {}
     lines = _emulated_kernel_check(monkeypatch, heap=3 << 29, only="qf", report=report)
     assert KC.all_green(lines), [ln for ln in lines if not ln.startswith("PASS")][:5]
-    assert sum(" canary " in ln and "caught" in ln for ln in lines) == 3
+    assert sum(" canary " in ln and "caught" in ln for ln in lines) == 4
     fam = report["families"]["qf"]
     assert fam["launch_cases"] > 0 and fam["checks"] > 15
     assert fam["files"] == ["act.cu", "qf.cu"]   # act_mul: the glu check's other side

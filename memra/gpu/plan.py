@@ -304,7 +304,7 @@ class Planner:
         ) if prompt_order else frozenset()
         # MEMRA_DECODE (docs/FLAGS.md; decode=None reads it), under the same condition: with "qf" the generated
         # rows' (decode steps', verification rows', forced runs') layer matmuls on the weights kernels/qf.cu supports
-        # (QF.supports: Q4_K, by the weight alone) take one to_qf launch per source activation and a qf launch
+        # (QF.supports: Q4_K and Q6_K, by the weight alone) take one to_qf launch per source activation and a qf launch
         # (qf_mv up to 8 rows, qf_gemm above: the same bits; another arithmetic than mv_q8's), every generated row
         # of every step alike, so a row's tokens do not depend on its batch; "q8" (the default) keeps mv_q8's order
         if decode is None:
@@ -312,9 +312,11 @@ class Planner:
         elif decode not in DECODES:
             raise MemraError(f"decode must be {' or '.join(DECODES)}, got {decode!r}")
         self.decode = decode
+        # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order)
+        qf_types = (12,) if env_choice("MEMRA_QF_Q6K", "1", ("0", "1")) == "0" else QF.TYPES
         self.qf_keys = frozenset(
-            w.key for w in layer if QF.supports(MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols,
-                                                bool(w.glu))
+            w.key for w in layer if MV.type_id(w.type) in qf_types and QF.supports(
+                MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
         ) if prompt_order and decode == "qf" else frozenset()
         # prompt and generated rows in arithmetics of their own (the tile's, gemm_f16's, qf's): a step holds one
         # row kind
@@ -577,7 +579,7 @@ class Planner:
             shape = {"type": t, "rows": wr, "cols": cols}
             k = "qf_glu" if glu else "qf"
             for n in rows:
-                a, b = QF.workspace(wr // 2 if glu else wr, cols, n, glu, self.tuned(k, shape, n, "qf"))
+                a, b = QF.workspace(wr // 2 if glu else wr, cols, n, glu, self.tuned(k, shape, n, "qf"), MV.type_id(t))
                 ws, cnt = max(ws, a), max(cnt, b)
         return ws, cnt
 

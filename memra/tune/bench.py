@@ -291,7 +291,7 @@ SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "
          "MEMRA_ATT_GROUP_ROWS": "16", "MEMRA_MASK_OVERLAP": "1", "MEMRA_FORCED": "1",
          "MEMRA_PREFILL_GRAPH": "1", "MEMRA_PREFILL_CHUNK": "512", "MEMRA_PREFILL_SPLITS": "auto",
          "MEMRA_DECODE_AHEAD": "1", "MEMRA_ATT_RING": "2", "MEMRA_ATT_EARLY": "1", "MEMRA_ATT_TC": "1",
-         "MEMRA_PROMPT_GEMM": "f16"}
+         "MEMRA_PROMPT_GEMM": "f16", "MEMRA_QF_Q6K": "1"}
 
 
 # runtime parameters that choose another engine path than the default (docs/FLAGS.md)

@@ -1,4 +1,4 @@
-"""The generated rows' Q4_K matmuls in the "qf" arithmetic (kernels/qf.cu; MEMRA_DECODE=qf): integer
+"""The generated rows' Q4_K and Q6_K matmuls in the "qf" arithmetic (kernels/qf.cu; MEMRA_DECODE=qf): integer
 weights times f16 activations through the tensor core, one f32 fold a superblock, so a row's bits
 depend neither on the batch, the rows beside it, the kernel (qf_mv up to 8 rows, qf_gemm above) nor
 any tunable but the chain count, which is fixed by the weight's shape alone (`chains`).
@@ -8,10 +8,12 @@ any tunable but the chain count, which is fixed by the weight's shape alone (`ch
         residual=r   y = fl(r + W x) (r may be y itself)
         glu="silu"|"gelu"   W holds [gate; up] (2N rows): y = fl(act(gate x) * (up x))
 
-Weights: Q4_K (type 12) in memra.gpu.ops.matvec's planes layout, the engine's own upload (no
-copy). What it computes (kernels/qf.cu's header): per output and superblock, D1 = the tensor core's
-f32 sum of (sc q) x (sc q <= 945, exact in f16; x f16), D2 = its f32 sum of m S2 (tf32, S2 split
-hi + lo), acc = fma(-dmin, D2, fma(d, D1, acc)); QF_CHAINS runs of superblocks folded left. Not
+Weights: Q4_K (type 12) or Q6_K (14) in memra.gpu.ops.matvec's planes layout, the engine's own upload
+(no copy). What it computes (kernels/qf.cu's header): Q4_K, per output and superblock, D1 = the
+tensor core's f32 sum of (sc q) x (sc q <= 945, exact in f16; x f16), D2 = its f32 sum of m S2
+(tf32, S2 split hi + lo), acc = fma(-dmin, D2, fma(d, D1, acc)); Q6_K, per 16-element sub-block, D
+= its f32 sum of (q - 32) x (exact in f16), acc = fma(d sc, D, acc) (d sc exact in f32); QF_CHAINS
+runs of superblocks folded left. Not
 mv_q8's arithmetic (its activations are q8: 8 significant bits relative to a 32-block's largest;
 here 11 each), so a plan's generated rows take one or the other as a whole (memra.gpu.plan).
 
@@ -39,13 +41,14 @@ from memra.gpu.ops import matvec as MV
 # -- the launch and host contract (kernels/qf.cu's header) ---------------------------------
 
 KERNEL_FILE = "qf.cu"
-TYPES = (12,)   # Q4_K
-KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM", "QF_AHEAD")
+TYPES = (12, 14)   # Q4_K, Q6_K (the module's QF_TYPE: passed where it is not 12, the kernel's default)
+KEYS = ("QF_WARPS", "QF_CHAINS", "QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM", "QF_AHEAD", "QF_TYPE")
 MV_KEYS = ("QF_WARPS", "QF_AHEAD")                                          # qf_mv's own
 GEMM_KEYS = ("QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM")    # qf_gemm's own
 MV_ROWS = 8          # qf_mv takes up to this many activation rows (a warp's n8 tile)
 KSPLIT_ROWS = 64     # qf_gemm splits its chains across blocks up to this many rows (the workspace's bound)
-XROW, WROW = 288, 160   # a staged activation row (halves) / weight row (bytes) of qf_gemm's shared memory
+# qf_gemm's shared memory a weight type: a staged activation row (halves), weight row (bytes), a row's meta (bytes)
+GEOM = {12: (288, 160, 16), 14: (272, 208, 20)}
 SMEM_MAX = 232448    # 227 KiB: the sm_90 opt-in limit a block
 TO_QF_THREADS = 256  # to_qf: a warp a superblock of a row, 8 a block
 _NULL = np.uint64(0)
@@ -66,14 +69,14 @@ def chains(N: int, K: int, glu: bool) -> int:
     return 1
 
 
-def default_config(nb: int, N: int, K: int, glu: bool) -> dict:
+def default_config(nb: int, N: int, K: int, glu: bool, t: int = 12) -> dict:
     """The built-in tunables of a launch over nb rows: qf_mv's (QF_WARPS max(4, chains), QF_AHEAD 1) up to MV_ROWS
     rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1: session 55's best on every
     64-row shape), 8 warps of QF_NT 4 n8 tiles from 17 rows (2 below); the chains split across blocks (QF_KSPLIT)
     up to KSPLIT_ROWS rows except a gate+up's (its two chains walked by one warp: 105.6 µs at 64 rows against
-    114.9 split)."""
+    114.9 split); QF_TYPE t where t is not Q4_K."""
     c = chains(N, K, glu)
-    cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c}
+    cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c, **({"QF_TYPE": t} if t != 12 else {})}
     if nb <= MV_ROWS:
         return {**cfg, "QF_AHEAD": 1}
     return {**cfg, "QF_GWARPS": 8, "QF_NT": 4 if nb > 16 else 2, "QF_STAGES": 2,
@@ -84,27 +87,30 @@ def is_gemm(config: dict) -> bool:
     return any(k in config for k in GEMM_KEYS)
 
 
-def launch_config(nb: int, N: int, K: int, glu: bool, config: dict | None = None) -> dict:
+def launch_config(nb: int, N: int, K: int, glu: bool, config: dict | None = None, t: int = 12) -> dict:
     """The launch's tunables: `config` (a table entry, kernel-check's case) over default_config; its kernel is
     qf_gemm where it names qf_gemm's tunables or nb > MV_ROWS, else qf_mv. QF_CHAINS is the shape's (`chains`):
-    a configuration naming another count is refused (it would be another arithmetic)."""
+    a configuration naming another count (or weight type than t) is refused (it would be another arithmetic)."""
     own = {k: int(v) for k, v in (config or {}).items() if k.startswith("QF_")}
     c = chains(N, K, glu)
     if own.get("QF_CHAINS", c) != c:
         raise MemraError(f"qf: QF_CHAINS={own['QF_CHAINS']} is not the weight's chain count {c} (the arithmetic: "
                          f"memra.gpu.ops.qf.chains, by the shape alone)")
+    if own.get("QF_TYPE", t) != t:
+        raise MemraError(f"qf: QF_TYPE={own['QF_TYPE']} is not the weight's type {t}")
     gemm = nb > MV_ROWS or is_gemm(own)
-    return {**default_config(max(nb, MV_ROWS + 1) if gemm else nb, N, K, glu), **own}
+    return {**default_config(max(nb, MV_ROWS + 1) if gemm else nb, N, K, glu, t), **own}
 
 
 def smem_bytes(cfg: dict) -> int:
     """qf_gemm's dynamic shared memory: QF_STAGES stages of 8 QF_NT activation rows (XROW halves and 16 sums
-    each), with QF_WSMEM each warp's 16 weight rows and their meta, and without QF_KSPLIT a multi-chain tile's
-    parked sums; qf_mv none."""
+    each: Q6_K stages no sums but keeps their room), with QF_WSMEM each warp's 16 weight rows and their meta, and
+    without QF_KSPLIT a multi-chain tile's parked sums (GEOM by the weight type); qf_mv none."""
     if not is_gemm(cfg):
         return 0
     st, nt, gw = cfg["QF_STAGES"], cfg["QF_NT"], cfg["QF_GWARPS"]
-    return st * 8 * nt * (2 * XROW + 64) + (st * gw * 16 * (WROW + 16) if cfg.get("QF_WSMEM") else 0) + \
+    xrow, wrow, mrow = GEOM[cfg.get("QF_TYPE", 12)]
+    return st * 8 * nt * (2 * xrow + 64) + (st * gw * 16 * (wrow + mrow) if cfg.get("QF_WSMEM") else 0) + \
         (4 * nt * 32 * gw * 4 if cfg["QF_CHAINS"] > 1 and not cfg.get("QF_KSPLIT") else 0)
 
 
@@ -112,6 +118,9 @@ def check_config(cfg: dict) -> None:
     """The kernel's static_asserts and limits, on the host."""
     bad = [f"unknown tunable {k}" for k in sorted(set(cfg) - set(KEYS))]
     c = cfg.get("QF_CHAINS", 1)
+    if cfg.get("QF_TYPE", 12) not in TYPES:
+        bad.append(f"QF_TYPE {cfg['QF_TYPE']} (it has {', '.join(str(x) for x in TYPES)})")
+        cfg = {**cfg, "QF_TYPE": 12}
     if c < 1 or cfg.get("QF_WARPS", 4) % c:
         bad.append("QF_WARPS a multiple of QF_CHAINS (a tile's chains share a qf_mv block)")
     if not 1 <= cfg.get("QF_WARPS", 4) <= 32 or not 1 <= cfg.get("QF_AHEAD", 1) <= 3:
@@ -128,7 +137,7 @@ def check_config(cfg: dict) -> None:
 
 
 def check_shape(t: int, N: int, K: int, nb: int, glu: bool) -> None:
-    """The host contract: Q4_K, K a positive multiple of 256 chains(N, K, glu), 16-row weight tiles (N a multiple
+    """The host contract: Q4_K or Q6_K, K a positive multiple of 256 chains(N, K, glu), 16-row weight tiles (N a multiple
     of 16, glu of 8), nb >= 1, the int32 arguments in range."""
     bad = []
     if t not in TYPES:
@@ -174,9 +183,9 @@ def launch_shape(cfg: dict, N: int, nb: int, glu: bool):
             c * nb * (2 * N if glu else N) if split else 0, grid[0] * grid[1] if split else 0)
 
 
-def workspace(N: int, K: int, nb: int, glu: bool, config: dict | None = None) -> tuple[int, int]:
+def workspace(N: int, K: int, nb: int, glu: bool, config: dict | None = None, t: int = 12) -> tuple[int, int]:
     """(ws floats, cnt ints) a launch over nb rows needs (0, 0 without the chains split across blocks)."""
-    return launch_shape(launch_config(nb, N, K, glu, config), N, nb, glu)[4:]
+    return launch_shape(launch_config(nb, N, K, glu, config, t), N, nb, glu)[4:]
 
 
 def _module(g, cfg: dict, canary: int = 0):
@@ -193,7 +202,8 @@ def qf(g, w, y, *, xh, xs2, nb: int, residual=None, glu: str | None = None, conf
         raise MemraError("qf: the glu entry takes no residual")
     N = w.rows // 2 if glu else w.rows
     check_shape(w.ggml_type, N, w.K, nb, bool(glu))
-    _launch(g, w, y, launch_config(nb, N, w.K, bool(glu), config), xh, xs2, nb, residual, glu, ws, cnt, canary, pdl)
+    _launch(g, w, y, launch_config(nb, N, w.K, bool(glu), config, w.ggml_type), xh, xs2, nb, residual, glu, ws, cnt,
+            canary, pdl)
 
 
 def _launch(g, w, y, cfg: dict, xh, xs2, nb: int, residual, glu, ws, cnt, canary: int = 0, pdl: bool = False):
@@ -274,13 +284,19 @@ def producer(x: np.ndarray, canary: int = 0):
     return xh, np.ascontiguousarray(xs2).reshape(nb, K // 16), x16, hi.astype(np.float64) + lo
 
 
-def reference(raw: np.ndarray, x16: np.ndarray, s2: np.ndarray) -> np.ndarray:
-    """float64 outputs [nb, rows] of GGUF Q4_K rows `raw` on the activations x16 [nb, K] (f16) with sums s2
-    [nb, K / 32] (producer's): per 32-sub-block d sc S1 - dmin m S2, S1 = sum q x exact."""
+def reference(raw: np.ndarray, x16: np.ndarray, s2: np.ndarray, t: int = 12) -> np.ndarray:
+    """float64 outputs [nb, rows] of GGUF rows `raw` of type t on the activations x16 [nb, K] (f16) with sums s2
+    [nb, K / 32] (producer's): Q4_K per 32-sub-block d sc S1 - dmin m S2, S1 = sum q x exact; Q6_K per 16-sub-block
+    d sc sum (q - 32) x."""
     from memra.model import quants as Q
 
     rows = raw.shape[0]
     nb, K = x16.shape
+    if t == 14:
+        q, dsc, _ = Q._q6_k(np.ascontiguousarray(raw).reshape(rows * (K // 256), 210))
+        q = q.reshape(rows, K // 16, 16).astype(np.float64)
+        x = x16.astype(np.float64).reshape(nb, K // 16, 16)
+        return (np.einsum("nsk,bsk->bns", q, x) * dsc.reshape(rows, K // 16).astype(np.float64)[None]).sum(-1)
     q, dsc, mneg = Q._q4_k(np.ascontiguousarray(raw).reshape(rows * (K // 256), 144))
     q = q.reshape(rows, K // 32, 32).astype(np.float64)
     x = x16.astype(np.float64).reshape(nb, K // 32, 32)
@@ -292,10 +308,10 @@ def reference(raw: np.ndarray, x16: np.ndarray, s2: np.ndarray) -> np.ndarray:
 # -- kernel-check -----------------------------------------------------------------------
 
 # The oracle's bound, max |got - ref| / max |ref|: the reference is the float64 value of the very operands the
-# kernel multiplies (sc q exact in f16, x f16, m and S2's hi / lo exact in tf32), whose products are exact in
-# f32, so all the kernel adds is its f32 accumulation — inside a superblock's mma chain (16 k16 steps), the two
-# fmas of its fold, the chains' sums: measured 2e-7 .. 6e-7 of the largest output on the 8B's shapes
-# (research/2026-12-07-session54/q2). 1e-4 sits 100x above that and far below what the checks exist to catch:
+# kernel multiplies (sc q or q - 32 exact in f16, x f16, m and S2's hi / lo exact in tf32, d sc exact in f32),
+# whose products are exact in f32, so all the kernel adds is its f32 accumulation — inside a superblock's mma chain
+# (16 k16 steps) or a sub-block's one mma, the fmas of its folds, the chains' sums: measured 2e-7 .. 6e-7 of the
+# largest output on the 8B's Q4_K shapes (research/2026-12-07-session54/q2). 1e-4 sits 100x above that and far below what the checks exist to catch:
 # one dropped k16 step moves an output by ~sqrt(16 / K) of its size (>= 3 % at K = 14336), a wrong row all of it.
 TOL = 1e-4
 # (N, K, nb, glu, residual aliasing y): one row, a partial n8 tile, qf_mv's 8, qf_gemm with and without the
@@ -313,12 +329,14 @@ _MV = ({"QF_AHEAD": 2}, {"QF_AHEAD": 3})
 
 def compile_variants() -> list[tuple[str, dict]]:
     out = [(KERNEL_FILE, {})]
-    for glu, K in ((False, 1024), (False, 512), (False, 256), (True, 1024)):
-        for nb in (1, 64):
-            out.append((KERNEL_FILE, launch_config(nb, 64, K, glu)))
-        for c in _GEMM + _MV:
-            out.append((KERNEL_FILE, launch_config(64 if "QF_NT" in c else 1, 64, K, glu, c)))
+    for t in TYPES:
+        for glu, K in ((False, 1024), (False, 512), (False, 256), (True, 1024)):
+            for nb in (1, 64):
+                out.append((KERNEL_FILE, launch_config(nb, 64, K, glu, None, t)))
+            for c in _GEMM + _MV:
+                out.append((KERNEL_FILE, launch_config(64 if "QF_NT" in c else 1, 64, K, glu, c, t)))
     out += [(KERNEL_FILE, {**launch_config(1, 64, 1024, False), "MEMRA_CANARY": 1}),
+            (KERNEL_FILE, {**launch_config(1, 64, 1024, False, None, 14), "MEMRA_CANARY": 1}),
             (KERNEL_FILE, {**launch_config(64, 64, 1024, False, _GEMM[2]), "MEMRA_CANARY": 2}),
             (KERNEL_FILE, {"MEMRA_CANARY": 3})]
     seen, uniq = set(), []
@@ -338,9 +356,9 @@ class _Inputs:
     """A weight and nb activation rows on the device as the engine holds them (to_qf's outputs from the host
     replay, so the matmul checks do not depend on to_qf), and the launch's scratch."""
 
-    def __init__(self, g, rng, raw: np.ndarray, nb: int, glu: str | None):
-        self.g, self.raw, self.nb, self.glu = g, raw, nb, glu
-        self.w = MV.upload_weight(g, raw, 12)
+    def __init__(self, g, rng, raw: np.ndarray, nb: int, glu: str | None, t: int = 12):
+        self.g, self.raw, self.nb, self.glu, self.t = g, raw, nb, glu, t
+        self.w = MV.upload_weight(g, raw, t)
         self.K = self.w.K
         self.N = raw.shape[0] // 2 if glu else raw.shape[0]
         self.xh_h, self.xs2_h, self.x16, self.s2 = producer(_x(rng, nb, self.K))
@@ -362,7 +380,7 @@ class _Inputs:
         xh, xs2 = self.xh.view(shape=(n * K,), offset=2 * r0 * K), self.xs2.view(shape=(n * K // 16,),
                                                                                 offset=4 * r0 * K // 16)
         if plain and self.glu:   # gate and up through the plain kernel in the glu kernel's chains: its oracle
-            cfg = launch_config(n, out, K, False, config)
+            cfg = launch_config(n, out, K, False, config, self.t)
             c = chains(self.N, K, True)
             _launch(g, self.w, y, {**cfg, "QF_CHAINS": c, "QF_WARPS": max(cfg["QF_WARPS"], c)}, xh, xs2, n, None,
                     None, self.ws, self.cnt, canary)
@@ -374,7 +392,7 @@ class _Inputs:
 
 
 def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, alias: bool, config=None,
-                canary: int = 0):
+                canary: int = 0, t: int = 12):
     """The kernel on GGUF rows `raw` (2N rows for glu) and nb random activation rows: the plain kernel over every
     row against the float64 reference (TOL); its first and last rows launched alone bit for bit; then glu: the
     glu kernel against act_mul of the plain gate and up outputs bit for bit (and the float64 reference), or a
@@ -382,9 +400,9 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
     from memra.gpu.compare import Outcome, compare, epilogue, rows_alone
     from memra.gpu.ops import act as ACT
 
-    I = _Inputs(g, rng, raw, nb, glu)
+    I = _Inputs(g, rng, raw, nb, glu, t)
     N = I.N
-    ref = reference(raw, I.x16, I.s2)
+    ref = reference(raw, I.x16, I.s2, t)
     plain = I.run(config, canary, plain=True)
     o = compare(name + " (plain)", plain, ref, TOL, kind="max")
     if not o.ok:
@@ -408,26 +426,27 @@ def against_ref(g, rng, name: str, raw: np.ndarray, nb: int, glu: str | None, al
     return epilogue(name, got, ref2, want, what, TOL)
 
 
-def check_case(g, rng, N: int, K: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0):
-    raw = MV.random_weight(12, 2 * N if glu else N, K, rng)
-    name = (f"qf Q4_K nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''}"
+def check_case(g, rng, N: int, K: int, nb: int, glu: str | None, alias: bool, config=None, canary: int = 0,
+               t: int = 12):
+    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
+    name = (f"qf {_name(t)} nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''}"
             f"{' +res(alias y)' if alias else ''}{' ' + ','.join(f'{k}={v}' for k, v in config.items()) if config else ''}")
-    return against_ref(g, rng, name, raw, nb, glu, alias, config, canary)
+    return against_ref(g, rng, name, raw, nb, glu, alias, config, canary, t)
 
 
-def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: int = 0):
+def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: int = 0, t: int = 12):
     """qf_gemm at every configuration of _GEMM and qf_mv at every one of _MV give the bits of qf_mv's built-in
     configuration (which check_case holds to the reference) on the same weight and activations, and every row of
     qf_gemm's launch those of that row launched alone on qf_mv (nb <= 8: qf_mv takes them all at once)."""
     from memra.gpu.compare import Outcome, bits_differ
 
-    I = _Inputs(g, rng, MV.random_weight(12, 2 * N if glu else N, K, rng), nb, glu)
-    name = f"qf Q4_K nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''} kernels"
+    I = _Inputs(g, rng, MV.random_weight(t, 2 * N if glu else N, K, rng), nb, glu, t)
+    name = f"qf {_name(t)} nb={nb} {N}x{K} chains={chains(N, K, bool(glu))}{' glu-' + glu if glu else ''} kernels"
     base = I.run()
     if not np.all(np.isfinite(base)):
         return Outcome(name, False, "qf_mv's built-in configuration left outputs unwritten")
     for c in _GEMM + _MV:
-        bad = bits_differ(I.run(c, canary), base)
+        bad = bits_differ(I.run({**c, **({"QF_TYPE": t} if t != 12 else {})}, canary), base)
         if bad:
             return Outcome(name, False, f"{c}: {bad} of {base.size} values differ from qf_mv's bits")
     return Outcome(name, True, f"qf_gemm at {len(_GEMM)} and qf_mv at {len(_MV) + 1} configurations: the same bits",
@@ -475,17 +494,22 @@ def plant() -> np.ndarray:
 def checks(g, rng: np.random.Generator) -> Iterator:
     for nb, K in ((1, 256), (3, 4096), (64, 14336)):
         yield check_to_qf(g, rng, nb, K)
-    for N, K, nb, glu, alias in _CHECK:
-        yield check_case(g, rng, N, K, nb, glu, alias)
-    for N, K, glu in ((64, 1024, None), (48, 512, None), (32, 1024, "silu"), (64, 2048, None)):
-        yield check_kernels(g, rng, N, K, glu, nb=7)
-    # an 8B layer's K at qf_gemm's 64 rows (the down's 56 superblocks in 4 chains across blocks)
-    yield check_case(g, rng, 64, 14336, 64, None, True)
-    yield check_case(g, rng, 64, 4096, 64, "silu", False)
+    for t in TYPES:
+        for N, K, nb, glu, alias in _CHECK:
+            yield check_case(g, rng, N, K, nb, glu, alias, t=t)
+        for N, K, glu in ((64, 1024, None), (48, 512, None), (32, 1024, "silu"), (64, 2048, None)):
+            yield check_kernels(g, rng, N, K, glu, nb=7, t=t)
+        # an 8B layer's K at qf_gemm's 64 rows (the down's 56 superblocks in 4 chains across blocks)
+        yield check_case(g, rng, 64, 14336, 64, None, True, t=t)
+        yield check_case(g, rng, 64, 4096, 64, "silu", False, t=t)
+    # Q6_K rows of an odd superblock count (the meta windows at both offsets within one row)
+    yield check_case(g, rng, 48, 768, 5, None, False, t=14)
+    yield check_case(g, rng, 48, 768, 24, None, True, t=14)
 
 
 def canaries(g, rng: np.random.Generator) -> Iterator:
     yield check_case(g, rng, 64, 1024, 3, None, alias=False, canary=1)
+    yield check_case(g, rng, 64, 1024, 3, None, alias=False, canary=1, t=14)
     yield check_kernels(g, rng, 64, 1024, None, nb=7, canary=2)
     yield check_to_qf(g, rng, 3, 512, canary=3)
 
@@ -504,13 +528,13 @@ def launch_cases(L, ctx) -> list[dict]:
         return [{"file": KERNEL_FILE, "entry": "to_qf", "defines": {}, "bucket": b, "tag": f"K{K}",
                  "params": {"K": K, "rows": b}}]
     glu, nb, K = L.args.get("glu"), int(L.rows), int(L.shape["cols"])
-    N = int(L.shape["rows"]) // (2 if glu else 1)
-    cfg = launch_config(nb, N, K, bool(glu), L.config)
+    N, t = int(L.shape["rows"]) // (2 if glu else 1), MV.type_id(L.shape["type"])
+    cfg = launch_config(nb, N, K, bool(glu), L.config, t)
     entry = launch_shape(cfg, N, nb, bool(glu))[0]
     res = bool(L.args.get("res"))
     return [{"file": KERNEL_FILE, "entry": entry, "defines": cfg, "bucket": nb,
              "tag": f"K{K}" + (" res=y" if res else ""),
-             "params": {"type": 12, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
+             "params": {"type": t, "N": N, "K": K, "nb": nb, "glu": glu, "res": res}}]
 
 
 def check_launch(g, rng, case):
@@ -521,7 +545,7 @@ def check_launch(g, rng, case):
         return check_to_qf(g, rng, p["rows"], p["K"])
     nb, K, glu, alias = p["nb"], p["K"], p["glu"], p["res"]
     cfg = {k: v for k, v in case["defines"].items() if k in KEYS}
-    N = min(p["N"], _LAUNCH_N)
-    raw = MV.random_weight(12, 2 * N if glu else N, K, rng)
-    name = f"{case['entry']} Q4_K nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
-    return against_ref(g, rng, name, raw, nb, glu, alias, cfg)
+    N, t = min(p["N"], _LAUNCH_N), p["type"]
+    raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
+    name = f"{case['entry']} {_name(t)} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
+    return against_ref(g, rng, name, raw, nb, glu, alias, cfg, t=t)
