@@ -1,4 +1,4 @@
-// qf.cu — the "qf" arithmetic of generated rows' Q4_K matmuls (MEMRA_DECODE=qf, memra.gpu.ops.qf): one kernel for 1..8
+// qf.cu — the "qf" arithmetic of generated rows' Q4_K and Q6_K matmuls (MEMRA_DECODE=qf, memra.gpu.ops.qf): one kernel for 1..8
 // activation rows (qf_mv), one for more (qf_gemm), and the activation producer (to_qf); every row's bits the same at
 // any row count, beside any rows, in either kernel and at any tunable but QF_CHAINS. Its experiments (v8-v13,
 // mv_qf.cu, and the probes) are experiments/f16_decode.
@@ -14,6 +14,10 @@
 //  D2 = the tensor core's f32 sum of m_s S2_s over the superblock's 8 sub-blocks: mma.sync m16n8k8 tf32, A = m_s
 //       (exact), B = S2's hi, then S2's lo, chained from zero;
 //  acc = fma(d, D1, acc), then acc = fma(-dmin, D2, acc) (d, dmin the superblock's f16 scales in f32).
+// Q6_K (QF_TYPE 14; bulk: ql[128] qh[64], meta: scales[16] int8 | d, 18 bytes a superblock), for every 16-element
+// sub-block s in increasing k: D = one mma.sync m16n8k16 from zero of (q - 32) x ((1024 + q) - 1056, exact in f16;
+// slots 2 tig, 2 tig + 1 | 2 tig + 8, 2 tig + 9 <- elements 4 tig + 0, 2 | 1, 3 of the sub-block, the same x layout
+// read 8 bytes a lane), acc = fma(d sc_s, D, acc) (d sc_s exact in f32); no sums (xs2 unread).
 // QF_CHAINS chains split K into equal runs of superblocks, each from acc = +0, folded left (c0 + c1, + c2 ..) —
 // the chain count is part of the arithmetic (memra.gpu.ops.qf.chains: by the shape alone). Then the epilogue:
 //   plain: y[b N + n] = v, or with res != null fl(res[b N + n] + v) (res may alias y)
@@ -40,7 +44,8 @@
 // Tunables (-D): QF_CHAINS (1; the arithmetic), QF_WARPS (4; a multiple of QF_CHAINS), QF_GWARPS (4), QF_NT (8),
 // QF_STAGES (2; 2..4), QF_KSPLIT (0), QF_WSMEM (0), QF_AHEAD (1; 1..3, qf_mv); the launcher passes them all
 // (memra.gpu.ops.qf.launch_config). MEMRA_CANARY: deliberately wrong variants kernel-check must catch: 1, the second
-// k16 step of every superblock's first sub-block skipped (its products dropped from every output); 2, qf_gemm's
+// k16 step of every superblock's first sub-block skipped (its products dropped from every output; Q6_K: sub-block 1
+// dropped); 2, qf_gemm's
 // QF_KSPLIT fold walks the chains in reverse order (other bits than qf_mv's from 3 chains on); 3, to_qf sums a
 // sub-block's four partial sums as (s0 + s2) + (s1 + s3) (other S2 bits than the host replay's).
 //
@@ -49,10 +54,10 @@
 //     nb <= 8
 //   qf_gemm / _glu: grid (ceil(T / QF_GWARPS), ceil(nb / (8 QF_NT)), QF_KSPLIT ? QF_CHAINS : 1), block (32
 //     QF_GWARPS), dynamic shared memory QF_STAGES 8 QF_NT (2 QF_XROW + 64) + (QF_WSMEM: QF_STAGES QF_GWARPS 16
-//     (QF_WROW + 16)) + (!QF_KSPLIT && QF_CHAINS > 1: 4 QF_NT 32 QF_GWARPS 4) bytes; QF_KSPLIT: ws >= QF_CHAINS nb Nw floats, cnt >= grid.x grid.y ints, zero before the
+//     (QF_WROW + QF_MROW)) + (!QF_KSPLIT && QF_CHAINS > 1: 4 QF_NT 32 QF_GWARPS 4) bytes; QF_KSPLIT: ws >= QF_CHAINS nb Nw floats, cnt >= grid.x grid.y ints, zero before the
 //     first launch (each launch leaves them zero)
 //   to_qf: grid (ceil(nb K / 2048), 1, 1), block (256, 1, 1)
-// Host contract: Q4_K (type 12); K % (256 QF_CHAINS) == 0; Nw % 16 == 0; nb >= 1; bulk, meta, xh, xs2 16-byte
+// Host contract: Q4_K (type 12, QF_TYPE 12) or Q6_K (14, QF_TYPE 14); K % (256 QF_CHAINS) == 0; Nw % 16 == 0; nb >= 1; bulk, meta, xh, xs2 16-byte
 // aligned; N, K, nb int32.
 // PDL: the first superblock's weights load before MEMRA_PDL_WAIT(), the rest after it; MEMRA_PDL_LAUNCH() after the
 // K loop. to_qf: wait first, launch last.
@@ -73,6 +78,11 @@
 //      memory with the activations: 64 rows 0.57-0.72x gemm.cu (gate+up 93.9 µs against 154.6, down 51.1 against
 //      89.2), 16 warps an SM at QF_NT 4 (100 registers), 48 % issue; the one-row ring deeper (QF_AHEAD 2, 3) loses
 //      1.2-2x (registers). The engine's configurations: memra.gpu.ops.qf.default_config.
+//  v16 (QF_TYPE 14, session 56): Q6_K. Its sub-block scale is int8 (sc (q - 32) up to 4,096: not exact in f16), so
+//      the scale folds in f32 once a 16-element sub-block (one mma from zero, 4 FFMA an n8 tile) where Q4_K folds
+//      once a superblock; the lanes read the same x layout 8 bytes at a time (the sub-block's elements 4 tig ..),
+//      the staged rows XROW 272 / WROW 208 (bank-conflict-free for those reads), the 18-byte meta as the 4-aligned
+//      20-byte window holding it (offset 0 or 2 by the superblock's parity: cp.async copies 4-byte pieces).
 #include "common.cuh"
 #include "smem_stage.cuh"
 
