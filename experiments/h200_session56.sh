@@ -13,12 +13,33 @@
 #   and 1B Q4_K_M; `memra profile` of the 8B's decode step at 64 and 1 rows at both arms; memra warmup of the 8B at
 #   both arms; the server's GPU tests with qf (on the Q4_K_M 1B: qf reaches its Q4_K and Q6_K weights). evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
 #   (default "qf q8"), receipts in $OUT/serve-bench.jsonl tagged by arm; the floors summarized in log.txt.
+# all (one call, ~10 min, carrying the four): kernel-check and the qf GPU tests while llama.cpp builds and the qf
+#   server's kernels compile, then `memra bench serve --vs llama-server` with qf and the q8 arm alone as time allows.
 set -u
 source experiments/h200_common.sh
 stage_begin s56
 TOKS=.synthtok/smollm2-utf8-tokenizer.gguf
 BIN=/root/llama.cpp/build/bin
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+summary() {   # issue 11's floors from $OUT/serve-bench.jsonl, a line a cell with both servers
+  [ -f $OUT/serve-bench.jsonl ] || return 0
+  python3 - $OUT/serve-bench.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys
+floors = {1: 1.5, 8: 3.0, 64: 5.0}
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cells = {}
+for r in rows:
+    cells.setdefault((r.get("tag"), r["concurrency"]), {})[r["engine"]] = r
+for (tag, c), e in cells.items():
+    m, l = e.get("memra"), e.get("llama-server")
+    if not (m and l):
+        continue
+    x, f = m["agg_tok_s"] / l["agg_tok_s"], floors.get(c)
+    print(f"{tag}  c={c:>2}  memra {m['agg_tok_s']:8.1f} t/s (TPOT p50 {m.get('tpot_p50_s')}, TTFT p95 "
+          f"{m['ttft_p95_s']:.3f} s)  llama-server {l['agg_tok_s']:7.1f} t/s  {x:5.2f}x  floor {f or '-'}  "
+          f"{'MET' if f is None or x >= f else 'MISSED'}")
+PY
+}
 case "$STAGE" in
 build)
   ( timeout 480 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
@@ -72,22 +93,45 @@ evidence)
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
   kill $LS; wait $LS 2>/dev/null
-  python3 - $OUT/serve-bench.jsonl <<'PY' | tee -a $R/log.txt
-import json, sys
-floors = {1: 1.5, 8: 3.0, 64: 5.0}
-rows = [json.loads(l) for l in open(sys.argv[1])]
-cells = {}
-for r in rows:
-    cells.setdefault((r.get("tag"), r["concurrency"]), {})[r["engine"]] = r
-for (tag, c), e in cells.items():
-    m, l = e.get("memra"), e.get("llama-server")
-    if not (m and l):
-        continue
-    x, f = m["agg_tok_s"] / l["agg_tok_s"], floors.get(c)
-    print(f"{tag}  c={c:>2}  memra {m['agg_tok_s']:8.1f} t/s (TPOT p50 {m.get('tpot_p50_s')}, TTFT p95 "
-          f"{m['ttft_p95_s']:.3f} s)  llama-server {l['agg_tok_s']:7.1f} t/s  {x:5.2f}x  floor {f or '-'}  "
-          f"{'MET' if f is None or x >= f else 'MISSED'}")
-PY
+  summary
   cp $R/log.txt $R/llama-server.log $R/bench-*.txt $OUT/ ;;
+all)
+  # one call for what matters most when device time is short: kernel-check, the qf GPU tests, and issue 11's table
+  # with qf against llama-server (built meanwhile), then the q8 arm and the profiles as time allows
+  ( timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
+  B=$!
+  left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
+  ( M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); MEMRA_DECODE=qf nice -n 5 python3 -m memra warmup "$M8" \
+      > $R/warmup-qf.txt 2>&1 ) &
+  W=$!
+  mkdir -p $R/kernel-check
+  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
+    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
+  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
+  timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
+  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"; cp $R/log.txt $R/gpu-tests-qf.txt $OUT/
+  wait $W; log "warmup qf: $(tail -1 $R/warmup-qf.txt | cut -c1-200) $(el)"
+  wait $B; log "llama.cpp: $(tail -2 $R/build.txt | tr '\n' ' ') $(el)"
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
+  VS=""
+  if [ -x $BIN/llama-server ]; then
+    $BIN/llama-server -m "$M8" -ngl 99 -fa on -np 64 -c 131072 --port 8081 --host 127.0.0.1 > $R/llama-server.log 2>&1 &
+    LS=$!
+    for _ in $(seq 240); do curl -sf http://127.0.0.1:8081/health > /dev/null && break; sleep 0.5; done
+    log "llama-server: $(curl -s http://127.0.0.1:8081/health) $(el)"; VS="--vs http://127.0.0.1:8081"
+  fi
+  for arm in ${E_ARMS:-qf q8}; do
+    left ${E_END:-470} || { log "bench $arm: no time left"; break; }
+    [ $arm = qf ] || VS=""   # the ratio from the qf arm; the q8 arm alone (its server cold: cubins compiled)
+    MEMRA_DECODE=$arm timeout $(( 585 - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
+      --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-1,8,32,64} --prompt-tokens 100 --max-tokens 128 \
+      --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
+    log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
+  done
+  [ -n "${LS:-}" ] && kill $LS
+  summary
+  cp $R/log.txt $R/bench-*.txt $R/build.txt $R/llama-server.log $OUT/ 2>/dev/null ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
