@@ -125,7 +125,7 @@ all)
   for arm in ${E_ARMS:-qf q8}; do
     left ${E_END:-470} || { log "bench $arm: no time left"; break; }
     [ $arm = qf ] || VS=""   # the ratio from the qf arm; the q8 arm alone (its server cold: cubins compiled)
-    MEMRA_DECODE=$arm timeout $(( 585 - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
+    MEMRA_DECODE=$arm timeout $(( ${CALL_LIMIT:-585} - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
       --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-1,8,32,64} --prompt-tokens 100 --max-tokens 128 \
       --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
