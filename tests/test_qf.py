@@ -347,6 +347,19 @@ def test_the_flag_needs_hybrid_on_the_q8_path_and_a_bad_value_is_refused(monkeyp
 
 # -- the engine and kernel-check on the emulator ------------------------------------------------------
 
+@pytest.mark.parametrize("t", QF.TYPES)
+def test_a_gate_up_launch_case_whose_plain_oracle_takes_other_chains_checks(t):
+    """A gate+up launch case at K = 4096 (two chains; the same rows as a plain weight would take four): its plain
+    oracle runs in the glu kernel's chains, so the case checks instead of refusing its own chain count (kernel-check
+    failed so on the device in session 56, the tiny models' gate+up weights having no such K)."""
+    g = FakeGpu(1 << 27)
+    cfg = QF.launch_config(16, 64, 4096, True, None, t)
+    case = {"file": QF.KERNEL_FILE, "entry": "qf_gemm_glu", "defines": cfg, "bucket": 16, "tag": "K4096",
+            "params": {"type": t, "N": 64, "K": 4096, "nb": 16, "glu": "silu", "res": False}}
+    o = QF.check_launch(g, np.random.default_rng(7), case)
+    assert o.ok, o.detail
+
+
 def test_the_engine_with_qf_gives_the_references_tokens_batch_invariant(tiny_models, monkeypatch):
     """MEMRA_DECODE=qf on the emulated GPU (tests/gpu_emulator.py's models of to_qf and qf): the runner allocates the
     qf buffers, decode steps launch to_qf and both kernels (qf_mv alone, qf_gemm beside 9 others), a row's tokens are

@@ -380,7 +380,8 @@ class _Inputs:
         xh, xs2 = self.xh.view(shape=(n * K,), offset=2 * r0 * K), self.xs2.view(shape=(n * K // 16,),
                                                                                 offset=4 * r0 * K // 16)
         if plain and self.glu:   # gate and up through the plain kernel in the glu kernel's chains: its oracle
-            cfg = launch_config(n, out, K, False, config, self.t)
+            cfg = launch_config(n, out, K, False, {k: v for k, v in (config or {}).items() if k != "QF_CHAINS"},
+                                self.t)
             c = chains(self.N, K, True)
             _launch(g, self.w, y, {**cfg, "QF_CHAINS": c, "QF_WARPS": max(cfg["QF_WARPS"], c)}, xh, xs2, n, None,
                     None, self.ws, self.cnt, canary)
