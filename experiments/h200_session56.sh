@@ -13,8 +13,11 @@
 #   and 1B Q4_K_M; `memra profile` of the 8B's decode step at 64 and 1 rows at both arms; memra warmup of the 8B at
 #   both arms; the server's GPU tests with qf (on the Q4_K_M 1B: qf reaches its Q4_K and Q6_K weights). evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
 #   (default "qf q8"), receipts in $OUT/serve-bench.jsonl tagged by arm; the floors summarized in log.txt.
-# all (one call, ~10 min, carrying the four): kernel-check and the qf GPU tests while llama.cpp builds and the qf
-#   server's kernels compile, then `memra bench serve --vs llama-server` with qf and the q8 arm alone as time allows.
+# all (one call, ~9 min, carrying the four; the way when device time is short): kernel-check (seconds where the
+#   receipt is current), the qf GPU tests and the server's with qf (the Q4_K_M 1B) while llama.cpp builds and both
+#   arms' kernels compile (memra warmup), then `memra bench serve --vs llama-server` for each arm of E_ARMS while
+#   E_END seconds allow (E_C the cells, in that order; receipts appended cell by cell), and the floors' summary.
+#   (Session 56 got no machine for it: 16 tries found none; its one machine ran h200_session55.sh's STAGE CA.)
 set -u
 source experiments/h200_common.sh
 stage_begin s56
@@ -101,8 +104,12 @@ all)
   ( timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
   left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
-  ( M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); MEMRA_DECODE=qf nice -n 5 python3 -m memra warmup "$M8" \
-      > $R/warmup-qf.txt 2>&1 ) &
+  # both arms' servers compile their modules here, not inside the bench (a cold qf server outlasted 66 s in session
+  # 56's first call)
+  ( M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
+    for arm in ${E_ARMS:-qf q8}; do
+      MEMRA_DECODE=$arm nice -n 5 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
+    done ) &
   W=$!
   mkdir -p $R/kernel-check
   MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
@@ -112,7 +119,11 @@ all)
   cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
   timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
   log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"; cp $R/log.txt $R/gpu-tests-qf.txt $OUT/
-  wait $W; log "warmup qf: $(tail -1 $R/warmup-qf.txt | cut -c1-200) $(el)"
+  M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
+  MEMRA_DECODE=qf MEMRA_SERVE_TEST_MODEL=$M1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_serve_gpu.py > $R/gpu-tests-serve-qf.txt 2>&1
+  log "serve gpu tests (qf, $M1) rc=$? $(tail -1 $R/gpu-tests-serve-qf.txt) $(el)"; cp $R/gpu-tests-serve-qf.txt $OUT/
+  wait $W; for arm in ${E_ARMS:-qf q8}; do log "warmup $arm: $(tail -1 $R/warmup-$arm.txt | cut -c1-200) $(el)"; done
   wait $B; log "llama.cpp: $(tail -2 $R/build.txt | tr '\n' ' ') $(el)"
   M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
   VS=""
@@ -124,9 +135,8 @@ all)
   fi
   for arm in ${E_ARMS:-qf q8}; do
     left ${E_END:-470} || { log "bench $arm: no time left"; break; }
-    [ $arm = qf ] || VS=""   # the ratio from the qf arm; the q8 arm alone (its server cold: cubins compiled)
     MEMRA_DECODE=$arm timeout $(( ${CALL_LIMIT:-585} - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
-      --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-1,8,32,64} --prompt-tokens 100 --max-tokens 128 \
+      --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-64,8,1,32} --prompt-tokens 100 --max-tokens 128 \
       --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
