@@ -11,7 +11,8 @@
 # build (~9 min): llama.cpp's llama-server in the background; kernel-check --add-to the committed receipt (carry
 #   .models/specs.json too) and the qf GPU tests; the synthetic 8B (UTF-8-safe tokenizer, as h200_serve.sh says why)
 #   and 1B Q4_K_M; `memra profile` of the 8B's decode step at 64 and 1 rows at both arms; memra warmup of the 8B at
-#   both arms; the server's GPU tests with qf (on the Q4_K_M 1B: qf reaches its Q4_K and Q6_K weights). evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
+#   both arms; the server's GPU tests with qf (on the Q4_K_M 1B: qf reaches its Q4_K and Q6_K weights).
+# evidence (~6 min): `memra bench serve ... --vs llama-server` at c = 1, 8, 32, 64 for each arm of E_ARMS
 #   (default "qf q8"), receipts in $OUT/serve-bench.jsonl tagged by arm; the floors summarized in log.txt.
 # all (one call, ~9 min, carrying the four; the way when device time is short): kernel-check (seconds where the
 #   receipt is current), the qf GPU tests and the server's with qf (the Q4_K_M 1B) while llama.cpp builds and both

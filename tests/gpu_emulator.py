@@ -1050,11 +1050,12 @@ def _to_f16(g, k, grid, v):
 def _qf(g, k, grid, v):
     """qf.cu's qf_mv / qf_gemm (the same bits): per output and chain (QF_CHAINS equal runs of superblocks) the float64
     value of the qf arithmetic on what the launch reads — the Q4_K integers with d sc and dmin m (Q6_K: q - 32 with d
-    sc a 16-sub-block), the f16 activations of xh (qf order undone), S2 = hi + lo from xs2 — rounded to float32, the chains folded left in
-    float32 (the kernel: f32 accumulation inside a superblock's mma chain and fold, within ~1e-6 of this; the model
-    gives its operands, chains and epilogue, not its accumulation's bits), a row's value from its own activations
-    alone; then act(gate) * up (act.cu's model) or fl(res + acc). MEMRA_CANARY=1 drops the second k16 step of each
-    superblock's first sub-block from S1 (Q6_K: sub-block 1 whole); 2 folds qf_gemm's chains split across blocks in reverse order."""
+    sc a 16-sub-block), the f16 activations of xh (qf order undone), S2 = hi + lo from xs2 — rounded to float32, the
+    chains folded left in float32 (the kernel: f32 accumulation inside a superblock's mma chain and fold, within ~1e-6
+    of this; the model gives its operands, chains and epilogue, not its accumulation's bits), a row's value from its
+    own activations alone; then act(gate) * up (act.cu's model) or fl(res + acc). MEMRA_CANARY=1 drops the second k16
+    step of each superblock's first sub-block from S1 (Q6_K: sub-block 1 whole); 2 folds qf_gemm's chains split
+    across blocks in reverse order."""
     from memra.gpu.ops import act as ACT
     from memra.gpu.ops import matvec as MV
     from memra.model import quants as Q

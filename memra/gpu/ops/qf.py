@@ -138,8 +138,8 @@ def check_config(cfg: dict) -> None:
 
 
 def check_shape(t: int, N: int, K: int, nb: int, glu: bool) -> None:
-    """The host contract: Q4_K or Q6_K, K a positive multiple of 256 chains(N, K, glu), 16-row weight tiles (N a multiple
-    of 16, glu of 8), nb >= 1, the int32 arguments in range."""
+    """The host contract: Q4_K or Q6_K, K a positive multiple of 256 chains(N, K, glu), 16-row weight tiles (N a
+    multiple of 16, glu of 8), nb >= 1, the int32 arguments in range."""
     bad = []
     if t not in TYPES:
         bad.append(f"no qf kernel for {_name(t)} weights (it has {', '.join(_name(x) for x in TYPES)})")
@@ -312,8 +312,9 @@ def reference(raw: np.ndarray, x16: np.ndarray, s2: np.ndarray, t: int = 12) -> 
 # kernel multiplies (sc q or q - 32 exact in f16, x f16, m and S2's hi / lo exact in tf32, d sc exact in f32),
 # whose products are exact in f32, so all the kernel adds is its f32 accumulation — inside a superblock's mma chain
 # (16 k16 steps) or a sub-block's one mma, the fmas of its folds, the chains' sums: measured 2e-7 .. 6e-7 of the
-# largest output on the 8B's Q4_K shapes (research/2026-12-07-session54/q2). 1e-4 sits 100x above that and far below what the checks exist to catch:
-# one dropped k16 step moves an output by ~sqrt(16 / K) of its size (>= 3 % at K = 14336), a wrong row all of it.
+# largest output on the 8B's Q4_K shapes (research/2026-12-07-session54/q2), 0.9e-7 .. 6.3e-7 on Q6_K's checks
+# (research/2026-12-07-session56). 1e-4 sits 100x above that and far below what the checks exist to catch: one
+# dropped k16 step moves an output by ~sqrt(16 / K) of its size (>= 3 % at K = 14336), a wrong row all of it.
 TOL = 1e-4
 # (N, K, nb, glu, residual aliasing y): one row, a partial n8 tile, qf_mv's 8, qf_gemm with and without the
 # chains split (2 and 4 chains, a partial 64-row column tile), glu on both activations, a residual
