@@ -25,6 +25,17 @@ stage_begin s56
 TOKS=.synthtok/smollm2-utf8-tokenizer.gguf
 BIN=/root/llama.cpp/build/bin
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+check_qf() {   # kernel-check --add-to the committed receipt (seconds where it is current), from the real models'
+  # exported specs (carry .models/specs.json), its receipt to $OUT first; then the qf GPU tests
+  mkdir -p $R/kernel-check
+  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
+    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
+  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
+  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
+  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
+  timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
+  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"
+}
 summary() {   # issue 11's floors from $OUT/serve-bench.jsonl, a line a cell with both servers
   [ -f $OUT/serve-bench.jsonl ] || return 0
   python3 - $OUT/serve-bench.jsonl <<'PY' | tee -a $R/log.txt
@@ -49,16 +60,7 @@ build)
   ( timeout 480 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
   left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }   # seconds of the call's budget not yet spent
-  # kernel-check --add-to the committed receipt (qf.cu changed: its family whole, the new launch cases), from the
-  # real models' exported specs (carry .models/specs.json)
-  mkdir -p $R/kernel-check
-  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-240} python3 -m memra kernel-check --out $R/kernel-check/ \
-    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
-  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
-  timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
-  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"
+  check_qf
   M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
   log "synth: $M8 $M1 $(el)"
   # where a 64-row and a one-row decode step's time goes at each arm (Q6_K in qf: the downs, the v's)
@@ -112,14 +114,7 @@ all)
       MEMRA_DECODE=$arm nice -n 5 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
     done ) &
   W=$!
-  mkdir -p $R/kernel-check
-  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
-    --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
-  log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
-  grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
-  cp $R/kernel-check/nvidia-h200.json $OUT/ 2>/dev/null; gzip -c $R/kernel-check.txt > $OUT/kernel-check.txt.gz
-  timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_qf.py > $R/gpu-tests-qf.txt 2>&1
-  log "qf gpu tests rc=$? $(tail -1 $R/gpu-tests-qf.txt) $(el)"; cp $R/log.txt $R/gpu-tests-qf.txt $OUT/
+  check_qf; cp $R/log.txt $R/gpu-tests-qf.txt $OUT/
   M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
   MEMRA_DECODE=qf MEMRA_SERVE_TEST_MODEL=$M1 timeout 150 python3 -m pytest -q -p no:cacheprovider \
     tests/test_serve_gpu.py > $R/gpu-tests-serve-qf.txt 2>&1
