@@ -294,7 +294,7 @@ def _plans(spec, monkeypatch):
 
 @pytest.mark.parametrize("model", ["synth:llama3-8b:Q4_K_M", "synth:tiny-llama:Q4_K_M"])
 def test_generated_rows_convert_each_source_once_then_run_qf(model, monkeypatch):
-    """Every Q4_K and Q6_K layer weight (the 8B Q4_K_M's v and half its downs Q6_K) takes qf in decode steps and
+    """Every Q4_K and Q6_K layer weight (half the 8B Q4_K_M's v and downs are Q6_K) takes qf in decode steps and
     steps of generated rows (to_qf of its source first; q/k/v weights or gate and up reading h share it); no
     quantize of ao, or of ff before a qf down; prompt steps and the head: the default plan's launches."""
     q8, qf = _plans(_spec(model), monkeypatch)
