@@ -228,12 +228,12 @@ def test_q6k_lanes_decode_the_gguf_values_from_global_and_from_the_staging():
     offsets; reading every window at offset 0 is caught."""
     from memra.model import quants as Q
 
-    xrow, wrow, mrow = _geometry()[14]
+    _, wrow, mrow = _geometry()[14]
     rng = np.random.default_rng(5)
     rows, nsb = 16, 3
     raw = MV.random_weight(14, rows, 256 * nsb, rng)
     bulk, meta = MV.pack_planes(raw, 14)
-    q, dsc, _ = Q._q6_k(raw.reshape(rows * nsb, 210))
+    q = Q._q6_k(raw.reshape(rows * nsb, 210))[0]
     q = q.reshape(rows, nsb, 256)
     sc = raw.reshape(rows, nsb, 210)[:, :, 192:208].view(np.int8)
     dbits = raw.reshape(rows, nsb, 210)[:, :, 208:210].copy().view("<u2")[..., 0]

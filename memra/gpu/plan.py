@@ -315,8 +315,8 @@ class Planner:
         # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order)
         qf_types = (12,) if env_choice("MEMRA_QF_Q6K", "1", ("0", "1")) == "0" else QF.TYPES
         self.qf_keys = frozenset(
-            w.key for w in layer if MV.type_id(w.type) in qf_types and QF.supports(
-                MV.type_id(w.type), w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
+            w.key for w in layer if (t := MV.type_id(w.type)) in qf_types
+            and QF.supports(t, w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
         ) if prompt_order and decode == "qf" else frozenset()
         # prompt and generated rows in arithmetics of their own (the tile's, gemm_f16's, qf's): a step holds one
         # row kind

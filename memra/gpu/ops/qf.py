@@ -381,12 +381,9 @@ class _Inputs:
             y.poison()
         xh, xs2 = self.xh.view(shape=(n * K,), offset=2 * r0 * K), self.xs2.view(shape=(n * K // 16,),
                                                                                 offset=4 * r0 * K // 16)
-        if plain and self.glu:   # gate and up through the plain kernel in the glu kernel's chains: its oracle
-            cfg = launch_config(n, out, K, False, {k: v for k, v in (config or {}).items() if k != "QF_CHAINS"},
-                                self.t)
-            c = chains(self.N, K, True)
-            _launch(g, self.w, y, {**cfg, "QF_CHAINS": c, "QF_WARPS": max(cfg["QF_WARPS"], c)}, xh, xs2, n, None,
-                    None, self.ws, self.cnt, canary)
+        if plain and self.glu:   # gate and up through the plain kernel at the glu launch's configuration: its oracle
+            _launch(g, self.w, y, launch_config(n, self.N, K, True, config, self.t), xh, xs2, n, None, None, self.ws,
+                    self.cnt, canary)
         else:
             qf(g, self.w, y, xh=xh, xs2=xs2, nb=n, residual=residual, glu=act, config=config, ws=self.ws,
                cnt=self.cnt, canary=canary)
@@ -449,7 +446,7 @@ def check_kernels(g, rng, N: int, K: int, glu: str | None, nb: int = 8, canary: 
     if not np.all(np.isfinite(base)):
         return Outcome(name, False, "qf_mv's built-in configuration left outputs unwritten")
     for c in _GEMM + _MV:
-        bad = bits_differ(I.run({**c, **({"QF_TYPE": t} if t != 12 else {})}, canary), base)
+        bad = bits_differ(I.run(c, canary), base)
         if bad:
             return Outcome(name, False, f"{c}: {bad} of {base.size} values differ from qf_mv's bits")
     return Outcome(name, True, f"qf_gemm at {len(_GEMM)} and qf_mv at {len(_MV) + 1} configurations: the same bits",
