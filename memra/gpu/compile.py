@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -215,3 +216,42 @@ def compile_many(jobs: list[tuple[str, str, dict]], workers: int | None = None):
         results = [_compile_job(j) for j in jobs]
     for j, r in zip(jobs, results):
         yield (j, *r)
+
+
+class AheadOfUse:
+    """Kernel modules compiled into the cubin cache by parallel processes (compile_many) on a background thread while
+    the caller goes on — a runner uploads its weights meanwhile, then joins, so its first steps load every module from
+    the cache instead of compiling them one at a time. A module not compiled yet when it is loaded (or whose compile
+    failed here) is compiled where it is loaded, as without this: NVRTC gives the same CUBIN either way.
+    modules: a callable giving (kernel file, defines) pairs, called on the thread."""
+
+    def __init__(self, modules, arch: str, workers: int | None = None):
+        self.compiled, self.cached, self.failed, self.seconds = 0, 0, [], 0.0
+        self._thread = threading.Thread(target=self._run, args=(modules, arch, workers), name="memra-compile-ahead",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, modules, arch: str, workers: int | None) -> None:
+        t0 = time.perf_counter()
+        try:
+            jobs = [(f, arch, dict(d)) for f, d in modules()]
+            todo = [j for j in jobs if not cubin_path(*j).is_file()]
+            self.cached = len(jobs) - len(todo)
+            for job, nv_log, _ in compile_many(todo, workers):
+                if nv_log is None:
+                    self.compiled += 1
+                else:
+                    self.failed.append(job)
+        except Exception as e:  # noqa: BLE001 - the modules still compile where they are loaded
+            log.warning("compiling kernel modules ahead failed (%s: %s); each compiles where it is first loaded",
+                        type(e).__name__, e)
+        self.seconds = time.perf_counter() - t0
+
+    def join(self) -> "AheadOfUse":
+        self._thread.join()
+        if self.failed:
+            log.warning("%d kernel modules did not compile ahead (%s); their loads will raise NVRTC's log",
+                        len(self.failed), ", ".join(f"{f} {d}" for f, _, d in self.failed[:3]))
+        log.info("kernel modules ahead of use: %d compiled, %d cached in %.1f s", self.compiled, self.cached,
+                 self.seconds)
+        return self

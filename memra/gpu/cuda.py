@@ -305,6 +305,9 @@ class Gpu:
     """One device: its context (made current), one stream, and the loaded modules.
     Get it with `gpu()`; everything is ordered on `self.stream`."""
 
+    # its modules are NVRTC's CUBINs: a runner compiles its plan's ahead of use (memra.gpu.compile.AheadOfUse)
+    compile_ahead = True
+
     def __init__(self, index: int = 0):
         if not has_gpu():
             raise CudaError("no CUDA GPU available (no driver or no device)")

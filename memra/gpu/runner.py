@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from memra.env import env_int
+from memra.env import env_choice, env_int
 from memra.errors import ContextOverflowError, GGUFError, MemraError
 from memra.gpu import plan as PLAN
 from memra.gpu.kv import PagedKV, bytes_per_block, check_cache_device
@@ -192,6 +192,14 @@ class Runner:
         elif attn != "decode" and not self.plan.use_fa:
             say("MEMRA_ATTN=%s: head size %d / %d query heads per KV head not supported by attn_fa; "
                 "decode attention used", attn, self.cfg.head_dim, self.cfg.n_gqa)
+        # the plan's kernel modules compile in parallel processes while the weights load (MEMRA_PRECOMPILE): a cold
+        # start waits for the slowest module, not for their sum
+        ahead = None
+        if getattr(self.g, "compile_ahead", False) and env_choice("MEMRA_PRECOMPILE", "1", ("0", "1")) == "1":
+            from memra.gpu.compile import AheadOfUse
+            from memra.tune.launches import plan_modules
+
+            ahead = AheadOfUse(lambda: plan_modules(self.plan), self.g.info.arch)
         # whether a prompt row and a decode row at one position give the same bits (the gates'
         # prefill = decode check; without it, batched prompt rows = prompt rows one at a time)
         self.prefill_exact = not self.plan.hybrid
@@ -235,6 +243,8 @@ class Runner:
                           cache_type_v=cache_type_v)
         self.rope_cs = {k: self.g.to_device(ROPE.rope_table(inv, self.max_len)) for k, inv in self.rope_inv.items()}
         self._graphs: dict[tuple, object] = {}
+        if ahead is not None:
+            ahead.join()
 
     # -- set-up ---------------------------------------------------------------------------
     def _kv_scales(self, il: int) -> dict:
