@@ -19,16 +19,24 @@
 #   arms' kernels compile (memra warmup), then `memra bench serve --vs llama-server` for each arm of E_ARMS while
 #   E_END seconds allow (E_C the cells, in that order; receipts appended cell by cell), and the floors' summary.
 #   (Session 56 got no machine for it: 16 tries found none; its one machine ran h200_session55.sh's STAGE CA.)
+# Session 57 (no machine lent): arms are q8, qf or qfh (qf with MEMRA_QF_HEAD=1, the head on qf too); check_qf's
+#   kernel-check runs with MEMRA_QF_HEAD=1 so the head's 6 qf launch cases join the receipt; TAG names the receipts'
+#   session. The next call: TAG=s58 E_ARMS="qfh qf q8" E_C=64,1,8 STAGE=all (c = 32 last if time is left).
 set -u
 source experiments/h200_common.sh
 stage_begin s56
 TOKS=.synthtok/smollm2-utf8-tokenizer.gguf
+TAG=${TAG:-s56}
+# an arm's environment: q8, qf, or qfh (qf with the head on qf too: MEMRA_QF_HEAD=1, session 57)
+arm_env() { case $1 in qfh) echo "MEMRA_DECODE=qf MEMRA_QF_HEAD=1" ;; *) echo "MEMRA_DECODE=$1" ;; esac; }
 BIN=/root/llama.cpp/build/bin
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 check_qf() {   # kernel-check --add-to the committed receipt (seconds where it is current), from the real models'
   # exported specs (carry .models/specs.json), its receipt to $OUT first; then the qf GPU tests
   mkdir -p $R/kernel-check
-  MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
+  # MEMRA_QF_HEAD=1: the launch set holds the head's qf cases too (its 6 cases join the receipt; a run without the
+  # flag reads a superset as current)
+  MEMRA_QF_HEAD=1 MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
     --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
   grep -E "^FAIL|^NOTE|not caught|^incremental" $R/kernel-check.txt | head -20 | cut -c1-300 | tee -a $R/log.txt
@@ -65,16 +73,16 @@ build)
   log "synth: $M8 $M1 $(el)"
   # where a 64-row and a one-row decode step's time goes at each arm (Q6_K in qf: the downs, the v's)
   for np in 64 1; do
-    for arm in q8 qf; do
+    for arm in q8 qf qfh; do
       left 420 || break
-      MEMRA_ATTN=hybrid MEMRA_DECODE=$arm timeout 90 python3 -m memra profile "$M8" -np $np --json \
+      env MEMRA_ATTN=hybrid $(arm_env $arm) timeout 90 python3 -m memra profile "$M8" -np $np --json \
         > $R/profile-$arm-$np.json 2> $R/profile-$arm-$np.err
       log "profile $arm np=$np rc=$? $(el)"; cp $R/profile-$arm-$np.json $OUT/ 2>/dev/null
     done
   done
-  for arm in qf q8; do
+  for arm in qfh qf q8; do
     left 500 || break
-    MEMRA_DECODE=$arm timeout 100 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
+    env $(arm_env $arm) timeout 100 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
     log "warmup $arm rc=$? $(tail -1 $R/warmup-$arm.txt | cut -c1-200) $(el)"
   done
   if left 450; then
@@ -93,9 +101,9 @@ evidence)
   for _ in $(seq 240); do curl -sf http://127.0.0.1:8081/health > /dev/null && break; sleep 0.5; done
   log "llama-server: $(curl -s http://127.0.0.1:8081/health) $(el)"
   for arm in ${E_ARMS:-qf q8}; do
-    MEMRA_DECODE=$arm timeout ${E_LIMIT:-240} python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
+    env $(arm_env $arm) timeout ${E_LIMIT:-240} python3 -m memra bench serve synth:llama3-8b:Q4_K_M --device gpu \
       --synth-tokenizer "$TOKS" --vs http://127.0.0.1:8081 -c ${E_C:-1,8,32,64} --prompt-tokens 100 \
-      --max-tokens 128 --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
+      --max-tokens 128 --out $OUT/serve-bench.jsonl --tag "$TAG $(arm_env $arm)" > $R/bench-$arm.txt 2>&1
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
   kill $LS; wait $LS 2>/dev/null
@@ -111,7 +119,7 @@ all)
   # 56's first call)
   ( M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
     for arm in ${E_ARMS:-qf q8}; do
-      MEMRA_DECODE=$arm nice -n 5 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
+      env $(arm_env $arm) nice -n 5 python3 -m memra warmup "$M8" > $R/warmup-$arm.txt 2>&1
     done ) &
   W=$!
   check_qf; cp $R/log.txt $R/gpu-tests-qf.txt $OUT/
@@ -131,9 +139,9 @@ all)
   fi
   for arm in ${E_ARMS:-qf q8}; do
     left ${E_END:-470} || { log "bench $arm: no time left"; break; }
-    MEMRA_DECODE=$arm timeout $(( ${CALL_LIMIT:-585} - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
+    env $(arm_env $arm) timeout $(( ${CALL_LIMIT:-585} - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
       --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-64,8,1,32} --prompt-tokens 100 --max-tokens 128 \
-      --out $OUT/serve-bench.jsonl --tag "s56 MEMRA_DECODE=$arm" > $R/bench-$arm.txt 2>&1
+      --out $OUT/serve-bench.jsonl --tag "$TAG $(arm_env $arm)" > $R/bench-$arm.txt 2>&1
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
   [ -n "${LS:-}" ] && kill $LS

@@ -326,6 +326,35 @@ def test_generated_rows_convert_each_source_once_then_run_qf(model, monkeypatch)
     assert qf.qf_workspace([1, 8]) == (0, 0) and qf.qf_workspace([64])[0] > 0
 
 
+def test_the_head_on_qf_is_opt_in_and_needs_no_split_workspace(monkeypatch):
+    """MEMRA_QF_HEAD=1 puts the head (the 8B's 128,256 x 4,096 Q6_K) on qf too: its rows (a decode step's, the eager
+    head's gathered ones) take to_qf then qf, no q8 twin of them is made, its 64-row qf_gemm does not split its
+    chains across blocks (KSPLIT_N: a 131 MB workspace), so the plan's workspace is the layers' alone; by default the
+    head keeps mv_q8's order."""
+    from memra.tune import launches as LS
+
+    spec = _spec()
+    _, qf = _plans(spec, monkeypatch)
+    without = LS.launch_set([spec])
+    assert "output" not in {w.key for w in qf.weights() if w.key in qf.qf_keys} and qf.head_q8
+    monkeypatch.setenv("MEMRA_QF_HEAD", "1")
+    head = type(qf)(spec, hybrid=True, decode="qf")
+    out = head._weights["output"][0]
+    assert out.key in head.qf_keys and out.type == "Q6_K" and not head.head_q8
+    assert head.qf_keys - {out.key} == qf.qf_keys
+    for k in (1, 8, 9, 64):
+        Ls = head.head(k, "greedy", src="hsel")
+        assert [L.op for L in Ls] == ["to_qf", "qf", "argmax"] and Ls[0].args["src"] == "hsel"
+        assert QF.launch_config(k, out.rows, out.cols, False).get("QF_KSPLIT", 0) == 0
+    assert not any(L.name == "head_q8" for L in LS._plan_launches(head, True))
+    assert head.qf_workspace([1, 8, 16, 64, 128]) == qf.qf_workspace([1, 8, 16, 64, 128])
+    tail = lambda s: [L.op for L in s[max(i for i, L in enumerate(s) if L.layer == spec.cfg.n_layer - 1) + 1:]]  # noqa: E731
+    assert tail(head.step(64, decode=True, sampler="greedy"))[-3:] == ["to_qf", "qf", "argmax"]
+    # kernel-check's launch set follows the environment: run with MEMRA_QF_HEAD=1 it adds the head's qf cases
+    added = {k: c for k, c in LS.launch_set([spec]).items() if k not in without}
+    assert added and all(c["family"] == "qf" and c["params"]["N"] == out.rows for c in added.values())
+
+
 def test_the_flag_needs_hybrid_on_the_q8_path_and_a_bad_value_is_refused(monkeypatch, tiny_models):
     from memra.gpu.plan import Planner
     from memra.gpu.runner import Runner
@@ -395,6 +424,39 @@ def test_the_engine_with_qf_gives_the_references_tokens_batch_invariant(tiny_mod
     assert not np.array_equal(decoded(_runner(path, attn="hybrid")), decoded(default))
 
 
+def test_the_engine_with_the_head_on_qf_stays_batch_invariant(tiny_models, monkeypatch):
+    """MEMRA_QF_HEAD=1 on the emulated GPU: the head's rows (the prompt's last in an eager step, generated rows in
+    decode steps, 10 beside each other) run to_qf and qf, a row's tokens alone = among 9 others, graph replay =
+    eager, the greedy tokens are the CPU reference's, and the logits differ from the q8 head's."""
+    from test_runner_emulated import PROMPT, _reference_greedy, _runner
+
+    from memra.gpu.runner import Row
+    from memra.tune.invariance import batch_invariance, graph_vs_eager
+
+    path = tiny_models("llama", "Q4_K_M")
+    monkeypatch.delenv("MEMRA_TILE", raising=False)
+    monkeypatch.setenv("MEMRA_DECODE", "qf")
+    body = _runner(path, attn="hybrid")
+    monkeypatch.setenv("MEMRA_QF_HEAD", "1")
+    r = _runner(path, attn="hybrid")
+    assert "output" in r.plan.qf_keys
+    shapes = []
+    real = QF.qf
+    monkeypatch.setattr(QF, "qf", lambda g, w, y, **kw: (shapes.append((w.rows, kw["nb"])), real(g, w, y, **kw))[1])
+    res = batch_invariance(r, PROMPT, n_steps=5, co=9)
+    assert res["identical"], res
+    assert res["tokens_alone"] == _reference_greedy(path, 5)
+    V = r.cfg.n_vocab
+    assert {(V, 1), (V, 10)} <= set(shapes)   # the eager head alone and beside 9; decode steps' buckets beside
+    assert graph_vs_eager(_runner(path, attn="hybrid"), PROMPT, buckets=(1, 2, 16))["identical"]
+
+    def logits(e):
+        s = e.open()
+        return e.step([Row(s, PROMPT, logits="last")])[0].logits.view(np.uint32)
+
+    assert not np.array_equal(logits(_runner(path, attn="hybrid")), logits(body))
+
+
 def test_kernel_check_of_the_family_on_the_emulator(monkeypatch):
     """`memra kernel-check --only qf` on the emulator: its checks and the launch cases of the tiny model's plans pass
     (the references agree with the launch contracts; every grid passes the emulator's geometry check) and its four
@@ -452,23 +514,24 @@ def test_the_launch_set_holds_what_the_engine_loads(tiny_models, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda.has_gpu(), reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(arch, tiny_models, monkeypatch):
-    """MEMRA_DECODE=qf on the device (the tiny synthetic Q4_K_M models: every llama weight in qf, gemma3's downs):
-    a sequence's greedy tokens and logits are bit-identical alone and among 63 co-runners (qf_mv alone, qf_gemm in
-    the batch: issue 11's isolation in this arithmetic), and a captured decode step replays its eager launches at
-    every graph bucket."""
+@pytest.mark.parametrize("arch, head", [("llama", "0"), ("gemma3", "0"), ("llama", "1")])
+def test_on_the_gpu_a_row_alone_equals_among_63_and_graphs_equal_eager(arch, head, tiny_models, monkeypatch):
+    """MEMRA_DECODE=qf on the device (the tiny synthetic Q4_K_M models: every llama weight in qf, gemma3's downs;
+    with MEMRA_QF_HEAD=1 llama's Q6_K head too): a sequence's greedy tokens and logits are bit-identical alone and
+    among 63 co-runners (qf_mv alone, qf_gemm in the batch: issue 11's isolation in this arithmetic), and a captured
+    decode step replays its eager launches at every graph bucket."""
     from test_launch_set import PROMPT
 
     from memra.gpu.runner import Runner
     from memra.tune.invariance import batch_invariance, graph_vs_eager
 
     monkeypatch.setenv("MEMRA_DECODE", "qf")
+    monkeypatch.setenv("MEMRA_QF_HEAD", head)
     monkeypatch.delenv("MEMRA_ATTN", raising=False)
     tok = ROOT / ".synthtok" / "smollm2-tokenizer.gguf"   # the device's (experiments/h200_common.sh), else the alias
     r = Runner(tiny_models(arch, "Q4_K_M", tokenizer_from=str(tok) if tok.is_file() else "smollm2-135m"),
                max_len=256, max_seqs=64)
-    assert r.plan.qf_keys, arch
+    assert r.plan.qf_keys and ("output" in r.plan.qf_keys) == (head == "1"), arch
     res = batch_invariance(r, PROMPT, n_steps=24, co=63)
     assert res["identical"], f"{arch}: {res}"
     res = graph_vs_eager(r, PROMPT)

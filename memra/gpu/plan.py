@@ -312,10 +312,12 @@ class Planner:
         elif decode not in DECODES:
             raise MemraError(f"decode must be {' or '.join(DECODES)}, got {decode!r}")
         self.decode = decode
-        # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order)
+        # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order); the head too, every row it takes
+        # (a prompt's last, a generated row's; MEMRA_QF_HEAD=0, the rollback seam: the head keeps mv_q8's order)
         qf_types = (12,) if env_choice("MEMRA_QF_Q6K", "1", ("0", "1")) == "0" else QF.TYPES
+        qf_ws = layer + (list(self._weights["output"]) if env_choice("MEMRA_QF_HEAD", "0", ("0", "1")) == "1" else [])
         self.qf_keys = frozenset(
-            w.key for w in layer if (t := MV.type_id(w.type)) in qf_types
+            w.key for w in qf_ws if (t := MV.type_id(w.type)) in qf_types
             and QF.supports(t, w.rows // 2 if w.glu else w.rows, w.cols, bool(w.glu))
         ) if prompt_order and decode == "qf" else frozenset()
         # prompt and generated rows in arithmetics of their own (the tile's, gemm_f16's, qf's): a step holds one
@@ -323,6 +325,12 @@ class Planner:
         self.use_tile = bool(self.tile_keys or self.f16_keys or self.qf_keys)
         self._choices: dict[tuple, object] = {}  # tuned() configurations and _dispatch paths
         self._fixed_configs()
+
+    @property
+    def head_q8(self) -> bool:
+        """Whether the head reads its rows' q8 twin (runner._head quantizes the gathered rows): on the q8 path, with
+        the head not on qf."""
+        return self.path == "q8" and self._weights["output"][0].key not in self.qf_keys
 
     # -- the model --------------------------------------------------------------------------
     def _validate(self) -> None:

@@ -1157,7 +1157,7 @@ class Runner:
         for i, j in enumerate(part):
             self.g.copy(self.buf["hsel"].view(offset=i * E * 4, shape=(E,)),
                         self.buf["h"].view(offset=(j - s) * E * 4, shape=(E,)), E * 4)
-        if self.path == "q8":
+        if self.plan.head_q8:
             xq, xs = self._twin(k, E)
             MV.quantize_q8(self.g, self.buf["hsel"].view(shape=(k, E)), xq, xs, k,
                            config=self.plan.tuned("quantize_q8", {"n": E}, k))

@@ -298,7 +298,7 @@ SEAMS = {"MEMRA_MATVEC_PATH": "q8", "MEMRA_PDL": "1", "MEMRA_FUSED_ROPE": "1", "
 ENGINE_PATHS = {"MEMRA_ATTN": "hybrid", "MEMRA_ATT_SPLITS": "", "MEMRA_ATT_DEPTH": "",   # "": any value set counts
                 "MEMRA_FA_SPLIT": "", "MEMRA_TILE_MIN": "", "MEMRA_FA_WARPS": "",
                 "MEMRA_SMEM_CARVEOUT": "", "MEMRA_ATT_SWITCH": "", "MEMRA_ATT_SWITCH0": "", "MEMRA_GRAPH_STEPS": "1",
-                "MEMRA_DECODE": "q8"}
+                "MEMRA_DECODE": "q8", "MEMRA_QF_HEAD": "0"}
 
 
 def seams() -> dict:

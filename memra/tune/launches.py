@@ -250,7 +250,7 @@ def _plan_launches(plan, gemm: bool, head_rows: Sequence[int] = HEAD_ROWS):
         for k in kinds:
             yield from plan.step(rows, decode=False, kinds=k)
     for k in head_rows:
-        if plan.path == "q8":  # runner._head re-quantizes the gathered rows
+        if plan.head_q8:  # runner._head re-quantizes the gathered rows
             yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,
                          plan.tuned("quantize_q8", {"n": E}, k), "rows", -1, {"src": "hsel", "K": E})
         for sampler in SAMPLERS:

@@ -48,6 +48,9 @@ MV_KEYS = ("QF_WARPS", "QF_AHEAD")                                          # qf
 GEMM_KEYS = ("QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT", "QF_WSMEM")    # qf_gemm's own
 MV_ROWS = 8          # qf_mv takes up to this many activation rows (a warp's n8 tile)
 KSPLIT_ROWS = 64     # qf_gemm splits its chains across blocks up to this many rows (the workspace's bound)
+# and for weights of at most this many output rows: a longer one fills the machine with its row tiles alone (the 8B's
+# head: 8,016 tiles of 16), where a split's workspace would be chains x N x rows floats (131 MB for that head)
+KSPLIT_N = 32768
 # qf_gemm's shared memory a weight type: a staged activation row (halves), weight row (bytes), a row's meta (bytes)
 GEOM = {12: (288, 160, 16), 14: (272, 208, 20)}
 SMEM_MAX = 232448    # 227 KiB: the sm_90 opt-in limit a block
@@ -75,13 +78,13 @@ def default_config(nb: int, N: int, K: int, glu: bool, t: int = 12) -> dict:
     rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1: session 55's best on every
     64-row shape), 8 warps of QF_NT 4 n8 tiles from 17 rows (2 below); the chains split across blocks (QF_KSPLIT)
     up to KSPLIT_ROWS rows except a gate+up's (its two chains walked by one warp: 105.6 µs at 64 rows against
-    114.9 split); QF_TYPE t where t is not Q4_K."""
+    114.9 split) and a weight of more than KSPLIT_N rows'; QF_TYPE t where t is not Q4_K."""
     c = chains(N, K, glu)
     cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c, **({"QF_TYPE": t} if t != 12 else {})}
     if nb <= MV_ROWS:
         return {**cfg, "QF_AHEAD": 1}
     return {**cfg, "QF_GWARPS": 8, "QF_NT": 4 if nb > 16 else 2, "QF_STAGES": 2,
-            "QF_KSPLIT": int(c > 1 and nb <= KSPLIT_ROWS and not glu), "QF_WSMEM": 1}
+            "QF_KSPLIT": int(c > 1 and nb <= KSPLIT_ROWS and not glu and N <= KSPLIT_N), "QF_WSMEM": 1}
 
 
 def is_gemm(config: dict) -> bool:
