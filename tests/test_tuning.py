@@ -550,8 +550,10 @@ def test_committed_campaigns_expand(monkeypatch):
     m = C.model_info("smollm2-135m")
     # the prompt GEMMs' campaigns (h200-gemm-f16, h200-gemm-tile*) have no job on SmolLM2 (no weight
     # the tile or gemm_f16 takes): the 1B synthetic model's shapes are their jobs, the tile's under
-    # MEMRA_PROMPT_GEMM=tile (under the default, f16, gemm_f16 takes every one of them)
+    # MEMRA_PROMPT_GEMM=tile (under the default, f16, gemm_f16 takes every one of them); qf's (h200-qf) none on
+    # either (no Q4_K or Q6_K layer weight): the 8B Q4_K_M's are its jobs
     big = C.model_info("synth:llama-1b:Q4_0")
+    k_quants = C.model_info("synth:llama3-8b:Q4_K_M")
     for f in files:
         spec = C.load_campaign(f)
         if "gemm-tile" in f.name:
@@ -559,7 +561,8 @@ def test_committed_campaigns_expand(monkeypatch):
         else:
             monkeypatch.delenv("MEMRA_PROMPT_GEMM", raising=False)
         prompt = "gemm-tile" in f.name or "gemm-f16" in f.name
-        assert C.expand_campaign(spec, [m]) or (prompt and C.expand_campaign(spec, [big])), f
+        other = [k_quants] if "-qf" in f.name else [big] if prompt else []
+        assert C.expand_campaign(spec, [m]) or (other and C.expand_campaign(spec, other)), f
 
 
 # ---------------------------------------------------------------- runner

@@ -54,8 +54,10 @@ DEFAULT_CTX = (512, 4096)
 # at that many rows runs through the f16 prompt GEMM (memra.gpu.ops.gemm_f16: those it supports,
 # under MEMRA_PROMPT_GEMM=f16, the default) and through the tile (memra.gpu.ops.gemm_tile: the
 # others it supports, or those it supports under MEMRA_PROMPT_GEMM=tile).
+# And the generated rows' matmuls of MEMRA_DECODE=qf (memra.gpu.ops.qf): the weights a hybrid plan with decode "qf"
+# runs through qf in its decode step at that many rows (a step of generated rows above 64: verification, forced runs).
 PLAN_BATCH_KERNELS = ("gemm", "gemm_glu", "mvt", "mvt_glu", "gemm_tile", "gemm_tile_glu", "gemm_f16",
-                      "gemm_f16_glu")
+                      "gemm_f16_glu", "qf", "qf_glu")
 _PROMPT_OPS = ("gemm_tile", "gemm_f16")   # the hybrid prompt step's launches plan_shapes adds
 
 
@@ -138,8 +140,9 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
     PREFILL_CHUNK rows (the most one step runs). The step's row count decides some kernels:
     the q8 path's matvecs run as the tensor-core GEMM from GEMM_MIN_ROWS rows. Then the
     gemm_f16 and gemm_tile launches of a MEMRA_ATTN=hybrid plan's prompt step of `rows` rows
-    (MEMRA_PROMPT_GEMM picks between them; none when the model has no weight either takes),
-    which no other kernel's list depends on."""
+    (MEMRA_PROMPT_GEMM picks between them; none when the model has no weight either takes), and the qf launches
+    of a MEMRA_DECODE=qf plan's step of generated rows (MEMRA_QF_HEAD: the head's too), which no other kernel's list
+    depends on."""
     from memra.gpu.plan import MAX_ROWS, PREFILL_CHUNK, Planner
 
     if not 1 <= rows <= PREFILL_CHUNK:
@@ -154,6 +157,12 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
     hybrid = Planner(m, hybrid=True)
     for L in hybrid.step(rows, decode=False, kinds="p") if hybrid.use_tile else ():
         if L.op in _PROMPT_OPS and L.rows == rows:
+            seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
+    qf = Planner(m, hybrid=True, decode="qf")
+    gen = (qf.step(rows, decode=True, sampler="greedy") if rows <= MAX_ROWS else qf.step(rows, decode=False, kinds="g")) \
+        if qf.qf_keys else ()
+    for L in gen:
+        if L.op == "qf" and L.rows == rows:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
     return list(seen.values())
 

@@ -374,6 +374,11 @@ def table_cases(table: Mapping, sms: int = 132):
                         L = Launch(kernel, "gemm_f16", kernel, "f16", shape, rows, cfg, kernel, -1,
                                    {"glu": "silu" if kernel == "gemm_f16_glu" else None, "q8": False, "res": None})
                         yield "gemm_f16", L, PlanContext(SimpleNamespace(), None, "q8"), src
+                elif kernel in ("qf", "qf_glu"):
+                    if family_available("qf") and e["variant"] == "qf":
+                        L = Launch(kernel, "qf", kernel, "qf", shape, rows, cfg, kernel, -1,
+                                   {"glu": "silu" if kernel == "qf_glu" else None, "q8": False, "res": None})
+                        yield "qf", L, PlanContext(SimpleNamespace(), None, "q8"), src
                 elif kernel in ("rope_norm_kv", "attn_decode"):
                     # a model of these heads with the plain facts (full rotary, no Q/K norm or bias)
                     from memra.gpu.ops import attention as ATT
@@ -418,7 +423,7 @@ ENTRY_OF = {"matvec": "mv_", "matvec_glu": "mv_", "attn_decode": "attn_decode", 
             "rmsnorm": "rmsnorm", "add_rmsnorm": "add_rmsnorm", "embed": "embed_", "argmax": "argmax_partial",
             "quantize_q8": "quantize_q8", "gemm": "gemm_q8", "gemm_glu": "gemm_q8_glu", "mvt": "mvt_q8",
             "mvt_glu": "mvt_q8_glu", "gemm_tile": "gemm_tile", "gemm_tile_glu": "gemm_tile_glu",
-            "gemm_f16": "gemm_f16", "gemm_f16_glu": "gemm_f16_glu"}
+            "gemm_f16": "gemm_f16", "gemm_f16_glu": "gemm_f16_glu", "qf": "qf_", "qf_glu": "qf_"}
 PATH_OF = {"dispatch": {"matvec": "mv_q8", "mvt": "mvt_q8", "gemm": "gemm_q8"},
            "dispatch_glu": {"matvec": "mv_q8_glu", "mvt": "mvt_q8_glu", "gemm": "gemm_q8_glu"}}
 

@@ -552,3 +552,133 @@ def check_launch(g, rng, case):
     raw = MV.random_weight(t, 2 * N if glu else N, K, rng)
     name = f"{case['entry']} {_name(t)} nb={nb} {N}x{K}{' res=y' if alias else ''} {cfg}"
     return against_ref(g, rng, name, raw, nb, glu, alias, cfg, t=t)
+
+
+# -- tuning (memra/tune/measure.py's hooks; tune/campaigns/h200-qf.toml) ---------------------------------------
+
+VARIANT = "qf"
+TUNE_VARIANTS = {"qf": (VARIANT,), "qf_glu": (VARIANT,)}
+_TUNE_ROWS = 128   # output rows a tune check holds to the float64 reference (every output: the built-in's bits)
+_TUNE_W: dict[tuple, tuple] = {}    # the shape's weight copies and GGUF rows (one shape at a time)
+_INPUTS: dict[tuple, tuple] = {}    # (nb, glu) -> (the weight they were made for, the activations and references)
+
+
+def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
+    """(type id, glu, N, K, nb, launch config) of a tune job, or MemraError: an unknown kernel, variant or tunable,
+    a chain count or type not the weight's, a shape or configuration the kernel refuses (before any compile)."""
+    if variant not in TUNE_VARIANTS.get(kernel, ()):
+        raise MemraError(f"qf tune: unknown kernel/variant {kernel}/{variant} (it measures "
+                         f"{', '.join(k + '/' + VARIANT for k in TUNE_VARIANTS)})")
+    config = dict(config or {})
+    bad = sorted(set(config) - set(KEYS))
+    if bad:
+        raise MemraError(f"qf tune: unknown tunables {bad} (known: {', '.join(KEYS)})")
+    t, glu = MV.type_id(shape["type"]), kernel == "qf_glu"
+    rows, K, nb = int(shape["rows"]), int(shape["cols"]), int(shape.get("batch", 1))
+    if glu and rows % 2:
+        raise MemraError(f"qf tune: a qf_glu weight stacks gate and up (an even row count, got {rows})")
+    N = rows // 2 if glu else rows
+    check_shape(t, N, K, nb, glu)
+    cfg = launch_config(nb, N, K, glu, config, t)
+    launch_shape(cfg, N, nb, glu)   # check_config, and qf_mv's rows
+    return t, glu, N, K, nb, cfg
+
+
+def _tune_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int):
+    """(weight copies, GGUF rows) of a random weight of this shape, copies enough to rotate past the L2; unlike
+    matvec's shape cache no float64 copy of the whole weight (the 8B head's would be 4.2 GB): the references take
+    _TUNE_ROWS rows."""
+    key = (id(g), t, rows, K, rotate_bytes)
+    hit = _TUNE_W.get(key)
+    if hit is None:
+        _TUNE_W.clear()
+        _INPUTS.clear()
+        raw = MV.random_weight(t, rows, K, rng)
+        w0 = MV.upload_weight(g, raw, t)
+        hit = _TUNE_W[key] = ([w0] + [MV.upload_weight(g, raw, t) for _ in range(max(1, -(-rotate_bytes // w0.nbytes)) - 1)],
+                              raw)
+    return hit
+
+
+class _TuneCase:
+    """The shape's weight in the planes layout (copies rotating past the L2), nb rows of random activations as
+    to_qf leaves them (its host replay), the job's configuration, launched as the planner launches a table entry's.
+    The references: the float64 value of the same arithmetic for the first _TUNE_ROWS outputs (act(gate) * up for
+    glu), and the built-in configuration's launch for every output's bits (the outputs do not depend on the
+    configuration, and kernel-check holds the built-in one to that float64 value)."""
+
+    def __init__(self, g, t, glu, N, K, nb, config, rng, rotate_bytes):
+        self.g, self.t, self.glu, self.N, self.K, self.nb, self.config = g, t, glu, N, K, nb, config
+        self.ws, raw = _tune_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes)
+        self.sets = len(self.ws)
+        n_ws, n_cnt = (max(a, b) for a, b in zip(workspace(N, K, nb, glu, config, t), workspace(N, K, nb, glu, None, t)))
+        self.wsp, self.cnt = g.empty(max(1, n_ws), np.float32), g.to_device(np.zeros(max(1, n_cnt), np.int32))
+        hit = _INPUTS.get((nb, glu))
+        if hit is None or hit[0] is not self.ws[0]:   # the weight object itself: ids are reused
+            hit = _INPUTS[(nb, glu)] = (self.ws[0], self._inputs(raw, rng))
+        self.xh, self.xs2, self.ref, self.bits = hit[1]
+        self.y = g.empty((nb, N), np.float32)
+        self.bytes = self.ws[0].nbytes + nb * (2 * K + (K // 4 if t == 12 else 0) + 4 * N)
+
+    def _run(self, w, y, config) -> None:
+        qf(self.g, w, y, xh=self.xh, xs2=self.xs2, nb=self.nb, glu="silu" if self.glu else None, config=config,
+           ws=self.wsp, cnt=self.cnt)
+
+    def _inputs(self, raw: np.ndarray, rng):
+        g, N = self.g, self.N
+        xh_h, xs2_h, x16, s2 = producer(_x(rng, self.nb, self.K))
+        self.xh, self.xs2 = g.to_device(xh_h.reshape(-1)), g.to_device(xs2_h.reshape(-1))
+        R = min(N, _TUNE_ROWS)
+        ref = reference(raw[np.r_[0:R, N:N + R]] if self.glu else raw[:R], x16, s2, self.t)
+        if self.glu:
+            ref = MV.glu_ref(ref, "silu")
+        yb = g.empty((self.nb, N), np.float32)
+        yb.poison()
+        self._run(self.ws[0], yb, None)
+        g.sync()
+        return self.xh, self.xs2, ref, yb.numpy().view(np.uint32).copy()
+
+    def launch(self, i: int) -> None:
+        self._run(self.ws[i % self.sets], self.y, self.config)
+
+    def check(self):
+        """One launch on a poisoned y: its first _TUNE_ROWS outputs against the float64 reference at TOL, then every
+        output against the built-in configuration's bits."""
+        from memra.gpu.compare import compare
+
+        self.y.poison()
+        self.launch(0)
+        self.g.sync()
+        got = self.y.numpy()
+        R = self.ref.shape[1]
+        o = compare("qf", got[:, :R], self.ref, TOL, kind="max")
+        if not o.ok:
+            return False, o.err, o.detail
+        unwritten = int(np.count_nonzero(~np.isfinite(got)))
+        if unwritten:
+            return False, o.err, f"{unwritten} of {got.size} outputs not finite (unwritten?)"
+        diff = int(np.count_nonzero(got.view(np.uint32) != self.bits))
+        if diff:
+            return False, o.err, f"{diff} of {got.size} values differ from the built-in configuration's bits"
+        return True, o.err, o.detail + f" ({R} rows); = the built-in configuration's bits"
+
+
+def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
+    t, glu, N, K, nb, _ = _tune_args(kernel, variant, config, shape)
+    return _TuneCase(g, t, glu, N, K, nb, dict(config or {}), rng, rotate_bytes)
+
+
+def is_builtin(kernel: str, variant: str, config: dict, shape: dict) -> bool:
+    """Whether a tune job's configuration launches as the built-in one (default_config at its rows); False for a
+    configuration the hooks refuse."""
+    try:
+        t, glu, N, K, nb, cfg = _tune_args(kernel, variant, config, shape)
+    except MemraError:
+        return False
+    return cfg == launch_config(nb, N, K, glu, None, t)
+
+
+def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[tuple[str, dict]]:
+    """The module a tune job loads, for the campaign's parallel precompile (a refused configuration raises: never
+    compiled, its job records why)."""
+    return [(KERNEL_FILE, _tune_args(kernel, variant, config, shape)[5])]
