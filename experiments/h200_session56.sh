@@ -21,7 +21,10 @@
 #   (Session 56 got no machine for it: 16 tries found none; its one machine ran h200_session55.sh's STAGE CA.)
 # Session 57 (no machine lent): arms are q8, qf or qfh (qf with MEMRA_QF_HEAD=1, the head on qf too); check_qf's
 #   kernel-check runs with MEMRA_QF_HEAD=1 so the head's 6 qf launch cases join the receipt; TAG names the receipts'
-#   session. The next call: TAG=s58 E_ARMS="qfh qf q8" E_C=64,1,8 STAGE=all (c = 32 last if time is left).
+#   session. STAGE=tune (~8 min, carrying .whl, .synthtok, .models/specs.json): qf's campaign (tune/campaigns/
+#   h200-qf.toml, with the head), its freeze and kernel-check --add-to on the device. The next session's calls:
+#   TAG=s58 STAGE=tune; commit its receipts, table and kernel-check receipt; then TAG=s58 E_ARMS="qfh q8"
+#   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
 set -u
 source experiments/h200_common.sh
 stage_begin s56
@@ -147,5 +150,17 @@ all)
   [ -n "${LS:-}" ] && kill $LS
   summary
   cp $R/log.txt $R/bench-*.txt $R/build.txt $R/llama-server.log $OUT/ 2>/dev/null ;;
+tune)
+  # qf's first campaign (tune/campaigns/h200-qf.toml, session 57: its tune hooks), the head's shape too (--resume
+  # continues a cut one: its receipts are research/tune/h200-qf-nvidia-h200.jsonl), the freeze (freeze_show: the
+  # shipped table's --pdl freeze, the qf entries joining it), then check_qf: kernel-check --add-to runs the new
+  # entries' launch cases and the head's, and the qf GPU tests. To $OUT: the receipts, the table, the kernel-check
+  # receipt (commit all three); then STAGE=all measures the tuned arms.
+  ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf ${TUNE_LIMIT:-330} -m synth:llama3-8b:Q4_K_M )
+  cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $OUT/ 2>/dev/null
+  freeze_show s57; cp tune/defaults/nvidia-h200.json $R/freeze-s57.txt $R/show-s57.txt $OUT/ 2>/dev/null
+  grep -E "^│ qf" $R/freeze-s57.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
+  check_qf
+  cp $R/log.txt $OUT/ ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
