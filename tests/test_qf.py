@@ -348,8 +348,9 @@ def test_the_head_on_qf_is_opt_in_and_needs_no_split_workspace(monkeypatch):
         assert QF.launch_config(k, out.rows, out.cols, False).get("QF_KSPLIT", 0) == 0
     assert not any(L.name == "head_q8" for L in LS._plan_launches(head, True))
     assert head.qf_workspace([1, 8, 16, 64, 128]) == qf.qf_workspace([1, 8, 16, 64, 128])
-    tail = lambda s: [L.op for L in s[max(i for i, L in enumerate(s) if L.layer == spec.cfg.n_layer - 1) + 1:]]  # noqa: E731
-    assert tail(head.step(64, decode=True, sampler="greedy"))[-3:] == ["to_qf", "qf", "argmax"]
+    step = head.step(64, decode=True, sampler="greedy")
+    last = max(i for i, L in enumerate(step) if L.layer == spec.cfg.n_layer - 1)
+    assert [L.op for L in step[last + 1:]][-3:] == ["to_qf", "qf", "argmax"]
     # kernel-check's launch set follows the environment: run with MEMRA_QF_HEAD=1 it adds the head's qf cases
     added = {k: c for k, c in LS.launch_set([spec]).items() if k not in without}
     assert added and all(c["family"] == "qf" and c["params"]["N"] == out.rows for c in added.values())

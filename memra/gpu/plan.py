@@ -312,8 +312,8 @@ class Planner:
         elif decode not in DECODES:
             raise MemraError(f"decode must be {' or '.join(DECODES)}, got {decode!r}")
         self.decode = decode
-        # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order); the head too, every row it takes
-        # (a prompt's last, a generated row's; MEMRA_QF_HEAD=0, the rollback seam: the head keeps mv_q8's order)
+        # (MEMRA_QF_Q6K=0, the rollback seam: the Q6_K weights keep mv_q8's order); with MEMRA_QF_HEAD=1 (opt-in until
+        # measured) the head too, every row it takes (a prompt's last, a generated row's), else mv_q8's order
         qf_types = (12,) if env_choice("MEMRA_QF_Q6K", "1", ("0", "1")) == "0" else QF.TYPES
         qf_ws = layer + (list(self._weights["output"]) if env_choice("MEMRA_QF_HEAD", "0", ("0", "1")) == "1" else [])
         self.qf_keys = frozenset(

@@ -159,8 +159,8 @@ def plan_shapes(m: ModelSpec, rows: int) -> list[tuple[str, str, dict]]:
         if L.op in _PROMPT_OPS and L.rows == rows:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))
     qf = Planner(m, hybrid=True, decode="qf")
-    gen = (qf.step(rows, decode=True, sampler="greedy") if rows <= MAX_ROWS else qf.step(rows, decode=False, kinds="g")) \
-        if qf.qf_keys else ()
+    gen = () if not qf.qf_keys else qf.step(rows, decode=True, sampler="greedy") if rows <= MAX_ROWS else \
+        qf.step(rows, decode=False, kinds="g")
     for L in gen:
         if L.op == "qf" and L.rows == rows:
             seen.setdefault((L.group, L.kernel, shape_key(L.shape)), (L.group, L.kernel, dict(L.shape)))

@@ -20,7 +20,8 @@ here 11 each), so a plan's generated rows take one or the other as a whole (memr
 Measured (experiments/f16_decode/README.md, sessions 54-55, H100, the 8B's Q4_K shapes): 64 rows
 0.57-0.72x gemm.cu (gate+up 93.9 µs against 154.6), 8 rows 0.69-0.81x mvt, one row 1.05-1.28x
 mv_q8; every output at 1, 8 and 64 rows equal to the one-row launches bit for bit. Q6_K (session 56): kernel-checked
-on the H200 (research/2026-12-07-session56), not yet timed.
+on the H200 (research/2026-12-07-session56), not yet timed. The head (MEMRA_QF_HEAD=1, session 57) and the tune hooks
+(tune/campaigns/h200-qf.toml: qf has no table entries yet) wait for a device.
 
 The oracle (kernel-check): the float64 value of the same arithmetic (the Q4_K integers, d sc and
 dmin m exact, the f16 activations, S2 = hi + lo as the kernel reads it) at TOL of the largest
@@ -78,7 +79,7 @@ def default_config(nb: int, N: int, K: int, glu: bool, t: int = 12) -> dict:
     rows; above, qf_gemm's with the weights staged through shared memory (QF_WSMEM 1: session 55's best on every
     64-row shape), 8 warps of QF_NT 4 n8 tiles from 17 rows (2 below); the chains split across blocks (QF_KSPLIT)
     up to KSPLIT_ROWS rows except a gate+up's (its two chains walked by one warp: 105.6 µs at 64 rows against
-    114.9 split) and a weight of more than KSPLIT_N rows'; QF_TYPE t where t is not Q4_K."""
+    114.9 split) and a weight of more than KSPLIT_N rows; QF_TYPE t where t is not Q4_K."""
     c = chains(N, K, glu)
     cfg = {"QF_WARPS": max(4, c), "QF_CHAINS": c, **({"QF_TYPE": t} if t != 12 else {})}
     if nb <= MV_ROWS:
@@ -595,8 +596,8 @@ def _tune_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int):
         _INPUTS.clear()
         raw = MV.random_weight(t, rows, K, rng)
         w0 = MV.upload_weight(g, raw, t)
-        hit = _TUNE_W[key] = ([w0] + [MV.upload_weight(g, raw, t) for _ in range(max(1, -(-rotate_bytes // w0.nbytes)) - 1)],
-                              raw)
+        sets = max(1, -(-rotate_bytes // w0.nbytes))
+        hit = _TUNE_W[key] = ([w0] + [MV.upload_weight(g, raw, t) for _ in range(sets - 1)], raw)
     return hit
 
 
@@ -611,7 +612,9 @@ class _TuneCase:
         self.g, self.t, self.glu, self.N, self.K, self.nb, self.config = g, t, glu, N, K, nb, config
         self.ws, raw = _tune_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes)
         self.sets = len(self.ws)
-        n_ws, n_cnt = (max(a, b) for a, b in zip(workspace(N, K, nb, glu, config, t), workspace(N, K, nb, glu, None, t)))
+        # the job's launches and the built-in reference's share one workspace
+        n_ws, n_cnt = (max(a, b) for a, b in zip(workspace(N, K, nb, glu, config, t),
+                                                 workspace(N, K, nb, glu, None, t)))
         self.wsp, self.cnt = g.empty(max(1, n_ws), np.float32), g.to_device(np.zeros(max(1, n_cnt), np.int32))
         hit = _INPUTS.get((nb, glu))
         if hit is None or hit[0] is not self.ws[0]:   # the weight object itself: ids are reused
