@@ -82,3 +82,21 @@ def epilogue(name: str, got: np.ndarray, ref: np.ndarray, want: np.ndarray, what
     if bad:
         return Outcome(name, False, f"{bad} of {got.size} values differ from {what}", o.err)
     return Outcome(name, True, o.detail + f"; rows alone bit for bit; = {what} bit for bit", o.err)
+
+
+def tune_check(name: str, got: np.ndarray, ref: np.ndarray, bits: np.ndarray, tol: float) -> tuple[bool, float, str]:
+    """A tune job's check (memra/tune/measure.py's (ok, max_err, detail)) of a matmul family whose outputs do not
+    depend on the configuration: the first ref.shape[1] output columns of `got` against their float64 reference
+    `ref` at tol ("max"), every output finite (a poisoned output left unwritten is not), then every output's bits
+    against `bits` (uint32: the built-in configuration's launch on the same inputs)."""
+    R = ref.shape[1]
+    o = compare(name, got[:, :R], ref, tol, kind="max")
+    if not o.ok:
+        return False, o.err, o.detail
+    unwritten = int(np.count_nonzero(~np.isfinite(got)))
+    if unwritten:
+        return False, o.err, f"{unwritten} of {got.size} outputs not finite (unwritten?)"
+    diff = int(np.count_nonzero(got.view(np.uint32) != bits))
+    if diff:
+        return False, o.err, f"{diff} of {got.size} values differ from the built-in configuration's bits"
+    return True, o.err, o.detail + f" ({R} rows); = the built-in configuration's bits"

@@ -647,23 +647,12 @@ class _TuneCase:
     def check(self):
         """One launch on a poisoned y: its first _TUNE_ROWS outputs against the float64 reference at TOL, then every
         output against the built-in configuration's bits."""
-        from memra.gpu.compare import compare
+        from memra.gpu.compare import tune_check
 
         self.y.poison()
         self.launch(0)
         self.g.sync()
-        got = self.y.numpy()
-        R = self.ref.shape[1]
-        o = compare("qf", got[:, :R], self.ref, TOL, kind="max")
-        if not o.ok:
-            return False, o.err, o.detail
-        unwritten = int(np.count_nonzero(~np.isfinite(got)))
-        if unwritten:
-            return False, o.err, f"{unwritten} of {got.size} outputs not finite (unwritten?)"
-        diff = int(np.count_nonzero(got.view(np.uint32) != self.bits))
-        if diff:
-            return False, o.err, f"{diff} of {got.size} values differ from the built-in configuration's bits"
-        return True, o.err, o.detail + f" ({R} rows); = the built-in configuration's bits"
+        return tune_check("qf", self.y.numpy(), self.ref, self.bits, TOL)
 
 
 def tune_case(g, kernel: str, variant: str, config: dict, shape: dict, rng, rotate_bytes: int):
