@@ -39,9 +39,9 @@ check_qf() {   # kernel-check --add-to the committed receipt (seconds where it i
   mkdir -p $R/kernel-check
   # MEMRA_QF_HEAD=1: the launch set holds the head's qf cases too (its 6 cases join the receipt; a run without the
   # flag reads a superset as current); KC_HEAD_ALL=1 (the default): the eager head over 9..63 rows too (26 cases,
-  # session 57; this copy's memra/tune/launches.py edited: land the same edit with the receipt)
+  # session 57; this copy's memra/gpu/modules.py edited: land the same edit with the receipt)
   [ "${KC_HEAD_ALL:-1}" = 1 ] && sed -i 's/^HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)$/HEAD_ROWS = EAGER_HEAD_ROWS/' \
-    memra/tune/launches.py && log "kernel-check: $(grep -n '^HEAD_ROWS' memra/tune/launches.py)"
+    memra/gpu/modules.py && log "kernel-check: $(grep -n '^HEAD_ROWS' memra/gpu/modules.py)"
   MEMRA_QF_HEAD=1 MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
     --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"

@@ -11,7 +11,7 @@ from gpu_emulator import ModuleLog
 from memra.gpu import compile as C
 from memra.gpu.plan import PREFILL_CHUNK
 from memra.gpu.runner import MAX_ROWS, Runner
-from memra.tune import launches as LS
+from memra.gpu import modules as LS
 from memra.tune.invariance import batch_invariance
 from test_runner_emulated import PROMPT
 

@@ -331,6 +331,7 @@ def test_the_head_on_qf_is_opt_in_and_needs_no_split_workspace(monkeypatch):
     head's gathered ones) take to_qf then qf, no q8 twin of them is made, its 64-row qf_gemm does not split its
     chains across blocks (KSPLIT_N: a 131 MB workspace), so the plan's workspace is the layers' alone; by default the
     head keeps mv_q8's order."""
+    from memra.gpu.modules import plan_launches
     from memra.tune import launches as LS
 
     spec = _spec()
@@ -346,7 +347,7 @@ def test_the_head_on_qf_is_opt_in_and_needs_no_split_workspace(monkeypatch):
         Ls = head.head(k, "greedy", src="hsel")
         assert [L.op for L in Ls] == ["to_qf", "qf", "argmax"] and Ls[0].args["src"] == "hsel"
         assert QF.launch_config(k, out.rows, out.cols, False).get("QF_KSPLIT", 0) == 0
-    assert not any(L.name == "head_q8" for L in LS._plan_launches(head, True))
+    assert not any(L.name == "head_q8" for L in plan_launches(head, True))
     assert head.qf_workspace([1, 8, 16, 64, 128]) == qf.qf_workspace([1, 8, 16, 64, 128])
     step = head.step(64, decode=True, sampler="greedy")
     last = max(i for i, L in enumerate(step) if L.layer == spec.cfg.n_layer - 1)

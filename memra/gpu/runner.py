@@ -197,7 +197,7 @@ class Runner:
         ahead = None
         if getattr(self.g, "compile_ahead", False) and env_choice("MEMRA_PRECOMPILE", "1", ("0", "1")) == "1":
             from memra.gpu.compile import AheadOfUse
-            from memra.tune.launches import plan_modules
+            from memra.gpu.modules import plan_modules
 
             ahead = AheadOfUse(lambda: plan_modules(self.plan), self.g.info.arch)
         # whether a prompt row and a decode row at one position give the same bits (the gates'

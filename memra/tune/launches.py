@@ -34,11 +34,12 @@ configuration a device table holds is executed by kernel-check.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
+
+# a plan's launches and their modules (memra.gpu.modules: below the harness, the runner compiles them ahead of use)
+from memra.gpu.modules import FAMILY_MODULE, PlanContext, family_module, plan_cases
 
 log = logging.getLogger("memra.kernelcheck")
 
@@ -46,54 +47,11 @@ log = logging.getLogger("memra.kernelcheck")
 MODELS = ("smollm2-135m", "gemma3-270m", "synth:llama3-8b:Q4_K_M", "synth:llama3-8b:Q4_0",
           "synth:llama3-8b:Q8_0", "synth:llama-1b:Q4_0", "synth:tiny-llama:Q4_K_M", "synth:tiny-qwen2:Q8_0",
           "synth:tiny-qwen3:Q4_0", "synth:tiny-gemma3:Q4_K_M")
-# prefill chunks: 1..8 rows reach every matvec nb (and mvt's one-tile bucket); 9 and 15 mvt's
-# two-tile bucket (full and partial second tile); 16, 17, 64, 65 and 128 the GEMM's built-in
-# configurations (nb <= 16, <= 64, more) with full and partial batch tiles; 512 the largest
-# chunk (memra.gpu.plan.PREFILL_CHUNK)
-PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128, 512)
-# the runner's eager head takes any count of gathered rows up to MAX_ROWS: every row bucket and q8 dispatch path
-# (memra.gpu.plan._dispatch: mv_q8 below 3 rows, mvt below 16, the GEMM from 16) is reached by these
-EAGER_HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32, 33, 64)
-# kernel-check's: not 9..63 yet (26 cases of its launch set at today's tables; experiments/h200_session56.sh's
-# check_qf runs them on the device with HEAD_ROWS = EAGER_HEAD_ROWS, which lands with that receipt)
-HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
-SAMPLERS = ("none", "greedy", "sample")
-
-# the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
-OP_FAMILY = {"embed": "embed", "norm": "norm", "add_norm": "norm", "matvec": "matvec", "quantize": "matvec",
-             "gemm": "gemm", "gemm_tile": "gemm_tile", "gemm_f16": "gemm_f16", "to_f16": "gemm_f16",
-             "qf": "qf", "to_qf": "qf",
-             "mvt": "mvt", "rope": "rope", "attention": "attention", "attention_rope": "attention",
-             "attention_fa": "attn_fa",
-             "act_mul": "act", "softcap": "act", "argmax": "sample", "sample": "sample", "mask": "mask"}
-FAMILY_MODULE = {"matvec": "memra.gpu.ops.matvec", "embed": "memra.gpu.ops.embed", "norm": "memra.gpu.ops.norm",
-                 "rope": "memra.gpu.ops.rope", "attention": "memra.gpu.ops.attention", "act": "memra.gpu.ops.act",
-                 "sample": "memra.gpu.ops.sample", "gemm": "memra.gpu.ops.gemm", "mask": "memra.gpu.ops.mask",
-                 "mvt": "memra.gpu.ops.mvt", "attn_fa": "memra.gpu.ops.attn_fa",
-                 "gemm_tile": "memra.gpu.ops.gemm_tile", "gemm_f16": "memra.gpu.ops.gemm_f16",
-                 "qf": "memra.gpu.ops.qf"}
 
 
 def case_key(case: Mapping) -> str:
     return json.dumps([case["family"], case["entry"], sorted(case["defines"].items()), case["bucket"],
                        case.get("tag", "")], separators=(",", ":"))
-
-
-@dataclass
-class PlanContext:
-    """What a family needs beyond the launch: the model's config and the planner's fixed
-    choices (heads per attention block, splits, KV block)."""
-    cfg: object
-    plan: object
-    path: str
-    kv_block: int = 16
-
-
-def family_module(fam: str):
-    try:
-        return importlib.import_module(FAMILY_MODULE[fam])
-    except ModuleNotFoundError:
-        return None
 
 
 # MEMRA_MODEL_SPECS (docs/FLAGS.md): a JSON file of models' specs (spec_json: the config and every tensor's type,
@@ -231,33 +189,6 @@ def _plans(spec, table, sms: int):
                                           cache_type_k="q8_0", cache_type_v="q8_0")
 
 
-def _plan_launches(plan, gemm: bool, head_rows: Sequence[int] = HEAD_ROWS):
-    """Every launch a runner on this plan makes (module doc). Without the GEMM a step of
-    more than 8 rows is 8-row matvec chunks and a remainder, and every other kernel's bucket
-    stops at 8: steps of 1, 2, 4, 8 (decode) and 1..8 (prefill) rows reach all its modules."""
-    from memra.gpu.plan import GRAPH_BUCKETS, Launch
-
-    E = plan.cfg.n_embd
-    decode = GRAPH_BUCKETS if gemm else tuple(b for b in GRAPH_BUCKETS if b <= 8)
-    prefill = PREFILL_ROWS if gemm else tuple(r for r in PREFILL_ROWS if r <= 8)
-    for rows in decode:
-        yield from plan.step(rows, decode=True, sampler="none")  # the layers and the head
-        for sampler in SAMPLERS[1:]:  # the sampler after the head's logits (and a constrained row's mask)
-            yield from (L for L in plan.head(rows, sampler + "+mask") if L.op in ("argmax", "sample", "mask"))
-    # a hybrid plan's chunks of each row kind (and both kinds in one step where its plan allows:
-    # without the prompt tile)
-    kinds = (("p", "g") + (() if plan.use_tile else ("pg",))) if plan.hybrid else ("p",)
-    for rows in prefill:
-        for k in kinds:
-            yield from plan.step(rows, decode=False, kinds=k)
-    for k in head_rows:
-        if plan.head_q8:  # runner._head re-quantizes the gathered rows
-            yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,
-                         plan.tuned("quantize_q8", {"n": E}, k), "rows", -1, {"src": "hsel", "K": E})
-        for sampler in SAMPLERS:
-            yield from plan.head(k, sampler, src="hsel")
-
-
 def _add(cases: dict, fam: str, c: dict, source: str) -> None:
     c = {"family": fam, **c}
     key = case_key(c)
@@ -282,7 +213,7 @@ def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
         for ti, table in enumerate(tabs):
             tname = "builtin" if ti == 0 else str(table.get("device") or table.get("path"))
             for path, gemm, plan in _plans(spec, table, sms):
-                for fam, L, c in _plan_cases(PlanContext(spec.cfg, plan, path), gemm, mods, families):
+                for fam, L, c in plan_cases(PlanContext(spec.cfg, plan, path), gemm, mods, families):
                     _add(cases, fam, c, f"{spec.name} {tname} {path}: {L.name} x{L.rows}")
     for table in tabs[1:] if other_entries else ():
         for fam, L, ctx, source in table_cases(table, sms):
@@ -291,39 +222,6 @@ def launch_set(specs: Iterable, tables: Sequence[Mapping] = (), sms: int = 132,
             for c in mods[fam].launch_cases(L, ctx):
                 _add(cases, fam, c, source)
     return dict(sorted(cases.items()))
-
-
-def _plan_cases(ctx: PlanContext, gemm: bool, mods: Mapping, families: Sequence[str] | None = None,
-                head_rows: Sequence[int] = HEAD_ROWS):
-    """(family, launch, case) of each distinct launch of a runner on ctx.plan (_plan_launches), through its family's
-    launch_cases."""
-    seen = set()
-    for L in _plan_launches(ctx.plan, gemm, head_rows):
-        a = L.args
-        sig = (L.op, L.kernel, L.variant, tuple(L.shape.values()), L.rows,
-               tuple((L.config or {}).items()), a.get("glu"), a.get("q8"), bool(a.get("res")),
-               a.get("window"), a.get("twin"), bool(a.get("w_post")), a.get("packing"),
-               a.get("att_rows"), a.get("att_switch"))
-        if sig in seen:
-            continue
-        seen.add(sig)
-        fam = OP_FAMILY[L.op]
-        if families is not None and fam not in families:
-            continue
-        mod = mods.get(fam)
-        if mod is None or not hasattr(mod, "launch_cases"):
-            raise KeyError(f"the plan launches {L.op} ({L.kernel}) but family {fam} has no launch_cases")
-        for c in mod.launch_cases(L, ctx):
-            yield fam, L, c
-
-
-def plan_modules(plan) -> list[tuple[str, dict]]:
-    """(kernel file, defines) of every module a runner on `plan` (one Planner: its path, seams and table) can load —
-    its decode steps at every graph bucket, prefill chunks and heads over every row count's path — each once: what the
-    runner compiles ahead of its first step (memra.gpu.compile.AheadOfUse)."""
-    mods = {f: family_module(f) for f in FAMILY_MODULE}
-    cases = _plan_cases(PlanContext(plan.cfg, plan, plan.path), plan.use_gemm, mods, head_rows=EAGER_HEAD_ROWS)
-    return launch_modules({i: c for i, (_, _, c) in enumerate(cases)})
 
 
 def table_cases(table: Mapping, sms: int = 132):
