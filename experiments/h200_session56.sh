@@ -25,6 +25,9 @@
 #   h200-qf.toml, with the head), its freeze and kernel-check --add-to on the device. The next session's calls:
 #   TAG=s58 STAGE=tune; commit its receipts, table and kernel-check receipt; then TAG=s58 E_ARMS="qfh q8"
 #   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
+#   STAGE=v17 (~5 min, before STAGE=tune: a landed v17 stales qf's table entries): qf_gemm v17 against v16
+#   (experiments/f16_decode/v17/ab.py), and where v17's bits are v16's everywhere its kernel-check; land the copy
+#   with that receipt if it is faster. The calls in order: v17, tune, all.
 set -u
 source experiments/h200_common.sh
 stage_begin s56
@@ -165,5 +168,34 @@ tune)
   grep -E "^│ qf" $R/freeze-s57.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
   check_qf
   cp $R/log.txt $OUT/ ;;
+v17)
+  # qf_gemm v17 (experiments/f16_decode/v17: the staging planned once a thread) against v16, then, where every v17
+  # launch gave v16's bits (AB_LAND=0: never), v17 as this copy's kernels/qf.cu and check_qf (the qf family whole,
+  # its launch cases, the head's and HEAD_ROWS'): land it with that receipt (a copy: the header is written), then
+  # STAGE=tune on it
+  timeout ${AB_LIMIT:-260} python3 experiments/f16_decode/v17/ab.py --out $OUT/v17-ab.jsonl > $R/v17-ab.txt 2>&1
+  log "v17 ab rc=$? $(tail -1 $R/v17-ab.txt | cut -c1-200) $(el)"
+  python3 - $OUT/v17-ab.jsonl <<'PY' | tee -a $R/log.txt
+import json, sys, statistics as st
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cells = {}
+for r in rows:
+    cells.setdefault((r["op"], r["shape"]["type"], r["shape"]["rows"], r["nb"], json.dumps(r["config"])), {}).setdefault(
+        r["arm"], []).append(r)
+bad = sum(1 for r in rows if r["arm"] == "v17" and not r["ok"])
+for k, a in cells.items():
+    v16 = [r["median_us"] for r in a.get("v16", []) if r["ok"]]
+    v17 = [r["median_us"] for r in a.get("v17", []) if r["ok"]]
+    if v16 and v17:
+        print(f"{k[0]:12s} {k[1]} {k[2]:6d} nb={k[3]:2d} {k[4]:30s} v16 {st.mean(v16):8.2f} us  v17 {v17[0]:8.2f} us  "
+              f"{st.mean(v16) / v17[0]:5.2f}x")
+print(f"v17 launches not equal to v16's bits or failed: {bad} of {sum(1 for r in rows if r['arm'] == 'v17')}")
+open("/tmp/v17-bad", "w").write(str(bad))
+PY
+  if [ "${AB_LAND:-1}" = 1 ] && [ "$(cat /tmp/v17-bad 2>/dev/null)" = 0 ]; then
+    cp experiments/f16_decode/v17/qf.cu kernels/qf.cu && log "kernels/qf.cu := v17"
+    check_qf
+  fi
+  cp $R/log.txt $R/v17-ab.txt $OUT/ ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
