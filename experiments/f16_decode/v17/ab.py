@@ -7,8 +7,8 @@ reference bits (its built-in configuration's launch on the cached inputs) are v1
 every output equals them (`ok`).
 
 Prediction (static SASS of the superblock loop, NVRTC 13.5 here; the device's NVRTC 13.0 may differ): the glu Q4_K
-gate+up at 64 rows 1,117 -> 765 instructions with v16's three staging loops (run 1-5 times a superblock) gone, the
-Q6_K down 1,283 -> 904, the Q4_K down 1,064 -> 604, the Q4_K QKV at 16 rows 1,010 -> 499; qf_gemm issued ~48 % of
+gate+up at 64 rows 1,117 -> 720 instructions with v16's three staging loops (run 1-5 times a superblock) gone, the
+Q6_K down 1,283 -> 954, the Q4_K down 1,064 -> 609, the Q4_K QKV at 16 rows 1,010 -> 495; qf_gemm issued ~48 % of
 its cycles on the H100 (ncu, session 55), so ~1.3-1.6x at 64 rows if the issue slots bind.
 
     source .whl/setup.sh && python3 experiments/f16_decode/v17/ab.py --out $OUT/v17-ab.jsonl [--reps 30]

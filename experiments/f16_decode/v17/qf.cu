@@ -487,28 +487,18 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
     // rows, pieces and clamps (v16: ~530 of a warp's ~1,030 instructions a superblock, static SASS). The staged
     // layout is v16's byte for byte: only which thread copies which piece changes.
     // activations: thread copy j takes staged row warp + GWARPS j, piece lane (16 bytes: elements 8 lane ..), rows
-    // >= nb zero-filled (their source row 0: never read)
+    // >= nb zero-filled (their source: row 0's, never read); copies j < xn read a row < nb
     constexpr int XCP = (R + QF_GWARPS - 1) / QF_GWARPS;   // copies a thread makes a stage
-    uint32_t xoff[XCP];
-    int xn = 0;                                            // copies j < xn read a row < nb
-#pragma unroll
-    for (int j = 0; j < XCP; ++j) {
-        const int row = c0 + warp + QF_GWARPS * j;
-        const bool in = warp + QF_GWARPS * j < R && row < nb;
-        xoff[j] = (uint32_t)(in ? row : 0) * (uint32_t)K + 8 * lane;
-        xn += in;
-    }
+    const uint32_t xbase = (uint32_t)(c0 + warp) * (uint32_t)K + 8 * lane, xstep = (uint32_t)QF_GWARPS * (uint32_t)K;
+    const int xlim = min(nb - c0, R) - warp;
+    const int xn = xlim > 0 ? (xlim + QF_GWARPS - 1) / QF_GWARPS : 0;
     const uint32_t xdl = 2 * (warp * QF_XROW + 8 * lane);
-#if QF_TYPE == 12   // the sums: thread t < 4 R copies staged row t >> 2's piece t & 3 (16 bytes)
+#if QF_TYPE == 12   // the sums: copy j of thread t takes staged row (t >> 2) + 8 GWARPS j's piece t & 3 (16 bytes)
     constexpr int SCP = (4 * R + 32 * QF_GWARPS - 1) / (32 * QF_GWARPS);
-    uint32_t soff[SCP];
-    int sn = 0;
-#pragma unroll
-    for (int j = 0; j < SCP; ++j) {
-        const int k = threadIdx.x + 32 * QF_GWARPS * j, row = c0 + (k >> 2);
-        soff[j] = (uint32_t)(row < nb ? row : 0) * (uint32_t)(nsb * 16) + 4 * (k & 3);
-        sn += k < 4 * R && row < nb;
-    }
+    const uint32_t sbase = (uint32_t)(c0 + (threadIdx.x >> 2)) * (uint32_t)(nsb * 16) + 4 * (threadIdx.x & 3);
+    const uint32_t sstep = (uint32_t)(8 * QF_GWARPS) * (uint32_t)(nsb * 16);
+    const int slim = min(nb - c0, R) - (int)(threadIdx.x >> 2);
+    const int sn = slim > 0 ? (slim + 8 * QF_GWARPS - 1) / (8 * QF_GWARPS) : 0;
 #endif
     auto stage_x = [&](int i, int s) {   // superblock sb0 + i's activations and sums into stage s
         const int sb = sb0 + i;
@@ -517,8 +507,10 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
 #pragma unroll
         for (int j = 0; j < XCP; ++j) {
             if (warp + QF_GWARPS * j >= R) break;   // (R % QF_GWARPS: the last copy's warps past R)
+            const bool in = j < xn;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         :: "r"(xd + 2 * QF_GWARPS * QF_XROW * j), "l"(xs + xoff[j]), "r"(j < xn ? 16 : 0) : "memory");
+                         :: "r"(xd + 2 * QF_GWARPS * QF_XROW * j), "l"(xs + (in ? xbase + xstep * j : 8 * lane)),
+                            "r"(in ? 16 : 0) : "memory");
         }
 #if QF_TYPE == 12   // (Q6_K reads no sums)
         const uint32_t sd = smem_u32(ssm + (size_t)s * R * 16) + 16 * threadIdx.x;
@@ -526,8 +518,10 @@ MEMRA_DEVICE void qf_gemm_body(const uint8_t* __restrict__ bulk, const uint8_t* 
 #pragma unroll
         for (int j = 0; j < SCP; ++j) {
             if (threadIdx.x + 32 * QF_GWARPS * j >= 4 * R) break;
+            const bool in = j < sn;
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                         :: "r"(sd + 16 * 32 * QF_GWARPS * j), "l"(ss + soff[j]), "r"(j < sn ? 16 : 0) : "memory");
+                         :: "r"(sd + 16 * 32 * QF_GWARPS * j), "l"(ss + (in ? sbase + sstep * j : 4 * (threadIdx.x & 3))),
+                            "r"(in ? 16 : 0) : "memory");
         }
 #endif
     };
