@@ -173,7 +173,9 @@ v17)
   # launch gave v16's bits (AB_LAND=0: never), v17 as this copy's kernels/qf.cu and check_qf (the qf family whole,
   # its launch cases, the head's and HEAD_ROWS'): land it with that receipt (a copy: the header is written), then
   # STAGE=tune on it
-  timeout ${AB_LIMIT:-260} python3 experiments/f16_decode/v17/ab.py --out $OUT/v17-ab.jsonl > $R/v17-ab.txt 2>&1
+  # beside the built-in configurations two with 8 tiles a warp (v17's registers: session 57's README)
+  AB_CONFIGS=${AB_CONFIGS-"4 8 2 1;8 8 2 0"} timeout ${AB_LIMIT:-260} python3 experiments/f16_decode/v17/ab.py \
+    --out $OUT/v17-ab.jsonl > $R/v17-ab.txt 2>&1
   log "v17 ab rc=$? $(tail -1 $R/v17-ab.txt | cut -c1-200) $(el)"
   python3 - $OUT/v17-ab.jsonl <<'PY' | tee -a $R/log.txt
 import json, sys, statistics as st
