@@ -1,7 +1,7 @@
-"""v17 (experiments/f16_decode/v17/qf.cu: qf_gemm's cp.async staging planned once a thread) against v16 (kernels/qf.cu,
-the engine's) on the device, in one process: for each qf launch of the 8B Q4_K_M's decode step (memra.tune.campaign.
-plan_shapes with MEMRA_QF_HEAD=1: the 7 layer shapes and the head) at 16, 32 and 64 rows, the built-in configuration
-(or AB_CONFIGS' too) timed as `memra tune` times a job (memra.tune.measure.gpu_measure: CUDA graphs of 20 launches
+"""v17 (experiments/f16_decode/v17/qf.cu: qf_gemm's cp.async staging planned once a thread, qf_mv's activations from
+one address a superblock) against v16 (kernels/qf.cu, the engine's) on the device, in one process: for each qf launch
+of the 8B Q4_K_M's decode step (memra.tune.campaign.plan_shapes with MEMRA_QF_HEAD=1: the 7 layer shapes and the head)
+at 1 and 8 rows (qf_mv) and 16, 32 and 64 (qf_gemm), the built-in configuration (above 8 rows AB_CONFIGS' too) timed as `memra tune` times a job (memra.tune.measure.gpu_measure: CUDA graphs of 20 launches
 over weight copies rotated past the L2), arms v16, v17, v16 in turn. Bits: v16 runs first, so the tune case's
 reference bits (its built-in configuration's launch on the cached inputs) are v16's, and v17's check passes only if
 every output equals them (`ok`).
@@ -9,7 +9,9 @@ every output equals them (`ok`).
 Prediction (static SASS of the superblock loop, NVRTC 13.5 here; the device's NVRTC 13.0 may differ): the glu Q4_K
 gate+up at 64 rows 1,117 -> 720 instructions with v16's three staging loops (run 1-5 times a superblock) gone, the
 Q6_K down 1,283 -> 954, the Q4_K down 1,064 -> 609, the Q4_K QKV at 16 rows 1,010 -> 495; qf_gemm issued ~48 % of
-its cycles on the H100 (ncu, session 55), so ~1.3-1.6x at 64 rows if the issue slots bind.
+its cycles on the H100 (ncu, session 55), so ~1.3-1.6x at 64 rows if the issue slots bind. qf_mv's loop (two
+superblocks) 889 -> 770 (Q4_K), 1,240 -> 1,111 (Q6_K): ~5-10 % at one row, where the kernel sits between DRAM and
+its issue rate (62 % of DRAM against mv_q8's 75 %).
 
     source .whl/setup.sh && python3 experiments/f16_decode/v17/ab.py --out $OUT/v17-ab.jsonl [--reps 30]
 """
@@ -28,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-NBS = tuple(int(v) for v in os.environ.get("AB_NBS", "16,32,64").split(","))
+NBS = tuple(int(v) for v in os.environ.get("AB_NBS", "1,8,16,32,64").split(","))
 # extra qf_gemm configurations beside the built-in one, "GW NT ST KS" each (QF_WSMEM 1)
 CONFIGS = [dict(zip(("QF_GWARPS", "QF_NT", "QF_STAGES", "QF_KSPLIT"), map(int, c.split())), QF_WSMEM=1)
            for c in os.environ.get("AB_CONFIGS", "").split(";") if c.strip()]
@@ -83,7 +85,7 @@ def main() -> int:
         for op, kernel, shape in plan_shapes(m, nb):
             if kernel not in ("qf", "qf_glu"):
                 continue
-            for cfg in [{}] + CONFIGS:
+            for cfg in [{}] + (CONFIGS if nb > QF.MV_ROWS else []):
                 job = Job(kernel=kernel, variant="qf", config=cfg, shape={**shape, "batch": nb}, src="qf.cu")
                 for arm in ("v16", "v17", "v16"):
                     QF._module = arms[arm]

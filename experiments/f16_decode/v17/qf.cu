@@ -87,7 +87,8 @@
 //      and piece lane, a sum piece, a lane's weight row lane & 15 and its bulk pieces lane >> 4 + 2 j (with the meta
 //      or a share of the Q6_K window) — so a stage adds one superblock offset to each planned address; v16 recomputed
 //      rows, pieces (k / 9, k % 9) and clamps in three loops, ~half a warp's instructions a superblock (static SASS).
-//      The staged bytes are v16's (tests/test_qf_v17.py replays both plans), so are the outputs.
+//      The staged bytes are v16's (tests/test_qf_v17.py replays both plans), so are the outputs. qf_mv: a
+//      superblock's activations from one address, unpredicated (a column >= nb reads row 0's, never stored).
 #include "common.cuh"
 #include "smem_stage.cuh"
 
@@ -427,22 +428,16 @@ MEMRA_DEVICE void qf_mv_body(const uint8_t* __restrict__ bulk, const uint8_t* __
                     T.load(sb0 + nx, rq[slot]);
                 }
                 const int sb = sb0 + i + r;
+                // v17: the superblock's activations from one address, unpredicated: a lane of column gid >= nb reads
+                // row 0's (xr, sr), whose products land in D columns no lane stores (qf_store: col < nb)
+                const uint16_t* xb = xr + 256 * (size_t)sb;
 #if QF_TYPE == 14
                 qf6_superblock<1>(rq[r],
-                    [&](int, int s) {
-                        return xrow ? __ldg(reinterpret_cast<const uint2*>(xr + 256 * sb + 16 * s)) : make_uint2(0, 0);
-                    },
-                    acc);
+                    [&](int, int s) { return __ldg(reinterpret_cast<const uint2*>(xb + 16 * s)); }, acc);
 #else
                 qf_superblock<1>(rq[r].w, rq[r].m[0], rq[r].m[1], tig,
-                    [&](int, int j, int h) {
-                        return xrow ? __ldg(reinterpret_cast<const uint4*>(xr + 256 * sb + 64 * j + 32 * h))
-                                    : make_uint4(0, 0, 0, 0);
-                    },
-                    [&](int) {
-                        return xrow ? __ldg(reinterpret_cast<const uint4*>(sr + 16 * sb)) : make_uint4(0, 0, 0, 0);
-                    },
-                    acc);
+                    [&](int, int j, int h) { return __ldg(reinterpret_cast<const uint4*>(xb + 64 * j + 32 * h)); },
+                    [&](int) { return __ldg(reinterpret_cast<const uint4*>(sr + 16 * (size_t)sb)); }, acc);
 #endif
             }
         }
