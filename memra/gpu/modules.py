@@ -19,9 +19,8 @@ PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128, 512)
 # the runner's eager head takes any count of gathered rows up to MAX_ROWS: every row bucket and q8 dispatch path
 # (memra.gpu.plan._dispatch: mv_q8 below 3 rows, mvt below 16, the GEMM from 16) is reached by these
 EAGER_HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32, 33, 64)
-# kernel-check's: not 9..63 yet (26 cases of its launch set at today's tables; experiments/h200_session56.sh's
-# check_qf runs them on the device with HEAD_ROWS = EAGER_HEAD_ROWS, which lands with that receipt)
-HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)
+# kernel-check's too (since session 57's receipt: before, 9..63 were not reached — 26 launch cases)
+HEAD_ROWS = EAGER_HEAD_ROWS
 SAMPLERS = ("none", "greedy", "sample")
 
 # the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
