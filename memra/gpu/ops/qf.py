@@ -20,8 +20,8 @@ here 11 each), so a plan's generated rows take one or the other as a whole (memr
 Measured (experiments/f16_decode/README.md, sessions 54-55, H100, the 8B's Q4_K shapes): 64 rows
 0.57-0.72x gemm.cu (gate+up 93.9 µs against 154.6), 8 rows 0.69-0.81x mvt, one row 1.05-1.28x
 mv_q8; every output at 1, 8 and 64 rows equal to the one-row launches bit for bit. Q6_K (session 56): kernel-checked
-on the H200 (research/2026-12-07-session56), not yet timed. The head (MEMRA_QF_HEAD=1, session 57) and the tune hooks
-(tune/campaigns/h200-qf.toml: qf has no table entries yet) wait for a device.
+on the H200 (research/2026-12-07-session56), not yet timed. The head (MEMRA_QF_HEAD=1, session 57) and qf's table entries
+(tune/campaigns/h200-qf.toml, session 57, the H100 standing in: at 64 rows ~205-213 µs of an 8B layer, the head 429).
 
 The oracle (kernel-check): the float64 value of the same arithmetic (the Q4_K integers, d sc and
 dmin m exact, the f16 activations, S2 = hi + lo as the kernel reads it) at TOL of the largest
