@@ -90,7 +90,7 @@ def main() -> int:
                 for arm in ("v16", "v17", "v16"):
                     QF._module = arms[arm]
                     r = measure(job)
-                    rec = {**base, "arm": arm, "op": op, "kernel": kernel, "shape": shape, "nb": nb, "config": cfg,
+                    rec = {"kind": "v17_ab", **base, "arm": arm, "op": op, "kernel": kernel, "shape": shape, "nb": nb, "config": cfg,
                            **{k: r.get(k) for k in ("ok", "max_err", "error", "median_us", "p20_us", "p80_us",
                                                     "bytes")}}
                     out.write(json.dumps(rec) + "\n")
