@@ -27,7 +27,8 @@
 #   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
 #   STAGE=v17 (~5 min, before STAGE=tune: a landed v17 stales qf's table entries): qf_gemm v17 against v16
 #   (experiments/f16_decode/v17/ab.py), and where v17's bits are v16's everywhere its kernel-check; land the copy
-#   with that receipt if it is faster. The calls in order: v17, tune, all.
+#   with that receipt if it is faster. The calls in order: v17, tune, all. STAGE=ab (~3 min, carrying .whl and
+#   .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short device window.
 set -u
 source experiments/h200_common.sh
 stage_begin s56
@@ -199,5 +200,18 @@ PY
     check_qf
   fi
   cp $R/log.txt $R/v17-ab.txt $OUT/ ;;
+ab)
+  # a short call: `memra bench serve` of the synthetic 8B for each arm of E_ARMS (default "qfh q8"), memra alone (no
+  # llama-server: its build does not fit), cells E_C (default 64,8,1); the runner compiles its plan's modules ahead
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); log "synth $M8 $(el)"
+  for arm in ${E_ARMS:-qfh q8}; do
+    left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
+    left ${E_END:-400} || { log "bench $arm: no time left"; break; }
+    env $(arm_env $arm) timeout $(( ${CALL_LIMIT:-540} - ($(date +%s) - T0) )) python3 -m memra bench serve \
+      synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer "$TOKS" -c ${E_C:-64,8,1} --prompt-tokens 100 \
+      --max-tokens 128 --out $OUT/serve-ab.jsonl --tag "$TAG $(arm_env $arm)" > $R/bench-$arm.txt 2>&1
+    log "bench serve $arm rc=$? $(el)"; tail -8 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
+  done
+  cp $R/log.txt $R/bench-*.txt $OUT/ 2>/dev/null ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
