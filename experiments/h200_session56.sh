@@ -25,10 +25,9 @@
 #   h200-qf.toml, with the head), its freeze and kernel-check --add-to on the device. The next session's calls:
 #   TAG=s58 STAGE=tune; commit its receipts, table and kernel-check receipt; then TAG=s58 E_ARMS="qfh q8"
 #   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
-#   STAGE=v17 (~5 min, before STAGE=tune: a landed v17 stales qf's table entries): qf_gemm v17 against v16
-#   (experiments/f16_decode/v17/ab.py), and where v17's bits are v16's everywhere its kernel-check; land the copy
-#   with that receipt if it is faster. The calls in order: v17, tune, all. STAGE=ab (~3 min, carrying .whl and
-#   .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short device window.
+#   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
+#   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
+#   device window.
 set -u
 source experiments/h200_common.sh
 stage_begin s56
@@ -41,11 +40,7 @@ log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 check_qf() {   # kernel-check --add-to the committed receipt (seconds where it is current), from the real models'
   # exported specs (carry .models/specs.json), its receipt to $OUT first; then the qf GPU tests
   mkdir -p $R/kernel-check
-  # MEMRA_QF_HEAD=1: the launch set holds the head's qf cases too (its 6 cases join the receipt; a run without the
-  # flag reads a superset as current); KC_HEAD_ALL=1 (the default): the eager head over 9..63 rows too (26 cases,
-  # session 57; this copy's memra/gpu/modules.py edited: land the same edit with the receipt)
-  [ "${KC_HEAD_ALL:-1}" = 1 ] && sed -i 's/^HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 64)$/HEAD_ROWS = EAGER_HEAD_ROWS/' \
-    memra/gpu/modules.py && log "kernel-check: $(grep -n '^HEAD_ROWS' memra/gpu/modules.py)"
+  # MEMRA_QF_HEAD=1: the launch set holds the head's qf cases too (a run without the flag reads a superset as current)
   MEMRA_QF_HEAD=1 MEMRA_MODEL_SPECS=.models/specs.json timeout ${KC_LIMIT:-220} python3 -m memra kernel-check --out $R/kernel-check/ \
     --add-to research/kernel-check/nvidia-h200.json > $R/kernel-check.txt 2>&1
   log "kernel-check rc=$? $(tail -1 $R/kernel-check.txt) $(el)"
@@ -169,37 +164,6 @@ tune)
   grep -E "^│ qf" $R/freeze-s57.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
   check_qf
   cp $R/log.txt $OUT/ ;;
-v17)
-  # qf_gemm v17 (experiments/f16_decode/v17: the staging planned once a thread) against v16, then, where every v17
-  # launch gave v16's bits (AB_LAND=0: never), v17 as this copy's kernels/qf.cu and check_qf (the qf family whole,
-  # its launch cases, the head's and HEAD_ROWS'): land it with that receipt (a copy: the header is written), then
-  # STAGE=tune on it
-  # beside the built-in configurations two with 8 tiles a warp (v17's registers: session 57's README)
-  AB_CONFIGS=${AB_CONFIGS-"4 8 2 1;8 8 2 0"} timeout ${AB_LIMIT:-260} python3 experiments/f16_decode/v17/ab.py \
-    --out $OUT/v17-ab.jsonl > $R/v17-ab.txt 2>&1
-  log "v17 ab rc=$? $(tail -1 $R/v17-ab.txt | cut -c1-200) $(el)"
-  python3 - $OUT/v17-ab.jsonl <<'PY' | tee -a $R/log.txt
-import json, sys, statistics as st
-rows = [json.loads(l) for l in open(sys.argv[1])]
-cells = {}
-for r in rows:
-    cells.setdefault((r["op"], r["shape"]["type"], r["shape"]["rows"], r["nb"], json.dumps(r["config"])), {}).setdefault(
-        r["arm"], []).append(r)
-bad = sum(1 for r in rows if r["arm"] == "v17" and not r["ok"])
-for k, a in cells.items():
-    v16 = [r["median_us"] for r in a.get("v16", []) if r["ok"]]
-    v17 = [r["median_us"] for r in a.get("v17", []) if r["ok"]]
-    if v16 and v17:
-        print(f"{k[0]:12s} {k[1]} {k[2]:6d} nb={k[3]:2d} {k[4]:30s} v16 {st.mean(v16):8.2f} us  v17 {v17[0]:8.2f} us  "
-              f"{st.mean(v16) / v17[0]:5.2f}x")
-print(f"v17 launches not equal to v16's bits or failed: {bad} of {sum(1 for r in rows if r['arm'] == 'v17')}")
-open("/tmp/v17-bad", "w").write(str(bad))
-PY
-  if [ "${AB_LAND:-1}" = 1 ] && [ "$(cat /tmp/v17-bad 2>/dev/null)" = 0 ]; then
-    cp experiments/f16_decode/v17/qf.cu kernels/qf.cu && log "kernels/qf.cu := v17"
-    check_qf
-  fi
-  cp $R/log.txt $R/v17-ab.txt $OUT/ ;;
 ab)
   # a short call: `memra bench serve` of the synthetic 8B for each arm of E_ARMS (default "qfh q8"), memra alone (no
   # llama-server: its build does not fit), cells E_C (default 64,8,1); the runner compiles its plan's modules ahead

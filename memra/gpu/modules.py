@@ -17,10 +17,9 @@ from typing import Mapping, Sequence
 # chunk (memra.gpu.plan.PREFILL_CHUNK)
 PREFILL_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 64, 65, 128, 512)
 # the runner's eager head takes any count of gathered rows up to MAX_ROWS: every row bucket and q8 dispatch path
-# (memra.gpu.plan._dispatch: mv_q8 below 3 rows, mvt below 16, the GEMM from 16) is reached by these
-EAGER_HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32, 33, 64)
-# kernel-check's too (since session 57's receipt: before, 9..63 were not reached — 26 launch cases)
-HEAD_ROWS = EAGER_HEAD_ROWS
+# (memra.gpu.plan._dispatch: mv_q8 below 3 rows, mvt below 16, the GEMM from 16) is reached by these (kernel-check's
+# before session 57 stopped at 8 and 64: 26 launch cases of 9..63 rows were never run)
+HEAD_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 32, 33, 64)
 SAMPLERS = ("none", "greedy", "sample")
 
 # the family module that maps each plan op; FAMILY_MODULE is every kernel family (kernel-check's list)
@@ -55,7 +54,7 @@ def family_module(fam: str):
         return None
 
 
-def plan_launches(plan, gemm: bool, head_rows: Sequence[int] = HEAD_ROWS):
+def plan_launches(plan, gemm: bool):
     """Every launch a runner on this plan makes (module doc). Without the GEMM a step of
     more than 8 rows is 8-row matvec chunks and a remainder, and every other kernel's bucket
     stops at 8: steps of 1, 2, 4, 8 (decode) and 1..8 (prefill) rows reach all its modules."""
@@ -74,7 +73,7 @@ def plan_launches(plan, gemm: bool, head_rows: Sequence[int] = HEAD_ROWS):
     for rows in prefill:
         for k in kinds:
             yield from plan.step(rows, decode=False, kinds=k)
-    for k in head_rows:
+    for k in HEAD_ROWS:
         if plan.head_q8:  # runner._head re-quantizes the gathered rows
             yield Launch("head_q8", "quantize", "quantize_q8", "default", {"n": E}, k,
                          plan.tuned("quantize_q8", {"n": E}, k), "rows", -1, {"src": "hsel", "K": E})
@@ -82,12 +81,11 @@ def plan_launches(plan, gemm: bool, head_rows: Sequence[int] = HEAD_ROWS):
             yield from plan.head(k, sampler, src="hsel")
 
 
-def plan_cases(ctx: PlanContext, gemm: bool, mods: Mapping, families: Sequence[str] | None = None,
-                head_rows: Sequence[int] = HEAD_ROWS):
+def plan_cases(ctx: PlanContext, gemm: bool, mods: Mapping, families: Sequence[str] | None = None):
     """(family, launch, case) of each distinct launch of a runner on ctx.plan (plan_launches), through its family's
     launch_cases."""
     seen = set()
-    for L in plan_launches(ctx.plan, gemm, head_rows):
+    for L in plan_launches(ctx.plan, gemm):
         a = L.args
         sig = (L.op, L.kernel, L.variant, tuple(L.shape.values()), L.rows,
                tuple((L.config or {}).items()), a.get("glu"), a.get("q8"), bool(a.get("res")),
@@ -111,8 +109,14 @@ def plan_modules(plan) -> list[tuple[str, dict]]:
     its decode steps at every graph bucket, prefill chunks and heads over every row count's path — each once: what the
     runner compiles ahead of its first step (memra.gpu.compile.AheadOfUse)."""
     mods = {f: family_module(f) for f in FAMILY_MODULE}
+    cases = plan_cases(PlanContext(plan.cfg, plan, plan.path), plan.use_gemm, mods)
+    return launch_modules({i: c for i, (_, _, c) in enumerate(cases)})
+
+
+def launch_modules(cases: Mapping[str, Mapping]) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of every module the cases load, each once."""
     out, seen = [], set()
-    for _, _, c in plan_cases(PlanContext(plan.cfg, plan, plan.path), plan.use_gemm, mods, head_rows=EAGER_HEAD_ROWS):
+    for c in cases.values():
         k = (c["file"], tuple(sorted(c["defines"].items())))
         if k not in seen:
             seen.add(k)

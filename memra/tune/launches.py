@@ -3,7 +3,7 @@ kernel-check` runs and compiles, and that its receipt records.
 
     specs = model_specs()                       # the real models' and the benchmarks' shapes
     cases = launch_set(specs, [table])          # {key: case}, deduplicated
-    launch_modules(cases)                       # (kernel file, defines) to compile
+    launch_modules(cases)                       # (kernel file, defines) to compile (memra.gpu.modules)
 
 For every model, every table (the built-in defaults and the tables given: a device's own,
 so each tuned configuration is launched) and every rollback seam the runner reads
@@ -14,8 +14,8 @@ when the gemm_f16 family does: its prompt steps launch gemm_tile where the defau
 MEMRA_DECODE=qf when the qf family does: its generated rows launch qf where the default's launch mv_q8's order), the planner (memra.gpu.plan) lists
 its launches: decode steps at every CUDA-graph bucket with each sampler (none, greedy, sample), prefill chunks of 1 to 8 rows (every matvec
 batch, and mvt's 8-row bucket), of 9 and 15 rows (mvt's two-tile bucket) and of 16, 17, 64, 65
-and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over 1 to
-8 and 64 gathered rows (with the quantize_q8
+and 128 rows (the GEMM's configurations) and of 512 (the largest chunk), and the head over every
+gathered-row path (memra.gpu.modules.HEAD_ROWS: 1 to 9, 15-17, 32, 33, 64) (with the quantize_q8
 launch that runner._head makes outside the plan). Each family module (memra/gpu/ops/) maps a
 plan launch to the cases that run exactly its module: `launch_cases(L, ctx)` gives the entry
 point, the -D defines the launcher would build, the row bucket, and what `check_launch`
@@ -39,7 +39,7 @@ import logging
 from typing import Iterable, Mapping, Sequence
 
 # a plan's launches and their modules (memra.gpu.modules: below the harness, the runner compiles them ahead of use)
-from memra.gpu.modules import FAMILY_MODULE, PlanContext, family_module, plan_cases
+from memra.gpu.modules import FAMILY_MODULE, PlanContext, family_module, launch_modules, plan_cases  # noqa: F401
 
 log = logging.getLogger("memra.kernelcheck")
 
@@ -165,7 +165,7 @@ def _plans(spec, table, sms: int):
         if plan.use_fa:
             yield path, gemm, plan
             # MEMRA_ATTN=hybrid: prompt rows on attn_fa, generated rows on attn_decode (both
-            # launches in a step holding both kinds: _plan_launches)
+            # launches in a step holding both kinds: memra.gpu.modules.plan_launches)
             for fuse in (True, False):
                 yield path, gemm, Planner(spec, table, path=path, fuse_rope=fuse, sms=sms, gemm=gemm, mvt=mvt,
                                           hybrid=True, tile=family_available("gemm_tile"))
@@ -367,17 +367,6 @@ def unexecuted_entries(table: Mapping, cases: Iterable[Mapping]) -> list[str]:
                               and c["params"].get("switch") == switch0 for c in cases)
                 if not hit:
                     out.append(f"{kernel} [{skey}] b{b} {e['config']}")
-    return out
-
-
-def launch_modules(cases: Mapping[str, Mapping]) -> list[tuple[str, dict]]:
-    """(kernel file, defines) of every module the cases load, each once."""
-    out, seen = [], set()
-    for c in cases.values():
-        k = (c["file"], tuple(sorted(c["defines"].items())))
-        if k not in seen:
-            seen.add(k)
-            out.append((c["file"], dict(c["defines"])))
     return out
 
 

@@ -669,9 +669,11 @@ def tune_modules(kernel: str, variant: str, config: dict, shape: dict) -> list[t
 _SHAPE_CACHE: dict[tuple, tuple] = {}
 
 
-def _shape_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int, raw: bool = False):
+def _shape_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int, raw: bool = False, dequant: bool = True):
     """(weight copies, float64 dequantized weight) of a random weight of this shape; raw: and
-    its GGUF rows (memra.gpu.ops.gemm_tile's chain reference)."""
+    its GGUF rows (memra.gpu.ops.gemm_tile's chain reference). dequant=False: None for the float64
+    copy, made only when a caller asks for it (the 8B head's would be 4.2 GB; qf's tune check takes
+    its reference rows from the GGUF rows)."""
     key = (id(g), t, rows, K, rotate_bytes)
     hit = _SHAPE_CACHE.get(key)
     if hit is None:
@@ -681,8 +683,10 @@ def _shape_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int, raw: bo
         sets = max(1, -(-rotate_bytes // w0.nbytes))
         # the other copies hold the same bytes: only their addresses matter (L2 rotation)
         ws = [w0] + [upload_weight(g, r, t) for _ in range(sets - 1)]
-        hit = _SHAPE_CACHE[key] = (ws, dequant_rows(r, t).astype(np.float64), r)
-    return hit if raw else hit[:2]
+        hit = _SHAPE_CACHE[key] = [ws, None, r]
+    if dequant and hit[1] is None:
+        hit[1] = dequant_rows(hit[2], t).astype(np.float64)
+    return tuple(hit) if raw else tuple(hit[:2])
 
 
 class _TuneCase:

@@ -560,7 +560,6 @@ def check_launch(g, rng, case):
 VARIANT = "qf"
 TUNE_VARIANTS = {"qf": (VARIANT,), "qf_glu": (VARIANT,)}
 _TUNE_ROWS = 128   # output rows a tune check holds to the float64 reference (every output: the built-in's bits)
-_TUNE_W: dict[tuple, tuple] = {}    # the shape's weight copies and GGUF rows (one shape at a time)
 _INPUTS: dict[tuple, tuple] = {}    # (nb, glu) -> (the weight they were made for, the activations and references)
 
 
@@ -585,22 +584,6 @@ def _tune_args(kernel: str, variant: str, config: dict, shape: dict):
     return t, glu, N, K, nb, cfg
 
 
-def _tune_weights(g, t: int, rows: int, K: int, rng, rotate_bytes: int):
-    """(weight copies, GGUF rows) of a random weight of this shape, copies enough to rotate past the L2; unlike
-    matvec's shape cache no float64 copy of the whole weight (the 8B head's would be 4.2 GB): the references take
-    _TUNE_ROWS rows."""
-    key = (id(g), t, rows, K, rotate_bytes)
-    hit = _TUNE_W.get(key)
-    if hit is None:
-        _TUNE_W.clear()
-        _INPUTS.clear()
-        raw = MV.random_weight(t, rows, K, rng)
-        w0 = MV.upload_weight(g, raw, t)
-        sets = max(1, -(-rotate_bytes // w0.nbytes))
-        hit = _TUNE_W[key] = ([w0] + [MV.upload_weight(g, raw, t) for _ in range(sets - 1)], raw)
-    return hit
-
-
 class _TuneCase:
     """The shape's weight in the planes layout (copies rotating past the L2), nb rows of random activations as
     to_qf leaves them (its host replay), the job's configuration, launched as the planner launches a table entry's.
@@ -610,7 +593,8 @@ class _TuneCase:
 
     def __init__(self, g, t, glu, N, K, nb, config, rng, rotate_bytes):
         self.g, self.t, self.glu, self.N, self.K, self.nb, self.config = g, t, glu, N, K, nb, config
-        self.ws, raw = _tune_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes)
+        # (no float64 copy of the weight: the references take _TUNE_ROWS of its GGUF rows)
+        self.ws, _, raw = MV._shape_weights(g, t, 2 * N if glu else N, K, rng, rotate_bytes, raw=True, dequant=False)
         self.sets = len(self.ws)
         # the job's launches and the built-in reference's share one workspace
         n_ws, n_cnt = (max(a, b) for a, b in zip(workspace(N, K, nb, glu, config, t),
