@@ -34,6 +34,11 @@ CASES = [  # kernel, config, shape: qf_mv and qf_gemm, plain and glu, both types
     ("qf", {"QF_GWARPS": 4, "QF_NT": 4, "QF_STAGES": 3, "QF_KSPLIT": 1, "QF_WSMEM": 1},
      {"type": "Q6_K", "rows": 64, "cols": 1024, "batch": 33}),
     ("qf", {"QF_NT": 8, "QF_KSPLIT": 0}, {"type": "Q4_K", "rows": 32, "cols": 2048, "batch": 64}),
+    # qf_gemm at one row (session 58's candidates at 1-8 rows: one n8 tile, deep stages, the chains split)
+    ("qf", {"QF_GWARPS": 4, "QF_NT": 1, "QF_STAGES": 4, "QF_KSPLIT": 1, "QF_WSMEM": 1},
+     {"type": "Q6_K", "rows": 64, "cols": 1024, "batch": 1}),
+    ("qf_glu", {"QF_GWARPS": 8, "QF_NT": 1, "QF_STAGES": 3, "QF_KSPLIT": 0, "QF_WSMEM": 1},
+     {"type": "Q4_K", "rows": 128, "cols": 512, "batch": 3}),
 ]
 
 
@@ -179,7 +184,8 @@ def test_plan_shapes_lists_the_qf_launches_of_the_generated_rows(monkeypatch):
 def test_h200_qf_campaign_is_what_its_header_says(monkeypatch):
     """The committed campaign on the 8B Q4_K_M (no GPU): the job and module counts its header states (and with
     MEMRA_QF_HEAD=1), exactly one built-in configuration at every (shape, batch) (freeze's --min-gain baseline),
-    nothing refused, qf_mv's candidates at 1-8 rows and qf_gemm's above, never a chain count of its own."""
+    nothing refused, qf_mv's and one-tile qf_gemm's candidates at 1-8 rows and qf_gemm's above, never a chain count
+    of its own."""
     from memra.tune.measure import check_variants, require_hooks
 
     monkeypatch.delenv("MEMRA_QF_HEAD", raising=False)
@@ -197,7 +203,9 @@ def test_h200_qf_campaign_is_what_its_header_says(monkeypatch):
         assert "QF_CHAINS" not in j.config
         (f, d), = QF.tune_modules(j.kernel, j.variant, dict(j.config), dict(j.shape))   # refused: raises
         modules.add((f, tuple(sorted(d.items()))))
-        assert QF.is_gemm(d) == (j.shape["batch"] > QF.MV_ROWS), j.label()
+        # qf_gemm above MV_ROWS rows; at 1-8 rows qf_mv, or qf_gemm with one n8 tile where the job names its tunables
+        assert QF.is_gemm(d) == (j.shape["batch"] > QF.MV_ROWS or QF.is_gemm(j.config)), j.label()
+        assert j.shape["batch"] > QF.MV_ROWS or not QF.is_gemm(d) or d["QF_NT"] == 1, j.label()
         key = (j.kernel, shape_key(j.shape), j.shape["batch"])
         builtin[key] = builtin.get(key, 0) + QF.is_builtin(j.kernel, j.variant, dict(j.config), dict(j.shape))
     assert set(builtin.values()) == {1} and len(builtin) == 7 * 7
@@ -228,6 +236,31 @@ def test_a_qf_table_entry_reaches_the_plan_and_kernel_checks_launch_set(monkeypa
     assert all(cases[0]["defines"][k] == v for k, v in cfg.items()) and cases[0]["defines"]["QF_TYPE"] == 14
     assert LS.unexecuted_entries(table, cases) == []
     assert LS.unexecuted_entries(table, [{**cases[0], "defines": {**cases[0]["defines"], "QF_NT": 4}}])
+
+
+def test_a_one_row_qf_gemm_entry_reaches_the_plan_its_workspace_and_the_launch_set(monkeypatch):
+    """A frozen qf_gemm entry at bucket 1 (one n8 tile, the chains split: session 58's one-row candidates) is the
+    planner's launch at one row and not at two (bucket 2 keeps qf_mv), the plan's workspace holds its split chains,
+    and kernel-check's launch set runs it as qf_gemm."""
+    from memra.gpu.plan import Planner
+    from memra.tune import launches as LS
+
+    monkeypatch.delenv("MEMRA_QF_HEAD", raising=False)
+    cfg = {"QF_GWARPS": 4, "QF_NT": 1, "QF_STAGES": 4, "QF_KSPLIT": 1, "QF_WSMEM": 1}
+    skey = "cols=14336,rows=4096,type=Q6_K"
+    (spec,), _ = LS.model_specs((Q8B,))
+    bare = Planner(spec, {"device": "test", "entries": {}}, hybrid=True, decode="qf")
+    table = {"device": "test", "entries": {"qf": {skey: {"1": {"variant": "qf", "config": cfg}}}}}
+    plan = Planner(spec, table, hybrid=True, decode="qf")
+    down = [w for w in plan.weights() if w.type == "Q6_K" and w.cols == 14336][0]
+    for rows, want in ((1, cfg), (2, None)):
+        got = [L.config for L in plan.step(rows, decode=True, sampler="greedy") if L.op == "qf"
+               and L.args["weight"] == down.key]
+        assert got and all(c == want for c in got), rows
+    assert plan.qf_workspace([1]) == (4 * 1 * 4096, 4096 // 16 // 4) and bare.qf_workspace([1]) == (0, 0)
+    cases = [c for _, L, ctx, _ in LS.table_cases(table) for c in LS.family_module("qf").launch_cases(L, ctx)]
+    assert [(c["entry"], c["bucket"]) for c in cases] == [("qf_gemm", 1)]
+    assert LS.unexecuted_entries(table, cases) == []
 
 
 def test_campaign_measures_refuses_and_freezes_a_qf_entry(tmp_path):
