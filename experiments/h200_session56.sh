@@ -25,6 +25,8 @@
 #   h200-qf.toml, with the head), its freeze and kernel-check --add-to on the device. The next session's calls:
 #   TAG=s58 STAGE=tune; commit its receipts, table and kernel-check receipt; then TAG=s58 E_ARMS="qfh q8"
 #   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
+# Session 58: TUNE_FIRST=1 (STAGE=all) runs the qf campaign (its qf_gemm candidates at 1-8 rows are new) and the
+#   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/).
 #   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
 #   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
 #   device window.
@@ -120,6 +122,12 @@ all)
   ( timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
   left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
+  if [ -n "${TUNE_FIRST:-}" ]; then   # session 58: the qf campaign's new jobs (qf_gemm at 1-8 rows; all of it on an
+    # H200, whose receipts it lacks) and the freeze before anything reads the table; check_qf then runs its new cases
+    ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf ${TUNE_LIMIT:-150} -m synth:llama3-8b:Q4_K_M )
+    freeze_show $TAG; mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+    cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $R/freeze-$TAG.txt $OUT/ 2>/dev/null
+  fi
   # both arms' servers compile their modules here, not inside the bench (a cold qf server outlasted 66 s in session
   # 56's first call)
   ( M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1)
@@ -160,8 +168,9 @@ tune)
   # receipt (commit all three); then STAGE=all measures the tuned arms.
   ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf ${TUNE_LIMIT:-330} -m synth:llama3-8b:Q4_K_M )
   cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $OUT/ 2>/dev/null
-  freeze_show s57; cp tune/defaults/nvidia-h200.json $R/freeze-s57.txt $R/show-s57.txt $OUT/ 2>/dev/null
-  grep -E "^│ qf" $R/freeze-s57.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
+  freeze_show $TAG; mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/   # (not $OUT/: the
+  cp $R/freeze-$TAG.txt $R/show-$TAG.txt $OUT/ 2>/dev/null                                      # receipt's name)
+  grep -E "^│ qf" $R/freeze-$TAG.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
   check_qf
   cp $R/log.txt $OUT/ ;;
 ab)
