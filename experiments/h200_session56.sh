@@ -119,7 +119,8 @@ evidence)
 all)
   # one call for what matters most when device time is short: kernel-check, the qf GPU tests, and issue 11's table
   # with qf against llama-server (built meanwhile), then the q8 arm and the profiles as time allows
-  ( timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
+  # (OUT= : no packed binaries in $OUT, 47 MB that cannot travel back here anyway)
+  ( OUT= timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
   left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
   if [ -n "${TUNE_FIRST:-}" ]; then   # session 58: the qf campaign's new jobs (qf_gemm at 1-8 rows; all of it on an
