@@ -26,7 +26,9 @@
 #   TAG=s58 STAGE=tune; commit its receipts, table and kernel-check receipt; then TAG=s58 E_ARMS="qfh q8"
 #   E_C=64,1,8 STAGE=all (c = 32 last if time is left); with one call only, STAGE=all with E_ARMS="qfh qf q8".
 # Session 58: TUNE_FIRST=1 (STAGE=all) runs the qf campaign (its qf_gemm candidates at 1-8 rows are new) and the
-#   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/).
+#   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/). An arm
+#   ARM@N runs the server with a step's token budget of N (--max-num-batched-tokens): E_ARMS="qfh@8192 qfh q8@8192".
+#   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out).
 #   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
 #   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
 #   device window.
@@ -36,7 +38,12 @@ stage_begin s56
 TOKS=.synthtok/smollm2-utf8-tokenizer.gguf
 TAG=${TAG:-s56}
 # an arm's environment: q8, qf, or qfh (qf with the head on qf too: MEMRA_QF_HEAD=1, session 57)
-arm_env() { case $1 in qfh) echo "MEMRA_DECODE=qf MEMRA_QF_HEAD=1" ;; *) echo "MEMRA_DECODE=$1" ;; esac; }
+# (session 58) ARM@N: that arm with a scheduler step's token budget of N (MEMRA_MAX_NUM_BATCHED_TOKENS)
+arm_env() {
+  local a=${1%@*} b=""
+  [ "$a" != "$1" ] && b=" MEMRA_MAX_NUM_BATCHED_TOKENS=${1#*@}"
+  case $a in qfh) echo "MEMRA_DECODE=qf MEMRA_QF_HEAD=1$b" ;; *) echo "MEMRA_DECODE=$a$b" ;; esac
+}
 BIN=/root/llama.cpp/build/bin
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 check_qf() {   # kernel-check --add-to the committed receipt (seconds where it is current), from the real models'
