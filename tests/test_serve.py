@@ -1041,6 +1041,12 @@ def test_sigterm_drains_and_exits_0(ref):
 
 # -- memra bench serve ----------------------------------------------------------------------------
 
+def test_bench_serve_cells_default_to_two_waves_and_at_least_16_requests():
+    from memra.serve.bench import cell_requests
+
+    assert [cell_requests(c) for c in (1, 8, 32, 64)] == [16, 16, 64, 128]
+
+
 @pytest.mark.slow
 def test_bench_serve_receipts(server, tmp_path):
     from typer.testing import CliRunner

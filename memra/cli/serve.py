@@ -194,7 +194,7 @@ def bench_serve(
     concurrency: Annotated[Optional[list[str]], typer.Option("-c", "--concurrency", help="Requests in flight "
                                                              "(comma list).")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per cell (default: 2 x the "
-                                                    "concurrency, at least 4).")] = None,
+                                                    "concurrency, at least 16).")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length in tokens (each "
                                                "request its own text).")] = 100,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens generated per request "
