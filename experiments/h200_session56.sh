@@ -28,7 +28,8 @@
 # Session 58: TUNE_FIRST=1 (STAGE=all) runs the qf campaign (its qf_gemm candidates at 1-8 rows are new) and the
 #   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/). An arm
 #   ARM@N runs the server with a step's token budget of N (--max-num-batched-tokens): E_ARMS="qfh@8192 qfh q8@8192".
-#   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out).
+#   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out). STAGE=probe: served prompts'
+#   prefill against pp512's (experiments/serve_host/prefill_probe.py) and the prefill chunk's profile.
 #   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
 #   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
 #   device window.
@@ -194,5 +195,20 @@ ab)
     log "bench serve $arm rc=$? $(el)"; tail -8 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
   cp $R/log.txt $R/bench-*.txt $OUT/ 2>/dev/null ;;
+probe)
+  # (session 58, ~3 min, carrying .whl and .synthtok) why served prompts run at ~12k tokens/s where pp512 reads
+  # ~18k (experiments/serve_host): the runner's step() over a scheduler step's prompts against one 512-token prompt
+  # at each arm of E_ARMS (default "qfh q8"), and memra profile of a 512-row prefill chunk (one sequence): where its
+  # time goes
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); log "synth $M8 $(el)"
+  for arm in ${E_ARMS:-qfh q8}; do
+    env MEMRA_ATTN=hybrid $(arm_env $arm) timeout 200 python3 experiments/serve_host/prefill_probe.py "$M8" \
+      --out $R/prefill-probe-$arm.jsonl > $R/prefill-probe-$arm.txt 2>&1
+    log "prefill probe $arm rc=$? $(el)"; grep '^{' $R/prefill-probe-$arm.txt | tee -a $R/log.txt
+    env MEMRA_ATTN=hybrid $(arm_env $arm) timeout 90 python3 -m memra profile "$M8" -np 512 --prefill --json \
+      > $R/profile-prefill-$arm.json 2> $R/profile-prefill-$arm.err
+    log "profile prefill $arm rc=$? $(el)"
+  done
+  cp $R/log.txt $R/prefill-probe-*.jsonl $R/profile-prefill-*.json $OUT/ 2>/dev/null ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
