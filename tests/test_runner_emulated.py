@@ -231,6 +231,35 @@ def test_fa_warps_knob_groups_more_tokens_a_block(tiny_models, monkeypatch):
         _runner(path, attn="hybrid")
 
 
+def test_the_warm_up_captures_the_group_grids_of_many_short_prompts(tiny_models):
+    """attn_fa's prefill grid x is the chunk's token-group count rounded up to a power of two: the warm-up's one
+    long prompt makes the fewest groups a bucket can, a chunk of many prompts (or of short remainders after a
+    prefix-cache hit) more. memra serve's warm-up captures every count a bucket's chunks can make (at most
+    B / tpb whole groups and a part of each of max_seqs sequences), so no request pays a capture: before, a
+    512-row chunk of 20 prompts of 100 tokens at this context captured ("prefill", 512, .., 32) at first use."""
+    from memra.gpu.ops import attn_fa as FA
+    from memra.serve.scheduler import warm_up_gpu
+
+    r = _runner(tiny_models("llama", "Q4_K_M"), max_len=640, max_seqs=64, attn="hybrid")
+    warm_up_gpu(r)
+    keys = set(r._graphs)
+    tpb = FA.prefill_tpb(r.cfg.n_gqa, r.plan.fa_warps)
+    # bucket 512 holds 449..512 rows: 512 / tpb groups at fewest (one prompt), 512 / tpb + 64 at most, by doubling
+    fewest, most = 1 << (-(-449 // tpb) - 1).bit_length(), min(1 << (512 // tpb + 64 - 1).bit_length(), 512)
+    want = [fewest]
+    while want[-1] < most:
+        want.append(min(2 * want[-1], 512))
+    assert r.fa_group_counts(512) == want and len(want) >= 2
+    assert {k[5] for k in keys if k[0] == "prefill" and k[1] == 512} == set(want)
+    rng = np.random.default_rng(1)
+    for lens in ([5] * 64, [100] * 20, [3, 200, 9, 60, 1, 1, 17] * 3):
+        seqs = [r.open() for _ in lens]
+        r.step([Row(s, rng.integers(1, 1000, n).tolist(), sample=Sampling(0.0)) for s, n in zip(seqs, lens)])
+        for s in seqs:
+            r.close(s)
+    assert set(r._graphs) == keys
+
+
 def test_attn_fa_grid_reaches_the_deepest_rows_split_only(tiny_models, monkeypatch):
     """attn_fa's prefill packing runs a grid z of the splits its deepest row reaches (a power of
     two, at most the context's), not the whole context's: the serve warm-up captures each

@@ -1059,31 +1059,51 @@ class Runner:
         (attn_decode's split count, attn_fa's grid z and x): the graph _chunk replays."""
         return ("prefill", B, self.pre_splits, kinds, self.fa_splits, self.fa_groups)
 
+    def fa_group_counts(self, B: int) -> list[int]:
+        """Every grid x (fa_groups) _upload_groups can choose for a prefill chunk of bucket B,
+        rounded up to a power of two and capped at B: its rows (more than the bucket below
+        holds, at most B) make at least ceil(rows / tpb) groups, and at most floor(B / tpb)
+        whole ones plus a part of each of its sequences (at most max_seqs)."""
+        if not self.plan.use_fa or self.fa_grid_full:
+            return [B] if self.plan.use_fa else [1]
+        below = max((b for b in PLAN.PREFILL_BUCKETS if b < B), default=0)
+        tpb = FA.prefill_tpb(self.cfg.n_gqa, self.plan.fa_warps)
+        g, top = _pow2_at_most(-(-(below + 1) // tpb), B), _pow2_at_most(B // tpb + self.max_seqs, B)
+        out = [g]
+        while g < top:
+            g = min(2 * g, B)
+            out.append(g)
+        return out
+
     def capture_prefill_splits(self) -> int:
         """For every prefill bucket already captured (its modules loaded by that eager run),
-        the graphs of its other split counts, captured without running: a chunk at any depth
-        then replays a graph. Returns how many were captured."""
+        the graphs of its other split counts and attn_fa grids (every group count its chunks
+        can make: prompts of many sequences, or short remainders after a prefix-cache hit, make
+        more groups than the warm-up's one long prompt), captured without running: a chunk at
+        any depth and of any sequences then replays a graph. Returns how many were captured."""
         if not self.prefill_graph:
             return 0
         n = 0
         saved = self.pre_splits, self.fa_splits, self.fa_groups
-        for B, kinds, gx in sorted({(k[1], k[3], k[5]) for k in self._graphs if k[0] == "prefill"}):
+        for B, kinds in sorted({(k[1], k[3]) for k in self._graphs if k[0] == "prefill"}):
             launches = self.plan.step(B, decode=False, kinds=kinds)
             feed = self.step_rows(B)
             # a step without attn_decode (a hybrid plan's prompt rows, MEMRA_ATTN=fa) has no use
             # for its split count, one without attn_fa's prefill packing none for attn_fa's
             dec = not self.plan.use_fa or (self.plan.hybrid and "g" in kinds)
             fa = self.plan.use_fa and (not self.plan.hybrid or "p" in kinds)
+            seen = {k[5] for k in self._graphs if k[0] == "prefill" and k[1] == B and k[3] == kinds}
             for sp in self.prefill_split_counts() if dec else [self.plan.n_splits]:
                 for fz in self.fa_split_counts() if fa else [1]:
-                    self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
-                    key = self.prefill_key(B, kinds)
-                    if key in self._graphs:
-                        continue
-                    with self.g.capture() as gr:
-                        self._run(launches, B, *feed)
-                    self._graphs[key] = gr
-                    n += 1
+                    for gx in sorted(seen | set(self.fa_group_counts(B))) if fa else sorted(seen):
+                        self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
+                        key = self.prefill_key(B, kinds)
+                        if key in self._graphs:
+                            continue
+                        with self.g.capture() as gr:
+                            self._run(launches, B, *feed)
+                        self._graphs[key] = gr
+                        n += 1
         self.pre_splits, self.fa_splits, self.fa_groups = saved
         return n
 
