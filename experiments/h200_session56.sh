@@ -28,7 +28,8 @@
 # Session 58: TUNE_FIRST=1 (STAGE=all) runs the qf campaign (its qf_gemm candidates at 1-8 rows are new) and the
 #   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/). An arm
 #   ARM@N runs the server with a step's token budget of N (--max-num-batched-tokens): E_ARMS="qfh@8192 qfh q8@8192".
-#   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out). STAGE=probe: served prompts'
+#   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out). E_ROUNDS=N: each cell N times,
+#   the servers interleaved (llama-server's c = 64 moved 880-1,022 t/s between calls). STAGE=probe: served prompts'
 #   prefill against pp512's (experiments/serve_host/prefill_probe.py) and the prefill chunk's profile.
 #   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
 #   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
@@ -66,16 +67,18 @@ import json, sys
 floors = {1: 1.5, 8: 3.0, 64: 5.0}
 rows = [json.loads(l) for l in open(sys.argv[1])]
 cells = {}
-for r in rows:
-    cells.setdefault((r.get("tag"), r["concurrency"]), {})[r["engine"]] = r
+for r in rows:   # every round of a cell (E_ROUNDS): the medians
+    cells.setdefault((r.get("tag"), r["concurrency"]), {}).setdefault(r["engine"], []).append(r)
+med = lambda rs, k: sorted(x[k] for x in rs)[len(rs) // 2]
 for (tag, c), e in cells.items():
     m, l = e.get("memra"), e.get("llama-server")
     if not (m and l):
         continue
-    x, f = m["agg_tok_s"] / l["agg_tok_s"], floors.get(c)
-    print(f"{tag}  c={c:>2}  memra {m['agg_tok_s']:8.1f} t/s (TPOT p50 {m.get('tpot_p50_s')}, TTFT p95 "
-          f"{m['ttft_p95_s']:.3f} s)  llama-server {l['agg_tok_s']:7.1f} t/s  {x:5.2f}x  floor {f or '-'}  "
-          f"{'MET' if f is None or x >= f else 'MISSED'}")
+    mt, lt = med(m, "agg_tok_s"), med(l, "agg_tok_s")
+    x, f = mt / lt, floors.get(c)
+    print(f"{tag}  c={c:>2}  memra {mt:8.1f} t/s (TPOT p50 {med(m, 'tpot_p50_s')}, TTFT p95 "
+          f"{med(m, 'ttft_p95_s'):.3f} s)  llama-server {lt:7.1f} t/s  {x:5.2f}x  floor {f or '-'}  "
+          f"{'MET' if f is None or x >= f else 'MISSED'}  (rounds {len(m)})")
 PY
 }
 case "$STAGE" in
@@ -162,7 +165,7 @@ all)
   for arm in ${E_ARMS:-qf q8}; do
     left ${E_END:-470} || { log "bench $arm: no time left"; break; }
     env $(arm_env $arm) timeout $(( ${CALL_LIMIT:-585} - ($(date +%s) - T0) )) python3 -m memra bench serve synth:llama3-8b:Q4_K_M \
-      --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-64,8,1,32} --prompt-tokens 100 --max-tokens 128 \
+      --device gpu --synth-tokenizer "$TOKS" $VS -c ${E_C:-64,8,1,32} --rounds ${E_ROUNDS:-1} --prompt-tokens 100 --max-tokens 128 \
       --out $OUT/serve-bench.jsonl --tag "$TAG $(arm_env $arm)" > $R/bench-$arm.txt 2>&1
     log "bench serve $arm rc=$? $(el)"; tail -12 $R/bench-$arm.txt | cut -c1-200 | tee -a $R/log.txt
   done
