@@ -29,7 +29,8 @@
 #   freeze first, so kernel-check and both benches take the tuned table (its copy in $OUT/defaults/). An arm
 #   ARM@N runs the server with a step's token budget of N (--max-num-batched-tokens): E_ARMS="qfh@8192 qfh q8@8192".
 #   More than 8 files in $OUT come back as $OUT/out.tgz (h200_common.sh's pack_out). E_ROUNDS=N: each cell N times,
-#   the servers interleaved (llama-server's c = 64 moved 880-1,022 t/s between calls). STAGE=probe: served prompts'
+#   the servers interleaved (llama-server's c = 64 moved 880-1,022 t/s between calls). STAGE=probe (~4 min,
+#   carrying .whl and .synthtok): the server's and runner's GPU tests (the warm-up's prompt grids), served prompts'
 #   prefill against pp512's (experiments/serve_host/prefill_probe.py) and the prefill chunk's profile.
 #   (Session 57's STAGE=v17, qf_gemm v17's A/B, went with the losing copy: `git show 2edb892:experiments/h200_session56.sh`.)
 #   STAGE=ab (~3 min, carrying .whl and .synthtok): the serve A/B of E_ARMS alone, without llama-server, for a short
@@ -203,7 +204,11 @@ probe)
   # ~18k (experiments/serve_host): the runner's step() over a scheduler step's prompts against one 512-token prompt
   # at each arm of E_ARMS (default "qfh q8"), and memra profile of a 512-row prefill chunk (one sequence): where its
   # time goes
-  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); log "synth $M8 $(el)"
+  M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1); log "synth $M8 $(el)"
+  # session 58's warm-up change (every attn_fa prompt grid captured) on the device: the server's GPU tests
+  MEMRA_SERVE_TEST_MODEL=$M1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_serve_gpu.py \
+    tests/test_gpu_runner.py > $R/gpu-tests-serve.txt 2>&1
+  log "serve + runner gpu tests rc=$? $(tail -1 $R/gpu-tests-serve.txt) $(el)"
   for arm in ${E_ARMS:-qfh q8}; do
     env MEMRA_ATTN=hybrid $(arm_env $arm) timeout 200 python3 experiments/serve_host/prefill_probe.py "$M8" \
       --out $R/prefill-probe-$arm.jsonl > $R/prefill-probe-$arm.txt 2>&1
@@ -212,6 +217,6 @@ probe)
       > $R/profile-prefill-$arm.json 2> $R/profile-prefill-$arm.err
     log "profile prefill $arm rc=$? $(el)"
   done
-  cp $R/log.txt $R/prefill-probe-*.jsonl $R/profile-prefill-*.json $OUT/ 2>/dev/null ;;
+  cp $R/log.txt $R/gpu-tests-serve.txt $R/prefill-probe-*.jsonl $R/profile-prefill-*.json $OUT/ 2>/dev/null ;;
 *) echo "unknown STAGE $STAGE"; exit 2 ;;
 esac
