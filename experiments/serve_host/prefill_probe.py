@@ -1,4 +1,5 @@
-"""Prefill as `memra serve` runs it, against the one-sequence prompt `memra bench -p 512` times (session 58).
+"""Prefill as `memra serve` runs it, against the one-sequence prompt `memra bench -p 512` times (session 58), and
+one 100-token prompt (the c = 1 cell's TTFT).
 
 host_bench.py's emulation matches the device's c = 64 cell (TTFT p50 ~460 ms, 4.1-4.2k t/s) only with prompts
 at ~12k tokens/s, where pp512 of the 8B Q4_K_M read ~18k on the H100. This times, on the GPU, the runner's step()
@@ -48,7 +49,8 @@ def main() -> None:
         eng = open_engine(a.model, None, "gpu", ctx=a.ctx, parallel=64)   # warm_up_gpu: every bucket captured
     rng = np.random.default_rng(0)
     n_vocab = eng.cfg.n_vocab
-    cases = [("1 x 512", [512]), ("5 x 100", [100] * 5), ("20 x 100 (budget 2048)", [100] * 20),
+    cases = [("1 x 100 (c = 1: its TTFT was 29-34 ms on the H100)", [100]), ("1 x 512", [512]),
+             ("5 x 100", [100] * 5), ("20 x 100 (budget 2048)", [100] * 20),
              ("64 x 100 (budget 8192)", [100] * 64)]
     out = []
     for name, lens in cases:
