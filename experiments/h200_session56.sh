@@ -48,7 +48,14 @@ arm_env() {
   case $a in qfh) echo "MEMRA_DECODE=qf MEMRA_QF_HEAD=1$b" ;; *) echo "MEMRA_DECODE=$a$b" ;; esac
 }
 BIN=/root/llama.cpp/build/bin
+left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }   # under $1 seconds of the call spent
 log "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+tune_qf() {   # tune_qf LIMIT_S: qf's campaign (--resume: only what this device lacks) with the head, its freeze; the
+  # receipts, the table (under $OUT/defaults: the kernel-check receipt takes $OUT/nvidia-h200.json) and logs to $OUT
+  ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf $1 -m synth:llama3-8b:Q4_K_M )
+  freeze_show $TAG; mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/
+  cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $R/freeze-$TAG.txt $R/show-$TAG.txt $OUT/ 2>/dev/null
+}
 check_qf() {   # kernel-check --add-to the committed receipt (seconds where it is current), from the real models'
   # exported specs (carry .models/specs.json), its receipt to $OUT first; then the qf GPU tests
   mkdir -p $R/kernel-check
@@ -86,7 +93,6 @@ case "$STAGE" in
 build)
   ( timeout 480 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
-  left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }   # seconds of the call's budget not yet spent
   check_qf
   M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); M1=$(synth llama-1b Q4_K_M "$TOK" | tail -1)
   log "synth: $M8 $M1 $(el)"
@@ -134,12 +140,9 @@ all)
   # (OUT= : no packed binaries in $OUT, 47 MB that cannot travel back here anyway)
   ( OUT= timeout 420 bash experiments/llamacpp_bin.sh > $R/build.txt 2>&1; echo "rc=$?" >> $R/build.txt ) &
   B=$!
-  left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
   if [ -n "${TUNE_FIRST:-}" ]; then   # session 58: the qf campaign's new jobs (qf_gemm at 1-8 rows; all of it on an
     # H200, whose receipts it lacks) and the freeze before anything reads the table; check_qf then runs its new cases
-    ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf ${TUNE_LIMIT:-150} -m synth:llama3-8b:Q4_K_M )
-    freeze_show $TAG; mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/
-    cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $R/freeze-$TAG.txt $OUT/ 2>/dev/null
+    tune_qf ${TUNE_LIMIT:-150}
   fi
   # both arms' servers compile their modules here, not inside the bench (a cold qf server outlasted 66 s in session
   # 56's first call)
@@ -179,10 +182,7 @@ tune)
   # shipped table's --pdl freeze, the qf entries joining it), then check_qf: kernel-check --add-to runs the new
   # entries' launch cases and the head's, and the qf GPU tests. To $OUT: the receipts, the table, the kernel-check
   # receipt (commit all three); then STAGE=all measures the tuned arms.
-  ( export MEMRA_QF_HEAD=1; tune_campaign h200-qf ${TUNE_LIMIT:-330} -m synth:llama3-8b:Q4_K_M )
-  cp research/tune/h200-qf-nvidia-h200.jsonl $R/tune-h200-qf.txt $OUT/ 2>/dev/null
-  freeze_show $TAG; mkdir -p $OUT/defaults; cp tune/defaults/nvidia-h200.json $OUT/defaults/   # (not $OUT/: the
-  cp $R/freeze-$TAG.txt $R/show-$TAG.txt $OUT/ 2>/dev/null                                      # receipt's name)
+  tune_qf ${TUNE_LIMIT:-330}
   grep -E "^│ qf" $R/freeze-$TAG.txt | head -60 | cut -c1-220 > $OUT/qf-entries.txt
   check_qf
   cp $R/log.txt $OUT/ ;;
@@ -191,8 +191,7 @@ ab)
   # llama-server: its build does not fit), cells E_C (default 64,8,1); the runner compiles its plan's modules ahead
   M8=$(synth llama3-8b Q4_K_M "$TOKS" | tail -1); log "synth $M8 $(el)"
   for arm in ${E_ARMS:-qfh q8}; do
-    left() { [ $(( $(date +%s) - T0 )) -lt $1 ]; }
-    left ${E_END:-400} || { log "bench $arm: no time left"; break; }
+      left ${E_END:-400} || { log "bench $arm: no time left"; break; }
     env $(arm_env $arm) timeout $(( ${CALL_LIMIT:-540} - ($(date +%s) - T0) )) python3 -m memra bench serve \
       synth:llama3-8b:Q4_K_M --device gpu --synth-tokenizer "$TOKS" -c ${E_C:-64,8,1} --prompt-tokens 100 \
       --max-tokens 128 --out $OUT/serve-ab.jsonl --tag "$TAG $(arm_env $arm)" > $R/bench-$arm.txt 2>&1
@@ -200,7 +199,7 @@ ab)
   done
   cp $R/log.txt $R/bench-*.txt $OUT/ 2>/dev/null ;;
 probe)
-  # (session 58, ~3 min, carrying .whl and .synthtok) why served prompts run at ~12k tokens/s where pp512 reads
+  # (session 58, ~4 min, carrying .whl and .synthtok) why served prompts run at ~12k tokens/s where pp512 reads
   # ~18k (experiments/serve_host): the runner's step() over a scheduler step's prompts against one 512-token prompt
   # at each arm of E_ARMS (default "qfh q8"), and memra profile of a 512-row prefill chunk (one sequence): where its
   # time goes

@@ -214,53 +214,38 @@ def test_h200_qf_campaign_is_what_its_header_says(monkeypatch):
     assert len(C.expand_campaign(spec, [m])) == int(cost.group(2))
 
 
-def test_a_qf_table_entry_reaches_the_plan_and_kernel_checks_launch_set(monkeypatch):
-    """A frozen qf entry (the 8B's Q6_K down at bucket 64) is the planner's configuration for that weight at 33-64
-    rows (not at 16), kernel-check's launch set runs it (table_cases) and unexecuted_entries finds it executed."""
+@pytest.mark.parametrize("bucket,cfg,used,unused,ws", [
+    # qf_gemm at bucket 64, for 33-64 rows (not at 16)
+    (64, {"QF_GWARPS": 4, "QF_NT": 8, "QF_STAGES": 3, "QF_KSPLIT": 1, "QF_WSMEM": 1}, (64, 40), (16,), None),
+    # session 58's one-row candidates: qf_gemm at bucket 1 (one n8 tile, the chains split), not at 2 (qf_mv), and
+    # the plan's workspace holds its split chains (4 chains x 1 row x 4,096 outputs, a counter a 4-warp block)
+    (1, {"QF_GWARPS": 4, "QF_NT": 1, "QF_STAGES": 4, "QF_KSPLIT": 1, "QF_WSMEM": 1}, (1,), (2,), (4 * 4096, 64)),
+], ids=["bucket64", "bucket1"])
+def test_a_qf_table_entry_reaches_the_plan_and_kernel_checks_launch_set(monkeypatch, bucket, cfg, used, unused, ws):
+    """A frozen qf entry (the 8B's Q6_K down) is the planner's configuration for that weight at its bucket's row
+    counts (not at the others), kernel-check's launch set runs it as qf_gemm (table_cases) and unexecuted_entries
+    finds it executed (another configuration's case does not execute it)."""
     from memra.gpu.plan import Planner
     from memra.tune import launches as LS
 
     monkeypatch.delenv("MEMRA_QF_HEAD", raising=False)
-    cfg = {"QF_GWARPS": 4, "QF_NT": 8, "QF_STAGES": 3, "QF_KSPLIT": 1, "QF_WSMEM": 1}
     skey = "cols=14336,rows=4096,type=Q6_K"
-    table = {"device": "test", "entries": {"qf": {skey: {"64": {"variant": "qf", "config": cfg}}}}}
+    table = {"device": "test", "entries": {"qf": {skey: {str(bucket): {"variant": "qf", "config": cfg}}}}}
     (spec,), _ = LS.model_specs((Q8B,))
     plan = Planner(spec, table, hybrid=True, decode="qf")
     down = [w for w in plan.weights() if w.type == "Q6_K" and w.cols == 14336][0]
-    for rows, want in ((64, cfg), (40, cfg), (16, None)):
+    for rows, want in [(r, cfg) for r in used] + [(r, None) for r in unused]:
         got = [L.config for L in plan.step(rows, decode=True, sampler="greedy") if L.op == "qf"
                and L.args["weight"] == down.key]
         assert got and all(c == want for c in got), rows
+    if ws is not None:   # the built-in configurations at this bucket split no chains
+        assert plan.qf_workspace([bucket]) == ws
+        assert Planner(spec, {"device": "test", "entries": {}}, hybrid=True, decode="qf").qf_workspace([bucket]) == (0, 0)
     cases = [c for _, L, ctx, _ in LS.table_cases(table) for c in LS.family_module("qf").launch_cases(L, ctx)]
-    assert len(cases) == 1 and cases[0]["entry"] == "qf_gemm" and cases[0]["bucket"] == 64
+    assert [(c["entry"], c["bucket"]) for c in cases] == [("qf_gemm", bucket)]
     assert all(cases[0]["defines"][k] == v for k, v in cfg.items()) and cases[0]["defines"]["QF_TYPE"] == 14
     assert LS.unexecuted_entries(table, cases) == []
     assert LS.unexecuted_entries(table, [{**cases[0], "defines": {**cases[0]["defines"], "QF_NT": 4}}])
-
-
-def test_a_one_row_qf_gemm_entry_reaches_the_plan_its_workspace_and_the_launch_set(monkeypatch):
-    """A frozen qf_gemm entry at bucket 1 (one n8 tile, the chains split: session 58's one-row candidates) is the
-    planner's launch at one row and not at two (bucket 2 keeps qf_mv), the plan's workspace holds its split chains,
-    and kernel-check's launch set runs it as qf_gemm."""
-    from memra.gpu.plan import Planner
-    from memra.tune import launches as LS
-
-    monkeypatch.delenv("MEMRA_QF_HEAD", raising=False)
-    cfg = {"QF_GWARPS": 4, "QF_NT": 1, "QF_STAGES": 4, "QF_KSPLIT": 1, "QF_WSMEM": 1}
-    skey = "cols=14336,rows=4096,type=Q6_K"
-    (spec,), _ = LS.model_specs((Q8B,))
-    bare = Planner(spec, {"device": "test", "entries": {}}, hybrid=True, decode="qf")
-    table = {"device": "test", "entries": {"qf": {skey: {"1": {"variant": "qf", "config": cfg}}}}}
-    plan = Planner(spec, table, hybrid=True, decode="qf")
-    down = [w for w in plan.weights() if w.type == "Q6_K" and w.cols == 14336][0]
-    for rows, want in ((1, cfg), (2, None)):
-        got = [L.config for L in plan.step(rows, decode=True, sampler="greedy") if L.op == "qf"
-               and L.args["weight"] == down.key]
-        assert got and all(c == want for c in got), rows
-    assert plan.qf_workspace([1]) == (4 * 1 * 4096, 4096 // 16 // 4) and bare.qf_workspace([1]) == (0, 0)
-    cases = [c for _, L, ctx, _ in LS.table_cases(table) for c in LS.family_module("qf").launch_cases(L, ctx)]
-    assert [(c["entry"], c["bucket"]) for c in cases] == [("qf_gemm", 1)]
-    assert LS.unexecuted_entries(table, cases) == []
 
 
 def test_campaign_measures_refuses_and_freezes_a_qf_entry(tmp_path):

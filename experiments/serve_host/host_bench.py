@@ -114,10 +114,10 @@ def null_runner_class():
                 self.kv.writable(s.slot, s.n, s.n + n)
             dt = step_s(k, self.scale)
             left, end = n, time.perf_counter()
-
+            ends = []   # the queued chunks' (steps, end time), oldest first
             self.stats["runs"] += 1
 
-            def queue() -> int:
+            def push() -> None:   # queue the next chunk: it ends m x dt after the later of now and the last one's end
                 nonlocal left, end
                 m = min(chunk, left)
                 left -= m
@@ -126,12 +126,6 @@ def null_runner_class():
                 t = max(end, time.perf_counter())
                 end = t + m * dt
                 self.busy.append((t, end, f"chunk k={k} m={m}"))
-                return m
-
-            ends = []   # the queued chunks' (steps, end time), oldest first
-
-            def push() -> None:
-                m = queue()
                 ends.append((m, end))
 
             push()
@@ -148,11 +142,8 @@ def null_runner_class():
     return NullRunner
 
 
-def serve(port: int, model: str, scale: float, hold_gil: bool, budget: int, switch: float | None,
-          ahead: int) -> None:
+def serve(port: int, model: str, scale: float, hold_gil: bool, budget: int, ahead: int) -> None:
     """The server process: memra serve's State and Server over the null engine."""
-    if switch:
-        sys.setswitchinterval(switch)
     import memra.serve.api as API
     from memra.model.config import read_config
     from memra.model.gguf import open_gguf
@@ -202,13 +193,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--ahead", type=int, default=1, help="chunks the emulated decode_run queues ahead")
-    ap.add_argument("--switch", type=float, default=None, help="the server's sys.setswitchinterval (s)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve is not None:
-        serve(a.serve, a.model, a.step_scale, a.hold_gil, a.budget, a.switch, a.ahead)
+        serve(a.serve, a.model, a.step_scale, a.hold_gil, a.budget, a.ahead)
         return
     from memra.model.synth import synth
     from memra.serve.bench import free_port, run_bench
@@ -218,8 +208,7 @@ def main() -> None:
     model = synth(tmp / "null.gguf", "llama", "tiny", "Q4_0", 0, str(tokz) if tokz.exists() else "smollm2-135m")
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", str(port), "--model", str(model), "--step-scale", str(a.step_scale),
-           "--budget", str(a.budget), "--ahead", str(a.ahead)] + (["--hold-gil"] if a.hold_gil else []) + \
-        (["--switch", str(a.switch)] if a.switch else [])
+           "--budget", str(a.budget), "--ahead", str(a.ahead)] + (["--hold-gil"] if a.hold_gil else [])
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         import httpx

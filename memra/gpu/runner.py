@@ -37,6 +37,7 @@ are those of masks given up front.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -1092,18 +1093,19 @@ class Runner:
             # for its split count, one without attn_fa's prefill packing none for attn_fa's
             dec = not self.plan.use_fa or (self.plan.hybrid and "g" in kinds)
             fa = self.plan.use_fa and (not self.plan.hybrid or "p" in kinds)
-            seen = {k[5] for k in self._graphs if k[0] == "prefill" and k[1] == B and k[3] == kinds}
-            for sp in self.prefill_split_counts() if dec else [self.plan.n_splits]:
-                for fz in self.fa_split_counts() if fa else [1]:
-                    for gx in sorted(seen | set(self.fa_group_counts(B))) if fa else sorted(seen):
-                        self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
-                        key = self.prefill_key(B, kinds)
-                        if key in self._graphs:
-                            continue
-                        with self.g.capture() as gr:
-                            self._run(launches, B, *feed)
-                        self._graphs[key] = gr
-                        n += 1
+            # attn_fa's grid x: every count the bucket's chunks can make (the warm-up's among them), else the captured
+            gxs = self.fa_group_counts(B) if fa else \
+                sorted({k[5] for k in self._graphs if k[0] == "prefill" and k[1] == B and k[3] == kinds})
+            for sp, fz, gx in itertools.product(self.prefill_split_counts() if dec else [self.plan.n_splits],
+                                                self.fa_split_counts() if fa else [1], gxs):
+                self.pre_splits, self.fa_splits, self.fa_groups = sp, fz, gx
+                key = self.prefill_key(B, kinds)
+                if key in self._graphs:
+                    continue
+                with self.g.capture() as gr:
+                    self._run(launches, B, *feed)
+                self._graphs[key] = gr
+                n += 1
         self.pre_splits, self.fa_splits, self.fa_groups = saved
         return n
 
